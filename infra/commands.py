@@ -1,0 +1,227 @@
+"""What each `invoke` task does, as plain functions: resolve the spec, lock, call the provider, print.
+
+Shared code never branches on the provider's name: whatever differs is a provider verb.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from infra import jobs, paths, providers, spec, state, ui
+from infra.errors import ClusterNotRunningError
+from infra.providers.base import Endpoint, Plan, Provider, UpOptions
+from infra.state import State
+
+
+def _select(provider: str | None, cluster: str | None) -> tuple[spec.ClusterSpec, Provider[Any]]:
+    selected = spec.resolve(provider, cluster)
+    return selected, providers.create(selected)
+
+
+def _write_rendered(name: str, plan: Plan) -> None:
+    folder = paths.rendered_dir(name)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    for file_name, text in plan.files.items():
+        state.atomic_write(folder / file_name, text)
+
+
+def _diff(name: str, plan: Plan) -> str:
+    """Unified diff of the rendered files against those of the last successful `up`."""
+    applied = paths.applied_dir(name)
+    chunks: list[str] = []
+    for file_name in sorted(set(plan.files) | {p.name for p in applied.glob("*")}):
+        old_path = applied / file_name
+        old = old_path.read_text().splitlines(keepends=True) if old_path.exists() else []
+        new = plan.files.get(file_name, "").splitlines(keepends=True)
+        chunks += difflib.unified_diff(old, new, f"applied/{file_name}", f"rendered/{file_name}")
+    return "".join(chunks)
+
+
+def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
+    selected, impl = _select(provider, cluster)
+    current = state.read(selected.name)
+    result = impl.plan(current)
+    _write_rendered(selected.name, result)
+    diff = _diff(selected.name, result)
+    if as_json:
+        ui.out(json.dumps({
+            "cluster": selected.name,
+            "provider": selected.provider,
+            "resources": [r.__dict__ for r in result.resources],
+            "files": sorted(result.files),
+            "notes": result.notes,
+            "diff": diff,
+        }, indent=2), soft_wrap=True, markup=False)
+        return
+    from rich.table import Table
+
+    table = Table(title=f"invoke up would create for {selected.name} ({selected.provider})")
+    for column in ("", "kind", "name", "detail"):
+        table.add_column(column)
+    for r in result.resources:
+        table.add_row("=" if r.exists else "+", r.kind, r.name, r.detail)
+    ui.out(table)
+    for note in result.notes:
+        ui.out(f"• {note}", markup=False)
+    folder = paths.rendered_dir(selected.name)
+    ui.out(f"rendered: {', '.join(str(folder / f) for f in sorted(result.files)) or 'nothing'}")
+    if diff:
+        ui.out("changes since the last `invoke up`:")
+        ui.out(diff, markup=False, highlight=False)
+    elif paths.applied_dir(selected.name).exists():
+        ui.out("no changes since the last `invoke up`")
+    else:
+        ui.out("nothing applied yet")
+
+
+def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
+    selected, impl = _select(provider, cluster)
+    with state.locked(selected.name, selected.provider, "up") as current:
+        result = impl.plan(current)
+        _write_rendered(selected.name, result)
+        endpoint = impl.up(current, result, UpOptions(keep_partial=keep_partial))
+        applied = paths.applied_dir(selected.name)
+        shutil.rmtree(applied, ignore_errors=True)
+        shutil.copytree(paths.rendered_dir(selected.name), applied)
+    flag = _cluster_flag(selected)
+    ui.out(f"cluster {selected.name!r} ({selected.provider}) is up")
+    ui.out(f"  Ray address:  {endpoint.address}", markup=False)
+    ui.out(f"  dashboard:    {endpoint.dashboard_url}   (`invoke dashboard{flag}`)", markup=False)
+    ui.out(f"  submit a job: invoke submit{flag} examples/cpu_example.py -- 8", markup=False)
+    ui.out(f"  tear down:    invoke teardown{flag}", markup=False)
+
+
+def _cluster_flag(selected: spec.ClusterSpec) -> str:
+    default = paths.clusters_dir() / f"{selected.provider}.yaml"
+    if spec.spec_path(selected.name) == default and selected.provider == "local":
+        return ""
+    if spec.spec_path(selected.name) == default:
+        return f" --provider={selected.provider}"
+    return f" --cluster={selected.source}"
+
+
+def _running(selected: spec.ClusterSpec) -> State:
+    current = state.read(selected.name)
+    if current is None or current.empty:
+        raise ClusterNotRunningError(
+            f"cluster {selected.name!r} has no state; start it with "
+            f"`invoke up{_cluster_flag(selected)}`"
+        )
+    return current
+
+
+@contextmanager
+def _connected(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
+    selected, impl = _select(provider, cluster)
+    with impl.connect(_running(selected)) as endpoint:
+        yield endpoint
+
+
+def status(provider: str | None, cluster: str | None, as_json: bool) -> None:
+    selected, impl = _select(provider, cluster)
+    current = state.read(selected.name) or State.new(state.state_path(selected.name),
+                                                     selected.name, selected.provider)
+    provider_view = impl.status(current)
+    ray_view: dict[str, Any] = {}
+    if provider_view.running:
+        with impl.connect(current) as endpoint:
+            ray_view = _ray_status(endpoint)
+    if as_json:
+        ui.out(json.dumps({
+            "cluster": selected.name, "provider": selected.provider,
+            "running": provider_view.running, "summary": provider_view.summary,
+            "resources": provider_view.rows, "warnings": provider_view.warnings, **ray_view,
+        }, indent=2), soft_wrap=True, markup=False)
+        return
+    ui.out(f"{selected.name} ({selected.provider}): {provider_view.summary}", markup=False)
+    _table("provider resources", provider_view.rows)
+    for warning in provider_view.warnings:
+        ui.warn(warning)
+    if ray_view:
+        _table("Ray nodes", ray_view["nodes"])
+        totals = ", ".join(f"{k} {v:g}" for k, v in sorted(ray_view["resources"].items()))
+        ui.out(f"Ray resources (alive nodes): {totals}", markup=False)
+        _table("jobs", ray_view["jobs"])
+
+
+def _table(title: str, rows: list[dict[str, str]]) -> None:
+    if not rows:
+        return
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in rows[0]:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(row.get(c, "")) for c in rows[0]))
+    ui.out(table)
+
+
+def _ray_status(endpoint: Endpoint) -> dict[str, Any]:
+    """What Ray itself reports: nodes, total resources of alive nodes, jobs."""
+    from ray.util.state import list_nodes
+
+    nodes = list_nodes(address=endpoint.dashboard_url, detail=True, raise_on_missing_output=False)
+    resources: dict[str, float] = {}
+    rows = []
+    for node in nodes:
+        alive = node.state == "ALIVE"
+        if alive:
+            for key, value in (node.resources_total or {}).items():
+                if not key.startswith("node:"):
+                    resources[key] = resources.get(key, 0.0) + float(value)
+        rows.append({"node": node.node_id[:12], "ip": node.node_ip, "state": node.state,
+                     "head": "yes" if node.is_head_node else "",
+                     "CPU": f"{(node.resources_total or {}).get('CPU', 0):g}"})
+    return {"nodes": rows, "resources": resources, "jobs": jobs.list_jobs(endpoint.dashboard_url)}
+
+
+def dashboard(provider: str | None, cluster: str | None) -> None:
+    with _connected(provider, cluster) as endpoint:
+        ui.out(endpoint.dashboard_url, markup=False)
+        if not endpoint.tunneled:
+            return
+        ui.info("tunnel open; press Ctrl+C to close it")
+        import time
+
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            ui.info("closed")
+
+
+def submit(provider: str | None, cluster: str | None, script: str, args: list[str],
+           runtime_env_file: str | None, wait: bool) -> int:
+    command, env = jobs.prepare(script, args, runtime_env_file)
+    with _connected(provider, cluster) as endpoint:
+        return jobs.submit(endpoint.dashboard_url, command, env, wait)
+
+
+def logs(provider: str | None, cluster: str | None, job_id: str, follow: bool) -> int:
+    with _connected(provider, cluster) as endpoint:
+        return jobs.logs(endpoint.dashboard_url, job_id, follow)
+
+
+def stop_job(provider: str | None, cluster: str | None, job_id: str) -> None:
+    with _connected(provider, cluster) as endpoint:
+        ui.out(f"job {job_id} {jobs.stop(endpoint.dashboard_url, job_id)}")
+
+
+def teardown(provider: str | None, cluster: str | None) -> None:
+    selected, impl = _select(provider, cluster)
+    with state.locked(selected.name, selected.provider, "teardown") as current:
+        had_state = current.path.exists()
+        impl.teardown(current)
+        current.delete()
+    shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
+    if had_state:
+        ui.out(f"cluster {selected.name!r} is gone: nothing of it is left")
+    else:
+        ui.out(f"cluster {selected.name!r}: nothing to tear down")

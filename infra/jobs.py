@@ -1,0 +1,141 @@
+"""Jobs through Ray's job submission API: submit with the current directory, follow, stop.
+
+The working dir is uploaded to the cluster, so rayfleet's own folder (state, keys) and VCS data are
+always excluded from it: a private key must never travel with a job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from pathlib import Path
+from typing import Any
+
+from infra import ui
+from infra.errors import JobError, UsageError
+
+_ALWAYS_EXCLUDED = [".rayfleet/", ".git/", "**/__pycache__/", ".venv/", "*.pem", "id_*"]
+_EXIT = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}
+
+
+def _client(url: str) -> Any:
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(url)
+    except Exception as exc:
+        raise JobError(f"cannot reach the job API at {url}: {exc}".splitlines()[0]) from None
+
+
+def runtime_env(path: str | None, working_dir: Path) -> dict[str, Any]:
+    """The runtime env for a job: the user's file (if any) plus working dir and excludes."""
+    env: dict[str, Any] = {}
+    if path:
+        import yaml
+
+        try:
+            env = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise UsageError(f"--runtime-env {path}: no such file") from None
+        except yaml.YAMLError as exc:
+            raise UsageError(f"--runtime-env {path}: not valid YAML ({exc})".splitlines()[0]) from None
+        if not isinstance(env, dict):
+            raise UsageError(f"--runtime-env {path}: expected a mapping (env_vars:, pip:, ...)")
+    env.setdefault("working_dir", str(working_dir))
+    env["excludes"] = list(env.get("excludes", [])) + _ALWAYS_EXCLUDED
+    return env
+
+
+def entrypoint(script: str, args: list[str], working_dir: Path) -> str:
+    path = Path(script)
+    if not path.is_file():
+        raise UsageError(f"SCRIPT {script}: no such file")
+    try:
+        relative = path.resolve().relative_to(working_dir.resolve())
+    except ValueError:
+        raise UsageError(
+            f"SCRIPT {script}: must be inside {working_dir}, which is uploaded as the working dir"
+        ) from None
+    return shlex.join(["python", str(relative), *args])
+
+
+def prepare(script: str, args: list[str], runtime_env_file: str | None
+            ) -> tuple[str, dict[str, Any]]:
+    """Check the job's inputs before anything is contacted: (entrypoint, runtime env)."""
+    working_dir = Path.cwd()
+    return entrypoint(script, args, working_dir), runtime_env(runtime_env_file, working_dir)
+
+
+def submit(url: str, command: str, env: dict[str, Any], wait: bool) -> int:
+    """Submit `command`; follow its logs when `wait`; return the exit code to leave with."""
+    client = _client(url)
+    with ui.step(f"submitting `{command}` (uploading {Path(env['working_dir']).name}/)"):
+        try:
+            job_id = client.submit_job(entrypoint=command, runtime_env=env)
+        except Exception as exc:
+            raise JobError(f"submission failed: {str(exc).splitlines()[0]}") from None
+    ui.info(f"job {job_id} submitted")
+    if not wait:
+        ui.out(job_id)
+        ui.info(f"follow it with `invoke logs {job_id}`, stop it with `invoke stop-job {job_id}`")
+        return 0
+    return follow(client, job_id)
+
+
+def follow(client: Any, job_id: str) -> int:
+    """Stream a job's logs until it ends; return an exit code that reflects its status."""
+    import sys
+
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+
+    try:
+        asyncio.run(tail())
+    except KeyboardInterrupt:
+        ui.info(
+            f"\nstopped following; job {job_id} keeps running on the cluster. "
+            f"Stop it with `invoke stop-job {job_id}`, follow again with `invoke logs {job_id}`"
+        )
+        return 130
+    status = str(client.get_job_status(job_id).value)
+    ui.info(f"job {job_id} {status}")
+    return _EXIT.get(status, 1)
+
+
+def logs(url: str, job_id: str, follow_logs: bool) -> int:
+    client = _client(url)
+    try:
+        if follow_logs:
+            return follow(client, job_id)
+        ui.out(client.get_job_logs(job_id), end="")
+    except RuntimeError as exc:
+        raise JobError(f"job {job_id}: {str(exc).splitlines()[0]}") from None
+    return 0
+
+
+def stop(url: str, job_id: str) -> str:
+    client = _client(url)
+    try:
+        client.stop_job(job_id)
+    except RuntimeError as exc:
+        raise JobError(f"job {job_id}: {str(exc).splitlines()[0]}") from None
+
+    def ended(step: ui.Step) -> str | None:
+        status = str(client.get_job_status(job_id).value)
+        step.detail(status)
+        return status if status in _EXIT else None
+
+    return ui.wait_for(ended, f"job {job_id} to stop", timeout=60)
+
+
+def list_jobs(url: str) -> list[dict[str, str]]:
+    rows = []
+    for job in _client(url).list_jobs():
+        rows.append({
+            "job": str(job.submission_id or job.job_id),
+            "status": str(job.status.value if hasattr(job.status, "value") else job.status),
+            "entrypoint": str(job.entrypoint)[:60],
+        })
+    return rows

@@ -1,0 +1,42 @@
+"""Registry of providers: name -> module, imported only when that provider is used.
+
+The core never imports a provider (or its cloud SDK) until a spec names it, so `invoke --list` and
+the other providers' users pay nothing for it. Each module exposes `Spec` (its strict section of
+the cluster spec) and `Provider` (an implementation of `infra.providers.base.Provider`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infra.providers.base import Provider
+    from infra.spec import ClusterSpec
+
+_MODULES = {
+    "local": "infra.providers.local",
+    "gcp-tpu": "infra.providers.gcp_tpu",
+    "lambda": "infra.providers.lambda_cloud",
+    "slurm": "infra.providers.slurm",
+}
+
+
+def names() -> list[str]:
+    return list(_MODULES)
+
+
+def _module(name: str) -> Any:
+    if name not in _MODULES:
+        raise KeyError(f"unknown provider {name!r}; choose one of {', '.join(_MODULES)}")
+    return importlib.import_module(_MODULES[name])
+
+
+def spec_class(name: str) -> type[ClusterSpec]:
+    cls: type[ClusterSpec] = _module(name).Spec
+    return cls
+
+
+def create(spec: ClusterSpec) -> Provider[Any]:
+    provider: Provider[Any] = _module(spec.provider).Provider(spec)
+    return provider

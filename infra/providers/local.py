@@ -1,0 +1,207 @@
+"""The `local` provider: a real Ray head on this machine, fenced off from any other Ray here.
+
+The cluster owns a private port block and temp dir, binds its dashboard to 127.0.0.1, and is stopped
+by finding exactly its own processes (see infra/rayproc.py), never with `ray stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from infra import paths, rayproc, render, ui
+from infra.errors import ClusterNotRunningError, ProviderError
+from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import Provider as BaseProvider
+from infra.spec import ClusterSpec
+from infra.state import State
+
+HEAD = "ray-head"
+# Port blocks are derived from the cluster name inside this range, away from Ray's defaults
+# (6379, 8265, 10001) and below the usual ephemeral range (32768+).
+_FIRST_BASE, _BLOCKS = 20000, 90
+
+
+class LocalError(ProviderError):
+    """The local Ray head could not be started or stopped."""
+
+
+class Spec(ClusterSpec):
+    provider: Literal["local"]
+    #: CPUs Ray may schedule on; None lets Ray count the machine's cores.
+    num_cpus: int | None = Field(None, ge=1, le=4096)
+    num_gpus: int | None = Field(None, ge=0, le=64)
+    #: Object store size; Ray needs at least 75 MiB.
+    object_store_memory_mb: int | None = Field(None, ge=75)
+    #: First port of the cluster's block; None derives one from the name.
+    port_base: int | None = Field(None, ge=1024, le=65535 - rayproc.BLOCK_SIZE)
+    #: Custom Ray resources, e.g. {"special": 2}.
+    resources: dict[str, float] = Field(default_factory=dict)
+    #: How long `up` waits for the dashboard to accept jobs.
+    ready_timeout_s: int = Field(120, ge=5, le=3600)
+
+
+def temp_dir(cluster: str) -> str:
+    # Short and fixed: Ray's unix socket paths under it must stay below 107 bytes.
+    return f"/tmp/rayfleet/{cluster}"
+
+
+def _ray_executable() -> str:
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+def _usage_stats() -> str:
+    # Off unless the user explicitly opted in through Ray's own variable.
+    return "1" if os.environ.get("RAY_USAGE_STATS_ENABLED") == "1" else "0"
+
+
+def _dashboard_ready(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(f"{url}/api/jobs/", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+class Provider(BaseProvider[Spec]):
+    name = "local"
+
+    def _block(self, state: State | None) -> rayproc.PortBlock:
+        head = state.resources(HEAD) if state else []
+        if head:
+            return rayproc.PortBlock(int(head[0].attrs["port_base"]))
+        if self.spec.port_base is not None:
+            return rayproc.PortBlock(self.spec.port_base)
+        first = zlib.crc32(self.spec.name.encode()) % _BLOCKS
+        for i in range(_BLOCKS):
+            block = rayproc.PortBlock(_FIRST_BASE + ((first + i) % _BLOCKS) * 128)
+            if rayproc.block_is_free(block):
+                return block
+        raise LocalError("no free port block between 20000 and 31520; set port_base in the spec")
+
+    def _start_script(self, block: rayproc.PortBlock) -> str:
+        mb = self.spec.object_store_memory_mb
+        return render.render(
+            "local.start.sh.j2",
+            cluster=self.spec.name,
+            ray=_ray_executable(),
+            usage_stats=_usage_stats(),
+            port_flags=block.flags(),
+            temp_dir=temp_dir(self.spec.name),
+            num_cpus=self.spec.num_cpus,
+            num_gpus=self.spec.num_gpus,
+            object_store_memory=mb * 1024 * 1024 if mb else None,
+            resources=self.spec.resources,
+        )
+
+    def plan(self, state: State | None) -> Plan:
+        block = self._block(state)
+        exists = bool(state and state.resources(HEAD))
+        cpus = self.spec.num_cpus or os.cpu_count()
+        detail = (
+            f"{cpus} CPUs, ports {block.base}-{block.base + rayproc.BLOCK_SIZE - 1}, "
+            f"dashboard http://127.0.0.1:{block.dashboard}, temp dir {temp_dir(self.spec.name)}"
+        )
+        return Plan(
+            resources=[PlannedResource("Ray head (processes on this machine)", self.spec.name,
+                                       detail, exists)],
+            files={"start.sh": self._start_script(block)},
+            notes=["free: runs on this machine; the dashboard listens on 127.0.0.1 only"],
+        )
+
+    def _endpoint(self, block: rayproc.PortBlock) -> Endpoint:
+        return Endpoint(f"http://127.0.0.1:{block.dashboard}", f"127.0.0.1:{block.gcs}")
+
+    def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
+        block = self._block(state)
+        endpoint = self._endpoint(block)
+        if state.resources(HEAD):
+            if _dashboard_ready(endpoint.dashboard_url):
+                ui.info(f"cluster {self.spec.name!r} is already running")
+                return endpoint
+            ui.info(f"cluster {self.spec.name!r} is in state but not answering; restarting it")
+            self._stop(state)
+        elif not rayproc.block_is_free(block):
+            raise LocalError(
+                f"ports {block.base}-{block.base + rayproc.BLOCK_SIZE - 1} are in use; "
+                "change port_base in the spec or leave it unset"
+            )
+        tmp = temp_dir(self.spec.name)
+        # Recorded before the start: a crash from here on leaves processes teardown can find.
+        state.add(HEAD, tmp, port_base=block.base)
+        log = paths.home() / "logs" / self.spec.name / "ray-start.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with ui.step(f"starting Ray head (ports {block.base}+, log {log})"), log.open("w") as out:
+            started = subprocess.run(["bash", "-c", plan.files["start.sh"]], stdout=out,
+                                     stderr=subprocess.STDOUT, check=False)
+        if started.returncode != 0:
+            tail = log.read_text().strip().splitlines()[-3:]
+            raise LocalError(f"`ray start` failed ({' | '.join(tail)}); full log: {log}")
+        ui.wait_for(
+            lambda _: True if _dashboard_ready(endpoint.dashboard_url) else None,
+            f"dashboard at {endpoint.dashboard_url} to accept jobs",
+            timeout=self.spec.ready_timeout_s,
+            hint=f"see the logs under {tmp}",
+        )
+        state.set_info(address=endpoint.address, dashboard_url=endpoint.dashboard_url)
+        return endpoint
+
+    def _markers(self, state: State) -> list[str | re.Pattern[str]]:
+        markers: list[str | re.Pattern[str]] = []
+        for head in state.resources(HEAD):
+            markers += [head.id, rayproc.gcs_marker(int(head.attrs["port_base"]))]
+        return markers
+
+    def _stop(self, state: State) -> None:
+        markers = self._markers(state)
+        pids = rayproc.cluster_processes(markers)
+        if pids:
+            with ui.step(f"stopping {len(pids)} Ray processes of {self.spec.name!r}"):
+                left = rayproc.terminate(pids)
+            if left:
+                raise LocalError(f"processes {left} of {self.spec.name!r} survived SIGKILL")
+        left = rayproc.cluster_processes(markers)
+        if left:
+            raise LocalError(f"processes {left} of {self.spec.name!r} are still running")
+        for head in state.resources(HEAD):
+            shutil.rmtree(head.id, ignore_errors=True)
+            state.remove(HEAD, head.id)
+
+    def status(self, state: State) -> ProviderStatus:
+        heads = state.resources(HEAD)
+        if not heads:
+            return ProviderStatus(False, f"local cluster {self.spec.name!r} is not running")
+        pids = rayproc.cluster_processes(self._markers(state))
+        block = rayproc.PortBlock(int(heads[0].attrs["port_base"]))
+        running = _dashboard_ready(self._endpoint(block).dashboard_url)
+        summary = (
+            f"local Ray head {'running' if running else 'NOT answering'}: "
+            f"{len(pids)} processes, ports {block.base}-{block.base + rayproc.BLOCK_SIZE - 1}"
+        )
+        rows = [{"resource": h.kind, "temp dir": h.id, "port base": str(h.attrs["port_base"]),
+                 "processes": str(len(pids))} for h in heads]
+        return ProviderStatus(running, summary, rows)
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        heads = state.resources(HEAD)
+        if not heads:
+            raise ClusterNotRunningError(
+                f"local cluster {self.spec.name!r} is not running; start it with `invoke up`"
+            )
+        yield self._endpoint(rayproc.PortBlock(int(heads[0].attrs["port_base"])))
+
+    def teardown(self, state: State) -> None:
+        self._stop(state)

@@ -1,0 +1,177 @@
+"""Starting and stopping one Ray node's processes without touching any other Ray on the machine.
+
+`ray stop` kills every Ray process of the user. rayfleet instead finds a cluster's processes by
+what their command lines name (its private temp dir, its GCS address), adds their descendants
+(workers rename themselves `ray::IDLE`, so only ancestry identifies them), and signals exactly those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Ray's own default for object store memory is 30% of RAM; on shared and test machines that is
+# far too much, so callers usually pass a size.
+PORT_NAMES = (
+    "port",
+    "dashboard-port",
+    "ray-client-server-port",
+    "node-manager-port",
+    "object-manager-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
+WORKER_PORTS = 100
+#: Ports a block spans: the named ports, a gap, then the worker port range.
+BLOCK_SIZE = 16 + WORKER_PORTS
+
+
+@dataclass(frozen=True)
+class PortBlock:
+    """All ports of one Ray node, consecutive from `base`, so clusters never collide."""
+
+    base: int
+
+    @property
+    def gcs(self) -> int:
+        return self.base
+
+    @property
+    def dashboard(self) -> int:
+        return self.base + 1
+
+    def flags(self) -> list[str]:
+        named = [f"--{name}={self.base + i}" for i, name in enumerate(PORT_NAMES)]
+        first_worker = self.base + 16
+        return [
+            *named,
+            f"--min-worker-port={first_worker}",
+            f"--max-worker-port={first_worker + WORKER_PORTS - 1}",
+        ]
+
+    def all_ports(self) -> list[int]:
+        return list(range(self.base, self.base + len(PORT_NAMES))) + list(
+            range(self.base + 16, self.base + 16 + WORKER_PORTS)
+        )
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def block_is_free(block: PortBlock) -> bool:
+    # Ray binds most ports on all interfaces, so check the wildcard address.
+    return all(port_is_free(p, "0.0.0.0") for p in block.all_ports())
+
+
+def free_port() -> int:
+    """A port the kernel says is free now (for tunnels' local ends)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    # The command name may contain spaces and parentheses; fields after the last ")" are fixed.
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def gcs_marker(gcs_port: int) -> re.Pattern[str]:
+    """Matches processes that name the cluster's GCS (the Ray client server does, and only that)."""
+    return re.compile(rf"--(?:gcs-)?address=[\w.:-]*:{gcs_port}(?!\d)")
+
+
+def cluster_processes(markers: list[str | re.Pattern[str]]) -> list[int]:
+    """PIDs whose command line contains any marker, plus all their descendants."""
+    me = os.getpid()
+    pids = _pids()
+    roots = set()
+    for pid in pids:
+        if pid == me:
+            continue
+        line = _cmdline(pid)
+        if any(_contains(line, m) for m in markers):
+            roots.add(pid)
+    parents = {pid: _parent(pid) for pid in pids}
+    found = set(roots)
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found and pid != me:
+                found.add(pid)
+                changed = True
+    return sorted(found)
+
+
+def _contains(line: str, marker: str | re.Pattern[str]) -> bool:
+    """Marker match that respects boundaries: /tmp/x must not match /tmp/x2."""
+    if isinstance(marker, re.Pattern):
+        return marker.search(line) is not None
+    start = line.find(marker)
+    while start != -1:
+        end = start + len(marker)
+        if end == len(line) or not (line[end].isalnum() or line[end] in "-_."):
+            return True
+        start = line.find(marker, start + 1)
+    return False
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def terminate(pids: list[int], grace: float = 3.0) -> list[int]:
+    """SIGTERM, wait up to `grace` seconds, SIGKILL the rest; return PIDs still alive after that."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 2.0)
+        while time.monotonic() < deadline and any(alive(p) for p in pids):
+            time.sleep(0.05)
+        pids = [p for p in pids if alive(p)]
+        if not pids:
+            break
+    return pids

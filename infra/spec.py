@@ -1,0 +1,215 @@
+"""Cluster specs: `clusters/<name>.yaml`, one per cluster, validated strictly.
+
+The common part lives here; each provider declares its own strict section as a subclass of
+`ClusterSpec` in its module. Any problem becomes one line naming the file, the field and the fix,
+with a did-you-mean for typos, and exit code 2 (see `SpecError`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from infra import paths
+from infra.errors import SpecError, UsageError
+
+# Cluster names end up in hostnames, GCP labels, Slurm job names and Ray's temp dir, whose unix
+# socket paths must stay under 107 bytes: lowercase, digits and dashes, at most 31 characters.
+NAME_PATTERN = re.compile(r"^[a-z](?:[a-z0-9-]{0,29}[a-z0-9])?$")
+
+
+class StrictModel(BaseModel):
+    """Base of every spec section: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterSpec(StrictModel):
+    """What every cluster spec has. `name` is the file's stem, not a key in the file."""
+
+    name: str
+    provider: str
+    #: The file the spec came from, for messages; set by the loader.
+    source: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_portable(cls, value: str) -> str:
+        if not NAME_PATTERN.match(value):
+            raise ValueError(
+                f"cluster name {value!r} must be 1-31 lowercase letters, digits or dashes, "
+                "starting with a letter; rename the file"
+            )
+        return value
+
+
+def _did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The nested model class that a pydantic error location points into."""
+    current: Any = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return None
+            current = field.annotation
+        current = _unwrap(current, part)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(annotation: Any, part: Any) -> Any:
+    """Step through Optional/list/dict wrappers to the model they hold."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (Union, types.UnionType):
+        models = [a for a in args if a is not type(None)]
+        return _unwrap(models[0], part) if len(models) == 1 else annotation
+    if origin in (list, tuple) and isinstance(part, int):
+        return args[0]
+    if origin is dict and args:
+        return args[1]
+    return annotation
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def describe_error(model: type[BaseModel], error: Any) -> str:
+    """One pydantic error as 'field: problem; fix'."""
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    where = _where(loc)
+    if kind == "extra_forbidden":
+        parent = _model_at(model, loc[:-1])
+        valid = [f for f in (parent.model_fields if parent else {}) if f not in ("name", "source")]
+        hint = _did_you_mean(str(loc[-1]), valid)
+        listed = ", ".join(valid)
+        return f"{where}: unknown key; {hint + ' ' if hint else ''}valid keys here: {listed}"
+    if kind == "missing":
+        return f"{where}: required key is missing; add it"
+    message = str(error["msg"])
+    message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    message = message[:1].lower() + message[1:]
+    if kind == "literal_error":
+        expected = typing.get_args(_field_annotation(model, loc)) or ()
+        hint = _did_you_mean(str(error.get("input")), [str(e) for e in expected])
+        message += f" ({hint})" if hint else ""
+    if kind != "value_error" and "input" in error and not isinstance(error["input"], dict):
+        message += f", got {error['input']!r}"
+    return f"{where}: {message}"
+
+
+def _field_annotation(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    parent = _model_at(model, loc[:-1])
+    field = parent.model_fields.get(str(loc[-1])) if parent else None
+    return field.annotation if field else None
+
+
+def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str]) -> ClusterSpec:
+    """Validate already-loaded YAML `data` as the spec of the cluster named by the file."""
+    from infra import providers
+
+    where = _display(path)
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping of keys (provider: ..., ...), got {data!r}")
+    provider = data.get("provider")
+    if provider is None:
+        raise SpecError(f"{where}: provider: required key is missing; add one of {provider_names}")
+    if provider not in provider_names:
+        hint = _did_you_mean(str(provider), provider_names)
+        raise SpecError(
+            f"{where}: provider: unknown provider {provider!r}; "
+            f"{hint + ' ' if hint else ''}choose one of {', '.join(provider_names)}"
+        )
+    if "name" in data or "source" in data:
+        key = "name" if "name" in data else "source"
+        raise SpecError(f"{where}: {key}: the cluster name is the file name; remove this key")
+    model = providers.spec_class(provider)
+    try:
+        return model.model_validate({**data, "name": path.stem, "source": where})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if tuple(first["loc"]) == ("name",):
+            raise SpecError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+        raise SpecError(f"{where}: {describe_error(model, first)}") from None
+
+
+def load_spec(path: Path) -> ClusterSpec:
+    import yaml
+
+    from infra import providers
+
+    where = _display(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{where}: no such spec; create it or pick another --cluster") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpecError(f"{where}{line}: {problem}; fix the YAML syntax") from None
+    if data is None:
+        raise SpecError(f"{where}: the file is empty; add at least `provider: local`")
+    return parse_spec(path, data, providers.names())
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def spec_path(cluster: str) -> Path:
+    """`--cluster` takes a name in clusters/ or a path to a YAML file."""
+    if cluster.endswith((".yaml", ".yml")) or "/" in cluster:
+        return Path(cluster)
+    return paths.clusters_dir() / f"{cluster}.yaml"
+
+
+def resolve(provider: str | None, cluster: str | None) -> ClusterSpec:
+    """The spec `--provider`/`--cluster` select: cluster wins, provider picks its default spec.
+
+    With neither, the embedded default `local` is used, so a first `invoke up` needs no account.
+    """
+    from infra import providers
+
+    if provider is not None and provider not in providers.names():
+        hint = _did_you_mean(provider, providers.names())
+        raise UsageError(
+            f"--provider: unknown provider {provider!r}; "
+            f"{hint + ' ' if hint else ''}choose one of {', '.join(providers.names())}"
+        )
+    if cluster is None:
+        path = paths.clusters_dir() / f"{provider or 'local'}.yaml"
+        if not path.exists():
+            raise UsageError(
+                f"--provider {provider}: no default spec {_display(path)}; "
+                f"create it (see clusters/*.yaml for examples) or pass --cluster"
+            )
+    else:
+        path = spec_path(cluster)
+    spec = load_spec(path)
+    if provider is not None and spec.provider != provider:
+        raise UsageError(
+            f"--provider {provider} disagrees with {spec.source} (provider: {spec.provider}); "
+            "drop --provider or pick a spec of that provider"
+        )
+    return spec

@@ -1,0 +1,230 @@
+"""Per-cluster state: every resource rayfleet created, written before the next step starts.
+
+One JSON file per cluster under `.rayfleet/state/`. Writes are atomic (temp file, fsync, rename,
+fsync of the folder), so a crash at any instant leaves either the old or the new file, never a torn
+one, and `teardown` can always finish what `up` began. A lock file (flock) keeps two `up`/`teardown`
+runs on one cluster from interleaving; the lock dies with its process, so it can never go stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra import paths
+from infra.errors import StateError, StateLockedError
+
+VERSION = 1
+
+# A last line of defence: no code path should ever put key material into state.
+_SECRET_MARKERS = ("PRIVATE KEY-----", "secret_")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Resource:
+    """Something rayfleet created and must remove at teardown."""
+
+    #: What it is, e.g. "ray-head", "lambda-instance", "gcp-firewall", "slurm-job".
+    kind: str
+    #: The provider's identifier (instance id, job id, rule name, temp dir).
+    id: str
+    #: Facts needed to show or remove it (name, region, ip, ...); never secrets.
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+class State:
+    """The state of one cluster. Mutators save immediately."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = path
+        self._data = data
+
+    @classmethod
+    def new(cls, path: Path, cluster: str, provider: str) -> State:
+        data = {
+            "version": VERSION,
+            "cluster": cluster,
+            "provider": provider,
+            "created_at": _now(),
+            "updated_at": _now(),
+            "resources": [],
+            "info": {},
+        }
+        return cls(path, data)
+
+    @classmethod
+    def load(cls, path: Path) -> State | None:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StateError(f"{path}: not valid JSON ({exc}); restore it from a backup") from None
+        if data.get("version") != VERSION:
+            raise StateError(
+                f"{path}: state format version {data.get('version')!r} is not {VERSION}; "
+                "use the rayfleet version that wrote it"
+            )
+        return cls(path, data)
+
+    @property
+    def cluster(self) -> str:
+        return str(self._data["cluster"])
+
+    @property
+    def provider(self) -> str:
+        return str(self._data["provider"])
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """Facts about the running cluster (address, dashboard, head ip); a copy."""
+        return dict(self._data["info"])
+
+    @property
+    def empty(self) -> bool:
+        return not self._data["resources"]
+
+    def resources(self, kind: str | None = None) -> list[Resource]:
+        return [
+            Resource(r["kind"], r["id"], dict(r["attrs"]))
+            for r in self._data["resources"]
+            if kind is None or r["kind"] == kind
+        ]
+
+    def find(self, kind: str, id: str) -> Resource | None:
+        return next((r for r in self.resources(kind) if r.id == id), None)
+
+    def add(self, kind: str, id: str, **attrs: Any) -> Resource:
+        """Record a created resource and save before returning (the caller's next step may fail)."""
+        if self.find(kind, id) is not None:
+            return self.update(kind, id, **attrs)
+        self._data["resources"].append({"kind": kind, "id": id, "attrs": attrs})
+        self.save()
+        return Resource(kind, id, attrs)
+
+    def update(self, kind: str, id: str, **attrs: Any) -> Resource:
+        for r in self._data["resources"]:
+            if r["kind"] == kind and r["id"] == id:
+                r["attrs"].update(attrs)
+                self.save()
+                return Resource(kind, id, dict(r["attrs"]))
+        raise KeyError(f"{kind} {id} is not in the state of {self.cluster}")
+
+    def remove(self, kind: str, id: str) -> None:
+        self._data["resources"] = [
+            r for r in self._data["resources"] if not (r["kind"] == kind and r["id"] == id)
+        ]
+        self.save()
+
+    def set_info(self, **values: Any) -> None:
+        self._data["info"].update(values)
+        self.save()
+
+    def clear_info(self) -> None:
+        self._data["info"] = {}
+        self.save()
+
+    def save(self) -> None:
+        self._data["updated_at"] = _now()
+        text = json.dumps(self._data, indent=2, sort_keys=True) + "\n"
+        if any(marker in text for marker in _SECRET_MARKERS):
+            raise StateError(f"refusing to write key material into {self.path}")
+        atomic_write(self.path, text)
+
+    def delete(self) -> None:
+        """Forget the cluster: only once every resource is gone."""
+        if not self.empty:
+            kinds = sorted({r.kind for r in self.resources()})
+            raise StateError(f"state of {self.cluster} still lists {', '.join(kinds)}")
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Replace `path` with `text` so that readers and crashes see the old or the new file only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def state_path(cluster: str) -> Path:
+    return paths.state_dir() / f"{cluster}.json"
+
+
+def read(cluster: str) -> State | None:
+    """The cluster's state without taking the lock (for status, dashboard, submit)."""
+    return State.load(state_path(cluster))
+
+
+@contextlib.contextmanager
+def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
+    """Hold the cluster's lock and yield its state (a fresh one if there was none).
+
+    The holder's pid, host and command are written into the lock file so that a second run can say
+    who it is waiting for.
+    """
+    lock_path = paths.state_dir() / f"{cluster}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(lock_path)
+            raise StateLockedError(
+                f"cluster {cluster!r} is busy: {holder}; wait for it to finish (or stop it)"
+            ) from None
+        os.ftruncate(fd, 0)
+        holder_info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                       "since": _now(), "argv": " ".join(sys.argv[1:])[:200]}
+        os.write(fd, json.dumps(holder_info).encode())
+        state = State.load(state_path(cluster)) or State.new(state_path(cluster), cluster, provider)
+        if state.provider != provider:
+            raise StateError(
+                f"{state.path} belongs to a {state.provider} cluster, not {provider}; "
+                f"tear that one down first or pick another cluster name"
+            )
+        yield state
+    finally:
+        os.close(fd)
+
+
+def _holder(lock_path: Path) -> str:
+    try:
+        data = json.loads(lock_path.read_text() or "{}")
+    except (OSError, json.JSONDecodeError):
+        return "another rayfleet run holds its lock"
+    return (
+        f"`invoke {data.get('command', '?')}` (pid {data.get('pid', '?')} on "
+        f"{data.get('host', '?')}) holds its lock since {data.get('since', '?')}"
+    )

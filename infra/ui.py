@@ -1,0 +1,124 @@
+"""Terminal output: results on stdout, progress on stderr.
+
+Every wait that can last more than a couple of seconds goes through `step` or `wait_for`, so the
+user always sees what rayfleet is waiting for and for how long. Off a terminal (CI, pipes) the
+spinner becomes plain lines, printed when the detail changes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from infra.errors import RayfleetError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+T = TypeVar("T")
+
+
+class WaitTimeout(RayfleetError):
+    """A readiness poll ran out of time."""
+
+
+_consoles: dict[str, Console] = {}
+
+
+def _console(stream: str) -> Console:
+    if stream not in _consoles:
+        from rich.console import Console
+
+        _consoles[stream] = Console(stderr=stream == "err", highlight=False, soft_wrap=True)
+    return _consoles[stream]
+
+
+def out(*objects: Any, **options: Any) -> None:
+    """Print a result (stdout): tables, URLs, JSON."""
+    _console("out").print(*objects, **options)
+
+
+def info(message: str) -> None:
+    """Print a progress or advice line (stderr)."""
+    _console("err").print(message)
+
+
+def warn(message: str) -> None:
+    _console("err").print(f"[yellow]warning:[/yellow] {message}")
+
+
+class Step:
+    """A running step; `detail` changes the text shown next to it."""
+
+    def __init__(self, what: str, live: Any) -> None:
+        self.what = what
+        self.started = time.monotonic()
+        self._live = live
+        self._detail = ""
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def detail(self, text: str) -> None:
+        if text == self._detail:
+            return
+        self._detail = text
+        if self._live is not None:
+            self._live.update(f"{self.what}: {text}")
+        else:
+            info(f"  {self.what}: {text}")
+
+
+@contextmanager
+def step(what: str) -> Iterator[Step]:
+    """Show `what` with a spinner while the block runs, then a ✓ or ✗ line with the duration."""
+    console = _console("err")
+    if console.is_terminal:
+        with console.status(what) as live:
+            handle = Step(what, live)
+            try:
+                yield handle
+            except BaseException:
+                console.print(f"[red]✗[/red] {what} ({handle.elapsed:.1f}s)")
+                raise
+    else:
+        console.print(f"… {what}")
+        handle = Step(what, None)
+        try:
+            yield handle
+        except BaseException:
+            console.print(f"✗ {what} ({handle.elapsed:.1f}s)")
+            raise
+    console.print(f"[green]✓[/green] {what} ({handle.elapsed:.1f}s)")
+
+
+def wait_for(
+    check: Callable[[Step], T | None],
+    what: str,
+    timeout: float,
+    interval: float = 0.2,
+    hint: str = "",
+) -> T:
+    """Poll `check` until it returns something other than None, showing progress.
+
+    Polling instead of fixed sleeps: a fast machine is not slowed down and a slow one does not
+    fail. `check` may call `step.detail(...)` to say what it sees, and may raise to give up early
+    (an instance that turned unhealthy is not worth waiting for).
+    """
+    with step(what) as handle:
+        while True:
+            result = check(handle)
+            if result is not None:
+                return result
+            if handle.elapsed > timeout:
+                suffix = f"; {hint}" if hint else ""
+                raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}{suffix}")
+            time.sleep(interval)
+
+
+def is_interactive() -> bool:
+    return sys.stdin.isatty()

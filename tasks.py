@@ -1,0 +1,139 @@
+"""rayfleet's front door: `invoke --list` shows every task, `invoke <task> --help` each option.
+
+Tasks only parse options, call `infra.commands` and turn errors into one line and an exit code.
+Imports of infra happen inside the tasks so that listing tasks stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from invoke import Context, Exit, task
+
+CLUSTER_HELP = {
+    "provider": "Provider: local (default), gcp-tpu, lambda or slurm. Picks clusters/<provider>.yaml.",
+    "cluster": "A spec name in clusters/ or a path to a spec YAML (its provider: must agree "
+               "with --provider if both are given).",
+}
+
+
+def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn rayfleet's errors into one line on stderr and the error's exit code."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from infra.errors import RayfleetError
+
+        # Invoke hands a flag that follows a task to its positional argument, so
+        # `invoke submit --help` would try to submit a script named "--help".
+        if any(value in ("-h", "--help") for value in (*args[1:], *kwargs.values())):
+            name = func.__name__.replace("_", "-")
+            os.execvp(sys.argv[0], [sys.argv[0], "--help", name])
+
+        try:
+            code = func(*args, **kwargs)
+        except RayfleetError as exc:
+            raise Exit(f"error: {exc}", code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise Exit("interrupted", code=130) from None
+        if code:
+            raise Exit(code=code)
+
+    return wrapper
+
+
+@task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of tables."})
+@_one_line_errors
+def plan(c: Context, provider: str | None = None, cluster: str | None = None,
+         json: bool = False) -> None:
+    """Render and validate what `up` would create, without creating anything; diff vs last up."""
+    from infra import commands
+
+    commands.plan(provider, cluster, json)
+
+
+@task(help={
+    **CLUSTER_HELP,
+    "keep_partial": "If the cluster cannot be completed, keep what was created (it stays in "
+                    "state, and keeps costing money until `invoke teardown`).",
+})
+@_one_line_errors
+def up(c: Context, provider: str | None = None, cluster: str | None = None,
+       keep_partial: bool = False) -> None:
+    """Create the cluster (default: a local Ray head on this machine) and wait until it is ready."""
+    from infra import commands
+
+    commands.up(provider, cluster, keep_partial)
+
+
+@task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of tables."})
+@_one_line_errors
+def status(c: Context, provider: str | None = None, cluster: str | None = None,
+           json: bool = False) -> None:
+    """Show the cluster's resources, Ray nodes, Ray resources and jobs."""
+    from infra import commands
+
+    commands.status(provider, cluster, json)
+
+
+@task(help=CLUSTER_HELP)
+@_one_line_errors
+def dashboard(c: Context, provider: str | None = None, cluster: str | None = None) -> None:
+    """Print the dashboard URL; for remote clusters, keep a tunnel to it open until Ctrl+C."""
+    from infra import commands
+
+    commands.dashboard(provider, cluster)
+
+
+@task(help={
+    **CLUSTER_HELP,
+    "script": "Python script to run, inside the current directory (uploaded as working dir). "
+              "Arguments for it go after `--`, e.g. `invoke submit examples/cpu_example.py -- 8`.",
+    "runtime_env": "YAML file with a Ray runtime env (env_vars, pip, ...), e.g. "
+                   "setup/runtime/cpu.yaml.",
+    "wait": "Follow the job's logs and exit with its status (default). --no-wait prints the "
+            "job id and returns at once.",
+})
+@_one_line_errors
+def submit(c: Context, script: str, runtime_env: str | None = None, wait: bool = True,
+           provider: str | None = None, cluster: str | None = None) -> int:
+    """Run a Python script on the cluster as a Ray job, streaming its logs."""
+    from infra import commands
+
+    args = shlex.split(c.remainder) if c.remainder else []
+    return commands.submit(provider, cluster, script, args, runtime_env, wait)
+
+
+@task(help={**CLUSTER_HELP, "job": "Job id printed by `invoke submit`.",
+            "follow": "Keep streaming until the job ends."})
+@_one_line_errors
+def logs(c: Context, job: str, follow: bool = False, provider: str | None = None,
+         cluster: str | None = None) -> int:
+    """Print a job's logs."""
+    from infra import commands
+
+    return commands.logs(provider, cluster, job, follow)
+
+
+@task(name="stop-job", help={**CLUSTER_HELP, "job": "Job id printed by `invoke submit`."})
+@_one_line_errors
+def stop_job(c: Context, job: str, provider: str | None = None,
+             cluster: str | None = None) -> None:
+    """Stop a running job and wait until Ray reports it stopped."""
+    from infra import commands
+
+    commands.stop_job(provider, cluster, job)
+
+
+@task(help=CLUSTER_HELP)
+@_one_line_errors
+def teardown(c: Context, provider: str | None = None, cluster: str | None = None) -> None:
+    """Remove every resource of the cluster, verify none is left, then forget its state."""
+    from infra import commands
+
+    commands.teardown(provider, cluster)
