@@ -33,7 +33,7 @@ def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         # `invoke submit --help` would try to submit a script named "--help".
         if any(value in ("-h", "--help") for value in (*args[1:], *kwargs.values())):
             name = func.__name__.replace("_", "-")
-            os.execvp(sys.argv[0], [sys.argv[0], "--help", name])
+            os.execv(sys.executable, [sys.executable, "-m", "invoke", "--help", name])
 
         try:
             code = func(*args, **kwargs)
