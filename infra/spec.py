@@ -27,7 +27,7 @@ NAME_PATTERN = re.compile(r"^[a-z](?:[a-z0-9-]{0,29}[a-z0-9])?$")
 class StrictModel(BaseModel):
     """Base of every spec section: unknown keys are errors, values are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ClusterSpec(StrictModel):
@@ -128,7 +128,9 @@ def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str]) -> C
         raise SpecError(f"{where}: expected a mapping of keys (provider: ..., ...), got {data!r}")
     provider = data.get("provider")
     if provider is None:
-        raise SpecError(f"{where}: provider: required key is missing; add one of {provider_names}")
+        raise SpecError(
+            f"{where}: provider: required key is missing; add one of {', '.join(provider_names)}"
+        )
     if provider not in provider_names:
         hint = _did_you_mean(str(provider), provider_names)
         raise SpecError(

@@ -166,8 +166,12 @@ class Provider(BaseProvider[Spec]):
 
     def _stop(self, state: State) -> None:
         markers = self._markers(state)
-        pids = rayproc.cluster_processes(markers)
-        if pids:
+        # Several rounds: after a crashed `up`, a still-running `ray start` may spawn more
+        # processes while the first ones are being stopped.
+        for _ in range(3):
+            pids = rayproc.cluster_processes(markers)
+            if not pids:
+                break
             with ui.step(f"stopping {len(pids)} Ray processes of {self.spec.name!r}"):
                 left = rayproc.terminate(pids)
             if left:

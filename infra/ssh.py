@@ -1,0 +1,290 @@
+"""SSH for every provider that reaches its nodes over SSH (Lambda, GCP TPU, Slurm login nodes).
+
+Four small tools, all generic (no provider knowledge):
+
+- `ensure_keypair(cluster)`: an ed25519 key pair under `paths.keys_dir(cluster)`, private key 0600
+  in a 0700 folder, created once and reused. Only the public half ever leaves this machine.
+- `probe(target)` / `wait_until_ready(targets)`: does a real SSH login (handshake + key auth) work?
+  A TCP port that answers is not enough: sshd accepts connections before cloud-init installed keys.
+- `run(target, command)`: one remote command through paramiko, with exit code and output.
+- `tunnel(target, remote_port)`: an OpenSSH `ssh -N -L` subprocess forwarding a free local port,
+  for as long as the `with` block lasts (`invoke dashboard`, `invoke submit`).
+
+Every function takes an `SshTarget`, which carries an optional ProxyCommand (`%h`/`%p` expanded as
+OpenSSH does), so users behind a bastion and the test bed (hosts reached through a network
+namespace) work the same way. paramiko is imported inside functions: importing this module is cheap.
+
+Host keys: nodes are freshly created machines whose host keys we cannot know in advance, so both
+paramiko and OpenSSH accept them on first sight and remember nothing (the same thing Ray's own
+cluster launcher does). The private key authenticates us; the address comes from the provider API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infra import paths, rayproc
+from infra.errors import RayfleetError
+
+if TYPE_CHECKING:
+    import paramiko
+
+KEY_NAME = "id_ed25519"
+
+
+class SshError(RayfleetError):
+    """An SSH login, command or tunnel failed; the message names the host and the reason."""
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """A key pair rayfleet generated for one cluster."""
+
+    #: The private key file (mode 0600). Its content never goes to logs, state or templates.
+    private_path: Path
+    #: The public key line, `ssh-ed25519 AAAA... comment`: the only part that is uploaded.
+    public_key: str
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """One host to log into."""
+
+    #: Address or name as this machine (or the proxy command) reaches it.
+    host: str
+    #: Login user (e.g. "ubuntu" on Lambda).
+    user: str
+    #: Private key file; the key is never read into anything but paramiko/OpenSSH.
+    key_path: Path
+    port: int = 22
+    #: OpenSSH-style ProxyCommand (`%h`, `%p`, `%r` expanded), e.g. `ssh -W %h:%p bastion`; None
+    #: for a direct TCP connection.
+    proxy_command: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.host}" + (f":{self.port}" if self.port != 22 else "")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a remote command did."""
+
+    exit_code: int
+    stdout: str
+    stderr: str = field(repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+# --- keys -----------------------------------------------------------------------------------------
+
+
+def ensure_keypair(cluster: str, comment: str | None = None) -> KeyPair:
+    """The cluster's ed25519 key pair, generated on first use (private 0600, folder 0700)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    folder = paths.keys_dir(cluster)
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    private_path = folder / KEY_NAME
+    public_path = folder / f"{KEY_NAME}.pub"
+    label = comment or f"rayfleet-{cluster}"
+    if private_path.exists():
+        key = serialization.load_ssh_private_key(private_path.read_bytes(), password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise SshError(f"{private_path} is not an ed25519 key; delete it to generate a new one")
+        private_path.chmod(0o600)  # repair a loosened mode: ssh refuses keys others can read
+    else:
+        key = Ed25519PrivateKey.generate()
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+        # O_EXCL + 0600 at creation: the key is never readable by others, not even for an instant.
+        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(pem)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH).decode()
+    line = f"{public} {label}"
+    public_path.write_text(line + "\n")
+    return KeyPair(private_path, line)
+
+
+# --- paramiko sessions ----------------------------------------------------------------------------
+
+
+def expand_proxy(command: str, host: str, port: int, user: str = "") -> str:
+    """Expand OpenSSH's `%h`, `%p`, `%r` and `%%` in a ProxyCommand."""
+    out, i = [], 0
+    while i < len(command):
+        if command[i] == "%" and i + 1 < len(command):
+            out.append({"h": host, "p": str(port), "r": user, "%": "%"}.get(command[i + 1],
+                                                                           command[i:i + 2]))
+            i += 2
+        else:
+            out.append(command[i])
+            i += 1
+    return "".join(out)
+
+
+def connect(target: SshTarget, timeout: float = 10.0) -> paramiko.SSHClient:
+    """An authenticated paramiko client for `target`; the caller closes it. Raises SshError."""
+    import paramiko
+
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # fresh hosts: see module doc
+    sock: Any = None
+    if target.proxy_command:
+        sock = paramiko.ProxyCommand(
+            expand_proxy(target.proxy_command, target.host, target.port, target.user))
+    try:
+        client.connect(
+            target.host, port=target.port, username=target.user, key_filename=str(target.key_path),
+            timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, sock=sock,
+            allow_agent=False, look_for_keys=False,
+        )
+    except Exception as exc:  # socket, paramiko and proxy errors alike mean "not reachable (yet)"
+        client.close()
+        if sock is not None:
+            with contextlib.suppress(Exception):
+                sock.close()
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SshError(f"ssh {target}: {reason}") from None
+    return client
+
+
+def probe(target: SshTarget, timeout: float = 5.0) -> str | None:
+    """None when a login succeeds, else the reason it did not (for progress lines)."""
+    try:
+        connect(target, timeout).close()
+    except SshError as exc:
+        return str(exc)
+    return None
+
+
+def wait_until_ready(targets: Sequence[SshTarget], timeout: float, interval: float = 1.0,
+                     on_progress: Callable[[dict[str, str | None]], None] | None = None) -> None:
+    """Probe all targets in parallel until every one accepts a login; SshError after `timeout`.
+
+    `on_progress` gets {target: None if ready else last reason} after every round.
+    """
+    pending = {str(t): t for t in targets}
+    last: dict[str, str | None] = dict.fromkeys(pending, "not tried yet")
+    deadline = time.monotonic() + timeout
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(targets)))) as pool:
+        while pending:
+            reasons = dict(zip(pending, pool.map(probe, pending.values()), strict=True))
+            last.update(reasons)
+            pending = {name: t for name, t in pending.items() if reasons[name] is not None}
+            if on_progress:
+                on_progress(dict(last))
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                name, reason = next(iter((n, last[n]) for n in pending))
+                raise SshError(f"{name} accepted no SSH login within {timeout:.0f}s ({reason})")
+            time.sleep(interval)
+
+
+def run(target: SshTarget, command: str, timeout: float = 120.0, check: bool = False) -> Result:
+    """Run a shell command on `target` and collect its output. With `check`, a non-zero exit
+    raises SshError naming the host and the last line of stderr."""
+    client = connect(target, timeout=min(timeout, 15.0))
+    try:
+        _, stdout, stderr = client.exec_command(command, timeout=timeout)
+        out = stdout.read().decode(errors="replace")
+        err = stderr.read().decode(errors="replace")
+        code = stdout.channel.recv_exit_status()
+    except OSError as exc:  # socket.timeout included
+        raise SshError(f"ssh {target}: `{command[:60]}` did not finish: {exc or 'timeout'}") from None
+    finally:
+        client.close()
+    result = Result(code, out, err)
+    if check and not result.ok:
+        tail = (err.strip() or out.strip()).splitlines()[-1:] or ["no output"]
+        raise SshError(f"ssh {target}: `{command[:60]}` exited {code}: {tail[0]}")
+    return result
+
+
+# --- OpenSSH (tunnels, and option lists for tools that shell out to ssh) --------------------------
+
+
+def openssh_options(target: SshTarget) -> list[str]:
+    """`-o`/`-i`/`-p` options that make the `ssh` client behave like `connect`."""
+    options = [
+        "-i", str(target.key_path), "-p", str(target.port),
+        "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
+        "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
+    ]
+    if target.proxy_command:
+        options += ["-o", f"ProxyCommand={target.proxy_command}"]
+    return options
+
+
+def _die_with_parent() -> None:
+    # The tunnel must not outlive the rayfleet process, even one killed with SIGKILL.
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def tunnel(target: SshTarget, remote_port: int, remote_host: str = "127.0.0.1",
+           local_port: int | None = None, timeout: float = 30.0) -> Iterator[int]:
+    """Forward 127.0.0.1:<free port> to `remote_host:remote_port` as seen from `target`.
+
+    Yields the local port once it accepts connections; the ssh process ends with the block (and
+    with this process). A port grabbed by someone else between choice and bind is retried.
+    """
+    attempts = 1 if local_port else 3
+    last_error = ""
+    for _ in range(attempts):
+        port = local_port or rayproc.free_port()
+        command = ["ssh", "-N", *openssh_options(target), "-o", "ExitOnForwardFailure=yes",
+                   "-L", f"127.0.0.1:{port}:{remote_host}:{remote_port}",
+                   f"{target.user}@{target.host}"]
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + timeout
+        while process.poll() is None and time.monotonic() < deadline:
+            if rayproc.port_answers("127.0.0.1", port, timeout=0.3):
+                break
+            time.sleep(0.1)
+        if process.poll() is None and rayproc.port_answers("127.0.0.1", port):
+            try:
+                yield port
+            finally:
+                _stop(process)
+            return
+        _stop(process)
+        stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+        last_error = (stderr.strip().splitlines() or ["no answer on the local end"])[-1]
+        if "forward" not in last_error.lower() and "address already in use" not in last_error:
+            break
+    raise SshError(f"tunnel to {remote_host}:{remote_port} via {target} failed: {last_error}; "
+                   f"try `ssh {shlex.join(openssh_options(target))} {target.user}@{target.host}`")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Starts the head of the local cluster "golden-default".
+# Rendered by infra/providers/local.py (Provider._start_script); `invoke up` runs it.
+set -euo pipefail
+
+# Usage statistics stay off unless the user opted in; rayfleet never phones home by default.
+export RAY_USAGE_STATS_ENABLED=0
+
+# Every port comes from this cluster's own block and the temp dir is private, so a Ray that the
+# user started by hand on the default ports (and its temp dir /tmp/ray) is never disturbed.
+exec <ray> start --head \
+  --dashboard-host=127.0.0.1 \
+  --port=23000 \
+  --dashboard-port=23001 \
+  --ray-client-server-port=23002 \
+  --node-manager-port=23003 \
+  --object-manager-port=23004 \
+  --dashboard-agent-listen-port=23005 \
+  --dashboard-agent-grpc-port=23006 \
+  --metrics-export-port=23007 \
+  --runtime-env-agent-port=23008 \
+  --min-worker-port=23016 \
+  --max-worker-port=23115 \
+  --temp-dir=/tmp/rayfleet/golden-default \
+  --object-store-memory=536870912 \
+  --disable-usage-stats \
+  --log-style=record

@@ -1,0 +1,264 @@
+"""Nodes of the test bed: process trees in their own PID, mount and UTS namespaces, and SSH hosts.
+
+A node is `setpriv --pdeathsig KILL nsenter --net=<netns> unshare --pid --fork --kill-child --mount-proc
+--uts python3 hostinit.py`: its own hostname, its own process list (`ray stop` in one host cannot see
+another's Ray), private mounts, and death of the whole tree when its init is killed or when the
+process that started it dies. `nsenter --net` is used, not `ip netns exec`, because the latter
+remounts /sys and so hides the cgroup file system that slurmd needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from tests.testbed import net
+from tests.testbed.registry import MARKER, is_alive, proc_start_time
+
+HOSTINIT = Path(__file__).with_name("hostinit.py")
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Ray settings every process in the test bed gets: no usage reports to a public server, and the
+#: autoscaler v1 with which a `ray up` from another machine does launch its workers (Ray 2.60).
+RAY_SAFE_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_UP_enable_autoscaler_v2": "0"}
+
+
+def ray_bin_dir() -> str:
+    """Directory of the `ray` executable that belongs to the Python running the tests."""
+    scripts = sysconfig.get_path("scripts")
+    if Path(scripts, "ray").exists():
+        return scripts
+    return str(Path(sys.executable).parent)
+
+
+def node_env(run_id: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of everything run in a node, and of SSH sessions into a host.
+
+    Deliberately not inherited from the test process: a node should look like a fresh login, and the
+    run marker must be on every process so teardown can find strays.
+    """
+    return {
+        "PATH": f"{ray_bin_dir()}:{SYSTEM_PATH}",
+        "HOME": "/root",
+        "USER": "root",
+        "LOGNAME": "root",
+        "SHELL": "/bin/bash",
+        "LANG": "C.UTF-8",
+        **RAY_SAFE_ENV,
+        MARKER: run_id,
+        **(extra or {}),
+    }
+
+
+def write_ed25519_key(path: Path, comment: str) -> str:
+    """Create an OpenSSH ed25519 key pair at `path` (private, mode 0600) and `path`.pub; return the
+    public line."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(private)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode() + f" {comment}"
+    path.with_name(path.name + ".pub").write_text(public + "\n")
+    return public
+
+
+def sshd_config(host_key: Path, authorized_keys: Path, env: Mapping[str, str]) -> str:
+    for name, value in env.items():
+        if any(c.isspace() or c in "\"'" for c in name + value):
+            raise ValueError(f"SetEnv cannot carry {name}={value!r}")
+    return f"""\
+# Written by tests/testbed for one test-bed host.
+Port 22
+HostKey {host_key}
+PidFile none
+AuthorizedKeysFile {authorized_keys}
+# The keys live in the test bed's work directory, which is not root-only all the way up.
+StrictModes no
+# There is no PAM stack (nor logind behind it) to talk to inside the namespaces.
+UsePAM no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UseDNS no
+PrintMotd no
+X11Forwarding no
+AllowTcpForwarding yes
+# Ray's cluster launcher opens many sessions at once.
+MaxStartups 200
+MaxSessions 200
+Subsystem sftp internal-sftp
+# Non-interactive sessions (what Ray and our tools use) get no profile: the PATH to `ray` and the
+# no-usage-stats setting have to come from here.
+SetEnv {" ".join(f"{k}={v}" for k, v in env.items())}
+"""
+
+
+@dataclass
+class Node:
+    """A process tree with its own PID, mount and UTS namespaces, in a network namespace."""
+
+    # Short role name within the test bed: "client", "h1", "h2", ...
+    name: str
+    # Kernel hostname inside the node (None: keep the machine's).
+    hostname: str | None
+    # Address on the test network ("127.0.0.1" for a node in the root network namespace).
+    ip: str
+    # Network namespace name, or None for the root network namespace.
+    netns: str | None
+    # Environment of commands run in the node.
+    env: dict[str, str]
+    # Where the node's init and daemons write their output.
+    log_path: Path
+    # Root-namespace PID of the node's init (PID 1 inside), set by `start`.
+    pid1: int = 0
+    _pid1_start: int | None = field(default=None, repr=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _popens: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+
+    def start(self, setup: Sequence[Sequence[str]] = (), daemons: Sequence[Sequence[str]] = ()) -> int:
+        """Launch the node's init (not waiting for it); return the PID to record for cleanup."""
+        spec = {
+            "hostname": self.hostname,
+            "setup": [list(a) for a in setup],
+            "daemons": [{"argv": list(a), "log": str(self.log_path)} for a in daemons],
+        }
+        argv = ["setpriv", "--pdeathsig", "KILL", "--"]
+        if self.netns:
+            argv += ["nsenter", f"--net={net.netns_path(self.netns)}", "--"]
+        argv += ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--"]
+        argv += [sys.executable, str(HOSTINIT), json.dumps(spec)]
+        with open(self.log_path, "ab") as log:
+            # A session of its own: Ctrl+C on the CLI must reach our teardown, not kill hosts midway.
+            self._proc = subprocess.Popen(
+                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True,
+            )
+        return self._proc.pid
+
+    def wait_started(self, deadline: float) -> None:
+        """Wait until the init has done its setup; fail with the node's log if it died."""
+        assert self._proc is not None, "start() first"
+        children = Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children")
+        while True:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"node {self.name} exited: {self.log_tail()}")
+            if not self.pid1:
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    self.pid1 = int(children.read_text().split()[0])
+                    self._pid1_start = proc_start_time(self.pid1)
+            if self.pid1 and b"hostinit: ready" in self.log_path.read_bytes():
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node {self.name} not ready: {self.log_tail()}")
+            time.sleep(0.01)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def enter_argv(self, cwd: str = "/root") -> list[str]:
+        """Prefix that runs a program inside this node (all its namespaces, as its processes see them)."""
+        assert self.pid1, "node not started"
+        return ["nsenter", f"--target={self.pid1}", "--net", "--mount", "--uts", "--pid", f"--wd={cwd}", "--"]
+
+    def run(
+        self, cmd: str, *, check: bool = False, timeout: float = 120, input: str | None = None,
+        env: Mapping[str, str] | None = None, cwd: str = "/root",
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a bash command line inside the node and wait for it (stdout/stderr captured).
+
+        Background processes must redirect their output, or the capture waits for them.
+        """
+        done = subprocess.run(
+            [*self.enter_argv(cwd), "bash", "-c", cmd], env={**self.env, **(env or {})},
+            input=input, capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(
+                f"{self.name}: {cmd!r} exited {done.returncode}: {done.stderr.strip() or done.stdout.strip()}"
+            )
+        return done
+
+    def popen(self, argv: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None,
+              ) -> subprocess.Popen[bytes]:
+        """Start a long-running program inside the node; it gets SIGTERM when the Popen's process dies,
+        and is killed with the node anyway."""
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [*self.enter_argv(), "setpriv", "--pdeathsig", "TERM", "--", *argv],
+                env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                start_new_session=True,
+            )
+        self._popens.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        """Kill the node's init: the kernel then kills every process of its PID namespace."""
+        if self.pid1 and is_alive(self.pid1, self._pid1_start):
+            os.kill(self.pid1, signal.SIGKILL)
+        # The unshare and nsenter parents exit once their child is gone; reaping them here (rather
+        # than killing them first) leaves no zombie for the machine's init to collect.
+        for proc in [*self._popens, *([self._proc] if self._proc else [])]:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self._popens.clear()
+
+
+@dataclass
+class Host(Node):
+    """A test-bed host: a node with its own network namespace, private home and sshd."""
+
+    ssh_user: str = "root"
+    # Private key (0600) accepted by every host's sshd.
+    ssh_key_path: Path = Path()
+    # known_hosts with every host's key, by IP.
+    known_hosts_path: Path = Path()
+    # SSH ProxyCommand template (with %h %p) that reaches the host from the root namespace.
+    proxy_command: str = ""
+
+    def ssh_argv(self, cmd: str | None = None) -> list[str]:
+        """OpenSSH command line that logs into this host (and runs `cmd`, if given)."""
+        opts = {
+            "IdentitiesOnly": "yes",
+            "BatchMode": "yes",
+            "StrictHostKeyChecking": "yes",
+            "UserKnownHostsFile": str(self.known_hosts_path),
+            "ProxyCommand": self.proxy_command,
+            "ConnectTimeout": "10",
+            "LogLevel": "ERROR",
+        }
+        argv = ["ssh", "-F", "/dev/null", "-i", str(self.ssh_key_path)]
+        for key, value in opts.items():
+            argv += ["-o", f"{key}={value}"]
+        return [*argv, f"{self.ssh_user}@{self.ip}", *([cmd] if cmd is not None else [])]
+
+    def ssh(self, cmd: str, *, check: bool = False, timeout: float = 60, input: str | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+        """Run `cmd` on the host over real SSH, through the client namespace."""
+        done = subprocess.run(self.ssh_argv(cmd), input=input, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"ssh {self.name}: {cmd!r} exited {done.returncode}: {done.stderr.strip()}")
+        return done
