@@ -19,6 +19,7 @@ from tests.testbed.registry import Registry, RunRecord
 
 CLIENT_OCTET = 10
 FIRST_HOST_OCTET = 11
+BASHRC_LINE = "export PATH={bin}:$PATH  # rayfleet test bed: this host's private home only"
 
 # Runs inside the client namespace: one process polls every address, instead of one `nc` per try.
 _WAIT_TCP = """
@@ -209,6 +210,10 @@ class Testbed:
                 ["mkdir", f"{private}/upper", f"{private}/work"],
                 ["mount", "-t", "overlay", "overlay", "-o",
                  f"lowerdir=/root,upperdir={private}/upper,workdir={private}/work", "/root"],
+                # Login shells may put other Pythons first (pyenv, conda in ~/.bashrc): on this
+                # host, as a setup script would on a real one, the tests' Python and Ray come first.
+                ["sh", "-c", f"printf '%s\\n' {shlex.quote(BASHRC_LINE.format(bin=hosts.ray_bin_dir()))}"
+                 " >> /root/.bashrc"],
                 ["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp/ray"],
                 ["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm"],
                 bind_hosts,

@@ -3,7 +3,7 @@
 Started as `unshare --pid --fork --kill-child --mount-proc [--uts] python3 hostinit.py '<json>'` and run
 by path, not imported, so it imports nothing from the package. The JSON holds:
 
-- `hostname`: set in the node's own UTS namespace (or null to keep the machine's);
+- `hostname`: set in the node's own UTS namespace;
 - `setup`: argv lists run in order (mounts), any failure aborts the node;
 - `daemons`: [{"argv": [...], "log": path}] started once, in the foreground.
 
@@ -23,8 +23,7 @@ import time
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    if spec.get("hostname"):
-        socket.sethostname(spec["hostname"])
+    socket.sethostname(spec["hostname"])
     for argv in spec.get("setup", []):
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode != 0:

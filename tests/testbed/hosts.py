@@ -116,8 +116,8 @@ class Node:
 
     # Short role name within the test bed: "client", "h1", "h2", ...
     name: str
-    # Kernel hostname inside the node (None: keep the machine's).
-    hostname: str | None
+    # Kernel hostname inside the node (its own UTS namespace).
+    hostname: str
     # Address on the test network ("127.0.0.1" for a node in the root network namespace).
     ip: str
     # Network namespace name, or None for the root network namespace.

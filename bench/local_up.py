@@ -1,0 +1,77 @@
+"""Time-to-ready of `invoke up` (local) next to a raw `ray start --head` with the same flags.
+
+Both are measured until the dashboard accepts jobs (GET /api/jobs/ answers 200), in the same run,
+alternating, several repetitions; prints each pair and the median ratio (target: <= 1.10).
+Usage: python bench/local_up.py [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from infra import rayproc  # noqa: E402
+from infra.providers import local  # noqa: E402
+
+
+def _ready(url: str) -> None:
+    import requests
+
+    while True:
+        try:
+            if requests.get(f"{url}/api/jobs/", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    work = Path(tempfile.mkdtemp(prefix="rf-bench-"))
+    env["RAYFLEET_HOME"] = str(work / "home")
+    name = f"bench{uuid.uuid4().hex[:6]}"
+    spec = work / f"{name}.yaml"
+    spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n")
+    ratios = []
+    for rep in range(args.reps):
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-m", "invoke", "up", "--cluster", str(spec)], cwd=ROOT,
+                       env=env, check=True, capture_output=True)
+        ours = time.monotonic() - started
+        state = json.loads((work / "home" / "state" / f"{name}.json").read_text())
+        script = (work / "home" / "rendered" / name / "start.sh").read_text()
+        subprocess.run([sys.executable, "-m", "invoke", "teardown", "--cluster", str(spec)],
+                       cwd=ROOT, env=env, check=True, capture_output=True)
+
+        # The raw baseline: the very same `ray start` command line, then the same readiness check.
+        started = time.monotonic()
+        subprocess.run(["bash", "-c", script], env=env, check=True, capture_output=True)
+        _ready(state["info"]["dashboard_url"])
+        raw = time.monotonic() - started
+        base = state["resources"][0]["attrs"]["port_base"]
+        rayproc.terminate(rayproc.cluster_processes([local.temp_dir(name),
+                                                     rayproc.gcs_marker(base)]))
+        ratios.append(ours / raw)
+        print(f"rep {rep + 1}: invoke up {ours:.2f}s   raw ray start {raw:.2f}s   "
+              f"ratio {ours / raw:.3f}", flush=True)
+    print(f"median ratio invoke up / raw ray start: {statistics.median(ratios):.3f} "
+          f"(target <= 1.10, {args.reps} reps)")
+
+
+if __name__ == "__main__":
+    main()

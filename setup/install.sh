@@ -1,0 +1,455 @@
+#!/usr/bin/env bash
+# rayfleet node installer: puts the project's Ray environment on this node.
+#
+#   bash setup/install.sh --env cpu|gpu|tpu|auto --ray-version V --python-version X.Y
+#                         [--backend auto|conda|venv] [--prefix DIR] [--log FILE]
+#                         [--python PATH] [--isolated] [--lock-timeout SECONDS]
+#   bash setup/install.sh --detect          # print the accelerator: cpu, gpu or tpu
+#
+# Callers (cluster templates, the Slurm batch script) take the pins from infra/versions.py, so every
+# node runs the Ray and Python minor of the machine that ran `invoke up`.
+#
+# Backends: conda (conda or mamba on PATH or in a usual place; Miniforge is installed when neither
+# exists and no Python X.Y is at hand) and venv (python -m venv + pip, for machines without conda
+# and for tests). `auto` prefers conda when present, then a venv from an existing Python X.Y, then
+# Miniforge.
+#
+# Idempotent and safe to run concurrently: a lock (flock) serialises runs on one prefix, and a
+# marker in the prefix records the pins and the env spec; a second run checks the env and exits in
+# well under a second. Progress goes to stderr and the log file, results to stdout; any failure
+# exits non-zero with one line saying what failed and the tail of the log.
+#
+# Test hooks: RAYFLEET_SYSROOT prefixes the device paths that detection reads (/dev/nvidia0,
+# /dev/accel0, /dev/vfio, /sys/bus/pci), RAYFLEET_MINIFORGE_URL and RAYFLEET_MINIFORGE_DIR move
+# Miniforge.
+set -Eeuo pipefail
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+readonly SCRIPT_DIR
+readonly MARKER=.rayfleet-env
+readonly PARTIAL=.rayfleet-partial
+
+ENV_KIND=auto
+RAY_VERSION=""
+PYTHON_VERSION=""
+BACKEND=auto
+PREFIX=""
+LOG=""
+PYTHON_BIN=""
+ISOLATED=0
+LOCK_TIMEOUT=1800
+DETECT_ONLY=0
+STARTED=$(date +%s.%N)
+
+# ---------------------------------------------------------------- logging and errors
+
+log() {
+  local line
+  line="$(date +%H:%M:%S) install.sh: $*"
+  printf '%s\n' "$line" >&2
+  if [[ -n "$LOG" ]]; then printf '%s\n' "$line" >>"$LOG"; fi
+}
+
+die() {
+  local code=${2:-1}
+  printf 'install.sh: error: %s\n' "$1" >&2
+  if [[ -n "$LOG" ]]; then printf '%s install.sh: error: %s\n' "$(date +%H:%M:%S)" "$1" >>"$LOG"; fi
+  exit "$code"
+}
+
+usage_error() {
+  die "$1 (see: bash setup/install.sh --help)" 2
+}
+
+# Commands' own output goes to the log only; the ERR trap shows its tail when one fails.
+run() {
+  log "+ $*"
+  "$@" >>"$LOG" 2>&1
+}
+
+on_error() {
+  local code=$1 line=$2 command=$3
+  trap - ERR
+  printf 'install.sh: error: `%s` failed with exit code %s (line %s)\n' "$command" "$code" "$line" >&2
+  if [[ -n "$LOG" && -f "$LOG" ]]; then
+    printf 'install.sh: last lines of %s:\n' "$LOG" >&2
+    tail -n 15 "$LOG" | sed 's/^/    /' >&2
+  fi
+  exit "$code"
+}
+trap 'on_error $? $LINENO "$BASH_COMMAND"' ERR
+
+elapsed() {
+  awk -v a="$STARTED" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'
+}
+
+# ---------------------------------------------------------------- arguments
+
+usage() {
+  sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+parse_args() {
+  while (($#)); do
+    case "$1" in
+      --env) ENV_KIND=${2:-}; shift ;;
+      --ray-version) RAY_VERSION=${2:-}; shift ;;
+      --python-version) PYTHON_VERSION=${2:-}; shift ;;
+      --backend) BACKEND=${2:-}; shift ;;
+      --prefix) PREFIX=${2:-}; shift ;;
+      --log) LOG=${2:-}; shift ;;
+      --python) PYTHON_BIN=${2:-}; shift ;;
+      --isolated) ISOLATED=1 ;;
+      --lock-timeout) LOCK_TIMEOUT=${2:-}; shift ;;
+      --detect) DETECT_ONLY=1 ;;
+      -h | --help) usage; exit 0 ;;
+      *) usage_error "unknown argument '$1'" ;;
+    esac
+    shift
+  done
+}
+
+check_args() {
+  [[ "$ENV_KIND" =~ ^(cpu|gpu|tpu|auto)$ ]] || usage_error "--env '$ENV_KIND': use cpu, gpu, tpu or auto"
+  [[ -n "$RAY_VERSION" ]] || usage_error "--ray-version is required (the Ray version of the machine that runs invoke up)"
+  [[ "$RAY_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+([.a-z0-9+-]*)$ ]] \
+    || usage_error "--ray-version '$RAY_VERSION': expected a version such as 2.60.0"
+  [[ -n "$PYTHON_VERSION" ]] || usage_error "--python-version is required (X.Y of the machine that runs invoke up)"
+  [[ "$PYTHON_VERSION" =~ ^3\.[0-9]+$ ]] \
+    || usage_error "--python-version '$PYTHON_VERSION': expected major.minor such as 3.11"
+  [[ "$BACKEND" =~ ^(auto|conda|venv)$ ]] || usage_error "--backend '$BACKEND': use auto, conda or venv"
+  [[ "$LOCK_TIMEOUT" =~ ^[0-9]+$ ]] || usage_error "--lock-timeout '$LOCK_TIMEOUT': expected seconds"
+  if [[ -n "$PYTHON_BIN" && "$BACKEND" == conda ]]; then
+    usage_error "--python only applies to --backend venv"
+  fi
+}
+
+# ---------------------------------------------------------------- accelerator detection
+
+# Prints cpu, gpu or tpu. Device files first: they exist even before a driver's tools are on PATH.
+detect_accelerator() {
+  local root=${RAYFLEET_SYSROOT:-}
+  if compgen -G "$root/dev/nvidia[0-9]*" >/dev/null; then
+    echo gpu; return
+  fi
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    echo gpu; return
+  fi
+  # TPU v2-v4 VMs expose /dev/accel*; v5e and later bind the chips to VFIO. A VFIO group alone
+  # could be any passed-through device, so it counts only next to a Google (0x1ae0) PCI device.
+  if compgen -G "$root/dev/accel[0-9]*" >/dev/null; then
+    echo tpu; return
+  fi
+  if compgen -G "$root/dev/vfio/[0-9]*" >/dev/null \
+    && grep -qsx '0x1ae0' "$root"/sys/bus/pci/devices/*/vendor; then
+    echo tpu; return
+  fi
+  echo cpu
+}
+
+# ---------------------------------------------------------------- helpers
+
+home_dir() {
+  # Startup scripts of some clouds run without HOME.
+  if [[ -n "${HOME:-}" ]]; then echo "$HOME"; else getent passwd "$(id -u)" | cut -d: -f6; fi
+}
+
+# "3.11" if the interpreter $1 runs, nothing otherwise.
+python_minor_of() {
+  "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true
+}
+
+# An interpreter of the pinned minor for the venv backend: --python, pythonX.Y, python3, python.
+find_python() {
+  local candidate path
+  if [[ -n "$PYTHON_BIN" ]]; then
+    [[ "$(python_minor_of "$PYTHON_BIN")" == "$PYTHON_VERSION" ]] \
+      || die "--python $PYTHON_BIN is not a working Python $PYTHON_VERSION"
+    echo "$PYTHON_BIN"; return
+  fi
+  for candidate in "python$PYTHON_VERSION" python3 python; do
+    path=$(command -v "$candidate" 2>/dev/null) || continue
+    if [[ "$(python_minor_of "$path")" == "$PYTHON_VERSION" ]]; then
+      echo "$path"; return
+    fi
+  done
+  return 1
+}
+
+# conda (or mamba) on PATH, in CONDA_EXE, or in a usual install location.
+find_conda() {
+  local home candidate
+  home=$(home_dir)
+  for candidate in "${CONDA_EXE:-}" "$(command -v conda 2>/dev/null || true)" \
+    "$(command -v mamba 2>/dev/null || true)" "$(miniforge_dir)/bin/conda" \
+    "$home/miniforge3/bin/conda" "$home/miniconda3/bin/conda" "$home/anaconda3/bin/conda" \
+    /opt/conda/bin/conda; do
+    if [[ -n "$candidate" && -x "$candidate" ]]; then
+      echo "$candidate"; return
+    fi
+  done
+  return 1
+}
+
+miniforge_dir() {
+  echo "${RAYFLEET_MINIFORGE_DIR:-$(home_dir)/miniforge3}"
+}
+
+# The env spec with the pins filled in.
+render_spec() {
+  local source=$1 target=$2
+  [[ -f "$source" ]] || die "env spec $source is missing; is setup/ complete on this node?"
+  sed -e "s/\${PYTHON_VERSION}/$PYTHON_VERSION/g" -e "s/\${RAY_VERSION}/$RAY_VERSION/g" \
+    "$source" >"$target"
+}
+
+# The pip list of a rendered env spec (the items under "- pip:"), one per line.
+pip_requirements() {
+  awk '
+    /^[[:space:]]*-[[:space:]]*pip:[[:space:]]*$/ { inpip = 1; indent = -1; next }
+    inpip && /^[[:space:]]*#/ { next }
+    inpip && /^[[:space:]]*-[[:space:]]/ {
+      match($0, /^[[:space:]]*/)
+      if (indent < 0) indent = RLENGTH
+      if (RLENGTH == indent) { sub(/^[[:space:]]*-[[:space:]]*/, ""); print; next }
+    }
+    inpip && NF { inpip = 0 }
+  ' "$1"
+}
+
+spec_digest() {
+  sha256sum "$1" | cut -d' ' -f1
+}
+
+# "X.Y RAY_VERSION" as the env's own Python reports them, or nothing.
+env_versions() {
+  [[ -x "$PREFIX/bin/python" ]] || return 0
+  "$PREFIX/bin/python" -c '
+import importlib.metadata as m, sys
+print("%d.%d %s" % (sys.version_info[0], sys.version_info[1], m.version("ray")))' 2>/dev/null || true
+}
+
+marker_value() {
+  sed -n "s/^$1=//p" "$PREFIX/$MARKER" 2>/dev/null | head -n 1
+}
+
+# True when the prefix holds a complete env with exactly these pins and this spec.
+already_installed() {
+  [[ -f "$PREFIX/$MARKER" && ! -e "$PREFIX/$PARTIAL" ]] || return 1
+  [[ "$(marker_value env)" == "$ENV_KIND" && "$(marker_value ray_version)" == "$RAY_VERSION" \
+    && "$(marker_value python_version)" == "$PYTHON_VERSION" \
+    && "$(marker_value spec_sha256)" == "$SPEC_DIGEST" ]] || return 1
+  if [[ "$BACKEND" != auto && "$(marker_value backend)" != "$BACKEND" ]]; then return 1; fi
+  # Trust but verify: an env someone changed by hand is rebuilt.
+  [[ "$(env_versions)" == "$PYTHON_VERSION $RAY_VERSION" ]]
+}
+
+# Clear the prefix for a fresh install, but only if this installer made what is there.
+prepare_prefix() {
+  if [[ -e "$PREFIX" ]]; then
+    if [[ -e "$PREFIX/$MARKER" || -e "$PREFIX/$PARTIAL" ]]; then
+      log "removing the previous env in $PREFIX (other pins, another spec or an interrupted install)"
+      rm -rf -- "$PREFIX"
+    elif [[ -d "$PREFIX" && -z "$(ls -A -- "$PREFIX")" ]]; then
+      rmdir -- "$PREFIX"
+    else
+      die "$PREFIX exists and was not made by install.sh; remove it or pass another --prefix"
+    fi
+  fi
+  mkdir -p -- "$PREFIX"
+  # From here on a crash leaves a prefix that the next run recognises and replaces.
+  : >"$PREFIX/$PARTIAL"
+}
+
+# ---------------------------------------------------------------- backends
+
+download() {
+  local url=$1 target=$2
+  if command -v curl >/dev/null 2>&1; then
+    run curl -fsSL --retry 3 -o "$target" "$url"
+  elif command -v wget >/dev/null 2>&1; then
+    run wget -q -O "$target" "$url"
+  else
+    die "neither curl nor wget is installed, so Miniforge cannot be downloaded; install one or conda"
+  fi
+}
+
+install_miniforge() {
+  local dir url installer lock_fd
+  dir=$(miniforge_dir)
+  url=${RAYFLEET_MINIFORGE_URL:-https://github.com/conda-forge/miniforge/releases/latest/download/Miniforge3-$(uname)-$(uname -m).sh}
+  mkdir -p -- "$(dirname -- "$dir")"
+  # Several envs may need Miniforge at once; only one downloads it.
+  exec {lock_fd}>"$dir.lock"
+  flock -w "$LOCK_TIMEOUT" "$lock_fd" || die "timed out waiting for the Miniforge install lock $dir.lock"
+  if [[ ! -x "$dir/bin/conda" ]]; then
+    installer=$(mktemp "${TMPDIR:-/tmp}/miniforge.XXXXXX.sh")
+    log "installing Miniforge into $dir (no conda on this node)"
+    download "$url" "$installer"
+    rm -rf -- "$dir"
+    run bash "$installer" -b -p "$dir"
+    rm -f -- "$installer"
+  fi
+  exec {lock_fd}>&-
+  echo "$dir/bin/conda"
+}
+
+install_conda() {
+  local conda=$1 rendered=$2
+  log "creating a conda env with Python $PYTHON_VERSION using $conda"
+  run "$conda" create --yes --quiet --prefix "$PREFIX" "python=$PYTHON_VERSION" pip
+  # The env file's pip section installs Ray and the libraries (pip runs inside the env).
+  run "$conda" env update --quiet --prefix "$PREFIX" --file "$rendered"
+  mkdir -p "$PREFIX/etc/conda/activate.d" "$PREFIX/etc/conda/deactivate.d"
+  printf '# rayfleet: Ray never reports usage statistics from this env.\nexport RAY_USAGE_STATS_ENABLED=0\n' \
+    >"$PREFIX/etc/conda/activate.d/rayfleet.sh"
+  printf 'unset RAY_USAGE_STATS_ENABLED\n' >"$PREFIX/etc/conda/deactivate.d/rayfleet.sh"
+}
+
+install_venv() {
+  local python=$1 rendered=$2 requirements venv_flags=()
+  requirements="$PREFIX/rayfleet-requirements.txt"
+  # Reuse the base interpreter's packages when it already has the pinned Ray: nothing to
+  # download, and a node's preinstalled stack (e.g. a CUDA build of torch) stays in use.
+  if ((ISOLATED == 0)) && "$python" -c '
+import importlib.metadata as m, sys
+sys.exit(m.version("ray") != sys.argv[1])' "$RAY_VERSION" 2>/dev/null; then
+    venv_flags=(--system-site-packages)
+    log "$python already has Ray $RAY_VERSION: the venv reuses its site-packages"
+  fi
+  log "creating a venv with $python ($(python_minor_of "$python"))"
+  run "$python" -m venv "${venv_flags[@]}" "$PREFIX" \
+    || die "'$python -m venv' failed; on Debian/Ubuntu install the python$PYTHON_VERSION-venv package"
+  pip_requirements "$rendered" >"$requirements"
+  # Offline first: when everything is already satisfied this touches no index at all.
+  if run "$PREFIX/bin/python" -m pip install --no-index --disable-pip-version-check -r "$requirements"; then
+    log "all requirements were already satisfied"
+  else
+    log "installing the requirements with pip (this downloads Ray and libraries)"
+    run "$PREFIX/bin/python" -m pip install --disable-pip-version-check -r "$requirements"
+  fi
+  printf '\n# rayfleet: Ray never reports usage statistics from this env.\nexport RAY_USAGE_STATS_ENABLED=0\n' \
+    >>"$PREFIX/bin/activate"
+}
+
+# ---------------------------------------------------------------- result
+
+write_activation() {
+  local backend=$1 env_var=VIRTUAL_ENV
+  [[ "$backend" == conda ]] && env_var=CONDA_PREFIX
+  cat >"$PREFIX/rayfleet-activate.sh" <<EOF
+# Written by rayfleet's setup/install.sh. Source it to use this env: . $PREFIX/rayfleet-activate.sh
+export PATH="$PREFIX/bin:\$PATH"
+export $env_var="$PREFIX"
+export RAYFLEET_ENV_PREFIX="$PREFIX"
+# Ray never reports usage statistics from rayfleet nodes.
+export RAY_USAGE_STATS_ENABLED=0
+EOF
+}
+
+verify_env() {
+  local got
+  log "checking that the env imports Ray"
+  run env RAY_USAGE_STATS_ENABLED=0 "$PREFIX/bin/python" -c 'import ray; print(ray.__version__)'
+  got=$(env_versions)
+  [[ "$got" == "$PYTHON_VERSION $RAY_VERSION" ]] \
+    || die "the new env reports Python/Ray '$got', not '$PYTHON_VERSION $RAY_VERSION'"
+  [[ -x "$PREFIX/bin/ray" ]] || die "the new env has no $PREFIX/bin/ray"
+}
+
+write_marker() {
+  local backend=$1
+  cat >"$PREFIX/$MARKER.tmp" <<EOF
+env=$ENV_KIND
+backend=$backend
+ray_version=$RAY_VERSION
+python_version=$PYTHON_VERSION
+spec_sha256=$SPEC_DIGEST
+installed_at=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+EOF
+  mv -f -- "$PREFIX/$MARKER.tmp" "$PREFIX/$MARKER"
+  rm -f -- "$PREFIX/$PARTIAL"
+}
+
+report() {
+  local what=$1
+  log "$what in $(elapsed)s"
+  printf 'rayfleet env %s (env=%s backend=%s python=%s ray=%s)\n' "$what" "$ENV_KIND" \
+    "$(marker_value backend)" "$PYTHON_VERSION" "$RAY_VERSION"
+  printf 'prefix:   %s\n' "$PREFIX"
+  printf 'ray:      %s\n' "$PREFIX/bin/ray"
+  printf 'activate: . %s\n' "$PREFIX/rayfleet-activate.sh"
+  printf 'log:      %s\n' "$LOG"
+}
+
+# ---------------------------------------------------------------- main
+
+main() {
+  parse_args "$@"
+  if ((DETECT_ONLY)); then
+    detect_accelerator
+    return
+  fi
+  check_args
+  if [[ "$ENV_KIND" == auto ]]; then
+    ENV_KIND=$(detect_accelerator)
+    log "detected accelerator: $ENV_KIND"
+  fi
+  PREFIX=${PREFIX:-$(home_dir)/.local/share/rayfleet/envs/$ENV_KIND}
+  PREFIX=${PREFIX%/}
+  mkdir -p -- "$(dirname -- "$PREFIX")"
+  PREFIX="$(cd -- "$(dirname -- "$PREFIX")" && pwd)/$(basename -- "$PREFIX")"
+  LOG=${LOG:-$PREFIX.install.log}
+  mkdir -p -- "$(dirname -- "$LOG")"
+  : >>"$LOG" || die "cannot write the log file $LOG; pass --log"
+  command -v flock >/dev/null 2>&1 || die "flock (util-linux) is missing; install it"
+
+  local lock_fd rendered
+  exec {lock_fd}>"$PREFIX.lock"
+  if ! flock -n "$lock_fd"; then
+    log "another install into $PREFIX is running; waiting for it (up to ${LOCK_TIMEOUT}s)"
+    flock -w "$LOCK_TIMEOUT" "$lock_fd" \
+      || die "another install into $PREFIX still holds $PREFIX.lock after ${LOCK_TIMEOUT}s"
+  fi
+
+  rendered=$(mktemp "${TMPDIR:-/tmp}/rayfleet-env-$ENV_KIND.XXXXXX.yaml")
+  # shellcheck disable=SC2064  # expand now: $rendered is local to main
+  trap "rm -f -- '$rendered'" EXIT
+  render_spec "$SCRIPT_DIR/envs/environment_$ENV_KIND.yaml" "$rendered"
+  SPEC_DIGEST=$(spec_digest "$rendered")
+
+  if already_installed; then
+    report "already installed, checked"
+    return
+  fi
+
+  log "installing the $ENV_KIND env (Python $PYTHON_VERSION, Ray $RAY_VERSION) into $PREFIX; log: $LOG"
+  local backend=$BACKEND conda="" python=""
+  if [[ "$backend" == auto || "$backend" == conda ]]; then
+    conda=$(find_conda) || conda=""
+  fi
+  if [[ "$backend" == auto || "$backend" == venv ]]; then
+    python=$(find_python) || python=""
+  fi
+  if [[ "$backend" == auto ]]; then
+    if [[ -n "$conda" ]]; then backend=conda; elif [[ -n "$python" ]]; then backend=venv; else backend=conda; fi
+  fi
+  if [[ "$backend" == venv && -z "$python" ]]; then
+    die "no Python $PYTHON_VERSION found for the venv backend (tried python$PYTHON_VERSION, python3, python); install it, pass --python, or use --backend conda"
+  fi
+
+  prepare_prefix
+  cp -- "$rendered" "$PREFIX/rayfleet-environment.yaml"
+  if [[ "$backend" == conda ]]; then
+    [[ -n "$conda" ]] || conda=$(install_miniforge)
+    install_conda "$conda" "$rendered"
+  else
+    install_venv "$python" "$rendered"
+  fi
+  write_activation "$backend"
+  verify_env
+  write_marker "$backend"
+  report "installed"
+}
+
+main "$@"

@@ -1,0 +1,56 @@
+"""Scoped process matching: a cluster's markers never match another cluster's processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from infra import rayproc
+
+
+def test_temp_dir_marker_respects_boundaries() -> None:
+    assert rayproc._contains("raylet --socket=/tmp/rayfleet/lab/session_1/s", "/tmp/rayfleet/lab")
+    assert rayproc._contains("dashboard --temp-dir=/tmp/rayfleet/lab", "/tmp/rayfleet/lab")
+    assert not rayproc._contains("raylet --socket=/tmp/rayfleet/lab2/s", "/tmp/rayfleet/lab")
+    assert not rayproc._contains("raylet --socket=/tmp/rayfleet/lab-b/s", "/tmp/rayfleet/lab")
+    # A hand-started Ray uses /tmp/ray: our marker must not match it, nor its marker ours.
+    assert not rayproc._contains("raylet --socket=/tmp/ray/session_1/s", "/tmp/rayfleet/lab")
+    assert not rayproc._contains("raylet --socket=/tmp/rayfleet/lab/s", "/tmp/ray")
+
+
+def test_gcs_marker_matches_only_its_port() -> None:
+    marker = rayproc.gcs_marker(21000)
+    assert rayproc._contains("ray.util.client.server --address=192.0.2.2:21000 --x", marker)
+    assert not rayproc._contains("--address=192.0.2.2:210001", marker)
+    assert not rayproc._contains("--address=192.0.2.2:6379", marker)
+
+
+def test_descendants_are_found_and_terminated() -> None:
+    marker = "rayproc-test-marker-5f2c"
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess,sys,time; subprocess.Popen(['sleep','60']); time.sleep(60)", marker])
+    try:
+        found: list[int] = []
+        for _ in range(100):
+            found = rayproc.cluster_processes([marker])
+            if len(found) == 2:
+                break
+            subprocess.run(["sleep", "0.05"])
+        assert parent.pid in found and len(found) == 2, "the child `sleep` is found by ancestry"
+        assert rayproc.terminate(found, grace=2) == []
+        assert not any(rayproc.alive(p) for p in found)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_port_block_flags_cover_every_ray_port() -> None:
+    flags = rayproc.PortBlock(30000).flags()
+    names = {f.split("=")[0] for f in flags}
+    assert {"--port", "--dashboard-port", "--node-manager-port", "--object-manager-port",
+            "--ray-client-server-port", "--min-worker-port", "--max-worker-port",
+            "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+            "--metrics-export-port", "--runtime-env-agent-port"} == names
+    ports = [int(f.split("=")[1]) for f in flags]
+    assert min(ports) == 30000 and max(ports) < 30000 + rayproc.BLOCK_SIZE
