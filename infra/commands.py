@@ -136,7 +136,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> None:
         ui.out(json.dumps({
             "cluster": selected.name, "provider": selected.provider,
             "running": provider_view.running, "summary": provider_view.summary,
-            "resources": provider_view.rows, "warnings": provider_view.warnings, **ray_view,
+            "provider_resources": provider_view.rows, "warnings": provider_view.warnings, **ray_view,
         }, indent=2), soft_wrap=True, markup=False)
         return
     ui.out(f"{selected.name} ({selected.provider}): {provider_view.summary}", markup=False)

@@ -189,3 +189,32 @@ def test_commands_on_a_cluster_that_is_not_up(cluster: Path) -> None:
             assert result.returncode == 1, args
             assert "start it with `invoke up --cluster=" in result.stderr
             assert "Traceback" not in result.stderr
+
+
+def test_no_wait_logs_stop_job_and_runtime_env(cluster: Path, tmp_path: Path, rf_home: Path) -> None:
+    from ray.job_submission import JobSubmissionClient
+
+    assert run_invoke("up", "--cluster", str(cluster)).returncode == 0
+    env_file = tmp_path / "runtime.yaml"
+    env_file.write_text("env_vars: {GREETING: hello-from-runtime-env}\n")
+    submitted = run_invoke("submit", "--cluster", str(cluster), "--runtime-env", str(env_file),
+                           "--no-wait", "tests/data/sleeper.py")
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().splitlines()[-1]
+    assert f"invoke stop-job {job}" in submitted.stderr
+
+    client = JobSubmissionClient(_state(rf_home, cluster.stem)["info"]["dashboard_url"])
+    deadline = time.monotonic() + 60
+    while "GREETING=" not in client.get_job_logs(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    logs = run_invoke("logs", "--cluster", str(cluster), job)
+    assert logs.returncode == 0 and "GREETING=hello-from-runtime-env" in logs.stdout
+
+    stopped = run_invoke("stop-job", "--cluster", str(cluster), job)
+    assert stopped.returncode == 0, stopped.stderr
+    assert client.get_job_status(job).value == "STOPPED"
+
+    missing = run_invoke("submit", "--cluster", str(cluster), "--runtime-env", "nope.yaml",
+                         "tests/data/sleeper.py")
+    assert missing.returncode == 2 and "--runtime-env nope.yaml: no such file" in missing.stderr
+
