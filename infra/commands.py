@@ -145,9 +145,14 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> None:
         ui.warn(warning)
     if ray_view:
         _table("Ray nodes", ray_view["nodes"])
-        totals = ", ".join(f"{k} {v:g}" for k, v in sorted(ray_view["resources"].items()))
+        totals = ", ".join(f"{k} {_amount(k, v)}" for k, v in sorted(ray_view["resources"].items()))
         ui.out(f"Ray resources (alive nodes): {totals}", markup=False)
         _table("jobs", ray_view["jobs"])
+
+
+def _amount(key: str, value: float) -> str:
+    # Ray counts memory resources in bytes.
+    return f"{value / 2**30:.1f} GiB" if "memory" in key else f"{value:g}"
 
 
 def _table(title: str, rows: list[dict[str, str]]) -> None:

@@ -173,7 +173,9 @@ class Provider(BaseProvider[Spec]):
             if not pids:
                 break
             with ui.step(f"stopping {len(pids)} Ray processes of {self.spec.name!r}"):
-                left = rayproc.terminate(pids)
+                # The cluster is going away as a whole, so the GCS need not wait for raylets to
+                # drain (it ignores SIGTERM for several seconds): a short grace, then SIGKILL.
+                left = rayproc.terminate(pids, grace=1.0)
             if left:
                 raise LocalError(f"processes {left} of {self.spec.name!r} survived SIGKILL")
         left = rayproc.cluster_processes(markers)
