@@ -17,6 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The multi-host test bed (sshd hosts in namespaces, real Slurm): fixtures for every test module.
+pytest_plugins = ["tests.testbed.fixtures"]
+
 # Set for this process and inherited by every subprocess (invoke, ray, sbatch) the tests start.
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["NO_GCE_CHECK"] = "True"

@@ -24,10 +24,12 @@ import pytest
 
 from tests.testbed import net, registry
 from tests.testbed.core import Testbed
-from tests.testbed.fixtures import require
 from tests.testbed.hosts import ray_bin_dir
+from tests.testbed.preflight import require
 from tests.testbed.slurm import LocalSlurm, SlurmCluster
 
+# Also loaded by tests/conftest.py for the whole suite; named here so this file runs on its own too.
+pytest_plugins = ["tests.testbed.fixtures"]
 pytestmark = pytest.mark.slow
 
 RAY_SMALL = "--num-cpus 1 --object-store-memory 100000000 --disable-usage-stats"
@@ -45,10 +47,10 @@ def test_ssh_into_each_host_by_ip_with_the_generated_key(testbed: Testbed) -> No
         assert out[3] == "0", "ssh sessions must not report Ray usage"
         assert out[4] == f"{ray_bin_dir()}/ray", "the tests' ray must be on the non-interactive PATH"
         seen.append(out[0])
-        # What Ray's cluster launcher uses: an interactive login shell.
-        login = host.ssh("bash --login -c -i 'command -v ray'", check=True).stdout.strip()
-        assert login.splitlines()[-1] == f"{ray_bin_dir()}/ray"
     assert len(set(seen)) == len(testbed.hosts)
+    # What Ray's cluster launcher uses: an interactive login shell, which runs ~/.bashrc.
+    login = testbed.hosts[0].ssh("bash --login -c -i 'command -v ray'", check=True).stdout.strip()
+    assert login.splitlines()[-1] == f"{ray_bin_dir()}/ray"
 
 
 def test_paramiko_reaches_hosts_through_the_proxy_command(testbed: Testbed) -> None:
@@ -156,18 +158,22 @@ def test_leftovers_of_a_killed_run_are_cleaned_by_the_next(tmp_path: Path) -> No
     """)
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True)
+    reg = registry.Registry()
     try:
         run_id, subnet = (proc.stdout.readline() if proc.stdout else "").split()
-    finally:
+    except BaseException:
+        proc.kill()
+        raise
+    # The lock keeps test beds starting meanwhile (their start cleans stale runs too) out of the way.
+    with reg.locked():
         # A crash, as far as the test bed can tell: no finalizer, no atexit.
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         if proc.stdout:
             proc.stdout.close()
-    prefix = f"rft{run_id}-"
-    assert [n for n in net.list_netns() if n.startswith(prefix)], "the crash should leave namespaces"
-    reg = registry.Registry()
-    with reg.locked():
+        prefix = f"rft{run_id}-"
+        assert [n for n in net.list_netns() if n.startswith(prefix)], "the crash should leave namespaces"
+        assert net.routes_within(ipaddress.ip_network(subnet), ours_only=True)
         done = reg.clean_stale()
     assert any(run_id in line for line in done)
     assert not [n for n in net.list_netns() if n.startswith(prefix)]

@@ -28,6 +28,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def _hold() -> None:
     print("\nup; Ctrl+C (or SIGTERM) tears it down", flush=True)
+    # Explicitly, since a shell starts background jobs with SIGINT ignored.
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{rec.subnet or '-'}  {rec.workdir}")
         return 0
 
-    reason = preflight.unavailable("slurm" if args.slurm or args.command == "local-slurm" else "testbed")
+    slurm = args.command == "local-slurm" or args.slurm
+    reason = preflight.unavailable("slurm" if slurm else "testbed")
     if reason:
         print(f"cannot run the test bed: {reason}", file=sys.stderr)
         return 1

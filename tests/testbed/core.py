@@ -19,7 +19,6 @@ from tests.testbed.registry import Registry, RunRecord
 
 CLIENT_OCTET = 10
 FIRST_HOST_OCTET = 11
-BASHRC_LINE = "export PATH={bin}:$PATH  # rayfleet test bed: this host's private home only"
 
 # Runs inside the client namespace: one process polls every address, instead of one `nc` per try.
 _WAIT_TCP = """
@@ -172,11 +171,9 @@ class Testbed:
                 name=f"h{i}", hostname=f"rft{self.run_id}-h{i}",
                 ip=self.address(FIRST_HOST_OCTET + i - 1), netns=self.netns_name(f"h{i}"), env=env,
                 log_path=node_dir / f"h{i}.log", ssh_key_path=self.ssh_key_path,
-                known_hosts_path=self.known_hosts_path, proxy_command="",
+                known_hosts_path=self.known_hosts_path, proxy_command=self.proxy_command,
             ))
         self._nodes = [self.client, *self.hosts]
-        for host in self.hosts:
-            host.proxy_command = self.proxy_command
         # Every node resolves every other by name (`hostname --ip-address`, Slurm, Ray logs).
         etc_hosts = self.workdir / "etc_hosts"
         etc_hosts.write_text(
@@ -197,30 +194,14 @@ class Testbed:
 
         # sshd refuses to start without its privilege-separation directory.
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-        Path("/tmp/ray").mkdir(exist_ok=True)
         bind_hosts = ["mount", "--bind", str(etc_hosts), "/etc/hosts"]
         self._start_node(self.client, [bind_hosts], [])
         for host in self.hosts:
             private = node_dir / f"{host.name}-private"
             private.mkdir(exist_ok=True)
-            setup = [
-                # Upper and work dirs of the home overlay on a tmpfs: overlayfs refuses some file
-                # systems (e.g. another overlay, as in containers) as upper layer.
-                ["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(private)],
-                ["mkdir", f"{private}/upper", f"{private}/work"],
-                ["mount", "-t", "overlay", "overlay", "-o",
-                 f"lowerdir=/root,upperdir={private}/upper,workdir={private}/work", "/root"],
-                # Login shells may put other Pythons first (pyenv, conda in ~/.bashrc): on this
-                # host, as a setup script would on a real one, the tests' Python and Ray come first.
-                ["sh", "-c", f"printf '%s\\n' {shlex.quote(BASHRC_LINE.format(bin=hosts.ray_bin_dir()))}"
-                 " >> /root/.bashrc"],
-                ["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp/ray"],
-                ["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/dev/shm"],
-                bind_hosts,
-            ]
             sshd = ["/usr/sbin/sshd", "-D", "-e", "-f", str(ssh_dir / f"sshd_config_{host.name}"),
                     "-o", f"ListenAddress={host.ip}"]
-            self._start_node(host, setup, [sshd])
+            self._start_node(host, [*hosts.host_setup(private), bind_hosts], [sshd])
         deadline = time.monotonic() + ready_timeout
         for node in self._nodes:
             node.wait_started(deadline)

@@ -13,26 +13,15 @@ where that is a failure.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.testbed import preflight
 from tests.testbed.core import Testbed
+from tests.testbed.preflight import require
 from tests.testbed.slurm import LocalSlurm, SlurmCluster
 
 _TIMINGS = pytest.StashKey[list[tuple[str, dict[str, float]]]]()
-
-
-def require(kind: str = "testbed") -> None:
-    """Skip the test (fail it under CI=true) unless this machine can run `kind` (see `preflight`)."""
-    reason = preflight.unavailable(kind)
-    if reason is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI must run the test bed, but: {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 def report_timings(config: pytest.Config, label: str, timings: dict[str, float]) -> None:

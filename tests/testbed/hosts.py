@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -76,6 +77,34 @@ def write_ed25519_key(path: Path, comment: str) -> str:
     ).decode() + f" {comment}"
     path.with_name(path.name + ".pub").write_text(public + "\n")
     return public
+
+
+def tmpfs_over(target: str, mode: str = "1777") -> list[str]:
+    """argv that mounts a fresh tmpfs over `target` (run inside a node's own mount namespace).
+
+    Makes sure the mount point exists on the shared disk (an empty directory, harmless outside).
+    """
+    Path(target).mkdir(exist_ok=True)
+    return ["mount", "-t", "tmpfs", "-o", f"mode={mode}", "tmpfs", target]
+
+
+def host_setup(private: Path) -> list[list[str]]:
+    """A host's private view of the machine, as argv run by its init: a copy-on-write /root whose
+    upper layer lives in a tmpfs at `private` (an empty directory), and empty /tmp/ray and /dev/shm."""
+    path_line = f"export PATH={ray_bin_dir()}:$PATH  # rayfleet test bed: this host's private home only"
+    return [
+        # Upper and work dirs on a tmpfs: overlayfs refuses some file systems (e.g. another overlay,
+        # as in containers) as upper layer.
+        ["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(private)],
+        ["mkdir", f"{private}/upper", f"{private}/work"],
+        ["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir=/root,upperdir={private}/upper,workdir={private}/work", "/root"],
+        # Login shells may put other Pythons first (pyenv or conda in ~/.bashrc): on this host, as a
+        # setup script would on a real one, the tests' Python and Ray come first.
+        ["sh", "-c", f"printf '%s\\n' {shlex.quote(path_line)} >> /root/.bashrc"],
+        tmpfs_over("/tmp/ray"),
+        tmpfs_over("/dev/shm"),
+    ]
 
 
 def sshd_config(host_key: Path, authorized_keys: Path, env: Mapping[str, str]) -> str:
@@ -144,7 +173,8 @@ class Node:
             argv += ["nsenter", f"--net={net.netns_path(self.netns)}", "--"]
         argv += ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--"]
         argv += [sys.executable, str(HOSTINIT), json.dumps(spec)]
-        with open(self.log_path, "ab") as log:
+        # Truncated: a "ready" line left by an earlier run in the same directory must not count.
+        with open(self.log_path, "wb") as log:
             # A session of its own: Ctrl+C on the CLI must reach our teardown, not kill hosts midway.
             self._proc = subprocess.Popen(
                 argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,

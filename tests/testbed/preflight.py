@@ -47,3 +47,15 @@ def unavailable(kind: str = "testbed") -> str | None:
     if probe.returncode != 0:
         return f"cannot create namespaces here (unprivileged container?): {probe.stderr.strip()}"
     return None
+
+
+def require(kind: str = "testbed") -> None:
+    """In a test: skip unless this machine can run `kind`; under CI=true, fail instead of skipping."""
+    import pytest  # here, so the CLI does not need pytest
+
+    reason = unavailable(kind)
+    if reason is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI must run the test bed, but: {reason}", pytrace=False)
+    pytest.skip(reason)

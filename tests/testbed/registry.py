@@ -163,9 +163,10 @@ class Registry:
             used_ids = {r.run_id for r in live}
             used_nets = {ipaddress.ip_network(r.subnet) for r in live if r.subnet}
             used_nets |= net.routes_within(net.TEST_SUPERNET)
-            subnet = next(
-                (s for s in net.TEST_SUPERNET.subnets(new_prefix=24) if s not in used_nets), None
-            )
+            free = [s for s in net.TEST_SUPERNET.subnets(new_prefix=24) if s not in used_nets]
+            # Random rather than lowest-free: a run's subnet is then unlikely to be reused at once by
+            # a concurrent run, which keeps "the route is gone" checks after teardown meaningful.
+            subnet = secrets.choice(free) if free else None
             if with_subnet and subnet is None:
                 raise RuntimeError(f"no free /24 left in {net.TEST_SUPERNET}: {len(live)} live runs")
             run_id = secrets.token_hex(3)

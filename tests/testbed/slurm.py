@@ -279,9 +279,8 @@ class LocalSlurm(_Slurm):
         node = Node(name="slurm", hostname=socket.gethostname(), ip="127.0.0.1", netns=None, env=self.env,
                     log_path=self.workdir / "node.log")
         self._node = node
-        Path("/tmp/ray").mkdir(exist_ok=True)
-        private_ray = ["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp/ray"]
-        self._registry.add_pid(self._record, node.start([private_ray], [self._munged_argv()]))
+        pid = node.start([hosts.tmpfs_over("/tmp/ray")], [self._munged_argv()])
+        self._registry.add_pid(self._record, pid)
         node.wait_started(deadline)
         self._wait_munge(deadline)
         node.popen(["slurmctld", "-D", "-f", str(self.conf_path)], log=self.workdir / "slurmctld.out")
