@@ -130,6 +130,16 @@ def stop_job(c: Context, job: str, provider: str | None = None,
     commands.stop_job(provider, cluster, job)
 
 
+@task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of a table."})
+@_one_line_errors
+def doctor(c: Context, provider: str | None = None, cluster: str | None = None,
+           json: bool = False) -> int:
+    """Show Ray and Python versions on every node; warn (exit 1) where they differ from here."""
+    from infra import commands
+
+    return commands.doctor(provider, cluster, json)
+
+
 @task(help=CLUSTER_HELP)
 @_one_line_errors
 def teardown(c: Context, provider: str | None = None, cluster: str | None = None) -> None:

@@ -9,7 +9,7 @@ import difflib
 import json
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from infra import jobs, paths, providers, spec, state, ui
@@ -123,6 +123,12 @@ def _connected(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
         yield endpoint
 
 
+def connect(provider: str | None, cluster: str | None) -> AbstractContextManager[Endpoint]:
+    """The running cluster's endpoint for the length of a `with` block (a tunnel if remote),
+    for code beyond the tasks, e.g. the Hydra launcher in examples/hydra_plugins/."""
+    return _connected(provider, cluster)
+
+
 def status(provider: str | None, cluster: str | None, as_json: bool) -> None:
     selected, impl = _select(provider, cluster)
     current = state.read(selected.name) or State.new(state.state_path(selected.name),
@@ -217,6 +223,13 @@ def logs(provider: str | None, cluster: str | None, job_id: str, follow: bool) -
 def stop_job(provider: str | None, cluster: str | None, job_id: str) -> None:
     with _connected(provider, cluster) as endpoint:
         ui.out(f"job {job_id} {jobs.stop(endpoint.dashboard_url, job_id)}")
+
+
+def doctor(provider: str | None, cluster: str | None, as_json: bool) -> int:
+    from infra import doctor as checkup
+
+    with _connected(provider, cluster) as endpoint:
+        return checkup.run(endpoint, as_json)
 
 
 def teardown(provider: str | None, cluster: str | None) -> None:

@@ -39,6 +39,11 @@ PYTHON_BIN=""
 ISOLATED=0
 LOCK_TIMEOUT=1800
 DETECT_ONLY=0
+SPEC_DIGEST=""
+CONDA=""
+# Temporary files, removed on exit whatever happens.
+CLEANUP=()
+trap 'rm -f -- "${CLEANUP[@]}"' EXIT
 STARTED=$(date +%s.%N)
 
 # ---------------------------------------------------------------- logging and errors
@@ -61,21 +66,34 @@ usage_error() {
   die "$1 (see: bash setup/install.sh --help)" 2
 }
 
-# Commands' own output goes to the log only; the ERR trap shows its tail when one fails.
-run() {
-  log "+ $*"
-  "$@" >>"$LOG" 2>&1
-}
-
-on_error() {
-  local code=$1 line=$2 command=$3
+# Exits with a one-line message followed by the tail of the log, where commands' output went.
+fail() {
   trap - ERR
-  printf 'install.sh: error: `%s` failed with exit code %s (line %s)\n' "$command" "$code" "$line" >&2
+  printf 'install.sh: error: %s\n' "$1" >&2
   if [[ -n "$LOG" && -f "$LOG" ]]; then
+    printf '%s install.sh: error: %s\n' "$(date +%H:%M:%S)" "$1" >>"$LOG"
     printf 'install.sh: last lines of %s:\n' "$LOG" >&2
     tail -n 15 "$LOG" | sed 's/^/    /' >&2
   fi
-  exit "$code"
+  exit "${2:-1}"
+}
+
+# A command whose output goes to the log; returns its status (for `if` and `||`).
+try() {
+  local shown=${*//$'\n'/ }
+  log "+ ${shown:0:160}"
+  "$@" >>"$LOG" 2>&1
+}
+
+# A command that must succeed.
+run() {
+  local code=0 shown=${*//$'\n'/ }
+  try "$@" || code=$?
+  ((code == 0)) || fail "'${shown:0:160}' failed with exit code $code" "$code"
+}
+
+on_error() {
+  fail "'$3' failed with exit code $1 (install.sh line $2)" "$1"
 }
 trap 'on_error $? $LINENO "$BASH_COMMAND"' ERR
 
@@ -119,8 +137,10 @@ check_args() {
     || usage_error "--python-version '$PYTHON_VERSION': expected major.minor such as 3.11"
   [[ "$BACKEND" =~ ^(auto|conda|venv)$ ]] || usage_error "--backend '$BACKEND': use auto, conda or venv"
   [[ "$LOCK_TIMEOUT" =~ ^[0-9]+$ ]] || usage_error "--lock-timeout '$LOCK_TIMEOUT': expected seconds"
-  if [[ -n "$PYTHON_BIN" && "$BACKEND" == conda ]]; then
-    usage_error "--python only applies to --backend venv"
+  if [[ -n "$PYTHON_BIN" ]]; then
+    [[ "$BACKEND" != conda ]] || usage_error "--python only applies to --backend venv"
+    [[ "$(python_minor_of "$PYTHON_BIN")" == "$PYTHON_VERSION" ]] \
+      || usage_error "--python $PYTHON_BIN is not a working Python $PYTHON_VERSION"
   fi
 }
 
@@ -163,8 +183,6 @@ python_minor_of() {
 find_python() {
   local candidate path
   if [[ -n "$PYTHON_BIN" ]]; then
-    [[ "$(python_minor_of "$PYTHON_BIN")" == "$PYTHON_VERSION" ]] \
-      || die "--python $PYTHON_BIN is not a working Python $PYTHON_VERSION"
     echo "$PYTHON_BIN"; return
   fi
   for candidate in "python$PYTHON_VERSION" python3 python; do
@@ -230,7 +248,9 @@ print("%d.%d %s" % (sys.version_info[0], sys.version_info[1], m.version("ray")))
 }
 
 marker_value() {
-  sed -n "s/^$1=//p" "$PREFIX/$MARKER" 2>/dev/null | head -n 1
+  [[ -f "$PREFIX/$MARKER" ]] || return 0
+  awk -v key="$1" 'index($0, key "=") == 1 { print substr($0, length(key) + 2); exit }' \
+    "$PREFIX/$MARKER"
 }
 
 # True when the prefix holds a complete env with exactly these pins and this spec.
@@ -270,10 +290,11 @@ download() {
   elif command -v wget >/dev/null 2>&1; then
     run wget -q -O "$target" "$url"
   else
-    die "neither curl nor wget is installed, so Miniforge cannot be downloaded; install one or conda"
+    die "neither curl nor wget is installed, so Miniforge cannot be downloaded; install one, or conda"
   fi
 }
 
+# Sets CONDA to Miniforge's conda, installing Miniforge first if needed.
 install_miniforge() {
   local dir url installer lock_fd
   dir=$(miniforge_dir)
@@ -284,14 +305,14 @@ install_miniforge() {
   flock -w "$LOCK_TIMEOUT" "$lock_fd" || die "timed out waiting for the Miniforge install lock $dir.lock"
   if [[ ! -x "$dir/bin/conda" ]]; then
     installer=$(mktemp "${TMPDIR:-/tmp}/miniforge.XXXXXX.sh")
+    CLEANUP+=("$installer")
     log "installing Miniforge into $dir (no conda on this node)"
     download "$url" "$installer"
     rm -rf -- "$dir"
     run bash "$installer" -b -p "$dir"
-    rm -f -- "$installer"
   fi
   exec {lock_fd}>&-
-  echo "$dir/bin/conda"
+  CONDA="$dir/bin/conda"
 }
 
 install_conda() {
@@ -307,22 +328,37 @@ install_conda() {
 }
 
 install_venv() {
-  local python=$1 rendered=$2 requirements venv_flags=()
+  local python=$1 rendered=$2 requirements reuse=0 venv_flags=()
   requirements="$PREFIX/rayfleet-requirements.txt"
   # Reuse the base interpreter's packages when it already has the pinned Ray: nothing to
   # download, and a node's preinstalled stack (e.g. a CUDA build of torch) stays in use.
   if ((ISOLATED == 0)) && "$python" -c '
 import importlib.metadata as m, sys
 sys.exit(m.version("ray") != sys.argv[1])' "$RAY_VERSION" 2>/dev/null; then
-    venv_flags=(--system-site-packages)
-    log "$python already has Ray $RAY_VERSION: the venv reuses its site-packages"
+    reuse=1
+    # --without-pip: the base's pip serves the venv, and no older pip/setuptools from
+    # ensurepip shadow the base's (torch needs a recent setuptools, which pip would download).
+    venv_flags=(--without-pip)
+    log "$python already has Ray $RAY_VERSION: the venv reuses its packages"
   fi
   log "creating a venv with $python ($(python_minor_of "$python"))"
-  run "$python" -m venv "${venv_flags[@]}" "$PREFIX" \
+  try "$python" -m venv "${venv_flags[@]}" "$PREFIX" \
     || die "'$python -m venv' failed; on Debian/Ubuntu install the python$PYTHON_VERSION-venv package"
+  if ((reuse)); then
+    # A .pth file rather than --system-site-packages: when $python is itself a venv, its
+    # packages are not in the base install that --system-site-packages would expose. The new
+    # venv's own site-packages stay first on sys.path, so what pip installs there wins;
+    # addsitedir also runs the .pth files of the reused folders, as the base itself does.
+    "$python" -c '
+import sys
+for p in sys.path:
+    if p.endswith(("site-packages", "dist-packages")):
+        print(f"import site; site.addsitedir({p!r})")' \
+      >"$("$PREFIX/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/rayfleet-base.pth"
+  fi
   pip_requirements "$rendered" >"$requirements"
   # Offline first: when everything is already satisfied this touches no index at all.
-  if run "$PREFIX/bin/python" -m pip install --no-index --disable-pip-version-check -r "$requirements"; then
+  if try "$PREFIX/bin/python" -m pip install --no-index --disable-pip-version-check -r "$requirements"; then
     log "all requirements were already satisfied"
   else
     log "installing the requirements with pip (this downloads Ray and libraries)"
@@ -331,6 +367,24 @@ sys.exit(m.version("ray") != sys.argv[1])' "$RAY_VERSION" 2>/dev/null; then
   printf '\n# rayfleet: Ray never reports usage statistics from this env.\nexport RAY_USAGE_STATS_ENABLED=0\n' \
     >>"$PREFIX/bin/activate"
 }
+
+# Writes bin/ray (and Ray's other commands) into an env whose Ray lives in reused packages.
+read -r -d '' ADD_RAY_SCRIPTS <<'PYTHON' || true
+import importlib.metadata, os, sys
+
+bindir = os.path.dirname(sys.executable)
+for entry in importlib.metadata.distribution("ray").entry_points:
+    path = os.path.join(bindir, entry.name)
+    if entry.group != "console_scripts" or os.path.exists(path):
+        continue
+    module, _, attr = entry.value.partition(":")
+    head = attr.split(".")[0]
+    with open(path, "w") as script:
+        script.write(f"#!{sys.executable}\nimport sys\nfrom {module} import {head}\n")
+        script.write(f"sys.exit({attr}())\n")
+    os.chmod(path, 0o755)
+    print("added", path)
+PYTHON
 
 # ---------------------------------------------------------------- result
 
@@ -371,11 +425,13 @@ EOF
   rm -f -- "$PREFIX/$PARTIAL"
 }
 
+# $1: "installed" or "already installed".
 report() {
-  local what=$1
-  log "$what in $(elapsed)s"
-  printf 'rayfleet env %s (env=%s backend=%s python=%s ray=%s)\n' "$what" "$ENV_KIND" \
-    "$(marker_value backend)" "$PYTHON_VERSION" "$RAY_VERSION"
+  local seconds
+  seconds=$(elapsed)
+  log "$1 in ${seconds}s"
+  printf 'rayfleet env %s in %ss: env=%s backend=%s python=%s ray=%s\n' "$1" "$seconds" \
+    "$ENV_KIND" "$(marker_value backend)" "$PYTHON_VERSION" "$RAY_VERSION"
   printf 'prefix:   %s\n' "$PREFIX"
   printf 'ray:      %s\n' "$PREFIX/bin/ray"
   printf 'activate: . %s\n' "$PREFIX/rayfleet-activate.sh"
@@ -413,26 +469,25 @@ main() {
   fi
 
   rendered=$(mktemp "${TMPDIR:-/tmp}/rayfleet-env-$ENV_KIND.XXXXXX.yaml")
-  # shellcheck disable=SC2064  # expand now: $rendered is local to main
-  trap "rm -f -- '$rendered'" EXIT
+  CLEANUP+=("$rendered")
   render_spec "$SCRIPT_DIR/envs/environment_$ENV_KIND.yaml" "$rendered"
   SPEC_DIGEST=$(spec_digest "$rendered")
 
   if already_installed; then
-    report "already installed, checked"
+    report "already installed"
     return
   fi
 
   log "installing the $ENV_KIND env (Python $PYTHON_VERSION, Ray $RAY_VERSION) into $PREFIX; log: $LOG"
-  local backend=$BACKEND conda="" python=""
+  local backend=$BACKEND python=""
   if [[ "$backend" == auto || "$backend" == conda ]]; then
-    conda=$(find_conda) || conda=""
+    CONDA=$(find_conda) || CONDA=""
   fi
   if [[ "$backend" == auto || "$backend" == venv ]]; then
     python=$(find_python) || python=""
   fi
   if [[ "$backend" == auto ]]; then
-    if [[ -n "$conda" ]]; then backend=conda; elif [[ -n "$python" ]]; then backend=venv; else backend=conda; fi
+    if [[ -n "$CONDA" ]]; then backend=conda; elif [[ -n "$python" ]]; then backend=venv; else backend=conda; fi
   fi
   if [[ "$backend" == venv && -z "$python" ]]; then
     die "no Python $PYTHON_VERSION found for the venv backend (tried python$PYTHON_VERSION, python3, python); install it, pass --python, or use --backend conda"
@@ -441,11 +496,13 @@ main() {
   prepare_prefix
   cp -- "$rendered" "$PREFIX/rayfleet-environment.yaml"
   if [[ "$backend" == conda ]]; then
-    [[ -n "$conda" ]] || conda=$(install_miniforge)
-    install_conda "$conda" "$rendered"
+    [[ -n "$CONDA" ]] || install_miniforge
+    install_conda "$CONDA" "$rendered"
   else
     install_venv "$python" "$rendered"
   fi
+  # Packages reused from elsewhere (see install_venv) bring no scripts along: add Ray's.
+  run "$PREFIX/bin/python" -c "$ADD_RAY_SCRIPTS"
   write_activation "$backend"
   verify_env
   write_marker "$backend"
