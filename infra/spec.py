@@ -62,8 +62,10 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
             field = current.model_fields.get(str(part))
             if field is None:
                 return None
-            current = field.annotation
-        current = _unwrap(current, part)
+            # Only Optional is unwrapped here; the next part (index or key) unwraps list/dict.
+            current = _unwrap(field.annotation, None)
+        else:
+            current = _unwrap(current, part)
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
@@ -76,7 +78,7 @@ def _unwrap(annotation: Any, part: Any) -> Any:
         return _unwrap(models[0], part) if len(models) == 1 else annotation
     if origin in (list, tuple) and isinstance(part, int):
         return args[0]
-    if origin is dict and args:
+    if origin is dict and args and part is not None:
         return args[1]
     return annotation
 

@@ -22,7 +22,8 @@ pytest_plugins = ["tests.testbed.fixtures"]
 
 # Set for this process and inherited by every subprocess (invoke, ray, sbatch) the tests start.
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-os.environ["NO_GCE_CHECK"] = "True"
+# google-auth compares this with the lowercase string "true"; "True" would not switch the probe off.
+os.environ["NO_GCE_CHECK"] = "true"
 os.environ["GCE_METADATA_HOST"] = "127.0.0.1:9"
 os.environ["GCE_METADATA_IP"] = "127.0.0.1:9"
 os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)

@@ -1,0 +1,472 @@
+"""Our own Google API calls: Compute Engine v1 and Cloud TPU v2, through google-api-python-client.
+
+Only what pre-flight, the dashboard firewall rule and teardown's sweep need. The clients are built
+from the discovery documents bundled with the library (no network for discovery), and every call
+goes through `_call`, which turns Google's error answers into one-line `GcpError`s with typed
+fields and retries only what is transient (429, rate-limit 403s, 5xx, dropped connections).
+
+`ApiOptions.endpoint` (env RAYFLEET_GCP_API_ENDPOINT) points both APIs at another root URL, e.g. a
+local fake in tests; requests to a loopback endpoint carry anonymous credentials and ignore proxies,
+so a test can never send a real token anywhere.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from infra.errors import ProviderError
+
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+ENDPOINT_ENV = "RAYFLEET_GCP_API_ENDPOINT"
+_SERVICES = {"compute.googleapis.com": "Compute Engine API", "tpu.googleapis.com": "Cloud TPU API"}
+
+
+class GcpError(ProviderError):
+    """A Google API call failed; `status`/`reason` are Google's, `retryable` says if it may pass."""
+
+    def __init__(self, message: str, *, status: int = 0, reason: str = "",
+                 retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.retryable = retryable
+
+
+class GcpCredentialsError(GcpError):
+    """No usable Google credentials."""
+
+
+class GcpApiDisabledError(GcpError):
+    """The project has not enabled an API we need (`service` is e.g. tpu.googleapis.com)."""
+
+    service: str = ""
+
+
+class GcpNotFoundError(GcpError):
+    """The project, zone, type, rule or node does not exist (or is not visible to us)."""
+
+
+class GcpPermissionError(GcpError):
+    """The credentials lack a permission."""
+
+
+class GcpQuotaError(GcpError):
+    """A quota (CPUs, addresses, firewall rules, TPUs) is exhausted."""
+
+
+class GcpOperationError(GcpError):
+    """A long-running operation ended with an error or did not end in time."""
+
+
+@dataclass(frozen=True)
+class ApiOptions:
+    """How to reach Google; tests pass a loopback endpoint and short intervals."""
+
+    #: Root URL replacing https://compute.googleapis.com/ and https://tpu.googleapis.com/.
+    endpoint: str | None = None
+    #: Seconds between polls of a long-running operation.
+    poll_interval: float = 2.0
+    #: Attempts after the first for transient errors, with exponential backoff from `retry_base`.
+    retries: int = 5
+    retry_base: float = 1.0
+    #: Seconds one HTTP request may take.
+    timeout: float = 60.0
+
+    @classmethod
+    def from_env(cls) -> ApiOptions:
+        endpoint = os.environ.get(ENDPOINT_ENV) or None
+        return cls(endpoint=endpoint)
+
+    @property
+    def loopback(self) -> bool:
+        return self.endpoint is not None and is_loopback(self.endpoint)
+
+
+def is_loopback(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Credentials we found, and how `ray up` must be told about them."""
+
+    #: google.auth credentials object (never printed, never stored).
+    credentials: Any
+    #: Human description for messages, e.g. "application-default credentials".
+    source: str
+    #: A key file to hand to `ray up` as GOOGLE_APPLICATION_CREDENTIALS (a path, never contents).
+    file: str | None
+
+
+def find_credentials(credentials_file: str | None, spec_source: str) -> Credentials:
+    """The spec's key file, else application-default credentials; GcpCredentialsError if none.
+
+    Application-default means, in google-auth's order: GOOGLE_APPLICATION_CREDENTIALS, gcloud's
+    ADC file, the metadata server of a GCE VM. google-auth is asked only when one of those can
+    exist: off GCE it would probe 169.254.169.254 with retries (seconds of waiting, and a packet
+    to an address that is not ours). Files are parsed, never refreshed here.
+    """
+    import google.auth
+    from google.auth import exceptions
+
+    if credentials_file:
+        found = _load_key_file(credentials_file, spec_source)
+        return Credentials(found, f"credentials_file {credentials_file}", credentials_file)
+    named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") or None
+    if named or os.path.isfile(_gcloud_adc_file()) or _on_gce():
+        try:
+            found, _ = google.auth.default(scopes=SCOPES)
+        except (exceptions.GoogleAuthError, ValueError, OSError) as exc:
+            raise GcpCredentialsError(
+                f"gcp-tpu: application-default credentials are unusable ({_one_line(str(exc))}); "
+                "run `gcloud auth application-default login` or set credentials_file: in "
+                f"{spec_source}") from None
+        # `ray up` finds them the same way; a named key file is passed on explicitly anyway.
+        return Credentials(found, "application-default credentials", named)
+    raise GcpCredentialsError(
+        "gcp-tpu: no Google credentials found; run `gcloud auth application-default login` or "
+        f"set credentials_file: in {spec_source}")
+
+
+def _load_key_file(path: str, spec_source: str) -> Any:
+    """A service-account (or authorized-user) key file; other credential types are refused."""
+    from google.auth import exceptions
+    from google.oauth2 import credentials as user_credentials
+    from google.oauth2 import service_account
+
+    def bad(reason: str) -> GcpCredentialsError:
+        return GcpCredentialsError(
+            f"gcp-tpu: credentials_file {path} {reason}; download a service-account key (JSON) "
+            f"or remove credentials_file: from {spec_source} to use application-default "
+            "credentials")
+
+    try:
+        with open(path) as handle:
+            info = json.load(handle)
+    except (OSError, ValueError):
+        raise bad("is not a readable JSON key file") from None
+    kind = info.get("type") if isinstance(info, dict) else None
+    try:
+        if kind == "service_account":
+            return service_account.Credentials.from_service_account_info(info, scopes=SCOPES)
+        if kind == "authorized_user":
+            return user_credentials.Credentials.from_authorized_user_info(info, scopes=SCOPES)
+    except (exceptions.GoogleAuthError, ValueError) as exc:
+        raise bad(f"is not a usable {kind} key ({_one_line(str(exc))})") from None
+    raise bad(f"holds {kind!r} credentials, not a service-account key")
+
+
+def _gcloud_adc_file() -> str:
+    folder = os.environ.get("CLOUDSDK_CONFIG") or os.path.join(
+        os.path.expanduser("~"), ".config", "gcloud")
+    return os.path.join(folder, "application_default_credentials.json")
+
+
+def _on_gce() -> bool:
+    try:
+        with open("/sys/class/dmi/id/product_name") as handle:
+            return handle.read().strip().startswith("Google")
+    except OSError:
+        return False
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def classify(status: int, content: bytes | str, what: str, project: str) -> GcpError:
+    """A Google error answer as a typed one-line error. Both error shapes are read: Compute's
+    (`errors[].reason`) and the gRPC-style one (`status` plus `details[]` ErrorInfo)."""
+    try:
+        body = json.loads(content or b"{}").get("error", {})
+    except (json.JSONDecodeError, AttributeError):
+        body = {}
+    if not isinstance(body, dict):
+        body = {"message": str(body)}
+    message = _one_line(str(body.get("message") or f"HTTP {status}"))
+    reasons = {str(e.get("reason")) for e in body.get("errors", []) if isinstance(e, dict)}
+    service = ""
+    for detail in body.get("details", []):
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("ErrorInfo"):
+            reasons.add(str(detail.get("reason")))
+            service = str((detail.get("metadata") or {}).get("service", "")) or service
+    reasons.discard("None")
+    reason = next(iter(sorted(reasons)), str(body.get("status", "")))
+    if reasons & {"SERVICE_DISABLED", "accessNotConfigured"}:
+        service = service or ("tpu.googleapis.com" if "TPU" in message else "compute.googleapis.com")
+        error = GcpApiDisabledError(
+            f"gcp-tpu: the {_SERVICES.get(service, service)} is not enabled in project {project}; "
+            f"run `gcloud services enable {service} --project {project}` and retry in a minute",
+            status=status, reason=reason)
+        error.service = service
+        return error
+    if status == 429 or reasons & {"rateLimitExceeded", "userRateLimitExceeded",
+                                   "RATE_LIMIT_EXCEEDED"}:
+        return GcpError(f"gcp-tpu: {what}: Google rate limit ({message}); wait a minute and retry",
+                        status=status, reason=reason or "rateLimitExceeded", retryable=True)
+    if reasons & {"quotaExceeded", "QUOTA_EXCEEDED"} or (status == 403 and "quota" in message.lower()):
+        return GcpQuotaError(
+            f"gcp-tpu: {what}: quota exceeded ({message}); free some or request more at "
+            f"https://console.cloud.google.com/iam-admin/quotas?project={project}",
+            status=status, reason=reason or "quotaExceeded")
+    if status == 404:
+        return GcpNotFoundError(f"gcp-tpu: {what}: not found ({message})", status=status,
+                                reason=reason)
+    if status in (401, 403):
+        return GcpPermissionError(
+            f"gcp-tpu: {what}: permission denied ({message}); check the project id and that "
+            f"your account has Compute Admin and TPU Admin roles on {project}",
+            status=status, reason=reason)
+    return GcpError(f"gcp-tpu: {what}: HTTP {status} ({message})", status=status, reason=reason,
+                    retryable=status >= 500)
+
+
+class Gcp:
+    """Compute v1 and TPU v2 calls for one project. Clients are built on first use."""
+
+    def __init__(self, project: str, credentials: Credentials, options: ApiOptions | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.project = project
+        self.options = options or ApiOptions()
+        self._credentials = credentials
+        self._sleep = sleep
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def _http(self) -> Any:
+        import google_auth_httplib2
+        import httplib2
+        from google.auth.credentials import AnonymousCredentials
+
+        if self.options.loopback:
+            # A fake on this machine: no token leaves the process, no proxy sees the traffic.
+            return google_auth_httplib2.AuthorizedHttp(
+                AnonymousCredentials(), http=httplib2.Http(timeout=self.options.timeout,
+                                                          proxy_info=None))
+        return google_auth_httplib2.AuthorizedHttp(
+            self._credentials.credentials, http=httplib2.Http(timeout=self.options.timeout))
+
+    def _build(self, service: str, version: str, path: str) -> Any:
+        from googleapiclient import discovery
+
+        client_options = None
+        if self.options.endpoint:
+            client_options = {"api_endpoint": self.options.endpoint.rstrip("/") + "/" + path}
+        return discovery.build(service, version, http=self._http(), static_discovery=True,
+                               cache_discovery=False, client_options=client_options)
+
+    @cached_property
+    def compute(self) -> Any:
+        return self._build("compute", "v1", "compute/v1/")
+
+    @cached_property
+    def tpu(self) -> Any:
+        return self._build("tpu", "v2", "")
+
+    def _call(self, request: Any, what: str) -> dict[str, Any]:
+        import httplib2
+        from googleapiclient.errors import HttpError
+
+        delay = self.options.retry_base
+        for attempt in range(self.options.retries + 1):
+            wait = delay
+            try:
+                result: dict[str, Any] = request.execute()
+                return result
+            except HttpError as exc:
+                error = classify(exc.resp.status, exc.content, what, self.project)
+                retry_after = exc.resp.get("retry-after", "")
+                if retry_after.isdigit():
+                    wait = min(float(retry_after), 60.0)
+            except (OSError, httplib2.HttpLib2Error) as exc:
+                host = urllib.parse.urlsplit(getattr(request, "uri", "")).netloc or "Google"
+                error = GcpError(f"gcp-tpu: {what}: cannot reach {host} ({_one_line(str(exc))}); "
+                                 "check the network and retry", retryable=True)
+            if not error.retryable or attempt == self.options.retries:
+                raise error
+            self._sleep(wait)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def _pages(self, collection: Any, request: Any, key: str, what: str) -> Iterator[dict[str, Any]]:
+        while request is not None:
+            response = self._call(request, what)
+            yield from response.get(key, [])
+            request = collection.list_next(request, response)
+
+    # --- reads for pre-flight -----------------------------------------------------------------
+
+    def get_project(self) -> dict[str, Any]:
+        return self._call(self.compute.projects().get(project=self.project),
+                          f"project {self.project}")
+
+    def get_zone(self, zone: str) -> dict[str, Any]:
+        return self._call(self.compute.zones().get(project=self.project, zone=zone), f"zone {zone}")
+
+    def get_region(self, region: str) -> dict[str, Any]:
+        return self._call(self.compute.regions().get(project=self.project, region=region),
+                          f"region {region}")
+
+    def get_machine_type(self, zone: str, machine_type: str) -> dict[str, Any]:
+        return self._call(self.compute.machineTypes().get(
+            project=self.project, zone=zone, machineType=machine_type),
+            f"machine type {machine_type} in {zone}")
+
+    def get_network(self, network: str) -> dict[str, Any]:
+        return self._call(self.compute.networks().get(project=self.project, network=network),
+                          f"network {network}")
+
+    def _location(self, zone: str) -> str:
+        return f"projects/{self.project}/locations/{zone}"
+
+    def accelerator_types(self, zone: str) -> list[dict[str, Any]]:
+        collection = self.tpu.projects().locations().acceleratorTypes()
+        request = collection.list(parent=self._location(zone))
+        return list(self._pages(collection, request, "acceleratorTypes",
+                                f"TPU accelerator types in {zone}"))
+
+    def runtime_versions(self, zone: str) -> list[dict[str, Any]]:
+        collection = self.tpu.projects().locations().runtimeVersions()
+        request = collection.list(parent=self._location(zone))
+        return list(self._pages(collection, request, "runtimeVersions",
+                                f"TPU runtime versions in {zone}"))
+
+    # --- nodes (teardown's sweep, status) ---------------------------------------------------
+
+    def instances(self, zone: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Compute instances in `zone` carrying all `labels`, in any status (stopped included).
+
+        The server filters, and we check again: a filter the server ignored must never make
+        teardown delete someone else's VM.
+        """
+        expression = " AND ".join(f"(labels.{k} = {v})" for k, v in sorted(labels.items()))
+        collection = self.compute.instances()
+        request = collection.list(project=self.project, zone=zone, filter=expression,
+                                  maxResults=500)
+        found = self._pages(collection, request, "items", f"instances in {zone}")
+        return [i for i in found if _has_labels(i, labels)]
+
+    def tpu_nodes(self, zone: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """TPU nodes in `zone` carrying all `labels` (the TPU API has no server-side filter)."""
+        collection = self.tpu.projects().locations().nodes()
+        request = collection.list(parent=self._location(zone))
+        found = self._pages(collection, request, "nodes", f"TPU nodes in {zone}")
+        return [n for n in found if _has_labels(n, labels)]
+
+    def delete_instance(self, zone: str, name: str) -> dict[str, Any] | None:
+        """Start deleting; the operation, or None if the instance is already gone."""
+        try:
+            return self._call(self.compute.instances().delete(
+                project=self.project, zone=zone, instance=name), f"deleting instance {name}")
+        except GcpNotFoundError:
+            return None
+
+    def delete_tpu_node(self, name: str) -> dict[str, Any] | None:
+        """Start deleting TPU node `name` (full resource name); None if already gone."""
+        try:
+            return self._call(self.tpu.projects().locations().nodes().delete(name=name),
+                              f"deleting TPU node {name.rsplit('/', 1)[-1]}")
+        except GcpNotFoundError:
+            return None
+
+    # --- firewall rule for the dashboard ----------------------------------------------------
+
+    def get_firewall(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call(self.compute.firewalls().get(project=self.project, firewall=name),
+                              f"firewall rule {name}")
+        except GcpNotFoundError:
+            return None
+
+    def insert_firewall(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(self.compute.firewalls().insert(project=self.project, body=body),
+                          f"creating firewall rule {body['name']}")
+
+    def patch_firewall(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(self.compute.firewalls().patch(project=self.project, firewall=name,
+                                                         body=body),
+                          f"updating firewall rule {name}")
+
+    def delete_firewall(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call(self.compute.firewalls().delete(project=self.project, firewall=name),
+                              f"deleting firewall rule {name}")
+        except GcpNotFoundError:
+            return None
+
+    # --- long-running operations ------------------------------------------------------------
+
+    def poll(self, operation: dict[str, Any], what: str) -> dict[str, Any] | None:
+        """One look at an operation (Compute zonal/global or TPU): the finished operation, None
+        while it runs, or the operation's own error raised as GcpError."""
+        if "status" not in operation and operation.get("kind") != "compute#operation":
+            return self._poll_tpu(operation, what)  # TPU operations have `done`, not `status`
+        if operation.get("status") != "DONE":
+            name = operation["name"]
+            zone = str(operation.get("zone") or "").rsplit("/", 1)[-1]
+            request = (self.compute.zoneOperations().get(project=self.project, zone=zone,
+                                                         operation=name)
+                       if zone else
+                       self.compute.globalOperations().get(project=self.project, operation=name))
+            operation = self._call(request, f"{what} (operation {name})")
+            if operation.get("status") != "DONE":
+                return None
+        errors = (operation.get("error") or {}).get("errors") or []
+        if errors:
+            first = errors[0]
+            code = str(first.get("code", ""))
+            message = _one_line(str(first.get("message", code)))
+            if "QUOTA" in code:
+                raise GcpQuotaError(
+                    f"gcp-tpu: {what}: quota exceeded ({message}); free some or request more at "
+                    f"https://console.cloud.google.com/iam-admin/quotas?project={self.project}",
+                    status=int(operation.get("httpErrorStatusCode") or 0), reason=code)
+            if code == "RESOURCE_NOT_FOUND":
+                return operation  # deleting something that vanished meanwhile is success
+            raise GcpOperationError(f"gcp-tpu: {what} failed: {code}: {message}",
+                                    status=int(operation.get("httpErrorStatusCode") or 0),
+                                    reason=code)
+        return operation
+
+    def _poll_tpu(self, operation: dict[str, Any], what: str) -> dict[str, Any] | None:
+        if not operation.get("done"):
+            operation = self._call(
+                self.tpu.projects().locations().operations().get(name=operation["name"]),
+                f"{what} (operation {operation['name'].rsplit('/', 1)[-1]})")
+            if not operation.get("done"):
+                return None
+        error = operation.get("error")
+        if error:
+            # google.rpc.Status: 5 NOT_FOUND means it was gone already; 8 is RESOURCE_EXHAUSTED.
+            code = int(error.get("code", 0))
+            message = _one_line(str(error.get("message", "")))
+            if code == 5:
+                return operation
+            if code == 8 or "quota" in message.lower():
+                raise GcpQuotaError(
+                    f"gcp-tpu: {what}: quota or capacity exhausted ({message}); free some or "
+                    f"request more at https://console.cloud.google.com/iam-admin/quotas?project="
+                    f"{self.project}", reason="RESOURCE_EXHAUSTED")
+            raise GcpOperationError(f"gcp-tpu: {what} failed: {message} (code {code})",
+                                    reason=str(code))
+        return operation
+
+
+def _has_labels(resource: dict[str, Any], labels: dict[str, str]) -> bool:
+    have = resource.get("labels") or {}
+    return all(have.get(k) == v for k, v in labels.items())

@@ -1,0 +1,127 @@
+"""Running Ray's cluster launcher (`ray up`, `ray down`) and reading its failures.
+
+The provider receives the runner as a parameter (`RayRunner`), so tests substitute a fake that
+acts on the fake Google APIs; `run_ray` is the real one: a subprocess whose output streams to a
+log file and, line by line, to the progress display.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from infra.providers.gcp_tpu.api import (
+    GcpApiDisabledError,
+    GcpError,
+    GcpPermissionError,
+    GcpQuotaError,
+)
+
+#: (arguments, environment, log file, progress callback) -> exit code.
+RayRunner = Callable[[list[str], dict[str, str], Path, Callable[[str], None]], int]
+
+#: `ray up`/`ray down` may not hang forever (a TPU slice can take ~15 minutes to come up).
+RAY_TIMEOUT_S = 3600
+
+
+def ray_executable() -> str:
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+def up_args(config: Path) -> list[str]:
+    # --no-config-cache: Ray would otherwise reuse /tmp/ray-config-<hash> from an earlier run.
+    return [ray_executable(), "up", "-y", "--no-config-cache", "--log-style=record",
+            "--log-color=false", str(config)]
+
+
+def down_args(config: Path) -> list[str]:
+    return [ray_executable(), "down", "-y", "--log-style=record", "--log-color=false", str(config)]
+
+
+def ray_env(credentials_file: str | None) -> dict[str, str]:
+    """The environment `ray up`/`ray down` run in.
+
+    Usage statistics off; output unbuffered for live progress; Ray's GCP provider finds the key
+    file through the standard variable (only its path, the file itself stays where it is);
+    autoscaler v1 unless the user chose v2 (see NOTES.md).
+    """
+    env = dict(os.environ)
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["PYTHONUNBUFFERED"] = "1"  # Ray's progress lines as they happen, not in 8 KiB bursts
+    env.setdefault("RAY_UP_enable_autoscaler_v2", "0")
+    if credentials_file:
+        env["GOOGLE_APPLICATION_CREDENTIALS"] = credentials_file
+    return env
+
+
+def run_ray(args: list[str], env: dict[str, str], log: Path, progress: Callable[[str], None],
+            timeout: float = RAY_TIMEOUT_S) -> int:
+    """Run Ray's CLI, copying its output to `log` and each line to `progress`.
+
+    A watchdog ends it after `timeout` seconds (exit code -15 and a last log line saying so): a
+    `ray up` that waits forever for SSH must not hold the cluster's lock forever.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        process = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, errors="replace")
+        watchdog = threading.Timer(timeout, process.terminate)
+        watchdog.start()
+        assert process.stdout is not None
+        try:
+            for line in process.stdout:
+                out.write(line)
+                out.flush()
+                if line.strip():
+                    progress(line.strip()[:150])
+            code = process.wait()
+            if not watchdog.is_alive() and code < 0:
+                out.write(f"rayfleet: stopped `{' '.join(args[:2])}` after {timeout:g} s\n")
+            return code
+        finally:
+            watchdog.cancel()
+            if process.poll() is None:
+                process.terminate()
+                process.wait()
+
+
+# Patterns in Ray's output, most specific first: (regex, error class, what to do).
+_FAILURES: list[tuple[re.Pattern[str], type[GcpError], str]] = [
+    (re.compile(r"QUOTA_EXCEEDED|quotaExceeded|Quota '[^']+' exceeded|[Qq]uota exceeded"),
+     GcpQuotaError, "free some or request more quota, or lower min_workers"),
+    (re.compile(r"ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources|no more capacity|"
+                r"RESOURCE_EXHAUSTED|stockout", re.I),
+     GcpError, "Google has no capacity for it now; try another zone or later"),
+    (re.compile(r"SERVICE_DISABLED|has not been used in project|accessNotConfigured"),
+     GcpApiDisabledError, "enable the API the message names (`gcloud services enable ...`)"),
+    (re.compile(r"PERMISSION_DENIED|Permission '[^']+' denied|[Pp]ermission denied|HttpError 403"),
+     GcpPermissionError, "your account needs Compute Admin, TPU Admin, Service Account Admin and "
+                         "Project IAM Admin (Ray creates a service account for the head)"),
+]
+
+
+def failure(verb: str, code: int, log: Path) -> GcpError:
+    """A one-line error for a failed `ray <verb>`, from the most telling line of its log."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    for pattern, error_class, fix in _FAILURES:
+        hit = next((line for line in reversed(lines) if pattern.search(line)), None)
+        if hit is not None:
+            return error_class(f"gcp-tpu: `ray {verb}` failed: {_short(hit)}; {fix}; full log: {log}",
+                               reason=pattern.pattern.split("|")[0])
+    last = _short(lines[-1]) if lines else "no output"
+    return GcpError(f"gcp-tpu: `ray {verb}` exited {code}: {last}; full log: {log}")
+
+
+def _short(line: str, limit: int = 240) -> str:
+    line = " ".join(line.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -1,0 +1,450 @@
+"""The `gcp-tpu` provider: Ray's own GCP cluster launcher, fenced in by rayfleet.
+
+`ray up` creates the head and its autoscaler creates the workers, so rayfleet cannot list them in
+advance. Instead every node carries this cluster's labels, state records the Ray cluster (project,
+zone, config) *before* `ray up` runs, and teardown ends with a sweep of the Compute and TPU APIs
+for those labels until nothing is left. The dashboard is reached through an SSH tunnel unless the
+spec names source ranges, which get a firewall rule of their own (recorded, removed at teardown).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from infra import paths, ssh, ui
+from infra import state as state_mod
+from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
+from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import Provider as BaseProvider
+from infra.providers.gcp_tpu import config, launcher, preflight
+from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError
+from infra.providers.gcp_tpu.launcher import RayRunner
+from infra.providers.gcp_tpu.spec import Spec
+from infra.state import Resource, State
+
+#: The Ray cluster `ray up` made: head plus whatever its autoscaler launched (found by labels).
+CLUSTER = "gcp-ray-cluster"
+#: The dashboard's firewall rule (only with dashboard.allowed_source_ranges).
+FIREWALL = "gcp-firewall"
+#: The cluster's SSH key pair on this machine (not billed, but removed with the cluster).
+SSH_KEY = "ssh-key"
+GCS_PORT = 6379
+#: How long teardown waits for the APIs to show no node of the cluster.
+SWEEP_TIMEOUT_S = 1200
+
+
+def data_dir(cluster: str) -> Path:
+    """The config `ray up` got; teardown uses this copy, not a re-render of a changed spec."""
+    return paths.home() / "gcp-tpu" / cluster
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _ips(instance: dict[str, Any]) -> tuple[str, str]:
+    """(external, internal) address of a Compute instance; "" where there is none."""
+    interface = (instance.get("networkInterfaces") or [{}])[0]
+    nat = (interface.get("accessConfigs") or [{}])[0].get("natIP", "")
+    return str(nat or ""), str(interface.get("networkIP", ""))
+
+
+def _dashboard_answers(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(f"{url}/api/jobs/", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+class Provider(BaseProvider[Spec]):
+    name = "gcp-tpu"
+
+    def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
+                 api_options: ApiOptions | None = None, ssh_port: int = 22) -> None:
+        """`ray` runs Ray's CLI (tests pass a fake), `api_options` say how to reach Google
+        (default: RAYFLEET_GCP_API_ENDPOINT or Google itself), `ssh_port` is the head's sshd."""
+        super().__init__(spec)
+        self._ray: RayRunner = ray or launcher.run_ray
+        self._options = api_options or ApiOptions.from_env()
+        self._ssh_port = ssh_port
+        self._report: preflight.Report | None = None
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _api(self, project: str, credentials_file: str | None) -> tuple[Gcp, str | None]:
+        """A client for `project` and the key file `ray` must be told about; raises if no creds."""
+        from infra.providers.gcp_tpu.api import find_credentials
+
+        found = find_credentials(credentials_file, self.spec.source)
+        return Gcp(project, found, self._options), found.file
+
+    def _render(self, public_key: str, private_key: Path) -> str:
+        text = config.render_cluster_yaml(self.spec, public_key, str(private_key))
+        config.check_with_ray(text, f"{self.spec.source} -> {config.FILE_NAME}")
+        return text
+
+    def _preflight(self, api: Gcp, ours: bool) -> preflight.Report:
+        with ui.step(f"pre-flight checks for project {self.spec.project}, zone {self.spec.zone}"):
+            return preflight.run(self.spec, api, ours)
+
+    # --- plan ---------------------------------------------------------------------------------
+
+    def plan(self, state: State | None) -> Plan:
+        spec = self.spec
+        key_dir = paths.keys_dir(spec.name)
+        public = key_dir / f"{ssh.KEY_NAME}.pub"
+        public_key = (public.read_text().strip() if public.exists()
+                      else f"ssh-ed25519 <generated-by-invoke-up> rayfleet-{spec.name}")
+        text = self._render(public_key, key_dir / ssh.KEY_NAME)
+        running = bool(state and state.resources(CLUSTER))
+        resources = [PlannedResource(
+            "Compute VM: Ray head (runs no tasks)", f"ray-{spec.name}-head",
+            f"{spec.head.machine_type}, {spec.head.disk_size_gb} GB disk, {spec.zone}", running)]
+        for name, t in spec.cpu_workers.items():
+            resources.append(PlannedResource(
+                "Compute VMs: autoscaled CPU workers", name,
+                f"{t.min_workers}..{t.max_workers} × {t.machine_type} ({t.vcpus} CPUs), "
+                f"{t.provisioning}"))
+        notes = []
+        for name, tpu_type in spec.tpu_workers.items():
+            shape = tpu_type.slice
+            resources.append(PlannedResource(
+                "TPU VMs: autoscaled TPU workers", name,
+                f"{tpu_type.min_workers}..{tpu_type.max_workers} × {shape.accelerator_type} "
+                f"({shape.chips} chips, {shape.hosts} host(s), TPU: {shape.chips_per_host} per "
+                f"host), {tpu_type.runtime}, {tpu_type.provisioning}"))
+            if shape.multi_host:
+                notes.append(f"tpu_workers.{name}: a multi-host slice ({shape.hosts} hosts) scales "
+                             "as one unit; Ray's autoscaler handles pods only roughly")
+        ranges = spec.dashboard.allowed_source_ranges
+        if ranges:
+            resources.append(PlannedResource(
+                "firewall rule: dashboard", config.firewall_name(spec.name),
+                f"tcp:{spec.dashboard.port} from {', '.join(ranges)} to the head only",
+                bool(state and state.resources(FIREWALL))))
+            notes.append(f"dashboard: http://<head ip>:{spec.dashboard.port} from "
+                         f"{', '.join(ranges)}, and `invoke dashboard` (SSH tunnel)")
+        else:
+            notes.append("dashboard: reachable only through an SSH tunnel (`invoke dashboard`)")
+        notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
+                     f"at most {spec.max_total} workers")
+        notes += self._plan_preflight(state)
+        return Plan(resources=resources, files={config.FILE_NAME: text}, notes=notes)
+
+    def _plan_preflight(self, state: State | None) -> list[str]:
+        """Pre-flight as notes: `invoke plan` reports problems, `up` refuses to start on them."""
+        try:
+            api, _ = self._api(self.spec.project, self.spec.credentials_file)
+            report = preflight.run(self.spec, api, bool(state and state.resources(CLUSTER)))
+        except GcpError as exc:
+            return [f"pre-flight ✗ {exc}"]
+        self._report = report
+        return [f"pre-flight ✓ {line}" for line in report.passed] + [
+            f"pre-flight warning: {line}" for line in report.warnings]
+
+    # --- up -----------------------------------------------------------------------------------
+
+    def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
+        spec = self.spec
+        api, key_file = self._api(spec.project, spec.credentials_file)  # first: creates nothing
+        existing = state.resources(CLUSTER)
+        for r in existing:
+            if (r.attrs["project"], r.attrs["zone"]) != (spec.project, spec.zone):
+                raise UsageError(
+                    f"{spec.source}: the cluster runs in {r.attrs['project']}/{r.attrs['zone']}; "
+                    "run `invoke teardown` before moving it to another project or zone")
+        report = self._report or self._preflight(api, bool(existing))
+        for line in report.passed:
+            ui.info(f"✓ {line}")
+        for warning in report.warnings:
+            ui.warn(warning)
+        keypair = ssh.ensure_keypair(spec.name)
+        state.add(SSH_KEY, str(keypair.private_path.parent))
+        text = self._render(keypair.public_key, keypair.private_path)
+        plan.files[config.FILE_NAME] = text
+        state_mod.atomic_write(paths.rendered_dir(spec.name) / config.FILE_NAME, text)
+        config_path = data_dir(spec.name) / config.FILE_NAME
+        state_mod.atomic_write(config_path, text)
+        try:
+            self._reconcile_firewall(api, state)
+            # Recorded before `ray up`: from here on, anything Ray creates is teardown's to find.
+            state.add(CLUSTER, spec.name, project=spec.project, zone=spec.zone,
+                      config=str(config_path), credentials_file=key_file,
+                      ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port)
+            return self._launch(api, state, text, config_path, key_file)
+        except RayfleetError as exc:
+            if existing or options.keep_partial:
+                if options.keep_partial:
+                    ui.warn("keeping what was created (--keep-partial); `invoke teardown` removes it")
+                raise
+            ui.warn("`up` failed; removing what it created (pass --keep-partial to keep it)")
+            try:
+                self.teardown(state)
+            except RayfleetError as cleanup:
+                raise GcpError(f"{exc}; cleaning up also failed ({cleanup}); run `invoke "
+                               "teardown` to finish") from None
+            raise
+
+    def _launch(self, api: Gcp, state: State, text: str, config_path: Path,
+                key_file: str | None) -> Endpoint:
+        spec = self.spec
+        cluster = state.find(CLUSTER, spec.name)
+        assert cluster is not None
+        head = self._head(api, spec.zone)
+        if (head is not None and head.get("status") == "RUNNING"
+                and cluster.attrs.get("config_sha256") == _sha(text) and self._answers(state)):
+            ui.info(f"cluster {spec.name!r} is already running with this config")
+        else:
+            log = paths.home() / "logs" / spec.name / "ray-up.log"
+            with ui.step(f"ray up (head, then min_workers; log: {log})") as step:
+                code = self._ray(launcher.up_args(config_path), launcher.ray_env(key_file), log,
+                                 step.detail)
+                if code != 0:
+                    raise launcher.failure("up", code, log)
+            state.update(CLUSTER, spec.name, config_sha256=_sha(text))
+            head = self._head(api, spec.zone)
+        if head is None:
+            raise GcpError(f"gcp-tpu: `ray up` succeeded but no head VM labelled "
+                           f"{config.CLUSTER_LABEL}={spec.name} is in {spec.zone}; see "
+                           f"`invoke status` and run `invoke up` again")
+        external, internal = _ips(head)
+        if not external:
+            raise GcpError(f"gcp-tpu: head {head['name']} has no external IP; rayfleet reaches "
+                           "it over SSH, so its network interface needs an access config")
+        state.update(CLUSTER, spec.name, head=head["name"], head_ip=external,
+                     head_internal_ip=internal)
+        ranges = spec.dashboard.allowed_source_ranges
+        direct = f"http://{external}:{spec.dashboard.port}" if ranges else ""
+        access = (f"{direct} from {', '.join(ranges)}, or an SSH tunnel" if ranges
+                  else "SSH tunnel only")
+        state.set_info(address=f"{internal}:{GCS_PORT}", head=head["name"], head_ip=external,
+                       dashboard_url=direct or f"http://127.0.0.1:{spec.dashboard.port} on the head",
+                       dashboard_access=access)
+        ui.info(f"head {head['name']}: external IP {external}, internal IP {internal}; "
+                f"dashboard: {access}")
+        ui.wait_for(lambda step: True if self._answers(state, step) else None,
+                    f"Ray dashboard on {external} to answer through an SSH tunnel",
+                    timeout=spec.ready_timeout_s, interval=2,
+                    hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
+        return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
+                        f"{internal}:{GCS_PORT}")
+
+    def _answers(self, state: State, step: ui.Step | None = None) -> bool:
+        try:
+            with self.connect(state) as endpoint:
+                return _dashboard_answers(endpoint.dashboard_url)
+        except (ssh.SshError, ClusterNotRunningError) as exc:
+            if step is not None:
+                step.detail(str(exc))
+            return False
+
+    def _head(self, api: Gcp, zone: str) -> dict[str, Any] | None:
+        labels = {**config.sweep_labels(self.spec.name), "ray-node-type": "head"}
+        heads = [i for i in api.instances(zone, labels)
+                 if i.get("status") not in ("STOPPING", "TERMINATED", "SUSPENDED")]
+        return heads[0] if heads else None
+
+    def _firewall_body(self) -> dict[str, Any]:
+        spec = self.spec
+        return {
+            "name": config.firewall_name(spec.name),
+            "description": f"rayfleet: dashboard of cluster {spec.name} (invoke teardown removes it)",
+            "network": f"projects/{spec.project}/global/networks/{spec.network}",
+            "direction": "INGRESS",
+            "priority": 1000,
+            "sourceRanges": list(spec.dashboard.allowed_source_ranges),
+            "targetTags": [config.head_tag(spec.name)],
+            "allowed": [{"IPProtocol": "tcp", "ports": [str(spec.dashboard.port)]}],
+        }
+
+    def _reconcile_firewall(self, api: Gcp, state: State) -> None:
+        """Create, update or delete the dashboard rule to match the spec's source ranges."""
+        name = config.firewall_name(self.spec.name)
+        if not self.spec.dashboard.allowed_source_ranges:
+            for rule in state.resources(FIREWALL):
+                self._delete_firewall(api, state, rule)
+            return
+        body = self._firewall_body()
+        current = api.get_firewall(name)
+        if current is not None and state.find(FIREWALL, name) is None and (
+                current.get("description") != body["description"]):
+            raise GcpError(f"gcp-tpu: a firewall rule named {name} exists and is not this "
+                           "cluster's; rename the spec file (the cluster name) or delete that rule")
+        state.add(FIREWALL, name, project=self.spec.project, ranges=body["sourceRanges"],
+                  port=self.spec.dashboard.port)
+        keys = ("sourceRanges", "targetTags", "allowed")
+        if current is None:
+            operation = api.insert_firewall(body)
+        elif any(current.get(k) != body[k] for k in keys):
+            operation = api.patch_firewall(name, {k: body[k] for k in keys})
+        else:
+            return
+        self._wait([operation], f"firewall rule {name} (tcp:{self.spec.dashboard.port} from "
+                                f"{', '.join(body['sourceRanges'])})", api)
+
+    def _wait(self, operations: list[dict[str, Any]], what: str, api: Gcp,
+              timeout: float = 300) -> None:
+        pending = list(operations)
+
+        def check(step: ui.Step) -> bool | None:
+            pending[:] = [op for op in pending if api.poll(op, what) is None]
+            step.detail(f"{len(pending)} operation(s) running")
+            return None if pending else True
+
+        ui.wait_for(check, what, timeout=timeout, interval=api.options.poll_interval)
+
+    # --- status and connect --------------------------------------------------------------------
+
+    def status(self, state: State) -> ProviderStatus:
+        clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
+        if not clusters and not rules:
+            return ProviderStatus(False, f"gcp-tpu cluster {self.spec.name!r} is not up")
+        first = (clusters or rules)[0]
+        api, _ = self._api(first.attrs["project"], first.attrs.get("credentials_file")
+                           or self.spec.credentials_file)
+        rows: list[dict[str, str]] = []
+        warnings: list[str] = []
+        running = False
+        for cluster in clusters:
+            zone = cluster.attrs["zone"]
+            for i in api.instances(zone, config.sweep_labels(self.spec.name)):
+                labels = i.get("labels", {})
+                if "tpu_cores" in labels:
+                    continue  # a TPU VM's own Compute instance; its TPU node is listed below
+                external, internal = _ips(i)
+                role = labels.get("ray-node-type", "?")
+                running |= role == "head" and i.get("status") == "RUNNING"
+                if i.get("status") == "TERMINATED":
+                    warnings.append(f"{i['name']} is TERMINATED but still bills its disk; "
+                                    "`invoke teardown` deletes it")
+                rows.append({"kind": "Compute VM", "name": i["name"], "role": role,
+                             "type": labels.get("ray-user-node-type", ""),
+                             "status": str(i.get("status")), "ip": external or internal})
+            for n in api.tpu_nodes(zone, config.sweep_labels(self.spec.name)):
+                endpoints = n.get("networkEndpoints") or [{}]
+                ip = (endpoints[0].get("accessConfig") or {}).get("externalIp") or endpoints[0].get(
+                    "ipAddress", "")
+                if n.get("state") == "PREEMPTED":
+                    warnings.append(f"TPU {n['name'].rsplit('/', 1)[-1]} was preempted")
+                rows.append({"kind": f"TPU VM ({n.get('acceleratorType', '?')}, "
+                                     f"{len(endpoints)} host(s))",
+                             "name": n["name"].rsplit("/", 1)[-1], "role": "worker",
+                             "type": n.get("labels", {}).get("ray-user-node-type", ""),
+                             "status": str(n.get("state")), "ip": str(ip)})
+        for rule in rules:
+            rows.append({"kind": "firewall rule", "name": rule.id, "role": "dashboard",
+                         "type": f"tcp:{rule.attrs.get('port')}",
+                         "status": ", ".join(rule.attrs.get("ranges", [])), "ip": ""})
+        zone = clusters[0].attrs["zone"] if clusters else self.spec.zone
+        nodes = sum(1 for r in rows if r["kind"] != "firewall rule")
+        summary = (f"{'head RUNNING' if running else 'head NOT running'}, {nodes} node(s) in "
+                   f"{first.attrs['project']}/{zone}")
+        return ProviderStatus(running, summary, rows, warnings)
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        cluster = next((c for c in state.resources(CLUSTER) if c.attrs.get("head_ip")), None)
+        if cluster is None:
+            raise ClusterNotRunningError(
+                f"gcp-tpu cluster {self.spec.name!r} has no head yet; start it with `invoke up "
+                "--provider=gcp-tpu` (or --cluster)")
+        key = paths.keys_dir(self.spec.name) / ssh.KEY_NAME
+        if not key.exists():
+            raise ClusterNotRunningError(f"the cluster's SSH key {key} is missing; run `invoke "
+                                         "up` again to restore access, or `invoke teardown`")
+        target = ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
+                               key_path=key, port=self._ssh_port)
+        with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
+            yield Endpoint(f"http://127.0.0.1:{port}",
+                           f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}", tunneled=True)
+
+    # --- teardown -----------------------------------------------------------------------------
+
+    def teardown(self, state: State) -> None:
+        clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
+        if clusters or rules:
+            first = (clusters or rules)[0]
+            api, key_file = self._api(first.attrs["project"], first.attrs.get("credentials_file")
+                                      or self.spec.credentials_file)
+            for cluster in clusters:
+                self._ray_down(cluster, key_file)
+                self._sweep(api, state, cluster)
+            for rule in rules:
+                self._delete_firewall(api, state, rule)
+        for key in state.resources(SSH_KEY):
+            shutil.rmtree(key.id, ignore_errors=True)
+            state.remove(SSH_KEY, key.id)
+        shutil.rmtree(data_dir(self.spec.name), ignore_errors=True)
+        state.clear_info()
+
+    def _ray_down(self, cluster: Resource, key_file: str | None) -> None:
+        """Ray's own teardown first (it stops Ray cleanly); the label sweep after it is the proof."""
+        config_path = Path(cluster.attrs["config"])
+        if not config_path.exists():
+            ui.warn(f"{config_path} is gone; skipping `ray down`, the API sweep removes the nodes")
+            return
+        log = paths.home() / "logs" / self.spec.name / "ray-down.log"
+        try:
+            with ui.step(f"ray down (log: {log})") as step:
+                code = self._ray(launcher.down_args(config_path), launcher.ray_env(key_file), log,
+                                 step.detail)
+                if code != 0:
+                    raise launcher.failure("down", code, log)
+        except RayfleetError as exc:
+            ui.warn(f"{exc}; continuing with the API sweep")
+
+    def _sweep(self, api: Gcp, state: State, cluster: Resource) -> None:
+        """Delete every Compute instance and TPU node with the cluster's labels, until the APIs
+        list none; only then forget the cluster."""
+        zone = cluster.attrs["zone"]
+        labels = config.sweep_labels(cluster.id)
+        pending: dict[str, dict[str, Any]] = {}
+
+        def check(step: ui.Step) -> bool | None:
+            for name, operation in list(pending.items()):
+                if api.poll(operation, f"deleting {name}") is not None:
+                    del pending[name]
+            if pending:
+                step.detail(f"deleting {', '.join(sorted(pending))}")
+                return None
+            instances = api.instances(zone, labels)
+            nodes = api.tpu_nodes(zone, labels)
+            if not instances and not nodes:
+                return True
+            for node in nodes:
+                short = node["name"].rsplit("/", 1)[-1]
+                if node.get("state") != "DELETING":
+                    started = api.delete_tpu_node(node["name"])
+                    if started is not None:
+                        pending[short] = started
+            for instance in instances:
+                # A TPU VM's own Compute instance goes with its TPU node; it cannot be deleted.
+                if "tpu_cores" in instance.get("labels", {}):
+                    continue
+                if instance.get("status") != "STOPPING":
+                    started = api.delete_instance(zone, instance["name"])
+                    if started is not None:
+                        pending[instance["name"]] = started
+            left = [i["name"] for i in instances] + [n["name"].rsplit("/", 1)[-1] for n in nodes]
+            step.detail(f"{len(left)} left: {', '.join(sorted(left)[:4])}")
+            return None
+
+        ui.wait_for(check, f"no VM or TPU of {cluster.id!r} left in {cluster.attrs['project']}/"
+                           f"{zone}", timeout=SWEEP_TIMEOUT_S, interval=api.options.poll_interval)
+        state.remove(CLUSTER, cluster.id)
+
+    def _delete_firewall(self, api: Gcp, state: State, rule: Resource) -> None:
+        operation = api.delete_firewall(rule.id)
+        if operation is not None:
+            self._wait([operation], f"deleting firewall rule {rule.id}", api)
+        if api.get_firewall(rule.id) is not None:
+            raise GcpError(f"gcp-tpu: firewall rule {rule.id} still exists after deletion; "
+                           "run `invoke teardown` again")
+        state.remove(FIREWALL, rule.id)

@@ -1,0 +1,505 @@
+"""A local fake of the Compute Engine v1 and Cloud TPU v2 REST endpoints rayfleet calls.
+
+Faithful where our code depends on it: URL layout of the discovery documents bundled with
+google-api-python-client, JSON shapes (Compute `items`/`nextPageToken`/`maxResults`, TPU
+`nodes`/`acceleratorTypes`/`runtimeVersions`/`pageToken`), list filters of the form
+`(labels.k = v) AND ...`, both error shapes (Compute's `errors[].reason` and the gRPC-style
+`status` + `details[]` ErrorInfo), long-running operations that stay PENDING/RUNNING for
+`op_polls` polls before their effect shows, TPU VMs' hidden Compute instances (label `tpu_cores`,
+not deletable), and injectable failures (403 API disabled, 404, 429, quota exceeded).
+
+It listens on 127.0.0.1 only and records every request, headers included, so tests can assert
+that no credentials were ever sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+COMPUTE = "https://www.googleapis.com/compute/v1"
+
+
+def compute_error(status: int, reason: str, message: str, service_disabled: str = "") -> dict:
+    body: dict[str, Any] = {"code": status, "message": message,
+                            "errors": [{"message": message, "domain": "global", "reason": reason}]}
+    if service_disabled:
+        body["status"] = "PERMISSION_DENIED"
+        body["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                            "reason": "SERVICE_DISABLED", "domain": "googleapis.com",
+                            "metadata": {"service": service_disabled,
+                                         "consumer": "projects/123456789"}}]
+    return {"error": body}
+
+
+def grpc_error(status: int, status_name: str, message: str, reason: str = "",
+               service: str = "tpu.googleapis.com") -> dict:
+    body: dict[str, Any] = {"code": status, "message": message, "status": status_name}
+    if reason:
+        body["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
+                            "domain": "googleapis.com",
+                            "metadata": {"service": service, "consumer": "projects/123456789"}}]
+    return {"error": body}
+
+
+def rate_limited(api: str = "compute") -> dict:
+    if api == "compute":
+        return compute_error(429, "rateLimitExceeded", "Rate Limit Exceeded")
+    return grpc_error(429, "RESOURCE_EXHAUSTED",
+                      "Quota exceeded for quota metric 'Read requests' and limit 'Read requests "
+                      "per minute' of service 'tpu.googleapis.com'", "RATE_LIMIT_EXCEEDED")
+
+
+def service_disabled(service: str) -> dict:
+    name = {"tpu.googleapis.com": "Cloud TPU API",
+            "compute.googleapis.com": "Compute Engine API"}[service]
+    message = (f"{name} has not been used in project 123456789 before or it is disabled. Enable "
+               f"it by visiting https://console.developers.google.com/apis/api/{service}/overview"
+               "?project=123456789 then retry.")
+    if service == "compute.googleapis.com":
+        return compute_error(403, "accessNotConfigured", message, service_disabled=service)
+    return grpc_error(403, "PERMISSION_DENIED", message, "SERVICE_DISABLED", service)
+
+
+@dataclass
+class Failure:
+    """An injected answer for requests matching `method` and `path` (regex), `times` times."""
+
+    method: str
+    path: str
+    status: int
+    body: dict[str, Any]
+    times: int = 1
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Operation:
+    body: dict[str, Any]
+    polls_left: int
+    effect: Any  # callable run once when the operation finishes
+    error: dict[str, Any] | None = None
+
+
+class FakeGcp:
+    """The fake's state, editable by tests (as `ray up` would change the real project)."""
+
+    def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2) -> None:
+        self.project = project
+        self.op_polls = op_polls
+        self.page_size = page_size
+        self.lock = threading.RLock()
+        self.requests: list[dict[str, Any]] = []
+        self.failures: list[Failure] = []
+        self.disabled: set[str] = set()
+        self.ignore_filter = False
+        #: Operation errors by operation type, e.g. {"insert-firewall": {...}}.
+        self.op_errors: dict[str, dict[str, Any]] = {}
+        self.project_quotas = [{"metric": "FIREWALLS", "limit": 200.0, "usage": 12.0}]
+        self.zones = {"us-central2-b": "us-central2", "us-central1-a": "us-central1"}
+        self.zone_status: dict[str, str] = {}
+        self.regions: dict[str, list[dict[str, Any]]] = {
+            region: [{"metric": "CPUS", "limit": 72.0, "usage": 0.0},
+                     {"metric": "N2_CPUS", "limit": 48.0, "usage": 0.0},
+                     {"metric": "PREEMPTIBLE_CPUS", "limit": 0.0, "usage": 0.0},
+                     {"metric": "IN_USE_ADDRESSES", "limit": 8.0, "usage": 0.0}]
+            for region in set(self.zones.values())}
+        self.machine_types = {"e2-standard-2": 2, "n2-standard-4": 4, "n2-standard-8": 8,
+                              "n2-highmem-16": 16}
+        self.networks = {"default"}
+        self.accelerator_types: dict[str, list[tuple[str, str, str]]] = {
+            "us-central2-b": [("v4-8", "V4", "2x2x1"), ("v4-16", "V4", "2x2x2"),
+                              ("v4-32", "V4", "2x2x4")],
+            "us-central1-a": [("v2-8", "V2", "2x2"), ("v3-8", "V3", "2x2"),
+                              ("v5litepod-1", "V5LITE_POD", "1x1"),
+                              ("v5litepod-4", "V5LITE_POD", "2x2"),
+                              ("v5litepod-8", "V5LITE_POD", "2x4"),
+                              ("v5p-8", "V5P", "2x2x1"), ("v6e-8", "V6E", "2x4")],
+        }
+        self.runtime_versions = {
+            "us-central2-b": ["tpu-ubuntu2204-base", "tpu-vm-base", "tpu-vm-tf-2.16.1-pjrt"],
+            "us-central1-a": ["tpu-ubuntu2204-base", "v2-alpha-tpuv5-lite", "v2-alpha-tpuv5",
+                              "v2-alpha-tpuv6e"],
+        }
+        self.instances: dict[tuple[str, str], dict[str, Any]] = {}
+        self.tpu_nodes: dict[str, dict[str, Any]] = {}
+        self.firewalls: dict[str, dict[str, Any]] = {}
+        self.operations: dict[str, Operation] = {}
+        self._ids = itertools.count(1000)
+        self._server: ThreadingHTTPServer | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> FakeGcp:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _handle(self) -> None:
+                fake._dispatch(self)
+
+            do_GET = do_POST = do_DELETE = do_PATCH = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    # --- helpers for tests (what Ray's autoscaler would do to the project) --------------------
+
+    def fail(self, method: str, path: str, status: int, body: dict[str, Any], times: int = 1,
+             headers: dict[str, str] | None = None) -> None:
+        self.failures.append(Failure(method, path, status, body, times, headers or {}))
+
+    def add_instance(self, zone: str, name: str, labels: dict[str, str], *, status: str = "RUNNING",
+                     nat_ip: str | None = "127.0.0.1", internal_ip: str = "10.128.0.2",
+                     machine_type: str = "n2-standard-4") -> dict[str, Any]:
+        interface: dict[str, Any] = {"network": f"{COMPUTE}/projects/{self.project}/global/networks/"
+                                                "default", "networkIP": internal_ip}
+        if nat_ip:
+            interface["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT",
+                                           "natIP": nat_ip}]
+        instance = {
+            "kind": "compute#instance", "id": str(next(self._ids)), "name": name,
+            "zone": f"{COMPUTE}/projects/{self.project}/zones/{zone}",
+            "machineType": f"{COMPUTE}/projects/{self.project}/zones/{zone}/machineTypes/"
+                           f"{machine_type}",
+            "status": status, "labels": dict(labels), "labelFingerprint": "42WmSpB8rSM=",
+            "networkInterfaces": [interface],
+            "selfLink": f"{COMPUTE}/projects/{self.project}/zones/{zone}/instances/{name}",
+        }
+        with self.lock:
+            self.instances[(zone, name)] = instance
+        return instance
+
+    def add_tpu_node(self, zone: str, name: str, accelerator_type: str, labels: dict[str, str], *,
+                     hosts: int = 1, state: str = "READY") -> dict[str, Any]:
+        full = f"projects/{self.project}/locations/{zone}/nodes/{name}"
+        node = {
+            "name": full, "acceleratorType": accelerator_type, "state": state,
+            "runtimeVersion": "tpu-ubuntu2204-base", "labels": dict(labels), "health": "HEALTHY",
+            "networkEndpoints": [{"ipAddress": f"10.130.0.{10 + h}", "port": 8470,
+                                  "accessConfig": {"externalIp": f"127.0.0.{10 + h}"}}
+                                 for h in range(hosts)],
+            "createTime": "2026-01-01T00:00:00Z", "apiVersion": "V2",
+        }
+        with self.lock:
+            self.tpu_nodes[full] = node
+            for h in range(hosts):  # the hidden Compute instances behind a TPU VM
+                self.add_instance(zone, f"t1v-n-{abs(hash(full)) % 10**8:08x}-w-{h}",
+                                  {**labels, "tpu_cores": "8", "tpu_name": name}, nat_ip=None)
+        return node
+
+    def nodes_with(self, labels: dict[str, str]) -> list[str]:
+        """Names of instances and TPU nodes carrying `labels` (what a sweep must leave empty)."""
+        with self.lock:
+            names = [i["name"] for i in self.instances.values()
+                     if all(i["labels"].get(k) == v for k, v in labels.items())]
+            names += [n["name"].rsplit("/", 1)[-1] for n in self.tpu_nodes.values()
+                      if all(n["labels"].get(k) == v for k, v in labels.items())]
+        return names
+
+    def calls(self, method: str, path_part: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["method"] == method and path_part in r["path"]]
+
+    # --- dispatch -----------------------------------------------------------------------------
+
+    def _dispatch(self, handler: BaseHTTPRequestHandler) -> None:
+        parsed = urllib.parse.urlsplit(handler.path)
+        query = {k: v[0] for k, v in urllib.parse.parse_qs(parsed.query).items()}
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else None
+        method = handler.command
+        with self.lock:
+            self.requests.append({"method": method, "path": parsed.path, "query": query,
+                                  "body": body, "headers": dict(handler.headers.items())})
+            status, payload, headers = self._answer(method, parsed.path, query, body)
+        data = json.dumps(payload).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json; charset=UTF-8")
+        handler.send_header("Content-Length", str(len(data)))
+        for key, value in headers.items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def _answer(self, method: str, path: str, query: dict[str, str],
+                body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
+        for failure in self.failures:
+            if failure.times > 0 and failure.method == method and re.search(failure.path, path):
+                failure.times -= 1
+                return failure.status, failure.body, failure.headers
+        if path.startswith("/compute/v1/"):
+            if "compute" in self.disabled:
+                return 403, service_disabled("compute.googleapis.com"), {}
+            status, payload = self._compute(method, path.removeprefix("/compute/v1/"), query, body)
+        elif path.startswith("/v2/"):
+            if "tpu" in self.disabled:
+                return 403, service_disabled("tpu.googleapis.com"), {}
+            status, payload = self._tpu(method, path.removeprefix("/v2/"), query)
+        else:
+            status, payload = 404, {"error": {"code": 404, "message": f"no such API: {path}"}}
+        return status, payload, {}
+
+    # --- Compute ------------------------------------------------------------------------------
+
+    def _not_found(self, what: str) -> tuple[int, dict[str, Any]]:
+        return 404, compute_error(404, "notFound", f"The resource '{what}' was not found")
+
+    def _compute(self, method: str, path: str, query: dict[str, str],
+                 body: Any) -> tuple[int, dict[str, Any]]:
+        parts = path.split("/")
+        if parts[:1] != ["projects"] or len(parts) < 2:
+            return self._not_found(path)
+        if parts[1] != self.project:
+            return self._not_found(f"projects/{parts[1]}")
+        rest, project_path = parts[2:], f"projects/{self.project}"
+        if not rest and method == "GET":
+            return 200, {"kind": "compute#project", "name": self.project, "id": "123456789",
+                         "quotas": self.project_quotas, "commonInstanceMetadata": {"items": []}}
+        if rest[:1] == ["zones"] and len(rest) >= 2:
+            zone = rest[1]
+            if zone not in self.zones:
+                return self._not_found(f"{project_path}/zones/{zone}")
+            return self._zonal(method, zone, rest[2:], query)
+        if rest[:1] == ["regions"] and len(rest) == 2:
+            if rest[1] not in self.regions:
+                return self._not_found(f"{project_path}/regions/{rest[1]}")
+            return 200, {"kind": "compute#region", "name": rest[1], "status": "UP",
+                         "quotas": self.regions[rest[1]]}
+        if rest[:2] == ["global", "networks"] and len(rest) == 3:
+            if rest[2] not in self.networks:
+                return self._not_found(f"{project_path}/global/networks/{rest[2]}")
+            return 200, {"kind": "compute#network", "name": rest[2], "autoCreateSubnetworks": True}
+        if rest[:2] == ["global", "firewalls"]:
+            return self._firewalls(method, rest[2:], body)
+        if rest[:2] == ["global", "operations"] and len(rest) == 3:
+            return self._poll_compute(rest[2])
+        return self._not_found(path)
+
+    def _zonal(self, method: str, zone: str, rest: list[str],
+               query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        base = f"projects/{self.project}/zones/{zone}"
+        if not rest:
+            return 200, {"kind": "compute#zone", "name": zone,
+                         "status": self.zone_status.get(zone, "UP"),
+                         "region": f"{COMPUTE}/projects/{self.project}/regions/{self.zones[zone]}"}
+        if rest[0] == "machineTypes" and len(rest) == 2:
+            if rest[1] not in self.machine_types:
+                return self._not_found(f"{base}/machineTypes/{rest[1]}")
+            return 200, {"kind": "compute#machineType", "name": rest[1],
+                         "guestCpus": self.machine_types[rest[1]]}
+        if rest[0] == "operations" and len(rest) == 2:
+            return self._poll_compute(rest[1])
+        if rest[0] != "instances":
+            return self._not_found(f"{base}/{'/'.join(rest)}")
+        if len(rest) == 1 and method == "GET":
+            return self._list_instances(zone, query)
+        name = rest[1] if len(rest) == 2 else ""
+        instance = self.instances.get((zone, name))
+        if instance is None:
+            return self._not_found(f"{base}/instances/{name}")
+        if method == "GET":
+            return 200, instance
+        if method == "DELETE":
+            if "tpu_cores" in instance["labels"]:
+                return 400, compute_error(
+                    400, "resourceInUseByAnotherResource",
+                    f"The instance '{name}' is managed by Cloud TPU and cannot be deleted directly")
+            instance["status"] = "STOPPING"
+            return 200, self._compute_op("delete", f"{base}/instances/{name}", zone,
+                                         lambda: self.instances.pop((zone, name), None))
+        return 400, compute_error(400, "badRequest", f"unsupported {method}")
+
+    def _list_instances(self, zone: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        wanted: dict[str, str] = {}
+        expression = query.get("filter", "")
+        if expression and not self.ignore_filter:
+            terms = expression.split(" AND ")
+            for term in terms:
+                match = re.fullmatch(r"\(labels\.([a-z0-9_-]+) = ([a-z0-9_-]+)\)", term.strip())
+                if not match:
+                    return 400, compute_error(
+                        400, "invalid", f"Invalid value for field 'filter': '{expression}'. "
+                                        "Invalid list filter expression.")
+                wanted[match.group(1)] = match.group(2)
+        items = [i for (z, _), i in sorted(self.instances.items()) if z == zone
+                 and all(i["labels"].get(k) == v for k, v in wanted.items())]
+        size = min(int(query.get("maxResults", 500)), self.page_size)
+        start = int(query.get("pageToken", "0"))
+        page: dict[str, Any] = {"kind": "compute#instanceList", "id": f"projects/{self.project}/"
+                                f"zones/{zone}/instances",
+                                "selfLink": f"{COMPUTE}/projects/{self.project}/zones/{zone}/"
+                                            "instances"}
+        if items[start:start + size]:
+            page["items"] = items[start:start + size]
+        if start + size < len(items):
+            page["nextPageToken"] = str(start + size)
+        return 200, page
+
+    def _firewalls(self, method: str, rest: list[str], body: Any) -> tuple[int, dict[str, Any]]:
+        base = f"projects/{self.project}/global/firewalls"
+        if not rest and method == "POST":
+            name = body["name"]
+            if name in self.firewalls:
+                return 409, compute_error(409, "alreadyExists",
+                                          f"The resource '{base}/{name}' already exists")
+            rule = {"kind": "compute#firewall", "id": str(next(self._ids)), **body,
+                    "network": f"{COMPUTE}/{body['network']}",
+                    "selfLink": f"{COMPUTE}/{base}/{name}"}
+            return 200, self._compute_op("insert", f"{base}/{name}", None,
+                                         lambda: self.firewalls.__setitem__(name, rule),
+                                         kind="firewall")
+        name = rest[0] if rest else ""
+        rule = self.firewalls.get(name)
+        if rule is None:
+            return self._not_found(f"{base}/{name}")
+        if method == "GET":
+            return 200, rule
+        if method == "PATCH":
+            return 200, self._compute_op("patch", f"{base}/{name}", None,
+                                         lambda: rule.update(body), kind="firewall")
+        if method == "DELETE":
+            return 200, self._compute_op("delete", f"{base}/{name}", None,
+                                         lambda: self.firewalls.pop(name, None), kind="firewall")
+        return 400, compute_error(400, "badRequest", f"unsupported {method}")
+
+    def _compute_op(self, verb: str, target: str, zone: str | None, effect: Any,
+                    kind: str = "instance") -> dict[str, Any]:
+        name = f"operation-{int(time.time() * 1000)}-{next(self._ids):x}"
+        where = f"zones/{zone}" if zone else "global"
+        op: dict[str, Any] = {
+            "kind": "compute#operation", "id": str(next(self._ids)), "name": name,
+            "operationType": verb, "targetLink": f"{COMPUTE}/{target}", "status": "PENDING",
+            "progress": 0, "insertTime": "2026-01-01T00:00:00.000-08:00",
+            "selfLink": f"{COMPUTE}/projects/{self.project}/{where}/operations/{name}",
+        }
+        if zone:
+            op["zone"] = f"{COMPUTE}/projects/{self.project}/zones/{zone}"
+        error = self.op_errors.get(f"{verb}-{kind}")
+        self.operations[name] = Operation(op, self.op_polls, effect, error)
+        if self.op_polls <= 0:
+            return self._finish(self.operations[name])
+        return dict(op)
+
+    def _finish(self, operation: Operation) -> dict[str, Any]:
+        body = operation.body
+        if body["status"] != "DONE":
+            body.update(status="DONE", progress=100, endTime="2026-01-01T00:00:05.000-08:00")
+            if operation.error:
+                body["error"] = {"errors": [operation.error]}
+                body["httpErrorStatusCode"] = 403
+                body["httpErrorMessage"] = "FORBIDDEN"
+            elif operation.effect is not None:
+                operation.effect()
+        return dict(body)
+
+    def _poll_compute(self, name: str) -> tuple[int, dict[str, Any]]:
+        operation = self.operations.get(name)
+        if operation is None:
+            return self._not_found(f"projects/{self.project}/operations/{name}")
+        operation.polls_left -= 1
+        if operation.polls_left <= 0:
+            return 200, self._finish(operation)
+        operation.body.update(status="RUNNING", progress=50)
+        return 200, dict(operation.body)
+
+    # --- TPU ----------------------------------------------------------------------------------
+
+    def _tpu(self, method: str, path: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/(\w+)(?:/(.+))?", path)
+        if not match:
+            return 404, grpc_error(404, "NOT_FOUND", f"Resource '{path}' was not found")
+        project, zone, collection, name = match.groups()
+        if project != self.project:
+            return 403, grpc_error(403, "PERMISSION_DENIED",
+                                   f"Permission 'tpu.nodes.list' denied on 'projects/{project}'")
+        if zone not in self.zones:
+            return 404, grpc_error(404, "NOT_FOUND", f"Location {zone} is not found or access is "
+                                                     "unauthorized.")
+        parent = f"projects/{project}/locations/{zone}"
+        if collection == "acceleratorTypes" and not name:
+            items = [{"name": f"{parent}/acceleratorTypes/{t}", "type": t,
+                      "acceleratorConfigs": [{"type": c, "topology": topo}]}
+                     for t, c, topo in self.accelerator_types.get(zone, [])]
+            return 200, self._tpu_page("acceleratorTypes", items, query)
+        if collection == "runtimeVersions" and not name:
+            items = [{"name": f"{parent}/runtimeVersions/{v}", "version": v}
+                     for v in self.runtime_versions.get(zone, [])]
+            return 200, self._tpu_page("runtimeVersions", items, query)
+        if collection == "nodes":
+            if not name and method == "GET":
+                items = [n for key, n in sorted(self.tpu_nodes.items()) if key.startswith(parent)]
+                return 200, self._tpu_page("nodes", items, query)
+            node = self.tpu_nodes.get(f"{parent}/nodes/{name}")
+            if node is None:
+                return 404, grpc_error(404, "NOT_FOUND", f"Resource '{parent}/nodes/{name}' was "
+                                                         "not found")
+            if method == "GET":
+                return 200, node
+            if method == "DELETE":
+                node["state"] = "DELETING"
+                full = node["name"]
+
+                def remove() -> None:
+                    self.tpu_nodes.pop(full, None)
+                    for key, instance in list(self.instances.items()):
+                        if instance["labels"].get("tpu_name") == name:
+                            del self.instances[key]
+
+                return 200, self._tpu_op(parent, "delete", full, remove)
+        if collection == "operations" and name:
+            operation = self.operations.get(f"{parent}/operations/{name}")
+            if operation is None:
+                return 404, grpc_error(404, "NOT_FOUND", f"Operation {name} not found")
+            operation.polls_left -= 1
+            if operation.polls_left <= 0 and not operation.body.get("done"):
+                operation.body["done"] = True
+                if operation.error:
+                    operation.body["error"] = operation.error
+                else:
+                    operation.effect()
+                    operation.body["response"] = {"@type": "type.googleapis.com/google.protobuf.Empty"}
+            return 200, dict(operation.body)
+        return 404, grpc_error(404, "NOT_FOUND", f"Resource '{path}' was not found")
+
+    def _tpu_page(self, key: str, items: list[dict[str, Any]],
+                  query: dict[str, str]) -> dict[str, Any]:
+        size = min(int(query.get("pageSize") or self.page_size), self.page_size)
+        start = int(query.get("pageToken") or "0")
+        page: dict[str, Any] = {}
+        if items[start:start + size]:
+            page[key] = items[start:start + size]
+        if start + size < len(items):
+            page["nextPageToken"] = str(start + size)
+        return page
+
+    def _tpu_op(self, parent: str, verb: str, target: str, effect: Any) -> dict[str, Any]:
+        name = f"{parent}/operations/operation-{int(time.time() * 1000)}-{next(self._ids):x}"
+        # proto3 JSON leaves out `done: false`: a running operation has no `done` key at all.
+        body = {"name": name, "metadata": {
+            "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
+            "createTime": "2026-01-01T00:00:00Z", "target": target, "verb": verb,
+            "cancelRequested": False, "apiVersion": "v2"}}
+        self.operations[name] = Operation(body, self.op_polls, effect,
+                                          self.op_errors.get(f"{verb}-tpu"))
+        return dict(body)

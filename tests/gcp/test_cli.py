@@ -1,0 +1,133 @@
+"""`invoke ... --provider=gcp-tpu` as a user runs it (subprocesses), and a real job submitted
+through the provider's SSH tunnel to a real Ray head."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra import state
+from infra.providers.gcp_tpu import config
+from tests.conftest import run_invoke
+from tests.gcp.conftest import FakeRay, Sshd, write_spec
+from tests.gcp.fake_gcp import FakeGcp
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    env = {"RAYFLEET_HOME": str(home), "CLOUDSDK_CONFIG": str(home / "no-gcloud"), **extra}
+    return env
+
+
+def test_up_without_credentials_fails_fast_with_one_line(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    started = time.monotonic()
+    result = run_invoke("up", "--provider=gcp-tpu", env=_env(home))
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == ("error: gcp-tpu: no Google credentials found; run `gcloud auth "
+                         "application-default login` or set credentials_file: in "
+                         "clusters/gcp-tpu.yaml"), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (home / "state" / "gcp-tpu.json").exists()
+    assert not (home / "keys").exists()
+    assert elapsed < 30, f"took {elapsed:.1f}s"  # seconds, not a metadata-server timeout
+
+
+def test_plan_runs_preflight_against_the_endpoint(tmp_path: Path, fake: FakeGcp,
+                                                  key_file: Path) -> None:
+    spec_path = write_spec(tmp_path, name="cli")
+    result = run_invoke("plan", "--cluster", str(spec_path), env=_env(
+        tmp_path / "home", RAYFLEET_GCP_API_ENDPOINT=fake.url,
+        GOOGLE_APPLICATION_CREDENTIALS=str(key_file)))
+    assert result.returncode == 0, result.stderr
+    assert "pre-flight ✓ Cloud TPU API enabled; offered in us-central2-b: v4-8" in result.stdout
+    assert (tmp_path / "home" / "rendered" / "cli" / config.FILE_NAME).exists()
+    assert not (tmp_path / "home" / "state" / "cli.json").exists()
+    assert fake.requests and all(r["method"] == "GET" for r in fake.requests)
+
+
+def test_up_stops_at_preflight_with_one_line_and_creates_nothing(
+        tmp_path: Path, fake: FakeGcp, key_file: Path) -> None:
+    fake.disabled.add("tpu")
+    spec_path = write_spec(tmp_path, name="cli")
+    home = tmp_path / "home"
+    result = run_invoke("up", "--cluster", str(spec_path), env=_env(
+        home, RAYFLEET_GCP_API_ENDPOINT=fake.url, GOOGLE_APPLICATION_CREDENTIALS=str(key_file)))
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: gcp-tpu: the Cloud TPU API is not enabled in project test-project; run `gcloud "
+        "services enable tpu.googleapis.com --project test-project`")
+    assert "Traceback" not in result.stderr
+    assert [r for r in fake.requests if r["method"] != "GET"] == []
+    assert not (home / "state" / "cli.json").exists() and not (home / "keys" / "cli").exists()
+
+
+def test_teardown_and_status_without_state(tmp_path: Path) -> None:
+    env = _env(tmp_path / "home")
+    result = run_invoke("teardown", "--provider=gcp-tpu", env=env)
+    assert result.returncode == 0 and "nothing to tear down" in result.stdout
+    result = run_invoke("status", "--provider=gcp-tpu", env=env)
+    assert result.returncode == 0 and "is not up" in result.stdout
+    result = run_invoke("dashboard", "--provider=gcp-tpu", env=env)
+    assert result.returncode == 1 and "has no state" in result.stderr
+
+
+@pytest.fixture
+def local_ray(tmp_path: Path, rf_home: Path) -> Iterator[int]:
+    """A real Ray head on this machine (the local provider); yields its dashboard port."""
+    path = tmp_path / f"t{uuid.uuid4().hex[:8]}.yaml"
+    path.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")
+    result = run_invoke("up", "--cluster", str(path))
+    try:
+        assert result.returncode == 0, result.stderr
+        head = state.read(path.stem)
+        assert head is not None
+        yield int(head.info["dashboard_url"].rsplit(":", 1)[1])
+    finally:
+        run_invoke("teardown", "--cluster", str(path))
+
+
+@pytest.mark.slow
+def test_a_job_runs_through_the_ssh_tunnel(tmp_path: Path, rf_home: Path, fake: FakeGcp,
+                                          options: object, sshd: Sshd, key_file: Path,
+                                          local_ray: int) -> None:
+    from infra import jobs
+    from infra import spec as spec_mod
+    from infra.providers.base import UpOptions
+    from infra.providers.gcp_tpu import Provider
+
+    loaded = spec_mod.load_spec(write_spec(tmp_path, name="tunnel", dashboard={"port": local_ray},
+                                           tpu_workers={}))
+    provider = Provider(loaded, ray=FakeRay(fake, sshd), api_options=options,  # type: ignore[arg-type]
+                        ssh_port=sshd.port)
+    with state.locked("tunnel", "gcp-tpu", "up") as current:
+        provider.up(current, provider.plan(current), UpOptions())
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hello.py").write_text("import ray\nray.init()\nprint('answer', 6 * 7)\n")
+    current = state.read("tunnel")
+    assert current is not None
+    with provider.connect(current) as endpoint:
+        assert endpoint.tunneled and f":{local_ray}" not in endpoint.dashboard_url
+        code = jobs.submit(endpoint.dashboard_url, "python hello.py",
+                           {"working_dir": str(work), "excludes": []}, wait=True)
+    assert code == 0
+    with state.locked("tunnel", "gcp-tpu", "teardown") as current:
+        provider.teardown(current)
+        current.delete()
+    assert fake.nodes_with(config.sweep_labels("tunnel")) == []
+
+
+def test_plan_of_the_shipped_example_needs_no_account(tmp_path: Path) -> None:
+    result = run_invoke("plan", "--provider=gcp-tpu", "--json", env=_env(tmp_path / "home"))
+    assert result.returncode == 0, result.stderr
+    planned = json.loads(result.stdout)
+    assert planned["provider"] == "gcp-tpu" and planned["files"] == [config.FILE_NAME]
+    assert any("no Google credentials found" in note for note in planned["notes"])
+    assert [r["name"] for r in planned["resources"]][:2] == ["ray-gcp-tpu-head", "cpu"]
