@@ -69,6 +69,8 @@ def validate_ray_cluster_config(text: str, source: str) -> dict[str, Any]:
     The same steps `ray up` takes before it contacts anything: prepare_config (defaults, node
     types), the provider class's resource fill-in, then the JSON schema and cross-field checks.
     """
+    import logging
+
     import yaml
     from ray.autoscaler._private.providers import _get_node_provider_cls
     from ray.autoscaler._private.util import prepare_config, validate_config
@@ -77,6 +79,8 @@ def validate_ray_cluster_config(text: str, source: str) -> dict[str, Any]:
         config = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise RenderError(f"{source}: rendered YAML does not parse: {exc}") from None
+    # Ray logs its default-filling at INFO ("setting max workers..."): noise for our users.
+    logging.getLogger("ray.autoscaler").setLevel(logging.WARNING)
     try:
         prepared = prepare_config(copy.deepcopy(config))
         provider_cls = _get_node_provider_cls(prepared["provider"])
