@@ -141,8 +141,13 @@ def expand_proxy(command: str, host: str, port: int, user: str = "") -> str:
 
 def connect(target: SshTarget, timeout: float = 10.0) -> paramiko.SSHClient:
     """An authenticated paramiko client for `target`; the caller closes it. Raises SshError."""
+    import logging
+
     import paramiko
 
+    # paramiko logs every failed handshake with a traceback; a node that is still booting is
+    # expected, and our caller reports the reason in one line.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # fresh hosts: see module doc
     sock: Any = None

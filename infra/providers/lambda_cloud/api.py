@@ -1,0 +1,415 @@
+"""A small client for the Lambda Cloud public REST API (https://cloud.lambda.ai/api/v1), on `requests`.
+
+What it guarantees, so callers need not think about it:
+- Pacing: at most one request per `Limits.request_interval` (1 s) and one launch per
+  `Limits.launch_interval` (12 s), shared by all threads of the process. `LAMBDA_RATE_SCALE`
+  scales both (tests and the fake run at 0.01); the defaults are Lambda's documented limits.
+- Retries with backoff on 429, 5xx and network errors, except for launches: a launch is not
+  idempotent, so an unknown outcome raises `LaunchOutcomeUnknown` and the caller reconciles.
+- Typed errors chosen by the `error.code` field (never by message text), see `_ERRORS`.
+- The API key lives in one private attribute and the session's header. It is never in a message,
+  a repr or an exception (and `_redact` scrubs it from anything the server echoes back).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from infra.errors import ProviderError, UsageError
+
+DEFAULT_URL = "https://cloud.lambda.ai/api/v1"
+KEY_FILE = Path(".lambda_cloud") / "lambda_keys"
+#: Statuses after which an instance never comes back.
+GONE = frozenset({"terminated", "preempted"})
+#: Statuses that end a wait for `active` with a failure.
+FAILED = frozenset({"unhealthy", "terminating", *GONE})
+
+
+class LambdaError(ProviderError):
+    """The Lambda API refused or failed a request. `code` is the API's `error.code`."""
+
+    def __init__(self, message: str, code: str = "", status: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class InvalidApiKey(LambdaError):
+    """401 global/invalid-api-key."""
+
+
+class AccountInactive(LambdaError):
+    """403 global/account-inactive (or an invalid billing address)."""
+
+
+class NotFound(LambdaError):
+    """404 global/object-does-not-exist."""
+
+
+class InvalidParameters(LambdaError):
+    """400 global/invalid-parameters (includes a duplicate SSH key name)."""
+
+
+class InsufficientCapacity(LambdaError):
+    """400 instance-operations/launch/insufficient-capacity: try the next choice."""
+
+
+class QuotaExceeded(LambdaError):
+    """400 global/quota-exceeded: no choice will work until the quota is raised."""
+
+
+class FileSystemInWrongRegion(LambdaError):
+    """400 instance-operations/launch/file-system-in-wrong-region."""
+
+
+class Unavailable(LambdaError):
+    """429/5xx/network errors that outlasted the retries."""
+
+
+class LaunchOutcomeUnknown(LambdaError):
+    """A launch request was sent but its answer was lost (timeout, 5xx, reset).
+
+    The instance may or may not exist: find it by name before launching again.
+    """
+
+
+class MissingApiKey(UsageError):
+    """No API key in LAMBDA_API_KEY or ~/.lambda_cloud/lambda_keys."""
+
+
+_ERRORS: dict[str, type[LambdaError]] = {
+    "global/invalid-api-key": InvalidApiKey,
+    "global/account-inactive": AccountInactive,
+    "global/invalid-address": AccountInactive,
+    "global/object-does-not-exist": NotFound,
+    "global/invalid-parameters": InvalidParameters,
+    "global/quota-exceeded": QuotaExceeded,
+    "instance-operations/launch/insufficient-capacity": InsufficientCapacity,
+    "instance-operations/launch/file-system-in-wrong-region": FileSystemInWrongRegion,
+}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Lambda's documented rate limits, optionally scaled (tests, the fake)."""
+
+    #: Seconds between any two requests ("generally one request per second").
+    request_interval: float = 1.0
+    #: Seconds between two launches ("one request per 12 seconds").
+    launch_interval: float = 12.0
+    #: Longest single backoff sleep after a 429/5xx.
+    backoff_cap: float = 30.0
+    #: Safety margin over the intervals: the server's clock is not ours.
+    margin: float = 0.02
+
+    @classmethod
+    def scaled(cls, scale: float) -> Limits:
+        return cls(1.0 * scale, 12.0 * scale, 30.0 * scale)
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        raw = os.environ.get("LAMBDA_RATE_SCALE", "1")
+        try:
+            scale = float(raw)
+        except ValueError:
+            raise UsageError(f"LAMBDA_RATE_SCALE={raw!r}: expected a number such as 1 or 0.01") from None
+        if not 0 < scale <= 100:
+            raise UsageError(f"LAMBDA_RATE_SCALE={raw!r}: must be > 0 and <= 100")
+        return cls.scaled(scale)
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    description: str
+    price_cents_per_hour: int
+    #: vcpus, memory_gib, storage_gib, gpus.
+    specs: dict[str, int]
+    #: Regions that report capacity right now (a launch there can still be refused).
+    regions_with_capacity: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    name: str
+    status: str
+    #: Public IPv4; missing while booting.
+    ip: str | None
+    private_ip: str | None
+    type_name: str
+    region: str
+    price_cents_per_hour: int
+
+
+@dataclass(frozen=True)
+class SshKey:
+    id: str
+    name: str
+    public_key: str
+
+
+@dataclass(frozen=True)
+class FileSystem:
+    id: str
+    name: str
+    region: str
+    mount_point: str
+
+
+@dataclass
+class _Pacer:
+    """Reservations of request slots, shared by threads: nobody sleeps while holding the lock."""
+
+    limits: Limits
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    next_any: float = 0.0
+    next_launch: float = 0.0
+
+    def wait(self, launch: bool) -> None:
+        factor = 1 + self.limits.margin
+        with self.lock:
+            now = time.monotonic()
+            start = max(now, self.next_any)
+            if launch:
+                start = max(start, self.next_launch)
+                self.next_launch = start + self.limits.launch_interval * factor
+            self.next_any = start + self.limits.request_interval * factor
+        if start > now:
+            time.sleep(start - now)
+
+    def done(self, launch: bool) -> None:
+        """Count the interval from the answer too: the server saw the request before we got its
+        answer, so the next one cannot reach it early whatever the request's latency was."""
+        factor = 1 + self.limits.margin
+        with self.lock:
+            now = time.monotonic()
+            self.next_any = max(self.next_any, now + self.limits.request_interval * factor)
+            if launch:
+                self.next_launch = max(self.next_launch, now + self.limits.launch_interval * factor)
+
+    def push_back(self, seconds: float) -> None:
+        """After a 429, keep every thread quiet for a while, not just the one that was told."""
+        with self.lock:
+            self.next_any = max(self.next_any, time.monotonic() + seconds)
+
+
+def read_api_key() -> str | None:
+    """LAMBDA_API_KEY, else `api_key = ...` in ~/.lambda_cloud/lambda_keys (lambda-cli's file)."""
+    key = os.environ.get("LAMBDA_API_KEY", "").strip()
+    if key:
+        return key
+    path = Path.home() / KEY_FILE
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        match = re.match(r"\s*api_key\s*=\s*(\S+)\s*$", line)
+        if match:
+            return match.group(1).strip("'\"")
+    return None
+
+
+def base_url() -> str:
+    url = os.environ.get("LAMBDA_API_URL", "").strip() or DEFAULT_URL
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"LAMBDA_API_URL={url!r}: expected https://host/api/v1")
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        raise UsageError(f"LAMBDA_API_URL={url!r}: plain http would send the API key unencrypted; "
+                         "use https (http is allowed for 127.0.0.1/localhost only)")
+    return url.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class LambdaClient:
+    """The API calls rayfleet uses, each returning typed values, never raw JSON."""
+
+    def __init__(self, api_key: str, url: str = DEFAULT_URL, limits: Limits | None = None,
+                 timeout: tuple[float, float] = (5.0, 30.0), retries: int = 8) -> None:
+        import requests
+
+        self._key = api_key
+        self.url = url.rstrip("/")
+        self.limits = limits or Limits()
+        self.timeout = timeout
+        self.retries = retries
+        self._pacer = _Pacer(self.limits)
+        self._session = requests.Session()
+        self._session.headers.update({"Authorization": f"Bearer {api_key}",
+                                      "Accept": "application/json",
+                                      "User-Agent": "rayfleet"})
+        #: Requests sent, by "METHOD path", for benches and tests.
+        self.sent: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"LambdaClient(url={self.url!r})"
+
+    @classmethod
+    def from_env(cls) -> LambdaClient:
+        key = read_api_key()
+        if not key:
+            raise MissingApiKey(
+                "no Lambda API key: set LAMBDA_API_KEY or put `api_key = <key>` in "
+                f"~/{KEY_FILE} (create a key at https://cloud.lambda.ai/api-keys)")
+        return cls(key, base_url(), Limits.from_env())
+
+    # --- transport ------------------------------------------------------------------------------
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._key, "<api key>") if self._key else text
+
+    def _backoff(self, attempt: int, retry_after: str | None) -> float:
+        if retry_after:
+            try:
+                return min(float(retry_after), self.limits.backoff_cap * 2)
+            except ValueError:
+                pass
+        base = self.limits.request_interval * (2 ** min(attempt, 16))
+        return min(self.limits.backoff_cap, base) * (0.5 + random.random() / 2)
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                launch: bool = False) -> Any:
+        """Send one API request and return its `data`, or raise a typed LambdaError."""
+        import requests
+
+        what = f"{method} {path}"
+        last = ""
+        started = time.monotonic()
+        attempt = 0
+        # Give up after `retries` tries *and* a storm budget: a long 429 storm is waited out.
+        while attempt <= self.retries or time.monotonic() - started < self.limits.backoff_cap * 10:
+            attempt += 1
+            self._pacer.wait(launch)
+            self.sent.append(what)
+            try:
+                response = self._session.request(method, f"{self.url}{path}", json=body,
+                                                 timeout=self.timeout)
+            except requests.RequestException as exc:
+                self._pacer.done(launch)
+                last = f"{type(exc).__name__}"
+                if launch:
+                    raise LaunchOutcomeUnknown(f"Lambda API: {what}: no answer ({last})") from None
+                time.sleep(self._backoff(attempt, None))
+                continue
+            self._pacer.done(launch)
+            if response.status_code == 429 or response.status_code >= 500:
+                last = f"HTTP {response.status_code}"
+                if launch and response.status_code != 429:
+                    raise LaunchOutcomeUnknown(
+                        f"Lambda API: {what}: {last}, the instance may exist") from None
+                delay = self._backoff(attempt, response.headers.get("Retry-After"))
+                if response.status_code == 429:
+                    self._pacer.push_back(delay)
+                time.sleep(delay)
+                continue
+            return self._decode(what, response)
+        raise Unavailable(f"Lambda API: {what}: still failing after {attempt} tries in "
+                          f"{time.monotonic() - started:.0f}s ({last}); try again later", status=0)
+
+    def _decode(self, what: str, response: Any) -> Any:
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = None
+        if response.ok and isinstance(payload, dict) and "data" in payload:
+            return payload["data"]
+        error = payload.get("error") if isinstance(payload, dict) else None
+        if not isinstance(error, dict):
+            raise LambdaError(f"Lambda API: {what}: HTTP {response.status_code} without an error "
+                              "body", status=response.status_code)
+        code = str(error.get("code", ""))
+        message = " ".join(str(error.get("message", "")).split())[:200]
+        suggestion = " ".join(str(error.get("suggestion") or "").split())[:200]
+        text = self._redact(f"Lambda API: {what}: {code}: {message}"
+                            + (f" ({suggestion})" if suggestion else ""))
+        raise _ERRORS.get(code, LambdaError)(text, code=code, status=response.status_code)
+
+    # --- endpoints ------------------------------------------------------------------------------
+
+    def instance_types(self) -> dict[str, InstanceType]:
+        data = self.request("GET", "/instance-types")
+        types = {}
+        for name, item in data.items():
+            spec = item["instance_type"]
+            types[name] = InstanceType(
+                name=name,
+                description=str(spec.get("description") or spec.get("gpu_description") or name),
+                price_cents_per_hour=int(spec["price_cents_per_hour"]),
+                specs={k: int(v) for k, v in spec.get("specs", {}).items()},
+                regions_with_capacity=tuple(r["name"] for r in item["regions_with_capacity_available"]),
+            )
+        return types
+
+    def instances(self) -> list[Instance]:
+        return [_instance(i) for i in self.request("GET", "/instances")]
+
+    def instance(self, instance_id: str) -> Instance:
+        return _instance(self.request("GET", f"/instances/{instance_id}"))
+
+    def launch(self, *, region: str, instance_type: str, ssh_key_name: str, name: str,
+               file_system_names: list[str] | None = None) -> str:
+        """Launch exactly one instance; return its id. Never retried (see LaunchOutcomeUnknown)."""
+        body: dict[str, Any] = {"region_name": region, "instance_type_name": instance_type,
+                                "ssh_key_names": [ssh_key_name], "name": name}
+        if file_system_names:
+            body["file_system_names"] = file_system_names
+        data = self.request("POST", "/instance-operations/launch", body, launch=True)
+        ids = data.get("instance_ids") or []
+        if len(ids) != 1:
+            raise LambdaError(f"Lambda API: launch of {name} returned {len(ids)} ids, expected 1")
+        return str(ids[0])
+
+    def terminate(self, instance_ids: list[str]) -> list[Instance]:
+        data = self.request("POST", "/instance-operations/terminate", {"instance_ids": instance_ids})
+        return [_instance(i) for i in data.get("terminated_instances", [])]
+
+    def ssh_keys(self) -> list[SshKey]:
+        return [SshKey(str(k["id"]), str(k["name"]), str(k["public_key"]))
+                for k in self.request("GET", "/ssh-keys")]
+
+    def add_ssh_key(self, name: str, public_key: str) -> SshKey:
+        """Register a public key. Always pass `public_key`: without it Lambda generates a key
+        pair and sends the private key back, which we never want in transit."""
+        data = self.request("POST", "/ssh-keys", {"name": name, "public_key": public_key})
+        return SshKey(str(data["id"]), str(data["name"]), str(data["public_key"]))
+
+    def delete_ssh_key(self, key_id: str) -> None:
+        self.request("DELETE", f"/ssh-keys/{key_id}")
+
+    def file_systems(self) -> list[FileSystem]:
+        return [FileSystem(str(f["id"]), str(f["name"]), str(f["region"]["name"]),
+                           str(f.get("mount_point", "")))
+                for f in self.request("GET", "/file-systems")]
+
+
+def _instance(data: dict[str, Any]) -> Instance:
+    itype = data.get("instance_type") or {}
+    return Instance(
+        id=str(data["id"]),
+        name=str(data.get("name") or ""),
+        status=str(data["status"]),
+        ip=data.get("ip") or None,
+        private_ip=data.get("private_ip") or None,
+        type_name=str(itype.get("name", "")),
+        region=str((data.get("region") or {}).get("name", "")),
+        price_cents_per_hour=int(itype.get("price_cents_per_hour", 0)),
+    )

@@ -1,0 +1,387 @@
+"""Lambda instances of one cluster: naming, SSH key, launch with fallbacks, waits, termination.
+
+Ownership is decided two ways and nothing else is ever touched: the ids in the state file, and
+instances whose name matches exactly `<cluster>-head` / `<cluster>-worker-<i>` (a run killed
+between the API's answer and the state write leaves such an instance; `up` adopts it, `teardown`
+terminates it). Every id is written to state the moment the API returns it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infra import ssh, ui
+from infra.errors import ProviderError
+from infra.providers.lambda_cloud import api
+from infra.state import State
+
+if TYPE_CHECKING:
+    from infra.providers.lambda_cloud.spec import Choice, Spec
+
+INSTANCE = "lambda-instance"
+SSH_KEY = "lambda-ssh-key"
+
+
+class LambdaProvisionError(ProviderError):
+    """The cluster could not be completed; `attempts` says which choice failed how."""
+
+    def __init__(self, message: str, attempts: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.attempts = attempts or []
+
+
+class InstanceFailed(ProviderError):
+    """An instance turned unhealthy, terminated or vanished while we waited for it."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One node of the cluster by its deterministic instance name."""
+
+    name: str
+    role: str  # "head" or "worker"
+    index: int  # 0 for the head, 1.. for workers
+
+
+def slots(cluster: str, workers: int) -> list[Slot]:
+    return [Slot(f"{cluster}-head", "head", 0),
+            *(Slot(f"{cluster}-worker-{i}", "worker", i) for i in range(1, workers + 1))]
+
+
+def name_pattern(cluster: str) -> re.Pattern[str]:
+    """Exactly our names: cluster `a` never claims `ab-head` or `a-head-old`."""
+    return re.compile(rf"^{re.escape(cluster)}-(?:head|worker-[1-9][0-9]*)$")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# --- SSH key ----------------------------------------------------------------------------------------
+
+
+def generated_key_name(cluster: str, public_key: str) -> str:
+    """Cluster-scoped and tied to our local key: a name clash means it is the same key."""
+    blob = public_key.split()[1].encode()
+    return f"rayfleet-{cluster}-{hashlib.sha256(blob).hexdigest()[:8]}"
+
+
+def ensure_ssh_key(client: api.LambdaClient, spec: Spec, state: State) -> tuple[str, Path]:
+    """The key name instances launch with and the private key file that logs into them."""
+    if spec.ssh_key_name:
+        if spec.ssh_key_name not in {k.name for k in client.ssh_keys()}:
+            raise LambdaProvisionError(
+                f"{spec.source}: ssh_key_name: no SSH key named {spec.ssh_key_name!r} in the "
+                "account; register it in the Lambda console or remove the key to let rayfleet "
+                "generate one")
+        path = spec.private_key_path()
+        assert path is not None  # the spec validator requires both
+        return spec.ssh_key_name, path
+    pair = ssh.ensure_keypair(spec.name)
+    name = generated_key_name(spec.name, pair.public_key)
+    for resource in state.resources(SSH_KEY):
+        if resource.attrs.get("name") == name:
+            return name, pair.private_path
+    try:
+        key = client.add_ssh_key(name, pair.public_key)
+    except api.InvalidParameters:
+        # Most likely the name exists: an earlier run registered it and lost the answer.
+        existing = next((k for k in client.ssh_keys() if k.name == name), None)
+        if existing is None:
+            raise
+        key = existing
+        if key.public_key.split()[:2] != pair.public_key.split()[:2]:
+            raise LambdaProvisionError(
+                f"SSH key {name!r} in the account is not {pair.private_path}.pub; delete it in "
+                "the Lambda console and run again") from None
+    state.add(SSH_KEY, key.id, name=key.name, registered=True)
+    return name, pair.private_path
+
+
+def delete_ssh_keys(client: api.LambdaClient, spec: Spec, state: State) -> None:
+    """Delete the key(s) we registered: those in state, and our deterministic name if present."""
+    names = {str(r.attrs.get("name")) for r in state.resources(SSH_KEY)}
+    public = ssh.ensure_keypair(spec.name).public_key if _local_key_exists(spec) else None
+    if public and not spec.ssh_key_name:
+        names.add(generated_key_name(spec.name, public))
+    if not names:
+        return
+    for key in client.ssh_keys():
+        if key.name in names:
+            with contextlib.suppress(api.NotFound, api.InvalidParameters):  # already gone
+                client.delete_ssh_key(key.id)
+            ui.info(f"deleted SSH key {key.name} from the account")
+    for resource in state.resources(SSH_KEY):
+        state.remove(SSH_KEY, resource.id)
+
+
+def _local_key_exists(spec: Spec) -> bool:
+    from infra import paths
+
+    return (paths.keys_dir(spec.name) / ssh.KEY_NAME).exists()
+
+
+# --- reconciling ------------------------------------------------------------------------------------
+
+
+def record(state: State, instance_id: str, slot_name: str, choice: Choice | None, price: int,
+           run: str, **extra: object) -> None:
+    attrs: dict[str, object] = {"name": slot_name, "launched_at": now_iso(), "run": run,
+                                "price_cents_per_hour": price, **extra}
+    if choice is not None:
+        attrs.update(instance_type=choice.instance_type, region=choice.region)
+    state.add(INSTANCE, instance_id, **attrs)
+
+
+def ours(cluster: str, state: State, listed: Iterable[api.Instance]) -> tuple[
+        dict[str, api.Instance], list[api.Instance]]:
+    """(instances in state by id, orphans: named like ours but unknown to state), excluding gone."""
+    known = {r.id for r in state.resources(INSTANCE)}
+    pattern = name_pattern(cluster)
+    tracked, orphans = {}, []
+    for inst in listed:
+        if inst.id in known:
+            tracked[inst.id] = inst
+        elif pattern.match(inst.name) and inst.status not in api.GONE:
+            orphans.append(inst)
+    return tracked, orphans
+
+
+def adopt_orphans(client: api.LambdaClient, cluster: str, state: State, run: str) -> list[api.Instance]:
+    """Write named-like-ours instances into state (so a crash from here on still knows them)."""
+    listed = client.instances()
+    tracked, orphans = ours(cluster, state, listed)
+    for inst in orphans:
+        ui.warn(f"found {inst.name} ({inst.id}, {inst.status}) from an interrupted run; adopting it")
+        state.add(INSTANCE, inst.id, name=inst.name, instance_type=inst.type_name,
+                  region=inst.region, price_cents_per_hour=inst.price_cents_per_hour,
+                  launched_at=None, run="adopted")
+    for resource in state.resources(INSTANCE):
+        if resource.id not in tracked and resource.id not in {o.id for o in orphans}:
+            _forget_if_gone(client, state, resource.id)
+    return [i for i in listed if state.find(INSTANCE, i.id)]
+
+
+def _forget_if_gone(client: api.LambdaClient, state: State, instance_id: str) -> bool:
+    try:
+        status = client.instance(instance_id).status
+    except api.NotFound:
+        status = "terminated"
+    if status in api.GONE:
+        state.remove(INSTANCE, instance_id)
+        return True
+    return False
+
+
+# --- launching --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Launcher:
+    """Launches the missing nodes one by one, moving down the choice lists on refusals."""
+
+    client: api.LambdaClient
+    spec: Spec
+    state: State
+    key_name: str
+    run: str
+    #: A capacity snapshot from `plan` that may be reused for the first launch (saves a request).
+    types: dict[str, api.InstanceType] | None = None
+    #: Human lines: which choice failed how, for the final error.
+    attempts: list[str] | None = None
+    #: The capacity view the current slot was placed with (for prices).
+    _seen: dict[str, api.InstanceType] = field(default_factory=dict)
+
+    def launch(self, missing: list[Slot], region: str | None) -> None:
+        self.attempts = []
+        for slot in missing:
+            region = self._launch_slot(slot, region)
+
+    def _candidates(self, slot: Slot, region: str | None) -> list[Choice]:
+        types = self.types if self.types is not None else self.client.instance_types()
+        self.types = None  # later slots look again: capacity changes while we launch
+        self._seen = types
+
+        def has_capacity(choice: Choice) -> bool:
+            info = types.get(choice.instance_type)
+            if info is None:
+                self._note(f"{choice}: no such instance type")
+                return False
+            if choice.region not in info.regions_with_capacity:
+                self._note(f"{choice}: no capacity listed")
+                return False
+            return True
+
+        if slot.role == "head" and region is None:
+            found = []
+            for choice in self.spec.head.choices:
+                if not has_capacity(choice):
+                    continue
+                if self.spec.workers.count and not any(
+                        c.region == choice.region and has_capacity(c) for c in self.spec.workers.choices):
+                    self._note(f"{choice}: no worker choice with capacity in {choice.region}")
+                    continue
+                found.append(choice)
+            return found
+        pool = self.spec.head.choices if slot.role == "head" else self.spec.workers.choices
+        return [c for c in pool if c.region == region and has_capacity(c)]
+
+    def _note(self, line: str) -> None:
+        assert self.attempts is not None
+        if line not in self.attempts:
+            self.attempts.append(line)
+
+    def _launch_slot(self, slot: Slot, region: str | None) -> str:
+        self.attempts = []  # the error names this node's choices only
+        for choice in self._candidates(slot, region):
+            try:
+                self._launch_one(slot, choice)
+            except api.InsufficientCapacity:
+                self._note(f"{choice}: refused at launch (insufficient-capacity)")
+                continue
+            except api.FileSystemInWrongRegion:
+                self._note(f"{choice}: file system {self.spec.file_system} is in another region")
+                continue
+            return choice.region
+        where = f" in {region}" if region else ""
+        raise LambdaProvisionError(
+            f"no capacity for {slot.name}{where}: {'; '.join(self.attempts or ['no choices'])}; "
+            "add choices to the spec or try later", list(self.attempts or []))
+
+    def _launch_one(self, slot: Slot, choice: Choice) -> None:
+        price = 0
+        for attempt in range(3):
+            with ui.step(f"launching {slot.name}: {choice.instance_type} in {choice.region}"):
+                try:
+                    instance_id = self.client.launch(
+                        region=choice.region, instance_type=choice.instance_type,
+                        ssh_key_name=self.key_name, name=slot.name,
+                        file_system_names=[self.spec.file_system] if self.spec.file_system else None)
+                except api.LaunchOutcomeUnknown as exc:
+                    ui.warn(f"{exc}; looking for {slot.name} before launching again")
+                    found = self._find_lost(slot.name)
+                    if found is None:
+                        if attempt == 2:
+                            raise
+                        continue
+                    instance_id = found.id
+                    price = found.price_cents_per_hour
+            record(self.state, instance_id, slot.name, choice, price or self._price(choice), self.run,
+                   role=slot.role)
+            return
+
+    def _price(self, choice: Choice) -> int:
+        info = self._seen.get(choice.instance_type)
+        return info.price_cents_per_hour if info else 0
+
+    def _find_lost(self, name: str) -> api.Instance | None:
+        """Poll the instance list until the next launch slot: a launch that happened shows up."""
+        deadline = time.monotonic() + self.client.limits.launch_interval
+        while True:
+            for inst in self.client.instances():
+                if inst.name == name and inst.status not in api.GONE \
+                        and self.state.find(INSTANCE, inst.id) is None:
+                    ui.info(f"{name} exists after all ({inst.id}); adopting it")
+                    return inst
+            if time.monotonic() >= deadline:
+                return None
+
+
+# --- waiting ----------------------------------------------------------------------------------------
+
+
+def wait_ready(client: api.LambdaClient, state: State, targets: Callable[[api.Instance], ssh.SshTarget],
+               timeout: float) -> dict[str, api.Instance]:
+    """Wait until every instance in state is active with an IP and accepts SSH; by name.
+
+    Polls one `GET /instances` per round (all nodes at once) and probes SSH in parallel. An
+    instance that turns unhealthy, terminated or vanishes ends the wait with its name and status.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    wanted = {r.id: str(r.attrs["name"]) for r in state.resources(INSTANCE)}
+    ready: dict[str, api.Instance] = {}
+    reasons: dict[str, str] = {}
+
+    def check(step: ui.Step) -> dict[str, api.Instance] | None:
+        listed = {i.id: i for i in client.instances()}
+        probe: list[api.Instance] = []
+        for instance_id, name in wanted.items():
+            inst = listed.get(instance_id)
+            if inst is None:
+                if _forget_if_gone(client, state, instance_id):
+                    raise InstanceFailed(f"{name} ({instance_id}) vanished from the account while "
+                                         "booting; run `invoke up` again to replace it")
+                reasons[name] = "not listed yet"
+            elif inst.status in api.FAILED:
+                raise InstanceFailed(f"{name} ({instance_id}) is {inst.status} instead of active; "
+                                     "run `invoke up` again to replace it, or `invoke teardown`")
+            elif inst.status != "active" or not inst.ip:
+                reasons[name] = inst.status if inst.status != "active" else "active, no IP yet"
+            elif name not in ready:
+                probe.append(inst)
+        if probe:
+            with ThreadPoolExecutor(max_workers=min(8, len(probe))) as pool:
+                results = list(pool.map(lambda i: ssh.probe(targets(i), timeout=5), probe))
+            for inst, reason in zip(probe, results, strict=True):
+                if reason is None:
+                    ready[inst.name] = inst
+                else:
+                    reasons[inst.name] = "active, SSH not answering yet"
+        pending = sorted(n for n in wanted.values() if n not in ready)
+        waiting = ", ".join(f"{n}: {reasons.get(n, '?')}" for n in pending)
+        step.detail(f"{len(ready)}/{len(wanted)} ready" + (f"; {waiting}" if waiting else ""))
+        return dict(ready) if not pending else None
+
+    return ui.wait_for(check, f"{len(wanted)} instance(s) to be active and accept SSH",
+                       timeout=timeout, interval=0.0,
+                       hint="see `invoke status`; the instances stay in state for `invoke teardown`")
+
+
+# --- terminating ------------------------------------------------------------------------------------
+
+
+def terminate(client: api.LambdaClient, state: State, ids: list[str], timeout: float = 600) -> None:
+    """Terminate exactly `ids` (all in state), wait until the API reports each gone, and remove
+    each from state as it goes."""
+    if not ids:
+        return
+    listed = {i.id: i for i in client.instances()}
+    for instance_id in ids:
+        if instance_id not in listed:
+            _forget_if_gone(client, state, instance_id)
+    live = [i for i in ids if i in listed and listed[i].status not in ("terminating", *api.GONE)]
+    if live:
+        try:
+            client.terminate(live)
+        except api.NotFound:
+            for instance_id in live:  # one vanished meanwhile; the batch is refused as a whole
+                with contextlib.suppress(api.NotFound):
+                    client.terminate([instance_id])
+    pending = {i for i in ids if state.find(INSTANCE, i)}
+
+    def check(step: ui.Step) -> bool | None:
+        now = {i.id: i for i in client.instances()}
+        for instance_id in sorted(pending):
+            inst = now.get(instance_id)
+            gone = _forget_if_gone(client, state, instance_id) if inst is None \
+                else inst.status in api.GONE
+            if gone:
+                state.remove(INSTANCE, instance_id)
+                pending.discard(instance_id)
+            elif inst is not None and inst.status not in ("terminating", *api.GONE):
+                with contextlib.suppress(api.NotFound):  # the call was lost, or it was restarted
+                    client.terminate([instance_id])
+        step.detail(f"{len(ids) - len(pending)}/{len(ids)} terminated")
+        return True if not pending else None
+
+    ui.wait_for(check, f"Lambda to report {len(ids)} instance(s) terminated", timeout=timeout,
+                interval=0.0, hint="run `invoke teardown` again")

@@ -1,0 +1,170 @@
+"""Ray on the instances: render the `type: local` cluster config, `ray up`, checks, `ray down`.
+
+Ray's on-prem provider needs every node's address before `ray up`, and it starts the workers
+from the head over SSH, so a head that cannot log into a worker silently gives a one-node
+cluster. We therefore check head -> worker SSH ourselves right after `ray up` and wait until Ray
+reports every node alive, naming the node and the reason when one does not join.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infra import paths, render, ssh, ui, versions
+from infra.errors import ProviderError
+
+if TYPE_CHECKING:
+    from infra.providers.lambda_cloud.spec import Spec
+
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+CONFIG_FILE = "cluster.yaml"
+#: Where setup/ lands on each node and where install.sh puts the env (fixed, shell-safe strings).
+REMOTE_SETUP = "~/rayfleet/setup"
+ENV_PREFIX = "$HOME/rayfleet/env"
+#: Ray run with these for `ray up`/`ray down`: no usage reports; the autoscaler v1, with which a
+#: `ray up` of an on-prem cluster from another machine does start its workers (Ray 2.60).
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_UP_enable_autoscaler_v2": "0"}
+
+
+class RayClusterError(ProviderError):
+    """`ray up` failed, or a node did not join; the message names the node and the reason."""
+
+
+def activate(spec: Spec) -> str:
+    """Shell prefix that puts the node env's `ray` and `python` first on the PATH."""
+    return "" if spec.env == "none" else f'. "{ENV_PREFIX}/rayfleet-activate.sh" && '
+
+
+def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Path) -> str:
+    if spec.env == "none":
+        file_mounts: dict[str, str] = {}
+        setup: list[str] = []
+    else:
+        file_mounts = {REMOTE_SETUP: str(paths.setup_dir())}
+        args = versions.install_args(spec.env, backend=spec.env_backend)
+        setup = [f"bash {REMOTE_SETUP}/install.sh {shlex.join(args)} "
+                 f'--prefix "{ENV_PREFIX}" --log "$HOME/rayfleet/install.log"']
+    extra = ""
+    if spec.object_store_memory_mb:
+        extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}"
+    return render.render(
+        "lambda.yaml.j2",
+        cluster=spec.name, head_ip=head_ip, worker_ips=worker_ips, ssh_user=spec.ssh_user,
+        ssh_private_key=str(key_path), ssh_proxy_command=spec.ssh_proxy_command,
+        file_mounts=file_mounts, setup_commands=setup, activate=activate(spec),
+        gcs_port=GCS_PORT, dashboard_port=DASHBOARD_PORT, ray_start_extra=extra,
+    )
+
+
+def config_path(cluster: str) -> Path:
+    return paths.rendered_dir(cluster) / CONFIG_FILE
+
+
+def _ray() -> str:
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+def _log(cluster: str, name: str) -> Path:
+    path = paths.home() / "logs" / cluster / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _run_ray(args: list[str], log: Path, timeout: float) -> int:
+    env = {**os.environ, **RAY_ENV}
+    if os.environ.get("RAY_USAGE_STATS_ENABLED") == "1":
+        env["RAY_USAGE_STATS_ENABLED"] = "1"  # the user opted in explicitly
+    with log.open("w") as out:
+        try:
+            return subprocess.run([_ray(), *args], stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, env=env, timeout=timeout,
+                                  check=False).returncode
+        except subprocess.TimeoutExpired:
+            return -1
+
+
+def ray_up(spec: Spec, path: Path) -> None:
+    log = _log(spec.name, "ray-up.log")
+    with ui.step(f"ray up (setup and Ray on {spec.workers.count + 1} node(s); log {log})"):
+        code = _run_ray(["up", "-y", "--no-config-cache", str(path)], log, spec.ray_timeout_s)
+    if code != 0:
+        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
+        reason = "timed out" if code == -1 else f"exited {code}"
+        raise RayClusterError(f"`ray up` {reason}: {' | '.join(tail)[-300:]}; full log: {log}")
+
+
+def ray_down(spec: Spec, path: Path) -> None:
+    """Best effort: the instances are terminated afterwards anyway."""
+    log = _log(spec.name, "ray-down.log")
+    with ui.step("ray down"):
+        code = _run_ray(["down", "-y", str(path)], log, 300)
+    if code != 0:
+        ui.warn(f"`ray down` exited {code} (see {log}); stopping Ray over SSH instead")
+
+
+def stop_ray(spec: Spec, target: ssh.SshTarget) -> str | None:
+    """`ray stop --force` on one node; None when done, else the reason (best effort)."""
+    try:
+        ssh.run(target, f"{activate(spec)}ray stop --force", timeout=60, check=True)
+    except ssh.SshError as exc:
+        return str(exc)
+    return None
+
+
+def head_reaches_workers(head: ssh.SshTarget, user: str, workers: dict[str, str]) -> list[str]:
+    """From the head, log into each worker with the key Ray copied there; problems by worker."""
+    options = ("-i ~/ray_bootstrap_key.pem -o BatchMode=yes -o StrictHostKeyChecking=no "
+               "-o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 -o LogLevel=ERROR")
+    problems = []
+    for name, ip in workers.items():
+        command = f"ssh {options} {shlex.quote(f'{user}@{ip}')} true"
+        try:
+            result = ssh.run(head, command, timeout=60)
+        except ssh.SshError as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        if not result.ok:
+            reason = (result.stderr.strip().splitlines() or [f"exit {result.exit_code}"])[-1]
+            problems.append(f"the head cannot SSH to {name} ({ip}): {reason}")
+    return problems
+
+
+def alive_nodes(dashboard_url: str) -> list[dict[str, Any]]:
+    from ray.util.state import list_nodes
+
+    nodes = list_nodes(address=dashboard_url, detail=True, raise_on_missing_output=False)
+    return [{"ip": n.node_ip, "head": n.is_head_node} for n in nodes if n.state == "ALIVE"]
+
+
+def wait_all_alive(dashboard_url: str, expected: dict[str, set[str]], timeout: float) -> None:
+    """Wait until Ray reports a live node at one of each instance's addresses."""
+
+    def check(step: ui.Step) -> bool | None:
+        try:
+            ips = {n["ip"] for n in alive_nodes(dashboard_url)}
+        except Exception as exc:  # the dashboard may still be starting
+            step.detail(f"dashboard not answering yet ({type(exc).__name__})")
+            return None
+        missing = sorted(name for name, addrs in expected.items() if not addrs & ips)
+        step.detail(f"{len(expected) - len(missing)}/{len(expected)} nodes alive"
+                    + (f"; waiting for {', '.join(missing)}" if missing else ""))
+        return True if not missing else None
+
+    ui.wait_for(check, f"Ray to report {len(expected)} node(s) alive", timeout=timeout, interval=1.0,
+                hint="the worker did not join: see /tmp/ray/session_latest/logs/monitor.* on the head")
+
+
+@contextmanager
+def dashboard_tunnel(head: ssh.SshTarget) -> Iterator[str]:
+    with ssh.tunnel(head, DASHBOARD_PORT) as port:
+        yield f"http://127.0.0.1:{port}"

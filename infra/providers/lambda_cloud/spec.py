@@ -1,0 +1,114 @@
+"""The strict `provider: lambda` section of a cluster spec (see clusters/lambda.yaml)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from infra.spec import ClusterSpec, StrictModel
+
+
+class Choice(StrictModel):
+    """One (instance type, region) to try, in the order listed."""
+
+    #: A Lambda instance type name, e.g. gpu_1x_a10 (see `invoke plan` for prices and capacity).
+    instance_type: str = Field(pattern=r"^[a-z0-9_]{1,64}$")
+    #: A Lambda region name, e.g. us-east-1.
+    region: str = Field(pattern=r"^[a-z]+(-[a-z]+)*-[0-9]+$")
+
+    def __str__(self) -> str:
+        return f"{self.instance_type}@{self.region}"
+
+
+class Head(StrictModel):
+    #: Ordered fallbacks for the head instance; the first with capacity wins.
+    choices: list[Choice] = Field(min_length=1, max_length=32)
+
+    @field_validator("choices")
+    @classmethod
+    def _distinct(cls, value: list[Choice]) -> list[Choice]:
+        return _distinct(value)
+
+
+class Workers(StrictModel):
+    #: Number of worker instances (the head runs Ray work too).
+    count: int = Field(1, ge=0, le=64)
+    #: Ordered fallbacks for workers; only those in the head's region are used.
+    choices: list[Choice] = Field(default_factory=list, max_length=32)
+
+    @field_validator("choices")
+    @classmethod
+    def _distinct(cls, value: list[Choice]) -> list[Choice]:
+        return _distinct(value)
+
+
+def _distinct(choices: list[Choice]) -> list[Choice]:
+    seen = set()
+    for choice in choices:
+        if str(choice) in seen:
+            raise ValueError(f"{choice} is listed twice; remove the repetition")
+        seen.add(str(choice))
+    return choices
+
+
+class Spec(ClusterSpec):
+    provider: Literal["lambda"]
+    head: Head
+    workers: Workers = Field(default_factory=Workers)
+    #: Login user on the instances (Lambda's images use ubuntu).
+    ssh_user: str = Field("ubuntu", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    #: Use this SSH key already registered in the account instead of a generated one.
+    ssh_key_name: str | None = Field(None, min_length=1, max_length=64)
+    #: The private key file of `ssh_key_name` (required with it).
+    ssh_private_key: str | None = None
+    #: OpenSSH ProxyCommand to reach the instances (a bastion); %h/%p are the address and port.
+    ssh_proxy_command: str | None = Field(None, min_length=1)
+    #: A Lambda file system to attach to every node (it fixes the region).
+    file_system: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,59}$")
+    #: Node environment setup/install.sh installs; `none` uses the `ray` already on the PATH.
+    env: Literal["auto", "cpu", "gpu", "none"] = "auto"
+    #: How install.sh builds the env (conda, a venv, or whatever the node has).
+    env_backend: Literal["auto", "conda", "venv"] = "auto"
+    #: Object store size per node in MiB; unset lets Ray take 30% of the node's memory.
+    object_store_memory_mb: int | None = Field(None, ge=75)
+    #: How long instances may take to be active and accept SSH.
+    boot_timeout_s: int = Field(1200, ge=10, le=7200)
+    #: How long `ray up` plus every node joining may take.
+    ray_timeout_s: int = Field(1200, ge=30, le=7200)
+
+    @field_validator("ssh_private_key")
+    @classmethod
+    def _key_file(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"no such file {value!r}; give the private key of ssh_key_name")
+        return value
+
+    @field_validator("ssh_proxy_command")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        if value is not None and re.search(r"[\r\n]", value):
+            raise ValueError("must be a single line")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Spec:
+        if (self.ssh_key_name is None) != (self.ssh_private_key is None):
+            raise ValueError("ssh_key_name and ssh_private_key go together: give both (use a key "
+                             "already in the account) or neither (rayfleet generates one)")
+        if self.workers.count and not self.workers.choices:
+            raise ValueError(f"workers.choices: workers.count is {self.workers.count} but no "
+                             "choices are listed; add at least one {instance_type, region}")
+        head_regions = {c.region for c in self.head.choices}
+        if self.workers.count and not head_regions & {c.region for c in self.workers.choices}:
+            raise ValueError("workers.choices: no region in common with head.choices; all nodes of "
+                             "a cluster run in one region")
+        return self
+
+    def private_key_path(self) -> Path | None:
+        return Path(self.ssh_private_key).expanduser() if self.ssh_private_key else None

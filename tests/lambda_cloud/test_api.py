@@ -1,0 +1,138 @@
+"""The Lambda API client against the fake: typed errors, pacing, retries, key handling."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from infra.errors import UsageError
+from infra.providers.lambda_cloud import api
+from tests.lambda_cloud.conftest import API_KEY, SCALE
+from tests.lambda_cloud.fake_api import FakeLambda, Fault
+
+LAUNCH = "/instance-operations/launch"
+
+
+def client_for(fake: FakeLambda, key: str = API_KEY, scale: float = SCALE) -> api.LambdaClient:
+    return api.LambdaClient(key, fake.url, api.Limits.scaled(scale), timeout=(2.0, 5.0))
+
+
+def add_key(client: api.LambdaClient) -> str:
+    return client.add_ssh_key("k1", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeFakeFake t").name
+
+
+def test_typed_errors_by_code(fake: FakeLambda) -> None:
+    client = client_for(fake)
+    with pytest.raises(api.NotFound) as missing:
+        client.instance("0123456789abcdef")
+    assert missing.value.code == "global/object-does-not-exist" and missing.value.status == 404
+    key = add_key(client)
+    with pytest.raises(api.InvalidParameters):
+        add_key(client)  # duplicate name
+    with pytest.raises(api.InsufficientCapacity):
+        client.launch(region="europe-central-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="x")
+    with pytest.raises(api.NotFound):
+        client.launch(region="us-east-1", instance_type="gpu_9x_nope", ssh_key_name=key, name="x")
+    fake.quota = 0
+    with pytest.raises(api.QuotaExceeded):
+        client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="x")
+    fs = fake.add_file_system("data", "us-west-1")
+    assert [f.id for f in client.file_systems()] == [fs]
+    fake.quota = 50
+    with pytest.raises(api.FileSystemInWrongRegion):
+        client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="x",
+                      file_system_names=["data"])
+
+
+def test_invalid_key_is_typed_and_never_shown(fake: FakeLambda) -> None:
+    client = client_for(fake, key="secret_not_the_key_42")
+    with pytest.raises(api.InvalidApiKey) as err:
+        client.instances()
+    assert err.value.status == 401
+    assert "secret_not_the_key_42" not in str(err.value) and "secret_not_the_key_42" not in repr(client)
+
+
+def test_launch_and_terminate_roundtrip(fake: FakeLambda) -> None:
+    client = client_for(fake)
+    key = add_key(client)
+    instance_id = client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key,
+                                name="rt-head")
+    booting = client.instance(instance_id)
+    assert booting.status == "booting" and booting.ip is None and booting.price_cents_per_hour == 75
+    types = client.instance_types()
+    assert "us-east-1" in types["gpu_1x_a10"].regions_with_capacity
+    assert types["gpu_8x_a100"].regions_with_capacity == ()
+    terminated = client.terminate([instance_id])
+    assert [i.status for i in terminated] == ["terminating"]
+    with pytest.raises(api.NotFound):
+        client.terminate([instance_id, "0" * 32])  # one unknown id refuses the whole batch
+
+
+def test_pacing_keeps_the_fake_from_ever_saying_429(fake: FakeLambda) -> None:
+    scale = 0.05  # 50 ms between requests, 600 ms between launches: jitter is negligible
+    fake.general.interval, fake.launches.interval = 1.0 * scale, 12.0 * scale
+    client = client_for(fake, scale=scale)
+    key = add_key(client)
+    for _ in range(8):
+        client.instances()
+    for i in range(3):
+        client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name=f"p-{i}")
+    assert [s for _, s in fake.requests() if s != 200] == []
+    launches = [t for t, _ in fake.requests("POST", LAUNCH)]
+    assert min(b - a for a, b in itertools.pairwise(launches)) >= 12.0 * scale
+
+
+def test_without_pacing_the_fake_enforces_the_limits(fake: FakeLambda) -> None:
+    fake.general.interval = 0.2
+    client = api.LambdaClient(API_KEY, fake.url, api.Limits(0.0, 0.0, 0.01), retries=2)
+    client.instances()
+    with pytest.raises(api.Unavailable):  # the storm budget is 10 x 0.01 s: gives up quickly
+        client.instances()
+    assert [s for _, s in fake.requests("GET", "/instances")][:2] == [200, 429]
+
+
+def test_retries_5xx_and_429_but_never_a_launch(fake: FakeLambda) -> None:
+    client = client_for(fake)
+    key = add_key(client)
+    fake.inject(Fault("GET", "/instances", status=503, times=2),
+                Fault("GET", "/instances", status=429, times=2, retry_after="0.01"))
+    assert client.instances() is not None
+    assert [s for _, s in fake.requests("GET", "/instances")] == [503, 503, 429, 429, 200]
+    fake.inject(Fault("POST", LAUNCH, status=500))
+    with pytest.raises(api.LaunchOutcomeUnknown):
+        client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="l-1")
+    fake.inject(Fault("POST", LAUNCH, drop=True))
+    with pytest.raises(api.LaunchOutcomeUnknown):
+        client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="l-2")
+    assert len(fake.requests("POST", LAUNCH)) == 2, "a launch with an unknown outcome is not retried"
+    assert [i.name for i in client.instances() if not i.name.startswith(("prod", "lt"))] == ["l-2"]
+    fake.inject(Fault("POST", LAUNCH, status=429, times=2))
+    client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="l-3")
+    assert [s for _, s in fake.requests("POST", LAUNCH)][-3:] == [429, 429, 200]
+
+
+def test_key_and_url_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LAMBDA_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert api.read_api_key() is None
+    with pytest.raises(api.MissingApiKey, match="LAMBDA_API_KEY"):
+        api.LambdaClient.from_env()
+    (tmp_path / ".lambda_cloud").mkdir()
+    (tmp_path / ".lambda_cloud" / "lambda_keys").write_text("# lambda-cli\napi_key = secret_from_file\n")
+    assert api.read_api_key() == "secret_from_file"
+    monkeypatch.setenv("LAMBDA_API_KEY", "secret_from_env")
+    assert api.read_api_key() == "secret_from_env"
+    monkeypatch.delenv("LAMBDA_API_URL", raising=False)
+    assert api.base_url() == "https://cloud.lambda.ai/api/v1"
+    monkeypatch.setenv("LAMBDA_API_URL", "http://api.example.com/api/v1")
+    with pytest.raises(UsageError, match="unencrypted"):
+        api.base_url()
+    monkeypatch.setenv("LAMBDA_API_URL", "http://127.0.0.1:9/api/v1/")
+    assert api.base_url() == "http://127.0.0.1:9/api/v1"
+    monkeypatch.setenv("LAMBDA_RATE_SCALE", "fast")
+    with pytest.raises(UsageError, match="LAMBDA_RATE_SCALE"):
+        api.Limits.from_env()
+    monkeypatch.delenv("LAMBDA_RATE_SCALE")
+    assert api.Limits.from_env() == api.Limits(1.0, 12.0, 30.0)

@@ -1,0 +1,130 @@
+"""The lambda spec (strict, one-line errors), the example specs, and the rendered Ray config
+(golden files under tests/golden/lambda/, Ray's own validation, no injection)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra import paths, render, versions
+from infra.errors import SpecError
+from infra.providers.lambda_cloud import raycluster
+from infra.providers.lambda_cloud.spec import Spec
+from infra.spec import load_spec
+from tests.conftest import ROOT, run_invoke
+from tests.golden import assert_golden
+
+BASE: dict[str, Any] = {
+    "provider": "lambda",
+    "head": {"choices": [{"instance_type": "gpu_1x_a10", "region": "us-east-1"}]},
+    "workers": {"count": 2, "choices": [{"instance_type": "gpu_1x_a10", "region": "us-east-1"}]},
+}
+
+
+def spec_from(tmp_path: Path, name: str = "demo", **changes: Any) -> Spec:
+    data = {**BASE, **changes}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in data.items() if v is not None}))
+    spec = load_spec(path)
+    assert isinstance(spec, Spec)
+    return spec
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"worker": {"count": 1}}, "worker: unknown key; did you mean 'workers'?"),
+    ({"head": {"choices": []}}, "head.choices: list should have at least 1 item"),
+    ({"head": {"choices": [{"instance_type": "gpu_1x_a10", "region": "US East"}]}},
+     "head.choices[0].region: string should match pattern"),
+    ({"head": {"choices": [{"instance_type": "gpu_1x_a10", "region": "us-east-1"}] * 2}},
+     "head.choices: gpu_1x_a10@us-east-1 is listed twice"),
+    ({"workers": {"count": 1, "choices": [{"instance_type": "gpu_1x_a10", "region": "us-west-1"}]}},
+     "workers.choices: no region in common with head.choices"),
+    ({"workers": {"count": 3}}, "workers.choices: workers.count is 3 but no choices are listed"),
+    ({"ssh_key_name": "laptop"}, "ssh_key_name and ssh_private_key go together"),
+    ({"ssh_key_name": "laptop", "ssh_private_key": "/nonexistent/key"},
+     "ssh_private_key: no such file '/nonexistent/key'"),
+    ({"ssh_proxy_command": "nc %h %p\nrm -rf /"}, "ssh_proxy_command: must be a single line"),
+    ({"env": "cuda"}, "env: input should be 'auto', 'cpu', 'gpu' or 'none'"),
+])
+def test_bad_specs_are_one_line_errors(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as err:
+        spec_from(tmp_path, **changes)
+    text = str(err.value)
+    assert message in text and "\n" not in text, text
+    assert "demo.yaml" in text.split(":")[0], text
+
+
+def test_cli_rejects_a_bad_spec_with_exit_2_and_creates_nothing(tmp_path: Path, rf_home: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "workers": {"count": 1, "choises": []}}))
+    result = run_invoke("up", "--cluster", str(path), env={"LAMBDA_API_URL": "http://127.0.0.1:9/api/v1",
+                                                           "LAMBDA_API_KEY": "secret_unused"})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "workers.choises: unknown key; did you mean 'choices'?" in lines[0]
+    assert not (rf_home / "state").exists() or not list((rf_home / "state").glob("*.json"))
+    assert not (rf_home / "keys").exists()
+
+
+@pytest.mark.parametrize("name", ["lambda", "lambda-minimal"])
+def test_example_specs_load_and_render(name: str, rf_home: Path) -> None:
+    spec = load_spec(ROOT / "clusters" / f"{name}.yaml")
+    assert isinstance(spec, Spec)
+    text = raycluster.render_config(spec, "198.51.100.10", ["198.51.100.11"], Path("/k/id"))
+    render.validate_ray_cluster_config(text, name)
+
+
+def test_every_key_of_the_full_example_is_commented() -> None:
+    lines = (ROOT / "clusters" / "lambda.yaml").read_text().splitlines()
+    documented = set()
+    for i, line in enumerate(lines):
+        stripped = line.lstrip("# ").split(":")[0]
+        if stripped in Spec.model_fields and i > 0 and lines[i - 1].lstrip().startswith("#"):
+            documented.add(stripped)
+    assert documented == set(Spec.model_fields) - {"name", "source"}
+
+
+def _normalise() -> dict[str, str]:
+    pins = versions.node_pins()
+    return {str(paths.setup_dir()): "<project>/setup",
+            f"--ray-version {pins['ray_version']}": "--ray-version <ray>",
+            f"--python-version {pins['python_version']}": "--python-version <python>"}
+
+
+CASES: dict[str, tuple[dict[str, Any], str, list[str]]] = {
+    "minimal": ({}, "HEAD_IP_AFTER_LAUNCH", ["WORKER_1_IP_AFTER_LAUNCH", "WORKER_2_IP_AFTER_LAUNCH"]),
+    "full": ({"ssh_user": "ubuntu", "env": "gpu", "env_backend": "conda",
+              "ssh_proxy_command": "ssh -W %h:%p -i '/keys/bastion key' jump@bastion.example.com",
+              "object_store_memory_mb": 2048},
+             "198.51.100.10", ["198.51.100.11", "198.51.100.12"]),
+    "env-none": ({"env": "none", "workers": {"count": 0}}, "198.51.100.10", []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
+    changes, head, workers = CASES[case]
+    spec = spec_from(tmp_path, **changes)
+    key = Path("/home/me/.rayfleet/keys/demo/id_ed25519")
+    text = raycluster.render_config(spec, head, workers, key)
+    assert raycluster.render_config(spec, head, workers, key) == text, "rendering is deterministic"
+    prepared = render.validate_ray_cluster_config(text, case)
+    assert prepared["provider"] == {"type": "local", "head_ip": head, "worker_ips": workers}
+    config = yaml.safe_load(text)
+    assert config["max_workers"] == config["min_workers"] == len(workers)
+    assert config["auth"].get("ssh_proxy_command") == spec.ssh_proxy_command
+    assert all("--dashboard-host=127.0.0.1" in c for c in config["head_start_ray_commands"][1:])
+    assert all("RAY_USAGE_STATS_ENABLED=0" in c
+               for c in config["head_start_ray_commands"][1:] + config["worker_start_ray_commands"][1:])
+    assert "PRIVATE KEY" not in text
+    assert_golden(f"lambda/{case}.yaml", text, _normalise())
+
+
+def test_hostile_values_stay_values(tmp_path: Path) -> None:
+    spec = spec_from(tmp_path, ssh_proxy_command='nc %h %p"}, provider: {type: aws}, x: {"')
+    config = yaml.safe_load(raycluster.render_config(spec, "h", [], Path("/k")))
+    assert config["auth"]["ssh_proxy_command"] == spec.ssh_proxy_command
+    assert config["provider"]["type"] == "local"
