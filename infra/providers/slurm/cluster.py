@@ -1,0 +1,290 @@
+"""Slurm's client commands, parsed: partitions and nodes, the queue, sbatch, scancel.
+
+Every function takes a `Runner` (this machine or a login host) and returns dataclasses. Output
+formats are fixed with `-o`/`--oneliner` so that a site's SQUEUE_FORMAT cannot change them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.errors import SpecError
+from infra.providers.slurm.remote import Runner, SlurmError
+from infra.providers.slurm.script import shell_path
+from infra.providers.slurm.spec import Spec, time_limit_seconds
+
+_SPLIT = "@@rayfleet@@"
+#: squeue states in which the job still holds (or waits for) nodes.
+LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING",
+               "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"}
+_JOB_FORMAT = "%i|%T|%r|%N|%M|%l|%P"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cpus: int
+    memory_mb: int
+    gpus: int
+    state: str
+
+
+@dataclass
+class Partition:
+    name: str
+    default: bool = False
+    state: str = "UP"
+    total_nodes: int = 0
+    max_nodes: int | None = None
+    max_time_s: int = 2**31
+    max_time: str = "UNLIMITED"
+    nodes: list[Node] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One line of squeue for the job (one per component of a heterogeneous job)."""
+
+    job_id: str
+    state: str
+    reason: str
+    nodes: str
+    elapsed: str
+    limit: str
+    partition: str
+
+
+@dataclass
+class Poll:
+    """What one round trip tells about a job: queue rows, pending queue, the info file."""
+
+    rows: list[JobRow] | None
+    pending: list[str]
+    info: dict[str, Any] | None
+
+
+def _gpus(gres: str) -> int:
+    """GPU count from sinfo's %G, e.g. "gpu:a100:4(S:0-1),shard:8" -> 4."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+def _int(text: str, default: int = 0) -> int:
+    match = re.match(r"\d+", text)
+    return int(match.group()) if match else default
+
+
+def partitions(runner: Runner) -> dict[str, Partition]:
+    """Every partition with its limits and nodes (one command line, one round trip)."""
+    out = runner.check(f"scontrol show partition --oneliner && echo {_SPLIT} && "
+                       "sinfo -h -N -o '%R|%N|%c|%m|%G|%t'")
+    part_text, _, node_text = out.partition(_SPLIT)
+    found: dict[str, Partition] = {}
+    for line in part_text.splitlines():
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        if "PartitionName" not in fields:
+            continue
+        max_nodes = fields.get("MaxNodes", "UNLIMITED")
+        max_time = fields.get("MaxTime", "UNLIMITED")
+        try:
+            max_time_s = time_limit_seconds(max_time)
+        except ValueError:
+            max_time_s = 2**31
+        found[fields["PartitionName"]] = Partition(
+            name=fields["PartitionName"], default=fields.get("Default") == "YES",
+            state=fields.get("State", "UP"), total_nodes=_int(fields.get("TotalNodes", "0")),
+            max_nodes=None if not max_nodes.isdigit() else int(max_nodes),
+            max_time_s=max_time_s, max_time=max_time)
+    for line in node_text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 6 or parts[0] not in found:
+            continue
+        name, node, cpus, memory, gres, state = parts
+        found[name].nodes.append(Node(node, _int(cpus), _int(memory), _gpus(gres), state))
+    return found
+
+
+def _fail(spec: Spec, key: str, message: str) -> SpecError:
+    return SpecError(f"{spec.source}: {key}: {message}")
+
+
+def _check_group(spec: Spec, key: str, part: Partition, nodes: int, cpus: int, gpus: int,
+                 memory_mb: int | None, also_used: int = 0) -> None:
+    """Could this partition ever run `nodes` nodes of this shape? SpecError if not."""
+    prefix = f"{key}." if key else ""
+    where = f"partition {part.name!r}"
+    if nodes + also_used > part.total_nodes:
+        wanted = f"{nodes + also_used} nodes in all" if also_used else f"{nodes} nodes"
+        raise _fail(spec, f"{prefix}nodes", f"{wanted} requested but {where} has "
+                    f"{part.total_nodes}; lower it or pick a bigger partition")
+    if part.max_nodes is not None and nodes > part.max_nodes:
+        raise _fail(spec, f"{prefix}nodes", f"{nodes} nodes requested but {where} allows "
+                    f"{part.max_nodes} per job; lower it or pick another partition")
+    checks = [("cpus_per_node", cpus, lambda n: n.cpus, "CPUs"),
+              ("gpus_per_node", gpus, lambda n: n.gpus, "GPUs"),
+              ("memory_per_node_mb", memory_mb or 0, lambda n: n.memory_mb, "MB of memory")]
+    for field_name, wanted_each, have, unit in checks:
+        if not part.nodes or wanted_each == 0:
+            continue
+        fitting = sum(1 for n in part.nodes if have(n) >= wanted_each)
+        if fitting == 0:
+            best = max(have(n) for n in part.nodes)
+            raise _fail(spec, f"{prefix}{field_name}",
+                        f"{wanted_each} {unit} per node requested but no node of {where} has "
+                        f"that many (the largest has {best}); lower it or pick another partition")
+        if fitting < nodes:
+            raise _fail(spec, f"{prefix}{field_name}",
+                        f"{nodes} nodes with {wanted_each} {unit} each requested but only "
+                        f"{fitting} node(s) of {where} have that many; lower it or pick another "
+                        "partition")
+    if time_limit_seconds(spec.time_limit) > part.max_time_s:
+        raise _fail(spec, "time_limit", f"{spec.time_limit} exceeds the MaxTime {part.max_time} "
+                    f"of {where}; shorten it")
+
+
+def _pick(spec: Spec, key: str, name: str | None, found: dict[str, Partition],
+          where: str) -> Partition:
+    if name is None:
+        default = next((p for p in found.values() if p.default), None)
+        if default is None:
+            raise _fail(spec, key, f"{where} has no default partition; set {key} to one of "
+                        f"{', '.join(sorted(found))}")
+        return default
+    if name not in found:
+        close = difflib.get_close_matches(name, list(found), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise _fail(spec, key, f"unknown partition {name!r} on {where}; {hint}choose one of "
+                    f"{', '.join(sorted(found)) or '(none)'}")
+    return found[name]
+
+
+def check_spec(spec: Spec, found: dict[str, Partition], where: str) -> list[str]:
+    """Validate the spec against the cluster's partitions; return notes (warnings) for the plan."""
+    main = _pick(spec, "partition", spec.partition, found, where)
+    _check_group(spec, "", main, spec.nodes, spec.cpus_per_node, spec.gpus_per_node,
+                 spec.memory_per_node_mb)
+    notes = []
+    used = {main.name: spec.nodes}
+    gpu = spec.gpu_workers
+    if gpu:
+        part = _pick(spec, "gpu_workers.partition", gpu.partition or spec.partition, found, where)
+        _check_group(spec, "gpu_workers", part, gpu.nodes, gpu.cpus_per_node, gpu.gpus_per_node,
+                     gpu.memory_per_node_mb, also_used=used.get(part.name, 0))
+        used[part.name] = used.get(part.name, 0) + gpu.nodes
+    for name in used:
+        part = found[name]
+        if part.state != "UP":
+            notes.append(f"partition {name!r} is {part.state}: the job will wait until it is UP")
+        usable = [n for n in part.nodes if not re.match(r"(down|drain|fail|maint)", n.state)]
+        if len(usable) < used[name]:
+            notes.append(f"partition {name!r} has {len(usable)} usable nodes now (others down or "
+                         f"draining); the job waits until {used[name]} are")
+    return notes
+
+
+def _rows(text: str) -> list[JobRow]:
+    rows = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 7:
+            rows.append(JobRow(*parts))
+    return rows
+
+
+def _job_command(job_id: str) -> str:
+    # squeue exits 1 with "Invalid job id" once the job record is purged: that too means gone.
+    return f"squeue -h -j {shlex.quote(job_id)} -o {shlex.quote(_JOB_FORMAT)} 2>/dev/null"
+
+
+def job_rows(runner: Runner, job_id: str) -> list[JobRow] | None:
+    """The job's queue rows, or None once it has left the queue."""
+    rows = _rows(runner.run(_job_command(job_id), timeout=30).stdout)
+    return rows or None
+
+
+def job_file(workdir: str, job_name: str, suffix: str) -> str:
+    """A file of the job in the work dir, in shell form (it may start with "$HOME"): the batch
+    script writes <job name>.json (the info file) and Slurm <job name>.out (its output)."""
+    return shell_path(f"{workdir.rstrip('/')}/{job_name}{suffix}")
+
+
+def poll(runner: Runner, job_id: str, info_file: str, partition: str | None) -> Poll:
+    """Queue rows, the pending queue of the partition (for a position), the info file: one trip."""
+    part = f"-p {shlex.quote(partition)} " if partition else ""
+    out = runner.run(
+        f"{_job_command(job_id)}; echo {_SPLIT}; "
+        f"squeue -h -t PENDING {part}-o %i --sort=-p,i 2>/dev/null; echo {_SPLIT}; "
+        f"cat {info_file} 2>/dev/null", timeout=30).stdout
+    rows_text, _, rest = out.partition(_SPLIT)
+    pending_text, _, info_text = rest.partition(_SPLIT)
+    info: dict[str, Any] | None = None
+    if info_text.strip():
+        try:
+            info = json.loads(info_text)
+        except json.JSONDecodeError:
+            info = None  # caught between writes on a file system without atomic rename: retry
+    return Poll(_rows(rows_text) or None, pending_text.split(), info)
+
+
+def read_info(runner: Runner, info_file: str) -> dict[str, Any] | None:
+    text = runner.run(f"cat {info_file} 2>/dev/null", timeout=30).stdout
+    try:
+        return dict(json.loads(text)) if text.strip() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def sbatch(runner: Runner, workdir: str, job_name: str, script: str) -> str:
+    """Submit `script` (on stdin) from `workdir`; return the job id."""
+    folder = shell_path(workdir)
+    out = runner.check(f"mkdir -p {folder} && cd {folder} && "
+                       f"sbatch --parsable --job-name={shlex.quote(job_name)}", input=script)
+    job_id = out.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch on {runner.where} printed {out.strip()!r}, not a job id")
+    return job_id
+
+
+def find_by_name(runner: Runner, job_name: str) -> list[str]:
+    """Ids of this user's jobs named `job_name` (a submission whose id we never read)."""
+    out = runner.run(f"squeue -h -u \"$(id -un)\" --name={shlex.quote(job_name)} -o %A",
+                     timeout=30).stdout
+    return sorted({line.strip() for line in out.splitlines() if line.strip().isdigit()})
+
+
+def scancel(runner: Runner, job_id: str) -> None:
+    result = runner.run(f"scancel {shlex.quote(job_id)}", timeout=60)
+    if not result.ok and "Invalid job id" not in result.stderr and "already completing" not in (
+            result.stderr):
+        lines = result.stderr.strip().splitlines() or ["no output"]
+        raise SlurmError(f"scancel {job_id} on {runner.where}: {lines[-1]}", job_id)
+
+
+def open_ports(runner: Runner, targets: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Which of these ip:port still accept TCP connections, tested from where Slurm runs."""
+    if not targets:
+        return []
+    words = " ".join(f"{ip}/{port}" for ip, port in targets)
+    out = runner.run(
+        f"for t in {words}; do timeout 1 bash -c \"exec 3<>/dev/tcp/$t\" 2>/dev/null "
+        "&& echo \"$t\"; done; true", timeout=10 + 2 * len(targets)).stdout
+    still = set(out.split())
+    return [(ip, port) for ip, port in targets if f"{ip}/{port}" in still]
+
+
+def read_output(runner: Runner, path: str) -> str:
+    return runner.run(f"cat {path} 2>/dev/null", timeout=60).stdout
+
+
+def remove_files(runner: Runner, workdir: str, job_name: str) -> None:
+    base = shell_path(f"{workdir.rstrip('/')}/{job_name}")
+    runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp*", timeout=30)

@@ -1,0 +1,231 @@
+"""The part of the Slurm provider that runs on the compute nodes, inside the batch script.
+
+The nodes do not have rayfleet installed, so `embedded_source()` glues `infra/rayproc.py` (port
+block layout, scoped process stop; standard library only) and this file into one program that the
+template puts into the batch script and runs with the Python that runs Ray:
+
+    python -c "$RF_HELPER" prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base
+    python -c "$RF_HELPER" stop MARKER...                          # stop this job's Ray, rm temp
+    python -c "$RF_HELPER" wait INFO_FILE NODES TIMEOUT PID:NODE... # until NODES are alive
+    python rf_helper.py start RAY_START_ARGS...                      # `ray start`, see start()
+
+Everything about the job comes from the RF_* variables the batch script exports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from infra.rayproc import (
+    PORT_NAMES,
+    PortBlock,
+    alive,
+    block_is_free,
+    cluster_processes,
+    port_answers,
+    terminate,
+)
+
+_IMPORT_LINE = "from infra.rayproc import"
+
+
+def embedded_source() -> str:
+    """rayproc.py followed by this module, without the import that joins them."""
+    from infra import rayproc
+
+    kept, skipping = [], False
+    for line in Path(__file__).read_text().splitlines(keepends=True):
+        # Drop the import of rayproc's names (defined above in the joined program; it may span
+        # lines) and the second __future__ import (a syntax error after other code).
+        if line.startswith(_IMPORT_LINE):
+            skipping = "(" in line and not line.rstrip().endswith(")")
+        elif skipping:
+            skipping = not line.rstrip().endswith(")")
+        elif line.strip() != "from __future__ import annotations":
+            kept.append(line)
+    return Path(rayproc.__file__).read_text() + "\n" + "".join(kept)
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "")
+
+
+def free_block(job_id: int, first: int, stride: int, blocks: int) -> int:
+    """The first free block, starting from the one the job id picks, so two jobs never share one."""
+    for i in range(blocks):
+        base = first + ((job_id + i) % blocks) * stride
+        if block_is_free(PortBlock(base)):
+            return base
+    raise SystemExit(f"rayfleet: no free block of Ray ports from {first} on this node")
+
+
+def stop(markers: list[str], grace: float = 1.0) -> int:
+    """Stop the processes naming a marker (this job's temp dirs) and their descendants."""
+    pids = cluster_processes(list(markers))
+    left = terminate(pids, grace=grace) if pids else []
+    for marker in markers:
+        if marker.startswith("/") and Path(marker).is_dir():
+            shutil.rmtree(marker, ignore_errors=True)
+    if left:
+        print(f"rayfleet: processes {left} survived SIGKILL", file=sys.stderr)
+    return 1 if left else 0
+
+
+def _info(phase: str, message: str = "", **extra: Any) -> dict[str, Any]:
+    base = int(_env("RF_BASE") or 0)
+    block = PortBlock(base)
+    head_ip = _env("RF_HEAD_IP")
+    return {
+        "phase": phase,
+        "message": message,
+        "job_id": _env("RF_JOB_ID"),
+        "head_node": _env("RF_HEAD_NODE"),
+        "head_ip": head_ip,
+        "port_base": base,
+        "gcs_port": block.gcs,
+        "dashboard_port": block.dashboard,
+        "client_port": base + PORT_NAMES.index("ray-client-server-port"),
+        "node_manager_port": base + PORT_NAMES.index("node-manager-port"),
+        "object_manager_port": base + PORT_NAMES.index("object-manager-port"),
+        "address": f"{head_ip}:{block.gcs}",
+        "dashboard_url": f"http://{head_ip}:{block.dashboard}",
+        "temp_dir": _env("RF_TEMP_PREFIX"),
+        "started_at": float(_env("RF_STARTED_AT") or 0),
+        "updated_at": time.time(),
+        **extra,
+    }
+
+
+def write_info(path: str, info: dict[str, Any]) -> None:
+    """Replace the info file atomically: the client polls it and must never read half of it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump(info, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
+    """Poll the GCS until `want` nodes are alive; abort early when a `ray start` step died."""
+    head_ip, gcs_port = _env("RF_HEAD_IP"), PortBlock(int(_env("RF_BASE"))).gcs
+    step_nodes = dict(s.split(":", 1) for s in steps)
+    deadline = time.monotonic() + timeout
+    # Ray's import costs CPU the starting nodes need: only once the GCS listens.
+    while not port_answers(head_ip, gcs_port, timeout=0.2) and time.monotonic() < deadline:
+        if any(not alive(int(pid)) for pid in step_nodes):
+            break
+        time.sleep(0.1)
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+    client: Any = None
+    seen = -1
+    while True:
+        dead = [node for pid, node in step_nodes.items() if not alive(int(pid))]
+        if dead:
+            message = f"`ray start` on {', '.join(sorted(dead))} exited; see this job's output"
+            write_info(path, _info("failed", message))
+            print(f"rayfleet: {message}", file=sys.stderr)
+            return 1
+        nodes: list[Any] = []
+        try:
+            # A GcsClient made before the GCS listens waits 40 s to fail: knock first.
+            if client is None and port_answers(head_ip, gcs_port, timeout=0.2):
+                client = GcsClient(address=f"{head_ip}:{gcs_port}")
+            if client is not None:
+                nodes = [n for n in client.get_all_node_info(timeout=2).values() if n.state == 0]
+        except Exception:  # the GCS is not up yet (or restarting): keep polling
+            client = None
+        if len(nodes) != seen:
+            seen = len(nodes)
+            write_info(path, _info("starting", f"{seen}/{want} Ray nodes alive"))
+        if seen >= want:
+            import ray
+
+            listed = sorted(
+                ({"ip": n.node_manager_address, "hostname": n.node_manager_hostname,
+                  "head": bool(n.is_head_node)} for n in nodes),
+                key=lambda n: (not n["head"], n["hostname"]),
+            )
+            write_info(path, _info("ready", f"{seen}/{want} Ray nodes alive", nodes=listed,
+                                   ready_at=time.time(), ray_version=ray.__version__,
+                                   python_version=sys.version.split()[0]))
+            return 0
+        if time.monotonic() > deadline:
+            message = f"only {seen}/{want} Ray nodes alive after {timeout:.0f}s"
+            write_info(path, _info("failed", message))
+            print(f"rayfleet: {message}", file=sys.stderr)
+            return 1
+        time.sleep(0.1)
+
+
+def _head_registered(timeout: float) -> bool:
+    """Poll (every 0.1 s) until the head's GCS answers and lists the head node as alive."""
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+    head_ip, gcs_port = _env("RF_HEAD_IP"), PortBlock(int(_env("RF_BASE"))).gcs
+    deadline = time.monotonic() + timeout
+    client: Any = None
+    while time.monotonic() < deadline:
+        try:
+            if client is None and port_answers(head_ip, gcs_port, timeout=0.2):
+                client = GcsClient(address=f"{head_ip}:{gcs_port}")
+            if client is not None and any(
+                    n.state == 0 and n.is_head_node
+                    for n in client.get_all_node_info(timeout=2).values()):
+                return True
+        except Exception:  # not up yet
+            client = None
+        time.sleep(0.1)
+    print(f"rayfleet: the head {head_ip}:{gcs_port} did not come up in {timeout:.0f}s",
+          file=sys.stderr)
+    return False
+
+
+def start(args: list[str]) -> int:
+    """`ray start ARGS` in this process.
+
+    Ray is imported first, while the head is still starting. A worker then waits for the head
+    node to be registered: `ray start` itself looks the head up in 2-second steps (and gives up
+    after 20), so started early it loses up to 2 s, started late it pays for the import.
+    """
+    from ray.scripts.scripts import main as ray_cli
+
+    if "--head" not in args and not _head_registered(float(_env("RF_READY_TIMEOUT") or 300)):
+        return 1
+    sys.argv = ["ray", "start", *args]
+    return int(ray_cli() or 0)
+
+
+def prepare(path: str, first: int, stride: int, blocks: int) -> int:
+    """Pick the job's port block and write the first info file; return the block's base."""
+    base = free_block(int(_env("RF_JOB_ID")), first, stride, blocks)
+    os.environ["RF_BASE"] = str(base)
+    total = _env("RF_TOTAL") or "?"
+    write_info(path, _info("starting", f"starting Ray on {total} node(s)"))
+    return base
+
+
+def main(argv: list[str]) -> int:
+    command, args = argv[0], argv[1:]
+    if command == "prepare":
+        print(prepare(args[0], *(int(a) for a in args[1:4])))
+        return 0
+    if command == "stop":
+        return stop(args)
+    if command == "wait":
+        return wait(args[0], int(args[1]), float(args[2]), args[3:])
+    if command == "start":
+        return start(args)
+    print(f"rayfleet helper: unknown command {command!r}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,214 @@
+"""The `slurm` section of a cluster spec: where to submit, what to allocate, how to start Ray.
+
+Only what a spec can know offline is checked here (types, ranges, exclusive options). What depends
+on the cluster (does the partition exist, does it have that many nodes) is checked by `plan`
+against `sinfo`/`scontrol` before anything is submitted (see `infra/providers/slurm/cluster.py`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from infra.spec import ClusterSpec, StrictModel
+
+# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+# A word Slurm accepts as a partition, account, QOS, module or GPU type: no spaces, no quotes.
+_WORD = r"^[A-Za-z0-9_.+/:@%-]+$"
+#: Ports between blocks; a block (rayproc.BLOCK_SIZE ports) must fit in one stride.
+PORT_STRIDE = 128
+
+
+def time_limit_seconds(text: str) -> int:
+    """Seconds in a Slurm time limit string ("UNLIMITED"/"INFINITE" are very large)."""
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return 2**31
+    match = _TIME.match(text)
+    if not match:
+        raise ValueError(f"not a Slurm time {text!r}")
+    days, a, b, c = (int(g) if g is not None else None for g in match.groups())
+    if days is not None:  # D-H, D-H:M, D-H:M:S
+        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
+    if b is None:  # M
+        return (a or 0) * 60
+    if c is None:  # M:S
+        return (a or 0) * 60 + b
+    return (a or 0) * 3600 + b * 60 + c  # H:M:S
+
+
+class Submit(StrictModel):
+    """Where sbatch/squeue/scancel run: this machine, or a login host over SSH."""
+
+    host: str = Field("local", pattern=r"^[A-Za-z0-9_.:-]+$")
+    user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_.-]*$")
+    port: int = Field(22, ge=1, le=65535)
+    key: str | None = None
+    jump_host: str | None = Field(None, pattern=r"^(?:[a-z_][a-z0-9_.-]*@)?[A-Za-z0-9_.-]+(?::\d+)?$")
+    proxy_command: str | None = None
+    login_shell: bool = False
+    slurm_conf: str | None = None
+    workdir: str = Field("~/.rayfleet/slurm", pattern=r"^(~/|/)[A-Za-z0-9_./~-]*$")
+
+    @property
+    def is_local(self) -> bool:
+        return self.host == "local"
+
+    @model_validator(mode="after")
+    def _ssh_options_need_a_login_host(self) -> Submit:
+        if self.is_local:
+            for key in ("user", "key", "jump_host", "proxy_command"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"{key} is only used with a login host; set host to its address "
+                        f"or remove {key}"
+                    )
+            if self.login_shell:
+                raise ValueError("login_shell is only used with a login host; remove it")
+        if self.jump_host and self.proxy_command:
+            raise ValueError("jump_host and proxy_command exclude each other; keep one")
+        return self
+
+
+class GpuWorkers(StrictModel):
+    """A second group of nodes with other hardware: a heterogeneous Slurm job (`hetjob`)."""
+
+    nodes: int = Field(1, ge=1, le=4096)
+    partition: str | None = Field(None, pattern=_WORD)
+    cpus_per_node: int = Field(..., ge=1, le=4096)
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    gpu_type: str | None = Field(None, pattern=_WORD)
+    memory_per_node_mb: int | None = Field(None, ge=100)
+    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|*\[\]():-]+$")
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type_needs_gpus(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value and not info.data.get("gpus_per_node"):
+            raise ValueError("a GPU type needs gpus_per_node of at least 1")
+        return value
+
+
+class Environment(StrictModel):
+    """What each node does before `ray start`: modules, an env made by setup/, variables."""
+
+    modules: list[str] = Field(default_factory=list)
+    activate: str | None = Field(None, pattern=r"^(~/|/)[A-Za-z0-9_./~+-]*$")
+    install: bool = False
+    kind: Literal["cpu", "gpu", "auto"] | None = None
+    backend: Literal["auto", "conda", "venv"] = "auto"
+    env_vars: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _install_needs_a_prefix(self) -> Environment:
+        if self.install and not self.activate:
+            raise ValueError("install needs activate: the prefix setup/install.sh creates")
+        return self
+
+    @field_validator("modules")
+    @classmethod
+    def _module_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.match(_WORD, name):
+                raise ValueError(f"module {name!r} is not a module name (no spaces or quotes)")
+        return value
+
+    @field_validator("env_vars")
+    @classmethod
+    def _variable_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"{name!r} is not a shell variable name")
+            if name.startswith(("RF_", "SLURM_")):
+                raise ValueError(f"{name!r}: RF_* and SLURM_* are set by the job itself")
+        return value
+
+
+class Spec(ClusterSpec):
+    provider: Literal["slurm"]
+    submit: Submit = Field(default_factory=Submit)
+    partition: str | None = Field(None, pattern=_WORD)
+    account: str | None = Field(None, pattern=_WORD)
+    qos: str | None = Field(None, pattern=_WORD)
+    time_limit: str = "1:00:00"
+    nodes: int = Field(1, ge=1, le=4096)
+    cpus_per_node: int = Field(..., ge=1, le=4096)
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    gpu_type: str | None = Field(None, pattern=_WORD)
+    memory_per_node_mb: int | None = Field(None, ge=100)
+    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|*\[\]():-]+$")
+    exclusive: bool = False
+    extra_sbatch_options: list[str] = Field(default_factory=list)
+    gpu_workers: GpuWorkers | None = None
+    environment: Environment = Field(default_factory=Environment)
+    object_store_memory_mb: int | None = Field(None, ge=75)
+    resources: dict[str, float] = Field(default_factory=dict)
+    port_range_start: int = Field(20000, ge=1024, le=65535)
+    port_blocks: int = Field(90, ge=1, le=500, validate_default=True)
+    ray_temp_root: str = Field("/tmp", pattern=r"^/[A-Za-z0-9_./-]{0,29}$")
+    queue_timeout_s: int = Field(3600, ge=5, le=7 * 86400)
+    ready_timeout_s: int = Field(300, ge=10, le=3600)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        try:
+            seconds = time_limit_seconds(value)
+        except ValueError:
+            raise ValueError(
+                f"{value!r} is not a Slurm time; use minutes, H:MM:SS or D-HH:MM:SS"
+            ) from None
+        if seconds < 60:
+            raise ValueError(f"{value!r} is under a minute; Ray needs longer than that to start")
+        return value
+
+    @field_validator("extra_sbatch_options")
+    @classmethod
+    def _long_options(cls, value: list[str]) -> list[str]:
+        for option in value:
+            if not re.match(r"^--[a-z][a-z-]*(=[^\s'\"\\]+)?$", option):
+                raise ValueError(
+                    f"{option!r} must be one long sbatch option like --mail-type=END (no spaces)"
+                )
+            if option.split("=")[0] in ("--job-name", "--output", "--error", "--nodes",
+                                        "--ntasks-per-node", "--chdir"):
+                raise ValueError(f"{option!r} is set by rayfleet; remove it")
+        return value
+
+    @field_validator("port_blocks")
+    @classmethod
+    def _ports_fit(cls, value: int, info: ValidationInfo) -> int:
+        start = info.data.get("port_range_start", 20000)
+        last = start + value * PORT_STRIDE - 1
+        if last > 65535:
+            raise ValueError(
+                f"{value} blocks of {PORT_STRIDE} ports from port_range_start {start} end at "
+                f"{last}, past 65535; lower one of them"
+            )
+        return value
+
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type_needs_gpus(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value and not info.data.get("gpus_per_node"):
+            raise ValueError("a GPU type needs gpus_per_node of at least 1")
+        return value
+
+    @property
+    def total_nodes(self) -> int:
+        return self.nodes + (self.gpu_workers.nodes if self.gpu_workers else 0)
+
+    def object_store_bytes(self, memory_mb: int | None) -> int | None:
+        """The object store size for a node with `memory_mb` allocated (None: Ray's default).
+
+        Every Slurm node reports the whole machine's memory to Ray, not the job's share, so Ray's
+        own default (30% of that) can exceed what the job may use: derive it from --mem instead.
+        """
+        if self.object_store_memory_mb:
+            return self.object_store_memory_mb * 1024 * 1024
+        if memory_mb:
+            return max(75, memory_mb * 3 // 10) * 1024 * 1024
+        return None

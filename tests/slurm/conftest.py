@@ -1,0 +1,97 @@
+"""Helpers for the Slurm provider tests: specs pointing at the test bed's real Slurm, and checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_invoke
+from tests.testbed.hosts import ray_bin_dir
+from tests.testbed.slurm import LocalSlurm, SlurmCluster
+
+#: Registers a spec for teardown after the test (see `torn_down`); returns it.
+Register = Callable[[Path], Path]
+#: Every node sees the whole machine: keep each Ray small.
+SMALL = "cpus_per_node: 1\nobject_store_memory_mb: 100\nready_timeout_s: 120\n"
+
+
+def local_spec(tmp_path: Path, slurm: LocalSlurm, name: str, extra: str = "") -> Path:
+    """A spec that submits to the single-node Slurm on this machine."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"provider: slurm\nsubmit:\n  slurm_conf: {slurm.conf_path}\n"
+                    f"  workdir: {slurm.jobs_dir}\n{SMALL}{extra}")
+    return path
+
+
+def login_spec(tmp_path: Path, slurm: SlurmCluster, name: str, extra: str = "") -> Path:
+    """A spec that submits through the 2-node cluster's login host over SSH."""
+    login = slurm.login_host
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"provider: slurm\nsubmit:\n  host: {login.ip}\n  user: {login.ssh_user}\n"
+        f"  key: {login.ssh_key_path}\n  proxy_command: {slurm.testbed.proxy_command}\n"
+        f"  workdir: {slurm.jobs_dir}\n{SMALL}{extra}")
+    return path
+
+
+def invoke(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`invoke ARGS` with the tests' Ray first on PATH (jobs inherit the submitter's PATH)."""
+    import os
+
+    path = f"{ray_bin_dir()}:{os.environ.get('PATH', '')}"
+    return run_invoke(*args, env={"PATH": path}, timeout=timeout)
+
+
+def ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def one_line_error(done: subprocess.CompletedProcess[str], code: int) -> str:
+    assert done.returncode == code, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    lines = [line for line in done.stderr.strip().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def job_of(home: Path, name: str) -> dict[str, Any]:
+    """The Slurm job recorded in the cluster's state file."""
+    state = json.loads((home / "state" / f"{name}.json").read_text())
+    jobs = [r for r in state["resources"] if r["kind"] == "slurm-job"]
+    assert len(jobs) == 1, state
+    return {"name": jobs[0]["id"], **jobs[0]["attrs"]}
+
+
+def result_of(stdout: str) -> dict[str, Any]:
+    """The RESULT line of examples/cpu_example.py."""
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, stdout
+    return dict(json.loads(lines[-1].removeprefix("RESULT ")))
+
+
+def state_empty(home: Path, name: str) -> bool:
+    return not (home / "state" / f"{name}.json").exists()
+
+
+@pytest.fixture
+def torn_down(rf_home: Path) -> Iterator[Register]:
+    """Register a spec whose cluster must be gone after the test, even when the test failed.
+
+    Without it a failing test would leave its job running until the test bed is killed, and the
+    job's temp dirs (on the machine's shared /tmp) behind.
+    """
+    specs: list[Path] = []
+
+    def register(spec: Path) -> Path:
+        specs.append(spec)
+        return spec
+
+    yield register
+    for spec in specs:
+        if (rf_home / "state" / f"{spec.stem}.json").exists():
+            invoke("teardown", "--cluster", str(spec))

@@ -1,0 +1,116 @@
+"""The program the batch script runs on the nodes, run here as the script runs it (`python -c`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra import rayproc
+from infra.providers.slurm import node_helper
+from infra.providers.slurm.spec import PORT_STRIDE
+
+
+def helper(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the embedded program exactly as the batch script does."""
+    return subprocess.run([sys.executable, "-c", node_helper.embedded_source(), *args],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def _free_pair() -> int:
+    """A base whose block and the next one are both free now."""
+    for base in range(27000, 31000, PORT_STRIDE):
+        if rayproc.block_is_free(rayproc.PortBlock(base)) and rayproc.block_is_free(
+                rayproc.PortBlock(base + PORT_STRIDE)):
+            return base
+    pytest.skip("no two free port blocks between 27000 and 31000")
+
+
+def test_embedded_program_is_rayproc_plus_helper_and_compiles() -> None:
+    source = node_helper.embedded_source()
+    compile(source, "rf_helper.py", "exec")
+    top_level = [line for line in source.splitlines() if line.startswith(("from ", "import "))]
+    assert not [line for line in top_level if "infra" in line], "the nodes have no rayfleet"
+    assert source.splitlines().count("from __future__ import annotations") == 1
+    assert "def cluster_processes(" in source and "def prepare(" in source
+
+
+def test_prepare_takes_the_job_block_or_the_next_free_one(tmp_path: Path) -> None:
+    base = _free_pair()
+    info = tmp_path / "job.json"
+    env = {"RF_JOB_ID": "4", "RF_HEAD_IP": "127.0.0.1", "RF_TOTAL": "2"}
+    # Job 4 with 2 blocks picks block 4 % 2 = 0, i.e. `base`.
+    done = helper("prepare", str(info), str(base), str(PORT_STRIDE), "2", env=env)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == base
+    written = json.loads(info.read_text())
+    assert written["phase"] == "starting" and "2 node(s)" in written["message"]
+    assert written["gcs_port"] == base and written["dashboard_port"] == base + 1
+    assert written["dashboard_url"] == f"http://127.0.0.1:{base + 1}"
+    # Someone else listens on the object manager port of that block: the next block is taken.
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", base + 4))
+        squatter.listen()
+        done = helper("prepare", str(info), str(base), str(PORT_STRIDE), "2", env=env)
+    assert int(done.stdout) == base + PORT_STRIDE
+
+
+def test_prepare_fails_in_one_line_when_no_block_is_free(tmp_path: Path) -> None:
+    base = _free_pair()
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", base + 16))
+        squatter.listen()
+        done = helper("prepare", str(tmp_path / "i.json"), str(base), str(PORT_STRIDE), "1",
+                      env={"RF_JOB_ID": "7"})
+    assert done.returncode != 0
+    assert done.stderr.strip() == f"rayfleet: no free block of Ray ports from {base} on this node"
+
+
+@pytest.fixture
+def marked() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """Processes naming one job's temp dir (one with a child), and one of a neighbouring job."""
+    job = f"/tmp/rf-t{uuid.uuid4().hex[:6]}"
+    ours = f"{job}.0"
+    Path(ours).mkdir()
+    parent = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "time.sleep(120)\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", parent, f"--temp-dir={ours}"]),
+        # Same prefix, another node index: must survive (boundary-aware match).
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", f"{job}.01/x"]),
+    ]
+    try:
+        yield ours, procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_stop_ends_only_this_jobs_processes_and_their_children(
+        marked: tuple[str, list[subprocess.Popen[bytes]]]) -> None:
+    ours, (parent, neighbour) = marked
+    deadline = time.monotonic() + 10
+    while len(rayproc.cluster_processes([ours])) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the child is being started
+    targets = rayproc.cluster_processes([ours])
+    assert parent.pid in targets and len(targets) == 2
+    started = time.monotonic()
+    done = helper("stop", ours)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 5, "stopping must be quick"
+    assert not any(rayproc.alive(pid) for pid in targets)
+    assert neighbour.poll() is None, "another job's process was touched"
+    assert not Path(ours).exists(), "the job's temp dir must be removed"

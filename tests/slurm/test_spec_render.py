@@ -1,0 +1,166 @@
+"""Slurm spec validation and the batch script: golden files, shellcheck, invariants (no Slurm needed)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra import rayproc, spec
+from infra.errors import SpecError
+from infra.providers.slurm import node_helper
+from infra.providers.slurm.script import render_script
+from infra.providers.slurm.spec import Spec
+from tests.conftest import ROOT, run_invoke
+from tests.golden import assert_golden
+
+BASE = "provider: slurm\ncpus_per_node: 2\n"
+
+BAD_SPECS = [
+    ("cpus_per_node: 0\n", "cpus_per_node: input should be greater than or equal to 1"),
+    ("cpus_per_node: 2\nnodes: 0\n", "nodes: input should be greater than or equal to 1"),
+    ("nodes: 2\n", "cpus_per_node: required key is missing"),
+    ("cpus_per_node: 2\ntime_limit: soon\n", "time_limit: 'soon' is not a Slurm time"),
+    ("cpus_per_node: 2\ntime_limit: '0:30'\n", "under a minute"),
+    ("cpus_per_node: 2\npartiton: gpu\n", "did you mean 'partition'?"),
+    ("cpus_per_node: 2\npartition: 'gpu; rm -rf /'\n", "partition: string should match pattern"),
+    ("cpus_per_node: 2\nsubmit: {user: alice}\n", "user is only used with a login host"),
+    ("cpus_per_node: 2\nsubmit: {host: login, jump_host: a@b, proxy_command: nc %h %p}\n",
+     "jump_host and proxy_command exclude each other"),
+    ("cpus_per_node: 2\nsubmit: {hots: login}\n", "submit.hots: unknown key; did you mean 'host'?"),
+    ("cpus_per_node: 2\ngpu_type: a100\n", "gpu_type: a GPU type needs gpus_per_node"),
+    ("cpus_per_node: 2\ngpu_workers: {nodes: 1}\n", "gpu_workers.cpus_per_node: required key"),
+    ("cpus_per_node: 2\ngpu_workers: {cpus_per_node: 0}\n",
+     "gpu_workers.cpus_per_node: input should be greater than or equal to 1"),
+    ("cpus_per_node: 2\nport_range_start: 60000\n", "past 65535"),
+    ("cpus_per_node: 2\nextra_sbatch_options: ['--mail-type=END --x']\n", "one long sbatch option"),
+    ("cpus_per_node: 2\nextra_sbatch_options: ['--nodes=3']\n", "is set by rayfleet"),
+    ("cpus_per_node: 2\nenvironment: {env_vars: {RF_BASE: '1'}}\n", "set by the job itself"),
+    ("cpus_per_node: 2\nenvironment: {modules: ['a b']}\n", "is not a module name"),
+    ("cpus_per_node: 2\nray_temp_root: /very/long/temp/root/that/breaks/sockets\n",
+     "ray_temp_root: string should match pattern"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), BAD_SPECS)
+def test_bad_slurm_spec_is_one_line_naming_the_field(tmp_path: Path, text: str,
+                                                     expected: str) -> None:
+    path = tmp_path / "hpc.yaml"
+    path.write_text("provider: slurm\n" + text)
+    with pytest.raises(SpecError) as caught:
+        spec.load_spec(path)
+    assert expected in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_zero_cpus_through_invoke_exits_2_and_creates_nothing(tmp_path: Path,
+                                                              rf_home: Path) -> None:
+    path = tmp_path / "hpc.yaml"
+    path.write_text("provider: slurm\ncpus_per_node: 0\n")
+    done = run_invoke("up", "--cluster", str(path))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cpus_per_node: input should be greater than or equal to 1" in lines[0]
+    assert not (rf_home / "state").exists() or not any((rf_home / "state").glob("*.json"))
+
+
+@pytest.mark.parametrize("name", ["slurm.yaml", "slurm-minimal.yaml", "slurm-login.yaml",
+                                  "slurm-gpu.yaml"])
+def test_example_specs_load(name: str) -> None:
+    loaded = spec.load_spec(ROOT / "clusters" / name)
+    assert isinstance(loaded, Spec)
+
+
+def test_full_example_has_a_comment_for_every_key() -> None:
+    text = (ROOT / "clusters" / "slurm.yaml").read_text().splitlines()
+    keys = [(i, line) for i, line in enumerate(text)
+            if re.match(r"^\s*#?\s*[a-z_]+:", line) and not line.lstrip("# ").startswith("e.g.")]
+    for i, line in keys:
+        above = text[i - 1].strip()
+        assert above.startswith("#") and not re.match(r"^#\s*[a-z_]+:", above.lstrip("# ")), (
+            f"clusters/slurm.yaml line {i + 1} ({line.strip()}) has no comment sentence above it")
+    # Every field of the spec appears in the full example.
+    for field in [*Spec.model_fields, *Spec.model_fields["submit"].annotation.model_fields]:  # type: ignore[union-attr]
+        if field not in ("name", "source"):
+            assert re.search(rf"^\s*#?\s*{field}:", "\n".join(text), re.M), field
+
+
+CASES = {
+    "single": BASE + "object_store_memory_mb: 100\n",
+    "multi": BASE + "nodes: 3\npartition: debug\naccount: proj\ntime_limit: '2:00:00'\n"
+                    "memory_per_node_mb: 4000\nexclusive: true\nresources: {cpu_node: 1}\n"
+                    "extra_sbatch_options: [--mail-type=END]\n",
+    "hetero": BASE + "nodes: 1\npartition: cpu\ngpus_per_node: 0\nobject_store_memory_mb: 500\n"
+                     "gpu_workers: {nodes: 2, partition: gpu, cpus_per_node: 8, gpus_per_node: 4,"
+                     " gpu_type: a100, memory_per_node_mb: 64000, resources: {gpu_node: 1}}\n",
+    "environment": BASE + "environment: {modules: [python/3.11, cuda/12.1], activate: "
+                          "~/envs/ray, env_vars: {OMP_NUM_THREADS: '1', NOTE: \"it's $HOME\"}}\n"
+                          "ray_temp_root: /scratch/tmp\nport_range_start: 24000\nport_blocks: 10\n",
+}
+HELPER = "<embedded helper: infra/rayproc.py + infra/providers/slurm/node_helper.py>"
+
+
+def _render(tmp_path: Path, case: str) -> str:
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(CASES[case])
+    loaded = spec.load_spec(path)
+    assert isinstance(loaded, Spec)
+    return render_script(loaded)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_batch_script_matches_golden(tmp_path: Path, case: str) -> None:
+    script = _render(tmp_path, case)
+    helper = node_helper.embedded_source().rstrip("\n")
+    assert helper in script
+    assert_golden(f"slurm/{case}.sbatch", script, {helper: HELPER})
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_batch_script_is_valid_and_shellcheck_clean(tmp_path: Path, case: str) -> None:
+    script = tmp_path / "job.sbatch"
+    script.write_text(_render(tmp_path, case))
+    syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    lint = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
+    script = _render(tmp_path, case)
+    assert script == _render(tmp_path, case), "rendering must be deterministic"
+    script = script.replace(node_helper.embedded_source().rstrip("\n"), HELPER)
+    # No fixed waits: every sleep is a short poll interval.
+    assert set(re.findall(r"\bsleep\s+([\d.]+)", script)) <= {"0.1"}
+    assert "export RAY_USAGE_STATS_ENABLED=0" in script
+    assert "export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0" in script
+    assert "ray stop" not in script
+    head = script[script.index('if [ "$1" = head ]'):script.index("else", script.index(
+        'if [ "$1" = head ]'))]
+    worker = script[script.index('args=(--address='):]
+    worker = worker[:worker.index("\n  )")]
+    for flag in rayproc.PortBlock(0).flags():
+        name, offset = flag.split("=")
+        assert f"{name}=$((RF_BASE + {offset}))" in head
+        if name not in ("--port", "--dashboard-port", "--ray-client-server-port"):
+            assert f"{name}=$((RF_BASE + {offset}))" in worker
+        else:
+            assert name + "=" not in worker
+    assert ("#SBATCH hetjob" in script) == (case == "hetero")
+    assert ("--het-group" in script) == (case == "hetero")
+
+
+def test_hostile_environment_values_stay_data(tmp_path: Path) -> None:
+    script = _render(tmp_path, "environment")
+    exports = [line for line in script.splitlines() if line.startswith("export NOTE=")]
+    assert len(exports) == 1
+    out = subprocess.run(["bash", "-c", f"{exports[0]}; printf %s \"$NOTE\""],
+                         capture_output=True, text=True)
+    assert out.stdout == "it's $HOME"
+    assert 'rf_env="$HOME"/envs/ray' in script
