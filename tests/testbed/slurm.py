@@ -63,6 +63,8 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# Heterogeneous jobs start only on a backfill pass (default every 30 s): run it every second.
+SchedulerParameters=bf_interval=1
 # No accounting daemon: sacct does not work here.
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
