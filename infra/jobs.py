@@ -18,6 +18,16 @@ _ALWAYS_EXCLUDED = [".rayfleet/", ".git/", "**/__pycache__/", ".venv/", "*.pem",
 _EXIT = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}
 
 
+def dashboard_ready(url: str, timeout: float = 2.0) -> bool:
+    """True when the dashboard at `url` accepts job API calls (what `submit` needs)."""
+    import requests
+
+    try:
+        return requests.get(f"{url}/api/jobs/", timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 def _client(url: str) -> Any:
     from ray.job_submission import JobSubmissionClient
 

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from infra import paths, rayproc, render, ui
+from infra import jobs, paths, rayproc, render, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
@@ -65,14 +65,6 @@ def _usage_stats() -> str:
     # Off unless the user explicitly opted in through Ray's own variable.
     return "1" if os.environ.get("RAY_USAGE_STATS_ENABLED") == "1" else "0"
 
-
-def _dashboard_ready(url: str) -> bool:
-    import requests
-
-    try:
-        return requests.get(f"{url}/api/jobs/", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 class Provider(BaseProvider[Spec]):
@@ -128,7 +120,7 @@ class Provider(BaseProvider[Spec]):
         block = self._block(state)
         endpoint = self._endpoint(block)
         if state.resources(HEAD):
-            if _dashboard_ready(endpoint.dashboard_url):
+            if jobs.dashboard_ready(endpoint.dashboard_url):
                 ui.info(f"cluster {self.spec.name!r} is already running")
                 return endpoint
             ui.info(f"cluster {self.spec.name!r} is in state but not answering; restarting it")
@@ -150,7 +142,7 @@ class Provider(BaseProvider[Spec]):
             tail = log.read_text().strip().splitlines()[-3:]
             raise LocalError(f"`ray start` failed ({' | '.join(tail)}); full log: {log}")
         ui.wait_for(
-            lambda _: True if _dashboard_ready(endpoint.dashboard_url) else None,
+            lambda _: True if jobs.dashboard_ready(endpoint.dashboard_url) else None,
             f"dashboard at {endpoint.dashboard_url} to accept jobs",
             timeout=self.spec.ready_timeout_s,
             hint=f"see the logs under {tmp}",
@@ -191,7 +183,7 @@ class Provider(BaseProvider[Spec]):
             return ProviderStatus(False, f"local cluster {self.spec.name!r} is not running")
         pids = rayproc.cluster_processes(self._markers(state))
         block = rayproc.PortBlock(int(heads[0].attrs["port_base"]))
-        running = _dashboard_ready(self._endpoint(block).dashboard_url)
+        running = jobs.dashboard_ready(self._endpoint(block).dashboard_url)
         summary = (
             f"local Ray head {'running' if running else 'NOT answering'}: "
             f"{len(pids)} processes, ports {block.base}-{block.base + rayproc.BLOCK_SIZE - 1}"

@@ -12,7 +12,6 @@ so a test can never send a real token anywhere.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import time
@@ -23,6 +22,7 @@ from functools import cached_property
 from typing import Any
 
 from infra.errors import ProviderError
+from infra.net import is_loopback
 
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 ENDPOINT_ENV = "RAYFLEET_GCP_API_ENDPOINT"
@@ -89,15 +89,6 @@ class ApiOptions:
     def loopback(self) -> bool:
         return self.endpoint is not None and is_loopback(self.endpoint)
 
-
-def is_loopback(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra import paths, ssh, ui
+from infra import jobs, paths, ssh, ui
 from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
@@ -53,14 +53,6 @@ def _ips(instance: dict[str, Any]) -> tuple[str, str]:
     nat = (interface.get("accessConfigs") or [{}])[0].get("natIP", "")
     return str(nat or ""), str(interface.get("networkIP", ""))
 
-
-def _dashboard_answers(url: str) -> bool:
-    import requests
-
-    try:
-        return requests.get(f"{url}/api/jobs/", timeout=5).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 class Provider(BaseProvider[Spec]):
@@ -239,7 +231,7 @@ class Provider(BaseProvider[Spec]):
     def _answers(self, state: State, step: ui.Step | None = None) -> bool:
         try:
             with self.connect(state) as endpoint:
-                return _dashboard_answers(endpoint.dashboard_url)
+                return jobs.dashboard_ready(endpoint.dashboard_url, timeout=5)
         except (ssh.SshError, ClusterNotRunningError) as exc:
             if step is not None:
                 step.detail(str(exc))

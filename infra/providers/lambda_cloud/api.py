@@ -13,7 +13,6 @@ What it guarantees, so callers need not think about it:
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import random
 import re
@@ -25,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infra.errors import ProviderError, UsageError
+from infra.net import is_loopback
 
 DEFAULT_URL = "https://cloud.lambda.ai/api/v1"
 KEY_FILE = Path(".lambda_cloud") / "lambda_keys"
@@ -225,19 +225,11 @@ def base_url() -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"LAMBDA_API_URL={url!r}: expected https://host/api/v1")
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         raise UsageError(f"LAMBDA_API_URL={url!r}: plain http would send the API key unencrypted; "
                          "use https (http is allowed for 127.0.0.1/localhost only)")
     return url.rstrip("/")
 
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class LambdaClient:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from infra import paths, ui, versions
+from infra import jobs, paths, ui, versions
 from infra.errors import ClusterNotRunningError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
@@ -38,14 +38,6 @@ _KEPT = ("head_node", "head_ip", "port_base", "gcs_port", "dashboard_port", "cli
          "node_manager_port", "object_manager_port", "nodes", "temp_dir", "ray_version",
          "python_version")
 
-
-def _dashboard_ready(url: str) -> bool:
-    import requests
-
-    try:
-        return requests.get(f"{url}/api/jobs/", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def _ordinal_position(job_id: str, pending: list[str]) -> str:
@@ -144,7 +136,7 @@ class Provider(BaseProvider[Spec]):
                     raise
         endpoint = Endpoint(info["dashboard_url"], info["address"])
         with self.connect(state) as reachable:
-            ui.wait_for(lambda _: True if _dashboard_ready(reachable.dashboard_url) else None,
+            ui.wait_for(lambda _: True if jobs.dashboard_ready(reachable.dashboard_url) else None,
                         "the dashboard to accept jobs", timeout=self.spec.ready_timeout_s)
         if not self.spec.submit.is_local:
             target = remote.ssh_target(self.spec.submit)
