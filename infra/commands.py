@@ -9,7 +9,7 @@ import difflib
 import json
 import shutil
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from infra import jobs, paths, providers, spec, state, ui
@@ -117,16 +117,12 @@ def _running(selected: spec.ClusterSpec) -> State:
 
 
 @contextmanager
-def _connected(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
+def connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
+    """The running cluster's endpoint for the length of a `with` block (a tunnel if remote);
+    also used beyond the tasks, e.g. by the Hydra launcher in examples/hydra_plugins/."""
     selected, impl = _select(provider, cluster)
     with impl.connect(_running(selected)) as endpoint:
         yield endpoint
-
-
-def connect(provider: str | None, cluster: str | None) -> AbstractContextManager[Endpoint]:
-    """The running cluster's endpoint for the length of a `with` block (a tunnel if remote),
-    for code beyond the tasks, e.g. the Hydra launcher in examples/hydra_plugins/."""
-    return _connected(provider, cluster)
 
 
 def status(provider: str | None, cluster: str | None, as_json: bool) -> None:
@@ -194,7 +190,7 @@ def _ray_status(endpoint: Endpoint) -> dict[str, Any]:
 
 
 def dashboard(provider: str | None, cluster: str | None) -> None:
-    with _connected(provider, cluster) as endpoint:
+    with connect(provider, cluster) as endpoint:
         ui.out(endpoint.dashboard_url, markup=False)
         if not endpoint.tunneled:
             return
@@ -211,24 +207,24 @@ def dashboard(provider: str | None, cluster: str | None) -> None:
 def submit(provider: str | None, cluster: str | None, script: str, args: list[str],
            runtime_env_file: str | None, wait: bool) -> int:
     command, env = jobs.prepare(script, args, runtime_env_file)
-    with _connected(provider, cluster) as endpoint:
+    with connect(provider, cluster) as endpoint:
         return jobs.submit(endpoint.dashboard_url, command, env, wait)
 
 
 def logs(provider: str | None, cluster: str | None, job_id: str, follow: bool) -> int:
-    with _connected(provider, cluster) as endpoint:
+    with connect(provider, cluster) as endpoint:
         return jobs.logs(endpoint.dashboard_url, job_id, follow)
 
 
 def stop_job(provider: str | None, cluster: str | None, job_id: str) -> None:
-    with _connected(provider, cluster) as endpoint:
+    with connect(provider, cluster) as endpoint:
         ui.out(f"job {job_id} {jobs.stop(endpoint.dashboard_url, job_id)}")
 
 
 def doctor(provider: str | None, cluster: str | None, as_json: bool) -> int:
     from infra import doctor as checkup
 
-    with _connected(provider, cluster) as endpoint:
+    with connect(provider, cluster) as endpoint:
         return checkup.run(endpoint, as_json)
 
 
