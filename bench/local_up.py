@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -66,6 +67,7 @@ def main() -> None:
         base = state["resources"][0]["attrs"]["port_base"]
         rayproc.terminate(rayproc.cluster_processes([local.temp_dir(name),
                                                      rayproc.gcs_marker(base)]))
+        shutil.rmtree(local.temp_dir(name), ignore_errors=True)
         ratios.append(ours / raw)
         print(f"rep {rep + 1}: invoke up {ours:.2f}s   raw ray start {raw:.2f}s   "
               f"ratio {ours / raw:.3f}", flush=True)
