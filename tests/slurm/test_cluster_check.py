@@ -8,6 +8,7 @@ The test bed has one partition without GPUs or time limits; the sites users run 
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 from infra import spec
 from infra.errors import SpecError
 from infra.providers.slurm import cluster
-from infra.providers.slurm.remote import Runner
+from infra.providers.slurm.remote import LocalRunner, Runner, SlurmError
 from infra.providers.slurm.spec import Spec, time_limit_seconds
 from infra.ssh import Result
 
@@ -129,3 +130,17 @@ def test_a_down_partition_is_a_note_not_an_error(tmp_path: Path) -> None:
 ])
 def test_slurm_time_formats(text: str, seconds: int) -> None:
     assert time_limit_seconds(text) == seconds
+
+
+
+@pytest.mark.ci_may_skip
+def test_machine_without_slurm_gets_the_fix_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    with pytest.raises(SlurmError, match="client commands are not installed on this machine"):
+        LocalRunner(slurm_conf=None).check("rf-no-such-slurm-command --version")
+    if shutil.which("scontrol") is None or Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("needs scontrol installed and no machine-wide /etc/slurm/slurm.conf")
+    with pytest.raises(SlurmError) as caught:
+        LocalRunner(slurm_conf=None).check("scontrol show partition", timeout=20)
+    assert "set submit.slurm_conf or submit.host" in str(caught.value)
+    assert "\n" not in str(caught.value)

@@ -49,8 +49,18 @@ class Runner(abc.ABC):
         if not result.ok:
             lines = (result.stderr.strip() or result.stdout.strip()).splitlines() or ["no output"]
             raise SlurmError(f"`{command.split()[0]}` on {self.where} exited {result.exit_code}: "
-                             f"{lines[-1].strip()}")
+                             f"{lines[-1].strip()}{self._fix(result)}")
         return result.stdout
+
+    def _fix(self, result: ssh.Result) -> str:
+        """The usual fix for the two ways a machine without Slurm answers."""
+        if result.exit_code == 127:
+            return (f"; Slurm's client commands are not installed on {self.where}: install them "
+                    "or set submit.host to your cluster's login host")
+        if "configuration source" in result.stderr or "configuration file" in result.stderr:
+            return (f"; {self.where} has no Slurm configuration: set submit.slurm_conf "
+                    "or submit.host to your cluster's login host")
+        return ""
 
     @abc.abstractmethod
     def tunnel(self, host: str, port: int) -> contextlib.AbstractContextManager[str]:
