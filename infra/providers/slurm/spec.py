@@ -8,9 +8,9 @@ against `sinfo`/`scontrol` before anything is submitted (see `infra/providers/sl
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from infra.spec import ClusterSpec, StrictModel
 
@@ -18,6 +18,17 @@ from infra.spec import ClusterSpec, StrictModel
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 # A word Slurm accepts as a partition, account, QOS, module or GPU type: no spaces, no quotes.
 _WORD = r"^[A-Za-z0-9_.+/:@%-]+$"
+
+
+def _gpu_type_needs_gpus(value: str | None, info: ValidationInfo) -> str | None:
+    if value and not info.data.get("gpus_per_node"):
+        raise ValueError("a GPU type needs gpus_per_node of at least 1")
+    return value
+
+
+#: A GPU model for `--gpus=<type>:<n>`; only meaningful next to gpus_per_node >= 1, which every
+#: section that has this field declares before it (validation sees fields in order).
+GpuType = Annotated[str | None, Field(pattern=_WORD), AfterValidator(_gpu_type_needs_gpus)]
 #: Ports between blocks; a block (rayproc.BLOCK_SIZE ports) must fit in one stride.
 PORT_STRIDE = 128
 
@@ -79,17 +90,10 @@ class GpuWorkers(StrictModel):
     partition: str | None = Field(None, pattern=_WORD)
     cpus_per_node: int = Field(..., ge=1, le=4096)
     gpus_per_node: int = Field(0, ge=0, le=64)
-    gpu_type: str | None = Field(None, pattern=_WORD)
+    gpu_type: GpuType = None
     memory_per_node_mb: int | None = Field(None, ge=100)
     constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|*\[\]():-]+$")
     resources: dict[str, float] = Field(default_factory=dict)
-
-    @field_validator("gpu_type")
-    @classmethod
-    def _gpu_type_needs_gpus(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value and not info.data.get("gpus_per_node"):
-            raise ValueError("a GPU type needs gpus_per_node of at least 1")
-        return value
 
 
 class Environment(StrictModel):
@@ -137,7 +141,7 @@ class Spec(ClusterSpec):
     nodes: int = Field(1, ge=1, le=4096)
     cpus_per_node: int = Field(..., ge=1, le=4096)
     gpus_per_node: int = Field(0, ge=0, le=64)
-    gpu_type: str | None = Field(None, pattern=_WORD)
+    gpu_type: GpuType = None
     memory_per_node_mb: int | None = Field(None, ge=100)
     constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|*\[\]():-]+$")
     exclusive: bool = False
@@ -188,13 +192,6 @@ class Spec(ClusterSpec):
                 f"{value} blocks of {PORT_STRIDE} ports from port_range_start {start} end at "
                 f"{last}, past 65535; lower one of them"
             )
-        return value
-
-    @field_validator("gpu_type")
-    @classmethod
-    def _gpu_type_needs_gpus(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value and not info.data.get("gpus_per_node"):
-            raise ValueError("a GPU type needs gpus_per_node of at least 1")
         return value
 
     @property
