@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# Ray's own default for object store memory is 30% of RAM; on shared and test machines that is
-# far too much, so callers usually pass a size.
+#: The port flags of `ray start`, in block order: a cluster that must not collide with another
+#: Ray on the same machine sets every one of them.
 PORT_NAMES = (
     "port",
     "dashboard-port",

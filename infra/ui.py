@@ -7,7 +7,6 @@ spinner becomes plain lines, printed when the detail changes.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -118,7 +117,3 @@ def wait_for(
                 suffix = f"; {hint}" if hint else ""
                 raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}{suffix}")
             time.sleep(interval)
-
-
-def is_interactive() -> bool:
-    return sys.stdin.isatty()
