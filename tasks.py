@@ -147,3 +147,44 @@ def teardown(c: Context, provider: str | None = None, cluster: str | None = None
     from infra import commands
 
     commands.teardown(provider, cluster)
+
+
+@task(name="list", help={
+    "json": "Print machine-readable JSON instead of a table.",
+    "timeout": "Seconds to wait for each provider's answer (default 0: the provider's own, 20 s "
+               "for most); a provider that does not answer gets a row saying so.",
+})
+@_one_line_errors
+def list_(c: Context, json: bool = False, timeout: float = 0.0) -> int:
+    """List every cluster of this checkout with its state, nodes, $/h, uptime, cost and autodown.
+
+    One row per state file; providers are asked in parallel, and one that does not answer is a row
+    saying so and a warning (exit 0), never an error.
+    """
+    from infra import costs
+
+    return costs.list_clusters(json, timeout or None)
+
+
+@task(iterable=["only"], help={
+    "delete": "Remove the listed resources that are yours (after showing the list; asks unless "
+              "--yes).",
+    "yes": "Do not ask before deleting (for scripts).",
+    "all_owners": "Also list resources with a cluster id and ANOTHER owner mark (a colleague's). "
+                  "They are never deleted unless named with --only.",
+    "only": "Delete only this resource (name or id as listed; repeat for more). The only way to "
+            "delete a colleague's.",
+    "json": "Print machine-readable JSON instead of a table.",
+})
+@_one_line_errors
+def sweep(c: Context, delete: bool = False, yes: bool = False, all_owners: bool = False,
+          only: list[str] | None = None, json: bool = False) -> int:
+    """Find (and with --delete remove) leaked resources: yours, with no state file here.
+
+    Looks in every provider this machine has credentials for, for resources that carry a rayfleet
+    cluster id and your owner mark but belong to no state file here (a crashed or lost checkout).
+    Resources without rayfleet's marks are never listed.
+    """
+    from infra import sweep as sweeping
+
+    return sweeping.run(delete, yes, all_owners, list(only or []), json)

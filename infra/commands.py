@@ -10,9 +10,10 @@ import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from infra import auth, jobs, paths, providers, spec, ssh, state, ui
+from infra import auth, autodown, costs, jobs, paths, providers, spec, ssh, state, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
@@ -49,6 +50,7 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     result = impl.plan(current)
     _write_rendered(selected.name, result)
     diff = _diff(selected.name, result)
+    cost_range = impl.cost_range(current)
     if as_json:
         ui.out(json.dumps({
             "cluster": selected.name,
@@ -56,6 +58,8 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
             "resources": [r.__dict__ for r in result.resources],
             "files": sorted(result.files),
             "notes": result.notes,
+            "cost_range": cost_range.__dict__ if cost_range else None,
+            "autodown": selected.autodown.idle_minutes if selected.autodown else None,
             "diff": diff,
         }, indent=2), soft_wrap=True, markup=False)
         return
@@ -69,6 +73,9 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     ui.out(table)
     for note in result.notes:
         ui.out(f"• {note}", markup=False)
+    if cost_range is not None:
+        ui.out(f"• {costs.describe_range(cost_range)}", markup=False)
+    ui.out(f"• {costs.describe_autodown(selected)}", markup=False)
     folder = paths.rendered_dir(selected.name)
     ui.out(f"rendered: {', '.join(str(folder / f) for f in sorted(result.files)) or 'nothing'}")
     if diff:
@@ -86,7 +93,15 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         if auth.ensure_token(current, enabled=selected.auth == "token") is None:
             ui.warn(f"{selected.source}: auth: none — Ray's job API and dashboard on this cluster "
                     "accept anyone who can reach them; remove `auth: none` to turn token auth on")
+        _autodown_notices(selected, impl, current)
+        # `invoke list` finds every cluster by its state file, and its spec by this path.
+        spec_file = str(Path(selected.source).resolve())
+        if current.info.get("spec_path") != spec_file:
+            current.set_info(spec_path=spec_file)
         result = impl.plan(current)
+        cost_range = impl.cost_range(current)
+        if cost_range is not None:
+            ui.info(costs.describe_range(cost_range))
         _write_rendered(selected.name, result)
         endpoint = impl.up(current, result, UpOptions(keep_partial=keep_partial))
         applied = paths.applied_dir(selected.name)
@@ -98,6 +113,29 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     ui.out(f"  dashboard:    {endpoint.dashboard_url}   (`invoke dashboard{flag}`)", markup=False)
     ui.out(f"  submit a job: invoke submit{flag} examples/cpu_example.py -- 8", markup=False)
     ui.out(f"  tear down:    invoke teardown{flag}", markup=False)
+
+
+def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any], current: State) -> None:
+    """Say that the cluster removed itself (if it did), and warn when nothing will remove it."""
+    if current.path.exists():
+        _say_if_removed(selected, impl, current)
+    if selected.autodown_turned_off:
+        ui.warn(f"{selected.source}: autodown: null — this cluster never removes itself; it costs "
+                f"money until `invoke teardown{_cluster_flag(selected)}`")
+    elif selected.autodown is not None and not impl.supports_autodown:
+        ui.warn(f"{selected.source}: autodown is set but the {selected.provider} provider does not "
+                "enforce it yet; remember `invoke teardown`")
+
+
+def _say_if_removed(selected: spec.ClusterSpec, impl: Provider[Any], current: State) -> bool:
+    try:
+        report = impl.autodown_report(current)
+    except RayfleetError:
+        return False
+    if report is None or not report.removed_at:
+        return False
+    ui.info(f"cluster {selected.name!r} {autodown.describe(report)}")
+    return True
 
 
 def _cluster_flag(selected: spec.ClusterSpec) -> str:
@@ -155,10 +193,17 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "cluster_id": current.cluster_id if current.path.exists() else None,
             "running": provider_view.running, "summary": provider_view.summary,
             "provider_resources": provider_view.rows, "warnings": provider_view.warnings,
+            "state": provider_view.state_label,
+            "cost": provider_view.cost.__dict__ if provider_view.cost else None,
+            "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
             "ray_error": ray_error or None, **ray_view,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
     ui.out(f"{selected.name} ({selected.provider}): {provider_view.summary}", markup=False)
+    if provider_view.cost is not None:
+        ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
+    if provider_view.autodown is not None:
+        ui.out(autodown.describe(provider_view.autodown), markup=False)
     _table("provider resources", provider_view.rows)
     for warning in provider_view.warnings:
         ui.warn(warning)
@@ -263,9 +308,12 @@ def teardown(provider: str | None, cluster: str | None) -> None:
     selected, impl = _select(provider, cluster)
     with state.locked(selected.name, selected.provider, "teardown") as current:
         had_state = current.path.exists()
+        if had_state and _say_if_removed(selected, impl, current):
+            ui.info("verifying that nothing of it is left, then clearing its state")
         impl.teardown(current)
         current.delete()
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
+    autodown.marker_path(selected.name).unlink(missing_ok=True)
     # The next cluster of this name gets a fresh token and fresh machines with new host keys.
     for leftover in (auth.token_path(selected.name), ssh.cluster_known_hosts(selected.name)):
         leftover.unlink(missing_ok=True)

@@ -12,9 +12,9 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra import paths
 from infra.errors import SpecError, UsageError
@@ -30,16 +30,43 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+class Autodown(StrictModel):
+    """`autodown: {idle_minutes: N}`: the cluster removes itself, head included, after N minutes
+    without any job, task, actor, driver or Ray Client session (see infra/autodown.py)."""
+
+    #: Minutes of idleness after which the whole cluster goes away (fractions allowed, e.g. 0.5).
+    idle_minutes: float = Field(gt=0, le=7 * 24 * 60)
+
+
 class ClusterSpec(StrictModel):
     """What every cluster spec has. `name` is the file's stem, not a key in the file."""
 
+    #: Minutes of idleness after which a cluster of this provider removes itself when its spec
+    #: says nothing about `autodown` (paid providers set it); None: off unless the spec turns it on.
+    AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = None
+
     name: str
     provider: str
+    #: Whole-cluster idle shutdown, enforced on the cluster itself; `autodown: null` turns off a
+    #: provider's default (with a warning at every `up`).
+    autodown: Autodown | None = None
     #: Ray token authentication on every node and every client of ours. `none` leaves Ray's job API
     #: open to anyone who can reach it (a warning at every `up`): only for debugging.
     auth: Literal["token", "none"] = "token"
     #: The file the spec came from, for messages; set by the loader.
     source: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_autodown(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "autodown" not in data and cls.AUTODOWN_DEFAULT_MINUTES:
+            return {**data, "autodown": {"idle_minutes": cls.AUTODOWN_DEFAULT_MINUTES}}
+        return data
+
+    @property
+    def autodown_turned_off(self) -> bool:
+        """True when the spec says `autodown: null` explicitly (against a provider's default)."""
+        return self.autodown is None and "autodown" in self.model_fields_set
 
     @field_validator("name")
     @classmethod

@@ -8,10 +8,11 @@ the cluster spec) and `Provider` (an implementation of `infra.providers.base.Pro
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from infra.providers.base import Provider
+    from infra.providers.base import Provider, Sweeper
     from infra.spec import ClusterSpec
 
 _MODULES = {
@@ -40,3 +41,16 @@ def spec_class(name: str) -> type[ClusterSpec]:
 def create(spec: ClusterSpec) -> Provider[Any]:
     provider: Provider[Any] = _module(spec.provider).Provider(spec)
     return provider
+
+
+def sweeper(name: str) -> Sweeper | None:
+    """The provider's leak sweeper (`<its package>.sweep.Sweeper`), or None if it has none."""
+    module = _MODULES[name] + ".sweep"
+    try:
+        found = importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # the provider is a single module, not a package
+        return None
+    if found is None:
+        return None
+    instance: Sweeper = importlib.import_module(module).Sweeper()
+    return instance

@@ -7,6 +7,7 @@ by finding exactly its own processes (see infra/rayproc.py), never with `ray sto
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import re
 import shutil
@@ -19,9 +20,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from infra import auth, jobs, paths, rayproc, render, ui
+from infra import auth, autodown, jobs, paths, rayproc, render, ui
 from infra.errors import ClusterNotRunningError, ProviderError
-from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers import local_autodown
+from infra.providers.base import Cost, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
 from infra.spec import ClusterSpec
 from infra.state import State
@@ -71,6 +73,7 @@ def _usage_stats() -> str:
 
 class Provider(BaseProvider[Spec]):
     name = "local"
+    supports_autodown = True
 
     def _block(self, state: State | None) -> rayproc.PortBlock:
         head = state.resources(HEAD) if state else []
@@ -140,6 +143,7 @@ class Provider(BaseProvider[Spec]):
         if state.resources(HEAD):
             if jobs.dashboard_ready(endpoint.dashboard_url, token):
                 ui.info(f"cluster {self.spec.name!r} is already running")
+                self._ensure_watcher(state, block, endpoint)
                 return endpoint
             ui.info(f"cluster {self.spec.name!r} is in state but not answering; restarting it")
             self._stop(state)
@@ -150,7 +154,8 @@ class Provider(BaseProvider[Spec]):
             )
         tmp = self._temp_dir(state)
         # Recorded before the start: a crash from here on leaves processes teardown can find.
-        state.add(HEAD, tmp, port_base=block.base)
+        state.add(HEAD, tmp, port_base=block.base,
+                  started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with ui.step(f"starting Ray head (ports {block.base}+, log {log})"), log.open("w") as out:
@@ -166,7 +171,39 @@ class Provider(BaseProvider[Spec]):
             hint=f"see the logs under {tmp}",
         )
         state.set_info(address=endpoint.address, dashboard_url=endpoint.dashboard_url)
+        self._ensure_watcher(state, block, endpoint)
         return endpoint
+
+    def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint) -> None:
+        """Start the idle watcher (infra/autodown.py) beside the head unless one runs already.
+
+        It runs detached from this command, so the cluster removes itself with this terminal and
+        this machine's user gone; its config lives in the cluster's temp dir, which makes it one of
+        the cluster's processes for teardown.
+        """
+        marker = autodown.marker_path(self.spec.name)
+        if self.spec.autodown is None:
+            marker.unlink(missing_ok=True)
+            return
+        tmp = self._temp_dir(state)
+        config_path = Path(tmp) / local_autodown.CONFIG_FILE
+        if rayproc.cluster_processes([str(config_path)]):
+            return
+        marker.unlink(missing_ok=True)
+        autodown.write_config(config_path, autodown.Config(
+            cluster=self.spec.name, cluster_id=state.cluster_id,
+            idle_minutes=self.spec.autodown.idle_minutes, dashboard_url=endpoint.dashboard_url,
+            marker=str(marker), action="infra.providers.local_autodown:remove",
+            action_args={"temp_dir": tmp, "port_base": block.base},
+            token_path=str(endpoint.token_path) if endpoint.token_path else None))
+        log = paths.home() / "logs" / self.spec.name / "autodown.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as out:
+            subprocess.Popen([sys.executable, "-m", "infra.autodown", "--config", str(config_path)],
+                             cwd=paths.PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        ui.info(f"autodown: the cluster stops itself after {self.spec.autodown.idle_minutes:g} "
+                f"idle minutes (watcher log {log})")
 
     def _markers(self, state: State) -> list[str | re.Pattern[str]]:
         markers: list[str | re.Pattern[str]] = []
@@ -206,6 +243,12 @@ class Provider(BaseProvider[Spec]):
         if not heads:
             return ProviderStatus(False, f"local cluster {self.spec.name!r} is not running")
         pids = rayproc.cluster_processes(self._markers(state))
+        report = self.autodown_report(state)
+        if not pids and report is not None and report.removed_at:
+            return ProviderStatus(False, f"local cluster {self.spec.name!r} "
+                                  f"{autodown.describe(report)}; `invoke teardown` clears its state",
+                                  state="removed itself", cost=Cost(0, 0.0, source="free"),
+                                  autodown=report)
         block = rayproc.PortBlock(int(heads[0].attrs["port_base"]))
         endpoint = self._endpoint(block, state)
         answering = jobs.dashboard_ready(endpoint.dashboard_url, endpoint.token_path)
@@ -218,7 +261,12 @@ class Provider(BaseProvider[Spec]):
         )
         rows = [{"resource": h.kind, "temp dir": h.id, "port base": str(h.attrs["port_base"]),
                  "processes": str(len(pids))} for h in heads]
-        return ProviderStatus(running, summary, rows)
+        started = heads[0].attrs.get("started_at")
+        uptime = ((dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(started))
+                  .total_seconds() if started else None)
+        cost = Cost(1 if pids else 0, 0.0, uptime, 0.0, source="free (this machine)")
+        return ProviderStatus(running, summary, rows, state="running" if answering else
+                              "NOT answering", cost=cost, autodown=report)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

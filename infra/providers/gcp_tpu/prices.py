@@ -1,0 +1,95 @@
+"""An ESTIMATE of what GCP charges: a small dated table of on-demand prices shipped with rayfleet.
+
+Google publishes prices only through the Cloud Billing Catalog API (another API to enable and
+another permission to ask for) and they vary by region, so rayfleet carries the list prices of the
+machine and TPU types it knows, in us-central1, as of `AS_OF`. Every figure built from this table is
+labelled an estimate wherever it is shown. Spot and preemptible capacity is priced at
+`DISCOUNTED_FACTOR` of on-demand, a rough average of Google's 60-91 % discounts. Update the table
+(and `AS_OF`) from https://cloud.google.com/compute/vm-instance-pricing and
+https://cloud.google.com/tpu/pricing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infra.providers.base import CostRange
+    from infra.providers.gcp_tpu.spec import Spec
+
+AS_OF = "2026-11-01"
+SOURCE = f"estimate: rayfleet's GCP price table of {AS_OF} (us-central1 list prices)"
+DISCOUNTED_FACTOR = 0.3
+
+#: On-demand $/h per VM, us-central1.
+MACHINE_TYPES: dict[str, float] = {
+    "e2-micro": 0.0084, "e2-small": 0.0168, "e2-medium": 0.0335,
+    "e2-standard-2": 0.0670, "e2-standard-4": 0.1340, "e2-standard-8": 0.2681,
+    "e2-standard-16": 0.5362,
+    "n1-standard-1": 0.0475, "n1-standard-2": 0.0950, "n1-standard-4": 0.1900,
+    "n1-standard-8": 0.3800, "n1-standard-16": 0.7600,
+    "n2-standard-2": 0.0971, "n2-standard-4": 0.1942, "n2-standard-8": 0.3885,
+    "n2-standard-16": 0.7769, "n2-standard-32": 1.5539,
+    "n2-highmem-2": 0.1310, "n2-highmem-4": 0.2620, "n2-highmem-8": 0.5241,
+    "c2-standard-4": 0.2088, "c2-standard-8": 0.4176, "c2-standard-16": 0.8352,
+}
+
+#: On-demand $/h per TPU chip, by generation (API name).
+TPU_CHIP_HOUR: dict[str, float] = {
+    "v2": 1.125, "v3": 2.00, "v4": 3.22, "v5litepod": 1.20, "v5p": 4.20, "v6e": 2.70,
+}
+
+
+def machine_hourly(machine_type: str, provisioning: str = "standard") -> float | None:
+    """$/h of one VM of `machine_type` (a name or a URL ending in it); None if not in the table."""
+    price = MACHINE_TYPES.get(machine_type.rsplit("/", 1)[-1])
+    if price is None:
+        return None
+    return price * (DISCOUNTED_FACTOR if provisioning in ("spot", "preemptible") else 1.0)
+
+
+def tpu_hourly(accelerator_type: str, chips: int | None = None,
+               provisioning: str = "standard") -> float | None:
+    """$/h of one TPU slice, e.g. "v4-8" (chips derived from the name when not given)."""
+    generation, _, size = accelerator_type.lower().rpartition("-")
+    price = TPU_CHIP_HOUR.get(generation)
+    if price is None:
+        return None
+    if chips is None:
+        if not size.isdigit():
+            return None
+        # v2-v4 and v5p count TensorCores (2 per chip); v5e and v6e count chips.
+        chips = int(size) // 2 if generation in ("v2", "v3", "v4", "v5p") else int(size)
+    return price * chips * (DISCOUNTED_FACTOR if provisioning in ("spot", "preemptible") else 1.0)
+
+
+def cost_range(spec: Spec) -> CostRange:
+    """$/h of the head plus min_workers of each type, and of the head plus max_workers of each."""
+    from infra.providers.base import CostRange
+
+    head = machine_hourly(spec.head.machine_type)
+    low, high = head, head
+    low_nodes = high_nodes = 1
+    unknown = head is None
+    pools: list[tuple[float | None, int, int]] = []
+    for cpu in spec.cpu_workers.values():
+        pools.append((machine_hourly(cpu.machine_type, cpu.provisioning), cpu.min_workers,
+                      cpu.max_workers))
+    for t in spec.tpu_workers.values():
+        shape = t.slice
+        pools.append((tpu_hourly(shape.accelerator_type, shape.chips, t.provisioning),
+                      t.min_workers, t.max_workers))
+    for price, least, most in pools:
+        unknown |= price is None
+        low_nodes += least
+        high_nodes += most
+        if price is not None and low is not None and high is not None:
+            low, high = low + price * least, high + price * most
+    source = SOURCE
+    if spec.max_workers is not None and 1 + spec.max_workers < high_nodes:
+        source += f"; max_workers caps the cluster at {1 + spec.max_workers} nodes, so its " \
+                  "maximum is lower"
+    if unknown:
+        return CostRange(low_nodes, high_nodes, None, None,
+                         f"{SOURCE}; a machine or TPU type is not in the table")
+    return CostRange(low_nodes, high_nodes, low, high, source)

@@ -1,0 +1,143 @@
+"""GCP's side of `invoke sweep` (infra/sweep.py): Compute VMs and TPU nodes labelled with a cluster id.
+
+Labels `rayfleet-cluster` / `rayfleet-owner` (infra/identity.py) mark what rayfleet created. GCP has
+no account-wide listing that is cheap to ask, so the sweep looks where this checkout could have
+created something: every project and zone named by a gcp-tpu spec in `clusters/` or recorded in a
+state file here, with that spec's credentials. Prices are estimates from prices.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, ClassVar
+
+from infra import identity, paths
+from infra.errors import ProviderError, RayfleetError
+from infra.providers.base import Marked
+from infra.providers.base import Sweeper as BaseSweeper
+from infra.providers.gcp_tpu import prices
+from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError, find_credentials
+
+PROVIDER = "gcp-tpu"
+
+
+def _places() -> set[tuple[str, str, str | None]]:
+    """(project, zone, credentials file) of every gcp-tpu spec and state of this checkout."""
+    from infra import spec as spec_mod
+    from infra.state import State
+
+    places = set()
+    for path in sorted(paths.clusters_dir().glob("*.yaml")):
+        with contextlib.suppress(RayfleetError, OSError):
+            found = spec_mod.load_spec(path)
+            if found.provider == PROVIDER:
+                # A gcp-tpu spec (the registry's class for this provider) has these keys.
+                data = found.model_dump()
+                places.add((str(data["project"]), str(data["zone"]), data.get("credentials_file")))
+    for path in sorted(paths.state_dir().glob("*.json")):
+        with contextlib.suppress(RayfleetError):
+            current = State.load(path)
+            if current is None or current.provider != PROVIDER:
+                continue
+            for r in current.resources():
+                if "project" in r.attrs and "zone" in r.attrs:
+                    places.add((str(r.attrs["project"]), str(r.attrs["zone"]),
+                                r.attrs.get("credentials_file")))
+    return places
+
+
+class Sweeper(BaseSweeper):
+    provider: ClassVar[str] = PROVIDER
+    timeout_s: ClassVar[float] = 60.0
+    wait_s: ClassVar[float] = 600.0
+
+    def __init__(self, options: ApiOptions | None = None) -> None:
+        self._options = options or ApiOptions.from_env()
+        self._apis: dict[tuple[str, str | None], Gcp] = {}
+        self._zones: dict[tuple[str, str | None], set[str]] = {}
+
+    def credentials(self) -> str | None:
+        sources = []
+        for project, zone, key_file in sorted(_places(), key=str):
+            try:
+                found = find_credentials(key_file, "the spec")
+            except GcpError:
+                continue
+            self._apis.setdefault((project, key_file), Gcp(project, found, self._options))
+            self._zones.setdefault((project, key_file), set()).add(zone)
+            sources.append(f"{found.source} for {project}")
+        return "; ".join(sorted(set(sources))) or None
+
+    def marked(self) -> list[Marked]:
+        found: dict[str, Marked] = {}
+        for key, api in self._apis.items():
+            for zone in sorted(self._zones[key]):
+                for item in self._instances(api, zone) + self._tpu_nodes(api, zone):
+                    found[item.id] = item
+        return list(found.values())
+
+    @staticmethod
+    def _labels(resource: dict[str, Any]) -> tuple[str, str, str]:
+        labels = resource.get("labels") or {}
+        return (str(labels.get(identity.TAG_CLUSTER, "")), str(labels.get(identity.TAG_OWNER, "")),
+                str(labels.get(identity.TAG_NAME, "")))
+
+    def _instances(self, api: Gcp, zone: str) -> list[Marked]:
+        collection = api.compute.instances()
+        request = collection.list(project=api.project, zone=zone,
+                                  filter=f"labels.{identity.TAG_CLUSTER}:*", maxResults=500)
+        items = []
+        for vm in api._pages(collection, request, "items", f"instances in {zone}"):
+            cluster_id, owner, name = self._labels(vm)
+            labels = vm.get("labels") or {}
+            if not identity.is_cluster_id(cluster_id) or "tpu_cores" in labels:
+                continue  # not ours; or a TPU VM's own instance (its TPU node is listed instead)
+            scheduling = vm.get("scheduling") or {}
+            kind = "spot" if scheduling.get("provisioningModel") == "SPOT" else (
+                "preemptible" if scheduling.get("preemptible") else "standard")
+            items.append(Marked(
+                PROVIDER, "Compute VM", f"{api.project}/{zone}/instances/{vm['name']}", vm["name"],
+                cluster_id, owner, name, str(vm.get("status", "")), zone,
+                prices.machine_hourly(str(vm.get("machineType", "")), kind)
+                if vm.get("status") != "TERMINATED" else 0.0,
+                {"project": api.project, "zone": zone, "kind": "instance"}))
+        return items
+
+    def _tpu_nodes(self, api: Gcp, zone: str) -> list[Marked]:
+        collection = api.tpu.projects().locations().nodes()
+        request = collection.list(parent=f"projects/{api.project}/locations/{zone}")
+        items = []
+        for node in api._pages(collection, request, "nodes", f"TPU nodes in {zone}"):
+            cluster_id, owner, name = self._labels(node)
+            if not identity.is_cluster_id(cluster_id):
+                continue
+            scheduling = node.get("schedulingConfig") or {}
+            kind = "spot" if scheduling.get("spot") else (
+                "preemptible" if scheduling.get("preemptible") else "standard")
+            short = str(node["name"]).rsplit("/", 1)[-1]
+            items.append(Marked(
+                PROVIDER, f"TPU node ({node.get('acceleratorType', '?')})", str(node["name"]),
+                short, cluster_id, owner, name, str(node.get("state", "")), zone,
+                prices.tpu_hourly(str(node.get("acceleratorType", "")), None, kind),
+                {"project": api.project, "zone": zone, "kind": "tpu"}))
+        return items
+
+    def delete(self, items: list[Marked]) -> None:
+        started = []
+        for item in items:
+            api = next(a for (project, _), a in self._apis.items() if project == item.attrs["project"])
+            if item.attrs["kind"] == "tpu":
+                operation = api.delete_tpu_node(item.id)
+            else:
+                operation = api.delete_instance(item.attrs["zone"], item.name)
+            started.append((api, item, operation))
+        deadline = time.monotonic() + self.wait_s
+        for api, item, operation in started:
+            if operation is None:
+                continue  # already gone
+            while api.poll(operation, f"deleting {item.name}") is None:
+                if time.monotonic() > deadline:
+                    raise ProviderError(f"{item.name} is still being deleted after "
+                                        f"{self.wait_s:g}s; run `invoke sweep --delete` again")
+                time.sleep(api.options.poll_interval)
