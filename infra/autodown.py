@@ -113,8 +113,8 @@ def _state_api(session: Any, url: str, resource: str, exclude: tuple[str, ...]) 
         params += [("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", value)]
     answer = session.get(f"{url}/api/v0/{resource}", params=params, timeout=10)
     answer.raise_for_status()
-    result = answer.json()["data"]["result"]
-    return int(result.get("total", len(result.get("result", []))))
+    # `total` counts before filtering; the entries left after the filter are what matters.
+    return len(answer.json()["data"]["result"]["result"])
 
 
 def busy_reasons(url: str, token_path: str | None, session: Any = None) -> list[str]:

@@ -1,0 +1,118 @@
+"""Whole-cluster autodown on the local provider, with real Ray: the cluster's own watcher stops an
+idle cluster, and keeps one that runs a job or has a driver connected.
+
+`idle_minutes: 0.1` (6 s) keeps the test short; the watcher then checks every second.
+Assertions are on /proc (the cluster's processes) and on what `invoke` reports afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra import rayproc
+from tests.conftest import run_invoke
+
+pytestmark = pytest.mark.slow
+
+IDLE_MINUTES = 0.1
+
+
+def _processes(temp_dir: str) -> list[int]:
+    return rayproc.cluster_processes([temp_dir])
+
+
+def _state(home: Path, name: str) -> dict:
+    return json.loads((home / "state" / f"{name}.json").read_text())
+
+
+def _wait(predicate, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def spec(tmp_path: Path, rf_home: Path) -> Iterator[Path]:
+    path = tmp_path / f"ad{uuid.uuid4().hex[:8]}.yaml"
+    path.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 100\n"
+                    f"autodown: {{idle_minutes: {IDLE_MINUTES}}}\n")
+    yield path
+    run_invoke("teardown", "--cluster", str(path))
+    leftovers = rayproc.cluster_processes([f"/tmp/rayfleet/{path.stem}-"])
+    rayproc.terminate(leftovers)
+    assert not leftovers, f"test left processes behind: {leftovers}"
+
+
+def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Path) -> None:
+    """A running job, then a connected driver, each for twice the idle period: the cluster stays.
+    Then idle: it removes itself, and status, list and teardown on this machine say so."""
+    up = run_invoke("up", "--cluster", str(spec))
+    assert up.returncode == 0, up.stderr
+    assert f"stops itself after {IDLE_MINUTES:g} idle minutes" in up.stderr
+    info = _state(rf_home, spec.stem)["info"]
+    temp_dir = _state(rf_home, spec.stem)["resources"][0]["id"]
+    assert _processes(temp_dir)
+
+    job = run_invoke("submit", "--cluster", str(spec), "--no-wait", "tests/data/sleeper.py")
+    assert job.returncode == 0, job.stderr
+    job_id = job.stdout.strip().splitlines()[-1]
+    time.sleep(IDLE_MINUTES * 60 * 2)  # twice the idle period, with a job running all along
+    assert _processes(temp_dir), "a cluster running a job must not remove itself"
+    status = run_invoke("status", "--cluster", str(spec))
+    assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
+    assert run_invoke("stop-job", "--cluster", str(spec), job_id).returncode == 0
+
+    # A driver connected from this machine (ray.init) is work too, though it runs no task.
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": info["auth_token_path"]}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", "import ray, sys, time; ray.init(address=sys.argv[1]); "
+         "print('connected', flush=True); time.sleep(120)", info["address"]],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert driver.stdout is not None and driver.stdout.readline().strip() == "connected"
+        time.sleep(IDLE_MINUTES * 60 * 2)
+        assert _processes(temp_dir), "a cluster with a connected driver must not remove itself"
+        marker = json.loads((rf_home / "autodown" / f"{spec.stem}.json").read_text())
+        assert "driver" in marker["detail"] and marker["idle_since"] is None
+    finally:
+        driver.terminate()
+        driver.wait(timeout=30)
+
+    status = run_invoke("status", "--cluster", str(spec))
+    assert status.returncode == 0, status.stderr
+    took = _wait(lambda: not _processes(temp_dir), 120, "the idle cluster to stop itself")
+    print(f"cluster gone {took:.1f}s after its last driver left (idle_minutes={IDLE_MINUTES})")
+    assert took >= IDLE_MINUTES * 60 - 5, "removed before the idle period was over"
+
+    status = run_invoke("status", "--cluster", str(spec), "--json")
+    assert status.returncode == 0, status.stderr
+    reported = json.loads(status.stdout)
+    assert reported["running"] is False and reported["state"] == "removed itself"
+    assert reported["autodown"]["removed_at"]
+    plain = run_invoke("status", "--cluster", str(spec))
+    assert f"removed itself after {IDLE_MINUTES:g} idle minutes at " in plain.stdout
+
+    listed = run_invoke("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["cluster"]: r for r in json.loads(listed.stdout)["clusters"]}
+    assert rows[spec.stem]["state"] == "removed itself"
+    assert f"removed itself after {IDLE_MINUTES:g} idle minutes" in rows[spec.stem]["autodown"]
+
+    down = run_invoke("teardown", "--cluster", str(spec))
+    assert down.returncode == 0, down.stderr
+    assert f"removed itself after {IDLE_MINUTES:g} idle minutes at " in down.stderr
+    assert "gone" in down.stdout
+    assert not (rf_home / "state" / f"{spec.stem}.json").exists()
+    assert not (rf_home / "autodown" / f"{spec.stem}.json").exists()
