@@ -19,6 +19,18 @@ from infra.providers.base import Sweeper as BaseSweeper
 from infra.providers.lambda_cloud import api
 
 
+def tags_of(raw: dict[str, Any]) -> dict[str, str]:
+    """An instance's launch tags from the API's JSON (key -> value)."""
+    return {str(t.get("key")): str(t.get("value")) for t in raw.get("tags") or []
+            if isinstance(t, dict)}
+
+
+def listed(client: api.LambdaClient) -> list[dict[str, Any]]:
+    """GET /instances as the API sends it: every field, tags included, whatever the client parses."""
+    data = client.request("GET", "/instances")
+    return [i for i in data if isinstance(i, dict)]
+
+
 class Sweeper(BaseSweeper):
     provider: ClassVar[str] = "lambda"
     #: Lambda's pacing (1 request/s) and retries: a terminate and its wait need a while.
@@ -38,16 +50,10 @@ class Sweeper(BaseSweeper):
             return None
         return "LAMBDA_API_KEY / ~/" + str(api.KEY_FILE)
 
-    def _listed(self) -> list[dict[str, Any]]:
-        # The raw list: every field the API sends, tags included, whatever this client parses.
-        data = self.client().request("GET", "/instances")
-        return [i for i in data if isinstance(i, dict)]
-
     def marked(self) -> list[Marked]:
         found = []
-        for raw in self._listed():
-            tags = {str(t.get("key")): str(t.get("value")) for t in raw.get("tags") or []
-                    if isinstance(t, dict)}
+        for raw in listed(self.client()):
+            tags = tags_of(raw)
             cluster_id = tags.get(identity.TAG_CLUSTER, "")
             if not identity.is_cluster_id(cluster_id) or raw.get("status") in api.GONE:
                 continue
