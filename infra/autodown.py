@@ -237,7 +237,10 @@ def view(marker: dict[str, Any] | None, idle_minutes: float) -> Any:
 
     if marker is None:
         return AutodownView(idle_minutes, detail="no report from the watcher yet")
-    removed = marker.get("removed_at") if marker.get("phase") == "removed" else None
+    # A head that ends its own job or VM may not live to write "removed": "removing" and its time
+    # count once the provider no longer lists the cluster (the caller checks that).
+    removed = (marker.get("removed_at") or marker.get("removing_at")
+               if marker.get("phase") in ("removed", "removing") else None)
     detail = str(marker.get("detail") or "")
     if marker.get("phase") == "failed":
         detail = f"removal FAILED: {marker.get('error')}"

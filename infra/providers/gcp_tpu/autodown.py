@@ -1,0 +1,42 @@
+"""GCP's autodown action (infra/autodown.py): the head deletes its workers, then its own VM.
+
+Runs on the head with the credentials it already has for Ray's autoscaler (the VM's service account,
+through the metadata server). Workers are chosen by exactly the labels teardown uses (`labels` in
+the args), never by name alone; the head deletes itself last, so a failure half-way leaves a head
+that can retry. Note: on the head this module needs `infra.providers.gcp_tpu` to import without
+pydantic (the Lambda and Slurm packages load their verbs lazily for the same reason).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from infra.providers.gcp_tpu.api import ApiOptions, Gcp, find_credentials
+
+
+def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Delete TPU nodes and VMs carrying `labels` in `zone`, the head (`head_name`) last."""
+    project, zone = str(args["project"]), str(args["zone"])
+    labels = {str(k): str(v) for k, v in dict(args["labels"]).items()}
+    head = str(args["head_name"])
+    api = Gcp(project, find_credentials(args.get("credentials_file"), "the head's autodown"),
+              ApiOptions(endpoint=args.get("api_endpoint") or None))
+    wait_s = float(args.get("wait_s") or 900)
+    operations = []
+    for node in api.tpu_nodes(zone, labels):
+        log(f"deleting TPU node {str(node['name']).rsplit('/', 1)[-1]}")
+        operations.append(api.delete_tpu_node(str(node["name"])))
+    for vm in api.instances(zone, labels):
+        if vm["name"] != head and "tpu_cores" not in (vm.get("labels") or {}):
+            log(f"deleting VM {vm['name']}")
+            operations.append(api.delete_instance(zone, str(vm["name"])))
+    deadline = time.monotonic() + wait_s
+    for operation in operations:
+        while operation is not None and api.poll(operation, "deleting a worker") is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers still being deleted after {wait_s:g}s")
+            time.sleep(api.options.poll_interval)
+    log(f"deleting the head VM {head}")
+    api.delete_instance(zone, head)
