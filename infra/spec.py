@@ -47,12 +47,12 @@ class ClusterSpec(StrictModel):
 
     name: str
     provider: str
-    #: Whole-cluster idle shutdown, enforced on the cluster itself; `autodown: null` turns off a
-    #: provider's default (with a warning at every `up`).
-    autodown: Autodown | None = None
     #: Ray token authentication on every node and every client of ours. `none` leaves Ray's job API
     #: open to anyone who can reach it (a warning at every `up`): only for debugging.
     auth: Literal["token", "none"] = "token"
+    #: Whole-cluster idle shutdown, enforced on the cluster itself; `autodown: null` turns off a
+    #: provider's default (with a warning at every `up`).
+    autodown: Autodown | None = None
     #: The file the spec came from, for messages; set by the loader.
     source: str = ""
 

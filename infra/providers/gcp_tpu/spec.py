@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -155,6 +155,9 @@ class NodeEnvSpec(StrictModel):
 
 
 class Spec(ClusterSpec):
+    #: Paid by the hour: an idle cluster removes itself after an hour unless the spec says otherwise.
+    AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = 60
+
     provider: Literal["gcp-tpu"]
     project: str
     zone: str

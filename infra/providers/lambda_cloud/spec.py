@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -55,6 +55,9 @@ def _distinct(choices: list[Choice]) -> list[Choice]:
 
 
 class Spec(ClusterSpec):
+    #: Paid by the hour: an idle cluster removes itself after an hour unless the spec says otherwise.
+    AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = 60
+
     provider: Literal["lambda"]
     head: Head
     workers: Workers = Field(default_factory=Workers)
