@@ -19,7 +19,7 @@ from typing import Any
 from infra import jobs, paths, ssh, ui
 from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
-from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.gcp_tpu import config, launcher, preflight
 from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError
@@ -440,3 +440,11 @@ class Provider(BaseProvider[Spec]):
             raise GcpError(f"gcp-tpu: firewall rule {rule.id} still exists after deletion; "
                            "run `invoke teardown` again")
         state.remove(FIREWALL, rule.id)
+
+    # --- cost (issue 15) -------------------------------------------------------------------
+
+    def cost_range(self, state: State | None) -> CostRange | None:
+        """$/h at min and max size, estimated from the dated price table in prices.py."""
+        from infra.providers.gcp_tpu import prices
+
+        return prices.cost_range(self.spec)
