@@ -1,6 +1,7 @@
 """Lambda's autodown action (infra/autodown.py): the head terminates its workers, then itself.
 
-Runs on the head with only requests and our small modules. The API key is the one the head already
+Runs on the head with only requests and our small modules (the sweep reuses its listing helpers,
+not the other way round, so nothing here imports pydantic). The API key is the one the head already
 holds for autoscaling, read from its 0600 file (`api_key_file`), never from the config or a command
 line. Instances are chosen by the cluster id in their launch tags (immutable), so nothing of another
 cluster can be hit; the head goes last so that a failure half-way leaves a head that can retry.
@@ -15,10 +16,21 @@ from typing import Any
 
 from infra import identity
 from infra.providers.lambda_cloud import api
-from infra.providers.lambda_cloud.sweep import listed, tags_of
 
 #: The launch tag saying which node of the cluster an instance is (see fleet.py).
 TAG_NODE = "rayfleet-node"
+
+
+def tags_of(raw: dict[str, Any]) -> dict[str, str]:
+    """An instance's launch tags from the API's JSON (key -> value)."""
+    return {str(t.get("key")): str(t.get("value")) for t in raw.get("tags") or []
+            if isinstance(t, dict)}
+
+
+def listed(client: api.LambdaClient) -> list[dict[str, Any]]:
+    """GET /instances as the API sends it: every field, tags included, whatever the client parses."""
+    data = client.request("GET", "/instances")
+    return [i for i in data if isinstance(i, dict)]
 
 
 def _client(args: dict[str, Any]) -> api.LambdaClient:

@@ -10,25 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from infra import identity
 from infra.errors import ProviderError
 from infra.providers.base import Marked
 from infra.providers.base import Sweeper as BaseSweeper
 from infra.providers.lambda_cloud import api
-
-
-def tags_of(raw: dict[str, Any]) -> dict[str, str]:
-    """An instance's launch tags from the API's JSON (key -> value)."""
-    return {str(t.get("key")): str(t.get("value")) for t in raw.get("tags") or []
-            if isinstance(t, dict)}
-
-
-def listed(client: api.LambdaClient) -> list[dict[str, Any]]:
-    """GET /instances as the API sends it: every field, tags included, whatever the client parses."""
-    data = client.request("GET", "/instances")
-    return [i for i in data if isinstance(i, dict)]
+from infra.providers.lambda_cloud.autodown import listed, tags_of
 
 
 class Sweeper(BaseSweeper):
