@@ -119,7 +119,7 @@ def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any], current: 
     """Say that the cluster removed itself (if it did), and warn when nothing will remove it."""
     if current.path.exists():
         _say_if_removed(selected, impl, current)
-    if selected.autodown_turned_off:
+    if selected.autodown_turned_off and type(selected).AUTODOWN_DEFAULT_MINUTES:
         ui.warn(f"{selected.source}: autodown: null — this cluster never removes itself; it costs "
                 f"money until `invoke teardown{_cluster_flag(selected)}`")
     elif selected.autodown is not None and not impl.supports_autodown:

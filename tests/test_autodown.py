@@ -126,3 +126,32 @@ def test_watcher_imports_with_ray_requests_and_core_modules_only() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=Path(__file__).resolve().parent.parent)
     assert done.stdout.strip() == "[]"
+
+
+def test_autodown_settings_in_plan_up_and_bad_values(tmp_path: Path, rf_home: Path) -> None:
+    """Lambda defaults to 60 idle minutes; `autodown: null` turns it off with a warning at `up`;
+    a bad value is one line naming the field, exit 2, nothing created."""
+    home = {"HOME": str(tmp_path), "LAMBDA_API_KEY": ""}  # no key anywhere: nothing can launch
+    base = ("provider: lambda\nhead:\n  choices:\n    - {instance_type: gpu_1x_a10, region: "
+            "us-east-1}\nworkers:\n  count: 0\nenv: none\n")
+    default = tmp_path / "lamdef.yaml"
+    default.write_text(base)
+    plan = run_invoke("plan", "--cluster", str(default), env=home)
+    assert plan.returncode == 0, plan.stderr
+    assert "autodown: the whole cluster removes itself after 60 idle minutes" in plan.stdout
+
+    off = tmp_path / "lamoff.yaml"
+    off.write_text(base + "autodown: null\n")
+    assert "autodown: off (autodown: null)" in run_invoke("plan", "--cluster", str(off),
+                                                          env=home).stdout
+    up = run_invoke("up", "--cluster", str(off), env=home)
+    assert up.returncode != 0  # no API key
+    assert "autodown: null — this cluster never removes itself" in up.stderr
+
+    bad = tmp_path / "lambad.yaml"
+    bad.write_text(base + "autodown: {idle_minutes: 0}\n")
+    refused = run_invoke("up", "--cluster", str(bad), env=home)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: {bad}: autodown.idle_minutes: input should be greater than 0, got 0"]
+    assert not (rf_home / "state" / "lambad.json").exists()
