@@ -90,15 +90,16 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     selected, impl = _select(provider, cluster)
     with state.locked(selected.name, selected.provider, "up") as current:
+        _autodown_notices(selected, impl, current)
+        result = impl.plan(current)
+        # After the plan's checks: a spec the target cannot run leaves no state behind.
         if auth.ensure_token(current, enabled=selected.auth == "token") is None:
             ui.warn(f"{selected.source}: auth: none — Ray's job API and dashboard on this cluster "
                     "accept anyone who can reach them; remove `auth: none` to turn token auth on")
-        _autodown_notices(selected, impl, current)
         # `invoke list` finds every cluster by its state file, and its spec by this path.
         spec_file = str(Path(selected.source).resolve())
         if current.info.get("spec_path") != spec_file:
             current.set_info(spec_path=spec_file)
-        result = impl.plan(current)
         cost_range = impl.cost_range(current)
         if cost_range is not None:
             ui.info(costs.describe_range(cost_range))
