@@ -67,3 +67,29 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
     if heads:
         log("terminating the head: " + ", ".join(str(i["name"]) for i in heads))
         client.terminate([str(i["id"]) for i in heads])
+
+
+# --- this machine's side: what `up` puts on the head (see infra/autodown_remote.py) ---------------
+
+#: The modules the action imports, beyond the watcher's own (autodown_remote.CORE_FILES).
+FILES = ["infra/providers/lambda_cloud/__init__.py", "infra/providers/lambda_cloud/api.py",
+         "infra/providers/lambda_cloud/autodown.py"]
+#: The API key on the head (0600; the same file the autoscaler's node provider reads).
+KEY_FILE = ".rayfleet/lambda-api-key"
+#: The Python next to the `ray` the head runs: it has requests (Ray depends on it).
+HEAD_PYTHON = '$(dirname "$(command -v ray)")/python'
+
+
+def watcher_config(cluster: str, cluster_id: str, idle_minutes: float, head_id: str,
+                   dashboard_port: int, token_path: str | None, api_url: str,
+                   rate_scale: float) -> Any:
+    """The head's watcher config: Ray on the head's loopback, this action, no secret inside."""
+    from infra import autodown
+
+    return autodown.Config(
+        cluster=cluster, cluster_id=cluster_id, idle_minutes=idle_minutes,
+        dashboard_url=f"http://127.0.0.1:{dashboard_port}", marker=autodown.HEAD_MARKER,
+        action="infra.providers.lambda_cloud.autodown:remove",
+        action_args={"api_key_file": f"~/{KEY_FILE}", "api_url": api_url, "rate_scale": rate_scale,
+                     "cluster_id": cluster_id, "head_instance_id": head_id},
+        token_path=token_path)
