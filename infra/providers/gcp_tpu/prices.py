@@ -11,10 +11,10 @@ https://cloud.google.com/tpu/pricing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from infra.providers.base import CostRange
+    from infra.providers.base import Cost, CostRange
     from infra.providers.gcp_tpu.spec import Spec
 
 AS_OF = "2026-11-01"
@@ -93,3 +93,57 @@ def cost_range(spec: Spec) -> CostRange:
         return CostRange(low_nodes, high_nodes, None, None,
                          f"{SOURCE}; a machine or TPU type is not in the table")
     return CostRange(low_nodes, high_nodes, low, high, source)
+
+
+def current_cost(vms: list[dict[str, Any]], tpu_nodes: list[dict[str, Any]]) -> Cost:
+    """Nodes, estimated $/h now, uptime and accrued cost of a cluster's listed VMs and TPU nodes."""
+    import datetime as dt
+
+    from infra.providers.base import Cost
+
+    now = dt.datetime.now(dt.timezone.utc)
+    nodes, hourly, accrued, uptime = 0, 0.0, 0.0, 0.0
+    unknown = False
+
+    def age(resource: dict[str, Any]) -> float:
+        stamp = resource.get("creationTimestamp") or resource.get("createTime")
+        try:
+            return max(0.0, (now - dt.datetime.fromisoformat(str(stamp))).total_seconds())
+        except ValueError:
+            return 0.0
+
+    for vm in vms:
+        labels = vm.get("labels") or {}
+        if "tpu_cores" in labels or vm.get("status") in ("TERMINATED", "STOPPED", "SUSPENDED"):
+            continue  # a TPU VM's own instance (priced with its node), or not billed for its CPUs
+        scheduling = vm.get("scheduling") or {}
+        kind = "spot" if scheduling.get("provisioningModel") == "SPOT" else (
+            "preemptible" if scheduling.get("preemptible") else "standard")
+        price = machine_hourly(str(vm.get("machineType", "")), kind)
+        nodes += 1
+        seconds = age(vm)
+        uptime = max(uptime, seconds)
+        if price is None:
+            unknown = True
+            continue
+        hourly += price
+        accrued += price * seconds / 3600
+    for node in tpu_nodes:
+        if node.get("state") not in ("READY", "CREATING", "RESTARTING", "REPAIRING"):
+            continue
+        scheduling = node.get("schedulingConfig") or {}
+        kind = "spot" if scheduling.get("spot") else (
+            "preemptible" if scheduling.get("preemptible") else "standard")
+        price = tpu_hourly(str(node.get("acceleratorType", "")), None, kind)
+        nodes += 1
+        seconds = age(node)
+        uptime = max(uptime, seconds)
+        if price is None:
+            unknown = True
+            continue
+        hourly += price
+        accrued += price * seconds / 3600
+    if unknown:
+        return Cost(nodes, None, uptime or None, None,
+                    source=f"{SOURCE}; a machine or TPU type is not in the table")
+    return Cost(nodes, round(hourly, 4), uptime or None, round(accrued, 4), source=SOURCE)

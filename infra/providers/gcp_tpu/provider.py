@@ -19,7 +19,7 @@ from typing import Any
 from infra import jobs, paths, ssh, ui
 from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
-from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import Cost, CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.gcp_tpu import config, launcher, preflight
 from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError
@@ -338,7 +338,7 @@ class Provider(BaseProvider[Spec]):
         nodes = sum(1 for r in rows if r["kind"] != "firewall rule")
         summary = (f"{'head RUNNING' if running else 'head NOT running'}, {nodes} node(s) in "
                    f"{first.attrs['project']}/{zone}")
-        return ProviderStatus(running, summary, rows, warnings)
+        return ProviderStatus(running, summary, rows, warnings, cost=self._cost(api, clusters))
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
@@ -448,3 +448,16 @@ class Provider(BaseProvider[Spec]):
         from infra.providers.gcp_tpu import prices
 
         return prices.cost_range(self.spec)
+
+    def _cost(self, api: Gcp, clusters: list[Resource]) -> Cost:
+        """What the cluster's VMs and TPU nodes cost now (estimate), from a listing of their own:
+        kept apart from `status`'s table so that each can change alone."""
+        from infra.providers.gcp_tpu import prices
+
+        vms: list[dict[str, Any]] = []
+        tpus: list[dict[str, Any]] = []
+        for cluster in clusters:
+            labels = config.sweep_labels(self.spec.name)
+            vms += api.instances(cluster.attrs["zone"], labels)
+            tpus += api.tpu_nodes(cluster.attrs["zone"], labels)
+        return prices.current_cost(vms, tpus)
