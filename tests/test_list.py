@@ -130,10 +130,16 @@ def test_list_four_providers_one_down(rf_home: Path, tmp_path: Path, lambda_fake
 
         lam = rows["lam"]
         assert lam["reachable"] is True, lam
-        assert lam["autodown"] == "off" or lam["autodown_minutes"] is not None
+        # The fake's price for gpu_1x_a10 (75 cents), one instance launched an hour ago.
+        assert (lam["nodes"], lam["hourly_usd"]) == (1, 0.75)
+        assert 0.74 < lam["accrued_usd"] < 0.80 and 3590 < lam["uptime_s"] < 3700
+        assert lam["cost_source"].startswith("Lambda")
+        assert lam["autodown_minutes"] == 60  # Lambda's default
 
         hpc = rows["hpc"]
         assert hpc["reachable"] is True, hpc
+        assert hpc["state"] == "RUNNING" and hpc["nodes"] == 1
+        assert hpc["hourly_usd"] is None and hpc["node_hours"] is not None
         assert hpc["autodown_minutes"] == 45
 
         table = run_invoke("list", "--timeout", str(TIMEOUT), env={"COLUMNS": "250"})

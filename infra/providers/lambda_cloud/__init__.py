@@ -23,7 +23,7 @@ from infra import paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.lambda_cloud import api, fleet, raycluster
+from infra.providers.lambda_cloud import api, costs, fleet, raycluster
 from infra.providers.lambda_cloud.spec import Choice, Spec
 from infra.state import State, atomic_write
 
@@ -300,7 +300,9 @@ class Provider(BaseProvider[Spec]):
         running = bool(total) and active == total and "head_ip" in state.info
         summary = (f"{active}/{total} instance(s) active, {_dollars(hourly)}/h, accrued "
                    f"{_dollars(accrued)} so far" if total else "no instances")
-        return ProviderStatus(running, summary, rows, warnings)
+        launched = [r.attrs.get("launched_at") for r in state.resources(fleet.INSTANCE)]
+        return ProviderStatus(running, summary, rows, warnings,
+                              cost=costs.cost(hourly, accrued, active, launched))
 
     @staticmethod
     def _row(name: object, instance_id: str, status: str, inst: api.Instance | None,

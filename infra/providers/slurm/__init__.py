@@ -23,7 +23,7 @@ from infra import jobs, paths, ui, versions
 from infra.errors import ClusterNotRunningError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.slurm import cluster, install, remote
+from infra.providers.slurm import cluster, costs, install, remote
 from infra.providers.slurm.remote import Runner, SlurmError
 from infra.providers.slurm.script import render_script
 from infra.providers.slurm.spec import Spec
@@ -238,7 +238,8 @@ class Provider(BaseProvider[Spec]):
         table = [{"job": r.job_id, "state": r.state, "partition": r.partition,
                   "nodes": r.nodes, "elapsed": r.elapsed, "limit": r.limit,
                   "reason": "" if r.reason == "None" else r.reason} for r in rows]
-        return ProviderStatus(ready, summary, table)
+        return ProviderStatus(ready, summary, table, state=first.state,
+                              cost=costs.cost([(r.state, r.nodes, r.elapsed) for r in rows]))
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
