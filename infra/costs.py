@@ -116,6 +116,7 @@ def _check(row: Row, current: State, result: dict[str, Any]) -> None:
         impl = providers.create(selected)
         result["spec"] = selected
         result["timeout"] = impl.status_timeout_s
+        result["enforced"] = impl.supports_autodown
         result["status"] = impl.status(current)
     except RayfleetError as exc:
         result["error"] = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
@@ -172,6 +173,8 @@ def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
         if spec_ is not None:
             row.autodown_minutes = spec_.autodown.idle_minutes if spec_.autodown else None
             row.autodown = (f"{row.autodown_minutes:g} min" if spec_.autodown else "off")
+            if spec_.autodown and not result.get("enforced"):
+                row.autodown += " (not enforced by this provider yet)"
         if thread.is_alive():
             row.reachable, row.state = False, "UNREACHABLE"
             row.error = f"no answer from {row.provider} within {limit:g}s"

@@ -201,7 +201,7 @@ class Provider(abc.ABC, Generic[SpecT]):
         from infra import autodown
 
         marker = autodown.read_marker(autodown.marker_path(state.cluster))
-        if marker is None and self.spec.autodown is None:
+        if marker is None and (self.spec.autodown is None or not self.supports_autodown):
             return None
         if marker is not None and marker.get("cluster_id") not in (None, state.cluster_id):
             marker = None  # another cluster of the same name, from before
