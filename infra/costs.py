@@ -113,6 +113,10 @@ def _check(row: Row, current: State, result: dict[str, Any]) -> None:
 
     try:
         selected = _spec_for(current)
+    except RayfleetError as exc:  # the spec moved or broke: the provider was never asked
+        result["spec_error"] = str(exc).splitlines()[0][:300]
+        return
+    try:
         impl = providers.create(selected)
         result["spec"] = selected
         result["timeout"] = impl.status_timeout_s
@@ -175,6 +179,11 @@ def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
             row.autodown = (f"{row.autodown_minutes:g} min" if spec_.autodown else "off")
             if spec_.autodown and not result.get("enforced"):
                 row.autodown += " (not enforced by this provider yet)"
+        if "spec_error" in result:
+            row.reachable, row.state = False, "spec unreadable"
+            row.error = f"{result['spec_error']}; `invoke list` needs the spec `up` used"
+            warnings.append(f"{row.cluster}: {row.error}")
+            continue
         if thread.is_alive():
             row.reachable, row.state = False, "UNREACHABLE"
             row.error = f"no answer from {row.provider} within {limit:g}s"

@@ -1,0 +1,69 @@
+"""The idle clock of the autodown watcher (infra/autodown.py), without Ray: what resets it, what
+counts as idle, when it removes, and what its marker says. Real Ray: tests/test_autodown.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from infra import autodown
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _watcher(tmp_path: Path, answers: list[list[str] | Exception], clock: Clock) -> autodown.Watcher:
+    config = autodown.Config(
+        cluster="c", cluster_id="0123abcd", idle_minutes=1.0, dashboard_url="http://127.0.0.1:9",
+        marker=str(tmp_path / "marker.json"), action="infra.providers.local_autodown:remove",
+        action_args={"temp_dir": str(tmp_path / "no-such-cluster"), "port_base": 1})
+    replies = iter(answers)
+
+    def check() -> list[str]:
+        reply = next(replies)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    return autodown.Watcher(config, clock=clock, check=check)
+
+
+def test_busy_resets_the_clock_and_unreachable_ray_counts_as_idle(tmp_path: Path) -> None:
+    clock = Clock()
+    watcher = _watcher(tmp_path, [[], ["1 job(s) pending or running"], [], ConnectionError(),
+                                  []], clock)
+    marker = tmp_path / "marker.json"
+    assert watcher.step() is False                      # t=0: idle starts
+    clock.now = 50
+    assert watcher.step() is False                      # t=50: a job -> busy, clock reset
+    assert json.loads(marker.read_text())["idle_since"] is None
+    clock.now = 60
+    assert watcher.step() is False                      # t=60: idle again, from here
+    clock.now = 100
+    assert watcher.step() is False                      # t=100: Ray silent: still idle (40 s)
+    seen = json.loads(marker.read_text())
+    assert seen["idle_s"] == 40 and "Ray not answering" in seen["detail"]
+    clock.now = 120
+    assert watcher.step() is True                       # t=120: 60 s idle = idle_minutes
+    watcher.remove()
+    done = json.loads(marker.read_text())
+    assert done["phase"] == "removed" and done["removed_at"] and done["cluster_id"] == "0123abcd"
+
+
+def test_marker_views_for_status(tmp_path: Path) -> None:
+    view = autodown.view({"phase": "watching", "idle_minutes": 30, "idle_since": "x",
+                          "idle_s": 720, "detail": "idle"}, 30)
+    assert autodown.describe(view) == "autodown: idle 12 of 30 min (idle)"
+    busy = autodown.view({"phase": "watching", "idle_minutes": 30, "idle_since": None,
+                          "idle_s": 0, "detail": "1 job(s) pending or running"}, 30)
+    assert autodown.describe(busy) == ("autodown: busy (1 job(s) pending or running); removes "
+                                       "itself after 30 idle minutes")
+    gone = autodown.view({"phase": "removed", "idle_minutes": 30,
+                          "removed_at": "2026-01-02T14:05:00+00:00"}, 30)
+    assert autodown.describe(gone).startswith("removed itself after 30 idle minutes at ")
+    assert autodown.view(None, 30).removed_at is None
