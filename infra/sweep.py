@@ -119,6 +119,9 @@ def run(delete: bool, yes: bool, all_owners: bool, only: list[str], as_json: boo
             "resources": [{**f.item.__dict__, "yours": f.mine} for f in found],
             "delete": [f.item.id for f in targets], "notes": notes,
         }, indent=2, default=str), soft_wrap=True, markup=False)
+    elif not sweepers:
+        ui.out("nothing swept: this machine has credentials for no provider that can be swept",
+               markup=False)
     else:
         _print(found)
     for note in notes:
