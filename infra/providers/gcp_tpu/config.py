@@ -125,7 +125,7 @@ def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str) -> s
         tpu_types=tpu_types,
         setup_dir=str(paths.setup_dir()),
         install_cpu=versions.install_args("cpu", backend=backend),
-        install_tpu=versions.install_args("tpu", backend=backend),
+        install_tpu=versions.install_args(spec.node_env.tpu_env, backend=backend),
         google_client_requirement=(
             f"google-api-python-client=={importlib.metadata.version('google-api-python-client')}"),
         dashboard_host="0.0.0.0" if spec.dashboard.allowed_source_ranges else "127.0.0.1",

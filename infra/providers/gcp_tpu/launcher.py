@@ -45,6 +45,33 @@ def down_args(config: Path) -> list[str]:
     return [ray_executable(), "down", "-y", "--log-style=record", "--log-color=false", str(config)]
 
 
+def remove_config_caches(cluster: str, project: str) -> list[str]:
+    """Remove Ray's `/tmp/ray-config-<hash>` files of this cluster; the paths removed.
+
+    `ray down` has no --no-config-cache: it re-runs the provider's bootstrap and caches the result
+    (the head's service account, the key path) in the temp dir, where it would outlive the cluster.
+    Only files whose cached config names this cluster and project are touched.
+    """
+    import glob
+    import json
+    import tempfile
+
+    removed = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "ray-config-*")):
+        try:
+            with open(path) as handle:
+                cached = json.load(handle)
+            config = cached.get("config", cached)
+            ours = (config.get("cluster_name") == cluster
+                    and config.get("provider", {}).get("project_id") == project)
+            if ours and os.stat(path).st_uid == os.getuid():
+                os.remove(path)
+                removed.append(path)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return removed
+
+
 def ray_env(credentials_file: str | None) -> dict[str, str]:
     """The environment `ray up`/`ray down` run in.
 

@@ -391,6 +391,8 @@ class Provider(BaseProvider[Spec]):
                     raise launcher.failure("down", code, log)
         except RayfleetError as exc:
             ui.warn(f"{exc}; continuing with the API sweep")
+        finally:
+            launcher.remove_config_caches(self.spec.name, str(cluster.attrs.get("project")))
 
     def _sweep(self, api: Gcp, state: State, cluster: Resource) -> None:
         """Delete every Compute instance and TPU node with the cluster's labels, until the APIs

@@ -152,6 +152,10 @@ class DashboardSpec(StrictModel):
 class NodeEnvSpec(StrictModel):
     #: How setup/install.sh builds the env on nodes: auto, conda or venv.
     backend: Literal["auto", "conda", "venv"] = "auto"
+    #: The env on TPU hosts: tpu (Ray + JAX with libtpu, downloaded once per host) or cpu (Ray
+    #: and the CPU libraries only, e.g. for an image that brings its own JAX, or for machines
+    #: that have the CPU env's packages and no network, like the offline test bed).
+    tpu_env: Literal["tpu", "cpu"] = "tpu"
 
 
 class Spec(ClusterSpec):
@@ -167,7 +171,8 @@ class Spec(ClusterSpec):
     subnetwork: str | None = Field(None, pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
     #: Extra labels on every node (the cluster name label is always added).
     labels: dict[str, str] = Field(default_factory=dict)
-    idle_timeout_minutes: float = Field(10, ge=1, le=10080)
+    #: Minutes a worker may idle before the autoscaler removes it (fractions work: 0.2 = 12 s).
+    idle_timeout_minutes: float = Field(10, gt=0, le=10080)
     upscaling_speed: float = Field(1.0, gt=0, le=100)
     #: Cap on all workers together; None is the sum of the types' max_workers.
     max_workers: int | None = Field(None, ge=0, le=10000)

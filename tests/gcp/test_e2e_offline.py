@@ -1,0 +1,282 @@
+"""Ray's own GCP node provider and autoscaler, unpatched, against an offline Google (issue 12).
+
+`invoke up/submit/status/dashboard/teardown --provider=gcp-tpu` run as a user would, inside the
+test bed's client namespace (whose /etc/hosts sends Google's names to the fake); the real `ray up`
+creates the head through the fake Compute API, the head's autoscaler (credentials from the fake
+metadata server) creates a TPU node through the fake TPU API when a job asks for `TPU: 4`, and
+deletes it when idle. Every VM and TPU host is a test-bed host with real sshd and real Ray.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp.offline import GOOGLE_NAMES, BedMachines, OfflineGoogle, TestCa, write_service_account_key
+from tests.testbed import Testbed
+from tests.testbed.preflight import require
+
+PROJECT = "test-project"
+ZONE = "us-central2-b"
+CLUSTER = "gcpe2e"
+#: Ray's documented knobs, in every test-bed host's environment (so in the head's autoscaler).
+RAY_FAST = {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "AUTOSCALER_HEARTBEAT_TIMEOUT_S": "10",
+            "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": "100000000"}
+IDLE_TIMEOUT_MINUTES = 0.2
+
+
+@dataclass
+class Offline:
+    bed: Testbed
+    google: OfflineGoogle
+    fake: FakeGcp
+    work: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def env(self, home: Path) -> dict[str, str]:
+        """The client's environment: no proxy, no gcloud config, no Google credential of this
+        machine; the run's CA for httplib2 only."""
+        drop = ("PROXY", "GOOGLE_", "CLOUDSDK_", "RAYFLEET_GCP")
+        env = {k: v for k, v in os.environ.items() if not any(d in k.upper() for d in drop)}
+        gcloud = self.work / "gcloud-config"
+        gcloud.mkdir(exist_ok=True)
+        env.update(self.google.ca.env(), RAYFLEET_HOME=str(home), CLOUDSDK_CONFIG=str(gcloud),
+                   RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+        env.pop("GCE_METADATA_IP", None)  # the client is no VM: it has no metadata server
+        env.pop("GCE_METADATA_HOST", None)
+        return env
+
+    def argv(self, *args: str) -> list[str]:
+        return [*self.bed.client.enter_argv(cwd=str(ROOT)), sys.executable, "-m", "invoke", *args]
+
+    def invoke(self, home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), env=self.env(home), capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
+    require("testbed")
+    started = time.monotonic()
+    work = tmp_path_factory.mktemp("gcp-offline-")
+    ca = TestCa(work / "ca")
+    # Three machines: the head, a TPU host, and a second one for the node replacing a preempted one.
+    bed = Testbed(3, work / "bed", env={**ca.env(), **RAY_FAST})
+    fake = FakeGcp(PROJECT, op_polls=1, page_size=100)
+    google = OfflineGoogle(bed, ca, fake, BedMachines(bed, list(bed.hosts)))
+    try:
+        google.start()
+        # Never where real DNS answers: every Google name must be the fake, in the client
+        # namespace (where `ray up` runs) and on a host (where the autoscaler runs).
+        for node in (bed.client, bed.hosts[0]):
+            resolved = google.resolves_here(node.enter_argv())
+            assert resolved == {n: bed.client.ip for n in GOOGLE_NAMES}, resolved
+        yield Offline(bed, google, fake, work, {"test bed + offline Google": round(
+            time.monotonic() - started, 1)})
+    finally:
+        google.stop()
+        bed.close()
+
+
+def spec_file(folder: Path, key: Path, name: str = CLUSTER, **changes: Any) -> Path:
+    spec = {
+        "provider": "gcp-tpu", "project": PROJECT, "zone": ZONE, "credentials_file": str(key),
+        "ssh_user": "root", "labels": {"course": "offline-test"},
+        "idle_timeout_minutes": IDLE_TIMEOUT_MINUTES,
+        "head": {"machine_type": "n2-standard-4"},
+        "cpu_workers": {"cpu": {"machine_type": "n2-standard-8", "cpus": 1, "max_workers": 1,
+                                "provisioning": "spot"}},
+        "tpu_workers": {"tpu": {"accelerator_type": "v4-8", "min_workers": 0, "max_workers": 1,
+                                "cpus": 1, "provisioning": "spot"}},
+        # The test bed has the CPU env's packages and no network; JAX on chips is not tested.
+        "node_env": {"backend": "venv", "tpu_env": "cpu"},
+        "ready_timeout_s": 120,
+        **changes,
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(interval)
+
+
+def tpu_nodes(fake: FakeGcp, state: str | None = None) -> list[dict[str, Any]]:
+    with fake.lock:
+        return [dict(n) for n in fake.tpu_nodes.values()
+                if n["labels"].get("ray-cluster-name") == CLUSTER
+                and (state is None or n["state"] == state)]
+
+
+def result_of(output: str) -> dict[str, Any]:
+    assert "RESULT " in output, output
+    found: dict[str, Any] = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    return found
+
+
+def ray_config_caches() -> list[str]:
+    """Ray's /tmp/ray-config-<hash> files that belong to this test's cluster."""
+    mine = []
+    for path in glob.glob("/tmp/ray-config-*"):
+        try:
+            with open(path) as handle:
+                cached = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        config = cached.get("config", cached)
+        if config.get("cluster_name") == CLUSTER and config.get("provider", {}).get(
+                "project_id") == PROJECT:
+            mine.append(path)
+    return mine
+
+
+@pytest.mark.slow
+def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_path: Path) -> None:
+    bed, fake, google = offline.bed, offline.fake, offline.google
+    home = tmp_path / "rayfleet-home"
+    key = write_service_account_key(tmp_path / "sa-key.json", google.identity,
+                                    f"student@{PROJECT}.iam.gserviceaccount.com")
+    spec = spec_file(tmp_path, key)
+    timings = offline.timings
+    lap = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal lap
+        now = time.monotonic()
+        timings[name] = round(now - lap, 1)
+        print(f"[gcp e2e] {name}: {timings[name]} s", flush=True)
+        lap = now
+
+    try:
+        # 1. up: the head VM with our labels, Ray answering through the dashboard tunnel, no TPU.
+        up = offline.invoke(home, "up", "--provider", "gcp-tpu", "--cluster", str(spec),
+                            timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        heads = [i for i in fake.instances.values()
+                 if i["labels"].get("ray-node-type") == "head"]
+        assert len(heads) == 1, heads
+        labels = heads[0]["labels"]
+        assert labels["rayfleet-cluster"] == CLUSTER and labels["ray-cluster-name"] == CLUSTER
+        assert labels["course"] == "offline-test"
+        head_host = next(h for h in bed.hosts if h.ip == heads[0]["networkInterfaces"][0]["accessConfigs"][0]["natIP"])
+        assert tpu_nodes(fake) == []
+        # The head's autoscaler got its credentials from the metadata server, the client never.
+        assert any(path.endswith("/token") for ip, path in google.identity.metadata_requests
+                   if ip == head_host.ip), google.identity.metadata_requests[-5:]
+        assert not [r for r in google.identity.metadata_requests if r[0] == bed.client.ip]
+        tunnel = subprocess.Popen(offline.argv("dashboard", "--cluster", str(spec)),
+                                  env=offline.env(home), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert tunnel.stdout is not None
+            url = tunnel.stdout.readline().strip()
+            assert url.startswith("http://127.0.0.1:"), url + (tunnel.stderr.read() if
+                                                               tunnel.poll() is not None else "")
+            version = bed.client_run(f"curl -sf {url}/api/version", timeout=30)
+            assert version.returncode == 0 and "ray_version" in version.stdout, version
+        finally:
+            # nsenter does not forward signals: Ctrl+C goes to the whole process group, as in a
+            # terminal, so `invoke dashboard` inside the namespace gets it too.
+            os.killpg(tunnel.pid, signal.SIGINT)
+            tunnel.wait(timeout=30)
+        phase("up (head VM, Ray, tunnel)")
+
+        # 2. A job that needs TPU: 4 makes the autoscaler create a TPU node, which runs it.
+        submit = offline.invoke(home, "submit", "--cluster", str(spec), "examples/tpu_example.py",
+                                "--", "--wait-for-tpu", "240", "--placement-only", timeout=360)
+        assert submit.returncode == 0, submit.stdout + submit.stderr
+        nodes = tpu_nodes(fake)
+        assert len(nodes) == 1 and nodes[0]["state"] == "READY", nodes
+        node_name = nodes[0]["name"].rsplit("/", 1)[-1]
+        assert nodes[0]["labels"]["rayfleet-cluster"] == CLUSTER
+        assert nodes[0]["acceleratorType"] == "v4-8" and nodes[0]["schedulingConfig"] == {
+            "spot": True}
+        tpu_host = google.machines.host_of(node_name)[0]
+        result = result_of(submit.stdout)
+        assert [r["host"] for r in result["results"]] == [tpu_host.hostname], result
+        assert len(result["results"][0]["tpu_ids"]) == 4, result
+        phase("demand -> TPU node created, joined, job done")
+
+        # 3. Idle: the autoscaler deletes the TPU node; status shows only the head.
+        wait_for("the idle TPU node to be deleted", lambda: not tpu_nodes(fake), timeout=180)
+        phase("idle -> TPU node deleted")
+        status = offline.invoke(home, "status", "--cluster", str(spec), "--json", timeout=120)
+        assert status.returncode == 0, status.stdout + status.stderr
+        report = json.loads(status.stdout)
+        assert report["running"], report
+        assert [r["kind"] for r in report["provider_resources"]] == ["Compute VM"], report
+        assert [n for n in report["nodes"] if n.get("state") == "ALIVE"] and all(
+            n.get("ip") == head_host.ip for n in report["nodes"] if n.get("state") == "ALIVE"), report
+
+        # 4. A spot TPU node preempted mid-job: a new node takes over, the job still succeeds,
+        #    and the autoscaler keeps working (it scales the new node down again).
+        job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec),
+                                            "examples/tpu_example.py", "--", "--wait-for-tpu",
+                                            "300", "--placement-only", "--hold", "25"),
+                               env=offline.env(home), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            first = wait_for("a TPU node holding the job's task", lambda: next(
+                (n for n in tpu_nodes(fake, "READY") if any(
+                    "placement_on_local_chips" in h.run("ps -eo args").stdout
+                    for h in google.machines.host_of(n["name"].rsplit("/", 1)[-1]))), None),
+                timeout=240, interval=1)
+            first_name = first["name"].rsplit("/", 1)[-1]
+            phase("demand -> TPU node running the task")
+            fake.preempt(first_name)
+            out, err = job.communicate(timeout=360)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+        assert job.returncode == 0, out + err
+        replacement = [n for n in tpu_nodes(fake) if n["name"].rsplit("/", 1)[-1] != first_name]
+        assert [n["state"] for n in replacement] == ["READY"], tpu_nodes(fake)
+        second_host = google.machines.host_of(replacement[0]["name"].rsplit("/", 1)[-1])[0]
+        assert [r["host"] for r in result_of(out)["results"]] == [second_host.hostname], out
+        phase("preempted -> replacement node ran the job")
+        # Google then removes the preempted node (404 from now on): Ray's provider must not wedge
+        # on it (ray-project/ray#29698); the autoscaler still scales the replacement down.
+        fake.preempt(first_name, delete=True)
+        wait_for("the idle replacement node to be deleted", lambda: not tpu_nodes(fake),
+                 timeout=180)
+        phase("idle -> replacement deleted")
+    finally:
+        # 5. teardown: nothing of ours left at the fake, in /tmp, or running.
+        down = offline.invoke(home, "teardown", "--provider", "gcp-tpu", "--cluster", str(spec),
+                              timeout=600)
+        phase("teardown")
+        print(f"[gcp e2e] phases (s): {timings}", flush=True)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert fake.nodes_with({"rayfleet-cluster": CLUSTER}) == []
+    assert fake.nodes_with({"ray-cluster-name": CLUSTER}) == []
+    assert not [n for n in fake.firewalls if CLUSTER in n]
+    assert ray_config_caches() == []
+    google.machines.wait_idle()
+    for host in bed.hosts:
+        left = host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[r]ay::|[m]onitor.py' "
+                        "|| true").stdout.strip()
+        assert left == "", f"Ray still running on {host.name}: {left}"
+    client_left = bed.client.run("ps -eo args | grep -E '[r]ay |[s]sh |[i]nvoke' || true")
+    assert client_left.stdout.strip() == "", client_left.stdout
