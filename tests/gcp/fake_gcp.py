@@ -114,6 +114,7 @@ class FakeGcp(TpuApi):
         self._server: ThreadingHTTPServer | None = None
         #: Real machines behind created nodes (None: made-up addresses).
         self.machines: Machines | None = None
+        self.events: list[tuple[float, str, str]] = []
         self._addresses = itertools.count(20)
 
     # --- lifecycle ----------------------------------------------------------------------------

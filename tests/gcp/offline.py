@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import secrets
+import shlex
 import socket
 import ssl
 import threading
@@ -31,7 +32,7 @@ from typing import Any
 from tests.gcp.fake_gcp import FakeGcp
 from tests.gcp.fake_identity import TOKEN_URI, Identity
 from tests.testbed import Testbed
-from tests.testbed.hosts import Host
+from tests.testbed.hosts import Host, ray_bin_dir
 
 GOOGLE_NAMES = ["compute.googleapis.com", "tpu.googleapis.com", "iam.googleapis.com",
                 "cloudresourcemanager.googleapis.com", "oauth2.googleapis.com",
@@ -150,6 +151,16 @@ def socket_in_netns(netns_path: str, address: tuple[str, int]) -> socket.socket:
     return sock
 
 
+def fresh_image(host: Host) -> None:
+    """Make a host's login shell look like a cloud image's: no pyenv/conda init from this
+    machine's ~/.bashrc (its `pyenv rehash` takes a lock that an SSH session killed by Ray's
+    "waiting for SSH" probe leaves behind, stalling every later login), just the tests' Ray on
+    PATH, as a VM image with Ray preinstalled would have."""
+    path_line = f"export PATH={ray_bin_dir()}:$PATH"
+    host.run(f"printf '%s\\n' {shlex.quote(path_line)} > /root/.bashrc; "
+             "rm -f /root/.pyenv/shims/.pyenv-shim", check=True, timeout=30)
+
+
 class BedMachines:
     """The fake's machines are test-bed hosts, handed out in order and given back when deleted."""
 
@@ -170,6 +181,8 @@ class BedMachines:
             self.used[name] = taken
             for host in taken:
                 self.attributes[host.ip] = dict(attributes)
+        for host in taken:
+            fresh_image(host)
         # Google's guest agent installs `user:key` lines of the node's metadata for that user.
         for line in ssh_keys.splitlines():
             user, _, key = line.partition(":")
