@@ -99,7 +99,10 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
                  if i["labels"].get("ray-node-type") == "head"]
         assert len(heads) == 1, heads
         labels = heads[0]["labels"]
-        assert labels["rayfleet-cluster"] == CLUSTER and labels["ray-cluster-name"] == CLUSTER
+        state = json.loads((home / "state" / f"{CLUSTER}.json").read_text())
+        cluster_id = state["cluster_id"]
+        assert labels["rayfleet-cluster"] == cluster_id and labels["ray-cluster-name"] == CLUSTER
+        assert labels["rayfleet-name"] == CLUSTER and labels["rayfleet-owner"] == state["owner"]
         assert labels["course"] == "offline-test"
         nat_ip = heads[0]["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
         head_host = next(h for h in bed.hosts if h.ip == nat_ip)
@@ -116,13 +119,27 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
             url = tunnel.stdout.readline().strip()
             assert url.startswith("http://127.0.0.1:"), url + (tunnel.stderr.read() if
                                                                tunnel.poll() is not None else "")
-            version = bed.client_run(f"curl -sf {url}/api/version", timeout=30)
-            assert version.returncode == 0 and "ray_version" in version.stdout, version
+            # Token auth: the job API refuses a request without the token, accepts ours.
+            token_file = home / "keys" / CLUSTER / "ray-token"
+            refused = bed.client_run(f"curl -s -o /dev/null -w '%{{http_code}}' {url}/api/jobs/",
+                                     timeout=30)
+            assert refused.stdout.strip() == "401", refused
+            version = bed.client_run(
+                f"curl -sf -H \"Authorization: Bearer $(cat {token_file})\" {url}/api/jobs/",
+                timeout=30)
+            assert version.returncode == 0, version
         finally:
             # nsenter does not forward signals: Ctrl+C goes to the whole process group, as in a
             # terminal, so `invoke dashboard` inside the namespace gets it too.
             os.killpg(tunnel.pid, signal.SIGINT)
             tunnel.wait(timeout=30)
+        token = token_file.read_text().strip()
+        on_head = head_host.run(
+            "stat -c %a ~/.rayfleet/ray-token; grep -rlF \"$(cat ~/.rayfleet/ray-token)\" "
+            "~/ray_bootstrap_config.yaml /tmp/ray/session_latest/logs 2>/dev/null; true")
+        assert on_head.stdout.split() == ["600"], on_head.stdout  # 0600, and in no config or log
+        assert not [p for p in home.rglob("*") if p.is_file() and p != token_file
+                    and token in p.read_text(errors="replace")]
         phase("up (head VM, Ray, tunnel)")
 
         # 2. A job that needs TPU: 4 makes the autoscaler create a TPU node, which runs it.
@@ -132,7 +149,7 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         nodes = tpu_nodes(fake)
         assert len(nodes) == 1 and nodes[0]["state"] == "READY", nodes
         node_name = nodes[0]["name"].rsplit("/", 1)[-1]
-        assert nodes[0]["labels"]["rayfleet-cluster"] == CLUSTER
+        assert nodes[0]["labels"]["rayfleet-cluster"] == cluster_id
         assert nodes[0]["acceleratorType"] == "v4-8" and nodes[0]["schedulingConfig"] == {
             "spot": True}
         tpu_host = google.machines.host_of(node_name)[0]
@@ -192,7 +209,7 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         phase("teardown")
         print(f"[gcp e2e] phases (s): {timings}", flush=True)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert fake.nodes_with({"rayfleet-cluster": CLUSTER}) == []
+    assert fake.nodes_with({"rayfleet-cluster": cluster_id}) == []
     assert fake.nodes_with({"ray-cluster-name": CLUSTER}) == []
     assert not [n for n in fake.firewalls if CLUSTER in n]
     assert ray_config_caches() == []

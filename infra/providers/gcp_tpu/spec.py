@@ -245,6 +245,14 @@ class Spec(ClusterSpec):
                              f"({self.min_total}); raise it or remove it")
         return self
 
+    @model_validator(mode="after")
+    def _no_open_dashboard_without_auth(self) -> Spec:
+        if self.dashboard.allowed_source_ranges and self.auth == "none":
+            raise ValueError("dashboard.allowed_source_ranges with auth: none would let anyone in "
+                             "those ranges run code on the cluster; remove auth: none (token "
+                             "auth) or remove allowed_source_ranges (SSH tunnel only)")
+        return self
+
     @property
     def region_name(self) -> str:
         return self.region or self.zone.rsplit("-", 1)[0]
