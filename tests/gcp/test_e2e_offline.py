@@ -73,6 +73,59 @@ def ray_config_caches() -> list[str]:
     return mine
 
 
+def test_revoked_key_is_one_line_and_creates_nothing(offline: Offline, tmp_path: Path) -> None:
+    """Google's token endpoint refuses the key (google-auth's RefreshError): one line, exit 1."""
+    from tests.gcp.conftest import assert_nothing_created
+
+    home = tmp_path / "rayfleet-home"
+    key = write_service_account_key(tmp_path / "sa-key.json", offline.google.identity,
+                                    f"revoked@{PROJECT}.iam.gserviceaccount.com")
+    offline.google.identity.revoked.add(json.loads(key.read_text())["private_key_id"])
+    spec = spec_file(tmp_path, key, name="gcprevoked")
+    result = offline.invoke(home, "up", "--cluster", str(spec), timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Google refused the credentials (invalid_grant" in errors[0], \
+        result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert offline.fake.nodes_with({"rayfleet-name": "gcprevoked"}) == []
+    assert_nothing_created(home, "gcprevoked")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_up_removes_what_this_run_created(offline: Offline, tmp_path: Path) -> None:
+    home = tmp_path / "rayfleet-home"
+    key = write_service_account_key(tmp_path / "sa-key.json", offline.google.identity,
+                                    f"student@{PROJECT}.iam.gserviceaccount.com")
+    spec = spec_file(tmp_path, key, name="gcpint")
+    up = subprocess.Popen(offline.argv("up", "--cluster", str(spec)), env=offline.env(home),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+    try:
+        # `ray up` has created the head VM and is setting it up when the user presses Ctrl+C
+        # (the terminal sends SIGINT to the whole foreground group: invoke and `ray up`).
+        wait_for("the head VM", lambda: [
+            i for i in offline.fake.instances.values()
+            if i["labels"].get("rayfleet-name") == "gcpint" and i["status"] == "RUNNING"],
+            timeout=180)
+        os.killpg(up.pid, signal.SIGINT)
+        out, err = up.communicate(timeout=300)
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+    # (nsenter, the group's leader here, dies of the SIGINT itself; invoke's own exit is 130.)
+    assert up.returncode != 0, out + err
+    assert "interrupted; removing what this run created" in err, err
+    assert "Traceback" not in err
+    assert offline.fake.nodes_with({"rayfleet-name": "gcpint"}) == []
+    assert offline.fake.nodes_with({"ray-cluster-name": "gcpint"}) == []
+    state = json.loads((home / "state" / "gcpint.json").read_text()) if (
+        home / "state" / "gcpint.json").exists() else {"resources": []}
+    assert state["resources"] == [], state
+    offline.google.machines.wait_idle()
+
+
 @pytest.mark.slow
 def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_path: Path) -> None:
     bed, fake, google = offline.bed, offline.fake, offline.google
@@ -202,6 +255,13 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         wait_for("the idle replacement node to be deleted", lambda: not tpu_nodes(fake),
                  timeout=180)
         phase("idle -> replacement deleted")
+    except BaseException:
+        # For the post-mortem: what the head's Ray logged last (the test bed goes with the run).
+        for host in bed.hosts:
+            print(f"--- {host.name} ---\n" + host.run(
+                "cd /tmp/ray/session_latest/logs 2>/dev/null && tail -n 25 dashboard.log "
+                "dashboard_agent.log monitor.log 2>/dev/null | cut -c1-300").stdout, flush=True)
+        raise
     finally:
         # 5. teardown: nothing of ours left at the fake, in /tmp, or running.
         down = offline.invoke(home, "teardown", "--provider", "gcp-tpu", "--cluster", str(spec),
