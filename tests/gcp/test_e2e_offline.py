@@ -191,6 +191,10 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
             "stat -c %a ~/.rayfleet/ray-token; grep -rlF \"$(cat ~/.rayfleet/ray-token)\" "
             "~/ray_bootstrap_config.yaml /tmp/ray/session_latest/logs 2>/dev/null; true")
         assert on_head.stdout.split() == ["600"], on_head.stdout  # 0600, and in no config or log
+        # ... and on no command line of the head's processes (the pattern comes from the file).
+        cmdlines = head_host.run("grep -lFf ~/.rayfleet/ray-token /proc/[0-9]*/cmdline "
+                                 "2>/dev/null; true")
+        assert cmdlines.stdout.strip() == "", cmdlines.stdout
         assert not [p for p in home.rglob("*") if p.is_file() and p != token_file
                     and token in p.read_text(errors="replace")]
         phase("up (head VM, Ray, tunnel)")

@@ -24,8 +24,9 @@ NODE_TYPE = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
 ZONE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
 PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 #: Labels rayfleet sets itself; a user label with one of these keys would break teardown's sweep.
-RESERVED_LABELS = ("rayfleet-cluster", "ray-cluster-name", "ray-node-type", "ray-node-name",
-                   "ray-user-node-type", "ray-launch-config", "ray-node-status")
+RESERVED_LABELS = ("rayfleet-cluster", "rayfleet-owner", "rayfleet-name", "ray-cluster-name",
+                   "ray-node-type", "ray-node-name", "ray-user-node-type", "ray-launch-config",
+                   "ray-node-status")
 
 Provisioning = Literal["standard", "spot", "preemptible"]
 
