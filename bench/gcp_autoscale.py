@@ -7,7 +7,7 @@ no TPU node and measures, from the submit:
 - create: the autoscaler's TPU create call reaches the fake;
 - joined: a raylet runs on the TPU host (setup commands and `ray start` done);
 - job done: the job has run on the node and `invoke submit` returned;
-and, from the job's end, idle->deleted: the TPU node is gone from the fake.
+and, from the moment the job's task ended on the node, idle->deleted: the node is gone from the fake.
 
 Floors (what the configuration allows at best): demand->create is bounded below by one autoscaler
 update (`AUTOSCALER_UPDATE_INTERVAL_S`, 1 s here); idle->deleted by `idle_timeout_minutes` (0.2 min
@@ -20,6 +20,7 @@ Usage: python bench/gcp_autoscale.py [--rounds 2]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def _first(offline: Offline, kind: str, after: float) -> tuple[float, str] | Non
 
 
 def one_round(offline: Offline, home: Path, spec: Path) -> dict[str, float]:
-    started = time.monotonic()
+    started = time.time()
     job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec), "examples/tpu_example.py",
                                         "--", "--wait-for-tpu", "300", "--placement-only"),
                            env=offline.env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -58,20 +59,21 @@ def one_round(offline: Offline, home: Path, spec: Path) -> dict[str, float]:
         if created and not joined:
             hosts = offline.google.machines.host_of(created[1])
             if hosts and hosts[0].run("pgrep -x raylet || true").stdout.strip():
-                joined = time.monotonic()
+                joined = time.time()
         time.sleep(0.2)
     out, err = job.communicate()
-    done = time.monotonic()
+    done = time.time()
     if job.returncode != 0:
         raise SystemExit(f"job failed:\n{out}\n{err}")
     created = _first(offline, "create", started)
     assert created is not None
-    while (deleted := _first(offline, "deleted", done)) is None:
-        if time.monotonic() - done > 300:
+    ended = float(json.loads(out.split("RESULT ", 1)[1].splitlines()[0])["results"][0]["ended_at"])
+    while (deleted := _first(offline, "deleted", ended)) is None:
+        if time.time() - done > 300:
             raise SystemExit("the idle TPU node was not deleted within 300 s")
         time.sleep(0.2)
     return {"create": created[0] - started, "joined": (joined or done) - started,
-            "job": done - started, "idle_deleted": deleted[0] - done}
+            "job": done - started, "idle_deleted": deleted[0] - ended}
 
 
 def main() -> int:

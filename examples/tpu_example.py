@@ -70,7 +70,8 @@ def placement_on_local_chips(hold_s: float) -> dict[str, Any]:
     chips = context.get_accelerator_ids().get("TPU", [])
     time.sleep(hold_s)  # holds the chips, e.g. so that a job is running when a spot node goes
     return {"host": socket.gethostname(), "node_id": context.get_node_id(),
-            "tpu_ids": list(chips), "held_s": round(time.monotonic() - started, 2)}
+            "tpu_ids": list(chips), "held_s": round(time.monotonic() - started, 2),
+            "ended_at": round(time.time(), 3)}
 
 
 def main() -> int:

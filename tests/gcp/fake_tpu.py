@@ -38,7 +38,7 @@ class TpuApi:
     accelerator_types: dict[str, list[tuple[str, str, str]]]
     runtime_versions: dict[str, list[str]]
     _ids: Any
-    #: (time.monotonic(), "create" | "ready" | "deleted" | "preempted", node id), for benches.
+    #: (time.time(), "create" | "ready" | "deleted" | "preempted", node id), for benches.
     events: list[tuple[float, str, str]]
 
     def _boot(self, name: str, hosts: int, ssh_keys: str,
@@ -124,7 +124,7 @@ class TpuApi:
         """A TPU node and its hidden Compute instances are gone; so are its machines."""
         self.tpu_nodes.pop(full, None)
         short = full.rsplit("/", 1)[-1]
-        self.events.append((time.monotonic(), "deleted", short))
+        self.events.append((time.time(), "deleted", short))
         for key, instance in list(self.instances.items()):
             if instance["labels"].get("tpu_name") == short:
                 del self.instances[key]
@@ -172,11 +172,11 @@ class TpuApi:
                                       "can try in another zone where Cloud TPU Nodes are offered"}
             return 200, operation
         self.tpu_nodes[full] = node
-        self.events.append((time.monotonic(), "create", node_id))
+        self.events.append((time.time(), "create", node_id))
 
         def ready() -> None:
             node["state"] = "READY"
-            self.events.append((time.monotonic(), "ready", node_id))
+            self.events.append((time.time(), "ready", node_id))
             node["networkEndpoints"] = [
                 {"ipAddress": ip, "port": 8470, "accessConfig": {"externalIp": ip}}
                 for ip in addresses]
@@ -196,7 +196,7 @@ class TpuApi:
                 self._drop_tpu(full)
                 return
             self.tpu_nodes[full]["state"] = "PREEMPTED"
-            self.events.append((time.monotonic(), "preempted", short_name))
+            self.events.append((time.time(), "preempted", short_name))
             for instance in self.instances.values():
                 if instance["labels"].get("tpu_name") == short_name:
                     instance["status"] = "TERMINATED"

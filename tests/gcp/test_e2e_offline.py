@@ -265,6 +265,9 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
             print(f"--- {host.name} ---\n" + host.run(
                 "cd /tmp/ray/session_latest/logs 2>/dev/null && tail -n 25 dashboard.log "
                 "dashboard_agent.log monitor.log 2>/dev/null | cut -c1-300").stdout, flush=True)
+            sshd_log = host.log_path.read_text(errors="replace").splitlines()
+            print("\n".join(line for line in sshd_log[-400:] if "logout" not in line
+                            and "session" not in line.lower())[-3000:], flush=True)
         raise
     finally:
         # 5. teardown: nothing of ours left at the fake, in /tmp, or running.
