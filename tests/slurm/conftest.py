@@ -64,7 +64,12 @@ def job_of(home: Path, name: str) -> dict[str, Any]:
     state = json.loads((home / "state" / f"{name}.json").read_text())
     jobs = [r for r in state["resources"] if r["kind"] == "slurm-job"]
     assert len(jobs) == 1, state
-    return {"name": jobs[0]["id"], **jobs[0]["attrs"]}
+    return {"name": jobs[0]["id"], "cluster_id": state["cluster_id"], **jobs[0]["attrs"]}
+
+
+def temp_marker(job: dict[str, Any], root: str = "/tmp") -> str:
+    """What every private temp dir of the cluster's nodes starts with (mktemp adds the rest)."""
+    return f"{root}/rf-{job['cluster_id']}."
 
 
 def result_of(stdout: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from tests.slurm.conftest import (
     ok,
     one_line_error,
     result_of,
+    temp_marker,
 )
 from tests.testbed.hosts import ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
@@ -31,10 +32,11 @@ pytestmark = pytest.mark.slow
 
 
 def ray_left_on_hosts(slurm: SlurmCluster, job: dict[str, object]) -> dict[str, str]:
-    """Processes naming the job's temp dirs, per host, as each host itself sees them."""
+    """Processes naming the cluster's temp dirs, per host, as each host itself sees them."""
     left = {}
     for host in slurm.nodes:
-        out = host.run(f"pgrep -af '{job['temp_dir']}[.]' || true", check=True).stdout.strip()
+        marker = temp_marker(job).replace(".", "[.]")
+        out = host.run(f"pgrep -af '{marker}' || true", check=True).stdout.strip()
         if out:
             left[host.name] = out
     return left

@@ -31,8 +31,8 @@ pytestmark = pytest.mark.slow
 
 
 def ray_processes(job: dict[str, object]) -> list[int]:
-    """PIDs of the job's Ray processes on this machine (its node 0 temp dir and descendants)."""
-    return rayproc.cluster_processes([f"{job['temp_dir']}.0"])
+    """PIDs of the job's Ray processes on this machine (its head's temp dir and descendants)."""
+    return rayproc.cluster_processes([str(job["temp_dir"])])
 
 
 def squeue(slurm: LocalSlurm) -> str:
@@ -84,7 +84,7 @@ def test_single_node_up_submit_status_teardown(tmp_path: Path, rf_home: Path,
     ok(invoke("teardown", "--cluster", str(spec)))
     assert slurm_local.job_state(job["job_id"]) is None, "the job is still in the queue"
     assert ray_processes(job) == [], "Ray processes of the job survived"
-    assert not Path(f"{job['temp_dir']}.0").exists()
+    assert not Path(str(job["temp_dir"])).exists()
     assert state_empty(rf_home, "solo")
     assert not list(slurm_local.jobs_dir.glob(f"{job['name']}.*")), "job files left behind"
     assert "Ray nodes alive" in (rf_home / "logs" / "solo" / f"slurm-{job['job_id']}.out").read_text()

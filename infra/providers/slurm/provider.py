@@ -1,14 +1,12 @@
-"""The `slurm` provider: a Ray cluster as one sbatch job on an HPC cluster.
+"""The Slurm provider's verbs: plan, up, status, connect, teardown.
 
-The batch script (templates/slurm.sbatch.j2) starts the head on the first node and a worker on
-every other node, waits until all are alive, and writes the head's address and ports to an info
-file next to the job's output. This side submits it (on this machine or on a login host over SSH),
-follows the queue and that file, tunnels to the dashboard, and cancels the job. A job is recorded
-in state under a unique job name before `sbatch` runs, so even a crash between submission and
-reading the job id leaves something `teardown` can find.
-
-Package layout: spec.py (the spec section), script.py (template variables), node_helper.py (what
-runs on the nodes), remote.py (local or SSH command runner), cluster.py (Slurm commands, parsed).
+The head job's batch script (templates/slurm.sbatch.j2) starts the head on the first node and
+(fixed clusters) a worker on every other node, or (autoscaling clusters) Ray's autoscaler with our
+node provider; it writes the head's address and ports to an info file next to the job's output.
+This side submits it (on this machine or on a login host over SSH), follows the queue and that
+file, tunnels to the dashboard on the head's loopback, and cancels every job carrying the
+cluster's id. A job is recorded in state under its unique name before `sbatch` runs, so even a
+crash between submission and reading the job id leaves something `teardown` can find.
 """
 
 from __future__ import annotations
@@ -19,25 +17,24 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from infra import jobs, paths, ui, versions
+from infra import auth, jobs, ui, versions
 from infra.errors import ClusterNotRunningError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.slurm import cluster, install, remote
-from infra.providers.slurm.remote import Runner, SlurmError
-from infra.providers.slurm.script import render_script
+from infra.providers.slurm import cluster, install, ours, queue, remote
+from infra.providers.slurm.queue import QueueUnavailable, SlurmError
+from infra.providers.slurm.remote import Runner
+from infra.providers.slurm.script import autoscaling_config, render_script, render_worker_script
 from infra.providers.slurm.spec import Spec
 from infra.state import Resource, State
 
 __all__ = ["Provider", "SlurmError", "Spec"]
 
-JOB = "slurm-job"
+JOB = ours.JOB
 SCRIPT = "ray.sbatch"
-# Facts of the info file worth keeping in state: enough to tunnel, show and verify teardown.
-_KEPT = ("head_node", "head_ip", "port_base", "gcs_port", "dashboard_port", "client_port",
-         "node_manager_port", "object_manager_port", "nodes", "temp_dir", "ray_version",
-         "python_version")
-
+WORKER_SCRIPT = "worker.sbatch"
+AUTOSCALING = "autoscaling.yaml"
+_KEPT = ours.KEPT
 
 
 def _ordinal_position(job_id: str, pending: list[str]) -> str:
@@ -64,8 +61,8 @@ class Provider(BaseProvider[Spec]):
         return contextlib.nullcontext(self._open_runner)
 
     def _job(self, state: State) -> Resource | None:
-        jobs = state.resources(JOB)
-        return jobs[-1] if jobs else None
+        found = state.resources(JOB)
+        return found[-1] if found else None
 
     def _summary(self) -> str:
         spec = self.spec
@@ -75,6 +72,11 @@ class Provider(BaseProvider[Spec]):
             g = spec.gpu_workers
             text += (f", GPU workers: {g.nodes} x {g.cpus_per_node} CPUs + {g.gpus_per_node} "
                      f"GPUs" + (f" ({g.partition})" if g.partition else ""))
+        if spec.autoscaling:
+            text = "head: " + text + "; autoscaled workers: " + ", ".join(
+                f"{name} {w.min_workers}-{w.max_workers} x {w.cpus_per_node} CPUs"
+                + (f" + {w.gpus_per_node} GPUs" if w.gpus_per_node else "")
+                for name, w in spec.worker_types.items())
         return (f"{text}; partition {spec.partition or '(default)'}, time limit "
                 f"{spec.time_limit}, submitted on {remote.describe(spec.submit)}")
 
@@ -87,25 +89,36 @@ class Provider(BaseProvider[Spec]):
     # --- plan ----------------------------------------------------------------------------------
 
     def plan(self, state: State | None) -> Plan:
-        script = render_script(self.spec)
+        files = {SCRIPT: render_script(self.spec)}
+        if self.spec.autoscaling:
+            files[WORKER_SCRIPT] = render_worker_script(self.spec)
+            files[AUTOSCALING] = autoscaling_config(self.spec)
         with self._runner() as runner:
             found = cluster.partitions(runner)
             notes = cluster.check_spec(self.spec, found, runner.where)
         job = self._job(state) if state else None
-        name = job.id if job else f"rf-{self.spec.name}-<token>"
+        name = job.id if job else f"rf-{self.spec.name}-<cluster id>-h<token>"
         detail = self._summary() + (f", job {job.attrs.get('job_id')}" if job else "")
+        resources = [PlannedResource("Slurm job (sbatch)", name, detail, bool(job))]
+        for type_name, worker in self.spec.worker_types.items():
+            resources.append(PlannedResource(
+                "Slurm jobs (autoscaled workers)", f"rf-{self.spec.name}-<cluster id>-w-"
+                f"{type_name}-<token>", f"{worker.min_workers} to {worker.max_workers}, submitted "
+                "and cancelled by Ray's autoscaler on the head"))
         if self.spec.environment.install:
             notes.append(f"before submitting: {install.command(self.spec)} (on "
                          f"{remote.describe(self.spec.submit)}; idempotent)")
+        root = self.spec.ray_temp_root.rstrip("/")
         notes += [
             "Ray ports: a block of 116 from "
-            f"{self.spec.port_range_start} picked by the job id; temp dirs "
-            f"{self.spec.ray_temp_root.rstrip('/')}/rf-<Slurm cluster>-<job id>.<node>",
+            f"{self.spec.port_range_start} picked by the job id, checked free on every node; "
+            f"private temp dirs {root}/rf-<cluster id>.<node>.XXXXXX (mktemp -d, 0700)",
             f"info file and job output in {self.spec.submit.workdir} on "
             f"{remote.describe(self.spec.submit)} (must be shared with the compute nodes)",
+            "the dashboard listens on the head's loopback only; rayfleet reaches it through an "
+            "SSH tunnel into the head's node",
         ]
-        return Plan(resources=[PlannedResource("Slurm job (sbatch)", name, detail, bool(job))],
-                    files={SCRIPT: script}, notes=notes)
+        return Plan(resources=resources, files=files, notes=notes)
 
     # --- up ------------------------------------------------------------------------------------
 
@@ -115,58 +128,84 @@ class Provider(BaseProvider[Spec]):
             job = self._job(state)
             if job is not None:
                 info = self._resume(runner, state, job)
-            if info is None:
-                if self.spec.environment.install:
-                    install.install(runner, self.spec)
-                job = self._submit(runner, state, plan.files[SCRIPT])
-                try:
-                    info = self._wait_ready(runner, state, job)
-                except KeyboardInterrupt:
-                    ui.info(f"Slurm job {job.attrs['job_id']} stays; `invoke up` waits for it "
-                            "again, `invoke teardown` cancels it")
+            if info is not None:
+                return self._ready_endpoint(state, info)
+            if self.spec.environment.install:
+                install.install(runner, self.spec)
+            self._deliver_token(runner, state)
+            job = self._submit(runner, state, plan.files[SCRIPT])
+            try:
+                # Everything after sbatch, up to a dashboard that answers through the tunnel.
+                info = self._wait_ready(runner, state, job)
+                endpoint = self._ready_endpoint(state, info)
+            except KeyboardInterrupt:
+                ui.info(f"Slurm job {job.attrs['job_id']} stays (a place in the queue is worth "
+                        "keeping); `invoke up` waits for it again, `invoke teardown` cancels it")
+                raise
+            except BaseException:
+                if options.keep_partial:
+                    ui.info(f"keeping Slurm job {job.attrs['job_id']} (--keep-partial); "
+                            "`invoke teardown` cancels it")
                     raise
-                except BaseException:
-                    if options.keep_partial:
-                        ui.info(f"keeping Slurm job {job.attrs['job_id']} (--keep-partial); "
-                                "`invoke teardown` cancels it")
-                        raise
-                    ui.info(f"cancelling Slurm job {job.attrs['job_id']} (--keep-partial keeps "
-                            "it for debugging)")
-                    self._cancel(runner, state, state.find(JOB, job.id) or job)
-                    raise
-        endpoint = Endpoint(info["dashboard_url"], info["address"])
-        with self.connect(state) as reachable:
-            ui.wait_for(lambda _: True if jobs.dashboard_ready(reachable.dashboard_url) else None,
-                        "the dashboard to accept jobs", timeout=self.spec.ready_timeout_s)
-        if not self.spec.submit.is_local:
-            target = remote.ssh_target(self.spec.submit)
-            jump = f"-J {self.spec.submit.jump_host} " if self.spec.submit.jump_host else ""
-            ui.info(f"the dashboard listens on the head node only; `invoke dashboard` tunnels to "
-                    f"it through {target}, or by hand: ssh {jump}-L 8265:{info['head_ip']}:"
-                    f"{info['dashboard_port']} {target.user}@{target.host}")
+                ui.info(f"cancelling Slurm job {job.attrs['job_id']} (--keep-partial keeps "
+                        "it for debugging)")
+                ours.cancel(self.spec, runner, state, state.find(JOB, job.id) or job)
+                raise
         return endpoint
+
+    def _ready_endpoint(self, state: State, info: dict[str, Any]) -> Endpoint:
+        token = auth.token_file(state)
+        with self.connect(state) as reachable:
+            ui.wait_for(lambda _: True if jobs.dashboard_ready(reachable.dashboard_url, token)
+                        else None, "the dashboard to accept jobs (through the tunnel)",
+                        timeout=self.spec.ready_timeout_s)
+        ui.info(f"the dashboard listens on the head node's loopback only; `invoke dashboard` "
+                f"tunnels to it (SSH into {info['head_ip']}"
+                + ("" if self.spec.submit.is_local else
+                   f" through {remote.describe(self.spec.submit)}") + ")")
+        return Endpoint(info["dashboard_url"], info["address"], token_path=token)
+
+    def _deliver_token(self, runner: Runner, state: State) -> str | None:
+        """The cluster's Ray token into the submit dir's keys/<cluster id>/ (0700 dir, 0600 file),
+        through stdin: never on a command line, never in the batch script."""
+        path = auth.ensure_token(state, enabled=self.spec.auth == "token")
+        if path is None:
+            return None
+        folder = ours.token_dir(self.spec.submit.workdir, state.cluster_id)
+        runner.check(f"umask 077 && mkdir -p {folder} && chmod 700 {folder} && "
+                     f"cat > {folder}/ray-token.tmp && chmod 600 {folder}/ray-token.tmp && "
+                     f"mv -f {folder}/ray-token.tmp {folder}/ray-token",
+                     input=path.read_text())
+        return f"{folder}/ray-token"
 
     def _resume(self, runner: Runner, state: State, job: Resource) -> dict[str, Any] | None:
         """Reuse the job in state if it is still queued or running; forget it otherwise."""
         job_id = job.attrs.get("job_id")
-        ids = [job_id] if job_id else cluster.find_by_name(runner, job.id)
-        rows = cluster.job_rows(runner, ids[0]) if ids else None
+        ids = [job_id] if job_id else cluster.patiently(
+            lambda: cluster.find_by_name(runner, job.id, ours.expected_id(self.spec, state,
+                                                                               job)),
+            "looking for the job by name")
+        rows = cluster.patiently(lambda: cluster.job_rows(runner, ids[0]),
+                                 f"reading job {ids[0]}") if ids else None
         if rows and rows[0].state in ("PENDING", "CONFIGURING", "RUNNING"):
             if not job_id:
                 job = state.update(JOB, job.id, job_id=ids[0])
             ui.info(f"Slurm job {ids[0]} of {self.spec.name!r} is {rows[0].state}; reusing it")
             return self._wait_ready(runner, state, job)
         ui.info(f"Slurm job {job_id or job.id} has ended; submitting a new one")
-        self._cancel(runner, state, job)
+        ours.cancel(self.spec, runner, state, job)
         return None
 
     def _submit(self, runner: Runner, state: State, script: str) -> Resource:
-        job_name = f"rf-{self.spec.name}-{secrets.token_hex(3)}"
+        job_name = f"{queue.job_prefix(self.spec.name, state.cluster_id)}h{secrets.token_hex(3)}"
         # Recorded before sbatch: if we die before reading the id, teardown finds it by name.
         state.add(JOB, job_name, submitted_on=runner.where, workdir=self.spec.submit.workdir,
                   submitted_at=time.time())
+        comment = queue.comment(state.cluster_id, state.owner, self.spec.name, "head")
         with ui.step(f"submitting {SCRIPT} on {runner.where}") as step:
-            job_id = cluster.sbatch(runner, self.spec.submit.workdir, job_name, script)
+            job_id = cluster.sbatch(runner, self.spec.submit.workdir, job_name, script, comment,
+                                    export={"RF_CLUSTER_ID": state.cluster_id,
+                                            "RF_OWNER": state.owner})
             step.detail(f"job {job_id}")
         return state.update(JOB, job_name, job_id=job_id)
 
@@ -176,12 +215,17 @@ class Provider(BaseProvider[Spec]):
         seen: dict[str, Any] = {}
 
         def check(step: ui.Step) -> dict[str, Any] | None:
-            polled = cluster.poll(runner, job_id, info_file, self.spec.partition)
+            try:
+                polled = cluster.poll(runner, job_id, info_file, self.spec.partition)
+            except QueueUnavailable as exc:
+                # The job's fate is unknown, not "ended": wait on (queue_timeout_s bounds it).
+                step.detail(f"job {job_id}: {exc}; retrying")
+                return None
             info = polled.info or {}
             if info.get("head_ip") and not seen:
                 seen.update(info)  # head and ports known: record them for a teardown that verifies
                 state.update(JOB, job.id, **{k: info[k] for k in _KEPT if k in info})
-            if polled.rows is None or polled.rows[0].state not in cluster.LIVE_STATES - {
+            if polled.rows is None or polled.rows[0].state not in queue.LIVE_STATES - {
                     "COMPLETING"}:
                 last = polled.rows[0].state if polled.rows else "left the queue"
                 raise SlurmError(f"Slurm job {job_id} ended ({last}) before Ray was ready: "
@@ -217,28 +261,7 @@ class Provider(BaseProvider[Spec]):
     # --- status and connect --------------------------------------------------------------------
 
     def status(self, state: State) -> ProviderStatus:
-        job = self._job(state)
-        if job is None:
-            return ProviderStatus(False, "no Slurm job; start one with `invoke up`")
-        with self._runner() as runner:
-            ids = ([str(job.attrs["job_id"])] if job.attrs.get("job_id")
-                   else cluster.find_by_name(runner, job.id))
-            job_id = ids[0] if ids else job.id
-            rows = cluster.job_rows(runner, job_id) if ids else None
-        if not rows:
-            return ProviderStatus(False, f"Slurm job {job_id} is no longer in the queue",
-                                  warnings=[f"job {job_id} ended; `invoke teardown` verifies "
-                                            "and forgets it, `invoke up` starts a new one"])
-        first = rows[0]
-        ready = first.state == "RUNNING" and bool(state.info.get("dashboard_url"))
-        summary = (f"Slurm job {job_id} {first.state} on {first.nodes or '(none yet)'}, "
-                   f"{first.elapsed} of {first.limit}")
-        if first.state == "PENDING":
-            summary += f" ({first.reason})"
-        table = [{"job": r.job_id, "state": r.state, "partition": r.partition,
-                  "nodes": r.nodes, "elapsed": r.elapsed, "limit": r.limit,
-                  "reason": "" if r.reason == "None" else r.reason} for r in rows]
-        return ProviderStatus(ready, summary, table)
+        return ours.status(self.spec, self._runner, state)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
@@ -249,7 +272,8 @@ class Provider(BaseProvider[Spec]):
             raise ClusterNotRunningError(
                 f"Slurm cluster {self.spec.name!r} is not running; start it with `invoke up`")
         with self._runner() as runner:
-            rows = cluster.job_rows(runner, str(job.attrs["job_id"]))
+            rows = cluster.patiently(lambda: cluster.job_rows(runner, str(job.attrs["job_id"])),
+                                     "reading the head's job")
             if not rows or rows[0].state != "RUNNING":
                 raise ClusterNotRunningError(
                     f"Slurm job {job.attrs['job_id']} is "
@@ -257,71 +281,12 @@ class Provider(BaseProvider[Spec]):
                     "`invoke teardown`, then `invoke up` for a new cluster")
             with runner.tunnel(str(head_ip), int(port)) as url:
                 yield Endpoint(url, f"{head_ip}:{job.attrs['gcs_port']}",
-                               tunneled=not url.startswith(f"http://{head_ip}:"))
+                               tunneled=url != f"http://127.0.0.1:{port}",
+                               token_path=auth.token_file(state))
 
     # --- teardown ------------------------------------------------------------------------------
 
     def teardown(self, state: State) -> None:
-        jobs = state.resources(JOB)
-        if not jobs:
-            return
         with self._runner() as runner:
-            for job in jobs:
-                self._cancel(runner, state, job)
-        state.clear_info()
+            ours.teardown(self.spec, runner, state)
 
-    def _cancel(self, runner: Runner, state: State, job: Resource) -> None:
-        """scancel, wait until the job left the queue, verify its Ray answers nowhere, forget it."""
-        ids = [str(job.attrs["job_id"])] if job.attrs.get("job_id") else cluster.find_by_name(
-            runner, job.id)
-        workdir = str(job.attrs.get("workdir", self.spec.submit.workdir))
-        for job_id in ids:
-            info = cluster.read_info(runner, cluster.job_file(workdir, job.id, ".json"))
-            attrs = {**job.attrs, **{k: v for k, v in (info or {}).items() if k in _KEPT}}
-            cluster.scancel(runner, job_id)
-
-            def gone(step: ui.Step, job_id: str = job_id) -> bool | None:
-                rows = cluster.job_rows(runner, job_id)
-                if rows:
-                    step.detail(rows[0].state)
-                return True if rows is None else None
-
-            ui.wait_for(gone, f"Slurm job {job_id} to leave the queue", timeout=180,
-                        interval=0.3, hint="slurmd may be unreachable; see `scontrol show job`")
-            self._verify_stopped(runner, job_id, attrs)
-            self._keep_output(runner, workdir, job.id, job_id)
-        state.remove(JOB, job.id)
-
-    def _verify_stopped(self, runner: Runner, job_id: str, attrs: dict[str, Any]) -> None:
-        """No Ray process of the job may remain: none of its ports may answer on any node."""
-        targets: list[tuple[str, int]] = []
-        if attrs.get("head_ip") and attrs.get("gcs_port"):
-            targets += [(attrs["head_ip"], int(attrs["gcs_port"])),
-                        (attrs["head_ip"], int(attrs["dashboard_port"]))]
-        # The head by the address we know it by: Ray may report another one of the same node.
-        ips = {n["ip"] for n in attrs.get("nodes", []) if not n.get("head")} | (
-            {attrs["head_ip"]} if attrs.get("head_ip") else set())
-        for ip in sorted(ips):
-            if attrs.get("node_manager_port"):
-                targets += [(ip, int(attrs["node_manager_port"])),
-                            (ip, int(attrs["object_manager_port"]))]
-        if not targets:
-            return
-
-        def closed(step: ui.Step) -> bool | None:
-            still = cluster.open_ports(runner, targets)
-            if still:
-                step.detail(", ".join(f"{ip}:{port}" for ip, port in still))
-            return True if not still else None
-
-        ui.wait_for(closed, f"no Ray process of job {job_id} to answer", timeout=20, interval=0.5,
-                    hint=f"stop them on the node with `pkill -f {attrs.get('temp_dir', '')}`")
-
-    def _keep_output(self, runner: Runner, workdir: str, job_name: str, job_id: str) -> None:
-        """Copy the job's output into .rayfleet/logs, then remove the job's files remotely."""
-        text = cluster.read_output(runner, cluster.job_file(workdir, job_name, ".out"))
-        if text:
-            folder = paths.home() / "logs" / self.spec.name
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"slurm-{job_id}.out").write_text(text)
-        cluster.remove_files(runner, workdir, job_name)
