@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from infra import auth, jobs, paths, providers, spec, state, ui
+from infra import auth, jobs, paths, providers, spec, ssh, state, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
@@ -266,6 +266,9 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         impl.teardown(current)
         current.delete()
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
+    # The next cluster of this name gets a fresh token and fresh machines with new host keys.
+    for leftover in (auth.token_path(selected.name), ssh.cluster_known_hosts(selected.name)):
+        leftover.unlink(missing_ok=True)
     if had_state:
         ui.out(f"cluster {selected.name!r} is gone: nothing of it is left")
     else:

@@ -57,7 +57,8 @@ HostKeyPolicy = Literal["accept-new", "strict"]
 
 
 def cluster_known_hosts(cluster: str) -> Path:
-    """The known_hosts file that pins the host keys of one cluster's instances."""
+    """The known_hosts file that pins the host keys of one cluster's instances (removed by
+    `invoke teardown`)."""
     return paths.keys_dir(cluster) / "known_hosts"
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from infra import rayproc
-from infra.providers import local
 from tests.conftest import ROOT, run_invoke
 
 pytestmark = pytest.mark.slow
