@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from infra import auth
 from tests.conftest import ROOT
 from tests.slurm.conftest import (
     Register,
@@ -69,7 +70,9 @@ def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
         assert tunnel.stdout is not None
         url = tunnel.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:"), url
-        jobs = requests.get(f"{url}/api/jobs/", timeout=10).json()
+        assert requests.get(f"{url}/api/jobs/", timeout=10).status_code == 401
+        token = auth.headers(rf_home / "keys" / "duo" / "ray-token")
+        jobs = requests.get(f"{url}/api/jobs/", headers=token, timeout=10).json()
         assert len(jobs) == 1 and jobs[0]["status"] == "SUCCEEDED"
     finally:
         tunnel.send_signal(signal.SIGINT)

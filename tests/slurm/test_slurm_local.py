@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from infra import rayproc
+from infra import auth, rayproc
 from infra.state import State
 from tests.slurm.conftest import (
     Register,
@@ -56,7 +56,10 @@ def test_specs_the_cluster_cannot_run_fail_in_one_line_before_sbatch(
         line = one_line_error(invoke(verb, "--cluster", str(spec)), 2)
         assert f"{spec}: {field}: " in line and words in line, line
     assert squeue(slurm_local) == before, "nothing may be submitted"
-    assert state_empty(rf_home, "bad")
+    # Core's `up` makes the token (and so a state file) before the plan runs; no Slurm resource
+    # may be recorded, let alone created.
+    state_file = rf_home / "state" / "bad.json"
+    assert state_empty(rf_home, "bad") or json.loads(state_file.read_text())["resources"] == []
 
 
 def test_single_node_up_submit_status_teardown(tmp_path: Path, rf_home: Path,
@@ -110,7 +113,10 @@ def test_two_clusters_share_a_node_and_teardown_touches_only_one(
     assert ray_processes(a) == []
     assert slurm_local.job_state(b["job_id"]) == "RUNNING"
     assert all(rayproc.alive(pid) for pid in b_pids), "tearing down alpha hurt beta"
-    assert requests.get(f"http://127.0.0.1:{b['dashboard_port']}/api/jobs/", timeout=5).ok
+    url = f"http://127.0.0.1:{b['dashboard_port']}/api/jobs/"
+    assert requests.get(url, timeout=5).status_code == 401, "token auth is on"
+    token = auth.headers(rf_home / "keys" / "beta" / "ray-token")
+    assert requests.get(url, headers=token, timeout=5).ok
     ok(invoke("teardown", "--cluster", str(second)))
     assert ray_processes(b) == []
 
