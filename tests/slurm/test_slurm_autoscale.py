@@ -50,8 +50,8 @@ class Elastic:
     home: Path
     slurm: SlurmCluster
 
-    def invoke(self, *args: str, timeout: float = 300) -> Any:
-        return invoke(*args, "--cluster", str(self.spec), timeout=timeout,
+    def invoke(self, verb: str, *args: str, timeout: float = 300) -> Any:
+        return invoke(verb, "--cluster", str(self.spec), *args, timeout=timeout,
                       env={"RAYFLEET_HOME": str(self.home)})
 
     @property

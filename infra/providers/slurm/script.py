@@ -157,7 +157,9 @@ def autoscaling_config(spec: Spec) -> str:
 def autoscaler_env(spec: Spec) -> list[tuple[str, str]]:
     """Settings of Ray's autoscaler v2 on the head (Ray's documented variables)."""
     idle_s = max(1, int(spec.idle_timeout_minutes * 60))
-    return [
+    settings = [
+        # A reconcile (one squeue) a second: demand becomes a submitted job within ~1 s.
+        ("AUTOSCALER_UPDATE_INTERVAL_S", "1"),
         # A queued worker job that no demand needs any more is cancelled after this long.
         ("RAY_AUTOSCALER_PENDING_NODE_IDLE_TIMEOUT_S", str(idle_s)),
         # A job may wait in the queue for hours: never give up on it while it is needed.
@@ -166,6 +168,8 @@ def autoscaler_env(spec: Spec) -> list[tuple[str, str]]:
         # One sbatch per worker, so that one failure fails one node (v2 fails whole batches).
         ("AUTOSCALER_MAX_LAUNCH_BATCH", "1"),
     ]
+    # What the spec's environment.env_vars sets wins (it is exported before these).
+    return [(name, value) for name, value in settings if name not in spec.environment.env_vars]
 
 
 def _shipped() -> list[tuple[str, str, str]]:
