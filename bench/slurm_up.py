@@ -71,6 +71,7 @@ submit:
   user: {login.ssh_user}
   key: {login.ssh_key_path}
   proxy_command: {cluster.testbed.proxy_command}
+  known_hosts: {cluster.testbed.known_hosts_path}
   workdir: {cluster.jobs_dir}
 nodes: {nodes}
 cpus_per_node: 1

@@ -151,3 +151,20 @@ def test_an_unknown_compute_node_key_stops_up_in_one_line_and_cancels_the_job(
     assert state["resources"] == [], "the job must be cancelled and forgotten"
     out = slurm_cluster.run("squeue -h -o '%k'", check=True).stdout
     assert f"rayfleet-cluster={state['cluster_id']}" not in out
+
+
+def test_a_changed_login_host_key_stops_in_one_line(tmp_path: Path, rf_home: Path,
+                                                   slurm_cluster: SlurmCluster) -> None:
+    login, other = slurm_cluster.nodes
+    lines = slurm_cluster.testbed.known_hosts_path.read_text().splitlines()
+    # The login host's address with another host's key: what a replaced (or spoofed) host shows.
+    foreign = next(line for line in lines if line.split()[0] == other.ip).split(None, 1)[1]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{login.ip} {foreign}\n")
+    spec = login_spec(tmp_path, slurm_cluster, "spoofed", "")
+    spec.write_text(spec.read_text().replace(str(slurm_cluster.testbed.known_hosts_path),
+                                             str(known)))
+    for verb in ("plan", "up"):
+        line = one_line_error(invoke(verb, "--cluster", str(spec)), 1)
+        assert login.ip in line and "CHANGED" in line, line
+    assert slurm_cluster.run("squeue -h -o '%j'", check=True).stdout.count("rf-spoofed-") == 0
