@@ -25,7 +25,6 @@ pytestmark = pytest.mark.slow
 T = TypeVar("T")
 
 SPEC = """exclusive: true
-ray_client: true
 idle_timeout_minutes: 0.2
 worker_types:
   cpu: {cpus_per_node: 1, max_workers: 2}

@@ -169,10 +169,7 @@ def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
         assert "--no-monitor" in script
     for flag in rayproc.PortBlock(0).flags():
         name, offset = flag.split("=")
-        if name == "--ray-client-server-port":
-            assert f"{name}=0" in head, "Ray Client's server is off unless asked for"
-        else:
-            assert f"{name}=$((RF_BASE + {offset}))" in head
+        assert f"{name}=$((RF_BASE + {offset}))" in head
         for text in workers:
             worker = text[text.index("args=(--address="):]
             ends = [i for i in (worker.find("\n  )"), worker.find("--temp-dir")) if i > 0]

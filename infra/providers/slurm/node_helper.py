@@ -101,8 +101,7 @@ def _info(phase: str, message: str = "", **extra: Any) -> dict[str, Any]:
         "port_base": base,
         "gcs_port": block.gcs,
         "dashboard_port": block.dashboard,
-        "client_port": (base + PORT_NAMES.index("ray-client-server-port")
-                        if _env("RF_RAY_CLIENT") == "1" else None),
+        "client_port": base + PORT_NAMES.index("ray-client-server-port"),
         "node_manager_port": base + PORT_NAMES.index("node-manager-port"),
         "object_manager_port": base + PORT_NAMES.index("object-manager-port"),
         "address": f"{head_ip}:{block.gcs}",

@@ -232,11 +232,7 @@ def render_script(spec: Spec) -> str:
         port_blocks=spec.port_blocks,
         gcs_offset=offsets["port"],
         dashboard_offset=offsets["dashboard-port"],
-        # Ray Client's server only when asked for (spec: ray_client): jobs go through the job
-        # API, and it is one more listening port and one more Python process at start-up.
-        head_ports=[(n, o) for n, o in layout
-                    if spec.ray_client or n != "ray-client-server-port"],
-        ray_client=spec.ray_client,
+        head_ports=layout,
         worker_ports=[(n, o) for n, o in layout if n not in _HEAD_ONLY],
         ready_timeout=spec.ready_timeout_s,
         groups=groups,

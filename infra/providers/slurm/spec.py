@@ -184,8 +184,6 @@ class Spec(ClusterSpec):
     environment: Environment = Field(default_factory=Environment)
     object_store_memory_mb: int | None = Field(None, ge=75)
     resources: dict[str, float] = Field(default_factory=dict)
-    #: Ray Client's server on the head (`ray.init("ray://...")`); rayfleet itself does not need it.
-    ray_client: bool = False
     port_range_start: int = Field(20000, ge=1024, le=65535)
     port_blocks: int = Field(90, ge=1, le=500, validate_default=True)
     ray_temp_root: str = Field("/tmp", pattern=r"^/[A-Za-z0-9_./-]{0,29}$")
