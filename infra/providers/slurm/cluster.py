@@ -221,13 +221,14 @@ def job_file(workdir: str, job_name: str, suffix: str) -> str:
     return shell_path(f"{workdir.rstrip('/')}/{job_name}{suffix}")
 
 
-def poll(runner: Runner, job_id: str, info_file: str, partition: str | None) -> Poll:
-    """Queue rows, the pending queue of the partition (for a position), the info file: one trip.
-    QueueUnavailable when squeue failed."""
+def poll(runner: Runner, job_id: str, info_file: str, partition: str | None,
+         position: bool = True) -> Poll:
+    """Queue rows, the pending queue of the partition (for a position; only with `position`),
+    the info file: one trip. QueueUnavailable when squeue failed."""
     part = f"-p {shlex.quote(partition)} " if partition else ""
+    pending = f"squeue -h -t PENDING {part}-o %i --sort=-p,i 2>/dev/null; " if position else ""
     out = runner.run(
-        f"{_job_command(job_id)}; echo {_SPLIT}; "
-        f"squeue -h -t PENDING {part}-o %i --sort=-p,i 2>/dev/null; echo {_SPLIT}; "
+        f"{_job_command(job_id)}; echo {_SPLIT}; {pending}echo {_SPLIT}; "
         f"cat {info_file} 2>/dev/null", timeout=30).stdout
     rows_text, _, rest = out.partition(_SPLIT)
     pending_text, _, info_text = rest.partition(_SPLIT)

@@ -213,10 +213,12 @@ class Provider(BaseProvider[Spec]):
         job_id = str(job.attrs["job_id"])
         info_file = cluster.job_file(str(job.attrs["workdir"]), job.id, ".json")
         seen: dict[str, Any] = {}
+        last_state = ["PENDING"]
 
         def check(step: ui.Step) -> dict[str, Any] | None:
             try:
-                polled = cluster.poll(runner, job_id, info_file, self.spec.partition)
+                polled = cluster.poll(runner, job_id, info_file, self.spec.partition,
+                                      position=last_state[0] == "PENDING")
             except QueueUnavailable as exc:
                 # The job's fate is unknown, not "ended": wait on (queue_timeout_s bounds it).
                 step.detail(f"job {job_id}: {exc}; retrying")
@@ -231,6 +233,7 @@ class Provider(BaseProvider[Spec]):
                 raise SlurmError(f"Slurm job {job_id} ended ({last}) before Ray was ready: "
                                  f"{info.get('message') or self._tail(runner, job)}", job_id)
             row = polled.rows[0]
+            last_state[0] = row.state
             if row.state == "PENDING":
                 reason = f" ({row.reason})" if row.reason not in ("None", "") else ""
                 step.detail(f"job {job_id} PENDING{reason}"
@@ -248,6 +251,9 @@ class Provider(BaseProvider[Spec]):
         info = ui.wait_for(
             check, f"Slurm job {job_id} to start and all Ray nodes to join",
             timeout=self.spec.queue_timeout_s + self.spec.ready_timeout_s,
+            # Each poll is a round trip (squeue + the info file) that costs the login host and
+            # slurmctld CPU; the job's own readiness does not wait for it.
+            interval=0.5,
             hint="raise queue_timeout_s or ready_timeout_s in the spec if that is normal here")
         state.update(JOB, job.id, **{k: info[k] for k in _KEPT if k in info})
         if info.get("ray_version"):
