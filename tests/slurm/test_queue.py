@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import pytest
 
 from infra.providers.slurm import queue
@@ -53,3 +56,21 @@ def test_slurm_times(text: str, seconds: int) -> None:
     assert queue.time_limit_seconds(text) == seconds
     if seconds < 2**31:
         assert queue.time_limit_seconds(queue.slurm_time(seconds)) == seconds
+
+
+def test_a_tunnel_into_a_compute_node_nests_the_login_hosts_proxy(tmp_path: Path) -> None:
+    from infra import ssh
+    from infra.providers.slurm import remote
+
+    key = tmp_path / "id"
+    key.write_text("not a key")
+    login = ssh.SshTarget(host="10.200.1.11", user="alice", key_path=key,
+                          proxy_command="nsenter --net=/run/netns/x -- nc %h %p",
+                          known_hosts=tmp_path / "known", host_key_policy="strict")
+    argv = shlex.split(remote.via(login))
+    # The outer ssh expands %h:%p to the compute node; the login host's own proxy keeps its %h/%p
+    # (doubled) for the inner ssh, which expands them to the login host.
+    assert argv[:3] == ["ssh", "-W", "%h:%p"] and argv[-1] == "alice@10.200.1.11"
+    assert "ProxyCommand=nsenter --net=/run/netns/x -- nc %%h %%p" in argv
+    assert "StrictHostKeyChecking=yes" in argv and f"UserKnownHostsFile={tmp_path / 'known'}" in argv
+    assert ssh.expand_proxy(remote.via(login), "10.200.1.12", 22).count("%h") == 1
