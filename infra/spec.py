@@ -12,7 +12,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -35,6 +35,9 @@ class ClusterSpec(StrictModel):
 
     name: str
     provider: str
+    #: Ray token authentication on every node and every client of ours. `none` leaves Ray's job API
+    #: open to anyone who can reach it (a warning at every `up`): only for debugging.
+    auth: Literal["token", "none"] = "token"
     #: The file the spec came from, for messages; set by the loader.
     source: str = ""
 
@@ -162,6 +165,9 @@ def load_spec(path: Path) -> ClusterSpec:
         text = path.read_text()
     except FileNotFoundError:
         raise SpecError(f"{where}: no such spec; create it or pick another --cluster") from None
+    except IsADirectoryError:
+        raise SpecError(f"{where}: is a directory; --cluster takes a spec file "
+                        f"(e.g. {where.rstrip('/')}/<name>.yaml) or a name in clusters/") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import paths
+from infra import identity, paths
 from infra.errors import StateError, StateLockedError
 
 VERSION = 1
@@ -58,6 +58,8 @@ class State:
             "version": VERSION,
             "cluster": cluster,
             "provider": provider,
+            "cluster_id": identity.new_cluster_id(),
+            "owner": identity.owner_mark(),
             "created_at": _now(),
             "updated_at": _now(),
             "resources": [],
@@ -80,11 +82,27 @@ class State:
                 f"{path}: state format version {data.get('version')!r} is not {VERSION}; "
                 "use the rayfleet version that wrote it"
             )
+        if not identity.is_cluster_id(data.get("cluster_id")):
+            # A state from before cluster ids: its recorded resources stay ours (they are listed
+            # here by exact id); from now on, what we create carries the new id. Saved with the
+            # next change, so a read-only command never writes.
+            data["cluster_id"] = identity.new_cluster_id()
+        data.setdefault("owner", identity.owner_mark())
         return cls(path, data)
 
     @property
     def cluster(self) -> str:
         return str(self._data["cluster"])
+
+    @property
+    def cluster_id(self) -> str:
+        """The random id that every resource of this cluster carries (see infra/identity.py)."""
+        return str(self._data["cluster_id"])
+
+    @property
+    def owner(self) -> str:
+        """The owner mark of whoever first ran `up` (see infra/identity.py)."""
+        return str(self._data["owner"])
 
     @property
     def provider(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
 
 from infra.spec import ClusterSpec
@@ -52,6 +53,8 @@ class Endpoint:
     address: str
     #: True when `dashboard_url` is the local end of a tunnel that lives as long as the block.
     tunneled: bool = False
+    #: The cluster's Ray token file (0600) that every request presents; None when auth is off.
+    token_path: Path | None = None
 
 
 @dataclass
