@@ -33,6 +33,9 @@ def test_up_submit_status_teardown_on_the_testbed(
                       capacity={("cpu_4x_general", "us-west-1"): 2},
                       ip_pool=[host.ip for host in bed.hosts])
     fake.add_foreign_instance("prod-db")
+    by_ip = {host.ip: host for host in bed.hosts}
+    # Terminating an instance powers the machine off: Ray on that host stops with it.
+    fake.on_terminate = lambda inst: by_ip[str(inst.ip)].run("ray stop --force", timeout=60)
     with fake:
         monkeypatch.setenv("LAMBDA_API_URL", fake.url)
         monkeypatch.setenv("LAMBDA_API_KEY", API_KEY)

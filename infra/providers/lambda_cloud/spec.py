@@ -64,6 +64,8 @@ class Spec(ClusterSpec):
     ssh_key_name: str | None = Field(None, min_length=1, max_length=64)
     #: The private key file of `ssh_key_name` (required with it).
     ssh_private_key: str | None = None
+    #: Networks (IPv4 CIDR) allowed to SSH to the nodes; unset: anywhere (warned at every up).
+    ssh_source_ranges: list[str] | None = Field(None, min_length=1, max_length=64)
     #: OpenSSH ProxyCommand to reach the instances (a bastion); %h/%p are the address and port.
     ssh_proxy_command: str | None = Field(None, min_length=1)
     #: A Lambda file system to attach to every node (it fixes the region).
@@ -87,6 +89,20 @@ class Spec(ClusterSpec):
         path = Path(value).expanduser()
         if not path.is_file():
             raise ValueError(f"no such file {value!r}; give the private key of ssh_key_name")
+        return value
+
+    @field_validator("ssh_source_ranges")
+    @classmethod
+    def _cidrs(cls, value: list[str] | None) -> list[str] | None:
+        import ipaddress
+
+        for item in value or []:
+            try:
+                net = ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IPv4 network; write e.g. 203.0.113.0/24") from None
+            if net.version != 4:
+                raise ValueError(f"{item!r}: Lambda firewall rules take IPv4 networks only")
         return value
 
     @field_validator("ssh_proxy_command")
