@@ -74,11 +74,11 @@ def up(c: Context, provider: str | None = None, cluster: str | None = None,
 @task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of tables."})
 @_one_line_errors
 def status(c: Context, provider: str | None = None, cluster: str | None = None,
-           json: bool = False) -> None:
+           json: bool = False) -> int:
     """Show the cluster's resources, Ray nodes, Ray resources and jobs."""
     from infra import commands
 
-    commands.status(provider, cluster, json)
+    return commands.status(provider, cluster, json)
 
 
 @task(help=CLUSTER_HELP)

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from infra import jobs, paths, providers, spec, state, ui
-from infra.errors import ClusterNotRunningError
+from infra import auth, jobs, paths, providers, spec, ssh, state, ui
+from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
 
@@ -83,6 +83,9 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     selected, impl = _select(provider, cluster)
     with state.locked(selected.name, selected.provider, "up") as current:
+        if auth.ensure_token(current, enabled=selected.auth == "token") is None:
+            ui.warn(f"{selected.source}: auth: none — Ray's job API and dashboard on this cluster "
+                    "accept anyone who can reach them; remove `auth: none` to turn token auth on")
         result = impl.plan(current)
         _write_rendered(selected.name, result)
         endpoint = impl.up(current, result, UpOptions(keep_partial=keep_partial))
@@ -125,22 +128,36 @@ def connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
         yield endpoint
 
 
-def status(provider: str | None, cluster: str | None, as_json: bool) -> None:
+class RayNotAnsweringError(RayfleetError):
+    """The provider reports the cluster running, but Ray's dashboard does not answer."""
+
+
+def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
     selected, impl = _select(provider, cluster)
     current = state.read(selected.name) or State.new(state.state_path(selected.name),
                                                      selected.name, selected.provider)
     provider_view = impl.status(current)
     ray_view: dict[str, Any] = {}
+    ray_error = ""
     if provider_view.running:
-        with impl.connect(current) as endpoint:
-            ray_view = _ray_status(endpoint)
+        try:
+            with impl.connect(current) as endpoint:
+                ray_view = _ray_status(endpoint)
+        except Exception as exc:  # any failure to reach Ray is reported, never a traceback
+            reason = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__
+            ray_error = (f"the provider reports {selected.name!r} running, but Ray is not answering "
+                         f"({auth.scrub(reason, auth.token_file(current))[:200]}); "
+                         f"`invoke up{_cluster_flag(selected)}` restarts it, "
+                         f"`invoke teardown{_cluster_flag(selected)}` removes it")
     if as_json:
         ui.out(json.dumps({
             "cluster": selected.name, "provider": selected.provider,
+            "cluster_id": current.cluster_id if current.path.exists() else None,
             "running": provider_view.running, "summary": provider_view.summary,
-            "provider_resources": provider_view.rows, "warnings": provider_view.warnings, **ray_view,
+            "provider_resources": provider_view.rows, "warnings": provider_view.warnings,
+            "ray_error": ray_error or None, **ray_view,
         }, indent=2), soft_wrap=True, markup=False)
-        return
+        return 1 if ray_error else 0
     ui.out(f"{selected.name} ({selected.provider}): {provider_view.summary}", markup=False)
     _table("provider resources", provider_view.rows)
     for warning in provider_view.warnings:
@@ -150,6 +167,9 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> None:
         totals = ", ".join(f"{k} {_amount(k, v)}" for k, v in sorted(ray_view["resources"].items()))
         ui.out(f"Ray resources (alive nodes): {totals}", markup=False)
         _table("jobs", ray_view["jobs"])
+    if ray_error:
+        raise RayNotAnsweringError(ray_error)
+    return 0
 
 
 def _amount(key: str, value: float) -> str:
@@ -172,9 +192,7 @@ def _table(title: str, rows: list[dict[str, str]]) -> None:
 
 def _ray_status(endpoint: Endpoint) -> dict[str, Any]:
     """What Ray itself reports: nodes, total resources of alive nodes, jobs."""
-    from ray.util.state import list_nodes
-
-    nodes = list_nodes(address=endpoint.dashboard_url, detail=True, raise_on_missing_output=False)
+    nodes = jobs.list_nodes(endpoint)
     resources: dict[str, float] = {}
     rows = []
     for node in nodes:
@@ -186,12 +204,13 @@ def _ray_status(endpoint: Endpoint) -> dict[str, Any]:
         rows.append({"node": node.node_id[:12], "ip": node.node_ip, "state": node.state,
                      "head": "yes" if node.is_head_node else "",
                      "CPU": f"{(node.resources_total or {}).get('CPU', 0):g}"})
-    return {"nodes": rows, "resources": resources, "jobs": jobs.list_jobs(endpoint.dashboard_url)}
+    return {"nodes": rows, "resources": resources, "jobs": jobs.list_jobs(endpoint)}
 
 
 def dashboard(provider: str | None, cluster: str | None) -> None:
     with connect(provider, cluster) as endpoint:
         ui.out(endpoint.dashboard_url, markup=False)
+        _auth_howto(endpoint)
         if not endpoint.tunneled:
             return
         ui.info("tunnel open; press Ctrl+C to close it")
@@ -204,21 +223,33 @@ def dashboard(provider: str | None, cluster: str | None) -> None:
             ui.info("closed")
 
 
+def _auth_howto(endpoint: Endpoint) -> None:
+    """How to use the cluster's token from a browser and from Ray's own CLI (the path, never the token)."""
+    if endpoint.token_path is None:
+        ui.info("this cluster runs without token auth (auth: none in its spec)")
+        return
+    path = endpoint.token_path
+    ui.info(f"token auth is on. In a browser, paste the token from {path} when the dashboard asks "
+            f"(e.g. `xclip -sel c < {path}`); it sets a cookie for that tab's origin.")
+    ui.info(f"Ray's own CLI: RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={path} "
+            f"ray job submit --address {endpoint.dashboard_url} -- python script.py")
+
+
 def submit(provider: str | None, cluster: str | None, script: str, args: list[str],
            runtime_env_file: str | None, wait: bool) -> int:
     command, env = jobs.prepare(script, args, runtime_env_file)
     with connect(provider, cluster) as endpoint:
-        return jobs.submit(endpoint.dashboard_url, command, env, wait)
+        return jobs.submit(endpoint, command, env, wait)
 
 
 def logs(provider: str | None, cluster: str | None, job_id: str, follow: bool) -> int:
     with connect(provider, cluster) as endpoint:
-        return jobs.logs(endpoint.dashboard_url, job_id, follow)
+        return jobs.logs(endpoint, job_id, follow)
 
 
 def stop_job(provider: str | None, cluster: str | None, job_id: str) -> None:
     with connect(provider, cluster) as endpoint:
-        ui.out(f"job {job_id} {jobs.stop(endpoint.dashboard_url, job_id)}")
+        ui.out(f"job {job_id} {jobs.stop(endpoint, job_id)}")
 
 
 def doctor(provider: str | None, cluster: str | None, as_json: bool) -> int:
@@ -235,6 +266,9 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         impl.teardown(current)
         current.delete()
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
+    # The next cluster of this name gets a fresh token and fresh machines with new host keys.
+    for leftover in (auth.token_path(selected.name), ssh.cluster_known_hosts(selected.name)):
+        leftover.unlink(missing_ok=True)
     if had_state:
         ui.out(f"cluster {selected.name!r} is gone: nothing of it is left")
     else:

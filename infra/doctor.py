@@ -74,9 +74,9 @@ def assess(result: dict[str, Any], pins: dict[str, str]) -> list[NodeReport]:
     return sorted(reports, key=lambda r: (not r.head, r.ip, r.node_id))
 
 
-def probe(dashboard_url: str, timeout_s: float = 120.0) -> dict[str, Any]:
+def probe(endpoint: Endpoint, timeout_s: float = 120.0) -> dict[str, Any]:
     """Submit the probe job, wait for it, and return its parsed result."""
-    client = _client(dashboard_url)
+    client = _client(endpoint)
     staging = Path(tempfile.mkdtemp(prefix="rayfleet-doctor-"))
     try:
         # Only the probe travels: the job's working dir is a folder holding nothing else.
@@ -114,7 +114,7 @@ def probe(dashboard_url: str, timeout_s: float = 120.0) -> dict[str, Any]:
 def run(endpoint: Endpoint, as_json: bool) -> int:
     """Check every node; print a table (or JSON); return 1 when any node differs or is silent."""
     pins = versions.node_pins()
-    result = probe(endpoint.dashboard_url)
+    result = probe(endpoint)
     reports = assess(result, pins)
     driver = result.get("driver", {})
     bad = [r for r in reports if not r.ok]

@@ -9,32 +9,52 @@ from __future__ import annotations
 import asyncio
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infra import ui
+from infra import auth, ui
 from infra.errors import JobError, UsageError
+
+if TYPE_CHECKING:
+    from infra.providers.base import Endpoint
 
 _ALWAYS_EXCLUDED = [".rayfleet/", ".git/", "**/__pycache__/", ".venv/", "*.pem", "id_*"]
 _EXIT = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}
 
 
-def dashboard_ready(url: str, timeout: float = 2.0) -> bool:
-    """True when the dashboard at `url` accepts job API calls (what `submit` needs)."""
+def dashboard_ready(url: str, token_path: Path | None = None, timeout: float = 2.0) -> bool:
+    """True when the dashboard at `url` accepts job API calls (what `submit` needs).
+
+    A token-auth cluster answers 401 without the token, so it is presented whenever there is one.
+    """
     import requests
 
     try:
-        return requests.get(f"{url}/api/jobs/", timeout=timeout).status_code == 200
+        answer = requests.get(f"{url}/api/jobs/", headers=auth.headers(token_path), timeout=timeout)
     except requests.RequestException:
         return False
+    return answer.status_code == 200
 
 
-def _client(url: str) -> Any:
+def _client(endpoint: Endpoint) -> Any:
     from ray.job_submission import JobSubmissionClient
 
+    url = endpoint.dashboard_url
     try:
-        return JobSubmissionClient(url)
+        return JobSubmissionClient(url, headers=auth.headers(endpoint.token_path))
     except Exception as exc:
-        raise JobError(f"cannot reach the job API at {url}: {exc}".splitlines()[0]) from None
+        message = auth.scrub(str(exc), endpoint.token_path).splitlines()[0]
+        raise JobError(f"cannot reach the job API at {url}: {message}") from None
+
+
+def list_nodes(endpoint: Endpoint) -> list[Any]:
+    """Ray's node list (state API, with details), authenticated like every other call of ours."""
+    from ray.util.state import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
+
+    client = StateApiClient(address=endpoint.dashboard_url, headers=auth.headers(endpoint.token_path))
+    nodes: list[Any] = client.list(StateResource.NODES, options=ListApiOptions(detail=True),
+                                   raise_on_missing_output=False)
+    return nodes
 
 
 def runtime_env(path: str | None, working_dir: Path) -> dict[str, Any]:
@@ -76,9 +96,9 @@ def prepare(script: str, args: list[str], runtime_env_file: str | None
     return entrypoint(script, args, working_dir), runtime_env(runtime_env_file, working_dir)
 
 
-def submit(url: str, command: str, env: dict[str, Any], wait: bool) -> int:
+def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool) -> int:
     """Submit `command`; follow its logs when `wait`; return the exit code to leave with."""
-    client = _client(url)
+    client = _client(endpoint)
     with ui.step(f"submitting `{command}` (uploading {Path(env['working_dir']).name}/)"):
         try:
             job_id = client.submit_job(entrypoint=command, runtime_env=env)
@@ -114,8 +134,8 @@ def follow(client: Any, job_id: str) -> int:
     return _EXIT.get(status, 1)
 
 
-def logs(url: str, job_id: str, follow_logs: bool) -> int:
-    client = _client(url)
+def logs(endpoint: Endpoint, job_id: str, follow_logs: bool) -> int:
+    client = _client(endpoint)
     try:
         if follow_logs:
             return follow(client, job_id)
@@ -125,8 +145,8 @@ def logs(url: str, job_id: str, follow_logs: bool) -> int:
     return 0
 
 
-def stop(url: str, job_id: str) -> str:
-    client = _client(url)
+def stop(endpoint: Endpoint, job_id: str) -> str:
+    client = _client(endpoint)
     try:
         client.stop_job(job_id)
     except RuntimeError as exc:
@@ -140,9 +160,9 @@ def stop(url: str, job_id: str) -> str:
     return ui.wait_for(ended, f"job {job_id} to stop", timeout=60)
 
 
-def list_jobs(url: str) -> list[dict[str, str]]:
+def list_jobs(endpoint: Endpoint) -> list[dict[str, str]]:
     rows = []
-    for job in _client(url).list_jobs():
+    for job in _client(endpoint).list_jobs():
         rows.append({
             "job": str(job.submission_id or job.job_id),
             "status": str(job.status.value if hasattr(job.status, "value") else job.status),

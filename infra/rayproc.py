@@ -154,6 +154,19 @@ def _contains(line: str, marker: str | re.Pattern[str]) -> bool:
     return False
 
 
+def not_ours(pids: list[int]) -> list[int]:
+    """The PIDs among `pids` owned by another user (signalling them would fail, and must not be tried)."""
+    me = os.getuid()
+    foreign = []
+    for pid in pids:
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != me:
+                foreign.append(pid)
+        except OSError:
+            continue
+    return foreign
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

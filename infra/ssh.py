@@ -14,9 +14,11 @@ Every function takes an `SshTarget`, which carries an optional ProxyCommand (`%h
 OpenSSH does), so users behind a bastion and the test bed (hosts reached through a network
 namespace) work the same way. paramiko is imported inside functions: importing this module is cheap.
 
-Host keys: nodes are freshly created machines whose host keys we cannot know in advance, so both
-paramiko and OpenSSH accept them on first sight and remember nothing (the same thing Ray's own
-cluster launcher does). The private key authenticates us; the address comes from the provider API.
+Host keys: nodes are freshly created machines whose host keys we cannot know in advance, so a
+cluster's instances are accepted on first contact and pinned from then on in the cluster's own
+known_hosts file (`accept-new`). Configured, long-lived hosts (Slurm login nodes, jump hosts) use
+the user's normal known_hosts and must already be in it (`strict`). A changed key is an error naming
+the host, never silently accepted: paramiko and OpenSSH follow the same rules (`openssh_options`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from infra import paths, rayproc
 from infra.errors import RayfleetError
@@ -44,6 +46,24 @@ KEY_NAME = "id_ed25519"
 
 class SshError(RayfleetError):
     """An SSH login, command or tunnel failed; the message names the host and the reason."""
+
+
+class HostKeyError(SshError):
+    """A host's key differs from the pinned one, or a strictly checked host is unknown: never retried."""
+
+
+#: `accept-new`: unknown hosts are accepted once and pinned; `strict`: they must be known already.
+HostKeyPolicy = Literal["accept-new", "strict"]
+
+
+def cluster_known_hosts(cluster: str) -> Path:
+    """The known_hosts file that pins the host keys of one cluster's instances (removed by
+    `invoke teardown`)."""
+    return paths.keys_dir(cluster) / "known_hosts"
+
+
+def user_known_hosts() -> Path:
+    return Path("~/.ssh/known_hosts").expanduser()
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,10 @@ class SshTarget:
     #: OpenSSH-style ProxyCommand (`%h`, `%p`, `%r` expanded), e.g. `ssh -W %h:%p bastion`; None
     #: for a direct TCP connection.
     proxy_command: str | None = None
+    #: Where the host's key is pinned; None means the user's ~/.ssh/known_hosts.
+    known_hosts: Path | None = None
+    #: How a host missing from `known_hosts` is treated (see HostKeyPolicy).
+    host_key_policy: HostKeyPolicy = "accept-new"
 
     def __str__(self) -> str:
         return f"{self.user}@{self.host}" + (f":{self.port}" if self.port != 22 else "")
@@ -139,6 +163,51 @@ def expand_proxy(command: str, host: str, port: int, user: str = "") -> str:
     return "".join(out)
 
 
+def _known_hosts_path(target: SshTarget) -> Path:
+    return target.known_hosts or user_known_hosts()
+
+
+def _pin(path: Path, host_name: str, key: Any) -> None:
+    """Append one host key to a known_hosts file, serialised against parallel probes."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        handle.write(f"{host_name} {key.get_name()} {key.get_base64()}\n")
+
+
+def _host_key_policy(target: SshTarget) -> Any:
+    import paramiko
+
+    path = _known_hosts_path(target)
+
+    class Policy(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                             key: paramiko.PKey) -> None:
+            if target.host_key_policy != "accept-new":
+                raise HostKeyError(
+                    f"ssh {target}: host key of {hostname} is not in {path}; check it and add it "
+                    f"(e.g. `ssh -o StrictHostKeyChecking=accept-new {target.user}@{target.host}`)"
+                )
+            # Re-read first: a parallel probe may have pinned this host a moment ago.
+            known = paramiko.HostKeys(str(path)) if path.exists() else paramiko.HostKeys()
+            pinned = known.lookup(hostname)
+            if pinned and key.get_name() in pinned and pinned[key.get_name()] != key:
+                raise HostKeyError(_changed(target, hostname, path))
+            if not pinned or key.get_name() not in pinned:
+                _pin(path, hostname, key)
+            client.get_host_keys().add(hostname, key.get_name(), key)
+
+    return Policy()
+
+
+def _changed(target: SshTarget, hostname: str, path: Path) -> str:
+    return (f"ssh {target}: the host key of {hostname} CHANGED since it was pinned in {path}; "
+            "if the host was legitimately replaced, remove its line there, else do not connect")
+
+
 def connect(target: SshTarget, timeout: float = 10.0) -> paramiko.SSHClient:
     """An authenticated paramiko client for `target`; the caller closes it. Raises SshError."""
     import logging
@@ -149,7 +218,10 @@ def connect(target: SshTarget, timeout: float = 10.0) -> paramiko.SSHClient:
     # expected, and our caller reports the reason in one line.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     client = paramiko.SSHClient()
-    client.set_missing_host_key_policy(paramiko.AutoAddPolicy())  # fresh hosts: see module doc
+    path = _known_hosts_path(target)
+    if path.exists():
+        client.load_system_host_keys(str(path))  # read-only: we append pins ourselves
+    client.set_missing_host_key_policy(_host_key_policy(target))
     sock: Any = None
     if target.proxy_command:
         sock = paramiko.ProxyCommand(
@@ -165,6 +237,10 @@ def connect(target: SshTarget, timeout: float = 10.0) -> paramiko.SSHClient:
         if sock is not None:
             with contextlib.suppress(Exception):
                 sock.close()
+        if isinstance(exc, HostKeyError):
+            raise
+        if isinstance(exc, paramiko.BadHostKeyException):
+            raise HostKeyError(_changed(target, exc.hostname, path)) from None
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SshError(f"ssh {target}: {reason}") from None
     return client
@@ -174,6 +250,8 @@ def probe(target: SshTarget, timeout: float = 5.0) -> str | None:
     """None when a login succeeds, else the reason it did not (for progress lines)."""
     try:
         connect(target, timeout).close()
+    except HostKeyError:
+        raise  # waiting longer cannot fix a wrong host key
     except SshError as exc:
         return str(exc)
     return None
@@ -228,10 +306,12 @@ def run(target: SshTarget, command: str, timeout: float = 120.0, check: bool = F
 
 def openssh_options(target: SshTarget) -> list[str]:
     """`-o`/`-i`/`-p` options that make the `ssh` client behave like `connect`."""
+    checking = "accept-new" if target.host_key_policy == "accept-new" else "yes"
     options = [
         "-i", str(target.key_path), "-p", str(target.port),
         "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-        "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        "-o", f"StrictHostKeyChecking={checking}",
+        "-o", f"UserKnownHostsFile={_known_hosts_path(target)}",
         "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
         "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
     ]
@@ -278,6 +358,11 @@ def tunnel(target: SshTarget, remote_port: int, remote_host: str = "127.0.0.1",
             return
         _stop(process)
         stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+        if "IDENTIFICATION HAS CHANGED" in stderr or "Host key verification failed" in stderr:
+            raise HostKeyError(_changed(target, target.host, _known_hosts_path(target))
+                               if "CHANGED" in stderr else
+                               f"ssh {target}: host key verification failed against "
+                               f"{_known_hosts_path(target)}")
         last_error = (stderr.strip().splitlines() or ["no answer on the local end"])[-1]
         if "forward" not in last_error.lower() and "address already in use" not in last_error:
             break

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from infra import rayproc
-from infra.providers import local
 from tests.conftest import ROOT, run_invoke
 
 pytestmark = pytest.mark.slow
@@ -37,8 +36,20 @@ def _state(home: Path, name: str) -> dict:
     return json.loads((home / "state" / f"{name}.json").read_text())
 
 
+def _temp_dirs(name: str) -> re.Pattern[str]:
+    """Any temp dir of a cluster with this name, whatever its cluster id (a crashed `up` included)."""
+    return re.compile(re.escape(f"/tmp/rayfleet/{name}-") + r"[0-9a-f]{8}(?![\w.-])")
+
+
+def _client(home: Path, name: str) -> tuple[str, dict[str, str]]:
+    """The cluster's dashboard URL and the headers that authenticate to it (its token)."""
+    info = _state(home, name)["info"]
+    token = Path(info["auth_token_path"]).read_text().strip()
+    return info["dashboard_url"], {"Authorization": f"Bearer {token}"}
+
+
 def _processes(name: str, port_base: int | None = None) -> list[int]:
-    markers: list[str | re.Pattern[str]] = [local.temp_dir(name)]
+    markers: list[str | re.Pattern[str]] = [_temp_dirs(name)]
     if port_base is not None:
         markers.append(rayproc.gcs_marker(port_base))
     return rayproc.cluster_processes(markers)
@@ -57,16 +68,19 @@ def cluster(tmp_path: Path, rf_home: Path) -> Iterator[Path]:
 
 def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     from ray.job_submission import JobSubmissionClient
-    from ray.util.state import list_nodes
+    from ray.util.state import StateApiClient
+    from ray.util.state.common import ListApiOptions, StateResource
 
     up = run_invoke("up", "--cluster", str(cluster))
     assert up.returncode == 0, up.stderr
     info = _state(rf_home, cluster.stem)["info"]
-    url = info["dashboard_url"]
+    url, headers = _client(rf_home, cluster.stem)
     assert url.startswith("http://127.0.0.1:") and url in up.stdout
     assert info["address"] in up.stdout and "invoke submit" in up.stdout
+    temp_dir = _state(rf_home, cluster.stem)["resources"][0]["id"]
 
-    nodes = list_nodes(address=url)
+    nodes = StateApiClient(address=url, headers=headers).list(
+        StateResource.NODES, options=ListApiOptions(), raise_on_missing_output=False)
     assert [n.state for n in nodes] == ["ALIVE"]
     assert nodes[0].resources_total["CPU"] == 2.0
 
@@ -74,7 +88,7 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     assert submit.returncode == 0, submit.stderr
     result = json.loads(submit.stdout.split("RESULT ", 1)[1].splitlines()[0])
     assert result["tasks"] == 4 and result["nodes"] == [nodes[0].node_id[:12]]
-    jobs = JobSubmissionClient(url).list_jobs()
+    jobs = JobSubmissionClient(url, headers=headers).list_jobs()
     assert [(j.entrypoint, j.status.value) for j in jobs] == [
         ("python examples/cpu_example.py 4", "SUCCEEDED")]
 
@@ -97,7 +111,7 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     assert _processes(cluster.stem, port_base) == []
     assert not rayproc.port_answers("127.0.0.1", port_base)
     assert not (rf_home / "state" / f"{cluster.stem}.json").exists()
-    assert not Path(local.temp_dir(cluster.stem)).exists()
+    assert not Path(temp_dir).exists()
 
     twice = run_invoke("teardown", "--cluster", str(cluster))
     assert twice.returncode == 0 and "nothing to tear down" in twice.stdout
@@ -153,7 +167,7 @@ def test_kill_9_during_up_leaves_state_teardown_can_finish(cluster: Path, rf_hom
     proc.wait()
     recorded = _state(rf_home, cluster.stem)
     assert [r["kind"] for r in recorded["resources"]] == ["ray-head"]
-    assert recorded["info"] == {}, "up was killed before it finished, so no endpoint is recorded"
+    assert "dashboard_url" not in recorded["info"], "up was killed before it finished"
 
     down = run_invoke("teardown", "--cluster", str(cluster))
     assert down.returncode == 0, down.stderr
@@ -203,7 +217,8 @@ def test_no_wait_logs_stop_job_and_runtime_env(cluster: Path, tmp_path: Path, rf
     job = submitted.stdout.strip().splitlines()[-1]
     assert f"invoke stop-job {job}" in submitted.stderr
 
-    client = JobSubmissionClient(_state(rf_home, cluster.stem)["info"]["dashboard_url"])
+    url, headers = _client(rf_home, cluster.stem)
+    client = JobSubmissionClient(url, headers=headers)
     deadline = time.monotonic() + 60
     while "GREETING=" not in client.get_job_logs(job) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -218,3 +233,109 @@ def test_no_wait_logs_stop_job_and_runtime_env(cluster: Path, tmp_path: Path, rf
                          "tests/data/sleeper.py")
     assert missing.returncode == 2 and "--runtime-env nope.yaml: no such file" in missing.stderr
 
+
+
+def _listeners(pids: list[int]) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state owned by `pids` (from `ss -ltnp`)."""
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        owners = {int(pid) for pid in re.findall(r"pid=(\d+)", line)}
+        if owners & set(pids):
+            local_address = line.split()[3]
+            host, port = local_address.rsplit(":", 1)
+            found.append((host.strip("[]").removeprefix("::ffff:"), int(port)))
+    return found
+
+
+def test_token_auth_listeners_and_no_secret_leaks(cluster: Path, rf_home: Path) -> None:
+    """Token on, job API on loopback, anything on other interfaces refuses requests without the
+    token, and the token shows up nowhere but its 0600 file."""
+    import requests
+    from ray.job_submission import JobSubmissionClient
+
+    up = run_invoke("up", "--cluster", str(cluster))
+    assert up.returncode == 0, up.stderr
+    url, headers = _client(rf_home, cluster.stem)
+    token_file = Path(_state(rf_home, cluster.stem)["info"]["auth_token_path"])
+    token = token_file.read_text().strip()
+    assert len(token) >= 32 and token_file.stat().st_mode & 0o777 == 0o600
+
+    assert requests.get(f"{url}/api/jobs/", timeout=5).status_code == 401
+    assert requests.get(f"{url}/api/jobs/", headers={"Authorization": "Bearer wrong"},
+                        timeout=5).status_code == 403
+    assert requests.get(f"{url}/api/jobs/", headers=headers, timeout=5).status_code == 200
+    with pytest.raises(Exception, match="Authentication"):
+        JobSubmissionClient(url).list_jobs()
+
+    port_base = _state(rf_home, cluster.stem)["resources"][0]["attrs"]["port_base"]
+    pids = _processes(cluster.stem)
+    listeners = _listeners(pids)
+    dashboard = port_base + 1
+    assert {h for h, p in listeners if p == dashboard} == {"127.0.0.1"}, listeners
+    # Whatever Ray binds beyond loopback must not serve anyone without the token: an HTTP request
+    # to each such port without it is refused or not understood (gRPC), never served.
+    for host, port in listeners:
+        if host in ("127.0.0.1", "::1"):
+            continue
+        target = "127.0.0.1" if host in ("*", "0.0.0.0", "::") else host
+        try:
+            answer = requests.get(f"http://{target}:{port}/api/jobs/", timeout=3)
+        except requests.RequestException:
+            continue
+        assert answer.status_code != 200 or "submission_id" not in answer.text, (host, port)
+
+    submitted = run_invoke("submit", "--cluster", str(cluster), "examples/cpu_example.py", "--", "2")
+    assert submitted.returncode == 0, submitted.stderr
+    status = run_invoke("status", "--cluster", str(cluster))
+    dashboard_out = run_invoke("dashboard", "--cluster", str(cluster))
+    assert str(token_file) in dashboard_out.stderr and "RAY_AUTH_TOKEN_PATH=" in dashboard_out.stderr
+    outputs = [up.stdout, up.stderr, submitted.stdout, submitted.stderr, status.stdout,
+               status.stderr, dashboard_out.stdout, dashboard_out.stderr]
+    assert not [o for o in outputs if token in o]
+    leaks = [f for f in rf_home.rglob("*") if f.is_file() and f != token_file
+             and token in f.read_text(errors="replace")]
+    assert leaks == []
+    cmdlines = [rayproc._cmdline(pid) for pid in _processes(cluster.stem)]
+    assert cmdlines and not [c for c in cmdlines if token in c]
+
+
+def test_two_checkouts_with_the_same_cluster_name(tmp_path: Path) -> None:
+    """Two RAYFLEET_HOMEs (two clones, or CI beside a developer), one cluster name: each teardown
+    stops only its own Ray; the other keeps running jobs."""
+    spec = tmp_path / "twin.yaml"
+    spec.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")
+    homes = [tmp_path / "checkout-a", tmp_path / "checkout-b"]
+    try:
+        for home in homes:
+            up = run_invoke("up", "--cluster", str(spec), env={"RAYFLEET_HOME": str(home)})
+            assert up.returncode == 0, up.stderr
+        dirs = [_state(home, "twin")["resources"][0]["id"] for home in homes]
+        assert dirs[0] != dirs[1]
+        b_pids = rayproc.cluster_processes([dirs[1]])
+        assert b_pids
+
+        down = run_invoke("teardown", "--cluster", str(spec), env={"RAYFLEET_HOME": str(homes[0])})
+        assert down.returncode == 0, down.stderr
+        assert rayproc.cluster_processes([dirs[0]]) == []
+        assert set(b_pids) <= set(rayproc.cluster_processes([dirs[1]]))
+        job = run_invoke("submit", "--cluster", str(spec), "examples/cpu_example.py", "--", "2",
+                         env={"RAYFLEET_HOME": str(homes[1])})
+        assert job.returncode == 0, job.stderr
+    finally:
+        for home in homes:
+            run_invoke("teardown", "--cluster", str(spec), env={"RAYFLEET_HOME": str(home)})
+    assert _processes("twin") == []
+
+
+def test_status_when_ray_died(cluster: Path, rf_home: Path) -> None:
+    """The provider still believes in the cluster but Ray is dead: one line, the provider view
+    still shown, exit 1."""
+    assert run_invoke("up", "--cluster", str(cluster)).returncode == 0
+    rayproc.terminate(_processes(cluster.stem), grace=0.5)
+    status = run_invoke("status", "--cluster", str(cluster))
+    assert status.returncode == 1
+    assert "Traceback" not in status.stderr
+    errors = [line for line in status.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Ray is not answering" in errors[0]
+    assert "NOT answering" in status.stdout and "ray-head" in status.stdout

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from infra import jobs, paths, rayproc, render, ui
+from infra import auth, jobs, paths, rayproc, render, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
@@ -51,9 +51,11 @@ class Spec(ClusterSpec):
     ready_timeout_s: int = Field(120, ge=5, le=3600)
 
 
-def temp_dir(cluster: str) -> str:
-    # Short and fixed: Ray's unix socket paths under it must stay below 107 bytes.
-    return f"/tmp/rayfleet/{cluster}"
+def temp_dir(cluster: str, cluster_id: str) -> str:
+    # Short: Ray's unix socket paths under it must stay below 107 bytes. The cluster id makes it
+    # (and so every process marker) unique to this checkout's cluster, so two checkouts with a
+    # cluster of the same name never see each other's processes.
+    return f"/tmp/rayfleet/{cluster}-{cluster_id}"
 
 
 def _ray_executable() -> str:
@@ -83,44 +85,60 @@ class Provider(BaseProvider[Spec]):
                 return block
         raise LocalError("no free port block between 20000 and 31520; set port_base in the spec")
 
-    def _start_script(self, block: rayproc.PortBlock) -> str:
+    def _start_script(self, block: rayproc.PortBlock, tmp: str) -> str:
         mb = self.spec.object_store_memory_mb
+        token = auth.token_path(self.spec.name) if self.spec.auth == "token" else None
         return render.render(
             "local.start.sh.j2",
             cluster=self.spec.name,
             ray=_ray_executable(),
             usage_stats=_usage_stats(),
+            auth_env=auth.node_env(str(token)) if token else {"RAY_AUTH_MODE": "disabled"},
             port_flags=block.flags(),
-            temp_dir=temp_dir(self.spec.name),
+            temp_dir=tmp,
             num_cpus=self.spec.num_cpus,
             num_gpus=self.spec.num_gpus,
             object_store_memory=mb * 1024 * 1024 if mb else None,
             resources=self.spec.resources,
         )
 
+    def _temp_dir(self, state: State | None) -> str:
+        heads = state.resources(HEAD) if state else []
+        if heads:
+            return heads[0].id
+        # `plan` without state shows a placeholder; `up` always has a state with an id.
+        return temp_dir(self.spec.name, state.cluster_id if state else "<cluster-id>")
+
     def plan(self, state: State | None) -> Plan:
         block = self._block(state)
         exists = bool(state and state.resources(HEAD))
         cpus = self.spec.num_cpus or os.cpu_count()
+        tmp = self._temp_dir(state)
         detail = (
             f"{cpus} CPUs, ports {block.base}-{block.base + rayproc.BLOCK_SIZE - 1}, "
-            f"dashboard http://127.0.0.1:{block.dashboard}, temp dir {temp_dir(self.spec.name)}"
+            f"dashboard http://127.0.0.1:{block.dashboard}, temp dir {tmp}"
         )
+        auth_note = ("token auth on: clients present the token in "
+                     f"{auth.token_path(self.spec.name)}" if self.spec.auth == "token"
+                     else "token auth OFF (auth: none): anyone who reaches the ports can run jobs")
         return Plan(
             resources=[PlannedResource("Ray head (processes on this machine)", self.spec.name,
                                        detail, exists)],
-            files={"start.sh": self._start_script(block)},
-            notes=["free: runs on this machine; the dashboard listens on 127.0.0.1 only"],
+            files={"start.sh": self._start_script(block, tmp)},
+            notes=["free: runs on this machine; the dashboard and job API listen on 127.0.0.1 only",
+                   auth_note],
         )
 
-    def _endpoint(self, block: rayproc.PortBlock) -> Endpoint:
-        return Endpoint(f"http://127.0.0.1:{block.dashboard}", f"127.0.0.1:{block.gcs}")
+    def _endpoint(self, block: rayproc.PortBlock, state: State) -> Endpoint:
+        return Endpoint(f"http://127.0.0.1:{block.dashboard}", f"127.0.0.1:{block.gcs}",
+                        token_path=auth.token_file(state))
 
     def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
         block = self._block(state)
-        endpoint = self._endpoint(block)
+        endpoint = self._endpoint(block, state)
+        token = endpoint.token_path
         if state.resources(HEAD):
-            if jobs.dashboard_ready(endpoint.dashboard_url):
+            if jobs.dashboard_ready(endpoint.dashboard_url, token):
                 ui.info(f"cluster {self.spec.name!r} is already running")
                 return endpoint
             ui.info(f"cluster {self.spec.name!r} is in state but not answering; restarting it")
@@ -130,7 +148,7 @@ class Provider(BaseProvider[Spec]):
                 f"ports {block.base}-{block.base + rayproc.BLOCK_SIZE - 1} are in use; "
                 "change port_base in the spec or leave it unset"
             )
-        tmp = temp_dir(self.spec.name)
+        tmp = self._temp_dir(state)
         # Recorded before the start: a crash from here on leaves processes teardown can find.
         state.add(HEAD, tmp, port_base=block.base)
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
@@ -142,7 +160,7 @@ class Provider(BaseProvider[Spec]):
             tail = log.read_text().strip().splitlines()[-3:]
             raise LocalError(f"`ray start` failed ({' | '.join(tail)}); full log: {log}")
         ui.wait_for(
-            lambda _: True if jobs.dashboard_ready(endpoint.dashboard_url) else None,
+            lambda _: True if jobs.dashboard_ready(endpoint.dashboard_url, token) else None,
             f"dashboard at {endpoint.dashboard_url} to accept jobs",
             timeout=self.spec.ready_timeout_s,
             hint=f"see the logs under {tmp}",
@@ -164,6 +182,12 @@ class Provider(BaseProvider[Spec]):
             pids = rayproc.cluster_processes(markers)
             if not pids:
                 break
+            foreign = rayproc.not_ours(pids)
+            if foreign:
+                raise LocalError(
+                    f"processes {foreign} match cluster {self.spec.name!r} but belong to another "
+                    "user; rayfleet signals only its own processes: ask their owner to stop them"
+                )
             with ui.step(f"stopping {len(pids)} Ray processes of {self.spec.name!r}"):
                 # The cluster is going away as a whole, so the GCS need not wait for raylets to
                 # drain (it ignores SIGTERM for several seconds): a short grace, then SIGKILL.
@@ -183,9 +207,13 @@ class Provider(BaseProvider[Spec]):
             return ProviderStatus(False, f"local cluster {self.spec.name!r} is not running")
         pids = rayproc.cluster_processes(self._markers(state))
         block = rayproc.PortBlock(int(heads[0].attrs["port_base"]))
-        running = jobs.dashboard_ready(self._endpoint(block).dashboard_url)
+        endpoint = self._endpoint(block, state)
+        answering = jobs.dashboard_ready(endpoint.dashboard_url, endpoint.token_path)
+        # The state says a head was started, so the provider's view is "running"; whether Ray
+        # answers is reported by `invoke status` next to it.
+        running = True
         summary = (
-            f"local Ray head {'running' if running else 'NOT answering'}: "
+            f"local Ray head {'running' if answering else 'NOT answering'}: "
             f"{len(pids)} processes, ports {block.base}-{block.base + rayproc.BLOCK_SIZE - 1}"
         )
         rows = [{"resource": h.kind, "temp dir": h.id, "port base": str(h.attrs["port_base"]),
@@ -199,7 +227,7 @@ class Provider(BaseProvider[Spec]):
             raise ClusterNotRunningError(
                 f"local cluster {self.spec.name!r} is not running; start it with `invoke up`"
             )
-        yield self._endpoint(rayproc.PortBlock(int(heads[0].attrs["port_base"])))
+        yield self._endpoint(rayproc.PortBlock(int(heads[0].attrs["port_base"])), state)
 
     def teardown(self, state: State) -> None:
         self._stop(state)

@@ -139,7 +139,7 @@ class RayfleetLauncher(Launcher):
         import ray.cloudpickle as cloudpickle
         from ray.job_submission import JobSubmissionClient
 
-        from infra import commands, jobs
+        from infra import auth, commands, jobs
 
         staging = Path(tempfile.mkdtemp(prefix="rayfleet-hydra-"))
         try:
@@ -157,7 +157,8 @@ class RayfleetLauncher(Launcher):
             env["py_modules"] = [*env.get("py_modules", []), str(plugins), str(package)]
             tag = uuid.uuid4().hex[:6]
             with commands.connect(self.provider, self.cluster) as endpoint:
-                client = JobSubmissionClient(endpoint.dashboard_url)
+                client = JobSubmissionClient(endpoint.dashboard_url,
+                                             headers=auth.headers(endpoint.token_path))
                 ids = []
                 for idx, _, _ in specs:
                     ids.append(client.submit_job(

@@ -6,6 +6,11 @@ set -euo pipefail
 # Usage statistics stay off unless the user opted in; rayfleet never phones home by default.
 export RAY_USAGE_STATS_ENABLED=0
 
+# Token authentication: every request to the dashboard, job API and GCS must carry the cluster's
+# token, which Ray reads from a 0600 file (the path is here, never the token).
+export RAY_AUTH_MODE=token
+export RAY_AUTH_TOKEN_PATH=<rayfleet-home>/keys/golden-default/ray-token
+
 # Every port comes from this cluster's own block and the temp dir is private, so a Ray that the
 # user started by hand on the default ports (and its temp dir /tmp/ray) is never disturbed.
 exec <ray> start --head \
@@ -21,7 +26,7 @@ exec <ray> start --head \
   --runtime-env-agent-port=23008 \
   --min-worker-port=23016 \
   --max-worker-port=23115 \
-  --temp-dir=/tmp/rayfleet/golden-default \
+  --temp-dir='/tmp/rayfleet/golden-default-<cluster-id>' \
   --object-store-memory=536870912 \
   --disable-usage-stats \
   --log-style=record
