@@ -261,6 +261,21 @@ class FakeLambda:
         return [i for i in self.inventory()
                 if i["status"] not in ("terminated",) and i["name"].startswith(prefix)]
 
+    def wait_powered_off(self, timeout: float = 120) -> None:
+        """Until every terminated instance of ours that had an address ran `on_terminate`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                pending = [i.name for i in self.instances.values()
+                           if not i.foreign and i.ip and self._status(i, now) == "terminated"
+                           and not i.powered_off]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not powered off after {timeout}s: {pending}")
+            time.sleep(0.1)
+
     def requests(self, method: str | None = None, path: str | None = None) -> list[tuple[float, int]]:
         """(time, status) of logged requests matching method and path regex."""
         with self.lock:

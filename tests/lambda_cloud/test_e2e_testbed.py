@@ -78,7 +78,12 @@ def test_up_submit_status_teardown_on_the_testbed(
             assert tunnel.stdout is not None
             url = tunnel.stdout.readline().strip()
             assert url.startswith("http://127.0.0.1:"), url
-            jobs = requests.get(f"{url}/api/jobs/", timeout=10).json()
+            # Token auth: without the cluster's token the job API refuses; with it, it answers.
+            assert requests.get(f"{url}/api/jobs/", timeout=10).status_code == 401
+            token = rf_home / "keys" / CLUSTER / "ray-token"
+            assert token.stat().st_mode & 0o777 == 0o600
+            headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
+            jobs = requests.get(f"{url}/api/jobs/", headers=headers, timeout=10).json()
             assert [j["status"] for j in jobs] == ["SUCCEEDED"]
         finally:
             tunnel.send_signal(signal.SIGINT)
@@ -86,6 +91,7 @@ def test_up_submit_status_teardown_on_the_testbed(
 
         down = run_invoke("teardown", "--cluster", str(spec), timeout=300)
         assert down.returncode == 0, down.stdout + down.stderr
+        fake.wait_powered_off()
         for host in bed.hosts:
             left = host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' "
                             "|| true").stdout.strip()

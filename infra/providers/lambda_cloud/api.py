@@ -253,8 +253,9 @@ def read_api_key() -> str | None:
     return None
 
 
-def base_url() -> str:
-    url = os.environ.get("LAMBDA_API_URL", "").strip() or DEFAULT_URL
+def base_url(url: str | None = None) -> str:
+    """`url`, else LAMBDA_API_URL, else Lambda's; plain http only to loopback (the key travels)."""
+    url = (url or os.environ.get("LAMBDA_API_URL", "")).strip() or DEFAULT_URL
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"LAMBDA_API_URL={url!r}: expected https://host/api/v1")
@@ -386,6 +387,19 @@ class LambdaClient:
 
     def instances(self) -> list[Instance]:
         return [_instance(i) for i in self.request("GET", "/instances")]
+
+    def find_tagged(self, key: str, value: str, window: float | None = None) -> Instance | None:
+        """Poll the instance list until an instance tagged `key=value` shows up, or `window`
+        (default: the generous `lost_launch_window`) passes. Used after a launch whose answer was
+        lost: a launch that happened is never launched a second time."""
+        deadline = time.monotonic() + (self.limits.lost_launch_window if window is None else window)
+        while True:
+            for inst in self.instances():
+                if inst.tags.get(key) == value:
+                    return inst
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(self.limits.request_interval)
 
     def instance(self, instance_id: str) -> Instance:
         return _instance(self.request("GET", f"/instances/{instance_id}"))

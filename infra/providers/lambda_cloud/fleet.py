@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from infra import identity, ssh, ui
 from infra.errors import ProviderError
 from infra.providers.lambda_cloud import api
+from infra.providers.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE
 from infra.state import State
 
 if TYPE_CHECKING:
@@ -31,12 +32,7 @@ if TYPE_CHECKING:
 
 INSTANCE = "lambda-instance"
 SSH_KEY = "lambda-ssh-key"
-#: Launch tags beyond identity's: which node of the cluster (head, worker-<i>, or an autoscaled
-#: type), a random token per launch request (to find a launch whose answer was lost), the
-#: launch time (the API reports none; uptime and cost need it).
-TAG_NODE = "rayfleet-node"
-TAG_LAUNCH = "rayfleet-launch"
-TAG_LAUNCHED_AT = "rayfleet-launched-at"
+__all__ = ["TAG_LAUNCH", "TAG_LAUNCHED_AT", "TAG_NODE"]  # launch-tag keys live in tags.py
 
 
 class LambdaProvisionError(ProviderError):
@@ -354,18 +350,9 @@ class Launcher:
         return info.price_cents_per_hour if info else 0
 
 
-def find_lost(client: api.LambdaClient, token: str,
-              sleep: Callable[[float], None] = time.sleep) -> api.Instance | None:
-    """Poll the instance list for the launch tagged `token` until it shows up or the generous
-    `lost_launch_window` passes: a launch that happened is never launched a second time."""
-    deadline = time.monotonic() + client.limits.lost_launch_window
-    while True:
-        for inst in client.instances():
-            if inst.tags.get(TAG_LAUNCH) == token:
-                return inst
-        if time.monotonic() >= deadline:
-            return None
-        sleep(client.limits.request_interval)
+def find_lost(client: api.LambdaClient, token: str) -> api.Instance | None:
+    """The launch tagged `token`, once the list shows it, or None after the generous window."""
+    return client.find_tagged(TAG_LAUNCH, token)
 
 
 # --- waiting ----------------------------------------------------------------------------------------

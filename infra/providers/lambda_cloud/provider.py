@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra import paths, render, ssh, ui
+from infra import auth, paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
@@ -75,8 +75,11 @@ class Provider(BaseProvider[Spec]):
         return self.spec.private_key_path() or paths.keys_dir(self.spec.name) / ssh.KEY_NAME
 
     def _target(self, ip: str) -> ssh.SshTarget:
+        # Fresh instances: their host key is pinned on first contact in the cluster's own file.
         return ssh.SshTarget(ip, self.spec.ssh_user, self._key_path(),
-                             proxy_command=self.spec.ssh_proxy_command)
+                             proxy_command=self.spec.ssh_proxy_command,
+                             known_hosts=ssh.cluster_known_hosts(self.spec.name),
+                             host_key_policy="accept-new")
 
     def _slots(self, state: State | None) -> list[fleet.Slot]:
         # Before the first `up` there is no id yet: plan shows where it goes.
@@ -127,10 +130,11 @@ class Provider(BaseProvider[Spec]):
                 "Lambda SSH key", f"rayfleet-{self.spec.name}-<id>-<fingerprint>",
                 f"public half of {self._key_path()} (generated here, 0600; the private key stays "
                 "here and on the head)", exists=bool(state and state.resources(fleet.SSH_KEY))))
+        ruleset = firewall.ruleset_name(self.spec.name, state.cluster_id if state else "<id>")
+        sources = ", ".join(self.spec.ssh_source_ranges or ["anywhere"])
         resources.append(PlannedResource(
-            "Lambda firewall ruleset", firewall.ruleset_name(self.spec.name, state.cluster_id if state
-                                                            else "<id>"),
-            "SSH from " + ", ".join(self.spec.ssh_source_ranges or ["anywhere"]) + "; no Ray port", exists=bool(state and state.resources(firewall.FIREWALL))))
+            "Lambda firewall ruleset", ruleset, f"SSH from {sources}; no Ray port",
+            exists=bool(state and state.resources(firewall.FIREWALL))))
         if types:
             notes += self._capacity_notes(types)
             notes.append(f"estimated cost: {_dollars(hourly)}/h for {len(self._slots(state))} "
@@ -165,13 +169,15 @@ class Provider(BaseProvider[Spec]):
         slots = self._slots(state)
         head = ips.get(slots[0].key, "HEAD_IP_AFTER_LAUNCH")
         workers = [ips.get(s.key, f"WORKER_{s.index}_IP_AFTER_LAUNCH") for s in slots[1:]]
-        text = raycluster.render_config(self.spec, head, workers, self._key_path())
+        text = raycluster.render_config(self.spec, head, workers, self._key_path(),
+                                        state.cluster_id if state is not None else "new")
         render.validate_ray_cluster_config(text, f"templates/lambda.yaml.j2 for {self.spec.name}")
         return text
 
     # --- up -------------------------------------------------------------------------------------
 
     def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
+        firewall.warn_if_open(self.spec.ssh_source_ranges, self.spec.source)
         run = uuid.uuid4().hex[:8]
         try:
             nodes = self.provision(state, run)
@@ -252,24 +258,27 @@ class Provider(BaseProvider[Spec]):
         state.set_info(head_ip=head.ip, address=f"{head.ip}:{raycluster.GCS_PORT}",
                        dashboard_url=f"http://127.0.0.1:{raycluster.DASHBOARD_PORT}")
         expected = {name: {str(i.ip), str(i.private_ip)} for name, i in nodes.items()}
-        if not self._all_alive(head_target, expected):
-            raycluster.ray_up(self.spec, path)
+        if not self._all_alive(head_target, expected, auth.token_file(state)):
+            raycluster.ray_up(self.spec, path, auth.client_env(state))
             workers = {s.name: str(nodes[s.key].ip) for s in slots[1:]}
             with ui.step("checking that the head can SSH to every worker"):
                 problems = raycluster.head_reaches_workers(head_target, self.spec.ssh_user, workers)
             if problems:
                 raise raycluster.RayClusterError("; ".join(problems))
             with raycluster.dashboard_tunnel(head_target) as url:
-                raycluster.wait_all_alive(url, expected, self.spec.ray_timeout_s)
+                raycluster.wait_all_alive(url, expected, self.spec.ray_timeout_s,
+                                          auth.token_file(state))
         else:
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
         return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
-                        "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True)
+                        "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
+                        token_path=auth.token_file(state))
 
-    def _all_alive(self, head: ssh.SshTarget, expected: dict[str, set[str]]) -> bool:
+    def _all_alive(self, head: ssh.SshTarget, expected: dict[str, set[str]],
+                   token_path: Path | None) -> bool:
         try:
             with raycluster.dashboard_tunnel(head) as url:
-                ips = {n["ip"] for n in raycluster.alive_nodes(url)}
+                ips = {n["ip"] for n in raycluster.alive_nodes(url, token_path)}
         except Exception:  # no Ray yet: that is what `ray up` is for
             return False
         return all(addrs & ips for addrs in expected.values())
@@ -349,7 +358,8 @@ class Provider(BaseProvider[Spec]):
             raise ClusterNotRunningError(f"Lambda cluster {self.spec.name!r} has no running head; "
                                          "start it with `invoke up`")
         with raycluster.dashboard_tunnel(self._target(str(head_ip))) as url:
-            yield Endpoint(url, f"{head_ip}:{raycluster.GCS_PORT}", tunneled=True)
+            yield Endpoint(url, f"{head_ip}:{raycluster.GCS_PORT}", tunneled=True,
+                           token_path=auth.token_file(state))
 
     # --- teardown -------------------------------------------------------------------------------
 
@@ -365,14 +375,15 @@ class Provider(BaseProvider[Spec]):
         firewall.delete(client, state)
         if not self.spec.ssh_key_name:
             shutil.rmtree(paths.keys_dir(self.spec.name), ignore_errors=True)
-        self._forget_launcher_state()
+        self._forget_launcher_state(state)
         state.clear_info()
 
-    def _forget_launcher_state(self) -> None:
+    def _forget_launcher_state(self, state: State) -> None:
         """Ray's on-prem launcher keeps node state on this machine; a later cluster of the same
         name must not inherit it."""
         import tempfile
 
         for suffix in ("state", "lock"):
             with contextlib.suppress(OSError):
-                (Path(tempfile.gettempdir()) / "ray" / f"cluster-{self.spec.name}.{suffix}").unlink()
+                name = raycluster.ray_cluster_name(self.spec, state.cluster_id)
+                (Path(tempfile.gettempdir()) / "ray" / f"cluster-{name}.{suffix}").unlink()
