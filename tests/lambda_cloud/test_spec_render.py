@@ -73,7 +73,8 @@ def test_cli_rejects_a_bad_spec_with_exit_2_and_creates_nothing(tmp_path: Path, 
 def test_example_specs_load_and_render(name: str, rf_home: Path) -> None:
     spec = load_spec(ROOT / "clusters" / f"{name}.yaml")
     assert isinstance(spec, Spec)
-    text = raycluster.render_config(spec, "198.51.100.10", ["198.51.100.11"], Path("/k/id"), "0123abcd")
+    text = raycluster.render_config(spec, "198.51.100.10", ["198.51.100.11"], Path("/k/id"),
+                                    "0123abcd")
     render.validate_ray_cluster_config(text, name)
 
 
@@ -110,7 +111,8 @@ def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
     spec = spec_from(tmp_path, **changes)
     key = Path("/home/me/.rayfleet/keys/demo/id_ed25519")
     text = raycluster.render_config(spec, head, workers, key, "0123abcd")
-    assert raycluster.render_config(spec, head, workers, key, "0123abcd") == text, "rendering is deterministic"
+    again = raycluster.render_config(spec, head, workers, key, "0123abcd")
+    assert again == text, "rendering is deterministic"
     prepared = render.validate_ray_cluster_config(text, case)
     assert prepared["provider"] == {"type": "local", "head_ip": head, "worker_ips": workers}
     config = yaml.safe_load(text)

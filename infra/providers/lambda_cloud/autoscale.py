@@ -31,6 +31,8 @@ HEAD_TYPE = "head"
 #: On the head, relative to the login user's home.
 PKG_DIR = "rayfleet/pkg"
 CONFIG_FILE = "rayfleet/autoscaler.yaml"
+#: The same config as rendered on this machine (`.rayfleet/rendered/<cluster>/`).
+RENDERED = "autoscaler.yaml"
 KEY_FILE = ".rayfleet/lambda-api-key"
 BOOTSTRAP_KEY = "ray_bootstrap_key.pem"
 TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
@@ -62,9 +64,9 @@ def worker_resources(spec: Spec, types: dict[str, api.InstanceType] | None) -> d
     return out
 
 
-def config(spec: Spec, state: State, head: api.Instance, key_name: str, rulesets: list[str],
-           types: dict[str, api.InstanceType] | None, rate_scale: float,
-           api_url: str | None) -> dict[str, Any]:
+def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
+           rulesets: list[str], types: dict[str, api.InstanceType] | None,
+           rate_scale: float) -> dict[str, Any]:
     """The autoscaler's cluster config, as Ray wants it for an external provider (every list key
     written out: external providers get no defaults). Paths only; no secret."""
     worker_types = spec.worker_types or {}
@@ -79,13 +81,11 @@ def config(spec: Spec, state: State, head: api.Instance, key_name: str, rulesets
         setup = [install_command(spec)]
     provider: dict[str, Any] = {
         "type": "external", "module": NODE_PROVIDER,
-        "cluster": spec.name, "cluster_id": state.cluster_id, "owner": state.owner,
-        "region": head.region, "ssh_key_name": key_name, "firewall_rulesets": rulesets,
+        "cluster": spec.name, "cluster_id": cluster_id, "owner": owner,
+        "region": region, "ssh_key_name": key_name, "firewall_rulesets": rulesets,
         "api_key_file": f"~/{KEY_FILE}", "state_file": "~/.rayfleet/lambda-nodes.json",
         "rate_scale": rate_scale, "request_share": 0.5,
     }
-    if api_url:
-        provider["api_url"] = api_url
     return {
         "cluster_name": spec.name,
         "max_workers": sum(k.max_workers for k in worker_types.values()),
@@ -124,7 +124,9 @@ def head_start_command(spec: Spec, head_id: str) -> str:
     activate = raycluster.activate(spec)
     extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
         if spec.object_store_memory_mb else ""
-    env = (f"RAY_enable_autoscaler_v2=1 RAY_CLOUD_INSTANCE_ID={shlex.quote(head_id)} "
+    # One node per launch batch: v2 fails a whole batch on one error, and ours launch one by one.
+    env = (f"RAY_enable_autoscaler_v2=1 AUTOSCALER_MAX_LAUNCH_BATCH=1 "
+           f"RAY_CLOUD_INSTANCE_ID={shlex.quote(head_id)} "
            f"RAY_NODE_TYPE_NAME={HEAD_TYPE} PYTHONPATH=$HOME/{PKG_DIR} "
            f"{raycluster.node_env_prefix(spec)}RAY_USAGE_STATS_ENABLED=0 ")
     return (f"{activate}ray stop >/dev/null 2>&1; cd ~ && {activate}{env}ray start --head "
@@ -143,9 +145,12 @@ def _put(sftp: Any, remote: str, data: bytes, mode: int) -> None:
 
 
 def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instance,
-              config_text: str, api_key: str, private_key: Path) -> None:
-    """Copy the package, secrets and config to the head, install its env, start Ray there."""
-    root = paths.project_root() if hasattr(paths, "project_root") else Path(__file__).parents[3]
+              config_text: str, api_key: str, private_key: Path, start: bool = True) -> None:
+    """Copy the package, secrets and config to the head, install its env, start Ray there.
+
+    With `start` False (Ray already runs), only the files are replaced: v2 re-reads the config
+    every loop."""
+    root = paths.PROJECT_ROOT
     dirs = sorted({str(Path(PKG_DIR) / Path(f).parent) for f in PACKAGE})
     if spec.env != "none":
         dirs.append(raycluster.REMOTE_SETUP.removeprefix("~/"))
@@ -155,8 +160,8 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         client = ssh.connect(target)
         try:
             sftp = client.open_sftp()
-            for rel in PACKAGE:
-                _put(sftp, f"{PKG_DIR}/{rel}", (root / rel).read_bytes(), 0o644)
+            for name in PACKAGE:
+                _put(sftp, f"{PKG_DIR}/{name}", (root / name).read_bytes(), 0o644)
             _put(sftp, f"{PKG_DIR}/VERSION", versions_line(root).encode(), 0o644)
             token = auth.token_file(state)
             if token is not None:
@@ -167,14 +172,15 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
             if spec.env != "none":
                 setup = paths.setup_dir()
                 for file in sorted(p for p in setup.rglob("*") if p.is_file()):
-                    rel = file.relative_to(setup)
-                    remote_dir = f"rayfleet/setup/{rel.parent}" if str(rel.parent) != "." \
-                        else "rayfleet/setup"
-                    with_dirs(sftp, remote_dir)
-                    _put(sftp, f"rayfleet/setup/{rel}", file.read_bytes(), file.stat().st_mode & 0o755)
+                    inner = file.relative_to(setup)
+                    with_dirs(sftp, str(Path("rayfleet/setup") / inner.parent))
+                    _put(sftp, f"rayfleet/setup/{inner}", file.read_bytes(),
+                         file.stat().st_mode & 0o755)
             sftp.close()
         finally:
             client.close()
+    if not start:
+        return
     if spec.env != "none":
         with ui.step("installing the node environment on the head"):
             ssh.run(target, install_command(spec), timeout=spec.ray_timeout_s, check=True)

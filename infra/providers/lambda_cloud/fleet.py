@@ -204,11 +204,20 @@ def mention_lookalikes(lookalikes: list[api.Instance]) -> None:
                 f"{identity.TAG_CLUSTER} tag of this cluster): left alone")
 
 
-def adopt_orphans(client: api.LambdaClient, state: State, run: str) -> list[api.Instance]:
+def autoscaled(inst: api.Instance) -> bool:
+    """A worker the head's autoscaler launched (it manages it; `up` leaves it alone)."""
+    return inst.tags.get("ray-node-type") == "worker"
+
+
+def adopt_orphans(client: api.LambdaClient, state: State, run: str,
+                  skip_autoscaled: bool = False) -> list[api.Instance]:
     """Write instances tagged with our cluster id into state (so a crash from here on still
-    knows them); return every live instance of ours."""
+    knows them); return every live instance of ours. `skip_autoscaled` leaves the autoscaler's
+    workers out (`up`); teardown takes them all."""
     listed = client.instances()
     tracked, orphans, lookalikes = ours(state, listed)
+    if skip_autoscaled:
+        orphans = [i for i in orphans if not autoscaled(i)]
     mention_lookalikes(lookalikes)
     for inst in orphans:
         ui.warn(f"found {inst.name} ({inst.id}, {inst.status}) of this cluster (tagged with its "
@@ -219,7 +228,8 @@ def adopt_orphans(client: api.LambdaClient, state: State, run: str) -> list[api.
     for resource in state.resources(INSTANCE):
         if resource.id not in tracked and resource.id not in {o.id for o in orphans}:
             _forget_if_gone(client, state, resource.id)
-    return [i for i in listed if state.find(INSTANCE, i.id)]
+    return [i for i in listed if state.find(INSTANCE, i.id)
+            and not (skip_autoscaled and autoscaled(i))]
 
 
 def _tag_time(inst: api.Instance) -> str | None:
@@ -258,6 +268,8 @@ class Launcher:
     attempts: list[str] | None = None
     #: Firewall ruleset ids to attach in a region (created on first use), or None for none.
     rulesets: Callable[[str], list[str]] | None = None
+    #: More launch tags per slot (the autoscaling head carries Ray's node tags).
+    extra_tags: Callable[[Slot], dict[str, str]] | None = None
     #: The capacity view the current slot was placed with (for prices).
     _seen: dict[str, api.InstanceType] = field(default_factory=dict)
 
@@ -286,13 +298,13 @@ class Launcher:
             for choice in self.spec.head.choices:
                 if not has_capacity(choice):
                     continue
-                if self.spec.workers.count and not any(
-                        c.region == choice.region and has_capacity(c) for c in self.spec.workers.choices):
+                needed = self.spec.worker_choices(needed_now=True)
+                if needed and not any(c.region == choice.region and has_capacity(c) for c in needed):
                     self._note(f"{choice}: no worker choice with capacity in {choice.region}")
                     continue
                 found.append(choice)
             return found
-        pool = self.spec.head.choices if slot.role == "head" else self.spec.workers.choices
+        pool = self.spec.head.choices if slot.role == "head" else self.spec.worker_choices()
         return [c for c in pool if c.region == region and has_capacity(c)]
 
     def _note(self, line: str) -> None:
@@ -322,7 +334,8 @@ class Launcher:
         rulesets = self.rulesets(choice.region) if self.rulesets else []
         for attempt in range(3):
             token = secrets.token_hex(6)
-            tags = {**identity_tags(self.state, slot.key), TAG_LAUNCH: token}
+            tags = {**identity_tags(self.state, slot.key), TAG_LAUNCH: token,
+                    **(self.extra_tags(slot) if self.extra_tags else {})}
             with ui.step(f"launching {slot.name}: {choice.instance_type} in {choice.region}"):
                 try:
                     instance_id = self.client.launch(

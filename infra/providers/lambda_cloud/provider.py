@@ -24,7 +24,7 @@ from infra import auth, paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.lambda_cloud import api, firewall, fleet, raycluster
+from infra.providers.lambda_cloud import api, autoscale, firewall, fleet, raycluster
 from infra.providers.lambda_cloud.spec import Choice, Spec
 from infra.state import State, atomic_write
 
@@ -51,8 +51,9 @@ def place(spec: Spec, types: dict[str, api.InstanceType]) -> tuple[Choice | None
     for head in spec.head.choices:
         if not has(head):
             continue
-        worker = next((c for c in spec.workers.choices if c.region == head.region and has(c)), None)
-        if worker or not spec.workers.count:
+        needed = spec.worker_choices(needed_now=True)
+        worker = next((c for c in spec.worker_choices() if c.region == head.region and has(c)), None)
+        if worker or not needed:
             return head, worker
     return None, None
 
@@ -84,7 +85,7 @@ class Provider(BaseProvider[Spec]):
     def _slots(self, state: State | None) -> list[fleet.Slot]:
         # Before the first `up` there is no id yet: plan shows where it goes.
         cluster_id = state.cluster_id if state is not None else "<id>"
-        return fleet.slots(self.spec.name, self.spec.workers.count, cluster_id)
+        return fleet.slots(self.spec.name, self.spec.fixed_workers, cluster_id)
 
     # --- plan -----------------------------------------------------------------------------------
 
@@ -117,7 +118,7 @@ class Provider(BaseProvider[Spec]):
                 hourly += price
                 detail = f"{choice.instance_type} in {choice.region}, {_dollars(price)}/h (capacity now)"
             else:
-                pool = self.spec.head.choices if slot.role == "head" else self.spec.workers.choices
+                pool = self.spec.head.choices if slot.role == "head" else self.spec.worker_choices()
                 detail = "first with capacity of " + ", ".join(str(c) for c in pool)
                 if types:
                     detail = "NO CAPACITY NOW in any of " + ", ".join(str(c) for c in pool)
@@ -135,16 +136,47 @@ class Provider(BaseProvider[Spec]):
         resources.append(PlannedResource(
             "Lambda firewall ruleset", ruleset, f"SSH from {sources}; no Ray port",
             exists=bool(state and state.resources(firewall.FIREWALL))))
+        if self.spec.autoscaling:
+            for name, kind in (self.spec.worker_types or {}).items():
+                resources.append(PlannedResource(
+                    "Lambda instances (autoscaled)", f"{self.spec.name}-<id>-{name}-*",
+                    f"{kind.min_workers}..{kind.max_workers} x first with capacity of "
+                    + ", ".join(str(c) for c in kind.choices) + "; launched by Ray's autoscaler "
+                    f"on demand, terminated after {self.spec.idle_timeout_minutes:g} idle min"))
         if types:
             notes += self._capacity_notes(types)
-            notes.append(f"estimated cost: {_dollars(hourly)}/h for {len(self._slots(state))} "
-                         "instance(s)")
-        return Plan(resources=resources, files={raycluster.CONFIG_FILE: self._render(state)},
-                    notes=notes)
+            cost = autoscale.hourly_range(self.spec, types)
+            if self.spec.autoscaling and cost:
+                notes.append(f"estimated cost: {_dollars(cost[0])}/h at minimum size, "
+                             f"{_dollars(cost[1])}/h at maximum size (first choices' prices)")
+            else:
+                notes.append(f"estimated cost: {_dollars(hourly)}/h for {len(self._slots(state))} "
+                             "instance(s)")
+        if self.spec.autoscaling:
+            files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
+        else:
+            files = {raycluster.CONFIG_FILE: self._render(state)}
+        return Plan(resources=resources, files=files, notes=notes)
+
+    def _render_autoscaler(self, state: State | None, head: api.Instance | None,
+                           types: dict[str, api.InstanceType] | None) -> str:
+        """The autoscaler config; before the head exists, with the first head choice's region."""
+        key = next((str(r.attrs["name"]) for r in (state.resources(fleet.SSH_KEY) if state else [])),
+                   f"rayfleet-{self.spec.name}-<id>-<fingerprint>")
+        region = head.region if head else self.spec.head.choices[0].region
+        rulesets = [r.id for r in (state.resources(firewall.FIREWALL) if state else [])
+                    if r.attrs.get("region") == region] or ["<ruleset id>"]
+        scale = self._client.limits.scale if self._client else api.Limits.from_env().scale
+        data = autoscale.config(self.spec, state.cluster_id if state else "<id>",
+                                state.owner if state else "<owner>", region, key, rulesets, types,
+                                scale)
+        text = autoscale.render(data)
+        render.validate_ray_cluster_config(text, f"autoscaler config for {self.spec.name}")
+        return text
 
     def _capacity_notes(self, types: dict[str, api.InstanceType]) -> list[str]:
         lines = []
-        for role, choices in (("head", self.spec.head.choices), ("workers", self.spec.workers.choices)):
+        for role, choices in (("head", self.spec.head.choices), ("workers", self.spec.worker_choices())):
             parts = []
             for choice in choices:
                 info = types.get(choice.instance_type)
@@ -181,6 +213,8 @@ class Provider(BaseProvider[Spec]):
         run = uuid.uuid4().hex[:8]
         try:
             nodes = self.provision(state, run)
+            if self.spec.autoscaling:
+                return self._start_autoscaler(state, nodes["head"])
             return self._start_ray(state, nodes)
         except BaseException as exc:
             self._abandon(state, run, options.keep_partial, exc)
@@ -194,7 +228,7 @@ class Provider(BaseProvider[Spec]):
         client = self.client()
         state.save()  # the cluster id is on disk before anything carries it
         key_name, _ = fleet.ensure_ssh_key(client, self.spec, state)
-        listed = fleet.adopt_orphans(client, state, run)
+        listed = fleet.adopt_orphans(client, state, run, skip_autoscaled=self.spec.autoscaling)
         wanted = {s.key for s in self._slots(state)}
         attrs = {r.id: r.attrs for r in state.resources(fleet.INSTANCE)}
         live: dict[str, api.Instance] = {}
@@ -219,8 +253,11 @@ class Provider(BaseProvider[Spec]):
             types = None
             if self._snapshot and time.monotonic() - self._snapshot[1] < client.limits.launch_interval:
                 types = self._snapshot[0]
-            launcher = fleet.Launcher(client, self.spec, state, key_name, run, types,
-                                      rulesets=lambda region: [self._ruleset(state, region)])
+            launcher = fleet.Launcher(
+                client, self.spec, state, key_name, run, types,
+                rulesets=lambda region: [self._ruleset(state, region)],
+                extra_tags=(lambda slot: autoscale.head_tags(self.spec)) if self.spec.autoscaling
+                else None)
             launcher.launch(missing, next(iter(regions)) if regions else None)
         nodes = fleet.wait_ready(client, state, lambda i: self._target(str(i.ip)),
                                  self.spec.boot_timeout_s)
@@ -274,6 +311,32 @@ class Provider(BaseProvider[Spec]):
                         "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
                         token_path=auth.token_file(state))
 
+    def _start_autoscaler(self, state: State, head: api.Instance) -> Endpoint:
+        """Ray and the autoscaler on the head (autoscale.py); wait for min_workers to join."""
+        client = self.client()
+        types = client.instance_types()
+        text = self._render_autoscaler(state, head, types)
+        atomic_write(paths.rendered_dir(self.spec.name) / autoscale.RENDERED, text)
+        target = self._target(str(head.ip))
+        token = auth.token_file(state)
+        state.set_info(head_ip=head.ip, address=f"{head.ip}:{raycluster.GCS_PORT}",
+                       dashboard_url=f"http://127.0.0.1:{raycluster.DASHBOARD_PORT}", autoscaling=True)
+        running = self._all_alive(target, {"head": {str(head.ip), str(head.private_ip)}}, token)
+        api_key = api.read_api_key()
+        if not api_key:
+            raise api.MissingApiKey("no Lambda API key to give the head's autoscaler")
+        autoscale.bootstrap(self.spec, state, target, head, text, api_key, self._key_path(),
+                            start=not running)
+        if running:
+            ui.info(f"cluster {self.spec.name!r} is already running; its autoscaler config is "
+                    "updated in place")
+        minimum = sum(k.min_workers for k in (self.spec.worker_types or {}).values())
+        with raycluster.dashboard_tunnel(target) as url:
+            raycluster.wait_workers(url, minimum, self.spec.ray_timeout_s, token)
+        return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
+                        "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
+                        token_path=token)
+
     def _all_alive(self, head: ssh.SshTarget, expected: dict[str, set[str]],
                    token_path: Path | None) -> bool:
         try:
@@ -321,21 +384,33 @@ class Provider(BaseProvider[Spec]):
                 accrued += price * (up_s or 0) / 3600
             active += bool(inst and inst.status == "active")
             rows.append(self._row(r.attrs.get("name"), r.id, status, inst, r.attrs, price, up_s))
-        for inst in orphans:
+        # Tagged with our id but not in state: the autoscaler's workers (found through the API,
+        # not through the head), or orphans of an interrupted `up`.
+        scaled = [i for i in orphans if fleet.autoscaled(i)]
+        orphans = [i for i in orphans if not fleet.autoscaled(i)]
+        for inst in scaled + orphans:
             up_s = _uptime(fleet._tag_time(inst))
             hourly += inst.price_cents_per_hour
             accrued += inst.price_cents_per_hour * (up_s or 0) / 3600
-            rows.append(self._row(inst.name, inst.id, f"{inst.status} ORPHAN", inst, {},
+            active += inst.status == "active"
+            label = "autoscaled" if fleet.autoscaled(inst) else "ORPHAN"
+            rows.append(self._row(inst.name, inst.id, f"{inst.status} {label}", inst, {},
                                   inst.price_cents_per_hour, up_s))
         warnings = [f"orphan {i.name} ({i.id}, {i.status}) carries this cluster's id but is not "
                     "in its state (an interrupted run?); `invoke teardown` terminates it, "
                     "`invoke up` adopts it" for i in orphans]
         warnings += [f"{i.name} ({i.id}) is named like this cluster but is not ours (no tag with "
                      "its id): left alone" for i in lookalikes]
-        total = len(state.resources(fleet.INSTANCE))
-        running = bool(total) and active == total and "head_ip" in state.info
-        summary = (f"{active}/{total} instance(s) active, {_dollars(hourly)}/h, accrued "
-                   f"{_dollars(accrued)} so far" if total else "no instances")
+        in_state = len(state.resources(fleet.INSTANCE))
+        total = in_state + len(scaled) + len(orphans)
+        running = bool(in_state) and all(tracked.get(r.id) is not None and
+                                         tracked[r.id].status == "active"
+                                         for r in state.resources(fleet.INSTANCE)) \
+            and "head_ip" in state.info
+        summary = (f"{active}/{total} instance(s) active"
+                   + (f" ({len(scaled)} autoscaled worker(s))" if self.spec.autoscaling else "")
+                   + f", {_dollars(hourly)}/h, accrued {_dollars(accrued)} so far"
+                   if total else "no instances")
         return ProviderStatus(running, summary, rows, warnings)
 
     @staticmethod
@@ -367,10 +442,31 @@ class Provider(BaseProvider[Spec]):
         """Terminate first (no GPU billed while Ray is cleaned up), then key, ruleset, local files.
 
         Every instance of this cluster is found through the API by its cluster-id tag (plus the
-        ids in state, for clusters from before tags), not through the head."""
+        ids in state, for clusters from before tags), not through the head. The head goes first:
+        its autoscaler stops launching with it; then whatever carries our id, again and again
+        until a listing a launch interval later shows none (a launch in flight when the head
+        died may still appear)."""
         client = self.client()
         fleet.adopt_orphans(client, state, "teardown")
-        fleet.terminate(client, state, [r.id for r in state.resources(fleet.INSTANCE)])
+        heads = [r.id for r in state.resources(fleet.INSTANCE)
+                 if fleet.slot_key(str(r.attrs.get("name")), r.attrs) == "head"]
+        if self.spec.autoscaling and heads:
+            fleet.terminate(client, state, heads)
+        quiet_since = None
+        while True:
+            fleet.adopt_orphans(client, state, "teardown")
+            left = [r.id for r in state.resources(fleet.INSTANCE)]
+            if left:
+                fleet.terminate(client, state, left)
+                quiet_since = None
+                continue
+            if not self.spec.autoscaling:
+                break
+            if quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= client.limits.launch_interval * 1.5:
+                break
+            time.sleep(client.limits.request_interval)
         fleet.delete_ssh_keys(client, self.spec, state)
         firewall.delete(client, state)
         if not self.spec.ssh_key_name:

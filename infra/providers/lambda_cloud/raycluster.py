@@ -81,7 +81,8 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}"
     return render.render(
         "lambda.yaml.j2",
-        cluster=ray_cluster_name(spec, cluster_id), head_ip=head_ip, worker_ips=worker_ips, ssh_user=spec.ssh_user,
+        cluster=ray_cluster_name(spec, cluster_id), head_ip=head_ip, worker_ips=worker_ips,
+        ssh_user=spec.ssh_user,
         ssh_private_key=str(key_path), ssh_proxy_command=spec.ssh_proxy_command,
         file_mounts=file_mounts, setup_commands=setup, activate=activate(spec),
         gcs_port=GCS_PORT, dashboard_port=DASHBOARD_PORT, ray_start_extra=extra,
@@ -119,7 +120,7 @@ def _run_ray(args: list[str], log: Path, timeout: float, extra_env: dict[str, st
 
 def ray_up(spec: Spec, path: Path, client_env: dict[str, str]) -> None:
     log = _log(spec.name, "ray-up.log")
-    with ui.step(f"ray up (setup and Ray on {spec.workers.count + 1} node(s); log {log})"):
+    with ui.step(f"ray up (setup and Ray on {spec.fixed_workers + 1} node(s); log {log})"):
         code = _run_ray(["up", "-y", "--no-config-cache", str(path)], log, spec.ray_timeout_s,
                         client_env)
     if code != 0:
@@ -180,6 +181,25 @@ def wait_all_alive(dashboard_url: str, expected: dict[str, set[str]], timeout: f
 
     ui.wait_for(check, f"Ray to report {len(expected)} node(s) alive", timeout=timeout, interval=1.0,
                 hint="the worker did not join: see /tmp/ray/session_latest/logs/monitor.* on the head")
+
+
+def wait_workers(dashboard_url: str, minimum: int, timeout: float, token_path: Path | None) -> None:
+    """Wait until Ray reports the head and at least `minimum` workers alive (autoscaling)."""
+
+    def check(step: ui.Step) -> bool | None:
+        try:
+            nodes = alive_nodes(dashboard_url, token_path)
+        except Exception as exc:  # the dashboard may still be starting
+            step.detail(f"dashboard not answering yet ({type(exc).__name__})")
+            return None
+        workers = sum(1 for n in nodes if not n["head"])
+        heads = sum(1 for n in nodes if n["head"])
+        step.detail(f"head {'alive' if heads else 'not yet'}, {workers}/{minimum} worker(s)")
+        return True if heads and workers >= minimum else None
+
+    ui.wait_for(check, f"Ray on the head and {minimum} worker(s) (min_workers) alive",
+                timeout=timeout, interval=1.0,
+                hint="see /tmp/ray/session_latest/logs/monitor.* on the head")
 
 
 @contextmanager

@@ -155,6 +155,19 @@ class Spec(ClusterSpec):
     def autoscaling(self) -> bool:
         return self.worker_types is not None
 
+    @property
+    def fixed_workers(self) -> int:
+        """Workers `up` launches itself: the fixed count, none when the autoscaler does it."""
+        return 0 if self.autoscaling else self.workers.count
+
+    def worker_choices(self, needed_now: bool = False) -> list[Choice]:
+        """Every worker choice (of `workers` or of all worker types). With `needed_now`, only
+        those whose nodes `up` waits for (fixed workers, or types with min_workers > 0)."""
+        if not self.autoscaling:
+            return list(self.workers.choices) if self.workers.count or not needed_now else []
+        return [c for kind in (self.worker_types or {}).values()
+                if kind.min_workers or not needed_now for c in kind.choices]
+
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
         if self.worker_types is not None:

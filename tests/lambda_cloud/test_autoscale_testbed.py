@@ -1,0 +1,280 @@
+"""Autoscaling Lambda clusters end to end on the test bed (issue 13): Ray's own autoscaler (v2) on
+the head runs our node provider against the fake Lambda API, whose instances are test-bed hosts.
+
+One cluster is shared by the scenarios of this module, in order (each leaves it as the next
+expects): up with only the head -> a job needing 2 workers' GPUs scales 0 -> 2 -> idle -> 0 ->
+first choice without capacity takes the second -> no capacity at all: the job waits, nothing is
+launched in a loop -> the API key is only in its 0600 file -> the autoscaler is killed right after
+it launched a worker `up` never saw, and `teardown` still removes every instance of ours.
+
+The head reaches the fake API through a relay: the fake listens on 127.0.0.1 here, a socat in
+this namespace exposes it as a unix socket, and a socat on each host serves that socket on the
+host's own 127.0.0.1 (plain http is allowed to loopback only).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import run_invoke
+from tests.lambda_cloud.conftest import API_KEY
+from tests.lambda_cloud.fake_api import FakeLambda
+from tests.testbed import Testbed
+from tests.testbed.preflight import require
+
+CLUSTER = "ltscale"
+LAUNCH = "/instance-operations/launch"
+#: Launch interval 0.6 s, the head's request interval 0.1 s (half of 0.05 s... of the budget).
+SCALE = 0.05
+RELAY_PORT = 18765
+JOB = Path(__file__).resolve().parents[1] / "data" / "lambda_gpu_job.py"
+CAPACITY = {("cpu_4x_general", "us-west-1"): 1, ("gpu_1x_a10", "us-west-1"): 2,
+            ("gpu_1x_a100_sxm4", "us-west-1"): 2}
+
+
+@dataclass
+class Scaled:
+    bed: Testbed
+    fake: FakeLambda
+    spec: Path
+    home: Path
+    env: dict[str, str]
+
+    def invoke(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return run_invoke(*args, "--cluster", str(self.spec), env=self.env, timeout=timeout)
+
+    def launches(self) -> int:
+        return len([s for _, s in self.fake.requests("POST", LAUNCH) if s == 200])
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Our live autoscaled instances in the fake."""
+        return [i for i in self.fake.inventory() if not i["foreign"]
+                and i["tags"].get("ray-node-type") == "worker" and i["status"] != "terminated"]
+
+    def head(self) -> dict[str, Any]:
+        heads = [i for i in self.fake.inventory() if i["tags"].get("ray-node-type") == "head"
+                 and i["status"] != "terminated"]
+        assert len(heads) == 1, heads
+        return heads[0]
+
+    def host(self, ip: str) -> Any:
+        return next(h for h in self.bed.hosts if h.ip == ip)
+
+    def wait(self, what: str, check: Any, timeout: float = 240) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
+    require("testbed")
+    work = tmp_path_factory.mktemp("lambda-autoscale")
+    relay_url = f"http://127.0.0.1:{RELAY_PORT}/api/v1"
+    # Every SSH session on the hosts (our `ray start` on the head included) gets these: the
+    # documented knobs that make Ray's autoscaler quick, and where the API is.
+    bed = Testbed(4, work / "bed", env={
+        "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        "LAMBDA_API_URL": relay_url})
+    fake = FakeLambda(API_KEY, scale=SCALE, boot_delay=1.0, terminate_delay=0.3, forget_delay=30,
+                      capacity=dict(CAPACITY), ip_pool=[h.ip for h in bed.hosts])
+    fake.add_foreign_instance(f"{CLUSTER}-head")  # a colleague's, same cluster name
+    fake.add_foreign_ruleset(f"rayfleet-{CLUSTER}-colleague", "us-west-1")
+    by_ip = {h.ip: h for h in bed.hosts}
+    fake.on_terminate = lambda inst: by_ip[str(inst.ip)].run("ray stop --force", timeout=60)
+    fake.start()
+    sock = work / "api.sock"
+    relay = subprocess.Popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600",
+                              f"TCP:127.0.0.1:{fake.url.split(':')[2].split('/')[0]}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    relays = []
+    home = work / "rayfleet-home"
+    env = {"RAYFLEET_HOME": str(home), "LAMBDA_API_URL": fake.url, "LAMBDA_API_KEY": API_KEY,
+           "LAMBDA_RATE_SCALE": str(SCALE), "COLUMNS": "200"}
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline, "relay socket did not appear"
+            time.sleep(0.05)
+        for host in bed.hosts:
+            relays.append(host.popen(["socat", f"TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,fork,reuseaddr",
+                                      f"UNIX-CONNECT:{sock}"], log=work / f"relay-{host.name}.log"))
+        spec = work / f"{CLUSTER}.yaml"
+        spec.write_text(yaml.safe_dump({
+            "provider": "lambda",
+            "head": {"choices": [{"instance_type": "cpu_4x_general", "region": "us-west-1"}]},
+            "worker_types": {"gpu": {
+                "choices": [{"instance_type": "gpu_1x_a10", "region": "us-west-1"},
+                            {"instance_type": "gpu_1x_a100_sxm4", "region": "us-west-1"}],
+                "min_workers": 0, "max_workers": 2, "resources": {"CPU": 1, "GPU": 1}}},
+            "idle_timeout_minutes": 0.1,
+            "ssh_user": "root", "ssh_proxy_command": bed.proxy_command, "env": "none",
+            "ssh_source_ranges": ["203.0.113.0/24"],
+            "object_store_memory_mb": 100, "boot_timeout_s": 120, "ray_timeout_s": 300,
+        }))
+        # The instances "boot" with the cluster's key authorized, as Lambda's would.
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RAYFLEET_HOME", str(home))
+            from infra import ssh
+
+            bed.authorize_key(ssh.ensure_keypair(CLUSTER).public_key)
+        yield Scaled(bed, fake, spec, home, env)
+    finally:
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            run_invoke("teardown", "--cluster", str(work / f"{CLUSTER}.yaml"), env=env, timeout=600)
+        for process in relays:
+            process.terminate()
+        relay.terminate()
+        relay.wait(timeout=10)
+        fake.stop()
+        bed.close()
+
+
+def _result(output: str) -> dict[str, Any]:
+    return dict(json.loads(output.split("RESULT ", 1)[1].splitlines()[0]))
+
+
+@pytest.mark.slow
+def test_up_starts_only_the_head(scaled: Scaled) -> None:
+    started = time.monotonic()
+    up = scaled.invoke("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    print(f"\n[lambda autoscale] up: {time.monotonic() - started:.1f}s")
+    head = scaled.head()
+    assert scaled.workers() == [] and scaled.launches() == 1
+    data = json.loads((scaled.home / "state" / f"{CLUSTER}.json").read_text())
+    cid = data["cluster_id"]
+    assert head["tags"]["rayfleet-cluster"] == cid and head["name"] == f"{CLUSTER}-{cid}-head"
+    ruleset = next(r for r in scaled.fake.firewall_rulesets.values()
+                   if r["name"] == f"rayfleet-{CLUSTER}-{cid}")
+    assert [r["source_network"] for r in ruleset["rules"]] == ["203.0.113.0/24"]
+    assert head["firewall_rulesets"] == [ruleset["id"]]
+    # The head's provider files: the API key only in its 0600 file, the token 0600, the package.
+    host = scaled.host(head["ip"])
+    modes = host.run("stat -c '%a %n' .rayfleet/lambda-api-key .rayfleet/ray-token "
+                     "ray_bootstrap_key.pem rayfleet/pkg/infra/providers/lambda_cloud/node_provider.py",
+                     check=True).stdout.split("\n")
+    assert [m.split()[0] for m in modes if m] == ["600", "600", "600", "644"], modes
+    plan = scaled.invoke("plan")
+    assert "$0.20/h at minimum size, $1.70/h at maximum size" in plan.stdout, plan.stdout
+
+
+@pytest.mark.slow
+def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(scaled: Scaled) -> None:
+    before = scaled.launches()
+    started = time.monotonic()
+    submit = scaled.invoke("submit", str(JOB), "--", "2")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    print(f"\n[lambda autoscale] 0 -> 2 workers and the job: {time.monotonic() - started:.1f}s")
+    workers = scaled.workers()
+    assert len(workers) == 2 and scaled.launches() - before == 2, workers
+    assert {w["type"] for w in workers} == {"gpu_1x_a10"}  # the first choice had capacity
+    hosts = sorted(scaled.host(w["ip"]).hostname for w in workers)
+    assert sorted(_result(submit.stdout)["hosts"]) == hosts
+    for w in workers:
+        assert w["tags"]["rayfleet-cluster"] == scaled.head()["tags"]["rayfleet-cluster"]
+        assert w["firewall_rulesets"] == scaled.head()["firewall_rulesets"]
+    status = scaled.invoke("status", "--json")
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)["provider_resources"]
+    assert sorted(r["state"] for r in rows) == ["active", "active autoscaled", "active autoscaled"]
+    assert all(r["$/h"].startswith("$") and r["uptime"] != "?" for r in rows), rows
+    # Idle for 0.1 min: the autoscaler terminates both workers; the head stays.
+    started = time.monotonic()
+    scaled.wait("both workers terminated", lambda: not scaled.workers(), timeout=180)
+    print(f"\n[lambda autoscale] idle -> 0 workers: {time.monotonic() - started:.1f}s")
+    assert scaled.head()["status"] == "active"
+    status = scaled.invoke("status", "--json")
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert [r["state"] for r in report["provider_resources"]] == ["active"]
+    assert [n["state"] for n in report["nodes"] if n["state"] == "ALIVE"] == ["ALIVE"]
+    scaled.fake.wait_powered_off()
+
+
+@pytest.mark.slow
+def test_first_choice_without_capacity_takes_the_second(scaled: Scaled) -> None:
+    scaled.fake.capacity[("gpu_1x_a10", "us-west-1")] = 0
+    submit = scaled.invoke("submit", str(JOB), "--", "1")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    assert [w["type"] for w in scaled.workers()] == ["gpu_1x_a100_sxm4"]
+    scaled.wait("the worker terminated", lambda: not scaled.workers(), timeout=180)
+    scaled.fake.wait_powered_off()
+
+
+@pytest.mark.slow
+def test_no_capacity_anywhere_waits_without_a_launch_loop(scaled: Scaled) -> None:
+    for key in list(scaled.fake.capacity):
+        if key[0] != "cpu_4x_general":
+            scaled.fake.capacity[key] = 0
+    launches, types_before = scaled.launches(), len(scaled.fake.requests("GET", "/instance-types"))
+    submit = scaled.invoke("submit", "--no-wait", str(JOB), "--", "1")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = re.search(r"raysubmit_\w+", submit.stdout + submit.stderr)
+    assert job_id, submit.stdout + submit.stderr
+    time.sleep(20)
+    assert scaled.launches() == launches, "no capacity listed: nothing may be launched"
+    checks = len(scaled.fake.requests("GET", "/instance-types")) - types_before
+    # One capacity check per failure_backoff_s (3 s here) at most, not one per autoscaler loop.
+    assert 1 <= checks <= 20 / (60 * SCALE) + 2, checks
+    assert scaled.workers() == []
+    head = scaled.host(scaled.head()["ip"])
+    said = head.run("grep -h 'cannot launch gpu' /tmp/ray/session_latest/logs/monitor.* | head -1")
+    assert "no capacity listed" in said.stdout, said.stdout
+    stop = scaled.invoke("stop-job", job_id.group(0))
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    scaled.fake.capacity.update({k: v for k, v in CAPACITY.items() if k[0] != "cpu_4x_general"})
+
+
+@pytest.mark.slow
+def test_api_key_only_in_its_file(scaled: Scaled) -> None:
+    head = scaled.host(scaled.head()["ip"])
+    found = head.run(f"grep -rlsF --binary-files=text {API_KEY} /root /tmp /etc 2>/dev/null; "
+                     f"grep -lsF {API_KEY} /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null; true")
+    files = sorted(line for line in found.stdout.split("\n") if line)
+    assert files == ["/root/.rayfleet/lambda-api-key"], files
+    for path in scaled.home.rglob("*"):
+        if path.is_file():
+            assert API_KEY.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.slow
+def test_teardown_right_after_a_launch_with_the_autoscaler_killed(scaled: Scaled) -> None:
+    launches = scaled.launches()
+    scaled.fake.boot_delay = 30.0  # the new worker stays "booting": Ray never sees it join
+    submit = scaled.invoke("submit", "--no-wait", str(JOB), "--", "1")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    scaled.wait("the autoscaler's launch", lambda: scaled.launches() > launches, timeout=120)
+    head = scaled.host(scaled.head()["ip"])
+    pids = head.run("pgrep -f 'autoscaler/v2/monitor.py|autoscaler/_private/monitor.py'").stdout.split()
+    assert pids, "no autoscaler process on the head"
+    head.run(f"kill -9 {' '.join(pids)}", check=True)
+    cid = scaled.head()["tags"]["rayfleet-cluster"]
+    down = scaled.invoke("teardown")
+    assert down.returncode == 0, down.stdout + down.stderr
+    left = [i for i in scaled.fake.inventory()
+            if i["tags"].get("rayfleet-cluster") == cid and i["status"] != "terminated"]
+    assert left == []
+    assert [r["name"] for r in scaled.fake.firewall_rulesets.values()] == \
+        [f"rayfleet-{CLUSTER}-colleague"]
+    assert scaled.fake.ssh_keys == {}
+    colleague = [i for i in scaled.fake.inventory() if i["foreign"]]
+    assert [i["status"] for i in colleague] == ["active"]
+    assert not (scaled.home / "state" / f"{CLUSTER}.json").exists()
+    scaled.fake.boot_delay = 1.0
