@@ -15,7 +15,9 @@ host's own 127.0.0.1 (plain http is allowed to loopback only).
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -51,7 +53,8 @@ class Scaled:
     env: dict[str, str]
 
     def invoke(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return run_invoke(*args, "--cluster", str(self.spec), env=self.env, timeout=timeout)
+        return run_invoke(args[0], "--cluster", str(self.spec), *args[1:], env=self.env,
+                          timeout=timeout)
 
     def launches(self) -> int:
         return len([s for _, s in self.fake.requests("POST", LAUNCH) if s == 200])
@@ -167,7 +170,8 @@ def test_up_starts_only_the_head(scaled: Scaled) -> None:
     assert head["firewall_rulesets"] == [ruleset["id"]]
     # The head's provider files: the API key only in its 0600 file, the token 0600, the package.
     host = scaled.host(head["ip"])
-    modes = host.run("stat -c '%a %n' .rayfleet/lambda-api-key .rayfleet/ray-token "
+    # (cd inside: nsenter's --wd resolves /root before entering the host's mount namespace)
+    modes = host.run("cd /root && stat -c '%a %n' .rayfleet/lambda-api-key .rayfleet/ray-token "
                      "ray_bootstrap_key.pem rayfleet/pkg/infra/providers/lambda_cloud/node_provider.py",
                      check=True).stdout.split("\n")
     assert [m.split()[0] for m in modes if m] == ["600", "600", "600", "644"], modes
@@ -245,10 +249,19 @@ def test_no_capacity_anywhere_waits_without_a_launch_loop(scaled: Scaled) -> Non
 @pytest.mark.slow
 def test_api_key_only_in_its_file(scaled: Scaled) -> None:
     head = scaled.host(scaled.head()["ip"])
-    found = head.run(f"grep -rlsF --binary-files=text {API_KEY} /root /tmp /etc 2>/dev/null; "
-                     f"grep -lsF {API_KEY} /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null; true")
+    # The head's own disk: its home (minus the machine's big toolchains it shares read-only),
+    # Ray's logs and session files, shared memory; and every process's command line and
+    # environment. The key is fed to grep on stdin, so grep's own command line is clean.
+    # The host's /root is a copy-on-write layer over this machine's: skip what the machine had.
+    shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for d in sorted(os.listdir("/root"))
+                      if (Path("/root") / d).is_dir())
+    found = head.run(f"cd /root && grep -rlsF --binary-files=text -f /dev/stdin {shared} "
+                     "/root /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; true",
+                     input=API_KEY + "\n", timeout=300)
     files = sorted(line for line in found.stdout.split("\n") if line)
     assert files == ["/root/.rayfleet/lambda-api-key"], files
+    monitor_logs = head.run("ls /tmp/ray/session_latest/logs/monitor*").stdout.split()
+    assert monitor_logs, "the autoscaler wrote no log to scan"
     for path in scaled.home.rglob("*"):
         if path.is_file():
             assert API_KEY.encode() not in path.read_bytes(), path

@@ -69,7 +69,8 @@ class Provider(BaseProvider[Spec]):
 
     def client(self) -> api.LambdaClient:
         if self._client is None:
-            self._client = api.LambdaClient.from_env()
+            # An autoscaling head spends half the account's request budget; we take the other.
+            self._client = api.LambdaClient.from_env(share=0.5 if self.spec.autoscaling else 1.0)
         return self._client
 
     def _key_path(self) -> Path:
