@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import shutil
 import time
 import uuid
@@ -172,6 +173,8 @@ class Provider(BaseProvider[Spec]):
                                 state.owner if state else "<owner>", region, key, rulesets, types,
                                 scale)
         text = autoscale.render(data)
+        # Ray's defaults for external providers bring empty legacy keys it then warns about.
+        logging.getLogger("ray.autoscaler._private.util").setLevel(logging.ERROR)
         render.validate_ray_cluster_config(text, f"autoscaler config for {self.spec.name}")
         return text
 
