@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +26,9 @@ from tests.conftest import run_invoke
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.testbed import Testbed
 
-API_KEY = "secret_lambda_TESTKEY_5f0c1d2e3a4b"
+#: Drawn per run, so that no file of the project (which a job's working_dir uploads to the
+#: cluster) contains it: the key scan then finds only what rayfleet put somewhere.
+API_KEY = f"secret_lambda_{secrets.token_hex(12)}"
 LAUNCH = "/instance-operations/launch"
 CLUSTER = "ltscale"
 RELAY_PORT = 18765

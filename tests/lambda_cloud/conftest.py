@@ -88,7 +88,7 @@ def read_state(home: Path, cluster: str = "lt") -> dict[str, Any] | None:
     return dict(json.loads(path.read_text()))
 
 
-def assert_clean(fake: FakeLambda, cluster: str = "lt") -> None:
+def assert_clean(fake: FakeLambda, cluster: str = "lt", tagged: bool = True) -> None:
     """Nothing of ours costs money, every foreign instance and ruleset is exactly as it was, and
     no ruleset of ours is left."""
     inventory = fake.inventory()
@@ -97,7 +97,7 @@ def assert_clean(fake: FakeLambda, cluster: str = "lt") -> None:
     foreign = [i for i in inventory if i["foreign"]]
     assert foreign and all(i["status"] == "active" for i in foreign), foreign
     for inst in inventory:
-        if not inst["foreign"]:
+        if not inst["foreign"] and tagged:
             assert inst["tags"].get("rayfleet-cluster"), inst  # everything we launched is tagged
             assert inst["name"].startswith(f"{cluster}-{inst['tags']['rayfleet-cluster']}-"), inst
     rulesets = list(fake.firewall_rulesets.values())

@@ -361,3 +361,32 @@ def test_file_system_fixes_the_region(fake: FakeLambda, make_spec: SpecFactory, 
     assert all(fake.instances[n.id].file_system_names == ["datasets"] for n in nodes.values())
     teardown(path)
     assert_clean(fake)
+
+
+def test_state_from_before_cluster_ids_keeps_working(fake: FakeLambda, make_spec: SpecFactory,
+                                                     rf_home: Path) -> None:
+    """An old state (no cluster id, instances named `lt-head`, no tags) still owns its instances
+    by id; the colleague's `lt-head` (same name, another id) is left alone."""
+    from infra.providers.lambda_cloud import api as lambda_api
+
+    path = make_spec()
+    client = lambda_api.LambdaClient(API_KEY, fake.url, lambda_api.Limits.scaled(0.01))
+    client.add_ssh_key("old-key", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOldOldOld old")
+    old_id = client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name="old-key",
+                           name="lt-head")
+    (rf_home / "state").mkdir(parents=True, exist_ok=True)
+    (rf_home / "state" / "lt.json").write_text(json.dumps({
+        "version": 1, "cluster": "lt", "provider": "lambda", "created_at": "2026-01-01T00:00:00+00:00",
+        "updated_at": "2026-01-01T00:00:00+00:00", "info": {},
+        "resources": [{"kind": "lambda-instance", "id": old_id,
+                       "attrs": {"name": "lt-head", "role": "head", "run": "old",
+                                 "instance_type": "gpu_1x_a10", "region": "us-east-1",
+                                 "price_cents_per_hour": 75, "launched_at": None}}]}))
+    status = _invoke("status", "--cluster", str(path), "--json")
+    rows = _rows(json.loads(status.stdout))
+    assert [r["id"] for r in rows] == [old_id[:12]], rows
+    result = _invoke("teardown", "--cluster", str(path))
+    assert result.returncode == 0, result.stderr
+    assert fake.status_of(old_id) == "terminated"
+    assert_clean(fake, tagged=False)  # the colleague's lt-head and lt-worker-1 are untouched
+    assert read_state(rf_home) is None
