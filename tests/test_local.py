@@ -285,6 +285,17 @@ def test_token_auth_listeners_and_no_secret_leaks(cluster: Path, rf_home: Path) 
             continue
         assert answer.status_code != 200 or "submission_id" not in answer.text, (host, port)
 
+    # Ray's own client, on the address Ray advertises (not loopback): refused without the token.
+    node_ip = json.loads(run_invoke("status", "--cluster", str(cluster), "--json").stdout)["nodes"][0]["ip"]
+    probe = ("import ray, sys\ntry:\n    ray.init(address=sys.argv[1], log_to_driver=False)\n"
+             "except ConnectionError:\n    sys.exit(3)\nprint(ray.cluster_resources()['CPU'])\n")
+    for env, expected in (({"RAY_AUTH_MODE": "disabled"}, 3),
+                          ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}, 0)):
+        driver = subprocess.run([sys.executable, "-c", probe, f"{node_ip}:{port_base}"],
+                                env={**os.environ, **env}, capture_output=True, text=True,
+                                timeout=120, cwd="/tmp")
+        assert driver.returncode == expected, (env, driver.stderr[-500:])
+
     submitted = run_invoke("submit", "--cluster", str(cluster), "examples/cpu_example.py", "--", "2")
     assert submitted.returncode == 0, submitted.stderr
     status = run_invoke("status", "--cluster", str(cluster))

@@ -110,3 +110,24 @@ def test_cli_bad_spec_exits_2_with_one_line_and_creates_nothing(tmp_path: Path, 
     assert "num_cpu: unknown key; did you mean 'num_cpus'?" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (rf_home / "state" / "lab.json").exists()
+
+
+def test_cli_cluster_naming_a_directory_is_one_line(tmp_path: Path, rf_home: Path) -> None:
+    for command in ("up", "status", "teardown"):
+        result = run_invoke(command, "--cluster", str(tmp_path))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().count("\n") == 0, result.stderr
+        assert "is a directory; --cluster takes a spec file" in result.stderr
+    assert not (rf_home / "state").exists()
+
+
+def test_cli_lock_held_by_another_run_is_one_line(tmp_path: Path, rf_home: Path) -> None:
+    from infra import state
+
+    path = tmp_path / "busy.yaml"
+    path.write_text("provider: local\n")
+    with state.locked("busy", "local", "up"):
+        result = run_invoke("teardown", "--cluster", str(path))
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "cluster 'busy' is busy: `invoke up`" in result.stderr and "wait for it" in result.stderr
