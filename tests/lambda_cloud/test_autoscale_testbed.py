@@ -65,6 +65,16 @@ def test_up_starts_only_the_head(scaled: Scaled) -> None:
                      "ray_bootstrap_key.pem rayfleet/pkg/infra/providers/lambda_cloud/node_provider.py",
                      check=True).stdout.split("\n")
     assert [m.split()[0] for m in modes if m] == ["600", "600", "600", "644"], modes
+    # Another machine on the network reaches the head's GCS port, but Ray's own client is refused
+    # without the cluster's token (and served with it). The dashboard is on the head's loopback.
+    address = f"{head['ip']}:6379"
+    token = scaled.home / "keys" / CLUSTER / "ray-token"
+    refused = scaled.bed.client_run(f"timeout 60 ray status --address {address}",
+                                    env={"RAY_AUTH_MODE": "disabled"}, timeout=90)
+    assert refused.returncode != 0, refused.stdout
+    served = scaled.bed.client_run(f"timeout 60 ray status --address {address}", timeout=90,
+                                   env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)})
+    assert served.returncode == 0 and "Active:" in served.stdout, served.stdout + served.stderr
     plan = scaled.invoke("plan")
     assert "$0.20/h at minimum size, $1.70/h at maximum size" in plan.stdout, plan.stdout
 

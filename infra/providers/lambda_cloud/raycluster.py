@@ -175,6 +175,9 @@ def wait_all_alive(dashboard_url: str, expected: dict[str, set[str]], timeout: f
             step.detail(f"dashboard not answering yet ({type(exc).__name__})")
             return None
         missing = sorted(name for name, addrs in expected.items() if not addrs & ips)
+        if not missing and not jobs.dashboard_ready(dashboard_url, token_path):
+            step.detail("all nodes alive; the job API is not answering yet")
+            return None
         step.detail(f"{len(expected) - len(missing)}/{len(expected)} nodes alive"
                     + (f"; waiting for {', '.join(missing)}" if missing else ""))
         return True if not missing else None
@@ -194,8 +197,11 @@ def wait_workers(dashboard_url: str, minimum: int, timeout: float, token_path: P
             return None
         workers = sum(1 for n in nodes if not n["head"])
         heads = sum(1 for n in nodes if n["head"])
-        step.detail(f"head {'alive' if heads else 'not yet'}, {workers}/{minimum} worker(s)")
-        return True if heads and workers >= minimum else None
+        # The job API is a dashboard module of its own that may come up after the state API.
+        jobs_ready = bool(heads) and jobs.dashboard_ready(dashboard_url, token_path)
+        step.detail(f"head {'alive' if heads else 'not yet'}, job API "
+                    f"{'ready' if jobs_ready else 'not yet'}, {workers}/{minimum} worker(s)")
+        return True if jobs_ready and workers >= minimum else None
 
     ui.wait_for(check, f"Ray on the head and {minimum} worker(s) (min_workers) alive",
                 timeout=timeout, interval=1.0,
