@@ -45,7 +45,7 @@ def make(fake: FakeLambda, tmp_path: Path, **extra: Any) -> LambdaNodeProvider:
               "api_key_file": str(key), "state_file": str(tmp_path / "nodes.json"),
               "api_url": fake.url, **extra}
     provider = LambdaNodeProvider(config, "lt")
-    provider.client._pacer.next_launch = 0.0  # no head launched just before, in these tests
+    provider.client._pacer.next_launch = 0.0  # no head was launched just before, in these tests
     return provider
 
 
@@ -86,7 +86,10 @@ def test_only_our_cluster_id_is_listed(fake: FakeLambda, tmp_path: Path) -> None
 
 
 def test_concurrent_launches_keep_the_launch_limit(fake: FakeLambda, tmp_path: Path) -> None:
-    provider = make(fake, tmp_path)
+    # At 1/20 of the real limits (not 1/100): thread scheduling on a loaded machine must not be
+    # able to make two requests arrive closer than the fake's 50 ms.
+    fake.general.interval, fake.launches.interval = 0.05, 0.6
+    provider = make(fake, tmp_path, rate_scale=0.05)
     fake.capacity[("gpu_1x_a10", "us-east-1")] = 6
     made: list[str] = []
     lock = threading.Lock()
@@ -104,10 +107,7 @@ def test_concurrent_launches_keep_the_launch_limit(fake: FakeLambda, tmp_path: P
     times = launches(fake)
     assert len(made) == len(set(made)) == 4 and len(times) == 4
     assert min(b - a for a, b in itertools.pairwise(sorted(times))) >= fake.launches.interval * 0.99
-    # No launch was ever refused for the rate (at 1/100 of the real limits, scheduling jitter on a
-    # loaded machine can still make two ordinary requests arrive a few ms too close: those are
-    # answered 429 and retried, which is the client's documented behaviour).
-    assert [(m, p) for _, m, p, s in fake.log if s == 429 and p == LAUNCH] == []
+    assert [(m, p) for _, m, p, s in fake.log if s == 429] == []
     assert sorted(provider.non_terminated_nodes({})) == sorted(made)
 
 

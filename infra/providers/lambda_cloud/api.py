@@ -289,6 +289,11 @@ class LambdaClient:
     def __repr__(self) -> str:
         return f"LambdaClient(url={self.url!r})"
 
+    def defer_launches(self, seconds: float) -> None:
+        """No launch from this client before `seconds` from now (another process just launched)."""
+        with self._pacer.lock:
+            self._pacer.next_launch = max(self._pacer.next_launch, time.monotonic() + seconds)
+
     @classmethod
     def from_env(cls, share: float = 1.0) -> LambdaClient:
         key = read_api_key()

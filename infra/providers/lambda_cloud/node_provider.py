@@ -148,9 +148,9 @@ class LambdaNodeProvider(NodeProvider):
         limits = api.Limits.scaled(scale, float(config.get("request_share", 0.5)))
         url = api.base_url(config.get("api_url"))  # else LAMBDA_API_URL, else Lambda's
         self.client = api.LambdaClient(read_key_file(str(config["api_key_file"])), url, limits)
-        # `up` launched the head moments before this process started: give it a launch slot's
+        # `up` launched the head moments before this process started: keep a launch slot's
         # distance, so that the account never sees two launches closer than the limit.
-        self.client._pacer.next_launch = time.monotonic() + limits.launch_interval
+        self.client.defer_launches(limits.launch_interval)
         self.store = TagStore(Path(str(config.get("state_file", "~/.rayfleet/lambda-nodes.json")))
                               .expanduser())
         self.list_interval = float(config.get("list_interval_s", 5.0 * scale))
@@ -195,11 +195,11 @@ class LambdaNodeProvider(NodeProvider):
     def _get(self, node_id: str) -> api.Instance | None:
         with self._lock:
             inst = self._nodes.get(node_id)
-        if inst is None:
-            self._refresh(force=True)
-            with self._lock:
-                inst = self._nodes.get(node_id)
-        return inst
+            if inst is not None or node_id in self._terminated:
+                return inst
+        self._refresh()  # an id we do not know: look again, but not more often than the cache
+        with self._lock:
+            return self._nodes.get(node_id)
 
     def is_running(self, node_id: str) -> bool:
         inst = self._get(node_id)
