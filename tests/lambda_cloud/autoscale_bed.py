@@ -36,6 +36,20 @@ CAPACITY = {("cpu_4x_general", "us-west-1"): 1, ("gpu_1x_a10", "us-west-1"): 2,
             ("gpu_1x_a100_sxm4", "us-west-1"): 2}
 
 
+#: Ray's processes on a host, zombies (already dead, waiting for the reaper) excluded.
+RAY_PROCESSES = ("ps -eo stat=,args= | awk '$1 !~ /^Z/' "
+                 "| grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true")
+
+
+def power_off(host: Any) -> None:
+    """What terminating an instance does to its machine: Ray stops, and nothing of it is left
+    (`ray stop --force` returns while the dashboard's subprocesses are still exiting)."""
+    host.run("ray stop --force", timeout=60)
+    deadline = time.monotonic() + 30
+    while host.run(RAY_PROCESSES).stdout.strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 @dataclass
 class Scaled:
     bed: Testbed
@@ -92,7 +106,7 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
     fake.add_foreign_ruleset(f"rayfleet-{CLUSTER}-colleague", "us-west-1")
     by_ip = {h.ip: h for h in bed.hosts}
     # Terminating an instance powers the machine off: Ray on that host stops with it.
-    fake.on_terminate = lambda inst: by_ip[str(inst.ip)].run("ray stop --force", timeout=60)
+    fake.on_terminate = lambda inst: power_off(by_ip[str(inst.ip)])
     fake.start()
     sock = work / "api.sock"
     port = fake.url.split(":")[2].split("/")[0]

@@ -15,6 +15,7 @@ import requests
 import yaml
 
 from tests.conftest import ROOT, run_invoke
+from tests.lambda_cloud.autoscale_bed import RAY_PROCESSES, power_off
 from tests.lambda_cloud.conftest import API_KEY, SCALE, assert_clean, read_state
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.testbed import Testbed
@@ -35,7 +36,7 @@ def test_up_submit_status_teardown_on_the_testbed(
     fake.add_foreign_instance("prod-db")
     by_ip = {host.ip: host for host in bed.hosts}
     # Terminating an instance powers the machine off: Ray on that host stops with it.
-    fake.on_terminate = lambda inst: by_ip[str(inst.ip)].run("ray stop --force", timeout=60)
+    fake.on_terminate = lambda inst: power_off(by_ip[str(inst.ip)])
     with fake:
         monkeypatch.setenv("LAMBDA_API_URL", fake.url)
         monkeypatch.setenv("LAMBDA_API_KEY", API_KEY)
@@ -93,8 +94,7 @@ def test_up_submit_status_teardown_on_the_testbed(
         assert down.returncode == 0, down.stdout + down.stderr
         fake.wait_powered_off()
         for host in bed.hosts:
-            left = host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' "
-                            "|| true").stdout.strip()
+            left = host.run(RAY_PROCESSES).stdout.strip()
             assert left == "", f"Ray still running on {host.name}: {left}"
         assert_clean(fake, CLUSTER)
         assert read_state(rf_home, CLUSTER) is None
