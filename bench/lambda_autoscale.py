@@ -64,9 +64,12 @@ def main() -> int:
             if submit.returncode != 0:
                 print(submit.stdout + submit.stderr, file=sys.stderr)
                 return 1
+            seen: dict[str, float] = {}
             while True:
                 alive = [n for n in jobs.list_nodes(endpoint)
                          if n.state == "ALIVE" and not n.is_head_node]
+                for node in alive:
+                    seen.setdefault(node.node_ip, time.monotonic() - submitted)
                 if len(alive) >= args.workers:
                     break
                 if time.monotonic() - submitted > args.boot + 12 * args.workers + 600:
@@ -77,6 +80,14 @@ def main() -> int:
         finally:
             tunnel.send_signal(signal.SIGINT)
             tunnel.wait(timeout=30)
+        # Where the time went: each launch (the fake's log) and when that machine joined Ray.
+        workers = [i for i in cluster.fake.instances.values()
+                   if not i.foreign and dict((t["key"], t["value"]) for t in i.tags)
+                   .get("ray-node-type") == "worker"]
+        for inst in sorted(workers, key=lambda i: i.launched):
+            launched = inst.launched - submitted
+            print(f"  {inst.name}: launched at +{launched:.1f}s, active at "
+                  f"+{launched + args.boot:.1f}s, joined Ray at +{seen.get(str(inst.ip), -1):.1f}s")
         floor = 12 * (args.workers - 1) + args.boot
         print(f"submission -> {args.workers} workers joined: {joined:.1f}s; floor {floor:.0f}s "
               f"(12 s x {args.workers - 1} + boot {args.boot:.0f}s); "

@@ -185,7 +185,15 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         with ui.step("installing the node environment on the head"):
             ssh.run(target, install_command(spec), timeout=spec.ray_timeout_s, check=True)
     with ui.step("starting Ray and the autoscaler on the head"):
-        ssh.run(target, head_start_command(spec, head.id), timeout=spec.ray_timeout_s, check=True)
+        try:
+            ssh.run(target, head_start_command(spec, head.id), timeout=spec.ray_timeout_s, check=True)
+        except ssh.SshError as exc:
+            # `ray start` gives its raylet a fixed 30 s to register; a busy machine can miss that.
+            # Once more (it begins with `ray stop`), then the error stands.
+            if "timed out during startup" not in str(exc):
+                raise
+            ui.warn("Ray's start on the head timed out (a busy machine?); trying once more")
+            ssh.run(target, head_start_command(spec, head.id), timeout=spec.ray_timeout_s, check=True)
 
 
 def with_dirs(sftp: Any, remote_dir: str) -> None:

@@ -170,7 +170,12 @@ class LambdaNodeProvider(NodeProvider):
 
     def _refresh(self, force: bool = False) -> None:
         with self._lock:
-            if not force and time.monotonic() - self._listed_at < self.list_interval:
+            # While an instance of ours boots, look as often as our share of the budget allows:
+            # the autoscaler starts setting it up the moment it is listed active.
+            booting = any(n.status == "booting" for i, n in self._nodes.items()
+                          if i not in self._terminated)
+            interval = self.client.limits.request_interval if booting else self.list_interval
+            if not force and time.monotonic() - self._listed_at < interval:
                 return
         listed = self.client.instances()  # outside the lock: pacing may sleep
         with self._lock:
