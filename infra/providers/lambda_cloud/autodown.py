@@ -36,7 +36,8 @@ def listed(client: api.LambdaClient) -> list[dict[str, Any]]:
 def _client(args: dict[str, Any]) -> api.LambdaClient:
     key = Path(str(args["api_key_file"])).expanduser().read_text().strip()
     limits = api.Limits.scaled(float(args.get("rate_scale") or 1.0))
-    return api.LambdaClient(key, str(args.get("api_url") or api.DEFAULT_URL), limits)
+    # No URL in the config: the head's own LAMBDA_API_URL, else Lambda's (api.base_url()).
+    return api.LambdaClient(key, str(args.get("api_url") or api.base_url()), limits)
 
 
 def _ours(client: api.LambdaClient, cluster_id: str) -> list[dict[str, Any]]:
@@ -81,7 +82,7 @@ HEAD_PYTHON = '$(dirname "$(command -v ray)")/python'
 
 
 def watcher_config(cluster: str, cluster_id: str, idle_minutes: float, head_id: str,
-                   dashboard_port: int, token_path: str | None, api_url: str,
+                   dashboard_port: int, token_path: str | None, api_url: str | None,
                    rate_scale: float) -> Any:
     """The head's watcher config: Ray on the head's loopback, this action, no secret inside."""
     from infra import autodown

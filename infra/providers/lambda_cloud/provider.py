@@ -21,11 +21,26 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra import auth, paths, render, ssh, ui
+from infra import auth, autodown, paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
-from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import (
+    AutodownView,
+    Endpoint,
+    Plan,
+    PlannedResource,
+    ProviderStatus,
+    UpOptions,
+)
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.lambda_cloud import api, autoscale, costs, firewall, fleet, raycluster
+from infra.providers.lambda_cloud import (
+    api,
+    autodown_setup,
+    autoscale,
+    costs,
+    firewall,
+    fleet,
+    raycluster,
+)
 from infra.providers.lambda_cloud.spec import Choice, Spec
 from infra.state import State, atomic_write
 
@@ -61,6 +76,7 @@ def place(spec: Spec, types: dict[str, api.InstanceType]) -> tuple[Choice | None
 
 class Provider(BaseProvider[Spec]):
     name = "lambda"
+    supports_autodown = True
 
     def __init__(self, spec: Spec, client: api.LambdaClient | None = None) -> None:
         super().__init__(spec)
@@ -311,6 +327,7 @@ class Provider(BaseProvider[Spec]):
                                           auth.token_file(state))
         else:
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
+        autodown_setup.install(self.spec, state, head_target, head.id, self.client())
         return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
                         "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
                         token_path=auth.token_file(state))
@@ -337,6 +354,7 @@ class Provider(BaseProvider[Spec]):
         minimum = sum(k.min_workers for k in (self.spec.worker_types or {}).values())
         with raycluster.dashboard_tunnel(target) as url:
             raycluster.wait_workers(url, minimum, self.spec.ray_timeout_s, token)
+        autodown_setup.install(self.spec, state, target, head.id, client)
         return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
                         "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
                         token_path=token)
@@ -420,8 +438,33 @@ class Provider(BaseProvider[Spec]):
         billed_now = len(paying) + len(scaled) + len(orphans)
         launched = [r.attrs.get("launched_at") for r in paying]
         launched += [fleet._tag_time(i) for i in scaled + orphans]
-        return ProviderStatus(running, summary, rows, warnings,
-                              cost=costs.cost(hourly, accrued, billed_now, launched))
+        cost = costs.cost(hourly, accrued, billed_now, launched)
+        view, label = None, ""
+        if self.spec.autodown is not None or autodown_setup.marker(state.cluster):
+            if running:
+                autodown_setup.refresh(self._target(str(state.info["head_ip"])), state.cluster)
+            view = super().autodown_report(state)
+            if in_state and not billed_now:
+                gone = autodown_setup.gone_view(view, autodown_setup.marker(state.cluster))
+                if gone is not None:
+                    view, label = gone, "removed itself"
+                    summary = (f"all instances terminated: the cluster "
+                               f"{autodown.describe(gone)}; `invoke teardown` clears its state")
+        return ProviderStatus(running, summary, rows, warnings, state=label, cost=cost,
+                              autodown=view)
+
+    def autodown_report(self, state: State) -> AutodownView | None:
+        """The cached marker, and, when every instance in state is gone from the API while the
+        last marker showed the watcher counting down, that the cluster removed itself."""
+        view = super().autodown_report(state)
+        last = autodown_setup.marker(state.cluster)
+        if view is None or view.removed_at or not last or not state.resources(fleet.INSTANCE):
+            return view
+        listed = {i.id: i for i in self.client().instances()}
+        if any(r.id in listed and listed[r.id].status not in api.GONE
+               for r in state.resources(fleet.INSTANCE)):
+            return view
+        return autodown_setup.gone_view(view, last) or view
 
     @staticmethod
     def _row(name: object, instance_id: str, status: str, inst: api.Instance | None,
