@@ -25,6 +25,7 @@ from infra import auth, autodown, paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.providers.base import (
     AutodownView,
+    CostRange,
     Endpoint,
     Plan,
     PlannedResource,
@@ -452,6 +453,29 @@ class Provider(BaseProvider[Spec]):
                                f"{autodown.describe(gone)}; `invoke teardown` clears its state")
         return ProviderStatus(running, summary, rows, warnings, state=label, cost=cost,
                               autodown=view)
+
+    def cost_range(self, state: State | None) -> CostRange | None:
+        """$/h at min and max size from Lambda's prices (the head's and each type's first choice);
+        uses the price list `plan` just fetched, None without an API key or prices."""
+        types = self._snapshot[0] if self._snapshot else None
+        if types is None:
+            return None
+        workers = list((self.spec.worker_types or {}).values())
+        if self.spec.autoscaling:
+            cents = autoscale.hourly_range(self.spec, types)
+            low_nodes = 1 + sum(k.min_workers for k in workers)
+            high_nodes = 1 + sum(k.max_workers for k in workers)
+        else:
+            head = types.get(self.spec.head.choices[0].instance_type)
+            worker = (types.get(self.spec.workers.choices[0].instance_type)
+                      if self.spec.workers.choices else None)
+            count = self.spec.workers.count
+            cents = None if head is None else (
+                head.price_cents_per_hour + count * (worker.price_cents_per_hour if worker else 0),) * 2
+            low_nodes = high_nodes = 1 + count
+        if cents is None:
+            return None
+        return CostRange(low_nodes, high_nodes, cents[0] / 100, cents[1] / 100, costs.SOURCE)
 
     def autodown_report(self, state: State) -> AutodownView | None:
         """The cached marker, and, when every instance in state is gone from the API while the
