@@ -83,10 +83,11 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     selected, impl = _select(provider, cluster)
     with state.locked(selected.name, selected.provider, "up") as current:
+        result = impl.plan(current)
+        # After the plan's checks: a spec the target cannot run leaves no state behind.
         if auth.ensure_token(current, enabled=selected.auth == "token") is None:
             ui.warn(f"{selected.source}: auth: none — Ray's job API and dashboard on this cluster "
                     "accept anyone who can reach them; remove `auth: none` to turn token auth on")
-        result = impl.plan(current)
         _write_rendered(selected.name, result)
         endpoint = impl.up(current, result, UpOptions(keep_partial=keep_partial))
         applied = paths.applied_dir(selected.name)
