@@ -71,6 +71,7 @@ submit:
   user: {login.ssh_user}
   key: {login.ssh_key_path}
   proxy_command: {cluster.testbed.proxy_command}
+  known_hosts: {cluster.testbed.known_hosts_path}
   workdir: {cluster.jobs_dir}
 nodes: {nodes}
 cpus_per_node: 1
@@ -91,13 +92,16 @@ def run_ours(cluster: SlurmCluster, work: Path, nodes: int, env: dict[str, str])
             raise SystemExit(f"invoke up failed: {up.stderr.strip()[-500:]}")
         state = json.loads((Path(env["RAYFLEET_HOME"]) / "state" / f"bench{nodes}.json").read_text())
         job_name = state["resources"][0]["id"]
+        submitted = float(state["resources"][0]["attrs"]["submitted_at"])
         info = json.loads((cluster.jobs_dir / f"{job_name}.json").read_text())
     finally:
         # Always: a job left running would be killed with the test bed, its temp dirs left behind.
         subprocess.run([sys.executable, "-m", "invoke", "teardown", "--cluster", str(spec)],
                        cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    # Where the time went: this machine until sbatch, Slurm until the batch script ran, Ray.
     return {"alive": info["ready_at"] - started, "up": finished - started,
-            "nodes": len(info["nodes"])}
+            "nodes": len(info["nodes"]), "client": submitted - started,
+            "slurm": info["started_at"] - submitted, "ray": info["ready_at"] - info["started_at"]}
 
 
 def run_recipe(cluster: SlurmCluster, nodes: int) -> dict[str, float]:
@@ -136,8 +140,10 @@ def main() -> None:
                 results.setdefault(("ours", nodes), []).append(ours["alive"])
                 results.setdefault(("recipe", nodes), []).append(recipe["alive"])
                 print(f"rep {rep + 1}, {nodes} node(s): rayfleet {ours['alive']:.1f}s to "
-                      f"{ours['nodes']} alive (invoke up {ours['up']:.1f}s) | recipe "
-                      f"{recipe['alive']:.1f}s ({recipe['nodes']} alive then)", flush=True)
+                      f"{ours['nodes']} alive (client {ours['client']:.1f} + Slurm "
+                      f"{ours['slurm']:.1f} + Ray {ours['ray']:.1f}; invoke up {ours['up']:.1f}s)"
+                      f" | recipe {recipe['alive']:.1f}s ({recipe['nodes']} alive then); load "
+                      f"{os.getloadavg()[0]:.1f}", flush=True)
     med = {key: statistics.median(values) for key, values in results.items()}
     print("\nmedian seconds from submission to all nodes alive:")
     for nodes in (1, 2):

@@ -35,16 +35,18 @@ def login_spec(tmp_path: Path, slurm: SlurmCluster, name: str, extra: str = "") 
     path.write_text(
         f"provider: slurm\nsubmit:\n  host: {login.ip}\n  user: {login.ssh_user}\n"
         f"  key: {login.ssh_key_path}\n  proxy_command: {slurm.testbed.proxy_command}\n"
+        f"  known_hosts: {slurm.testbed.known_hosts_path}\n"
         f"  workdir: {slurm.jobs_dir}\n{SMALL}{extra}")
     return path
 
 
-def invoke(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def invoke(*args: str, timeout: float = 300,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`invoke ARGS` with the tests' Ray first on PATH (jobs inherit the submitter's PATH)."""
     import os
 
     path = f"{ray_bin_dir()}:{os.environ.get('PATH', '')}"
-    return run_invoke(*args, env={"PATH": path}, timeout=timeout)
+    return run_invoke(*args, env={"PATH": path, **(env or {})}, timeout=timeout)
 
 
 def ok(done: subprocess.CompletedProcess[str]) -> str:
@@ -64,7 +66,12 @@ def job_of(home: Path, name: str) -> dict[str, Any]:
     state = json.loads((home / "state" / f"{name}.json").read_text())
     jobs = [r for r in state["resources"] if r["kind"] == "slurm-job"]
     assert len(jobs) == 1, state
-    return {"name": jobs[0]["id"], **jobs[0]["attrs"]}
+    return {"name": jobs[0]["id"], "cluster_id": state["cluster_id"], **jobs[0]["attrs"]}
+
+
+def temp_marker(job: dict[str, Any], root: str = "/tmp") -> str:
+    """What every private temp dir of the cluster's nodes starts with (mktemp adds the rest)."""
+    return f"{root}/rf-{job['cluster_id']}."
 
 
 def result_of(stdout: str) -> dict[str, Any]:

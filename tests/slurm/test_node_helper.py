@@ -114,3 +114,32 @@ def test_stop_ends_only_this_jobs_processes_and_their_children(
     assert not any(rayproc.alive(pid) for pid in targets)
     assert neighbour.poll() is None, "another job's process was touched"
     assert not Path(ours).exists(), "the job's temp dir must be removed"
+
+
+def test_each_node_takes_its_own_free_block_from_the_heads(tmp_path: Path) -> None:
+    base = _free_pair()
+    env = {"RF_PORT_FIRST": str(base), "RF_PORT_STRIDE": str(PORT_STRIDE), "RF_PORT_BLOCKS": "2"}
+    done = helper("block", str(base), env=env)
+    assert done.returncode == 0 and int(done.stdout) == base, done.stderr
+    # A port of the head's block held on this node (the node manager's): the next block.
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", base + 3))
+        squatter.listen()
+        done = helper("block", str(base), env=env)
+    assert int(done.stdout) == base + PORT_STRIDE
+
+
+def test_autoscaling_config_gets_what_only_the_running_head_knows(tmp_path: Path) -> None:
+    source = tmp_path / "autoscaling.json"
+    source.write_text(json.dumps({"provider": {"type": "external", "cluster": "c"}}))
+    target = tmp_path / "autoscaling.yaml"
+    env = {"RF_BASE": "20128", "RF_HEAD_IP": "10.0.0.5", "RF_JOB_ID": "42",
+           "RF_CLUSTER_ID": "0a1b2c3d", "RF_OWNER": "abcdefabcdef", "SLURM_SUBMIT_DIR": "/w",
+           "RF_HEAD_TEMP": "/tmp/rf-0a1b2c3d.0.XYZ"}
+    done = helper("autoscaling-config", str(source), str(target), env=env)
+    assert done.returncode == 0, done.stderr
+    provider = json.loads(target.read_text())["provider"]
+    assert provider == {"type": "external", "cluster": "c", "cluster_id": "0a1b2c3d",
+                        "owner": "abcdefabcdef", "head_job_id": "42",
+                        "head_address": "10.0.0.5:20128", "port_base": 20128,
+                        "submit_dir": "/w", "worker_script": "/tmp/rf-0a1b2c3d.0.XYZ/worker.sbatch"}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from infra import auth
 from tests.conftest import ROOT
 from tests.slurm.conftest import (
     Register,
@@ -23,6 +24,7 @@ from tests.slurm.conftest import (
     ok,
     one_line_error,
     result_of,
+    temp_marker,
 )
 from tests.testbed.hosts import ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
@@ -31,10 +33,11 @@ pytestmark = pytest.mark.slow
 
 
 def ray_left_on_hosts(slurm: SlurmCluster, job: dict[str, object]) -> dict[str, str]:
-    """Processes naming the job's temp dirs, per host, as each host itself sees them."""
+    """Processes naming the cluster's temp dirs, per host, as each host itself sees them."""
     left = {}
     for host in slurm.nodes:
-        out = host.run(f"pgrep -af '{job['temp_dir']}[.]' || true", check=True).stdout.strip()
+        marker = temp_marker(job).replace(".", "[.]")
+        out = host.run(f"pgrep -af '{marker}' || true", check=True).stdout.strip()
         if out:
             left[host.name] = out
     return left
@@ -67,7 +70,9 @@ def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
         assert tunnel.stdout is not None
         url = tunnel.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:"), url
-        jobs = requests.get(f"{url}/api/jobs/", timeout=10).json()
+        assert requests.get(f"{url}/api/jobs/", timeout=10).status_code == 401
+        token = auth.headers(rf_home / "keys" / "duo" / "ray-token")
+        jobs = requests.get(f"{url}/api/jobs/", headers=token, timeout=10).json()
         assert len(jobs) == 1 and jobs[0]["status"] == "SUCCEEDED"
     finally:
         tunnel.send_signal(signal.SIGINT)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from infra import rayproc
+from infra import auth, rayproc
 from infra.state import State
 from tests.slurm.conftest import (
     Register,
@@ -31,8 +31,8 @@ pytestmark = pytest.mark.slow
 
 
 def ray_processes(job: dict[str, object]) -> list[int]:
-    """PIDs of the job's Ray processes on this machine (its node 0 temp dir and descendants)."""
-    return rayproc.cluster_processes([f"{job['temp_dir']}.0"])
+    """PIDs of the job's Ray processes on this machine (its head's temp dir and descendants)."""
+    return rayproc.cluster_processes([str(job["temp_dir"])])
 
 
 def squeue(slurm: LocalSlurm) -> str:
@@ -84,7 +84,7 @@ def test_single_node_up_submit_status_teardown(tmp_path: Path, rf_home: Path,
     ok(invoke("teardown", "--cluster", str(spec)))
     assert slurm_local.job_state(job["job_id"]) is None, "the job is still in the queue"
     assert ray_processes(job) == [], "Ray processes of the job survived"
-    assert not Path(f"{job['temp_dir']}.0").exists()
+    assert not Path(str(job["temp_dir"])).exists()
     assert state_empty(rf_home, "solo")
     assert not list(slurm_local.jobs_dir.glob(f"{job['name']}.*")), "job files left behind"
     assert "Ray nodes alive" in (rf_home / "logs" / "solo" / f"slurm-{job['job_id']}.out").read_text()
@@ -110,7 +110,10 @@ def test_two_clusters_share_a_node_and_teardown_touches_only_one(
     assert ray_processes(a) == []
     assert slurm_local.job_state(b["job_id"]) == "RUNNING"
     assert all(rayproc.alive(pid) for pid in b_pids), "tearing down alpha hurt beta"
-    assert requests.get(f"http://127.0.0.1:{b['dashboard_port']}/api/jobs/", timeout=5).ok
+    url = f"http://127.0.0.1:{b['dashboard_port']}/api/jobs/"
+    assert requests.get(url, timeout=5).status_code == 401, "token auth is on"
+    token = auth.headers(rf_home / "keys" / "beta" / "ray-token")
+    assert requests.get(url, headers=token, timeout=5).ok
     ok(invoke("teardown", "--cluster", str(second)))
     assert ray_processes(b) == []
 

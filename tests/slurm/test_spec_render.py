@@ -5,14 +5,16 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from infra import rayproc, spec
+from infra import rayproc, render, spec
 from infra.errors import SpecError
 from infra.providers.slurm import node_helper
-from infra.providers.slurm.script import render_script
+from infra.providers.slurm import script as script_module
+from infra.providers.slurm.script import autoscaling_config, render_script
 from infra.providers.slurm.spec import Spec
 from tests.conftest import ROOT, run_invoke
 from tests.golden import assert_golden
@@ -99,6 +101,12 @@ CASES = {
     "environment": BASE + "environment: {modules: [python/3.11, cuda/12.1], activate: "
                           "~/envs/ray, env_vars: {OMP_NUM_THREADS: '1', NOTE: \"it's $HOME\"}}\n"
                           "ray_temp_root: /scratch/tmp\nport_range_start: 24000\nport_blocks: 10\n",
+    "autoscale": BASE + "partition: cpu\ntime_limit: '4:00:00'\nidle_timeout_minutes: 2\n"
+                        "worker_types:\n  cpu: {cpus_per_node: 4, max_workers: 3}\n"
+                        "  gpu: {partition: gpu, cpus_per_node: 8, gpus_per_node: 2, "
+                        "gpu_type: a100, memory_per_node_mb: 64000, time_limit: '1:00:00', "
+                        "min_workers: 1, max_workers: 2, resources: {gpu_node: 1}, "
+                        "labels: {tier: gpu}}\n",
 }
 HELPER = "<embedded helper: infra/rayproc.py + infra/providers/slurm/node_helper.py>"
 
@@ -116,7 +124,10 @@ def test_batch_script_matches_golden(tmp_path: Path, case: str) -> None:
     script = _render(tmp_path, case)
     helper = node_helper.embedded_source().rstrip("\n")
     assert helper in script
-    assert_golden(f"slurm/{case}.sbatch", script, {helper: HELPER})
+    # The files shipped to an autoscaling head are our own modules: their text is tested where
+    # it lives, not here.
+    shipped = {source: f"<shipped {relative}>" for _, relative, source in script_module._shipped()}
+    assert_golden(f"slurm/{case}.sbatch", script, {helper: HELPER, **shipped})
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -141,19 +152,94 @@ def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
     assert "export RAY_USAGE_STATS_ENABLED=0" in script
     assert "export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0" in script
     assert "ray stop" not in script
-    head = script[script.index('if [ "$1" = head ]'):script.index("else", script.index(
-        'if [ "$1" = head ]'))]
-    worker = script[script.index('args=(--address='):]
-    worker = worker[:worker.index("\n  )")]
+    head = script[script.index("args=(--head"):]
+    head = head[:head.index("\n  )")]
+    # The dashboard and job API on the head's loopback only (reached through an SSH tunnel).
+    assert "--dashboard-host=127.0.0.1" in head and "RF_HEAD_IP\" --include" not in head
+    # Token auth on every node, from a file whose path (never the token) is in the script.
+    assert "export RAY_AUTH_MODE=token" in script
+    assert "RAY_AUTH_TOKEN_PATH=$SLURM_SUBMIT_DIR/keys/$RF_CLUSTER_ID/ray-token" in script
+    # Private temp dirs: mktemp, never a predictable path.
+    assert 'mktemp -d "$RF_TEMP_ROOT/rf-$RF_CLUSTER_ID.$1.XXXXXX"' in script
+    assert "mkdir -p \"$temp\"" not in script and "RF_TEMP_PREFIX" not in script
+    workers = [script]
+    if case == "autoscale":
+        workers = [script[script.index("cat > \"$RF_HEAD_TEMP/worker.sbatch\""):]]
+    else:
+        assert "--no-monitor" in script
     for flag in rayproc.PortBlock(0).flags():
         name, offset = flag.split("=")
         assert f"{name}=$((RF_BASE + {offset}))" in head
-        if name not in ("--port", "--dashboard-port", "--ray-client-server-port"):
-            assert f"{name}=$((RF_BASE + {offset}))" in worker
-        else:
-            assert name + "=" not in worker
+        for text in workers:
+            worker = text[text.index("args=(--address="):]
+            ends = [i for i in (worker.find("\n  )"), worker.find("--temp-dir")) if i > 0]
+            worker = worker[:min(ends)]
+            # Every node's own block, checked free on that node (`helper block`).
+            if name not in ("--port", "--dashboard-port", "--ray-client-server-port"):
+                assert f"{name}=$((base + {offset}))" in worker
+            else:
+                assert name + "=" not in worker
     assert ("#SBATCH hetjob" in script) == (case == "hetero")
     assert ("--het-group" in script) == (case == "hetero")
+
+
+def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
+        tmp_path: Path) -> None:
+    path = tmp_path / "autoscale.yaml"
+    path.write_text(CASES["autoscale"])
+    loaded = spec.load_spec(path)
+    assert isinstance(loaded, Spec)
+    text = autoscaling_config(loaded)
+    config = render.validate_ray_cluster_config(text, "autoscaling.yaml")
+    assert config["provider"]["disable_node_updaters"] is True
+    assert config["provider"]["module"] == "infra.providers.slurm.node_provider.SlurmNodeProvider"
+    assert config["idle_timeout_minutes"] == 2 and config["max_workers"] == 5
+    gpu = config["available_node_types"]["gpu"]
+    assert gpu["resources"] == {"CPU": 8, "GPU": 2, "gpu_node": 1} and gpu["min_workers"] == 1
+    options = config["provider"]["worker_types"]["gpu"]
+    assert "--partition=gpu" in options["sbatch"] and "--gres=gpu:a100:2" in options["sbatch"]
+    assert options["time_limit_s"] == 3600
+    assert config["provider"]["worker_types"]["cpu"]["time_limit_s"] == 4 * 3600
+    script = render_script(loaded)
+    for shipped in ("infra/providers/slurm/node_provider.py", "infra/providers/slurm/queue.py",
+                    "infra/identity.py", "infra/errors.py"):
+        assert f'cat > "$RF_PY/{shipped}"' in script
+    assert "RAY_enable_autoscaler_v2=1" in script and "--autoscaling-config=" in script
+
+
+def test_node_provider_imports_with_ray_and_the_shipped_files_only(tmp_path: Path) -> None:
+    # What the head has: Ray and the files the batch script writes; not pydantic, rich, jinja,
+    # paramiko or the rest of rayfleet.
+    for _, relative, source in script_module._shipped():
+        target = tmp_path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(source + "\n")
+    probe = ("import sys, importlib; importlib.import_module('infra.providers.slurm.node_provider');"
+             "bad = [m for m in ('pydantic', 'rich', 'jinja2', 'paramiko', 'invoke', "
+             "'infra.spec', 'infra.providers.slurm.spec') if m in sys.modules];"
+             "import infra; print(infra.__file__); print(bad)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    where, bad = done.stdout.split("\n")[:2]
+    assert where.startswith(str(tmp_path)) and bad == "[]", done.stdout
+
+
+def test_autoscaling_spec_rules(tmp_path: Path) -> None:
+    for text, expected in [
+        ("nodes: 2\nworker_types: {cpu: {cpus_per_node: 1}}\n", "head as a one-node job"),
+        ("worker_types: {cpu: {cpus_per_node: 1, min_workers: 3, max_workers: 2}}\n",
+         "min_workers 3 exceeds max_workers 2"),
+        ("worker_types: {CPU: {cpus_per_node: 1}}\n", "a worker type name is"),
+        ("worker_types: {cpu: {cpus_per_node: 1, time_limit: soon}}\n", "is not a Slurm time"),
+        ("gpu_workers: {cpus_per_node: 1}\nworker_types: {cpu: {cpus_per_node: 1}}\n",
+         "exclude each other"),
+    ]:
+        path = tmp_path / "bad.yaml"
+        path.write_text(BASE + text)
+        with pytest.raises(SpecError) as caught:
+            spec.load_spec(path)
+        assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_hostile_environment_values_stay_data(tmp_path: Path) -> None:

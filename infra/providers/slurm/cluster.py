@@ -10,19 +10,26 @@ import difflib
 import json
 import re
 import shlex
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from infra.errors import SpecError
+from infra.providers.slurm import queue
+from infra.providers.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable
 from infra.providers.slurm.remote import Runner, SlurmError
 from infra.providers.slurm.script import shell_path
 from infra.providers.slurm.spec import Spec, time_limit_seconds
 
+__all__ = ["LIVE_STATES", "JobRow", "QueueUnavailable"]
+T = TypeVar("T")
+#: Messages of Slurm's commands while the controller restarts or is overloaded.
+_TRANSIENT = re.compile(r"Unable to contact slurm controller|Socket timed out|Zero Bytes|"
+                        r"Connection refused|Resource temporarily unavailable|try again|"
+                        r"slurm_load_|Slurm backup controller in standby", re.IGNORECASE)
+
 _SPLIT = "@@rayfleet@@"
-#: squeue states in which the job still holds (or waits for) nodes.
-LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING",
-               "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"}
-_JOB_FORMAT = "%i|%T|%r|%N|%M|%l|%P"
 
 
 @dataclass(frozen=True)
@@ -44,19 +51,6 @@ class Partition:
     max_time_s: int = 2**31
     max_time: str = "UNLIMITED"
     nodes: list[Node] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class JobRow:
-    """One line of squeue for the job (one per component of a heterogeneous job)."""
-
-    job_id: str
-    state: str
-    reason: str
-    nodes: str
-    elapsed: str
-    limit: str
-    partition: str
 
 
 @dataclass
@@ -85,8 +79,8 @@ def _int(text: str, default: int = 0) -> int:
 
 def partitions(runner: Runner) -> dict[str, Partition]:
     """Every partition with its limits and nodes (one command line, one round trip)."""
-    out = runner.check(f"scontrol show partition --oneliner && echo {_SPLIT} && "
-                       "sinfo -h -N -o '%R|%N|%c|%m|%G|%t'")
+    out = patiently(lambda: runner.check(f"scontrol show partition --oneliner && echo {_SPLIT} && "
+                       "sinfo -h -N -o '%R|%N|%c|%m|%G|%t'"), "reading the partitions")
     part_text, _, node_text = out.partition(_SPLIT)
     found: dict[str, Partition] = {}
     for line in part_text.splitlines():
@@ -191,24 +185,34 @@ def check_spec(spec: Spec, found: dict[str, Partition], where: str) -> list[str]
     return notes
 
 
-def _rows(text: str) -> list[JobRow]:
-    rows = []
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 7:
-            rows.append(JobRow(*parts))
-    return rows
-
-
 def _job_command(job_id: str) -> str:
-    # squeue exits 1 with "Invalid job id" once the job record is purged: that too means gone.
-    return f"squeue -h -j {shlex.quote(job_id)} -o {shlex.quote(_JOB_FORMAT)} 2>/dev/null"
+    return queue.command(f"-j {shlex.quote(job_id)}")
 
 
 def job_rows(runner: Runner, job_id: str) -> list[JobRow] | None:
-    """The job's queue rows, or None once it has left the queue."""
-    rows = _rows(runner.run(_job_command(job_id), timeout=30).stdout)
-    return rows or None
+    """The job's queue rows, or None once it has left the queue; QueueUnavailable if squeue
+    failed (the job's fate is then unknown, never "gone")."""
+    out = runner.run(_job_command(job_id), timeout=30).stdout
+    return queue.parse(out, f"job {job_id}") or None
+
+
+def patiently(call: Callable[[], T], what: str, patience: float = 90.0) -> T:
+    """`call()`, retried with backoff while Slurm's controller does not answer (QueueUnavailable,
+    or a transient failure of scontrol/sbatch/scancel); the last error after `patience` seconds."""
+    deadline = time.monotonic() + patience
+    delay = 0.5
+    while True:
+        try:
+            return call()
+        except SlurmError as exc:
+            transient = isinstance(exc, QueueUnavailable) or _TRANSIENT.search(str(exc))
+            if not transient or time.monotonic() + delay > deadline:
+                if transient:
+                    raise QueueUnavailable(f"{exc} (for {patience:.0f}s while {what}); "
+                                           "is slurmctld answering? Try again later") from None
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
 
 
 def job_file(workdir: str, job_name: str, suffix: str) -> str:
@@ -217,12 +221,14 @@ def job_file(workdir: str, job_name: str, suffix: str) -> str:
     return shell_path(f"{workdir.rstrip('/')}/{job_name}{suffix}")
 
 
-def poll(runner: Runner, job_id: str, info_file: str, partition: str | None) -> Poll:
-    """Queue rows, the pending queue of the partition (for a position), the info file: one trip."""
+def poll(runner: Runner, job_id: str, info_file: str, partition: str | None,
+         position: bool = True) -> Poll:
+    """Queue rows, the pending queue of the partition (for a position; only with `position`),
+    the info file: one trip. QueueUnavailable when squeue failed."""
     part = f"-p {shlex.quote(partition)} " if partition else ""
+    pending = f"squeue -h -t PENDING {part}-o %i --sort=-p,i 2>/dev/null; " if position else ""
     out = runner.run(
-        f"{_job_command(job_id)}; echo {_SPLIT}; "
-        f"squeue -h -t PENDING {part}-o %i --sort=-p,i 2>/dev/null; echo {_SPLIT}; "
+        f"{_job_command(job_id)}; echo {_SPLIT}; {pending}echo {_SPLIT}; "
         f"cat {info_file} 2>/dev/null", timeout=30).stdout
     rows_text, _, rest = out.partition(_SPLIT)
     pending_text, _, info_text = rest.partition(_SPLIT)
@@ -232,7 +238,8 @@ def poll(runner: Runner, job_id: str, info_file: str, partition: str | None) -> 
             info = json.loads(info_text)
         except json.JSONDecodeError:
             info = None  # caught between writes on a file system without atomic rename: retry
-    return Poll(_rows(rows_text) or None, pending_text.split(), info)
+    rows = queue.parse(rows_text, f"job {job_id}")
+    return Poll(rows or None, pending_text.split(), info)
 
 
 def read_info(runner: Runner, info_file: str) -> dict[str, Any] | None:
@@ -243,22 +250,52 @@ def read_info(runner: Runner, info_file: str) -> dict[str, Any] | None:
         return None
 
 
-def sbatch(runner: Runner, workdir: str, job_name: str, script: str) -> str:
-    """Submit `script` (on stdin) from `workdir`; return the job id."""
+def sbatch(runner: Runner, workdir: str, job_name: str, script: str, comment: str,
+           export: dict[str, str] | None = None) -> str:
+    """Submit `script` (on stdin) from `workdir` with our name and comment; return the job id.
+    `export`: extra variables for the job (names and values are not secrets: they are visible
+    to every user in `scontrol show job`)."""
     folder = shell_path(workdir)
+    exports = "".join(f",{k}={v}" for k, v in (export or {}).items())
     out = runner.check(f"mkdir -p {folder} && cd {folder} && "
-                       f"sbatch --parsable --job-name={shlex.quote(job_name)}", input=script)
+                       f"sbatch --parsable --job-name={shlex.quote(job_name)} "
+                       f"--comment={shlex.quote(comment)} --export={shlex.quote('ALL' + exports)}",
+                       input=script)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(f"sbatch on {runner.where} printed {out.strip()!r}, not a job id")
     return job_id
 
 
-def find_by_name(runner: Runner, job_name: str) -> list[str]:
-    """Ids of this user's jobs named `job_name` (a submission whose id we never read)."""
-    out = runner.run(f"squeue -h -u \"$(id -un)\" --name={shlex.quote(job_name)} -o %A",
+def our_jobs(runner: Runner, cluster_id: str) -> list[JobRow]:
+    """Every job of this user whose comment carries the cluster id (head and workers alike)."""
+    out = runner.run(queue.command('-u "$(id -un)"'), timeout=30).stdout
+    return [row for row in queue.parse(out, "this user's jobs") if row.ours(cluster_id)]
+
+
+def pending_queue(runner: Runner) -> list[str]:
+    """Ids of every pending job in scheduling order (priority, then id): for queue positions."""
+    result = runner.run("squeue -h -t PENDING -o %i --sort=-p,i", timeout=30)
+    if not result.ok:
+        raise QueueUnavailable(f"squeue (pending jobs) failed: "
+                               f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return [line.split("+")[0].split("_")[0] for line in result.stdout.split()]
+
+
+def lookalikes(runner: Runner, prefix: str, cluster_id: str) -> list[JobRow]:
+    """This user's jobs named like the cluster's but not carrying its id (never touched)."""
+    out = runner.run(queue.command('-u "$(id -un)"'), timeout=30).stdout
+    return [row for row in queue.parse(out, "this user's jobs")
+            if row.name.startswith(prefix) and not row.ours(cluster_id)]
+
+
+def find_by_name(runner: Runner, job_name: str, cluster_id: str | None) -> list[str]:
+    """Ids of this user's jobs named `job_name` (a submission whose id we never read) that carry
+    the cluster id in their comment (`cluster_id` None: a job from before ids, name only)."""
+    out = runner.run(queue.command(f'-u "$(id -un)" --name={shlex.quote(job_name)}'),
                      timeout=30).stdout
-    return sorted({line.strip() for line in out.splitlines() if line.strip().isdigit()})
+    rows = queue.parse(out, f"jobs named {job_name}")
+    return sorted({r.base_id for r in rows if cluster_id is None or r.ours(cluster_id)})
 
 
 def scancel(runner: Runner, job_id: str) -> None:

@@ -5,6 +5,8 @@ block layout, scoped process stop; standard library only) and this file into one
 template puts into the batch script and runs with the Python that runs Ray:
 
     python -c "$RF_HELPER" prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base
+    python rf_helper.py block BASE                                   # this node's free base
+    python -c "$RF_HELPER" autoscaling-config IN OUT                 # Ray's config + job facts
     python -c "$RF_HELPER" stop MARKER...                          # stop this job's Ray, rm temp
     python -c "$RF_HELPER" wait INFO_FILE NODES TIMEOUT PID:NODE... # until NODES are alive
     python rf_helper.py start RAY_START_ARGS...                      # `ray start`, see start()
@@ -57,12 +59,21 @@ def _env(name: str) -> str:
 
 
 def free_block(job_id: int, first: int, stride: int, blocks: int) -> int:
-    """The first free block, starting from the one the job id picks, so two jobs never share one."""
+    """The first free block on this node, starting from the one the job id picks, so two jobs
+    never share one."""
     for i in range(blocks):
         base = first + ((job_id + i) % blocks) * stride
         if block_is_free(PortBlock(base)):
             return base
     raise SystemExit(f"rayfleet: no free block of Ray ports from {first} on this node")
+
+
+def node_block(preferred: int) -> int:
+    """This node's free block, starting from the head's (the job's) and going on in the range:
+    a worker's Ray ports are its own, only the head's GCS address is shared."""
+    first, stride, blocks = (int(_env(k)) for k in ("RF_PORT_FIRST", "RF_PORT_STRIDE",
+                                                    "RF_PORT_BLOCKS"))
+    return free_block((preferred - first) // stride, first, stride, blocks)
 
 
 def stop(markers: list[str], grace: float = 1.0) -> int:
@@ -94,8 +105,10 @@ def _info(phase: str, message: str = "", **extra: Any) -> dict[str, Any]:
         "node_manager_port": base + PORT_NAMES.index("node-manager-port"),
         "object_manager_port": base + PORT_NAMES.index("object-manager-port"),
         "address": f"{head_ip}:{block.gcs}",
-        "dashboard_url": f"http://{head_ip}:{block.dashboard}",
-        "temp_dir": _env("RF_TEMP_PREFIX"),
+        # On the head's loopback only: reached through a tunnel that ends on the head's node.
+        "dashboard_url": f"http://127.0.0.1:{block.dashboard}",
+        "temp_dir": _env("RF_HEAD_TEMP"),
+        "cluster_id": _env("RF_CLUSTER_ID"),
         "started_at": float(_env("RF_STARTED_AT") or 0),
         "updated_at": time.time(),
         **extra,
@@ -150,7 +163,8 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
 
             listed = sorted(
                 ({"ip": n.node_manager_address, "hostname": n.node_manager_hostname,
-                  "head": bool(n.is_head_node)} for n in nodes),
+                  "head": bool(n.is_head_node), "node_manager_port": n.node_manager_port,
+                  "object_manager_port": n.object_manager_port} for n in nodes),
                 key=lambda n: (not n["head"], n["hostname"]),
             )
             write_info(path, _info("ready", f"{seen}/{want} Ray nodes alive", nodes=listed,
@@ -212,11 +226,36 @@ def prepare(path: str, first: int, stride: int, blocks: int) -> int:
     return base
 
 
+def autoscaling_config(source: str, target: str) -> int:
+    """Ray's autoscaling config (JSON, which is YAML) plus what only the running head knows:
+    its address, job id, private dir, submit dir. Nothing secret: Ray copies it into logs."""
+    with open(source) as handle:
+        config = json.load(handle)
+    base = int(_env("RF_BASE"))
+    config["provider"].update({
+        "cluster_id": _env("RF_CLUSTER_ID"),
+        "owner": _env("RF_OWNER"),
+        "head_job_id": _env("RF_JOB_ID"),
+        "head_address": f"{_env('RF_HEAD_IP')}:{PortBlock(base).gcs}",
+        "port_base": base,
+        "submit_dir": _env("SLURM_SUBMIT_DIR"),
+        "worker_script": os.path.join(_env("RF_HEAD_TEMP"), "worker.sbatch"),
+    })
+    with open(target, "w") as handle:
+        json.dump(config, handle, indent=1)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     command, args = argv[0], argv[1:]
     if command == "prepare":
         print(prepare(args[0], *(int(a) for a in args[1:4])))
         return 0
+    if command == "block":
+        print(node_block(int(args[0])))
+        return 0
+    if command == "autoscaling-config":
+        return autoscaling_config(args[0], args[1])
     if command == "stop":
         return stop(args)
     if command == "wait":

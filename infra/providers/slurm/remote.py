@@ -15,22 +15,15 @@ import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from infra import ssh
-from infra.errors import ProviderError, UsageError
+from infra import net, ssh
+from infra.errors import UsageError
+from infra.providers.slurm.queue import SlurmError
 from infra.providers.slurm.spec import Submit
 
 if TYPE_CHECKING:
     import paramiko
-
-
-class SlurmError(ProviderError):
-    """A Slurm command failed or the job did not come up; `job_id` when one is concerned."""
-
-    def __init__(self, message: str, job_id: str | None = None) -> None:
-        super().__init__(message)
-        self.job_id = job_id
 
 
 class Runner(abc.ABC):
@@ -63,8 +56,10 @@ class Runner(abc.ABC):
         return ""
 
     @abc.abstractmethod
-    def tunnel(self, host: str, port: int) -> contextlib.AbstractContextManager[str]:
-        """Yield a base URL on this machine that reaches host:port (as the nodes see it)."""
+    def tunnel(self, node: str, port: int) -> contextlib.AbstractContextManager[str]:
+        """Yield a base URL on this machine that reaches 127.0.0.1:port *of the compute node*
+        `node` (an address as the cluster sees it): the head's dashboard listens on its loopback
+        only, so the tunnel ends on that node (SSH into it, through the login host if remote)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -72,8 +67,9 @@ class Runner(abc.ABC):
 
 
 class LocalRunner(Runner):
-    def __init__(self, slurm_conf: str | None) -> None:
+    def __init__(self, slurm_conf: str | None, submit: Submit | None = None) -> None:
         self.where = "this machine"
+        self._submit = submit or Submit()
         self._env = dict(os.environ)
         if slurm_conf:
             self._env["SLURM_CONF"] = os.path.expanduser(slurm_conf)
@@ -88,17 +84,26 @@ class LocalRunner(Runner):
         return ssh.Result(done.returncode, done.stdout, done.stderr)
 
     @contextlib.contextmanager
-    def tunnel(self, host: str, port: int) -> Iterator[str]:
-        # This machine submits, so it is on the cluster's network: the head answers directly.
-        yield f"http://{host}:{port}"
+    def tunnel(self, node: str, port: int) -> Iterator[str]:
+        if net.is_loopback(node) or node in _own_addresses():
+            # The head runs on this machine (a single-node Slurm here): its loopback is ours.
+            yield f"http://127.0.0.1:{port}"
+            return
+        # This machine submits, so it is on the cluster's network: SSH into the node directly.
+        target = ssh.SshTarget(host=node, user=getpass.getuser(), key_path=_default_key(),
+                               **_host_keys(self._submit))
+        with ssh.tunnel(target, port, remote_host="127.0.0.1") as local_port:
+            yield f"http://127.0.0.1:{local_port}"
 
     def close(self) -> None:
         """Nothing to release: every command is its own process."""
 
 
 class SshRunner(Runner):
-    def __init__(self, target: ssh.SshTarget, slurm_conf: str | None, login_shell: bool) -> None:
+    def __init__(self, target: ssh.SshTarget, slurm_conf: str | None, login_shell: bool,
+                 submit: Submit) -> None:
         self.target = target
+        self._submit = submit
         self.where = str(target)
         self._prefix = f"export SLURM_CONF={shlex.quote(slurm_conf)}; " if slurm_conf else ""
         self._login_shell = login_shell
@@ -135,8 +140,12 @@ class SshRunner(Runner):
         return ssh.Result(stdout.channel.recv_exit_status(), out, err)
 
     @contextlib.contextmanager
-    def tunnel(self, host: str, port: int) -> Iterator[str]:
-        with ssh.tunnel(self.target, port, remote_host=host) as local_port:
+    def tunnel(self, node: str, port: int) -> Iterator[str]:
+        # Into the compute node through the login host (what `ssh -J login node` does), with
+        # the login host's user and key; the forward ends on the node's own loopback.
+        target = ssh.SshTarget(host=node, user=self.target.user, key_path=self.target.key_path,
+                               proxy_command=via(self.target), **_host_keys(self._submit))
+        with ssh.tunnel(target, port, remote_host="127.0.0.1") as local_port:
             yield f"http://127.0.0.1:{local_port}"
 
     def close(self) -> None:
@@ -155,29 +164,52 @@ def _default_key() -> Path:
                      "exists; set submit.key to your private key for the login host")
 
 
-def _jump_proxy(jump: str, key: Path) -> str:
+def _own_addresses() -> set[str]:
+    import socket
+
+    with contextlib.suppress(OSError):
+        return {str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None)}
+    return set()
+
+
+def _host_keys(submit: Submit) -> dict[str, Any]:
+    """Configured hosts (login, jump, compute nodes) are checked strictly against the user's
+    known_hosts, or the file the spec names (`submit.known_hosts`)."""
+    known = Path(os.path.expanduser(submit.known_hosts)) if submit.known_hosts else None
+    return {"known_hosts": known, "host_key_policy": submit.host_key_policy}
+
+
+def via(target: ssh.SshTarget) -> str:
+    """An OpenSSH ProxyCommand that reaches %h:%p through `target` (`ssh -W`, its key, options
+    and own proxy). `%` in its options is doubled: the outer ssh expands %h/%p/%% once, so a
+    nested ProxyCommand keeps its own %h/%p for the inner ssh."""
+    options = [option.replace("%", "%%") for option in ssh.openssh_options(target)]
+    return shlex.join(["ssh", "-W", "%h:%p", *options, f"{target.user}@{target.host}"])
+
+
+def _jump_proxy(jump: str, key: Path, submit: Submit) -> str:
     """An OpenSSH ProxyCommand through a jump host (`ssh -W`), with the same key and options."""
     user, _, rest = jump.rpartition("@")
     host, _, port = rest.partition(":")
     target = ssh.SshTarget(host=host, user=user or getpass.getuser(), key_path=key,
-                           port=int(port or 22))
-    return shlex.join(["ssh", "-W", "%h:%p", *ssh.openssh_options(target),
-                       f"{target.user}@{target.host}"])
+                           port=int(port or 22), **_host_keys(submit))
+    return via(target)
 
 
 def ssh_target(submit: Submit) -> ssh.SshTarget:
     key = Path(os.path.expanduser(submit.key)) if submit.key else _default_key()
     if not key.is_file():
         raise UsageError(f"submit.key: {key} is not a file; point it at your private key")
-    proxy = submit.proxy_command or (_jump_proxy(submit.jump_host, key) if submit.jump_host else None)
+    proxy = submit.proxy_command or (
+        _jump_proxy(submit.jump_host, key, submit) if submit.jump_host else None)
     return ssh.SshTarget(host=submit.host, user=submit.user or getpass.getuser(), key_path=key,
-                         port=submit.port, proxy_command=proxy)
+                         port=submit.port, proxy_command=proxy, **_host_keys(submit))
 
 
 def make_runner(submit: Submit) -> Runner:
     if submit.is_local:
-        return LocalRunner(submit.slurm_conf)
-    return SshRunner(ssh_target(submit), submit.slurm_conf, submit.login_shell)
+        return LocalRunner(submit.slurm_conf, submit)
+    return SshRunner(ssh_target(submit), submit.slurm_conf, submit.login_shell, submit)
 
 
 @contextlib.contextmanager

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 from infra import rayproc, render
-from infra.providers.slurm import node_helper
-from infra.providers.slurm.spec import PORT_STRIDE, GpuWorkers, Spec
+from infra.providers.slurm import node_helper, queue
+from infra.providers.slurm.spec import PORT_STRIDE, GpuWorkers, Spec, WorkerType
+
+#: The head's node type name in Ray's autoscaling config (v2 expects it in RAY_NODE_TYPE_NAME).
+HEAD_TYPE = "ray.head.default"
+#: What Ray's monitor on the head imports (module path of the external node provider).
+NODE_PROVIDER = "infra.providers.slurm.node_provider.SlurmNodeProvider"
+#: The files shipped to the head for it: the provider, its light imports, their packages.
+_SHIPPED = ("infra/__init__.py", "infra/errors.py", "infra/identity.py",
+            "infra/providers/__init__.py", "infra/providers/slurm/__init__.py",
+            "infra/providers/slurm/queue.py", "infra/providers/slurm/node_provider.py")
 
 # Flags only a head takes; `ray start` refuses --port and --include-dashboard on workers, and the
 # dashboard and client server run on the head alone.
@@ -79,6 +90,116 @@ def _object_store(spec: Spec, memory_mb: int | None) -> str:
     return str(size) if size else ""
 
 
+def worker_sbatch_options(spec: Spec, worker: WorkerType) -> list[str]:
+    """sbatch options of one worker job of this type (its --time is set at submission: never
+    past the head's job, see node_provider.py)."""
+    options = _group_options(worker.partition or spec.partition, spec.account, spec.qos,
+                             "", 1, worker.cpus_per_node, worker.gpus_per_node, worker.gpu_type,
+                             worker.memory_per_node_mb, worker.constraint, spec.exclusive)
+    return [o for o in options if not o.startswith("--time=")] + list(spec.extra_sbatch_options)
+
+
+def _ray_resources(cpus: int, gpus: int, custom: dict[str, float]) -> dict[str, float]:
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **custom}
+
+
+def autoscaling_config(spec: Spec) -> str:
+    """Ray's cluster config for the head's autoscaler (v2, external provider, no SSH updater).
+
+    JSON (which is YAML); the head's helper adds what only the running job knows. No secret: Ray
+    copies it to the head's logs. Every list key is written out: an external provider gets no
+    defaults and v2's monitor fails on a missing one.
+    """
+    types: dict[str, Any] = {
+        HEAD_TYPE: {"resources": _ray_resources(spec.cpus_per_node, spec.gpus_per_node,
+                                                spec.resources),
+                    "node_config": {}, "min_workers": 0, "max_workers": 0},
+    }
+    provider_types = {}
+    for name, worker in spec.worker_types.items():
+        types[name] = {
+            "resources": _ray_resources(worker.cpus_per_node, worker.gpus_per_node,
+                                        worker.resources),
+            "labels": dict(worker.labels),
+            "node_config": {"worker_type": name},
+            "min_workers": worker.min_workers,
+            "max_workers": worker.max_workers,
+        }
+        provider_types[name] = {
+            "sbatch": worker_sbatch_options(spec, worker),
+            "time_limit_s": queue.time_limit_seconds(worker.time_limit or spec.time_limit),
+            "object_store": _object_store(spec, worker.memory_per_node_mb),
+        }
+    config = {
+        "cluster_name": spec.name,
+        "max_workers": sum(w.max_workers for w in spec.worker_types.values()),
+        "upscaling_speed": 1.0,
+        "idle_timeout_minutes": spec.idle_timeout_minutes,
+        "provider": {
+            "type": "external",
+            "module": NODE_PROVIDER,
+            "disable_node_updaters": True,
+            "disable_launch_config_check": True,
+            "cluster": spec.name,
+            "worker_types": provider_types,
+        },
+        "auth": {"ssh_user": "unused"},
+        "available_node_types": types,
+        "head_node_type": HEAD_TYPE,
+        "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+        "rsync_exclude": [], "rsync_filter": [], "initialization_commands": [],
+        "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
+        "head_start_ray_commands": [], "worker_start_ray_commands": [],
+    }
+    return json.dumps(config, indent=1, sort_keys=True)
+
+
+def autoscaler_env(spec: Spec) -> list[tuple[str, str]]:
+    """Settings of Ray's autoscaler v2 on the head (Ray's documented variables)."""
+    idle_s = max(1, int(spec.idle_timeout_minutes * 60))
+    settings = [
+        # A reconcile (one squeue) a second: demand becomes a submitted job within ~1 s.
+        ("AUTOSCALER_UPDATE_INTERVAL_S", "1"),
+        # A queued worker job that no demand needs any more is cancelled after this long.
+        ("RAY_AUTOSCALER_PENDING_NODE_IDLE_TIMEOUT_S", str(idle_s)),
+        # A job may wait in the queue for hours: never give up on it while it is needed.
+        ("RAY_AUTOSCALER_RECONCILE_ALLOCATE_STATUS_TIMEOUT_S",
+         str(queue.time_limit_seconds(spec.time_limit))),
+        # One sbatch per worker, so that one failure fails one node (v2 fails whole batches).
+        ("AUTOSCALER_MAX_LAUNCH_BATCH", "1"),
+    ]
+    # What the spec's environment.env_vars sets wins (it is exported before these).
+    return [(name, value) for name, value in settings if name not in spec.environment.env_vars]
+
+
+def _shipped() -> list[tuple[str, str, str]]:
+    root = Path(node_helper.__file__).resolve().parents[3]
+    return [(str(Path(p).parent), p, (root / p).read_text().rstrip("\n")) for p in _SHIPPED]
+
+
+def _environment_context(spec: Spec) -> dict[str, Any]:
+    env = spec.environment
+    return {
+        "auth": spec.auth != "none",
+        "modules": env.modules,
+        "activate": env.activate,
+        "activate_path": shell_path(env.activate) if env.activate else "",
+        "env_vars": sorted(env.env_vars.items()),
+        "helper": node_helper.embedded_source().rstrip("\n"),
+        "temp_root": spec.ray_temp_root.rstrip("/") or "",
+    }
+
+
+def render_worker_script(spec: Spec) -> str:
+    """The batch script of one autoscaled worker (templates/slurm.worker.sbatch.j2)."""
+    layout = port_layout()
+    return render.render(
+        "slurm.worker.sbatch.j2", cluster=spec.name, **_environment_context(spec),
+        worker_ports=[(n, o) for n, o in layout if n not in _HEAD_ONLY],
+        ready_timeout=spec.ready_timeout_s,
+    )
+
+
 def render_script(spec: Spec) -> str:
     layout = port_layout()
     offsets = dict(layout)
@@ -94,17 +215,18 @@ def render_script(spec: Spec) -> str:
             "object_store": _object_store(spec, gpu.memory_per_node_mb),
             "resources": gpu.resources,
         })
-    env = spec.environment
+    autoscaling = spec.autoscaling
     return render.render(
         "slurm.sbatch.j2",
         cluster=spec.name,
         sbatch_options=sbatch_options(spec),
         gpu_sbatch_options=gpu_sbatch_options(spec, gpu) if gpu else [],
-        modules=env.modules,
-        activate=env.activate,
-        activate_path=shell_path(env.activate) if env.activate else "",
-        env_vars=sorted(env.env_vars.items()),
-        helper=node_helper.embedded_source().rstrip("\n"),
+        **_environment_context(spec),
+        autoscaling=autoscaling,
+        shipped=_shipped() if autoscaling else [],
+        worker_script=render_worker_script(spec).rstrip("\n") if autoscaling else "",
+        autoscaling_config=autoscaling_config(spec) if autoscaling else "",
+        autoscaler_env=autoscaler_env(spec) if autoscaling else [],
         port_first=spec.port_range_start,
         port_stride=PORT_STRIDE,
         port_blocks=spec.port_blocks,
@@ -112,7 +234,6 @@ def render_script(spec: Spec) -> str:
         dashboard_offset=offsets["dashboard-port"],
         head_ports=layout,
         worker_ports=[(n, o) for n, o in layout if n not in _HEAD_ONLY],
-        temp_root=spec.ray_temp_root.rstrip("/") or "",
         ready_timeout=spec.ready_timeout_s,
         groups=groups,
     )

@@ -12,10 +12,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
+from infra.providers.slurm.queue import time_limit_seconds
 from infra.spec import ClusterSpec, StrictModel
 
-# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 # A word Slurm accepts as a partition, account, QOS, module or GPU type: no spaces, no quotes.
 _WORD = r"^[A-Za-z0-9_.+/:@%-]+$"
 
@@ -33,23 +32,6 @@ GpuType = Annotated[str | None, Field(pattern=_WORD), AfterValidator(_gpu_type_n
 PORT_STRIDE = 128
 
 
-def time_limit_seconds(text: str) -> int:
-    """Seconds in a Slurm time limit string ("UNLIMITED"/"INFINITE" are very large)."""
-    if text.upper() in ("UNLIMITED", "INFINITE"):
-        return 2**31
-    match = _TIME.match(text)
-    if not match:
-        raise ValueError(f"not a Slurm time {text!r}")
-    days, a, b, c = (int(g) if g is not None else None for g in match.groups())
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        return days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
-    if b is None:  # M
-        return (a or 0) * 60
-    if c is None:  # M:S
-        return (a or 0) * 60 + b
-    return (a or 0) * 3600 + b * 60 + c  # H:M:S
-
-
 class Submit(StrictModel):
     """Where sbatch/squeue/scancel run: this machine, or a login host over SSH."""
 
@@ -62,6 +44,12 @@ class Submit(StrictModel):
     login_shell: bool = False
     slurm_conf: str | None = None
     workdir: str = Field("~/.rayfleet/slurm", pattern=r"^(~/|/)[A-Za-z0-9_./~-]*$")
+    #: Host keys of the login/jump hosts and of the compute nodes (the dashboard tunnel ends on
+    #: the head's node): the user's known_hosts unless a file is named here.
+    known_hosts: str | None = None
+    #: "strict": an unknown or changed host key stops; "accept-new" pins unknown ones on first
+    #: contact (into known_hosts), still refusing changed ones.
+    host_key_policy: Literal["strict", "accept-new"] = "strict"
 
     @property
     def is_local(self) -> bool:
@@ -94,6 +82,47 @@ class GpuWorkers(StrictModel):
     memory_per_node_mb: int | None = Field(None, ge=100)
     constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|*\[\]():-]+$")
     resources: dict[str, float] = Field(default_factory=dict)
+
+
+class WorkerType(StrictModel):
+    """Workers Ray's autoscaler may start on demand: one sbatch job per worker node."""
+
+    partition: str | None = Field(None, pattern=_WORD)
+    cpus_per_node: int = Field(..., ge=1, le=4096)
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    gpu_type: GpuType = None
+    memory_per_node_mb: int | None = Field(None, ge=100)
+    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|*\[\]():-]+$")
+    #: Walltime of each worker job; never more than what the head's job has left.
+    time_limit: str | None = None
+    min_workers: int = Field(0, ge=0, le=4096)
+    max_workers: int = Field(1, ge=0, le=4096)
+    resources: dict[str, float] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str | None) -> str | None:
+        return None if value is None else _check_time(value)
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> WorkerType:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers {self.min_workers} exceeds max_workers "
+                             f"{self.max_workers}; raise max_workers or lower min_workers")
+        return self
+
+
+def _check_time(value: str) -> str:
+    try:
+        seconds = time_limit_seconds(value)
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not a Slurm time; use minutes, H:MM:SS or D-HH:MM:SS"
+        ) from None
+    if seconds < 60:
+        raise ValueError(f"{value!r} is under a minute; Ray needs longer than that to start")
+    return value
 
 
 class Environment(StrictModel):
@@ -147,6 +176,11 @@ class Spec(ClusterSpec):
     exclusive: bool = False
     extra_sbatch_options: list[str] = Field(default_factory=list)
     gpu_workers: GpuWorkers | None = None
+    #: Autoscaling: worker types Ray's autoscaler submits as one sbatch job per node. Without
+    #: them the cluster is one fixed job (`nodes`, `gpu_workers`).
+    worker_types: dict[str, WorkerType] = Field(default_factory=dict)
+    #: Minutes an autoscaled worker may sit idle before its job is cancelled.
+    idle_timeout_minutes: float = Field(5.0, ge=0.05, le=7 * 24 * 60)
     environment: Environment = Field(default_factory=Environment)
     object_store_memory_mb: int | None = Field(None, ge=75)
     resources: dict[str, float] = Field(default_factory=dict)
@@ -159,15 +193,30 @@ class Spec(ClusterSpec):
     @field_validator("time_limit")
     @classmethod
     def _slurm_time(cls, value: str) -> str:
-        try:
-            seconds = time_limit_seconds(value)
-        except ValueError:
-            raise ValueError(
-                f"{value!r} is not a Slurm time; use minutes, H:MM:SS or D-HH:MM:SS"
-            ) from None
-        if seconds < 60:
-            raise ValueError(f"{value!r} is under a minute; Ray needs longer than that to start")
+        return _check_time(value)
+
+    @field_validator("worker_types")
+    @classmethod
+    def _type_names(cls, value: dict[str, WorkerType]) -> dict[str, WorkerType]:
+        for name in value:
+            if not re.match(r"^[a-z][a-z0-9_-]{0,23}$", name):
+                raise ValueError(f"{name!r}: a worker type name is 1-24 lowercase letters, "
+                                 "digits, - or _, starting with a letter")
         return value
+
+    @model_validator(mode="after")
+    def _autoscaling_has_one_head_node(self) -> Spec:
+        if self.worker_types and self.nodes != 1:
+            raise ValueError("nodes: an autoscaling cluster (worker_types) runs its head as a "
+                             "one-node job; remove nodes or worker_types")
+        if self.worker_types and self.gpu_workers:
+            raise ValueError("gpu_workers: a fixed GPU group and worker_types exclude each "
+                             "other; declare the GPU nodes as a worker type")
+        return self
+
+    @property
+    def autoscaling(self) -> bool:
+        return bool(self.worker_types)
 
     @field_validator("extra_sbatch_options")
     @classmethod

@@ -1,0 +1,208 @@
+"""What belongs to a Slurm cluster, and ending it: the jobs carrying its id, their status, cancel.
+
+Ownership: a job is this cluster's if its `--comment` carries the cluster id (queue.py). That
+covers the head job recorded in state and every worker job Ray's autoscaler submitted after `up`,
+which state never saw. Jobs named like ours without the id are mentioned, never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from infra import paths, ui
+from infra.providers.base import ProviderStatus
+from infra.providers.slurm import cluster, queue
+from infra.providers.slurm.queue import JobRow, QueueUnavailable
+from infra.providers.slurm.remote import Runner
+from infra.providers.slurm.script import shell_path
+from infra.providers.slurm.spec import Spec
+from infra.state import Resource, State
+
+JOB = "slurm-job"
+#: Facts of the info file worth keeping in state: enough to tunnel, show and verify teardown.
+KEPT = ("head_node", "head_ip", "port_base", "gcs_port", "dashboard_port", "client_port",
+        "node_manager_port", "object_manager_port", "nodes", "temp_dir", "ray_version",
+        "python_version")
+#: A head job with less than this left gets a warning in `status`.
+_NEAR_END_S = 15 * 60
+
+
+def token_dir(workdir: str, cluster_id: str) -> str:
+    """Where the nodes read the cluster's Ray token: beside the jobs' files (shared with them)."""
+    return shell_path(f"{workdir.rstrip('/')}/keys/{cluster_id}")
+
+
+def expected_id(spec: Spec, state: State, job: Resource) -> str | None:
+    """The id a job recorded in state must carry; None for a job named before ids existed (its
+    name, recorded by us, is then the only proof)."""
+    prefix = queue.job_prefix(spec.name, state.cluster_id)
+    return state.cluster_id if job.id.startswith(prefix) else None
+
+
+def _wait_gone(runner: Runner, job_ids: list[str], what: str) -> None:
+    def gone(step: ui.Step) -> bool | None:
+        left = []
+        for job_id in job_ids:
+            try:
+                rows = cluster.job_rows(runner, job_id)
+            except QueueUnavailable as exc:
+                step.detail(f"{exc}; retrying")  # unknown is not gone
+                return None
+            if rows:
+                left.append(f"{job_id} {rows[0].state}")
+        if left:
+            step.detail(", ".join(left))
+        return True if not left else None
+
+    ui.wait_for(gone, what, timeout=180, interval=0.3,
+                hint="slurmd may be unreachable; see `scontrol show job`")
+
+
+def _scancel(runner: Runner, job_id: str) -> None:
+    cluster.patiently(lambda: cluster.scancel(runner, job_id), f"cancelling job {job_id}")
+
+
+def cancel(spec: Spec, runner: Runner, state: State, job: Resource) -> None:
+    """scancel a recorded job, wait until it left the queue, verify its Ray answers nowhere,
+    keep its output, forget it."""
+    ids = [str(job.attrs["job_id"])] if job.attrs.get("job_id") else cluster.patiently(
+        lambda: cluster.find_by_name(runner, job.id, expected_id(spec, state, job)),
+        "looking for the job by name")
+    workdir = str(job.attrs.get("workdir", spec.submit.workdir))
+    for job_id in ids:
+        info = cluster.read_info(runner, cluster.job_file(workdir, job.id, ".json"))
+        attrs = {**job.attrs, **{k: v for k, v in (info or {}).items() if k in KEPT}}
+        _scancel(runner, job_id)
+        _wait_gone(runner, [job_id], f"Slurm job {job_id} to leave the queue")
+        _verify_stopped(runner, job_id, attrs)
+        _keep_output(spec, runner, workdir, job.id, job_id)
+    state.remove(JOB, job.id)
+
+
+def teardown(spec: Spec, runner: Runner, state: State) -> None:
+    """The head first (its autoscaler then submits nothing more), then every other job carrying
+    the cluster id, until squeue lists none; then the token on the submit host."""
+    for job in state.resources(JOB):
+        cancel(spec, runner, state, job)
+    if not state.path.exists():
+        return  # never up: nothing can carry its id
+    workdir = spec.submit.workdir
+    rounds = 0
+    while True:
+        rows = cluster.patiently(lambda: cluster.our_jobs(runner, state.cluster_id),
+                                 "listing the cluster's jobs")
+        ids = sorted({row.base_id for row in rows})
+        if not ids:
+            break
+        rounds += 1
+        if rounds > 5:
+            raise cluster.SlurmError(f"jobs {', '.join(ids)} of cluster {spec.name} keep "
+                                     "appearing; cancel them with scancel and run teardown again")
+        with ui.step(f"cancelling {len(ids)} more job(s) of {spec.name}: {', '.join(ids)}"):
+            for job_id in ids:
+                _scancel(runner, job_id)
+        _wait_gone(runner, ids, f"job(s) {', '.join(ids)} to leave the queue")
+    prefix = queue.job_prefix(spec.name, state.cluster_id)
+    base = shell_path(f"{workdir.rstrip('/')}/{prefix}")
+    runner.run(f"rm -f {base}*.out {base}*.json; rm -rf {token_dir(workdir, state.cluster_id)}",
+               timeout=30)
+    with contextlib.suppress(QueueUnavailable):
+        for row in cluster.lookalikes(runner, f"rf-{spec.name}-", state.cluster_id):
+            ui.info(f"job {row.job_id} ({row.name}) is named like this cluster's but does not "
+                    "carry its id: left alone")
+    state.clear_info()
+
+
+def _verify_stopped(runner: Runner, job_id: str, attrs: dict[str, Any]) -> None:
+    """No Ray process of the job may remain: none of its ports may answer on any node."""
+    targets: list[tuple[str, int]] = []
+    if attrs.get("head_ip") and attrs.get("gcs_port"):
+        targets += [(attrs["head_ip"], int(attrs["gcs_port"]))]
+    # Each node's own ports (a worker may have taken another block than the head), and the head
+    # by the address we know it by: Ray may report another one of the same node.
+    for node in attrs.get("nodes", []):
+        ip = attrs["head_ip"] if node.get("head") and attrs.get("head_ip") else node["ip"]
+        for key in ("node_manager_port", "object_manager_port"):
+            if node.get(key):
+                targets.append((ip, int(node[key])))
+    if not targets:
+        return
+
+    def closed(step: ui.Step) -> bool | None:
+        still = cluster.open_ports(runner, targets)
+        if still:
+            step.detail(", ".join(f"{ip}:{port}" for ip, port in still))
+        return True if not still else None
+
+    ui.wait_for(closed, f"no Ray process of job {job_id} to answer", timeout=20, interval=0.5,
+                hint=f"stop them on the node with `pkill -f {attrs.get('temp_dir', '')}`")
+
+
+def _keep_output(spec: Spec, runner: Runner, workdir: str, job_name: str, job_id: str) -> None:
+    """Copy the job's output into .rayfleet/logs, then remove the job's files remotely."""
+    text = cluster.read_output(runner, cluster.job_file(workdir, job_name, ".out"))
+    if text:
+        folder = paths.home() / "logs" / spec.name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"slurm-{job_id}.out").write_text(text)
+    cluster.remove_files(runner, workdir, job_name)
+
+
+def _position(row: JobRow, pending: list[str]) -> str:
+    if row.state != "PENDING":
+        return ""
+    return f"{pending.index(row.base_id) + 1} of {len(pending)}" if row.base_id in pending else ""
+
+
+def status(spec: Spec, runner_of: Callable[[], contextlib.AbstractContextManager[Runner]],
+           state: State) -> ProviderStatus:
+    """The head job and every worker job carrying the cluster id, from one squeue each."""
+    recorded = state.resources(JOB)
+    if not recorded:
+        return ProviderStatus(False, "no Slurm job; start one with `invoke up`")
+    job = recorded[-1]
+    with runner_of() as runner:
+        ids = ([str(job.attrs["job_id"])] if job.attrs.get("job_id") else
+               cluster.patiently(lambda: cluster.find_by_name(
+                   runner, job.id, expected_id(spec, state, job)), "looking for the job"))
+        job_id = ids[0] if ids else job.id
+        rows = cluster.patiently(lambda: cluster.job_rows(runner, job_id),
+                                 f"reading job {job_id}") if ids else None
+        others = cluster.patiently(lambda: cluster.our_jobs(runner, state.cluster_id),
+                                   "listing the cluster's jobs")
+        pending = cluster.patiently(lambda: cluster.pending_queue(runner),
+                                    "reading the pending queue")
+    if not rows:
+        return ProviderStatus(False, f"Slurm job {job_id} is no longer in the queue",
+                              warnings=[f"job {job_id} ended; `invoke teardown` verifies "
+                                        "and forgets it, `invoke up` starts a new one"])
+    first = rows[0]
+    ready = first.state == "RUNNING" and bool(state.info.get("dashboard_url"))
+    summary = (f"Slurm job {job_id} {first.state} on {first.nodes or '(none yet)'}, "
+               f"{first.elapsed} of {first.limit}")
+    if first.state == "PENDING":
+        summary += f" ({first.reason})"
+    workers = [r for r in others if r.base_id != job_id]
+    if spec.autoscaling:
+        running = sum(1 for r in workers if r.state == "RUNNING")
+        waiting = sum(1 for r in workers if r.state == "PENDING")
+        summary += f"; autoscaled workers: {running} running, {waiting} pending"
+    table = []
+    for r in [*rows, *workers]:
+        tags = r.tags
+        role = tags.get(queue.ROLE, "head") if r.base_id != job_id else "head"
+        table.append({
+            "job": r.job_id, "role": role + (f" ({tags[queue.NODE_TYPE]})"
+                                             if tags.get(queue.NODE_TYPE) else ""),
+            "state": r.state, "partition": r.partition, "nodes": r.nodes,
+            "elapsed": r.elapsed, "limit": r.limit,
+            "reason": "" if r.reason == "None" else r.reason,
+            "queue position": _position(r, pending)})
+    warnings = []
+    left = first.seconds_left
+    if first.state == "RUNNING" and left is not None and left < _NEAR_END_S:
+        warnings.append(f"the head's job {job_id} ends in {left // 60} min {left % 60} s "
+                        "(its time limit): the cluster stops then")
+    return ProviderStatus(ready, summary, table, warnings)

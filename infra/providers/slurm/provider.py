@@ -1,0 +1,298 @@
+"""The Slurm provider's verbs: plan, up, status, connect, teardown.
+
+The head job's batch script (templates/slurm.sbatch.j2) starts the head on the first node and
+(fixed clusters) a worker on every other node, or (autoscaling clusters) Ray's autoscaler with our
+node provider; it writes the head's address and ports to an info file next to the job's output.
+This side submits it (on this machine or on a login host over SSH), follows the queue and that
+file, tunnels to the dashboard on the head's loopback, and cancels every job carrying the
+cluster's id. A job is recorded in state under its unique name before `sbatch` runs, so even a
+crash between submission and reading the job id leaves something `teardown` can find.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from infra import auth, jobs, ui, versions
+from infra.errors import ClusterNotRunningError
+from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import Provider as BaseProvider
+from infra.providers.slurm import cluster, install, ours, queue, remote
+from infra.providers.slurm.queue import QueueUnavailable, SlurmError
+from infra.providers.slurm.remote import Runner
+from infra.providers.slurm.script import autoscaling_config, render_script, render_worker_script
+from infra.providers.slurm.spec import Spec
+from infra.state import Resource, State
+
+__all__ = ["Provider", "SlurmError", "Spec"]
+
+JOB = ours.JOB
+SCRIPT = "ray.sbatch"
+WORKER_SCRIPT = "worker.sbatch"
+AUTOSCALING = "autoscaling.yaml"
+_KEPT = ours.KEPT
+
+
+def _ordinal_position(job_id: str, pending: list[str]) -> str:
+    ids = [p.split("+")[0].split("_")[0] for p in pending]
+    if job_id not in ids:
+        return ""
+    return f", {ids.index(job_id) + 1} of {len(ids)} pending"
+
+
+class Provider(BaseProvider[Spec]):
+    name = "slurm"
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__(spec)
+        self._open_runner: Runner | None = None
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _runner(self) -> contextlib.AbstractContextManager[Runner]:
+        """The runner for Slurm commands, opened once per provider object: `invoke up` plans and
+        then polls through the same SSH connection (it closes with the process)."""
+        if self._open_runner is None:
+            self._open_runner = remote.make_runner(self.spec.submit)
+        return contextlib.nullcontext(self._open_runner)
+
+    def _job(self, state: State) -> Resource | None:
+        found = state.resources(JOB)
+        return found[-1] if found else None
+
+    def _summary(self) -> str:
+        spec = self.spec
+        text = (f"{spec.nodes} node{'s' * (spec.nodes > 1)} x {spec.cpus_per_node} CPUs"
+                + (f" + {spec.gpus_per_node} GPUs" if spec.gpus_per_node else ""))
+        if spec.gpu_workers:
+            g = spec.gpu_workers
+            text += (f", GPU workers: {g.nodes} x {g.cpus_per_node} CPUs + {g.gpus_per_node} "
+                     f"GPUs" + (f" ({g.partition})" if g.partition else ""))
+        if spec.autoscaling:
+            text = "head: " + text + "; autoscaled workers: " + ", ".join(
+                f"{name} {w.min_workers}-{w.max_workers} x {w.cpus_per_node} CPUs"
+                + (f" + {w.gpus_per_node} GPUs" if w.gpus_per_node else "")
+                for name, w in spec.worker_types.items())
+        return (f"{text}; partition {spec.partition or '(default)'}, time limit "
+                f"{spec.time_limit}, submitted on {remote.describe(spec.submit)}")
+
+    def _tail(self, runner: Runner, job: Resource, lines: int = 3) -> str:
+        workdir = str(job.attrs.get("workdir", self.spec.submit.workdir))
+        out = cluster.read_output(runner, cluster.job_file(workdir, job.id, ".out"))
+        tail = [line for line in out.strip().splitlines() if line.strip()][-lines:]
+        return " | ".join(tail) if tail else "no output yet"
+
+    # --- plan ----------------------------------------------------------------------------------
+
+    def plan(self, state: State | None) -> Plan:
+        files = {SCRIPT: render_script(self.spec)}
+        if self.spec.autoscaling:
+            files[WORKER_SCRIPT] = render_worker_script(self.spec)
+            files[AUTOSCALING] = autoscaling_config(self.spec)
+        with self._runner() as runner:
+            found = cluster.partitions(runner)
+            notes = cluster.check_spec(self.spec, found, runner.where)
+        job = self._job(state) if state else None
+        name = job.id if job else f"rf-{self.spec.name}-<cluster id>-h<token>"
+        detail = self._summary() + (f", job {job.attrs.get('job_id')}" if job else "")
+        resources = [PlannedResource("Slurm job (sbatch)", name, detail, bool(job))]
+        for type_name, worker in self.spec.worker_types.items():
+            resources.append(PlannedResource(
+                "Slurm jobs (autoscaled workers)", f"rf-{self.spec.name}-<cluster id>-w-"
+                f"{type_name}-<token>", f"{worker.min_workers} to {worker.max_workers}, submitted "
+                "and cancelled by Ray's autoscaler on the head"))
+        if self.spec.environment.install:
+            notes.append(f"before submitting: {install.command(self.spec)} (on "
+                         f"{remote.describe(self.spec.submit)}; idempotent)")
+        root = self.spec.ray_temp_root.rstrip("/")
+        notes += [
+            "Ray ports: a block of 116 from "
+            f"{self.spec.port_range_start} picked by the job id, checked free on every node; "
+            f"private temp dirs {root}/rf-<cluster id>.<node>.XXXXXX (mktemp -d, 0700)",
+            f"info file and job output in {self.spec.submit.workdir} on "
+            f"{remote.describe(self.spec.submit)} (must be shared with the compute nodes)",
+            "the dashboard listens on the head's loopback only; rayfleet reaches it through an "
+            "SSH tunnel into the head's node",
+        ]
+        return Plan(resources=resources, files=files, notes=notes)
+
+    # --- up ------------------------------------------------------------------------------------
+
+    def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
+        with self._runner() as runner:
+            info = None
+            job = self._job(state)
+            if job is not None:
+                info = self._resume(runner, state, job)
+            if info is not None:
+                return self._ready_endpoint(state, info)
+            if self.spec.environment.install:
+                install.install(runner, self.spec)
+            self._deliver_token(runner, state)
+            job = self._submit(runner, state, plan.files[SCRIPT])
+            try:
+                # Everything after sbatch, up to a dashboard that answers through the tunnel.
+                info = self._wait_ready(runner, state, job)
+                endpoint = self._ready_endpoint(state, info)
+            except KeyboardInterrupt:
+                ui.info(f"Slurm job {job.attrs['job_id']} stays (a place in the queue is worth "
+                        "keeping); `invoke up` waits for it again, `invoke teardown` cancels it")
+                raise
+            except BaseException:
+                if options.keep_partial:
+                    ui.info(f"keeping Slurm job {job.attrs['job_id']} (--keep-partial); "
+                            "`invoke teardown` cancels it")
+                    raise
+                ui.info(f"cancelling Slurm job {job.attrs['job_id']} (--keep-partial keeps "
+                        "it for debugging)")
+                ours.cancel(self.spec, runner, state, state.find(JOB, job.id) or job)
+                raise
+        return endpoint
+
+    def _ready_endpoint(self, state: State, info: dict[str, Any]) -> Endpoint:
+        token = auth.token_file(state)
+        with self.connect(state) as reachable:
+            ui.wait_for(lambda _: True if jobs.dashboard_ready(reachable.dashboard_url, token)
+                        else None, "the dashboard to accept jobs (through the tunnel)",
+                        timeout=self.spec.ready_timeout_s)
+        ui.info(f"the dashboard listens on the head node's loopback only; `invoke dashboard` "
+                f"tunnels to it (SSH into {info['head_ip']}"
+                + ("" if self.spec.submit.is_local else
+                   f" through {remote.describe(self.spec.submit)}") + ")")
+        return Endpoint(info["dashboard_url"], info["address"], token_path=token)
+
+    def _deliver_token(self, runner: Runner, state: State) -> str | None:
+        """The cluster's Ray token into the submit dir's keys/<cluster id>/ (0700 dir, 0600 file),
+        through stdin: never on a command line, never in the batch script."""
+        path = auth.ensure_token(state, enabled=self.spec.auth == "token")
+        if path is None:
+            return None
+        folder = ours.token_dir(self.spec.submit.workdir, state.cluster_id)
+        runner.check(f"umask 077 && mkdir -p {folder} && chmod 700 {folder} && "
+                     f"cat > {folder}/ray-token.tmp && chmod 600 {folder}/ray-token.tmp && "
+                     f"mv -f {folder}/ray-token.tmp {folder}/ray-token",
+                     input=path.read_text())
+        return f"{folder}/ray-token"
+
+    def _resume(self, runner: Runner, state: State, job: Resource) -> dict[str, Any] | None:
+        """Reuse the job in state if it is still queued or running; forget it otherwise."""
+        job_id = job.attrs.get("job_id")
+        ids = [job_id] if job_id else cluster.patiently(
+            lambda: cluster.find_by_name(runner, job.id, ours.expected_id(self.spec, state,
+                                                                               job)),
+            "looking for the job by name")
+        rows = cluster.patiently(lambda: cluster.job_rows(runner, ids[0]),
+                                 f"reading job {ids[0]}") if ids else None
+        if rows and rows[0].state in ("PENDING", "CONFIGURING", "RUNNING"):
+            if not job_id:
+                job = state.update(JOB, job.id, job_id=ids[0])
+            ui.info(f"Slurm job {ids[0]} of {self.spec.name!r} is {rows[0].state}; reusing it")
+            return self._wait_ready(runner, state, job)
+        ui.info(f"Slurm job {job_id or job.id} has ended; submitting a new one")
+        ours.cancel(self.spec, runner, state, job)
+        return None
+
+    def _submit(self, runner: Runner, state: State, script: str) -> Resource:
+        job_name = f"{queue.job_prefix(self.spec.name, state.cluster_id)}h{secrets.token_hex(3)}"
+        # Recorded before sbatch: if we die before reading the id, teardown finds it by name.
+        state.add(JOB, job_name, submitted_on=runner.where, workdir=self.spec.submit.workdir,
+                  submitted_at=time.time())
+        comment = queue.comment(state.cluster_id, state.owner, self.spec.name, "head")
+        with ui.step(f"submitting {SCRIPT} on {runner.where}") as step:
+            job_id = cluster.sbatch(runner, self.spec.submit.workdir, job_name, script, comment,
+                                    export={"RF_CLUSTER_ID": state.cluster_id,
+                                            "RF_OWNER": state.owner})
+            step.detail(f"job {job_id}")
+        return state.update(JOB, job_name, job_id=job_id)
+
+    def _wait_ready(self, runner: Runner, state: State, job: Resource) -> dict[str, Any]:
+        job_id = str(job.attrs["job_id"])
+        info_file = cluster.job_file(str(job.attrs["workdir"]), job.id, ".json")
+        seen: dict[str, Any] = {}
+        last_state = ["PENDING"]
+
+        def check(step: ui.Step) -> dict[str, Any] | None:
+            try:
+                polled = cluster.poll(runner, job_id, info_file, self.spec.partition,
+                                      position=last_state[0] == "PENDING")
+            except QueueUnavailable as exc:
+                # The job's fate is unknown, not "ended": wait on (queue_timeout_s bounds it).
+                step.detail(f"job {job_id}: {exc}; retrying")
+                return None
+            info = polled.info or {}
+            if info.get("head_ip") and not seen:
+                seen.update(info)  # head and ports known: record them for a teardown that verifies
+                state.update(JOB, job.id, **{k: info[k] for k in _KEPT if k in info})
+            if polled.rows is None or polled.rows[0].state not in queue.LIVE_STATES - {
+                    "COMPLETING"}:
+                last = polled.rows[0].state if polled.rows else "left the queue"
+                raise SlurmError(f"Slurm job {job_id} ended ({last}) before Ray was ready: "
+                                 f"{info.get('message') or self._tail(runner, job)}", job_id)
+            row = polled.rows[0]
+            last_state[0] = row.state
+            if row.state == "PENDING":
+                reason = f" ({row.reason})" if row.reason not in ("None", "") else ""
+                step.detail(f"job {job_id} PENDING{reason}"
+                            f"{_ordinal_position(job_id, polled.pending)}")
+                return None
+            if info.get("phase") == "failed":
+                raise SlurmError(f"Slurm job {job_id}: {info.get('message')} "
+                                 f"({self._tail(runner, job)})", job_id)
+            if info.get("phase") == "ready":
+                return info
+            step.detail(f"job {job_id} {row.state} on {row.nodes}: "
+                        f"{info.get('message') or 'starting'}")
+            return None
+
+        info = ui.wait_for(
+            check, f"Slurm job {job_id} to start and all Ray nodes to join",
+            timeout=self.spec.queue_timeout_s + self.spec.ready_timeout_s,
+            # Each poll is a round trip (squeue + the info file) that costs the login host and
+            # slurmctld CPU; the job's own readiness does not wait for it.
+            interval=0.5,
+            hint="raise queue_timeout_s or ready_timeout_s in the spec if that is normal here")
+        state.update(JOB, job.id, **{k: info[k] for k in _KEPT if k in info})
+        if info.get("ray_version"):
+            for mismatch in versions.mismatches(info):
+                ui.warn(f"the nodes run {mismatch}; jobs may fail to (de)serialise. Set "
+                        "environment.activate (and install: true) to pin them")
+        state.set_info(address=info["address"], dashboard_url=info["dashboard_url"],
+                       job_id=job_id, head_node=info["head_node"])
+        return info
+
+    # --- status and connect --------------------------------------------------------------------
+
+    def status(self, state: State) -> ProviderStatus:
+        return ours.status(self.spec, self._runner, state)
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        job = self._job(state)
+        head_ip, port = (job.attrs.get("head_ip"), job.attrs.get("dashboard_port")) if job else (
+            None, None)
+        if job is None or not head_ip or not port or not state.info.get("dashboard_url"):
+            raise ClusterNotRunningError(
+                f"Slurm cluster {self.spec.name!r} is not running; start it with `invoke up`")
+        with self._runner() as runner:
+            rows = cluster.patiently(lambda: cluster.job_rows(runner, str(job.attrs["job_id"])),
+                                     "reading the head's job")
+            if not rows or rows[0].state != "RUNNING":
+                raise ClusterNotRunningError(
+                    f"Slurm job {job.attrs['job_id']} is "
+                    f"{rows[0].state if rows else 'no longer in the queue'}; "
+                    "`invoke teardown`, then `invoke up` for a new cluster")
+            with runner.tunnel(str(head_ip), int(port)) as url:
+                yield Endpoint(url, f"{head_ip}:{job.attrs['gcs_port']}",
+                               tunneled=url != f"http://127.0.0.1:{port}",
+                               token_path=auth.token_file(state))
+
+    # --- teardown ------------------------------------------------------------------------------
+
+    def teardown(self, state: State) -> None:
+        with self._runner() as runner:
+            ours.teardown(self.spec, runner, state)
+
