@@ -104,7 +104,11 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         if cost_range is not None:
             ui.info(costs.describe_range(cost_range))
         _write_rendered(selected.name, result)
-        endpoint = impl.up(current, result, UpOptions(keep_partial=keep_partial))
+        try:
+            endpoint = impl.up(current, result, UpOptions(keep_partial=keep_partial))
+        except BaseException:
+            _forget_if_nothing_created(current)
+            raise
         applied = paths.applied_dir(selected.name)
         shutil.rmtree(applied, ignore_errors=True)
         shutil.copytree(paths.rendered_dir(selected.name), applied)
@@ -137,6 +141,13 @@ def _say_if_removed(selected: spec.ClusterSpec, impl: Provider[Any], current: St
         return False
     ui.info(f"cluster {selected.name!r} {autodown.describe(report)}")
     return True
+
+
+def _forget_if_nothing_created(current: State) -> None:
+    """A refused first `up` leaves no trace: no state file, no token (nothing to tear down)."""
+    if current.empty and not current.info.get("dashboard_url"):
+        current.delete()
+        auth.token_path(current.cluster).unlink(missing_ok=True)
 
 
 def _cluster_flag(selected: spec.ClusterSpec) -> str:
