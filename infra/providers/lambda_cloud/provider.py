@@ -438,7 +438,7 @@ class Provider(BaseProvider[Spec]):
                   if r.id in tracked and tracked[r.id].status not in api.GONE]
         billed_now = len(paying) + len(scaled) + len(orphans)
         launched = [r.attrs.get("launched_at") for r in paying]
-        launched += [fleet._tag_time(i) for i in scaled + orphans]
+        launched += [fleet.tag_time(i) for i in scaled + orphans]
         cost = costs.cost(hourly, accrued, billed_now, launched)
         view, label = None, ""
         if self.spec.autodown is not None or autodown_setup.marker(state.cluster):
