@@ -6,9 +6,10 @@ the moment every instance is active and accepts an SSH login: everything Lambda'
 `ray up` comes after and does not depend on them (see the test-bed test for it).
 
 Floor: Lambda allows one request per second and one launch per 12 s. Before its first launch `up`
-needs three requests (capacity, register the SSH key, list instances to adopt orphans of an
-interrupted run), so the first launch cannot start before 3 s; each further node waits 12 s; the
-last node then boots for the fake's boot delay. floor(N) = 3 + 12 (N - 1) + boot.
+needs five requests (capacity, register the SSH key, list instances to adopt orphans of an
+interrupted run, look for and create the cluster's firewall ruleset), so the first launch cannot
+start before 5 s; each further node waits 12 s; the last node then boots for the fake's boot
+delay. floor(N) = 5 + 12 (N - 1) + boot.
 
 Each instance is reached through a loopback sshd (ProxyCommand `nc 127.0.0.1 <port>`), whose key
 entry only allows `/bin/true`. Usage: python bench/lambda_up.py [--boot 30] [--nodes 1 2 4]
@@ -30,7 +31,7 @@ from tests.lambda_cloud.fake_api import FakeLambda  # noqa: E402
 from tests.lambda_cloud.sshd import LocalSshd  # noqa: E402
 
 KEY = "secret_bench_key"
-REQUESTS_BEFORE_FIRST_LAUNCH = 3
+REQUESTS_BEFORE_FIRST_LAUNCH = 5
 
 
 def spec_text(proxy: str, workers: int) -> str:

@@ -6,6 +6,11 @@ random matrices on every local chip at once (jax.pmap) and reports the throughpu
 
     invoke submit --runtime-env setup/runtime/tpu.yaml examples/tpu_example.py -- 2
     invoke submit --runtime-env setup/runtime/tpu.yaml examples/tpu_example.py -- 2 --size 8192
+    invoke submit examples/tpu_example.py -- --wait-for-tpu 900 --placement-only
+
+With TPU workers that scale from zero, `--wait-for-tpu SECONDS` submits the tasks even though no
+TPU host exists yet: their demand makes the autoscaler create one. `--placement-only` checks where
+the tasks land and which chips Ray gives them, without JAX (a quick test of a new cluster).
 
 On a cluster without TPUs it says so and exits 0: nothing is run and nothing is pretended.
 The last line is a machine-readable summary: `RESULT {...}`.
@@ -58,6 +63,17 @@ def matmul_on_local_chips(size: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def placement_on_local_chips(hold_s: float) -> dict[str, Any]:
+    """Runs on a TPU host: which host and which chips Ray gave this task (no JAX needed)."""
+    started = time.monotonic()
+    context = ray.get_runtime_context()
+    chips = context.get_accelerator_ids().get("TPU", [])
+    time.sleep(hold_s)  # holds the chips, e.g. so that a job is running when a spot node goes
+    return {"host": socket.gethostname(), "node_id": context.get_node_id(),
+            "tpu_ids": list(chips), "held_s": round(time.monotonic() - started, 2),
+            "ended_at": round(time.time(), 3)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("n", type=int, nargs="?", default=1, help="number of tasks (default 1)")
@@ -68,13 +84,20 @@ def main() -> int:
                         help="TPU chips per task, i.e. per host (default: $RAYFLEET_TPU_CHIPS_PER_HOST "
                              "or 4, a v4-8 host)")
     parser.add_argument("--full", action="store_true", help="real size: 8192x8192, 50 repeats")
+    parser.add_argument("--wait-for-tpu", type=float, default=0.0, metavar="SECONDS",
+                        help="when the cluster has no TPU host yet, submit anyway and wait this "
+                             "long for the autoscaler to add one (default 0: say so and exit)")
+    parser.add_argument("--placement-only", action="store_true",
+                        help="only report each task's host and TPU ids (no JAX)")
+    parser.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
+                        help="with --placement-only: keep the chips this long")
     args = parser.parse_args()
     if args.full:
         args.size, args.repeats = 8192, 50
 
     ray.init()
     total = ray.cluster_resources().get("TPU", 0.0)
-    if total < args.chips:
+    if total < args.chips and not args.wait_for_tpu:
         reason = (f"this cluster has {total:g} TPU chips, a task needs {args.chips:g} "
                   f"(resources: {{TPU: {args.chips:g}}})")
         print(f"no TPU host to run on: {reason}. Start a cluster with TPU workers "
@@ -83,13 +106,32 @@ def main() -> int:
                                       "chips_per_task": args.chips, "reason": reason}))
         return 0
 
-    task = ray.remote(matmul_on_local_chips).options(resources={"TPU": args.chips}, num_cpus=0)
-    print(f"{args.n} task(s), {args.chips:g} chips each, {args.size}x{args.size} float32; "
-          f"cluster TPU chips: {total:g}")
-    results = ray.get([task.remote(args.size, args.repeats) for _ in range(args.n)])
+    if args.placement_only:
+        task = ray.remote(placement_on_local_chips).options(resources={"TPU": args.chips},
+                                                             num_cpus=0)
+        refs = [task.remote(args.hold) for _ in range(args.n)]
+    else:
+        task = ray.remote(matmul_on_local_chips).options(resources={"TPU": args.chips}, num_cpus=0)
+        refs = [task.remote(args.size, args.repeats) for _ in range(args.n)]
+    print(f"{args.n} task(s), {args.chips:g} chips each; cluster TPU chips: {total:g}"
+          + ("" if total >= args.chips else f", waiting up to {args.wait_for_tpu:g} s for the "
+                                             "autoscaler to add a TPU host"), flush=True)
+    ready, _ = ray.wait(refs, num_returns=len(refs),
+                        timeout=None if total >= args.chips else args.wait_for_tpu)
+    if len(ready) < len(refs):
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        print(f"no TPU host appeared within {args.wait_for_tpu:g} s; see `invoke status` for "
+              "the autoscaler's view (quota, capacity, or no TPU worker type)")
+        print("RESULT " + json.dumps({"tpu": False, "tasks": 0, "tpu_chips": total,
+                                      "chips_per_task": args.chips, "reason": "timeout"}))
+        return 1
+    results = ray.get(refs)
     errors = [r for r in results if "error" in r]
     for r in results:
-        if "error" in r:
+        if args.placement_only:
+            print(f"  {r['host']}: TPU ids {r['tpu_ids']} (held {r['held_s']} s)")
+        elif "error" in r:
             print(f"  {r['host']}: ERROR {r['error']}")
         else:
             print(f"  {r['host']}: {r['chips']} x {r['device_kind']}, {r['tflops']} TFLOP/s "

@@ -116,13 +116,38 @@ def follow(client: Any, job_id: str) -> int:
     """Stream a job's logs until it ends; return an exit code that reflects its status."""
     import sys
 
+    shown = 0  # characters of the log already written: a re-attached stream starts from the top
+
     async def tail() -> None:
+        nonlocal shown
+        seen = 0
         async for chunk in client.tail_job_logs(job_id):
-            sys.stdout.write(chunk)
-            sys.stdout.flush()
+            new = chunk[max(0, shown - seen):]
+            seen += len(chunk)
+            if new:
+                sys.stdout.write(new)
+                sys.stdout.flush()
+                shown += len(new)
 
     try:
-        asyncio.run(tail())
+        for attempt in range(5):
+            try:
+                asyncio.run(tail())
+                break
+            except RuntimeError as exc:
+                # Ray's log stream ends with "closed unexpectedly" (1006) when the connection
+                # drops while the job runs (seen under heavy load); the job itself is unaffected,
+                # so attach again and print only what was not printed yet.
+                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                status = str(client.get_job_status(job_id).value)
+                running = status in ("PENDING", "RUNNING")
+                if running and "closed unexpectedly" in reason and attempt < 4:
+                    ui.warn(f"the log stream of job {job_id} dropped ({reason}); attaching again")
+                    continue
+                if running:
+                    raise JobError(f"lost the log stream of job {job_id} ({reason}); it keeps "
+                                   f"running: `invoke logs {job_id} --follow`") from None
+                break
     except KeyboardInterrupt:
         ui.info(
             f"\nstopped following; job {job_id} keeps running on the cluster. "

@@ -259,3 +259,16 @@ class FakeRay:
             self.during_up()
         log.write_text(f"Cluster: {name}\nRay runtime started.\n")
         return 0
+
+
+def assert_nothing_created(home: Path, name: str) -> None:
+    """No resource recorded and no key made for cluster `name`. Core's `up` records the Ray token's
+    path before the provider runs, so a state holding only that (no resources), and the token
+    file itself, may remain after a refused `up`; nothing billable or reachable does."""
+    path = home / "state" / f"{name}.json"
+    if path.exists():
+        assert json.loads(path.read_text()).get("resources") == [], path.read_text()
+    keys = home / "keys" / name
+    if keys.exists():
+        assert sorted(p.name for p in keys.iterdir()) in ([], ["ray-token"]), list(keys.iterdir())
+

@@ -14,6 +14,8 @@ that no credentials were ever sent.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
 import json
 import re
@@ -22,50 +24,15 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
+
+from tests.gcp.fake_errors import compute_error, grpc_error, rate_limited, service_disabled
+from tests.gcp.fake_filter import FilterError, matches
+from tests.gcp.fake_tpu import Operation, TpuApi
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
 
-
-def compute_error(status: int, reason: str, message: str, service_disabled: str = "") -> dict:
-    body: dict[str, Any] = {"code": status, "message": message,
-                            "errors": [{"message": message, "domain": "global", "reason": reason}]}
-    if service_disabled:
-        body["status"] = "PERMISSION_DENIED"
-        body["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                            "reason": "SERVICE_DISABLED", "domain": "googleapis.com",
-                            "metadata": {"service": service_disabled,
-                                         "consumer": "projects/123456789"}}]
-    return {"error": body}
-
-
-def grpc_error(status: int, status_name: str, message: str, reason: str = "",
-               service: str = "tpu.googleapis.com") -> dict:
-    body: dict[str, Any] = {"code": status, "message": message, "status": status_name}
-    if reason:
-        body["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
-                            "domain": "googleapis.com",
-                            "metadata": {"service": service, "consumer": "projects/123456789"}}]
-    return {"error": body}
-
-
-def rate_limited(api: str = "compute") -> dict:
-    if api == "compute":
-        return compute_error(429, "rateLimitExceeded", "Rate Limit Exceeded")
-    return grpc_error(429, "RESOURCE_EXHAUSTED",
-                      "Quota exceeded for quota metric 'Read requests' and limit 'Read requests "
-                      "per minute' of service 'tpu.googleapis.com'", "RATE_LIMIT_EXCEEDED")
-
-
-def service_disabled(service: str) -> dict:
-    name = {"tpu.googleapis.com": "Cloud TPU API",
-            "compute.googleapis.com": "Compute Engine API"}[service]
-    message = (f"{name} has not been used in project 123456789 before or it is disabled. Enable "
-               f"it by visiting https://console.developers.google.com/apis/api/{service}/overview"
-               "?project=123456789 then retry.")
-    if service == "compute.googleapis.com":
-        return compute_error(403, "accessNotConfigured", message, service_disabled=service)
-    return grpc_error(403, "PERMISSION_DENIED", message, "SERVICE_DISABLED", service)
+__all__ = ["FakeGcp", "compute_error", "grpc_error", "rate_limited", "service_disabled"]
 
 
 @dataclass
@@ -80,15 +47,26 @@ class Failure:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class Operation:
-    body: dict[str, Any]
-    polls_left: int
-    effect: Any  # callable run once when the operation finishes
-    error: dict[str, Any] | None = None
+class Machines(Protocol):
+    """Where the fake's VMs and TPU hosts really run (tests/gcp/offline.py: test-bed hosts).
+
+    Without one, the fake hands out made-up addresses (unit tests that never SSH anywhere).
+    """
+
+    def boot(self, name: str, hosts: int, ssh_keys: str,
+             attributes: dict[str, str]) -> list[str] | None:
+        """Start `hosts` machines for node `name`; their IPs, or None when none is free."""
+
+    def shutdown(self, name: str) -> None:
+        """The node's machines go away (deleted or preempted): their processes end."""
 
 
-class FakeGcp:
+def label_fingerprint(labels: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).digest()
+    return base64.b64encode(digest[:8]).decode()
+
+
+class FakeGcp(TpuApi):
     """The fake's state, editable by tests (as `ray up` would change the real project)."""
 
     def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2) -> None:
@@ -134,6 +112,10 @@ class FakeGcp:
         self.operations: dict[str, Operation] = {}
         self._ids = itertools.count(1000)
         self._server: ThreadingHTTPServer | None = None
+        #: Real machines behind created nodes (None: made-up addresses).
+        self.machines: Machines | None = None
+        self.events: list[tuple[float, str, str]] = []
+        self._addresses = itertools.count(20)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -252,10 +234,11 @@ class FakeGcp:
             if "compute" in self.disabled:
                 return 403, service_disabled("compute.googleapis.com"), {}
             status, payload = self._compute(method, path.removeprefix("/compute/v1/"), query, body)
-        elif path.startswith("/v2/"):
+        elif path.startswith(("/v2/", "/v2alpha1/")):
             if "tpu" in self.disabled:
                 return 403, service_disabled("tpu.googleapis.com"), {}
-            status, payload = self._tpu(method, path.removeprefix("/v2/"), query)
+            version, _, rest = path[1:].partition("/")
+            status, payload = self._tpu(method, rest, query, body, version)
         else:
             status, payload = 404, {"error": {"code": 404, "message": f"no such API: {path}"}}
         return status, payload, {}
@@ -280,7 +263,7 @@ class FakeGcp:
             zone = rest[1]
             if zone not in self.zones:
                 return self._not_found(f"{project_path}/zones/{zone}")
-            return self._zonal(method, zone, rest[2:], query)
+            return self._zonal(method, zone, rest[2:], query, body)
         if rest[:1] == ["regions"] and len(rest) == 2:
             if rest[1] not in self.regions:
                 return self._not_found(f"{project_path}/regions/{rest[1]}")
@@ -297,7 +280,7 @@ class FakeGcp:
         return self._not_found(path)
 
     def _zonal(self, method: str, zone: str, rest: list[str],
-               query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+               query: dict[str, str], body: Any = None) -> tuple[int, dict[str, Any]]:
         base = f"projects/{self.project}/zones/{zone}"
         if not rest:
             return 200, {"kind": "compute#zone", "name": zone,
@@ -314,10 +297,16 @@ class FakeGcp:
             return self._not_found(f"{base}/{'/'.join(rest)}")
         if len(rest) == 1 and method == "GET":
             return self._list_instances(zone, query)
-        name = rest[1] if len(rest) == 2 else ""
+        if len(rest) == 1 and method == "POST":
+            return self._insert_instance(zone, body or {})
+        name = rest[1] if len(rest) in (2, 3) else ""
         instance = self.instances.get((zone, name))
         if instance is None:
             return self._not_found(f"{base}/instances/{name}")
+        if len(rest) == 3 and rest[2] == "setLabels" and method == "POST":
+            return self._set_labels(zone, instance, body or {})
+        if len(rest) == 3:
+            return self._not_found(f"{base}/instances/{name}/{rest[2]}")
         if method == "GET":
             return 200, instance
         if method == "DELETE":
@@ -326,24 +315,24 @@ class FakeGcp:
                     400, "resourceInUseByAnotherResource",
                     f"The instance '{name}' is managed by Cloud TPU and cannot be deleted directly")
             instance["status"] = "STOPPING"
-            return 200, self._compute_op("delete", f"{base}/instances/{name}", zone,
-                                         lambda: self.instances.pop((zone, name), None))
+
+            def delete() -> None:
+                self.instances.pop((zone, name), None)
+                if self.machines is not None:
+                    self.machines.shutdown(name)
+
+            return 200, self._compute_op("delete", f"{base}/instances/{name}", zone, delete)
         return 400, compute_error(400, "badRequest", f"unsupported {method}")
 
     def _list_instances(self, zone: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        wanted: dict[str, str] = {}
         expression = query.get("filter", "")
-        if expression and not self.ignore_filter:
-            terms = expression.split(" AND ")
-            for term in terms:
-                match = re.fullmatch(r"\(labels\.([a-z0-9_-]+) = ([a-z0-9_-]+)\)", term.strip())
-                if not match:
-                    return 400, compute_error(
-                        400, "invalid", f"Invalid value for field 'filter': '{expression}'. "
-                                        "Invalid list filter expression.")
-                wanted[match.group(1)] = match.group(2)
-        items = [i for (z, _), i in sorted(self.instances.items()) if z == zone
-                 and all(i["labels"].get(k) == v for k, v in wanted.items())]
+        try:
+            items = [i for (z, _), i in sorted(self.instances.items()) if z == zone
+                     and (self.ignore_filter or matches(expression, i))]
+        except FilterError:
+            return 400, compute_error(400, "invalid", f"Invalid value for field 'filter': "
+                                                      f"'{expression}'. Invalid list filter "
+                                                      "expression.")
         size = min(int(query.get("maxResults", 500)), self.page_size)
         start = int(query.get("pageToken", "0"))
         page: dict[str, Any] = {"kind": "compute#instanceList", "id": f"projects/{self.project}/"
@@ -355,6 +344,73 @@ class FakeGcp:
         if start + size < len(items):
             page["nextPageToken"] = str(start + size)
         return 200, page
+
+    def _boot(self, name: str, hosts: int, ssh_keys: str,
+              attributes: dict[str, str]) -> list[str] | None:
+        if self.machines is not None:
+            return self.machines.boot(name, hosts, ssh_keys, attributes)
+        return [f"10.128.0.{next(self._addresses)}" for _ in range(hosts)]
+
+    def _insert_instance(self, zone: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        base = f"projects/{self.project}/zones/{zone}"
+        name = str(body.get("name", ""))
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+            return 400, compute_error(400, "invalid", f"Invalid value for field 'resource.name': "
+                                                      f"'{name}'. Must be a match of regex "
+                                                      "'[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?'")
+        if (zone, name) in self.instances:
+            return 409, compute_error(409, "alreadyExists",
+                                      f"The resource '{base}/instances/{name}' already exists")
+        machine_type = str(body.get("machineType", "")).rsplit("/", 1)[-1]
+        if machine_type not in self.machine_types:
+            return 400, compute_error(400, "invalid", "Invalid value for field "
+                                                      f"'resource.machineType': '{machine_type}'")
+        labels = dict(body.get("labels") or {})
+        items = (body.get("metadata") or {}).get("items") or []
+        keys = next((str(i.get("value", "")) for i in items if i.get("key") == "ssh-keys"), "")
+        addresses = self._boot(name, 1, keys, {})
+        interfaces = []
+        for k, requested in enumerate(body.get("networkInterfaces") or [{}]):
+            interface = {**requested, "kind": "compute#networkInterface", "name": f"nic{k}",
+                         "networkIP": addresses[0] if addresses else ""}
+            if requested.get("accessConfigs") and addresses:
+                interface["accessConfigs"] = [{**requested["accessConfigs"][0],
+                                               "kind": "compute#accessConfig",
+                                               "natIP": addresses[0]}]
+            interfaces.append(interface)
+        instance = {
+            **body, "kind": "compute#instance", "id": str(next(self._ids)), "name": name,
+            "zone": f"{COMPUTE}/{base}", "machineType": f"{COMPUTE}/{base}/machineTypes/"
+                                                         f"{machine_type}",
+            "status": "PROVISIONING", "labels": labels,
+            "labelFingerprint": label_fingerprint(labels), "networkInterfaces": interfaces,
+            "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%S.000-07:00"),
+            "selfLink": f"{COMPUTE}/{base}/instances/{name}",
+        }
+        if addresses is None:  # a stockout: the operation fails, nothing is left behind
+            error = {"code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                     "message": f"The zone '{base}' does not have enough resources available to "
+                                "fulfill the request. Try a different zone, or try again later."}
+            operation = self._compute_op("insert", f"{base}/instances/{name}", zone, None)
+            self.operations[operation["name"]].error = error
+            return 200, operation
+        self.instances[(zone, name)] = instance
+        return 200, self._compute_op("insert", f"{base}/instances/{name}", zone,
+                                     lambda: instance.__setitem__("status", "RUNNING"))
+
+    def _set_labels(self, zone: str, instance: dict[str, Any],
+                    body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if body.get("labelFingerprint") != instance["labelFingerprint"]:
+            return 412, compute_error(412, "conditionNotMet", "Labels fingerprint either invalid "
+                                                              "or resource labels have changed")
+        labels = dict(body.get("labels") or {})
+
+        def apply() -> None:
+            instance["labels"] = labels
+            instance["labelFingerprint"] = label_fingerprint(labels)
+
+        target = f"projects/{self.project}/zones/{zone}/instances/{instance['name']}"
+        return 200, self._compute_op("setLabels", target, zone, apply)
 
     def _firewalls(self, method: str, rest: list[str], body: Any) -> tuple[int, dict[str, Any]]:
         base = f"projects/{self.project}/global/firewalls"
@@ -423,83 +479,15 @@ class FakeGcp:
         operation.body.update(status="RUNNING", progress=50)
         return 200, dict(operation.body)
 
-    # --- TPU ----------------------------------------------------------------------------------
-
-    def _tpu(self, method: str, path: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/(\w+)(?:/(.+))?", path)
-        if not match:
-            return 404, grpc_error(404, "NOT_FOUND", f"Resource '{path}' was not found")
-        project, zone, collection, name = match.groups()
-        if project != self.project:
-            return 403, grpc_error(403, "PERMISSION_DENIED",
-                                   f"Permission 'tpu.nodes.list' denied on 'projects/{project}'")
-        if zone not in self.zones:
-            return 404, grpc_error(404, "NOT_FOUND", f"Location {zone} is not found or access is "
-                                                     "unauthorized.")
-        parent = f"projects/{project}/locations/{zone}"
-        if collection == "acceleratorTypes" and not name:
-            items = [{"name": f"{parent}/acceleratorTypes/{t}", "type": t,
-                      "acceleratorConfigs": [{"type": c, "topology": topo}]}
-                     for t, c, topo in self.accelerator_types.get(zone, [])]
-            return 200, self._tpu_page("acceleratorTypes", items, query)
-        if collection == "runtimeVersions" and not name:
-            items = [{"name": f"{parent}/runtimeVersions/{v}", "version": v}
-                     for v in self.runtime_versions.get(zone, [])]
-            return 200, self._tpu_page("runtimeVersions", items, query)
-        if collection == "nodes":
-            if not name and method == "GET":
-                items = [n for key, n in sorted(self.tpu_nodes.items()) if key.startswith(parent)]
-                return 200, self._tpu_page("nodes", items, query)
-            node = self.tpu_nodes.get(f"{parent}/nodes/{name}")
-            if node is None:
-                return 404, grpc_error(404, "NOT_FOUND", f"Resource '{parent}/nodes/{name}' was "
-                                                         "not found")
-            if method == "GET":
-                return 200, node
-            if method == "DELETE":
-                node["state"] = "DELETING"
-                full = node["name"]
-
-                def remove() -> None:
-                    self.tpu_nodes.pop(full, None)
-                    for key, instance in list(self.instances.items()):
-                        if instance["labels"].get("tpu_name") == name:
-                            del self.instances[key]
-
-                return 200, self._tpu_op(parent, "delete", full, remove)
-        if collection == "operations" and name:
-            operation = self.operations.get(f"{parent}/operations/{name}")
-            if operation is None:
-                return 404, grpc_error(404, "NOT_FOUND", f"Operation {name} not found")
-            operation.polls_left -= 1
-            if operation.polls_left <= 0 and not operation.body.get("done"):
-                operation.body["done"] = True
-                if operation.error:
-                    operation.body["error"] = operation.error
-                else:
-                    operation.effect()
-                    operation.body["response"] = {"@type": "type.googleapis.com/google.protobuf.Empty"}
-            return 200, dict(operation.body)
-        return 404, grpc_error(404, "NOT_FOUND", f"Resource '{path}' was not found")
-
-    def _tpu_page(self, key: str, items: list[dict[str, Any]],
-                  query: dict[str, str]) -> dict[str, Any]:
-        size = min(int(query.get("pageSize") or self.page_size), self.page_size)
-        start = int(query.get("pageToken") or "0")
-        page: dict[str, Any] = {}
-        if items[start:start + size]:
-            page[key] = items[start:start + size]
-        if start + size < len(items):
-            page["nextPageToken"] = str(start + size)
-        return page
-
-    def _tpu_op(self, parent: str, verb: str, target: str, effect: Any) -> dict[str, Any]:
-        name = f"{parent}/operations/operation-{int(time.time() * 1000)}-{next(self._ids):x}"
-        # proto3 JSON leaves out `done: false`: a running operation has no `done` key at all.
-        body = {"name": name, "metadata": {
-            "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
-            "createTime": "2026-01-01T00:00:00Z", "target": target, "verb": verb,
-            "cancelRequested": False, "apiVersion": "v2"}}
-        self.operations[name] = Operation(body, self.op_polls, effect,
-                                          self.op_errors.get(f"{verb}-tpu"))
-        return dict(body)
+    def machine_at(self, ip: str) -> tuple[str, dict[str, Any], int] | None:
+        """("compute" | "tpu", the resource, host index) of the node whose machine has `ip`."""
+        with self.lock:
+            for instance in self.instances.values():
+                interface = (instance.get("networkInterfaces") or [{}])[0]
+                if interface.get("networkIP") == ip and "tpu_cores" not in instance["labels"]:
+                    return "compute", instance, 0
+            for node in self.tpu_nodes.values():
+                for index, endpoint in enumerate(node.get("networkEndpoints") or []):
+                    if endpoint.get("ipAddress") == ip:
+                        return "tpu", node, index
+        return None

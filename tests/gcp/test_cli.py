@@ -14,7 +14,7 @@ import pytest
 from infra import state
 from infra.providers.gcp_tpu import config
 from tests.conftest import run_invoke
-from tests.gcp.conftest import FakeRay, Sshd, write_spec
+from tests.gcp.conftest import FakeRay, Sshd, assert_nothing_created, write_spec
 from tests.gcp.fake_gcp import FakeGcp
 
 
@@ -34,8 +34,7 @@ def test_up_without_credentials_fails_fast_with_one_line(tmp_path: Path) -> None
                          "application-default login` or set credentials_file: in "
                          "clusters/gcp-tpu.yaml"), result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    assert not (home / "state" / "gcp-tpu.json").exists()
-    assert not (home / "keys").exists()
+    assert_nothing_created(home, "gcp-tpu")
     assert elapsed < 30, f"took {elapsed:.1f}s"  # seconds, not a metadata-server timeout
 
 
@@ -48,7 +47,7 @@ def test_plan_runs_preflight_against_the_endpoint(tmp_path: Path, fake: FakeGcp,
     assert result.returncode == 0, result.stderr
     assert "pre-flight ✓ Cloud TPU API enabled; offered in us-central2-b: v4-8" in result.stdout
     assert (tmp_path / "home" / "rendered" / "cli" / config.FILE_NAME).exists()
-    assert not (tmp_path / "home" / "state" / "cli.json").exists()
+    assert_nothing_created(tmp_path / "home", "cli")
     assert fake.requests and all(r["method"] == "GET" for r in fake.requests)
 
 
@@ -65,7 +64,7 @@ def test_up_stops_at_preflight_with_one_line_and_creates_nothing(
         "services enable tpu.googleapis.com --project test-project`")
     assert "Traceback" not in result.stderr
     assert [r for r in fake.requests if r["method"] != "GET"] == []
-    assert not (home / "state" / "cli.json").exists() and not (home / "keys" / "cli").exists()
+    assert_nothing_created(home, "cli")
 
 
 def test_teardown_and_status_without_state(tmp_path: Path) -> None:
@@ -79,8 +78,9 @@ def test_teardown_and_status_without_state(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def local_ray(tmp_path: Path, rf_home: Path) -> Iterator[int]:
-    """A real Ray head on this machine (the local provider); yields its dashboard port."""
+def local_ray(tmp_path: Path, rf_home: Path) -> Iterator[tuple[int, str]]:
+    """A real Ray head on this machine (the local provider); yields its dashboard port and the
+    path of its Ray token."""
     path = tmp_path / f"t{uuid.uuid4().hex[:8]}.yaml"
     path.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")
     result = run_invoke("up", "--cluster", str(path))
@@ -88,7 +88,7 @@ def local_ray(tmp_path: Path, rf_home: Path) -> Iterator[int]:
         assert result.returncode == 0, result.stderr
         head = state.read(path.stem)
         assert head is not None
-        yield int(head.info["dashboard_url"].rsplit(":", 1)[1])
+        yield int(head.info["dashboard_url"].rsplit(":", 1)[1]), head.info["auth_token_path"]
     finally:
         run_invoke("teardown", "--cluster", str(path))
 
@@ -96,17 +96,20 @@ def local_ray(tmp_path: Path, rf_home: Path) -> Iterator[int]:
 @pytest.mark.slow
 def test_a_job_runs_through_the_ssh_tunnel(tmp_path: Path, rf_home: Path, fake: FakeGcp,
                                           options: object, sshd: Sshd, key_file: Path,
-                                          local_ray: int) -> None:
+                                          local_ray: tuple[int, str]) -> None:
     from infra import jobs
     from infra import spec as spec_mod
     from infra.providers.base import UpOptions
     from infra.providers.gcp_tpu import Provider
 
-    loaded = spec_mod.load_spec(write_spec(tmp_path, name="tunnel", dashboard={"port": local_ray},
+    port, token = local_ray
+    loaded = spec_mod.load_spec(write_spec(tmp_path, name="tunnel", dashboard={"port": port},
                                            tpu_workers={}))
     provider = Provider(loaded, ray=FakeRay(fake, sshd), api_options=options,  # type: ignore[arg-type]
                         ssh_port=sshd.port)
     with state.locked("tunnel", "gcp-tpu", "up") as current:
+        # The stand-in head is that local Ray: this cluster's token is its token.
+        current.set_info(auth_token_path=token)
         provider.up(current, provider.plan(current), UpOptions())
     work = tmp_path / "work"
     work.mkdir()
@@ -114,14 +117,15 @@ def test_a_job_runs_through_the_ssh_tunnel(tmp_path: Path, rf_home: Path, fake: 
     current = state.read("tunnel")
     assert current is not None
     with provider.connect(current) as endpoint:
-        assert endpoint.tunneled and f":{local_ray}" not in endpoint.dashboard_url
-        code = jobs.submit(endpoint.dashboard_url, "python hello.py",
+        assert endpoint.tunneled and f":{port}" not in endpoint.dashboard_url
+        assert endpoint.token_path is not None and str(endpoint.token_path) == token
+        code = jobs.submit(endpoint, "python hello.py",
                            {"working_dir": str(work), "excludes": []}, wait=True)
     assert code == 0
     with state.locked("tunnel", "gcp-tpu", "teardown") as current:
         provider.teardown(current)
         current.delete()
-    assert fake.nodes_with(config.sweep_labels("tunnel")) == []
+    assert fake.nodes_with({"rayfleet-name": "tunnel"}) == []
 
 
 def test_plan_of_the_shipped_example_needs_no_account(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from infra.providers.base import UpOptions
 from infra.providers.gcp_tpu import config, launcher
 from infra.providers.gcp_tpu.api import ApiOptions, GcpCredentialsError, GcpError, GcpQuotaError
 from infra.providers.gcp_tpu.provider import CLUSTER, FIREWALL, SSH_KEY, Provider
-from tests.gcp.conftest import ZONE, Dashboard, FakeRay, Sshd, write_spec
+from tests.gcp.conftest import ZONE, Dashboard, FakeRay, Sshd, assert_nothing_created, write_spec
 from tests.gcp.fake_gcp import FakeGcp, rate_limited
 
 pytestmark = pytest.mark.slow  # a real sshd per test
@@ -68,7 +68,7 @@ class Lab:
         return sorted(r.kind for r in found.resources()) if found else []
 
     def left(self) -> list[str]:
-        return sorted(self.fake.nodes_with(config.sweep_labels(self.name)))
+        return sorted(self.fake.nodes_with({"rayfleet-name": self.name}))
 
 
 @pytest.fixture
@@ -137,7 +137,9 @@ def test_connect_gives_each_cluster_its_own_local_port(
 
 def test_teardown_sweeps_workers_ray_down_missed(lab: Lab, fake: FakeGcp) -> None:
     lab.up()
-    ours = {**config.node_labels(lab.spec), "ray-cluster-name": "lab"}  # type: ignore[arg-type]
+    recorded = lab.state()
+    ours = {**config.node_labels(lab.spec, recorded.cluster_id, recorded.owner),  # type: ignore[arg-type]
+            "ray-cluster-name": "lab"}
     # What the autoscaler added later, including a preempted VM that only stopped.
     fake.add_instance(ZONE, "ray-lab-worker-5e5e5e5e-compute", {**ours, "ray-node-type": "worker"})
     fake.add_instance(ZONE, "ray-lab-worker-6f6f6f6f-compute", {**ours, "ray-node-type": "worker"},
@@ -232,7 +234,7 @@ def test_preflight_failure_creates_nothing(lab: Lab, fake: FakeGcp, rf_home: Pat
     with pytest.raises(GcpError, match="Cloud TPU API is not enabled"):
         lab.up()
     assert lab.ray.calls == [] and lab.kinds() == []
-    assert not (rf_home / "state" / "lab.json").exists()
+    assert_nothing_created(rf_home, "lab")
     assert not paths.keys_dir("lab").exists()
     assert [r for r in fake.requests if r["method"] != "GET"] == []
 
@@ -243,7 +245,7 @@ def test_up_without_credentials_creates_nothing(lab: Lab, fake: FakeGcp, rf_home
     with pytest.raises(GcpCredentialsError, match="no Google credentials found"):
         lab.up()
     assert fake.requests == [] and lab.ray.calls == []
-    assert not (rf_home / "state" / "lab.json").exists() and not paths.keys_dir("lab").exists()
+    assert_nothing_created(rf_home, "lab")
 
 
 def test_teardown_that_cannot_finish_keeps_state_then_finishes(lab: Lab, fake: FakeGcp) -> None:

@@ -25,9 +25,13 @@ CAPACITY = {("gpu_1x_a10", "us-east-1"): 6, ("gpu_1x_a10", "us-west-1"): 6,
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLambda]:
     server = FakeLambda(API_KEY, scale=SCALE, boot_delay=0.3, terminate_delay=0.1, forget_delay=1.0,
                         capacity=dict(CAPACITY))
-    # Someone else's instances in the same account, named to tempt a sloppy prefix match.
-    for name in ("prod-db", "lt-headless", "ltx-head", "lt-head-old", "lt-worker-1b"):
+    # Someone else's instances in the same account, named to tempt a sloppy prefix match, and a
+    # colleague's cluster made from the same spec name (exactly our old names, another SSH key,
+    # no tag of ours), and the colleague's firewall ruleset.
+    for name in ("prod-db", "lt-headless", "ltx-head", "lt-head-old", "lt-worker-1b",
+                 "lt-head", "lt-worker-1"):
         server.add_foreign_instance(name)
+    server.add_foreign_ruleset("rayfleet-lt-colleague", "us-east-1")
     server.start()
     monkeypatch.setenv("LAMBDA_API_URL", server.url)
     monkeypatch.setenv("LAMBDA_API_KEY", API_KEY)
@@ -84,15 +88,23 @@ def read_state(home: Path, cluster: str = "lt") -> dict[str, Any] | None:
     return dict(json.loads(path.read_text()))
 
 
-def assert_clean(fake: FakeLambda, cluster: str = "lt") -> None:
-    """Nothing of ours costs money, and every foreign instance is exactly as it was."""
-    import re
-
-    pattern = re.compile(rf"^{re.escape(cluster)}-(head|worker-[1-9][0-9]*)$")
+def assert_clean(fake: FakeLambda, cluster: str = "lt", tagged: bool = True) -> None:
+    """Nothing of ours costs money, every foreign instance and ruleset is exactly as it was, and
+    no ruleset of ours is left."""
     inventory = fake.inventory()
-    ours_running = [i for i in inventory
-                    if pattern.match(i["name"]) and i["status"] != "terminated"]
+    ours_running = [i for i in inventory if not i["foreign"] and i["status"] != "terminated"]
     assert ours_running == [], f"instances of ours still running: {ours_running}"
     foreign = [i for i in inventory if i["foreign"]]
     assert foreign and all(i["status"] == "active" for i in foreign), foreign
-    assert all(i["foreign"] or pattern.match(i["name"]) for i in inventory), inventory
+    for inst in inventory:
+        if not inst["foreign"] and tagged:
+            assert inst["tags"].get("rayfleet-cluster"), inst  # everything we launched is tagged
+            assert inst["name"].startswith(f"{cluster}-{inst['tags']['rayfleet-cluster']}-"), inst
+    rulesets = list(fake.firewall_rulesets.values())
+    assert [r["name"] for r in rulesets if not r.get("foreign")] == [], rulesets
+
+
+def ours(fake: FakeLambda, cluster: str = "lt") -> list[dict[str, Any]]:
+    """Instances we launched (tagged with a cluster id) for `cluster`, terminated ones included."""
+    return [i for i in fake.inventory()
+            if not i["foreign"] and i["tags"].get("rayfleet-name") == cluster]

@@ -59,7 +59,15 @@ ERRORS = {
     "global/too-many-requests": (429, "Too many requests.", "Slow down and try again."),
     "global/internal-error": (500, "An internal server error occurred.",
                               "Try again later. Contact Support if the problem persists."),
+    "firewall-rulesets/firewall-ruleset-in-use": (
+        400, "Firewall ruleset is in use by one or more instances.",
+        "Terminate all instances that are using the ruleset before deleting it."),
 }
+#: RequestedTagEntry: key pattern and lengths (OpenAPI 1.8.3).
+TAG_KEY = re.compile(r"^[a-z][a-z0-9-:]+$")
+#: InstanceLaunchRequest.hostname.
+HOSTNAME = re.compile(r"^[a-z0-9][0-9a-z-]{0,62}$")
+PROTOCOLS = ("tcp", "udp", "icmp", "all")
 
 
 class _Reject(Exception):
@@ -88,6 +96,13 @@ class FakeInstance:
     boots_to: str = "active"
     #: True for instances the fake pre-creates as "someone else's".
     foreign: bool = False
+    #: Launch tags in request order, as [{key, value}].
+    tags: list[dict[str, str]] = field(default_factory=list)
+    #: Ids of the firewall rulesets attached at launch.
+    firewall_rulesets: list[str] = field(default_factory=list)
+    hostname: str | None = None
+    #: Set once the terminate hook ran (the "machine" is off).
+    powered_off: bool = False
 
 
 @dataclass
@@ -144,7 +159,10 @@ class FakeLambda:
         self.capacity: dict[tuple[str, str], int] = dict(capacity or {})
         self.quota = quota
         #: Addresses handed to instances as they turn active (test-bed hosts); else TEST-NET-2.
+        #: With a pool, the fake never hands out anything else: an instance waits in `booting`
+        #: until a pool address is free (a terminated instance gives its address back).
         self.ip_pool = list(ip_pool or [])
+        self.pool_only = ip_pool is not None
         self._next_ip = 2
         self.instances: dict[str, FakeInstance] = {}
         self.ssh_keys: dict[str, dict[str, str]] = {}
@@ -154,6 +172,11 @@ class FakeLambda:
         self.boot_outcomes: dict[str, str] = {}
         #: Called after each served /instance-types (tests use it to take capacity away).
         self.after_instance_types: Callable[[FakeLambda], None] | None = None
+        #: Called (in a thread of its own) when an instance that had an address is terminated:
+        #: the test bed "powers the machine off" (stops Ray on that host) before the address is
+        #: handed out again.
+        self.on_terminate: Callable[[FakeInstance], None] | None = None
+        self.firewall_rulesets: dict[str, dict[str, Any]] = {}
         #: (monotonic time, method, path, HTTP status) of every request.
         self.log: list[tuple[float, str, str, int]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
@@ -198,6 +221,17 @@ class FakeLambda:
             self.instances[inst.id] = inst
             return inst.id
 
+    def add_foreign_ruleset(self, name: str, region: str = "us-east-1") -> str:
+        """Someone else's firewall ruleset: rayfleet must never change or delete it."""
+        with self.lock:
+            rid = uuid.uuid4().hex
+            self.firewall_rulesets[rid] = {
+                "id": rid, "name": name, "region": region, "foreign": True,
+                "created": "2025-01-01T00:00:00Z",
+                "rules": [{"protocol": "tcp", "port_range": [22, 22], "source_network": "0.0.0.0/0",
+                           "description": "colleague's"}]}
+            return rid
+
     def add_file_system(self, name: str, region: str) -> str:
         fs_id = uuid.uuid4().hex
         self.file_systems[fs_id] = {"id": fs_id, "name": name, "region": region}
@@ -217,12 +251,30 @@ class FakeLambda:
         with self.lock:
             now = time.monotonic()
             return [{"id": i.id, "name": i.name, "status": self._status(i, now), "foreign": i.foreign,
-                     "region": i.region, "type": i.type_name} for i in self.instances.values()]
+                     "region": i.region, "type": i.type_name, "ip": i.ip,
+                     "tags": {t["key"]: t["value"] for t in i.tags},
+                     "firewall_rulesets": list(i.firewall_rulesets)}
+                    for i in self.instances.values()]
 
     def running(self, prefix: str = "") -> list[dict[str, Any]]:
         """Instances that cost money (not terminated), optionally only names with `prefix`."""
         return [i for i in self.inventory()
                 if i["status"] not in ("terminated",) and i["name"].startswith(prefix)]
+
+    def wait_powered_off(self, timeout: float = 120) -> None:
+        """Until every terminated instance of ours that had an address ran `on_terminate`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                pending = [i.name for i in self.instances.values()
+                           if not i.foreign and i.ip and self._status(i, now) == "terminated"
+                           and not i.powered_off]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not powered off after {timeout}s: {pending}")
+            time.sleep(0.1)
 
     def requests(self, method: str | None = None, path: str | None = None) -> list[tuple[float, int]]:
         """(time, status) of logged requests matching method and path regex."""
@@ -232,19 +284,21 @@ class FakeLambda:
 
     # --- model ----------------------------------------------------------------------------------
 
-    def _take_ip(self) -> str:
+    def _take_ip(self) -> str | None:
         if self.ip_pool:
             return self.ip_pool.pop(0)
+        if self.pool_only:
+            return None
         self._next_ip += 1
         return f"198.51.100.{self._next_ip % 250 + 2}"
 
     def _status(self, inst: FakeInstance, now: float) -> str:
         if inst.forced in ("terminating",) and now - inst.forced_at >= self.terminate_delay:
             inst.forced, inst.forced_at = "terminated", inst.forced_at + self.terminate_delay
-            if inst.ip and not inst.foreign and inst.ip.startswith("10."):
-                self.ip_pool.append(inst.ip)  # a test-bed host is free again
             self.capacity[(inst.type_name, inst.region)] = \
                 self.capacity.get((inst.type_name, inst.region), 0) + 1
+            if inst.ip and not inst.foreign:
+                threading.Thread(target=self._power_off, args=(inst,), daemon=True).start()
         if inst.forced:
             return inst.forced
         if now - inst.launched < self.boot_delay:
@@ -252,9 +306,26 @@ class FakeLambda:
         if inst.boots_to != "active":
             return inst.boots_to
         if inst.ip is None:
-            inst.ip = self._take_ip()
-            inst.private_ip = f"10.19.{len(self.instances) % 250}.{int(inst.id[:2], 16) % 250 + 2}"
+            ip = self._take_ip()
+            if ip is None:
+                return "booting"  # no test-bed host free: it boots until one is
+            inst.ip = ip
+            # Test-bed hosts have one address, reachable from the other hosts: that is the
+            # instance's private address too. Otherwise a private 10.19.x.y that nothing uses.
+            inst.private_ip = ip if self.pool_only else \
+                f"10.19.{len(self.instances) % 250}.{int(inst.id[:2], 16) % 250 + 2}"
         return "active"
+
+    def _power_off(self, inst: FakeInstance) -> None:
+        if self.on_terminate is not None:
+            try:
+                self.on_terminate(inst)
+            except Exception as exc:  # a hook failure must not kill the fake; tests see the log
+                print(f"fake Lambda: on_terminate({inst.name}) failed: {exc}")
+        with self.lock:
+            inst.powered_off = True
+            if self.pool_only and inst.ip:
+                self.ip_pool.append(inst.ip)  # the test-bed host is free again
 
     def _visible(self, inst: FakeInstance, now: float) -> bool:
         status = self._status(inst, now)
@@ -272,12 +343,14 @@ class FakeLambda:
                               "price_cents_per_hour": price,
                               "specs": {"vcpus": vcpus, "memory_gib": mem, "storage_gib": disk,
                                         "gpus": gpus}},
-            "is_reserved": False, "tags": [],
+            "is_reserved": False, "tags": [dict(t) for t in inst.tags],
+            "firewall_rulesets": [{"id": r} for r in inst.firewall_rulesets],
             "actions": {k: {"available": status == "active"}
                         for k in ("migrate", "rebuild", "restart", "cold_reboot", "terminate")},
         }
         if inst.ip and status in ("active", "unhealthy", "terminating"):
-            data.update(ip=inst.ip, private_ip=inst.private_ip, hostname=inst.ip,
+            data.update(ip=inst.ip, private_ip=inst.private_ip,
+                        hostname=inst.hostname or inst.ip.replace(".", "-"),
                         jupyter_token=inst.id[:32],
                         jupyter_url=f"https://jupyter-{inst.id[:12]}.lambdaspaces.example/")
         return data
@@ -321,6 +394,8 @@ class FakeLambda:
             if self.ssh_keys.pop(match.group(1), None) is None:
                 raise _Reject("global/invalid-parameters", "SSH key does not exist.")
             return {}
+        if path == "/firewall-rulesets" or path.startswith("/firewall-rulesets/"):
+            return self._firewall(method, path, body, now)
         if method == "GET" and path == "/file-systems":
             return [{"id": f["id"], "name": f["name"], "mount_point": f"/lambda/nfs/{f['name']}",
                      "created": "2025-01-01T00:00:00Z", "is_in_use": False, "bytes_used": 0,
@@ -341,8 +416,29 @@ class FakeLambda:
             raise _Reject("global/invalid-parameters", "Exactly one SSH key name is required.")
         if not isinstance(name, str) or len(name) > 64:
             raise _Reject("global/invalid-parameters", "Invalid name.")
+        tags = body.get("tags", [])
+        if not isinstance(tags, list) or not all(
+                isinstance(t, dict) and set(t) == {"key", "value"} and isinstance(t["key"], str)
+                and isinstance(t["value"], str) and TAG_KEY.match(t["key"]) and len(t["key"]) <= 55
+                and len(t["value"]) <= 128 for t in tags):
+            raise _Reject("global/invalid-parameters", "Invalid tags.")
+        hostname = body.get("hostname")
+        if hostname is not None and (not isinstance(hostname, str) or not HOSTNAME.match(hostname)):
+            raise _Reject("global/invalid-parameters", "Invalid hostname.")
+        rulesets = body.get("firewall_rulesets", [])
+        if not isinstance(rulesets, list) or not all(
+                isinstance(r, dict) and set(r) == {"id"} and isinstance(r["id"], str) for r in rulesets):
+            raise _Reject("global/invalid-parameters", "Invalid firewall_rulesets.")
         if type_name not in CATALOG:
             raise _Reject("global/object-does-not-exist", f"Instance type {type_name} not found.")
+        for entry in rulesets:
+            ruleset = self.firewall_rulesets.get(entry["id"])
+            if ruleset is None:
+                raise _Reject("global/object-does-not-exist",
+                              f"Firewall ruleset {entry['id']} not found.")
+            if ruleset["region"] != region:
+                raise _Reject("global/invalid-parameters",
+                              "The firewall rulesets must exist in the same region as the instance.")
         if keys[0] not in {k["name"] for k in self.ssh_keys.values()}:
             raise _Reject("global/object-does-not-exist", f"SSH key {keys[0]} not found.")
         fs_names = body.get("file_system_names") or []
@@ -358,7 +454,9 @@ class FakeLambda:
         if self.capacity.get((type_name, region), 0) <= 0:
             raise _Reject("instance-operations/launch/insufficient-capacity")
         self.capacity[(type_name, region)] -= 1
-        inst = FakeInstance(uuid.uuid4().hex, name, type_name, region, list(keys), list(fs_names), now)
+        inst = FakeInstance(uuid.uuid4().hex, name, type_name, region, list(keys), list(fs_names), now,
+                            tags=[dict(t) for t in tags], hostname=hostname,
+                            firewall_rulesets=[r["id"] for r in rulesets])
         for pattern, outcome in self.boot_outcomes.items():
             if re.fullmatch(pattern, name):
                 inst.boots_to = outcome
@@ -379,6 +477,79 @@ class FakeLambda:
             if self._status(inst, now) not in ("terminating", "terminated"):
                 inst.forced, inst.forced_at = "terminating", now
         return {"terminated_instances": [self._instance_json(i, now) for i in found]}
+
+    # --- firewall rulesets (OpenAPI 1.8.3: /firewall-rulesets, /firewall-rulesets/{id}) -----------
+
+    def _ruleset_json(self, ruleset: dict[str, Any], now: float) -> dict[str, Any]:
+        users = [i.id for i in self.instances.values()
+                 if ruleset["id"] in i.firewall_rulesets and self._status(i, now) != "terminated"]
+        return {"id": ruleset["id"], "name": ruleset["name"],
+                "region": {"name": ruleset["region"], "description": REGIONS[ruleset["region"]]},
+                "rules": [dict(r) for r in ruleset["rules"]], "created": ruleset["created"],
+                "instance_ids": users}
+
+    @staticmethod
+    def _valid_rules(rules: Any) -> bool:
+        import ipaddress
+
+        if not isinstance(rules, list):
+            return False
+        for rule in rules:
+            if not isinstance(rule, dict) or set(rule) - {"protocol", "port_range", "source_network",
+                                                          "description"}:
+                return False
+            if rule.get("protocol") not in PROTOCOLS or not isinstance(rule.get("description"), str) \
+                    or len(rule["description"]) > 128:
+                return False
+            try:
+                ipaddress.IPv4Network(rule.get("source_network"), strict=False)
+            except (ValueError, TypeError):
+                return False
+            ports = rule.get("port_range")
+            if rule["protocol"] == "icmp":
+                if ports is not None:
+                    return False
+            elif not (isinstance(ports, list) and len(ports) == 2
+                      and all(isinstance(p, int) and 1 <= p <= 65535 for p in ports)
+                      and ports[0] <= ports[1]):
+                return False
+        return True
+
+    def _firewall(self, method: str, path: str, body: Any, now: float) -> Any:
+        if path == "/firewall-rulesets" and method == "GET":
+            return [self._ruleset_json(r, now) for r in self.firewall_rulesets.values()]
+        if path == "/firewall-rulesets" and method == "POST":
+            if not isinstance(body, dict) or set(body) - {"name", "region", "rules"}:
+                raise _Reject("global/invalid-parameters", "Invalid request data.")
+            name, region, rules = body.get("name"), body.get("region"), body.get("rules")
+            if not isinstance(name, str) or not 0 < len(name) <= 64 or region not in REGIONS \
+                    or not self._valid_rules(rules):
+                raise _Reject("global/invalid-parameters", "Invalid name, region or rules.")
+            rid = uuid.uuid4().hex
+            self.firewall_rulesets[rid] = {"id": rid, "name": name, "region": region,
+                                           "rules": rules, "created": "2026-01-01T00:00:00Z"}
+            return self._ruleset_json(self.firewall_rulesets[rid], now)
+        match = re.fullmatch(r"/firewall-rulesets/([^/]+)", path)
+        if match and match.group(1) != "global":
+            ruleset = self.firewall_rulesets.get(match.group(1))
+            if ruleset is None:
+                raise _Reject("global/object-does-not-exist",
+                              "Firewall ruleset does not exist or you do not have permission to "
+                              "access it.")
+            if method == "GET":
+                return self._ruleset_json(ruleset, now)
+            if method == "PATCH":
+                if not isinstance(body, dict) or set(body) - {"name", "rules"} or (
+                        "rules" in body and not self._valid_rules(body["rules"])):
+                    raise _Reject("global/invalid-parameters", "Invalid request data.")
+                ruleset.update(body)
+                return self._ruleset_json(ruleset, now)
+            if method == "DELETE":
+                if self._ruleset_json(ruleset, now)["instance_ids"]:
+                    raise _Reject("firewall-rulesets/firewall-ruleset-in-use")
+                del self.firewall_rulesets[ruleset["id"]]
+                return {}
+        raise _Reject("global/object-does-not-exist", f"No route {method} {path}.")
 
     def _add_key(self, body: Any) -> dict[str, str]:
         name = body.get("name") if isinstance(body, dict) else None
@@ -502,5 +673,8 @@ class FakeLambda:
 
             def do_DELETE(self) -> None:
                 self._serve("DELETE")
+
+            def do_PATCH(self) -> None:
+                self._serve("PATCH")
 
         return Handler

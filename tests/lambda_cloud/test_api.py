@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,39 @@ def test_key_and_url_from_the_environment(tmp_path: Path, monkeypatch: pytest.Mo
         api.Limits.from_env()
     monkeypatch.delenv("LAMBDA_RATE_SCALE")
     assert api.Limits.from_env() == api.Limits(1.0, 12.0, 30.0)
+
+
+def test_firewall_rulesets_as_documented(fake: FakeLambda) -> None:
+    client = client_for(fake)
+    rules = [{"protocol": "tcp", "port_range": [22, 22], "source_network": "203.0.113.0/24",
+              "description": "ssh"}]
+    ruleset = client.create_firewall_ruleset("rayfleet-x-0badcafe", "us-east-1", rules)
+    assert ruleset.region == "us-east-1" and ruleset.instance_ids == () and ruleset.rules[0] == rules[0]
+    with pytest.raises(api.InvalidParameters):  # icmp takes no port range; a bad network
+        client.create_firewall_ruleset("bad", "us-east-1", [{**rules[0], "protocol": "icmp"}])
+    with pytest.raises(api.InvalidParameters):
+        client.create_firewall_ruleset("bad", "us-east-1", [{**rules[0], "source_network": "x"}])
+    fake.ssh_keys["k"] = {"id": "k", "name": "key", "public_key": "ssh-ed25519 AAAA x"}
+    with pytest.raises(api.InvalidParameters):  # a ruleset of another region
+        client.launch(region="us-west-1", instance_type="gpu_1x_a10", ssh_key_name="key", name="n",
+                      firewall_rulesets=[ruleset.id])
+    with pytest.raises(api.InvalidParameters):  # a tag key the API refuses
+        client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name="key", name="n",
+                      tags={"Bad Key": "v"})
+    instance_id = client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name="key",
+                                name="n", firewall_rulesets=[ruleset.id], tags={"rayfleet-cluster": "x"})
+    assert client.instance(instance_id).firewall_rulesets == (ruleset.id,)
+    assert client.instance(instance_id).tags == {"rayfleet-cluster": "x"}
+    mine = [r for r in client.firewall_rulesets() if r.id == ruleset.id]
+    assert [r.instance_ids for r in mine] == [(instance_id,)]
+    with pytest.raises(api.RulesetInUse):
+        client.delete_firewall_ruleset(ruleset.id)
+    client.terminate([instance_id])
+    deadline = time.monotonic() + 10
+    while client.instance(instance_id).status != "terminated":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    client.delete_firewall_ruleset(ruleset.id)
+    with pytest.raises(api.NotFound):
+        client.delete_firewall_ruleset(ruleset.id)
+    assert [r.name for r in client.firewall_rulesets()] == ["rayfleet-lt-colleague"]

@@ -15,6 +15,7 @@ import requests
 import yaml
 
 from tests.conftest import ROOT, run_invoke
+from tests.lambda_cloud.autoscale_bed import RAY_PROCESSES, power_off
 from tests.lambda_cloud.conftest import API_KEY, SCALE, assert_clean, read_state
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.testbed import Testbed
@@ -33,6 +34,9 @@ def test_up_submit_status_teardown_on_the_testbed(
                       capacity={("cpu_4x_general", "us-west-1"): 2},
                       ip_pool=[host.ip for host in bed.hosts])
     fake.add_foreign_instance("prod-db")
+    by_ip = {host.ip: host for host in bed.hosts}
+    # Terminating an instance powers the machine off: Ray on that host stops with it.
+    fake.on_terminate = lambda inst: power_off(by_ip[str(inst.ip)])
     with fake:
         monkeypatch.setenv("LAMBDA_API_URL", fake.url)
         monkeypatch.setenv("LAMBDA_API_KEY", API_KEY)
@@ -75,7 +79,12 @@ def test_up_submit_status_teardown_on_the_testbed(
             assert tunnel.stdout is not None
             url = tunnel.stdout.readline().strip()
             assert url.startswith("http://127.0.0.1:"), url
-            jobs = requests.get(f"{url}/api/jobs/", timeout=10).json()
+            # Token auth: without the cluster's token the job API refuses; with it, it answers.
+            assert requests.get(f"{url}/api/jobs/", timeout=10).status_code == 401
+            token = rf_home / "keys" / CLUSTER / "ray-token"
+            assert token.stat().st_mode & 0o777 == 0o600
+            headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
+            jobs = requests.get(f"{url}/api/jobs/", headers=headers, timeout=10).json()
             assert [j["status"] for j in jobs] == ["SUCCEEDED"]
         finally:
             tunnel.send_signal(signal.SIGINT)
@@ -83,9 +92,9 @@ def test_up_submit_status_teardown_on_the_testbed(
 
         down = run_invoke("teardown", "--cluster", str(spec), timeout=300)
         assert down.returncode == 0, down.stdout + down.stderr
+        fake.wait_powered_off()
         for host in bed.hosts:
-            left = host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' "
-                            "|| true").stdout.strip()
+            left = host.run(RAY_PROCESSES).stdout.strip()
             assert left == "", f"Ray still running on {host.name}: {left}"
         assert_clean(fake, CLUSTER)
         assert read_state(rf_home, CLUSTER) is None

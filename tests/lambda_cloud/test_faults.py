@@ -23,7 +23,7 @@ import pytest
 from infra import commands, providers, state
 from infra.spec import load_spec
 from tests.conftest import ROOT, run_invoke
-from tests.lambda_cloud.conftest import API_KEY, SpecFactory, assert_clean, read_state
+from tests.lambda_cloud.conftest import API_KEY, SpecFactory, assert_clean, ours, read_state
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
 
 LAUNCH = "/instance-operations/launch"
@@ -40,14 +40,10 @@ def teardown(path: Path) -> None:
     commands.teardown(None, str(path))
 
 
-def ours(fake: FakeLambda, cluster: str = "lt") -> list[dict[str, Any]]:
-    pattern = re.compile(rf"^{cluster}-(head|worker-[0-9]+)$")
-    return [i for i in fake.inventory() if pattern.match(i["name"])]
-
-
 def assert_one_each(fake: FakeLambda, names: list[str], region: str | None = None) -> None:
+    """One running instance of ours per slot key (`head`, `worker-1`...)."""
     running = [i for i in ours(fake) if i["status"] != "terminated"]
-    assert sorted(i["name"] for i in running) == sorted(names), running
+    assert sorted(i["tags"]["rayfleet-node"] for i in running) == sorted(names), running
     if region:
         assert {i["region"] for i in running} == {region}
 
@@ -64,14 +60,28 @@ def test_happy_path_then_teardown_leaves_nothing(fake: FakeLambda, make_spec: Sp
                                                  rf_home: Path) -> None:
     path = make_spec()
     nodes = provision(path)
-    assert sorted(nodes) == ["lt-head", "lt-worker-1", "lt-worker-2"]
+    assert sorted(nodes) == ["head", "worker-1", "worker-2"]
     assert all(n.status == "active" and n.ip for n in nodes.values())
     assert_one_each(fake, list(nodes), "us-east-1")
     assert_state_matches(rf_home, fake)
     launches = [t for t, s in fake.requests("POST", LAUNCH) if s == 200]
     gaps = [b - a for a, b in itertools.pairwise(launches)]
     assert len(launches) == 3 and min(gaps) >= fake.launches.interval * 0.99, gaps
-    assert len(fake.ssh_keys) == 1 and next(iter(fake.ssh_keys.values()))["name"].startswith("rayfleet-lt-")
+    data = read_state(rf_home)
+    assert data is not None
+    cid = data["cluster_id"]
+    assert [k["name"][:20] for k in fake.ssh_keys.values()] == [f"rayfleet-lt-{cid}-"[:20]]
+    # Every instance carries the cluster id, owner mark, name and node as launch tags, its name
+    # carries the id, and the cluster's own ruleset (SSH only) is attached at every launch.
+    ours_now = ours(fake)
+    ruleset = [r for r in fake.firewall_rulesets.values() if r["name"] == f"rayfleet-lt-{cid}"]
+    assert len(ruleset) == 1 and ruleset[0]["region"] == "us-east-1"
+    assert [(r["protocol"], r["port_range"], r["source_network"]) for r in ruleset[0]["rules"]] \
+        == [("tcp", [22, 22], "0.0.0.0/0")]
+    for inst in ours_now:
+        assert inst["tags"]["rayfleet-cluster"] == cid and inst["tags"]["rayfleet-owner"] == data["owner"]
+        assert inst["tags"]["rayfleet-name"] == "lt" and inst["name"].startswith(f"lt-{cid}-")
+        assert inst["firewall_rulesets"] == [ruleset[0]["id"]]
     # A second provision is a no-op: same instances, no launch.
     again = provision(path)
     assert {n.id for n in again.values()} == {n.id for n in nodes.values()}
@@ -87,10 +97,10 @@ def test_capacity_only_in_second_choice(fake: FakeLambda, make_spec: SpecFactory
     fake.capacity = {("gpu_1x_a10", "us-west-1"): 1, ("cpu_4x_general", "us-west-1"): 5}
     path = make_spec()
     nodes = provision(path)
-    assert nodes["lt-head"].region == "us-west-1"
+    assert nodes["head"].region == "us-west-1"
     # a10 in us-west-1 ran out with the head; the workers fell back to the third worker choice.
-    assert {nodes[n].type_name for n in ("lt-worker-1", "lt-worker-2")} == {"cpu_4x_general"}
-    assert_one_each(fake, ["lt-head", "lt-worker-1", "lt-worker-2"], "us-west-1")
+    assert {nodes[n].type_name for n in ("worker-1", "worker-2")} == {"cpu_4x_general"}
+    assert_one_each(fake, ["head", "worker-1", "worker-2"], "us-west-1")
     assert_state_matches(rf_home, fake)
     teardown(path)
     assert_clean(fake)
@@ -108,7 +118,7 @@ def test_capacity_vanishing_between_check_and_launch(fake: FakeLambda, make_spec
     refused = [s for _, s in fake.requests("POST", LAUNCH) if s == 400]
     assert refused == [400], "the first launch should have been refused for capacity"
     assert {n.region for n in nodes.values()} == {"us-west-1"}
-    assert_one_each(fake, ["lt-head", "lt-worker-1", "lt-worker-2"], "us-west-1")
+    assert_one_each(fake, ["head", "worker-1", "worker-2"], "us-west-1")
     teardown(path)
     assert_clean(fake)
 
@@ -120,7 +130,7 @@ def test_429_storm(fake: FakeLambda, make_spec: SpecFactory, rf_home: Path) -> N
     path = make_spec()
     provision(path)
     assert len([s for _, s in fake.requests() if s == 429]) >= 16
-    assert_one_each(fake, ["lt-head", "lt-worker-1", "lt-worker-2"])
+    assert_one_each(fake, ["head", "worker-1", "worker-2"])
     assert_state_matches(rf_home, fake)
     teardown(path)
     assert fake.faults == [], "every injected 429 was served (and survived)"
@@ -135,7 +145,7 @@ def test_500s_are_retried_but_launches_reconciled(fake: FakeLambda, make_spec: S
                 Fault("POST", "/instance-operations/terminate", status=503, times=1))
     path = make_spec()
     provision(path)
-    assert_one_each(fake, ["lt-head", "lt-worker-1", "lt-worker-2"])
+    assert_one_each(fake, ["head", "worker-1", "worker-2"])
     assert_state_matches(rf_home, fake)
     teardown(path)
     assert_clean(fake)
@@ -146,11 +156,11 @@ def test_lost_launch_response_is_adopted_not_duplicated(fake: FakeLambda, make_s
     fake.inject(Fault("POST", LAUNCH, drop=True, times=1, skip=1))  # worker-1 made, answer lost
     path = make_spec()
     nodes = provision(path)
-    assert_one_each(fake, ["lt-head", "lt-worker-1", "lt-worker-2"])
+    assert_one_each(fake, ["head", "worker-1", "worker-2"])
     dropped = [s for _, s in fake.requests("POST", LAUNCH) if s == 0]
     assert dropped == [0]
     assert len(ours(fake)) == 3, "a lost launch must not be launched twice"
-    assert nodes["lt-worker-1"].id in {i["id"] for i in ours(fake)}
+    assert nodes["worker-1"].id in {i["id"] for i in ours(fake)}
     assert_state_matches(rf_home, fake)
     teardown(path)
     assert_clean(fake)
@@ -167,12 +177,13 @@ def _invoke(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_unhealthy_instance_fails_up_and_cleans_up(fake: FakeLambda, make_spec: SpecFactory,
                                                    rf_home: Path) -> None:
-    fake.boot_outcomes["lt-worker-1"] = "unhealthy"
+    fake.boot_outcomes["lt-.*-worker-1"] = "unhealthy"
     path = make_spec()
     result = _invoke("up", "--cluster", str(path))
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "lt-worker-1" in last and "unhealthy" in last, last
+    assert last.startswith("error: ") and re.search(r"lt-[0-9a-f]{8}-worker-1 ", last) \
+        and "unhealthy" in last, last
     assert "Traceback" not in result.stderr
     assert_clean(fake)  # this run's instances were terminated
     data = read_state(rf_home)
@@ -184,10 +195,10 @@ def test_unhealthy_instance_fails_up_and_cleans_up(fake: FakeLambda, make_spec: 
 
 def test_keep_partial_keeps_instances_for_teardown(fake: FakeLambda, make_spec: SpecFactory,
                                                    rf_home: Path) -> None:
-    fake.boot_outcomes["lt-worker-2"] = "unhealthy"
+    fake.boot_outcomes["lt-.*-worker-2"] = "unhealthy"
     path = make_spec()
     result = _invoke("up", "--cluster", str(path), "--keep-partial")
-    assert result.returncode == 1 and "lt-worker-2" in result.stderr
+    assert result.returncode == 1 and re.search(r"lt-[0-9a-f]{8}-worker-2", result.stderr)
     assert len([i for i in ours(fake) if i["status"] != "terminated"]) == 3
     assert_state_matches(rf_home, fake)
     status = _invoke("status", "--cluster", str(path), "--json")
@@ -209,7 +220,7 @@ def test_no_capacity_anywhere_is_one_line_and_creates_nothing(fake: FakeLambda, 
     result = _invoke("up", "--cluster", str(path))
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: no capacity for lt-head:"), last
+    assert re.match(r"error: no capacity for lt-[0-9a-f]{8}-head:", last), last
     assert "gpu_1x_a10@us-east-1: no worker choice with capacity in us-east-1" in last, last
     assert "gpu_1x_a10@us-west-1: no worker choice with capacity in us-west-1" in last, last
     fake.capacity = {}
@@ -227,8 +238,9 @@ def test_workers_running_out_after_the_head_terminates_the_head(fake: FakeLambda
     path = make_spec()
     result = _invoke("up", "--cluster", str(path))
     assert result.returncode == 1
-    assert "no capacity for lt-worker-2 in us-east-1" in result.stderr
-    assert "terminating what this run created: lt-head, lt-worker-1" in result.stderr
+    assert re.search(r"no capacity for lt-[0-9a-f]{8}-worker-2 in us-east-1", result.stderr)
+    assert re.search(r"terminating what this run created: lt-([0-9a-f]{8})-head, lt-\1-worker-1",
+                     result.stderr), result.stderr
     assert_clean(fake)
     assert_state_matches(rf_home, fake)
 
@@ -247,9 +259,9 @@ def test_teardown_when_instances_are_already_gone(fake: FakeLambda, make_spec: S
     path = make_spec()
     nodes = provision(path)
     with fake.lock:  # terminated in the console long ago: the API answers 404 for it now
-        head = fake.instances[nodes["lt-head"].id]
+        head = fake.instances[nodes["head"].id]
         head.forced, head.forced_at = "terminated", time.monotonic() - 60
-        worker = fake.instances[nodes["lt-worker-1"].id]
+        worker = fake.instances[nodes["worker-1"].id]
         worker.forced, worker.forced_at = "terminated", time.monotonic()  # still listed
     assert fake.status_of(head.id) == "terminated"
     teardown(path)
@@ -264,12 +276,15 @@ def test_orphans_are_flagged_then_terminated_and_similar_names_untouched(
     # Forget worker-2 as if the process died between the API's answer and the state write.
     spec = load_spec(path)
     with state.locked("lt", "lambda", "test") as current:
-        current.remove("lambda-instance", nodes["lt-worker-2"].id)
+        current.remove("lambda-instance", nodes["worker-2"].id)
     status = _invoke("status", "--cluster", str(path), "--json")
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
-    assert any("orphan lt-worker-2" in w for w in report["warnings"]), report["warnings"]
-    assert [r["instance"] for r in _rows(report) if "ORPHAN" in r["state"]] == ["lt-worker-2"]
+    worker2 = f"lt-{read_state(rf_home)['cluster_id']}-worker-2"
+    assert any(f"orphan {worker2}" in w for w in report["warnings"]), report["warnings"]
+    assert [r["instance"] for r in _rows(report) if "ORPHAN" in r["state"]] == [worker2]
+    # The colleague's cluster of the same name is mentioned, never claimed.
+    assert any(w.startswith("lt-head (") and "not ours" in w for w in report["warnings"])
     assert spec.name == "lt"
     teardown(path)
     assert_clean(fake)  # includes: lt-headless, ltx-head, lt-head-old, lt-worker-1b untouched
@@ -300,7 +315,7 @@ def test_kill_9_between_launches_then_teardown(fake: FakeLambda, make_spec: Spec
 
 
 def test_api_key_never_leaks(fake: FakeLambda, make_spec: SpecFactory, rf_home: Path) -> None:
-    fake.boot_outcomes["lt-worker-1"] = "unhealthy"
+    fake.boot_outcomes["lt-.*-worker-1"] = "unhealthy"
     path = make_spec()
     outputs = [_invoke("plan", "--cluster", str(path)), _invoke("up", "--cluster", str(path)),
                _invoke("status", "--cluster", str(path)), _invoke("teardown", "--cluster", str(path)),
@@ -319,12 +334,14 @@ def test_api_key_never_leaks(fake: FakeLambda, make_spec: SpecFactory, rf_home: 
 def test_plan_with_and_without_a_key(fake: FakeLambda, make_spec: SpecFactory, rf_home: Path,
                                      tmp_path: Path, with_key: bool) -> None:
     path = make_spec()
-    env = {"HOME": str(tmp_path)} if with_key else {"HOME": str(tmp_path), "LAMBDA_API_KEY": ""}
+    env = {"HOME": str(tmp_path), "COLUMNS": "200"}
+    if not with_key:
+        env["LAMBDA_API_KEY"] = ""
     result = _invoke("plan", "--cluster", str(path), **env)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     if with_key:
-        assert "lt-head" in result.stdout and "$0.75/h (capacity now)" in result.stdout
+        assert "<id>" in result.stdout and "$0.75/h (capacity now)" in result.stdout
         assert "estimated cost: $2.25/h for 3 instance(s)" in result.stdout
     else:
         notes = [line for line in result.stdout.splitlines() if "capacity and prices unknown" in line]
@@ -344,3 +361,32 @@ def test_file_system_fixes_the_region(fake: FakeLambda, make_spec: SpecFactory, 
     assert all(fake.instances[n.id].file_system_names == ["datasets"] for n in nodes.values())
     teardown(path)
     assert_clean(fake)
+
+
+def test_state_from_before_cluster_ids_keeps_working(fake: FakeLambda, make_spec: SpecFactory,
+                                                     rf_home: Path) -> None:
+    """An old state (no cluster id, instances named `lt-head`, no tags) still owns its instances
+    by id; the colleague's `lt-head` (same name, another id) is left alone."""
+    from infra.providers.lambda_cloud import api as lambda_api
+
+    path = make_spec()
+    client = lambda_api.LambdaClient(API_KEY, fake.url, lambda_api.Limits.scaled(0.01))
+    client.add_ssh_key("old-key", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOldOldOld old")
+    old_id = client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name="old-key",
+                           name="lt-head")
+    (rf_home / "state").mkdir(parents=True, exist_ok=True)
+    (rf_home / "state" / "lt.json").write_text(json.dumps({
+        "version": 1, "cluster": "lt", "provider": "lambda", "created_at": "2026-01-01T00:00:00+00:00",
+        "updated_at": "2026-01-01T00:00:00+00:00", "info": {},
+        "resources": [{"kind": "lambda-instance", "id": old_id,
+                       "attrs": {"name": "lt-head", "role": "head", "run": "old",
+                                 "instance_type": "gpu_1x_a10", "region": "us-east-1",
+                                 "price_cents_per_hour": 75, "launched_at": None}}]}))
+    status = _invoke("status", "--cluster", str(path), "--json")
+    rows = _rows(json.loads(status.stdout))
+    assert [r["id"] for r in rows] == [old_id[:12]], rows
+    result = _invoke("teardown", "--cluster", str(path))
+    assert result.returncode == 0, result.stderr
+    assert fake.status_of(old_id) == "terminated"
+    assert_clean(fake, tagged=False)  # the colleague's lt-head and lt-worker-1 are untouched
+    assert read_state(rf_home) is None

@@ -73,7 +73,8 @@ def test_cli_rejects_a_bad_spec_with_exit_2_and_creates_nothing(tmp_path: Path, 
 def test_example_specs_load_and_render(name: str, rf_home: Path) -> None:
     spec = load_spec(ROOT / "clusters" / f"{name}.yaml")
     assert isinstance(spec, Spec)
-    text = raycluster.render_config(spec, "198.51.100.10", ["198.51.100.11"], Path("/k/id"))
+    text = raycluster.render_config(spec, "198.51.100.10", ["198.51.100.11"], Path("/k/id"),
+                                    "0123abcd")
     render.validate_ray_cluster_config(text, name)
 
 
@@ -89,7 +90,7 @@ def test_every_key_of_the_full_example_is_commented() -> None:
 
 def _normalise() -> dict[str, str]:
     pins = versions.node_pins()
-    return {str(paths.setup_dir()): "<project>/setup",
+    return {str(paths.setup_dir()): "<project>/setup", str(paths.home()): "<rayfleet home>",
             f"--ray-version {pins['ray_version']}": "--ray-version <ray>",
             f"--python-version {pins['python_version']}": "--python-version <python>"}
 
@@ -109,8 +110,9 @@ def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
     changes, head, workers = CASES[case]
     spec = spec_from(tmp_path, **changes)
     key = Path("/home/me/.rayfleet/keys/demo/id_ed25519")
-    text = raycluster.render_config(spec, head, workers, key)
-    assert raycluster.render_config(spec, head, workers, key) == text, "rendering is deterministic"
+    text = raycluster.render_config(spec, head, workers, key, "0123abcd")
+    again = raycluster.render_config(spec, head, workers, key, "0123abcd")
+    assert again == text, "rendering is deterministic"
     prepared = render.validate_ray_cluster_config(text, case)
     assert prepared["provider"] == {"type": "local", "head_ip": head, "worker_ips": workers}
     config = yaml.safe_load(text)
@@ -125,6 +127,6 @@ def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
 
 def test_hostile_values_stay_values(tmp_path: Path) -> None:
     spec = spec_from(tmp_path, ssh_proxy_command='nc %h %p"}, provider: {type: aws}, x: {"')
-    config = yaml.safe_load(raycluster.render_config(spec, "h", [], Path("/k")))
+    config = yaml.safe_load(raycluster.render_config(spec, "h", [], Path("/k"), "0123abcd"))
     assert config["auth"]["ssh_proxy_command"] == spec.ssh_proxy_command
     assert config["provider"]["type"] == "local"

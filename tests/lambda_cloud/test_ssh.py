@@ -44,8 +44,10 @@ def _target(server: LocalSshd, rf_home: Path, proxy: bool) -> ssh.SshTarget:
     pair = ssh.ensure_keypair("sshtest")
     server.authorize(pair.public_key, restrict=False)
     if proxy:  # the address is never dialled: the proxy command goes to loopback
-        return ssh.SshTarget("198.51.100.77", "root", pair.private_path, proxy_command=server.proxy_command)
-    return ssh.SshTarget("127.0.0.1", "root", pair.private_path, port=server.port)
+        return ssh.SshTarget("198.51.100.77", "root", pair.private_path, proxy_command=server.proxy_command,
+                             known_hosts=rf_home / "known_hosts")
+    return ssh.SshTarget("127.0.0.1", "root", pair.private_path, port=server.port,
+                         known_hosts=rf_home / "known_hosts")
 
 
 @pytest.mark.parametrize("proxy", [False, True])
@@ -82,10 +84,12 @@ def test_probe_run_and_tunnel(open_sshd: LocalSshd, rf_home: Path, proxy: bool) 
 
 def test_failures_name_the_host(open_sshd: LocalSshd, rf_home: Path) -> None:
     pair = ssh.ensure_keypair("nobody")  # never authorized
-    denied = ssh.SshTarget("127.0.0.1", "root", pair.private_path, port=open_sshd.port)
+    denied = ssh.SshTarget("127.0.0.1", "root", pair.private_path, port=open_sshd.port,
+                           known_hosts=rf_home / "known_hosts")
     reason = ssh.probe(denied)
     assert reason is not None and "root@127.0.0.1" in reason
-    closed = ssh.SshTarget("127.0.0.1", "root", pair.private_path, port=rayproc.free_port())
+    closed = ssh.SshTarget("127.0.0.1", "root", pair.private_path, port=rayproc.free_port(),
+                           known_hosts=rf_home / "known_hosts")
     with pytest.raises(ssh.SshError, match="accepted no SSH login within 1s"):
         ssh.wait_until_ready([closed], timeout=1, interval=0.2)
     tunnel = ssh.tunnel(denied, 80, timeout=5)

@@ -140,6 +140,20 @@ class Testbed:
         with open(self.authorized_keys_path, "a") as out:
             out.write(public_key.strip() + "\n")
 
+    # --- names -------------------------------------------------------------------------------
+
+    @property
+    def hosts_file(self) -> Path:
+        """The /etc/hosts every node sees (one file, bind-mounted into each node)."""
+        return self.workdir / "etc_hosts"
+
+    def add_host_names(self, ip: str, names: list[str]) -> None:
+        """Make every node resolve `names` to `ip` (e.g. a fake cloud API's real host names, so
+        that clients without an endpoint setting reach the fake). Appended in place: the nodes'
+        bind mounts keep seeing the same file."""
+        with open(self.hosts_file, "a") as out:
+            out.write(f"{ip} {' '.join(names)}\n")
+
     # --- lifecycle ----------------------------------------------------------------------------
 
     def _lap(self, phase: str, since: float) -> float:
@@ -175,7 +189,7 @@ class Testbed:
             ))
         self._nodes = [self.client, *self.hosts]
         # Every node resolves every other by name (`hostname --ip-address`, Slurm, Ray logs).
-        etc_hosts = self.workdir / "etc_hosts"
+        etc_hosts = self.hosts_file
         etc_hosts.write_text(
             "127.0.0.1 localhost\n" + "".join(f"{n.ip} {n.hostname}\n" for n in self._nodes)
         )

@@ -175,6 +175,12 @@ def _on_gce() -> bool:
         return False
 
 
+def _refresh_reason(exc: Exception) -> str:
+    """`invalid_grant: Invalid JWT Signature.` from google-auth's RefreshError arguments."""
+    first = exc.args[0] if exc.args else exc
+    return _one_line(str(first), 160)
+
+
 def _one_line(text: str, limit: int = 300) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 1] + "…"
@@ -271,6 +277,7 @@ class Gcp:
 
     def _call(self, request: Any, what: str) -> dict[str, Any]:
         import httplib2
+        from google.auth import exceptions as auth_errors
         from googleapiclient.errors import HttpError
 
         delay = self.options.retry_base
@@ -284,7 +291,15 @@ class Gcp:
                 retry_after = exc.resp.get("retry-after", "")
                 if retry_after.isdigit():
                     wait = min(float(retry_after), 60.0)
-            except (OSError, httplib2.HttpLib2Error) as exc:
+            except auth_errors.RefreshError as exc:
+                # A revoked or deleted key, an expired user login, a clock far off: retrying
+                # cannot help, and google-auth's message is a tuple repr spanning lines.
+                raise GcpCredentialsError(
+                    f"gcp-tpu: {what}: Google refused the credentials ({_refresh_reason(exc)}); "
+                    f"{self._credentials.source} may be revoked or expired: run `gcloud auth "
+                    "application-default login` or download a new key for credentials_file:"
+                ) from None
+            except (OSError, httplib2.HttpLib2Error, auth_errors.TransportError) as exc:
                 host = urllib.parse.urlsplit(getattr(request, "uri", "")).netloc or "Google"
                 error = GcpError(f"gcp-tpu: {what}: cannot reach {host} ({_one_line(str(exc))}); "
                                  "check the network and retry", retryable=True)

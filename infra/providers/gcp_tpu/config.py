@@ -11,14 +11,19 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from infra import paths, render, versions
+from infra import auth, identity, paths, render, versions
 from infra.providers.gcp_tpu.spec import Spec
 from infra.render import RenderError
 
 TEMPLATE = "gcp-tpu.yaml.j2"
 FILE_NAME = "ray-cluster.yaml"
-#: Our label on every node; with Ray's own `ray-cluster-name` it is what teardown sweeps by.
-CLUSTER_LABEL = "rayfleet-cluster"
+#: Our label on every node, holding the cluster id (state.cluster_id); with Ray's own
+#: `ray-cluster-name` it is what teardown sweeps by. Nodes from before cluster ids carry the name.
+CLUSTER_LABEL = identity.TAG_CLUSTER
+#: Where the cluster's Ray token lands on every node (Ray's file_mounts copy it, mode kept).
+NODE_TOKEN_PATH = "~/.rayfleet/ray-token"
+#: Label value standing in for the cluster id in `invoke plan` before the first `up`.
+ID_PLACEHOLDER = "assigned-at-first-up"
 #: Ray's label on every node it launches (ray.autoscaler.tags.TAG_RAY_CLUSTER_NAME).
 RAY_CLUSTER_LABEL = "ray-cluster-name"
 HEAD_TYPE = "head"
@@ -33,13 +38,16 @@ def firewall_name(cluster: str) -> str:
     return f"rayfleet-{cluster}-dashboard"
 
 
-def node_labels(spec: Spec) -> dict[str, str]:
-    return {**spec.labels, CLUSTER_LABEL: spec.name}
+def node_labels(spec: Spec, cluster_id: str, owner: str) -> dict[str, str]:
+    """Every node's labels: the user's, then the cluster id, owner mark and name (ours win)."""
+    return {**spec.labels, CLUSTER_LABEL: cluster_id, identity.TAG_OWNER: owner,
+            identity.TAG_NAME: spec.name}
 
 
-def sweep_labels(cluster: str) -> dict[str, str]:
-    """Labels that only this cluster's nodes carry (both must match before we delete anything)."""
-    return {CLUSTER_LABEL: cluster, RAY_CLUSTER_LABEL: cluster}
+def sweep_labels(label_id: str, cluster: str) -> dict[str, str]:
+    """Labels that only this cluster's nodes carry (both must match before we delete anything):
+    our cluster id (`label_id`; the name for clusters from before ids) and Ray's cluster name."""
+    return {CLUSTER_LABEL: label_id, RAY_CLUSTER_LABEL: cluster}
 
 
 def _scheduling_compute(provisioning: str) -> dict[str, Any] | None:
@@ -81,8 +89,12 @@ def _number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str) -> str:
-    """The Ray cluster YAML for `spec`, with this key pair for Ray's (and our) SSH logins."""
+def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
+                        cluster_id: str = ID_PLACEHOLDER, owner: str = "") -> str:
+    """The Ray cluster YAML for `spec`, with this key pair for Ray's (and our) SSH logins, and
+    labels carrying `cluster_id` and the `owner` mark. With token auth, the token travels as a
+    file mount from its local path (never its contents: Ray copies this file to the head and logs
+    it) and every `ray start` reads it from NODE_TOKEN_PATH."""
     compute_network, tpu_network = _networks(spec)
     cpu_types = [
         {"name": name, "min_workers": t.min_workers, "max_workers": t.max_workers,
@@ -118,14 +130,16 @@ def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str) -> s
         ssh_keys=f"{spec.ssh_user}:{public_key}",
         head=spec.head.model_dump(),
         head_tag=head_tag(spec.name),
-        labels=node_labels(spec),
+        labels=node_labels(spec, cluster_id, owner or ID_PLACEHOLDER),
+        token_file=str(auth.token_path(spec.name)) if spec.auth == "token" else "",
+        node_token_path=NODE_TOKEN_PATH,
         compute_network=compute_network,
         tpu_network=tpu_network,
         cpu_types=cpu_types,
         tpu_types=tpu_types,
         setup_dir=str(paths.setup_dir()),
         install_cpu=versions.install_args("cpu", backend=backend),
-        install_tpu=versions.install_args("tpu", backend=backend),
+        install_tpu=versions.install_args(spec.node_env.tpu_env, backend=backend),
         google_client_requirement=(
             f"google-api-python-client=={importlib.metadata.version('google-api-python-client')}"),
         dashboard_host="0.0.0.0" if spec.dashboard.allowed_source_ranges else "127.0.0.1",

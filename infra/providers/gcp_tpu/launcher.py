@@ -18,6 +18,7 @@ from pathlib import Path
 
 from infra.providers.gcp_tpu.api import (
     GcpApiDisabledError,
+    GcpCredentialsError,
     GcpError,
     GcpPermissionError,
     GcpQuotaError,
@@ -45,7 +46,34 @@ def down_args(config: Path) -> list[str]:
     return [ray_executable(), "down", "-y", "--log-style=record", "--log-color=false", str(config)]
 
 
-def ray_env(credentials_file: str | None) -> dict[str, str]:
+def remove_config_caches(cluster: str, project: str) -> list[str]:
+    """Remove Ray's `/tmp/ray-config-<hash>` files of this cluster; the paths removed.
+
+    `ray down` has no --no-config-cache: it re-runs the provider's bootstrap and caches the result
+    (the head's service account, the key path) in the temp dir, where it would outlive the cluster.
+    Only files whose cached config names this cluster and project are touched.
+    """
+    import glob
+    import json
+    import tempfile
+
+    removed = []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "ray-config-*")):
+        try:
+            with open(path) as handle:
+                cached = json.load(handle)
+            config = cached.get("config", cached)
+            ours = (config.get("cluster_name") == cluster
+                    and config.get("provider", {}).get("project_id") == project)
+            if ours and os.stat(path).st_uid == os.getuid():
+                os.remove(path)
+                removed.append(path)
+        except (OSError, ValueError, AttributeError):
+            continue
+    return removed
+
+
+def ray_env(credentials_file: str | None, auth_env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment `ray up`/`ray down` run in.
 
     Usage statistics off; output unbuffered for live progress; Ray's GCP provider finds the key
@@ -56,6 +84,7 @@ def ray_env(credentials_file: str | None) -> dict[str, str]:
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["PYTHONUNBUFFERED"] = "1"  # Ray's progress lines as they happen, not in 8 KiB bursts
     env.setdefault("RAY_UP_enable_autoscaler_v2", "0")
+    env.update(auth_env or {})  # the token's path (never the token), as every Ray client of ours
     if credentials_file:
         env["GOOGLE_APPLICATION_CREDENTIALS"] = credentials_file
     return env
@@ -94,6 +123,9 @@ def run_ray(args: list[str], env: dict[str, str], log: Path, progress: Callable[
 
 # Patterns in Ray's output, most specific first: (regex, error class, what to do).
 _FAILURES: list[tuple[re.Pattern[str], type[GcpError], str]] = [
+    (re.compile(r"RefreshError|invalid_grant|Reauthentication is needed"),
+     GcpCredentialsError, "Google refused the credentials (revoked or expired): run `gcloud auth "
+                          "application-default login` or download a new key for credentials_file:"),
     (re.compile(r"QUOTA_EXCEEDED|quotaExceeded|Quota '[^']+' exceeded|[Qq]uota exceeded"),
      GcpQuotaError, "free some or request more quota, or lower min_workers"),
     (re.compile(r"ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources|no more capacity|"

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra import jobs, paths, ssh, ui
+from infra import auth, jobs, paths, ssh, ui
 from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
@@ -77,8 +77,20 @@ class Provider(BaseProvider[Spec]):
         found = find_credentials(credentials_file, self.spec.source)
         return Gcp(project, found, self._options), found.file
 
-    def _render(self, public_key: str, private_key: Path) -> str:
-        text = config.render_cluster_yaml(self.spec, public_key, str(private_key))
+    def _label_id(self, state: State | None) -> str:
+        """The cluster id our labels carry: the recorded one for a running cluster (the name, for
+        clusters from before ids), else the state's id once the state exists."""
+        if state is None:
+            return config.ID_PLACEHOLDER
+        recorded = state.find(CLUSTER, self.spec.name)
+        if recorded is not None:
+            return str(recorded.attrs.get("label_id", recorded.id))
+        return state.cluster_id if state.path.exists() else config.ID_PLACEHOLDER
+
+    def _render(self, public_key: str, private_key: Path, state: State | None) -> str:
+        text = config.render_cluster_yaml(
+            self.spec, public_key, str(private_key), cluster_id=self._label_id(state),
+            owner=state.owner if state is not None else "")
         config.check_with_ray(text, f"{self.spec.source} -> {config.FILE_NAME}")
         return text
 
@@ -94,7 +106,7 @@ class Provider(BaseProvider[Spec]):
         public = key_dir / f"{ssh.KEY_NAME}.pub"
         public_key = (public.read_text().strip() if public.exists()
                       else f"ssh-ed25519 <generated-by-invoke-up> rayfleet-{spec.name}")
-        text = self._render(public_key, key_dir / ssh.KEY_NAME)
+        text = self._render(public_key, key_dir / ssh.KEY_NAME, state)
         running = bool(state and state.resources(CLUSTER))
         resources = [PlannedResource(
             "Compute VM: Ray head (runs no tasks)", f"ray-{spec.name}-head",
@@ -159,7 +171,7 @@ class Provider(BaseProvider[Spec]):
             ui.warn(warning)
         keypair = ssh.ensure_keypair(spec.name)
         state.add(SSH_KEY, str(keypair.private_path.parent))
-        text = self._render(keypair.public_key, keypair.private_path)
+        text = self._render(keypair.public_key, keypair.private_path, state)
         plan.files[config.FILE_NAME] = text
         state_mod.atomic_write(paths.rendered_dir(spec.name) / config.FILE_NAME, text)
         config_path = data_dir(spec.name) / config.FILE_NAME
@@ -167,10 +179,25 @@ class Provider(BaseProvider[Spec]):
         try:
             self._reconcile_firewall(api, state)
             # Recorded before `ray up`: from here on, anything Ray creates is teardown's to find.
+            label_id = self._label_id(state)
             state.add(CLUSTER, spec.name, project=spec.project, zone=spec.zone,
                       config=str(config_path), credentials_file=key_file,
-                      ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port)
+                      ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port,
+                      label_id=label_id)
             return self._launch(api, state, text, config_path, key_file)
+        except KeyboardInterrupt:
+            # Ctrl+C: like a failure, what this run created goes (unless --keep-partial); the
+            # exact command that finishes the job is printed whenever anything may be left.
+            command = f"invoke teardown --provider=gcp-tpu --cluster {spec.source}"
+            if existing or options.keep_partial:
+                ui.warn(f"interrupted; what exists is kept; `{command}` removes it")
+                raise
+            ui.warn("interrupted; removing what this run created (pass --keep-partial to keep it)")
+            try:
+                self.teardown(state)
+            except (RayfleetError, KeyboardInterrupt):
+                ui.warn(f"cleanup did not finish; `{command}` removes the rest")
+            raise
         except RayfleetError as exc:
             if existing or options.keep_partial:
                 if options.keep_partial:
@@ -189,22 +216,23 @@ class Provider(BaseProvider[Spec]):
         spec = self.spec
         cluster = state.find(CLUSTER, spec.name)
         assert cluster is not None
-        head = self._head(api, spec.zone)
+        head = self._head(api, spec.zone, self._label_id(state))
         if (head is not None and head.get("status") == "RUNNING"
                 and cluster.attrs.get("config_sha256") == _sha(text) and self._answers(state)):
             ui.info(f"cluster {spec.name!r} is already running with this config")
         else:
             log = paths.home() / "logs" / spec.name / "ray-up.log"
             with ui.step(f"ray up (head, then min_workers; log: {log})") as step:
-                code = self._ray(launcher.up_args(config_path), launcher.ray_env(key_file), log,
+                code = self._ray(launcher.up_args(config_path),
+                                 launcher.ray_env(key_file, auth.client_env(state)), log,
                                  step.detail)
                 if code != 0:
                     raise launcher.failure("up", code, log)
             state.update(CLUSTER, spec.name, config_sha256=_sha(text))
-            head = self._head(api, spec.zone)
+            head = self._head(api, spec.zone, self._label_id(state))
         if head is None:
             raise GcpError(f"gcp-tpu: `ray up` succeeded but no head VM labelled "
-                           f"{config.CLUSTER_LABEL}={spec.name} is in {spec.zone}; see "
+                           f"{config.CLUSTER_LABEL}={self._label_id(state)} is in {spec.zone}; see "
                            f"`invoke status` and run `invoke up` again")
         external, internal = _ips(head)
         if not external:
@@ -231,14 +259,14 @@ class Provider(BaseProvider[Spec]):
     def _answers(self, state: State, step: ui.Step | None = None) -> bool:
         try:
             with self.connect(state) as endpoint:
-                return jobs.dashboard_ready(endpoint.dashboard_url, timeout=5)
+                return jobs.dashboard_ready(endpoint.dashboard_url, endpoint.token_path, timeout=5)
         except (ssh.SshError, ClusterNotRunningError) as exc:
             if step is not None:
                 step.detail(str(exc))
             return False
 
-    def _head(self, api: Gcp, zone: str) -> dict[str, Any] | None:
-        labels = {**config.sweep_labels(self.spec.name), "ray-node-type": "head"}
+    def _head(self, api: Gcp, zone: str, label_id: str) -> dict[str, Any] | None:
+        labels = {**config.sweep_labels(label_id, self.spec.name), "ray-node-type": "head"}
         heads = [i for i in api.instances(zone, labels)
                  if i.get("status") not in ("STOPPING", "TERMINATED", "SUSPENDED")]
         return heads[0] if heads else None
@@ -306,7 +334,8 @@ class Provider(BaseProvider[Spec]):
         running = False
         for cluster in clusters:
             zone = cluster.attrs["zone"]
-            for i in api.instances(zone, config.sweep_labels(self.spec.name)):
+            ours = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
+            for i in api.instances(zone, ours):
                 labels = i.get("labels", {})
                 if "tpu_cores" in labels:
                     continue  # a TPU VM's own Compute instance; its TPU node is listed below
@@ -319,7 +348,7 @@ class Provider(BaseProvider[Spec]):
                 rows.append({"kind": "Compute VM", "name": i["name"], "role": role,
                              "type": labels.get("ray-user-node-type", ""),
                              "status": str(i.get("status")), "ip": external or internal})
-            for n in api.tpu_nodes(zone, config.sweep_labels(self.spec.name)):
+            for n in api.tpu_nodes(zone, ours):
                 endpoints = n.get("networkEndpoints") or [{}]
                 ip = (endpoints[0].get("accessConfig") or {}).get("externalIp") or endpoints[0].get(
                     "ipAddress", "")
@@ -351,11 +380,16 @@ class Provider(BaseProvider[Spec]):
         if not key.exists():
             raise ClusterNotRunningError(f"the cluster's SSH key {key} is missing; run `invoke "
                                          "up` again to restore access, or `invoke teardown`")
+        # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
+        # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
         target = ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
-                               key_path=key, port=self._ssh_port)
+                               key_path=key, port=self._ssh_port,
+                               known_hosts=ssh.cluster_known_hosts(self.spec.name),
+                               host_key_policy="accept-new")
         with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
             yield Endpoint(f"http://127.0.0.1:{port}",
-                           f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}", tunneled=True)
+                           f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}", tunneled=True,
+                           token_path=auth.token_file(state))
 
     # --- teardown -----------------------------------------------------------------------------
 
@@ -366,7 +400,7 @@ class Provider(BaseProvider[Spec]):
             api, key_file = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                                       or self.spec.credentials_file)
             for cluster in clusters:
-                self._ray_down(cluster, key_file)
+                self._ray_down(state, cluster, key_file)
                 self._sweep(api, state, cluster)
             for rule in rules:
                 self._delete_firewall(api, state, rule)
@@ -376,7 +410,7 @@ class Provider(BaseProvider[Spec]):
         shutil.rmtree(data_dir(self.spec.name), ignore_errors=True)
         state.clear_info()
 
-    def _ray_down(self, cluster: Resource, key_file: str | None) -> None:
+    def _ray_down(self, state: State, cluster: Resource, key_file: str | None) -> None:
         """Ray's own teardown first (it stops Ray cleanly); the label sweep after it is the proof."""
         config_path = Path(cluster.attrs["config"])
         if not config_path.exists():
@@ -385,18 +419,21 @@ class Provider(BaseProvider[Spec]):
         log = paths.home() / "logs" / self.spec.name / "ray-down.log"
         try:
             with ui.step(f"ray down (log: {log})") as step:
-                code = self._ray(launcher.down_args(config_path), launcher.ray_env(key_file), log,
+                code = self._ray(launcher.down_args(config_path),
+                                 launcher.ray_env(key_file, auth.client_env(state)), log,
                                  step.detail)
                 if code != 0:
                     raise launcher.failure("down", code, log)
         except RayfleetError as exc:
             ui.warn(f"{exc}; continuing with the API sweep")
+        finally:
+            launcher.remove_config_caches(self.spec.name, str(cluster.attrs.get("project")))
 
     def _sweep(self, api: Gcp, state: State, cluster: Resource) -> None:
         """Delete every Compute instance and TPU node with the cluster's labels, until the APIs
         list none; only then forget the cluster."""
         zone = cluster.attrs["zone"]
-        labels = config.sweep_labels(cluster.id)
+        labels = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
         pending: dict[str, dict[str, Any]] = {}
 
         def check(step: ui.Step) -> bool | None:

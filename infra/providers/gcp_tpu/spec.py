@@ -24,8 +24,9 @@ NODE_TYPE = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
 ZONE = re.compile(r"^[a-z]+-[a-z]+\d+-[a-z]$")
 PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 #: Labels rayfleet sets itself; a user label with one of these keys would break teardown's sweep.
-RESERVED_LABELS = ("rayfleet-cluster", "ray-cluster-name", "ray-node-type", "ray-node-name",
-                   "ray-user-node-type", "ray-launch-config", "ray-node-status")
+RESERVED_LABELS = ("rayfleet-cluster", "rayfleet-owner", "rayfleet-name", "ray-cluster-name",
+                   "ray-node-type", "ray-node-name", "ray-user-node-type", "ray-launch-config",
+                   "ray-node-status")
 
 Provisioning = Literal["standard", "spot", "preemptible"]
 
@@ -152,6 +153,10 @@ class DashboardSpec(StrictModel):
 class NodeEnvSpec(StrictModel):
     #: How setup/install.sh builds the env on nodes: auto, conda or venv.
     backend: Literal["auto", "conda", "venv"] = "auto"
+    #: The env on TPU hosts: tpu (Ray + JAX with libtpu, downloaded once per host) or cpu (Ray
+    #: and the CPU libraries only, e.g. for an image that brings its own JAX, or for machines
+    #: that have the CPU env's packages and no network, like the offline test bed).
+    tpu_env: Literal["tpu", "cpu"] = "tpu"
 
 
 class Spec(ClusterSpec):
@@ -167,7 +172,8 @@ class Spec(ClusterSpec):
     subnetwork: str | None = Field(None, pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
     #: Extra labels on every node (the cluster name label is always added).
     labels: dict[str, str] = Field(default_factory=dict)
-    idle_timeout_minutes: float = Field(10, ge=1, le=10080)
+    #: Minutes a worker may idle before the autoscaler removes it (fractions work: 0.2 = 12 s).
+    idle_timeout_minutes: float = Field(10, gt=0, le=10080)
     upscaling_speed: float = Field(1.0, gt=0, le=100)
     #: Cap on all workers together; None is the sum of the types' max_workers.
     max_workers: int | None = Field(None, ge=0, le=10000)
@@ -238,6 +244,14 @@ class Spec(ClusterSpec):
         if self.max_workers is not None and self.max_workers < self.min_total:
             raise ValueError(f"max_workers ({self.max_workers}) is below the sum of min_workers "
                              f"({self.min_total}); raise it or remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _no_open_dashboard_without_auth(self) -> Spec:
+        if self.dashboard.allowed_source_ranges and self.auth == "none":
+            raise ValueError("dashboard.allowed_source_ranges with auth: none would let anyone in "
+                             "those ranges run code on the cluster; remove auth: none (token "
+                             "auth) or remove allowed_source_ranges (SSH tunnel only)")
         return self
 
     @property

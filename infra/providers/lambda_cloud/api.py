@@ -71,6 +71,14 @@ class FileSystemInWrongRegion(LambdaError):
     """400 instance-operations/launch/file-system-in-wrong-region."""
 
 
+class Duplicate(LambdaError):
+    """400/409 global/duplicate."""
+
+
+class RulesetInUse(LambdaError):
+    """400 firewall-rulesets/firewall-ruleset-in-use: instances still use it (terminate first)."""
+
+
 class Unavailable(LambdaError):
     """429/5xx/network errors that outlasted the retries."""
 
@@ -95,6 +103,8 @@ _ERRORS: dict[str, type[LambdaError]] = {
     "global/quota-exceeded": QuotaExceeded,
     "instance-operations/launch/insufficient-capacity": InsufficientCapacity,
     "instance-operations/launch/file-system-in-wrong-region": FileSystemInWrongRegion,
+    "global/duplicate": Duplicate,
+    "firewall-rulesets/firewall-ruleset-in-use": RulesetInUse,
 }
 
 
@@ -110,13 +120,22 @@ class Limits:
     backoff_cap: float = 30.0
     #: Safety margin over the intervals: the server's clock is not ours.
     margin: float = 0.02
+    #: How long a launch whose answer was lost may take to show up in the instance list before
+    #: we believe it never happened (generous: Lambda documents nothing about it).
+    lost_launch_window: float = 120.0
 
     @classmethod
-    def scaled(cls, scale: float) -> Limits:
-        return cls(1.0 * scale, 12.0 * scale, 30.0 * scale)
+    def scaled(cls, scale: float, share: float = 1.0) -> Limits:
+        """Lambda's limits times `scale`; `share` < 1 takes only that part of the request budget
+        (the head's node provider and the user's machine share one account's budget)."""
+        return cls(1.0 * scale / share, 12.0 * scale, 30.0 * scale, lost_launch_window=120.0 * scale)
+
+    @property
+    def scale(self) -> float:
+        return self.launch_interval / 12.0
 
     @classmethod
-    def from_env(cls) -> Limits:
+    def from_env(cls, share: float = 1.0) -> Limits:
         raw = os.environ.get("LAMBDA_RATE_SCALE", "1")
         try:
             scale = float(raw)
@@ -124,7 +143,7 @@ class Limits:
             raise UsageError(f"LAMBDA_RATE_SCALE={raw!r}: expected a number such as 1 or 0.01") from None
         if not 0 < scale <= 100:
             raise UsageError(f"LAMBDA_RATE_SCALE={raw!r}: must be > 0 and <= 100")
-        return cls.scaled(scale)
+        return cls.scaled(scale, share)
 
 
 @dataclass(frozen=True)
@@ -149,6 +168,20 @@ class Instance:
     type_name: str
     region: str
     price_cents_per_hour: int
+    #: The launch `tags` (key -> value); they cannot change after the launch.
+    tags: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    #: Ids of the firewall rulesets attached to it.
+    firewall_rulesets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FirewallRuleset:
+    id: str
+    name: str
+    region: str
+    #: [{protocol, port_range, source_network, description}] as the API has them.
+    rules: tuple[dict[str, Any], ...]
+    instance_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -220,8 +253,9 @@ def read_api_key() -> str | None:
     return None
 
 
-def base_url() -> str:
-    url = os.environ.get("LAMBDA_API_URL", "").strip() or DEFAULT_URL
+def base_url(url: str | None = None) -> str:
+    """`url`, else LAMBDA_API_URL, else Lambda's; plain http only to loopback (the key travels)."""
+    url = (url or os.environ.get("LAMBDA_API_URL", "")).strip() or DEFAULT_URL
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"LAMBDA_API_URL={url!r}: expected https://host/api/v1")
@@ -255,14 +289,19 @@ class LambdaClient:
     def __repr__(self) -> str:
         return f"LambdaClient(url={self.url!r})"
 
+    def defer_launches(self, seconds: float) -> None:
+        """No launch from this client before `seconds` from now (another process just launched)."""
+        with self._pacer.lock:
+            self._pacer.next_launch = max(self._pacer.next_launch, time.monotonic() + seconds)
+
     @classmethod
-    def from_env(cls) -> LambdaClient:
+    def from_env(cls, share: float = 1.0) -> LambdaClient:
         key = read_api_key()
         if not key:
             raise MissingApiKey(
                 "no Lambda API key: set LAMBDA_API_KEY or put `api_key = <key>` in "
                 f"~/{KEY_FILE} (create a key at https://cloud.lambda.ai/api-keys)")
-        return cls(key, base_url(), Limits.from_env())
+        return cls(key, base_url(), Limits.from_env(share))
 
     # --- transport ------------------------------------------------------------------------------
 
@@ -354,16 +393,34 @@ class LambdaClient:
     def instances(self) -> list[Instance]:
         return [_instance(i) for i in self.request("GET", "/instances")]
 
+    def find_tagged(self, key: str, value: str, window: float | None = None) -> Instance | None:
+        """Poll the instance list until an instance tagged `key=value` shows up, or `window`
+        (default: the generous `lost_launch_window`) passes. Used after a launch whose answer was
+        lost: a launch that happened is never launched a second time."""
+        deadline = time.monotonic() + (self.limits.lost_launch_window if window is None else window)
+        while True:
+            for inst in self.instances():
+                if inst.tags.get(key) == value:
+                    return inst
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(self.limits.request_interval)
+
     def instance(self, instance_id: str) -> Instance:
         return _instance(self.request("GET", f"/instances/{instance_id}"))
 
     def launch(self, *, region: str, instance_type: str, ssh_key_name: str, name: str,
-               file_system_names: list[str] | None = None) -> str:
+               file_system_names: list[str] | None = None, tags: dict[str, str] | None = None,
+               firewall_rulesets: list[str] | None = None) -> str:
         """Launch exactly one instance; return its id. Never retried (see LaunchOutcomeUnknown)."""
         body: dict[str, Any] = {"region_name": region, "instance_type_name": instance_type,
                                 "ssh_key_names": [ssh_key_name], "name": name}
         if file_system_names:
             body["file_system_names"] = file_system_names
+        if tags:
+            body["tags"] = [{"key": k, "value": v} for k, v in tags.items()]
+        if firewall_rulesets:
+            body["firewall_rulesets"] = [{"id": r} for r in firewall_rulesets]
         data = self.request("POST", "/instance-operations/launch", body, launch=True)
         ids = data.get("instance_ids") or []
         if len(ids) != 1:
@@ -387,6 +444,18 @@ class LambdaClient:
     def delete_ssh_key(self, key_id: str) -> None:
         self.request("DELETE", f"/ssh-keys/{key_id}")
 
+    def firewall_rulesets(self) -> list[FirewallRuleset]:
+        return [_ruleset(r) for r in self.request("GET", "/firewall-rulesets")]
+
+    def create_firewall_ruleset(self, name: str, region: str,
+                                rules: list[dict[str, Any]]) -> FirewallRuleset:
+        data = self.request("POST", "/firewall-rulesets",
+                            {"name": name, "region": region, "rules": rules})
+        return _ruleset(data)
+
+    def delete_firewall_ruleset(self, ruleset_id: str) -> None:
+        self.request("DELETE", f"/firewall-rulesets/{ruleset_id}")
+
     def file_systems(self) -> list[FileSystem]:
         return [FileSystem(str(f["id"]), str(f["name"]), str(f["region"]["name"]),
                            str(f.get("mount_point", "")))
@@ -404,4 +473,15 @@ def _instance(data: dict[str, Any]) -> Instance:
         type_name=str(itype.get("name", "")),
         region=str((data.get("region") or {}).get("name", "")),
         price_cents_per_hour=int(itype.get("price_cents_per_hour", 0)),
+        tags={str(t["key"]): str(t["value"]) for t in data.get("tags") or []},
+        firewall_rulesets=tuple(str(r["id"]) for r in data.get("firewall_rulesets") or []),
+    )
+
+
+def _ruleset(data: dict[str, Any]) -> FirewallRuleset:
+    return FirewallRuleset(
+        id=str(data["id"]), name=str(data["name"]),
+        region=str((data.get("region") or {}).get("name", "")),
+        rules=tuple(dict(r) for r in data.get("rules") or []),
+        instance_ids=tuple(str(i) for i in data.get("instance_ids") or []),
     )

@@ -1,9 +1,11 @@
-"""Lambda instances of one cluster: naming, SSH key, launch with fallbacks, waits, termination.
+"""Lambda instances of one cluster: naming, tags, SSH key, launch with fallbacks, waits, termination.
 
-Ownership is decided two ways and nothing else is ever touched: the ids in the state file, and
-instances whose name matches exactly `<cluster>-head` / `<cluster>-worker-<i>` (a run killed
-between the API's answer and the state write leaves such an instance; `up` adopts it, `teardown`
-terminates it). Every id is written to state the moment the API returns it.
+Ownership is decided by the cluster id (infra/identity.py) and nothing else: an instance is ours
+when its id is in the state file or when it carries the launch tag `rayfleet-cluster=<our id>`
+(a run killed between the API's answer and the state write leaves such an instance; `up` adopts
+it, `teardown` terminates it). Names carry the id too, for people reading the console, but a name
+is never proof: a colleague's `lambda-head` made from the same example spec is at most mentioned.
+Every id is written to state the moment the API returns it.
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ import contextlib
 import datetime as dt
 import hashlib
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import ssh, ui
+from infra import identity, ssh, ui
 from infra.errors import ProviderError
 from infra.providers.lambda_cloud import api
+from infra.providers.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE
 from infra.state import State
 
 if TYPE_CHECKING:
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
 
 INSTANCE = "lambda-instance"
 SSH_KEY = "lambda-ssh-key"
+__all__ = ["TAG_LAUNCH", "TAG_LAUNCHED_AT", "TAG_NODE"]  # launch-tag keys live in tags.py
 
 
 class LambdaProvisionError(ProviderError):
@@ -44,21 +49,54 @@ class InstanceFailed(ProviderError):
 
 @dataclass(frozen=True)
 class Slot:
-    """One node of the cluster by its deterministic instance name."""
+    """One node of a fixed-size cluster: its key (`head`, `worker-<i>`) and instance name."""
 
     name: str
     role: str  # "head" or "worker"
     index: int  # 0 for the head, 1.. for workers
 
+    @property
+    def key(self) -> str:
+        return "head" if self.role == "head" else f"worker-{self.index}"
 
-def slots(cluster: str, workers: int) -> list[Slot]:
-    return [Slot(f"{cluster}-head", "head", 0),
-            *(Slot(f"{cluster}-worker-{i}", "worker", i) for i in range(1, workers + 1))]
+
+def base_name(cluster: str, cluster_id: str) -> str:
+    """`<cluster>-<id>`: every instance name of this cluster starts with it (<= 40 characters)."""
+    return f"{cluster}-{cluster_id}"
 
 
-def name_pattern(cluster: str) -> re.Pattern[str]:
-    """Exactly our names: cluster `a` never claims `ab-head` or `a-head-old`."""
-    return re.compile(rf"^{re.escape(cluster)}-(?:head|worker-[1-9][0-9]*)$")
+def slots(cluster: str, workers: int, cluster_id: str) -> list[Slot]:
+    base = base_name(cluster, cluster_id)
+    return [Slot(f"{base}-head", "head", 0),
+            *(Slot(f"{base}-worker-{i}", "worker", i) for i in range(1, workers + 1))]
+
+
+_SLOT_SUFFIX = re.compile(r"-(head|worker-[1-9][0-9]*)$")
+
+
+def slot_key(name: str, attrs: dict[str, object] | None = None) -> str | None:
+    """Which slot an instance fills: recorded at launch, else read from its name (states
+    written before cluster ids recorded names like `<cluster>-worker-2` only)."""
+    if attrs and attrs.get("slot"):
+        return str(attrs["slot"])
+    match = _SLOT_SUFFIX.search(name)
+    return match.group(1) if match else None
+
+
+def lookalike_pattern(cluster: str) -> re.Pattern[str]:
+    """Names a cluster of this name would use, with or without an id: only for mentioning."""
+    return re.compile(rf"^{re.escape(cluster)}-(?:[0-9a-f]{{8}}-)?(?:head|worker-[0-9]+)")
+
+
+def identity_tags(state: State, node: str) -> dict[str, str]:
+    """The tags every instance of this cluster is launched with."""
+    return {identity.TAG_CLUSTER: state.cluster_id, identity.TAG_OWNER: state.owner,
+            identity.TAG_NAME: state.cluster, TAG_NODE: node,
+            TAG_LAUNCHED_AT: str(int(time.time()))}
+
+
+def is_ours(inst: api.Instance, cluster_id: str) -> bool:
+    return inst.tags.get(identity.TAG_CLUSTER) == cluster_id
 
 
 def now_iso() -> str:
@@ -68,10 +106,10 @@ def now_iso() -> str:
 # --- SSH key ----------------------------------------------------------------------------------------
 
 
-def generated_key_name(cluster: str, public_key: str) -> str:
-    """Cluster-scoped and tied to our local key: a name clash means it is the same key."""
+def generated_key_name(cluster: str, cluster_id: str, public_key: str) -> str:
+    """Cluster-scoped (name and id) and tied to our local key: a clash means it is the same key."""
     blob = public_key.split()[1].encode()
-    return f"rayfleet-{cluster}-{hashlib.sha256(blob).hexdigest()[:8]}"
+    return f"rayfleet-{cluster}-{cluster_id}-{hashlib.sha256(blob).hexdigest()[:8]}"
 
 
 def ensure_ssh_key(client: api.LambdaClient, spec: Spec, state: State) -> tuple[str, Path]:
@@ -86,7 +124,7 @@ def ensure_ssh_key(client: api.LambdaClient, spec: Spec, state: State) -> tuple[
         assert path is not None  # the spec validator requires both
         return spec.ssh_key_name, path
     pair = ssh.ensure_keypair(spec.name)
-    name = generated_key_name(spec.name, pair.public_key)
+    name = generated_key_name(spec.name, state.cluster_id, pair.public_key)
     for resource in state.resources(SSH_KEY):
         if resource.attrs.get("name") == name:
             return name, pair.private_path
@@ -111,7 +149,7 @@ def delete_ssh_keys(client: api.LambdaClient, spec: Spec, state: State) -> None:
     names = {str(r.attrs.get("name")) for r in state.resources(SSH_KEY)}
     public = ssh.ensure_keypair(spec.name).public_key if _local_key_exists(spec) else None
     if public and not spec.ssh_key_name:
-        names.add(generated_key_name(spec.name, public))
+        names.add(generated_key_name(spec.name, state.cluster_id, public))
     if not names:
         return
     for key in client.ssh_keys():
@@ -141,33 +179,64 @@ def record(state: State, instance_id: str, slot_name: str, choice: Choice | None
     state.add(INSTANCE, instance_id, **attrs)
 
 
-def ours(cluster: str, state: State, listed: Iterable[api.Instance]) -> tuple[
-        dict[str, api.Instance], list[api.Instance]]:
-    """(instances in state by id, orphans: named like ours but unknown to state), excluding gone."""
+def ours(state: State, listed: Iterable[api.Instance]) -> tuple[
+        dict[str, api.Instance], list[api.Instance], list[api.Instance]]:
+    """(instances in state by id, orphans: tagged with our cluster id but not in state,
+    look-alikes: named like this cluster but without our id, never touched), excluding gone."""
     known = {r.id for r in state.resources(INSTANCE)}
-    pattern = name_pattern(cluster)
-    tracked, orphans = {}, []
+    pattern = lookalike_pattern(state.cluster)
+    tracked, orphans, lookalikes = {}, [], []
     for inst in listed:
         if inst.id in known:
             tracked[inst.id] = inst
-        elif pattern.match(inst.name) and inst.status not in api.GONE:
+        elif inst.status in api.GONE:
+            continue
+        elif is_ours(inst, state.cluster_id):
             orphans.append(inst)
-    return tracked, orphans
+        elif pattern.match(inst.name):
+            lookalikes.append(inst)
+    return tracked, orphans, lookalikes
 
 
-def adopt_orphans(client: api.LambdaClient, cluster: str, state: State, run: str) -> list[api.Instance]:
-    """Write named-like-ours instances into state (so a crash from here on still knows them)."""
+def mention_lookalikes(lookalikes: list[api.Instance]) -> None:
+    for inst in lookalikes:
+        ui.info(f"{inst.name} ({inst.id}) is named like this cluster but is not ours (no "
+                f"{identity.TAG_CLUSTER} tag of this cluster): left alone")
+
+
+def autoscaled(inst: api.Instance) -> bool:
+    """A worker the head's autoscaler launched (it manages it; `up` leaves it alone)."""
+    return inst.tags.get("ray-node-type") == "worker"
+
+
+def adopt_orphans(client: api.LambdaClient, state: State, run: str,
+                  skip_autoscaled: bool = False) -> list[api.Instance]:
+    """Write instances tagged with our cluster id into state (so a crash from here on still
+    knows them); return every live instance of ours. `skip_autoscaled` leaves the autoscaler's
+    workers out (`up`); teardown takes them all."""
     listed = client.instances()
-    tracked, orphans = ours(cluster, state, listed)
+    tracked, orphans, lookalikes = ours(state, listed)
+    if skip_autoscaled:
+        orphans = [i for i in orphans if not autoscaled(i)]
+    mention_lookalikes(lookalikes)
     for inst in orphans:
-        ui.warn(f"found {inst.name} ({inst.id}, {inst.status}) from an interrupted run; adopting it")
+        ui.warn(f"found {inst.name} ({inst.id}, {inst.status}) of this cluster (tagged with its "
+                "id) from an interrupted run or the autoscaler; adopting it")
         state.add(INSTANCE, inst.id, name=inst.name, instance_type=inst.type_name,
                   region=inst.region, price_cents_per_hour=inst.price_cents_per_hour,
-                  launched_at=None, run="adopted")
+                  launched_at=_tag_time(inst), run="adopted", slot=inst.tags.get(TAG_NODE))
     for resource in state.resources(INSTANCE):
         if resource.id not in tracked and resource.id not in {o.id for o in orphans}:
             _forget_if_gone(client, state, resource.id)
-    return [i for i in listed if state.find(INSTANCE, i.id)]
+    return [i for i in listed if state.find(INSTANCE, i.id)
+            and not (skip_autoscaled and autoscaled(i))]
+
+
+def _tag_time(inst: api.Instance) -> str | None:
+    raw = inst.tags.get(TAG_LAUNCHED_AT, "")
+    if not raw.isdigit():
+        return None
+    return dt.datetime.fromtimestamp(int(raw), dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _forget_if_gone(client: api.LambdaClient, state: State, instance_id: str) -> bool:
@@ -197,6 +266,10 @@ class Launcher:
     types: dict[str, api.InstanceType] | None = None
     #: Human lines: which choice failed how, for the final error.
     attempts: list[str] | None = None
+    #: Firewall ruleset ids to attach in a region (created on first use), or None for none.
+    rulesets: Callable[[str], list[str]] | None = None
+    #: More launch tags per slot (the autoscaling head carries Ray's node tags).
+    extra_tags: Callable[[Slot], dict[str, str]] | None = None
     #: The capacity view the current slot was placed with (for prices).
     _seen: dict[str, api.InstanceType] = field(default_factory=dict)
 
@@ -225,13 +298,13 @@ class Launcher:
             for choice in self.spec.head.choices:
                 if not has_capacity(choice):
                     continue
-                if self.spec.workers.count and not any(
-                        c.region == choice.region and has_capacity(c) for c in self.spec.workers.choices):
+                needed = self.spec.worker_choices(needed_now=True)
+                if needed and not any(c.region == choice.region and has_capacity(c) for c in needed):
                     self._note(f"{choice}: no worker choice with capacity in {choice.region}")
                     continue
                 found.append(choice)
             return found
-        pool = self.spec.head.choices if slot.role == "head" else self.spec.workers.choices
+        pool = self.spec.head.choices if slot.role == "head" else self.spec.worker_choices()
         return [c for c in pool if c.region == region and has_capacity(c)]
 
     def _note(self, line: str) -> None:
@@ -258,41 +331,41 @@ class Launcher:
 
     def _launch_one(self, slot: Slot, choice: Choice) -> None:
         price = 0
+        rulesets = self.rulesets(choice.region) if self.rulesets else []
         for attempt in range(3):
+            token = secrets.token_hex(6)
+            tags = {**identity_tags(self.state, slot.key), TAG_LAUNCH: token,
+                    **(self.extra_tags(slot) if self.extra_tags else {})}
             with ui.step(f"launching {slot.name}: {choice.instance_type} in {choice.region}"):
                 try:
                     instance_id = self.client.launch(
                         region=choice.region, instance_type=choice.instance_type,
                         ssh_key_name=self.key_name, name=slot.name,
-                        file_system_names=[self.spec.file_system] if self.spec.file_system else None)
+                        file_system_names=[self.spec.file_system] if self.spec.file_system else None,
+                        tags=tags, firewall_rulesets=rulesets)
                 except api.LaunchOutcomeUnknown as exc:
-                    ui.warn(f"{exc}; looking for {slot.name} before launching again")
-                    found = self._find_lost(slot.name)
+                    ui.warn(f"{exc}; looking for {slot.name} (launch tag {token}) before "
+                            "launching again")
+                    found = find_lost(self.client, token)
                     if found is None:
                         if attempt == 2:
                             raise
                         continue
+                    ui.info(f"{slot.name} exists after all ({found.id}); adopting it")
                     instance_id = found.id
                     price = found.price_cents_per_hour
             record(self.state, instance_id, slot.name, choice, price or self._price(choice), self.run,
-                   role=slot.role)
+                   role=slot.role, slot=slot.key)
             return
 
     def _price(self, choice: Choice) -> int:
         info = self._seen.get(choice.instance_type)
         return info.price_cents_per_hour if info else 0
 
-    def _find_lost(self, name: str) -> api.Instance | None:
-        """Poll the instance list until the next launch slot: a launch that happened shows up."""
-        deadline = time.monotonic() + self.client.limits.launch_interval
-        while True:
-            for inst in self.client.instances():
-                if inst.name == name and inst.status not in api.GONE \
-                        and self.state.find(INSTANCE, inst.id) is None:
-                    ui.info(f"{name} exists after all ({inst.id}); adopting it")
-                    return inst
-            if time.monotonic() >= deadline:
-                return None
+
+def find_lost(client: api.LambdaClient, token: str) -> api.Instance | None:
+    """The launch tagged `token`, once the list shows it, or None after the generous window."""
+    return client.find_tagged(TAG_LAUNCH, token)
 
 
 # --- waiting ----------------------------------------------------------------------------------------

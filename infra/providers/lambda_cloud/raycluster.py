@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import paths, render, ssh, ui, versions
+from infra import auth, jobs, paths, render, ssh, ui, versions
 from infra.errors import ProviderError
 
 if TYPE_CHECKING:
@@ -44,12 +44,35 @@ def activate(spec: Spec) -> str:
     return "" if spec.env == "none" else f'. "{ENV_PREFIX}/rayfleet-activate.sh" && '
 
 
-def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Path) -> str:
+#: Where nodes keep the cluster's Ray token (auth.NODE_TOKEN_PATH, spelled for a shell).
+NODE_TOKEN = "$HOME/" + auth.NODE_TOKEN_PATH.removeprefix("~/")
+
+
+def node_env_prefix(spec: Spec) -> str:
+    """`VAR=value ` words that make `ray start` use token auth with the node's 0600 token file."""
+    if spec.auth != "token":
+        return "RAY_AUTH_MODE=disabled "
+    return "".join(f"{key}={value} " for key, value in auth.node_env(NODE_TOKEN).items())
+
+
+def ray_cluster_name(spec: Spec, cluster_id: str) -> str:
+    """Ray's name for the cluster: ours plus the cluster id. Ray's on-prem launcher keeps its
+    state in /tmp/ray/cluster-<name>.state on this machine, shared by every checkout: two
+    checkouts with a cluster of the same name must not share (and rewrite) one file."""
+    return f"{spec.name}-{cluster_id}"
+
+
+def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Path,
+                  cluster_id: str) -> str:
+    file_mounts: dict[str, str] = {}
+    if spec.auth == "token":
+        # Ray copies the local 0600 file (rsync keeps the mode); the token itself is never in
+        # this file, which Ray copies to the head and logs.
+        file_mounts[auth.NODE_TOKEN_PATH] = str(auth.token_path(spec.name))
     if spec.env == "none":
-        file_mounts: dict[str, str] = {}
         setup: list[str] = []
     else:
-        file_mounts = {REMOTE_SETUP: str(paths.setup_dir())}
+        file_mounts[REMOTE_SETUP] = str(paths.setup_dir())
         args = versions.install_args(spec.env, backend=spec.env_backend)
         setup = [f"bash {REMOTE_SETUP}/install.sh {shlex.join(args)} "
                  f'--prefix "{ENV_PREFIX}" --log "$HOME/rayfleet/install.log"']
@@ -58,10 +81,12 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}"
     return render.render(
         "lambda.yaml.j2",
-        cluster=spec.name, head_ip=head_ip, worker_ips=worker_ips, ssh_user=spec.ssh_user,
+        cluster=ray_cluster_name(spec, cluster_id), head_ip=head_ip, worker_ips=worker_ips,
+        ssh_user=spec.ssh_user,
         ssh_private_key=str(key_path), ssh_proxy_command=spec.ssh_proxy_command,
         file_mounts=file_mounts, setup_commands=setup, activate=activate(spec),
         gcs_port=GCS_PORT, dashboard_port=DASHBOARD_PORT, ray_start_extra=extra,
+        node_env=node_env_prefix(spec),
     )
 
 
@@ -80,8 +105,8 @@ def _log(cluster: str, name: str) -> Path:
     return path
 
 
-def _run_ray(args: list[str], log: Path, timeout: float) -> int:
-    env = {**os.environ, **RAY_ENV}
+def _run_ray(args: list[str], log: Path, timeout: float, extra_env: dict[str, str]) -> int:
+    env = {**os.environ, **RAY_ENV, **extra_env}
     if os.environ.get("RAY_USAGE_STATS_ENABLED") == "1":
         env["RAY_USAGE_STATS_ENABLED"] = "1"  # the user opted in explicitly
     with log.open("w") as out:
@@ -93,23 +118,15 @@ def _run_ray(args: list[str], log: Path, timeout: float) -> int:
             return -1
 
 
-def ray_up(spec: Spec, path: Path) -> None:
+def ray_up(spec: Spec, path: Path, client_env: dict[str, str]) -> None:
     log = _log(spec.name, "ray-up.log")
-    with ui.step(f"ray up (setup and Ray on {spec.workers.count + 1} node(s); log {log})"):
-        code = _run_ray(["up", "-y", "--no-config-cache", str(path)], log, spec.ray_timeout_s)
+    with ui.step(f"ray up (setup and Ray on {spec.fixed_workers + 1} node(s); log {log})"):
+        code = _run_ray(["up", "-y", "--no-config-cache", str(path)], log, spec.ray_timeout_s,
+                        client_env)
     if code != 0:
         tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
         reason = "timed out" if code == -1 else f"exited {code}"
         raise RayClusterError(f"`ray up` {reason}: {' | '.join(tail)[-300:]}; full log: {log}")
-
-
-def ray_down(spec: Spec, path: Path) -> None:
-    """Best effort: the instances are terminated afterwards anyway."""
-    log = _log(spec.name, "ray-down.log")
-    with ui.step("ray down"):
-        code = _run_ray(["down", "-y", str(path)], log, 300)
-    if code != 0:
-        ui.warn(f"`ray down` exited {code} (see {log}); stopping Ray over SSH instead")
 
 
 def stop_ray(spec: Spec, target: ssh.SshTarget) -> str | None:
@@ -139,29 +156,56 @@ def head_reaches_workers(head: ssh.SshTarget, user: str, workers: dict[str, str]
     return problems
 
 
-def alive_nodes(dashboard_url: str) -> list[dict[str, Any]]:
-    from ray.util.state import list_nodes
+def alive_nodes(dashboard_url: str, token_path: Path | None) -> list[dict[str, Any]]:
+    from infra.providers.base import Endpoint
 
-    nodes = list_nodes(address=dashboard_url, detail=True, raise_on_missing_output=False)
-    return [{"ip": n.node_ip, "head": n.is_head_node} for n in nodes if n.state == "ALIVE"]
+    nodes = jobs.list_nodes(Endpoint(dashboard_url, "", tunneled=True, token_path=token_path))
+    return [{"ip": n.node_ip, "head": n.is_head_node, "resources": dict(n.resources_total or {})}
+            for n in nodes if n.state == "ALIVE"]
 
 
-def wait_all_alive(dashboard_url: str, expected: dict[str, set[str]], timeout: float) -> None:
+def wait_all_alive(dashboard_url: str, expected: dict[str, set[str]], timeout: float,
+                   token_path: Path | None) -> None:
     """Wait until Ray reports a live node at one of each instance's addresses."""
 
     def check(step: ui.Step) -> bool | None:
         try:
-            ips = {n["ip"] for n in alive_nodes(dashboard_url)}
+            ips = {n["ip"] for n in alive_nodes(dashboard_url, token_path)}
         except Exception as exc:  # the dashboard may still be starting
             step.detail(f"dashboard not answering yet ({type(exc).__name__})")
             return None
         missing = sorted(name for name, addrs in expected.items() if not addrs & ips)
+        if not missing and not jobs.dashboard_ready(dashboard_url, token_path):
+            step.detail("all nodes alive; the job API is not answering yet")
+            return None
         step.detail(f"{len(expected) - len(missing)}/{len(expected)} nodes alive"
                     + (f"; waiting for {', '.join(missing)}" if missing else ""))
         return True if not missing else None
 
     ui.wait_for(check, f"Ray to report {len(expected)} node(s) alive", timeout=timeout, interval=1.0,
                 hint="the worker did not join: see /tmp/ray/session_latest/logs/monitor.* on the head")
+
+
+def wait_workers(dashboard_url: str, minimum: int, timeout: float, token_path: Path | None) -> None:
+    """Wait until Ray reports the head and at least `minimum` workers alive (autoscaling)."""
+
+    def check(step: ui.Step) -> bool | None:
+        try:
+            nodes = alive_nodes(dashboard_url, token_path)
+        except Exception as exc:  # the dashboard may still be starting
+            step.detail(f"dashboard not answering yet ({type(exc).__name__})")
+            return None
+        workers = sum(1 for n in nodes if not n["head"])
+        heads = sum(1 for n in nodes if n["head"])
+        # The job API is a dashboard module of its own that may come up after the state API.
+        jobs_ready = bool(heads) and jobs.dashboard_ready(dashboard_url, token_path)
+        step.detail(f"head {'alive' if heads else 'not yet'}, job API "
+                    f"{'ready' if jobs_ready else 'not yet'}, {workers}/{minimum} worker(s)")
+        return True if jobs_ready and workers >= minimum else None
+
+    ui.wait_for(check, f"Ray on the head and {minimum} worker(s) (min_workers) alive",
+                timeout=timeout, interval=1.0,
+                hint="see /tmp/ray/session_latest/logs/monitor.* on the head")
 
 
 @contextmanager

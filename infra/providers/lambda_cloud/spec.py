@@ -45,6 +45,32 @@ class Workers(StrictModel):
         return _distinct(value)
 
 
+class WorkerType(StrictModel):
+    """One kind of worker the autoscaler may launch, between min_workers and max_workers."""
+
+    #: Ordered fallbacks; only those in the head's region are used.
+    choices: list[Choice] = Field(min_length=1, max_length=32)
+    #: Always running (launched by `up`'s autoscaler and never removed when idle).
+    min_workers: int = Field(0, ge=0, le=64)
+    #: Never more than this many of this type.
+    max_workers: int = Field(1, ge=0, le=64)
+    #: What Ray is told one worker of this type offers (e.g. {GPU: 1, CPU: 8, my_resource: 1});
+    #: unset: CPU and GPU of the first choice's instance type, from /instance-types.
+    resources: dict[str, float] | None = None
+
+    @field_validator("choices")
+    @classmethod
+    def _distinct(cls, value: list[Choice]) -> list[Choice]:
+        return _distinct(value)
+
+    @model_validator(mode="after")
+    def _range(self) -> WorkerType:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) is above max_workers "
+                             f"({self.max_workers}); raise max_workers")
+        return self
+
+
 def _distinct(choices: list[Choice]) -> list[Choice]:
     seen = set()
     for choice in choices:
@@ -58,12 +84,18 @@ class Spec(ClusterSpec):
     provider: Literal["lambda"]
     head: Head
     workers: Workers = Field(default_factory=Workers)
+    #: Autoscaling: worker types Ray's autoscaler launches on demand (replaces `workers`).
+    worker_types: dict[str, WorkerType] | None = Field(None, min_length=1, max_length=8)
+    #: Autoscaling: minutes a worker may idle before the autoscaler terminates it.
+    idle_timeout_minutes: float = Field(5.0, ge=0.05, le=24 * 60)
     #: Login user on the instances (Lambda's images use ubuntu).
     ssh_user: str = Field("ubuntu", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     #: Use this SSH key already registered in the account instead of a generated one.
     ssh_key_name: str | None = Field(None, min_length=1, max_length=64)
     #: The private key file of `ssh_key_name` (required with it).
     ssh_private_key: str | None = None
+    #: Networks (IPv4 CIDR) allowed to SSH to the nodes; unset: anywhere (warned at every up).
+    ssh_source_ranges: list[str] | None = Field(None, min_length=1, max_length=64)
     #: OpenSSH ProxyCommand to reach the instances (a bastion); %h/%p are the address and port.
     ssh_proxy_command: str | None = Field(None, min_length=1)
     #: A Lambda file system to attach to every node (it fixes the region).
@@ -89,6 +121,20 @@ class Spec(ClusterSpec):
             raise ValueError(f"no such file {value!r}; give the private key of ssh_key_name")
         return value
 
+    @field_validator("ssh_source_ranges")
+    @classmethod
+    def _cidrs(cls, value: list[str] | None) -> list[str] | None:
+        import ipaddress
+
+        for item in value or []:
+            try:
+                net = ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IPv4 network; write e.g. 203.0.113.0/24") from None
+            if net.version != 4:
+                raise ValueError(f"{item!r}: Lambda firewall rules take IPv4 networks only")
+        return value
+
     @field_validator("ssh_proxy_command")
     @classmethod
     def _one_line(cls, value: str | None) -> str | None:
@@ -96,8 +142,48 @@ class Spec(ClusterSpec):
             raise ValueError("must be a single line")
         return value
 
+    @field_validator("worker_types")
+    @classmethod
+    def _type_names(cls, value: dict[str, WorkerType] | None) -> dict[str, WorkerType] | None:
+        for name in value or {}:
+            if not re.fullmatch(r"[a-z][a-z0-9_-]{0,15}", name) or name == "head":
+                raise ValueError(f"{name!r}: a worker type name is 1-16 lowercase letters, digits, "
+                                 "'_' or '-', starting with a letter, and not 'head'")
+        return value
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.worker_types is not None
+
+    @property
+    def fixed_workers(self) -> int:
+        """Workers `up` launches itself: the fixed count, none when the autoscaler does it."""
+        return 0 if self.autoscaling else self.workers.count
+
+    def worker_choices(self, needed_now: bool = False) -> list[Choice]:
+        """Every worker choice (of `workers` or of all worker types). With `needed_now`, only
+        those whose nodes `up` waits for (fixed workers, or types with min_workers > 0)."""
+        if not self.autoscaling:
+            return list(self.workers.choices) if self.workers.count or not needed_now else []
+        return [c for kind in (self.worker_types or {}).values()
+                if kind.min_workers or not needed_now for c in kind.choices]
+
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
+        if self.worker_types is not None:
+            if "workers" in self.model_fields_set:
+                raise ValueError("workers: give either workers (a fixed number) or worker_types "
+                                 "(autoscaling), not both; remove workers")
+            head_regions = {c.region for c in self.head.choices}
+            for name, kind in self.worker_types.items():
+                if not head_regions & {c.region for c in kind.choices}:
+                    raise ValueError(f"worker_types.{name}.choices: no region in common with "
+                                     "head.choices; all nodes of a cluster run in one region")
+            if self.ssh_key_name is not None or self.ssh_private_key is not None:
+                raise ValueError("ssh_key_name: autoscaling clusters use the cluster's own "
+                                 "generated key (the head logs into new workers with it); remove "
+                                 "ssh_key_name and ssh_private_key")
+            return self
         if (self.ssh_key_name is None) != (self.ssh_private_key is None):
             raise ValueError("ssh_key_name and ssh_private_key go together: give both (use a key "
                              "already in the account) or neither (rayfleet generates one)")

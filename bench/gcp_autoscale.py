@@ -1,0 +1,114 @@
+"""How fast Ray's own GCP autoscaler brings a TPU node in and out, on the offline test bed.
+
+The real `invoke up --provider=gcp-tpu` (real `ray up`, Ray's GCP provider, the head's autoscaler
+v1) against the offline Google of tests/gcp (test-bed hosts as VMs and TPU hosts). Each round
+submits `examples/tpu_example.py --placement-only` (one task needing `TPU: 4`) to a cluster with
+no TPU node and measures, from the submit:
+- create: the autoscaler's TPU create call reaches the fake;
+- joined: a raylet runs on the TPU host (setup commands and `ray start` done);
+- job done: the job has run on the node and `invoke submit` returned;
+and, from the moment the job's task ended on the node, idle->deleted: the node is gone from the fake.
+
+Floors (what the configuration allows at best): demand->create is bounded below by one autoscaler
+update (`AUTOSCALER_UPDATE_INTERVAL_S`, 1 s here); idle->deleted by `idle_timeout_minutes` (0.2 min
+= 12 s) plus one update. Everything above that is Ray's machinery (SSH waits, node setup, Ray start,
+resource reports) and the machine's load. Needs root (the test bed).
+
+Usage: python bench/gcp_autoscale.py [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.gcp.offline import write_service_account_key  # noqa: E402
+from tests.gcp.offline_bed import (  # noqa: E402
+    IDLE_TIMEOUT_MINUTES,
+    PROJECT,
+    RAY_FAST,
+    Offline,
+    offline_bed,
+    spec_file,
+)
+
+
+def _first(offline: Offline, kind: str, after: float) -> tuple[float, str] | None:
+    return next(((t, name) for t, what, name in list(offline.fake.events)
+                 if what == kind and t >= after), None)
+
+
+def one_round(offline: Offline, home: Path, spec: Path) -> dict[str, float]:
+    started = time.time()
+    job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec), "examples/tpu_example.py",
+                                        "--", "--wait-for-tpu", "300", "--placement-only"),
+                           env=offline.env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    joined = 0.0
+    while job.poll() is None:
+        created = _first(offline, "create", started)
+        if created and not joined:
+            hosts = offline.google.machines.host_of(created[1])
+            if hosts and hosts[0].run("pgrep -x raylet || true").stdout.strip():
+                joined = time.time()
+        time.sleep(0.2)
+    out, err = job.communicate()
+    done = time.time()
+    if job.returncode != 0:
+        raise SystemExit(f"job failed:\n{out}\n{err}")
+    created = _first(offline, "create", started)
+    assert created is not None
+    ended = float(json.loads(out.split("RESULT ", 1)[1].splitlines()[0])["results"][0]["ended_at"])
+    while (deleted := _first(offline, "deleted", ended)) is None:
+        if time.time() - done > 300:
+            raise SystemExit("the idle TPU node was not deleted within 300 s")
+        time.sleep(0.2)
+    return {"create": created[0] - started, "joined": (joined or done) - started,
+            "job": done - started, "idle_deleted": deleted[0] - ended}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    interval = float(RAY_FAST["AUTOSCALER_UPDATE_INTERVAL_S"])
+    idle_floor = IDLE_TIMEOUT_MINUTES * 60 + interval
+    with tempfile.TemporaryDirectory(prefix="gcp-bench-") as tmp:
+        work = Path(tmp)
+        with offline_bed(work) as offline:
+            home = work / "home"
+            key = write_service_account_key(work / "sa.json", offline.google.identity,
+                                            f"bench@{PROJECT}.iam.gserviceaccount.com")
+            spec = spec_file(work, key)
+            started = time.monotonic()
+            up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
+            if up.returncode != 0:
+                raise SystemExit(up.stdout + up.stderr)
+            print(f"invoke up (head VM + Ray + tunnel check): {time.monotonic() - started:.1f} s")
+            try:
+                print(f"{'round':>5} {'create s':>9} {'joined s':>9} {'job done s':>11} "
+                      f"{'idle->deleted s':>16} {'idle floor s':>13}")
+                for n in range(1, args.rounds + 1):
+                    r = one_round(offline, home, spec)
+                    print(f"{n:>5} {r['create']:>9.1f} {r['joined']:>9.1f} {r['job']:>11.1f} "
+                          f"{r['idle_deleted']:>16.1f} {idle_floor:>13.1f}", flush=True)
+                print(f"floor for demand->create: {interval:g} s (one autoscaler update)")
+            finally:
+                started = time.monotonic()
+                down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
+                print(f"invoke teardown: {time.monotonic() - started:.1f} s (exit {down.returncode})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""Autoscaling on Lambda: time from a job's submission to all the workers it needs joined Ray,
+against the floor set by Lambda's rate limits and the instances' boot time.
+
+Setup (tests/lambda_cloud/autoscale_bed.py): the test bed's hosts are the instances of the fake
+Lambda API, which enforces the REAL limits (1 request/s, 1 launch/12 s) and boots an instance for
+`--boot` seconds before it is active; Ray's autoscaler (v2) on the head runs our node provider.
+The job asks for N one-GPU bundles at once (STRICT_SPREAD), so N workers must be launched.
+
+Floor: the autoscaler may launch its first worker at once, each further one 12 s after the
+previous (Lambda's launch limit); the last one then boots. floor(N) = 12 (N - 1) + boot.
+Measured on top: the autoscaler noticing the demand (its loop runs every second here, the
+documented AUTOSCALER_UPDATE_INTERVAL_S), the capacity check before each launch, and Ray's setup
+of the worker over SSH and its `ray start`. Target: within 10 % of the floor.
+
+Usage: python bench/lambda_autoscale.py [--boot 120] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from infra import jobs  # noqa: E402
+from infra.providers.base import Endpoint  # noqa: E402
+from tests.lambda_cloud.autoscale_bed import CLUSTER, autoscale_bed  # noqa: E402
+
+JOB = ROOT / "tests" / "data" / "lambda_gpu_job.py"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--boot", type=float, default=120.0, help="fake boot time, seconds")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rf-bench-autoscale-") as tmp, \
+            autoscale_bed(Path(tmp), scale=1.0, boot_delay=args.boot, hosts=args.workers + 1,
+                          idle_minutes=5, max_workers=args.workers) as cluster:
+        started = time.monotonic()
+        # The head boots for --boot seconds too: `up` itself is not what is measured.
+        up = cluster.invoke("up", timeout=args.boot + 900)
+        if up.returncode != 0:
+            print(up.stdout + up.stderr, file=sys.stderr)
+            return 1
+        print(f"up (head only): {time.monotonic() - started:.1f}s")
+        tunnel = subprocess.Popen([sys.executable, "-m", "invoke", "dashboard", "--cluster",
+                                   str(cluster.spec)], cwd=ROOT, env={**os.environ, **cluster.env},
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert tunnel.stdout is not None
+            url = tunnel.stdout.readline().strip()
+            token = cluster.home / "keys" / CLUSTER / "ray-token"
+            endpoint = Endpoint(url, "", tunneled=True, token_path=token)
+            submitted = time.monotonic()
+            submit = cluster.invoke("submit", "--no-wait", str(JOB), "--", str(args.workers))
+            if submit.returncode != 0:
+                print(submit.stdout + submit.stderr, file=sys.stderr)
+                return 1
+            seen: dict[str, float] = {}
+            while True:
+                alive = [n for n in jobs.list_nodes(endpoint)
+                         if n.state == "ALIVE" and not n.is_head_node]
+                for node in alive:
+                    seen.setdefault(node.node_ip, time.monotonic() - submitted)
+                if len(alive) >= args.workers:
+                    break
+                if time.monotonic() - submitted > args.boot + 12 * args.workers + 600:
+                    print("workers did not join", file=sys.stderr)
+                    return 1
+                time.sleep(0.5)
+            joined = time.monotonic() - submitted
+        finally:
+            tunnel.send_signal(signal.SIGINT)
+            tunnel.wait(timeout=30)
+        # Where the time went: each launch (the fake's log) and when that machine joined Ray.
+        workers = [i for i in cluster.fake.instances.values()
+                   if not i.foreign and dict((t["key"], t["value"]) for t in i.tags)
+                   .get("ray-node-type") == "worker"]
+        for inst in sorted(workers, key=lambda i: i.launched):
+            launched = inst.launched - submitted
+            print(f"  {inst.name}: launched at +{launched:.1f}s, active at "
+                  f"+{launched + args.boot:.1f}s, joined Ray at +{seen.get(str(inst.ip), -1):.1f}s")
+        floor = 12 * (args.workers - 1) + args.boot
+        print(f"submission -> {args.workers} workers joined: {joined:.1f}s; floor {floor:.0f}s "
+              f"(12 s x {args.workers - 1} + boot {args.boot:.0f}s); "
+              f"{100 * (joined - floor) / floor:+.1f}% over the floor; "
+              f"launch calls {cluster.launches() - 1}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

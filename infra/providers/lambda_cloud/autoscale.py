@@ -1,0 +1,242 @@
+"""Autoscaling clusters (`worker_types` in the spec): the head runs Ray's autoscaler (v2) with our
+node provider (node_provider.py); this module is the user's-machine side.
+
+`up` launches the head itself (fleet.py: choices, tags, ruleset, lost launches), then over its own
+SSH (pinned host key) copies to the head: our node provider package from this checkout
+(`~/rayfleet/pkg`), the cluster's Ray token, the Lambda API key and the cluster's private key (all
+0600 files, never on a command line, never in a rendered file), and the autoscaler config (no
+secret in it: Ray copies it around and logs it). It then starts Ray on the head with
+`--autoscaling-config`, `RAY_enable_autoscaler_v2=1` and `RAY_CLOUD_INSTANCE_ID=<head id>`; the
+autoscaler launches `min_workers` and whatever jobs need, and sets them up over SSH from the head.
+Why v2 and not v1: NOTES.md.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from infra import auth, paths, ssh, ui, versions
+from infra.providers.lambda_cloud import api, raycluster
+
+if TYPE_CHECKING:
+    from infra.providers.lambda_cloud.spec import Spec
+    from infra.state import State
+
+NODE_PROVIDER = "infra.providers.lambda_cloud.node_provider.LambdaNodeProvider"
+HEAD_TYPE = "head"
+#: On the head, relative to the login user's home.
+PKG_DIR = "rayfleet/pkg"
+CONFIG_FILE = "rayfleet/autoscaler.yaml"
+#: The same config as rendered on this machine (`.rayfleet/rendered/<cluster>/`).
+RENDERED = "autoscaler.yaml"
+KEY_FILE = ".rayfleet/lambda-api-key"
+BOOTSTRAP_KEY = "ray_bootstrap_key.pem"
+TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
+#: What the head imports: the node provider and the small modules it needs (no CLI, no pydantic).
+PACKAGE = ["infra/__init__.py", "infra/errors.py", "infra/net.py", "infra/identity.py",
+           "infra/providers/__init__.py", "infra/providers/lambda_cloud/__init__.py",
+           "infra/providers/lambda_cloud/api.py", "infra/providers/lambda_cloud/tags.py",
+           "infra/providers/lambda_cloud/node_provider.py"]
+
+
+def head_tags(spec: Spec) -> dict[str, str]:
+    """Ray's tags for the head, on the instance: v2 will not scale until it lists the head."""
+    return {"ray-node-type": "head", "ray-user-node-type": HEAD_TYPE,
+            "ray-node-name": f"ray-{spec.name}-head"}
+
+
+def worker_resources(spec: Spec, types: dict[str, api.InstanceType] | None) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, kind in (spec.worker_types or {}).items():
+        if kind.resources is not None:
+            out[name] = dict(kind.resources)
+            continue
+        info = (types or {}).get(kind.choices[0].instance_type)
+        specs = info.specs if info else {}
+        resources = {"CPU": float(specs.get("vcpus", 1))}
+        if specs.get("gpus"):
+            resources["GPU"] = float(specs["gpus"])
+        out[name] = resources
+    return out
+
+
+def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
+           rulesets: list[str], types: dict[str, api.InstanceType] | None,
+           rate_scale: float) -> dict[str, Any]:
+    """The autoscaler's cluster config, as Ray wants it for an external provider (every list key
+    written out: external providers get no defaults). Paths only; no secret."""
+    worker_types = spec.worker_types or {}
+    resources = worker_resources(spec, types)
+    activate = raycluster.activate(spec)
+    extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
+        if spec.object_store_memory_mb else ""
+    mounts = {auth.NODE_TOKEN_PATH: auth.NODE_TOKEN_PATH} if spec.auth == "token" else {}
+    setup: list[str] = []
+    if spec.env != "none":
+        mounts[raycluster.REMOTE_SETUP] = raycluster.REMOTE_SETUP
+        setup = [install_command(spec)]
+    provider: dict[str, Any] = {
+        "type": "external", "module": NODE_PROVIDER,
+        "cluster": spec.name, "cluster_id": cluster_id, "owner": owner,
+        "region": region, "ssh_key_name": key_name, "firewall_rulesets": rulesets,
+        "api_key_file": f"~/{KEY_FILE}", "state_file": "~/.rayfleet/lambda-nodes.json",
+        "rate_scale": rate_scale, "request_share": 0.5,
+    }
+    return {
+        "cluster_name": spec.name,
+        "max_workers": sum(k.max_workers for k in worker_types.values()),
+        "upscaling_speed": 1.0,
+        "idle_timeout_minutes": spec.idle_timeout_minutes,
+        "provider": provider,
+        "auth": {"ssh_user": spec.ssh_user, "ssh_private_key": f"~/{BOOTSTRAP_KEY}"},
+        "available_node_types": {
+            HEAD_TYPE: {"node_config": {}, "resources": {}, "min_workers": 0, "max_workers": 0},
+            **{name: {"node_config": {"choices": [c.model_dump() for c in kind.choices],
+                                      "type_name": name},
+                      "resources": resources[name], "min_workers": kind.min_workers,
+                      "max_workers": kind.max_workers}
+               for name, kind in worker_types.items()},
+        },
+        "head_node_type": HEAD_TYPE,
+        "file_mounts": mounts, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+        "rsync_exclude": [], "rsync_filter": [], "initialization_commands": [],
+        "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": setup,
+        "head_start_ray_commands": [],
+        "worker_start_ray_commands": [
+            f"{activate}ray stop",
+            f"{activate}{raycluster.node_env_prefix(spec)}RAY_USAGE_STATS_ENABLED=0 ray start "
+            f"--address=$RAY_HEAD_IP:{raycluster.GCS_PORT} --disable-usage-stats{extra}",
+        ],
+    }
+
+
+def install_command(spec: Spec) -> str:
+    args = versions.install_args(spec.env, backend=spec.env_backend)
+    return (f"bash {raycluster.REMOTE_SETUP}/install.sh {shlex.join(args)} "
+            f'--prefix "{raycluster.ENV_PREFIX}" --log "$HOME/rayfleet/install.log"')
+
+
+def head_start_command(spec: Spec, head_id: str) -> str:
+    activate = raycluster.activate(spec)
+    extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
+        if spec.object_store_memory_mb else ""
+    # One node per launch batch: v2 fails a whole batch on one error, and ours launch one by one.
+    env = (f"RAY_enable_autoscaler_v2=1 AUTOSCALER_MAX_LAUNCH_BATCH=1 "
+           f"RAY_CLOUD_INSTANCE_ID={shlex.quote(head_id)} "
+           f"RAY_NODE_TYPE_NAME={HEAD_TYPE} PYTHONPATH=$HOME/{PKG_DIR} "
+           f"{raycluster.node_env_prefix(spec)}RAY_USAGE_STATS_ENABLED=0 ")
+    return (f"{activate}ray stop >/dev/null 2>&1; cd ~ && {activate}{env}ray start --head "
+            f"--port={raycluster.GCS_PORT} --dashboard-host=127.0.0.1 "
+            f"--dashboard-port={raycluster.DASHBOARD_PORT} --autoscaling-config=$HOME/{CONFIG_FILE} "
+            f"--disable-usage-stats{extra}")
+
+
+def _put(sftp: Any, remote: str, data: bytes, mode: int) -> None:
+    """Write a file on the head: created with `mode` before any byte is in it, then renamed."""
+    tmp = f"{remote}.rayfleet-tmp"
+    with sftp.open(tmp, "wb") as handle:
+        handle.chmod(mode)
+        handle.write(data)
+    sftp.posix_rename(tmp, remote)
+
+
+def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instance,
+              config_text: str, api_key: str, private_key: Path, start: bool = True) -> None:
+    """Copy the package, secrets and config to the head, install its env, start Ray there.
+
+    With `start` False (Ray already runs), only the files are replaced: v2 re-reads the config
+    every loop."""
+    root = paths.PROJECT_ROOT
+    dirs = sorted({str(Path(PKG_DIR) / Path(f).parent) for f in PACKAGE})
+    if spec.env != "none":
+        dirs.append(raycluster.REMOTE_SETUP.removeprefix("~/"))
+    with ui.step(f"copying the node provider, token and keys to the head {head.ip}"):
+        ssh.run(target, "umask 077 && mkdir -p .rayfleet && chmod 700 .rayfleet && "
+                + "mkdir -p " + " ".join(shlex.quote(d) for d in dirs), timeout=60, check=True)
+        client = ssh.connect(target)
+        try:
+            sftp = client.open_sftp()
+            for name in PACKAGE:
+                _put(sftp, f"{PKG_DIR}/{name}", (root / name).read_bytes(), 0o644)
+            _put(sftp, f"{PKG_DIR}/VERSION", versions_line(root).encode(), 0o644)
+            token = auth.token_file(state)
+            if token is not None:
+                _put(sftp, TOKEN_FILE, token.read_bytes(), 0o600)
+            _put(sftp, KEY_FILE, api_key.encode(), 0o600)
+            _put(sftp, BOOTSTRAP_KEY, private_key.read_bytes(), 0o600)
+            _put(sftp, CONFIG_FILE, config_text.encode(), 0o644)
+            if spec.env != "none":
+                setup = paths.setup_dir()
+                for file in sorted(p for p in setup.rglob("*") if p.is_file()):
+                    inner = file.relative_to(setup)
+                    with_dirs(sftp, str(Path("rayfleet/setup") / inner.parent))
+                    _put(sftp, f"rayfleet/setup/{inner}", file.read_bytes(),
+                         file.stat().st_mode & 0o755)
+            sftp.close()
+        finally:
+            client.close()
+    if not start:
+        return
+    if spec.env != "none":
+        with ui.step("installing the node environment on the head"):
+            ssh.run(target, install_command(spec), timeout=spec.ray_timeout_s, check=True)
+    with ui.step("starting Ray and the autoscaler on the head"):
+        try:
+            ssh.run(target, head_start_command(spec, head.id), timeout=spec.ray_timeout_s, check=True)
+        except ssh.SshError as exc:
+            # `ray start` gives its raylet a fixed 30 s to register; a busy machine can miss that.
+            # Once more (it begins with `ray stop`), then the error stands.
+            if "timed out during startup" not in str(exc):
+                raise
+            ui.warn("Ray's start on the head timed out (a busy machine?); trying once more")
+            ssh.run(target, head_start_command(spec, head.id), timeout=spec.ray_timeout_s, check=True)
+
+
+def with_dirs(sftp: Any, remote_dir: str) -> None:
+    path = ""
+    for part in remote_dir.split("/"):
+        path = f"{path}/{part}" if path else part
+        try:
+            sftp.stat(path)
+        except OSError:
+            sftp.mkdir(path)
+
+
+def versions_line(root: Path) -> str:
+    """Which commit the head's package came from (the same the user runs)."""
+    import subprocess
+
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    return f"rayfleet {commit or 'unknown commit'}\n"
+
+
+def render(config_data: dict[str, Any]) -> str:
+    header = ("# Ray autoscaler config of a rayfleet Lambda cluster (infra/providers/lambda_cloud/"
+              "autoscale.py).\n# No secret in here: the API key and the Ray token are 0600 files "
+              "on the head.\n")
+    return header + yaml.safe_dump(config_data, sort_keys=False)
+
+
+def hourly_range(spec: Spec, types: dict[str, api.InstanceType] | None) -> tuple[int, int] | None:
+    """($/h at min size, at max size) in cents, with the head's first choice and each type's
+    first choice; None without prices."""
+    if not types:
+        return None
+    head = types.get(spec.head.choices[0].instance_type)
+    if head is None:
+        return None
+    low = high = head.price_cents_per_hour
+    for kind in (spec.worker_types or {}).values():
+        info = types.get(kind.choices[0].instance_type)
+        price = info.price_cents_per_hour if info else 0
+        low += kind.min_workers * price
+        high += kind.max_workers * price
+    return low, high

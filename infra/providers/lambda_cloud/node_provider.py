@@ -1,0 +1,326 @@
+"""Ray node provider for Lambda Cloud: Ray's own autoscaler (v2) launches and removes workers.
+
+Loaded by the head's monitor as `provider: {type: external, module:
+infra.providers.lambda_cloud.node_provider.LambdaNodeProvider}`. It imports only Ray, requests and
+our small modules (api, tags, identity, errors, net), which `up` copies to `~/rayfleet/pkg` on the
+head from the checkout that runs `up`.
+
+What it guarantees (Ray's contract, autoscaling.md section 1):
+- Identity lives on the instance: launch tags carry the cluster id, owner mark, cluster name,
+  node type, Ray's immutable node tags (kind, user node type, launch hash, launch request) and a
+  launch token; names are `<cluster>-<id>-<type>-<token>`. Only instances tagged with this
+  cluster's id are listed, so a colleague's instance can never be scaled, adopted or removed.
+- Mutable tags (Ray's node status) live in a state file on the head, locked (flock + a thread
+  lock) and replaced atomically; a lost file costs only statuses, never ownership.
+- `create_node` writes the instance id to that file before it returns; a booting instance is
+  listed at once, a terminated one is dropped at once (the instance list is cached between
+  refreshes so the reconcile loop does not spend the API's request budget).
+- Capacity is read from /instance-types before a launch; choices are tried in order, moving on
+  at insufficient-capacity; when every choice of a type fails, that type is not retried for
+  `failure_backoff_s` (no tight relaunch loop). Pacing (one launch per 12 s, half the account's
+  1 request/s: the user's machine has the other half) and 429/5xx backoff are api.LambdaClient's.
+- The API key is read from a 0600 file (`api_key_file`), never from this config, which Ray copies
+  around and logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ray.autoscaler.node_provider import NodeProvider
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    STATUS_UP_TO_DATE,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_STATUS,
+)
+
+from infra import identity
+from infra.providers.lambda_cloud import api
+from infra.providers.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE, valid
+
+logger = logging.getLogger(__name__)
+
+#: Statuses after which an instance is no longer a node of the cluster.
+_ENDED = frozenset({"terminating", *api.GONE})
+#: Ray tags that change after launch: kept in the head's state file, not on the instance.
+_MUTABLE = frozenset({TAG_RAY_NODE_STATUS})
+
+
+class NoCapacity(RuntimeError):
+    """No choice of a node type could be launched now (the autoscaler retries later)."""
+
+
+class TagStore:
+    """Mutable node tags by instance id in one JSON file, safe across threads and processes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Any:
+        with self._lock:
+            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
+
+    def _read(self) -> dict[str, dict[str, str]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def _write(self, data: dict[str, dict[str, str]]) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.path)
+
+    def get(self, instance_id: str) -> dict[str, str]:
+        with self._locked():
+            return dict(self._read().get(instance_id, {}))
+
+    def all(self) -> dict[str, dict[str, str]]:
+        with self._locked():
+            return self._read()
+
+    def update(self, instance_id: str, tags: dict[str, str]) -> None:
+        with self._locked():
+            data = self._read()
+            data.setdefault(instance_id, {}).update(tags)
+            self._write(data)
+
+    def remove(self, instance_ids: list[str]) -> None:
+        with self._locked():
+            data = self._read()
+            for instance_id in instance_ids:
+                data.pop(instance_id, None)
+            self._write(data)
+
+
+def read_key_file(path: str) -> str:
+    """The API key from the head's 0600 key file; a readable-by-others file is refused."""
+    file = Path(path).expanduser()
+    try:
+        mode = file.stat().st_mode & 0o777
+        key = file.read_text().strip()
+    except OSError as exc:
+        raise RuntimeError(f"cannot read the Lambda API key file {file} ({exc.strerror})") from None
+    if mode & 0o077:
+        raise RuntimeError(f"{file} is readable by others (mode {mode:o}); chmod 600 it")
+    if not key:
+        raise RuntimeError(f"{file} is empty")
+    return key
+
+
+class LambdaNodeProvider(NodeProvider):
+    """See the module docstring. Every public method is thread-safe."""
+
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
+        super().__init__(provider_config, cluster_name)
+        config = provider_config
+        self.cluster_id = str(config["cluster_id"])
+        self.cluster = str(config.get("cluster", cluster_name))
+        self.owner = str(config.get("owner", ""))
+        self.region = str(config["region"])
+        self.ssh_key_name = str(config["ssh_key_name"])
+        self.firewall_rulesets = [str(r) for r in config.get("firewall_rulesets", [])]
+        scale = float(config.get("rate_scale", 1.0))
+        limits = api.Limits.scaled(scale, float(config.get("request_share", 0.5)))
+        url = api.base_url(config.get("api_url"))  # else LAMBDA_API_URL, else Lambda's
+        self.client = api.LambdaClient(read_key_file(str(config["api_key_file"])), url, limits)
+        # `up` launched the head moments before this process started: keep a launch slot's
+        # distance, so that the account never sees two launches closer than the limit.
+        self.client.defer_launches(limits.launch_interval)
+        self.store = TagStore(Path(str(config.get("state_file", "~/.rayfleet/lambda-nodes.json")))
+                              .expanduser())
+        self.list_interval = float(config.get("list_interval_s", 5.0 * scale))
+        self.failure_backoff = float(config.get("failure_backoff_s", 60.0 * scale))
+        self._lock = threading.RLock()
+        #: Our instances as last listed (plus launches not listed yet), by id.
+        self._nodes: dict[str, api.Instance] = {}
+        self._listed_at = 0.0
+        #: Launched by us, not yet seen in a listing: listed anyway (Ray must see them at once).
+        self._pending: dict[str, api.Instance] = {}
+        #: Terminated by us: never listed again, whatever a stale listing says.
+        self._terminated: set[str] = set()
+        #: Node type -> monotonic time before which it is not launched again (all choices failed).
+        self._backoff: dict[str, float] = {}
+
+    # --- listing --------------------------------------------------------------------------------
+
+    def _refresh(self, force: bool = False) -> None:
+        with self._lock:
+            # While an instance of ours boots, look as often as our share of the budget allows:
+            # the autoscaler starts setting it up the moment it is listed active.
+            booting = any(n.status == "booting" for i, n in self._nodes.items()
+                          if i not in self._terminated)
+            interval = self.client.limits.request_interval if booting else self.list_interval
+            if not force and time.monotonic() - self._listed_at < interval:
+                return
+        listed = self.client.instances()  # outside the lock: pacing may sleep
+        with self._lock:
+            self._listed_at = time.monotonic()
+            nodes = {i.id: i for i in listed if i.tags.get(identity.TAG_CLUSTER) == self.cluster_id}
+            for instance_id, inst in list(self._pending.items()):
+                if instance_id in nodes:
+                    del self._pending[instance_id]
+                else:
+                    nodes[instance_id] = inst
+            self._nodes = nodes
+
+    def _live(self) -> dict[str, api.Instance]:
+        return {i: n for i, n in self._nodes.items() if n.status not in _ENDED and i not in self._terminated}
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        self._refresh()
+        with self._lock:
+            live = self._live()
+        return [i for i in live if all(self.node_tags(i).get(k) == v for k, v in tag_filters.items())]
+
+    def _get(self, node_id: str) -> api.Instance | None:
+        with self._lock:
+            inst = self._nodes.get(node_id)
+            if inst is not None or node_id in self._terminated:
+                return inst
+        self._refresh()  # an id we do not know: look again, but not more often than the cache
+        with self._lock:
+            return self._nodes.get(node_id)
+
+    def is_running(self, node_id: str) -> bool:
+        inst = self._get(node_id)
+        return inst is not None and inst.status == "active" and node_id not in self._terminated
+
+    def is_terminated(self, node_id: str) -> bool:
+        inst = self._get(node_id)
+        return inst is None or inst.status in _ENDED or node_id in self._terminated
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        inst = self._get(node_id)
+        tags = {k: v for k, v in (inst.tags if inst else {}).items() if k.startswith("ray-")}
+        if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            tags.setdefault(TAG_RAY_NODE_STATUS, STATUS_UP_TO_DATE)  # `up` set the head up
+        tags.update(self.store.get(node_id))
+        return tags
+
+    def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]
+        inst = self._get(node_id)
+        return inst.ip if inst else None
+
+    def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
+        inst = self._get(node_id)
+        return inst.private_ip if inst else None
+
+    def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
+        self.store.update(node_id, {k: str(v) for k, v in tags.items()})
+
+    # --- launching ------------------------------------------------------------------------------
+
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str],
+                    count: int) -> dict[str, Any]:
+        created: dict[str, Any] = {}
+        for _ in range(count):
+            inst = self._launch_one(node_config, tags)
+            created[inst.id] = inst
+        return created
+
+    def _launch_one(self, node_config: dict[str, Any], tags: dict[str, str]) -> api.Instance:
+        node_type = str(tags.get("ray-user-node-type") or node_config.get("type_name") or "worker")
+        with self._lock:
+            until = self._backoff.get(node_type, 0.0)
+        if time.monotonic() < until:
+            raise NoCapacity(f"{node_type}: no capacity at the last try; next try in "
+                             f"{until - time.monotonic():.0f}s")
+        choices = [c for c in node_config.get("choices", []) if c.get("region") == self.region]
+        types = self.client.instance_types()
+        tried = []
+        for choice in choices:
+            info = types.get(choice["instance_type"])
+            if info is None or self.region not in info.regions_with_capacity:
+                tried.append(f"{choice['instance_type']}@{self.region}: no capacity listed")
+                continue
+            try:
+                return self._launch(node_type, choice["instance_type"], info, tags)
+            except api.InsufficientCapacity:
+                tried.append(f"{choice['instance_type']}@{self.region}: refused "
+                             "(insufficient-capacity)")
+        with self._lock:
+            self._backoff[node_type] = time.monotonic() + self.failure_backoff
+        message = f"{node_type}: " + ("; ".join(tried) or f"no choice in {self.region}")
+        logger.warning("rayfleet Lambda provider: cannot launch %s", message)
+        raise NoCapacity(message)
+
+    def _launch(self, node_type: str, instance_type: str, info: api.InstanceType,
+                ray_tags: dict[str, str]) -> api.Instance:
+        token = secrets.token_hex(4)
+        type_part = re.sub(r"[^a-z0-9-]", "-", node_type.lower())[:16].strip("-") or "worker"
+        name = f"{self.cluster}-{self.cluster_id}-{type_part}-{token}"
+        launch_tags = {identity.TAG_CLUSTER: self.cluster_id, identity.TAG_OWNER: self.owner,
+                       identity.TAG_NAME: self.cluster, TAG_NODE: node_type, TAG_LAUNCH: token,
+                       TAG_LAUNCHED_AT: str(int(time.time()))}
+        mutable = {}
+        for key, value in ray_tags.items():
+            if key in _MUTABLE or not valid(key, str(value)):
+                mutable[key] = str(value)
+            else:
+                launch_tags[key] = str(value)
+        try:
+            instance_id = self.client.launch(
+                region=self.region, instance_type=instance_type, ssh_key_name=self.ssh_key_name,
+                name=name, tags=launch_tags, firewall_rulesets=self.firewall_rulesets)
+        except api.LaunchOutcomeUnknown:
+            logger.warning("rayfleet Lambda provider: launch of %s: answer lost; looking for it", name)
+            found = self.client.find_tagged(TAG_LAUNCH, token)
+            if found is None:
+                raise
+            instance_id = found.id
+        # Recorded before returning: a monitor that dies now still leaves the id on the head, and
+        # the tags on the instance tell teardown it is ours.
+        self.store.update(instance_id, mutable)
+        inst = api.Instance(instance_id, name, "booting", None, None, instance_type, self.region,
+                            info.price_cents_per_hour, tags=launch_tags,
+                            firewall_rulesets=tuple(self.firewall_rulesets))
+        with self._lock:
+            self._pending[instance_id] = inst
+            self._nodes[instance_id] = inst
+        logger.info("rayfleet Lambda provider: launched %s (%s, %s)", name, instance_id, instance_type)
+        return inst
+
+    # --- terminating ----------------------------------------------------------------------------
+
+    def terminate_node(self, node_id: str) -> dict[str, Any] | None:
+        return self.terminate_nodes([node_id])
+
+    def terminate_nodes(self, node_ids: list[str]) -> dict[str, Any] | None:
+        if not node_ids:
+            return None
+        with self._lock:
+            self._terminated.update(node_ids)
+        try:
+            self.client.terminate(list(node_ids))
+        except api.NotFound:  # one is gone already: the batch is refused as a whole
+            for node_id in node_ids:
+                with contextlib.suppress(api.NotFound):
+                    self.client.terminate([node_id])
+        self.store.remove(list(node_ids))
+        logger.info("rayfleet Lambda provider: terminated %s", ", ".join(node_ids))
+        return None

@@ -1,0 +1,47 @@
+"""Google's two error shapes, as the fakes answer them (Compute's `errors[].reason`, and the
+gRPC-style `status` + `details[]` ErrorInfo of the TPU, IAM and Resource Manager APIs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def compute_error(status: int, reason: str, message: str, service_disabled: str = "") -> dict:
+    body: dict[str, Any] = {"code": status, "message": message,
+                            "errors": [{"message": message, "domain": "global", "reason": reason}]}
+    if service_disabled:
+        body["status"] = "PERMISSION_DENIED"
+        body["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                            "reason": "SERVICE_DISABLED", "domain": "googleapis.com",
+                            "metadata": {"service": service_disabled,
+                                         "consumer": "projects/123456789"}}]
+    return {"error": body}
+
+
+def grpc_error(status: int, status_name: str, message: str, reason: str = "",
+               service: str = "tpu.googleapis.com") -> dict:
+    body: dict[str, Any] = {"code": status, "message": message, "status": status_name}
+    if reason:
+        body["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
+                            "domain": "googleapis.com",
+                            "metadata": {"service": service, "consumer": "projects/123456789"}}]
+    return {"error": body}
+
+
+def rate_limited(api: str = "compute") -> dict:
+    if api == "compute":
+        return compute_error(429, "rateLimitExceeded", "Rate Limit Exceeded")
+    return grpc_error(429, "RESOURCE_EXHAUSTED",
+                      "Quota exceeded for quota metric 'Read requests' and limit 'Read requests "
+                      "per minute' of service 'tpu.googleapis.com'", "RATE_LIMIT_EXCEEDED")
+
+
+def service_disabled(service: str) -> dict:
+    name = {"tpu.googleapis.com": "Cloud TPU API",
+            "compute.googleapis.com": "Compute Engine API"}[service]
+    message = (f"{name} has not been used in project 123456789 before or it is disabled. Enable "
+               f"it by visiting https://console.developers.google.com/apis/api/{service}/overview"
+               "?project=123456789 then retry.")
+    if service == "compute.googleapis.com":
+        return compute_error(403, "accessNotConfigured", message, service_disabled=service)
+    return grpc_error(403, "PERMISSION_DENIED", message, "SERVICE_DISABLED", service)

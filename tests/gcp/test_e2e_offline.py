@@ -1,0 +1,289 @@
+"""Ray's own GCP node provider and autoscaler, unpatched, against an offline Google (issue 12).
+
+`invoke up/submit/status/dashboard/teardown --provider=gcp-tpu` run as a user would, inside the
+test bed's client namespace (whose /etc/hosts sends Google's names to the fake); the real `ray up`
+creates the head through the fake Compute API, the head's autoscaler (credentials from the fake
+metadata server) creates a TPU node through the fake TPU API when a job asks for `TPU: 4`, and
+deletes it when idle. Every VM and TPU host is a test-bed host with real sshd and real Ray.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp.offline import write_service_account_key
+from tests.gcp.offline_bed import CLUSTER, PROJECT, Offline, offline_bed, spec_file
+from tests.testbed.preflight import require
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
+    require("testbed")
+    with offline_bed(tmp_path_factory.mktemp("gcp-offline-")) as bed:
+        yield bed
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(interval)
+
+
+def tpu_nodes(fake: FakeGcp, state: str | None = None) -> list[dict[str, Any]]:
+    with fake.lock:
+        return [dict(n) for n in fake.tpu_nodes.values()
+                if n["labels"].get("ray-cluster-name") == CLUSTER
+                and (state is None or n["state"] == state)]
+
+
+def result_of(output: str) -> dict[str, Any]:
+    assert "RESULT " in output, output
+    found: dict[str, Any] = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    return found
+
+
+def ray_config_caches() -> list[str]:
+    """Ray's /tmp/ray-config-<hash> files that belong to this test's cluster."""
+    mine = []
+    for path in glob.glob("/tmp/ray-config-*"):
+        try:
+            with open(path) as handle:
+                cached = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        config = cached.get("config", cached)
+        if config.get("cluster_name") == CLUSTER and config.get("provider", {}).get(
+                "project_id") == PROJECT:
+            mine.append(path)
+    return mine
+
+
+def test_revoked_key_is_one_line_and_creates_nothing(offline: Offline, tmp_path: Path) -> None:
+    """Google's token endpoint refuses the key (google-auth's RefreshError): one line, exit 1."""
+    from tests.gcp.conftest import assert_nothing_created
+
+    home = tmp_path / "rayfleet-home"
+    key = write_service_account_key(tmp_path / "sa-key.json", offline.google.identity,
+                                    f"revoked@{PROJECT}.iam.gserviceaccount.com")
+    offline.google.identity.revoked.add(json.loads(key.read_text())["private_key_id"])
+    spec = spec_file(tmp_path, key, name="gcprevoked")
+    result = offline.invoke(home, "up", "--cluster", str(spec), timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Google refused the credentials (invalid_grant" in errors[0], \
+        result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert offline.fake.nodes_with({"rayfleet-name": "gcprevoked"}) == []
+    assert_nothing_created(home, "gcprevoked")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_up_removes_what_this_run_created(offline: Offline, tmp_path: Path) -> None:
+    home = tmp_path / "rayfleet-home"
+    key = write_service_account_key(tmp_path / "sa-key.json", offline.google.identity,
+                                    f"student@{PROJECT}.iam.gserviceaccount.com")
+    spec = spec_file(tmp_path, key, name="gcpint")
+    up = subprocess.Popen(offline.argv("up", "--cluster", str(spec)), env=offline.env(home),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+    try:
+        # `ray up` has created the head VM and is setting it up when the user presses Ctrl+C
+        # (the terminal sends SIGINT to the whole foreground group: invoke and `ray up`).
+        wait_for("the head VM", lambda: [
+            i for i in offline.fake.instances.values()
+            if i["labels"].get("rayfleet-name") == "gcpint" and i["status"] == "RUNNING"],
+            timeout=180)
+        os.killpg(up.pid, signal.SIGINT)
+        out, err = up.communicate(timeout=300)
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+    # (nsenter, the group's leader here, dies of the SIGINT itself; invoke's own exit is 130.)
+    assert up.returncode != 0, out + err
+    assert "interrupted; removing what this run created" in err, err
+    assert "Traceback" not in err
+    assert offline.fake.nodes_with({"rayfleet-name": "gcpint"}) == []
+    assert offline.fake.nodes_with({"ray-cluster-name": "gcpint"}) == []
+    state = json.loads((home / "state" / "gcpint.json").read_text()) if (
+        home / "state" / "gcpint.json").exists() else {"resources": []}
+    assert state["resources"] == [], state
+    offline.google.machines.wait_idle()
+
+
+@pytest.mark.slow
+def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_path: Path) -> None:
+    bed, fake, google = offline.bed, offline.fake, offline.google
+    home = tmp_path / "rayfleet-home"
+    key = write_service_account_key(tmp_path / "sa-key.json", google.identity,
+                                    f"student@{PROJECT}.iam.gserviceaccount.com")
+    spec = spec_file(tmp_path, key)
+    timings = offline.timings
+    lap = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal lap
+        now = time.monotonic()
+        timings[name] = round(now - lap, 1)
+        print(f"[gcp e2e] {name}: {timings[name]} s", flush=True)
+        lap = now
+
+    try:
+        # 1. up: the head VM with our labels, Ray answering through the dashboard tunnel, no TPU.
+        up = offline.invoke(home, "up", "--provider", "gcp-tpu", "--cluster", str(spec),
+                            timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        heads = [i for i in fake.instances.values()
+                 if i["labels"].get("ray-node-type") == "head"]
+        assert len(heads) == 1, heads
+        labels = heads[0]["labels"]
+        state = json.loads((home / "state" / f"{CLUSTER}.json").read_text())
+        cluster_id = state["cluster_id"]
+        assert labels["rayfleet-cluster"] == cluster_id and labels["ray-cluster-name"] == CLUSTER
+        assert labels["rayfleet-name"] == CLUSTER and labels["rayfleet-owner"] == state["owner"]
+        assert labels["course"] == "offline-test"
+        nat_ip = heads[0]["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
+        head_host = next(h for h in bed.hosts if h.ip == nat_ip)
+        assert tpu_nodes(fake) == []
+        # The head's autoscaler got its credentials from the metadata server, the client never.
+        assert any(path.endswith("/token") for ip, path in google.identity.metadata_requests
+                   if ip == head_host.ip), google.identity.metadata_requests[-5:]
+        assert not [r for r in google.identity.metadata_requests if r[0] == bed.client.ip]
+        tunnel = subprocess.Popen(offline.argv("dashboard", "--cluster", str(spec)),
+                                  env=offline.env(home), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert tunnel.stdout is not None
+            url = tunnel.stdout.readline().strip()
+            assert url.startswith("http://127.0.0.1:"), url + (tunnel.stderr.read() if
+                                                               tunnel.poll() is not None else "")
+            # Token auth: the job API refuses a request without the token, accepts ours.
+            token_file = home / "keys" / CLUSTER / "ray-token"
+            refused = bed.client_run(f"curl -s -o /dev/null -w '%{{http_code}}' {url}/api/jobs/",
+                                     timeout=30)
+            assert refused.stdout.strip() == "401", refused
+            version = bed.client_run(
+                f"curl -sf -H \"Authorization: Bearer $(cat {token_file})\" {url}/api/jobs/",
+                timeout=30)
+            assert version.returncode == 0, version
+        finally:
+            # nsenter does not forward signals: Ctrl+C goes to the whole process group, as in a
+            # terminal, so `invoke dashboard` inside the namespace gets it too.
+            os.killpg(tunnel.pid, signal.SIGINT)
+            tunnel.wait(timeout=30)
+        token = token_file.read_text().strip()
+        on_head = head_host.run(
+            "stat -c %a ~/.rayfleet/ray-token; grep -rlF \"$(cat ~/.rayfleet/ray-token)\" "
+            "~/ray_bootstrap_config.yaml /tmp/ray/session_latest/logs 2>/dev/null; true")
+        assert on_head.stdout.split() == ["600"], on_head.stdout  # 0600, and in no config or log
+        # ... and on no command line of the head's processes (the pattern comes from the file).
+        cmdlines = head_host.run("grep -lFf ~/.rayfleet/ray-token /proc/[0-9]*/cmdline "
+                                 "2>/dev/null; true")
+        assert cmdlines.stdout.strip() == "", cmdlines.stdout
+        assert not [p for p in home.rglob("*") if p.is_file() and p != token_file
+                    and token in p.read_text(errors="replace")]
+        phase("up (head VM, Ray, tunnel)")
+
+        # 2. A job that needs TPU: 4 makes the autoscaler create a TPU node, which runs it.
+        submit = offline.invoke(home, "submit", "--cluster", str(spec), "examples/tpu_example.py",
+                                "--", "--wait-for-tpu", "240", "--placement-only", timeout=360)
+        assert submit.returncode == 0, submit.stdout + submit.stderr
+        nodes = tpu_nodes(fake)
+        assert len(nodes) == 1 and nodes[0]["state"] == "READY", nodes
+        node_name = nodes[0]["name"].rsplit("/", 1)[-1]
+        assert nodes[0]["labels"]["rayfleet-cluster"] == cluster_id
+        assert nodes[0]["acceleratorType"] == "v4-8" and nodes[0]["schedulingConfig"] == {
+            "spot": True}
+        tpu_host = google.machines.host_of(node_name)[0]
+        result = result_of(submit.stdout)
+        assert [r["host"] for r in result["results"]] == [tpu_host.hostname], result
+        assert len(result["results"][0]["tpu_ids"]) == 4, result
+        phase("demand -> TPU node created, joined, job done")
+
+        # 3. Idle: the autoscaler deletes the TPU node; status shows only the head.
+        wait_for("the idle TPU node to be deleted", lambda: not tpu_nodes(fake), timeout=180)
+        phase("idle -> TPU node deleted")
+        status = offline.invoke(home, "status", "--cluster", str(spec), "--json", timeout=120)
+        assert status.returncode == 0, status.stdout + status.stderr
+        report = json.loads(status.stdout)
+        assert report["running"], report
+        assert [r["kind"] for r in report["provider_resources"]] == ["Compute VM"], report
+        assert [n for n in report["nodes"] if n.get("state") == "ALIVE"] and all(
+            n.get("ip") == head_host.ip for n in report["nodes"] if n.get("state") == "ALIVE"), report
+
+        # 4. A spot TPU node preempted mid-job: a new node takes over, the job still succeeds,
+        #    and the autoscaler keeps working (it scales the new node down again).
+        job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec),
+                                            "examples/tpu_example.py", "--", "--wait-for-tpu",
+                                            "300", "--placement-only", "--hold", "25"),
+                               env=offline.env(home), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            first = wait_for("a TPU node holding the job's task", lambda: next(
+                (n for n in tpu_nodes(fake, "READY") if any(
+                    "placement_on_local_chips" in h.run("ps -eo args").stdout
+                    for h in google.machines.host_of(n["name"].rsplit("/", 1)[-1]))), None),
+                timeout=240, interval=1)
+            first_name = first["name"].rsplit("/", 1)[-1]
+            phase("demand -> TPU node running the task")
+            fake.preempt(first_name)
+            out, err = job.communicate(timeout=360)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+        assert job.returncode == 0, out + err
+        replacement = [n for n in tpu_nodes(fake) if n["name"].rsplit("/", 1)[-1] != first_name]
+        assert [n["state"] for n in replacement] == ["READY"], tpu_nodes(fake)
+        second_host = google.machines.host_of(replacement[0]["name"].rsplit("/", 1)[-1])[0]
+        assert [r["host"] for r in result_of(out)["results"]] == [second_host.hostname], out
+        phase("preempted -> replacement node ran the job")
+        # Google then removes the preempted node (404 from now on): Ray's provider must not wedge
+        # on it (ray-project/ray#29698); the autoscaler still scales the replacement down.
+        fake.preempt(first_name, delete=True)
+        wait_for("the idle replacement node to be deleted", lambda: not tpu_nodes(fake),
+                 timeout=180)
+        phase("idle -> replacement deleted")
+    except BaseException:
+        # For the post-mortem: what the head's Ray logged last (the test bed goes with the run).
+        for host in bed.hosts:
+            print(f"--- {host.name} ---\n" + host.run(
+                "cd /tmp/ray/session_latest/logs 2>/dev/null && tail -n 25 dashboard.log "
+                "dashboard_agent.log monitor.log 2>/dev/null | cut -c1-300").stdout, flush=True)
+            sshd_log = host.log_path.read_text(errors="replace").splitlines()
+            print("\n".join(line for line in sshd_log[-400:] if "logout" not in line
+                            and "session" not in line.lower())[-3000:], flush=True)
+        raise
+    finally:
+        # 5. teardown: nothing of ours left at the fake, in /tmp, or running.
+        down = offline.invoke(home, "teardown", "--provider", "gcp-tpu", "--cluster", str(spec),
+                              timeout=600)
+        phase("teardown")
+        print(f"[gcp e2e] phases (s): {timings}", flush=True)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert fake.nodes_with({"rayfleet-cluster": cluster_id}) == []
+    assert fake.nodes_with({"ray-cluster-name": CLUSTER}) == []
+    assert not [n for n in fake.firewalls if CLUSTER in n]
+    assert ray_config_caches() == []
+    google.machines.wait_idle()
+    for host in bed.hosts:
+        left = host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[r]ay::|[m]onitor.py' "
+                        "|| true").stdout.strip()
+        assert left == "", f"Ray still running on {host.name}: {left}"
+    client_left = bed.client.run("ps -eo args | grep -E '[r]ay |[s]sh |[i]nvoke' || true")
+    assert client_left.stdout.strip() == "", client_left.stdout

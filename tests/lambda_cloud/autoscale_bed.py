@@ -1,0 +1,162 @@
+"""An autoscaling Lambda cluster's world on the test bed, shared by the e2e tests and the bench.
+
+The fake Lambda API (tests/lambda_cloud/fake_api.py) hands out the test-bed hosts' addresses as
+instances (and nothing else); terminating an instance stops Ray on its host. The head reaches the
+fake through a relay: the fake listens on 127.0.0.1 here, a socat in this namespace serves it as a
+unix socket, and a socat on each host serves that socket on the host's own 127.0.0.1 (plain http
+is allowed to loopback only). Every SSH session on the hosts gets `LAMBDA_API_URL` for that relay
+plus the documented knobs that make Ray's autoscaler quick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.conftest import run_invoke
+from tests.lambda_cloud.fake_api import FakeLambda
+from tests.testbed import Testbed
+
+#: Drawn per run, so that no file of the project (which a job's working_dir uploads to the
+#: cluster) contains it: the key scan then finds only what rayfleet put somewhere.
+API_KEY = f"secret_lambda_{secrets.token_hex(12)}"
+LAUNCH = "/instance-operations/launch"
+CLUSTER = "ltscale"
+RELAY_PORT = 18765
+CAPACITY = {("cpu_4x_general", "us-west-1"): 1, ("gpu_1x_a10", "us-west-1"): 2,
+            ("gpu_1x_a100_sxm4", "us-west-1"): 2}
+
+
+#: Ray's processes on a host, zombies (already dead, waiting for the reaper) excluded.
+RAY_PROCESSES = ("ps -eo stat=,args= | awk '$1 !~ /^Z/' "
+                 "| grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true")
+
+
+def power_off(host: Any) -> None:
+    """What terminating an instance does to its machine: Ray stops, and nothing of it is left
+    (`ray stop --force` returns while the dashboard's subprocesses are still exiting)."""
+    host.run("ray stop --force", timeout=60)
+    deadline = time.monotonic() + 30
+    while host.run(RAY_PROCESSES).stdout.strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+@dataclass
+class Scaled:
+    bed: Testbed
+    fake: FakeLambda
+    spec: Path
+    home: Path
+    env: dict[str, str]
+
+    def invoke(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """`invoke <verb> --cluster <spec> <rest>` as a user runs it."""
+        return run_invoke(args[0], "--cluster", str(self.spec), *args[1:], env=self.env,
+                          timeout=timeout)
+
+    def launches(self) -> int:
+        return len([s for _, s in self.fake.requests("POST", LAUNCH) if s == 200])
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Our live autoscaled instances in the fake."""
+        return [i for i in self.fake.inventory() if not i["foreign"]
+                and i["tags"].get("ray-node-type") == "worker" and i["status"] != "terminated"]
+
+    def head(self) -> dict[str, Any]:
+        heads = [i for i in self.fake.inventory() if i["tags"].get("ray-node-type") == "head"
+                 and i["status"] != "terminated"]
+        assert len(heads) == 1, heads
+        return heads[0]
+
+    def host(self, ip: str) -> Any:
+        return next(h for h in self.bed.hosts if h.ip == ip)
+
+    def wait(self, what: str, check: Callable[[], Any], timeout: float = 240) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+            time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4,
+                  idle_minutes: float = 0.1, max_workers: int = 2,
+                  capacity: dict[tuple[str, str], int] | None = None) -> Iterator[Scaled]:
+    """The test bed, the fake, the relays and the cluster's spec; tears the cluster down after."""
+    relay_url = f"http://127.0.0.1:{RELAY_PORT}/api/v1"
+    bed = Testbed(hosts, work / "bed", env={
+        "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        "LAMBDA_API_URL": relay_url})
+    fake = FakeLambda(API_KEY, scale=scale, boot_delay=boot_delay, terminate_delay=0.3,
+                      forget_delay=30, capacity=dict(capacity or CAPACITY),
+                      ip_pool=[h.ip for h in bed.hosts])
+    fake.add_foreign_instance(f"{CLUSTER}-head")  # a colleague's, same cluster name
+    fake.add_foreign_ruleset(f"rayfleet-{CLUSTER}-colleague", "us-west-1")
+    by_ip = {h.ip: h for h in bed.hosts}
+    # Terminating an instance powers the machine off: Ray on that host stops with it.
+    fake.on_terminate = lambda inst: power_off(by_ip[str(inst.ip)])
+    fake.start()
+    sock = work / "api.sock"
+    port = fake.url.split(":")[2].split("/")[0]
+    relay = subprocess.Popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600", f"TCP:127.0.0.1:{port}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    relays = []
+    home = work / "rayfleet-home"
+    env = {"RAYFLEET_HOME": str(home), "LAMBDA_API_URL": fake.url, "LAMBDA_API_KEY": API_KEY,
+           "LAMBDA_RATE_SCALE": str(scale), "COLUMNS": "200"}
+    spec = work / f"{CLUSTER}.yaml"
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline, "relay socket did not appear"
+            time.sleep(0.05)
+        for host in bed.hosts:
+            relays.append(host.popen(["socat", f"TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,fork,reuseaddr",
+                                      f"UNIX-CONNECT:{sock}"], log=work / f"relay-{host.name}.log"))
+        spec.write_text(yaml.safe_dump({
+            "provider": "lambda",
+            "head": {"choices": [{"instance_type": "cpu_4x_general", "region": "us-west-1"}]},
+            "worker_types": {"gpu": {
+                "choices": [{"instance_type": "gpu_1x_a10", "region": "us-west-1"},
+                            {"instance_type": "gpu_1x_a100_sxm4", "region": "us-west-1"}],
+                "min_workers": 0, "max_workers": max_workers, "resources": {"CPU": 1, "GPU": 1}}},
+            "idle_timeout_minutes": idle_minutes,
+            "ssh_user": "root", "ssh_proxy_command": bed.proxy_command, "env": "none",
+            "ssh_source_ranges": ["203.0.113.0/24"],
+            "object_store_memory_mb": 100, "boot_timeout_s": int(boot_delay) + 120,
+            "ray_timeout_s": 300,
+        }))
+        # The instances "boot" with the cluster's key authorized, as Lambda's would.
+        saved = os.environ.get("RAYFLEET_HOME")
+        os.environ["RAYFLEET_HOME"] = str(home)
+        try:
+            from infra import ssh
+
+            bed.authorize_key(ssh.ensure_keypair(CLUSTER).public_key)
+        finally:
+            if saved is None:
+                os.environ.pop("RAYFLEET_HOME", None)
+            else:
+                os.environ["RAYFLEET_HOME"] = saved
+        yield Scaled(bed, fake, spec, home, env)
+    finally:
+        with contextlib.suppress(Exception):
+            run_invoke("teardown", "--cluster", str(spec), env=env, timeout=600)
+        for process in relays:
+            process.terminate()
+        relay.terminate()
+        relay.wait(timeout=10)
+        fake.stop()
+        bed.close()

@@ -1,0 +1,195 @@
+"""Autoscaling Lambda clusters end to end on the test bed (issue 13): Ray's own autoscaler (v2) on
+the head runs our node provider against the fake Lambda API, whose instances are test-bed hosts.
+
+One cluster is shared by the scenarios of this module, in order (each leaves it as the next
+expects): up with only the head -> a job needing 2 workers' GPUs scales 0 -> 2 -> idle -> 0 ->
+first choice without capacity takes the second -> no capacity at all: the job waits, nothing is
+launched in a loop -> the API key is only in its 0600 file -> the autoscaler is killed right after
+it launched a worker `up` never saw, and `teardown` still removes every instance of ours.
+
+The world (test bed, fake, relays to the API for the head, spec) is autoscale_bed.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lambda_cloud.autoscale_bed import API_KEY, CAPACITY, CLUSTER, Scaled, autoscale_bed
+from tests.testbed.preflight import require
+
+#: Launch interval 0.6 s; the head's provider sends a request every 0.1 s at most.
+SCALE = 0.05
+JOB = Path(__file__).resolve().parents[1] / "data" / "lambda_gpu_job.py"
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
+    require("testbed")
+    with autoscale_bed(tmp_path_factory.mktemp("lambda-autoscale"), scale=SCALE,
+                       boot_delay=1.0) as cluster:
+        yield cluster
+
+
+def _result(output: str) -> dict[str, Any]:
+    return dict(json.loads(output.split("RESULT ", 1)[1].splitlines()[0]))
+
+
+@pytest.mark.slow
+def test_up_starts_only_the_head(scaled: Scaled) -> None:
+    started = time.monotonic()
+    up = scaled.invoke("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    print(f"\n[lambda autoscale] up: {time.monotonic() - started:.1f}s")
+    head = scaled.head()
+    assert scaled.workers() == [] and scaled.launches() == 1
+    data = json.loads((scaled.home / "state" / f"{CLUSTER}.json").read_text())
+    cid = data["cluster_id"]
+    assert head["tags"]["rayfleet-cluster"] == cid and head["name"] == f"{CLUSTER}-{cid}-head"
+    ruleset = next(r for r in scaled.fake.firewall_rulesets.values()
+                   if r["name"] == f"rayfleet-{CLUSTER}-{cid}")
+    assert [r["source_network"] for r in ruleset["rules"]] == ["203.0.113.0/24"]
+    assert head["firewall_rulesets"] == [ruleset["id"]]
+    # The head's provider files: the API key only in its 0600 file, the token 0600, the package.
+    host = scaled.host(head["ip"])
+    # (cd inside: nsenter's --wd resolves /root before entering the host's mount namespace)
+    modes = host.run("cd /root && stat -c '%a %n' .rayfleet/lambda-api-key .rayfleet/ray-token "
+                     "ray_bootstrap_key.pem rayfleet/pkg/infra/providers/lambda_cloud/node_provider.py",
+                     check=True).stdout.split("\n")
+    assert [m.split()[0] for m in modes if m] == ["600", "600", "600", "644"], modes
+    # Another machine on the network reaches the head's GCS port, but Ray's own client is refused
+    # without the cluster's token (and served with it). The dashboard is on the head's loopback.
+    address = f"{head['ip']}:6379"
+    token = scaled.home / "keys" / CLUSTER / "ray-token"
+    refused = scaled.bed.client_run(f"timeout 60 ray status --address {address}",
+                                    env={"RAY_AUTH_MODE": "disabled"}, timeout=90)
+    assert refused.returncode != 0, refused.stdout
+    served = scaled.bed.client_run(f"timeout 60 ray status --address {address}", timeout=90,
+                                   env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)})
+    assert served.returncode == 0 and "Active:" in served.stdout, served.stdout + served.stderr
+    plan = scaled.invoke("plan")
+    assert "$0.20/h at minimum size, $1.70/h at maximum size" in plan.stdout, plan.stdout
+
+
+@pytest.mark.slow
+def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(scaled: Scaled) -> None:
+    before = scaled.launches()
+    started = time.monotonic()
+    submit = scaled.invoke("submit", str(JOB), "--", "2")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    print(f"\n[lambda autoscale] 0 -> 2 workers and the job: {time.monotonic() - started:.1f}s")
+    workers = scaled.workers()
+    assert len(workers) == 2 and scaled.launches() - before == 2, workers
+    assert {w["type"] for w in workers} == {"gpu_1x_a10"}  # the first choice had capacity
+    hosts = sorted(scaled.host(w["ip"]).hostname for w in workers)
+    assert sorted(_result(submit.stdout)["hosts"]) == hosts
+    for w in workers:
+        assert w["tags"]["rayfleet-cluster"] == scaled.head()["tags"]["rayfleet-cluster"]
+        assert w["firewall_rulesets"] == scaled.head()["firewall_rulesets"]
+    status = scaled.invoke("status", "--json")
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)["provider_resources"]
+    # (idle for 6 s after the job, a worker may already be terminating when status runs)
+    assert sorted(r["state"].split()[-1] for r in rows) == ["active", "autoscaled", "autoscaled"]
+    assert {r["id"] for r in rows if "autoscaled" in r["state"]} == {w["id"][:12] for w in workers}
+    assert all(r["$/h"].startswith("$") and r["uptime"] != "?" for r in rows), rows
+    # Idle for 0.1 min: the autoscaler terminates both workers; the head stays.
+    started = time.monotonic()
+    scaled.wait("both workers terminated", lambda: not scaled.workers(), timeout=180)
+    print(f"\n[lambda autoscale] idle -> 0 workers: {time.monotonic() - started:.1f}s")
+    assert scaled.head()["status"] == "active"
+    status = scaled.invoke("status", "--json")
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert [r["state"] for r in report["provider_resources"]] == ["active"]
+    assert [n["state"] for n in report["nodes"] if n["state"] == "ALIVE"] == ["ALIVE"]
+    scaled.fake.wait_powered_off()
+
+
+@pytest.mark.slow
+def test_first_choice_without_capacity_takes_the_second(scaled: Scaled) -> None:
+    scaled.fake.capacity[("gpu_1x_a10", "us-west-1")] = 0
+    submit = scaled.invoke("submit", str(JOB), "--", "1")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    assert [w["type"] for w in scaled.workers()] == ["gpu_1x_a100_sxm4"]
+    scaled.wait("the worker terminated", lambda: not scaled.workers(), timeout=180)
+    scaled.fake.wait_powered_off()
+
+
+@pytest.mark.slow
+def test_no_capacity_anywhere_waits_without_a_launch_loop(scaled: Scaled) -> None:
+    for key in list(scaled.fake.capacity):
+        if key[0] != "cpu_4x_general":
+            scaled.fake.capacity[key] = 0
+    launches, types_before = scaled.launches(), len(scaled.fake.requests("GET", "/instance-types"))
+    submit = scaled.invoke("submit", "--no-wait", str(JOB), "--", "1")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = re.search(r"raysubmit_\w+", submit.stdout + submit.stderr)
+    assert job_id, submit.stdout + submit.stderr
+    time.sleep(20)
+    assert scaled.launches() == launches, "no capacity listed: nothing may be launched"
+    checks = len(scaled.fake.requests("GET", "/instance-types")) - types_before
+    # One capacity check per failure_backoff_s (3 s here) at most, not one per autoscaler loop.
+    assert 1 <= checks <= 20 / (60 * SCALE) + 2, checks
+    assert scaled.workers() == []
+    head = scaled.host(scaled.head()["ip"])
+    said = head.run("grep -h 'cannot launch gpu' /tmp/ray/session_latest/logs/monitor.* | head -1")
+    assert "no capacity listed" in said.stdout, said.stdout
+    stop = scaled.invoke("stop-job", job_id.group(0))
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    scaled.fake.capacity.update({k: v for k, v in CAPACITY.items() if k[0] != "cpu_4x_general"})
+
+
+@pytest.mark.slow
+def test_api_key_only_in_its_file(scaled: Scaled) -> None:
+    head = scaled.host(scaled.head()["ip"])
+    # The head's own disk: its home (minus the machine's big toolchains it shares read-only),
+    # Ray's logs and session files, shared memory; and every process's command line and
+    # environment. The key is fed to grep on stdin, so grep's own command line is clean.
+    # The host's /root is a copy-on-write layer over this machine's: skip what the machine had.
+    shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for d in sorted(os.listdir("/root"))
+                      if (Path("/root") / d).is_dir())
+    found = head.run(f"cd /root && grep -rlsF --binary-files=text -f /dev/stdin {shared} "
+                     "/root /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; true",
+                     input=API_KEY + "\n", timeout=300)
+    files = sorted(line for line in found.stdout.split("\n") if line)
+    assert files == ["/root/.rayfleet/lambda-api-key"], files
+    monitor_logs = head.run("ls /tmp/ray/session_latest/logs/monitor*").stdout.split()
+    assert monitor_logs, "the autoscaler wrote no log to scan"
+    for path in scaled.home.rglob("*"):
+        if path.is_file():
+            assert API_KEY.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.slow
+def test_teardown_right_after_a_launch_with_the_autoscaler_killed(scaled: Scaled) -> None:
+    launches = scaled.launches()
+    scaled.fake.boot_delay = 30.0  # the new worker stays "booting": Ray never sees it join
+    submit = scaled.invoke("submit", "--no-wait", str(JOB), "--", "1")
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    scaled.wait("the autoscaler's launch", lambda: scaled.launches() > launches, timeout=120)
+    head = scaled.host(scaled.head()["ip"])
+    pids = head.run("pgrep -f 'autoscaler/v2/monitor.py|autoscaler/_private/monitor.py'").stdout.split()
+    assert pids, "no autoscaler process on the head"
+    head.run(f"kill -9 {' '.join(pids)}", check=True)
+    cid = scaled.head()["tags"]["rayfleet-cluster"]
+    down = scaled.invoke("teardown")
+    assert down.returncode == 0, down.stdout + down.stderr
+    left = [i for i in scaled.fake.inventory()
+            if i["tags"].get("rayfleet-cluster") == cid and i["status"] != "terminated"]
+    assert left == []
+    assert [r["name"] for r in scaled.fake.firewall_rulesets.values()] == \
+        [f"rayfleet-{CLUSTER}-colleague"]
+    assert scaled.fake.ssh_keys == {}
+    colleague = [i for i in scaled.fake.inventory() if i["foreign"]]
+    assert [i["status"] for i in colleague] == ["active"]
+    assert not (scaled.home / "state" / f"{CLUSTER}.json").exists()
+    scaled.fake.boot_delay = 1.0

@@ -1,0 +1,167 @@
+"""The head-side node provider against the fake API, in-process (Ray's contract, issue 13).
+
+No test bed: instances get TEST-NET addresses from the fake and nothing logs into them; the
+autoscaler's behaviour on real hosts is test_autoscale_testbed.py's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.providers.lambda_cloud import api
+from infra.providers.lambda_cloud.node_provider import LambdaNodeProvider, NoCapacity
+from tests.conftest import ROOT
+from tests.lambda_cloud.conftest import API_KEY
+from tests.lambda_cloud.fake_api import FakeLambda, Fault
+
+LAUNCH = "/instance-operations/launch"
+CID = "0badcafe"
+TAGS = {"ray-node-type": "worker", "ray-user-node-type": "gpu", "ray-node-status": "uninitialized",
+        "ray-launch-config": "f" * 40, "ray-launch-request": "req-1", "ray-node-name": "ray-lt-worker"}
+NODE_CONFIG = {"choices": [{"instance_type": "gpu_1x_a10", "region": "us-east-1"},
+                           {"instance_type": "gpu_1x_h100_pcie", "region": "us-east-1"},
+                           {"instance_type": "gpu_1x_a10", "region": "us-west-1"}],
+               "type_name": "gpu"}
+
+
+def make(fake: FakeLambda, tmp_path: Path, **extra: Any) -> LambdaNodeProvider:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    key = tmp_path / "lambda-api-key"
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(API_KEY)
+    fake.ssh_keys["k1"] = {"id": "k1", "name": "rayfleet-lt-key", "public_key": "ssh-ed25519 AAAA x"}
+    config = {"cluster": "lt", "cluster_id": CID, "owner": "0123456789ab", "region": "us-east-1",
+              "ssh_key_name": "rayfleet-lt-key", "firewall_rulesets": [], "rate_scale": 0.01,
+              "api_key_file": str(key), "state_file": str(tmp_path / "nodes.json"),
+              "api_url": fake.url, **extra}
+    provider = LambdaNodeProvider(config, "lt")
+    provider.client._pacer.next_launch = 0.0  # no head was launched just before, in these tests
+    return provider
+
+
+def launches(fake: FakeLambda) -> list[float]:
+    return [t for t, s in fake.requests("POST", LAUNCH) if s == 200]
+
+
+def test_listed_at_once_tagged_and_recorded_before_return(fake: FakeLambda, tmp_path: Path) -> None:
+    provider = make(fake, tmp_path)
+    created = provider.create_node(NODE_CONFIG, TAGS, 1)
+    (node_id,) = created
+    # Booting (no IP yet) and still listed, with Ray's tags; the mutable status is in the file.
+    assert provider.non_terminated_nodes({"ray-user-node-type": "gpu"}) == [node_id]
+    assert not provider.is_running(node_id) and provider.internal_ip(node_id) is None
+    assert json.loads((tmp_path / "nodes.json").read_text())[node_id] == \
+        {"ray-node-status": "uninitialized"}
+    inst = fake.instances[node_id]
+    tags = {t["key"]: t["value"] for t in inst.tags}
+    assert tags["rayfleet-cluster"] == CID and tags["rayfleet-owner"] == "0123456789ab"
+    assert tags["ray-launch-request"] == "req-1" and "ray-node-status" not in tags
+    assert inst.name.startswith(f"lt-{CID}-gpu-")
+    provider.set_node_tags(node_id, {"ray-node-status": "up-to-date"})
+    assert provider.node_tags(node_id)["ray-node-status"] == "up-to-date"
+    assert provider.node_tags(node_id)["ray-user-node-type"] == "gpu"
+    # Terminated: dropped at once, although the API lists it as terminating for a while.
+    provider.terminate_node(node_id)
+    assert provider.non_terminated_nodes({}) == [] and provider.is_terminated(node_id)
+    assert node_id not in json.loads((tmp_path / "nodes.json").read_text())
+
+
+def test_only_our_cluster_id_is_listed(fake: FakeLambda, tmp_path: Path) -> None:
+    ours = make(fake, tmp_path / "a")
+    other = make(fake, tmp_path / "b", cluster_id="feedf00d")
+    mine = next(iter(ours.create_node(NODE_CONFIG, TAGS, 1)))
+    theirs = next(iter(other.create_node(NODE_CONFIG, TAGS, 1)))
+    ours._refresh(force=True)
+    assert ours.non_terminated_nodes({}) == [mine] and theirs not in ours.non_terminated_nodes({})
+
+
+def test_concurrent_launches_keep_the_launch_limit(fake: FakeLambda, tmp_path: Path) -> None:
+    # At 1/20 of the real limits (not 1/100): thread scheduling on a loaded machine must not be
+    # able to make two requests arrive closer than the fake's 50 ms.
+    fake.general.interval, fake.launches.interval = 0.05, 0.6
+    provider = make(fake, tmp_path, rate_scale=0.05)
+    fake.capacity[("gpu_1x_a10", "us-east-1")] = 6
+    made: list[str] = []
+    lock = threading.Lock()
+
+    def launch() -> None:
+        ids = provider.create_node(NODE_CONFIG, TAGS, 1)
+        with lock:
+            made.extend(ids)
+
+    threads = [threading.Thread(target=launch) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    times = launches(fake)
+    assert len(made) == len(set(made)) == 4 and len(times) == 4
+    assert min(b - a for a, b in itertools.pairwise(sorted(times))) >= fake.launches.interval * 0.99
+    assert [(m, p) for _, m, p, s in fake.log if s == 429] == []
+    assert sorted(provider.non_terminated_nodes({})) == sorted(made)
+
+
+def test_next_choice_on_insufficient_capacity(fake: FakeLambda, tmp_path: Path) -> None:
+    provider = make(fake, tmp_path)
+    fake.capacity = {("gpu_1x_a10", "us-east-1"): 1, ("gpu_1x_h100_pcie", "us-east-1"): 1,
+                     ("gpu_1x_a10", "us-west-1"): 5}
+
+    def steal(server: FakeLambda) -> None:  # someone takes the a10 between check and launch
+        server.capacity[("gpu_1x_a10", "us-east-1")] = 0
+
+    fake.after_instance_types = steal
+    node_id = next(iter(provider.create_node(NODE_CONFIG, TAGS, 1)))
+    assert fake.instances[node_id].type_name == "gpu_1x_h100_pcie"
+    assert fake.instances[node_id].region == "us-east-1"  # never another region than the head's
+
+
+def test_no_capacity_raises_and_backs_off_without_launching(fake: FakeLambda, tmp_path: Path) -> None:
+    provider = make(fake, tmp_path, failure_backoff_s=60)
+    fake.capacity = {("gpu_1x_a10", "us-west-1"): 5}  # only in another region
+    with pytest.raises(NoCapacity, match="no capacity listed"):
+        provider.create_node(NODE_CONFIG, TAGS, 1)
+    checks = len(fake.requests("GET", "/instance-types"))
+    for _ in range(5):  # the autoscaler asking again every loop costs nothing
+        with pytest.raises(NoCapacity, match="next try in"):
+            provider.create_node(NODE_CONFIG, TAGS, 1)
+    assert len(fake.requests("GET", "/instance-types")) == checks == 1
+    assert launches(fake) == [] and provider.non_terminated_nodes({}) == []
+
+
+def test_lost_launch_answer_is_found_by_tag_not_relaunched(fake: FakeLambda, tmp_path: Path) -> None:
+    provider = make(fake, tmp_path)
+    fake.inject(Fault("POST", LAUNCH, drop=True))
+    node_id = next(iter(provider.create_node(NODE_CONFIG, TAGS, 1)))
+    ours = [i for i in fake.inventory() if i["tags"].get("rayfleet-cluster") == CID]
+    assert [i["id"] for i in ours] == [node_id]
+    assert len(fake.requests("POST", LAUNCH)) == 1
+    assert provider.non_terminated_nodes({}) == [node_id]
+
+
+def test_api_key_file_must_be_private(fake: FakeLambda, tmp_path: Path) -> None:
+    provider = make(fake, tmp_path)
+    key = tmp_path / "lambda-api-key"
+    key.chmod(0o644)
+    with pytest.raises(RuntimeError, match="readable by others"):
+        LambdaNodeProvider(provider.provider_config, "lt")
+    assert isinstance(provider.client, api.LambdaClient) and API_KEY not in repr(provider.client)
+
+
+def test_imports_on_a_head_with_only_ray_and_requests() -> None:
+    code = ("import sys; import infra.providers.lambda_cloud.node_provider; "
+            "heavy = [m for m in ('pydantic', 'rich', 'invoke', 'paramiko', 'jinja2') "
+            "if m in sys.modules]; print(heavy)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
