@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from infra.providers.slurm import queue
 from tests.slurm.conftest import invoke, job_of, login_spec, ok, result_of, temp_marker
 from tests.testbed.hosts import Host
 from tests.testbed.slurm import SlurmCluster
@@ -157,6 +158,11 @@ def test_scale_from_zero_runs_the_job_on_both_hosts(elastic: Elastic) -> None:
     workers = elastic.workers()
     assert len(workers) == 1 and workers[0]["state"] == "RUNNING", workers
     assert workers[0]["name"].startswith(f"rf-elastic-{elastic.job['cluster_id']}-w-cpu-")
+    # The worker's walltime ends before the head's (spec: 1:00:00 for both).
+    limits = dict(line.split() for line in elastic.slurm.run(
+        "squeue -h -o '%i %L'", check=True).stdout.splitlines())
+    head_left = queue.time_limit_seconds(limits[str(elastic.job["job_id"])])
+    assert queue.time_limit_seconds(limits[workers[0]["id"]]) < head_left
 
 
 def test_idle_workers_are_cancelled_and_the_head_stays(elastic: Elastic) -> None:
