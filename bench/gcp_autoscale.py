@@ -11,8 +11,9 @@ and, from the moment the job's task ended on the node, idle->deleted: the node i
 
 Floors (what the configuration allows at best): demand->create is bounded below by one autoscaler
 update (`AUTOSCALER_UPDATE_INTERVAL_S`, 1 s here); idle->deleted by `idle_timeout_minutes` (0.2 min
-= 12 s) plus one update. Everything above that is Ray's machinery (SSH waits, node setup, Ray start,
-resource reports) and the machine's load. Needs root (the test bed).
+= 12 s; the check runs once per update, so up to 1 s more). Everything above that is Ray's
+machinery (SSH waits, node setup, Ray start, resource reports) and the machine's load. Needs root
+(the test bed).
 
 Usage: python bench/gcp_autoscale.py [--rounds 2]
 """
@@ -82,7 +83,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     interval = float(RAY_FAST["AUTOSCALER_UPDATE_INTERVAL_S"])
-    idle_floor = IDLE_TIMEOUT_MINUTES * 60 + interval
+    idle_floor = IDLE_TIMEOUT_MINUTES * 60  # plus up to one update interval
     with tempfile.TemporaryDirectory(prefix="gcp-bench-") as tmp:
         work = Path(tmp)
         with offline_bed(work) as offline:

@@ -89,7 +89,11 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
             ui.warn(f"{selected.source}: auth: none — Ray's job API and dashboard on this cluster "
                     "accept anyone who can reach them; remove `auth: none` to turn token auth on")
         _write_rendered(selected.name, result)
-        endpoint = impl.up(current, result, UpOptions(keep_partial=keep_partial))
+        try:
+            endpoint = impl.up(current, result, UpOptions(keep_partial=keep_partial))
+        except BaseException:
+            _forget_if_nothing_created(current)
+            raise
         applied = paths.applied_dir(selected.name)
         shutil.rmtree(applied, ignore_errors=True)
         shutil.copytree(paths.rendered_dir(selected.name), applied)
@@ -99,6 +103,13 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     ui.out(f"  dashboard:    {endpoint.dashboard_url}   (`invoke dashboard{flag}`)", markup=False)
     ui.out(f"  submit a job: invoke submit{flag} examples/cpu_example.py -- 8", markup=False)
     ui.out(f"  tear down:    invoke teardown{flag}", markup=False)
+
+
+def _forget_if_nothing_created(current: State) -> None:
+    """A refused first `up` leaves no trace: no state file, no token (nothing to tear down)."""
+    if current.empty and not current.info.get("dashboard_url"):
+        current.delete()
+        auth.token_path(current.cluster).unlink(missing_ok=True)
 
 
 def _cluster_flag(selected: spec.ClusterSpec) -> str:

@@ -100,6 +100,13 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _net_namespace(pid: int | str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return ""
+
+
 def _parent(pid: int) -> int:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -121,7 +128,10 @@ def gcs_marker(gcs_port: int) -> re.Pattern[str]:
 def cluster_processes(markers: list[str | re.Pattern[str]]) -> list[int]:
     """PIDs whose command line contains any marker, plus all their descendants."""
     me = os.getpid()
-    pids = _pids()
+    # A port (and so the GCS marker) names a cluster only within this network namespace: the
+    # Ray of a container or test-bed host on the same port is someone else's.
+    here = _net_namespace("self")
+    pids = [p for p in _pids() if _net_namespace(p) in ("", here)]
     roots = set()
     for pid in pids:
         if pid == me:

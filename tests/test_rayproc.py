@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from infra import rayproc
 
 
@@ -54,3 +56,23 @@ def test_port_block_flags_cover_every_ray_port() -> None:
             "--metrics-export-port", "--runtime-env-agent-port"} == names
     ports = [int(f.split("=")[1]) for f in flags]
     assert min(ports) == 30000 and max(ports) < 30000 + rayproc.BLOCK_SIZE
+
+
+def test_processes_in_other_network_namespaces_are_never_matched() -> None:
+    """Port 6379 in a container or test-bed host is another machine's Ray, not this cluster's."""
+    import shutil
+    import time
+
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    marker = f"--gcs-address=10.200.99.1:6379 rayproc-test-{time.time_ns()}"
+    other = subprocess.Popen(["unshare", "--net", "--", "bash", "-c", "sleep 30; true", "-", marker])
+    try:
+        time.sleep(0.3)
+        if other.poll() is not None:
+            pytest.skip("cannot create a network namespace here (needs root)")
+        found = rayproc.cluster_processes([rayproc.gcs_marker(6379)])
+        assert not [p for p in found if marker in rayproc._cmdline(p)], found
+    finally:
+        other.kill()
+        other.wait()

@@ -191,6 +191,11 @@ class FakeRay:
     `up` creates the head (labels from the config, as Ray's GCP provider merges them) and the
     min_workers of every type, and installs the config's SSH key on the sshd; `down` deletes the
     head only, like a `ray down` that misses autoscaler-launched workers.
+
+    In a zone the fake lists in `stockout_zones`, `up` fails the way Ray reports Google's refusal
+    (the insert operation's ZONE_RESOURCE_POOL_EXHAUSTED error, exit 1). It leaves the refused head
+    behind TERMINATED, which Ray's `down` does not delete (it only stops RUNNING heads here), so
+    only the provider's label sweep of that zone can make it go: tests see whether it ran.
     """
 
     def __init__(self, fake: FakeGcp, sshd: Sshd | None = None) -> None:
@@ -218,7 +223,8 @@ class FakeRay:
             with self.fake.lock:
                 for (z, instance_name), instance in list(self.fake.instances.items()):
                     if z == zone and instance["labels"].get("ray-node-type") == "head" and \
-                            instance["labels"].get("ray-cluster-name") == name:
+                            instance["labels"].get("ray-cluster-name") == name and \
+                            instance["status"] != "TERMINATED":
                         del self.fake.instances[(z, instance_name)]
             log.write_text("Destroying cluster. Confirm [y/N]: y [automatic, due to --yes]\n"
                            "Requested 1 nodes to shut down.\n")
@@ -232,6 +238,17 @@ class FakeRay:
         types = config["available_node_types"]
         head = types[config["head_node_type"]]["node_config"]
         ray_labels = {"ray-cluster-name": name}
+        if zone in self.fake.stockout_zones:
+            self.fake.add_instance(zone, f"ray-{name}-head-0a1b2c3d-compute",
+                                   {**head.get("labels", {}), **ray_labels, "ray-node-type": "head",
+                                    "ray-user-node-type": "head"}, status="TERMINATED")
+            log.write_text(
+                f"Cluster: {name}\nAcquiring an up-to-date head node\n"
+                "Exception: {'errors': [{'code': 'ZONE_RESOURCE_POOL_EXHAUSTED', 'message': "
+                f"\"The zone 'projects/{self.fake.project}/zones/{zone}' does not have enough "
+                "resources available to fulfill the request.  Try a different zone, or try again "
+                "later.\"}]}\n")
+            return 1
         if not self.fake.nodes_with({**ray_labels, "ray-node-type": "head"}):
             self.fake.add_instance(zone, f"ray-{name}-head-0a1b2c3d-compute",
                                    {**head.get("labels", {}), **ray_labels, "ray-node-type": "head",

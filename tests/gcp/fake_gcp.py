@@ -83,6 +83,8 @@ class FakeGcp(TpuApi):
         self.project_quotas = [{"metric": "FIREWALLS", "limit": 200.0, "usage": 12.0}]
         self.zones = {"us-central2-b": "us-central2", "us-central1-a": "us-central1"}
         self.zone_status: dict[str, str] = {}
+        #: Zones out of capacity: VM inserts and TPU creates there fail with a stockout.
+        self.stockout_zones: set[str] = set()
         self.regions: dict[str, list[dict[str, Any]]] = {
             region: [{"metric": "CPUS", "limit": 72.0, "usage": 0.0},
                      {"metric": "N2_CPUS", "limit": 48.0, "usage": 0.0},
@@ -368,7 +370,7 @@ class FakeGcp(TpuApi):
         labels = dict(body.get("labels") or {})
         items = (body.get("metadata") or {}).get("items") or []
         keys = next((str(i.get("value", "")) for i in items if i.get("key") == "ssh-keys"), "")
-        addresses = self._boot(name, 1, keys, {})
+        addresses = None if zone in self.stockout_zones else self._boot(name, 1, keys, {})
         interfaces = []
         for k, requested in enumerate(body.get("networkInterfaces") or [{}]):
             interface = {**requested, "kind": "compute#networkInterface", "name": f"nic{k}",

@@ -27,6 +27,7 @@ class TpuApi:
     # Provided by FakeGcp.
     project: str
     zones: dict[str, str]
+    stockout_zones: set[str]
     lock: Any
     page_size: int
     op_polls: int
@@ -158,7 +159,8 @@ class TpuApi:
         attributes = {"accelerator-type": accelerator, "instance-id": node_id,
                       "tpu-env": f"ACCELERATOR_TYPE: '{accelerator}'\nTOPOLOGY: '{topology}'\n"
                                  f"WORKER_ID: '0'\n"}
-        addresses = self._boot(node_id, hosts, keys, attributes)
+        addresses = (None if zone in self.stockout_zones
+                     else self._boot(node_id, hosts, keys, attributes))
         node: dict[str, Any] = {
             **body, "name": full, "acceleratorType": accelerator, "state": "CREATING",
             "labels": labels, "health": "HEALTHY", "apiVersion": version.upper(),

@@ -139,6 +139,16 @@ _FAILURES: list[tuple[re.Pattern[str], type[GcpError], str]] = [
 ]
 
 
+#: The reason `failure` gives a run that Google refused for capacity (a stockout).
+CAPACITY_REASON = "ZONE_RESOURCE_POOL_EXHAUSTED"
+
+
+def is_capacity(exc: Exception) -> bool:
+    """Whether a failed `ray up` was Google running out of capacity in the zone (another zone
+    may have it), as opposed to quota, credentials or a broken config (no other zone helps)."""
+    return isinstance(exc, GcpError) and getattr(exc, "reason", "") == CAPACITY_REASON
+
+
 def failure(verb: str, code: int, log: Path) -> GcpError:
     """A one-line error for a failed `ray <verb>`, from the most telling line of its log."""
     try:

@@ -4,6 +4,10 @@ Read-only calls in the order a user would fix things: project, zone, network, ma
 API, accelerator types and runtime versions offered in the zone, then quotas for what `up` starts
 at once (head + min_workers). The first problem raises a one-line GcpError naming the spec field
 and the fix; things that only matter at full scale become warnings.
+
+With `zones:` the zone checks run for every listed zone: the first zone that offers every machine
+type, TPU type and runtime version is chosen, the other usable ones are kept (in order) for `up`
+to fall back to when Google refuses the head for capacity.
 """
 
 from __future__ import annotations
@@ -32,19 +36,68 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     #: vCPUs per machine type as the API reports them.
     guest_cpus: dict[str, int] = field(default_factory=dict)
+    #: The zones that offer everything, in the spec's order; the first is the chosen one.
+    zones: list[str] = field(default_factory=list)
+    #: Why a listed zone was passed over ("zone: reason").
+    skipped: list[str] = field(default_factory=list)
 
 
 def run(spec: Spec, api: Gcp, ours: bool) -> Report:
     """All checks; `ours` says whether state already lists this cluster's Ray nodes."""
     report = Report()
     _project(spec, api, report)
+    if spec.zones is None:
+        _zone_checks(spec, api, report)
+        report.zones = [spec.zone]
+    else:
+        _choose_zone(spec, api, report)
+        spec = spec.model_copy(update={"zone": report.zones[0]})
+    _quotas(spec, api, report)
+    for zone in report.zones:
+        _name_is_free(spec.model_copy(update={"zone": zone}), api, ours, report)
+    return report
+
+
+def _zone_checks(spec: Spec, api: Gcp, report: Report) -> None:
     _zone_and_network(spec, api, report)
     _machine_types(spec, api, report)
     if spec.tpu_workers:
         _tpus(spec, api, report)
-    _quotas(spec, api, report)
-    _name_is_free(spec, api, ours, report)
-    return report
+
+
+def _choose_zone(spec: Spec, api: Gcp, report: Report) -> None:
+    """Run the zone checks for each of `zones:`; the first that passes is the cluster's zone."""
+    for zone in spec.candidate_zones:
+        trial = Report()
+        try:
+            _zone_checks(spec.model_copy(update={"zone": zone}), api, trial)
+        except GcpNotFoundError as exc:
+            report.skipped.append(f"{zone}: {_reason(exc)}")
+            continue
+        except GcpError as exc:
+            if type(exc) is not GcpError:  # credentials, permissions, disabled APIs: not the zone's
+                raise
+            report.skipped.append(f"{zone}: {_reason(exc)}")
+            continue
+        if not report.zones:
+            report.passed += trial.passed
+            report.warnings += trial.warnings
+            report.guest_cpus = trial.guest_cpus
+        report.zones.append(zone)
+    if not report.zones:
+        raise GcpNotFoundError(
+            f"gcp-tpu: no zone in zones: offers everything {spec.source} asks for ("
+            + "; ".join(report.skipped) + "); list other zones or pick other types", status=404)
+    fallback = f"; falls back to {', '.join(report.zones[1:])}" if report.zones[1:] else ""
+    skipped = f"; skipped {'; '.join(report.skipped)}" if report.skipped else ""
+    report.passed.append(f"zone {report.zones[0]} chosen from zones: {', '.join(spec.candidate_zones)}"
+                         f"{fallback}{skipped}")
+
+
+def _reason(exc: GcpError) -> str:
+    """The part of a check's message that says what is missing (without the fix for one zone)."""
+    text = str(exc).removeprefix("gcp-tpu: ")
+    return text.split("; ", 1)[0]
 
 
 def _project(spec: Spec, api: Gcp, report: Report) -> None:

@@ -95,8 +95,23 @@ class Provider(BaseProvider[Spec]):
         return text
 
     def _preflight(self, api: Gcp, ours: bool) -> preflight.Report:
-        with ui.step(f"pre-flight checks for project {self.spec.project}, zone {self.spec.zone}"):
+        zones = ", ".join(self.spec.candidate_zones)
+        with ui.step(f"pre-flight checks for project {self.spec.project}, zone(s) {zones}"):
             return preflight.run(self.spec, api, ours)
+
+    def _use_zone(self, zone: str) -> None:
+        """From here on the spec's `zone` is `zone` (one of `zones:`): rendering, lookups, state."""
+        if zone != self.spec.zone:
+            self.spec = self.spec.model_copy(update={"zone": zone})
+
+    def _zone_for(self, state: State | None) -> str:
+        """A running cluster stays in its recorded zone; else pre-flight's choice, else `zone`."""
+        recorded = state.find(CLUSTER, self.spec.name) if state is not None else None
+        if recorded is not None and recorded.attrs.get("zone") in self.spec.candidate_zones:
+            return str(recorded.attrs["zone"])
+        if self._report is not None and self._report.zones:
+            return self._report.zones[0]
+        return self.spec.zone
 
     # --- plan ---------------------------------------------------------------------------------
 
@@ -106,6 +121,9 @@ class Provider(BaseProvider[Spec]):
         public = key_dir / f"{ssh.KEY_NAME}.pub"
         public_key = (public.read_text().strip() if public.exists()
                       else f"ssh-ed25519 <generated-by-invoke-up> rayfleet-{spec.name}")
+        checks = self._plan_preflight(state)
+        self._use_zone(self._zone_for(state))
+        spec = self.spec
         text = self._render(public_key, key_dir / ssh.KEY_NAME, state)
         running = bool(state and state.resources(CLUSTER))
         resources = [PlannedResource(
@@ -139,7 +157,13 @@ class Provider(BaseProvider[Spec]):
             notes.append("dashboard: reachable only through an SSH tunnel (`invoke dashboard`)")
         notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
                      f"at most {spec.max_total} workers")
-        notes += self._plan_preflight(state)
+        if spec.zones is not None:
+            fallback = ([z for z in self._report.zones if z != spec.zone] if self._report
+                        else [z for z in spec.candidate_zones if z != spec.zone])
+            notes.append(f"zone {spec.zone} (from zones: {', '.join(spec.candidate_zones)}); if "
+                         f"Google has no capacity for the head there, `up` removes what that zone "
+                         f"left and moves on to {', '.join(fallback) or 'no other zone'}")
+        notes += checks
         return Plan(resources=resources, files={config.FILE_NAME: text}, notes=notes)
 
     def _plan_preflight(self, state: State | None) -> list[str]:
@@ -160,31 +184,48 @@ class Provider(BaseProvider[Spec]):
         api, key_file = self._api(spec.project, spec.credentials_file)  # first: creates nothing
         existing = state.resources(CLUSTER)
         for r in existing:
-            if (r.attrs["project"], r.attrs["zone"]) != (spec.project, spec.zone):
+            if r.attrs["project"] != spec.project or r.attrs["zone"] not in spec.candidate_zones:
                 raise UsageError(
                     f"{spec.source}: the cluster runs in {r.attrs['project']}/{r.attrs['zone']}; "
                     "run `invoke teardown` before moving it to another project or zone")
         report = self._report or self._preflight(api, bool(existing))
+        # A running cluster stays where it is; a new one tries the usable zones in order.
+        zones = [str(existing[0].attrs["zone"])] if existing else (report.zones or [spec.zone])
+        self._use_zone(zones[0])
+        spec = self.spec
         for line in report.passed:
             ui.info(f"✓ {line}")
         for warning in report.warnings:
             ui.warn(warning)
         keypair = ssh.ensure_keypair(spec.name)
         state.add(SSH_KEY, str(keypair.private_path.parent))
-        text = self._render(keypair.public_key, keypair.private_path, state)
-        plan.files[config.FILE_NAME] = text
-        state_mod.atomic_write(paths.rendered_dir(spec.name) / config.FILE_NAME, text)
-        config_path = data_dir(spec.name) / config.FILE_NAME
-        state_mod.atomic_write(config_path, text)
         try:
             self._reconcile_firewall(api, state)
-            # Recorded before `ray up`: from here on, anything Ray creates is teardown's to find.
-            label_id = self._label_id(state)
-            state.add(CLUSTER, spec.name, project=spec.project, zone=spec.zone,
-                      config=str(config_path), credentials_file=key_file,
-                      ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port,
-                      label_id=label_id)
-            return self._launch(api, state, text, config_path, key_file)
+            for index, zone in enumerate(zones):
+                self._use_zone(zone)
+                text, config_path = self._write_config(keypair, state, plan)
+                # Recorded before `ray up`: from here on, anything Ray creates is teardown's to
+                # find, in this zone.
+                label_id = self._label_id(state)
+                state.add(CLUSTER, spec.name, project=spec.project, zone=zone,
+                          config=str(config_path), credentials_file=key_file,
+                          ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port,
+                          label_id=label_id)
+                try:
+                    return self._launch(api, state, text, config_path, key_file)
+                except GcpError as exc:
+                    if existing or not launcher.is_capacity(exc) or len(zones) == 1:
+                        raise
+                    self._leave_zone(api, state, key_file)
+                    if index + 1 == len(zones):
+                        raise GcpError(
+                            f"gcp-tpu: no zone had capacity for the head (tried "
+                            f"{', '.join(zones)}: {exc.reason}); nothing is left in them; try "
+                            f"again later or add zones to zones: in {spec.source}",
+                            reason=exc.reason) from None
+                    ui.warn(f"zone {zone} has no capacity for the head ({exc.reason}); removed "
+                            f"what it left there; trying zone {zones[index + 1]}")
+            raise AssertionError("unreachable: the zone loop returns or raises")
         except KeyboardInterrupt:
             # Ctrl+C: like a failure, what this run created goes (unless --keep-partial); the
             # exact command that finishes the job is printed whenever anything may be left.
@@ -210,6 +251,25 @@ class Provider(BaseProvider[Spec]):
                 raise GcpError(f"{exc}; cleaning up also failed ({cleanup}); run `invoke "
                                "teardown` to finish") from None
             raise
+
+    def _write_config(self, keypair: ssh.KeyPair, state: State,
+                      plan: Plan) -> tuple[str, Path]:
+        """Render the Ray config for the current zone; write the applied and the launch copy."""
+        name = self.spec.name
+        text = self._render(keypair.public_key, keypair.private_path, state)
+        plan.files[config.FILE_NAME] = text
+        state_mod.atomic_write(paths.rendered_dir(name) / config.FILE_NAME, text)
+        config_path = data_dir(name) / config.FILE_NAME
+        state_mod.atomic_write(config_path, text)
+        return text, config_path
+
+    def _leave_zone(self, api: Gcp, state: State, key_file: str | None) -> None:
+        """Remove whatever a zone that refused the head left (ray down, then the label sweep,
+        which forgets the cluster's record only once the APIs list nothing there)."""
+        cluster = state.find(CLUSTER, self.spec.name)
+        assert cluster is not None
+        self._ray_down(state, cluster, key_file)
+        self._sweep(api, state, cluster)
 
     def _launch(self, api: Gcp, state: State, text: str, config_path: Path,
                 key_file: str | None) -> Endpoint:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -162,7 +162,11 @@ class NodeEnvSpec(StrictModel):
 class Spec(ClusterSpec):
     provider: Literal["gcp-tpu"]
     project: str
+    #: The zone everything runs in. With `zones:` (ordered, one region) it is the first listed
+    #: until `up`'s pre-flight picks the first zone that offers every type (see candidate_zones).
     zone: str
+    #: Zones to try in order instead of one `zone:`; all in one region.
+    zones: list[str] | None = None
     #: Derived from the zone when unset (us-central2-b -> us-central2).
     region: str | None = None
     #: Service-account key file; unset uses application-default credentials. Only its path is used.
@@ -185,6 +189,26 @@ class Spec(ClusterSpec):
     #: How long `up` waits for the dashboard to answer once `ray up` has finished.
     ready_timeout_s: int = Field(300, ge=30, le=3600)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _zone_or_zones(cls, data: Any) -> Any:
+        """Exactly one of `zone:` and `zones:`; `zone` starts as the first of `zones`."""
+        if not isinstance(data, dict):
+            return data
+        if "zone" in data and "zones" in data:
+            raise ValueError("zone and zones are both set; keep zone: (one zone) or zones: "
+                             "(an ordered list to fall back through), not both")
+        if "zones" in data:
+            zones = data["zones"]
+            if not isinstance(zones, list) or not zones or not all(
+                    isinstance(z, str) for z in zones):
+                raise ValueError("zones must be a non-empty list of zones like [us-central2-b, "
+                                 "us-central2-a]")
+            return {**data, "zone": zones[0]}
+        if "zone" not in data:
+            raise ValueError("zone is missing; set zone: (one zone) or zones: (an ordered list)")
+        return data
+
     @field_validator("project")
     @classmethod
     def _project(cls, value: str) -> str:
@@ -199,6 +223,22 @@ class Spec(ClusterSpec):
         if not ZONE.match(value):
             raise ValueError(f"{value!r} is not a zone like us-central2-b")
         return value
+
+    @field_validator("zones")
+    @classmethod
+    def _zones(cls, zones: list[str] | None) -> list[str] | None:
+        if zones is None:
+            return None
+        for value in zones:
+            if not ZONE.match(value):
+                raise ValueError(f"{value!r} is not a zone like us-central2-b")
+        if len(set(zones)) != len(zones):
+            raise ValueError("a zone is listed twice; list each zone once")
+        regions = sorted({z.rsplit("-", 1)[0] for z in zones})
+        if len(regions) > 1:
+            raise ValueError(f"zones span regions {', '.join(regions)}; list zones of one region "
+                             "(the head, its autoscaler and its workers share one network region)")
+        return zones
 
     @field_validator("credentials_file")
     @classmethod
@@ -253,6 +293,11 @@ class Spec(ClusterSpec):
                              "those ranges run code on the cluster; remove auth: none (token "
                              "auth) or remove allowed_source_ranges (SSH tunnel only)")
         return self
+
+    @property
+    def candidate_zones(self) -> list[str]:
+        """The zones `up` may use, in order: `zones:` or just `zone:`."""
+        return list(self.zones) if self.zones else [self.zone]
 
     @property
     def region_name(self) -> str:

@@ -224,7 +224,7 @@ def adopt_orphans(client: api.LambdaClient, state: State, run: str,
                 "id) from an interrupted run or the autoscaler; adopting it")
         state.add(INSTANCE, inst.id, name=inst.name, instance_type=inst.type_name,
                   region=inst.region, price_cents_per_hour=inst.price_cents_per_hour,
-                  launched_at=_tag_time(inst), run="adopted", slot=inst.tags.get(TAG_NODE))
+                  launched_at=tag_time(inst), run="adopted", slot=inst.tags.get(TAG_NODE))
     for resource in state.resources(INSTANCE):
         if resource.id not in tracked and resource.id not in {o.id for o in orphans}:
             _forget_if_gone(client, state, resource.id)
@@ -232,7 +232,7 @@ def adopt_orphans(client: api.LambdaClient, state: State, run: str,
             and not (skip_autoscaled and autoscaled(i))]
 
 
-def _tag_time(inst: api.Instance) -> str | None:
+def tag_time(inst: api.Instance) -> str | None:
     raw = inst.tags.get(TAG_LAUNCHED_AT, "")
     if not raw.isdigit():
         return None

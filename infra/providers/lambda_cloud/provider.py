@@ -393,7 +393,7 @@ class Provider(BaseProvider[Spec]):
         scaled = [i for i in orphans if fleet.autoscaled(i)]
         orphans = [i for i in orphans if not fleet.autoscaled(i)]
         for inst in scaled + orphans:
-            up_s = _uptime(fleet._tag_time(inst))
+            up_s = _uptime(fleet.tag_time(inst))
             hourly += inst.price_cents_per_hour
             accrued += inst.price_cents_per_hour * (up_s or 0) / 3600
             active += inst.status == "active"
