@@ -151,6 +151,9 @@ def test_an_unknown_compute_node_key_stops_up_in_one_line_and_cancels_the_job(
     state_file = rf_home / "state" / "pinned.json"
     assert not state_file.exists() or json.loads(state_file.read_text())["resources"] == []
     assert "rf-pinned-" not in slurm_cluster.run("squeue -h -o '%j'", check=True).stdout
+    assert list(slurm_cluster.jobs_dir.glob("rf-pinned-*")) == [], "the job's files remain"
+    # No token left on the shared disk (the earlier tests of the session tore theirs down).
+    assert list(slurm_cluster.jobs_dir.glob("keys/*/ray-token")) == []
 
 
 def test_a_changed_login_host_key_stops_in_one_line(tmp_path: Path, rf_home: Path,
