@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from infra.providers.slurm import queue
 from tests.slurm.conftest import invoke, job_of, login_spec, ok, result_of, temp_marker
 from tests.testbed.hosts import Host
 from tests.testbed.slurm import SlurmCluster
@@ -117,13 +118,6 @@ try:
     result["gcs_nodes"] = len(nodes)
 except Exception as exc:
     result["gcs_nodes"] = str(exc).splitlines()[0][:200]
-import ray
-try:
-    ray.init(f"ray://{head}:{client}", logging_level="ERROR")
-    result["ray_client"] = sorted(ray.cluster_resources())[:3]
-    ray.shutdown()
-except Exception as exc:
-    result["ray_client"] = type(exc).__name__ + ": " + str(exc).splitlines()[0][:200]
 print("PROBE " + json.dumps(result))
 """
 
@@ -147,17 +141,12 @@ def test_another_host_reaches_the_ports_but_not_ray_without_the_token(elastic: E
     # TCP reaches Ray's ports (the GCS must be reachable for workers), the dashboard is loopback.
     assert without["gcs"] == without["client"] == without["agent"] == "open", without
     assert without["dashboard"] == "ConnectionRefusedError", without
-    # ...but neither the job API, nor the GCS, nor Ray Client answers without the token.
+    # ...but neither the job API nor the GCS (Ray's own client) answers without the token.
     assert without["job_api"] == 401, without
     assert not isinstance(without["gcs_nodes"], int), without
-    assert "Error" in str(without["ray_client"]), without
     with_token = probe(other, job, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
                                     "PROBE_TOKEN_FILE": str(token)})
     assert with_token["job_api"] != 401 and with_token["gcs_nodes"] == 1, with_token
-    # Ray Client with the token gets past authentication; whether its per-client server then
-    # starts within Ray's 30 s on a loaded 2-core machine is Ray's business, not ours.
-    print(f"\n[elastic] Ray Client without the token: {without['ray_client']}; with it: "
-          f"{with_token['ray_client']}")
 
 
 def test_scale_from_zero_runs_the_job_on_both_hosts(elastic: Elastic) -> None:
@@ -169,6 +158,11 @@ def test_scale_from_zero_runs_the_job_on_both_hosts(elastic: Elastic) -> None:
     workers = elastic.workers()
     assert len(workers) == 1 and workers[0]["state"] == "RUNNING", workers
     assert workers[0]["name"].startswith(f"rf-elastic-{elastic.job['cluster_id']}-w-cpu-")
+    # The worker's walltime ends before the head's (spec: 1:00:00 for both).
+    limits = dict(line.split() for line in elastic.slurm.run(
+        "squeue -h -o '%i %L'", check=True).stdout.splitlines())
+    head_left = queue.time_limit_seconds(limits[str(elastic.job["job_id"])])
+    assert queue.time_limit_seconds(limits[workers[0]["id"]]) < head_left
 
 
 def test_idle_workers_are_cancelled_and_the_head_stays(elastic: Elastic) -> None:

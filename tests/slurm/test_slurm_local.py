@@ -139,5 +139,6 @@ def test_a_node_that_cannot_start_ray_fails_up_in_one_line_and_cancels(
     line = one_line_error(invoke("up", "--cluster", str(spec)), 1)
     assert "before Ray was ready" in line and "module load nosuch/1.0 failed" in line, line
     assert "rf-broken-" not in squeue(slurm_local)
-    state = json.loads((rf_home / "state" / "broken.json").read_text())
-    assert state["resources"] == [], "a cancelled job must leave the state"
+    # A cancelled job leaves the state (core removes a first up's state that holds nothing).
+    state_file = rf_home / "state" / "broken.json"
+    assert state_empty(rf_home, "broken") or json.loads(state_file.read_text())["resources"] == []

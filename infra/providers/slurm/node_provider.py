@@ -15,7 +15,8 @@ library only (plus queue.py, infra.errors, infra.identity, shipped with it into 
 
 Runs on the head's compute node, where Slurm's client commands work inside a job. Thread-safe:
 one lock around the cache and every Slurm command (launcher threads, v2's executors and the main
-loop call in concurrently).
+loop call in concurrently). Slurm's commands run without a shell: a `bash -c` may source the
+user's rc files (see NOTES.md), which stalled squeue for 30 s and more on the test bed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import secrets
 import socket
 import subprocess
@@ -56,7 +58,8 @@ LISTING_GRACE_S = 60
 #: Variables of the monitor's environment that must not reach a worker job (--export=ALL).
 _NOT_INHERITED = ("RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME", "RAY_OVERRIDE_RESOURCES",
                   "RAY_OVERRIDE_LABELS", "RAY_ADDRESS", "RAY_RAYLET_PID", "RAY_JOB_ID",
-                  "PYTHONPATH", "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME")
+                  "PYTHONPATH", "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME",
+                  "SSH_CLIENT", "SSH2_CLIENT", "SSH_CONNECTION", "SSH_TTY")
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None,
@@ -92,6 +95,7 @@ class SlurmNodeProvider(NodeProvider):
         #: Jobs we cancelled: never listed again, though squeue shows them for a while.
         self._cancelled: set[str] = set()
         self._ips: dict[str, str] = {}
+        self._user = pwd.getpwuid(os.getuid()).pw_name
 
     # --- the queue ---------------------------------------------------------------------------
 
@@ -99,9 +103,10 @@ class SlurmNodeProvider(NodeProvider):
         """Our jobs, one squeue; retried for ~10 s, then QueueUnavailable."""
         delay, deadline = 0.5, time.monotonic() + 10
         while True:
-            done = _run(["bash", "-c", queue.command('-u "$(id -un)"')], timeout=30)
+            done = _run(queue.argv("-u", self._user), timeout=30)
             try:
-                rows = queue.parse(done.stdout + done.stderr, "the cluster's jobs")
+                rows = queue.parse_result(done.stdout, done.stderr, done.returncode,
+                                          "the cluster's jobs")
                 return [row for row in rows if row.ours(self._cluster_id)]
             except QueueUnavailable:
                 if time.monotonic() + delay > deadline:

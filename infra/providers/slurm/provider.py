@@ -149,7 +149,9 @@ class Provider(BaseProvider[Spec]):
                     raise
                 ui.info(f"cancelling Slurm job {job.attrs['job_id']} (--keep-partial keeps "
                         "it for debugging)")
-                ours.cancel(self.spec, runner, state, state.find(JOB, job.id) or job)
+                # The job, any worker its autoscaler already submitted (they carry the id), the
+                # job files and the token on the submit host.
+                ours.teardown(self.spec, runner, state)
                 raise
         return endpoint
 

@@ -141,6 +141,16 @@ def command(arguments: str) -> str:
     return f"{{ squeue -h {arguments} -o '{ROW_FORMAT}'; echo \"{_RC}$?\"; }} 2>&1"
 
 
+def argv(*arguments: str) -> list[str]:
+    """squeue's argv for `parse_result` (no shell: a shell may source BASH_ENV and stall)."""
+    return ["squeue", "-h", *arguments, "-o", ROW_FORMAT]
+
+
+def parse_result(stdout: str, stderr: str, code: int, what: str) -> list[JobRow]:
+    """`parse` for an squeue run without the shell wrapper of `command`."""
+    return parse(f"{stdout}\n{stderr}\n{_RC}{code}\n", what)
+
+
 def parse(text: str, what: str) -> list[JobRow]:
     """The rows of an answer to `command`; QueueUnavailable if squeue failed.
 
