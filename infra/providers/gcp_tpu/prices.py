@@ -102,8 +102,6 @@ def current_cost(vms: list[dict[str, Any]], tpu_nodes: list[dict[str, Any]]) -> 
     from infra.providers.base import Cost
 
     now = dt.datetime.now(dt.timezone.utc)
-    nodes, hourly, accrued, uptime = 0, 0.0, 0.0, 0.0
-    unknown = False
 
     def age(resource: dict[str, Any]) -> float:
         stamp = resource.get("creationTimestamp") or resource.get("createTime")
@@ -112,37 +110,29 @@ def current_cost(vms: list[dict[str, Any]], tpu_nodes: list[dict[str, Any]]) -> 
         except ValueError:
             return 0.0
 
+    def kind(scheduling: dict[str, Any], spot: bool) -> str:
+        return "spot" if spot else ("preemptible" if scheduling.get("preemptible") else "standard")
+
+    # (resource, its $/h or None when the table lacks its type) for every billed resource
+    priced: list[tuple[dict[str, Any], float | None]] = []
     for vm in vms:
         labels = vm.get("labels") or {}
         if "tpu_cores" in labels or vm.get("status") in ("TERMINATED", "STOPPED", "SUSPENDED"):
             continue  # a TPU VM's own instance (priced with its node), or not billed for its CPUs
         scheduling = vm.get("scheduling") or {}
-        kind = "spot" if scheduling.get("provisioningModel") == "SPOT" else (
-            "preemptible" if scheduling.get("preemptible") else "standard")
-        price = machine_hourly(str(vm.get("machineType", "")), kind)
-        nodes += 1
-        seconds = age(vm)
-        uptime = max(uptime, seconds)
-        if price is None:
-            unknown = True
-            continue
-        hourly += price
-        accrued += price * seconds / 3600
+        spot = scheduling.get("provisioningModel") == "SPOT"
+        priced.append((vm, machine_hourly(str(vm.get("machineType", "")), kind(scheduling, spot))))
     for node in tpu_nodes:
         if node.get("state") not in ("READY", "CREATING", "RESTARTING", "REPAIRING"):
             continue
         scheduling = node.get("schedulingConfig") or {}
-        kind = "spot" if scheduling.get("spot") else (
-            "preemptible" if scheduling.get("preemptible") else "standard")
-        price = tpu_hourly(str(node.get("acceleratorType", "")), None, kind)
-        nodes += 1
-        seconds = age(node)
-        uptime = max(uptime, seconds)
-        if price is None:
-            unknown = True
-            continue
-        hourly += price
-        accrued += price * seconds / 3600
+        priced.append((node, tpu_hourly(str(node.get("acceleratorType", "")), None,
+                                        kind(scheduling, bool(scheduling.get("spot"))))))
+    nodes = len(priced)
+    uptime = max((age(resource) for resource, _ in priced), default=0.0)
+    unknown = any(price is None for _, price in priced)
+    hourly = sum(price for _, price in priced if price is not None)
+    accrued = sum(price * age(resource) / 3600 for resource, price in priced if price is not None)
     if unknown:
         return Cost(nodes, None, uptime or None, None,
                     source=f"{SOURCE}; a machine or TPU type is not in the table")

@@ -71,28 +71,27 @@ class Submit(StrictModel):
         return self
 
 
-class GpuWorkers(StrictModel):
+class _NodeShape(StrictModel):
+    """The hardware of one node, as both worker groups ask Slurm for it."""
+
+    partition: str | None = Field(None, pattern=_WORD)
+    cpus_per_node: int = Field(..., ge=1, le=4096)
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    gpu_type: GpuType = None
+    memory_per_node_mb: int | None = Field(None, ge=100)
+    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|*\[\]():-]+$")
+
+
+class GpuWorkers(_NodeShape):
     """A second group of nodes with other hardware: a heterogeneous Slurm job (`hetjob`)."""
 
     nodes: int = Field(1, ge=1, le=4096)
-    partition: str | None = Field(None, pattern=_WORD)
-    cpus_per_node: int = Field(..., ge=1, le=4096)
-    gpus_per_node: int = Field(0, ge=0, le=64)
-    gpu_type: GpuType = None
-    memory_per_node_mb: int | None = Field(None, ge=100)
-    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|*\[\]():-]+$")
     resources: dict[str, float] = Field(default_factory=dict)
 
 
-class WorkerType(StrictModel):
+class WorkerType(_NodeShape):
     """Workers Ray's autoscaler may start on demand: one sbatch job per worker node."""
 
-    partition: str | None = Field(None, pattern=_WORD)
-    cpus_per_node: int = Field(..., ge=1, le=4096)
-    gpus_per_node: int = Field(0, ge=0, le=64)
-    gpu_type: GpuType = None
-    memory_per_node_mb: int | None = Field(None, ge=100)
-    constraint: str | None = Field(None, pattern=r"^[A-Za-z0-9_.&|*\[\]():-]+$")
     #: Walltime of each worker job; never more than what the head's job has left.
     time_limit: str | None = None
     min_workers: int = Field(0, ge=0, le=4096)
