@@ -95,9 +95,14 @@ BASE_SPEC: dict[str, Any] = {
 
 
 def write_spec(folder: Path, name: str = "tpucls", **changes: Any) -> Path:
-    """A spec file from BASE_SPEC; keyword values replace top-level keys (None removes one)."""
+    """A spec file from BASE_SPEC; keyword values replace top-level keys (None removes one).
+
+    `autodown: null` unless `autodown` is given: these tests' "head" is an sshd on this machine,
+    where no autodown watcher may be installed."""
     data = {**BASE_SPEC, **changes}
     data = {k: v for k, v in data.items() if v is not None}
+    if "autodown" not in changes:
+        data["autodown"] = None
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
