@@ -66,7 +66,7 @@ def test_sweep_finds_and_deletes_only_our_leaks(offline: Offline, tmp_path: Path
                "ray-leaky-lookalike"]
     # What a crashed checkout left (its state file is gone), a colleague's cluster, one with a
     # state file here, and a VM named like ours without any rayfleet label.
-    fake.add_instance(ZONE, planted[0], _labels(leaked, "leaky", ME), machine_type="n2-standard-4")
+    fake.add_instance(ZONE, planted[0], _labels(leaked, "leaky", ME))
     fake.add_tpu_node(ZONE, planted[1], "v4-8", _labels(leaked, "leaky", ME))
     fake.add_instance(ZONE, planted[2], _labels(colleague, "theirs", COLLEAGUE))
     fake.add_instance(ZONE, planted[3], _labels(kept, "kept", ME))
@@ -82,7 +82,7 @@ def test_sweep_finds_and_deletes_only_our_leaks(offline: Offline, tmp_path: Path
         assert sorted((r["name"], r["yours"], r["cluster_id"]) for r in found) == [
             (planted[0], True, leaked), (planted[1], True, leaked)], found
         assert all(r["hourly_usd"] and r["provider"] == "gcp-tpu" for r in found), found
-        assert "not swept" not in listed.stderr, listed.stderr
+        assert "gcp-tpu:" not in listed.stderr, listed.stderr  # swept, answered, no warning
 
         everyone = json.loads(sweep("--all-owners", "--json").stdout)["resources"]
         assert sorted((r["name"], r["yours"]) for r in everyone) == [
