@@ -328,8 +328,9 @@ def gone_view(report: Any, marker: dict[str, Any] | None) -> Any:
     from dataclasses import replace
 
     ended = dt.datetime.fromisoformat(str(since)) + dt.timedelta(minutes=report.idle_minutes)
+    # Silent it is, of course: its head is gone.
     return replace(report, removed_at=ended.isoformat(timespec="seconds"),
-                   detail="time from its last report")
+                   detail="time from its last report", silent_since=None)
 
 
 def describe(view: Any) -> str:
