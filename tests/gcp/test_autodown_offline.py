@@ -43,7 +43,7 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_worker_and_itself(
                                     f"student@{PROJECT}.iam.gserviceaccount.com")
     # One CPU worker that Ray's autoscaler keeps (min_workers): the head must stop it from
     # launching a replacement while it deletes the worker, or that replacement would leak.
-    spec = spec_file(tmp_path, key, name=NAME, autodown={"idle_minutes": IDLE_MINUTES},
+    spec = spec_file(tmp_path, key, name=NAME, autodown={"idle_minutes": 5},
                      cpu_workers={"cpu": {"machine_type": "n2-standard-8", "cpus": 1,
                                           "min_workers": 1, "max_workers": 1,
                                           "provisioning": "spot"}},
@@ -54,8 +54,15 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_worker_and_itself(
     try:
         up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr
-        assert "starting the autodown watcher on the head (0.3 idle minutes)" in up.stderr, up.stderr
+        assert "starting the autodown watcher on the head (5 idle minutes)" in up.stderr, up.stderr
         assert "not enforced" not in up.stderr
+        # A second `up` with another idle period replaces the running watcher (the countdown
+        # below shows its 0.3 minutes).
+        spec.write_text(spec.read_text().replace("idle_minutes: 5", f"idle_minutes: {IDLE_MINUTES}"))
+        up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "is already running with this config" in up.stderr, up.stderr
+        assert "starting the autodown watcher on the head (0.3 idle minutes)" in up.stderr, up.stderr
         # The cost range (issue 15): head + its one worker, at min and max size alike.
         assert "cost: $" in up.stderr and "(2 nodes), fixed size" in up.stderr, up.stderr
         cluster_id = json.loads((home / "state" / f"{NAME}.json").read_text())["cluster_id"]
