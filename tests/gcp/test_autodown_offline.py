@@ -101,6 +101,9 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_worker_and_itself(
         stopped = offline.invoke(home, "stop-job", "--cluster", str(spec), job_id, timeout=120)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         idle_since = time.monotonic()
+        # The job is stopped a moment after stop-job returns; the watcher notices within 1 s.
+        wait_for("the watcher to count idle time", lambda: json.loads(head_host.run(
+            "cat ~/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since"), timeout=15)
         status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
         assert "autodown: idle " in status.stdout and " of 0.3 min" in status.stdout, status.stdout
         wait_for("nothing of the cluster left at the fake", lambda: not _ours(offline, cluster_id),
