@@ -1,7 +1,8 @@
 """GCP autodown end to end against the offline Google (issue 15): `invoke up` starts the watcher
 beside the head; a running job keeps the cluster past its idle period; once idle, the head stops
-its Ray, deletes its worker and then its own VM through the fake APIs with the VM's own service
-account (metadata server), and the laptop's next `status` and `teardown` say it removed itself.
+its Ray, deletes its workers (a CPU VM, a TPU node) and then its own VM through the fake APIs with
+the VM's own service account (metadata server), and the laptop's next `status` and `teardown` say
+it removed itself.
 
 Real `ray up`, real Ray and autoscaler on test-bed hosts, `invoke` as a user runs it; the test bed
 is the one test_e2e_offline.py uses (the package fixture `offline`). `idle_minutes: 0.3` keeps the
@@ -35,19 +36,20 @@ def _ours(offline: Offline, cluster_id: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_busy_cluster_is_kept_idle_one_deletes_its_worker_and_itself(
+def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         offline: Offline, tmp_path: Path) -> None:
     fake, google = offline.fake, offline.google
     home = tmp_path / "rayfleet-home"
     key = write_service_account_key(tmp_path / "sa-key.json", google.identity,
                                     f"student@{PROJECT}.iam.gserviceaccount.com")
-    # One CPU worker that Ray's autoscaler keeps (min_workers): the head must stop it from
-    # launching a replacement while it deletes the worker, or that replacement would leak.
+    # A CPU VM and a TPU node that Ray's autoscaler keeps (min_workers): the head must stop it
+    # from launching replacements while it deletes them, or those would leak.
     spec = spec_file(tmp_path, key, name=NAME, autodown={"idle_minutes": 5},
                      cpu_workers={"cpu": {"machine_type": "n2-standard-8", "cpus": 1,
                                           "min_workers": 1, "max_workers": 1,
                                           "provisioning": "spot"}},
-                     tpu_workers={})
+                     tpu_workers={"tpu": {"accelerator_type": "v4-8", "min_workers": 1,
+                                          "max_workers": 1, "cpus": 1, "provisioning": "spot"}})
     started = time.monotonic()
     timings: dict[str, float] = {}
     cluster_id = ""
@@ -63,8 +65,8 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_worker_and_itself(
         assert up.returncode == 0, up.stdout + up.stderr
         assert "is already running with this config" in up.stderr, up.stderr
         assert "starting the autodown watcher on the head (0.3 idle minutes)" in up.stderr, up.stderr
-        # The cost range (issue 15): head + its one worker, at min and max size alike.
-        assert "cost: $" in up.stderr and "(2 nodes), fixed size" in up.stderr, up.stderr
+        # The cost range (issue 15): head + its two workers, at min and max size alike.
+        assert "cost: $" in up.stderr and "(3 nodes), fixed size" in up.stderr, up.stderr
         cluster_id = json.loads((home / "state" / f"{NAME}.json").read_text())["cluster_id"]
         head = next(i for i in _ours(offline, cluster_id)
                     if i["labels"].get("ray-node-type") == "head")
@@ -85,9 +87,10 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_worker_and_itself(
         assert job.returncode == 0, job.stdout + job.stderr
         job_id = job.stdout.strip().splitlines()[-1]
         busy_since = time.monotonic()
-        wait_for("the autoscaler's worker VM", lambda: [
-            i for i in _ours(offline, cluster_id)
-            if i["labels"].get("ray-node-type") == "worker" and i["status"] == "RUNNING"],
+        wait_for("the autoscaler's worker VM and TPU node", lambda: {
+            "vm" if i.get("status") == "RUNNING" and "tpu_cores" not in i["labels"] else "tpu"
+            for i in _ours(offline, cluster_id) if i["labels"].get("ray-node-type") == "worker"
+            and (i.get("status") == "RUNNING" or i.get("state") == "READY")} == {"vm", "tpu"},
             timeout=240)
         time.sleep(max(0.0, IDLE_MINUTES * 60 * 2 - (time.monotonic() - busy_since)))
         assert any(i["name"] == head["name"] for i in _ours(offline, cluster_id)), \
@@ -112,7 +115,8 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_worker_and_itself(
         deletes = [(path.rsplit("/", 1)[-1], caller) for host, method, path, caller in google.log
                    if method == "DELETE" and NAME in path]
         assert [name for name, _ in deletes if "head" in name] == [head["name"]], deletes
-        assert deletes[-1][0] == head["name"] and len(deletes) >= 2, deletes  # the head last
+        assert deletes[-1][0] == head["name"] and len(deletes) == 3, deletes  # the head last
+        assert any(name.endswith("-tpu") for name, _ in deletes), deletes
         assert {caller for _, caller in deletes} == {head_ip}, deletes  # the head did it itself
         offline.google.machines.wait_idle()
         left = head_host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[i]nfra.autodown' "
