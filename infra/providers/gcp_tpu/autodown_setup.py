@@ -13,15 +13,19 @@ one it read: right after `up` starts the watcher, and at every `status`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, autodown, autodown_remote, paths, ssh, ui
+from infra import auth, autodown, autodown_remote, ui
 from infra.errors import RayfleetError
 from infra.providers.gcp_tpu import autodown as action
 from infra.providers.gcp_tpu import config
 
 if TYPE_CHECKING:
+    from infra import ssh
+    from infra.providers.base import AutodownView, ProviderStatus
     from infra.providers.gcp_tpu.api import Gcp
     from infra.providers.gcp_tpu.spec import Spec
     from infra.state import Resource, State
@@ -31,15 +35,6 @@ if TYPE_CHECKING:
 HEAD_PYTHON = "$HOME/rayfleet/env/bin/python"
 #: How long `up` waits for the watcher's first marker, to keep a copy of it.
 FIRST_MARKER_S = 30.0
-
-
-def head_target(cluster_name: str, cluster: Resource, port: int = 22) -> ssh.SshTarget:
-    """Our own SSH to the head: the cluster's key, its host key pinned on first contact (Ray's own
-    SSH, for `ray up`/`ray down`, keeps Ray's options; see NOTES.md)."""
-    return ssh.SshTarget(host=str(cluster.attrs["head_ip"]), user=str(cluster.attrs["ssh_user"]),
-                         key_path=paths.keys_dir(cluster_name) / ssh.KEY_NAME, port=port,
-                         known_hosts=ssh.cluster_known_hosts(cluster_name),
-                         host_key_policy="accept-new")
 
 
 def watcher_config(spec: Spec, state: State, cluster: Resource) -> autodown.Config:
@@ -57,10 +52,9 @@ def watcher_config(spec: Spec, state: State, cluster: Resource) -> autodown.Conf
         token_path=config.NODE_TOKEN_PATH if auth.token_file(state) else None)
 
 
-def install(spec: Spec, state: State, cluster: Resource, port: int = 22) -> None:
+def install(spec: Spec, state: State, cluster: Resource, target: ssh.SshTarget) -> None:
     """Start (or keep) the head's watcher and keep a copy of its first marker; stop the one an
     earlier `up` started (this machine holds its marker) when the spec turned autodown off."""
-    target = head_target(spec.name, cluster, port)
     if spec.autodown is None:
         if marker(spec.name) is not None:
             with contextlib.suppress(RayfleetError):
@@ -80,11 +74,6 @@ def install(spec: Spec, state: State, cluster: Resource, port: int = 22) -> None
             time.sleep(1)
 
 
-def refresh(spec_name: str, cluster: Resource, port: int = 22) -> None:
-    """Fetch the head's marker into this machine's cache (quietly: status must not fail on it)."""
-    autodown_remote.read_marker(head_target(spec_name, cluster, port), spec_name)
-
-
 def marker(cluster: str) -> dict[str, Any] | None:
     return autodown.read_marker(autodown.marker_path(cluster))
 
@@ -96,3 +85,41 @@ def nodes_left(api: Gcp, cluster: Resource) -> int:
     zone = str(cluster.attrs["zone"])
     vms = [i for i in api.instances(zone, labels) if "tpu_cores" not in (i.get("labels") or {})]
     return len(vms) + len(api.tpu_nodes(zone, labels))
+
+
+def add_report(status: ProviderStatus, spec: Spec, state: State, clusters: list[Resource],
+               cached: Callable[[], AutodownView | None],
+               target: Callable[[Resource], ssh.SshTarget]) -> ProviderStatus:
+    """`status` with the watcher's countdown (its marker fetched from a running head first; quietly,
+    status must not fail on it), or, when `status` lists no VM or TPU of the cluster any more and
+    the last marker showed it counting down, that it removed itself. `cached` reads this
+    machine's copy of the marker."""
+    if not clusters or (spec.autodown is None and marker(state.cluster) is None):
+        return status
+    if status.running:
+        autodown_remote.read_marker(target(clusters[0]), state.cluster)
+    view = cached()
+    listed = [r for r in status.rows if r.get("kind") != "firewall rule"]
+    gone = None if listed else autodown.gone_view(view, marker(state.cluster))
+    if gone is None:
+        return dataclasses.replace(status, autodown=view)
+    where = f"{clusters[0].attrs['project']}/{clusters[0].attrs['zone']}"
+    return dataclasses.replace(
+        status, state="removed itself", autodown=gone,
+        summary=f"no VM or TPU of the cluster is left in {where}: it {autodown.describe(gone)}; "
+                "`invoke teardown` verifies and clears its state")
+
+
+def report(view: AutodownView | None, state: State, clusters: list[Resource],
+           api: Callable[[], Gcp]) -> AutodownView | None:
+    """`view` (this machine's copy of the marker), or, when the APIs list no VM or TPU of the
+    recorded cluster while that copy showed the watcher counting down, a view saying it removed
+    itself (autodown.gone_view). Asks the APIs only when that could be the case."""
+    last = marker(state.cluster)
+    if view is None or view.removed_at or last is None or not clusters:
+        return view
+    client = api()
+    if any(nodes_left(client, cluster) for cluster in clusters):
+        return view
+    gone: AutodownView | None = autodown.gone_view(view, last)
+    return gone or view

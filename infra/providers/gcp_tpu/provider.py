@@ -14,27 +14,21 @@ import hashlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infra import auth, autodown, jobs, paths, ssh, ui
+from infra import auth, jobs, paths, ssh, ui
 from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
-from infra.providers.base import (
-    AutodownView,
-    Cost,
-    CostRange,
-    Endpoint,
-    Plan,
-    PlannedResource,
-    ProviderStatus,
-    UpOptions,
-)
+from infra.providers.base import Cost, CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.gcp_tpu import autodown_setup, config, launcher, preflight
 from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import RayRunner
 from infra.providers.gcp_tpu.spec import Spec
 from infra.state import Resource, State
+
+if TYPE_CHECKING:
+    from infra.providers.base import AutodownView
 
 #: The Ray cluster `ray up` made: head plus whatever its autoscaler launched (found by labels).
 CLUSTER = "gcp-ray-cluster"
@@ -325,9 +319,18 @@ class Provider(BaseProvider[Spec]):
                     hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
         recorded = state.find(CLUSTER, spec.name)
         assert recorded is not None
-        autodown_setup.install(spec, state, recorded, self._ssh_port)
+        autodown_setup.install(spec, state, recorded, self._head_target(recorded))
         return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                         f"{internal}:{GCS_PORT}")
+
+    def _head_target(self, cluster: Resource) -> ssh.SshTarget:
+        # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
+        # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
+        return ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
+                             key_path=paths.keys_dir(self.spec.name) / ssh.KEY_NAME,
+                             port=self._ssh_port,
+                             known_hosts=ssh.cluster_known_hosts(self.spec.name),
+                             host_key_policy="accept-new")
 
     def _answers(self, state: State, step: ui.Step | None = None) -> bool:
         try:
@@ -440,35 +443,18 @@ class Provider(BaseProvider[Spec]):
         nodes = sum(1 for r in rows if r["kind"] != "firewall rule")
         summary = (f"{'head RUNNING' if running else 'head NOT running'}, {nodes} node(s) in "
                    f"{first.attrs['project']}/{zone}")
-        view, label = None, ""
-        if clusters and (self.spec.autodown is not None or autodown_setup.marker(state.cluster)):
-            if running:
-                autodown_setup.refresh(self.spec.name, clusters[0], self._ssh_port)
-            view = super().autodown_report(state)
-            gone = autodown.gone_view(view, autodown_setup.marker(state.cluster)) if not nodes \
-                else None
-            if gone is not None:
-                view, label = gone, "removed itself"
-                summary = (f"no VM or TPU of the cluster is left in {first.attrs['project']}/"
-                           f"{zone}: it {autodown.describe(gone)}; `invoke teardown` verifies "
-                           "and clears its state")
-        return ProviderStatus(running, summary, rows, warnings, state=label,
-                              cost=self._cost(api, clusters), autodown=view)
+        return autodown_setup.add_report(
+            ProviderStatus(running, summary, rows, warnings, cost=self._cost(api, clusters)),
+            self.spec, state, clusters, lambda: BaseProvider.autodown_report(self, state),
+            self._head_target)
 
     def autodown_report(self, state: State) -> AutodownView | None:
-        """The cached marker, and, when the APIs list no VM or TPU of the recorded cluster while
-        the last marker showed the watcher counting down, that the cluster removed itself."""
-        view = super().autodown_report(state)
+        """The cached marker; "removed itself" when the APIs list nothing of the cluster while
+        the last marker showed the watcher counting down (autodown_setup.report)."""
         clusters = state.resources(CLUSTER)
-        last = autodown_setup.marker(state.cluster)
-        if view is None or view.removed_at or not last or not clusters:
-            return view
-        api, _ = self._api(clusters[0].attrs["project"], clusters[0].attrs.get(
-            "credentials_file") or self.spec.credentials_file)
-        if any(autodown_setup.nodes_left(api, c) for c in clusters):
-            return view
-        gone: AutodownView | None = autodown.gone_view(view, last)
-        return gone or view
+        return autodown_setup.report(super().autodown_report(state), state, clusters, lambda: self._api(
+            clusters[0].attrs["project"], clusters[0].attrs.get("credentials_file")
+            or self.spec.credentials_file)[0])
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
@@ -477,10 +463,11 @@ class Provider(BaseProvider[Spec]):
             raise ClusterNotRunningError(
                 f"gcp-tpu cluster {self.spec.name!r} has no head yet; start it with `invoke up "
                 "--provider=gcp-tpu` (or --cluster)")
-        target = autodown_setup.head_target(self.spec.name, cluster, self._ssh_port)
-        if not target.key_path.exists():
-            raise ClusterNotRunningError(f"the cluster's SSH key {target.key_path} is missing; run "
-                                         "`invoke up` again to restore access, or `invoke teardown`")
+        key = paths.keys_dir(self.spec.name) / ssh.KEY_NAME
+        if not key.exists():
+            raise ClusterNotRunningError(f"the cluster's SSH key {key} is missing; run `invoke "
+                                         "up` again to restore access, or `invoke teardown`")
+        target = self._head_target(cluster)
         with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
             yield Endpoint(f"http://127.0.0.1:{port}",
                            f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}", tunneled=True,
