@@ -19,8 +19,6 @@ class Operation:
     polls_left: int
     effect: Any  # callable run once when the operation finishes
     error: dict[str, Any] | None = None
-    #: The TPU API version the operation was started through (its `response` names it).
-    version: str = "v2"
 
 
 class TpuApi:
@@ -51,6 +49,9 @@ class TpuApi:
 
     def add_instance(self, zone: str, name: str, labels: dict[str, str], **kwargs: Any,
                      ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _finish_later(self, operation: Operation, finish: Any) -> None:
         raise NotImplementedError
 
     # --- TPU ----------------------------------------------------------------------------------
@@ -96,8 +97,7 @@ class TpuApi:
                                                                     "node can be updated here")
                 labels = dict((body or {}).get("labels") or {})
                 return 200, self._tpu_op(parent, "update", node["name"],
-                                         lambda: node.__setitem__("labels", labels), node,
-                                         version)
+                                         lambda: node.__setitem__("labels", labels), node)
             if method == "DELETE":
                 node["state"] = "DELETING"
                 full = node["name"]
@@ -105,33 +105,25 @@ class TpuApi:
                 def remove() -> None:
                     self._drop_tpu(full)
 
-                return 200, self._tpu_op(parent, "delete", full, remove, version=version)
+                return 200, self._tpu_op(parent, "delete", full, remove)
         if collection == "operations" and name:
             operation = self.operations.get(f"{parent}/operations/{name}")
             if operation is None:
                 return 404, grpc_error(404, "NOT_FOUND", f"Operation {name} not found")
             operation.polls_left -= 1
-            if operation.polls_left <= 0:
-                self._finish_tpu(operation)
+            if operation.polls_left <= 0 and not operation.body.get("done"):
+                operation.body["done"] = True
+                if operation.error:
+                    operation.body["error"] = operation.error
+                else:
+                    operation.effect()
+                    result = operation.body.pop("_result", None)
+                    operation.body["response"] = (
+                        {"@type": f"type.googleapis.com/google.cloud.tpu.{version}.Node",
+                         **result} if result is not None else
+                        {"@type": "type.googleapis.com/google.protobuf.Empty"})
             return 200, {k: v for k, v in operation.body.items() if k != "_result"}
         return 404, grpc_error(404, "NOT_FOUND", f"Resource '{path}' was not found")
-
-    def _finish_tpu(self, operation: Operation) -> None:
-        """The operation is done: its effect shows (once), or its error does."""
-        if operation.body.get("done"):
-            return
-        operation.body["done"] = True
-        if operation.error:
-            operation.body["error"] = operation.error
-            return
-        operation.effect()
-        result = operation.body.pop("_result", None)
-        operation.body["response"] = (
-            {"@type": f"type.googleapis.com/google.cloud.tpu.{operation.version}.Node", **result}
-            if result is not None else {"@type": "type.googleapis.com/google.protobuf.Empty"})
-
-    def _finish_later(self, operation: Operation, finish: Any) -> None:
-        raise NotImplementedError
 
     def _drop_tpu(self, full: str) -> None:
         """A TPU node and its hidden Compute instances are gone; so are its machines."""
@@ -180,7 +172,7 @@ class TpuApi:
             "id": str(next(self._ids)),
         }
         if addresses is None:
-            operation = self._tpu_op(parent, "create", full, lambda: None, version=version)
+            operation = self._tpu_op(parent, "create", full, lambda: None)
             self.operations[operation["name"]].error = {
                 "code": 8, "message": f"There is no more capacity in the zone \"{zone}\"; you "
                                       "can try in another zone where Cloud TPU Nodes are offered"}
@@ -200,7 +192,7 @@ class TpuApi:
                                            nat_ip=None, internal_ip=ip)
                 hidden["status"] = "RUNNING"
 
-        return 200, self._tpu_op(parent, "create", full, ready, node, version)
+        return 200, self._tpu_op(parent, "create", full, ready, node)
 
     def preempt(self, short_name: str, *, delete: bool = False) -> None:
         """Google takes a spot TPU node back: PREEMPTED (its machines stop), or gone (404)."""
@@ -229,16 +221,22 @@ class TpuApi:
         return page
 
     def _tpu_op(self, parent: str, verb: str, target: str, effect: Any,
-                result: dict[str, Any] | None = None, version: str = "v2") -> dict[str, Any]:
+                result: dict[str, Any] | None = None) -> dict[str, Any]:
         name = f"{parent}/operations/operation-{int(time.time() * 1000)}-{next(self._ids):x}"
         # proto3 JSON leaves out `done: false`: a running operation has no `done` key at all.
         body = {"name": name, "metadata": {
             "@type": "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata",
             "createTime": "2026-01-01T00:00:00Z", "target": target, "verb": verb,
             "cancelRequested": False, "apiVersion": "v2"}}
-        operation = Operation({**body, "_result": result} if result is not None else body,
-                              self.op_polls, effect, self.op_errors.get(f"{verb}-tpu"),
-                              version=version)
-        self.operations[name] = operation
-        self._finish_later(operation, self._finish_tpu)
+        self.operations[name] = Operation({**body, "_result": result} if result is not None
+                                          else body, self.op_polls, effect,
+                                          self.op_errors.get(f"{verb}-tpu"))
+        self._finish_later(self.operations[name], lambda operation: self._last_poll(name))
         return dict(body)
+
+    def _last_poll(self, name: str) -> None:
+        """Google finishes an operation whether anyone polls it or not: as a last poll would."""
+        operation = self.operations[name]
+        if not operation.body.get("done"):
+            operation.polls_left = 1
+            self._tpu("GET", name, {})
