@@ -7,6 +7,7 @@ template puts into the batch script and runs with the Python that runs Ray:
     python -c "$RF_HELPER" prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base
     python rf_helper.py block BASE                                   # this node's free base
     python -c "$RF_HELPER" autoscaling-config IN OUT                 # Ray's config + job facts
+    python -c "$RF_HELPER" autodown-config OUT IDLE_MINUTES CLUSTER  # the idle watcher's config
     python -c "$RF_HELPER" stop MARKER...                          # stop this job's Ray, rm temp
     python -c "$RF_HELPER" wait INFO_FILE NODES TIMEOUT PID:NODE... # until NODES are alive
     python rf_helper.py start RAY_START_ARGS...                      # `ray start`, see start()
@@ -246,6 +247,31 @@ def autoscaling_config(source: str, target: str) -> int:
     return 0
 
 
+def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
+    """The idle watcher's config (infra/autodown.py `Config`), 0600 in the head's private dir:
+    Ray's dashboard on the head's loopback, the marker beside it, Slurm's removal action, which
+    copies the marker to the shared work dir (`record`) before it cancels anything."""
+    temp, block = _env("RF_HEAD_TEMP"), PortBlock(int(_env("RF_BASE")))
+    config = {
+        "cluster": cluster, "cluster_id": _env("RF_CLUSTER_ID"), "idle_minutes": idle_minutes,
+        "dashboard_url": f"http://127.0.0.1:{block.dashboard}",
+        "marker": os.path.join(temp, "autodown-marker.json"),
+        "action": "infra.providers.slurm.autodown:remove",
+        "action_args": {
+            "cluster_id": _env("RF_CLUSTER_ID"), "head_job_id": _env("RF_JOB_ID"),
+            "marker": os.path.join(temp, "autodown-marker.json"),
+            "record": os.path.join(_env("SLURM_SUBMIT_DIR"),
+                                   f"{_env('SLURM_JOB_NAME')}.autodown.json"),
+        },
+        # A path (the token itself never leaves its 0600 file); None without token auth.
+        "token_path": _env("RAY_AUTH_TOKEN_PATH") if _env("RAY_AUTH_MODE") == "token" else None,
+    }
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(config, handle, indent=1)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     command, args = argv[0], argv[1:]
     if command == "prepare":
@@ -256,6 +282,8 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "autoscaling-config":
         return autoscaling_config(args[0], args[1])
+    if command == "autodown-config":
+        return autodown_config(args[0], float(args[1]), args[2])
     if command == "stop":
         return stop(args)
     if command == "wait":
