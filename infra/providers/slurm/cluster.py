@@ -324,4 +324,6 @@ def read_output(runner: Runner, path: str) -> str:
 
 def remove_files(runner: Runner, workdir: str, job_name: str) -> None:
     base = shell_path(f"{workdir.rstrip('/')}/{job_name}")
-    runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp*", timeout=30)
+    # <job name>.autodown.json: what the head's idle watcher left when it removed the cluster.
+    runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp* {base}.autodown.json*",
+               timeout=30)
