@@ -131,11 +131,15 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
     head_ip, gcs_port = _env("RF_HEAD_IP"), PortBlock(int(_env("RF_BASE"))).gcs
     step_nodes = dict(s.split(":", 1) for s in steps)
     deadline = time.monotonic() + timeout
+    # Where the start-up time goes (epoch seconds; also printed to the job's output): the GCS
+    # listening, the head node registered, the last node registered.
+    timeline: dict[str, float] = {}
     # Ray's import costs CPU the starting nodes need: only once the GCS listens.
     while not port_answers(head_ip, gcs_port, timeout=0.2) and time.monotonic() < deadline:
         if any(not alive(int(pid)) for pid in step_nodes):
             break
         time.sleep(0.1)
+    timeline["gcs_listening"] = time.time()
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     client: Any = None
@@ -158,8 +162,15 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
             client = None
         if len(nodes) != seen:
             seen = len(nodes)
+            if any(n.is_head_node for n in nodes):
+                timeline.setdefault("head_alive", time.time())
             write_info(path, _info("starting", f"{seen}/{want} Ray nodes alive"))
         if seen >= want:
+            timeline["all_alive"] = time.time()
+            start = float(_env("RF_STARTED_AT") or 0)
+            print("rayfleet: start-up " + ", ".join(
+                f"{name.replace('_', ' ')} +{at - start:.2f}s" for name, at in timeline.items()),
+                flush=True)
             import ray
 
             listed = sorted(
@@ -169,7 +180,8 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
                 key=lambda n: (not n["head"], n["hostname"]),
             )
             write_info(path, _info("ready", f"{seen}/{want} Ray nodes alive", nodes=listed,
-                                   ready_at=time.time(), ray_version=ray.__version__,
+                                   ready_at=timeline["all_alive"], timeline=timeline,
+                                   ray_version=ray.__version__,
                                    python_version=sys.version.split()[0]))
             return 0
         if time.monotonic() > deadline:

@@ -142,8 +142,7 @@ class Provider(BaseProvider[Spec]):
                 return self._ready_endpoint(state, info)
             if self.spec.environment.install:
                 install.install(runner, self.spec)
-            self._deliver_token(runner, state)
-            job = self._submit(runner, state, plan.files[SCRIPT])
+            job = self._submit(runner, state, plan.files[SCRIPT], self._token(state))
             try:
                 # Everything after sbatch, up to a dashboard that answers through the tunnel.
                 info = self._wait_ready(runner, state, job)
@@ -182,18 +181,14 @@ class Provider(BaseProvider[Spec]):
                    f" through {remote.describe(self.spec.submit)}") + ")")
         return Endpoint(info["dashboard_url"], info["address"], token_path=token)
 
-    def _deliver_token(self, runner: Runner, state: State) -> str | None:
-        """The cluster's Ray token into the submit dir's keys/<cluster id>/ (0700 dir, 0600 file),
-        through stdin: never on a command line, never in the batch script."""
+    def _token(self, state: State) -> tuple[str, str] | None:
+        """Where the nodes read the cluster's Ray token (the submit dir's keys/<cluster id>/, a
+        0700 dir, a 0600 file) and its content, which `sbatch` writes there through stdin in the
+        same round trip: never on a command line, never in the batch script."""
         path = auth.ensure_token(state, enabled=self.spec.auth == "token")
         if path is None:
             return None
-        folder = ours.token_dir(self.spec.submit.workdir, state.cluster_id)
-        runner.check(f"umask 077 && mkdir -p {folder} && chmod 700 {folder} && "
-                     f"cat > {folder}/ray-token.tmp && chmod 600 {folder}/ray-token.tmp && "
-                     f"mv -f {folder}/ray-token.tmp {folder}/ray-token",
-                     input=path.read_text())
-        return f"{folder}/ray-token"
+        return ours.token_dir(self.spec.submit.workdir, state.cluster_id), path.read_text()
 
     def _resume(self, runner: Runner, state: State, job: Resource) -> dict[str, Any] | None:
         """Reuse the job in state if it is still queued or running; forget it otherwise."""
@@ -213,7 +208,8 @@ class Provider(BaseProvider[Spec]):
         ours.cancel(self.spec, runner, state, job)
         return None
 
-    def _submit(self, runner: Runner, state: State, script: str) -> Resource:
+    def _submit(self, runner: Runner, state: State, script: str,
+                token: tuple[str, str] | None) -> Resource:
         job_name = f"{queue.job_prefix(self.spec.name, state.cluster_id)}h{secrets.token_hex(3)}"
         # Recorded before sbatch: if we die before reading the id, teardown finds it by name.
         state.add(JOB, job_name, submitted_on=runner.where, workdir=self.spec.submit.workdir,
@@ -223,7 +219,7 @@ class Provider(BaseProvider[Spec]):
         with ui.step(f"submitting {SCRIPT} on {runner.where}") as step:
             job_id = cluster.sbatch(runner, self.spec.submit.workdir, job_name, script, comment,
                                     export={"RF_CLUSTER_ID": state.cluster_id,
-                                            "RF_OWNER": state.owner})
+                                            "RF_OWNER": state.owner}, token=token)
             step.detail(f"job {job_id}")
         return state.update(JOB, job_name, job_id=job_id)
 
