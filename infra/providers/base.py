@@ -104,6 +104,9 @@ class AutodownView:
     removed_at: str | None = None
     #: One line on what the watcher saw or did last (e.g. "2 jobs running"), for `status`.
     detail: str = ""
+    #: The watcher's last check (ISO 8601) when that is too long ago for a watcher that still runs
+    #: (it died, or its head is unreachable): its countdown is then no longer true.
+    silent_since: str | None = None
 
 
 @dataclass
