@@ -185,10 +185,10 @@ def status(spec: Spec, runner_of: Callable[[], contextlib.AbstractContextManager
             return ProviderStatus(False, f"no job of the cluster is in the queue: it "
                                   f"{autodown.describe(report)}; `invoke teardown` clears its "
                                   "state", state="removed itself", autodown=report)
+        # Ended otherwise (time limit, scancel by hand): no countdown to show.
         return ProviderStatus(False, f"Slurm job {job_id} is no longer in the queue",
                               warnings=[f"job {job_id} ended; `invoke teardown` verifies "
-                                        "and forgets it, `invoke up` starts a new one"],
-                              autodown=report)
+                                        "and forgets it, `invoke up` starts a new one"])
     first = rows[0]
     ready = first.state == "RUNNING" and bool(state.info.get("dashboard_url"))
     summary = (f"Slurm job {job_id} {first.state} on {first.nodes or '(none yet)'}, "
