@@ -99,15 +99,18 @@ def run_ours(cluster: SlurmCluster, work: Path, nodes: int, env: dict[str, str])
         # Always: a job left running would be killed with the test bed, its temp dirs left behind.
         subprocess.run([sys.executable, "-m", "invoke", "teardown", "--cluster", str(spec)],
                        cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    # Where the time went: this machine until sbatch, Slurm until the batch script ran, Ray;
+    # Where the time went: this machine until sbatch, Slurm until the batch script ran, its
+    # environment setup (modules, env, token check), Ray;
     # Ray's part split at the GCS listening and the head node registered (the batch script's
     # timeline): the workers can only register after the head did (Ray looks the head up).
     line = info.get("timeline", {})
-    gcs, head = line.get("gcs_listening", info["started_at"]), line.get("head_alive", 0.0)
+    setup = line.get("setup_done", info["started_at"])
+    gcs, head = line.get("gcs_listening", setup), line.get("head_alive", 0.0)
     return {"alive": info["ready_at"] - started, "up": finished - started,
             "nodes": len(info["nodes"]), "client": submitted - started,
-            "slurm": info["started_at"] - submitted, "ray": info["ready_at"] - info["started_at"],
-            "gcs": gcs - info["started_at"], "head": head - gcs, "workers": info["ready_at"] - head}
+            "slurm": info["started_at"] - submitted, "setup": setup - info["started_at"],
+            "ray": info["ready_at"] - setup, "gcs": gcs - setup, "head": head - gcs,
+            "workers": info["ready_at"] - head}
 
 
 def run_recipe(cluster: SlurmCluster, nodes: int) -> dict[str, float]:
@@ -147,7 +150,8 @@ def main() -> None:
                 results.setdefault(("recipe", nodes), []).append(recipe["alive"])
                 print(f"rep {rep + 1}, {nodes} node(s): rayfleet {ours['alive']:.1f}s to "
                       f"{ours['nodes']} alive (client {ours['client']:.1f} + Slurm "
-                      f"{ours['slurm']:.1f} + Ray {ours['ray']:.1f} [GCS {ours['gcs']:.1f}, head "
+                      f"{ours['slurm']:.1f} + script setup {ours['setup']:.1f} + Ray "
+                      f"{ours['ray']:.1f} [GCS {ours['gcs']:.1f}, head "
                       f"{ours['head']:.1f}, workers {ours['workers']:.1f}]; invoke up "
                       f"{ours['up']:.1f}s)"
                       f" | recipe {recipe['alive']:.1f}s ({recipe['nodes']} alive then); load "

@@ -133,7 +133,7 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
     deadline = time.monotonic() + timeout
     # Where the start-up time goes (epoch seconds; also printed to the job's output): the GCS
     # listening, the head node registered, the last node registered.
-    timeline: dict[str, float] = {}
+    timeline: dict[str, float] = {"setup_done": float(_env("RF_SETUP_DONE") or 0)}
     # Ray's import costs CPU the starting nodes need: only once the GCS listens.
     while not port_answers(head_ip, gcs_port, timeout=0.2) and time.monotonic() < deadline:
         if any(not alive(int(pid)) for pid in step_nodes):
