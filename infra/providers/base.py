@@ -87,6 +87,9 @@ class CostRange:
     max_hourly_usd: float | None = None
     #: As `Cost.source`.
     source: str = ""
+    #: True when the provider bills node-hours, not money (Slurm): the range is shown in
+    #: node-hours per hour, one per node.
+    node_hours: bool = False
 
 
 @dataclass(frozen=True)
