@@ -312,6 +312,27 @@ def _silent_since(marker: dict[str, Any], now: dt.datetime | None) -> str | None
     return str(checked) if (now - when).total_seconds() > allowed else None
 
 
+def gone_view(report: Any, marker: dict[str, Any] | None) -> Any:
+    """For a cluster whose machines are all gone (the caller checked with the provider): an
+    `AutodownView` saying it removed itself, when the last marker this machine saw from its head
+    was this cluster's watcher; else None (last seen busy: something else removed it). The time is
+    the marker's own, or (a head deleting itself cannot report it) when the idle period it last
+    reported ran out."""
+    if report is None or marker is None:
+        return None
+    if report.removed_at:
+        return report
+    since = marker.get("idle_since")
+    if not since:
+        return None
+    from dataclasses import replace
+
+    ended = dt.datetime.fromisoformat(str(since)) + dt.timedelta(minutes=report.idle_minutes)
+    # Silent it is, of course: its head is gone.
+    return replace(report, removed_at=ended.isoformat(timespec="seconds"),
+                   detail="time from its last report", silent_since=None)
+
+
 def describe(view: Any) -> str:
     """One line for `status`: the countdown, or the self-removal."""
     minutes = f"{view.idle_minutes:g}"

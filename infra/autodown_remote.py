@@ -38,6 +38,8 @@ def install(target: ssh.SshTarget, config: autodown.Config, files: list[str],
     path -> content, 0600) to the head, then start the watcher there if none runs."""
     wanted = sorted(set(CORE_FILES + files))
     dirs = sorted({f"{PKG_DIR}/{f.rsplit('/', 1)[0]}" for f in wanted})
+    if _running_config(target) not in (None, config.__dict__):
+        stop(target)  # a running watcher keeps the config it started with: a new one takes over
     ssh.run(target, "umask 077 && mkdir -p .rayfleet && chmod 700 .rayfleet && mkdir -p "
             + " ".join(shlex.quote(d) for d in dirs), timeout=60, check=True)
     client = ssh.connect(target)
@@ -54,6 +56,18 @@ def install(target: ssh.SshTarget, config: autodown.Config, files: list[str],
         client.close()
     ssh.run(target, activate + autodown.start_command(python, f"$HOME/{PKG_DIR}"), timeout=60,
             check=True)
+
+
+def _running_config(target: ssh.SshTarget) -> dict[str, object] | None:
+    """The config of the watcher running on the head (None when none runs, or it cannot say)."""
+    config = f"$HOME/{autodown.HEAD_CONFIG.removeprefix('~/')}"
+    result = ssh.run(target, f'[ -f "{config}.pid" ] && kill -0 "$(cat "{config}.pid")" 2>/dev/null '
+                     f'&& cat "{config}"', timeout=30)
+    try:
+        found = json.loads(result.stdout) if result.ok else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def stop(target: ssh.SshTarget) -> None:

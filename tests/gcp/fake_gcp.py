@@ -5,8 +5,10 @@ google-api-python-client, JSON shapes (Compute `items`/`nextPageToken`/`maxResul
 `nodes`/`acceleratorTypes`/`runtimeVersions`/`pageToken`), list filters of the form
 `(labels.k = v) AND ...`, both error shapes (Compute's `errors[].reason` and the gRPC-style
 `status` + `details[]` ErrorInfo), long-running operations that stay PENDING/RUNNING for
-`op_polls` polls before their effect shows, TPU VMs' hidden Compute instances (label `tpu_cores`,
-not deletable), and injectable failures (403 API disabled, 404, 429, quota exceeded).
+`op_polls` polls before their effect shows (or, with `op_seconds`, until that much time has
+passed, whether anyone polls or not: a VM deleting itself never polls), TPU VMs' hidden Compute
+instances (label `tpu_cores`, not deletable), and injectable failures (403 API disabled, 404,
+429, quota exceeded).
 
 It listens on 127.0.0.1 only and records every request, headers included, so tests can assert
 that no credentials were ever sent.
@@ -69,9 +71,12 @@ def label_fingerprint(labels: dict[str, str]) -> str:
 class FakeGcp(TpuApi):
     """The fake's state, editable by tests (as `ray up` would change the real project)."""
 
-    def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2) -> None:
+    def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2,
+                 op_seconds: float | None = None) -> None:
         self.project = project
         self.op_polls = op_polls
+        #: Google finishes an operation by itself, polled or not; None: only polls finish it.
+        self.op_seconds = op_seconds
         self.page_size = page_size
         self.lock = threading.RLock()
         self.requests: list[dict[str, Any]] = []
@@ -457,7 +462,22 @@ class FakeGcp(TpuApi):
         self.operations[name] = Operation(op, self.op_polls, effect, error)
         if self.op_polls <= 0:
             return self._finish(self.operations[name])
+        self._finish_later(self.operations[name], self._finish)
         return dict(op)
+
+    def _finish_later(self, operation: Operation, finish: Any) -> None:
+        """With `op_seconds`, the operation finishes by itself then (the effect runs under the
+        lock, as a poll's would): deleting a VM whose owner never polls still deletes it."""
+        if self.op_seconds is None:
+            return
+
+        def done() -> None:
+            with self.lock:
+                finish(operation)
+
+        timer = threading.Timer(self.op_seconds, done)
+        timer.daemon = True
+        timer.start()
 
     def _finish(self, operation: Operation) -> dict[str, Any]:
         body = operation.body

@@ -31,6 +31,7 @@ class TpuApi:
     lock: Any
     page_size: int
     op_polls: int
+    op_seconds: float | None
     machines: Any
     tpu_nodes: dict[str, dict[str, Any]]
     instances: dict[tuple[str, str], dict[str, Any]]
@@ -48,6 +49,9 @@ class TpuApi:
 
     def add_instance(self, zone: str, name: str, labels: dict[str, str], **kwargs: Any,
                      ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _finish_later(self, operation: Operation, finish: Any) -> None:
         raise NotImplementedError
 
     # --- TPU ----------------------------------------------------------------------------------
@@ -227,4 +231,12 @@ class TpuApi:
         self.operations[name] = Operation({**body, "_result": result} if result is not None
                                           else body, self.op_polls, effect,
                                           self.op_errors.get(f"{verb}-tpu"))
+        self._finish_later(self.operations[name], lambda operation: self._last_poll(name))
         return dict(body)
+
+    def _last_poll(self, name: str) -> None:
+        """Google finishes an operation whether anyone polls it or not: as a last poll would."""
+        operation = self.operations[name]
+        if not operation.body.get("done"):
+            operation.polls_left = 1
+            self._tpu("GET", name, {})

@@ -85,7 +85,9 @@ def offline_bed(work: Path) -> Iterator[Offline]:
     ca = TestCa(work / "ca")
     # Three machines: the head, a TPU host, and a second one for the node replacing a preempted one.
     bed = Testbed(3, work / "bed", env={**ca.env(), **RAY_FAST})
-    fake = FakeGcp(PROJECT, op_polls=1, page_size=100)
+    # Operations finish on the first poll (Ray sleeps 5 s after every unfinished one), and by
+    # themselves a moment later: a head deleting its own VM never polls its operation.
+    fake = FakeGcp(PROJECT, op_polls=1, page_size=100, op_seconds=2.0)
     google = OfflineGoogle(bed, ca, fake, BedMachines(bed, list(bed.hosts)))
     try:
         google.start()

@@ -3,10 +3,24 @@
 The package, by concern: `spec` (the strict spec section), `tpu` (TPU generations and slice
 shapes), `config` (spec -> Ray cluster YAML, checked with Ray's own code), `api` (our Compute v1 /
 TPU v2 calls), `preflight` (read-only checks before anything is created), `launcher` (`ray up` /
-`ray down`) and `provider` (the verbs). Importing it imports neither Ray nor Google's libraries.
+`ray down`), `autodown` (the head's removal action) with `autodown_setup` (this machine's side of
+it) and `provider` (the verbs). Importing it imports neither Ray nor Google's libraries.
+
+`Provider` and `Spec` are imported on first use, so that `autodown` imports on the cluster's head
+with only Ray, Google's client library, requests and our small core modules (no pydantic there).
 """
 
-from infra.providers.gcp_tpu.provider import Provider
-from infra.providers.gcp_tpu.spec import Spec
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["Provider", "Spec"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Provider":
+        return importlib.import_module(f"{__name__}.provider").Provider
+    if name == "Spec":
+        return importlib.import_module(f"{__name__}.spec").Spec
+    raise AttributeError(name)

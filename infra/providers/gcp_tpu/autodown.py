@@ -40,3 +40,36 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
             time.sleep(api.options.poll_interval)
     log(f"deleting the head VM {head}")
     api.delete_instance(zone, head)
+
+
+def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
+    """The watcher's action on a GCP head: stop Ray here first, then `remove`.
+
+    Ray's autoscaler keeps `min_workers` running: left alive, it would launch a replacement for
+    every worker `remove` deletes, and that replacement would outlive the head. After `ray stop`
+    nothing launches; a launch request already sent shows in the listing a moment later.
+    """
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    ray = ray if os.path.exists(ray) else (shutil.which("ray") or "")
+    if ray:
+        log("stopping Ray on the head, so that its autoscaler launches no more workers")
+        done = subprocess.run([ray, "stop"], capture_output=True, text=True, timeout=300,
+                              check=False)
+        if done.returncode != 0:
+            log(f"`ray stop` exited {done.returncode}: {done.stderr.strip()[-200:]}")
+        time.sleep(float(args.get("settle_s", 3)))
+    remove(args, log)
+
+
+# --- this machine's side: what `up` puts on the head (see autodown_setup.py) ----------------------
+
+#: The modules the action imports, beyond the watcher's own (autodown_remote.CORE_FILES).
+FILES = ["infra/providers/gcp_tpu/__init__.py", "infra/providers/gcp_tpu/api.py",
+         "infra/providers/gcp_tpu/autodown.py"]
+#: The watcher's action.
+ACTION = "infra.providers.gcp_tpu.autodown:stop_ray_then_remove"

@@ -14,18 +14,21 @@ import hashlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra import auth, jobs, paths, ssh, ui
 from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.providers.base import Cost, CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.gcp_tpu import config, launcher, preflight
+from infra.providers.gcp_tpu import autodown_setup, config, launcher, preflight
 from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import RayRunner
 from infra.providers.gcp_tpu.spec import Spec
 from infra.state import Resource, State
+
+if TYPE_CHECKING:
+    from infra.providers.base import AutodownView
 
 #: The Ray cluster `ray up` made: head plus whatever its autoscaler launched (found by labels).
 CLUSTER = "gcp-ray-cluster"
@@ -57,6 +60,7 @@ def _ips(instance: dict[str, Any]) -> tuple[str, str]:
 
 class Provider(BaseProvider[Spec]):
     name = "gcp-tpu"
+    supports_autodown = True
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
                  api_options: ApiOptions | None = None, ssh_port: int = 22) -> None:
@@ -313,8 +317,20 @@ class Provider(BaseProvider[Spec]):
                     f"Ray dashboard on {external} to answer through an SSH tunnel",
                     timeout=spec.ready_timeout_s, interval=2,
                     hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
+        recorded = state.find(CLUSTER, spec.name)
+        assert recorded is not None
+        autodown_setup.install(spec, state, recorded, self._head_target(recorded))
         return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                         f"{internal}:{GCS_PORT}")
+
+    def _head_target(self, cluster: Resource) -> ssh.SshTarget:
+        # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
+        # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
+        return ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
+                             key_path=paths.keys_dir(self.spec.name) / ssh.KEY_NAME,
+                             port=self._ssh_port,
+                             known_hosts=ssh.cluster_known_hosts(self.spec.name),
+                             host_key_policy="accept-new")
 
     def _answers(self, state: State, step: ui.Step | None = None) -> bool:
         try:
@@ -427,7 +443,18 @@ class Provider(BaseProvider[Spec]):
         nodes = sum(1 for r in rows if r["kind"] != "firewall rule")
         summary = (f"{'head RUNNING' if running else 'head NOT running'}, {nodes} node(s) in "
                    f"{first.attrs['project']}/{zone}")
-        return ProviderStatus(running, summary, rows, warnings, cost=self._cost(api, clusters))
+        return autodown_setup.add_report(
+            ProviderStatus(running, summary, rows, warnings, cost=self._cost(api, clusters)),
+            self.spec, state, clusters, lambda: BaseProvider.autodown_report(self, state),
+            self._head_target)
+
+    def autodown_report(self, state: State) -> AutodownView | None:
+        """The cached marker; "removed itself" when the APIs list nothing of the cluster while
+        the last marker showed the watcher counting down (autodown_setup.report)."""
+        clusters = state.resources(CLUSTER)
+        return autodown_setup.report(super().autodown_report(state), state, clusters, lambda: self._api(
+            clusters[0].attrs["project"], clusters[0].attrs.get("credentials_file")
+            or self.spec.credentials_file)[0])
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
@@ -440,12 +467,7 @@ class Provider(BaseProvider[Spec]):
         if not key.exists():
             raise ClusterNotRunningError(f"the cluster's SSH key {key} is missing; run `invoke "
                                          "up` again to restore access, or `invoke teardown`")
-        # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
-        # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
-        target = ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
-                               key_path=key, port=self._ssh_port,
-                               known_hosts=ssh.cluster_known_hosts(self.spec.name),
-                               host_key_policy="accept-new")
+        target = self._head_target(cluster)
         with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
             yield Endpoint(f"http://127.0.0.1:{port}",
                            f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}", tunneled=True,
@@ -460,7 +482,10 @@ class Provider(BaseProvider[Spec]):
             api, key_file = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                                       or self.spec.credentials_file)
             for cluster in clusters:
-                self._ray_down(state, cluster, key_file)
+                if autodown_setup.nodes_left(api, cluster):
+                    self._ray_down(state, cluster, key_file)
+                else:  # e.g. the cluster removed itself: nothing for `ray down` to stop
+                    launcher.remove_config_caches(self.spec.name, str(cluster.attrs.get("project")))
                 self._sweep(api, state, cluster)
             for rule in rules:
                 self._delete_firewall(api, state, rule)
