@@ -168,6 +168,10 @@ def _gcloud_adc_file() -> str:
 
 
 def _on_gce() -> bool:
+    # google-auth's own override of the metadata server's address (a head in a test bed, or any
+    # machine told where its metadata server is) counts as being on a Google VM.
+    if os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP"):
+        return True
     try:
         with open("/sys/class/dmi/id/product_name") as handle:
             return handle.read().strip().startswith("Google")
@@ -308,6 +312,13 @@ class Gcp:
             self._sleep(wait)
             delay *= 2
         raise AssertionError("unreachable")
+
+    def call(self, request: Any, what: str) -> dict[str, Any]:
+        """One request through `_call` (typed errors, retries), for our other API modules."""
+        return self._call(request, what)
+
+    def pages(self, collection: Any, request: Any, key: str, what: str) -> Iterator[dict[str, Any]]:
+        return self._pages(collection, request, key, what)
 
     def _pages(self, collection: Any, request: Any, key: str, what: str) -> Iterator[dict[str, Any]]:
         while request is not None:
