@@ -36,6 +36,18 @@ def install(target: ssh.SshTarget, config: autodown.Config, files: list[str],
             activate: str = "") -> None:
     """Copy the watcher's modules (`CORE_FILES` + `files`), its config and `secrets` (home-relative
     path -> content, 0600) to the head, then start the watcher there if none runs."""
+    text = json.dumps(config.__dict__, indent=2) + "\n"
+    install_daemon(target, "infra.autodown", autodown.HEAD_CONFIG, text, files, secrets,
+                   python=python, activate=activate, log=autodown.HEAD_LOG)
+
+
+def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_text: str,
+                   files: list[str], secrets: dict[str, bytes] | None = None,
+                   python: str = "python3", activate: str = "", log: str = "") -> None:
+    """Put a head-side daemon (`python -m <module> --config <config_path>`) on the head: copy
+    `CORE_FILES` + `files` into `PKG_DIR`, write `config_text` (0600) and `secrets` (home-relative
+    path -> content, 0600) through SFTP, then start it detached unless its pid file names a live
+    process. `config_path` and `log` are `~/`-relative paths on the head."""
     wanted = sorted(set(CORE_FILES + files))
     dirs = sorted({f"{PKG_DIR}/{f.rsplit('/', 1)[0]}" for f in wanted})
     ssh.run(target, "umask 077 && mkdir -p .rayfleet && chmod 700 .rayfleet && mkdir -p "
@@ -47,13 +59,36 @@ def install(target: ssh.SshTarget, config: autodown.Config, files: list[str],
             _put(sftp, f"{PKG_DIR}/{name}", (paths.PROJECT_ROOT / name).read_bytes(), 0o644)
         for remote, data in (secrets or {}).items():
             _put(sftp, remote, data, 0o600)
-        text = json.dumps(config.__dict__, indent=2) + "\n"
-        _put(sftp, autodown.HEAD_CONFIG.removeprefix("~/"), text.encode(), 0o600)
+        _put(sftp, config_path.removeprefix("~/"), config_text.encode(), 0o600)
         sftp.close()
     finally:
         client.close()
-    ssh.run(target, activate + autodown.start_command(python, f"$HOME/{PKG_DIR}"), timeout=60,
-            check=True)
+    ssh.run(target, activate + start_command(module, config_path, log or f"{config_path}.log",
+                                             python, f"$HOME/{PKG_DIR}"), timeout=60, check=True)
+
+
+def start_command(module: str, config_path: str, log: str, python: str = "python3",
+                  pythonpath: str = "") -> str:
+    """Shell that starts `python -m <module> --config <config_path>` on a head, detached, unless
+    the pid file `<config_path>.pid` (which the daemon writes) names a live process. No secret on
+    this line: the config names files."""
+    env = f'PYTHONPATH="{pythonpath}" ' if pythonpath else ""
+    # Double quotes: $HOME in the paths must expand on the head.
+    pid = f"{config_path}.pid".replace("~", "$HOME", 1)
+    config = config_path.replace("~", "$HOME", 1)
+    out = log.replace("~", "$HOME", 1)
+    return (f'if [ -f "{pid}" ] && kill -0 "$(cat "{pid}")" 2>/dev/null; then :; else '
+            f'{env}nohup "{python}" -m {module} --config "{config}" '
+            f'>> "{out}" 2>&1 < /dev/null & fi')
+
+
+def read_file(target: ssh.SshTarget, path: str) -> str | None:
+    """A small file on the head (`~/`-relative), or None when the head cannot say."""
+    try:
+        result = ssh.run(target, f'cat "$HOME/{path.removeprefix("~/")}"', timeout=20)
+    except RayfleetError:
+        return None
+    return result.stdout if result.ok and result.stdout.strip() else None
 
 
 def stop(target: ssh.SshTarget) -> None:

@@ -94,7 +94,7 @@ class QueuedApi:
                 self._drop_nodes(full)
                 self.queued.pop(full, None)
                 self._queued_meta.pop(full, None)
-                self.events.append((time.time(), "queued-deleted", name))
+                self.events.append((time.time(), "queued-deleted", str(name)))
 
             return 200, self._tpu_op(parent, "delete", full, remove, kind="QueuedResource")
         return 400, grpc_error(400, "INVALID_ARGUMENT", f"{method} is not supported here")

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from infra import identity
+from infra.providers.gcp_tpu import queued
 from infra.providers.gcp_tpu.api import ApiOptions, Gcp, find_credentials
 
 
@@ -25,6 +27,13 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
               ApiOptions(endpoint=args.get("api_endpoint") or None))
     wait_s = float(args.get("wait_s") or 900)
     operations = []
+    # Queued TPU slices (queued.py): each request goes with its nodes (force), in every zone the
+    # slices may use (`queued_zones`); chosen by the cluster id in their ids and node labels.
+    cluster_id = labels.get(identity.TAG_CLUSTER, "")
+    for queued_zone in ([str(z) for z in args.get("queued_zones") or []] if cluster_id else []):
+        for request in queued.listed(api, queued_zone, cluster_id):
+            log(f"deleting queued TPU request {queued.short(request)}")
+            operations.append(queued.delete(api, str(request["name"])))
     for node in api.tpu_nodes(zone, labels):
         log(f"deleting TPU node {str(node['name']).rsplit('/', 1)[-1]}")
         operations.append(api.delete_tpu_node(str(node["name"])))

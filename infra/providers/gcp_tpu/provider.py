@@ -21,7 +21,7 @@ from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.providers.base import Cost, CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.gcp_tpu import config, launcher, preflight
+from infra.providers.gcp_tpu import config, launcher, preflight, slices
 from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import RayRunner
 from infra.providers.gcp_tpu.spec import Spec
@@ -212,7 +212,9 @@ class Provider(BaseProvider[Spec]):
                           ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port,
                           label_id=label_id)
                 try:
-                    return self._launch(api, state, text, config_path, key_file)
+                    endpoint = self._launch(api, state, text, config_path, key_file)
+                    self._queue_slices(api, state, keypair)
+                    return endpoint
                 except GcpError as exc:
                     if existing or not launcher.is_capacity(exc) or len(zones) == 1:
                         raise
@@ -315,6 +317,27 @@ class Provider(BaseProvider[Spec]):
                     hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
         return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                         f"{internal}:{GCS_PORT}")
+
+    def _queue_slices(self, api: Gcp, state: State, keypair: ssh.KeyPair) -> None:
+        """Queue the spec's TPU slices (each recorded first) and start the head's joiner."""
+        if not self.spec.queued_slices:
+            return
+        cluster = state.find(CLUSTER, self.spec.name)
+        assert cluster is not None
+        requests = slices.slice_requests(self.spec, state.cluster_id, state.owner,
+                                         keypair.public_key)
+        slices.queue_all(api, state, requests, api.options.poll_interval)
+        slices.install_joiner(self._head_target(cluster), self.spec, state, requests,
+                              f"{cluster.attrs['head_internal_ip']}:{GCS_PORT}")
+
+    def _head_target(self, cluster: Resource) -> ssh.SshTarget:
+        # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
+        # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
+        return ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
+                             key_path=paths.keys_dir(self.spec.name) / ssh.KEY_NAME,
+                             port=self._ssh_port,
+                             known_hosts=ssh.cluster_known_hosts(self.spec.name),
+                             host_key_policy="accept-new")
 
     def _answers(self, state: State, step: ui.Step | None = None) -> bool:
         try:
@@ -419,12 +442,18 @@ class Provider(BaseProvider[Spec]):
                              "name": n["name"].rsplit("/", 1)[-1], "role": "worker",
                              "type": n.get("labels", {}).get("ray-user-node-type", ""),
                              "status": str(n.get("state")), "ip": str(ip)})
+        if self.spec.queued_slices or state.resources(slices.QUEUED):
+            head = next((c for c in clusters if c.attrs.get("head_ip")), None)
+            marker = slices.read_marker(self._head_target(head) if head else None, self.spec.name)
+            queued_rows, queued_warnings = slices.status_rows(api, self.spec, state, marker)
+            rows += queued_rows
+            warnings += queued_warnings
         for rule in rules:
             rows.append({"kind": "firewall rule", "name": rule.id, "role": "dashboard",
                          "type": f"tcp:{rule.attrs.get('port')}",
                          "status": ", ".join(rule.attrs.get("ranges", [])), "ip": ""})
         zone = clusters[0].attrs["zone"] if clusters else self.spec.zone
-        nodes = sum(1 for r in rows if r["kind"] != "firewall rule")
+        nodes = sum(1 for r in rows if r["kind"] not in ("firewall rule", "queued TPU request"))
         summary = (f"{'head RUNNING' if running else 'head NOT running'}, {nodes} node(s) in "
                    f"{first.attrs['project']}/{zone}")
         return ProviderStatus(running, summary, rows, warnings, cost=self._cost(api, clusters))
@@ -440,12 +469,7 @@ class Provider(BaseProvider[Spec]):
         if not key.exists():
             raise ClusterNotRunningError(f"the cluster's SSH key {key} is missing; run `invoke "
                                          "up` again to restore access, or `invoke teardown`")
-        # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
-        # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
-        target = ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
-                               key_path=key, port=self._ssh_port,
-                               known_hosts=ssh.cluster_known_hosts(self.spec.name),
-                               host_key_policy="accept-new")
+        target = self._head_target(cluster)
         with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
             yield Endpoint(f"http://127.0.0.1:{port}",
                            f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}", tunneled=True,
@@ -455,10 +479,17 @@ class Provider(BaseProvider[Spec]):
 
     def teardown(self, state: State) -> None:
         clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
-        if clusters or rules:
-            first = (clusters or rules)[0]
+        requests = state.resources(slices.QUEUED)
+        if clusters or rules or requests:
+            first = (clusters or rules or requests)[0]
             api, key_file = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                                       or self.spec.credentials_file)
+            head = next((c for c in clusters if c.attrs.get("head_ip")), None)
+            if head is not None and (requests or self.spec.queued_slices):
+                # First the joiner, so it queues nothing new while its requests go.
+                slices.stop_joiner(self._head_target(head))
+            if requests or self.spec.queued_slices:
+                slices.teardown(api, self.spec, state)
             for cluster in clusters:
                 self._ray_down(state, cluster, key_file)
                 self._sweep(api, state, cluster)
