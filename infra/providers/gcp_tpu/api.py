@@ -168,10 +168,6 @@ def _gcloud_adc_file() -> str:
 
 
 def _on_gce() -> bool:
-    # google-auth's own override of the metadata server's address (a head in a test bed, or any
-    # machine told where its metadata server is) counts as being on a Google VM.
-    if os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP"):
-        return True
     try:
         with open("/sys/class/dmi/id/product_name") as handle:
             return handle.read().strip().startswith("Google")

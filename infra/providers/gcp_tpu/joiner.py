@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from infra.providers.gcp_tpu import queued
-from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError, find_credentials
+from infra.providers.gcp_tpu.api import (
+    SCOPES,
+    ApiOptions,
+    Credentials,
+    Gcp,
+    GcpError,
+    find_credentials,
+)
 
 #: On the head, `~/`-relative (the 0700 folder that holds the token).
 HEAD_CONFIG = "~/.rayfleet/queued.json"
@@ -55,6 +62,18 @@ def _home(path: str) -> Path:
     return Path(path).expanduser()
 
 
+def _credentials(config: dict[str, Any]) -> Credentials:
+    """The head's own: a key file if the config names one, else google-auth's default, which on
+    the head is its VM's service account through the metadata server (as Ray's autoscaler uses;
+    asked directly, since the head is a Google VM by construction)."""
+    if config.get("credentials_file"):
+        return find_credentials(str(config["credentials_file"]), "the head's joiner")
+    import google.auth
+
+    found, _ = google.auth.default(scopes=SCOPES)
+    return Credentials(found, "the head's service account", None)
+
+
 class Joiner:
     """One daemon's state: its config, the marker, and the joins under way."""
 
@@ -62,9 +81,8 @@ class Joiner:
         self.config = config
         self.cluster_id = str(config["cluster_id"])
         self.slices = {s["name"]: queued.SliceRequest.from_json(s) for s in config["slices"]}
-        self.api = api or Gcp(str(config["project"]), find_credentials(
-            config.get("credentials_file"), "the head's queued-slice joiner"),
-            ApiOptions(endpoint=config.get("api_endpoint") or None))
+        self.api = api or Gcp(str(config["project"]), _credentials(config),
+                              ApiOptions(endpoint=config.get("api_endpoint") or None))
         self.marker_path = _home(str(config.get("marker") or HEAD_MARKER))
         previous: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
