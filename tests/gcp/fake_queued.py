@@ -42,6 +42,8 @@ class QueuedApi:
         self.queue_wait_s = 0.0
         self.queue_provision_s = 0.0
         self.queue_held_zones: set[str] = set()
+        #: Parts of request ids whose requests wait until a test removes them from here.
+        self.queue_held: set[str] = set()
         self.queue_fail_zones: set[str] = set()
         #: Reservations that exist (full names).
         self.reservations: set[str] = set()
@@ -189,7 +191,9 @@ class QueuedApi:
                 "code": 4, "message": "The queued resource request expired before resources "
                                       "became available (validUntilDuration)"})
             return
-        if waited < self.queue_wait_s or meta["zone"] in self.queue_held_zones:
+        short = full.rsplit("/", 1)[-1]
+        if waited < self.queue_wait_s or meta["zone"] in self.queue_held_zones or any(
+                part in short for part in self.queue_held):
             return
         if meta["zone"] in self.queue_fail_zones:
             self._set_state(full, "FAILED", error={
