@@ -47,8 +47,9 @@ class Cluster:
     def fake(self) -> FakeGcp:
         return self.offline.fake
 
-    def invoke(self, *args: str, timeout: float = 300) -> Any:
-        return self.offline.invoke(self.home, *args, "--cluster", str(self.spec), timeout=timeout)
+    def invoke(self, command: str, *args: str, timeout: float = 300) -> Any:
+        return self.offline.invoke(self.home, command, "--cluster", str(self.spec), *args,
+                                   timeout=timeout)
 
     def qr(self, slice_name: str, attempt: int = 0) -> str:
         return f"rf-{self.cluster_id}-{slice_name}-0-{attempt}"

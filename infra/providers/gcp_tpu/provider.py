@@ -145,6 +145,14 @@ class Provider(BaseProvider[Spec]):
             if shape.multi_host:
                 notes.append(f"tpu_workers.{name}: a multi-host slice ({shape.hosts} hosts) scales "
                              "as one unit; Ray's autoscaler handles pods only roughly")
+        for name, queued_slice in spec.queued_slices.items():
+            shape = queued_slice.slice
+            resources.append(PlannedResource(
+                "TPU VMs: queued slices (joined by the head when ACTIVE)", name,
+                f"{queued_slice.count} × {shape.accelerator_type} ({shape.chips} chips, "
+                f"{shape.hosts} host(s)), {queued_slice.runtime}, {queued_slice.provisioning}, "
+                f"zones {', '.join(spec.slice_zones(name))}",
+                bool(state and state.resources(slices.QUEUED))))
         ranges = spec.dashboard.allowed_source_ranges
         if ranges:
             resources.append(PlannedResource(
