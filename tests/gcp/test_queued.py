@@ -4,6 +4,7 @@ status rows and teardown against it. The joined-cluster path runs in test_e2e_qu
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,44 @@ def test_status_and_teardown_find_every_request_of_the_cluster(
         assert current.resources(slices.QUEUED) == []
     assert list(fake.queued_states()) == [other]  # only the other cluster's request is left
     assert [n["name"].rsplit("/", 1)[-1] for n in fake.tpu_nodes.values()] == []
+
+
+def test_the_joiner_requeues_lost_spot_slices_in_the_next_zone_and_reports_the_rest(
+        tmp_path: Path, fake: FakeGcp, options: ApiOptions) -> None:
+    from infra.providers.gcp_tpu import joiner
+
+    add_second_zone(fake)
+    fake.queue_held.add("rf-")  # nothing becomes ACTIVE: no host to reach in this test
+    fake.queue_fail_zones.add(SECOND_ZONE)
+    api = api_for(options)
+    spot = queued.SliceRequest("s", "v4-8", None, "tpu-ubuntu2204-base", 1, 4, 8, "spot",
+                               ["us-central2-b", SECOND_ZONE], 1,
+                               labels={"rayfleet-cluster": CLUSTER_ID})
+    standard = queued.SliceRequest(**{**spot.__dict__, "name": "d", "provisioning": "standard",
+                                      "zones": [SECOND_ZONE]})
+    config = {"cluster": "qcls", "cluster_id": CLUSTER_ID, "project": api.project,
+              "marker": str(tmp_path / "marker.json"), "max_attempts": 3,
+              "slices": [{**r.__dict__, "config": None} for r in (spot, standard)]}
+    for request, zone in ((spot, "us-central2-b"), (standard, SECOND_ZONE)):
+        qr_id = queued.request_id(CLUSTER_ID, request.name, 0, 0)
+        _wait(api, queued.create(api, zone, qr_id, queued.body(request, api.project, zone, qr_id)))
+    daemon = joiner.Joiner(config, api=api)
+    fake.queue_held = {"-s-0-0", "-s-0-2"}  # the re-queued one in the first zone keeps waiting
+    fake.suspend(queued.request_id(CLUSTER_ID, "s", 0, 0))
+    daemon.step()
+    daemon.step()  # the re-queued one FAILs in the second zone; the next wraps to the first
+    daemon.write_marker()
+    states = fake.queued_states()
+    assert states[queued.request_id(CLUSTER_ID, "s", 0, 1)] == (SECOND_ZONE, "FAILED")
+    assert states[queued.request_id(CLUSTER_ID, "s", 0, 2)] == ("us-central2-b",
+                                                                "WAITING_FOR_RESOURCES")
+    assert states[queued.request_id(CLUSTER_ID, "d", 0, 0)] == (SECOND_ZONE, "FAILED")
+    assert len(states) == 4  # the standard slice is reported, never re-queued
+    marker = json.loads((tmp_path / "marker.json").read_text())["requests"]
+    assert marker[queued.request_id(CLUSTER_ID, "s", 0, 0)]["replaced_by"] == \
+        queued.request_id(CLUSTER_ID, "s", 0, 1)
+    assert marker[queued.request_id(CLUSTER_ID, "d", 0, 0)]["replaced_by"] == ""
+    assert "no more capacity" in marker[queued.request_id(CLUSTER_ID, "d", 0, 0)]["error"]
+    daemon.step()  # attempt 3 would pass max_attempts: reported, not queued
+    daemon.step()
+    assert len(fake.queued_states()) == 4
