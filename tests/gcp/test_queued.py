@@ -226,3 +226,32 @@ def test_the_joiner_requeues_lost_spot_slices_in_the_next_zone_and_reports_the_r
     daemon.step()  # attempt 3 would pass max_attempts: reported, not queued
     daemon.step()
     assert len(fake.queued_states()) == 4
+
+
+def test_autodown_removes_the_clusters_queued_slices_with_its_nodes(
+        fake: FakeGcp, key_file: Path) -> None:
+    from infra.providers.gcp_tpu import autodown
+
+    fake.op_polls = 1
+    api = api_for(ApiOptions(endpoint=fake.url, poll_interval=0.02, retries=0))
+    fake.add_instance("us-central2-b", "ray-qcls-head", {"rayfleet-cluster": CLUSTER_ID,
+                                                         "ray-cluster-name": "qcls"})
+    request = queued.SliceRequest("a", "v4-8", None, "tpu-ubuntu2204-base", 1, 4, 8, "standard",
+                                  ["us-central2-b"], 1, labels={"rayfleet-cluster": CLUSTER_ID})
+    for cluster_id in (CLUSTER_ID, "ffffffff"):
+        qr_id = queued.request_id(cluster_id, "a", 0, 0)
+        body = queued.body(request, api.project, "us-central2-b", qr_id)
+        body["tpu"]["nodeSpec"][0]["node"]["labels"] = {"rayfleet-cluster": cluster_id}
+        _wait(api, queued.create(api, "us-central2-b", qr_id, body))
+    fake.queued_states()
+    fake.queued_states()  # ACTIVE, with a node each
+    assert len(fake.tpu_nodes) == 2
+    seen: list[str] = []
+    autodown.remove({"project": api.project, "zone": "us-central2-b", "head_name": "ray-qcls-head",
+                     "labels": {"rayfleet-cluster": CLUSTER_ID, "ray-cluster-name": "qcls"},
+                     "api_endpoint": fake.url, "credentials_file": str(key_file),
+                     "queued_zones": ["us-central2-b"], "wait_s": 30}, seen.append)
+    assert f"deleting queued TPU request {queued.request_id(CLUSTER_ID, 'a', 0, 0)}" in seen
+    assert list(fake.queued_states()) == [queued.request_id("ffffffff", "a", 0, 0)]
+    assert [n.rsplit("/", 1)[-1] for n in fake.tpu_nodes] == [queued.request_id("ffffffff", "a",
+                                                                                 0, 0)]

@@ -131,6 +131,15 @@ def read_marker(target: ssh.SshTarget | None, cluster: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+#: What GCP's autodown action (autodown.py) imports on the head for queued slices.
+AUTODOWN_FILES = ["infra/providers/gcp_tpu/queued.py"]
+
+
+def autodown_args(spec: Spec, state: State) -> dict[str, Any]:
+    """The action arguments autodown.remove needs to delete the cluster's queued slices."""
+    return {"queued_zones": zones_of(spec, state)}
+
+
 def zones_of(spec: Spec, state: State) -> list[str]:
     """Every zone a request of this cluster may be in: the slices' and the recorded ones."""
     found: list[str] = []
