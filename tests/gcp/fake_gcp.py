@@ -86,6 +86,8 @@ class FakeGcp(QueuedApi, TpuApi):
         self.zone_status: dict[str, str] = {}
         #: Zones out of capacity: VM inserts and TPU creates there fail with a stockout.
         self.stockout_zones: set[str] = set()
+        #: Zones out of TPU capacity only (TPU creates fail there, VMs are fine).
+        self.tpu_stockout_zones: set[str] = set()
         self.regions: dict[str, list[dict[str, Any]]] = {
             region: [{"metric": "CPUS", "limit": 72.0, "usage": 0.0},
                      {"metric": "N2_CPUS", "limit": 48.0, "usage": 0.0},

@@ -30,6 +30,7 @@ class TpuApi:
     project: str
     zones: dict[str, str]
     stockout_zones: set[str]
+    tpu_stockout_zones: set[str]
     lock: Any
     page_size: int
     op_polls: int
@@ -170,7 +171,7 @@ class TpuApi:
         attributes = {"accelerator-type": accelerator, "instance-id": node_id,
                       "tpu-env": f"ACCELERATOR_TYPE: '{accelerator}'\nTOPOLOGY: '{topology}'\n"
                                  f"WORKER_ID: '0'\n"}
-        addresses = (None if zone in self.stockout_zones
+        addresses = (None if zone in self.stockout_zones or zone in self.tpu_stockout_zones
                      else self._boot(node_id, hosts, keys, attributes))
         node: dict[str, Any] = {
             **body, "name": full, "acceleratorType": accelerator, "state": "CREATING",

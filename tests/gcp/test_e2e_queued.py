@@ -239,3 +239,43 @@ def test_teardown_with_requests_still_waiting_deletes_them_all(cluster: Cluster)
     for host in cluster.offline.bed.hosts:
         left = host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[j]oiner' || true")
         assert left.stdout.strip() == "", f"still running on {host.name}: {left.stdout}"
+
+
+def test_min_workers_refused_for_capacity_move_up_to_the_next_zone(cluster: Cluster) -> None:
+    """A second cluster on the same test bed: its TPU min_workers find no capacity in the first
+    zone (the head's autoscaler logs the TPU create's error), so `up` removes that zone's head and
+    starts over in the next zone, where the autoscaler creates the TPU node."""
+    offline, fake = cluster.offline, cluster.fake
+    fake.tpu_stockout_zones.add(ZONE)
+    fake.queue_held_zones.discard(NEXT_ZONE)
+    home = cluster.home.parent / "rayfleet-home-min"
+    key = write_service_account_key(cluster.home.parent / "sa-key-min.json",
+                                    offline.google.identity,
+                                    f"student@{PROJECT}.iam.gserviceaccount.com")
+    spec = spec_file(cluster.home.parent, key, name="gcpmin", zone=None, zones=[ZONE, NEXT_ZONE],
+                     cpu_workers={}, tpu_workers={"tpu": {
+                         "accelerator_type": "v4-8", "min_workers": 1, "max_workers": 1,
+                         "cpus": 1, "provisioning": "spot"}})
+    started = time.monotonic()
+    try:
+        up = offline.invoke(home, "up", "--cluster", str(spec), timeout=900)
+        cluster.timings["min_workers: stockout -> next zone -> up"] = round(
+            time.monotonic() - started, 1)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"zone {ZONE} has no capacity for the head or its min_workers" in up.stderr, \
+            up.stderr
+        with fake.lock:
+            ours = [(key[0], i["labels"].get("ray-node-type")) for key, i in fake.instances.items()
+                    if i["labels"].get("rayfleet-name") == "gcpmin"
+                    and "tpu_cores" not in i["labels"]]
+            nodes = [(n["name"].split("/")[3], n["state"]) for n in fake.tpu_nodes.values()
+                     if n["labels"].get("rayfleet-name") == "gcpmin"]
+        assert ours == [(NEXT_ZONE, "head")], ours  # nothing left in the refused zone
+        assert nodes == [(NEXT_ZONE, "READY")], nodes
+        state = json.loads((home / "state" / "gcpmin.json").read_text())
+        assert [r["attrs"]["zone"] for r in state["resources"]
+                if r["kind"] == "gcp-ray-cluster"] == [NEXT_ZONE]
+    finally:
+        down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert fake.nodes_with({"rayfleet-name": "gcpmin"}) == []

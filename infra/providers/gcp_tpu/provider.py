@@ -21,7 +21,7 @@ from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.gcp_tpu import config, firewall, launcher, preflight, slices, view
+from infra.providers.gcp_tpu import capacity, config, firewall, launcher, preflight, slices, view
 from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import RayRunner
 from infra.providers.gcp_tpu.spec import Spec
@@ -213,6 +213,9 @@ class Provider(BaseProvider[Spec]):
                           label_id=label_id)
                 try:
                     endpoint = self._launch(api, state, text, config_path, key_file)
+                    if not existing and len(zones) > 1:
+                        # min_workers refused for capacity move `up` on like the head does.
+                        self._wait_min_workers(api, state, zone, label_id)
                     self._queue_slices(api, state, keypair)
                     return endpoint
                 except GcpError as exc:
@@ -225,7 +228,8 @@ class Provider(BaseProvider[Spec]):
                             f"{', '.join(zones)}: {exc.reason}); nothing is left in them; try "
                             f"again later or add zones to zones: in {spec.source}",
                             reason=exc.reason) from None
-                    ui.warn(f"zone {zone} has no capacity for the head ({exc.reason}); removed "
+                    ui.warn(f"zone {zone} has no capacity for the head or its min_workers "
+                            f"({exc.reason}); removed "
                             f"what it left there; trying zone {zones[index + 1]}")
             raise AssertionError("unreachable: the zone loop returns or raises")
         except KeyboardInterrupt:
@@ -317,6 +321,13 @@ class Provider(BaseProvider[Spec]):
                     hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
         return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                         f"{internal}:{GCS_PORT}")
+
+    def _wait_min_workers(self, api: Gcp, state: State, zone: str, label_id: str) -> None:
+        cluster = state.find(CLUSTER, self.spec.name)
+        assert cluster is not None
+        capacity.wait_min_workers(api, self.spec, zone,
+                                  config.sweep_labels(label_id, self.spec.name),
+                                  self._head_target(cluster))
 
     def _queue_slices(self, api: Gcp, state: State, keypair: ssh.KeyPair) -> None:
         """Queue the spec's TPU slices (each recorded first) and start the head's joiner."""
