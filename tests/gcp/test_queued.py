@@ -255,3 +255,25 @@ def test_autodown_removes_the_clusters_queued_slices_with_its_nodes(
     assert list(fake.queued_states()) == [queued.request_id("ffffffff", "a", 0, 0)]
     assert [n.rsplit("/", 1)[-1] for n in fake.tpu_nodes] == [queued.request_id("ffffffff", "a",
                                                                                  0, 0)]
+
+
+def test_plan_lists_queued_slices_and_preflight_checks_their_zones(
+        tmp_path: Path, rf_home: Path, fake: FakeGcp, options: ApiOptions, key_file: Path) -> None:
+    from infra.providers.gcp_tpu.provider import Provider
+
+    add_second_zone(fake)
+    fake.accelerator_types[SECOND_ZONE] = [("v4-8", "V4", "2x2x1")]
+    path = write_spec(tmp_path, name="qcls", zone=None, zones=["us-central2-b", SECOND_ZONE],
+                      queued_slices={"pod": {"accelerator_type": "v4-16",
+                                             "zones": ["us-central2-b", SECOND_ZONE]}})
+    plan = Provider(spec.load_spec(path), api_options=options).plan(None)  # type: ignore[arg-type]
+    (row,) = [r for r in plan.resources if r.name == "pod"]
+    assert "1 × v4-16 (8 chips, 2 host(s))" in row.detail and SECOND_ZONE in row.detail
+    assert any("queued_slices.pod: v4-16 (tpu-ubuntu2204-base, standard) offered in "
+               "us-central2-b" in n for n in plan.notes), plan.notes
+    assert any(f"v4-16 with tpu-ubuntu2204-base is not offered in {SECOND_ZONE}" in n
+               for n in plan.notes), plan.notes
+    fake.accelerator_types["us-central2-b"] = [("v4-8", "V4", "2x2x1")]
+    plan = Provider(spec.load_spec(path), api_options=options).plan(None)  # type: ignore[arg-type]
+    assert any("queued_slices.pod: v4-16 with runtime tpu-ubuntu2204-base is offered in none of "
+               "its zones" in n for n in plan.notes), plan.notes
