@@ -277,3 +277,33 @@ def test_plan_lists_queued_slices_and_preflight_checks_their_zones(
     plan = Provider(spec.load_spec(path), api_options=options).plan(None)  # type: ignore[arg-type]
     assert any("queued_slices.pod: v4-16 with runtime tpu-ubuntu2204-base is offered in none of "
                "its zones" in n for n in plan.notes), plan.notes
+
+
+def test_sweep_lists_and_deletes_queued_requests_by_their_cluster_id(
+        rf_home: Path, tmp_path: Path, fake: FakeGcp, options: ApiOptions, key_file: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.providers.gcp_tpu.sweep import Sweeper
+
+    monkeypatch.setenv("RAYFLEET_CLUSTERS", str(tmp_path / "no-specs"))  # only the state below
+
+    api = api_for(options)
+    with state.locked("qcls", "gcp-tpu", "up") as current:  # where this checkout created things
+        current.add(slices.QUEUED, "rf-x", project=api.project, zone="us-central2-b")
+    request = queued.SliceRequest("a", "v4-8", None, "tpu-ubuntu2204-base", 1, 4, 8, "spot",
+                                  ["us-central2-b"], 1, labels={"rayfleet-cluster": CLUSTER_ID,
+                                                                "rayfleet-queued-slice": "a"})
+    ours, look_alike = queued.request_id(CLUSTER_ID, "a", 0, 0), queued.request_id(
+        "ffffffff", "a", 0, 0)
+    for qr_id in (ours, look_alike):  # the look-alike's node does not carry its id
+        _wait(api, queued.create(api, "us-central2-b", qr_id,
+                                 queued.body(request, api.project, "us-central2-b", qr_id)))
+    fake.queued_states()
+    fake.queued_states()  # ACTIVE, each with a node
+    sweeper = Sweeper(options)
+    assert sweeper.credentials()
+    marked = sweeper.marked()
+    assert [(m.name, m.cluster_id, m.status) for m in marked] == [(ours, CLUSTER_ID, "ACTIVE")]
+    assert (marked[0].hourly_usd or 0) > 0  # an ACTIVE request bills its slice
+    sweeper.delete(marked)
+    assert list(fake.queued_states()) == [look_alike]
+    assert [n.rsplit("/", 1)[-1] for n in fake.tpu_nodes] == [look_alike]

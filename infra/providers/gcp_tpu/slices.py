@@ -101,6 +101,8 @@ def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
                    for r in requests],
     }
     with ui.step(f"starting the queued-slice joiner on the head ({len(requests)} slice type(s))"):
+        # A joiner from an earlier `up` would keep its old config: restart it (its marker stays).
+        stop_joiner(target)
         autodown_remote.install_daemon(
             target, "infra.providers.gcp_tpu.joiner", joiner.HEAD_CONFIG,
             json.dumps(settings, indent=2) + "\n", joiner.FILES,
