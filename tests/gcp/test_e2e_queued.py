@@ -155,6 +155,20 @@ def test_up_queues_a_request_per_slice_recorded_in_state(cluster: Cluster) -> No
     assert pid.stdout.strip().endswith("alive"), pid.stdout + pid.stderr
 
 
+def test_a_second_up_queues_nothing_new_and_restarts_the_joiner(cluster: Cluster) -> None:
+    head = cluster.head()
+    before = head.run("cat ~/.rayfleet/queued.json.pid").stdout.strip()
+    requests = len(cluster.fake.queued)
+    started = time.monotonic()
+    again = cluster.invoke("up", timeout=600)
+    cluster.timings["second up"] = round(time.monotonic() - started, 1)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(cluster.fake.queued) == requests
+    after = head.run("cat ~/.rayfleet/queued.json.pid && kill -0 $(cat ~/.rayfleet/queued.json.pid)"
+                     " && echo alive").stdout.split()
+    assert after[-1] == "alive" and after[0] != before, (before, after)
+
+
 def test_a_job_submitted_before_active_waits_and_runs_on_the_queued_slice(cluster: Cluster) -> None:
     assert cluster.fake.queued_states()[cluster.qr("single")][1] != "ACTIVE"
     started = time.monotonic()
