@@ -50,22 +50,30 @@ def one_round(offline: Offline, work: Path, n: int) -> dict[str, float]:
         raise SystemExit(up.stdout + up.stderr)
     result = {"up": time.time() - started}
     try:
-        for name in ("one", "two"):
-            deadline = time.time() + 600
-            while True:
+        deadline = time.monotonic() + 600
+        while any(f"{name}: ACTIVE -> hosts up" not in result for name in ("one", "two")):
+            for name in ("one", "two"):
+                if f"{name}: ACTIVE -> hosts up" in result:
+                    continue
                 active = _event(offline, "queued-active", f"-{name}-0-0", started)
-                hosts = []
-                if active is not None:
-                    qr_id = next(k for k in offline.fake.queued_states() if k.endswith(
-                        f"-{name}-0-0"))
-                    hosts = offline.google.machines.host_of(qr_id)
+                if active is None:
+                    continue
+                qr_id = next(k for k in offline.fake.queued_states() if k.endswith(f"-{name}-0-0"))
+                hosts = offline.google.machines.host_of(qr_id)
                 if hosts and all(h.run("pgrep -x raylet || true").stdout.strip() for h in hosts):
-                    assert active is not None
                     result[f"{name}: ACTIVE -> hosts up"] = time.time() - active
-                    break
-                if time.time() > deadline:
-                    raise SystemExit(f"slice {name} did not join within 600 s")
-                time.sleep(0.5)
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the slices did not join within 600 s: {result}")
+            time.sleep(0.5)
+        # Where the time went, as the joiner logged it on the head.
+        heads = [i for i in offline.fake.instances.values()
+                 if i["labels"].get("ray-node-type") == "head"
+                 and i["labels"].get("rayfleet-name") == f"gcpqbench{n}"]
+        head_ip = heads[0]["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
+        head = next(h for h in offline.bed.hosts if h.ip == head_ip)
+        time.sleep(2)  # the joiner logs a host once its `ray start` has returned
+        for line in head.run("grep -hE 'joined|failed' ~/.rayfleet/queued.log").stdout.splitlines():
+            print("   joiner: " + line.split(" queued: ", 1)[-1], flush=True)
     finally:
         down_started = time.time()
         down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=900)

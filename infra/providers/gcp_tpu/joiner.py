@@ -233,7 +233,8 @@ class Joiner:
     def join_host(self, qr_id: str, request: queued.SliceRequest, ip: str, worker: int) -> None:
         """Set one TPU host up and start Ray there, joined to this head."""
         ssh = self._ssh(qr_id, ip)
-        deadline = time.monotonic() + SSH_TIMEOUT_S
+        started = time.monotonic()
+        deadline = started + SSH_TIMEOUT_S
         while subprocess.run([*ssh, "true"], stdin=subprocess.DEVNULL, capture_output=True,
                              timeout=60, check=False).returncode != 0:
             if time.monotonic() > deadline:
@@ -245,6 +246,7 @@ class Joiner:
                               stdout=subprocess.PIPE) as tar:
             self._run([*ssh, "mkdir -p ~/rayfleet && tar -C ~/rayfleet -xf -"],
                       f"copying the installer to {ip}", stdin=tar.stdout)
+        reached = time.monotonic()
         env = "RAY_USAGE_STATS_ENABLED=0"
         token = self.config.get("token_path")
         if token:
@@ -273,6 +275,8 @@ class Joiner:
             "--disable-usage-stats"])
         self._run([*ssh, f"bash -c {shlex.quote(script)}"], f"setting up {ip} and starting Ray",
                   timeout=3600)
+        log(f"{qr_id}: host {ip} joined (SSH after {reached - started:.1f} s, installer and "
+            f"ray start {time.monotonic() - reached:.1f} s)")
 
     def run(self) -> None:
         poll = float(self.config.get("poll_s") or 15)
