@@ -1,10 +1,12 @@
 """Putting the autodown watcher (infra/autodown.py) on a remote head over SSH, and reading its marker.
 
-Used by providers whose head this machine reaches over SSH (Lambda, GCP). Copies the watcher and the
-few modules it imports into `~/rayfleet/autodown-pkg` on the head, writes its config and any secret
-the removal action needs (an API key) as 0600 files through SFTP (never on a command line), and
-starts it detached unless one already runs. `read_marker` fetches the marker for `status`, which
-caches it on this machine so that the next `status` can still say when the cluster removed itself.
+Used by providers whose head this machine reaches over SSH (Lambda, GCP). `install_daemon` is the
+general mechanism, for any `python -m <module> --config <file>` daemon on a head (the watcher, GCP's
+queued-slice joiner): it copies the daemon and the few modules it imports into
+`~/rayfleet/autodown-pkg` on the head, writes its config and any secret it needs (an API key) as
+0600 files through SFTP (never on a command line), and starts it detached unless one already runs.
+`read_marker` fetches the watcher's marker for `status`, which caches it on this machine so that the
+next `status` can still say when the cluster removed itself.
 """
 
 from __future__ import annotations
@@ -100,12 +102,8 @@ def stop(target: ssh.SshTarget) -> None:
 
 def read_marker(target: ssh.SshTarget, cluster: str) -> bool:
     """Fetch the head's marker into this machine's cache; False when the head cannot say."""
-    try:
-        result = ssh.run(target, f'cat "$HOME/{autodown.HEAD_MARKER.removeprefix("~/")}"',
-                         timeout=20)
-    except RayfleetError:
+    text = read_file(target, autodown.HEAD_MARKER)
+    if text is None:
         return False
-    if not result.ok or not result.stdout.strip():
-        return False
-    autodown.cache_marker(cluster, result.stdout)
+    autodown.cache_marker(cluster, text)
     return True
