@@ -101,7 +101,9 @@ class Joiner:
                     "requests": self.requests}
             text = json.dumps(data, indent=2) + "\n"
         self.marker_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.marker_path.with_name(f".{self.marker_path.name}.{os.getpid()}.tmp")
+        # Join threads write it too: a temporary file per thread, then an atomic rename.
+        tmp = self.marker_path.with_name(
+            f".{self.marker_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, self.marker_path)
 
@@ -136,7 +138,10 @@ class Joiner:
                 if failed.get("error"):
                     record["error"] = str(failed["error"].get("message", ""))[:300]
             if state == queued.ACTIVE and not record["joined"] and qr_id not in self.joining:
-                thread = threading.Thread(target=self._join, args=(qr_id, resource), daemon=True)
+                # The API is asked here, in this thread only: Google's client (httplib2) must
+                # not be shared between threads; the joins only run SSH.
+                hosts = self._hosts(resource)
+                thread = threading.Thread(target=self._join, args=(qr_id, hosts), daemon=True)
                 self.joining[qr_id] = thread
                 thread.start()
             if state in queued.LOST and record["replaced_by"] is None:
@@ -176,15 +181,19 @@ class Joiner:
 
     # --- joining one ACTIVE request -----------------------------------------------------------
 
-    def _join(self, qr_id: str, resource: dict[str, Any]) -> None:
+    def _hosts(self, resource: dict[str, Any]) -> list[str]:
+        """The addresses of an ACTIVE request's hosts, host 0 first (the nodes' endpoints)."""
+        hosts: list[str] = []
+        for name in queued.node_names(resource):
+            node = self.api.call(self.api.tpu.projects().locations().nodes().get(name=name),
+                                 f"TPU node {name.rsplit('/', 1)[-1]}")
+            hosts += [str(e["ipAddress"]) for e in node.get("networkEndpoints") or []]
+        return hosts
+
+    def _join(self, qr_id: str, hosts: list[str]) -> None:
         record = self.requests[qr_id]
         request = self.slices[record["slice"]]
         try:
-            hosts: list[str] = []
-            for name in queued.node_names(resource):
-                node = self.api.call(self.api.tpu.projects().locations().nodes().get(name=name),
-                                     f"TPU node {name.rsplit('/', 1)[-1]}")
-                hosts += [str(e["ipAddress"]) for e in node.get("networkEndpoints") or []]
             log(f"{qr_id}: joining {len(hosts)} host(s) {', '.join(hosts)}")
             errors: list[str] = []
             threads = [threading.Thread(target=self._join_host_safe,
