@@ -4,7 +4,8 @@ Both run on the same real Slurm (the test bed's 2-node cluster, submitted throug
 over SSH) in the same run, alternating, for 1 and 2 nodes:
 
 - rayfleet: from starting `invoke up` to the moment the batch script saw every node alive in the
-  GCS (`ready_at` in its info file); also the whole `invoke up` (until the dashboard answered).
+  GCS (`ready_at` in its info file); also the whole `invoke up` (until the dashboard answered),
+  and where Ray's part went (the info file's timeline: GCS listening, head registered, the rest).
 - recipe: the script HPC users copy (head, `sleep 10`, each worker then `sleep 5`), from `sbatch`
   to the moment it would start the user's program (after its sleeps), with the number of nodes
   alive at that moment.
@@ -98,10 +99,18 @@ def run_ours(cluster: SlurmCluster, work: Path, nodes: int, env: dict[str, str])
         # Always: a job left running would be killed with the test bed, its temp dirs left behind.
         subprocess.run([sys.executable, "-m", "invoke", "teardown", "--cluster", str(spec)],
                        cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    # Where the time went: this machine until sbatch, Slurm until the batch script ran, Ray.
+    # Where the time went: this machine until sbatch, Slurm until the batch script ran, its
+    # environment setup (modules, env, token check), Ray;
+    # Ray's part split at the GCS listening and the head node registered (the batch script's
+    # timeline): the workers can only register after the head did (Ray looks the head up).
+    line = info.get("timeline", {})
+    setup = line.get("setup_done", info["started_at"])
+    gcs, head = line.get("gcs_listening", setup), line.get("head_alive", 0.0)
     return {"alive": info["ready_at"] - started, "up": finished - started,
             "nodes": len(info["nodes"]), "client": submitted - started,
-            "slurm": info["started_at"] - submitted, "ray": info["ready_at"] - info["started_at"]}
+            "slurm": info["started_at"] - submitted, "setup": setup - info["started_at"],
+            "ray": info["ready_at"] - setup, "gcs": gcs - setup, "head": head - gcs,
+            "workers": info["ready_at"] - head}
 
 
 def run_recipe(cluster: SlurmCluster, nodes: int) -> dict[str, float]:
@@ -141,7 +150,10 @@ def main() -> None:
                 results.setdefault(("recipe", nodes), []).append(recipe["alive"])
                 print(f"rep {rep + 1}, {nodes} node(s): rayfleet {ours['alive']:.1f}s to "
                       f"{ours['nodes']} alive (client {ours['client']:.1f} + Slurm "
-                      f"{ours['slurm']:.1f} + Ray {ours['ray']:.1f}; invoke up {ours['up']:.1f}s)"
+                      f"{ours['slurm']:.1f} + script setup {ours['setup']:.1f} + Ray "
+                      f"{ours['ray']:.1f} [GCS {ours['gcs']:.1f}, head "
+                      f"{ours['head']:.1f}, workers {ours['workers']:.1f}]; invoke up "
+                      f"{ours['up']:.1f}s)"
                       f" | recipe {recipe['alive']:.1f}s ({recipe['nodes']} alive then); load "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
     med = {key: statistics.median(values) for key, values in results.items()}

@@ -160,6 +160,7 @@ class Watcher:
             "idle_minutes": config.idle_minutes, "started_at": now_iso(), "pid": os.getpid(),
             "phase": "watching", "idle_since": None, "idle_s": 0.0, "detail": "",
             "checked_at": None, "removed_at": None, "error": None,
+            "interval_s": config.interval(),
         }
 
     def _write(self) -> None:
@@ -271,8 +272,12 @@ if __name__ == "__main__":
 
 # --- the laptop's side: what `status`, `up` and `teardown` make of a marker -----------------------
 
-def view(marker: dict[str, Any] | None, idle_minutes: float) -> Any:
-    """An `AutodownView` from a watcher's marker (None: no marker seen yet)."""
+#: A watcher silent for longer than this (or five of its intervals) is reported as silent.
+SILENT_AFTER_S = 120.0
+
+
+def view(marker: dict[str, Any] | None, idle_minutes: float, now: dt.datetime | None = None) -> Any:
+    """An `AutodownView` from a watcher's marker (None: no marker seen yet; `now` for tests)."""
     from infra.providers.base import AutodownView
 
     if marker is None:
@@ -288,7 +293,23 @@ def view(marker: dict[str, Any] | None, idle_minutes: float) -> Any:
         detail = "removing the cluster now"
     idle = marker.get("idle_s") if marker.get("idle_since") else None
     return AutodownView(float(marker.get("idle_minutes") or idle_minutes),
-                        float(idle) if idle is not None else None, removed, detail)
+                        float(idle) if idle is not None else None, removed, detail,
+                        _silent_since(marker, now))
+
+
+def _silent_since(marker: dict[str, Any], now: dt.datetime | None) -> str | None:
+    """The last check's time when a watching watcher has missed several checks since."""
+    checked = marker.get("checked_at")
+    if marker.get("phase") != "watching" or not checked:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(str(checked))
+    except ValueError:
+        return None
+    # A few missed checks, and never less than two minutes: a busy head can be slow to answer.
+    allowed = max(SILENT_AFTER_S, 5 * float(marker.get("interval_s") or 30))
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return str(checked) if (now - when).total_seconds() > allowed else None
 
 
 def describe(view: Any) -> str:
@@ -296,6 +317,10 @@ def describe(view: Any) -> str:
     minutes = f"{view.idle_minutes:g}"
     if view.removed_at:
         return f"removed itself after {minutes} idle minutes at {local_time(view.removed_at)}"
+    if view.silent_since:
+        return (f"autodown: no report from the cluster's watcher since "
+                f"{local_time(view.silent_since)} (it stopped, or its head is unreachable): the "
+                f"cluster may not remove itself; `invoke up` starts the watcher again")
     if view.idle_s is not None:
         idle = view.idle_s / 60
         shown = f"{idle:.0f}" if view.idle_minutes >= 5 else f"{idle:.1f}"

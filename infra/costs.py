@@ -54,6 +54,8 @@ def describe_cost(cost: Cost) -> str:
 def describe_range(cost: CostRange) -> str:
     """e.g. "cost: $0.50/h at minimum size (1 node) to $10.50/h at maximum size (5 nodes)"."""
     def at(nodes: int, hourly: float | None) -> str:
+        if cost.node_hours:
+            return f"{nodes} node-hour{'s' if nodes != 1 else ''}/h"
         money = f"{dollars(hourly)}/h" if hourly is not None else "no price"
         return f"{money} ({nodes} node{'s' if nodes != 1 else ''})"
 

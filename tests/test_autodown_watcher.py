@@ -67,3 +67,24 @@ def test_marker_views_for_status(tmp_path: Path) -> None:
                           "removed_at": "2026-01-02T14:05:00+00:00"}, 30)
     assert autodown.describe(gone).startswith("removed itself after 30 idle minutes at ")
     assert autodown.view(None, 30).removed_at is None
+
+
+def test_a_silent_watcher_is_not_shown_counting_down() -> None:
+    """A marker whose last check is long past (the watcher died, or the head is unreachable) must
+    not keep promising a removal: status says since when it is silent."""
+    import datetime as dt
+
+    checked = dt.datetime(2026, 1, 2, 14, 0, tzinfo=dt.timezone.utc)
+    marker = {"phase": "watching", "idle_minutes": 30, "idle_since": "x", "idle_s": 720,
+              "detail": "idle", "checked_at": checked.isoformat(), "interval_s": 30}
+    fresh = autodown.view(marker, 30, now=checked + dt.timedelta(seconds=100))
+    assert fresh.silent_since is None and autodown.describe(fresh).startswith("autodown: idle 12")
+    late = autodown.view(marker, 30, now=checked + dt.timedelta(seconds=151))
+    assert late.silent_since == checked.isoformat()
+    assert "no report from the cluster's watcher since" in autodown.describe(late)
+    # A slow watcher (long interval) is given five of its intervals before it counts as silent.
+    slow = autodown.view({**marker, "interval_s": 60}, 30, now=checked + dt.timedelta(seconds=290))
+    assert slow.silent_since is None
+    removing = autodown.view({**marker, "phase": "removing", "removing_at": marker["checked_at"]},
+                             30, now=checked + dt.timedelta(hours=2))
+    assert removing.silent_since is None and removing.removed_at

@@ -141,6 +141,8 @@ def test_list_four_providers_one_down(rf_home: Path, tmp_path: Path, lambda_fake
         assert hpc["state"] == "RUNNING" and hpc["nodes"] == 1
         assert hpc["hourly_usd"] is None and hpc["node_hours"] is not None
         assert hpc["autodown_minutes"] == 45
+        # Enforced by the head's job: the watcher's countdown, read from its node.
+        assert hpc["autodown"].startswith("45 min; autodown: idle"), hpc
 
         table = run_invoke("list", "--timeout", str(TIMEOUT), env={"COLUMNS": "250"})
         assert table.returncode == 0, table.stderr

@@ -87,6 +87,9 @@ class CostRange:
     max_hourly_usd: float | None = None
     #: As `Cost.source`.
     source: str = ""
+    #: True when the provider bills node-hours, not money (Slurm): the range is shown in
+    #: node-hours per hour, one per node.
+    node_hours: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,9 @@ class AutodownView:
     removed_at: str | None = None
     #: One line on what the watcher saw or did last (e.g. "2 jobs running"), for `status`.
     detail: str = ""
+    #: The watcher's last check (ISO 8601) when that is too long ago for a watcher that still runs
+    #: (it died, or its head is unreachable): its countdown is then no longer true.
+    silent_since: str | None = None
 
 
 @dataclass

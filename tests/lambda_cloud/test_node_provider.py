@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 
 from infra.providers.lambda_cloud import api
 from infra.providers.lambda_cloud.node_provider import LambdaNodeProvider, NoCapacity
+from infra.providers.lambda_cloud.tags import TAG_LAUNCHED_AT
 from tests.conftest import ROOT
 from tests.lambda_cloud.conftest import API_KEY
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
@@ -44,9 +46,7 @@ def make(fake: FakeLambda, tmp_path: Path, **extra: Any) -> LambdaNodeProvider:
               "ssh_key_name": "rayfleet-lt-key", "firewall_rulesets": [], "rate_scale": 0.01,
               "api_key_file": str(key), "state_file": str(tmp_path / "nodes.json"),
               "api_url": fake.url, **extra}
-    provider = LambdaNodeProvider(config, "lt")
-    provider.client._pacer.next_launch = 0.0  # no head was launched just before, in these tests
-    return provider
+    return LambdaNodeProvider(config, "lt")
 
 
 def launches(fake: FakeLambda) -> list[float]:
@@ -109,6 +109,31 @@ def test_concurrent_launches_keep_the_launch_limit(fake: FakeLambda, tmp_path: P
     assert min(b - a for a, b in itertools.pairwise(sorted(times))) >= fake.launches.interval * 0.99
     assert [(m, p) for _, m, p, s in fake.log if s == 429] == []
     assert sorted(provider.non_terminated_nodes({})) == sorted(made)
+
+
+@pytest.mark.parametrize("head_age_s", [0.0, 3.2])
+def test_first_launch_keeps_the_interval_after_the_heads_launch(
+        fake: FakeLambda, tmp_path: Path, head_age_s: float) -> None:
+    """The head, launched by `up` from the user's machine, counts for Lambda's launch limit: a
+    head launched just now delays the first worker by the interval; one launched longer ago than
+    that does not (the autoscaler's provider starts long after the head booted)."""
+    fake.general.interval, fake.launches.interval = 0.25, 3.0  # Lambda's limits at 1/4
+    fake.capacity[("gpu_1x_a10", "us-east-1")] = 2
+    fake.ssh_keys["k1"] = {"id": "k1", "name": "rayfleet-lt-key", "public_key": "ssh-ed25519 AAAA x"}
+    laptop = api.LambdaClient(API_KEY, fake.url, api.Limits.scaled(0.25))
+    laptop.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name="rayfleet-lt-key",
+                  name=f"lt-{CID}-head", tags={"rayfleet-cluster": CID,
+                                               TAG_LAUNCHED_AT: str(int(time.time()))})
+    time.sleep(head_age_s)
+    provider = make(fake, tmp_path, rate_scale=0.25)
+    asked = time.monotonic()
+    provider.create_node(NODE_CONFIG, TAGS, 1)
+    head, worker = launches(fake)
+    assert [t for t, s in fake.requests("POST", LAUNCH) if s == 429] == []
+    assert worker - head >= fake.launches.interval
+    if head_age_s:
+        # Not a second interval counted from the provider's own start.
+        assert worker - asked < fake.launches.interval
 
 
 def test_next_choice_on_insufficient_capacity(fake: FakeLambda, tmp_path: Path) -> None:

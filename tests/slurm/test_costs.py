@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from infra.providers.slurm import costs
+from infra import spec
+from infra.costs import describe_range
+from infra.providers.slurm import Provider, costs
+from infra.providers.slurm.spec import Spec
 
 
 @pytest.mark.parametrize(("nodelist", "count"), [
@@ -25,3 +30,21 @@ def test_only_running_jobs_count() -> None:
     cost = costs.cost([("RUNNING", "n[1-2]", "1:00:00"), ("PENDING", "", "0:00"),
                        ("RUNNING", "n3", "30:00")])
     assert (cost.nodes, cost.node_hours, cost.uptime_s, cost.hourly_usd) == (3, 2.5, 3600, None)
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ("nodes: 3\n", "cost: 3 node-hours/h, fixed size"),
+    ("worker_types:\n  cpu: {cpus_per_node: 2, min_workers: 1, max_workers: 4}\n"
+     "  gpu: {cpus_per_node: 2, gpus_per_node: 1, max_workers: 2}\n",
+     "cost: 2 node-hours/h at minimum size to 7 node-hours/h at maximum size"),
+])
+def test_plan_and_up_show_the_node_hours_range(tmp_path: Path, extra: str, expected: str) -> None:
+    # `invoke plan` and `up` print this line; Slurm has no prices, so node-hours per hour.
+    path = tmp_path / "hpc.yaml"
+    path.write_text("provider: slurm\ncpus_per_node: 2\n" + extra)
+    loaded = spec.load_spec(path)
+    assert isinstance(loaded, Spec)
+    cost_range = Provider(loaded).cost_range(None)
+    assert cost_range is not None and cost_range.node_hours
+    assert describe_range(cost_range).startswith(expected), describe_range(cost_range)
+    assert "$" not in describe_range(cost_range)

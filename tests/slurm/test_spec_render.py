@@ -107,16 +107,24 @@ CASES = {
                         "gpu_type: a100, memory_per_node_mb: 64000, time_limit: '1:00:00', "
                         "min_workers: 1, max_workers: 2, resources: {gpu_node: 1}, "
                         "labels: {tier: gpu}}\n",
+    # The idle watcher beside the head: a fixed cluster and an autoscaling one.
+    "autodown": BASE + "nodes: 2\nautodown: {idle_minutes: 30}\n",
+    "autodown-autoscale": BASE + "autodown: {idle_minutes: 0.5}\n"
+                                 "worker_types:\n  cpu: {cpus_per_node: 4, max_workers: 3}\n",
 }
 HELPER = "<embedded helper: infra/rayproc.py + infra/providers/slurm/node_helper.py>"
 
 
-def _render(tmp_path: Path, case: str) -> str:
+def _spec(tmp_path: Path, case: str) -> Spec:
     path = tmp_path / f"{case}.yaml"
     path.write_text(CASES[case])
     loaded = spec.load_spec(path)
     assert isinstance(loaded, Spec)
-    return render_script(loaded)
+    return loaded
+
+
+def _render(tmp_path: Path, case: str) -> str:
+    return render_script(_spec(tmp_path, case))
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -126,7 +134,8 @@ def test_batch_script_matches_golden(tmp_path: Path, case: str) -> None:
     assert helper in script
     # The files shipped to an autoscaling head are our own modules: their text is tested where
     # it lives, not here.
-    shipped = {source: f"<shipped {relative}>" for _, relative, source in script_module._shipped()}
+    shipped = {source: f"<shipped {relative}>"
+               for _, relative, source in script_module._shipped(_spec(tmp_path, case))}
     assert_golden(f"slurm/{case}.sbatch", script, {helper: HELPER, **shipped})
 
 
@@ -147,8 +156,10 @@ def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
     script = _render(tmp_path, case)
     assert script == _render(tmp_path, case), "rendering must be deterministic"
     script = script.replace(node_helper.embedded_source().rstrip("\n"), HELPER)
-    # No fixed waits: every sleep is a short poll interval.
-    assert set(re.findall(r"\bsleep\s+([\d.]+)", script)) <= {"0.1"}
+    # No fixed waits: every sleep is a short poll interval (but the restart delay of a failed
+    # idle watcher, after start-up).
+    startup = re.sub(r"until PYTHONPATH=.*?\ndone &\n", "", script, flags=re.S)
+    assert set(re.findall(r"\bsleep\s+([\d.]+)", startup)) <= {"0.1"}
     assert "export RAY_USAGE_STATS_ENABLED=0" in script
     assert "export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0" in script
     assert "ray stop" not in script
@@ -163,7 +174,7 @@ def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
     assert 'mktemp -d "$RF_TEMP_ROOT/rf-$RF_CLUSTER_ID.$1.XXXXXX"' in script
     assert "mkdir -p \"$temp\"" not in script and "RF_TEMP_PREFIX" not in script
     workers = [script]
-    if case == "autoscale":
+    if case in ("autoscale", "autodown-autoscale"):
         workers = [script[script.index("cat > \"$RF_HEAD_TEMP/worker.sbatch\""):]]
     else:
         assert "--no-monitor" in script
@@ -207,22 +218,58 @@ def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
     assert "RAY_enable_autoscaler_v2=1" in script and "--autoscaling-config=" in script
 
 
-def test_node_provider_imports_with_ray_and_the_shipped_files_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("case", "modules"), [
+    ("autoscale", ["infra.providers.slurm.node_provider"]),
+    ("autodown", ["infra.autodown", "infra.providers.slurm.autodown"]),
+    ("autodown-autoscale", ["infra.providers.slurm.node_provider", "infra.autodown",
+                            "infra.providers.slurm.autodown"]),
+])
+def test_head_side_modules_import_with_ray_and_the_shipped_files_only(
+        tmp_path: Path, case: str, modules: list[str]) -> None:
     # What the head has: Ray and the files the batch script writes; not pydantic, rich, jinja,
-    # paramiko or the rest of rayfleet.
-    for _, relative, source in script_module._shipped():
-        target = tmp_path / relative
+    # paramiko or the rest of rayfleet. The node provider for Ray's monitor, the idle watcher
+    # and Slurm's removal action for autodown.
+    shipped = tmp_path / "py"
+    for _, relative, source in script_module._shipped(_spec(tmp_path, case)):
+        target = shipped / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(source + "\n")
-    probe = ("import sys, importlib; importlib.import_module('infra.providers.slurm.node_provider');"
+    probe = ("import sys, importlib;"
+             f"[importlib.import_module(m) for m in {modules!r}];"
+             "from infra.autodown import Config; import infra.providers.slurm.autodown as a;"
              "bad = [m for m in ('pydantic', 'rich', 'jinja2', 'paramiko', 'invoke', "
-             "'infra.spec', 'infra.providers.slurm.spec') if m in sys.modules];"
+             "'infra.spec', 'infra.state', 'infra.providers.slurm.spec') if m in sys.modules];"
              "import infra; print(infra.__file__); print(bad)")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
-                          text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    if case == "autoscale":
+        probe = probe.replace("from infra.autodown import Config; import "
+                              "infra.providers.slurm.autodown as a;", "")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=shipped, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shipped)})
     assert done.returncode == 0, done.stderr
     where, bad = done.stdout.split("\n")[:2]
-    assert where.startswith(str(tmp_path)) and bad == "[]", done.stdout
+    assert where.startswith(str(shipped)) and bad == "[]", done.stdout
+
+
+def test_the_helper_writes_a_watcher_config_the_watcher_reads(tmp_path: Path) -> None:
+    from infra import autodown
+
+    env = {"RF_HEAD_TEMP": str(tmp_path), "RF_BASE": "20000", "RF_CLUSTER_ID": "0123abcd",
+           "RF_JOB_ID": "42", "SLURM_SUBMIT_DIR": "/home/u/jobs", "SLURM_JOB_NAME": "rf-c-x-h1",
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/home/u/jobs/keys/0123abcd/ray-token",
+           "PATH": "/usr/bin:/bin"}
+    target = tmp_path / "autodown.json"
+    done = subprocess.run([sys.executable, "-c", node_helper.embedded_source(), "autodown-config",
+                           str(target), "0.5", "c"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    config = autodown.Config.load(target)
+    assert config.idle_minutes == 0.5 and config.cluster_id == "0123abcd"
+    assert config.dashboard_url == f"http://127.0.0.1:{rayproc.PortBlock(20000).dashboard}"
+    assert config.marker == str(tmp_path / "autodown-marker.json")
+    assert config.action == "infra.providers.slurm.autodown:remove"
+    assert config.action_args["record"] == "/home/u/jobs/rf-c-x-h1.autodown.json"
+    assert config.action_args["head_job_id"] == "42"
+    assert config.token_path == env["RAY_AUTH_TOKEN_PATH"]
 
 
 def test_autoscaling_spec_rules(tmp_path: Path) -> None:

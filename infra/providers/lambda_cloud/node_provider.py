@@ -148,9 +148,6 @@ class LambdaNodeProvider(NodeProvider):
         limits = api.Limits.scaled(scale, float(config.get("request_share", 0.5)))
         url = api.base_url(config.get("api_url"))  # else LAMBDA_API_URL, else Lambda's
         self.client = api.LambdaClient(read_key_file(str(config["api_key_file"])), url, limits)
-        # `up` launched the head moments before this process started: keep a launch slot's
-        # distance, so that the account never sees two launches closer than the limit.
-        self.client.defer_launches(limits.launch_interval)
         self.store = TagStore(Path(str(config.get("state_file", "~/.rayfleet/lambda-nodes.json")))
                               .expanduser())
         self.list_interval = float(config.get("list_interval_s", 5.0 * scale))
@@ -165,6 +162,8 @@ class LambdaNodeProvider(NodeProvider):
         self._terminated: set[str] = set()
         #: Node type -> monotonic time before which it is not launched again (all choices failed).
         self._backoff: dict[str, float] = {}
+        #: Set once the launches of other processes (the head's, by `up`) have been accounted for.
+        self._paced_after_others = False
 
     # --- listing --------------------------------------------------------------------------------
 
@@ -250,6 +249,7 @@ class LambdaNodeProvider(NodeProvider):
         if time.monotonic() < until:
             raise NoCapacity(f"{node_type}: no capacity at the last try; next try in "
                              f"{until - time.monotonic():.0f}s")
+        self._pace_after_other_launches()
         choices = [c for c in node_config.get("choices", []) if c.get("region") == self.region]
         types = self.client.instance_types()
         tried = []
@@ -268,6 +268,24 @@ class LambdaNodeProvider(NodeProvider):
         message = f"{node_type}: " + ("; ".join(tried) or f"no choice in {self.region}")
         logger.warning("rayfleet Lambda provider: cannot launch %s", message)
         raise NoCapacity(message)
+
+    def _pace_after_other_launches(self) -> None:
+        """Keep Lambda's launch interval after the newest launch of this cluster that another
+        process made (the head, which `up` launched from the user's machine): its launch tag says
+        when. Waiting a whole interval from this process's start instead would delay the first
+        worker of a cluster whose head came up minutes ago."""
+        if self._paced_after_others:
+            return
+        self._refresh(force=not self._listed_at)
+        with self._lock:
+            stamps = [int(n.tags[TAG_LAUNCHED_AT]) for n in self._nodes.values()
+                      if n.tags.get(TAG_LAUNCHED_AT, "").isdigit()]
+            self._paced_after_others = True
+        if stamps:
+            # +1 s: the tag has whole seconds. The pacer adds its own margin to the interval.
+            wait = max(stamps) + 1 + self.client.limits.launch_interval - time.time()
+            if wait > 0:
+                self.client.defer_launches(wait)
 
     def _launch(self, node_type: str, instance_type: str, info: api.InstanceType,
                 ray_tags: dict[str, str]) -> api.Instance:

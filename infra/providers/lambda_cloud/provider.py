@@ -13,7 +13,6 @@ See NOTES.md.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import shutil
 import time
@@ -46,17 +45,6 @@ from infra.providers.lambda_cloud.spec import Choice, Spec
 from infra.state import State, atomic_write
 
 __all__ = ["Provider", "Spec"]  # re-exported lazily by __init__.py
-
-
-def _dollars(cents: float) -> str:
-    return f"${cents / 100:,.2f}"
-
-
-def _uptime(launched_at: str | None) -> float | None:
-    if not launched_at:
-        return None
-    started = dt.datetime.fromisoformat(launched_at)
-    return max(0.0, (dt.datetime.now(dt.timezone.utc) - started).total_seconds())
 
 
 def place(spec: Spec, types: dict[str, api.InstanceType]) -> tuple[Choice | None, Choice | None]:
@@ -135,7 +123,7 @@ class Provider(BaseProvider[Spec]):
             if choice is not None and types:
                 price = types[choice.instance_type].price_cents_per_hour
                 hourly += price
-                detail = f"{choice.instance_type} in {choice.region}, {_dollars(price)}/h (capacity now)"
+                detail = f"{choice.instance_type} in {choice.region}, {costs.dollars(price)}/h (capacity now)"
             else:
                 pool = self.spec.head.choices if slot.role == "head" else self.spec.worker_choices()
                 detail = "first with capacity of " + ", ".join(str(c) for c in pool)
@@ -166,10 +154,10 @@ class Provider(BaseProvider[Spec]):
             notes += self._capacity_notes(types)
             cost = autoscale.hourly_range(self.spec, types)
             if self.spec.autoscaling and cost:
-                notes.append(f"estimated cost: {_dollars(cost[0])}/h at minimum size, "
-                             f"{_dollars(cost[1])}/h at maximum size (first choices' prices)")
+                notes.append(f"estimated cost: {costs.dollars(cost[0])}/h at minimum size, "
+                             f"{costs.dollars(cost[1])}/h at maximum size (first choices' prices)")
             else:
-                notes.append(f"estimated cost: {_dollars(hourly)}/h for {len(self._slots(state))} "
+                notes.append(f"estimated cost: {costs.dollars(hourly)}/h for {len(self._slots(state))} "
                              "instance(s)")
         if self.spec.autoscaling:
             files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
@@ -205,7 +193,7 @@ class Provider(BaseProvider[Spec]):
                     parts.append(f"{choice} (unknown type)")
                     continue
                 mark = "capacity" if choice.region in info.regions_with_capacity else "none"
-                parts.append(f"{choice} {_dollars(info.price_cents_per_hour)}/h: {mark}")
+                parts.append(f"{choice} {costs.dollars(info.price_cents_per_hour)}/h: {mark}")
             if parts:
                 lines.append(f"{role} choices now: " + "; ".join(parts))
         return lines
@@ -393,37 +381,14 @@ class Provider(BaseProvider[Spec]):
     # --- status / connect -----------------------------------------------------------------------
 
     def status(self, state: State) -> ProviderStatus:
-        listed = self.client().instances()
-        tracked, orphans, lookalikes = fleet.ours(state, listed)
-        rows, hourly, accrued, active = [], 0.0, 0.0, 0
-        for r in state.resources(fleet.INSTANCE):
-            inst = tracked.get(r.id)
-            price = inst.price_cents_per_hour if inst else int(r.attrs.get("price_cents_per_hour") or 0)
-            status = inst.status if inst else "not listed (terminated?)"
-            up_s = _uptime(r.attrs.get("launched_at"))
-            billed = inst is not None and inst.status not in api.GONE
-            if billed:
-                hourly += price
-                accrued += price * (up_s or 0) / 3600
-            active += bool(inst and inst.status == "active")
-            rows.append(self._row(r.attrs.get("name"), r.id, status, inst, r.attrs, price, up_s))
-        # Tagged with our id but not in state: the autoscaler's workers (found through the API,
-        # not through the head), or orphans of an interrupted `up`.
-        scaled = [i for i in orphans if fleet.autoscaled(i)]
-        orphans = [i for i in orphans if not fleet.autoscaled(i)]
-        for inst in scaled + orphans:
-            up_s = _uptime(fleet.tag_time(inst))
-            hourly += inst.price_cents_per_hour
-            accrued += inst.price_cents_per_hour * (up_s or 0) / 3600
-            active += inst.status == "active"
-            label = "autoscaled" if fleet.autoscaled(inst) else "ORPHAN"
-            rows.append(self._row(inst.name, inst.id, f"{inst.status} {label}", inst, {},
-                                  inst.price_cents_per_hour, up_s))
+        bill = costs.tally(state, self.client().instances())
+        scaled, orphans = bill.scaled, bill.orphans
+        hourly, accrued, active, tracked = bill.hourly_cents, bill.accrued_cents, bill.active, bill.tracked
         warnings = [f"orphan {i.name} ({i.id}, {i.status}) carries this cluster's id but is not "
                     "in its state (an interrupted run?); `invoke teardown` terminates it, "
                     "`invoke up` adopts it" for i in orphans]
         warnings += [f"{i.name} ({i.id}) is named like this cluster but is not ours (no tag with "
-                     "its id): left alone" for i in lookalikes]
+                     "its id): left alone" for i in bill.lookalikes]
         in_state = len(state.resources(fleet.INSTANCE))
         total = in_state + len(scaled) + len(orphans)
         running = bool(in_state) and all(tracked.get(r.id) is not None and
@@ -432,7 +397,7 @@ class Provider(BaseProvider[Spec]):
             and "head_ip" in state.info
         summary = (f"{active}/{total} instance(s) active"
                    + (f" ({len(scaled)} autoscaled worker(s))" if self.spec.autoscaling else "")
-                   + f", {_dollars(hourly)}/h, accrued {_dollars(accrued)} so far"
+                   + f", {costs.dollars(hourly)}/h, accrued {costs.dollars(accrued)} so far"
                    if total else "no instances")
         paying = [r for r in state.resources(fleet.INSTANCE)
                   if r.id in tracked and tracked[r.id].status not in api.GONE]
@@ -451,7 +416,7 @@ class Provider(BaseProvider[Spec]):
                     view, label = gone, "removed itself"
                     summary = (f"all instances terminated: the cluster "
                                f"{autodown.describe(gone)}; `invoke teardown` clears its state")
-        return ProviderStatus(running, summary, rows, warnings, state=label, cost=cost,
+        return ProviderStatus(running, summary, bill.rows, warnings, state=label, cost=cost,
                               autodown=view)
 
     def cost_range(self, state: State | None) -> CostRange | None:
@@ -489,19 +454,6 @@ class Provider(BaseProvider[Spec]):
                for r in state.resources(fleet.INSTANCE)):
             return view
         return autodown_setup.gone_view(view, last) or view
-
-    @staticmethod
-    def _row(name: object, instance_id: str, status: str, inst: api.Instance | None,
-             attrs: dict[str, object], price: int, up_s: float | None) -> dict[str, str]:
-        return {
-            "instance": str(name), "id": instance_id[:12], "state": status,
-            "ip": str((inst.ip if inst else None) or attrs.get("ip") or "-"),
-            "type": str(inst.type_name if inst else attrs.get("instance_type", "?")),
-            "region": str(inst.region if inst else attrs.get("region", "?")),
-            "$/h": _dollars(price),
-            "uptime": "?" if up_s is None else str(dt.timedelta(seconds=int(up_s))),
-            "accrued": "?" if up_s is None else _dollars(price * up_s / 3600),
-        }
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

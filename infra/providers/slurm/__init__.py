@@ -11,8 +11,10 @@ the head, where only Ray and our small modules exist (no pydantic, rich, paramik
 
 Package layout: provider.py (the verbs), spec.py (the spec section), script.py (template
 variables), node_helper.py (what runs on the nodes), remote.py (local or SSH command runner),
-cluster.py (Slurm commands, parsed), jobs_view.py (our jobs in the queue), node_provider.py
-(Ray's autoscaler's side), install.py (environment.install).
+cluster.py (Slurm commands, parsed), ours.py (our jobs in the queue: status, cancel),
+node_provider.py (Ray's autoscaler's side), install.py (environment.install), autodown.py (the
+head's removal action, run by the idle watcher in the head's job), autodown_view.py (what the
+laptop makes of that watcher), costs.py (node-hours).
 """
 
 from __future__ import annotations

@@ -1,37 +1,67 @@
 """Slurm's autodown action (infra/autodown.py): the head cancels its worker jobs, then its own job.
 
-Runs inside the head's job on a compute node, with the Slurm client commands of that node. Jobs are
-chosen by the cluster id in their name or comment (what rayfleet submits carries it), and only the
-user's own (`squeue --me`). The head's job goes last: cancelling it ends this watcher too, so the
-marker says "removing" (with the time) before that, which the laptop reads as removed once Slurm
-no longer lists the job.
+Runs inside the head's job on a compute node (the batch script starts the watcher beside Ray, see
+templates/slurm.sbatch.j2), with the Slurm client commands of that node and nothing but the
+standard library, Ray and our small modules (`queue.py` parses squeue as everywhere else). A job is
+the cluster's if its `--comment` carries the cluster id (queue.JobRow.ours), and only the user's
+own jobs are listed (`squeue --me`).
+
+The head's job goes last: cancelling it ends this watcher too (and the head's private dir with its
+marker). So before anything is cancelled, the marker ("removing", with the time) is copied to
+`record` in the shared work dir next to the job's info file: the laptop reads it there once Slurm
+no longer lists the cluster's jobs, and says "removed itself after N idle minutes at HH:MM".
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
+from infra.providers.slurm import queue
 
-def _ours(cluster_id: str) -> list[str]:
-    """Ids of this user's queued or running jobs whose name or comment carries `cluster_id`."""
-    for attempt in range(5):
-        done = subprocess.run(["squeue", "--me", "--noheader", "--format=%i|%j|%k"],
-                              capture_output=True, text=True, check=False, timeout=60)
-        if done.returncode == 0:
-            break
-        time.sleep(2 ** attempt)  # slurmctld busy: a failed squeue is never "no jobs"
-    else:
-        raise RuntimeError(f"squeue keeps failing: {done.stderr.strip()[:200]}")
-    jobs = []
-    for line in done.stdout.splitlines():
-        job_id, _, rest = line.partition("|")
-        if cluster_id in rest:
-            jobs.append(job_id.strip())
-    return jobs
+#: The record's name next to the job's other files in the work dir: <job name><RECORD_SUFFIX>.
+RECORD_SUFFIX = ".autodown.json"
+#: The watcher's files in the head's private dir (0700): its config and its marker.
+CONFIG_FILE = "autodown.json"
+MARKER_FILE = "autodown-marker.json"
+#: What the watcher imports on the head, shipped into the head's private dir (py/) by the batch
+#: script: the watcher's own modules (infra/autodown_remote.py's CORE_FILES) and this action's.
+FILES = ("infra/__init__.py", "infra/errors.py", "infra/net.py", "infra/identity.py",
+         "infra/autodown.py", "infra/providers/__init__.py", "infra/providers/slurm/__init__.py",
+         "infra/providers/slurm/queue.py", "infra/providers/slurm/autodown.py")
+ACTION = "infra.providers.slurm.autodown:remove"
+
+
+def _ours(cluster_id: str) -> list[queue.JobRow]:
+    """This user's jobs carrying the cluster id in their comment; a failing squeue is retried and
+    never read as "no jobs"."""
+    for attempt in range(6):
+        done = subprocess.run(queue.argv("--me"), capture_output=True, text=True, check=False,
+                              timeout=60)
+        try:
+            rows = queue.parse_result(done.stdout, done.stderr, done.returncode, "the cluster's jobs")
+            return [row for row in rows if row.ours(cluster_id)]
+        except queue.QueueUnavailable:
+            if attempt == 5:
+                raise
+            time.sleep(2 ** attempt)  # slurmctld busy or restarting
+    raise AssertionError("unreachable")
+
+
+def _record(marker: str, record: str) -> None:
+    """Copy the watcher's marker to the shared work dir, atomically (the laptop may read it)."""
+    with open(marker) as handle:
+        data = json.load(handle)
+    tmp = f"{record}.tmp{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=2)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, record)
 
 
 def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -39,15 +69,19 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
     head = str(args.get("head_job_id") or os.environ.get("SLURM_JOB_ID") or "")
     if not head:
         raise RuntimeError("no head job id (SLURM_JOB_ID unset and none in the config)")
+    if args.get("marker") and args.get("record"):
+        _record(str(args["marker"]), str(args["record"]))
     wait_s = float(args.get("wait_s") or 300)
-    workers = [j for j in _ours(cluster_id) if j.split("_")[0] != head]
+    workers = sorted({row.base_id for row in _ours(cluster_id) if row.base_id != head})
     if workers:
         log(f"cancelling {len(workers)} worker job(s): {', '.join(workers)}")
         subprocess.run(["scancel", *workers], check=False, timeout=60)
         deadline = time.monotonic() + wait_s
-        while [j for j in _ours(cluster_id) if j in workers]:
+        while [row for row in _ours(cluster_id) if row.base_id in workers]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"worker jobs still queued after {wait_s:g}s")
             time.sleep(1)
+    # A worker Ray's autoscaler submits after this point (min_workers) is cancelled by the head
+    # job's own exit (the batch script's rf_finish), once its autoscaler is stopped.
     log(f"cancelling the head's job {head}")
     subprocess.run(["scancel", head], check=False, timeout=60)

@@ -250,17 +250,32 @@ def read_info(runner: Runner, info_file: str) -> dict[str, Any] | None:
         return None
 
 
+def _write_secret(folder: str, name: str, size: int) -> str:
+    """Shell that writes the first `size` characters of stdin to folder/name: 0700 dir, 0600 file,
+    renamed into place. `read -N` on a pipe takes exactly those bytes (bash reads pipes a byte at
+    a time), so the rest of stdin is left for the next command; the secret is never on a command
+    line (printf is a builtin). In a subshell: the umask must not reach sbatch and the job."""
+    tmp, final = f"{folder}/{name}.tmp", f"{folder}/{name}"
+    return (f"( umask 077 && mkdir -p {folder} && chmod 700 {folder} && "
+            f"IFS= read -r -N {size} rf_secret && printf '%s' \"$rf_secret\" > {tmp} && "
+            f"chmod 600 {tmp} && mv -f {tmp} {final} )")
+
+
 def sbatch(runner: Runner, workdir: str, job_name: str, script: str, comment: str,
-           export: dict[str, str] | None = None) -> str:
+           export: dict[str, str] | None = None, token: tuple[str, str] | None = None) -> str:
     """Submit `script` (on stdin) from `workdir` with our name and comment; return the job id.
     `export`: extra variables for the job (names and values are not secrets: they are visible
-    to every user in `scontrol show job`)."""
+    to every user in `scontrol show job`). `token`: (folder, content) of the Ray token the nodes
+    read, written first in the same round trip (ahead of the script on stdin)."""
     folder = shell_path(workdir)
     exports = "".join(f",{k}={v}" for k, v in (export or {}).items())
-    out = runner.check(f"mkdir -p {folder} && cd {folder} && "
+    first, stdin = "", script
+    if token is not None:
+        first, stdin = _write_secret(token[0], "ray-token", len(token[1])) + " && ", token[1] + script
+    out = runner.check(f"{first}mkdir -p {folder} && cd {folder} && "
                        f"sbatch --parsable --job-name={shlex.quote(job_name)} "
                        f"--comment={shlex.quote(comment)} --export={shlex.quote('ALL' + exports)}",
-                       input=script)
+                       input=stdin)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(f"sbatch on {runner.where} printed {out.strip()!r}, not a job id")
@@ -324,4 +339,6 @@ def read_output(runner: Runner, path: str) -> str:
 
 def remove_files(runner: Runner, workdir: str, job_name: str) -> None:
     base = shell_path(f"{workdir.rstrip('/')}/{job_name}")
-    runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp*", timeout=30)
+    # <job name>.autodown.json: what the head's idle watcher left when it removed the cluster.
+    runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp* {base}.autodown.json*",
+               timeout=30)

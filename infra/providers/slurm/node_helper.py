@@ -7,6 +7,7 @@ template puts into the batch script and runs with the Python that runs Ray:
     python -c "$RF_HELPER" prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base
     python rf_helper.py block BASE                                   # this node's free base
     python -c "$RF_HELPER" autoscaling-config IN OUT                 # Ray's config + job facts
+    python -c "$RF_HELPER" autodown-config OUT IDLE_MINUTES CLUSTER  # the idle watcher's config
     python -c "$RF_HELPER" stop MARKER...                          # stop this job's Ray, rm temp
     python -c "$RF_HELPER" wait INFO_FILE NODES TIMEOUT PID:NODE... # until NODES are alive
     python rf_helper.py start RAY_START_ARGS...                      # `ray start`, see start()
@@ -130,11 +131,15 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
     head_ip, gcs_port = _env("RF_HEAD_IP"), PortBlock(int(_env("RF_BASE"))).gcs
     step_nodes = dict(s.split(":", 1) for s in steps)
     deadline = time.monotonic() + timeout
+    # Where the start-up time goes (epoch seconds; also printed to the job's output): the GCS
+    # listening, the head node registered, the last node registered.
+    timeline: dict[str, float] = {"setup_done": float(_env("RF_SETUP_DONE") or 0)}
     # Ray's import costs CPU the starting nodes need: only once the GCS listens.
     while not port_answers(head_ip, gcs_port, timeout=0.2) and time.monotonic() < deadline:
         if any(not alive(int(pid)) for pid in step_nodes):
             break
         time.sleep(0.1)
+    timeline["gcs_listening"] = time.time()
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     client: Any = None
@@ -157,8 +162,15 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
             client = None
         if len(nodes) != seen:
             seen = len(nodes)
+            if any(n.is_head_node for n in nodes):
+                timeline.setdefault("head_alive", time.time())
             write_info(path, _info("starting", f"{seen}/{want} Ray nodes alive"))
         if seen >= want:
+            timeline["all_alive"] = time.time()
+            start = float(_env("RF_STARTED_AT") or 0)
+            print("rayfleet: start-up " + ", ".join(
+                f"{name.replace('_', ' ')} +{at - start:.2f}s" for name, at in timeline.items()),
+                flush=True)
             import ray
 
             listed = sorted(
@@ -168,7 +180,8 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
                 key=lambda n: (not n["head"], n["hostname"]),
             )
             write_info(path, _info("ready", f"{seen}/{want} Ray nodes alive", nodes=listed,
-                                   ready_at=time.time(), ray_version=ray.__version__,
+                                   ready_at=timeline["all_alive"], timeline=timeline,
+                                   ray_version=ray.__version__,
                                    python_version=sys.version.split()[0]))
             return 0
         if time.monotonic() > deadline:
@@ -246,6 +259,31 @@ def autoscaling_config(source: str, target: str) -> int:
     return 0
 
 
+def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
+    """The idle watcher's config (infra/autodown.py `Config`), 0600 in the head's private dir:
+    Ray's dashboard on the head's loopback, the marker beside it, Slurm's removal action, which
+    copies the marker to the shared work dir (`record`) before it cancels anything."""
+    temp, block = _env("RF_HEAD_TEMP"), PortBlock(int(_env("RF_BASE")))
+    config = {
+        "cluster": cluster, "cluster_id": _env("RF_CLUSTER_ID"), "idle_minutes": idle_minutes,
+        "dashboard_url": f"http://127.0.0.1:{block.dashboard}",
+        "marker": os.path.join(temp, "autodown-marker.json"),
+        "action": "infra.providers.slurm.autodown:remove",
+        "action_args": {
+            "cluster_id": _env("RF_CLUSTER_ID"), "head_job_id": _env("RF_JOB_ID"),
+            "marker": os.path.join(temp, "autodown-marker.json"),
+            "record": os.path.join(_env("SLURM_SUBMIT_DIR"),
+                                   f"{_env('SLURM_JOB_NAME')}.autodown.json"),
+        },
+        # A path (the token itself never leaves its 0600 file); None without token auth.
+        "token_path": _env("RAY_AUTH_TOKEN_PATH") if _env("RAY_AUTH_MODE") == "token" else None,
+    }
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(config, handle, indent=1)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     command, args = argv[0], argv[1:]
     if command == "prepare":
@@ -256,6 +294,8 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "autoscaling-config":
         return autoscaling_config(args[0], args[1])
+    if command == "autodown-config":
+        return autodown_config(args[0], float(args[1]), args[2])
     if command == "stop":
         return stop(args)
     if command == "wait":

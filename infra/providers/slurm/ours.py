@@ -11,9 +11,9 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from infra import paths, ui
+from infra import autodown, paths, ui
 from infra.providers.base import ProviderStatus
-from infra.providers.slurm import cluster, costs, queue
+from infra.providers.slurm import autodown_view, cluster, costs, queue
 from infra.providers.slurm.queue import JobRow, QueueUnavailable
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.script import shell_path
@@ -174,7 +174,18 @@ def status(spec: Spec, runner_of: Callable[[], contextlib.AbstractContextManager
                                    "listing the cluster's jobs")
         pending = cluster.patiently(lambda: cluster.pending_queue(runner),
                                     "reading the pending queue")
+        watched = autodown_view.relevant(spec, state)
+        if watched and not rows and not others:
+            autodown_view.fetch_record(runner, spec, state, job)
+        elif watched and rows and rows[0].state == "RUNNING":
+            autodown_view.refresh_live(runner, state, job)
+    report = autodown_view.view(spec, state, jobs_listed=bool(rows or others)) if watched else None
     if not rows:
+        if report is not None and report.removed_at:
+            return ProviderStatus(False, f"no job of the cluster is in the queue: it "
+                                  f"{autodown.describe(report)}; `invoke teardown` clears its "
+                                  "state", state="removed itself", autodown=report)
+        # Ended otherwise (time limit, scancel by hand): no countdown to show.
         return ProviderStatus(False, f"Slurm job {job_id} is no longer in the queue",
                               warnings=[f"job {job_id} ended; `invoke teardown` verifies "
                                         "and forgets it, `invoke up` starts a new one"])
@@ -206,4 +217,5 @@ def status(spec: Spec, runner_of: Callable[[], contextlib.AbstractContextManager
         warnings.append(f"the head's job {job_id} ends in {left // 60} min {left % 60} s "
                         "(its time limit): the cluster stops then")
     node_hours = costs.cost([(r.state, r.nodes, r.elapsed) for r in [*rows, *workers]])
-    return ProviderStatus(ready, summary, table, warnings, state=first.state, cost=node_hours)
+    return ProviderStatus(ready, summary, table, warnings, state=first.state, cost=node_hours,
+                          autodown=report)

@@ -19,9 +19,17 @@ from typing import Any
 
 from infra import auth, jobs, ui, versions
 from infra.errors import ClusterNotRunningError
-from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import (
+    AutodownView,
+    CostRange,
+    Endpoint,
+    Plan,
+    PlannedResource,
+    ProviderStatus,
+    UpOptions,
+)
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.slurm import cluster, install, ours, queue, remote
+from infra.providers.slurm import autodown_view, cluster, install, ours, queue, remote
 from infra.providers.slurm.queue import QueueUnavailable, SlurmError
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.script import autoscaling_config, render_script, render_worker_script
@@ -46,6 +54,8 @@ def _ordinal_position(job_id: str, pending: list[str]) -> str:
 
 class Provider(BaseProvider[Spec]):
     name = "slurm"
+    #: The head's job runs the idle watcher beside Ray (spec: autodown; off unless set).
+    supports_autodown = True
 
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
@@ -132,8 +142,7 @@ class Provider(BaseProvider[Spec]):
                 return self._ready_endpoint(state, info)
             if self.spec.environment.install:
                 install.install(runner, self.spec)
-            self._deliver_token(runner, state)
-            job = self._submit(runner, state, plan.files[SCRIPT])
+            job = self._submit(runner, state, plan.files[SCRIPT], self._token(state))
             try:
                 # Everything after sbatch, up to a dashboard that answers through the tunnel.
                 info = self._wait_ready(runner, state, job)
@@ -161,24 +170,25 @@ class Provider(BaseProvider[Spec]):
             ui.wait_for(lambda _: True if jobs.dashboard_ready(reachable.dashboard_url, token)
                         else None, "the dashboard to accept jobs (through the tunnel)",
                         timeout=self.spec.ready_timeout_s)
+        if self.spec.autodown is not None:
+            ui.info(f"autodown: the head's job runs an idle watcher; after "
+                    f"{self.spec.autodown.idle_minutes:g} minutes without a job, task, actor or "
+                    "driver it cancels the cluster's jobs, the head's last (`invoke status` "
+                    "shows the countdown)")
         ui.info(f"the dashboard listens on the head node's loopback only; `invoke dashboard` "
                 f"tunnels to it (SSH into {info['head_ip']}"
                 + ("" if self.spec.submit.is_local else
                    f" through {remote.describe(self.spec.submit)}") + ")")
         return Endpoint(info["dashboard_url"], info["address"], token_path=token)
 
-    def _deliver_token(self, runner: Runner, state: State) -> str | None:
-        """The cluster's Ray token into the submit dir's keys/<cluster id>/ (0700 dir, 0600 file),
-        through stdin: never on a command line, never in the batch script."""
+    def _token(self, state: State) -> tuple[str, str] | None:
+        """Where the nodes read the cluster's Ray token (the submit dir's keys/<cluster id>/, a
+        0700 dir, a 0600 file) and its content, which `sbatch` writes there through stdin in the
+        same round trip: never on a command line, never in the batch script."""
         path = auth.ensure_token(state, enabled=self.spec.auth == "token")
         if path is None:
             return None
-        folder = ours.token_dir(self.spec.submit.workdir, state.cluster_id)
-        runner.check(f"umask 077 && mkdir -p {folder} && chmod 700 {folder} && "
-                     f"cat > {folder}/ray-token.tmp && chmod 600 {folder}/ray-token.tmp && "
-                     f"mv -f {folder}/ray-token.tmp {folder}/ray-token",
-                     input=path.read_text())
-        return f"{folder}/ray-token"
+        return ours.token_dir(self.spec.submit.workdir, state.cluster_id), path.read_text()
 
     def _resume(self, runner: Runner, state: State, job: Resource) -> dict[str, Any] | None:
         """Reuse the job in state if it is still queued or running; forget it otherwise."""
@@ -198,16 +208,18 @@ class Provider(BaseProvider[Spec]):
         ours.cancel(self.spec, runner, state, job)
         return None
 
-    def _submit(self, runner: Runner, state: State, script: str) -> Resource:
+    def _submit(self, runner: Runner, state: State, script: str,
+                token: tuple[str, str] | None) -> Resource:
         job_name = f"{queue.job_prefix(self.spec.name, state.cluster_id)}h{secrets.token_hex(3)}"
         # Recorded before sbatch: if we die before reading the id, teardown finds it by name.
         state.add(JOB, job_name, submitted_on=runner.where, workdir=self.spec.submit.workdir,
                   submitted_at=time.time())
+        autodown_view.forget(state)  # a new head, a new watcher: the last one's word is void
         comment = queue.comment(state.cluster_id, state.owner, self.spec.name, "head")
         with ui.step(f"submitting {SCRIPT} on {runner.where}") as step:
             job_id = cluster.sbatch(runner, self.spec.submit.workdir, job_name, script, comment,
                                     export={"RF_CLUSTER_ID": state.cluster_id,
-                                            "RF_OWNER": state.owner})
+                                            "RF_OWNER": state.owner}, token=token)
             step.detail(f"job {job_id}")
         return state.update(JOB, job_name, job_id=job_id)
 
@@ -270,6 +282,34 @@ class Provider(BaseProvider[Spec]):
 
     def status(self, state: State) -> ProviderStatus:
         return ours.status(self.spec, self._runner, state)
+
+    def autodown_report(self, state: State) -> AutodownView | None:
+        """The cached word of the head's watcher; and, when the last one said it was removing
+        the cluster or the head's job is gone, what Slurm and the work dir say now: removed only
+        once no job of the cluster is listed, by the record the head left (see autodown_view)."""
+        if not autodown_view.relevant(self.spec, state):
+            return None
+        job = self._job(state)
+        if job is None:
+            return autodown_view.view(self.spec, state, jobs_listed=False)
+        with self._runner() as runner:
+            listed = bool(cluster.patiently(lambda: cluster.our_jobs(runner, state.cluster_id),
+                                            "listing the cluster's jobs"))
+            if not listed:
+                autodown_view.fetch_record(runner, self.spec, state, job)
+        return autodown_view.view(self.spec, state, jobs_listed=listed)
+
+    def cost_range(self, state: State | None) -> CostRange | None:
+        """Node-hours per hour at the smallest and largest size (Slurm bills no money): a fixed
+        cluster holds all its nodes; an autoscaling one its head plus min..max workers."""
+        spec = self.spec
+        if spec.autoscaling:
+            low = 1 + sum(w.min_workers for w in spec.worker_types.values())
+            high = 1 + sum(w.max_workers for w in spec.worker_types.values())
+        else:
+            low = high = spec.total_nodes
+        return CostRange(low, high, source="node-hours of your allocation; Slurm bills no money",
+                         node_hours=True)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

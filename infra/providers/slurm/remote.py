@@ -62,6 +62,11 @@ class Runner(abc.ABC):
         only, so the tunnel ends on that node (SSH into it, through the login host if remote)."""
 
     @abc.abstractmethod
+    def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
+        """Run `command` on the compute node `node` (SSH into it, through the login host if
+        remote, as the dashboard tunnel does): for files in a job's private dir on that node."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Release connections."""
 
@@ -94,6 +99,13 @@ class LocalRunner(Runner):
                                **_host_keys(self._submit))
         with ssh.tunnel(target, port, remote_host="127.0.0.1") as local_port:
             yield f"http://127.0.0.1:{local_port}"
+
+    def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
+        if net.is_loopback(node) or node in _own_addresses():
+            return self.run(command, timeout=timeout)
+        target = ssh.SshTarget(host=node, user=getpass.getuser(), key_path=_default_key(),
+                               **_host_keys(self._submit))
+        return ssh.run(target, command, timeout=timeout)
 
     def close(self) -> None:
         """Nothing to release: every command is its own process."""
@@ -147,6 +159,11 @@ class SshRunner(Runner):
                                proxy_command=via(self.target), **_host_keys(self._submit))
         with ssh.tunnel(target, port, remote_host="127.0.0.1") as local_port:
             yield f"http://127.0.0.1:{local_port}"
+
+    def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
+        target = ssh.SshTarget(host=node, user=self.target.user, key_path=self.target.key_path,
+                               proxy_command=via(self.target), **_host_keys(self._submit))
+        return ssh.run(target, command, timeout=timeout)
 
     def close(self) -> None:
         if self._client is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import rayproc, render
+from infra.providers.slurm import autodown as slurm_autodown
 from infra.providers.slurm import node_helper, queue
 from infra.providers.slurm.spec import PORT_STRIDE, GpuWorkers, Spec, WorkerType
 
@@ -172,9 +173,14 @@ def autoscaler_env(spec: Spec) -> list[tuple[str, str]]:
     return [(name, value) for name, value in settings if name not in spec.environment.env_vars]
 
 
-def _shipped() -> list[tuple[str, str, str]]:
+def _shipped(spec: Spec) -> list[tuple[str, str, str]]:
+    """(folder, path, source) of our modules the head needs: the node provider (autoscaling),
+    the idle watcher and Slurm's removal action (autodown); nothing for a plain fixed cluster."""
+    wanted = set(_SHIPPED) if spec.autoscaling else set()
+    if spec.autodown is not None:
+        wanted |= set(slurm_autodown.FILES)
     root = Path(node_helper.__file__).resolve().parents[3]
-    return [(str(Path(p).parent), p, (root / p).read_text().rstrip("\n")) for p in _SHIPPED]
+    return [(str(Path(p).parent), p, (root / p).read_text().rstrip("\n")) for p in sorted(wanted)]
 
 
 def _environment_context(spec: Spec) -> dict[str, Any]:
@@ -223,7 +229,10 @@ def render_script(spec: Spec) -> str:
         gpu_sbatch_options=gpu_sbatch_options(spec, gpu) if gpu else [],
         **_environment_context(spec),
         autoscaling=autoscaling,
-        shipped=_shipped() if autoscaling else [],
+        shipped=_shipped(spec),
+        autodown=f"{spec.autodown.idle_minutes:g}" if spec.autodown else "",
+        autodown_config=slurm_autodown.CONFIG_FILE,
+        autodown_marker=slurm_autodown.MARKER_FILE,
         worker_script=render_worker_script(spec).rstrip("\n") if autoscaling else "",
         autoscaling_config=autoscaling_config(spec) if autoscaling else "",
         autoscaler_env=autoscaler_env(spec) if autoscaling else [],

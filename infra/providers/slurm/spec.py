@@ -8,7 +8,7 @@ against `sinfo`/`scontrol` before anything is submitted (see `infra/providers/sl
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
@@ -160,6 +160,12 @@ class Environment(StrictModel):
 
 
 class Spec(ClusterSpec):
+    #: Autodown is opt-in on Slurm (`autodown: {idle_minutes: N}`): a job ends at its time limit
+    #: anyway and is billed in node-hours of an allocation, not money, and a queue wait makes an
+    #: accidental removal expensive in time. Worth setting for long time limits: an idle cluster
+    #: then gives its nodes back early (the head's job runs the watcher, see autodown.py).
+    AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = None
+
     provider: Literal["slurm"]
     submit: Submit = Field(default_factory=Submit)
     partition: str | None = Field(None, pattern=_WORD)

@@ -1,0 +1,129 @@
+"""Whole-cluster autodown on the 2-host Slurm test bed (issue 15), through its login host.
+
+The head's job runs the idle watcher (infra/autodown.py) beside Ray; after `idle_minutes` without a
+job, task, actor or driver it cancels the cluster's worker jobs and then its own job. Nothing is
+patched: real slurmctld/slurmd, Ray's own job and state APIs, the laptop's `invoke` as a user runs
+it. Short idle periods (0.2-0.4 min) keep this under two and a half minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.slurm.conftest import Register, invoke, job_of, login_spec, ok, temp_marker
+from tests.testbed.slurm import SlurmCluster
+
+pytestmark = pytest.mark.slow
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T | None], what: str, timeout: float = 180) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(1)
+
+
+def cluster_jobs(slurm: SlurmCluster, cluster_id: str) -> list[dict[str, str]]:
+    """Every job in the queue carrying the cluster id in its comment (what ownership is by)."""
+    out = slurm.run("squeue -h -o '%i|%T|%k'", check=True).stdout
+    rows = [dict(zip(("id", "state", "comment"), line.split("|", 2), strict=True))
+            for line in out.splitlines() if line.strip()]
+    return [r for r in rows if f"rayfleet-cluster={cluster_id}," in r["comment"]]
+
+
+def status(spec: Path) -> dict[str, Any]:
+    return dict(json.loads(ok(invoke("status", "--cluster", str(spec), "--json"))))
+
+
+def ray_left(slurm: SlurmCluster, job: dict[str, Any]) -> dict[str, str]:
+    left = {}
+    for host in slurm.nodes:
+        marker = temp_marker(job).replace(".", "[.]")
+        out = host.run(f"pgrep -af '{marker}' || true", check=True).stdout.strip()
+        if out:
+            left[host.name] = out
+    return left
+
+
+def assert_removed_and_cleared(spec: Path, rf_home: Path, slurm: SlurmCluster,
+                               job: dict[str, Any], minutes: str) -> None:
+    """After the removal: status and teardown on the laptop say so; nothing is left."""
+    seen = status(spec)
+    assert not seen["running"] and seen["state"] == "removed itself", seen
+    assert seen["autodown"]["removed_at"], seen
+    plain = ok(invoke("status", "--cluster", str(spec)))
+    assert re.search(rf"removed itself after {minutes} idle minutes at \d\d:\d\d", plain), plain
+    down = invoke("teardown", "--cluster", str(spec))
+    text = ok(down) + down.stderr
+    assert re.search(rf"removed itself after {minutes} idle minutes at \d\d:\d\d", text), text
+    assert f"cluster '{spec.stem}' is gone" in text, text
+    assert not (rf_home / "state" / f"{spec.stem}.json").exists()
+    assert not list(slurm.jobs_dir.glob(f"{job['name']}*")), "the job's files must go"
+    assert ray_left(slurm, job) == {}
+
+
+def test_an_idle_autoscaling_cluster_cancels_its_workers_and_its_head(
+        tmp_path: Path, rf_home: Path, slurm_cluster: SlurmCluster, torn_down: Register) -> None:
+    # min_workers: 1 puts a worker job in the queue at once; Ray's own idle timeout (5 min) would
+    # never cancel it, so only autodown removes it. The autoscaler refills min_workers after the
+    # watcher cancelled the worker: the head job's exit cancels that one too.
+    spec = torn_down(login_spec(
+        tmp_path, slurm_cluster, "selfdown",
+        "autodown: {idle_minutes: 0.4}\nidle_timeout_minutes: 5\n"
+        "worker_types:\n  cpu: {cpus_per_node: 1, min_workers: 1, max_workers: 1}\n"
+        "environment:\n  env_vars: {AUTOSCALER_UPDATE_INTERVAL_S: '1'}\n"))
+    started = time.monotonic()
+    ok(invoke("up", "--cluster", str(spec)))
+    job = job_of(rf_home, "selfdown")
+    workers = wait_until(lambda: [j for j in cluster_jobs(slurm_cluster, job["cluster_id"])
+                                  if "role=worker" in j["comment"]] or None,
+                         "the min_workers job in the queue", timeout=60)
+    assert workers
+    # The countdown, read from the watcher's marker on the head's node.
+    counting = wait_until(lambda: (status(spec)["autodown"] or {}).get("idle_s") is not None
+                          or None, "the watcher's countdown in status", timeout=30)
+    assert counting
+    plain = ok(invoke("status", "--cluster", str(spec)))
+    assert re.search(r"autodown: idle \d+\.\d of 0\.4 min", plain), plain
+
+    wait_until(lambda: cluster_jobs(slurm_cluster, job["cluster_id"]) == [] or None,
+               "every job of the cluster to leave the queue", timeout=75)
+    print(f"\n[selfdown] every job gone {time.monotonic() - started:.1f}s after `up` started "
+          "(idle period 24 s)")
+    assert_removed_and_cleared(spec, rf_home, slurm_cluster, job, "0.4")
+
+
+def test_a_busy_fixed_cluster_is_kept_and_removes_itself_once_idle(
+        tmp_path: Path, rf_home: Path, slurm_cluster: SlurmCluster, torn_down: Register) -> None:
+    spec = torn_down(login_spec(tmp_path, slurm_cluster, "keeper",
+                                "autodown: {idle_minutes: 0.2}\n"))
+    ok(invoke("up", "--cluster", str(spec)))
+    job = job_of(rf_home, "keeper")
+    ray_job = ok(invoke("submit", "--cluster", str(spec), "--no-wait",
+                        "tests/data/sleeper.py")).strip().splitlines()[-1]
+    # Twice the idle period with a job running: the cluster stays, and status says why.
+    time.sleep(25)
+    assert [j["state"] for j in cluster_jobs(slurm_cluster, job["cluster_id"])] == ["RUNNING"]
+    busy = status(spec)["autodown"]
+    assert busy["idle_s"] is None and "job(s) pending or running" in busy["detail"], busy
+    assert busy["removed_at"] is None
+
+    ok(invoke("stop-job", "--cluster", str(spec), ray_job))
+    stopped = time.monotonic()
+    wait_until(lambda: cluster_jobs(slurm_cluster, job["cluster_id"]) == [] or None,
+               "the head's job to leave the queue once idle", timeout=120)
+    print(f"\n[keeper] head job gone {time.monotonic() - stopped:.1f}s after the Ray job "
+          "stopped (idle period 12 s)")
+    assert_removed_and_cleared(spec, rf_home, slurm_cluster, job, "0.2")
