@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from tests.gcp.fake_errors import compute_error, grpc_error, rate_limited, service_disabled
 from tests.gcp.fake_filter import FilterError, matches
+from tests.gcp.fake_queued import QueuedApi
 from tests.gcp.fake_tpu import Operation, TpuApi
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
@@ -68,7 +69,7 @@ def label_fingerprint(labels: dict[str, str]) -> str:
     return base64.b64encode(digest[:8]).decode()
 
 
-class FakeGcp(TpuApi):
+class FakeGcp(QueuedApi, TpuApi):
     """The fake's state, editable by tests (as `ray up` would change the real project)."""
 
     def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2,
@@ -90,6 +91,8 @@ class FakeGcp(TpuApi):
         self.zone_status: dict[str, str] = {}
         #: Zones out of capacity: VM inserts and TPU creates there fail with a stockout.
         self.stockout_zones: set[str] = set()
+        #: Zones out of TPU capacity only (TPU creates fail there, VMs are fine).
+        self.tpu_stockout_zones: set[str] = set()
         self.regions: dict[str, list[dict[str, Any]]] = {
             region: [{"metric": "CPUS", "limit": 72.0, "usage": 0.0},
                      {"metric": "N2_CPUS", "limit": 48.0, "usage": 0.0},
@@ -123,6 +126,7 @@ class FakeGcp(TpuApi):
         self.machines: Machines | None = None
         self.events: list[tuple[float, str, str]] = []
         self._addresses = itertools.count(20)
+        self._queued_init()
 
     # --- lifecycle ----------------------------------------------------------------------------
 

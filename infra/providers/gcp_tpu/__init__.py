@@ -4,10 +4,10 @@ The package, by concern: `spec` (the strict spec section), `tpu` (TPU generation
 shapes), `config` (spec -> Ray cluster YAML, checked with Ray's own code), `api` (our Compute v1 /
 TPU v2 calls), `preflight` (read-only checks before anything is created), `launcher` (`ray up` /
 `ray down`), `autodown` (the head's removal action) with `autodown_setup` (this machine's side of
-it) and `provider` (the verbs). Importing it imports neither Ray nor Google's libraries.
-
-`Provider` and `Spec` are imported on first use, so that `autodown` imports on the cluster's head
-with only Ray, Google's client library, requests and our small core modules (no pydantic there).
+it), `queued` / `slices` / `joiner` (queued TPU slices: the API, the laptop's side, the head's
+daemon) and `provider` (the verbs). Importing it imports neither Ray nor Google's libraries, and
+`Provider`/`Spec` load on first use, so the head-side modules (joiner, autodown) import there with
+only Ray, requests, Google's client and our small core modules (no pydantic).
 """
 
 from __future__ import annotations

@@ -317,6 +317,13 @@ class Gcp:
             delay *= 2
         raise AssertionError("unreachable")
 
+    def call(self, request: Any, what: str) -> dict[str, Any]:
+        """One request through `_call` (typed errors, retries), for our other API modules."""
+        return self._call(request, what)
+
+    def pages(self, collection: Any, request: Any, key: str, what: str) -> Iterator[dict[str, Any]]:
+        return self._pages(collection, request, key, what)
+
     def _pages(self, collection: Any, request: Any, key: str, what: str) -> Iterator[dict[str, Any]]:
         while request is not None:
             response = self._call(request, what)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from infra import auth, autodown, autodown_remote, ui
 from infra.errors import RayfleetError
 from infra.providers.gcp_tpu import autodown as action
-from infra.providers.gcp_tpu import config
+from infra.providers.gcp_tpu import config, slices
 
 if TYPE_CHECKING:
     from infra import ssh
@@ -48,7 +48,8 @@ def watcher_config(spec: Spec, state: State, cluster: Resource) -> autodown.Conf
         action=action.ACTION,
         action_args={"project": str(cluster.attrs["project"]), "zone": str(cluster.attrs["zone"]),
                      "labels": config.sweep_labels(label_id, cluster.id),
-                     "head_name": str(cluster.attrs["head"])},
+                     "head_name": str(cluster.attrs["head"]),
+                     **slices.autodown_args(spec, state)},
         token_path=config.NODE_TOKEN_PATH if auth.token_file(state) else None)
 
 
