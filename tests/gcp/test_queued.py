@@ -307,3 +307,27 @@ def test_sweep_lists_and_deletes_queued_requests_by_their_cluster_id(
     sweeper.delete(marked)
     assert list(fake.queued_states()) == [look_alike]
     assert [n.rsplit("/", 1)[-1] for n in fake.tpu_nodes] == [look_alike]
+
+
+def test_the_heads_autodown_config_covers_queued_slices(tmp_path: Path) -> None:
+    """With queued slices, the watcher's action gets every zone their requests may be in and
+    stops the joiner first (it would re-queue a spot slice while its request is being deleted);
+    without them, neither."""
+    from infra.providers.gcp_tpu import autodown_setup
+
+    cluster = load(tmp_path, {"one": {"accelerator_type": "v4-8",
+                                      "zones": ["us-central2-a", "us-central2-b"]}},
+                   zone=None, zones=["us-central2-b", "us-central2-a"], autodown={"idle_minutes": 5})
+    current = state.State.new(tmp_path / "s.json", "qcls", "gcp-tpu")
+    # A request the joiner moved to a zone the spec no longer lists still counts.
+    current.add(slices.QUEUED, "rf-x-one-0-1", zone="us-central2-c")
+    head = current.add("gcp-ray-cluster", "qcls", project="test-project", zone="us-central2-b",
+                       head="ray-qcls-head", label_id=current.cluster_id)
+    args = autodown_setup.watcher_config(cluster, current, head).action_args
+    assert args["queued_zones"] == ["us-central2-a", "us-central2-b", "us-central2-c"]
+    assert args["stop_first"] == ["~/.rayfleet/queued.json.pid"]
+    (tmp_path / "plain").mkdir()
+    plain = load(tmp_path / "plain", {}, autodown={"idle_minutes": 5})
+    fresh = state.State.new(tmp_path / "t.json", "qcls", "gcp-tpu")
+    args = autodown_setup.watcher_config(plain, fresh, head).action_args
+    assert "queued_zones" not in args and "stop_first" not in args
