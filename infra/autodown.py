@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="the watcher's JSON config")
     args = parser.parse_args(argv)
     path = args.config.expanduser()
-    # The pid file lets `start_command` (a second `up`) see that a watcher already runs.
+    # The pid file lets `autodown_remote.start_command` (a second `up`) see that a watcher already runs.
     Path(f"{path}.pid").write_text(f"{os.getpid()}\n")
     Watcher(Config.load(path)).run()
     return 0
@@ -235,22 +235,6 @@ def main(argv: list[str] | None = None) -> int:
 HEAD_CONFIG = "~/.rayfleet/autodown.json"
 HEAD_MARKER = "~/.rayfleet/autodown-marker.json"
 HEAD_LOG = "~/.rayfleet/autodown.log"
-
-
-def start_command(python: str = "python3", pythonpath: str = "") -> str:
-    """Shell that starts the watcher on a head, detached, unless one already runs there.
-
-    `python` must be able to import Ray's `requests` and `infra` (`pythonpath` points at the copy
-    of our package on the head). No secret on this line: the config names files.
-    """
-    # Double quotes: $HOME in the paths must expand on the head.
-    env = f'PYTHONPATH="{pythonpath}" ' if pythonpath else ""
-    pid = f"{HEAD_CONFIG}.pid".replace("~", "$HOME", 1)
-    config = HEAD_CONFIG.replace("~", "$HOME", 1)
-    log = HEAD_LOG.replace("~", "$HOME", 1)
-    return (f'if [ -f "{pid}" ] && kill -0 "$(cat "{pid}")" 2>/dev/null; then :; else '
-            f'{env}nohup "{python}" -m infra.autodown --config "{config}" '
-            f'>> "{log}" 2>&1 < /dev/null & fi')
 
 
 def cache_marker(cluster: str, text: str) -> None:
@@ -310,6 +294,27 @@ def _silent_since(marker: dict[str, Any], now: dt.datetime | None) -> str | None
     allowed = max(SILENT_AFTER_S, 5 * float(marker.get("interval_s") or 30))
     now = now or dt.datetime.now(dt.timezone.utc)
     return str(checked) if (now - when).total_seconds() > allowed else None
+
+
+def gone_view(report: Any, marker: dict[str, Any] | None) -> Any:
+    """For a cluster whose machines are all gone (the caller checked with the provider): an
+    `AutodownView` saying it removed itself, when the last marker this machine saw from its head
+    was this cluster's watcher; else None (last seen busy: something else removed it). The time is
+    the marker's own, or (a head deleting itself cannot report it) when the idle period it last
+    reported ran out."""
+    if report is None or marker is None:
+        return None
+    if report.removed_at:
+        return report
+    since = marker.get("idle_since")
+    if not since:
+        return None
+    from dataclasses import replace
+
+    ended = dt.datetime.fromisoformat(str(since)) + dt.timedelta(minutes=report.idle_minutes)
+    # Silent it is, of course: its head is gone.
+    return replace(report, removed_at=ended.isoformat(timespec="seconds"),
+                   detail="time from its last report", silent_since=None)
 
 
 def describe(view: Any) -> str:

@@ -24,6 +24,8 @@ import yaml
 from infra import rayproc
 from infra.providers.gcp_tpu.api import ApiOptions
 from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp.offline_bed import Offline, offline_bed
+from tests.testbed.preflight import require
 
 PROJECT = "test-project"
 ZONE = "us-central2-b"
@@ -37,6 +39,16 @@ def _no_google(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(gcloud))
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.delenv("RAYFLEET_GCP_API_ENDPOINT", raising=False)
+
+
+@pytest.fixture(scope="package")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
+    """The offline Google on the test bed (tests/gcp/offline_bed.py), one for every test of this
+    folder that needs it (end to end, autodown, sweep): starting it costs a test bed of three
+    hosts. Each test uses its own cluster name and leaves nothing of it behind."""
+    require("testbed")
+    with offline_bed(tmp_path_factory.mktemp("gcp-offline-")) as bed:
+        yield bed
 
 
 @pytest.fixture
@@ -95,9 +107,14 @@ BASE_SPEC: dict[str, Any] = {
 
 
 def write_spec(folder: Path, name: str = "tpucls", **changes: Any) -> Path:
-    """A spec file from BASE_SPEC; keyword values replace top-level keys (None removes one)."""
+    """A spec file from BASE_SPEC; keyword values replace top-level keys (None removes one).
+
+    `autodown: null` unless `autodown` is given: these tests' "head" is an sshd on this machine,
+    where no autodown watcher may be installed."""
     data = {**BASE_SPEC, **changes}
     data = {k: v for k, v in data.items() if v is not None}
+    if "autodown" not in changes:
+        data["autodown"] = None
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -5,8 +5,10 @@ google-api-python-client, JSON shapes (Compute `items`/`nextPageToken`/`maxResul
 `nodes`/`acceleratorTypes`/`runtimeVersions`/`pageToken`), list filters of the form
 `(labels.k = v) AND ...`, both error shapes (Compute's `errors[].reason` and the gRPC-style
 `status` + `details[]` ErrorInfo), long-running operations that stay PENDING/RUNNING for
-`op_polls` polls before their effect shows, TPU VMs' hidden Compute instances (label `tpu_cores`,
-not deletable), and injectable failures (403 API disabled, 404, 429, quota exceeded).
+`op_polls` polls before their effect shows (or, with `op_seconds`, until that much time has
+passed, whether anyone polls or not: a VM deleting itself never polls), TPU VMs' hidden Compute
+instances (label `tpu_cores`, not deletable), and injectable failures (403 API disabled, 404,
+429, quota exceeded).
 
 It listens on 127.0.0.1 only and records every request, headers included, so tests can assert
 that no credentials were ever sent.
@@ -28,6 +30,7 @@ from typing import Any, Protocol
 
 from tests.gcp.fake_errors import compute_error, grpc_error, rate_limited, service_disabled
 from tests.gcp.fake_filter import FilterError, matches
+from tests.gcp.fake_queued import QueuedApi
 from tests.gcp.fake_tpu import Operation, TpuApi
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
@@ -66,12 +69,15 @@ def label_fingerprint(labels: dict[str, str]) -> str:
     return base64.b64encode(digest[:8]).decode()
 
 
-class FakeGcp(TpuApi):
+class FakeGcp(QueuedApi, TpuApi):
     """The fake's state, editable by tests (as `ray up` would change the real project)."""
 
-    def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2) -> None:
+    def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2,
+                 op_seconds: float | None = None) -> None:
         self.project = project
         self.op_polls = op_polls
+        #: Google finishes an operation by itself, polled or not; None: only polls finish it.
+        self.op_seconds = op_seconds
         self.page_size = page_size
         self.lock = threading.RLock()
         self.requests: list[dict[str, Any]] = []
@@ -85,6 +91,8 @@ class FakeGcp(TpuApi):
         self.zone_status: dict[str, str] = {}
         #: Zones out of capacity: VM inserts and TPU creates there fail with a stockout.
         self.stockout_zones: set[str] = set()
+        #: Zones out of TPU capacity only (TPU creates fail there, VMs are fine).
+        self.tpu_stockout_zones: set[str] = set()
         self.regions: dict[str, list[dict[str, Any]]] = {
             region: [{"metric": "CPUS", "limit": 72.0, "usage": 0.0},
                      {"metric": "N2_CPUS", "limit": 48.0, "usage": 0.0},
@@ -118,6 +126,7 @@ class FakeGcp(TpuApi):
         self.machines: Machines | None = None
         self.events: list[tuple[float, str, str]] = []
         self._addresses = itertools.count(20)
+        self._queued_init()
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -457,7 +466,22 @@ class FakeGcp(TpuApi):
         self.operations[name] = Operation(op, self.op_polls, effect, error)
         if self.op_polls <= 0:
             return self._finish(self.operations[name])
+        self._finish_later(self.operations[name], self._finish)
         return dict(op)
+
+    def _finish_later(self, operation: Operation, finish: Any) -> None:
+        """With `op_seconds`, the operation finishes by itself then (the effect runs under the
+        lock, as a poll's would): deleting a VM whose owner never polls still deletes it."""
+        if self.op_seconds is None:
+            return
+
+        def done() -> None:
+            with self.lock:
+                finish(operation)
+
+        timer = threading.Timer(self.op_seconds, done)
+        timer.daemon = True
+        timer.start()
 
     def _finish(self, operation: Operation) -> dict[str, Any]:
         body = operation.body

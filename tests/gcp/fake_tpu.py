@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.gcp.fake_errors import grpc_error
 
@@ -19,6 +19,8 @@ class Operation:
     polls_left: int
     effect: Any  # callable run once when the operation finishes
     error: dict[str, Any] | None = None
+    #: The message type of the finished operation's `response` (Node, QueuedResource).
+    kind: str = "Node"
 
 
 class TpuApi:
@@ -28,9 +30,11 @@ class TpuApi:
     project: str
     zones: dict[str, str]
     stockout_zones: set[str]
+    tpu_stockout_zones: set[str]
     lock: Any
     page_size: int
     op_polls: int
+    op_seconds: float | None
     machines: Any
     tpu_nodes: dict[str, dict[str, Any]]
     instances: dict[tuple[str, str], dict[str, Any]]
@@ -46,8 +50,17 @@ class TpuApi:
               attributes: dict[str, str]) -> list[str] | None:
         raise NotImplementedError
 
+    if TYPE_CHECKING:  # provided by QueuedApi (a stub here would shadow it)
+        def _queued(self, method: str, parent: str, zone: str, name: str | None,
+                    query: dict[str, str], body: Any) -> tuple[int, dict[str, Any]]: ...
+
+        def _advance_queued(self) -> None: ...
+
     def add_instance(self, zone: str, name: str, labels: dict[str, str], **kwargs: Any,
                      ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _finish_later(self, operation: Operation, finish: Any) -> None:
         raise NotImplementedError
 
     # --- TPU ----------------------------------------------------------------------------------
@@ -58,6 +71,7 @@ class TpuApi:
         if not match:
             return 404, grpc_error(404, "NOT_FOUND", f"Resource '{path}' was not found")
         project, zone, collection, name = match.groups()
+        self._advance_queued()  # queued requests move on with time, seen at the next call
         if project != self.project:
             return 403, grpc_error(403, "PERMISSION_DENIED",
                                    f"Permission 'tpu.nodes.list' denied on 'projects/{project}'")
@@ -74,6 +88,8 @@ class TpuApi:
             items = [{"name": f"{parent}/runtimeVersions/{v}", "version": v}
                      for v in self.runtime_versions.get(zone, [])]
             return 200, self._tpu_page("runtimeVersions", items, query)
+        if collection == "queuedResources":
+            return self._queued(method, parent, zone, name, query, body)
         if collection == "nodes":
             if not name and method == "GET":
                 items = [n for key, n in sorted(self.tpu_nodes.items()) if key.startswith(parent)]
@@ -115,7 +131,7 @@ class TpuApi:
                     operation.effect()
                     result = operation.body.pop("_result", None)
                     operation.body["response"] = (
-                        {"@type": f"type.googleapis.com/google.cloud.tpu.{version}.Node",
+                        {"@type": f"type.googleapis.com/google.cloud.tpu.{version}.{operation.kind}",
                          **result} if result is not None else
                         {"@type": "type.googleapis.com/google.protobuf.Empty"})
             return 200, {k: v for k, v in operation.body.items() if k != "_result"}
@@ -159,7 +175,7 @@ class TpuApi:
         attributes = {"accelerator-type": accelerator, "instance-id": node_id,
                       "tpu-env": f"ACCELERATOR_TYPE: '{accelerator}'\nTOPOLOGY: '{topology}'\n"
                                  f"WORKER_ID: '0'\n"}
-        addresses = (None if zone in self.stockout_zones
+        addresses = (None if zone in self.stockout_zones or zone in self.tpu_stockout_zones
                      else self._boot(node_id, hosts, keys, attributes))
         node: dict[str, Any] = {
             **body, "name": full, "acceleratorType": accelerator, "state": "CREATING",
@@ -177,18 +193,23 @@ class TpuApi:
         self.events.append((time.time(), "create", node_id))
 
         def ready() -> None:
-            node["state"] = "READY"
-            self.events.append((time.time(), "ready", node_id))
-            node["networkEndpoints"] = [
-                {"ipAddress": ip, "port": 8470, "accessConfig": {"externalIp": ip}}
-                for ip in addresses]
-            for h, ip in enumerate(addresses):  # the hidden Compute instances of a TPU VM
-                hidden = self.add_instance(zone, f"t1v-n-{node['id']}-w-{h}",
-                                           {**labels, "tpu_cores": "8", "tpu_name": node_id},
-                                           nat_ip=None, internal_ip=ip)
-                hidden["status"] = "RUNNING"
+            self._node_ready(node, zone, addresses)
 
         return 200, self._tpu_op(parent, "create", full, ready, node)
+
+    def _node_ready(self, node: dict[str, Any], zone: str, addresses: list[str]) -> None:
+        """A created node is READY on its machines, with a TPU VM's hidden Compute instances."""
+        node_id = node["name"].rsplit("/", 1)[-1]
+        node["state"] = "READY"
+        self.events.append((time.time(), "ready", node_id))
+        node["networkEndpoints"] = [
+            {"ipAddress": ip, "port": 8470, "accessConfig": {"externalIp": ip}}
+            for ip in addresses]
+        for h, ip in enumerate(addresses):  # the hidden Compute instances of a TPU VM
+            hidden = self.add_instance(zone, f"t1v-n-{node['id']}-w-{h}",
+                                       {**node["labels"], "tpu_cores": "8", "tpu_name": node_id},
+                                       nat_ip=None, internal_ip=ip)
+            hidden["status"] = "RUNNING"
 
     def preempt(self, short_name: str, *, delete: bool = False) -> None:
         """Google takes a spot TPU node back: PREEMPTED (its machines stop), or gone (404)."""
@@ -217,7 +238,7 @@ class TpuApi:
         return page
 
     def _tpu_op(self, parent: str, verb: str, target: str, effect: Any,
-                result: dict[str, Any] | None = None) -> dict[str, Any]:
+                result: dict[str, Any] | None = None, kind: str = "Node") -> dict[str, Any]:
         name = f"{parent}/operations/operation-{int(time.time() * 1000)}-{next(self._ids):x}"
         # proto3 JSON leaves out `done: false`: a running operation has no `done` key at all.
         body = {"name": name, "metadata": {
@@ -226,5 +247,13 @@ class TpuApi:
             "cancelRequested": False, "apiVersion": "v2"}}
         self.operations[name] = Operation({**body, "_result": result} if result is not None
                                           else body, self.op_polls, effect,
-                                          self.op_errors.get(f"{verb}-tpu"))
+                                          self.op_errors.get(f"{verb}-tpu"), kind)
+        self._finish_later(self.operations[name], lambda operation: self._last_poll(name))
         return dict(body)
+
+    def _last_poll(self, name: str) -> None:
+        """Google finishes an operation whether anyone polls it or not: as a last poll would."""
+        operation = self.operations[name]
+        if not operation.body.get("done"):
+            operation.polls_left = 1
+            self._tpu("GET", name, {})

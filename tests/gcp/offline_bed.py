@@ -73,19 +73,23 @@ def spec_file(folder: Path, key: Path, name: str = CLUSTER, **changes: Any) -> P
         "ready_timeout_s": 120,
         **changes,
     }
+    spec = {k: v for k, v in spec.items() if v is not None}  # None removes a key (zone -> zones)
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
 
 
 @contextlib.contextmanager
-def offline_bed(work: Path) -> Iterator[Offline]:
+def offline_bed(work: Path, hosts: int = 3) -> Iterator[Offline]:
     """Test bed + offline Google; asserts that every Google name resolves to the fake first."""
     started = time.monotonic()
     ca = TestCa(work / "ca")
-    # Three machines: the head, a TPU host, and a second one for the node replacing a preempted one.
-    bed = Testbed(3, work / "bed", env={**ca.env(), **RAY_FAST})
-    fake = FakeGcp(PROJECT, op_polls=1, page_size=100)
+    # Three machines by default: the head, a TPU host, and a second one for the node replacing a
+    # preempted one.
+    bed = Testbed(hosts, work / "bed", env={**ca.env(), **RAY_FAST})
+    # Operations finish on the first poll (Ray sleeps 5 s after every unfinished one), and by
+    # themselves a moment later: a head deleting its own VM never polls its operation.
+    fake = FakeGcp(PROJECT, op_polls=1, page_size=100, op_seconds=2.0)
     google = OfflineGoogle(bed, ca, fake, BedMachines(bed, list(bed.hosts)))
     try:
         google.start()

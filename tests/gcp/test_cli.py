@@ -135,3 +135,29 @@ def test_plan_of_the_shipped_example_needs_no_account(tmp_path: Path) -> None:
     assert planned["provider"] == "gcp-tpu" and planned["files"] == [config.FILE_NAME]
     assert any("no Google credentials found" in note for note in planned["notes"])
     assert [r["name"] for r in planned["resources"]][:2] == ["ray-gcp-tpu-head", "cpu"]
+
+
+def test_autodown_default_and_null_warning(tmp_path: Path) -> None:
+    """GCP specs remove themselves after 60 idle minutes unless `autodown: null`, which `up`
+    warns about; the setting is enforced (no "not enforced" warning)."""
+    import yaml
+
+    from tests.gcp.conftest import BASE_SPEC
+
+    env = _env(tmp_path / "home")
+    default = tmp_path / "gdef.yaml"
+    default.write_text(yaml.safe_dump(BASE_SPEC))
+    plan = run_invoke("plan", "--cluster", str(default), env=env)
+    assert plan.returncode == 0, plan.stderr
+    assert "autodown: the whole cluster removes itself after 60 idle minutes" in plan.stdout
+    off = tmp_path / "goff.yaml"
+    off.write_text(yaml.safe_dump({**BASE_SPEC, "autodown": None}))
+    assert "autodown: off (autodown: null)" in run_invoke("plan", "--cluster", str(off),
+                                                          env=env).stdout
+    up = run_invoke("up", "--cluster", str(off), env=env)
+    assert up.returncode != 0  # no credentials: nothing is created
+    assert "autodown: null — this cluster never removes itself" in up.stderr, up.stderr
+    up = run_invoke("up", "--cluster", str(default), env=env)
+    assert up.returncode != 0 and "autodown:" not in up.stderr and "enforce" not in up.stderr, \
+        up.stderr
+    assert_nothing_created(tmp_path / "home", "gdef")

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +23,7 @@ import pytest
 
 from tests.gcp.fake_gcp import FakeGcp
 from tests.gcp.offline import write_service_account_key
-from tests.gcp.offline_bed import CLUSTER, PROJECT, Offline, offline_bed, spec_file
-from tests.testbed.preflight import require
-
-
-@pytest.fixture(scope="module")
-def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
-    require("testbed")
-    with offline_bed(tmp_path_factory.mktemp("gcp-offline-")) as bed:
-        yield bed
+from tests.gcp.offline_bed import CLUSTER, PROJECT, Offline, spec_file
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:

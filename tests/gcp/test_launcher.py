@@ -43,6 +43,10 @@ def test_ray_env_never_reports_usage_and_passes_only_a_key_path(
      " Limit: 0.0\">", GcpQuotaError, "request more quota"),
     ("Exception: {'errors': [{'code': 'ZONE_RESOURCE_POOL_EXHAUSTED', 'message': 'The zone "
      "does not have enough resources'}]}", GcpError, "no capacity for it now"),
+    ("<HttpError 429 \"RESOURCE_EXHAUSTED: too many requests per minute for tpu.googleapis.com\">",
+     GcpError, "rate limit"),
+    ("{'code': 8, 'message': 'RESOURCE_EXHAUSTED: There is no more capacity in the zone'}",
+     GcpError, "no capacity for it now"),
     ("<HttpError 403 \"Identity and Access Management (IAM) API has not been used in project "
      "123 before or it is disabled.\" details: SERVICE_DISABLED>", GcpApiDisabledError,
      "gcloud services enable"),
@@ -57,6 +61,8 @@ def test_failures_become_one_line_with_the_fix(tmp_path: Path, output: str, erro
     found = launcher.failure("up", 1, log)
     assert type(found) is error
     assert expected in str(found) and str(log) in str(found) and "\n" not in str(found)
+    # Only a stockout moves `up` to another zone; quota and rate limits would fail there too.
+    assert launcher.is_capacity(found) == (expected == "no capacity for it now")
 
 
 def test_a_hanging_ray_is_stopped_by_the_watchdog(tmp_path: Path) -> None:

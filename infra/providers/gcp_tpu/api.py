@@ -168,6 +168,14 @@ def _gcloud_adc_file() -> str:
 
 
 def _on_gce() -> bool:
+    """Where google-auth would ask a metadata server: a Google VM (its DMI product name), or a
+    machine whose environment names one (google-auth's GCE_METADATA_HOST / GCE_METADATA_IP). Not
+    with NO_GCE_CHECK=true, which stops google-auth from looking. On a head, the autodown action
+    thus uses the VM's service account, as Ray's autoscaler beside it does."""
+    if os.environ.get("NO_GCE_CHECK") == "true":
+        return False
+    if os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP"):
+        return True
     try:
         with open("/sys/class/dmi/id/product_name") as handle:
             return handle.read().strip().startswith("Google")
@@ -308,6 +316,13 @@ class Gcp:
             self._sleep(wait)
             delay *= 2
         raise AssertionError("unreachable")
+
+    def call(self, request: Any, what: str) -> dict[str, Any]:
+        """One request through `_call` (typed errors, retries), for our other API modules."""
+        return self._call(request, what)
+
+    def pages(self, collection: Any, request: Any, key: str, what: str) -> Iterator[dict[str, Any]]:
+        return self._pages(collection, request, key, what)
 
     def _pages(self, collection: Any, request: Any, key: str, what: str) -> Iterator[dict[str, Any]]:
         while request is not None:

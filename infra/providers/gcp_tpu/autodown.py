@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from infra import identity
+from infra.providers.gcp_tpu import queued
 from infra.providers.gcp_tpu.api import ApiOptions, Gcp, find_credentials
 
 
@@ -25,6 +28,13 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
               ApiOptions(endpoint=args.get("api_endpoint") or None))
     wait_s = float(args.get("wait_s") or 900)
     operations = []
+    # Queued TPU slices (queued.py): each request goes with its nodes (force), in every zone the
+    # slices may use (`queued_zones`); chosen by the cluster id in their ids and node labels.
+    cluster_id = labels.get(identity.TAG_CLUSTER, "")
+    for queued_zone in ([str(z) for z in args.get("queued_zones") or []] if cluster_id else []):
+        for request in queued.listed(api, queued_zone, cluster_id):
+            log(f"deleting queued TPU request {queued.short(request)}")
+            operations.append(queued.delete(api, str(request["name"])))
     for node in api.tpu_nodes(zone, labels):
         log(f"deleting TPU node {str(node['name']).rsplit('/', 1)[-1]}")
         operations.append(api.delete_tpu_node(str(node["name"])))
@@ -40,3 +50,44 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
             time.sleep(api.options.poll_interval)
     log(f"deleting the head VM {head}")
     api.delete_instance(zone, head)
+
+
+def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
+    """The watcher's action on a GCP head: stop Ray here first, then `remove`.
+
+    Ray's autoscaler keeps `min_workers` running: left alive, it would launch a replacement for
+    every worker `remove` deletes, and that replacement would outlive the head. After `ray stop`
+    nothing launches; a launch request already sent shows in the listing a moment later.
+    """
+    import contextlib
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    for pid_file in [str(p) for p in args.get("stop_first") or []]:
+        # The queued-slice joiner: stopped, it re-queues nothing while its requests are deleted.
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(Path(pid_file).expanduser().read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+            log(f"stopped the head's daemon {pid_file} (pid {pid})")
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    ray = ray if os.path.exists(ray) else (shutil.which("ray") or "")
+    if ray:
+        log("stopping Ray on the head, so that its autoscaler launches no more workers")
+        done = subprocess.run([ray, "stop"], capture_output=True, text=True, timeout=300,
+                              check=False)
+        if done.returncode != 0:
+            log(f"`ray stop` exited {done.returncode}: {done.stderr.strip()[-200:]}")
+        time.sleep(float(args.get("settle_s", 3)))
+    remove(args, log)
+
+
+# --- this machine's side: what `up` puts on the head (see autodown_setup.py) ----------------------
+
+#: The modules the action imports, beyond the watcher's own (autodown_remote.CORE_FILES).
+FILES = ["infra/providers/gcp_tpu/__init__.py", "infra/providers/gcp_tpu/api.py",
+         "infra/providers/gcp_tpu/autodown.py", "infra/providers/gcp_tpu/queued.py"]
+#: The watcher's action.
+ACTION = "infra.providers.gcp_tpu.autodown:stop_ray_then_remove"

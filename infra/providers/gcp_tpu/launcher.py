@@ -128,6 +128,11 @@ _FAILURES: list[tuple[re.Pattern[str], type[GcpError], str]] = [
                           "application-default login` or download a new key for credentials_file:"),
     (re.compile(r"QUOTA_EXCEEDED|quotaExceeded|Quota '[^']+' exceeded|[Qq]uota exceeded"),
      GcpQuotaError, "free some or request more quota, or lower min_workers"),
+    # Rate limits come as RESOURCE_EXHAUSTED too (gRPC's code for both): they are no stockout,
+    # and another zone would not help.
+    (re.compile(r"RATE_LIMIT_EXCEEDED|rateLimitExceeded|Rate Limit Exceeded|"
+                r"RESOURCE_EXHAUSTED.*(rate|per minute|requests)", re.I),
+     GcpError, "Google's rate limit for API requests; wait a minute and retry"),
     (re.compile(r"ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources|no more capacity|"
                 r"RESOURCE_EXHAUSTED|stockout", re.I),
      GcpError, "Google has no capacity for it now; try another zone or later"),

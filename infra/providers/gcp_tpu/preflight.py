@@ -53,6 +53,8 @@ def run(spec: Spec, api: Gcp, ours: bool) -> Report:
         _choose_zone(spec, api, report)
         spec = spec.model_copy(update={"zone": report.zones[0]})
     _quotas(spec, api, report)
+    if spec.queued_slices:
+        _queued_slices(spec, api, report)
     for zone in report.zones:
         _name_is_free(spec.model_copy(update={"zone": zone}), api, ours, report)
     return report
@@ -184,6 +186,41 @@ def _tpus(spec: Spec, api: Gcp, report: Report) -> None:
     report.passed.append(
         "Cloud TPU API enabled; offered in " + spec.zone + ": "
         + ", ".join(f"{t.slice.accelerator_type} ({t.runtime})" for t in spec.tpu_workers.values()))
+
+
+def _queued_slices(spec: Spec, api: Gcp, report: Report) -> None:
+    """Each queued slice's type and runtime in each of its zones: a zone without them is a
+    warning (a request there would fail), no zone at all is an error."""
+    offers: dict[str, tuple[set[str], set[tuple[str, str]], set[str]]] = {}
+    for name, s in spec.queued_slices.items():
+        shape, usable = s.slice, []
+        for zone in spec.slice_zones(name):
+            if zone not in offers:
+                try:
+                    offered = api.accelerator_types(zone)
+                    versions = {str(v.get("version")) for v in api.runtime_versions(zone)}
+                except GcpNotFoundError:
+                    offered, versions = [], set()
+                offers[zone] = ({str(a.get("type")) for a in offered},
+                                {(str(c.get("type")), str(c.get("topology")))
+                                 for a in offered for c in a.get("acceleratorConfigs", [])},
+                                versions)
+            types, configs, versions = offers[zone]
+            ok = ((shape.generation.config_type, shape.topology) in configs
+                  if shape.topology is not None else shape.accelerator_type in types)
+            if ok and s.runtime in versions:
+                usable.append(zone)
+            else:
+                report.warnings.append(f"queued_slices.{name}: {shape.accelerator_type} with "
+                                       f"{s.runtime} is not offered in {zone}; a request there "
+                                       "would fail")
+        if not usable:
+            raise GcpNotFoundError(
+                f"gcp-tpu: queued_slices.{name}: {shape.accelerator_type} with runtime "
+                f"{s.runtime} is offered in none of its zones ({', '.join(spec.slice_zones(name))});"
+                " pick another type, runtime_version or zones", status=404)
+        report.passed.append(f"queued_slices.{name}: {shape.accelerator_type} ({s.runtime}, "
+                             f"{s.provisioning}) offered in {', '.join(usable)}")
 
 
 def _quota(quotas: list[dict[str, Any]], metric: str) -> tuple[float, float] | None:

@@ -14,23 +14,35 @@ import hashlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra import auth, jobs, paths, ssh, ui
 from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
-from infra.providers.base import Cost, CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.gcp_tpu import config, launcher, preflight
+from infra.providers.gcp_tpu import (
+    autodown_setup,
+    capacity,
+    config,
+    firewall,
+    launcher,
+    preflight,
+    slices,
+    view,
+)
 from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import RayRunner
 from infra.providers.gcp_tpu.spec import Spec
 from infra.state import Resource, State
 
+if TYPE_CHECKING:
+    from infra.providers.base import AutodownView
+
 #: The Ray cluster `ray up` made: head plus whatever its autoscaler launched (found by labels).
-CLUSTER = "gcp-ray-cluster"
-#: The dashboard's firewall rule (only with dashboard.allowed_source_ranges).
-FIREWALL = "gcp-firewall"
+CLUSTER = view.CLUSTER
+#: The dashboard's firewall rule (only with dashboard.allowed_source_ranges); see firewall.py.
+FIREWALL = firewall.FIREWALL
 #: The cluster's SSH key pair on this machine (not billed, but removed with the cluster).
 SSH_KEY = "ssh-key"
 GCS_PORT = 6379
@@ -47,16 +59,9 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _ips(instance: dict[str, Any]) -> tuple[str, str]:
-    """(external, internal) address of a Compute instance; "" where there is none."""
-    interface = (instance.get("networkInterfaces") or [{}])[0]
-    nat = (interface.get("accessConfigs") or [{}])[0].get("natIP", "")
-    return str(nat or ""), str(interface.get("networkIP", ""))
-
-
-
 class Provider(BaseProvider[Spec]):
     name = "gcp-tpu"
+    supports_autodown = True
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
                  api_options: ApiOptions | None = None, ssh_port: int = 22) -> None:
@@ -145,6 +150,14 @@ class Provider(BaseProvider[Spec]):
             if shape.multi_host:
                 notes.append(f"tpu_workers.{name}: a multi-host slice ({shape.hosts} hosts) scales "
                              "as one unit; Ray's autoscaler handles pods only roughly")
+        for name, queued_slice in spec.queued_slices.items():
+            shape = queued_slice.slice
+            resources.append(PlannedResource(
+                "TPU VMs: queued slices (joined by the head when ACTIVE)", name,
+                f"{queued_slice.count} × {shape.accelerator_type} ({shape.chips} chips, "
+                f"{shape.hosts} host(s)), {queued_slice.runtime}, {queued_slice.provisioning}, "
+                f"zones {', '.join(spec.slice_zones(name))}",
+                bool(state and state.resources(slices.QUEUED))))
         ranges = spec.dashboard.allowed_source_ranges
         if ranges:
             resources.append(PlannedResource(
@@ -200,7 +213,7 @@ class Provider(BaseProvider[Spec]):
         keypair = ssh.ensure_keypair(spec.name)
         state.add(SSH_KEY, str(keypair.private_path.parent))
         try:
-            self._reconcile_firewall(api, state)
+            firewall.reconcile(api, state, self.spec, self._wait)
             for index, zone in enumerate(zones):
                 self._use_zone(zone)
                 text, config_path = self._write_config(keypair, state, plan)
@@ -212,7 +225,12 @@ class Provider(BaseProvider[Spec]):
                           ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port,
                           label_id=label_id)
                 try:
-                    return self._launch(api, state, text, config_path, key_file)
+                    endpoint = self._launch(api, state, text, config_path, key_file)
+                    if not existing and len(zones) > 1:
+                        # min_workers refused for capacity move `up` on like the head does.
+                        self._wait_min_workers(api, state, zone, label_id)
+                    self._queue_slices(api, state, keypair)
+                    return endpoint
                 except GcpError as exc:
                     if existing or not launcher.is_capacity(exc) or len(zones) == 1:
                         raise
@@ -223,7 +241,8 @@ class Provider(BaseProvider[Spec]):
                             f"{', '.join(zones)}: {exc.reason}); nothing is left in them; try "
                             f"again later or add zones to zones: in {spec.source}",
                             reason=exc.reason) from None
-                    ui.warn(f"zone {zone} has no capacity for the head ({exc.reason}); removed "
+                    ui.warn(f"zone {zone} has no capacity for the head or its min_workers "
+                            f"({exc.reason}); removed "
                             f"what it left there; trying zone {zones[index + 1]}")
             raise AssertionError("unreachable: the zone loop returns or raises")
         except KeyboardInterrupt:
@@ -294,7 +313,7 @@ class Provider(BaseProvider[Spec]):
             raise GcpError(f"gcp-tpu: `ray up` succeeded but no head VM labelled "
                            f"{config.CLUSTER_LABEL}={self._label_id(state)} is in {spec.zone}; see "
                            f"`invoke status` and run `invoke up` again")
-        external, internal = _ips(head)
+        external, internal = view.ips(head)
         if not external:
             raise GcpError(f"gcp-tpu: head {head['name']} has no external IP; rayfleet reaches "
                            "it over SSH, so its network interface needs an access config")
@@ -313,8 +332,39 @@ class Provider(BaseProvider[Spec]):
                     f"Ray dashboard on {external} to answer through an SSH tunnel",
                     timeout=spec.ready_timeout_s, interval=2,
                     hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
+        recorded = state.find(CLUSTER, spec.name)
+        assert recorded is not None
+        autodown_setup.install(spec, state, recorded, self._head_target(recorded))
         return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                         f"{internal}:{GCS_PORT}")
+
+    def _wait_min_workers(self, api: Gcp, state: State, zone: str, label_id: str) -> None:
+        cluster = state.find(CLUSTER, self.spec.name)
+        assert cluster is not None
+        capacity.wait_min_workers(api, self.spec, zone,
+                                  config.sweep_labels(label_id, self.spec.name),
+                                  self._head_target(cluster))
+
+    def _queue_slices(self, api: Gcp, state: State, keypair: ssh.KeyPair) -> None:
+        """Queue the spec's TPU slices (each recorded first) and start the head's joiner."""
+        if not self.spec.queued_slices:
+            return
+        cluster = state.find(CLUSTER, self.spec.name)
+        assert cluster is not None
+        requests = slices.slice_requests(self.spec, state.cluster_id, state.owner,
+                                         keypair.public_key)
+        slices.queue_all(api, state, requests, api.options.poll_interval)
+        slices.install_joiner(self._head_target(cluster), self.spec, state, requests,
+                              f"{cluster.attrs['head_internal_ip']}:{GCS_PORT}")
+
+    def _head_target(self, cluster: Resource) -> ssh.SshTarget:
+        # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
+        # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
+        return ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
+                             key_path=paths.keys_dir(self.spec.name) / ssh.KEY_NAME,
+                             port=self._ssh_port,
+                             known_hosts=ssh.cluster_known_hosts(self.spec.name),
+                             host_key_policy="accept-new")
 
     def _answers(self, state: State, step: ui.Step | None = None) -> bool:
         try:
@@ -330,44 +380,6 @@ class Provider(BaseProvider[Spec]):
         heads = [i for i in api.instances(zone, labels)
                  if i.get("status") not in ("STOPPING", "TERMINATED", "SUSPENDED")]
         return heads[0] if heads else None
-
-    def _firewall_body(self) -> dict[str, Any]:
-        spec = self.spec
-        return {
-            "name": config.firewall_name(spec.name),
-            "description": f"rayfleet: dashboard of cluster {spec.name} (invoke teardown removes it)",
-            "network": f"projects/{spec.project}/global/networks/{spec.network}",
-            "direction": "INGRESS",
-            "priority": 1000,
-            "sourceRanges": list(spec.dashboard.allowed_source_ranges),
-            "targetTags": [config.head_tag(spec.name)],
-            "allowed": [{"IPProtocol": "tcp", "ports": [str(spec.dashboard.port)]}],
-        }
-
-    def _reconcile_firewall(self, api: Gcp, state: State) -> None:
-        """Create, update or delete the dashboard rule to match the spec's source ranges."""
-        name = config.firewall_name(self.spec.name)
-        if not self.spec.dashboard.allowed_source_ranges:
-            for rule in state.resources(FIREWALL):
-                self._delete_firewall(api, state, rule)
-            return
-        body = self._firewall_body()
-        current = api.get_firewall(name)
-        if current is not None and state.find(FIREWALL, name) is None and (
-                current.get("description") != body["description"]):
-            raise GcpError(f"gcp-tpu: a firewall rule named {name} exists and is not this "
-                           "cluster's; rename the spec file (the cluster name) or delete that rule")
-        state.add(FIREWALL, name, project=self.spec.project, ranges=body["sourceRanges"],
-                  port=self.spec.dashboard.port)
-        keys = ("sourceRanges", "targetTags", "allowed")
-        if current is None:
-            operation = api.insert_firewall(body)
-        elif any(current.get(k) != body[k] for k in keys):
-            operation = api.patch_firewall(name, {k: body[k] for k in keys})
-        else:
-            return
-        self._wait([operation], f"firewall rule {name} (tcp:{self.spec.dashboard.port} from "
-                                f"{', '.join(body['sourceRanges'])})", api)
 
     def _wait(self, operations: list[dict[str, Any]], what: str, api: Gcp,
               timeout: float = 300) -> None:
@@ -389,45 +401,17 @@ class Provider(BaseProvider[Spec]):
         first = (clusters or rules)[0]
         api, _ = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                            or self.spec.credentials_file)
-        rows: list[dict[str, str]] = []
-        warnings: list[str] = []
-        running = False
-        for cluster in clusters:
-            zone = cluster.attrs["zone"]
-            ours = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
-            for i in api.instances(zone, ours):
-                labels = i.get("labels", {})
-                if "tpu_cores" in labels:
-                    continue  # a TPU VM's own Compute instance; its TPU node is listed below
-                external, internal = _ips(i)
-                role = labels.get("ray-node-type", "?")
-                running |= role == "head" and i.get("status") == "RUNNING"
-                if i.get("status") == "TERMINATED":
-                    warnings.append(f"{i['name']} is TERMINATED but still bills its disk; "
-                                    "`invoke teardown` deletes it")
-                rows.append({"kind": "Compute VM", "name": i["name"], "role": role,
-                             "type": labels.get("ray-user-node-type", ""),
-                             "status": str(i.get("status")), "ip": external or internal})
-            for n in api.tpu_nodes(zone, ours):
-                endpoints = n.get("networkEndpoints") or [{}]
-                ip = (endpoints[0].get("accessConfig") or {}).get("externalIp") or endpoints[0].get(
-                    "ipAddress", "")
-                if n.get("state") == "PREEMPTED":
-                    warnings.append(f"TPU {n['name'].rsplit('/', 1)[-1]} was preempted")
-                rows.append({"kind": f"TPU VM ({n.get('acceleratorType', '?')}, "
-                                     f"{len(endpoints)} host(s))",
-                             "name": n["name"].rsplit("/", 1)[-1], "role": "worker",
-                             "type": n.get("labels", {}).get("ray-user-node-type", ""),
-                             "status": str(n.get("state")), "ip": str(ip)})
-        for rule in rules:
-            rows.append({"kind": "firewall rule", "name": rule.id, "role": "dashboard",
-                         "type": f"tcp:{rule.attrs.get('port')}",
-                         "status": ", ".join(rule.attrs.get("ranges", [])), "ip": ""})
-        zone = clusters[0].attrs["zone"] if clusters else self.spec.zone
-        nodes = sum(1 for r in rows if r["kind"] != "firewall rule")
-        summary = (f"{'head RUNNING' if running else 'head NOT running'}, {nodes} node(s) in "
-                   f"{first.attrs['project']}/{zone}")
-        return ProviderStatus(running, summary, rows, warnings, cost=self._cost(api, clusters))
+        return autodown_setup.add_report(
+            view.status(self.spec, state, api, self._head_target), self.spec, state, clusters,
+            lambda: BaseProvider.autodown_report(self, state), self._head_target)
+
+    def autodown_report(self, state: State) -> AutodownView | None:
+        """The cached marker; "removed itself" when the APIs list nothing of the cluster while
+        the last marker showed the watcher counting down (autodown_setup.report)."""
+        clusters = state.resources(CLUSTER)
+        return autodown_setup.report(super().autodown_report(state), state, clusters, lambda: self._api(
+            clusters[0].attrs["project"], clusters[0].attrs.get("credentials_file")
+            or self.spec.credentials_file)[0])
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
@@ -440,12 +424,7 @@ class Provider(BaseProvider[Spec]):
         if not key.exists():
             raise ClusterNotRunningError(f"the cluster's SSH key {key} is missing; run `invoke "
                                          "up` again to restore access, or `invoke teardown`")
-        # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
-        # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
-        target = ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
-                               key_path=key, port=self._ssh_port,
-                               known_hosts=ssh.cluster_known_hosts(self.spec.name),
-                               host_key_policy="accept-new")
+        target = self._head_target(cluster)
         with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
             yield Endpoint(f"http://127.0.0.1:{port}",
                            f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}", tunneled=True,
@@ -455,15 +434,25 @@ class Provider(BaseProvider[Spec]):
 
     def teardown(self, state: State) -> None:
         clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
-        if clusters or rules:
-            first = (clusters or rules)[0]
+        requests = state.resources(slices.QUEUED)
+        if clusters or rules or requests:
+            first = (clusters or rules or requests)[0]
             api, key_file = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                                       or self.spec.credentials_file)
+            head = next((c for c in clusters if c.attrs.get("head_ip")), None)
+            if head is not None and (requests or self.spec.queued_slices):
+                # First the joiner, so it queues nothing new while its requests go.
+                slices.stop_joiner(self._head_target(head))
+            if requests or self.spec.queued_slices:
+                slices.teardown(api, self.spec, state)
             for cluster in clusters:
-                self._ray_down(state, cluster, key_file)
+                if autodown_setup.nodes_left(api, cluster):
+                    self._ray_down(state, cluster, key_file)
+                else:  # e.g. the cluster removed itself: nothing for `ray down` to stop
+                    launcher.remove_config_caches(self.spec.name, str(cluster.attrs.get("project")))
                 self._sweep(api, state, cluster)
             for rule in rules:
-                self._delete_firewall(api, state, rule)
+                firewall.delete(api, state, rule, self._wait)
         for key in state.resources(SSH_KEY):
             shutil.rmtree(key.id, ignore_errors=True)
             state.remove(SSH_KEY, key.id)
@@ -529,15 +518,6 @@ class Provider(BaseProvider[Spec]):
                            f"{zone}", timeout=SWEEP_TIMEOUT_S, interval=api.options.poll_interval)
         state.remove(CLUSTER, cluster.id)
 
-    def _delete_firewall(self, api: Gcp, state: State, rule: Resource) -> None:
-        operation = api.delete_firewall(rule.id)
-        if operation is not None:
-            self._wait([operation], f"deleting firewall rule {rule.id}", api)
-        if api.get_firewall(rule.id) is not None:
-            raise GcpError(f"gcp-tpu: firewall rule {rule.id} still exists after deletion; "
-                           "run `invoke teardown` again")
-        state.remove(FIREWALL, rule.id)
-
     # --- cost (issue 15) -------------------------------------------------------------------
 
     def cost_range(self, state: State | None) -> CostRange | None:
@@ -545,16 +525,3 @@ class Provider(BaseProvider[Spec]):
         from infra.providers.gcp_tpu import prices
 
         return prices.cost_range(self.spec)
-
-    def _cost(self, api: Gcp, clusters: list[Resource]) -> Cost:
-        """What the cluster's VMs and TPU nodes cost now (estimate), from a listing of their own:
-        kept apart from `status`'s table so that each can change alone."""
-        from infra.providers.gcp_tpu import prices
-
-        vms: list[dict[str, Any]] = []
-        tpus: list[dict[str, Any]] = []
-        for cluster in clusters:
-            labels = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
-            vms += api.instances(cluster.attrs["zone"], labels)
-            tpus += api.tpu_nodes(cluster.attrs["zone"], labels)
-        return prices.current_cost(vms, tpus)

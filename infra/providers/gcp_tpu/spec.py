@@ -94,7 +94,9 @@ class AcceleratorConfig(StrictModel):
     topology: str
 
 
-class TpuWorkerSpec(WorkerCounts):
+class SliceShape(StrictModel):
+    """A TPU slice's shape and image, shared by autoscaled TPU types and queued slices."""
+
     #: e.g. v4-8, v5litepod-8, v6e-8 (generation-TensorCores); or give accelerator_config.
     accelerator_type: str | None = None
     accelerator_config: AcceleratorConfig | None = None
@@ -102,11 +104,9 @@ class TpuWorkerSpec(WorkerCounts):
     runtime_version: str | None = None
     #: vCPUs Ray is told one host has; derived from the generation when unset.
     cpus: int | None = Field(None, ge=1, le=1024)
-    provisioning: Provisioning = "standard"
-    max_workers: int = Field(1, ge=0, le=1000)
 
     @model_validator(mode="after")
-    def _one_shape(self) -> TpuWorkerSpec:
+    def _one_shape(self) -> SliceShape:
         if (self.accelerator_type is None) == (self.accelerator_config is None):
             raise ValueError("give exactly one of accelerator_type (e.g. v4-8) or "
                              "accelerator_config ({type: V4, topology: 2x2x1})")
@@ -126,6 +126,55 @@ class TpuWorkerSpec(WorkerCounts):
     @property
     def runtime(self) -> str:
         return self.runtime_version or self.slice.generation.default_runtime
+
+
+class TpuWorkerSpec(SliceShape, WorkerCounts):
+    provisioning: Provisioning = "standard"
+    max_workers: int = Field(1, ge=0, le=1000)
+
+
+class QueuedSliceSpec(SliceShape):
+    """TPU slices booked through Google's queue (queuedResources) and joined to the cluster by
+    the head when they become ACTIVE; they are not autoscaled (teardown removes them)."""
+
+    #: Zones to queue in, in order (a spot slice taken back is queued again in the next one);
+    #: None: the cluster's zones. All in the cluster's region.
+    zones: list[str] | None = None
+    #: spot (cheap, can be taken back), reserved (from `reservation:`), standard (on-demand).
+    provisioning: Literal["spot", "reserved", "standard"] = "standard"
+    #: The reservation's name, for provisioning: reserved (a reservation lives in one zone).
+    reservation: str | None = Field(None, pattern=r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+    #: Hours the request may wait in the queue before Google gives up on it (FAILED).
+    valid_until_hours: float | None = Field(None, gt=0, le=720)
+    #: How many such slices (one request each).
+    count: int = Field(1, ge=1, le=64)
+
+    @field_validator("zones")
+    @classmethod
+    def _zones(cls, zones: list[str] | None) -> list[str] | None:
+        if zones is None:
+            return None
+        if not zones:
+            raise ValueError("zones is empty; list zones like [us-central2-b] or remove zones: "
+                             "to use the cluster's")
+        for value in zones:
+            if not ZONE.match(value):
+                raise ValueError(f"{value!r} is not a zone like us-central2-b")
+        if len(set(zones)) != len(zones):
+            raise ValueError("a zone is listed twice; list each zone once")
+        return zones
+
+    @model_validator(mode="after")
+    def _reservation(self) -> QueuedSliceSpec:
+        if self.provisioning == "reserved" and not self.reservation:
+            raise ValueError("provisioning: reserved needs reservation: <name> (see `gcloud "
+                             "alpha compute tpus reservations list`)")
+        if self.reservation and self.provisioning != "reserved":
+            raise ValueError("reservation: is only used with provisioning: reserved; remove it "
+                             "or set provisioning: reserved")
+        if self.provisioning == "reserved" and self.zones is not None and len(self.zones) > 1:
+            raise ValueError("a reservation lives in one zone; list only that zone in zones:")
+        return self
 
 
 class DashboardSpec(StrictModel):
@@ -187,6 +236,8 @@ class Spec(ClusterSpec):
     head: HeadSpec = Field(default_factory=HeadSpec)
     cpu_workers: dict[str, CpuWorkerSpec] = Field(default_factory=dict)
     tpu_workers: dict[str, TpuWorkerSpec] = Field(default_factory=dict)
+    #: TPU slices requested through Google's queue, joined to the cluster when ACTIVE.
+    queued_slices: dict[str, QueuedSliceSpec] = Field(default_factory=dict)
     dashboard: DashboardSpec = Field(default_factory=DashboardSpec)
     node_env: NodeEnvSpec = Field(default_factory=NodeEnvSpec)
     #: How long `up` waits for the dashboard to answer once `ray up` has finished.
@@ -265,13 +316,13 @@ class Spec(ClusterSpec):
                                  "letters, digits, - and _; keys start with a letter)")
         return labels
 
-    @field_validator("cpu_workers", "tpu_workers")
+    @field_validator("cpu_workers", "tpu_workers", "queued_slices")
     @classmethod
     def _type_names(cls, types: dict[str, object]) -> dict[str, object]:
         for name in types:
             if not NODE_TYPE.match(name) or name == "head":
-                raise ValueError(f"worker type name {name!r} must be 1-24 lowercase letters, "
-                                 "digits or dashes, start with a letter, and not be 'head'")
+                raise ValueError(f"name {name!r} must be 1-24 lowercase letters, digits or "
+                                 "dashes, start with a letter, and not be 'head'")
         return types
 
     @model_validator(mode="after")
@@ -284,6 +335,16 @@ class Spec(ClusterSpec):
         if both:
             raise ValueError(f"worker type {sorted(both)[0]!r} is both a CPU and a TPU type; "
                              "rename one")
+        for name, queued in self.queued_slices.items():
+            for zone in queued.zones or []:
+                if zone.rsplit("-", 1)[0] != derived:
+                    raise ValueError(f"queued_slices.{name}.zones: {zone} is not in the cluster's "
+                                     f"region {derived}; list zones of {derived} (the slices "
+                                     "join the head over its network)")
+            if queued.provisioning == "reserved" and queued.zones is None and len(
+                    self.candidate_zones) > 1:
+                raise ValueError(f"queued_slices.{name}: a reservation lives in one zone; set "
+                                 "zones: [<the reservation's zone>]")
         if self.max_workers is not None and self.max_workers < self.min_total:
             raise ValueError(f"max_workers ({self.max_workers}) is below the sum of min_workers "
                              f"({self.min_total}); raise it or remove it")
@@ -301,6 +362,10 @@ class Spec(ClusterSpec):
     def candidate_zones(self) -> list[str]:
         """The zones `up` may use, in order: `zones:` or just `zone:`."""
         return list(self.zones) if self.zones else [self.zone]
+
+    def slice_zones(self, name: str) -> list[str]:
+        """The zones queued slice `name` may be requested in, in order."""
+        return list(self.queued_slices[name].zones or self.candidate_zones)
 
     @property
     def region_name(self) -> str:

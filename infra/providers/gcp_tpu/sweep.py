@@ -35,6 +35,9 @@ def _places() -> set[tuple[str, str, str | None]]:
                 # A gcp-tpu spec (the registry's class for this provider) has these keys.
                 data = found.model_dump()
                 places.add((str(data["project"]), str(data["zone"]), data.get("credentials_file")))
+                for queued_slice in (data.get("queued_slices") or {}).values():
+                    for zone in queued_slice.get("zones") or data.get("zones") or []:
+                        places.add((str(data["project"]), str(zone), data.get("credentials_file")))
     for path in sorted(paths.state_dir().glob("*.json")):
         with contextlib.suppress(RayfleetError):
             current = State.load(path)
@@ -73,7 +76,8 @@ class Sweeper(BaseSweeper):
         found: dict[str, Marked] = {}
         for key, api in self._apis.items():
             for zone in sorted(self._zones[key]):
-                for item in self._instances(api, zone) + self._tpu_nodes(api, zone):
+                for item in (self._instances(api, zone) + self._tpu_nodes(api, zone)
+                             + self._queued(api, zone)):
                     found[item.id] = item
         return list(found.values())
 
@@ -110,8 +114,9 @@ class Sweeper(BaseSweeper):
         items = []
         for node in api._pages(collection, request, "nodes", f"TPU nodes in {zone}"):
             cluster_id, owner, name = self._labels(node)
-            if not identity.is_cluster_id(cluster_id):
-                continue
+            if not identity.is_cluster_id(cluster_id) or "rayfleet-queued-slice" in (
+                    node.get("labels") or {}):
+                continue  # not ours; or a queued slice's node (listed, and deleted, by request)
             scheduling = node.get("schedulingConfig") or {}
             kind = "spot" if scheduling.get("spot") else (
                 "preemptible" if scheduling.get("preemptible") else "standard")
@@ -123,11 +128,39 @@ class Sweeper(BaseSweeper):
                 {"project": api.project, "zone": zone, "kind": "tpu"}))
         return items
 
+    def _queued(self, api: Gcp, zone: str) -> list[Marked]:
+        """Queued TPU requests whose id and node labels carry a cluster id (queued.py)."""
+        from infra.providers.gcp_tpu import queued
+
+        collection = api.tpu.projects().locations().queuedResources()
+        request = collection.list(parent=f"projects/{api.project}/locations/{zone}")
+        items = []
+        for resource in api._pages(collection, request, "queuedResources",
+                                   f"queued TPU requests in {zone}"):
+            parsed = queued.parse_id(queued.short(resource))
+            if parsed is None or not queued.ours(resource, parsed[0]):
+                continue
+            node = ((resource.get("tpu") or {}).get("nodeSpec") or [{}])[0].get("node") or {}
+            _, owner, name = self._labels(node)
+            accelerator = str(node.get("acceleratorType", "?"))
+            state = queued.state_of(resource)
+            kind = "spot" if "spot" in resource else "standard"
+            items.append(Marked(
+                PROVIDER, f"queued TPU request ({accelerator})", str(resource["name"]),
+                queued.short(resource), parsed[0], owner, name, state, zone,
+                prices.tpu_hourly(accelerator, None, kind) if state in queued.BILLED else 0.0,
+                {"project": api.project, "zone": zone, "kind": "queued"}))
+        return items
+
     def delete(self, items: list[Marked]) -> None:
         started = []
         for item in items:
             api = next(a for (project, _), a in self._apis.items() if project == item.attrs["project"])
-            if item.attrs["kind"] == "tpu":
+            if item.attrs["kind"] == "queued":
+                from infra.providers.gcp_tpu import queued
+
+                operation = queued.delete(api, item.id)  # force: its nodes go with it
+            elif item.attrs["kind"] == "tpu":
                 operation = api.delete_tpu_node(item.id)
             else:
                 operation = api.delete_instance(item.attrs["zone"], item.name)

@@ -8,7 +8,6 @@ clusters get the same file the same way (SFTP, 0600). Nothing secret is in the w
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from infra import auth, autodown, autodown_remote, ui
@@ -49,21 +48,9 @@ def refresh(target: ssh.SshTarget, cluster: str) -> None:
 
 
 def gone_view(report: AutodownView | None, marker: dict[str, Any] | None) -> AutodownView | None:
-    """For a cluster whose instances are all gone: a view saying it removed itself, when the
-    last marker seen from its head was this cluster's watcher. The time is the marker's own, or
-    (the head could not report after terminating itself) when the idle period it saw ran out."""
-    if report is None or marker is None:
-        return None
-    if report.removed_at:
-        return report
-    since = marker.get("idle_since")
-    if not since:
-        return None  # last seen busy: something else removed it
-    from dataclasses import replace
-
-    ended = dt.datetime.fromisoformat(str(since)) + dt.timedelta(minutes=report.idle_minutes)
-    return replace(report, removed_at=ended.isoformat(timespec="seconds"),
-                   detail="time from its last report")
+    """For a cluster whose instances are all gone: see `autodown.gone_view`."""
+    view: AutodownView | None = autodown.gone_view(report, marker)
+    return view
 
 
 def marker(cluster: str) -> dict[str, Any] | None:

@@ -1,0 +1,317 @@
+"""The head's side of queued TPU slices: join ACTIVE ones to the cluster, replace lost spot ones.
+
+A queue can take hours, so the head does this, not the laptop: `up` installs this daemon on the head
+(through infra/autodown_remote.py) and it runs there with only Ray, requests, Google's client and
+our small modules. Every `poll_s` it lists the cluster's queued resources (queued.py) in every zone
+the slices may use, and:
+
+- an ACTIVE request's hosts are set up over SSH from the head (Ray's `~/ray_bootstrap_key.pem`, a
+  known_hosts file per request): the node installer from `~/rayfleet/setup`, the Ray token as a
+  0600 file written through the SSH session's stdin (never on a command line), then `ray start
+  --address=<head>` with `TPU: <chips per host>`, and `TPU-<type>-head: 1` on host 0;
+- a FAILED or SUSPENDED request is recorded, and for spot slices a new request is queued in the
+  next zone of the slice's list (wrapping around, at most `max_attempts` per slice).
+
+Everything it sees goes into a JSON marker (`~/.rayfleet/queued-marker.json`) that `invoke status`
+reads: per request its zone, state, since when, the hosts joined, and what replaced it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import shlex
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from infra.providers.gcp_tpu import queued
+from infra.providers.gcp_tpu.api import (
+    SCOPES,
+    ApiOptions,
+    Credentials,
+    Gcp,
+    GcpError,
+    find_credentials,
+)
+
+#: On the head, `~/`-relative (the 0700 folder that holds the token).
+HEAD_CONFIG = "~/.rayfleet/queued.json"
+HEAD_MARKER = "~/.rayfleet/queued-marker.json"
+HEAD_LOG = "~/.rayfleet/queued.log"
+#: Modules the daemon imports beyond autodown_remote.CORE_FILES.
+FILES = ["infra/providers/gcp_tpu/__init__.py", "infra/providers/gcp_tpu/api.py",
+         "infra/providers/gcp_tpu/queued.py", "infra/providers/gcp_tpu/joiner.py"]
+SSH_TIMEOUT_S = 600
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def log(message: str) -> None:
+    print(f"{now_iso()} queued: {message}", flush=True)
+
+
+def _home(path: str) -> Path:
+    return Path(path).expanduser()
+
+
+def _credentials(config: dict[str, Any]) -> Credentials:
+    """The head's own: a key file if the config names one, else google-auth's default, which on
+    the head is its VM's service account through the metadata server (as Ray's autoscaler uses;
+    asked directly, since the head is a Google VM by construction)."""
+    if config.get("credentials_file"):
+        return find_credentials(str(config["credentials_file"]), "the head's joiner")
+    import google.auth
+
+    found, _ = google.auth.default(scopes=SCOPES)
+    return Credentials(found, "the head's service account", None)
+
+
+class Joiner:
+    """One daemon's state: its config, the marker, and the joins under way."""
+
+    def __init__(self, config: dict[str, Any], api: Gcp | None = None) -> None:
+        self.config = config
+        self.cluster_id = str(config["cluster_id"])
+        self.slices = {s["name"]: queued.SliceRequest.from_json(s) for s in config["slices"]}
+        self.api = api or Gcp(str(config["project"]), _credentials(config),
+                              ApiOptions(endpoint=config.get("api_endpoint") or None))
+        self.marker_path = _home(str(config.get("marker") or HEAD_MARKER))
+        previous: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            previous = json.loads(self.marker_path.read_text())
+        # A restarted daemon keeps what it knew: which requests it joined and replaced.
+        self.requests: dict[str, dict[str, Any]] = dict(previous.get("requests") or {})
+        self.lock = threading.Lock()
+        self.joining: dict[str, threading.Thread] = {}
+
+    # --- marker ---------------------------------------------------------------------------
+
+    def write_marker(self, error: str | None = None) -> None:
+        with self.lock:
+            data = {"cluster": self.config["cluster"], "cluster_id": self.cluster_id,
+                    "pid": os.getpid(), "checked_at": now_iso(), "error": error,
+                    "requests": self.requests}
+            text = json.dumps(data, indent=2) + "\n"
+        self.marker_path.parent.mkdir(parents=True, exist_ok=True)
+        # Join threads write it too: a temporary file per thread, then an atomic rename.
+        tmp = self.marker_path.with_name(
+            f".{self.marker_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.marker_path)
+
+    # --- one round ------------------------------------------------------------------------
+
+    def zones(self) -> list[str]:
+        seen: list[str] = []
+        for request in self.slices.values():
+            seen += [z for z in request.zones if z not in seen]
+        return seen
+
+    def step(self) -> None:
+        """List the cluster's requests everywhere, record states, join or replace."""
+        found: dict[str, dict[str, Any]] = {}
+        for zone in self.zones():
+            for resource in queued.listed(self.api, zone, self.cluster_id):
+                found[queued.short(resource)] = resource
+        for qr_id, resource in sorted(found.items()):
+            state = queued.state_of(resource)
+            zone = str(resource["name"]).split("/")[3]
+            parsed = queued.parse_id(qr_id)
+            assert parsed is not None  # queued.listed keeps only our ids
+            with self.lock:
+                record = self.requests.setdefault(qr_id, {
+                    "zone": zone, "slice": parsed[1], "index": parsed[2], "attempt": parsed[3],
+                    "state": None, "since": None, "joined": [], "replaced_by": None,
+                    "error": None})
+                if record["state"] != state:
+                    log(f"{qr_id} ({zone}): {record['state'] or 'new'} -> {state}")
+                    record.update(state=state, since=now_iso())
+                failed = (resource.get("state") or {}).get("failedData") or {}
+                if failed.get("error"):
+                    record["error"] = str(failed["error"].get("message", ""))[:300]
+            if state == queued.ACTIVE and not record["joined"] and qr_id not in self.joining:
+                # The API is asked here, in this thread only: Google's client (httplib2) must
+                # not be shared between threads; the joins only run SSH.
+                hosts = self._hosts(resource)
+                thread = threading.Thread(target=self._join, args=(qr_id, hosts), daemon=True)
+                self.joining[qr_id] = thread
+                thread.start()
+            if state in queued.LOST and record["replaced_by"] is None:
+                self._replace(qr_id, record, set(found))
+        with self.lock:
+            for qr_id, record in self.requests.items():
+                if qr_id not in found and record["state"] != "GONE":
+                    record.update(state="GONE", since=now_iso())
+        for qr_id, thread in list(self.joining.items()):
+            if not thread.is_alive():
+                del self.joining[qr_id]
+
+    def _replace(self, qr_id: str, record: dict[str, Any], existing: set[str]) -> None:
+        request = self.slices.get(record["slice"])
+        if request is None or request.provisioning != "spot":
+            record["replaced_by"] = ""  # reported, not replaced (only spot slices are re-queued)
+            return
+        attempt = int(record["attempt"]) + 1
+        if attempt >= int(self.config.get("max_attempts") or 10):
+            record["replaced_by"] = ""
+            record["error"] = f"gave up after {attempt} requests"
+            return
+        zones = request.zones
+        position = zones.index(record["zone"]) if record["zone"] in zones else -1
+        zone = zones[(position + 1) % len(zones)]
+        new_id = queued.request_id(self.cluster_id, request.name, int(record["index"]), attempt)
+        if new_id not in existing:
+            log(f"{qr_id} is {record['state']}: queueing {new_id} in {zone}")
+            try:
+                queued.create(self.api, zone, new_id,
+                              queued.body(request, self.api.project, zone, new_id))
+            except GcpError as exc:
+                record["error"] = f"re-queueing in {zone} failed: {exc}"[:300]
+                log(record["error"])
+                return
+        record["replaced_by"] = new_id
+
+    # --- joining one ACTIVE request -----------------------------------------------------------
+
+    def _hosts(self, resource: dict[str, Any]) -> list[str]:
+        """The addresses of an ACTIVE request's hosts, host 0 first (the nodes' endpoints)."""
+        hosts: list[str] = []
+        for name in queued.node_names(resource):
+            node = self.api.call(self.api.tpu.projects().locations().nodes().get(name=name),
+                                 f"TPU node {name.rsplit('/', 1)[-1]}")
+            hosts += [str(e["ipAddress"]) for e in node.get("networkEndpoints") or []]
+        return hosts
+
+    def _join(self, qr_id: str, hosts: list[str]) -> None:
+        record = self.requests[qr_id]
+        request = self.slices[record["slice"]]
+        try:
+            log(f"{qr_id}: joining {len(hosts)} host(s) {', '.join(hosts)}")
+            errors: list[str] = []
+            threads = [threading.Thread(target=self._join_host_safe,
+                                        args=(qr_id, request, ip, worker, errors))
+                       for worker, ip in enumerate(hosts)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            with self.lock:
+                if errors:
+                    record["error"] = "; ".join(errors)[:300]
+                else:
+                    record.update(joined=hosts, joined_at=now_iso(), error=None)
+            log(f"{qr_id}: {'joined' if not errors else 'failed: ' + '; '.join(errors)}")
+        except Exception as exc:  # reported in the marker; the next round tries again
+            with self.lock:
+                record["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            log(f"{qr_id}: join failed: {record['error']}")
+        self.write_marker()
+
+    def _join_host_safe(self, qr_id: str, request: queued.SliceRequest, ip: str, worker: int,
+                        errors: list[str]) -> None:
+        try:
+            self.join_host(qr_id, request, ip, worker)
+        except Exception as exc:
+            errors.append(f"{ip}: {exc}"[:200])
+
+    def _ssh(self, qr_id: str, ip: str) -> list[str]:
+        known = _home(f"~/.rayfleet/queued-known-hosts/{qr_id}")
+        known.parent.mkdir(parents=True, exist_ok=True)
+        # A fresh TPU VM: accept its key on first contact, pinned per request (a later slice
+        # on a reused address gets a file of its own).
+        return ["ssh", "-i", str(_home(str(self.config["ssh_key"]))), "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={known}",
+                "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
+                f"{self.config['ssh_user']}@{ip}"]
+
+    def _run(self, argv: list[str], what: str, stdin: Any = None, timeout: float = 600) -> None:
+        done = subprocess.run(argv, stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0:
+            tail = " ".join((done.stderr or done.stdout).split())[-200:]
+            raise RuntimeError(f"{what} exited {done.returncode}: {tail}")
+
+    def join_host(self, qr_id: str, request: queued.SliceRequest, ip: str, worker: int) -> None:
+        """Set one TPU host up and start Ray there, joined to this head."""
+        ssh = self._ssh(qr_id, ip)
+        started = time.monotonic()
+        deadline = started + SSH_TIMEOUT_S
+        while subprocess.run([*ssh, "true"], stdin=subprocess.DEVNULL, capture_output=True,
+                             timeout=60, check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no SSH to {ip} after {SSH_TIMEOUT_S} s")
+            time.sleep(5)
+        # The node installer, as Ray's file_mounts put it on the head.
+        setup = _home("~/rayfleet/setup")
+        with subprocess.Popen(["tar", "-C", str(setup.parent), "-cf", "-", setup.name],
+                              stdout=subprocess.PIPE) as tar:
+            self._run([*ssh, "mkdir -p ~/rayfleet && tar -C ~/rayfleet -xf -"],
+                      f"copying the installer to {ip}", stdin=tar.stdout)
+        reached = time.monotonic()
+        env = "RAY_USAGE_STATS_ENABLED=0"
+        token = self.config.get("token_path")
+        if token:
+            # Through the session's stdin: the token is never on a command line or in a file
+            # other than this 0600 one.
+            with _home(str(token)).open("rb") as handle:
+                self._run([*ssh, "umask 077 && mkdir -p ~/.rayfleet && chmod 700 ~/.rayfleet && "
+                                 "cat > ~/.rayfleet/ray-token.tmp && "
+                                 "mv ~/.rayfleet/ray-token.tmp ~/.rayfleet/ray-token"],
+                          f"sending the Ray token to {ip}", stdin=handle)
+            env += ' RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$HOME/.rayfleet/ray-token"'
+        resources = {"TPU": request.chips_per_host}
+        if worker == 0:
+            resources[f"TPU-{request.accelerator_type}-head"] = 1
+        labels = f"rayfleet-queued={qr_id}"
+        script = " && ".join([
+            str(self.config["install_command"]),
+            "(grep -qsF rayfleet-activate.sh ~/.bashrc || echo '. "
+            "\"$HOME/rayfleet/env/rayfleet-activate.sh\"' >> ~/.bashrc)",
+            '. "$HOME/rayfleet/env/rayfleet-activate.sh"',
+            "(ray stop >/dev/null 2>&1 || true)",
+            f"ulimit -n 65536; export {env}; ray start "
+            f"--address={shlex.quote(str(self.config['head_address']))} "
+            f"--object-manager-port=8076 --num-cpus={request.cpus} "
+            f"--resources={shlex.quote(json.dumps(resources))} --labels={shlex.quote(labels)} "
+            "--disable-usage-stats"])
+        self._run([*ssh, f"bash -c {shlex.quote(script)}"], f"setting up {ip} and starting Ray",
+                  timeout=3600)
+        log(f"{qr_id}: host {ip} joined (SSH after {reached - started:.1f} s, installer and "
+            f"ray start {time.monotonic() - reached:.1f} s)")
+
+    def run(self) -> None:
+        poll = float(self.config.get("poll_s") or 15)
+        log(f"watching queued slices of {self.config['cluster']} in "
+            f"{', '.join(self.zones())}, every {poll:g} s")
+        while True:
+            error = None
+            try:
+                self.step()
+            except Exception as exc:  # Google unreachable for a while: report, keep going
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                log(error)
+            self.write_marker(error)
+            time.sleep(poll)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.providers.gcp_tpu.joiner",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, type=Path)
+    args = parser.parse_args(argv)
+    path = args.config.expanduser()
+    Path(f"{path}.pid").write_text(f"{os.getpid()}\n")
+    Joiner(json.loads(path.read_text())).run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""`invoke status` for gcp-tpu: the cluster's VMs, TPU nodes, queued requests and firewall rule as
+the APIs list them now, the warnings a user must act on, and what it all costs (estimate)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from infra import identity
+from infra.providers.base import Cost, ProviderStatus
+from infra.providers.gcp_tpu import config, slices
+from infra.providers.gcp_tpu.api import Gcp
+from infra.providers.gcp_tpu.firewall import FIREWALL
+
+if TYPE_CHECKING:
+    from infra import ssh
+    from infra.providers.gcp_tpu.spec import Spec
+    from infra.state import Resource, State
+
+#: State kind of the Ray cluster (provider.CLUSTER is this one).
+CLUSTER = "gcp-ray-cluster"
+
+
+def ips(instance: dict[str, Any]) -> tuple[str, str]:
+    """(external, internal) address of a Compute instance; "" where there is none."""
+    interface = (instance.get("networkInterfaces") or [{}])[0]
+    nat = (interface.get("accessConfigs") or [{}])[0].get("natIP", "")
+    return str(nat or ""), str(interface.get("networkIP", ""))
+
+
+def status(spec: Spec, state: State, api: Gcp,
+           head_target: Callable[[Resource], ssh.SshTarget]) -> ProviderStatus:
+    clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
+    first = (clusters or rules)[0]
+    rows: list[dict[str, str]] = []
+    warnings: list[str] = []
+    running = False
+    for cluster in clusters:
+        zone = cluster.attrs["zone"]
+        ours = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
+        for i in api.instances(zone, ours):
+            labels = i.get("labels", {})
+            if "tpu_cores" in labels:
+                continue  # a TPU VM's own Compute instance; its TPU node is listed below
+            external, internal = ips(i)
+            role = labels.get("ray-node-type", "?")
+            running |= role == "head" and i.get("status") == "RUNNING"
+            if i.get("status") == "TERMINATED":
+                warnings.append(f"{i['name']} is TERMINATED but still bills its disk; "
+                                "`invoke teardown` deletes it")
+            rows.append({"kind": "Compute VM", "name": i["name"], "role": role,
+                         "type": labels.get("ray-user-node-type", ""),
+                         "status": str(i.get("status")), "ip": external or internal})
+        for n in api.tpu_nodes(zone, ours):
+            endpoints = n.get("networkEndpoints") or [{}]
+            ip = (endpoints[0].get("accessConfig") or {}).get("externalIp") or endpoints[0].get(
+                "ipAddress", "")
+            if n.get("state") == "PREEMPTED":
+                warnings.append(f"TPU {n['name'].rsplit('/', 1)[-1]} was preempted")
+            rows.append({"kind": f"TPU VM ({n.get('acceleratorType', '?')}, "
+                                 f"{len(endpoints)} host(s))",
+                         "name": n["name"].rsplit("/", 1)[-1], "role": "worker",
+                         "type": n.get("labels", {}).get("ray-user-node-type", ""),
+                         "status": str(n.get("state")), "ip": str(ip)})
+    if spec.queued_slices or state.resources(slices.QUEUED):
+        head = next((c for c in clusters if c.attrs.get("head_ip")), None)
+        marker = slices.read_marker(head_target(head) if head else None, spec.name)
+        queued_rows, queued_warnings = slices.status_rows(api, spec, state, marker)
+        rows += queued_rows
+        warnings += queued_warnings
+    for rule in rules:
+        rows.append({"kind": "firewall rule", "name": rule.id, "role": "dashboard",
+                     "type": f"tcp:{rule.attrs.get('port')}",
+                     "status": ", ".join(rule.attrs.get("ranges", [])), "ip": ""})
+    zone = clusters[0].attrs["zone"] if clusters else spec.zone
+    nodes = sum(1 for r in rows if r["kind"] not in ("firewall rule", "queued TPU request"))
+    summary = (f"{'head RUNNING' if running else 'head NOT running'}, {nodes} node(s) in "
+               f"{first.attrs['project']}/{zone}")
+    return ProviderStatus(running, summary, rows, warnings,
+                          cost=current_cost(api, spec, state, clusters))
+
+
+def current_cost(api: Gcp, spec: Spec, state: State, clusters: list[Resource]) -> Cost:
+    """What the cluster's VMs, TPU nodes and queued slices' nodes cost now (estimate), from a
+    listing of their own: kept apart from `status`'s table so that each can change alone."""
+    from infra.providers.gcp_tpu import prices
+
+    vms: list[dict[str, Any]] = []
+    tpus: list[dict[str, Any]] = []
+    for cluster in clusters:
+        labels = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
+        vms += api.instances(cluster.attrs["zone"], labels)
+        tpus += api.tpu_nodes(cluster.attrs["zone"], labels)
+    if spec.queued_slices or state.resources(slices.QUEUED):
+        # Queued slices' nodes carry the cluster id but not Ray's cluster label.
+        for zone in slices.zones_of(spec, state):
+            tpus += [n for n in api.tpu_nodes(zone, {identity.TAG_CLUSTER: state.cluster_id})
+                     if "rayfleet-queued-slice" in (n.get("labels") or {})]
+    return prices.current_cost(vms, tpus)

@@ -1,0 +1,81 @@
+"""GCP's autodown action, run the way a head runs it (`python -m infra.autodown --config ...`)
+against the fake APIs: the idle watcher deletes the TPU nodes and VMs carrying the cluster's labels,
+workers first and its own VM last (an operation nobody polls: the fake finishes it by itself, as
+Google does); another cluster's VM and unlabelled VMs are untouched; the marker says it removed the
+cluster. The end-to-end version, with the head's own service account and real Ray, is
+test_autodown_offline.py.
+
+The action here is `remove` itself, not `stop_ray_then_remove`: that one runs `ray stop`, which
+belongs on a head, never on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra import autodown, identity, rayproc
+from infra.providers.gcp_tpu import config
+from tests.conftest import ROOT
+from tests.gcp.conftest import PROJECT, ZONE, write_service_account_key
+from tests.gcp.fake_gcp import FakeGcp
+
+
+def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:
+    fake = FakeGcp(PROJECT, op_polls=2, op_seconds=0.5).start()
+    try:
+        ours, other = "0a0d0e01", "0be70002"
+
+        def labels(cluster_id: str, name: str, role: str) -> dict[str, str]:
+            return {**config.sweep_labels(cluster_id, name), identity.TAG_OWNER: "0123456789ab",
+                    identity.TAG_NAME: name, "ray-node-type": role}
+
+        fake.add_instance(ZONE, "ray-idle-head", labels(ours, "idle", "head"))
+        fake.add_instance(ZONE, "ray-idle-worker-cpu", labels(ours, "idle", "worker"))
+        fake.add_tpu_node(ZONE, "ray-idle-worker-tpu", "v4-8", labels(ours, "idle", "worker"))
+        fake.add_instance(ZONE, "ray-busy-head", labels(other, "busy", "head"))
+        fake.add_instance(ZONE, "prod-db", {"team": "data"})
+        # Same name, another id: not this cluster's (both labels must match).
+        fake.add_instance(ZONE, "ray-idle-lookalike", labels(other, "idle", "worker"))
+
+        marker = tmp_path / "marker.json"
+        path = tmp_path / "autodown.json"
+        autodown.write_config(path, autodown.Config(
+            cluster="idle", cluster_id=ours, idle_minutes=0.01, marker=str(marker),
+            dashboard_url=f"http://127.0.0.1:{rayproc.free_port()}", poll_s=0.2,
+            action="infra.providers.gcp_tpu.autodown:remove",
+            action_args={"project": PROJECT, "zone": ZONE,
+                         "labels": config.sweep_labels(ours, "idle"), "head_name": "ray-idle-head",
+                         "credentials_file": str(write_service_account_key(tmp_path / "k.json")),
+                         "api_endpoint": fake.url}))
+        done = subprocess.run([sys.executable, "-m", "infra.autodown", "--config", str(path)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        log = done.stdout
+        assert log.index("deleting TPU node ray-idle-worker-tpu") < log.index(
+            "deleting the head VM ray-idle-head")
+        assert log.index("deleting VM ray-idle-worker-cpu") < log.index("deleting the head VM")
+        deadline = time.monotonic() + 10  # nobody polls the head's own deletion
+        while fake.nodes_with({config.CLUSTER_LABEL: ours}) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fake.nodes_with({config.CLUSTER_LABEL: ours}) == []
+        assert sorted(i["name"] for i in fake.instances.values()) == [
+            "prod-db", "ray-busy-head", "ray-idle-lookalike"]
+        written = json.loads(marker.read_text())
+        assert written["phase"] == "removed" and written["removed_at"]
+        assert "Ray not answering" in written["detail"]
+    finally:
+        fake.stop()
+
+
+def test_action_imports_on_a_head_without_rayfleets_laptop_libraries() -> None:
+    """The head has Ray, requests and Google's client library, not pydantic, rich or invoke."""
+    code = ("import sys, infra.autodown, infra.providers.gcp_tpu.autodown; "
+            "print(sorted(m for m in ('pydantic', 'rich', 'invoke', 'paramiko', 'yaml', 'jinja2') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=ROOT)
+    assert done.stdout.strip() == "[]"

@@ -1,0 +1,142 @@
+"""GCP autodown end to end against the offline Google (issue 15): `invoke up` starts the watcher
+beside the head; a running job keeps the cluster past its idle period; once idle, the head stops
+its Ray, deletes its workers (a CPU VM, a TPU node) and then its own VM through the fake APIs with
+the VM's own service account (metadata server), and the laptop's next `status` and `teardown` say
+it removed itself.
+
+Real `ray up`, real Ray and autoscaler on test-bed hosts, `invoke` as a user runs it; the test bed
+is the one test_e2e_offline.py uses (the package fixture `offline`). `idle_minutes: 0.3` keeps the
+idle period at 18 s.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gcp.offline import write_service_account_key
+from tests.gcp.offline_bed import PROJECT, Offline, spec_file
+from tests.gcp.test_e2e_offline import wait_for
+
+NAME = "gcpdown"
+IDLE_MINUTES = 0.3
+
+
+def _ours(offline: Offline, cluster_id: str) -> list[dict[str, Any]]:
+    with offline.fake.lock:
+        found = [dict(i) for i in offline.fake.instances.values()
+                 if i["labels"].get("rayfleet-cluster") == cluster_id]
+        found += [dict(n) for n in offline.fake.tpu_nodes.values()
+                  if n["labels"].get("rayfleet-cluster") == cluster_id]
+    return found
+
+
+@pytest.mark.slow
+def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
+        offline: Offline, tmp_path: Path) -> None:
+    fake, google = offline.fake, offline.google
+    home = tmp_path / "rayfleet-home"
+    key = write_service_account_key(tmp_path / "sa-key.json", google.identity,
+                                    f"student@{PROJECT}.iam.gserviceaccount.com")
+    # A CPU VM and a TPU node that Ray's autoscaler keeps (min_workers): the head must stop it
+    # from launching replacements while it deletes them, or those would leak.
+    spec = spec_file(tmp_path, key, name=NAME, autodown={"idle_minutes": 5},
+                     cpu_workers={"cpu": {"machine_type": "n2-standard-8", "cpus": 1,
+                                          "min_workers": 1, "max_workers": 1,
+                                          "provisioning": "spot"}},
+                     tpu_workers={"tpu": {"accelerator_type": "v4-8", "min_workers": 1,
+                                          "max_workers": 1, "cpus": 1, "provisioning": "spot"}})
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    cluster_id = ""
+    try:
+        up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "starting the autodown watcher on the head (5 idle minutes)" in up.stderr, up.stderr
+        assert "not enforced" not in up.stderr
+        # A second `up` with another idle period replaces the running watcher (the countdown
+        # below shows its 0.3 minutes).
+        spec.write_text(spec.read_text().replace("idle_minutes: 5", f"idle_minutes: {IDLE_MINUTES}"))
+        up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "is already running with this config" in up.stderr, up.stderr
+        assert "starting the autodown watcher on the head (0.3 idle minutes)" in up.stderr, up.stderr
+        # The cost range (issue 15): head + its two workers, at min and max size alike.
+        assert "cost: $" in up.stderr and "(3 nodes), fixed size" in up.stderr, up.stderr
+        cluster_id = json.loads((home / "state" / f"{NAME}.json").read_text())["cluster_id"]
+        head = next(i for i in _ours(offline, cluster_id)
+                    if i["labels"].get("ray-node-type") == "head")
+        head_ip = head["networkInterfaces"][0]["networkIP"]
+        head_host = next(h for h in offline.bed.hosts if h.ip == head_ip)
+        # The watcher runs with no key file of ours on the head: the VM's own identity only.
+        files = head_host.run("ls ~/.rayfleet").stdout.split()
+        assert set(files) <= {"autodown.json", "autodown.json.pid", "autodown-marker.json",
+                              "autodown.log",
+                              "ray-token"}, files
+        watcher = head_host.run("ps -eo args | grep '[i]nfra.autodown'").stdout
+        assert "infra.autodown --config" in watcher, watcher
+        timings["up"] = round(time.monotonic() - started, 1)
+
+        # 1. A job keeps the cluster past its idle period (while the worker comes up).
+        job = offline.invoke(home, "submit", "--cluster", str(spec), "--no-wait",
+                             "tests/data/sleeper.py", timeout=120)
+        assert job.returncode == 0, job.stdout + job.stderr
+        job_id = job.stdout.strip().splitlines()[-1]
+        busy_since = time.monotonic()
+        wait_for("the autoscaler's worker VM and TPU node", lambda: {
+            "vm" if i.get("status") == "RUNNING" and "tpu_cores" not in i["labels"] else "tpu"
+            for i in _ours(offline, cluster_id) if i["labels"].get("ray-node-type") == "worker"
+            and (i.get("status") == "RUNNING" or i.get("state") == "READY")} == {"vm", "tpu"},
+            timeout=240)
+        time.sleep(max(0.0, IDLE_MINUTES * 60 * 2 - (time.monotonic() - busy_since)))
+        assert any(i["name"] == head["name"] for i in _ours(offline, cluster_id)), \
+            "a head running a job must not remove itself"
+        status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
+        timings["busy, kept"] = round(time.monotonic() - busy_since, 1)
+
+        # 2. Idle: the countdown, then the head deletes its worker and its own VM.
+        stopped = offline.invoke(home, "stop-job", "--cluster", str(spec), job_id, timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        idle_since = time.monotonic()
+        # The job is stopped a moment after stop-job returns; the watcher notices within 1 s.
+        wait_for("the watcher to count idle time", lambda: json.loads(head_host.run(
+            "cat ~/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since"), timeout=15)
+        status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
+        assert "autodown: idle " in status.stdout and " of 0.3 min" in status.stdout, status.stdout
+        wait_for("nothing of the cluster left at the fake", lambda: not _ours(offline, cluster_id),
+                 timeout=300, interval=1)
+        timings["idle -> removed itself"] = round(time.monotonic() - idle_since, 1)
+        deletes = [(path.rsplit("/", 1)[-1], caller) for host, method, path, caller in google.log
+                   if method == "DELETE" and NAME in path]
+        assert [name for name, _ in deletes if "head" in name] == [head["name"]], deletes
+        assert deletes[-1][0] == head["name"] and len(deletes) == 3, deletes  # the head last
+        assert any(name.endswith("-tpu") for name, _ in deletes), deletes
+        assert {caller for _, caller in deletes} == {head_ip}, deletes  # the head did it itself
+        offline.google.machines.wait_idle()
+        left = head_host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[i]nfra.autodown' "
+                             "|| true").stdout.strip()
+        assert left == "", left
+
+        # 3. The laptop's next status and teardown say so; teardown only verifies.
+        report = offline.invoke(home, "status", "--cluster", str(spec), "--json", timeout=120)
+        assert report.returncode == 0, report.stdout + report.stderr
+        reported = json.loads(report.stdout)
+        assert reported["state"] == "removed itself" and reported["autodown"]["removed_at"]
+        assert reported["cost"]["nodes"] == 0 and not reported["running"]
+        plain = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
+        assert f"removed itself after {IDLE_MINUTES:g} idle minutes at " in plain.stdout, plain.stdout
+    finally:
+        down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
+        print(f"\n[gcp autodown] phases (s): {timings}, total {time.monotonic() - started:.1f}",
+              flush=True)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"removed itself after {IDLE_MINUTES:g} idle minutes at " in down.stderr, down.stderr
+    assert "ray down" not in down.stderr  # nothing to stop: teardown only verified
+    assert not (home / "state" / f"{NAME}.json").exists()
+    assert fake.nodes_with({"rayfleet-name": NAME}) == []

@@ -1,0 +1,295 @@
+"""Queued TPU slices joined to a running cluster, against the offline Google (issue 16).
+
+One cluster for every scenario (module fixture, four test-bed hosts: the head, a v4-8 slice and a
+2-host v4-16 slice): `invoke up` queues a request per slice and returns once the head answers; the
+fake moves the requests WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE after a delay; the head's
+joiner (a real daemon on the head, started by `up`) sets the slices' hosts up over SSH and starts
+Ray there. Scenarios run in file order on the same cluster: a job submitted before ACTIVE waits and
+runs on the queued slice; the 2-host slice joins with the slice-head resource on host 0; a spot slice
+the fake SUSPENDs is reported and queued again in the next zone; teardown with requests still
+WAITING deletes them all. No patching: `invoke` runs as a user would, in the client namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp.offline import write_service_account_key
+from tests.gcp.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file
+from tests.testbed.hosts import Host
+from tests.testbed.preflight import require
+
+pytestmark = pytest.mark.slow
+
+NAME = "gcpqueued"
+NEXT_ZONE = "us-central2-a"
+#: How long the fake keeps a request WAITING (long enough to submit a job before ACTIVE).
+WAIT_S, PROVISION_S = 30.0, 5.0
+
+
+@dataclass
+class Cluster:
+    offline: Offline
+    home: Path
+    spec: Path
+    cluster_id: str
+    timings: dict[str, float]
+
+    @property
+    def fake(self) -> FakeGcp:
+        return self.offline.fake
+
+    def invoke(self, command: str, *args: str, timeout: float = 300) -> Any:
+        return self.offline.invoke(self.home, command, "--cluster", str(self.spec), *args,
+                                   timeout=timeout)
+
+    def qr(self, slice_name: str, attempt: int = 0) -> str:
+        return f"rf-{self.cluster_id}-{slice_name}-0-{attempt}"
+
+    def hosts_of(self, qr_id: str) -> list[Host]:
+        return self.offline.google.machines.host_of(qr_id)
+
+    def head(self) -> Host:
+        heads = [i for i in self.fake.instances.values()
+                 if i["labels"].get("ray-node-type") == "head"
+                 and i["labels"].get("rayfleet-name") == NAME]
+        ip = heads[0]["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
+        return next(h for h in self.offline.bed.hosts if h.ip == ip)
+
+    def ray_nodes(self) -> list[dict[str, Any]]:
+        """Ray's own node list, asked on the head (its dashboard binds 127.0.0.1 there)."""
+        script = ("import json, os, requests; "
+                  "t = open(os.path.expanduser('~/.rayfleet/ray-token')).read().strip(); "
+                  "r = requests.get('http://127.0.0.1:8265/api/v0/nodes', timeout=10, "
+                  "params={'detail': 'true', 'limit': '100'}, "
+                  "headers={'Authorization': 'Bearer ' + t}); "
+                  "print(json.dumps(r.json()['data']['result']['result']))")
+        done = self.head().run(f"~/rayfleet/env/bin/python -c {json.dumps(script)}", timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        nodes: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+        return nodes
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(interval)
+
+
+def result_of(output: str) -> dict[str, Any]:
+    assert "RESULT " in output, output
+    found: dict[str, Any] = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    require("testbed")
+    work = tmp_path_factory.mktemp("gcp-queued-")
+    with offline_bed(work, hosts=4) as offline:
+        fake = offline.fake
+        fake.zones[NEXT_ZONE] = "us-central2"
+        fake.accelerator_types[NEXT_ZONE] = list(fake.accelerator_types[ZONE])
+        fake.runtime_versions[NEXT_ZONE] = list(fake.runtime_versions[ZONE])
+        fake.queue_wait_s, fake.queue_provision_s = WAIT_S, PROVISION_S
+        fake.queue_held_zones.add(NEXT_ZONE)  # no capacity there: requests keep waiting
+        fake.queue_held.add("-pod-")  # the 2-host slice waits until its scenario releases it
+        home = work / "rayfleet-home"
+        key = write_service_account_key(work / "sa-key.json", offline.google.identity,
+                                        f"student@{PROJECT}.iam.gserviceaccount.com")
+        spec = spec_file(work, key, name=NAME, zone=None, zones=[ZONE, NEXT_ZONE],
+                         tpu_workers={}, queued_slices={
+                             "single": {"accelerator_type": "v4-8", "provisioning": "spot",
+                                        "cpus": 1},
+                             "pod": {"accelerator_type": "v4-16", "zones": [ZONE], "cpus": 1},
+                             "parked": {"accelerator_type": "v4-8", "zones": [NEXT_ZONE],
+                                        "valid_until_hours": 2}})
+        started = time.monotonic()
+        up = offline.invoke(home, "up", "--provider", "gcp-tpu", "--cluster", str(spec),
+                            timeout=600)
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = json.loads((home / "state" / f"{NAME}.json").read_text())
+        made = Cluster(offline, home, spec, state["cluster_id"],
+                       {"up": round(time.monotonic() - started, 1)})
+        try:
+            yield made
+        finally:
+            if (home / "state" / f"{NAME}.json").exists():  # the teardown scenario did not run
+                offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
+            print(f"[gcp queued e2e] phases (s): {made.timings}", flush=True)
+
+
+def test_up_queues_a_request_per_slice_recorded_in_state(cluster: Cluster) -> None:
+    state = json.loads((cluster.home / "state" / f"{NAME}.json").read_text())
+    recorded = {r["id"]: r["attrs"]["zone"] for r in state["resources"]
+                if r["kind"] == "gcp-queued-resource"}
+    assert recorded == {cluster.qr("single"): ZONE, cluster.qr("pod"): ZONE,
+                        cluster.qr("parked"): NEXT_ZONE}
+    states = cluster.fake.queued_states()
+    assert {k: v for k, v in states.items() if k in recorded} == {
+        cluster.qr("single"): (ZONE, "WAITING_FOR_RESOURCES"),
+        cluster.qr("pod"): (ZONE, "WAITING_FOR_RESOURCES"),
+        cluster.qr("parked"): (NEXT_ZONE, "WAITING_FOR_RESOURCES")}
+    with cluster.fake.lock:
+        body = cluster.fake.queued[
+            f"projects/{PROJECT}/locations/{ZONE}/queuedResources/{cluster.qr('single')}"]
+    node = body["tpu"]["nodeSpec"][0]["node"]
+    assert body["spot"] == {} and node["labels"]["rayfleet-cluster"] == cluster.cluster_id
+    assert node["labels"]["rayfleet-owner"] == state["owner"] and node["labels"][
+        "rayfleet-name"] == NAME
+    # The joiner runs on the head, detached from this laptop.
+    pid = cluster.head().run("cat ~/.rayfleet/queued.json.pid && kill -0 $(cat "
+                             "~/.rayfleet/queued.json.pid) && echo alive")
+    assert pid.stdout.strip().endswith("alive"), pid.stdout + pid.stderr
+
+
+def test_a_second_up_queues_nothing_new_and_restarts_the_joiner(cluster: Cluster) -> None:
+    head = cluster.head()
+    before = head.run("cat ~/.rayfleet/queued.json.pid").stdout.strip()
+    requests = len(cluster.fake.queued)
+    started = time.monotonic()
+    again = cluster.invoke("up", timeout=600)
+    cluster.timings["second up"] = round(time.monotonic() - started, 1)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(cluster.fake.queued) == requests
+    after = head.run("cat ~/.rayfleet/queued.json.pid && kill -0 $(cat ~/.rayfleet/queued.json.pid)"
+                     " && echo alive").stdout.split()
+    assert after[-1] == "alive" and after[0] != before, (before, after)
+
+
+def test_a_job_submitted_before_active_waits_and_runs_on_the_queued_slice(cluster: Cluster) -> None:
+    assert cluster.fake.queued_states()[cluster.qr("single")][1] != "ACTIVE"
+    started = time.monotonic()
+    submit = cluster.invoke("submit", "examples/tpu_example.py", "--", "--wait-for-tpu", "420",
+                            "--placement-only", timeout=600)
+    cluster.timings["job waited for the queued slice"] = round(time.monotonic() - started, 1)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    assert "waiting up to 420 s" in submit.stdout, submit.stdout  # it was submitted before ACTIVE
+    (host,) = cluster.hosts_of(cluster.qr("single"))
+    result = result_of(submit.stdout)
+    assert [r["host"] for r in result["results"]] == [host.hostname], result
+    assert len(result["results"][0]["tpu_ids"]) == 4, result
+    # The token reached the host as a 0600 file, and is on no command line there.
+    check = host.run("stat -c %a ~/.rayfleet/ray-token; grep -lFf ~/.rayfleet/ray-token "
+                     "/proc/[0-9]*/cmdline 2>/dev/null; true")
+    assert check.stdout.split() == ["600"], check.stdout
+
+
+def test_a_two_host_slice_joins_with_the_slice_head_resource_on_host_0(cluster: Cluster) -> None:
+    started = time.monotonic()
+    cluster.fake.queue_held.discard("-pod-")
+    qr_id = cluster.qr("pod")
+    wait_for("the 2-host slice to be ACTIVE",
+             lambda: cluster.fake.queued_states()[qr_id][1] == "ACTIVE", timeout=120)
+    hosts = cluster.hosts_of(qr_id)
+    assert len(hosts) == 2
+
+    def joined() -> list[dict[str, Any]] | None:
+        nodes = [n for n in cluster.ray_nodes() if n["state"] == "ALIVE"
+                 and n["node_ip"] in {h.ip for h in hosts}]
+        return nodes if len(nodes) == 2 else None
+
+    nodes = wait_for("both hosts of the slice in Ray", joined, timeout=420, interval=3)
+    cluster.timings["2-host slice released -> both hosts in Ray"] = round(
+        time.monotonic() - started, 1)
+    by_ip = {n["node_ip"]: n for n in nodes}
+    first, second = by_ip[hosts[0].ip], by_ip[hosts[1].ip]
+    assert first["resources_total"]["TPU"] == 4 and second["resources_total"]["TPU"] == 4
+    assert first["resources_total"].get("TPU-v4-16-head") == 1, first["resources_total"]
+    assert "TPU-v4-16-head" not in second["resources_total"], second["resources_total"]
+    assert first["labels"].get("rayfleet-queued") == qr_id, first["labels"]
+
+
+def test_a_suspended_spot_slice_is_reported_and_queued_again_in_the_next_zone(
+        cluster: Cluster) -> None:
+    started = time.monotonic()
+    lost, again = cluster.qr("single"), cluster.qr("single", attempt=1)
+    cluster.fake.suspend(lost)
+    wait_for("a new request in the next zone",
+             lambda: cluster.fake.queued_states().get(again) == (NEXT_ZONE,
+                                                                 "WAITING_FOR_RESOURCES"),
+             timeout=120)
+    cluster.timings["suspended -> re-queued"] = round(time.monotonic() - started, 1)
+
+    def reported() -> dict[str, Any] | None:
+        status = cluster.invoke("status", "--json", timeout=180)
+        assert status.returncode == 0, status.stdout + status.stderr
+        report: dict[str, Any] = json.loads(status.stdout)
+        return report if any(again in w for w in report["warnings"]) else None
+
+    report = wait_for("status to report the re-queued request", reported, timeout=120, interval=3)
+    rows = {r["name"]: r for r in report["provider_resources"]
+            if r["kind"] == "queued TPU request"}
+    assert (rows[lost]["state"], rows[lost]["zone"]) == ("SUSPENDED", ZONE), rows
+    assert (rows[again]["state"], rows[again]["zone"]) == ("WAITING_FOR_RESOURCES", NEXT_ZONE)
+    assert rows[cluster.qr("pod")]["state"] == "ACTIVE" and rows[lost]["since"], rows
+    assert [w for w in report["warnings"] if lost in w and "SUSPENDED" in w], report["warnings"]
+
+
+def test_teardown_with_requests_still_waiting_deletes_them_all(cluster: Cluster) -> None:
+    waiting = [k for k, (_, s) in cluster.fake.queued_states().items()
+               if s == "WAITING_FOR_RESOURCES"]
+    assert sorted(waiting) == sorted([cluster.qr("parked"), cluster.qr("single", attempt=1)])
+    started = time.monotonic()
+    down = cluster.invoke("teardown", timeout=900)
+    cluster.timings["teardown"] = round(time.monotonic() - started, 1)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert cluster.fake.queued_states() == {}
+    assert cluster.fake.nodes_with({"rayfleet-cluster": cluster.cluster_id}) == []
+    assert not (cluster.home / "state" / f"{NAME}.json").exists()
+    cluster.offline.google.machines.wait_idle()
+    for host in cluster.offline.bed.hosts:
+        left = host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[j]oiner' || true")
+        assert left.stdout.strip() == "", f"still running on {host.name}: {left.stdout}"
+
+
+def test_min_workers_refused_for_capacity_move_up_to_the_next_zone(cluster: Cluster) -> None:
+    """A second cluster on the same test bed: its TPU min_workers find no capacity in the first
+    zone (the head's autoscaler logs the TPU create's error), so `up` removes that zone's head and
+    starts over in the next zone, where the autoscaler creates the TPU node."""
+    offline, fake = cluster.offline, cluster.fake
+    fake.tpu_stockout_zones.add(ZONE)
+    fake.queue_held_zones.discard(NEXT_ZONE)
+    home = cluster.home.parent / "rayfleet-home-min"
+    key = write_service_account_key(cluster.home.parent / "sa-key-min.json",
+                                    offline.google.identity,
+                                    f"student@{PROJECT}.iam.gserviceaccount.com")
+    spec = spec_file(cluster.home.parent, key, name="gcpmin", zone=None, zones=[ZONE, NEXT_ZONE],
+                     cpu_workers={}, tpu_workers={"tpu": {
+                         "accelerator_type": "v4-8", "min_workers": 1, "max_workers": 1,
+                         "cpus": 1, "provisioning": "spot"}})
+    started = time.monotonic()
+    try:
+        up = offline.invoke(home, "up", "--cluster", str(spec), timeout=900)
+        cluster.timings["min_workers: stockout -> next zone -> up"] = round(
+            time.monotonic() - started, 1)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"zone {ZONE} has no capacity for the head or its min_workers" in up.stderr, \
+            up.stderr
+        with fake.lock:
+            ours = [(key[0], i["labels"].get("ray-node-type")) for key, i in fake.instances.items()
+                    if i["labels"].get("rayfleet-name") == "gcpmin"
+                    and "tpu_cores" not in i["labels"]]
+            nodes = [(n["name"].split("/")[3], n["state"]) for n in fake.tpu_nodes.values()
+                     if n["labels"].get("rayfleet-name") == "gcpmin"]
+        assert ours == [(NEXT_ZONE, "head")], ours  # nothing left in the refused zone
+        assert nodes == [(NEXT_ZONE, "READY")], nodes
+        state = json.loads((home / "state" / "gcpmin.json").read_text())
+        assert [r["attrs"]["zone"] for r in state["resources"]
+                if r["kind"] == "gcp-ray-cluster"] == [NEXT_ZONE]
+    finally:
+        down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert fake.nodes_with({"rayfleet-name": "gcpmin"}) == []
