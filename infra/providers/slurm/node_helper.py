@@ -9,8 +9,9 @@ template puts into the batch script and runs with the Python that runs Ray:
     python -c "$RF_HELPER" autoscaling-config IN OUT                 # Ray's config + job facts
     python -c "$RF_HELPER" autodown-config OUT IDLE_MINUTES CLUSTER  # the idle watcher's config
     python -c "$RF_HELPER" stop MARKER...                          # stop this job's Ray, rm temp
-    python -c "$RF_HELPER" wait INFO_FILE NODES TIMEOUT PID:NODE... # until NODES are alive
+    python -c "$RF_HELPER" await INFO_FILE NODES TIMEOUT PID:NODE...# until the head saw NODES
     python rf_helper.py start RAY_START_ARGS...                      # `ray start`, see start()
+                                                        # (on the head: also `watch`, a thread)
 
 Everything about the job comes from the RF_* variables the batch script exports.
 """
@@ -126,31 +127,29 @@ def write_info(path: str, info: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
-    """Poll the GCS until `want` nodes are alive; abort early when a `ray start` step died."""
+def watch(path: str, want: int, timeout: float) -> None:
+    """Poll the GCS until `want` nodes are alive, then write the info file as ready.
+
+    Runs as a thread of the head's `helper start`, beside `ray start --head` in the same process:
+    Ray is imported there already. A separate observer process paid a second import of Ray (~1 s
+    of CPU) exactly while the head's dashboard, agents and raylet start on the same cores.
+    """
     head_ip, gcs_port = _env("RF_HEAD_IP"), PortBlock(int(_env("RF_BASE"))).gcs
-    step_nodes = dict(s.split(":", 1) for s in steps)
     deadline = time.monotonic() + timeout
     # Where the start-up time goes (epoch seconds; also printed to the job's output): the GCS
     # listening, the head node registered, the last node registered.
     timeline: dict[str, float] = {"setup_done": float(_env("RF_SETUP_DONE") or 0)}
-    # Ray's import costs CPU the starting nodes need: only once the GCS listens.
-    while not port_answers(head_ip, gcs_port, timeout=0.2) and time.monotonic() < deadline:
-        if any(not alive(int(pid)) for pid in step_nodes):
-            break
+    while not port_answers(head_ip, gcs_port, timeout=0.2):
+        if time.monotonic() > deadline:
+            return  # `await` reports the timeout
         time.sleep(0.1)
     timeline["gcs_listening"] = time.time()
+    import ray
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     client: Any = None
     seen = -1
-    while True:
-        dead = [node for pid, node in step_nodes.items() if not alive(int(pid))]
-        if dead:
-            message = f"`ray start` on {', '.join(sorted(dead))} exited; see this job's output"
-            write_info(path, _info("failed", message))
-            print(f"rayfleet: {message}", file=sys.stderr)
-            return 1
+    while time.monotonic() < deadline:
         nodes: list[Any] = []
         try:
             # A GcsClient made before the GCS listens waits 40 s to fail: knock first.
@@ -160,19 +159,20 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
                 nodes = [n for n in client.get_all_node_info(timeout=2).values() if n.state == 0]
         except Exception:  # the GCS is not up yet (or restarting): keep polling
             client = None
+        if _phase(path) != "starting":
+            return  # `await` gave up (a step died or the time ran out): leave its verdict
         if len(nodes) != seen:
             seen = len(nodes)
             if any(n.is_head_node for n in nodes):
                 timeline.setdefault("head_alive", time.time())
-            write_info(path, _info("starting", f"{seen}/{want} Ray nodes alive"))
+            if seen < want:
+                write_info(path, _info("starting", f"{seen}/{want} Ray nodes alive"))
         if seen >= want:
             timeline["all_alive"] = time.time()
             start = float(_env("RF_STARTED_AT") or 0)
             print("rayfleet: start-up " + ", ".join(
                 f"{name.replace('_', ' ')} +{at - start:.2f}s" for name, at in timeline.items()),
                 flush=True)
-            import ray
-
             listed = sorted(
                 ({"ip": n.node_manager_address, "hostname": n.node_manager_hostname,
                   "head": bool(n.is_head_node), "node_manager_port": n.node_manager_port,
@@ -183,9 +183,36 @@ def wait(path: str, want: int, timeout: float, steps: list[str]) -> int:
                                    ready_at=timeline["all_alive"], timeline=timeline,
                                    ray_version=ray.__version__,
                                    python_version=sys.version.split()[0]))
+            return
+        time.sleep(0.1)
+
+
+def _phase(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return str(json.load(handle).get("phase", ""))
+    except (OSError, ValueError):
+        return ""
+
+
+def await_ready(path: str, want: int, timeout: float, steps: list[str]) -> int:
+    """Wait (standard library only, no Ray import) until the head's watcher wrote the info file
+    as ready; fail early when a `ray start` step died, or at the timeout."""
+    step_nodes = dict(s.split(":", 1) for s in steps)
+    deadline = time.monotonic() + timeout
+    while True:
+        phase = _phase(path)
+        if phase == "ready":
             return 0
-        if time.monotonic() > deadline:
-            message = f"only {seen}/{want} Ray nodes alive after {timeout:.0f}s"
+        if phase == "failed":
+            return 1
+        dead = [node for pid, node in step_nodes.items() if not alive(int(pid))]
+        message = ""
+        if dead:
+            message = f"`ray start` on {', '.join(sorted(dead))} exited; see this job's output"
+        elif time.monotonic() > deadline:
+            message = f"not all {want} Ray nodes alive after {timeout:.0f}s"
+        if message:
             write_info(path, _info("failed", message))
             print(f"rayfleet: {message}", file=sys.stderr)
             return 1
@@ -224,7 +251,14 @@ def start(args: list[str]) -> int:
     """
     from ray.scripts.scripts import main as ray_cli
 
-    if "--head" not in args and not _head_registered(float(_env("RF_READY_TIMEOUT") or 300)):
+    timeout = float(_env("RF_READY_TIMEOUT") or 300)
+    if "--head" in args:
+        import threading
+
+        # Readiness is watched from here, where Ray is imported already (see `watch`).
+        threading.Thread(target=watch, args=(_env("RF_INFO"), int(_env("RF_TOTAL") or 1),
+                                             timeout), daemon=True).start()
+    elif not _head_registered(timeout):
         return 1
     sys.argv = ["ray", "start", *args]
     return int(ray_cli() or 0)
@@ -298,8 +332,8 @@ def main(argv: list[str]) -> int:
         return autodown_config(args[0], float(args[1]), args[2])
     if command == "stop":
         return stop(args)
-    if command == "wait":
-        return wait(args[0], int(args[1]), float(args[2]), args[3:])
+    if command == "await":
+        return await_ready(args[0], int(args[1]), float(args[2]), args[3:])
     if command == "start":
         return start(args)
     print(f"rayfleet helper: unknown command {command!r}", file=sys.stderr)
