@@ -17,8 +17,10 @@ Usage: python bench/slurm_autoscale.py [--reps 3]   (root; needs the test bed's 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,6 +112,8 @@ def main() -> None:
     if reason:
         raise SystemExit(f"cannot run the Slurm test bed here: {reason}")
     work = Path(tempfile.mkdtemp(prefix="rf-slurm-autoscale-bench-"))
+    # The test bed is down by the time this runs (its `with` block has ended).
+    atexit.register(shutil.rmtree, work, True)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(work / "home"),
            "PATH": f"{ray_bin_dir()}:{os.environ['PATH']}"}
     ours: list[float] = []

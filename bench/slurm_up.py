@@ -17,8 +17,10 @@ Usage: python bench/slurm_up.py [--reps 2]   (root; needs the test bed's package
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -137,6 +139,8 @@ def main() -> None:
     if reason:
         raise SystemExit(f"cannot run the Slurm test bed here: {reason}")
     work = Path(tempfile.mkdtemp(prefix="rf-slurm-bench-"))
+    # The test bed is down by the time this runs (its `with` block has ended).
+    atexit.register(shutil.rmtree, work, True)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(work / "home")}
     results: dict[tuple[str, int], list[float]] = {}
     with SlurmCluster(2, work / "slurm") as cluster:
