@@ -152,7 +152,7 @@ def _forget_if_nothing_created(current: State) -> None:
 
 def _cluster_flag(selected: spec.ClusterSpec) -> str:
     default = paths.clusters_dir() / f"{selected.provider}.yaml"
-    if spec.spec_path(selected.name) == default and selected.provider == "local":
+    if spec.spec_path(selected.name) == default and selected.provider == spec.DEFAULT_PROVIDER:
         return ""
     if spec.spec_path(selected.name) == default:
         return f" --provider={selected.provider}"

@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from infra import paths
 from infra.errors import SpecError, UsageError
 
+#: The provider of `invoke` without --provider/--cluster: a real Ray cluster on this machine, no account.
+DEFAULT_PROVIDER = "local"
+
 # Cluster names end up in hostnames, GCP labels, Slurm job names and Ray's temp dir, whose unix
 # socket paths must stay under 107 bytes: lowercase, digits and dashes, at most 31 characters.
 NAME_PATTERN = re.compile(r"^[a-z](?:[a-z0-9-]{0,29}[a-z0-9])?$")
@@ -235,7 +238,7 @@ def resolve(provider: str | None, cluster: str | None) -> ClusterSpec:
             f"{hint + ' ' if hint else ''}choose one of {', '.join(providers.names())}"
         )
     if cluster is None:
-        path = paths.clusters_dir() / f"{provider or 'local'}.yaml"
+        path = paths.clusters_dir() / f"{provider or DEFAULT_PROVIDER}.yaml"
         if not path.exists():
             raise UsageError(
                 f"--provider {provider}: no default spec {_display(path)}; "
