@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -102,3 +103,29 @@ def torn_down(rf_home: Path) -> Iterator[Register]:
     for spec in specs:
         if (rf_home / "state" / f"{spec.stem}.json").exists():
             invoke("teardown", "--cluster", str(spec))
+
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T | None], what: str, timeout: float = 180) -> T:
+    """`check()` once it returns something truthy; an AssertionError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(1)
+
+
+def ray_left_on_hosts(slurm: SlurmCluster, job: dict[str, Any]) -> dict[str, str]:
+    """Processes naming the cluster's temp dirs, per host, as each host itself sees them."""
+    left = {}
+    for host in slurm.nodes:
+        marker = temp_marker(job).replace(".", "[.]")
+        out = host.run(f"pgrep -af '{marker}' || true", check=True).stdout.strip()
+        if out:
+            left[host.name] = out
+    return left

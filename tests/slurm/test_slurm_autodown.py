@@ -11,30 +11,23 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from tests.slurm.conftest import Register, invoke, job_of, login_spec, ok, temp_marker
+from tests.slurm.conftest import (
+    Register,
+    invoke,
+    job_of,
+    login_spec,
+    ok,
+    ray_left_on_hosts,
+    wait_until,
+)
 from tests.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
-T = TypeVar("T")
-
-
-def wait_until(check: Callable[[], T | None], what: str, timeout: float = 180) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(1)
-
-
 def cluster_jobs(slurm: SlurmCluster, cluster_id: str) -> list[dict[str, str]]:
     """Every job in the queue carrying the cluster id in its comment (what ownership is by)."""
     out = slurm.run("squeue -h -o '%i|%T|%k'", check=True).stdout
@@ -45,16 +38,6 @@ def cluster_jobs(slurm: SlurmCluster, cluster_id: str) -> list[dict[str, str]]:
 
 def status(spec: Path) -> dict[str, Any]:
     return dict(json.loads(ok(invoke("status", "--cluster", str(spec), "--json"))))
-
-
-def ray_left(slurm: SlurmCluster, job: dict[str, Any]) -> dict[str, str]:
-    left = {}
-    for host in slurm.nodes:
-        marker = temp_marker(job).replace(".", "[.]")
-        out = host.run(f"pgrep -af '{marker}' || true", check=True).stdout.strip()
-        if out:
-            left[host.name] = out
-    return left
 
 
 def assert_removed_and_cleared(spec: Path, rf_home: Path, slurm: SlurmCluster,
@@ -71,7 +54,7 @@ def assert_removed_and_cleared(spec: Path, rf_home: Path, slurm: SlurmCluster,
     assert f"cluster '{spec.stem}' is gone" in text, text
     assert not (rf_home / "state" / f"{spec.stem}.json").exists()
     assert not list(slurm.jobs_dir.glob(f"{job['name']}*")), "the job's files must go"
-    assert ray_left(slurm, job) == {}
+    assert ray_left_on_hosts(slurm, job) == {}
 
 
 def test_an_idle_autoscaling_cluster_cancels_its_workers_and_its_head(

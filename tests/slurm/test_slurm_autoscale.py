@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from infra.providers.slurm import queue
-from tests.slurm.conftest import invoke, job_of, login_spec, ok, result_of, temp_marker
+from tests.slurm.conftest import invoke, job_of, login_spec, ok, result_of, temp_marker, wait_until
 from tests.testbed.hosts import Host
 from tests.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
-T = TypeVar("T")
 
 SPEC = """exclusive: true
 idle_timeout_minutes: 0.2
@@ -32,17 +31,6 @@ worker_types:
 environment:
   env_vars: {AUTOSCALER_UPDATE_INTERVAL_S: '1'}
 """
-
-
-def wait_until(check: Callable[[], T | None], what: str, timeout: float = 180) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(1)
 
 
 @dataclass

@@ -23,24 +23,13 @@ from tests.slurm.conftest import (
     login_spec,
     ok,
     one_line_error,
+    ray_left_on_hosts,
     result_of,
-    temp_marker,
 )
 from tests.testbed.hosts import ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
-
-
-def ray_left_on_hosts(slurm: SlurmCluster, job: dict[str, object]) -> dict[str, str]:
-    """Processes naming the cluster's temp dirs, per host, as each host itself sees them."""
-    left = {}
-    for host in slurm.nodes:
-        marker = temp_marker(job).replace(".", "[.]")
-        out = host.run(f"pgrep -af '{marker}' || true", check=True).stdout.strip()
-        if out:
-            left[host.name] = out
-    return left
 
 
 def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,

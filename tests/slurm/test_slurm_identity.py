@@ -21,9 +21,9 @@ from tests.slurm.conftest import (
     login_spec,
     ok,
     one_line_error,
+    ray_left_on_hosts,
     result_of,
 )
-from tests.slurm.test_slurm_cluster import ray_left_on_hosts
 from tests.testbed.hosts import ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
 
