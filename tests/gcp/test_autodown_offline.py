@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 from tests.gcp.offline import write_service_account_key
-from tests.gcp.offline_bed import PROJECT, Offline, spec_file
-from tests.gcp.test_e2e_offline import wait_for
+from tests.gcp.offline_bed import PROJECT, Offline, spec_file, wait_for
 
 NAME = "gcpdown"
 IDLE_MINUTES = 0.3

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +22,7 @@ import pytest
 
 from tests.gcp.fake_gcp import FakeGcp
 from tests.gcp.offline import write_service_account_key
-from tests.gcp.offline_bed import CLUSTER, PROJECT, Offline, spec_file
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(interval)
+from tests.gcp.offline_bed import CLUSTER, PROJECT, Offline, spec_file, wait_for
 
 
 def tpu_nodes(fake: FakeGcp, state: str | None = None) -> list[dict[str, Any]]:

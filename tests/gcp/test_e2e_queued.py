@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ import pytest
 
 from tests.gcp.fake_gcp import FakeGcp
 from tests.gcp.offline import write_service_account_key
-from tests.gcp.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file
+from tests.gcp.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file, wait_for
 from tests.testbed.hosts import Host
 from tests.testbed.preflight import require
 
@@ -76,16 +76,6 @@ class Cluster:
         assert done.returncode == 0, done.stdout + done.stderr
         nodes: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
         return nodes
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(interval)
 
 
 def result_of(output: str) -> dict[str, Any]:
