@@ -2,7 +2,8 @@
 
 Both are measured until the dashboard accepts jobs (GET /api/jobs/ answers 200), in the same run,
 alternating, several repetitions; prints each pair and the median ratio (target: <= 1.10).
-Usage: python bench/local_up.py [--reps 5]
+The raw baseline uses a copy of the cluster's token, because `teardown` deletes the original.
+Usage: python bench/local_up.py [--reps 5] [--quick]   (--quick: one repetition, for CI)
 """
 
 from __future__ import annotations
@@ -22,26 +23,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra import rayproc  # noqa: E402
-from infra.providers import local  # noqa: E402
+from infra import jobs, rayproc  # noqa: E402
 
 
-def _ready(url: str) -> None:
-    import requests
-
-    while True:
-        try:
-            if requests.get(f"{url}/api/jobs/", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
+def _ready(url: str, token: Path) -> None:
+    # The same check `invoke up` makes: token auth answers 401 to a request without the token.
+    while not jobs.dashboard_ready(url, token):
         time.sleep(0.05)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one repetition (CI keeps it running)")
     args = parser.parse_args()
+    if args.quick:
+        args.reps = 1
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     work = Path(tempfile.mkdtemp(prefix="rf-bench-"))
     env["RAYFLEET_HOME"] = str(work / "home")
@@ -56,21 +53,27 @@ def main() -> None:
         ours = time.monotonic() - started
         state = json.loads((work / "home" / "state" / f"{name}.json").read_text())
         script = (work / "home" / "rendered" / name / "start.sh").read_text()
+        # `teardown` deletes the cluster's token; the baseline's `ray start` reads a copy instead.
+        token = work / "ray-token"
+        shutil.copy2(state["info"]["auth_token_path"], token)
+        script = script.replace(state["info"]["auth_token_path"], str(token))
+        head = next(r for r in state["resources"] if r["attrs"].get("port_base"))
         subprocess.run([sys.executable, "-m", "invoke", "teardown", "--cluster", str(spec)],
                        cwd=ROOT, env=env, check=True, capture_output=True)
 
         # The raw baseline: the very same `ray start` command line, then the same readiness check.
         started = time.monotonic()
         subprocess.run(["bash", "-c", script], env=env, check=True, capture_output=True)
-        _ready(state["info"]["dashboard_url"])
+        _ready(state["info"]["dashboard_url"], token)
         raw = time.monotonic() - started
-        base = state["resources"][0]["attrs"]["port_base"]
-        rayproc.terminate(rayproc.cluster_processes([local.temp_dir(name),
-                                                     rayproc.gcs_marker(base)]))
-        shutil.rmtree(local.temp_dir(name), ignore_errors=True)
+        # The head's id is its private temp dir; only this baseline's processes name it.
+        gcs = rayproc.gcs_marker(int(head["attrs"]["port_base"]))
+        rayproc.terminate(rayproc.cluster_processes([head["id"], gcs]))
+        shutil.rmtree(head["id"], ignore_errors=True)
         ratios.append(ours / raw)
         print(f"rep {rep + 1}: invoke up {ours:.2f}s   raw ray start {raw:.2f}s   "
               f"ratio {ours / raw:.3f}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
     print(f"median ratio invoke up / raw ray start: {statistics.median(ratios):.3f} "
           f"(target <= 1.10, {args.reps} reps)")
 
