@@ -1,7 +1,7 @@
 """Cold start of `invoke --list` and `invoke plan` (local) next to `ray --help`.
 
 Each command runs N times alternating; prints medians and ratios (target: <= 0.5x `ray --help`).
-Usage: python bench/cli_startup.py [--reps 10]
+Usage: python bench/cli_startup.py [--reps 10] [--quick]
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ def _time(command: list[str], env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--quick", action="store_true",
+                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
     args = parser.parse_args()
+    if args.quick:
+        args.reps = 1
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
            "RAYFLEET_HOME": tempfile.mkdtemp(prefix="rf-bench-")}
     ray = str(Path(sys.executable).with_name("ray"))

@@ -15,7 +15,7 @@ update (`AUTOSCALER_UPDATE_INTERVAL_S`, 1 s here); idle->deleted by `idle_timeou
 machinery (SSH waits, node setup, Ray start, resource reports) and the machine's load. Needs root
 (the test bed).
 
-Usage: python bench/gcp_autoscale.py [--rounds 2]
+Usage: python bench/gcp_autoscale.py [--rounds 2] [--quick]
 """
 
 from __future__ import annotations
@@ -80,7 +80,11 @@ def one_round(offline: Offline, home: Path, spec: Path) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--quick", action="store_true",
+                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds = 1
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     interval = float(RAY_FAST["AUTOSCALER_UPDATE_INTERVAL_S"])
     idle_floor = IDLE_TIMEOUT_MINUTES * 60  # plus up to one update interval

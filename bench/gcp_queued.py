@@ -11,7 +11,7 @@ and the time `invoke teardown` takes with the slices joined.
 Floor: the joiner looks every 5 s (its `poll_s`), so ACTIVE->noticed is up to 5 s; everything above
 is the per-host setup (SSH, installer run, Ray start) and the machine's load. Needs root.
 
-Usage: python bench/gcp_queued.py [--rounds 2]
+Usage: python bench/gcp_queued.py [--rounds 2] [--quick]
 """
 
 from __future__ import annotations
@@ -87,7 +87,11 @@ def one_round(offline: Offline, work: Path, n: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--quick", action="store_true",
+                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds = 1
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     with tempfile.TemporaryDirectory(prefix="gcp-qbench-") as tmp:
         work = Path(tmp)

@@ -12,7 +12,7 @@ Measured on top: the autoscaler noticing the demand (its loop runs every second 
 documented AUTOSCALER_UPDATE_INTERVAL_S), the capacity check before each launch, and Ray's setup
 of the worker over SSH and its `ray start`. Target: within 10 % of the floor.
 
-Usage: python bench/lambda_autoscale.py [--boot 120] [--workers 2]
+Usage: python bench/lambda_autoscale.py [--boot 120] [--workers 2] [--quick]
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--boot", type=float, default=120.0, help="fake boot time, seconds")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true",
+                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
     args = parser.parse_args()
+    if args.quick:
+        args.boot, args.workers = 5.0, 1
     with tempfile.TemporaryDirectory(prefix="rf-bench-autoscale-") as tmp, \
             autoscale_bed(Path(tmp), scale=1.0, boot_delay=args.boot, hosts=args.workers + 1,
                           idle_minutes=5, max_workers=args.workers) as cluster:

@@ -12,7 +12,7 @@ start before 5 s; each further node waits 12 s; the last node then boots for the
 delay. floor(N) = 5 + 12 (N - 1) + boot.
 
 Each instance is reached through a loopback sshd (ProxyCommand `nc 127.0.0.1 <port>`), whose key
-entry only allows `/bin/true`. Usage: python bench/lambda_up.py [--boot 30] [--nodes 1 2 4]
+entry only allows `/bin/true`. Usage: python bench/lambda_up.py [--boot 30] [--nodes 1 2 4] [--quick]
 """
 
 from __future__ import annotations
@@ -78,7 +78,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--boot", type=float, default=30.0, help="fake boot delay, seconds")
     parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--quick", action="store_true",
+                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
     args = parser.parse_args()
+    if args.quick:
+        args.boot, args.nodes = 2.0, [1]
     with tempfile.TemporaryDirectory(prefix="lambda-bench-") as tmp:
         work = Path(tmp)
         os.environ["RAYFLEET_HOME"] = str(work / "home")

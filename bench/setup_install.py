@@ -2,7 +2,7 @@
 
 The issue's goal: a second run is a no-op "in seconds". Prints the first run's time and the median
 of N re-runs, plus N concurrent re-runs on one prefix (as many nodes sharing an NFS home would).
-Usage: python bench/setup_install.py [--reruns 5]
+Usage: python bench/setup_install.py [--reruns 5] [--quick]
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ from infra.versions import node_pins  # noqa: E402  (after the path: run as a pl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reruns", type=int, default=5)
+    parser.add_argument("--quick", action="store_true",
+                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
     args = parser.parse_args()
+    if args.quick:
+        args.reruns = 1
     pins = node_pins()
     folder = Path(tempfile.mkdtemp(prefix="rf-bench-install-"))
     argv = ["bash", str(ROOT / "setup" / "install.sh"), "--env", "cpu",

@@ -11,7 +11,7 @@ one host, worker type `cpu` 0..1 on the other), alternating per rep:
   plain `ray start --address=<head> --block` printing that the node started (Ray's own start).
 
 Prints one line per rep and the ratio of medians. Target: <= 1.2.
-Usage: python bench/slurm_autoscale.py [--reps 3]   (root; needs the test bed's packages)
+Usage: python bench/slurm_autoscale.py [--reps 3] [--quick]   (root; needs the test bed's packages)
 """
 
 from __future__ import annotations
@@ -107,7 +107,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3, help="runs of each")
+    parser.add_argument("--quick", action="store_true",
+                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
     args = parser.parse_args()
+    if args.quick:
+        args.reps = 1
     reason = preflight.unavailable("slurm")
     if reason:
         raise SystemExit(f"cannot run the Slurm test bed here: {reason}")

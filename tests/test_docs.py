@@ -150,6 +150,6 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     if not mkdocs.exists():
         pytest.fail("mkdocs is missing: pip install -e '.[dev]'")
     done = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+                          cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "index.html").exists()
