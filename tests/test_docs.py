@@ -150,6 +150,22 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     if not mkdocs.exists():
         pytest.fail("mkdocs is missing: pip install -e '.[dev]'")
     done = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True, timeout=300, check=False)
+                          cwd=ROOT, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True,
+                          text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "index.html").exists()
+
+
+def test_provider_pages_have_one_shape() -> None:
+    """One page per provider, each with the same sections in the same order."""
+    from infra import providers
+
+    pages = {name: ROOT / "docs" / "providers" / f"{name}.md" for name in providers.names()}
+    missing = [name for name, page in pages.items() if not page.exists()]
+    assert not missing, f"no page in docs/providers/ for {missing}"
+    shapes = {name: re.findall(r"^## (.+)$", page.read_text(), flags=re.M)
+              for name, page in pages.items()}
+    local = shapes["local"]
+    assert local[:3] == ["What it needs", "Quick start", "Spec fields"], local
+    for name, sections in shapes.items():
+        assert sections == local, f"docs/providers/{name}.md: sections {sections}, local.md has {local}"

@@ -96,10 +96,7 @@ def _type(annotation: Any) -> str:
 def _default(info: Any) -> str:
     if info.is_required():
         return "**required**"
-    if info.default_factory is not None:
-        value = info.default_factory()
-    else:
-        value = info.default
+    value = info.default_factory() if info.default_factory is not None else info.default
     if value is PydanticUndefined:
         return ""
     if isinstance(value, BaseModel):
