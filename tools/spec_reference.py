@@ -73,6 +73,11 @@ def _doc(cls: type[BaseModel], field: str) -> str:
     return ""
 
 
+# Where each nested model is documented: the first provider that uses it (two providers may have
+# different models of the same name, e.g. WorkerType).
+ANCHORS: dict[type[BaseModel], str] = {}
+
+
 def _type(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
@@ -87,7 +92,7 @@ def _type(annotation: Any) -> str:
     if annotation is type(None):
         return "null"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return f"[{annotation.__name__}](#{annotation.__name__.lower()})"
+        return f"[{annotation.__name__}](#{ANCHORS[annotation]})"
     name = getattr(annotation, "__name__", str(annotation))
     return {"str": "string", "int": "integer", "float": "number", "bool": "boolean",
             "Path": "path"}.get(name, name)
@@ -134,11 +139,28 @@ def _table(cls: type[BaseModel], skip: set[str]) -> list[str]:
     return rows
 
 
+def _models(spec: type[BaseModel]) -> list[type[BaseModel]]:
+    """The models nested in `spec`, breadth first, each once."""
+    found: list[type[BaseModel]] = []
+    queue = [m for info in spec.model_fields.values() for m in _nested(info.annotation)]
+    while queue:
+        model = queue.pop(0)
+        if model not in found:
+            found.append(model)
+            queue += [m for info in model.model_fields.values() for m in _nested(info.annotation)]
+    return found
+
+
 def render() -> str:
     out = [HEADER.format(providers=", ".join(f"`{p}`" for p in providers.names()))]
-    documented: set[type[BaseModel]] = set()
+    sections: list[tuple[str, type[ClusterSpec], list[type[BaseModel]]]] = []
     for name in providers.names():
         spec = providers.spec_class(name)
+        own = [m for m in _models(spec) if m not in ANCHORS]
+        for model in own:
+            ANCHORS[model] = f"{name}-{model.__name__.lower()}"
+        sections.append((name, spec, own))
+    for name, spec, own in sections:
         out.append(f"\n## `provider: {name}`\n")
         first = (spec.__doc__ or "").strip().splitlines()
         if first and spec.__doc__ != ClusterSpec.__doc__:
@@ -146,17 +168,11 @@ def render() -> str:
         default = spec.AUTODOWN_DEFAULT_MINUTES
         out.append(f"Autodown default: {f'{default:g} idle minutes' if default else 'off'}.\n")
         out += _table(spec, {"name", "source"})
-        queue = [m for info in spec.model_fields.values() for m in _nested(info.annotation)]
-        while queue:
-            model = queue.pop(0)
-            if model in documented:
-                continue
-            documented.add(model)
-            out.append(f"\n### {model.__name__}\n")
+        for model in own:
+            out.append(f"\n### {model.__name__} {{#{ANCHORS[model]}}}\n")
             if model.__doc__ and model.__doc__ != BaseModel.__doc__:
                 out.append(" ".join(line.strip() for line in model.__doc__.strip().splitlines()) + "\n")
             out += _table(model, set())
-            queue += [m for info in model.model_fields.values() for m in _nested(info.annotation)]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip() + "\n"
 
 
