@@ -44,7 +44,7 @@ def main() -> int:
                         help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
     args = parser.parse_args()
     if args.quick:
-        args.boot, args.workers = 5.0, 1
+        args.boot, args.workers = 1.0, 1
     with tempfile.TemporaryDirectory(prefix="rf-bench-autoscale-") as tmp, \
             autoscale_bed(Path(tmp), scale=1.0, boot_delay=args.boot, hosts=args.workers + 1,
                           idle_minutes=5, max_workers=args.workers) as cluster:
