@@ -107,6 +107,7 @@ def _walk(page: Path, steps: list[tuple[str, list[str]]], env: dict[str, str],
     return job
 
 
+@pytest.mark.slow
 def test_readme_quickstart_and_local_page(tmp_path: Path) -> None:
     """One cluster: the README's quickstart up to its teardown, the local page's commands on that
     cluster, then the README's teardown; afterwards nothing of the cluster is left."""
