@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra import rayproc  # noqa: E402
-from infra.providers import local  # noqa: E402
+from infra.node import rayproc  # noqa: E402
+from infra.providers.local import provider as local  # noqa: E402
 
 
 def _ready(url: str) -> None:

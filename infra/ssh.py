@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from infra import paths, rayproc
+from infra import paths
 from infra.errors import RayfleetError
+from infra.node import rayproc
 
 if TYPE_CHECKING:
     import paramiko

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import identity, paths
+from infra import paths
 from infra.errors import StateError, StateLockedError
+from infra.node import identity
 
 VERSION = 1
 

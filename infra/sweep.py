@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infra import identity, paths, providers, ui
+from infra import paths, providers, ui
 from infra.errors import RayfleetError, UsageError
+from infra.node import identity
 
 if TYPE_CHECKING:
     from infra.providers.base import Marked, Sweeper

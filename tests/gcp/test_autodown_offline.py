@@ -77,7 +77,7 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
                               "autodown.log",
                               "ray-token"}, files
         watcher = head_host.run("ps -eo args | grep '[i]nfra.autodown'").stdout
-        assert "infra.autodown --config" in watcher, watcher
+        assert "infra.node.autodown --config" in watcher, watcher
         timings["up"] = round(time.monotonic() - started, 1)
 
         # 1. A job keeps the cluster past its idle period (while the worker comes up).

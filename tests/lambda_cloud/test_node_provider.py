@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from infra.providers.lambda_cloud import api
-from infra.providers.lambda_cloud.node_provider import LambdaNodeProvider, NoCapacity
-from infra.providers.lambda_cloud.tags import TAG_LAUNCHED_AT
+from infra.node.lambda_cloud import api
+from infra.node.lambda_cloud.node_provider import LambdaNodeProvider, NoCapacity
+from infra.node.lambda_cloud.tags import TAG_LAUNCHED_AT
 from tests.conftest import ROOT
 from tests.lambda_cloud.conftest import API_KEY
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
@@ -183,7 +183,7 @@ def test_api_key_file_must_be_private(fake: FakeLambda, tmp_path: Path) -> None:
 
 
 def test_imports_on_a_head_with_only_ray_and_requests() -> None:
-    code = ("import sys; import infra.providers.lambda_cloud.node_provider; "
+    code = ("import sys; import infra.node.lambda_cloud.node_provider; "
             "heavy = [m for m in ('pydantic', 'rich', 'invoke', 'paramiko', 'jinja2') "
             "if m in sys.modules]; print(heavy)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import rayproc
-from infra.providers.slurm import node_helper
+from infra.node import rayproc
+from infra.node.slurm import node_helper
 from infra.providers.slurm.spec import PORT_STRIDE
 
 

@@ -1,24 +1,23 @@
-"""Lambda's autodown action (infra/autodown.py): the head terminates its workers, then itself.
+"""Lambda's autodown action (infra/node/autodown.py): the head terminates its workers, then itself.
 
-Runs on the head with only requests and our small modules (the sweep reuses its listing helpers,
-not the other way round, so nothing here imports pydantic). The API key is the one the head already
-holds for autoscaling, read from its 0600 file (`api_key_file`), never from the config or a command
-line. Instances are chosen by the cluster id in their launch tags (immutable), so nothing of another
-cluster can be hit; the head goes last so that a failure half-way leaves a head that can retry.
+Runs on the head with only requests and this package (the sweep reuses its listing helpers, not the
+other way round); infra/providers/lambda_cloud/autodown_setup.py is the laptop's side. The API key
+is the one the head already holds for autoscaling, read from its 0600 file (`api_key_file`), never
+from the config or a command line. Instances are chosen by the cluster id in their launch tags
+(immutable), so nothing of another cluster can be hit; the head goes last so that a failure
+half-way leaves a head that can retry.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra import identity
-from infra.providers.lambda_cloud import api
-
-#: The launch tag saying which node of the cluster an instance is (see fleet.py).
-TAG_NODE = "rayfleet-node"
+from infra.node import identity
+from infra.node.lambda_cloud import api
+from infra.node.lambda_cloud.tags import TAG_NODE
+from infra.node.retry import poll
 
 
 def tags_of(raw: dict[str, Any]) -> dict[str, str]:
@@ -59,38 +58,9 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
     if workers:
         log(f"terminating {len(workers)} worker(s): " + ", ".join(str(i["name"]) for i in workers))
         client.terminate([str(i["id"]) for i in workers])
-        deadline = time.monotonic() + wait_s
-        while any(not _is_head(i, head_id) for i in _ours(client, cluster_id)):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"workers still listed after {wait_s:g}s")
-            time.sleep(max(client.limits.request_interval, 0.05))
+        poll(lambda: all(_is_head(i, head_id) for i in _ours(client, cluster_id)), wait_s,
+             max(client.limits.request_interval, 0.05), "workers still listed")
     heads = [i for i in _ours(client, cluster_id) if _is_head(i, head_id)]
     if heads:
         log("terminating the head: " + ", ".join(str(i["name"]) for i in heads))
         client.terminate([str(i["id"]) for i in heads])
-
-
-# --- this machine's side: what `up` puts on the head (see infra/autodown_remote.py) ---------------
-
-#: The modules the action imports, beyond the watcher's own (autodown_remote.CORE_FILES).
-FILES = ["infra/providers/lambda_cloud/__init__.py", "infra/providers/lambda_cloud/api.py",
-         "infra/providers/lambda_cloud/autodown.py"]
-#: The API key on the head (0600; the same file the autoscaler's node provider reads).
-KEY_FILE = ".rayfleet/lambda-api-key"
-#: The Python next to the `ray` the head runs: it has requests (Ray depends on it).
-HEAD_PYTHON = '$(dirname "$(command -v ray)")/python'
-
-
-def watcher_config(cluster: str, cluster_id: str, idle_minutes: float, head_id: str,
-                   dashboard_port: int, token_path: str | None, api_url: str | None,
-                   rate_scale: float) -> Any:
-    """The head's watcher config: Ray on the head's loopback, this action, no secret inside."""
-    from infra import autodown
-
-    return autodown.Config(
-        cluster=cluster, cluster_id=cluster_id, idle_minutes=idle_minutes,
-        dashboard_url=f"http://127.0.0.1:{dashboard_port}", marker=autodown.HEAD_MARKER,
-        action="infra.providers.lambda_cloud.autodown:remove",
-        action_args={"api_key_file": f"~/{KEY_FILE}", "api_url": api_url, "rate_scale": rate_scale,
-                     "cluster_id": cluster_id, "head_instance_id": head_id},
-        token_path=token_path)

@@ -1,7 +1,7 @@
 """Ray node provider for Lambda Cloud: Ray's own autoscaler (v2) launches and removes workers.
 
 Loaded by the head's monitor as `provider: {type: external, module:
-infra.providers.lambda_cloud.node_provider.LambdaNodeProvider}`. It imports only Ray, requests and
+infra.node.lambda_cloud.node_provider.LambdaNodeProvider}`. It imports only Ray, requests and
 our small modules (api, tags, identity, errors, net), which `up` copies to `~/rayfleet/pkg` on the
 head from the checkout that runs `up`.
 
@@ -45,9 +45,9 @@ from ray.autoscaler.tags import (
     TAG_RAY_NODE_STATUS,
 )
 
-from infra import identity
-from infra.providers.lambda_cloud import api
-from infra.providers.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE, valid
+from infra.node import identity
+from infra.node.lambda_cloud import api
+from infra.node.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE, valid
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.rayproc import (
+from infra.node.rayproc import (
     PORT_NAMES,
     PortBlock,
     alive,
@@ -36,12 +36,12 @@ from infra.rayproc import (
     terminate,
 )
 
-_IMPORT_LINE = "from infra.rayproc import"
+_IMPORT_LINE = "from infra.node.rayproc import"
 
 
 def embedded_source() -> str:
     """rayproc.py followed by this module, without the import that joins them."""
-    from infra import rayproc
+    from infra.node import rayproc
 
     kept, skipping = [], False
     for line in Path(__file__).read_text().splitlines(keepends=True):
@@ -302,7 +302,7 @@ def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
         "cluster": cluster, "cluster_id": _env("RF_CLUSTER_ID"), "idle_minutes": idle_minutes,
         "dashboard_url": f"http://127.0.0.1:{block.dashboard}",
         "marker": os.path.join(temp, "autodown-marker.json"),
-        "action": "infra.providers.slurm.autodown:remove",
+        "action": "infra.node.slurm.autodown:remove",
         "action_args": {
             "cluster_id": _env("RF_CLUSTER_ID"), "head_job_id": _env("RF_JOB_ID"),
             "marker": os.path.join(temp, "autodown-marker.json"),

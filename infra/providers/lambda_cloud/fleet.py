@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import identity, ssh, ui
+from infra import ssh, ui
 from infra.errors import ProviderError
-from infra.providers.lambda_cloud import api
-from infra.providers.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE
+from infra.node import identity
+from infra.node.lambda_cloud import api
+from infra.node.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE
 from infra.state import State
 
 if TYPE_CHECKING:

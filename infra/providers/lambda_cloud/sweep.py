@@ -12,12 +12,12 @@ import contextlib
 import time
 from typing import ClassVar
 
-from infra import identity
 from infra.errors import ProviderError
+from infra.node import identity
+from infra.node.lambda_cloud import api
+from infra.node.lambda_cloud.autodown import listed, tags_of
 from infra.providers.base import Marked
 from infra.providers.base import Sweeper as BaseSweeper
-from infra.providers.lambda_cloud import api
-from infra.providers.lambda_cloud.autodown import listed, tags_of
 
 
 class Sweeper(BaseSweeper):

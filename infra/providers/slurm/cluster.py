@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from infra.errors import SpecError
-from infra.providers.slurm import queue
-from infra.providers.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable
+from infra.node.slurm import queue
+from infra.node.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable
 from infra.providers.slurm.remote import Runner, SlurmError
 from infra.providers.slurm.script import shell_path
 from infra.providers.slurm.spec import Spec, time_limit_seconds
