@@ -9,8 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +19,6 @@ import pytest
 from infra.node.lambda_cloud import api
 from infra.node.lambda_cloud.node_provider import LambdaNodeProvider, NoCapacity
 from infra.node.lambda_cloud.tags import TAG_LAUNCHED_AT
-from tests.conftest import ROOT
 from tests.lambda_cloud.conftest import API_KEY
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
 
@@ -180,13 +177,3 @@ def test_api_key_file_must_be_private(fake: FakeLambda, tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="readable by others"):
         LambdaNodeProvider(provider.provider_config, "lt")
     assert isinstance(provider.client, api.LambdaClient) and API_KEY not in repr(provider.client)
-
-
-def test_imports_on_a_head_with_only_ray_and_requests() -> None:
-    code = ("import sys; import infra.node.lambda_cloud.node_provider; "
-            "heavy = [m for m in ('pydantic', 'rich', 'invoke', 'paramiko', 'jinja2') "
-            "if m in sys.modules]; print(heavy)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", done.stdout

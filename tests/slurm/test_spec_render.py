@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading, render
+from infra import loading, render, shipping
 from infra.errors import SpecError
 from infra.node import rayproc
 from infra.node.slurm import node_helper
-from infra.providers.slurm import script as script_module
 from infra.providers.slurm.script import autoscaling_config, render_script
 from infra.providers.slurm.spec import Spec
 from tests.conftest import ROOT, run_invoke
@@ -133,10 +132,10 @@ def test_batch_script_matches_golden(tmp_path: Path, case: str) -> None:
     script = _render(tmp_path, case)
     helper = node_helper.embedded_source().rstrip("\n")
     assert helper in script
-    # The files shipped to an autoscaling head are our own modules: their text is tested where
-    # it lives, not here.
-    shipped = {source: f"<shipped {relative}>"
-               for _, relative, source in script_module._shipped(_spec(tmp_path, case))}
+    # The node package shipped to an autoscaling or autodown head is our own modules (tested
+    # where they live); its bytes and name change with every edit of them.
+    shipped = {shipping.node_zip_base64(): "<node package zip, base64>",
+               shipping.zip_name(): "<node package zip name>"}
     assert_golden(f"slurm/{case}.sbatch", script, {helper: HELPER, **shipped})
 
 
@@ -213,9 +212,7 @@ def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
     assert options["time_limit_s"] == 3600
     assert config["provider"]["worker_types"]["cpu"]["time_limit_s"] == 4 * 3600
     script = render_script(loaded)
-    for shipped in ("infra/providers/slurm/node_provider.py", "infra/providers/slurm/queue.py",
-                    "infra/identity.py", "infra/errors.py"):
-        assert f'cat > "$RF_PY/{shipped}"' in script
+    assert shipping.node_zip_base64() in script  # the whole node package, node provider included
     assert "RAY_enable_autoscaler_v2=1" in script and "--autoscaling-config=" in script
 
 
@@ -227,28 +224,32 @@ def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
 ])
 def test_head_side_modules_import_with_ray_and_the_shipped_files_only(
         tmp_path: Path, case: str, modules: list[str]) -> None:
-    # What the head has: Ray and the files the batch script writes; not pydantic, rich, jinja,
-    # paramiko or the rest of rayfleet. The node provider for Ray's monitor, the idle watcher
-    # and Slurm's removal action for autodown.
+    # What the head has: Ray and the zip the batch script writes (what the zip's modules may
+    # import is tests/test_node_package.py's rule). The node provider for Ray's monitor, the idle
+    # watcher and Slurm's removal action for autodown.
     shipped = tmp_path / "py"
-    for _, relative, source in script_module._shipped(_spec(tmp_path, case)):
-        target = shipped / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(source + "\n")
+    shipped.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_script(_spec(tmp_path, case)))
+    # The script's own lines write the zip (as on the head), nothing else of it runs.
+    block = re.search(r"^RF_PY=.*?^RAYFLEET_ZIP_END$", script.read_text(), re.M | re.S)
+    assert block is not None
+    written = subprocess.run(["bash", "-c", block.group(0)], env={
+        "PATH": "/usr/bin:/bin", "RF_HEAD_TEMP": str(shipped)}, capture_output=True, text=True)
+    assert written.returncode == 0, written.stderr
+    (archive,) = shipped.glob("rayfleet-node-*.zip")
+    shipped = archive
     probe = ("import sys, importlib;"
              f"[importlib.import_module(m) for m in {modules!r}];"
              "from infra.node.autodown import Config; import infra.node.slurm.autodown as a;"
-             "bad = [m for m in ('pydantic', 'rich', 'jinja2', 'paramiko', 'invoke', "
-             "'infra.spec', 'infra.state', 'infra.providers.slurm.spec') if m in sys.modules];"
-             "import infra; print(infra.__file__); print(bad)")
+             "import infra; print(infra.__file__)")
     if case == "autoscale":
         probe = probe.replace("from infra.node.autodown import Config; import "
                               "infra.node.slurm.autodown as a;", "")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=shipped, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
                           text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shipped)})
     assert done.returncode == 0, done.stderr
-    where, bad = done.stdout.split("\n")[:2]
-    assert where.startswith(str(shipped)) and bad == "[]", done.stdout
+    assert done.stdout.startswith(str(shipped)), done.stdout
 
 
 def test_the_helper_writes_a_watcher_config_the_watcher_reads(tmp_path: Path) -> None:
