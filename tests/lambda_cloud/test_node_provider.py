@@ -177,3 +177,30 @@ def test_api_key_file_must_be_private(fake: FakeLambda, tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="readable by others"):
         LambdaNodeProvider(provider.provider_config, "lt")
     assert isinstance(provider.client, api.LambdaClient) and API_KEY not in repr(provider.client)
+
+
+def test_tag_store_updates_from_threads_and_processes_are_never_lost(tmp_path: Path) -> None:
+    """Read-modify-write under the file lock: every update of 4 threads here and 2 processes
+    (Ray's monitor restarting beside an old one) survives."""
+    import subprocess
+    import sys
+
+    from infra.node.lambda_cloud.node_provider import TagStore
+
+    path = tmp_path / "tags.json"
+    code = ("import sys; from pathlib import Path; "
+            "from infra.node.lambda_cloud.node_provider import TagStore; "
+            "s = TagStore(Path(sys.argv[1])); "
+            "[s.update(f'{sys.argv[2]}-{i}', {'n': str(i)}) for i in range(25)]")
+    children = [subprocess.Popen([sys.executable, "-c", code, str(path), f"p{n}"])
+                for n in range(2)]
+    store = TagStore(path)
+    threads = [threading.Thread(target=lambda n=n: [store.update(f"t{n}-{i}", {"n": str(i)})
+                                                    for i in range(25)]) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(child.wait(timeout=60) == 0 for child in children)
+    assert len(store.all()) == 6 * 25
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
