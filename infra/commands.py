@@ -15,6 +15,7 @@ from typing import Any
 
 from infra import auth, autodown_view, costs, jobs, loading, paths, providers, spec, ssh, state, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
+from infra.node.files import atomic_write
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
 
@@ -27,9 +28,17 @@ def _select(provider: str | None, cluster: str | None) -> tuple[spec.ClusterSpec
 def _write_rendered(name: str, plan: Plan) -> None:
     folder = paths.rendered_dir(name)
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
     for file_name, text in plan.files.items():
-        state.atomic_write(folder / file_name, text)
+        atomic_write(folder / file_name, text)
+
+
+def _keep_applied(name: str) -> None:
+    """What `up` just applied (the rendered files, and any a provider wrote there during `up`),
+    for the next `plan`'s diff; each file through the one atomic write."""
+    applied = paths.applied_dir(name)
+    shutil.rmtree(applied, ignore_errors=True)
+    for file in sorted(p for p in paths.rendered_dir(name).glob("*") if p.is_file()):
+        atomic_write(applied / file.name, file.read_bytes())
 
 
 def _diff(name: str, plan: Plan) -> str:
@@ -109,9 +118,7 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         except BaseException:
             _forget_if_nothing_created(current)
             raise
-        applied = paths.applied_dir(selected.name)
-        shutil.rmtree(applied, ignore_errors=True)
-        shutil.copytree(paths.rendered_dir(selected.name), applied)
+        _keep_applied(selected.name)
     flag = _cluster_flag(selected)
     ui.out(f"cluster {selected.name!r} ({selected.provider}) is up")
     ui.out(f"  Ray address:  {endpoint.address}", markup=False)

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra import auth, autodown_remote, jobs, paths, ssh, ui
-from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
+from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
@@ -276,9 +276,9 @@ class Provider(BaseProvider[Spec]):
         name = self.spec.name
         text = self._render(keypair.public_key, keypair.private_path, state)
         plan.files[config.FILE_NAME] = text
-        state_mod.atomic_write(paths.rendered_dir(name) / config.FILE_NAME, text)
+        atomic_write(paths.rendered_dir(name) / config.FILE_NAME, text)
         config_path = data_dir(name) / config.FILE_NAME
-        state_mod.atomic_write(config_path, text)
+        atomic_write(config_path, text)
         return text, config_path
 
     def _leave_zone(self, api: Gcp, state: State, key_file: str | None) -> None:

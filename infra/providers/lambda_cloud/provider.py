@@ -22,6 +22,7 @@ from pathlib import Path
 
 from infra import auth, autodown_remote, paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
+from infra.node.files import atomic_write
 from infra.node.lambda_cloud import api
 from infra.providers.base import (
     CostRange,
@@ -34,7 +35,7 @@ from infra.providers.base import (
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.lambda_cloud import autodown_setup, autoscale, costs, firewall, fleet, raycluster
 from infra.providers.lambda_cloud.spec import Choice, Spec
-from infra.state import State, atomic_write
+from infra.state import State
 
 __all__ = ["Provider", "Spec"]  # re-exported lazily by __init__.py
 

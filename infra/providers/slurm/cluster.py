@@ -339,6 +339,8 @@ def read_output(runner: Runner, path: str) -> str:
 
 def remove_files(runner: Runner, workdir: str, job_name: str) -> None:
     base = shell_path(f"{workdir.rstrip('/')}/{job_name}")
+    # The atomic write's temporary files (infra/node/files.py), should a writer have died.
+    hidden = shell_path(f"{workdir.rstrip('/')}/.{job_name}")
     # <job name>.autodown.json: what the head's idle watcher left when it removed the cluster.
-    runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp* {base}.autodown.json*",
-               timeout=30)
+    runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp* {base}.autodown.json* "
+               f"{hidden}.json.*.tmp {hidden}.autodown.json.*.tmp", timeout=30)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from infra import paths, ui
+from infra.node.files import atomic_write
 from infra.node.slurm import queue
 from infra.node.slurm.queue import JobRow, QueueUnavailable
 from infra.providers.base import Provider as BaseProvider
@@ -146,9 +147,7 @@ def _keep_output(spec: Spec, runner: Runner, workdir: str, job_name: str, job_id
     """Copy the job's output into .rayfleet/logs, then remove the job's files remotely."""
     text = cluster.read_output(runner, cluster.job_file(workdir, job_name, ".out"))
     if text:
-        folder = paths.home() / "logs" / spec.name
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"slurm-{job_id}.out").write_text(text)
+        atomic_write(paths.home() / "logs" / spec.name / f"slurm-{job_id}.out", text)
     cluster.remove_files(runner, workdir, job_name)
 
 
