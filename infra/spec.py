@@ -35,7 +35,7 @@ class StrictModel(BaseModel):
 
 class Autodown(StrictModel):
     """`autodown: {idle_minutes: N}`: the cluster removes itself, head included, after N minutes
-    without any job, task, actor, driver or Ray Client session (see infra/autodown.py)."""
+    without any job, task, actor, driver or Ray Client session (see infra/node/autodown.py)."""
 
     #: Minutes of idleness after which the whole cluster goes away (fractions allowed, e.g. 0.5).
     idle_minutes: float = Field(gt=0, le=7 * 24 * 60)

@@ -101,12 +101,12 @@ class State:
 
     @property
     def cluster_id(self) -> str:
-        """The random id that every resource of this cluster carries (see infra/identity.py)."""
+        """The random id that every resource of this cluster carries (see infra/node/identity.py)."""
         return str(self._data["cluster_id"])
 
     @property
     def owner(self) -> str:
-        """The owner mark of whoever first ran `up` (see infra/identity.py)."""
+        """The owner mark of whoever first ran `up` (see infra/node/identity.py)."""
         return str(self._data["owner"])
 
     @property

@@ -2,7 +2,7 @@
 
 A crashed or lost checkout (deleted `.rayfleet/`, a laptop that died mid-`up`) leaves instances
 that bill by the hour and that no `teardown` will ever find. Every resource rayfleet creates carries
-its cluster's id and its owner's mark (`infra/identity.py`), so the sweep can tell:
+its cluster's id and its owner's mark (`infra/node/identity.py`), so the sweep can tell:
 
 - **yours, leaked**: the owner mark is this user's (this machine's `identity.owner_mark()` or one
   recorded in a state file here) and the cluster id is in no state file here;

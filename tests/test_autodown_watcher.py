@@ -1,4 +1,4 @@
-"""The idle clock of the autodown watcher (infra/autodown.py), without Ray: what resets it, what
+"""The idle clock of the autodown watcher (infra/node/autodown.py), without Ray: what resets it, what
 counts as idle, when it removes, and what its marker says. Real Ray: tests/test_autodown.py."""
 
 from __future__ import annotations

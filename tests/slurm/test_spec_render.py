@@ -112,7 +112,7 @@ CASES = {
     "autodown-autoscale": BASE + "autodown: {idle_minutes: 0.5}\n"
                                  "worker_types:\n  cpu: {cpus_per_node: 4, max_workers: 3}\n",
 }
-HELPER = "<embedded helper: infra/rayproc.py + infra/providers/slurm/node_helper.py>"
+HELPER = "<embedded helper: infra/node/slurm/node_helper.py and the node modules it imports>"
 
 
 def _spec(tmp_path: Path, case: str) -> Spec:

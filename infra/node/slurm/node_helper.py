@@ -38,6 +38,7 @@ from infra.node.rayproc import (
     port_answers,
     terminate,
 )
+from infra.node.retry import PollTimeout, poll
 
 
 def embedded_source() -> str:
@@ -151,10 +152,11 @@ def watch(path: str, want: int, timeout: float) -> None:
     # Where the start-up time goes (epoch seconds; also printed to the job's output): the GCS
     # listening, the head node registered, the last node registered.
     timeline: dict[str, float] = {"setup_done": float(_env("RF_SETUP_DONE") or 0)}
-    while not port_answers(head_ip, gcs_port, timeout=0.2):
-        if time.monotonic() > deadline:
-            return  # `await` reports the timeout
-        time.sleep(0.1)
+    try:
+        poll(lambda: port_answers(head_ip, gcs_port, timeout=0.2),
+             max(0.0, deadline - time.monotonic()), 0.1, "the head's GCS listening")
+    except PollTimeout:
+        return  # `await` reports the timeout
     timeline["gcs_listening"] = time.time()
     import ray
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
@@ -236,22 +238,26 @@ def _head_registered(timeout: float) -> bool:
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     head_ip, gcs_port = _env("RF_HEAD_IP"), PortBlock(int(_env("RF_BASE"))).gcs
-    deadline = time.monotonic() + timeout
     client: Any = None
-    while time.monotonic() < deadline:
+
+    def registered() -> bool:
+        nonlocal client
         try:
             if client is None and port_answers(head_ip, gcs_port, timeout=0.2):
                 client = GcsClient(address=f"{head_ip}:{gcs_port}")
-            if client is not None and any(
-                    n.state == 0 and n.is_head_node
-                    for n in client.get_all_node_info(timeout=2).values()):
-                return True
+            return client is not None and any(
+                n.state == 0 and n.is_head_node
+                for n in client.get_all_node_info(timeout=2).values())
         except Exception:  # not up yet
             client = None
-        time.sleep(0.1)
-    print(f"rayfleet: the head {head_ip}:{gcs_port} did not come up in {timeout:.0f}s",
-          file=sys.stderr)
-    return False
+            return False
+
+    try:
+        return poll(registered, timeout, 0.1, "the head registered")
+    except PollTimeout:
+        print(f"rayfleet: the head {head_ip}:{gcs_port} did not come up in {timeout:.0f}s",
+              file=sys.stderr)
+        return False
 
 
 def start(args: list[str]) -> int:

@@ -1,6 +1,6 @@
 """GCP's side of `invoke sweep` (infra/sweep.py): Compute VMs and TPU nodes labelled with a cluster id.
 
-Labels `rayfleet-cluster` / `rayfleet-owner` (infra/identity.py) mark what rayfleet created. GCP has
+Labels `rayfleet-cluster` / `rayfleet-owner` (infra/node/identity.py) mark what rayfleet created. GCP has
 no account-wide listing that is cheap to ask, so the sweep looks where this checkout could have
 created something: every project and zone named by a gcp-tpu spec in `clusters/` or recorded in a
 state file here, with that spec's credentials. Prices are estimates from prices.py.

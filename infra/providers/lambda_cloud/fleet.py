@@ -1,6 +1,6 @@
 """Lambda instances of one cluster: naming, tags, SSH key, launch with fallbacks, waits, termination.
 
-Ownership is decided by the cluster id (infra/identity.py) and nothing else: an instance is ours
+Ownership is decided by the cluster id (infra/node/identity.py) and nothing else: an instance is ours
 when its id is in the state file or when it carries the launch tag `rayfleet-cluster=<our id>`
 (a run killed between the API's answer and the state write leaves such an instance; `up` adopts
 it, `teardown` terminates it). Names carry the id too, for people reading the console, but a name

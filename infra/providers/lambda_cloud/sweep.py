@@ -1,7 +1,7 @@
 """Lambda's side of `invoke sweep` (infra/sweep.py): instances whose launch tags carry a cluster id.
 
 Tags are set at launch and cannot change, so an instance's `rayfleet-cluster` / `rayfleet-owner` tags
-(infra/identity.py) say for its whole life whose cluster it belongs to. Instances without them are
+(infra/node/identity.py) say for its whole life whose cluster it belongs to. Instances without them are
 never listed, whatever their name. Only instances bill by the hour; SSH keys and firewall rulesets
 cost nothing and stay for `invoke teardown` of their cluster (their names carry the cluster's name).
 """

@@ -1,7 +1,7 @@
 """The `local` provider: a real Ray head on this machine, fenced off from any other Ray here.
 
 The cluster owns a private port block and temp dir, binds its dashboard to 127.0.0.1, and is stopped
-by finding exactly its own processes (see infra/rayproc.py), never with `ray stop`.
+by finding exactly its own processes (see infra/node/rayproc.py), never with `ray stop`.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ class Provider(BaseProvider[Spec]):
         return endpoint
 
     def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint) -> None:
-        """Start the idle watcher (infra/autodown.py) beside the head unless one runs already.
+        """Start the idle watcher (infra/node/autodown.py) beside the head unless one runs already.
 
         It runs detached from this command, so the cluster removes itself with this terminal and
         this machine's user gone; its config lives in the cluster's temp dir, which makes it one of
@@ -208,7 +208,7 @@ class Provider(BaseProvider[Spec]):
     def _markers(self, state: State) -> list[str | re.Pattern[str]]:
         markers: list[str | re.Pattern[str]] = []
         for head in state.resources(HEAD):
-            markers += [head.id, rayproc.gcs_marker(int(head.attrs["port_base"]))]
+            markers += local_autodown.markers(head.id, int(head.attrs["port_base"]))
         return markers
 
     def _stop(self, state: State) -> None:
