@@ -45,7 +45,7 @@ def spec_text(proxy: str, workers: int) -> str:
 
 def one_run(nodes: int, boot: float, work: Path, sshd: LocalSshd) -> dict[str, float]:
     from infra import providers, ssh, state
-    from infra.spec import load_spec
+    from infra.loading import load_spec
 
     name = f"bench{nodes}"
     fake = FakeLambda(KEY, scale=1.0, boot_delay=boot, terminate_delay=1.0,

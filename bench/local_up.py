@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra import jobs, rayproc  # noqa: E402
+from infra import jobs  # noqa: E402
+from infra.node import rayproc  # noqa: E402
 
 
 def _ready(url: str, token: Path) -> None:

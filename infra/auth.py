@@ -16,6 +16,7 @@ from pathlib import Path
 
 from infra import paths
 from infra.errors import RayfleetError
+from infra.node.files import atomic_write, write_error
 from infra.state import State
 
 #: Where a remote node keeps its copy of the token (0600), relative to the login user's home.
@@ -41,17 +42,29 @@ def ensure_token(state: State, enabled: bool = True) -> Path | None:
             state.set_info(auth_token_path=None)
         return None
     path = token_path(state.cluster)
-    if not path.exists():
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(path.parent, 0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            # Ray accepts any printable token; 32 random bytes as hex is what its own generator makes.
-            handle.write(secrets.token_hex(32))
+    except OSError as exc:
+        raise write_error(path.parent, exc) from None
+    if not _usable(path):
+        # Missing, or empty/unreadable (left by a version that wrote it in place on a full disk):
+        # a new one, all or nothing. Ray accepts any printable token; 32 random bytes as hex is
+        # what its own generator makes.
+        atomic_write(path, secrets.token_hex(32), mode=0o600)
     os.chmod(path, 0o600)
     if state.info.get("auth_token_path") != str(path):
         state.set_info(auth_token_path=str(path))
     return path
+
+
+def _usable(path: Path) -> bool:
+    """True when `path` holds a token Ray can use (printable, not empty)."""
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return bool(token) and token.isprintable()
 
 
 def token_file(state: State) -> Path | None:

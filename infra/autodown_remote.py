@@ -1,12 +1,12 @@
-"""Putting the autodown watcher (infra/autodown.py) on a remote head over SSH, and reading its marker.
+"""Putting the autodown watcher (infra/node/autodown.py) on a remote head over SSH, and reading its
+marker.
 
 Used by providers whose head this machine reaches over SSH (Lambda, GCP). `install_daemon` is the
 general mechanism, for any `python -m <module> --config <file>` daemon on a head (the watcher, GCP's
-queued-slice joiner): it copies the daemon and the few modules it imports into
-`~/rayfleet/autodown-pkg` on the head, writes its config and any secret it needs (an API key) as
-0600 files through SFTP (never on a command line), and starts it detached unless one already runs.
-`read_marker` fetches the watcher's marker for `status`, which caches it on this machine so that the
-next `status` can still say when the cluster removed itself.
+queued-slice joiner): it puts the node package on the head whole (infra/shipping.py, one zip),
+writes its config and any secret it needs (an API key) as 0600 files through SFTP (never on a
+command line), and starts it detached with that zip on its PYTHONPATH unless one already runs.
+`head_marker` reads the watcher's marker for `status`.
 """
 
 from __future__ import annotations
@@ -14,61 +14,49 @@ from __future__ import annotations
 import json
 import shlex
 
-from infra import autodown, paths, ssh
+from infra import shipping, ssh
 from infra.errors import RayfleetError
-
-#: On the head, relative to the login user's home.
-PKG_DIR = "rayfleet/autodown-pkg"
-#: What every watcher imports; a provider adds its action module and what that imports.
-CORE_FILES = ["infra/__init__.py", "infra/errors.py", "infra/net.py", "infra/identity.py",
-              "infra/autodown.py", "infra/providers/__init__.py"]
+from infra.node import autodown
 
 
-def _put(sftp: object, remote: str, data: bytes, mode: int) -> None:
-    """Write a file on the head: created with `mode` before any byte is in it, then renamed."""
-    tmp = f"{remote}.rayfleet-tmp"
-    with sftp.open(tmp, "wb") as handle:  # type: ignore[attr-defined]
-        handle.chmod(mode)
-        handle.write(data)
-    sftp.posix_rename(tmp, remote)  # type: ignore[attr-defined]
-
-
-def install(target: ssh.SshTarget, config: autodown.Config, files: list[str],
+def install(target: ssh.SshTarget, config: autodown.Config,
             secrets: dict[str, bytes] | None = None, python: str = "python3",
             activate: str = "") -> None:
-    """Copy the watcher's modules (`CORE_FILES` + `files`), its config and `secrets` (home-relative
-    path -> content, 0600) to the head, then start the watcher there if none runs."""
+    """Put the node package, the watcher's config and `secrets` (home-relative path -> content,
+    0600) on the head, then start the watcher there if none runs."""
     text = json.dumps(config.__dict__, indent=2) + "\n"
-    install_daemon(target, "infra.autodown", autodown.HEAD_CONFIG, text, files, secrets,
+    install_daemon(target, "infra.node.autodown", autodown.HEAD_CONFIG, text, secrets,
                    python=python, activate=activate, log=autodown.HEAD_LOG)
 
 
 def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_text: str,
-                   files: list[str], secrets: dict[str, bytes] | None = None,
-                   python: str = "python3", activate: str = "", log: str = "") -> None:
-    """Put a head-side daemon (`python -m <module> --config <config_path>`) on the head: copy
-    `CORE_FILES` + `files` into `PKG_DIR`, write `config_text` (0600) and `secrets` (home-relative
-    path -> content, 0600) through SFTP, then start it detached unless its pid file names a live
-    process. `config_path` and `log` are `~/`-relative paths on the head."""
-    wanted = sorted(set(CORE_FILES + files))
-    dirs = sorted({f"{PKG_DIR}/{f.rsplit('/', 1)[0]}" for f in wanted})
-    if _running_config(target, config_path) not in (None, json.loads(config_text)):
+                   secrets: dict[str, bytes] | None = None, python: str = "python3",
+                   activate: str = "", log: str = "") -> None:
+    """Put a head-side daemon (`python -m <module> --config <config_path>`, a module of the node
+    package) on the head: the package's zip (shipping.upload), `config_text` (0600) and `secrets`
+    (home-relative path -> content, 0600) through SFTP, then start it detached with the zip on its
+    PYTHONPATH unless its pid file names a live process. `config_path` and `log` are
+    `~/`-relative paths on the head."""
+    # The zip's name goes into the config: a daemon started with another checkout's code has
+    # another config and is replaced, so that the head runs what this `up` ships.
+    wanted = {**json.loads(config_text), "node_package": shipping.zip_name()}
+    if _running_config(target, config_path) not in (None, wanted):
         stop_daemon(target, config_path)  # it keeps the config it started with: a new one takes over
     ssh.run(target, "umask 077 && mkdir -p .rayfleet && chmod 700 .rayfleet && mkdir -p "
-            + " ".join(shlex.quote(d) for d in dirs), timeout=60, check=True)
+            + shlex.quote(shipping.NODE_DIR), timeout=60, check=True)
     client = ssh.connect(target)
     try:
         sftp = client.open_sftp()
-        for name in wanted:
-            _put(sftp, f"{PKG_DIR}/{name}", (paths.PROJECT_ROOT / name).read_bytes(), 0o644)
+        remote_zip = shipping.upload(sftp)
         for remote, data in (secrets or {}).items():
-            _put(sftp, remote, data, 0o600)
-        _put(sftp, config_path.removeprefix("~/"), config_text.encode(), 0o600)
+            shipping.put(sftp, remote, data, 0o600)
+        shipping.put(sftp, config_path.removeprefix("~/"),
+                     (json.dumps(wanted, indent=2) + "\n").encode(), 0o600)
         sftp.close()
     finally:
         client.close()
     ssh.run(target, activate + start_command(module, config_path, log or f"{config_path}.log",
-                                             python, f"$HOME/{PKG_DIR}"), timeout=60, check=True)
+                                             python, f"$HOME/{remote_zip}"), timeout=60, check=True)
 
 
 def start_command(module: str, config_path: str, log: str, python: str = "python3",
@@ -119,10 +107,6 @@ def stop_daemon(target: ssh.SshTarget, config_path: str) -> None:
             f'rm -f "{config}.pid"; fi; rm -f "{config}"', timeout=30)
 
 
-def read_marker(target: ssh.SshTarget, cluster: str) -> bool:
-    """Fetch the head's marker into this machine's cache; False when the head cannot say."""
-    text = read_file(target, autodown.HEAD_MARKER)
-    if text is None:
-        return False
-    autodown.cache_marker(cluster, text)
-    return True
+def head_marker(target: ssh.SshTarget) -> str | None:
+    """The watcher's marker on a running head (None when the head cannot say)."""
+    return read_file(target, autodown.HEAD_MARKER)

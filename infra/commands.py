@@ -13,23 +13,32 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from infra import auth, autodown, costs, jobs, paths, providers, spec, ssh, state, ui
+from infra import auth, autodown_view, costs, jobs, loading, paths, providers, spec, ssh, state, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
+from infra.node.files import atomic_write
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
 
 
 def _select(provider: str | None, cluster: str | None) -> tuple[spec.ClusterSpec, Provider[Any]]:
-    selected = spec.resolve(provider, cluster)
+    selected = loading.resolve(provider, cluster)
     return selected, providers.create(selected)
 
 
 def _write_rendered(name: str, plan: Plan) -> None:
     folder = paths.rendered_dir(name)
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True, exist_ok=True)
     for file_name, text in plan.files.items():
-        state.atomic_write(folder / file_name, text)
+        atomic_write(folder / file_name, text)
+
+
+def _keep_applied(name: str) -> None:
+    """What `up` just applied (the rendered files, and any a provider wrote there during `up`),
+    for the next `plan`'s diff; each file through the one atomic write."""
+    applied = paths.applied_dir(name)
+    shutil.rmtree(applied, ignore_errors=True)
+    for file in sorted(p for p in paths.rendered_dir(name).glob("*") if p.is_file()):
+        atomic_write(applied / file.name, file.read_bytes())
 
 
 def _diff(name: str, plan: Plan) -> str:
@@ -109,9 +118,7 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         except BaseException:
             _forget_if_nothing_created(current)
             raise
-        applied = paths.applied_dir(selected.name)
-        shutil.rmtree(applied, ignore_errors=True)
-        shutil.copytree(paths.rendered_dir(selected.name), applied)
+        _keep_applied(selected.name)
     flag = _cluster_flag(selected)
     ui.out(f"cluster {selected.name!r} ({selected.provider}) is up")
     ui.out(f"  Ray address:  {endpoint.address}", markup=False)
@@ -127,9 +134,6 @@ def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any], current: 
     if selected.autodown_turned_off and type(selected).AUTODOWN_DEFAULT_MINUTES:
         ui.warn(f"{selected.source}: autodown: null — this cluster never removes itself; it costs "
                 f"money until `invoke teardown{_cluster_flag(selected)}`")
-    elif selected.autodown is not None and not impl.supports_autodown:
-        ui.warn(f"{selected.source}: autodown is set but the {selected.provider} provider does not "
-                "enforce it yet; remember `invoke teardown`")
 
 
 def _say_if_removed(selected: spec.ClusterSpec, impl: Provider[Any], current: State) -> bool:
@@ -139,7 +143,7 @@ def _say_if_removed(selected: spec.ClusterSpec, impl: Provider[Any], current: St
         return False
     if report is None or not report.removed_at:
         return False
-    ui.info(f"cluster {selected.name!r} {autodown.describe(report)}")
+    ui.info(f"cluster {selected.name!r} {autodown_view.describe(report)}")
     return True
 
 
@@ -215,7 +219,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
     if provider_view.cost is not None:
         ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
     if provider_view.autodown is not None:
-        ui.out(autodown.describe(provider_view.autodown), markup=False)
+        ui.out(autodown_view.describe(provider_view.autodown), markup=False)
     _table("provider resources", provider_view.rows)
     for warning in provider_view.warnings:
         ui.warn(warning)
@@ -325,7 +329,7 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         impl.teardown(current)
         current.delete()
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
-    autodown.marker_path(selected.name).unlink(missing_ok=True)
+    autodown_view.marker_path(selected.name).unlink(missing_ok=True)
     # The next cluster of this name gets a fresh token and fresh machines with new host keys.
     for leftover in (auth.token_path(selected.name), ssh.cluster_known_hosts(selected.name)):
         leftover.unlink(missing_ok=True)

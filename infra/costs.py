@@ -102,11 +102,11 @@ class Row:
 
 def _spec_for(current: State) -> ClusterSpec:
     """The spec `up` used (recorded in state), else clusters/<name>.yaml."""
-    from infra import spec
+    from infra import loading, spec
 
     recorded = current.info.get("spec_path")
     path = Path(recorded) if recorded else spec.spec_path(current.cluster)
-    return spec.load_spec(path)
+    return loading.load_spec(path)
 
 
 def _check(row: Row, current: State, result: dict[str, Any]) -> None:
@@ -122,7 +122,6 @@ def _check(row: Row, current: State, result: dict[str, Any]) -> None:
         impl = providers.create(selected)
         result["spec"] = selected
         result["timeout"] = impl.status_timeout_s
-        result["enforced"] = impl.supports_autodown
         result["status"] = impl.status(current)
     except RayfleetError as exc:
         result["error"] = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
@@ -137,9 +136,9 @@ def _fill(row: Row, status: ProviderStatus) -> None:
         row.nodes, row.hourly_usd, row.uptime_s = cost.nodes, cost.hourly_usd, cost.uptime_s
         row.accrued_usd, row.node_hours, row.cost_source = cost.accrued_usd, cost.node_hours, cost.source
     if status.autodown is not None:
-        from infra import autodown
+        from infra import autodown_view
 
-        row.autodown = autodown.describe(status.autodown)
+        row.autodown = autodown_view.describe(status.autodown)
 
 
 def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
@@ -179,8 +178,6 @@ def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
         if spec_ is not None:
             row.autodown_minutes = spec_.autodown.idle_minutes if spec_.autodown else None
             row.autodown = (f"{row.autodown_minutes:g} min" if spec_.autodown else "off")
-            if spec_.autodown and not result.get("enforced"):
-                row.autodown += " (not enforced by this provider yet)"
         if "spec_error" in result:
             row.reachable, row.state = False, "spec unreadable"
             row.error = f"{result['spec_error']}; `invoke list` needs the spec `up` used"

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from infra import ui, versions
+from infra.endpoint import Endpoint
 from infra.errors import JobError
 from infra.jobs import _client
-from infra.providers.base import Endpoint
 
 PROBE = Path(__file__).with_name("doctor_probe.py")
 _RESULT = "RESULT "

@@ -7,17 +7,11 @@ subclasses (not message text) drive decisions such as "capacity missing, try the
 
 from __future__ import annotations
 
+# The base classes live in the node package: head-side code raises them too.
+from infra.node.errors import ProviderError, RayfleetError, UsageError, WriteError
 
-class RayfleetError(Exception):
-    """Base of every error shown to the user as one line (no traceback)."""
-
-    exit_code: int = 1
-
-
-class UsageError(RayfleetError):
-    """Bad input: a spec, an option or a file the user named. Nothing was created."""
-
-    exit_code = 2
+__all__ = ["ClusterNotRunningError", "JobError", "ProviderError", "RayfleetError", "SpecError",
+           "StateError", "StateLockedError", "UsageError", "WriteError"]
 
 
 class SpecError(UsageError):
@@ -30,10 +24,6 @@ class StateLockedError(RayfleetError):
 
 class StateError(RayfleetError):
     """The state file is unreadable or of an unknown version."""
-
-
-class ProviderError(RayfleetError):
-    """A provider could not do what was asked; subclasses add typed fields."""
 
 
 class ClusterNotRunningError(RayfleetError):

@@ -15,7 +15,7 @@ from infra import auth, ui
 from infra.errors import JobError, UsageError
 
 if TYPE_CHECKING:
-    from infra.providers.base import Endpoint
+    from infra.endpoint import Endpoint
 
 _ALWAYS_EXCLUDED = [".rayfleet/", ".git/", "**/__pycache__/", ".venv/", "*.pem", "id_*"]
 _EXIT = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}

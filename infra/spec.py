@@ -35,7 +35,7 @@ class StrictModel(BaseModel):
 
 class Autodown(StrictModel):
     """`autodown: {idle_minutes: N}`: the cluster removes itself, head included, after N minutes
-    without any job, task, actor, driver or Ray Client session (see infra/autodown.py)."""
+    without any job, task, actor, driver or Ray Client session (see infra/node/autodown.py)."""
 
     #: Minutes of idleness after which the whole cluster goes away (fractions allowed, e.g. 0.5).
     idle_minutes: float = Field(gt=0, le=7 * 24 * 60)
@@ -154,10 +154,10 @@ def _field_annotation(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
     return field.annotation if field else None
 
 
-def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str]) -> ClusterSpec:
-    """Validate already-loaded YAML `data` as the spec of the cluster named by the file."""
-    from infra import providers
-
+def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str],
+               spec_class: typing.Callable[[str], type[ClusterSpec]]) -> ClusterSpec:
+    """Validate already-loaded YAML `data` as the spec of the cluster named by the file; the
+    caller (infra/loading.py) passes the registry's provider names and spec classes."""
     where = _display(path)
     if not isinstance(data, dict):
         raise SpecError(f"{where}: expected a mapping of keys (provider: ..., ...), got {data!r}")
@@ -175,7 +175,7 @@ def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str]) -> C
     if "name" in data or "source" in data:
         key = "name" if "name" in data else "source"
         raise SpecError(f"{where}: {key}: the cluster name is the file name; remove this key")
-    model = providers.spec_class(provider)
+    model = spec_class(provider)
     try:
         return model.model_validate({**data, "name": path.stem, "source": where})
     except ValidationError as exc:
@@ -185,10 +185,9 @@ def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str]) -> C
         raise SpecError(f"{where}: {describe_error(model, first)}") from None
 
 
-def load_spec(path: Path) -> ClusterSpec:
+def read_spec(path: Path) -> Any:
+    """The YAML of a spec file, not yet validated (infra/loading.py validates it)."""
     import yaml
-
-    from infra import providers
 
     where = _display(path)
     try:
@@ -207,7 +206,7 @@ def load_spec(path: Path) -> ClusterSpec:
         raise SpecError(f"{where}{line}: {problem}; fix the YAML syntax") from None
     if data is None:
         raise SpecError(f"{where}: the file is empty; add at least `provider: local`")
-    return parse_spec(path, data, providers.names())
+    return data
 
 
 def _display(path: Path) -> str:
@@ -224,29 +223,31 @@ def spec_path(cluster: str) -> Path:
     return paths.clusters_dir() / f"{cluster}.yaml"
 
 
-def resolve(provider: str | None, cluster: str | None) -> ClusterSpec:
-    """The spec `--provider`/`--cluster` select: cluster wins, provider picks its default spec.
+def selected_path(provider: str | None, cluster: str | None,
+                  provider_names: typing.Sequence[str]) -> Path:
+    """The spec file `--provider`/`--cluster` select: cluster wins, provider picks its default spec.
 
     With neither, the embedded default `local` is used, so a first `invoke up` needs no account.
     """
-    from infra import providers
-
-    if provider is not None and provider not in providers.names():
-        hint = _did_you_mean(provider, providers.names())
+    if provider is not None and provider not in provider_names:
+        hint = _did_you_mean(provider, provider_names)
         raise UsageError(
             f"--provider: unknown provider {provider!r}; "
-            f"{hint + ' ' if hint else ''}choose one of {', '.join(providers.names())}"
+            f"{hint + ' ' if hint else ''}choose one of {', '.join(provider_names)}"
         )
-    if cluster is None:
-        path = paths.clusters_dir() / f"{provider or DEFAULT_PROVIDER}.yaml"
-        if not path.exists():
-            raise UsageError(
-                f"--provider {provider}: no default spec {_display(path)}; "
-                f"create it (see clusters/*.yaml for examples) or pass --cluster"
-            )
-    else:
-        path = spec_path(cluster)
-    spec = load_spec(path)
+    if cluster is not None:
+        return spec_path(cluster)
+    path = paths.clusters_dir() / f"{provider or DEFAULT_PROVIDER}.yaml"
+    if not path.exists():
+        raise UsageError(
+            f"--provider {provider}: no default spec {_display(path)}; "
+            f"create it (see clusters/*.yaml for examples) or pass --cluster"
+        )
+    return path
+
+
+def check_provider(spec: ClusterSpec, provider: str | None) -> ClusterSpec:
+    """`spec`, when `--provider` (if given) agrees with it."""
     if provider is not None and spec.provider != provider:
         raise UsageError(
             f"--provider {provider} disagrees with {spec.source} (provider: {spec.provider}); "

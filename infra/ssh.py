@@ -24,7 +24,6 @@ the host, never silently accepted: paramiko and OpenSSH follow the same rules (`
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import signal
 import subprocess
@@ -35,8 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from infra import paths, rayproc
+from infra import paths
 from infra.errors import RayfleetError
+from infra.node import rayproc
+from infra.node.files import atomic_write, write_error
 
 if TYPE_CHECKING:
     import paramiko
@@ -121,12 +122,15 @@ def ensure_keypair(cluster: str, comment: str | None = None) -> KeyPair:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     folder = paths.keys_dir(cluster)
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o700)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o700)
+    except OSError as exc:
+        raise write_error(folder, exc) from None
     private_path = folder / KEY_NAME
     public_path = folder / f"{KEY_NAME}.pub"
     label = comment or f"rayfleet-{cluster}"
-    if private_path.exists():
+    if private_path.exists() and private_path.stat().st_size:
         key = serialization.load_ssh_private_key(private_path.read_bytes(), password=None)
         if not isinstance(key, Ed25519PrivateKey):
             raise SshError(f"{private_path} is not an ed25519 key; delete it to generate a new one")
@@ -135,14 +139,13 @@ def ensure_keypair(cluster: str, comment: str | None = None) -> KeyPair:
         key = Ed25519PrivateKey.generate()
         pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                                 serialization.NoEncryption())
-        # O_EXCL + 0600 at creation: the key is never readable by others, not even for an instant.
-        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(pem)
+        # 0600 before any byte is in it: the key is never readable by others, not even for an
+        # instant; an empty file (a write that once failed half-way) is replaced, all or nothing.
+        atomic_write(private_path, pem, mode=0o600)
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                            serialization.PublicFormat.OpenSSH).decode()
     line = f"{public} {label}"
-    public_path.write_text(line + "\n")
+    atomic_write(public_path, line + "\n")
     return KeyPair(private_path, line)
 
 
@@ -168,14 +171,23 @@ def _known_hosts_path(target: SshTarget) -> Path:
 
 
 def _pin(path: Path, host_name: str, key: Any) -> None:
-    """Append one host key to a known_hosts file, serialised against parallel probes."""
-    import fcntl
+    """Add one host key to a known_hosts file, serialised against parallel probes (a lock file
+    beside it) and written whole (the one atomic write: a full disk never truncates the file)."""
+    from filelock import FileLock
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        handle.write(f"{host_name} {key.get_name()} {key.get_base64()}\n")
+    path = path.resolve()  # a symlinked known_hosts stays a symlink: its target is replaced
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise write_error(path.parent, exc) from None
+    with FileLock(f"{path}.lock", mode=0o600):
+        try:
+            old, mode = path.read_text(), path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            old, mode = "", 0o600
+        if old and not old.endswith("\n"):
+            old += "\n"
+        atomic_write(path, f"{old}{host_name} {key.get_name()} {key.get_base64()}\n", mode=mode)
 
 
 def _host_key_policy(target: SshTarget) -> Any:

@@ -1,9 +1,10 @@
 """Per-cluster state: every resource rayfleet created, written before the next step starts.
 
-One JSON file per cluster under `.rayfleet/state/`. Writes are atomic (temp file, fsync, rename,
-fsync of the folder), so a crash at any instant leaves either the old or the new file, never a torn
-one, and `teardown` can always finish what `up` began. A lock file (flock) keeps two `up`/`teardown`
-runs on one cluster from interleaving; the lock dies with its process, so it can never go stale.
+One JSON file per cluster under `.rayfleet/state/`. Writes are atomic (infra/node/files.py: temp
+file, fsync, rename, fsync of the folder), so a crash at any instant leaves either the old or the
+new file, never a torn one, and `teardown` can always finish what `up` began. A lock file (flock)
+keeps two `up`/`teardown` runs on one cluster from interleaving; the lock dies with its process, so
+it can never go stale.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import identity, paths
+from infra import paths
 from infra.errors import StateError, StateLockedError
+from infra.node import identity
+
+# The one atomic write (imported here too, for the modules that write next to state).
+from infra.node.files import atomic_write, write_error
 
 VERSION = 1
 
@@ -96,12 +101,12 @@ class State:
 
     @property
     def cluster_id(self) -> str:
-        """The random id that every resource of this cluster carries (see infra/identity.py)."""
+        """The random id that every resource of this cluster carries (see infra/node/identity.py)."""
         return str(self._data["cluster_id"])
 
     @property
     def owner(self) -> str:
-        """The owner mark of whoever first ran `up` (see infra/identity.py)."""
+        """The owner mark of whoever first ran `up` (see infra/node/identity.py)."""
         return str(self._data["owner"])
 
     @property
@@ -173,28 +178,6 @@ class State:
             self.path.unlink()
 
 
-def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Replace `path` with `text` so that readers and crashes see the old or the new file only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def state_path(cluster: str) -> Path:
     return paths.state_dir() / f"{cluster}.json"
 
@@ -212,8 +195,11 @@ def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
     who it is waiting for.
     """
     lock_path = paths.state_dir() / f"{cluster}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise write_error(lock_path, exc) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -222,10 +208,13 @@ def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
             raise StateLockedError(
                 f"cluster {cluster!r} is busy: {holder}; wait for it to finish (or stop it)"
             ) from None
-        os.ftruncate(fd, 0)
         holder_info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
                        "since": _now(), "argv": " ".join(sys.argv[1:])[:200]}
-        os.write(fd, json.dumps(holder_info).encode())
+        # Who holds the lock, for a second run's message; only that: on a full disk the lock
+        # still works without it (the next write that matters fails with one clear line).
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(holder_info).encode())
         state = State.load(state_path(cluster)) or State.new(state_path(cluster), cluster, provider)
         if state.provider != provider:
             raise StateError(

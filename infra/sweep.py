@@ -2,7 +2,7 @@
 
 A crashed or lost checkout (deleted `.rayfleet/`, a laptop that died mid-`up`) leaves instances
 that bill by the hour and that no `teardown` will ever find. Every resource rayfleet creates carries
-its cluster's id and its owner's mark (`infra/identity.py`), so the sweep can tell:
+its cluster's id and its owner's mark (`infra/node/identity.py`), so the sweep can tell:
 
 - **yours, leaked**: the owner mark is this user's (this machine's `identity.owner_mark()` or one
   recorded in a state file here) and the cluster id is in no state file here;
@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from infra import identity, paths, providers, ui
+from infra import paths, providers, ui
 from infra.errors import RayfleetError, UsageError
+from infra.node import identity
 
 if TYPE_CHECKING:
     from infra.providers.base import Marked, Sweeper

@@ -1,4 +1,4 @@
-"""The idle clock of the autodown watcher (infra/autodown.py), without Ray: what resets it, what
+"""The idle clock of the autodown watcher (infra/node/autodown.py), without Ray: what resets it, what
 counts as idle, when it removes, and what its marker says. Real Ray: tests/test_autodown.py."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from infra import autodown
+from infra import autodown_view
+from infra.node import autodown
 
 
 class Clock:
@@ -20,7 +21,7 @@ class Clock:
 def _watcher(tmp_path: Path, answers: list[list[str] | Exception], clock: Clock) -> autodown.Watcher:
     config = autodown.Config(
         cluster="c", cluster_id="0123abcd", idle_minutes=1.0, dashboard_url="http://127.0.0.1:9",
-        marker=str(tmp_path / "marker.json"), action="infra.providers.local_autodown:remove",
+        marker=str(tmp_path / "marker.json"), action="infra.node.local.autodown:remove",
         action_args={"temp_dir": str(tmp_path / "no-such-cluster"), "port_base": 1})
     replies = iter(answers)
 
@@ -56,17 +57,17 @@ def test_busy_resets_the_clock_and_unreachable_ray_counts_as_idle(tmp_path: Path
 
 
 def test_marker_views_for_status(tmp_path: Path) -> None:
-    view = autodown.view({"phase": "watching", "idle_minutes": 30, "idle_since": "x",
+    view = autodown_view.view({"phase": "watching", "idle_minutes": 30, "idle_since": "x",
                           "idle_s": 720, "detail": "idle"}, 30)
-    assert autodown.describe(view) == "autodown: idle 12 of 30 min (idle)"
-    busy = autodown.view({"phase": "watching", "idle_minutes": 30, "idle_since": None,
+    assert autodown_view.describe(view) == "autodown: idle 12 of 30 min (idle)"
+    busy = autodown_view.view({"phase": "watching", "idle_minutes": 30, "idle_since": None,
                           "idle_s": 0, "detail": "1 job(s) pending or running"}, 30)
-    assert autodown.describe(busy) == ("autodown: busy (1 job(s) pending or running); removes "
+    assert autodown_view.describe(busy) == ("autodown: busy (1 job(s) pending or running); removes "
                                        "itself after 30 idle minutes")
-    gone = autodown.view({"phase": "removed", "idle_minutes": 30,
+    gone = autodown_view.view({"phase": "removed", "idle_minutes": 30,
                           "removed_at": "2026-01-02T14:05:00+00:00"}, 30)
-    assert autodown.describe(gone).startswith("removed itself after 30 idle minutes at ")
-    assert autodown.view(None, 30).removed_at is None
+    assert autodown_view.describe(gone).startswith("removed itself after 30 idle minutes at ")
+    assert autodown_view.view(None, 30).removed_at is None
 
 
 def test_a_silent_watcher_is_not_shown_counting_down() -> None:
@@ -77,14 +78,14 @@ def test_a_silent_watcher_is_not_shown_counting_down() -> None:
     checked = dt.datetime(2026, 1, 2, 14, 0, tzinfo=dt.timezone.utc)
     marker = {"phase": "watching", "idle_minutes": 30, "idle_since": "x", "idle_s": 720,
               "detail": "idle", "checked_at": checked.isoformat(), "interval_s": 30}
-    fresh = autodown.view(marker, 30, now=checked + dt.timedelta(seconds=100))
-    assert fresh.silent_since is None and autodown.describe(fresh).startswith("autodown: idle 12")
-    late = autodown.view(marker, 30, now=checked + dt.timedelta(seconds=151))
+    fresh = autodown_view.view(marker, 30, now=checked + dt.timedelta(seconds=100))
+    assert fresh.silent_since is None and autodown_view.describe(fresh).startswith("autodown: idle 12")
+    late = autodown_view.view(marker, 30, now=checked + dt.timedelta(seconds=151))
     assert late.silent_since == checked.isoformat()
-    assert "no report from the cluster's watcher since" in autodown.describe(late)
+    assert "no report from the cluster's watcher since" in autodown_view.describe(late)
     # A slow watcher (long interval) is given five of its intervals before it counts as silent.
-    slow = autodown.view({**marker, "interval_s": 60}, 30, now=checked + dt.timedelta(seconds=290))
+    slow = autodown_view.view({**marker, "interval_s": 60}, 30, now=checked + dt.timedelta(seconds=290))
     assert slow.silent_since is None
-    removing = autodown.view({**marker, "phase": "removing", "removing_at": marker["checked_at"]},
+    removing = autodown_view.view({**marker, "phase": "removing", "removing_at": marker["checked_at"]},
                              30, now=checked + dt.timedelta(hours=2))
     assert removing.silent_since is None and removing.removed_at

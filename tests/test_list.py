@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import rayproc
-from infra.providers.lambda_cloud import api, fleet
+from infra.node import rayproc
+from infra.node.lambda_cloud import api
+from infra.providers.lambda_cloud import fleet
 from infra.state import State
 from tests.conftest import run_invoke
 from tests.gcp.conftest import write_service_account_key

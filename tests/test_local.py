@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import rayproc
+from infra.node import rayproc
 from tests.conftest import ROOT, run_invoke
 
 pytestmark = pytest.mark.slow

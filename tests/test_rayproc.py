@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from infra import rayproc
+from infra.node import rayproc
 
 
 def test_temp_dir_marker_respects_boundaries() -> None:

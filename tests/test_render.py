@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import providers, render, spec
-from infra.providers import local
+from infra import loading, providers, render
+from infra.providers.local import provider as local
 from infra.render import RenderError
 from tests.golden import assert_golden
 
@@ -25,7 +25,7 @@ CASES = {
 def test_local_start_script_matches_golden(tmp_path: Path, rf_home: Path, case: str) -> None:
     path = tmp_path / f"golden-{case}.yaml"
     path.write_text(CASES[case] + "port_base: 23000\n" * ("port_base" not in CASES[case]))
-    plan = providers.create(spec.load_spec(path)).plan(None)
+    plan = providers.create(loading.load_spec(path)).plan(None)
     assert_golden(f"local/{case}.start.sh", plan.files["start.sh"],
                   {local._ray_executable(): "<ray>", str(rf_home): "<rayfleet-home>"})
     # What we render must be a valid shell script.
@@ -36,8 +36,8 @@ def test_local_start_script_matches_golden(tmp_path: Path, rf_home: Path, case: 
 def test_rendering_is_deterministic(tmp_path: Path, rf_home: Path) -> None:
     path = tmp_path / "same.yaml"
     path.write_text(CASES["full"])
-    first = providers.create(spec.load_spec(path)).plan(None).files
-    second = providers.create(spec.load_spec(path)).plan(None).files
+    first = providers.create(loading.load_spec(path)).plan(None).files
+    second = providers.create(loading.load_spec(path)).plan(None).files
     assert first == second
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import spec
+from infra import loading
 from infra.errors import SpecError, UsageError
 from tests.conftest import run_invoke
 
@@ -51,7 +51,7 @@ def test_bad_spec_gives_one_line_naming_file_field_and_fix(
     path = tmp_path / file_name
     path.write_text(text)
     with pytest.raises(SpecError) as caught:
-        spec.load_spec(path)
+        loading.load_spec(path)
     message = str(caught.value)
     assert expected in message
     assert "\n" not in message
@@ -64,13 +64,13 @@ def test_at_least_25_bad_specs() -> None:
 
 def test_missing_spec_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="no such spec"):
-        spec.load_spec(tmp_path / "nope.yaml")
+        loading.load_spec(tmp_path / "nope.yaml")
 
 
 def test_good_spec_loads(tmp_path: Path) -> None:
     path = tmp_path / "lab.yaml"
     path.write_text("provider: local\nnum_cpus: 2\nresources: {special: 1}\n")
-    loaded = spec.load_spec(path)
+    loaded = loading.load_spec(path)
     assert loaded.name == "lab"
     assert loaded.provider == "local"
     assert loaded.num_cpus == 2  # type: ignore[attr-defined]
@@ -80,25 +80,25 @@ def test_provider_and_cluster_must_agree(tmp_path: Path, monkeypatch: pytest.Mon
     path = tmp_path / "lab.yaml"
     path.write_text("provider: local\n")
     with pytest.raises(UsageError, match="disagrees"):
-        spec.resolve("slurm", str(path))
-    assert spec.resolve("local", str(path)).name == "lab"
+        loading.resolve("slurm", str(path))
+    assert loading.resolve("local", str(path)).name == "lab"
 
 
 def test_provider_picks_its_default_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAYFLEET_CLUSTERS", str(tmp_path))
     (tmp_path / "local.yaml").write_text("provider: local\n")
-    assert spec.resolve(None, None).name == "local"
+    assert loading.resolve(None, None).name == "local"
     with pytest.raises(UsageError, match="no default spec"):
-        spec.resolve("slurm", None)
+        loading.resolve("slurm", None)
     with pytest.raises(UsageError, match="unknown provider 'gpc'"):
-        spec.resolve("gpc", None)
+        loading.resolve("gpc", None)
 
 
 def test_example_specs_in_clusters_are_valid() -> None:
     specs = sorted((Path(__file__).parent.parent / "clusters").glob("*.yaml"))
     assert specs, "clusters/ must hold example specs"
     for path in specs:
-        assert spec.load_spec(path).name == path.stem
+        assert loading.load_spec(path).name == path.stem
 
 
 def test_cli_bad_spec_exits_2_with_one_line_and_creates_nothing(tmp_path: Path, rf_home: Path) -> None:

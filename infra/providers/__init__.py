@@ -1,56 +1,74 @@
-"""Registry of providers: name -> module, imported only when that provider is used.
+"""The provider registry: one explicit table, name -> spec class, provider class, sweeper.
 
-The core never imports a provider (or its cloud SDK) until a spec names it, so `invoke --list` and
-the other providers' users pay nothing for it. Each module exposes `Spec` (its strict section of
-the cluster spec) and `Provider` (an implementation of `infra.providers.base.Provider`).
+Each entry names its classes by import path ("module:Class") and is imported only when that
+provider is used, so `invoke --list` and the other providers' users pay nothing for it (Google's
+SDK, paramiko). A new provider is one row here and one package (see ARCHITECTURE.md). Spec loading
+(infra/loading.py) sits above this table; the core (infra/*.py) never imports it.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from infra.providers.base import Provider, Sweeper
     from infra.spec import ClusterSpec
 
-_MODULES = {
-    "local": "infra.providers.local",
-    "gcp-tpu": "infra.providers.gcp_tpu",
-    "lambda": "infra.providers.lambda_cloud",
-    "slurm": "infra.providers.slurm",
+
+@dataclass(frozen=True)
+class Entry:
+    """One provider: where its spec class, provider class and leak sweeper (if any) live."""
+
+    spec: str
+    provider: str
+    sweeper: str | None = None
+
+
+_TABLE: dict[str, Entry] = {
+    "local": Entry("infra.providers.local.provider:Spec",
+                   "infra.providers.local.provider:Provider"),
+    "gcp-tpu": Entry("infra.providers.gcp_tpu.spec:Spec",
+                     "infra.providers.gcp_tpu.provider:Provider",
+                     "infra.providers.gcp_tpu.sweep:Sweeper"),
+    "lambda": Entry("infra.providers.lambda_cloud.spec:Spec",
+                    "infra.providers.lambda_cloud.provider:Provider",
+                    "infra.providers.lambda_cloud.sweep:Sweeper"),
+    "slurm": Entry("infra.providers.slurm.spec:Spec",
+                   "infra.providers.slurm.provider:Provider"),
 }
 
 
 def names() -> list[str]:
-    return list(_MODULES)
+    return list(_TABLE)
 
 
-def _module(name: str) -> Any:
-    if name not in _MODULES:
-        raise KeyError(f"unknown provider {name!r}; choose one of {', '.join(_MODULES)}")
-    return importlib.import_module(_MODULES[name])
+def entry(name: str) -> Entry:
+    if name not in _TABLE:
+        raise KeyError(f"unknown provider {name!r}; choose one of {', '.join(_TABLE)}")
+    return _TABLE[name]
+
+
+def _load(path: str) -> Any:
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def spec_class(name: str) -> type[ClusterSpec]:
-    cls: type[ClusterSpec] = _module(name).Spec
+    cls: type[ClusterSpec] = _load(entry(name).spec)
     return cls
 
 
 def create(spec: ClusterSpec) -> Provider[Any]:
-    provider: Provider[Any] = _module(spec.provider).Provider(spec)
+    provider: Provider[Any] = _load(entry(spec.provider).provider)(spec)
     return provider
 
 
 def sweeper(name: str) -> Sweeper | None:
-    """The provider's leak sweeper (`<its package>.sweep.Sweeper`), or None if it has none."""
-    module = _MODULES[name] + ".sweep"
-    try:
-        found = importlib.util.find_spec(module)
-    except ModuleNotFoundError:  # the provider is a single module, not a package
+    """The provider's leak sweeper, or None if it has none."""
+    path = entry(name).sweeper
+    if path is None:
         return None
-    if found is None:
-        return None
-    instance: Sweeper = importlib.import_module(module).Sweeper()
+    instance: Sweeper = _load(path)()
     return instance

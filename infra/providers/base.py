@@ -9,11 +9,14 @@ Providers return these dataclasses, never raw API payloads, and never import eac
 from __future__ import annotations
 
 import abc
+import dataclasses
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
+from infra import autodown_view
+from infra.autodown_view import AutodownView
+from infra.endpoint import Endpoint
 from infra.spec import ClusterSpec
 from infra.state import State
 
@@ -41,20 +44,6 @@ class Plan:
     files: dict[str, str] = field(default_factory=dict)
     #: Extra facts for the user: capacity now, price per hour, warnings.
     notes: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """How this machine reaches a running cluster (through a tunnel for remote clusters)."""
-
-    #: Dashboard / job submission URL reachable from here, e.g. http://127.0.0.1:28265.
-    dashboard_url: str
-    #: The Ray address as nodes of the cluster see it (host:gcs_port), for `ray start --address`.
-    address: str
-    #: True when `dashboard_url` is the local end of a tunnel that lives as long as the block.
-    tunneled: bool = False
-    #: The cluster's Ray token file (0600) that every request presents; None when auth is off.
-    token_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -90,23 +79,6 @@ class CostRange:
     #: True when the provider bills node-hours, not money (Slurm): the range is shown in
     #: node-hours per hour, one per node.
     node_hours: bool = False
-
-
-@dataclass(frozen=True)
-class AutodownView:
-    """The cluster's own idle watcher as this machine sees it (see infra/autodown.py)."""
-
-    #: The spec's setting: the cluster removes itself after this many idle minutes.
-    idle_minutes: float
-    #: How long Ray has been idle now, by the watcher's last report; None when busy or unknown.
-    idle_s: float | None = None
-    #: When the cluster removed itself (ISO 8601, UTC), from the marker it left; None if it has not.
-    removed_at: str | None = None
-    #: One line on what the watcher saw or did last (e.g. "2 jobs running"), for `status`.
-    detail: str = ""
-    #: The watcher's last check (ISO 8601) when that is too long ago for a watcher that still runs
-    #: (it died, or its head is unreachable): its countdown is then no longer true.
-    silent_since: str | None = None
 
 
 @dataclass
@@ -185,8 +157,10 @@ class Provider(abc.ABC, Generic[SpecT]):
     #: How long `invoke list` waits for this provider's `status` before it reports the provider
     #: unreachable (the call keeps running in a daemon thread and is abandoned).
     status_timeout_s: ClassVar[float] = 20.0
-    #: True when `up` starts the head-side idle watcher (infra/autodown.py) for `autodown:` specs.
-    supports_autodown: ClassVar[bool] = False
+    #: True when a head that removes itself may be gone before this machine read its last marker
+    #: (it deletes its own VM/instance): nothing left after a countdown then counts as a
+    #: self-removal at the end of that countdown (see `autodown_view.decide`).
+    autodown_last_word_may_be_lost: ClassVar[bool] = False
 
     def cost_range(self, state: State | None) -> CostRange | None:
         """$/h at the spec's minimum and maximum size, for `plan` and `up`; read-only.
@@ -196,26 +170,63 @@ class Provider(abc.ABC, Generic[SpecT]):
         """
         return None
 
-    def autodown_report(self, state: State) -> AutodownView | None:
-        """The idle watcher's last report: its countdown, or the marker of a self-removal.
+    # --- autodown: the report is decided here; providers answer two small questions ----------
 
-        Default: the marker this machine holds for the cluster (`infra.autodown.marker_path`, which
-        a local watcher writes and remote providers refresh from the head in `status`); None when
-        the spec has no autodown and no marker exists. Read-only and cheap: `up` and `teardown`
-        call it to say "removed itself after N idle minutes at HH:MM".
+    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
+        """Hook: the head's marker as the provider can read it now: from a live head, or (`left`
+        False: nothing of the cluster is listed) what a removed head left behind. None when it
+        cannot say; quietly (status must not fail on it). Default: None, for a watcher that
+        writes this machine's copy itself (local)."""
+        return None
+
+    def autodown_left(self, state: State) -> bool | None:
+        """Hook: whether the provider still lists anything of the cluster (None: it cannot say).
+        Asked only when the answer can change the report."""
+        return None
+
+    def autodown_report(self, state: State, fetch: bool = False,
+                        left: bool | None = None) -> AutodownView | None:
+        """The idle watcher's countdown, or that the cluster removed itself; None when the spec
+        has no autodown and this machine holds no marker of the cluster.
+
+        `status` passes `fetch` (read the head's marker now) and `left` (what its own listing
+        showed); `up` and `teardown` call it bare and the provider is asked only when the
+        cached marker could mean the cluster is gone.
         """
-        from infra import autodown
-
-        marker = autodown.read_marker(autodown.marker_path(state.cluster))
-        if marker is None and (self.spec.autodown is None or not self.supports_autodown):
+        marker = autodown_view.cached(state.cluster, state.cluster_id)
+        if marker is None and self.spec.autodown is None:
             return None
-        if marker is not None and marker.get("cluster_id") not in (None, state.cluster_id):
-            marker = None  # another cluster of the same name, from before
+        if fetch:
+            marker = self._fetched(state, left) or marker
+        if left is None and marker is not None and self._may_be_gone(marker):
+            left = self.autodown_left(state)
+            if left is False and not fetch:
+                marker = self._fetched(state, False) or marker
         minutes = self.spec.autodown.idle_minutes if self.spec.autodown else 0.0
-        if marker is None and not minutes:
-            return None
-        view: AutodownView = autodown.view(marker, minutes)
-        return view
+        return autodown_view.decide(marker, minutes, left, self.autodown_last_word_may_be_lost)
+
+    def with_autodown(self, status: ProviderStatus, report: AutodownView | None,
+                      gone: str) -> ProviderStatus:
+        """`status` with the watcher's report; when the cluster removed itself, `status` says so
+        (`gone`: what the provider saw, e.g. "no job of the cluster is in the queue")."""
+        if report is None or not report.removed_at:
+            return dataclasses.replace(status, autodown=report)
+        return dataclasses.replace(
+            status, running=False, state="removed itself", autodown=report,
+            summary=f"{gone}: it {autodown_view.describe(report)}; `invoke teardown` verifies and "
+                    "clears its state")
+
+    def _fetched(self, state: State, left: bool | None) -> dict[str, Any] | None:
+        text = self.autodown_fetch(state, left)
+        return None if text is None else autodown_view.cache_marker(state.cluster, text,
+                                                                    state.cluster_id)
+
+    def _may_be_gone(self, marker: dict[str, Any]) -> bool:
+        if marker.get("phase") in ("removing", "removed"):
+            return True
+        # A head that leaves its last word behind (a record, this machine's own copy) can be
+        # asked any time; one that may not is presumed removed only after a countdown.
+        return not self.autodown_last_word_may_be_lost or bool(marker.get("idle_since"))
 
     @abc.abstractmethod
     def teardown(self, state: State) -> None:
@@ -254,7 +265,7 @@ class Sweeper(abc.ABC):
     """A provider's side of `invoke sweep`: find resources carrying a rayfleet cluster id in the
     account this machine has credentials for, and remove chosen ones.
 
-    Lives in `<provider package>/sweep.py` as `Sweeper` (found by `infra.providers.sweeper`);
+    Lives in `<provider package>/sweep.py` as `Sweeper` (named in the registry's table);
     providers without one are simply not swept. Constructed without a spec: credentials come from
     the environment and the specs/state files this checkout has.
     """

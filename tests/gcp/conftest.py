@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import rayproc
-from infra.providers.gcp_tpu.api import ApiOptions
+from infra.node import rayproc
+from infra.node.gcp_tpu.api import ApiOptions
 from tests.gcp.fake_gcp import FakeGcp
 from tests.gcp.offline_bed import Offline, offline_bed
 from tests.testbed.preflight import require

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import spec
-from infra.providers.gcp_tpu import preflight
-from infra.providers.gcp_tpu.api import (
+from infra import loading
+from infra.node.gcp_tpu.api import (
     ApiOptions,
     Gcp,
     GcpApiDisabledError,
@@ -21,6 +20,7 @@ from infra.providers.gcp_tpu.api import (
     GcpQuotaError,
     find_credentials,
 )
+from infra.providers.gcp_tpu import preflight
 from tests.gcp.conftest import PROJECT, ZONE, write_service_account_key, write_spec
 from tests.gcp.fake_gcp import FakeGcp, compute_error, grpc_error, rate_limited, service_disabled
 
@@ -160,7 +160,7 @@ def test_server_errors_are_retried_but_400s_are_not(api: Gcp, fake: FakeGcp) -> 
 
 
 def test_unreachable_endpoint_is_one_line(key_file: Path) -> None:
-    from infra import rayproc
+    from infra.node import rayproc
 
     api = Gcp(PROJECT, find_credentials(None, "s"), ApiOptions(
         endpoint=f"http://127.0.0.1:{rayproc.free_port()}", retries=1, retry_base=0.01))
@@ -243,7 +243,7 @@ def test_only_labelled_nodes_are_listed_even_if_the_server_ignores_the_filter(
 
 
 def _run(tmp_path: Path, api: Gcp, ours: bool = False, **changes: object) -> preflight.Report:
-    loaded = spec.load_spec(write_spec(tmp_path, name="lab", **changes))
+    loaded = loading.load_spec(write_spec(tmp_path, name="lab", **changes))
     client = Gcp(loaded.project, find_credentials(None, "s"), api.options)  # type: ignore[attr-defined]
     return preflight.run(loaded, client, ours)  # type: ignore[arg-type]
 

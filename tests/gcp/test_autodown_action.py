@@ -1,4 +1,4 @@
-"""GCP's autodown action, run the way a head runs it (`python -m infra.autodown --config ...`)
+"""GCP's autodown action, run the way a head runs it (`python -m infra.node.autodown --config ...`)
 against the fake APIs: the idle watcher deletes the TPU nodes and VMs carrying the cluster's labels,
 workers first and its own VM last (an operation nobody polls: the fake finishes it by itself, as
 Google does); another cluster's VM and unlabelled VMs are untouched; the marker says it removed the
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra import autodown, identity, rayproc
+from infra.node import autodown, identity, rayproc
 from infra.providers.gcp_tpu import config
 from tests.conftest import ROOT
 from tests.gcp.conftest import PROJECT, ZONE, write_service_account_key
@@ -46,12 +46,12 @@ def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:
         autodown.write_config(path, autodown.Config(
             cluster="idle", cluster_id=ours, idle_minutes=0.01, marker=str(marker),
             dashboard_url=f"http://127.0.0.1:{rayproc.free_port()}", poll_s=0.2,
-            action="infra.providers.gcp_tpu.autodown:remove",
+            action="infra.node.gcp_tpu.autodown:remove",
             action_args={"project": PROJECT, "zone": ZONE,
                          "labels": config.sweep_labels(ours, "idle"), "head_name": "ray-idle-head",
                          "credentials_file": str(write_service_account_key(tmp_path / "k.json")),
                          "api_endpoint": fake.url}))
-        done = subprocess.run([sys.executable, "-m", "infra.autodown", "--config", str(path)],
+        done = subprocess.run([sys.executable, "-m", "infra.node.autodown", "--config", str(path)],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         log = done.stdout
@@ -69,13 +69,3 @@ def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:
         assert "Ray not answering" in written["detail"]
     finally:
         fake.stop()
-
-
-def test_action_imports_on_a_head_without_rayfleets_laptop_libraries() -> None:
-    """The head has Ray, requests and Google's client library, not pydantic, rich or invoke."""
-    code = ("import sys, infra.autodown, infra.providers.gcp_tpu.autodown; "
-            "print(sorted(m for m in ('pydantic', 'rich', 'invoke', 'paramiko', 'yaml', 'jinja2') "
-            "if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          cwd=ROOT)
-    assert done.stdout.strip() == "[]"

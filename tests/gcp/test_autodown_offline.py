@@ -76,8 +76,8 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         assert set(files) <= {"autodown.json", "autodown.json.pid", "autodown-marker.json",
                               "autodown.log",
                               "ray-token"}, files
-        watcher = head_host.run("ps -eo args | grep '[i]nfra.autodown'").stdout
-        assert "infra.autodown --config" in watcher, watcher
+        watcher = head_host.run("ps -eo args | grep '[i]nfra.node.autodown'").stdout
+        assert "infra.node.autodown --config" in watcher, watcher
         timings["up"] = round(time.monotonic() - started, 1)
 
         # 1. A job keeps the cluster past its idle period (while the worker comes up).
@@ -118,7 +118,7 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         assert any(name.endswith("-tpu") for name, _ in deletes), deletes
         assert {caller for _, caller in deletes} == {head_ip}, deletes  # the head did it itself
         offline.google.machines.wait_idle()
-        left = head_host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[i]nfra.autodown' "
+        left = head_host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[i]nfra.node.autodown' "
                              "|| true").stdout.strip()
         assert left == "", left
 

@@ -10,10 +10,10 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from infra import autodown, identity
-from infra import spec as spec_mod
+from infra import autodown_view, loading
+from infra.node import identity
+from infra.node.gcp_tpu.api import ApiOptions
 from infra.providers.gcp_tpu import Provider, config
-from infra.providers.gcp_tpu.api import ApiOptions
 from infra.providers.gcp_tpu.provider import CLUSTER
 from infra.state import State
 from tests.gcp.conftest import ZONE, write_spec
@@ -24,13 +24,13 @@ IDLE_SINCE = "2026-11-22T13:05:00+00:00"
 
 def _setup(tmp_path: Path, rf_home: Path, options: ApiOptions,
            marker: dict[str, object] | None) -> tuple[Provider, State]:
-    spec = spec_mod.load_spec(write_spec(tmp_path, name="gone", autodown={"idle_minutes": 5}))
+    spec = loading.load_spec(write_spec(tmp_path, name="gone", autodown={"idle_minutes": 5}))
     provider = Provider(spec, api_options=options)  # type: ignore[arg-type]
     state = State.new(rf_home / "state" / "gone.json", "gone", "gcp-tpu")
     state.add(CLUSTER, "gone", project="test-project", zone=ZONE, label_id=state.cluster_id,
               ssh_user="root", dashboard_port=8265, head="ray-gone-head")
     if marker is not None:
-        path = autodown.marker_path("gone")
+        path = autodown_view.marker_path("gone")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"cluster": "gone", "cluster_id": state.cluster_id,
                                     "idle_minutes": 5, "phase": "watching", **marker}))
@@ -53,8 +53,8 @@ def test_removed_itself_only_when_nothing_is_listed_and_it_was_counting_down(
     assert report is not None and report.removed_at and report.silent_since is None, report
     ended = dt.datetime.fromisoformat(IDLE_SINCE) + dt.timedelta(minutes=5)
     assert dt.datetime.fromisoformat(report.removed_at) == ended
-    assert autodown.describe(report) == (
-        f"removed itself after 5 idle minutes at {autodown.local_time(ended.isoformat())}")
+    assert autodown_view.describe(report) == (
+        f"removed itself after 5 idle minutes at {autodown_view.local_time(ended.isoformat())}")
     status = provider.status(state)
     assert status.state == "removed itself" and status.autodown == report, status
     assert "`invoke teardown` verifies and clears its state" in status.summary

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import state
+from infra import loading, state
 from infra.providers.gcp_tpu import config
 from tests.conftest import run_invoke
 from tests.gcp.conftest import FakeRay, Sshd, assert_nothing_created, write_spec
@@ -98,12 +98,11 @@ def test_a_job_runs_through_the_ssh_tunnel(tmp_path: Path, rf_home: Path, fake: 
                                           options: object, sshd: Sshd, key_file: Path,
                                           local_ray: tuple[int, str]) -> None:
     from infra import jobs
-    from infra import spec as spec_mod
     from infra.providers.base import UpOptions
     from infra.providers.gcp_tpu import Provider
 
     port, token = local_ray
-    loaded = spec_mod.load_spec(write_spec(tmp_path, name="tunnel", dashboard={"port": port},
+    loaded = loading.load_spec(write_spec(tmp_path, name="tunnel", dashboard={"port": port},
                                            tpu_workers={}))
     provider = Provider(loaded, ray=FakeRay(fake, sshd), api_options=options,  # type: ignore[arg-type]
                         ssh_port=sshd.port)

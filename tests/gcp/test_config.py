@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import paths, providers, spec
+from infra import loading, paths, providers
 from infra.errors import SpecError
 from infra.providers.gcp_tpu import config, tpu
 from tests.conftest import ROOT
@@ -78,7 +78,7 @@ def test_topology_gives_the_same_accelerator_type_as_ray(type_name: str, topolog
 
 
 def _plan(path: Path) -> tuple[Any, dict[str, Any]]:
-    loaded = spec.load_spec(path)
+    loaded = loading.load_spec(path)
     result = providers.create(loaded).plan(None)
     text = result.files[config.FILE_NAME]
     return result, config.check_with_ray(text, str(path))
@@ -130,7 +130,7 @@ EXAMPLES = sorted(p.name for p in (ROOT / "clusters").glob("gcp-tpu*.yaml"))
 def test_example_specs_pass_ray_validation_and_classification(rf_home: Path, example: str) -> None:
     result, prepared = _plan(ROOT / "clusters" / example)
     kinds = _classify(prepared)
-    loaded = spec.load_spec(ROOT / "clusters" / example)
+    loaded = loading.load_spec(ROOT / "clusters" / example)
     assert kinds == {"head": "compute", **dict.fromkeys(loaded.cpu_workers, "compute"),  # type: ignore[attr-defined]
                      **dict.fromkeys(loaded.tpu_workers, "tpu")}  # type: ignore[attr-defined]
     assert prepared["provider"]["type"] == "gcp"
@@ -264,7 +264,7 @@ def test_bad_specs_give_one_line_naming_the_field(tmp_path: Path, changes: dict[
                                                   expected: str) -> None:
     path = write_spec(tmp_path, **changes)
     with pytest.raises(SpecError) as caught:
-        spec.load_spec(path)
+        loading.load_spec(path)
     message = str(caught.value)
     assert expected in message
     assert "\n" not in message and message.startswith(str(path))

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from infra.providers.gcp_tpu import launcher
-from infra.providers.gcp_tpu.api import (
+from infra.node.gcp_tpu.api import (
     GcpApiDisabledError,
     GcpError,
     GcpPermissionError,
     GcpQuotaError,
 )
+from infra.providers.gcp_tpu import launcher
 
 
 def test_run_ray_streams_output_and_returns_the_exit_code(tmp_path: Path) -> None:

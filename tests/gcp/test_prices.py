@@ -6,13 +6,13 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from infra import providers, spec
+from infra import loading, providers, spec
 from infra.providers.gcp_tpu import prices
 
 
 def _spec(tmp_path: Path, extra: dict[str, object]) -> spec.ClusterSpec:
     data = {"provider": "gcp-tpu", "project": "test-project", "zone": "us-central2-b", **extra}
-    return spec.parse_spec(tmp_path / "c.yaml", data, providers.names())
+    return loading.parse_spec(tmp_path / "c.yaml", data)
 
 
 def test_range_from_min_to_max(tmp_path: Path) -> None:

@@ -18,11 +18,11 @@ import pytest
 import requests
 import yaml
 
-from infra import paths, providers, spec, state
+from infra import loading, paths, providers, state
 from infra.errors import ClusterNotRunningError
+from infra.node.gcp_tpu.api import ApiOptions, GcpCredentialsError, GcpError, GcpQuotaError
 from infra.providers.base import UpOptions
 from infra.providers.gcp_tpu import config, launcher
-from infra.providers.gcp_tpu.api import ApiOptions, GcpCredentialsError, GcpError, GcpQuotaError
 from infra.providers.gcp_tpu.provider import CLUSTER, FIREWALL, SSH_KEY, Provider
 from tests.gcp.conftest import ZONE, Dashboard, FakeRay, Sshd, assert_nothing_created, write_spec
 from tests.gcp.fake_gcp import FakeGcp, rate_limited
@@ -37,7 +37,7 @@ class Lab:
                  board: Dashboard, name: str = "lab", **changes: Any) -> None:
         changes.setdefault("dashboard", {"port": board.port})
         self.path = write_spec(tmp_path, name=name, **changes)
-        self.spec = spec.load_spec(self.path)
+        self.spec = loading.load_spec(self.path)
         self.fake = fake
         self.ray = FakeRay(fake, sshd)
         self.provider = self.make_provider(options, sshd.port)

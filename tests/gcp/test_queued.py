@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from infra import spec, state
+from infra import loading, state
 from infra.errors import SpecError
-from infra.providers.gcp_tpu import queued, slices
-from infra.providers.gcp_tpu.api import ApiOptions, Credentials, Gcp, GcpError
+from infra.node.gcp_tpu import queued
+from infra.node.gcp_tpu.api import ApiOptions, Credentials, Gcp, GcpError
+from infra.providers.gcp_tpu import slices
 from tests.gcp.conftest import write_spec
 from tests.gcp.fake_gcp import FakeGcp
 
@@ -33,7 +34,7 @@ def api_for(options: ApiOptions) -> Gcp:
 
 
 def load(tmp_path: Path, queued_slices: dict[str, Any], **changes: Any) -> Any:
-    return spec.load_spec(write_spec(tmp_path, name="qcls", queued_slices=queued_slices,
+    return loading.load_spec(write_spec(tmp_path, name="qcls", queued_slices=queued_slices,
                                      **changes))
 
 
@@ -189,7 +190,7 @@ def test_status_and_teardown_find_every_request_of_the_cluster(
 
 def test_the_joiner_requeues_lost_spot_slices_in_the_next_zone_and_reports_the_rest(
         tmp_path: Path, fake: FakeGcp, options: ApiOptions) -> None:
-    from infra.providers.gcp_tpu import joiner
+    from infra.node.gcp_tpu import joiner
 
     add_second_zone(fake)
     fake.queue_held.add("rf-")  # nothing becomes ACTIVE: no host to reach in this test
@@ -230,7 +231,7 @@ def test_the_joiner_requeues_lost_spot_slices_in_the_next_zone_and_reports_the_r
 
 def test_autodown_removes_the_clusters_queued_slices_with_its_nodes(
         fake: FakeGcp, key_file: Path) -> None:
-    from infra.providers.gcp_tpu import autodown
+    from infra.node.gcp_tpu import autodown
 
     fake.op_polls = 1
     api = api_for(ApiOptions(endpoint=fake.url, poll_interval=0.02, retries=0))
@@ -266,7 +267,7 @@ def test_plan_lists_queued_slices_and_preflight_checks_their_zones(
     path = write_spec(tmp_path, name="qcls", zone=None, zones=["us-central2-b", SECOND_ZONE],
                       queued_slices={"pod": {"accelerator_type": "v4-16",
                                              "zones": ["us-central2-b", SECOND_ZONE]}})
-    plan = Provider(spec.load_spec(path), api_options=options).plan(None)  # type: ignore[arg-type]
+    plan = Provider(loading.load_spec(path), api_options=options).plan(None)  # type: ignore[arg-type]
     (row,) = [r for r in plan.resources if r.name == "pod"]
     assert "1 × v4-16 (8 chips, 2 host(s))" in row.detail and SECOND_ZONE in row.detail
     assert any("queued_slices.pod: v4-16 (tpu-ubuntu2204-base, standard) offered in "
@@ -274,7 +275,7 @@ def test_plan_lists_queued_slices_and_preflight_checks_their_zones(
     assert any(f"v4-16 with tpu-ubuntu2204-base is not offered in {SECOND_ZONE}" in n
                for n in plan.notes), plan.notes
     fake.accelerator_types["us-central2-b"] = [("v4-8", "V4", "2x2x1")]
-    plan = Provider(spec.load_spec(path), api_options=options).plan(None)  # type: ignore[arg-type]
+    plan = Provider(loading.load_spec(path), api_options=options).plan(None)  # type: ignore[arg-type]
     assert any("queued_slices.pod: v4-16 with runtime tpu-ubuntu2204-base is offered in none of "
                "its zones" in n for n in plan.notes), plan.notes
 

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from infra import identity
+from infra.node import identity
 from infra.providers.gcp_tpu import config
 from infra.state import State
 from tests.gcp.offline import write_service_account_key

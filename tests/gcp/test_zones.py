@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import spec, state
+from infra import loading, state
 from infra.errors import SpecError
+from infra.node.gcp_tpu.api import ApiOptions, GcpError
 from infra.providers.base import UpOptions
 from infra.providers.gcp_tpu import config
-from infra.providers.gcp_tpu.api import ApiOptions, GcpError
 from infra.providers.gcp_tpu.provider import CLUSTER, Provider
 from tests.gcp.conftest import Dashboard, FakeRay, Sshd, write_spec
 from tests.gcp.fake_gcp import FakeGcp
@@ -44,7 +44,7 @@ def zones_spec(folder: Path, accelerator: str, runtime: str, **changes: Any) -> 
 def make_provider(path: Path, fake: FakeGcp, options: ApiOptions, sshd: Sshd | None = None,
                   ssh_port: int = 22) -> tuple[Provider, FakeRay]:
     ray = FakeRay(fake, sshd)
-    loaded = spec.load_spec(path)
+    loaded = loading.load_spec(path)
     return Provider(loaded, ray=ray, api_options=options, ssh_port=ssh_port), ray  # type: ignore[arg-type]
 
 
@@ -69,7 +69,7 @@ def zone_of(text: str) -> str:
 def test_zone_and_zones_together_is_a_one_line_spec_error(tmp_path: Path) -> None:
     path = write_spec(tmp_path, zones=[FIRST, SECOND])  # BASE_SPEC has zone: too
     with pytest.raises(SpecError) as caught:
-        spec.load_spec(path)
+        loading.load_spec(path)
     message = str(caught.value)
     assert "\n" not in message and "zone and zones are both set" in message
 
@@ -77,7 +77,7 @@ def test_zone_and_zones_together_is_a_one_line_spec_error(tmp_path: Path) -> Non
 def test_zones_of_two_regions_are_refused(tmp_path: Path) -> None:
     path = write_spec(tmp_path, zone=None, zones=["us-central2-b", SECOND])
     with pytest.raises(SpecError, match=r"zones: zones span regions us-central1, us-central2"):
-        spec.load_spec(path)
+        loading.load_spec(path)
 
 
 def test_first_zone_without_the_tpu_type_is_passed_over(

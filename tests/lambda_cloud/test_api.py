@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infra.errors import UsageError
-from infra.providers.lambda_cloud import api
+from infra.node.lambda_cloud import api
 from tests.lambda_cloud.conftest import API_KEY, SCALE
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
 

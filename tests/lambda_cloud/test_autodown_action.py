@@ -1,4 +1,4 @@
-"""Lambda's autodown action, run the way a head runs it (`python -m infra.autodown --config ...`)
+"""Lambda's autodown action, run the way a head runs it (`python -m infra.node.autodown --config ...`)
 against the fake API: the idle watcher terminates every instance carrying the cluster's id, workers
 first and the head last, with the API key from its 0600 file; another cluster's instance and
 untagged instances are untouched; the marker says the cluster removed itself.
@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from infra import autodown, identity, rayproc
-from infra.providers.lambda_cloud import api
+from infra.node import autodown, identity, rayproc
+from infra.node.lambda_cloud import api
 from tests.conftest import ROOT
 from tests.lambda_cloud.conftest import API_KEY, SCALE
 from tests.lambda_cloud.fake_api import FakeLambda
@@ -52,13 +52,13 @@ def test_idle_head_terminates_workers_then_itself(fake: FakeLambda, tmp_path: Pa
     autodown.write_config(config, autodown.Config(
         cluster="idle", cluster_id=ours, idle_minutes=0.02, marker=str(marker),
         dashboard_url=f"http://127.0.0.1:{rayproc.free_port()}", poll_s=0.2,
-        action="infra.providers.lambda_cloud.autodown:remove",
+        action="infra.node.lambda_cloud.autodown:remove",
         action_args={"api_key_file": str(key_file), "api_url": fake.url, "rate_scale": SCALE,
                      "cluster_id": ours, "head_instance_id": head}))
     assert API_KEY not in config.read_text()
 
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "infra.autodown", "--config", str(config)],
+    done = subprocess.run([sys.executable, "-m", "infra.node.autodown", "--config", str(config)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     took = time.monotonic() - started
     print(f"watcher removed the cluster in {took:.1f}s (idle_minutes=0.02)")

@@ -62,7 +62,7 @@ def test_up_starts_only_the_head(scaled: Scaled) -> None:
     host = scaled.host(head["ip"])
     # (cd inside: nsenter's --wd resolves /root before entering the host's mount namespace)
     modes = host.run("cd /root && stat -c '%a %n' .rayfleet/lambda-api-key .rayfleet/ray-token "
-                     "ray_bootstrap_key.pem rayfleet/pkg/infra/providers/lambda_cloud/node_provider.py",
+                     "ray_bootstrap_key.pem rayfleet/node/rayfleet-node-*.zip",
                      check=True).stdout.split("\n")
     assert [m.split()[0] for m in modes if m] == ["600", "600", "600", "644"], modes
     # Another machine on the network reaches the head's GCS port, but Ray's own client is refused

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from infra import commands, providers, state
-from infra.spec import load_spec
+from infra.loading import load_spec
 from tests.conftest import ROOT, run_invoke
 from tests.lambda_cloud.conftest import API_KEY, SpecFactory, assert_clean, ours, read_state
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
@@ -367,7 +367,7 @@ def test_state_from_before_cluster_ids_keeps_working(fake: FakeLambda, make_spec
                                                      rf_home: Path) -> None:
     """An old state (no cluster id, instances named `lt-head`, no tags) still owns its instances
     by id; the colleague's `lt-head` (same name, another id) is left alone."""
-    from infra.providers.lambda_cloud import api as lambda_api
+    from infra.node.lambda_cloud import api as lambda_api
 
     path = make_spec()
     client = lambda_api.LambdaClient(API_KEY, fake.url, lambda_api.Limits.scaled(0.01))

@@ -11,9 +11,9 @@ import yaml
 
 from infra import paths, render, versions
 from infra.errors import SpecError
+from infra.loading import load_spec
 from infra.providers.lambda_cloud import raycluster
 from infra.providers.lambda_cloud.spec import Spec
-from infra.spec import load_spec
 from tests.conftest import ROOT, run_invoke
 from tests.golden import assert_golden
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import rayproc, ssh
+from infra import ssh
+from infra.node import rayproc
 from tests.lambda_cloud.sshd import LocalSshd
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import identity
-from infra.providers.lambda_cloud import api
+from infra.node import identity
+from infra.node.lambda_cloud import api
 from infra.state import State
 from tests.conftest import run_invoke
 from tests.lambda_cloud.conftest import API_KEY, SCALE

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import spec
+from infra import loading
 from infra.errors import SpecError
 from infra.providers.slurm import cluster
 from infra.providers.slurm.remote import LocalRunner, Runner, SlurmError
@@ -62,7 +62,7 @@ class Recorded(Runner):
 def _spec(tmp_path: Path, text: str) -> Spec:
     path = tmp_path / "site.yaml"
     path.write_text("provider: slurm\n" + text)
-    loaded = spec.load_spec(path)
+    loaded = loading.load_spec(path)
     assert isinstance(loaded, Spec)
     return loaded
 

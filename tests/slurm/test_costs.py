@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import spec
+from infra import loading
 from infra.costs import describe_range
 from infra.providers.slurm import Provider, costs
 from infra.providers.slurm.spec import Spec
@@ -42,7 +42,7 @@ def test_plan_and_up_show_the_node_hours_range(tmp_path: Path, extra: str, expec
     # `invoke plan` and `up` print this line; Slurm has no prices, so node-hours per hour.
     path = tmp_path / "hpc.yaml"
     path.write_text("provider: slurm\ncpus_per_node: 2\n" + extra)
-    loaded = spec.load_spec(path)
+    loaded = loading.load_spec(path)
     assert isinstance(loaded, Spec)
     cost_range = Provider(loaded).cost_range(None)
     assert cost_range is not None and cost_range.node_hours

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import spec, versions
+from infra import loading, versions
 from infra.providers.slurm import install
 from infra.providers.slurm.remote import LocalRunner, SlurmError
 from infra.providers.slurm.spec import Spec
@@ -17,7 +17,7 @@ def _spec(tmp_path: Path, activate: str, extra: str = "") -> Spec:
     path = tmp_path / "env.yaml"
     path.write_text(f"provider: slurm\ncpus_per_node: 1\nsubmit: {{workdir: {tmp_path}/work}}\n"
                     f"environment: {{install: true, activate: {activate}{extra}}}\n")
-    loaded = spec.load_spec(path)
+    loaded = loading.load_spec(path)
     assert isinstance(loaded, Spec)
     return loaded
 
@@ -26,7 +26,7 @@ def test_install_needs_a_prefix(tmp_path: Path) -> None:
     path = tmp_path / "env.yaml"
     path.write_text("provider: slurm\ncpus_per_node: 1\nenvironment: {install: true}\n")
     with pytest.raises(Exception, match="environment: install needs activate"):
-        spec.load_spec(path)
+        loading.load_spec(path)
 
 
 def test_the_installer_gets_this_machines_pins_and_the_prefix(tmp_path: Path) -> None:

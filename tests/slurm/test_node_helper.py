@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import rayproc
-from infra.providers.slurm import node_helper
+from infra.node import rayproc
+from infra.node.slurm import node_helper
 from infra.providers.slurm.spec import PORT_STRIDE
 
 
@@ -36,8 +36,15 @@ def _free_pair() -> int:
 
 
 def test_embedded_program_is_rayproc_plus_helper_and_compiles() -> None:
+    import ast
+
     source = node_helper.embedded_source()
     compile(source, "rf_helper.py", "exec")
+    # The joined modules share one namespace: no name may be defined twice at the top level.
+    defined = [node.name for node in ast.parse(source).body
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    assert len(defined) == len(set(defined)), sorted(n for n in defined if defined.count(n) > 1)
+    assert "def atomic_write(" in source and "def poll(" in source  # the package's, glued in
     top_level = [line for line in source.splitlines() if line.startswith(("from ", "import "))]
     assert not [line for line in top_level if "infra" in line], "the nodes have no rayfleet"
     assert source.splitlines().count("from __future__ import annotations") == 1

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.providers.slurm import queue
-from infra.providers.slurm.queue import QueueUnavailable
+from infra.node.slurm import queue
+from infra.node.slurm.queue import QueueUnavailable
 
 ROW = "42|RUNNING|None|n1|1:02|1:00:00|debug|58:58|rf-c-0a1b2c3d-h123456|{comment}"
 

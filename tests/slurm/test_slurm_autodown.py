@@ -1,6 +1,6 @@
 """Whole-cluster autodown on the 2-host Slurm test bed (issue 15), through its login host.
 
-The head's job runs the idle watcher (infra/autodown.py) beside Ray; after `idle_minutes` without a
+The head's job runs the idle watcher (infra/node/autodown.py) beside Ray; after `idle_minutes` without a
 job, task, actor or driver it cancels the cluster's worker jobs and then its own job. Nothing is
 patched: real slurmctld/slurmd, Ray's own job and state APIs, the laptop's `invoke` as a user runs
 it. Short idle periods (0.2-0.4 min) keep this under two and a half minutes.

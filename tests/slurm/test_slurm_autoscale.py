@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from infra.providers.slurm import queue
+from infra.node.slurm import queue
 from tests.slurm.conftest import invoke, job_of, login_spec, ok, result_of, temp_marker, wait_until
 from tests.testbed.hosts import Host
 from tests.testbed.slurm import SlurmCluster

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from infra import auth, rayproc
+from infra import auth
+from infra.node import rayproc
 from infra.state import State
 from tests.slurm.conftest import (
     Register,

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import rayproc, render, spec
+from infra import loading, render, shipping
 from infra.errors import SpecError
-from infra.providers.slurm import node_helper
-from infra.providers.slurm import script as script_module
+from infra.node import rayproc
+from infra.node.slurm import node_helper
 from infra.providers.slurm.script import autoscaling_config, render_script
 from infra.providers.slurm.spec import Spec
 from tests.conftest import ROOT, run_invoke
@@ -53,7 +53,7 @@ def test_bad_slurm_spec_is_one_line_naming_the_field(tmp_path: Path, text: str,
     path = tmp_path / "hpc.yaml"
     path.write_text("provider: slurm\n" + text)
     with pytest.raises(SpecError) as caught:
-        spec.load_spec(path)
+        loading.load_spec(path)
     assert expected in str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -72,7 +72,7 @@ def test_zero_cpus_through_invoke_exits_2_and_creates_nothing(tmp_path: Path,
 @pytest.mark.parametrize("name", ["slurm.yaml", "slurm-minimal.yaml", "slurm-login.yaml",
                                   "slurm-gpu.yaml"])
 def test_example_specs_load(name: str) -> None:
-    loaded = spec.load_spec(ROOT / "clusters" / name)
+    loaded = loading.load_spec(ROOT / "clusters" / name)
     assert isinstance(loaded, Spec)
 
 
@@ -112,13 +112,13 @@ CASES = {
     "autodown-autoscale": BASE + "autodown: {idle_minutes: 0.5}\n"
                                  "worker_types:\n  cpu: {cpus_per_node: 4, max_workers: 3}\n",
 }
-HELPER = "<embedded helper: infra/rayproc.py + infra/providers/slurm/node_helper.py>"
+HELPER = "<embedded helper: infra/node/slurm/node_helper.py and the node modules it imports>"
 
 
 def _spec(tmp_path: Path, case: str) -> Spec:
     path = tmp_path / f"{case}.yaml"
     path.write_text(CASES[case])
-    loaded = spec.load_spec(path)
+    loaded = loading.load_spec(path)
     assert isinstance(loaded, Spec)
     return loaded
 
@@ -132,10 +132,10 @@ def test_batch_script_matches_golden(tmp_path: Path, case: str) -> None:
     script = _render(tmp_path, case)
     helper = node_helper.embedded_source().rstrip("\n")
     assert helper in script
-    # The files shipped to an autoscaling head are our own modules: their text is tested where
-    # it lives, not here.
-    shipped = {source: f"<shipped {relative}>"
-               for _, relative, source in script_module._shipped(_spec(tmp_path, case))}
+    # The node package shipped to an autoscaling or autodown head is our own modules (tested
+    # where they live); its bytes and name change with every edit of them.
+    shipped = {shipping.node_zip_base64(): "<node package zip, base64>",
+               shipping.zip_name(): "<node package zip name>"}
     assert_golden(f"slurm/{case}.sbatch", script, {helper: HELPER, **shipped})
 
 
@@ -198,12 +198,12 @@ def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
         tmp_path: Path) -> None:
     path = tmp_path / "autoscale.yaml"
     path.write_text(CASES["autoscale"])
-    loaded = spec.load_spec(path)
+    loaded = loading.load_spec(path)
     assert isinstance(loaded, Spec)
     text = autoscaling_config(loaded)
     config = render.validate_ray_cluster_config(text, "autoscaling.yaml")
     assert config["provider"]["disable_node_updaters"] is True
-    assert config["provider"]["module"] == "infra.providers.slurm.node_provider.SlurmNodeProvider"
+    assert config["provider"]["module"] == "infra.node.slurm.node_provider.SlurmNodeProvider"
     assert config["idle_timeout_minutes"] == 2 and config["max_workers"] == 5
     gpu = config["available_node_types"]["gpu"]
     assert gpu["resources"] == {"CPU": 8, "GPU": 2, "gpu_node": 1} and gpu["min_workers"] == 1
@@ -212,46 +212,48 @@ def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
     assert options["time_limit_s"] == 3600
     assert config["provider"]["worker_types"]["cpu"]["time_limit_s"] == 4 * 3600
     script = render_script(loaded)
-    for shipped in ("infra/providers/slurm/node_provider.py", "infra/providers/slurm/queue.py",
-                    "infra/identity.py", "infra/errors.py"):
-        assert f'cat > "$RF_PY/{shipped}"' in script
+    assert shipping.node_zip_base64() in script  # the whole node package, node provider included
     assert "RAY_enable_autoscaler_v2=1" in script and "--autoscaling-config=" in script
 
 
 @pytest.mark.parametrize(("case", "modules"), [
-    ("autoscale", ["infra.providers.slurm.node_provider"]),
-    ("autodown", ["infra.autodown", "infra.providers.slurm.autodown"]),
-    ("autodown-autoscale", ["infra.providers.slurm.node_provider", "infra.autodown",
-                            "infra.providers.slurm.autodown"]),
+    ("autoscale", ["infra.node.slurm.node_provider"]),
+    ("autodown", ["infra.node.autodown", "infra.node.slurm.autodown"]),
+    ("autodown-autoscale", ["infra.node.slurm.node_provider", "infra.node.autodown",
+                            "infra.node.slurm.autodown"]),
 ])
 def test_head_side_modules_import_with_ray_and_the_shipped_files_only(
         tmp_path: Path, case: str, modules: list[str]) -> None:
-    # What the head has: Ray and the files the batch script writes; not pydantic, rich, jinja,
-    # paramiko or the rest of rayfleet. The node provider for Ray's monitor, the idle watcher
-    # and Slurm's removal action for autodown.
+    # What the head has: Ray and the zip the batch script writes (what the zip's modules may
+    # import is tests/test_node_package.py's rule). The node provider for Ray's monitor, the idle
+    # watcher and Slurm's removal action for autodown.
     shipped = tmp_path / "py"
-    for _, relative, source in script_module._shipped(_spec(tmp_path, case)):
-        target = shipped / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(source + "\n")
+    shipped.mkdir()
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_script(_spec(tmp_path, case)))
+    # The script's own lines write the zip (as on the head), nothing else of it runs.
+    block = re.search(r"^RF_PY=.*?^RAYFLEET_ZIP_END$", script.read_text(), re.M | re.S)
+    assert block is not None
+    written = subprocess.run(["bash", "-c", block.group(0)], env={
+        "PATH": "/usr/bin:/bin", "RF_HEAD_TEMP": str(shipped)}, capture_output=True, text=True)
+    assert written.returncode == 0, written.stderr
+    (archive,) = shipped.glob("rayfleet-node-*.zip")
+    shipped = archive
     probe = ("import sys, importlib;"
              f"[importlib.import_module(m) for m in {modules!r}];"
-             "from infra.autodown import Config; import infra.providers.slurm.autodown as a;"
-             "bad = [m for m in ('pydantic', 'rich', 'jinja2', 'paramiko', 'invoke', "
-             "'infra.spec', 'infra.state', 'infra.providers.slurm.spec') if m in sys.modules];"
-             "import infra; print(infra.__file__); print(bad)")
+             "from infra.node.autodown import Config; import infra.node.slurm.autodown as a;"
+             "import infra; print(infra.__file__)")
     if case == "autoscale":
-        probe = probe.replace("from infra.autodown import Config; import "
-                              "infra.providers.slurm.autodown as a;", "")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=shipped, capture_output=True,
+        probe = probe.replace("from infra.node.autodown import Config; import "
+                              "infra.node.slurm.autodown as a;", "")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
                           text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shipped)})
     assert done.returncode == 0, done.stderr
-    where, bad = done.stdout.split("\n")[:2]
-    assert where.startswith(str(shipped)) and bad == "[]", done.stdout
+    assert done.stdout.startswith(str(shipped)), done.stdout
 
 
 def test_the_helper_writes_a_watcher_config_the_watcher_reads(tmp_path: Path) -> None:
-    from infra import autodown
+    from infra.node import autodown
 
     env = {"RF_HEAD_TEMP": str(tmp_path), "RF_BASE": "20000", "RF_CLUSTER_ID": "0123abcd",
            "RF_JOB_ID": "42", "SLURM_SUBMIT_DIR": "/home/u/jobs", "SLURM_JOB_NAME": "rf-c-x-h1",
@@ -266,7 +268,7 @@ def test_the_helper_writes_a_watcher_config_the_watcher_reads(tmp_path: Path) ->
     assert config.idle_minutes == 0.5 and config.cluster_id == "0123abcd"
     assert config.dashboard_url == f"http://127.0.0.1:{rayproc.PortBlock(20000).dashboard}"
     assert config.marker == str(tmp_path / "autodown-marker.json")
-    assert config.action == "infra.providers.slurm.autodown:remove"
+    assert config.action == "infra.node.slurm.autodown:remove"
     assert config.action_args["record"] == "/home/u/jobs/rf-c-x-h1.autodown.json"
     assert config.action_args["head_job_id"] == "42"
     assert config.token_path == env["RAY_AUTH_TOKEN_PATH"]
@@ -285,7 +287,7 @@ def test_autoscaling_spec_rules(tmp_path: Path) -> None:
         path = tmp_path / "bad.yaml"
         path.write_text(BASE + text)
         with pytest.raises(SpecError) as caught:
-            spec.load_spec(path)
+            loading.load_spec(path)
         assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from infra import ssh, ui
 from infra.errors import RayfleetError
-from infra.providers.gcp_tpu.api import Gcp, GcpError
+from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import CAPACITY_REASON
 
 if TYPE_CHECKING:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from infra import auth, identity, paths, render, versions
+from infra import auth, paths, render, versions
+from infra.node import identity
 from infra.providers.gcp_tpu.spec import Spec
 from infra.render import RenderError
 

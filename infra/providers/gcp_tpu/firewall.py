@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu import config
-from infra.providers.gcp_tpu.api import Gcp, GcpError
 
 if TYPE_CHECKING:
     from infra.providers.gcp_tpu.spec import Spec

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.providers.gcp_tpu.api import (
+from infra.node.gcp_tpu.api import (
     GcpApiDisabledError,
     GcpCredentialsError,
     GcpError,

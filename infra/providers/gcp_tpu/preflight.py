@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.providers.gcp_tpu import config
-from infra.providers.gcp_tpu.api import (
+from infra.node.gcp_tpu.api import (
     Gcp,
     GcpError,
     GcpNotFoundError,
     GcpPermissionError,
     GcpQuotaError,
 )
+from infra.providers.gcp_tpu import config
 from infra.providers.gcp_tpu.spec import Spec
 
 

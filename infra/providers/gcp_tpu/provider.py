@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, paths, ssh, ui
-from infra import state as state_mod
+from infra import auth, autodown_remote, jobs, paths, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
+from infra.node.files import atomic_write
+from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.gcp_tpu import (
@@ -31,13 +32,12 @@ from infra.providers.gcp_tpu import (
     slices,
     view,
 )
-from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import RayRunner
 from infra.providers.gcp_tpu.spec import Spec
 from infra.state import Resource, State
 
 if TYPE_CHECKING:
-    from infra.providers.base import AutodownView
+    pass
 
 #: The Ray cluster `ray up` made: head plus whatever its autoscaler launched (found by labels).
 CLUSTER = view.CLUSTER
@@ -61,7 +61,6 @@ def _sha(text: str) -> str:
 
 class Provider(BaseProvider[Spec]):
     name = "gcp-tpu"
-    supports_autodown = True
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
                  api_options: ApiOptions | None = None, ssh_port: int = 22) -> None:
@@ -77,7 +76,7 @@ class Provider(BaseProvider[Spec]):
 
     def _api(self, project: str, credentials_file: str | None) -> tuple[Gcp, str | None]:
         """A client for `project` and the key file `ray` must be told about; raises if no creds."""
-        from infra.providers.gcp_tpu.api import find_credentials
+        from infra.node.gcp_tpu.api import find_credentials
 
         found = find_credentials(credentials_file, self.spec.source)
         return Gcp(project, found, self._options), found.file
@@ -277,9 +276,9 @@ class Provider(BaseProvider[Spec]):
         name = self.spec.name
         text = self._render(keypair.public_key, keypair.private_path, state)
         plan.files[config.FILE_NAME] = text
-        state_mod.atomic_write(paths.rendered_dir(name) / config.FILE_NAME, text)
+        atomic_write(paths.rendered_dir(name) / config.FILE_NAME, text)
         config_path = data_dir(name) / config.FILE_NAME
-        state_mod.atomic_write(config_path, text)
+        atomic_write(config_path, text)
         return text, config_path
 
     def _leave_zone(self, api: Gcp, state: State, key_file: str | None) -> None:
@@ -401,17 +400,31 @@ class Provider(BaseProvider[Spec]):
         first = (clusters or rules)[0]
         api, _ = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                            or self.spec.credentials_file)
-        return autodown_setup.add_report(
-            view.status(self.spec, state, api, self._head_target), self.spec, state, clusters,
-            lambda: BaseProvider.autodown_report(self, state), self._head_target)
+        status = view.status(self.spec, state, api, self._head_target)
+        if not clusters:
+            return status
+        listed = [r for r in status.rows if r.get("kind") != "firewall rule"]
+        report = self.autodown_report(state, fetch=status.running, left=bool(listed))
+        where = f"{clusters[0].attrs['project']}/{clusters[0].attrs['zone']}"
+        return self.with_autodown(status, report, f"no VM or TPU of the cluster is left in {where}")
 
-    def autodown_report(self, state: State) -> AutodownView | None:
-        """The cached marker; "removed itself" when the APIs list nothing of the cluster while
-        the last marker showed the watcher counting down (autodown_setup.report)."""
+    # The head deletes its own VM: its last marker may never reach this machine.
+    autodown_last_word_may_be_lost = True
+
+    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
         clusters = state.resources(CLUSTER)
-        return autodown_setup.report(super().autodown_report(state), state, clusters, lambda: self._api(
-            clusters[0].attrs["project"], clusters[0].attrs.get("credentials_file")
-            or self.spec.credentials_file)[0])
+        if left is False or not clusters:
+            return None  # a deleted head leaves nothing to read
+        return autodown_remote.head_marker(self._head_target(clusters[0]))
+
+    def autodown_left(self, state: State) -> bool | None:
+        """Whether the APIs list any VM or TPU node with the recorded clusters' labels."""
+        clusters = state.resources(CLUSTER)
+        if not clusters:
+            return None
+        api = self._api(clusters[0].attrs["project"], clusters[0].attrs.get("credentials_file")
+                        or self.spec.credentials_file)[0]
+        return any(autodown_setup.nodes_left(api, cluster) for cluster in clusters)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from infra import auth, autodown_remote, paths, ui, versions
 from infra.errors import RayfleetError
-from infra.providers.gcp_tpu import config, joiner, queued
-from infra.providers.gcp_tpu.api import Gcp, GcpError
+from infra.node.files import atomic_write
+from infra.node.gcp_tpu import joiner, queued
+from infra.node.gcp_tpu.api import Gcp, GcpError
+from infra.providers.gcp_tpu import config
 
 if TYPE_CHECKING:
     from infra import ssh
@@ -104,8 +106,8 @@ def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
         # A joiner from an earlier `up` would keep its old config: restart it (its marker stays).
         stop_joiner(target)
         autodown_remote.install_daemon(
-            target, "infra.providers.gcp_tpu.joiner", joiner.HEAD_CONFIG,
-            json.dumps(settings, indent=2) + "\n", joiner.FILES,
+            target, "infra.node.gcp_tpu.joiner", joiner.HEAD_CONFIG,
+            json.dumps(settings, indent=2) + "\n",
             python="$HOME/rayfleet/env/bin/python", log=joiner.HEAD_LOG)
 
 
@@ -120,8 +122,7 @@ def read_marker(target: ssh.SshTarget | None, cluster: str) -> dict[str, Any]:
     if target is not None:
         text = autodown_remote.read_file(target, joiner.HEAD_MARKER)
         if text:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(text)
+            atomic_write(cache, text)
     try:
         data = json.loads(cache.read_text())
     except (OSError, ValueError):

@@ -1,6 +1,6 @@
 """GCP's side of `invoke sweep` (infra/sweep.py): Compute VMs and TPU nodes labelled with a cluster id.
 
-Labels `rayfleet-cluster` / `rayfleet-owner` (infra/identity.py) mark what rayfleet created. GCP has
+Labels `rayfleet-cluster` / `rayfleet-owner` (infra/node/identity.py) mark what rayfleet created. GCP has
 no account-wide listing that is cheap to ask, so the sweep looks where this checkout could have
 created something: every project and zone named by a gcp-tpu spec in `clusters/` or recorded in a
 state file here, with that spec's credentials. Prices are estimates from prices.py.
@@ -12,12 +12,13 @@ import contextlib
 import time
 from typing import Any, ClassVar
 
-from infra import identity, paths
+from infra import paths
 from infra.errors import ProviderError, RayfleetError
+from infra.node import identity
+from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError, find_credentials
 from infra.providers.base import Marked
 from infra.providers.base import Sweeper as BaseSweeper
 from infra.providers.gcp_tpu import prices
-from infra.providers.gcp_tpu.api import ApiOptions, Gcp, GcpError, find_credentials
 
 PROVIDER = "gcp-tpu"
 
@@ -25,15 +26,15 @@ PROVIDER = "gcp-tpu"
 def _places() -> set[tuple[str, str, str | None]]:
     """(project, zone, credentials file) of every gcp-tpu spec and state of this checkout."""
     from infra import spec as spec_mod
+    from infra.providers.gcp_tpu.spec import Spec
     from infra.state import State
 
     places = set()
     for path in sorted(paths.clusters_dir().glob("*.yaml")):
         with contextlib.suppress(RayfleetError, OSError):
-            found = spec_mod.load_spec(path)
-            if found.provider == PROVIDER:
-                # A gcp-tpu spec (the registry's class for this provider) has these keys.
-                data = found.model_dump()
+            raw = spec_mod.read_spec(path)
+            if isinstance(raw, dict) and raw.get("provider") == PROVIDER:
+                data = spec_mod.parse_spec(path, raw, [PROVIDER], lambda _: Spec).model_dump()
                 places.add((str(data["project"]), str(data["zone"]), data.get("credentials_file")))
                 for queued_slice in (data.get("queued_slices") or {}).values():
                     for zone in queued_slice.get("zones") or data.get("zones") or []:
@@ -130,7 +131,7 @@ class Sweeper(BaseSweeper):
 
     def _queued(self, api: Gcp, zone: str) -> list[Marked]:
         """Queued TPU requests whose id and node labels carry a cluster id (queued.py)."""
-        from infra.providers.gcp_tpu import queued
+        from infra.node.gcp_tpu import queued
 
         collection = api.tpu.projects().locations().queuedResources()
         request = collection.list(parent=f"projects/{api.project}/locations/{zone}")
@@ -157,7 +158,7 @@ class Sweeper(BaseSweeper):
         for item in items:
             api = next(a for (project, _), a in self._apis.items() if project == item.attrs["project"])
             if item.attrs["kind"] == "queued":
-                from infra.providers.gcp_tpu import queued
+                from infra.node.gcp_tpu import queued
 
                 operation = queued.delete(api, item.id)  # force: its nodes go with it
             elif item.attrs["kind"] == "tpu":

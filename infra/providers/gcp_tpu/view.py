@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from infra import identity
+from infra.node import identity
+from infra.node.gcp_tpu.api import Gcp
 from infra.providers.base import Cost, ProviderStatus
 from infra.providers.gcp_tpu import config, slices
-from infra.providers.gcp_tpu.api import Gcp
 from infra.providers.gcp_tpu.firewall import FIREWALL
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The `lambda` provider: Lambda Cloud instances running one Ray cluster.
 
 `Provider` and `Spec` (what infra/providers/__init__.py asks every provider for) are imported on
-first use, so that `infra.providers.lambda_cloud.node_provider` imports on a cluster's head with
+first use, so that `infra.node.lambda_cloud.node_provider` imports on a cluster's head with
 only Ray, requests and our small core modules (no pydantic, paramiko, rich or invoke there).
 See provider.py for the verbs and NOTES.md for what surprises newcomers.
 """

@@ -1,5 +1,7 @@
-"""This machine's side of Lambda autodown: put the watcher on the head at `up`, read its marker at
-`status`, and tell a cluster that removed itself from one that was lost (see infra/autodown.py).
+"""This machine's side of Lambda autodown: the watcher's config, putting it on the head at `up`,
+reading its marker at `status` (infra/node/autodown.py is the watcher,
+infra/node/lambda_cloud/autodown.py its action; what the marker means is decided in
+infra/providers/base.py).
 
 The head already holds the API key for its autoscaler (autoscale.py, a 0600 file); fixed-size
 clusters get the same file the same way (SFTP, 0600). Nothing secret is in the watcher's config.
@@ -8,18 +10,39 @@ clusters get the same file the same way (SFTP, 0600). Nothing secret is in the w
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from infra import auth, autodown, autodown_remote, ui
+from infra import auth, autodown_remote, ui
 from infra.errors import RayfleetError
-from infra.providers.lambda_cloud import api, raycluster
-from infra.providers.lambda_cloud import autodown as action
+from infra.node import autodown
+from infra.node.lambda_cloud import api
+from infra.providers.lambda_cloud import raycluster
+
+# The API key on the head (0600): the same file the autoscaler's node provider reads.
+from infra.providers.lambda_cloud.autoscale import KEY_FILE
 
 if TYPE_CHECKING:
     from infra import ssh
-    from infra.providers.base import AutodownView
     from infra.providers.lambda_cloud.spec import Spec
     from infra.state import State
+
+#: The Python next to the `ray` the head runs: it has requests (Ray depends on it).
+HEAD_PYTHON = '$(dirname "$(command -v ray)")/python'
+#: The watcher's action (infra/node/lambda_cloud/autodown.py).
+ACTION = "infra.node.lambda_cloud.autodown:remove"
+
+
+def watcher_config(cluster: str, cluster_id: str, idle_minutes: float, head_id: str,
+                   dashboard_port: int, token_path: str | None, api_url: str | None,
+                   rate_scale: float) -> autodown.Config:
+    """The head's watcher config: Ray on the head's loopback, this action, no secret inside."""
+    return autodown.Config(
+        cluster=cluster, cluster_id=cluster_id, idle_minutes=idle_minutes,
+        dashboard_url=f"http://127.0.0.1:{dashboard_port}", marker=autodown.HEAD_MARKER,
+        action=ACTION,
+        action_args={"api_key_file": f"~/{KEY_FILE}", "api_url": api_url, "rate_scale": rate_scale,
+                     "cluster_id": cluster_id, "head_instance_id": head_id},
+        token_path=token_path)
 
 
 def install(spec: Spec, state: State, target: ssh.SshTarget, head_id: str,
@@ -33,25 +56,10 @@ def install(spec: Spec, state: State, target: ssh.SshTarget, head_id: str,
     if not key:
         raise api.MissingApiKey("no Lambda API key to give the head for autodown")
     token = auth.NODE_TOKEN_PATH if auth.token_file(state) else None
-    config = action.watcher_config(spec.name, state.cluster_id, spec.autodown.idle_minutes,
+    config = watcher_config(spec.name, state.cluster_id, spec.autodown.idle_minutes,
                                    head_id, raycluster.DASHBOARD_PORT, token, None,
                                    client.limits.scale)
     with ui.step(f"starting the autodown watcher on the head ({spec.autodown.idle_minutes:g} "
                  "idle minutes)"):
-        autodown_remote.install(target, config, action.FILES, {action.KEY_FILE: key.encode()},
-                                python=action.HEAD_PYTHON, activate=raycluster.activate(spec))
-
-
-def refresh(target: ssh.SshTarget, cluster: str) -> None:
-    """Fetch the head's marker into this machine's cache (quietly: status must not fail on it)."""
-    autodown_remote.read_marker(target, cluster)
-
-
-def gone_view(report: AutodownView | None, marker: dict[str, Any] | None) -> AutodownView | None:
-    """For a cluster whose instances are all gone: see `autodown.gone_view`."""
-    view: AutodownView | None = autodown.gone_view(report, marker)
-    return view
-
-
-def marker(cluster: str) -> dict[str, Any] | None:
-    return autodown.read_marker(autodown.marker_path(cluster))
+        autodown_remote.install(target, config, {KEY_FILE: key.encode()}, python=HEAD_PYTHON,
+                                activate=raycluster.activate(spec))

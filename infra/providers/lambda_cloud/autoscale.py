@@ -19,28 +19,25 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from infra import auth, paths, ssh, ui, versions
-from infra.providers.lambda_cloud import api, raycluster
+from infra import auth, paths, shipping, ssh, ui, versions
+from infra.node.lambda_cloud import api
+from infra.providers.lambda_cloud import raycluster
 
 if TYPE_CHECKING:
     from infra.providers.lambda_cloud.spec import Spec
     from infra.state import State
 
-NODE_PROVIDER = "infra.providers.lambda_cloud.node_provider.LambdaNodeProvider"
+NODE_PROVIDER = "infra.node.lambda_cloud.node_provider.LambdaNodeProvider"
 HEAD_TYPE = "head"
 #: On the head, relative to the login user's home.
-PKG_DIR = "rayfleet/pkg"
 CONFIG_FILE = "rayfleet/autoscaler.yaml"
 #: The same config as rendered on this machine (`.rayfleet/rendered/<cluster>/`).
 RENDERED = "autoscaler.yaml"
 KEY_FILE = ".rayfleet/lambda-api-key"
 BOOTSTRAP_KEY = "ray_bootstrap_key.pem"
 TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
-#: What the head imports: the node provider and the small modules it needs (no CLI, no pydantic).
-PACKAGE = ["infra/__init__.py", "infra/errors.py", "infra/net.py", "infra/identity.py",
-           "infra/providers/__init__.py", "infra/providers/lambda_cloud/__init__.py",
-           "infra/providers/lambda_cloud/api.py", "infra/providers/lambda_cloud/tags.py",
-           "infra/providers/lambda_cloud/node_provider.py"]
+#: Which commit the head's node package came from, beside the zips.
+VERSION_FILE = f"{shipping.NODE_DIR}/VERSION"
 
 
 def head_tags(spec: Spec) -> dict[str, str]:
@@ -127,7 +124,7 @@ def head_start_command(spec: Spec, head_id: str) -> str:
     # One node per launch batch: v2 fails a whole batch on one error, and ours launch one by one.
     env = (f"RAY_enable_autoscaler_v2=1 AUTOSCALER_MAX_LAUNCH_BATCH=1 "
            f"RAY_CLOUD_INSTANCE_ID={shlex.quote(head_id)} "
-           f"RAY_NODE_TYPE_NAME={HEAD_TYPE} PYTHONPATH=$HOME/{PKG_DIR} "
+           f"RAY_NODE_TYPE_NAME={HEAD_TYPE} PYTHONPATH=$HOME/{shipping.head_path()} "
            f"{raycluster.node_env_prefix(spec)}RAY_USAGE_STATS_ENABLED=0 ")
     return (f"{activate}ray stop >/dev/null 2>&1; cd ~ && {activate}{env}ray start --head "
             f"--port={raycluster.GCS_PORT} --dashboard-host=127.0.0.1 "
@@ -135,23 +132,15 @@ def head_start_command(spec: Spec, head_id: str) -> str:
             f"--disable-usage-stats{extra}")
 
 
-def _put(sftp: Any, remote: str, data: bytes, mode: int) -> None:
-    """Write a file on the head: created with `mode` before any byte is in it, then renamed."""
-    tmp = f"{remote}.rayfleet-tmp"
-    with sftp.open(tmp, "wb") as handle:
-        handle.chmod(mode)
-        handle.write(data)
-    sftp.posix_rename(tmp, remote)
-
-
 def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instance,
               config_text: str, api_key: str, private_key: Path, start: bool = True) -> None:
-    """Copy the package, secrets and config to the head, install its env, start Ray there.
+    """Copy the node package (one zip), secrets and config to the head, install its env, start
+    Ray there.
 
     With `start` False (Ray already runs), only the files are replaced: v2 re-reads the config
     every loop."""
     root = paths.PROJECT_ROOT
-    dirs = sorted({str(Path(PKG_DIR) / Path(f).parent) for f in PACKAGE})
+    dirs = [shipping.NODE_DIR]
     if spec.env != "none":
         dirs.append(raycluster.REMOTE_SETUP.removeprefix("~/"))
     with ui.step(f"copying the node provider, token and keys to the head {head.ip}"):
@@ -160,21 +149,20 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         client = ssh.connect(target)
         try:
             sftp = client.open_sftp()
-            for name in PACKAGE:
-                _put(sftp, f"{PKG_DIR}/{name}", (root / name).read_bytes(), 0o644)
-            _put(sftp, f"{PKG_DIR}/VERSION", versions_line(root).encode(), 0o644)
+            shipping.upload(sftp)
+            shipping.put(sftp, VERSION_FILE, versions_line(root).encode(), 0o644)
             token = auth.token_file(state)
             if token is not None:
-                _put(sftp, TOKEN_FILE, token.read_bytes(), 0o600)
-            _put(sftp, KEY_FILE, api_key.encode(), 0o600)
-            _put(sftp, BOOTSTRAP_KEY, private_key.read_bytes(), 0o600)
-            _put(sftp, CONFIG_FILE, config_text.encode(), 0o644)
+                shipping.put(sftp, TOKEN_FILE, token.read_bytes(), 0o600)
+            shipping.put(sftp, KEY_FILE, api_key.encode(), 0o600)
+            shipping.put(sftp, BOOTSTRAP_KEY, private_key.read_bytes(), 0o600)
+            shipping.put(sftp, CONFIG_FILE, config_text.encode(), 0o644)
             if spec.env != "none":
                 setup = paths.setup_dir()
                 for file in sorted(p for p in setup.rglob("*") if p.is_file()):
                     inner = file.relative_to(setup)
                     with_dirs(sftp, str(Path("rayfleet/setup") / inner.parent))
-                    _put(sftp, f"rayfleet/setup/{inner}", file.read_bytes(),
+                    shipping.put(sftp, f"rayfleet/setup/{inner}", file.read_bytes(),
                          file.stat().st_mode & 0o755)
             sftp.close()
         finally:

@@ -10,7 +10,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from infra.providers.lambda_cloud import api, fleet
+from infra.node.lambda_cloud import api
+from infra.providers.lambda_cloud import fleet
 
 if TYPE_CHECKING:
     from infra.providers.base import Cost

@@ -15,7 +15,7 @@ import contextlib
 import time
 
 from infra import ui
-from infra.providers.lambda_cloud import api
+from infra.node.lambda_cloud import api
 from infra.state import State
 
 FIREWALL = "lambda-firewall-ruleset"

@@ -1,6 +1,6 @@
 """Lambda instances of one cluster: naming, tags, SSH key, launch with fallbacks, waits, termination.
 
-Ownership is decided by the cluster id (infra/identity.py) and nothing else: an instance is ours
+Ownership is decided by the cluster id (infra/node/identity.py) and nothing else: an instance is ours
 when its id is in the state file or when it carries the launch tag `rayfleet-cluster=<our id>`
 (a run killed between the API's answer and the state write leaves such an instance; `up` adopts
 it, `teardown` terminates it). Names carry the id too, for people reading the console, but a name
@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import identity, ssh, ui
+from infra import ssh, ui
 from infra.errors import ProviderError
-from infra.providers.lambda_cloud import api
-from infra.providers.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE
+from infra.node import identity
+from infra.node.lambda_cloud import api
+from infra.node.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE
 from infra.state import State
 
 if TYPE_CHECKING:

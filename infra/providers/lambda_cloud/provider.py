@@ -20,10 +20,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra import auth, autodown, paths, render, ssh, ui
+from infra import auth, autodown_remote, paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
+from infra.node.files import atomic_write
+from infra.node.lambda_cloud import api
 from infra.providers.base import (
-    AutodownView,
     CostRange,
     Endpoint,
     Plan,
@@ -32,17 +33,9 @@ from infra.providers.base import (
     UpOptions,
 )
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.lambda_cloud import (
-    api,
-    autodown_setup,
-    autoscale,
-    costs,
-    firewall,
-    fleet,
-    raycluster,
-)
+from infra.providers.lambda_cloud import autodown_setup, autoscale, costs, firewall, fleet, raycluster
 from infra.providers.lambda_cloud.spec import Choice, Spec
-from infra.state import State, atomic_write
+from infra.state import State
 
 __all__ = ["Provider", "Spec"]  # re-exported lazily by __init__.py
 
@@ -65,7 +58,6 @@ def place(spec: Spec, types: dict[str, api.InstanceType]) -> tuple[Choice | None
 
 class Provider(BaseProvider[Spec]):
     name = "lambda"
-    supports_autodown = True
 
     def __init__(self, spec: Spec, client: api.LambdaClient | None = None) -> None:
         super().__init__(spec)
@@ -405,19 +397,10 @@ class Provider(BaseProvider[Spec]):
         launched = [r.attrs.get("launched_at") for r in paying]
         launched += [fleet.tag_time(i) for i in scaled + orphans]
         cost = costs.cost(hourly, accrued, billed_now, launched)
-        view, label = None, ""
-        if self.spec.autodown is not None or autodown_setup.marker(state.cluster):
-            if running:
-                autodown_setup.refresh(self._target(str(state.info["head_ip"])), state.cluster)
-            view = super().autodown_report(state)
-            if in_state and not billed_now:
-                gone = autodown_setup.gone_view(view, autodown_setup.marker(state.cluster))
-                if gone is not None:
-                    view, label = gone, "removed itself"
-                    summary = (f"all instances terminated: the cluster "
-                               f"{autodown.describe(gone)}; `invoke teardown` clears its state")
-        return ProviderStatus(running, summary, bill.rows, warnings, state=label, cost=cost,
-                              autodown=view)
+        status = ProviderStatus(running, summary, bill.rows, warnings, cost=cost)
+        report = self.autodown_report(state, fetch=running,
+                                      left=bool(billed_now) if in_state else None)
+        return self.with_autodown(status, report, "all instances of the cluster are terminated")
 
     def cost_range(self, state: State | None) -> CostRange | None:
         """$/h at min and max size from Lambda's prices (the head's and each type's first choice);
@@ -442,18 +425,22 @@ class Provider(BaseProvider[Spec]):
             return None
         return CostRange(low_nodes, high_nodes, cents[0] / 100, cents[1] / 100, costs.SOURCE)
 
-    def autodown_report(self, state: State) -> AutodownView | None:
-        """The cached marker, and, when every instance in state is gone from the API while the
-        last marker showed the watcher counting down, that the cluster removed itself."""
-        view = super().autodown_report(state)
-        last = autodown_setup.marker(state.cluster)
-        if view is None or view.removed_at or not last or not state.resources(fleet.INSTANCE):
-            return view
+    # The head terminates its own instance: its last marker may never reach this machine.
+    autodown_last_word_may_be_lost = True
+
+    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
+        head_ip = state.info.get("head_ip")
+        if left is False or not head_ip:
+            return None  # a terminated head leaves nothing to read
+        return autodown_remote.head_marker(self._target(str(head_ip)))
+
+    def autodown_left(self, state: State) -> bool | None:
+        """Whether the API lists any instance of the state as not terminated."""
+        if not state.resources(fleet.INSTANCE):
+            return None
         listed = {i.id: i for i in self.client().instances()}
-        if any(r.id in listed and listed[r.id].status not in api.GONE
-               for r in state.resources(fleet.INSTANCE)):
-            return view
-        return autodown_setup.gone_view(view, last) or view
+        return any(r.id in listed and listed[r.id].status not in api.GONE
+                   for r in state.resources(fleet.INSTANCE))
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

@@ -157,7 +157,7 @@ def head_reaches_workers(head: ssh.SshTarget, user: str, workers: dict[str, str]
 
 
 def alive_nodes(dashboard_url: str, token_path: Path | None) -> list[dict[str, Any]]:
-    from infra.providers.base import Endpoint
+    from infra.endpoint import Endpoint
 
     nodes = jobs.list_nodes(Endpoint(dashboard_url, "", tunneled=True, token_path=token_path))
     return [{"ip": n.node_ip, "head": n.is_head_node, "resources": dict(n.resources_total or {})}

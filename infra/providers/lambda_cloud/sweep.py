@@ -1,7 +1,7 @@
 """Lambda's side of `invoke sweep` (infra/sweep.py): instances whose launch tags carry a cluster id.
 
 Tags are set at launch and cannot change, so an instance's `rayfleet-cluster` / `rayfleet-owner` tags
-(infra/identity.py) say for its whole life whose cluster it belongs to. Instances without them are
+(infra/node/identity.py) say for its whole life whose cluster it belongs to. Instances without them are
 never listed, whatever their name. Only instances bill by the hour; SSH keys and firewall rulesets
 cost nothing and stay for `invoke teardown` of their cluster (their names carry the cluster's name).
 """
@@ -12,12 +12,12 @@ import contextlib
 import time
 from typing import ClassVar
 
-from infra import identity
 from infra.errors import ProviderError
+from infra.node import identity
+from infra.node.lambda_cloud import api
+from infra.node.lambda_cloud.autodown import listed, tags_of
 from infra.providers.base import Marked
 from infra.providers.base import Sweeper as BaseSweeper
-from infra.providers.lambda_cloud import api
-from infra.providers.lambda_cloud.autodown import listed, tags_of
 
 
 class Sweeper(BaseSweeper):

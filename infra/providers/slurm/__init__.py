@@ -5,7 +5,7 @@ Two shapes (see README, "Ray on Slurm"):
 - autoscaling (`worker_types` in the spec): a head job runs Ray's autoscaler with our node
   provider (node_provider.py), which submits one sbatch job per worker and cancels idle ones.
 
-This module is light on purpose: Ray's monitor imports `infra.providers.slurm.node_provider` on
+This module is light on purpose: Ray's monitor imports `infra.node.slurm.node_provider` on
 the head, where only Ray and our small modules exist (no pydantic, rich, paramiko). `Spec` and
 `Provider` (what the registry in infra/providers/__init__.py asks for) load on first access.
 

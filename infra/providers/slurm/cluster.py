@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from infra.errors import SpecError
-from infra.providers.slurm import queue
-from infra.providers.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable
+from infra.node.slurm import queue
+from infra.node.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable
 from infra.providers.slurm.remote import Runner, SlurmError
 from infra.providers.slurm.script import shell_path
 from infra.providers.slurm.spec import Spec, time_limit_seconds
@@ -339,6 +339,8 @@ def read_output(runner: Runner, path: str) -> str:
 
 def remove_files(runner: Runner, workdir: str, job_name: str) -> None:
     base = shell_path(f"{workdir.rstrip('/')}/{job_name}")
+    # The atomic write's temporary files (infra/node/files.py), should a writer have died.
+    hidden = shell_path(f"{workdir.rstrip('/')}/.{job_name}")
     # <job name>.autodown.json: what the head's idle watcher left when it removed the cluster.
-    runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp* {base}.autodown.json*",
-               timeout=30)
+    runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp* {base}.autodown.json* "
+               f"{hidden}.json.*.tmp {hidden}.autodown.json.*.tmp", timeout=30)

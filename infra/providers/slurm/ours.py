@@ -11,10 +11,13 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from infra import autodown, paths, ui
+from infra import paths, ui
+from infra.node.files import atomic_write
+from infra.node.slurm import queue
+from infra.node.slurm.queue import JobRow, QueueUnavailable
+from infra.providers.base import Provider as BaseProvider
 from infra.providers.base import ProviderStatus
-from infra.providers.slurm import autodown_view, cluster, costs, queue
-from infra.providers.slurm.queue import JobRow, QueueUnavailable
+from infra.providers.slurm import cluster, costs
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.script import shell_path
 from infra.providers.slurm.spec import Spec
@@ -144,9 +147,7 @@ def _keep_output(spec: Spec, runner: Runner, workdir: str, job_name: str, job_id
     """Copy the job's output into .rayfleet/logs, then remove the job's files remotely."""
     text = cluster.read_output(runner, cluster.job_file(workdir, job_name, ".out"))
     if text:
-        folder = paths.home() / "logs" / spec.name
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"slurm-{job_id}.out").write_text(text)
+        atomic_write(paths.home() / "logs" / spec.name / f"slurm-{job_id}.out", text)
     cluster.remove_files(runner, workdir, job_name)
 
 
@@ -156,9 +157,12 @@ def _position(row: JobRow, pending: list[str]) -> str:
     return f"{pending.index(row.base_id) + 1} of {len(pending)}" if row.base_id in pending else ""
 
 
-def status(spec: Spec, runner_of: Callable[[], contextlib.AbstractContextManager[Runner]],
+def status(impl: BaseProvider[Spec],
+           runner_of: Callable[[], contextlib.AbstractContextManager[Runner]],
            state: State) -> ProviderStatus:
-    """The head job and every worker job carrying the cluster id, from one squeue each."""
+    """The head job and every worker job carrying the cluster id, from one squeue each, with the
+    autodown report (`impl.autodown_report`)."""
+    spec = impl.spec
     recorded = state.resources(JOB)
     if not recorded:
         return ProviderStatus(False, "no Slurm job; start one with `invoke up`")
@@ -174,17 +178,14 @@ def status(spec: Spec, runner_of: Callable[[], contextlib.AbstractContextManager
                                    "listing the cluster's jobs")
         pending = cluster.patiently(lambda: cluster.pending_queue(runner),
                                     "reading the pending queue")
-        watched = autodown_view.relevant(spec, state)
-        if watched and not rows and not others:
-            autodown_view.fetch_record(runner, spec, state, job)
-        elif watched and rows and rows[0].state == "RUNNING":
-            autodown_view.refresh_live(runner, state, job)
-    report = autodown_view.view(spec, state, jobs_listed=bool(rows or others)) if watched else None
+    # The head's marker: live while its job runs, the record it left once nothing is listed.
+    listed = bool(rows or others)
+    report = impl.autodown_report(state, fetch=not listed or bool(rows and rows[0].state ==
+                                                                  "RUNNING"), left=listed)
     if not rows:
         if report is not None and report.removed_at:
-            return ProviderStatus(False, f"no job of the cluster is in the queue: it "
-                                  f"{autodown.describe(report)}; `invoke teardown` clears its "
-                                  "state", state="removed itself", autodown=report)
+            return impl.with_autodown(ProviderStatus(False, ""), report,
+                                      "no job of the cluster is in the queue")
         # Ended otherwise (time limit, scancel by hand): no countdown to show.
         return ProviderStatus(False, f"Slurm job {job_id} is no longer in the queue",
                               warnings=[f"job {job_id} ended; `invoke teardown` verifies "

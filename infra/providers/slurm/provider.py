@@ -17,10 +17,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from infra import auth, jobs, ui, versions
+from infra import auth, autodown_view, jobs, ui, versions
 from infra.errors import ClusterNotRunningError
+from infra.node.slurm import queue
+from infra.node.slurm.queue import QueueUnavailable, SlurmError
 from infra.providers.base import (
-    AutodownView,
     CostRange,
     Endpoint,
     Plan,
@@ -29,8 +30,7 @@ from infra.providers.base import (
     UpOptions,
 )
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.slurm import autodown_view, cluster, install, ours, queue, remote
-from infra.providers.slurm.queue import QueueUnavailable, SlurmError
+from infra.providers.slurm import autodown_setup, cluster, install, ours, remote
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.script import autoscaling_config, render_script, render_worker_script
 from infra.providers.slurm.spec import Spec
@@ -54,8 +54,6 @@ def _ordinal_position(job_id: str, pending: list[str]) -> str:
 
 class Provider(BaseProvider[Spec]):
     name = "slurm"
-    #: The head's job runs the idle watcher beside Ray (spec: autodown; off unless set).
-    supports_autodown = True
 
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
@@ -214,7 +212,7 @@ class Provider(BaseProvider[Spec]):
         # Recorded before sbatch: if we die before reading the id, teardown finds it by name.
         state.add(JOB, job_name, submitted_on=runner.where, workdir=self.spec.submit.workdir,
                   submitted_at=time.time())
-        autodown_view.forget(state)  # a new head, a new watcher: the last one's word is void
+        autodown_view.forget(state.cluster)  # a new head, a new watcher: the last one's word is void
         comment = queue.comment(state.cluster_id, state.owner, self.spec.name, "head")
         with ui.step(f"submitting {SCRIPT} on {runner.where}") as step:
             job_id = cluster.sbatch(runner, self.spec.submit.workdir, job_name, script, comment,
@@ -281,23 +279,25 @@ class Provider(BaseProvider[Spec]):
     # --- status and connect --------------------------------------------------------------------
 
     def status(self, state: State) -> ProviderStatus:
-        return ours.status(self.spec, self._runner, state)
+        return ours.status(self, self._runner, state)
 
-    def autodown_report(self, state: State) -> AutodownView | None:
-        """The cached word of the head's watcher; and, when the last one said it was removing
-        the cluster or the head's job is gone, what Slurm and the work dir say now: removed only
-        once no job of the cluster is listed, by the record the head left (see autodown_view)."""
-        if not autodown_view.relevant(self.spec, state):
-            return None
+    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
+        """The live marker on the head's node, or (nothing listed) the record it left."""
         job = self._job(state)
         if job is None:
-            return autodown_view.view(self.spec, state, jobs_listed=False)
+            return None
         with self._runner() as runner:
-            listed = bool(cluster.patiently(lambda: cluster.our_jobs(runner, state.cluster_id),
-                                            "listing the cluster's jobs"))
-            if not listed:
-                autodown_view.fetch_record(runner, self.spec, state, job)
-        return autodown_view.view(self.spec, state, jobs_listed=listed)
+            if left is False:
+                return autodown_setup.record(runner, self.spec, job)
+            return autodown_setup.live_marker(runner, job)
+
+    def autodown_left(self, state: State) -> bool | None:
+        """Whether Slurm lists any job carrying the cluster id."""
+        if self._job(state) is None:
+            return False
+        with self._runner() as runner:
+            return bool(cluster.patiently(lambda: cluster.our_jobs(runner, state.cluster_id),
+                                          "listing the cluster's jobs"))
 
     def cost_range(self, state: State | None) -> CostRange | None:
         """Node-hours per hour at the smallest and largest size (Slurm bills no money): a fixed

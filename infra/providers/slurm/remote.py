@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import net, ssh
+from infra import ssh
 from infra.errors import UsageError
-from infra.providers.slurm.queue import SlurmError
+from infra.node import net
+from infra.node.slurm.queue import SlurmError
 from infra.providers.slurm.spec import Submit
 
 if TYPE_CHECKING:

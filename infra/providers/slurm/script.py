@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 from typing import Any
 
-from infra import rayproc, render
-from infra.providers.slurm import autodown as slurm_autodown
-from infra.providers.slurm import node_helper, queue
+from infra import render, shipping
+from infra.node import rayproc
+from infra.node.slurm import autodown as slurm_autodown
+from infra.node.slurm import node_helper, queue
 from infra.providers.slurm.spec import PORT_STRIDE, GpuWorkers, Spec, WorkerType
 
 #: The head's node type name in Ray's autoscaling config (v2 expects it in RAY_NODE_TYPE_NAME).
 HEAD_TYPE = "ray.head.default"
-#: What Ray's monitor on the head imports (module path of the external node provider).
-NODE_PROVIDER = "infra.providers.slurm.node_provider.SlurmNodeProvider"
-#: The files shipped to the head for it: the provider, its light imports, their packages.
-_SHIPPED = ("infra/__init__.py", "infra/errors.py", "infra/identity.py",
-            "infra/providers/__init__.py", "infra/providers/slurm/__init__.py",
-            "infra/providers/slurm/queue.py", "infra/providers/slurm/node_provider.py")
+#: What Ray's monitor on the head imports (module path of the external node provider), from the
+#: node package the batch script writes into the head's private dir.
+NODE_PROVIDER = "infra.node.slurm.node_provider.SlurmNodeProvider"
 
 # Flags only a head takes; `ray start` refuses --port and --include-dashboard on workers, and the
 # dashboard and client server run on the head alone.
@@ -173,16 +170,6 @@ def autoscaler_env(spec: Spec) -> list[tuple[str, str]]:
     return [(name, value) for name, value in settings if name not in spec.environment.env_vars]
 
 
-def _shipped(spec: Spec) -> list[tuple[str, str, str]]:
-    """(folder, path, source) of our modules the head needs: the node provider (autoscaling),
-    the idle watcher and Slurm's removal action (autodown); nothing for a plain fixed cluster."""
-    wanted = set(_SHIPPED) if spec.autoscaling else set()
-    if spec.autodown is not None:
-        wanted |= set(slurm_autodown.FILES)
-    root = Path(node_helper.__file__).resolve().parents[3]
-    return [(str(Path(p).parent), p, (root / p).read_text().rstrip("\n")) for p in sorted(wanted)]
-
-
 def _environment_context(spec: Spec) -> dict[str, Any]:
     env = spec.environment
     return {
@@ -229,7 +216,10 @@ def render_script(spec: Spec) -> str:
         gpu_sbatch_options=gpu_sbatch_options(spec, gpu) if gpu else [],
         **_environment_context(spec),
         autoscaling=autoscaling,
-        shipped=_shipped(spec),
+        # The node package for the head: the node provider (autoscaling), the idle watcher and
+        # Slurm's removal action (autodown); nothing for a plain fixed cluster.
+        node_zip=shipping.node_zip_base64() if autoscaling or spec.autodown else "",
+        node_zip_name=shipping.zip_name(),
         autodown=f"{spec.autodown.idle_minutes:g}" if spec.autodown else "",
         autodown_config=slurm_autodown.CONFIG_FILE,
         autodown_marker=slurm_autodown.MARKER_FILE,

@@ -12,7 +12,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from infra.providers.slurm.queue import time_limit_seconds
+from infra.node.slurm.queue import time_limit_seconds
 from infra.spec import ClusterSpec, StrictModel
 
 # A word Slurm accepts as a partition, account, QOS, module or GPU type: no spaces, no quotes.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts the head of the local cluster "golden-full".
-# Rendered by infra/providers/local.py (Provider._start_script); `invoke up` runs it.
+# Rendered by infra/providers/local/provider.py (Provider._start_script); `invoke up` runs it.
 set -euo pipefail
 
 # Usage statistics stay off unless the user opted in; rayfleet never phones home by default.

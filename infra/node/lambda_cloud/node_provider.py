@@ -1,17 +1,17 @@
 """Ray node provider for Lambda Cloud: Ray's own autoscaler (v2) launches and removes workers.
 
 Loaded by the head's monitor as `provider: {type: external, module:
-infra.providers.lambda_cloud.node_provider.LambdaNodeProvider}`. It imports only Ray, requests and
-our small modules (api, tags, identity, errors, net), which `up` copies to `~/rayfleet/pkg` on the
-head from the checkout that runs `up`.
+infra.node.lambda_cloud.node_provider.LambdaNodeProvider}`. It imports only Ray (filelock is
+Ray's dependency), requests and the node package, which `up` copies to the head as one zip
+(infra/shipping.py) from the checkout that runs `up`.
 
 What it guarantees (Ray's contract, autoscaling.md section 1):
 - Identity lives on the instance: launch tags carry the cluster id, owner mark, cluster name,
   node type, Ray's immutable node tags (kind, user node type, launch hash, launch request) and a
   launch token; names are `<cluster>-<id>-<type>-<token>`. Only instances tagged with this
   cluster's id are listed, so a colleague's instance can never be scaled, adopted or removed.
-- Mutable tags (Ray's node status) live in a state file on the head, locked (flock + a thread
-  lock) and replaced atomically; a lost file costs only statuses, never ownership.
+- Mutable tags (Ray's node status) live in a state file on the head, locked (filelock, per
+  thread and process) and replaced atomically; a lost file costs only statuses, never ownership.
 - `create_node` writes the instance id to that file before it returns; a booting instance is
   listed at once, a terminated one is dropped at once (the instance list is cached between
   refreshes so the reconcile loop does not spend the API's request budget).
@@ -26,10 +26,8 @@ What it guarantees (Ray's contract, autoscaling.md section 1):
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-import os
 import re
 import secrets
 import threading
@@ -37,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
@@ -45,9 +44,10 @@ from ray.autoscaler.tags import (
     TAG_RAY_NODE_STATUS,
 )
 
-from infra import identity
-from infra.providers.lambda_cloud import api
-from infra.providers.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE, valid
+from infra.node import identity
+from infra.node.files import atomic_write
+from infra.node.lambda_cloud import api
+from infra.node.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE, valid
 
 logger = logging.getLogger(__name__)
 
@@ -62,22 +62,16 @@ class NoCapacity(RuntimeError):
 
 
 class TagStore:
-    """Mutable node tags by instance id in one JSON file, safe across threads and processes."""
+    """Mutable node tags by instance id in one JSON file, safe across threads and processes
+    (filelock, which Ray depends on: one OS lock per thread, so threads exclude each other too)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(f"{path}.lock", mode=0o600, thread_local=True)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Any:
-        with self._lock:
-            fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)
+    def _locked(self) -> FileLock:
+        return self._lock
 
     def _read(self) -> dict[str, dict[str, str]]:
         try:
@@ -87,13 +81,7 @@ class TagStore:
         return data if isinstance(data, dict) else {}
 
     def _write(self, data: dict[str, dict[str, str]]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(data, sort_keys=True), mode=0o600)
 
     def get(self, instance_id: str) -> dict[str, str]:
         with self._locked():

@@ -1,6 +1,6 @@
 """Our jobs in Slurm's queue: how they are named and marked, and squeue's answers, parsed.
 
-Standard library only (plus infra.errors and infra.identity): both this machine (through a
+Standard library only (plus infra.errors and infra.node.identity): both this machine (through a
 `Runner`) and the head's autoscaler (node_provider.py, on a compute node without rayfleet's
 dependencies) read the queue with these functions.
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from infra.errors import ProviderError
-from infra.identity import TAG_CLUSTER, TAG_NAME, TAG_OWNER
+from infra.node.errors import ProviderError
+from infra.node.identity import TAG_CLUSTER, TAG_NAME, TAG_OWNER
 
 #: squeue's fields, fixed with -o so that a site's SQUEUE_FORMAT cannot change them. The comment
 #: comes last; ours never contains "|".

@@ -1,10 +1,11 @@
-"""GCP's autodown action (infra/autodown.py): the head deletes its workers, then its own VM.
+"""GCP's autodown action (infra/node/autodown.py): the head deletes its workers, then its own VM.
 
 Runs on the head with the credentials it already has for Ray's autoscaler (the VM's service account,
 through the metadata server). Workers are chosen by exactly the labels teardown uses (`labels` in
 the args), never by name alone; the head deletes itself last, so a failure half-way leaves a head
-that can retry. Note: on the head this module needs `infra.providers.gcp_tpu` to import without
-pydantic (the Lambda and Slurm packages load their verbs lazily for the same reason).
+that can retry. Needs Google's client at run time (api.py imports it inside its calls): the GCP
+node installer puts it in the head's env. infra/providers/gcp_tpu/autodown_setup.py is the
+laptop's side.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra import identity
-from infra.providers.gcp_tpu import queued
-from infra.providers.gcp_tpu.api import ApiOptions, Gcp, find_credentials
+from infra.node import identity
+from infra.node.gcp_tpu import queued
+from infra.node.gcp_tpu.api import ApiOptions, Gcp, find_credentials
+from infra.node.retry import poll
 
 
 def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -43,11 +45,14 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
             log(f"deleting VM {vm['name']}")
             operations.append(api.delete_instance(zone, str(vm["name"])))
     deadline = time.monotonic() + wait_s
+
+    def finished(operation: Any) -> Callable[[], bool]:
+        return lambda: api.poll(operation, "deleting a worker") is not None
+
     for operation in operations:
-        while operation is not None and api.poll(operation, "deleting a worker") is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"workers still being deleted after {wait_s:g}s")
-            time.sleep(api.options.poll_interval)
+        if operation is not None:
+            poll(finished(operation), max(0.0, deadline - time.monotonic()),
+                 api.options.poll_interval, "workers still being deleted")
     log(f"deleting the head VM {head}")
     api.delete_instance(zone, head)
 
@@ -82,12 +87,3 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
             log(f"`ray stop` exited {done.returncode}: {done.stderr.strip()[-200:]}")
         time.sleep(float(args.get("settle_s", 3)))
     remove(args, log)
-
-
-# --- this machine's side: what `up` puts on the head (see autodown_setup.py) ----------------------
-
-#: The modules the action imports, beyond the watcher's own (autodown_remote.CORE_FILES).
-FILES = ["infra/providers/gcp_tpu/__init__.py", "infra/providers/gcp_tpu/api.py",
-         "infra/providers/gcp_tpu/autodown.py", "infra/providers/gcp_tpu/queued.py"]
-#: The watcher's action.
-ACTION = "infra.providers.gcp_tpu.autodown:stop_ray_then_remove"

@@ -1,7 +1,7 @@
 """Ray's autoscaler on Slurm: each worker node is one sbatch job that this provider submits and
 cancels. Ray's monitor on the head imports it (`provider: {type: external, module:
-infra.providers.slurm.node_provider.SlurmNodeProvider}`), so it needs Ray and the standard
-library only (plus queue.py, infra.errors, infra.identity, shipped with it into the head's dir).
+infra.node.slurm.node_provider.SlurmNodeProvider}`), so it needs Ray and the standard
+library only (plus queue.py, infra.errors, infra.node.identity, shipped with it into the head's dir).
 
 - State comes from Slurm: one `squeue` per refresh (at most one a second), filtered by the
   cluster id in the jobs' comments. A failed squeue is retried; if it keeps failing, the last
@@ -44,8 +44,8 @@ from ray.autoscaler.tags import (
     TAG_RAY_USER_NODE_TYPE,
 )
 
-from infra.providers.slurm import queue
-from infra.providers.slurm.queue import JobRow, QueueUnavailable, SlurmError
+from infra.node.slurm import queue
+from infra.node.slurm.queue import JobRow, QueueUnavailable, SlurmError
 
 logger = logging.getLogger(__name__)
 

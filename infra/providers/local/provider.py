@@ -1,7 +1,7 @@
 """The `local` provider: a real Ray head on this machine, fenced off from any other Ray here.
 
 The cluster owns a private port block and temp dir, binds its dashboard to 127.0.0.1, and is stopped
-by finding exactly its own processes (see infra/rayproc.py), never with `ray stop`.
+by finding exactly its own processes (see infra/node/rayproc.py), never with `ray stop`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from infra import auth, autodown, jobs, paths, rayproc, render, ui
+from infra import auth, autodown_view, jobs, paths, render, ui
 from infra.errors import ClusterNotRunningError, ProviderError
-from infra.providers import local_autodown
+from infra.node import autodown, rayproc
+from infra.node.local import autodown as local_autodown
 from infra.providers.base import Cost, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
 from infra.spec import ClusterSpec
@@ -73,7 +74,6 @@ def _usage_stats() -> str:
 
 class Provider(BaseProvider[Spec]):
     name = "local"
-    supports_autodown = True
 
     def _block(self, state: State | None) -> rayproc.PortBlock:
         head = state.resources(HEAD) if state else []
@@ -175,13 +175,13 @@ class Provider(BaseProvider[Spec]):
         return endpoint
 
     def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint) -> None:
-        """Start the idle watcher (infra/autodown.py) beside the head unless one runs already.
+        """Start the idle watcher (infra/node/autodown.py) beside the head unless one runs already.
 
         It runs detached from this command, so the cluster removes itself with this terminal and
         this machine's user gone; its config lives in the cluster's temp dir, which makes it one of
         the cluster's processes for teardown.
         """
-        marker = autodown.marker_path(self.spec.name)
+        marker = autodown_view.marker_path(self.spec.name)
         if self.spec.autodown is None:
             marker.unlink(missing_ok=True)
             return
@@ -193,13 +193,13 @@ class Provider(BaseProvider[Spec]):
         autodown.write_config(config_path, autodown.Config(
             cluster=self.spec.name, cluster_id=state.cluster_id,
             idle_minutes=self.spec.autodown.idle_minutes, dashboard_url=endpoint.dashboard_url,
-            marker=str(marker), action="infra.providers.local_autodown:remove",
+            marker=str(marker), action=local_autodown.ACTION,
             action_args={"temp_dir": tmp, "port_base": block.base},
             token_path=str(endpoint.token_path) if endpoint.token_path else None))
         log = paths.home() / "logs" / self.spec.name / "autodown.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as out:
-            subprocess.Popen([sys.executable, "-m", "infra.autodown", "--config", str(config_path)],
+            subprocess.Popen([sys.executable, "-m", "infra.node.autodown", "--config", str(config_path)],
                              cwd=paths.PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
         ui.info(f"autodown: the cluster stops itself after {self.spec.autodown.idle_minutes:g} "
@@ -208,32 +208,20 @@ class Provider(BaseProvider[Spec]):
     def _markers(self, state: State) -> list[str | re.Pattern[str]]:
         markers: list[str | re.Pattern[str]] = []
         for head in state.resources(HEAD):
-            markers += [head.id, rayproc.gcs_marker(int(head.attrs["port_base"]))]
+            markers += local_autodown.markers(head.id, int(head.attrs["port_base"]))
         return markers
 
     def _stop(self, state: State) -> None:
-        markers = self._markers(state)
-        # Several rounds: after a crashed `up`, a still-running `ray start` may spawn more
-        # processes while the first ones are being stopped.
-        for _ in range(3):
-            pids = rayproc.cluster_processes(markers)
-            if not pids:
-                break
-            foreign = rayproc.not_ours(pids)
-            if foreign:
+        try:
+            local_autodown.stop(self._markers(state), lambda count: ui.step(
+                f"stopping {count} Ray processes of {self.spec.name!r}"))
+        except local_autodown.StopError as exc:
+            if exc.why == "belong to another user":
                 raise LocalError(
-                    f"processes {foreign} match cluster {self.spec.name!r} but belong to another "
+                    f"processes {exc.pids} match cluster {self.spec.name!r} but belong to another "
                     "user; rayfleet signals only its own processes: ask their owner to stop them"
-                )
-            with ui.step(f"stopping {len(pids)} Ray processes of {self.spec.name!r}"):
-                # The cluster is going away as a whole, so the GCS need not wait for raylets to
-                # drain (it ignores SIGTERM for several seconds): a short grace, then SIGKILL.
-                left = rayproc.terminate(pids, grace=1.0)
-            if left:
-                raise LocalError(f"processes {left} of {self.spec.name!r} survived SIGKILL")
-        left = rayproc.cluster_processes(markers)
-        if left:
-            raise LocalError(f"processes {left} of {self.spec.name!r} are still running")
+                ) from None
+            raise LocalError(f"processes {exc.pids} of {self.spec.name!r} {exc.why}") from None
         for head in state.resources(HEAD):
             shutil.rmtree(head.id, ignore_errors=True)
             state.remove(HEAD, head.id)
@@ -243,12 +231,11 @@ class Provider(BaseProvider[Spec]):
         if not heads:
             return ProviderStatus(False, f"local cluster {self.spec.name!r} is not running")
         pids = rayproc.cluster_processes(self._markers(state))
-        report = self.autodown_report(state)
+        report = self.autodown_report(state, left=bool(pids))
         if not pids and report is not None and report.removed_at:
-            return ProviderStatus(False, f"local cluster {self.spec.name!r} "
-                                  f"{autodown.describe(report)}; `invoke teardown` clears its state",
-                                  state="removed itself", cost=Cost(0, 0.0, source="free"),
-                                  autodown=report)
+            return self.with_autodown(ProviderStatus(False, "", cost=Cost(0, 0.0, source="free")),
+                                      report, f"no process of local cluster {self.spec.name!r} "
+                                      "is left")
         block = rayproc.PortBlock(int(heads[0].attrs["port_base"]))
         endpoint = self._endpoint(block, state)
         answering = jobs.dashboard_ready(endpoint.dashboard_url, endpoint.token_path)

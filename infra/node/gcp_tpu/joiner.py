@@ -1,9 +1,9 @@
 """The head's side of queued TPU slices: join ACTIVE ones to the cluster, replace lost spot ones.
 
 A queue can take hours, so the head does this, not the laptop: `up` installs this daemon on the head
-(through infra/autodown_remote.py) and it runs there with only Ray, requests, Google's client and
-our small modules. Every `poll_s` it lists the cluster's queued resources (queued.py) in every zone
-the slices may use, and:
+(through infra/autodown_remote.py, which ships the node package whole) and it runs there with
+only Ray, requests, Google's client and this package. Every `poll_s` it lists the cluster's
+queued resources (queued.py) in every zone the slices may use, and:
 
 - an ACTIVE request's hosts are set up over SSH from the head (Ray's `~/ray_bootstrap_key.pem`, a
   known_hosts file per request): the node installer from `~/rayfleet/setup`, the Ray token as a
@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.providers.gcp_tpu import queued
-from infra.providers.gcp_tpu.api import (
+from infra.node.files import atomic_write
+from infra.node.gcp_tpu import queued
+from infra.node.gcp_tpu.api import (
     SCOPES,
     ApiOptions,
     Credentials,
@@ -39,14 +40,12 @@ from infra.providers.gcp_tpu.api import (
     GcpError,
     find_credentials,
 )
+from infra.node.retry import poll
 
 #: On the head, `~/`-relative (the 0700 folder that holds the token).
 HEAD_CONFIG = "~/.rayfleet/queued.json"
 HEAD_MARKER = "~/.rayfleet/queued-marker.json"
 HEAD_LOG = "~/.rayfleet/queued.log"
-#: Modules the daemon imports beyond autodown_remote.CORE_FILES.
-FILES = ["infra/providers/gcp_tpu/__init__.py", "infra/providers/gcp_tpu/api.py",
-         "infra/providers/gcp_tpu/queued.py", "infra/providers/gcp_tpu/joiner.py"]
 SSH_TIMEOUT_S = 600
 
 
@@ -100,12 +99,8 @@ class Joiner:
                     "pid": os.getpid(), "checked_at": now_iso(), "error": error,
                     "requests": self.requests}
             text = json.dumps(data, indent=2) + "\n"
-        self.marker_path.parent.mkdir(parents=True, exist_ok=True)
-        # Join threads write it too: a temporary file per thread, then an atomic rename.
-        tmp = self.marker_path.with_name(
-            f".{self.marker_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.marker_path)
+        # Join threads write it too: atomic_write's temporary file is per thread.
+        atomic_write(self.marker_path, text)
 
     # --- one round ------------------------------------------------------------------------
 
@@ -243,12 +238,9 @@ class Joiner:
         """Set one TPU host up and start Ray there, joined to this head."""
         ssh = self._ssh(qr_id, ip)
         started = time.monotonic()
-        deadline = started + SSH_TIMEOUT_S
-        while subprocess.run([*ssh, "true"], stdin=subprocess.DEVNULL, capture_output=True,
-                             timeout=60, check=False).returncode != 0:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no SSH to {ip} after {SSH_TIMEOUT_S} s")
-            time.sleep(5)
+        poll(lambda: subprocess.run([*ssh, "true"], stdin=subprocess.DEVNULL, capture_output=True,
+                                    timeout=60, check=False).returncode == 0,
+             SSH_TIMEOUT_S, 5, f"no SSH to {ip}")
         # The node installer, as Ray's file_mounts put it on the head.
         setup = _home("~/rayfleet/setup")
         with subprocess.Popen(["tar", "-C", str(setup.parent), "-cf", "-", setup.name],
@@ -288,9 +280,9 @@ class Joiner:
             f"ray start {time.monotonic() - reached:.1f} s)")
 
     def run(self) -> None:
-        poll = float(self.config.get("poll_s") or 15)
+        every = float(self.config.get("poll_s") or 15)
         log(f"watching queued slices of {self.config['cluster']} in "
-            f"{', '.join(self.zones())}, every {poll:g} s")
+            f"{', '.join(self.zones())}, every {every:g} s")
         while True:
             error = None
             try:
@@ -299,16 +291,16 @@ class Joiner:
                 error = f"{type(exc).__name__}: {exc}"[:300]
                 log(error)
             self.write_marker(error)
-            time.sleep(poll)
+            time.sleep(every)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.providers.gcp_tpu.joiner",
+    parser = argparse.ArgumentParser(prog="python -m infra.node.gcp_tpu.joiner",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, type=Path)
     args = parser.parse_args(argv)
     path = args.config.expanduser()
-    Path(f"{path}.pid").write_text(f"{os.getpid()}\n")
+    atomic_write(Path(f"{path}.pid"), f"{os.getpid()}\n")
     Joiner(json.loads(path.read_text())).run()
     return 0
 

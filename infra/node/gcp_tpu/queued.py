@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import identity
-from infra.providers.gcp_tpu.api import Gcp, GcpNotFoundError
+from infra.node import identity
+from infra.node.gcp_tpu.api import Gcp, GcpNotFoundError
 
 #: What state says a request is in; the API's `state.state`.
 WAITING = "WAITING_FOR_RESOURCES"

@@ -9,14 +9,15 @@ remembers it. The watcher asks Ray on the head, every few seconds, whether anyth
 - an actor that is not dead (a detached actor serves someone even without a driver).
 
 When none of these has been seen for `idle_minutes`, it runs the provider's removal action (a
-function named in its config, e.g. `infra.providers.local_autodown:remove`): the workers go first,
+function named in its config, e.g. `infra.node.local.autodown:remove`): the workers go first,
 then the head itself. Everything it sees and does goes into a small JSON marker, which `invoke
 status` reads for its countdown and the next `status`/`up`/`teardown` for "removed itself at ...".
 If Ray does not answer at all, that counts as idle: a head whose Ray is gone can run nothing.
 
-Runs as `python -m infra.autodown --config FILE` with only Ray, requests and our small core modules
+Runs as `python -m infra.node.autodown --config FILE` with only Ray, requests and this package
 importable (the head of a remote cluster has nothing more); it never connects to Ray as a driver,
-which would keep the cluster busy itself.
+which would keep the cluster busy itself. The laptop's side (the marker's cached copy and what
+`status` makes of it) is infra/autodown_view.py.
 """
 
 from __future__ import annotations
@@ -33,8 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: File names, relative to RAYFLEET_HOME on the laptop (`marker_path`) or given in the config.
-MARKER_DIR = "autodown"
+from infra.node.files import atomic_write
+
+#: On a remote head, relative to the login user's home (0700 folder, as the token's): the
+#: watcher's config (its pid file beside it), marker and log.
+HEAD_CONFIG = "~/.rayfleet/autodown.json"
+HEAD_MARKER = "~/.rayfleet/autodown-marker.json"
+HEAD_LOG = "~/.rayfleet/autodown.log"
 
 _ACTIVE_JOB = {"PENDING", "RUNNING"}
 _DONE_TASK = ("FINISHED", "FAILED")
@@ -78,25 +84,7 @@ class Config:
 
 def write_config(path: Path, config: Config) -> None:
     """Write the watcher's config, 0600 (it names the token file)."""
-    from infra.state import atomic_write
-
     atomic_write(path, json.dumps(config.__dict__, indent=2) + "\n", mode=0o600)
-
-
-def marker_path(cluster: str) -> Path:
-    """Where this machine keeps a cluster's watcher marker (written by a local watcher directly,
-    cached here by remote providers from what they read on the head)."""
-    from infra import paths
-
-    return paths.home() / MARKER_DIR / f"{cluster}.json"
-
-
-def read_marker(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _headers(token_path: str | None) -> dict[str, str]:
@@ -164,11 +152,7 @@ class Watcher:
         }
 
     def _write(self) -> None:
-        path = Path(self.config.marker).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.marker, indent=2) + "\n")
-        os.replace(tmp, path)
+        atomic_write(Path(self.config.marker).expanduser(), json.dumps(self.marker, indent=2) + "\n")
 
     def step(self) -> bool:
         """Check once; True when the cluster has been idle for the whole period."""
@@ -219,126 +203,16 @@ def log(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.autodown", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m infra.node.autodown",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, type=Path, help="the watcher's JSON config")
     args = parser.parse_args(argv)
     path = args.config.expanduser()
-    # The pid file lets `autodown_remote.start_command` (a second `up`) see that a watcher already runs.
-    Path(f"{path}.pid").write_text(f"{os.getpid()}\n")
+    # The pid file lets `autodown_remote.start_command` (a second `up`) see that one already runs.
+    atomic_write(Path(f"{path}.pid"), f"{os.getpid()}\n")
     Watcher(Config.load(path)).run()
     return 0
 
 
-# --- remote heads: where the watcher's files live there, and how `up` starts it -------------------
-
-#: On a remote head, relative to the login user's home (0700 folder, as the token's).
-HEAD_CONFIG = "~/.rayfleet/autodown.json"
-HEAD_MARKER = "~/.rayfleet/autodown-marker.json"
-HEAD_LOG = "~/.rayfleet/autodown.log"
-
-
-def cache_marker(cluster: str, text: str) -> None:
-    """Keep what a provider read from its head's marker, for `status` after the head is gone."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return
-    if not isinstance(data, dict):
-        return
-    from infra.state import atomic_write
-
-    atomic_write(marker_path(cluster), json.dumps(data, indent=2) + "\n")
-
-
 if __name__ == "__main__":
     sys.exit(main())
-
-
-# --- the laptop's side: what `status`, `up` and `teardown` make of a marker -----------------------
-
-#: A watcher silent for longer than this (or five of its intervals) is reported as silent.
-SILENT_AFTER_S = 120.0
-
-
-def view(marker: dict[str, Any] | None, idle_minutes: float, now: dt.datetime | None = None) -> Any:
-    """An `AutodownView` from a watcher's marker (None: no marker seen yet; `now` for tests)."""
-    from infra.providers.base import AutodownView
-
-    if marker is None:
-        return AutodownView(idle_minutes, detail="no report from the watcher yet")
-    # A head that ends its own job or VM may not live to write "removed": "removing" and its time
-    # count once the provider no longer lists the cluster (the caller checks that).
-    removed = (marker.get("removed_at") or marker.get("removing_at")
-               if marker.get("phase") in ("removed", "removing") else None)
-    detail = str(marker.get("detail") or "")
-    if marker.get("phase") == "failed":
-        detail = f"removal FAILED: {marker.get('error')}"
-    elif marker.get("phase") == "removing":
-        detail = "removing the cluster now"
-    idle = marker.get("idle_s") if marker.get("idle_since") else None
-    return AutodownView(float(marker.get("idle_minutes") or idle_minutes),
-                        float(idle) if idle is not None else None, removed, detail,
-                        _silent_since(marker, now))
-
-
-def _silent_since(marker: dict[str, Any], now: dt.datetime | None) -> str | None:
-    """The last check's time when a watching watcher has missed several checks since."""
-    checked = marker.get("checked_at")
-    if marker.get("phase") != "watching" or not checked:
-        return None
-    try:
-        when = dt.datetime.fromisoformat(str(checked))
-    except ValueError:
-        return None
-    # A few missed checks, and never less than two minutes: a busy head can be slow to answer.
-    allowed = max(SILENT_AFTER_S, 5 * float(marker.get("interval_s") or 30))
-    now = now or dt.datetime.now(dt.timezone.utc)
-    return str(checked) if (now - when).total_seconds() > allowed else None
-
-
-def gone_view(report: Any, marker: dict[str, Any] | None) -> Any:
-    """For a cluster whose machines are all gone (the caller checked with the provider): an
-    `AutodownView` saying it removed itself, when the last marker this machine saw from its head
-    was this cluster's watcher; else None (last seen busy: something else removed it). The time is
-    the marker's own, or (a head deleting itself cannot report it) when the idle period it last
-    reported ran out."""
-    if report is None or marker is None:
-        return None
-    if report.removed_at:
-        return report
-    since = marker.get("idle_since")
-    if not since:
-        return None
-    from dataclasses import replace
-
-    ended = dt.datetime.fromisoformat(str(since)) + dt.timedelta(minutes=report.idle_minutes)
-    # Silent it is, of course: its head is gone.
-    return replace(report, removed_at=ended.isoformat(timespec="seconds"),
-                   detail="time from its last report", silent_since=None)
-
-
-def describe(view: Any) -> str:
-    """One line for `status`: the countdown, or the self-removal."""
-    minutes = f"{view.idle_minutes:g}"
-    if view.removed_at:
-        return f"removed itself after {minutes} idle minutes at {local_time(view.removed_at)}"
-    if view.silent_since:
-        return (f"autodown: no report from the cluster's watcher since "
-                f"{local_time(view.silent_since)} (it stopped, or its head is unreachable): the "
-                f"cluster may not remove itself; `invoke up` starts the watcher again")
-    if view.idle_s is not None:
-        idle = view.idle_s / 60
-        shown = f"{idle:.0f}" if view.idle_minutes >= 5 else f"{idle:.1f}"
-        return f"autodown: idle {shown} of {minutes} min ({view.detail})"
-    return f"autodown: busy ({view.detail}); removes itself after {minutes} idle minutes"
-
-
-def local_time(iso: str) -> str:
-    """HH:MM in this machine's time zone (the date too when it is not today)."""
-    try:
-        when = dt.datetime.fromisoformat(iso).astimezone()
-    except ValueError:
-        return iso
-    if when.date() == dt.datetime.now().astimezone().date():
-        return when.strftime("%H:%M")
-    return when.strftime("%Y-%m-%d %H:%M")

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from infra.errors import ProviderError
-from infra.net import is_loopback
+from infra.node.errors import ProviderError
+from infra.node.net import is_loopback
 
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 ENDPOINT_ENV = "RAYFLEET_GCP_API_ENDPOINT"

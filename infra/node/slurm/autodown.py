@@ -1,8 +1,8 @@
-"""Slurm's autodown action (infra/autodown.py): the head cancels its worker jobs, then its own job.
+"""Slurm's autodown action (infra/node/autodown.py): the head cancels its worker jobs, then its own.
 
 Runs inside the head's job on a compute node (the batch script starts the watcher beside Ray, see
 templates/slurm.sbatch.j2), with the Slurm client commands of that node and nothing but the
-standard library, Ray and our small modules (`queue.py` parses squeue as everywhere else). A job is
+standard library, Ray and this package (`queue.py` parses squeue as everywhere else). A job is
 the cluster's if its `--comment` carries the cluster id (queue.JobRow.ours), and only the user's
 own jobs are listed (`squeue --me`).
 
@@ -17,51 +17,39 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from typing import Any
 
-from infra.providers.slurm import queue
+from infra.node.files import atomic_write
+from infra.node.retry import poll, retry
+from infra.node.slurm import queue
 
 #: The record's name next to the job's other files in the work dir: <job name><RECORD_SUFFIX>.
 RECORD_SUFFIX = ".autodown.json"
 #: The watcher's files in the head's private dir (0700): its config and its marker.
 CONFIG_FILE = "autodown.json"
 MARKER_FILE = "autodown-marker.json"
-#: What the watcher imports on the head, shipped into the head's private dir (py/) by the batch
-#: script: the watcher's own modules (infra/autodown_remote.py's CORE_FILES) and this action's.
-FILES = ("infra/__init__.py", "infra/errors.py", "infra/net.py", "infra/identity.py",
-         "infra/autodown.py", "infra/providers/__init__.py", "infra/providers/slurm/__init__.py",
-         "infra/providers/slurm/queue.py", "infra/providers/slurm/autodown.py")
-ACTION = "infra.providers.slurm.autodown:remove"
+ACTION = "infra.node.slurm.autodown:remove"
+
+
+def _squeue(cluster_id: str) -> list[queue.JobRow]:
+    done = subprocess.run(queue.argv("--me"), capture_output=True, text=True, check=False,
+                          timeout=60)
+    rows = queue.parse_result(done.stdout, done.stderr, done.returncode, "the cluster's jobs")
+    return [row for row in rows if row.ours(cluster_id)]
 
 
 def _ours(cluster_id: str) -> list[queue.JobRow]:
-    """This user's jobs carrying the cluster id in their comment; a failing squeue is retried and
-    never read as "no jobs"."""
-    for attempt in range(6):
-        done = subprocess.run(queue.argv("--me"), capture_output=True, text=True, check=False,
-                              timeout=60)
-        try:
-            rows = queue.parse_result(done.stdout, done.stderr, done.returncode, "the cluster's jobs")
-            return [row for row in rows if row.ours(cluster_id)]
-        except queue.QueueUnavailable:
-            if attempt == 5:
-                raise
-            time.sleep(2 ** attempt)  # slurmctld busy or restarting
-    raise AssertionError("unreachable")
+    """This user's jobs carrying the cluster id in their comment; a failing squeue (slurmctld
+    busy or restarting) is retried and never read as "no jobs"."""
+    return retry(lambda: _squeue(cluster_id), (queue.QueueUnavailable,), attempts=6)
 
 
 def _record(marker: str, record: str) -> None:
     """Copy the watcher's marker to the shared work dir, atomically (the laptop may read it)."""
     with open(marker) as handle:
         data = json.load(handle)
-    tmp = f"{record}.tmp{os.getpid()}"
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, record)
+    atomic_write(record, json.dumps(data, indent=2))
 
 
 def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -76,11 +64,8 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
     if workers:
         log(f"cancelling {len(workers)} worker job(s): {', '.join(workers)}")
         subprocess.run(["scancel", *workers], check=False, timeout=60)
-        deadline = time.monotonic() + wait_s
-        while [row for row in _ours(cluster_id) if row.base_id in workers]:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker jobs still queued after {wait_s:g}s")
-            time.sleep(1)
+        poll(lambda: not [row for row in _ours(cluster_id) if row.base_id in workers], wait_s, 1,
+             "worker jobs still queued")
     # A worker Ray's autoscaler submits after this point (min_workers) is cancelled by the head
     # job's own exit (the batch script's rf_finish), once its autoscaler is stopped.
     log(f"cancelling the head's job {head}")

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from infra.errors import ProviderError, UsageError
-from infra.net import is_loopback
+from infra.node.errors import ProviderError, UsageError
+from infra.node.net import is_loopback
 
 DEFAULT_URL = "https://cloud.lambda.ai/api/v1"
 KEY_FILE = Path(".lambda_cloud") / "lambda_keys"

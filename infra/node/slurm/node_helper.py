@@ -1,8 +1,9 @@
 """The part of the Slurm provider that runs on the compute nodes, inside the batch script.
 
-The nodes do not have rayfleet installed, so `embedded_source()` glues `infra/rayproc.py` (port
-block layout, scoped process stop; standard library only) and this file into one program that the
-template puts into the batch script and runs with the Python that runs Ray:
+The nodes do not have rayfleet installed, so `embedded_source()` glues this file and the modules of
+the node package it imports (rayproc: port block layout, scoped process stop; files: the atomic
+write; errors; standard library only) into one program that the template puts into the batch
+script and runs with the Python that runs Ray:
 
     python -c "$RF_HELPER" prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base
     python rf_helper.py block BASE                                   # this node's free base
@@ -20,13 +21,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from infra.rayproc import (
+from infra.node.files import atomic_write
+from infra.node.rayproc import (
     PORT_NAMES,
     PortBlock,
     alive,
@@ -35,25 +38,40 @@ from infra.rayproc import (
     port_answers,
     terminate,
 )
-
-_IMPORT_LINE = "from infra.rayproc import"
+from infra.node.retry import PollTimeout, poll
 
 
 def embedded_source() -> str:
-    """rayproc.py followed by this module, without the import that joins them."""
-    from infra import rayproc
+    """This module as one program: the node package's modules it imports (and theirs), each
+    before its users, then this one, without the imports that join them."""
+    import importlib
 
-    kept, skipping = [], False
-    for line in Path(__file__).read_text().splitlines(keepends=True):
-        # Drop the import of rayproc's names (defined above in the joined program; it may span
-        # lines) and the second __future__ import (a syntax error after other code).
-        if line.startswith(_IMPORT_LINE):
-            skipping = "(" in line and not line.rstrip().endswith(")")
-        elif skipping:
-            skipping = not line.rstrip().endswith(")")
-        elif line.strip() != "from __future__ import annotations":
-            kept.append(line)
-    return Path(rayproc.__file__).read_text() + "\n" + "".join(kept)
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        source = Path(importlib.import_module(name).__file__ or "").read_text()
+        for used in re.findall(r"^from (infra\.node\.[\w.]+) import", source, re.M):
+            visit(used)
+        order.append(name)
+
+    visit(__name__)
+    parts = ["from __future__ import annotations\n"]
+    for name in order:
+        kept, skipping = [], False
+        for line in Path(importlib.import_module(name).__file__ or "").read_text().splitlines(
+                keepends=True):
+            # Drop the imports of the joined modules' names (defined above in the joined
+            # program; they may span lines) and every __future__ import but the first.
+            if line.startswith("from infra.node."):
+                skipping = "(" in line and not line.rstrip().endswith(")")
+            elif skipping:
+                skipping = not line.rstrip().endswith(")")
+            elif line.strip() != "from __future__ import annotations":
+                kept.append(line)
+        parts.append("".join(kept))
+    return "\n".join(parts)
 
 
 def _env(name: str) -> str:
@@ -119,12 +137,7 @@ def _info(phase: str, message: str = "", **extra: Any) -> dict[str, Any]:
 
 def write_info(path: str, info: dict[str, Any]) -> None:
     """Replace the info file atomically: the client polls it and must never read half of it."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as handle:
-        json.dump(info, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(info))
 
 
 def watch(path: str, want: int, timeout: float) -> None:
@@ -139,10 +152,11 @@ def watch(path: str, want: int, timeout: float) -> None:
     # Where the start-up time goes (epoch seconds; also printed to the job's output): the GCS
     # listening, the head node registered, the last node registered.
     timeline: dict[str, float] = {"setup_done": float(_env("RF_SETUP_DONE") or 0)}
-    while not port_answers(head_ip, gcs_port, timeout=0.2):
-        if time.monotonic() > deadline:
-            return  # `await` reports the timeout
-        time.sleep(0.1)
+    try:
+        poll(lambda: port_answers(head_ip, gcs_port, timeout=0.2),
+             max(0.0, deadline - time.monotonic()), 0.1, "the head's GCS listening")
+    except PollTimeout:
+        return  # `await` reports the timeout
     timeline["gcs_listening"] = time.time()
     import ray
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
@@ -224,22 +238,26 @@ def _head_registered(timeout: float) -> bool:
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     head_ip, gcs_port = _env("RF_HEAD_IP"), PortBlock(int(_env("RF_BASE"))).gcs
-    deadline = time.monotonic() + timeout
     client: Any = None
-    while time.monotonic() < deadline:
+
+    def registered() -> bool:
+        nonlocal client
         try:
             if client is None and port_answers(head_ip, gcs_port, timeout=0.2):
                 client = GcsClient(address=f"{head_ip}:{gcs_port}")
-            if client is not None and any(
-                    n.state == 0 and n.is_head_node
-                    for n in client.get_all_node_info(timeout=2).values()):
-                return True
+            return client is not None and any(
+                n.state == 0 and n.is_head_node
+                for n in client.get_all_node_info(timeout=2).values())
         except Exception:  # not up yet
             client = None
-        time.sleep(0.1)
-    print(f"rayfleet: the head {head_ip}:{gcs_port} did not come up in {timeout:.0f}s",
-          file=sys.stderr)
-    return False
+            return False
+
+    try:
+        return poll(registered, timeout, 0.1, "the head registered")
+    except PollTimeout:
+        print(f"rayfleet: the head {head_ip}:{gcs_port} did not come up in {timeout:.0f}s",
+              file=sys.stderr)
+        return False
 
 
 def start(args: list[str]) -> int:
@@ -288,13 +306,12 @@ def autoscaling_config(source: str, target: str) -> int:
         "submit_dir": _env("SLURM_SUBMIT_DIR"),
         "worker_script": os.path.join(_env("RF_HEAD_TEMP"), "worker.sbatch"),
     })
-    with open(target, "w") as handle:
-        json.dump(config, handle, indent=1)
+    atomic_write(target, json.dumps(config, indent=1))
     return 0
 
 
 def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
-    """The idle watcher's config (infra/autodown.py `Config`), 0600 in the head's private dir:
+    """The idle watcher's config (infra/node/autodown.py `Config`), 0600 in the head's private dir:
     Ray's dashboard on the head's loopback, the marker beside it, Slurm's removal action, which
     copies the marker to the shared work dir (`record`) before it cancels anything."""
     temp, block = _env("RF_HEAD_TEMP"), PortBlock(int(_env("RF_BASE")))
@@ -302,7 +319,7 @@ def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
         "cluster": cluster, "cluster_id": _env("RF_CLUSTER_ID"), "idle_minutes": idle_minutes,
         "dashboard_url": f"http://127.0.0.1:{block.dashboard}",
         "marker": os.path.join(temp, "autodown-marker.json"),
-        "action": "infra.providers.slurm.autodown:remove",
+        "action": "infra.node.slurm.autodown:remove",
         "action_args": {
             "cluster_id": _env("RF_CLUSTER_ID"), "head_job_id": _env("RF_JOB_ID"),
             "marker": os.path.join(temp, "autodown-marker.json"),
@@ -312,9 +329,7 @@ def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
         # A path (the token itself never leaves its 0600 file); None without token auth.
         "token_path": _env("RAY_AUTH_TOKEN_PATH") if _env("RAY_AUTH_MODE") == "token" else None,
     }
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(config, handle, indent=1)
+    atomic_write(target, json.dumps(config, indent=1), mode=0o600)
     return 0
 
 

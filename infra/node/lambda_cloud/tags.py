@@ -1,7 +1,7 @@
 """Launch-tag keys of Lambda instances, shared by `up` (fleet.py) and the head's node provider.
 
 Lambda tags are fixed at launch (key `^[a-z][a-z0-9-:]+$`, at most 55 characters; value at most
-128), so they hold what must survive: identity (infra/identity.py), which node it is, and Ray's
+128), so they hold what must survive: identity (infra/node/identity.py), which node it is, and Ray's
 immutable node tags. This module imports nothing heavy: the head imports it.
 """
 

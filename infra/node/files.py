@@ -1,0 +1,70 @@
+"""The one atomic write: every file rayfleet writes, here and on the laptop, goes through it.
+
+A reader (or a crash) sees the old file or the new one, never a half-written one: the content goes
+to a temporary file in the same folder, created with its final mode before any byte is in it,
+flushed to disk, then renamed over the target. An OSError (disk full, permission denied, read-only
+file system) leaves nothing behind and becomes one `WriteError` line naming the path and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from pathlib import Path
+
+from infra.node.errors import WriteError
+
+_FIX = {
+    errno.ENOSPC: "the disk is full: free some space there and run the command again",
+    errno.EDQUOT: "the disk quota is used up: free some space there and run the command again",
+    errno.EACCES: "permission denied: make the folder writable by you (or point RAYFLEET_HOME "
+                  "elsewhere) and run the command again",
+    errno.EPERM: "permission denied: make the folder writable by you (or point RAYFLEET_HOME "
+                 "elsewhere) and run the command again",
+    errno.EROFS: "the file system is read-only: point RAYFLEET_HOME at a writable folder and run "
+                 "the command again",
+}
+
+
+def write_error(path: Path | str, exc: OSError) -> WriteError:
+    """The one line for an OSError while writing `path`."""
+    fix = _FIX.get(exc.errno or 0, f"{exc.strerror or type(exc).__name__}: fix that and run the "
+                                   "command again")
+    return WriteError(f"cannot write {path}: {fix}")
+
+
+def atomic_write(path: Path | str, data: str | bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` (text is UTF-8), created with `mode`, all or nothing."""
+    path = Path(path)
+    raw = data.encode() if isinstance(data, str) else data
+    # Per process and thread: two writers of one file never share a temporary one.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            os.fchmod(fd, mode)  # the umask may have narrowed it; set before any content
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise write_error(path, exc) from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    # The rename itself survives a crash only once the folder is on disk too.
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

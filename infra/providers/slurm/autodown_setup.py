@@ -1,0 +1,45 @@
+"""This machine's side of Slurm autodown: where the watcher's marker can be read (the watcher runs
+beside the head in its job: templates/slurm.sbatch.j2, infra/node/autodown.py; its action is
+infra/node/slurm/autodown.py; what the marker means is decided in infra/providers/base.py).
+
+Two places tell: the live marker in the head's private dir on its compute node (read over SSH into
+that node, through the login host, as the dashboard tunnel goes), and the record the removal
+action copies into the shared work dir before it cancels anything (`<job name>.autodown.json`),
+which outlives the job. The watcher's config is written on the head by the node helper
+(`autodown-config`), since only the running job knows its ports and ids.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from infra.errors import RayfleetError
+from infra.node.slurm.autodown import MARKER_FILE, RECORD_SUFFIX
+from infra.providers.slurm import cluster
+
+if TYPE_CHECKING:
+    from infra.providers.slurm.remote import Runner
+    from infra.providers.slurm.spec import Spec
+    from infra.state import Resource
+
+
+def live_marker(runner: Runner, job: Resource) -> str | None:
+    """The watcher's marker on the head's node; quietly None when the node does not let us in."""
+    head_ip, temp = job.attrs.get("head_ip"), job.attrs.get("temp_dir")
+    if not head_ip or not temp:
+        return None
+    try:
+        result = runner.on_node(str(head_ip), f"cat {shlex.quote(f'{temp}/{MARKER_FILE}')}",
+                                timeout=20)
+    except RayfleetError:
+        return None
+    return result.stdout if result.ok and result.stdout.strip() else None
+
+
+def record(runner: Runner, spec: Spec, job: Resource) -> str | None:
+    """The removal record the head left in the work dir, if any."""
+    workdir = str(job.attrs.get("workdir", spec.submit.workdir))
+    text = runner.run(f"cat {cluster.job_file(workdir, job.id, RECORD_SUFFIX)} 2>/dev/null",
+                      timeout=30).stdout
+    return text if text.strip() else None

@@ -1,0 +1,80 @@
+"""The node package (infra/node/) as one zip built from this checkout, and putting it on a head.
+
+What runs on a cluster's nodes reaches them whole: `node_zip` packs `infra/__init__.py` and every
+module under `infra/node/`, whatever they are, so no list of files exists to forget one in. The
+zip goes on the head's PYTHONPATH (Python imports from a zip as from a folder). Its name carries a
+hash of its content: a daemon or Ray monitor that runs with one zip keeps reading that one (Python
+reads modules from a zip lazily, by offsets it read once), while a later `up` ships its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import infra
+import infra.node
+
+#: On the head, relative to the login user's home: the zips, one per content.
+NODE_DIR = "rayfleet/node"
+#: A fixed time for every entry, so the same sources give the same bytes (and the same name).
+_EPOCH = (2020, 1, 1, 0, 0, 0)
+
+
+@functools.cache
+def node_zip() -> bytes:
+    """`infra/__init__.py` and the whole `infra/node/` tree (.py files), deterministic."""
+    top = Path(infra.__file__).parent
+    files = [top / "__init__.py"]
+    files += sorted(p for p in Path(infra.node.__file__).parent.rglob("*.py")
+                    if "__pycache__" not in p.parts)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in files:
+            entry = zipfile.ZipInfo(str(Path("infra") / path.relative_to(top)), _EPOCH)
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            entry.external_attr = 0o644 << 16
+            archive.writestr(entry, path.read_bytes())
+    return out.getvalue()
+
+
+def zip_name() -> str:
+    return f"rayfleet-node-{hashlib.sha256(node_zip()).hexdigest()[:12]}.zip"
+
+
+def head_path() -> str:
+    """Where the zip lives on a head, relative to the login user's home."""
+    return f"{NODE_DIR}/{zip_name()}"
+
+
+def node_zip_base64() -> str:
+    """The zip for a script that writes it itself (Slurm's batch script), in 76-column lines."""
+    return base64.encodebytes(node_zip()).decode().rstrip("\n")
+
+
+def put(sftp: Any, remote: str, data: bytes, mode: int) -> None:
+    """Write a file on a head through SFTP: created with `mode` before any byte is in it, then
+    renamed over `remote`, so a reader never sees half of it."""
+    tmp = f"{remote}.rayfleet-tmp"
+    with sftp.open(tmp, "wb") as handle:
+        handle.chmod(mode)
+        handle.write(data)
+    sftp.posix_rename(tmp, remote)
+
+
+def upload(sftp: Any) -> str:
+    """Put the zip on the head (unless that content is there already); its home-relative path.
+    The caller made `NODE_DIR`."""
+    remote = head_path()
+    try:
+        if sftp.stat(remote).st_size == len(node_zip()):
+            return remote
+    except OSError:
+        pass
+    put(sftp, remote, node_zip(), 0o644)
+    return remote

@@ -1,0 +1,77 @@
+"""The import graph of infra/ is layers (see ARCHITECTURE.md), lazy imports included:
+
+    tasks.py -> commands -> providers -> core -> node
+
+No module imports one above its layer, none of them import each other round, and a provider
+imports no other provider. (Imports under `if TYPE_CHECKING:` do not run and do not count.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.import_graph import cycles, graph
+
+#: The commands layer: the verbs and what only they use (the registry is below them).
+COMMANDS = {"infra.commands", "infra.costs", "infra.sweep", "infra.loading"}
+
+
+def _layer(module: str) -> str:
+    if module == "infra" or module.startswith("infra.node"):
+        return "node"
+    if module.startswith("infra.providers"):
+        return "providers"
+    return "commands" if module in COMMANDS else "core"
+
+
+#: Which layers each layer may import.
+ALLOWED = {
+    "node": {"node"},
+    "core": {"core", "node"},
+    "providers": {"providers", "core", "node"},
+    "commands": {"commands", "providers", "core", "node"},
+}
+
+EDGES = graph()
+
+
+def test_the_graph_is_read() -> None:
+    # The check below would pass on an empty graph: make sure it sees the imports it must.
+    assert "infra.providers" in EDGES["infra.loading"]
+    assert "infra.node.autodown" in EDGES["infra.autodown_remote"]
+    assert "infra.node.files" in EDGES["infra.node.autodown"]  # a lazy or top-level import
+    assert len(EDGES) > 60
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(EDGES) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_layers_import_only_downward(layer: str) -> None:
+    wrong = sorted(f"{source} -> {target}" for source, targets in EDGES.items()
+                   if _layer(source) == layer for target in targets
+                   if _layer(target) not in ALLOWED[layer])
+    assert wrong == [], f"{layer} imports above itself: {wrong}"
+
+
+def test_core_imports_no_provider_module() -> None:
+    core = [m for m in EDGES if _layer(m) == "core"]
+    assert "infra.spec" in core and "infra.jobs" in core and "infra.autodown_view" in core
+    wrong = sorted(f"{m} -> {t}" for m in core for t in EDGES[m] if t.startswith("infra.providers"))
+    assert wrong == []
+
+
+def test_providers_import_no_other_provider() -> None:
+    def package(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[1] == "providers" and parts[2] != "base" \
+            else None
+
+    wrong = sorted(f"{m} -> {t}" for m, targets in EDGES.items() if package(m) for t in targets
+                   if package(t) and package(t) != package(m))
+    assert wrong == []
