@@ -38,8 +38,8 @@ def spec_class(name: str) -> type[ClusterSpec]:
     return cls
 
 
-def create(spec: ClusterSpec) -> Provider[Any]:
-    provider: Provider[Any] = _module(spec.provider).Provider(spec)
+def create(spec: ClusterSpec) -> Provider[Any, Any]:
+    provider: Provider[Any, Any] = _module(spec.provider).Provider(spec)
     return provider
 
 
