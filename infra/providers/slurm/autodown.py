@@ -39,17 +39,13 @@ ACTION = "infra.providers.slurm.autodown:remove"
 def _ours(cluster_id: str) -> list[queue.JobRow]:
     """This user's jobs carrying the cluster id in their comment; a failing squeue is retried and
     never read as "no jobs"."""
-    for attempt in range(6):
+    def once() -> list[queue.JobRow]:
         done = subprocess.run(queue.argv("--me"), capture_output=True, text=True, check=False,
                               timeout=60)
-        try:
-            rows = queue.parse_result(done.stdout, done.stderr, done.returncode, "the cluster's jobs")
-            return [row for row in rows if row.ours(cluster_id)]
-        except queue.QueueUnavailable:
-            if attempt == 5:
-                raise
-            time.sleep(2 ** attempt)  # slurmctld busy or restarting
-    raise AssertionError("unreachable")
+        return queue.parse_result(done.stdout, done.stderr, done.returncode, "the cluster's jobs")
+
+    return [row for row in queue.patiently(once, "listing the cluster's jobs")
+            if row.ours(cluster_id)]
 
 
 def _record(marker: str, record: str) -> None:
