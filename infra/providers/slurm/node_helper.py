@@ -1,8 +1,9 @@
 """The part of the Slurm provider that runs on the compute nodes, inside the batch script.
 
 The nodes do not have rayfleet installed, so `embedded_source()` glues `infra/rayproc.py` (port
-block layout, scoped process stop; standard library only) and this file into one program that the
-template puts into the batch script and runs with the Python that runs Ray:
+block layout, scoped process stop; the standard library and psutil, which Ray ships) and this
+file into one program that the template puts into the batch script and runs with the Python that
+runs Ray:
 
     python -c "$RF_HELPER" prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base
     python rf_helper.py block BASE                                   # this node's free base
