@@ -60,8 +60,8 @@ def one_run(nodes: int, boot: float, work: Path, sshd: LocalSshd) -> dict[str, f
         time.sleep(1.1)  # the fake's bucket starts full: no credit from setup
         started = time.monotonic()
         with state.locked(name, "lambda", "up") as current:
-            provider.plan(current)
-            provider.provision(current)  # type: ignore[attr-defined]
+            plan = provider.plan(current)
+            provider.provision(current, capacity=plan.extra)  # type: ignore[attr-defined]
         took = time.monotonic() - started
         teardown_started = time.monotonic()
         from infra import commands

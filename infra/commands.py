@@ -20,12 +20,12 @@ from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
 
 
-def _select(provider: str | None, cluster: str | None) -> tuple[spec.ClusterSpec, Provider[Any]]:
+def _select(provider: str | None, cluster: str | None) -> tuple[spec.ClusterSpec, Provider[Any, Any]]:
     selected = loading.resolve(provider, cluster)
     return selected, providers.create(selected)
 
 
-def _write_rendered(name: str, plan: Plan) -> None:
+def _write_rendered(name: str, plan: Plan[Any]) -> None:
     folder = paths.rendered_dir(name)
     shutil.rmtree(folder, ignore_errors=True)
     for file_name, text in plan.files.items():
@@ -41,7 +41,7 @@ def _keep_applied(name: str) -> None:
         atomic_write(applied / file.name, file.read_bytes())
 
 
-def _diff(name: str, plan: Plan) -> str:
+def _diff(name: str, plan: Plan[Any]) -> str:
     """Unified diff of the rendered files against those of the last successful `up`."""
     applied = paths.applied_dir(name)
     chunks: list[str] = []
@@ -59,14 +59,14 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     result = impl.plan(current)
     _write_rendered(selected.name, result)
     diff = _diff(selected.name, result)
-    cost_range = impl.cost_range(current)
+    cost_range = impl.cost_range(result)
     if as_json:
         ui.out(json.dumps({
             "cluster": selected.name,
             "provider": selected.provider,
             "resources": [r.__dict__ for r in result.resources],
             "files": sorted(result.files),
-            "notes": result.notes,
+            "notes": list(result.notes),
             "cost_range": cost_range.__dict__ if cost_range else None,
             "autodown": selected.autodown.idle_minutes if selected.autodown else None,
             "diff": diff,
@@ -109,7 +109,7 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         spec_file = str(Path(selected.source).resolve())
         if current.info.get("spec_path") != spec_file:
             current.set_info(spec_path=spec_file)
-        cost_range = impl.cost_range(current)
+        cost_range = impl.cost_range(result)
         if cost_range is not None:
             ui.info(costs.describe_range(cost_range))
         _write_rendered(selected.name, result)
@@ -127,7 +127,7 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     ui.out(f"  tear down:    invoke teardown{flag}", markup=False)
 
 
-def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any], current: State) -> None:
+def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any, Any], current: State) -> None:
     """Say that the cluster removed itself (if it did), and warn when nothing will remove it."""
     if current.path.exists():
         _say_if_removed(selected, impl, current)
@@ -136,7 +136,7 @@ def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any], current: 
                 f"money until `invoke teardown{_cluster_flag(selected)}`")
 
 
-def _say_if_removed(selected: spec.ClusterSpec, impl: Provider[Any], current: State) -> bool:
+def _say_if_removed(selected: spec.ClusterSpec, impl: Provider[Any, Any], current: State) -> bool:
     try:
         report = impl.autodown_report(current)
     except RayfleetError:

@@ -3,18 +3,32 @@
 `ray stop` kills every Ray process of the user. rayfleet instead finds a cluster's processes by
 what their command lines name (its private temp dir, its GCS address), adds their descendants
 (workers rename themselves `ray::IDLE`, so only ancestry identifies them), and signals exactly those.
+The standard library and psutil only (Ray's own copy of it on Slurm's nodes, see below).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+try:
+    import psutil
+except ModuleNotFoundError:
+    # Slurm's nodes run this file (embedded by slurm/node_helper.py) with the Python that runs
+    # Ray, without importing Ray (slow). Ray ships psutil in ray/thirdparty_files and puts that
+    # on sys.path when imported; do the same without the import.
+    _ray = importlib.util.find_spec("ray")
+    if _ray is None or not _ray.submodule_search_locations:
+        raise
+    sys.path.append(os.path.join(next(iter(_ray.submodule_search_locations)), "thirdparty_files"))
+    import psutil
 
 #: The port flags of `ray start`, in block order: a cluster that must not collide with another
 #: Ray on the same machine sets every one of them.
@@ -95,29 +109,17 @@ def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
 
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 
 def _net_namespace(pid: int | str) -> str:
+    # psutil has no view of namespaces; the link's target names the network namespace.
     try:
         return os.readlink(f"/proc/{pid}/ns/net")
     except OSError:
         return ""
-
-
-def _parent(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    # The command name may contain spaces and parentheses; fields after the last ")" are fixed.
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
 def gcs_marker(gcs_port: int) -> re.Pattern[str]:
@@ -131,23 +133,18 @@ def cluster_processes(markers: list[str | re.Pattern[str]]) -> list[int]:
     # A port (and so the GCS marker) names a cluster only within this network namespace: the
     # Ray of a container or test-bed host on the same port is someone else's.
     here = _net_namespace("self")
-    pids = [p for p in _pids() if _net_namespace(p) in ("", here)]
-    roots = set()
-    for pid in pids:
-        if pid == me:
+
+    def ours(proc: psutil.Process) -> bool:
+        return proc.pid != me and _net_namespace(proc.pid) in ("", here)
+
+    found: set[int] = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        if not ours(proc) or not any(_contains(line, m) for m in markers):
             continue
-        line = _cmdline(pid)
-        if any(_contains(line, m) for m in markers):
-            roots.add(pid)
-    parents = {pid: _parent(pid) for pid in pids}
-    found = set(roots)
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parents.items():
-            if ppid in found and pid not in found and pid != me:
-                found.add(pid)
-                changed = True
+        found.add(proc.pid)
+        with contextlib.suppress(psutil.Error):  # it ended meanwhile: no descendants either
+            found |= {child.pid for child in proc.children(recursive=True) if ours(child)}
     return sorted(found)
 
 
@@ -169,20 +166,17 @@ def not_ours(pids: list[int]) -> list[int]:
     me = os.getuid()
     foreign = []
     for pid in pids:
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != me:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).uids().effective != me:
                 foreign.append(pid)
-        except OSError:
-            continue
     return foreign
 
 
 def alive(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return state != "Z"
 
 
 def terminate(pids: list[int], grace: float = 3.0) -> list[int]:

@@ -60,8 +60,8 @@ def spec_class(name: str) -> type[ClusterSpec]:
     return cls
 
 
-def create(spec: ClusterSpec) -> Provider[Any]:
-    provider: Provider[Any] = _load(entry(spec.provider).provider)(spec)
+def create(spec: ClusterSpec) -> Provider[Any, Any]:
+    provider: Provider[Any, Any] = _load(entry(spec.provider).provider)(spec)
     return provider
 
 

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
-from infra import autodown_view
+from infra import autodown_view, ui
 from infra.autodown_view import AutodownView
 from infra.endpoint import Endpoint
+from infra.errors import RayfleetError
 from infra.spec import ClusterSpec
-from infra.state import State
+from infra.state import Resource, State
 
 
 @dataclass(frozen=True)
@@ -35,15 +38,29 @@ class PlannedResource:
     exists: bool = False
 
 
-@dataclass
-class Plan:
-    """What `up` would do, worked out without creating anything."""
+ExtraT = TypeVar("ExtraT")
 
-    resources: list[PlannedResource] = field(default_factory=list)
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(Generic[ExtraT]):
+    """What `up` would do, worked out without creating anything, and everything `up` needs to do
+    it: `up` and `cost_range` read this hand-off, never what a provider remembers of an earlier
+    call. Frozen, its sequences tuples and its files a read-only mapping: nobody changes a plan.
+    """
+
+    resources: Sequence[PlannedResource] = ()
     #: Rendered files by file name (a Ray cluster YAML, an sbatch script); validated already.
-    files: dict[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
     #: Extra facts for the user: capacity now, price per hour, warnings.
-    notes: list[str] = field(default_factory=list)
+    notes: Sequence[str] = ()
+    #: The provider's own findings that `up` acts on (a pre-flight report and zone order, a
+    #: capacity snapshot); each provider defines its frozen type, None when it needs none.
+    extra: ExtraT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "resources", tuple(self.resources))
+        object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
+        object.__setattr__(self, "notes", tuple(self.notes))
 
 
 @dataclass(frozen=True)
@@ -110,15 +127,20 @@ class ProviderStatus:
 class UpOptions:
     """Options of `invoke up` that change how a provider behaves."""
 
-    #: Keep the instances of a cluster that could not be completed instead of terminating them.
+    #: Keep what a failed `up` created (in state, for `invoke teardown`) instead of removing it.
     keep_partial: bool = False
 
 
 SpecT = TypeVar("SpecT", bound=ClusterSpec)
 
 
-class Provider(abc.ABC, Generic[SpecT]):
-    """One target (local machine, GCP TPU, Lambda, Slurm). Construct with a validated spec."""
+def _label(resource: Resource) -> str:
+    return str(resource.attrs.get("name") or resource.id)
+
+
+class Provider(abc.ABC, Generic[SpecT, ExtraT]):
+    """One target (local machine, GCP TPU, Lambda, Slurm). Construct with a validated spec,
+    which no verb changes; `ExtraT` is the type of the provider's `Plan.extra`."""
 
     #: The value of `provider:` in specs.
     name: ClassVar[str]
@@ -127,20 +149,83 @@ class Provider(abc.ABC, Generic[SpecT]):
         self.spec = spec
 
     @abc.abstractmethod
-    def plan(self, state: State | None) -> Plan:
+    def plan(self, state: State | None) -> Plan[ExtraT]:
         """Render and validate everything `up` needs, query (read-only) what is there now.
 
-        Must create nothing. May call read-only provider APIs (capacity, prices).
+        Must create nothing. May call read-only provider APIs (capacity, prices). Returns all
+        `up` and `cost_range` need as data; keeps nothing of it on the provider.
         """
 
+    def up(self, state: State, plan: Plan[ExtraT], options: UpOptions | None = None) -> Endpoint:
+        """`create`, under the one rollback policy for a failed `up` (Ctrl+C included):
+
+        - what existed before this run is never removed (`created` says what the run made);
+        - with `--keep-partial` everything stays in state for `invoke teardown`;
+        - otherwise what the run created is removed (`remove_created`); if that fails too, it
+          stays in state and the warning names `invoke teardown`.
+        The failure itself is re-raised either way.
+        """
+        options = options or UpOptions()
+        before = frozenset((r.kind, r.id) for r in state.resources())
+        try:
+            return self.create(state, plan)
+        except BaseException as exc:
+            self._roll_back(state, before, options, exc)
+            raise
+
     @abc.abstractmethod
-    def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
+    def create(self, state: State, plan: Plan[ExtraT]) -> Endpoint:
         """Create what is missing and wait until Ray answers; return how to reach it.
 
+        Reads `plan` (never changes it) and the spec; `up` wraps it in the rollback policy.
         Idempotent: resources already in `state` and alive are reused, so a second `up` reports
         the running cluster. Each created resource is added to `state` before the next call.
         Records `address` and `dashboard_url` (as nodes see it) in `state.info`.
         """
+
+    def created(self, state: State, before: frozenset[tuple[str, str]]) -> list[Resource]:
+        """What this run of `up` created and a rollback removes, in removal order. `before` holds
+        (kind, id) of every resource in state when the run began.
+
+        Default: every resource in state now that was not there before. Providers leave out what
+        they adopted rather than created, and free things the next `up` reuses.
+        """
+        return [r for r in state.resources() if (r.kind, r.id) not in before]
+
+    def remove_created(self, state: State, created: list[Resource]) -> None:
+        """Remove exactly `created` (from `created`) and forget each in state; raise a
+        RayfleetError naming what is left when that cannot be done.
+
+        Default: a run that created everything in state is torn down whole; anything else is a
+        provider's to remove piece by piece.
+        """
+        mine = {(r.kind, r.id) for r in created}
+        if all((r.kind, r.id) in mine for r in state.resources()):
+            self.teardown(state)
+            return
+        raise RayfleetError(f"{self.name} cannot remove {', '.join(map(_label, created))} alone")
+
+    def _roll_back(self, state: State, before: frozenset[tuple[str, str]], options: UpOptions,
+                   exc: BaseException) -> None:
+        created = self.created(state, before)
+        if not created:
+            return
+        names = ", ".join(_label(r) for r in created)
+        if options.keep_partial:
+            ui.warn(f"kept {names} (--keep-partial): `invoke teardown` removes them")
+            return
+        if isinstance(exc, KeyboardInterrupt):
+            ui.warn(f"interrupted; removing what this run created: {names} "
+                    "(--keep-partial keeps them)")
+        else:
+            why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            ui.warn(f"the cluster could not be completed ({why}); terminating what this run "
+                    f"created: {names} (--keep-partial keeps them)")
+        try:
+            self.remove_created(state, created)
+        except (RayfleetError, KeyboardInterrupt) as cleanup:
+            ui.warn(f"could not remove all of {names} ({cleanup}); what is left is in state: "
+                    "`invoke teardown` removes it")
 
     @abc.abstractmethod
     def status(self, state: State) -> ProviderStatus:
@@ -162,11 +247,11 @@ class Provider(abc.ABC, Generic[SpecT]):
     #: self-removal at the end of that countdown (see `autodown_view.decide`).
     autodown_last_word_may_be_lost: ClassVar[bool] = False
 
-    def cost_range(self, state: State | None) -> CostRange | None:
-        """$/h at the spec's minimum and maximum size, for `plan` and `up`; read-only.
+    def cost_range(self, plan: Plan[ExtraT] | None) -> CostRange | None:
+        """$/h at the spec's minimum and maximum size, for `plan` and `up`; read-only, no request.
 
-        None (the default) when the provider knows nothing about cost. May call read-only price
-        APIs (Lambda's /instance-types).
+        From the spec and what `plan` found (e.g. Lambda's prices in `plan.extra`); None (the
+        default) when the provider knows nothing about cost, or needs a plan and got none.
         """
         return None
 

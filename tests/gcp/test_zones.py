@@ -162,3 +162,32 @@ def test_head_refused_for_capacity_moves_to_the_next_zone(
     with state.locked("zoned", "gcp-tpu", "teardown") as locked:
         provider.teardown(locked)
     assert fake.nodes_with({"rayfleet-name": "zoned"}) == []
+
+
+@pytest.mark.slow  # a real sshd plays the head in the second zone
+def test_up_works_from_the_plan_alone_and_changes_neither_spec_nor_plan(
+        tmp_path: Path, rf_home: Path, fake: FakeGcp, options: ApiOptions, key_file: Path,
+        sshd: Sshd, dashboard: Dashboard) -> None:
+    add_first_zone(fake)
+    fake.stockout_zones.add(FIRST)
+    path = zones_spec(tmp_path, "v5litepod-8", "v2-alpha-tpuv5-lite",
+                      dashboard={"port": dashboard.port})
+    planner, _ = make_provider(path, fake, options)
+    with state.locked("zoned", "gcp-tpu", "up") as current:
+        plan = planner.plan(current)
+        assert plan.extra.zones == (FIRST, SECOND) and plan.extra.report is not None
+        # Another provider object, which never planned: the plan is all it gets.
+        provider, ray = make_provider(path, fake, options, sshd, sshd.port)
+        loaded, before = provider.spec, provider.spec.model_dump()
+        cost = provider.cost_range(plan)
+        assert cost is not None and cost.max_hourly_usd
+        checks = len(fake.calls("GET", "acceleratorTypes"))
+        provider.up(current, plan, UpOptions())
+    assert len(fake.calls("GET", "acceleratorTypes")) == checks  # no second pre-flight
+    ups = [c for c in ray.calls if c["args"][1] == "up"]
+    assert [zone_of(c["config"]) for c in ups] == [FIRST, SECOND]  # moved on to SECOND...
+    assert provider.spec is loaded and provider.spec.model_dump() == before  # ...in a copy
+    assert loaded.zone == FIRST and zone_of(plan.files[config.FILE_NAME]) == FIRST
+    with state.locked("zoned", "gcp-tpu", "teardown") as locked:
+        provider.teardown(locked)
+    assert fake.nodes_with({"rayfleet-name": "zoned"}) == []

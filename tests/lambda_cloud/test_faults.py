@@ -390,3 +390,20 @@ def test_state_from_before_cluster_ids_keeps_working(fake: FakeLambda, make_spec
     assert fake.status_of(old_id) == "terminated"
     assert_clean(fake, tagged=False)  # the colleague's lt-head and lt-worker-1 are untouched
     assert read_state(rf_home) is None
+
+
+def test_cost_range_and_launch_read_the_plan_alone(fake: FakeLambda, make_spec: SpecFactory,
+                                                   rf_home: Path) -> None:
+    path = make_spec()
+    loaded = load_spec(path)
+    plan = providers.create(loaded).plan(None)
+    listed = len(fake.requests("GET", "/instance-types"))
+    assert listed == 1
+    fresh = providers.create(loaded)  # never planned: what `plan` found comes in the plan
+    cost = fresh.cost_range(plan)
+    assert cost is not None and (cost.min_nodes, cost.max_nodes) == (3, 3)
+    assert cost.min_hourly_usd == cost.max_hourly_usd == pytest.approx(2.25)
+    assert fresh.cost_range(None) is None  # no plan, no prices: nothing is remembered
+    assert len(fake.requests("GET", "/instance-types")) == listed  # cost_range asked nothing
+    # The plan's listing, while fresh, is what the first launch goes by.
+    assert plan.extra.fresh(3600) is plan.extra.types and plan.extra.fresh(0) is None

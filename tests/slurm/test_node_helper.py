@@ -150,3 +150,24 @@ def test_autoscaling_config_gets_what_only_the_running_head_knows(tmp_path: Path
                         "owner": "abcdefabcdef", "head_job_id": "42",
                         "head_address": "10.0.0.5:20128", "port_base": 20128,
                         "submit_dir": "/w", "worker_script": "/tmp/rf-0a1b2c3d.0.XYZ/worker.sbatch"}
+
+
+def test_the_nodes_find_psutil_in_rays_own_copy(tmp_path: Path) -> None:
+    """A node's Python has Ray (which ships psutil in ray/thirdparty_files) but maybe no psutil of
+    its own: the helper finds Ray's copy without importing Ray. Here: no site-packages (-S), only
+    Ray's package on the path."""
+    import ray
+
+    (tmp_path / "ray").symlink_to(Path(ray.__file__).parent)
+    marker = f"/tmp/rf-helper-test-{uuid.uuid4().hex}"
+    sleeper = subprocess.Popen(["sleep", "30", marker])
+    try:
+        done = subprocess.run(
+            [sys.executable, "-S", "-c", node_helper.embedded_source(), "stop", marker],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+        assert done.returncode == 0, done.stderr
+        assert sleeper.wait(timeout=10) != 0  # found through psutil and stopped
+    finally:
+        sleeper.kill()
+        sleeper.wait()

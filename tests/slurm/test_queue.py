@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,30 @@ def test_a_tunnel_into_a_compute_node_nests_the_login_hosts_proxy(tmp_path: Path
     assert "ProxyCommand=nsenter --net=/run/netns/x -- nc %%h %%p" in argv
     assert "StrictHostKeyChecking=yes" in argv and f"UserKnownHostsFile={tmp_path / 'known'}" in argv
     assert ssh.expand_proxy(remote.via(login), "10.200.1.12", 22).count("%h") == 1
+
+
+def test_patiently_is_the_one_retry_policy_for_an_unanswering_controller() -> None:
+    answers: list[Exception | str] = [queue.QueueUnavailable("squeue (x) failed: timed out"),
+                                      queue.SlurmError("sbatch: error: Socket timed out"), "rows"]
+    started = time.monotonic()
+
+    def call() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert queue.patiently(call, "reading the queue") == "rows" and answers == []
+    # Backoff: 0.5 s, then twice that.
+    assert time.monotonic() - started >= queue.FIRST_DELAY_S * 3 * 0.99
+    # A failure that is not the controller's is not retried.
+    answers[:] = [queue.SlurmError("sbatch: error: invalid partition"), "rows"]
+    with pytest.raises(queue.SlurmError, match="invalid partition"):
+        queue.patiently(call, "submitting")
+    assert answers == ["rows"]
+    # Past its patience: QueueUnavailable naming what was being done, never an empty answer.
+    answers[:] = [queue.QueueUnavailable("squeue (x) failed: timed out")] * 3
+    with pytest.raises(queue.QueueUnavailable, match=r"\(for 0s while listing jobs\); is "
+                                                     r"slurmctld answering"):
+        queue.patiently(call, "listing jobs", patience=0.1)
+    assert len(answers) == 2

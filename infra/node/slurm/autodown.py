@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from infra.node.files import atomic_write
-from infra.node.retry import poll, retry
+from infra.node.retry import poll
 from infra.node.slurm import queue
 
 #: The record's name next to the job's other files in the work dir: <job name><RECORD_SUFFIX>.
@@ -32,17 +32,16 @@ MARKER_FILE = "autodown-marker.json"
 ACTION = "infra.node.slurm.autodown:remove"
 
 
-def _squeue(cluster_id: str) -> list[queue.JobRow]:
-    done = subprocess.run(queue.argv("--me"), capture_output=True, text=True, check=False,
-                          timeout=60)
-    rows = queue.parse_result(done.stdout, done.stderr, done.returncode, "the cluster's jobs")
-    return [row for row in rows if row.ours(cluster_id)]
-
-
 def _ours(cluster_id: str) -> list[queue.JobRow]:
-    """This user's jobs carrying the cluster id in their comment; a failing squeue (slurmctld
-    busy or restarting) is retried and never read as "no jobs"."""
-    return retry(lambda: _squeue(cluster_id), (queue.QueueUnavailable,), attempts=6)
+    """This user's jobs carrying the cluster id in their comment; a failing squeue is retried and
+    never read as "no jobs"."""
+    def once() -> list[queue.JobRow]:
+        done = subprocess.run(queue.argv("--me"), capture_output=True, text=True, check=False,
+                              timeout=60)
+        return queue.parse_result(done.stdout, done.stderr, done.returncode, "the cluster's jobs")
+
+    return [row for row in queue.patiently(once, "listing the cluster's jobs")
+            if row.ours(cluster_id)]
 
 
 def _record(marker: str, record: str) -> None:

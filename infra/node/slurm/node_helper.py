@@ -1,9 +1,9 @@
 """The part of the Slurm provider that runs on the compute nodes, inside the batch script.
 
 The nodes do not have rayfleet installed, so `embedded_source()` glues this file and the modules of
-the node package it imports (rayproc: port block layout, scoped process stop; files: the atomic
-write; errors; standard library only) into one program that the template puts into the batch
-script and runs with the Python that runs Ray:
+the node package it imports (rayproc: port block layout, scoped process stop, with psutil, which
+Ray ships; files: the atomic write; errors; otherwise the standard library) into one program that
+the template puts into the batch script and runs with the Python that runs Ray:
 
     python -c "$RF_HELPER" prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base
     python rf_helper.py block BASE                                   # this node's free base

@@ -100,19 +100,14 @@ class SlurmNodeProvider(NodeProvider):
     # --- the queue ---------------------------------------------------------------------------
 
     def _squeue(self) -> list[JobRow]:
-        """Our jobs, one squeue; retried for ~10 s, then QueueUnavailable."""
-        delay, deadline = 0.5, time.monotonic() + 10
-        while True:
+        """Our jobs, one squeue; retried for a round's patience, then QueueUnavailable."""
+        def once() -> list[JobRow]:
             done = _run(queue.argv("-u", self._user), timeout=30)
-            try:
-                rows = queue.parse_result(done.stdout, done.stderr, done.returncode,
-                                          "the cluster's jobs")
-                return [row for row in rows if row.ours(self._cluster_id)]
-            except QueueUnavailable:
-                if time.monotonic() + delay > deadline:
-                    raise
-                time.sleep(delay)
-                delay *= 2
+            return queue.parse_result(done.stdout, done.stderr, done.returncode,
+                                      "the cluster's jobs")
+
+        rows = queue.patiently(once, "listing the cluster's jobs", queue.ROUND_PATIENCE_S)
+        return [row for row in rows if row.ours(self._cluster_id)]
 
     def _refresh(self, max_age: float = 1.0) -> None:
         with self._lock:

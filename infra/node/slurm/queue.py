@@ -9,13 +9,17 @@ and in its `--comment` (`rayfleet-cluster=<id>,rayfleet-owner=...,rayfleet-name=
 Only a job whose comment carries this cluster's id is ever adopted, listed as ours or cancelled.
 
 A failed squeue (slurmctld restarting, a timeout) is `QueueUnavailable`, never an empty queue:
-reading it as "the job is gone" would cancel or replace a job that is queued or running.
+reading it as "the job is gone" would cancel or replace a job that is queued or running. Every
+caller, here and on the head, waits out an unanswering controller with `patiently`: one policy.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from infra.node.errors import ProviderError
 from infra.node.identity import TAG_CLUSTER, TAG_NAME, TAG_OWNER
@@ -47,6 +51,39 @@ class SlurmError(ProviderError):
 
 class QueueUnavailable(SlurmError):
     """squeue (or scontrol) failed: the queue's content is unknown, not empty."""
+
+
+T = TypeVar("T")
+#: Messages of Slurm's commands while the controller restarts or is overloaded.
+TRANSIENT = re.compile(r"Unable to contact slurm controller|Socket timed out|Zero Bytes|"
+                       r"Connection refused|Resource temporarily unavailable|try again|"
+                       r"slurm_load_|Slurm backup controller in standby", re.IGNORECASE)
+#: The retry policy for a controller that does not answer: waits of 0.5 s doubling up to 8 s,
+#: for PATIENCE_S in all (a slurmctld restart takes well under a minute).
+FIRST_DELAY_S, MAX_DELAY_S, PATIENCE_S = 0.5, 8.0, 90.0
+#: The budget of a caller that asks again on its next round anyway and must not stall that
+#: round (Ray's autoscaler calling the node provider keeps its last known jobs meanwhile).
+ROUND_PATIENCE_S = 10.0
+
+
+def patiently(call: Callable[[], T], what: str, patience: float = PATIENCE_S) -> T:
+    """`call()`, retried with backoff while Slurm's controller does not answer (QueueUnavailable,
+    or a transient failure of scontrol/sbatch/scancel); after `patience` seconds, a
+    QueueUnavailable naming `what`. Standard library only: the head runs it too."""
+    deadline = time.monotonic() + patience
+    delay = FIRST_DELAY_S
+    while True:
+        try:
+            return call()
+        except SlurmError as exc:
+            transient = isinstance(exc, QueueUnavailable) or TRANSIENT.search(str(exc))
+            if not transient or time.monotonic() + delay > deadline:
+                if transient:
+                    raise QueueUnavailable(f"{exc} (for {patience:.0f}s while {what}); "
+                                           "is slurmctld answering? Try again later") from None
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_DELAY_S)
 
 
 def time_limit_seconds(text: str) -> int:

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from infra import auth, autodown_remote, jobs, paths, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
-from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.gcp_tpu import (
     autodown_setup,
@@ -59,7 +60,23 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class Provider(BaseProvider[Spec]):
+@dataclass(frozen=True)
+class Preflight:
+    """What `plan` hands `up` (`Plan.extra`): the pre-flight report and the zone order."""
+
+    #: Every check passed; None when pre-flight failed in `plan` (shown there as a note): `up`
+    #: then runs it again and stops on the error.
+    report: preflight.Report | None
+    #: The zones a new cluster tries in order; `files` were rendered for the first. A running
+    #: cluster stays in its recorded zone.
+    zones: tuple[str, ...]
+
+
+def _zone_order(spec: Spec, report: preflight.Report | None) -> tuple[str, ...]:
+    return tuple(report.zones) if report is not None and report.zones else (spec.zone,)
+
+
+class Provider(BaseProvider[Spec, Preflight]):
     name = "gcp-tpu"
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
@@ -70,7 +87,6 @@ class Provider(BaseProvider[Spec]):
         self._ray: RayRunner = ray or launcher.run_ray
         self._options = api_options or ApiOptions.from_env()
         self._ssh_port = ssh_port
-        self._report: preflight.Report | None = None
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -91,11 +107,11 @@ class Provider(BaseProvider[Spec]):
             return str(recorded.attrs.get("label_id", recorded.id))
         return state.cluster_id if state.path.exists() else config.ID_PLACEHOLDER
 
-    def _render(self, public_key: str, private_key: Path, state: State | None) -> str:
+    def _render(self, spec: Spec, public_key: str, private_key: Path, state: State | None) -> str:
         text = config.render_cluster_yaml(
-            self.spec, public_key, str(private_key), cluster_id=self._label_id(state),
+            spec, public_key, str(private_key), cluster_id=self._label_id(state),
             owner=state.owner if state is not None else "")
-        config.check_with_ray(text, f"{self.spec.source} -> {config.FILE_NAME}")
+        config.check_with_ray(text, f"{spec.source} -> {config.FILE_NAME}")
         return text
 
     def _preflight(self, api: Gcp, ours: bool) -> preflight.Report:
@@ -103,32 +119,28 @@ class Provider(BaseProvider[Spec]):
         with ui.step(f"pre-flight checks for project {self.spec.project}, zone(s) {zones}"):
             return preflight.run(self.spec, api, ours)
 
-    def _use_zone(self, zone: str) -> None:
-        """From here on the spec's `zone` is `zone` (one of `zones:`): rendering, lookups, state."""
-        if zone != self.spec.zone:
-            self.spec = self.spec.model_copy(update={"zone": zone})
+    def _in_zone(self, zone: str) -> Spec:
+        """The spec with `zone` (one of `zones:`) as its zone, for rendering and lookups there; a
+        copy: the provider's own spec never changes."""
+        return self.spec if zone == self.spec.zone else self.spec.model_copy(update={"zone": zone})
 
-    def _zone_for(self, state: State | None) -> str:
+    def _zone_for(self, state: State | None, report: preflight.Report | None) -> str:
         """A running cluster stays in its recorded zone; else pre-flight's choice, else `zone`."""
         recorded = state.find(CLUSTER, self.spec.name) if state is not None else None
         if recorded is not None and recorded.attrs.get("zone") in self.spec.candidate_zones:
             return str(recorded.attrs["zone"])
-        if self._report is not None and self._report.zones:
-            return self._report.zones[0]
-        return self.spec.zone
+        return _zone_order(self.spec, report)[0]
 
     # --- plan ---------------------------------------------------------------------------------
 
-    def plan(self, state: State | None) -> Plan:
-        spec = self.spec
-        key_dir = paths.keys_dir(spec.name)
+    def plan(self, state: State | None) -> Plan[Preflight]:
+        key_dir = paths.keys_dir(self.spec.name)
         public = key_dir / f"{ssh.KEY_NAME}.pub"
         public_key = (public.read_text().strip() if public.exists()
-                      else f"ssh-ed25519 <generated-by-invoke-up> rayfleet-{spec.name}")
-        checks = self._plan_preflight(state)
-        self._use_zone(self._zone_for(state))
-        spec = self.spec
-        text = self._render(public_key, key_dir / ssh.KEY_NAME, state)
+                      else f"ssh-ed25519 <generated-by-invoke-up> rayfleet-{self.spec.name}")
+        report, checks = self._plan_preflight(state)
+        spec = self._in_zone(self._zone_for(state, report))
+        text = self._render(spec, public_key, key_dir / ssh.KEY_NAME, state)
         running = bool(state and state.resources(CLUSTER))
         resources = [PlannedResource(
             "Compute VM: Ray head (runs no tasks)", f"ray-{spec.name}-head",
@@ -170,28 +182,28 @@ class Provider(BaseProvider[Spec]):
         notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
                      f"at most {spec.max_total} workers")
         if spec.zones is not None:
-            fallback = ([z for z in self._report.zones if z != spec.zone] if self._report
+            fallback = ([z for z in report.zones if z != spec.zone] if report
                         else [z for z in spec.candidate_zones if z != spec.zone])
             notes.append(f"zone {spec.zone} (from zones: {', '.join(spec.candidate_zones)}); if "
                          f"Google has no capacity for the head there, `up` removes what that zone "
                          f"left and moves on to {', '.join(fallback) or 'no other zone'}")
         notes += checks
-        return Plan(resources=resources, files={config.FILE_NAME: text}, notes=notes)
+        return Plan(resources=resources, files={config.FILE_NAME: text}, notes=notes,
+                    extra=Preflight(report, _zone_order(self.spec, report)))
 
-    def _plan_preflight(self, state: State | None) -> list[str]:
-        """Pre-flight as notes: `invoke plan` reports problems, `up` refuses to start on them."""
+    def _plan_preflight(self, state: State | None) -> tuple[preflight.Report | None, list[str]]:
+        """Pre-flight and its notes: `invoke plan` reports problems, `up` refuses to start on them."""
         try:
             api, _ = self._api(self.spec.project, self.spec.credentials_file)
             report = preflight.run(self.spec, api, bool(state and state.resources(CLUSTER)))
         except GcpError as exc:
-            return [f"pre-flight ✗ {exc}"]
-        self._report = report
-        return [f"pre-flight ✓ {line}" for line in report.passed] + [
+            return None, [f"pre-flight ✗ {exc}"]
+        return report, [f"pre-flight ✓ {line}" for line in report.passed] + [
             f"pre-flight warning: {line}" for line in report.warnings]
 
     # --- up -----------------------------------------------------------------------------------
 
-    def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
+    def create(self, state: State, plan: Plan[Preflight]) -> Endpoint:
         spec = self.spec
         api, key_file = self._api(spec.project, spec.credentials_file)  # first: creates nothing
         existing = state.resources(CLUSTER)
@@ -200,84 +212,70 @@ class Provider(BaseProvider[Spec]):
                 raise UsageError(
                     f"{spec.source}: the cluster runs in {r.attrs['project']}/{r.attrs['zone']}; "
                     "run `invoke teardown` before moving it to another project or zone")
-        report = self._report or self._preflight(api, bool(existing))
+        report = plan.extra.report
+        zones = list(plan.extra.zones)
+        if report is None:  # pre-flight failed in `plan`: again, to stop on its error
+            report = self._preflight(api, bool(existing))
+            zones = list(_zone_order(spec, report))
         # A running cluster stays where it is; a new one tries the usable zones in order.
-        zones = [str(existing[0].attrs["zone"])] if existing else (report.zones or [spec.zone])
-        self._use_zone(zones[0])
-        spec = self.spec
+        if existing:
+            zones = [str(existing[0].attrs["zone"])]
         for line in report.passed:
             ui.info(f"✓ {line}")
         for warning in report.warnings:
             ui.warn(warning)
         keypair = ssh.ensure_keypair(spec.name)
         state.add(SSH_KEY, str(keypair.private_path.parent))
-        try:
-            firewall.reconcile(api, state, self.spec, self._wait)
-            for index, zone in enumerate(zones):
-                self._use_zone(zone)
-                text, config_path = self._write_config(keypair, state, plan)
-                # Recorded before `ray up`: from here on, anything Ray creates is teardown's to
-                # find, in this zone.
-                label_id = self._label_id(state)
-                state.add(CLUSTER, spec.name, project=spec.project, zone=zone,
-                          config=str(config_path), credentials_file=key_file,
-                          ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port,
-                          label_id=label_id)
-                try:
-                    endpoint = self._launch(api, state, text, config_path, key_file)
-                    if not existing and len(zones) > 1:
-                        # min_workers refused for capacity move `up` on like the head does.
-                        self._wait_min_workers(api, state, zone, label_id)
-                    self._queue_slices(api, state, keypair)
-                    return endpoint
-                except GcpError as exc:
-                    if existing or not launcher.is_capacity(exc) or len(zones) == 1:
-                        raise
-                    self._leave_zone(api, state, key_file)
-                    if index + 1 == len(zones):
-                        raise GcpError(
-                            f"gcp-tpu: no zone had capacity for the head (tried "
-                            f"{', '.join(zones)}: {exc.reason}); nothing is left in them; try "
-                            f"again later or add zones to zones: in {spec.source}",
-                            reason=exc.reason) from None
-                    ui.warn(f"zone {zone} has no capacity for the head or its min_workers "
-                            f"({exc.reason}); removed "
-                            f"what it left there; trying zone {zones[index + 1]}")
-            raise AssertionError("unreachable: the zone loop returns or raises")
-        except KeyboardInterrupt:
-            # Ctrl+C: like a failure, what this run created goes (unless --keep-partial); the
-            # exact command that finishes the job is printed whenever anything may be left.
-            command = f"invoke teardown --provider=gcp-tpu --cluster {spec.source}"
-            if existing or options.keep_partial:
-                ui.warn(f"interrupted; what exists is kept; `{command}` removes it")
-                raise
-            ui.warn("interrupted; removing what this run created (pass --keep-partial to keep it)")
+        firewall.reconcile(api, state, self._in_zone(zones[0]), self._wait)
+        for index, zone in enumerate(zones):
+            spec = self._in_zone(zone)
+            text, config_path = self._write_config(spec, keypair, state)
+            # Recorded before `ray up`: from here on, anything Ray creates is teardown's to
+            # find, in this zone.
+            label_id = self._label_id(state)
+            state.add(CLUSTER, spec.name, project=spec.project, zone=zone,
+                      config=str(config_path), credentials_file=key_file,
+                      ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port,
+                      label_id=label_id)
             try:
-                self.teardown(state)
-            except (RayfleetError, KeyboardInterrupt):
-                ui.warn(f"cleanup did not finish; `{command}` removes the rest")
-            raise
-        except RayfleetError as exc:
-            if existing or options.keep_partial:
-                if options.keep_partial:
-                    ui.warn("keeping what was created (--keep-partial); `invoke teardown` removes it")
-                raise
-            ui.warn("`up` failed; removing what it created (pass --keep-partial to keep it)")
-            try:
-                self.teardown(state)
-            except RayfleetError as cleanup:
-                raise GcpError(f"{exc}; cleaning up also failed ({cleanup}); run `invoke "
-                               "teardown` to finish") from None
-            raise
+                endpoint = self._launch(spec, api, state, text, config_path, key_file)
+                if not existing and len(zones) > 1:
+                    # min_workers refused for capacity move `up` on like the head does.
+                    self._wait_min_workers(spec, api, state, zone, label_id)
+                self._queue_slices(spec, api, state, keypair)
+                return endpoint
+            except GcpError as exc:
+                if existing or not launcher.is_capacity(exc) or len(zones) == 1:
+                    raise
+                self._leave_zone(api, state, key_file)
+                if index + 1 == len(zones):
+                    raise GcpError(
+                        f"gcp-tpu: no zone had capacity for the head (tried "
+                        f"{', '.join(zones)}: {exc.reason}); nothing is left in them; try "
+                        f"again later or add zones to zones: in {spec.source}",
+                        reason=exc.reason) from None
+                ui.warn(f"zone {zone} has no capacity for the head or its min_workers "
+                        f"({exc.reason}); removed "
+                        f"what it left there; trying zone {zones[index + 1]}")
+        raise AssertionError("unreachable: the zone loop returns or raises")
 
-    def _write_config(self, keypair: ssh.KeyPair, state: State,
-                      plan: Plan) -> tuple[str, Path]:
-        """Render the Ray config for the current zone; write the applied and the launch copy."""
-        name = self.spec.name
-        text = self._render(keypair.public_key, keypair.private_path, state)
-        plan.files[config.FILE_NAME] = text
-        atomic_write(paths.rendered_dir(name) / config.FILE_NAME, text)
-        config_path = data_dir(name) / config.FILE_NAME
+    def remove_created(self, state: State, created: list[Resource]) -> None:
+        """All of the state: teardown. Else (`up` of a running cluster) its new firewall rule."""
+        mine = {(r.kind, r.id) for r in created}
+        if all((r.kind, r.id) in mine for r in state.resources()):
+            self.teardown(state)
+            return
+        if any(r.kind != FIREWALL for r in created):
+            super().remove_created(state, created)  # refuses: these stay for `invoke teardown`
+        api, _ = self._api(created[0].attrs["project"], self.spec.credentials_file)
+        for rule in created:
+            firewall.delete(api, state, rule, self._wait)
+
+    def _write_config(self, spec: Spec, keypair: ssh.KeyPair, state: State) -> tuple[str, Path]:
+        """Render the Ray config for `spec`'s zone; write the rendered and the launch copy."""
+        text = self._render(spec, keypair.public_key, keypair.private_path, state)
+        atomic_write(paths.rendered_dir(spec.name) / config.FILE_NAME, text)
+        config_path = data_dir(spec.name) / config.FILE_NAME
         atomic_write(config_path, text)
         return text, config_path
 
@@ -289,9 +287,8 @@ class Provider(BaseProvider[Spec]):
         self._ray_down(state, cluster, key_file)
         self._sweep(api, state, cluster)
 
-    def _launch(self, api: Gcp, state: State, text: str, config_path: Path,
+    def _launch(self, spec: Spec, api: Gcp, state: State, text: str, config_path: Path,
                 key_file: str | None) -> Endpoint:
-        spec = self.spec
         cluster = state.find(CLUSTER, spec.name)
         assert cluster is not None
         head = self._head(api, spec.zone, self._label_id(state))
@@ -337,23 +334,22 @@ class Provider(BaseProvider[Spec]):
         return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                         f"{internal}:{GCS_PORT}")
 
-    def _wait_min_workers(self, api: Gcp, state: State, zone: str, label_id: str) -> None:
-        cluster = state.find(CLUSTER, self.spec.name)
+    def _wait_min_workers(self, spec: Spec, api: Gcp, state: State, zone: str,
+                          label_id: str) -> None:
+        cluster = state.find(CLUSTER, spec.name)
         assert cluster is not None
-        capacity.wait_min_workers(api, self.spec, zone,
-                                  config.sweep_labels(label_id, self.spec.name),
+        capacity.wait_min_workers(api, spec, zone, config.sweep_labels(label_id, spec.name),
                                   self._head_target(cluster))
 
-    def _queue_slices(self, api: Gcp, state: State, keypair: ssh.KeyPair) -> None:
+    def _queue_slices(self, spec: Spec, api: Gcp, state: State, keypair: ssh.KeyPair) -> None:
         """Queue the spec's TPU slices (each recorded first) and start the head's joiner."""
-        if not self.spec.queued_slices:
+        if not spec.queued_slices:
             return
-        cluster = state.find(CLUSTER, self.spec.name)
+        cluster = state.find(CLUSTER, spec.name)
         assert cluster is not None
-        requests = slices.slice_requests(self.spec, state.cluster_id, state.owner,
-                                         keypair.public_key)
+        requests = slices.slice_requests(spec, state.cluster_id, state.owner, keypair.public_key)
         slices.queue_all(api, state, requests, api.options.poll_interval)
-        slices.install_joiner(self._head_target(cluster), self.spec, state, requests,
+        slices.install_joiner(self._head_target(cluster), spec, state, requests,
                               f"{cluster.attrs['head_internal_ip']}:{GCS_PORT}")
 
     def _head_target(self, cluster: Resource) -> ssh.SshTarget:
@@ -533,7 +529,7 @@ class Provider(BaseProvider[Spec]):
 
     # --- cost (issue 15) -------------------------------------------------------------------
 
-    def cost_range(self, state: State | None) -> CostRange | None:
+    def cost_range(self, plan: Plan[Preflight] | None) -> CostRange | None:
         """$/h at min and max size, estimated from the dated price table in prices.py."""
         from infra.providers.gcp_tpu import prices
 

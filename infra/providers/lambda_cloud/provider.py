@@ -18,6 +18,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra import auth, autodown_remote, paths, render, ssh, ui
@@ -30,12 +31,11 @@ from infra.providers.base import (
     Plan,
     PlannedResource,
     ProviderStatus,
-    UpOptions,
 )
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.lambda_cloud import autodown_setup, autoscale, costs, firewall, fleet, raycluster
 from infra.providers.lambda_cloud.spec import Choice, Spec
-from infra.state import State
+from infra.state import Resource, State
 
 __all__ = ["Provider", "Spec"]  # re-exported lazily by __init__.py
 
@@ -56,14 +56,26 @@ def place(spec: Spec, types: dict[str, api.InstanceType]) -> tuple[Choice | None
     return None, None
 
 
-class Provider(BaseProvider[Spec]):
+@dataclass(frozen=True)
+class Capacity:
+    """What `plan` hands `up` and `cost_range` (`Plan.extra`): Lambda's instance types as listed."""
+
+    #: Instance types by name (prices, regions with capacity); None without a key or on an error.
+    types: dict[str, api.InstanceType] | None = None
+    #: `time.monotonic()` of the listing: `up` launches from it while it is fresher than the
+    #: account's launch interval, instead of asking again.
+    fetched_at: float = 0.0
+
+    def fresh(self, max_age_s: float) -> dict[str, api.InstanceType] | None:
+        return self.types if time.monotonic() - self.fetched_at < max_age_s else None
+
+
+class Provider(BaseProvider[Spec, Capacity]):
     name = "lambda"
 
     def __init__(self, spec: Spec, client: api.LambdaClient | None = None) -> None:
         super().__init__(spec)
         self._client = client
-        #: The capacity view `plan` fetched and when: `up` reuses it for the first launch.
-        self._snapshot: tuple[dict[str, api.InstanceType], float] | None = None
 
     def client(self) -> api.LambdaClient:
         if self._client is None:
@@ -88,15 +100,17 @@ class Provider(BaseProvider[Spec]):
 
     # --- plan -----------------------------------------------------------------------------------
 
-    def plan(self, state: State | None) -> Plan:
-        types, notes = None, []
+    def plan(self, state: State | None) -> Plan[Capacity]:
+        types: dict[str, api.InstanceType] | None = None
+        notes: list[str] = []
+        fetched_at = 0.0
         if api.read_api_key() is None:
             notes.append("capacity and prices unknown: no Lambda API key (set LAMBDA_API_KEY or "
                          f"put `api_key = ...` in ~/{api.KEY_FILE})")
         else:
             try:
                 types = self.client().instance_types()
-                self._snapshot = (types, time.monotonic())
+                fetched_at = time.monotonic()
             except RayfleetError as exc:
                 notes.append(f"capacity and prices unknown: {exc}")
         existing = {fleet.slot_key(str(r.attrs.get("name")), r.attrs): r
@@ -155,7 +169,8 @@ class Provider(BaseProvider[Spec]):
             files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
         else:
             files = {raycluster.CONFIG_FILE: self._render(state)}
-        return Plan(resources=resources, files=files, notes=notes)
+        return Plan(resources=resources, files=files, notes=notes,
+                    extra=Capacity(types, fetched_at))
 
     def _render_autoscaler(self, state: State | None, head: api.Instance | None,
                            types: dict[str, api.InstanceType] | None) -> str:
@@ -209,21 +224,18 @@ class Provider(BaseProvider[Spec]):
 
     # --- up -------------------------------------------------------------------------------------
 
-    def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
+    def create(self, state: State, plan: Plan[Capacity]) -> Endpoint:
         firewall.warn_if_open(self.spec.ssh_source_ranges, self.spec.source)
-        run = uuid.uuid4().hex[:8]
-        try:
-            nodes = self.provision(state, run)
-            if self.spec.autoscaling:
-                return self._start_autoscaler(state, nodes["head"])
-            return self._start_ray(state, nodes)
-        except BaseException as exc:
-            self._abandon(state, run, options.keep_partial, exc)
-            raise
+        nodes = self.provision(state, capacity=plan.extra)
+        if self.spec.autoscaling:
+            return self._start_autoscaler(state, nodes["head"])
+        return self._start_ray(state, nodes)
 
-    def provision(self, state: State, run: str | None = None) -> dict[str, api.Instance]:
+    def provision(self, state: State, run: str | None = None,
+                  capacity: Capacity | None = None) -> dict[str, api.Instance]:
         """Instances only: key, reconcile, launch what is missing, wait for active + SSH.
 
+        `capacity` is the plan's listing, used for the first launch while it is fresh.
         Returns the instances by slot key (`head`, `worker-<i>`)."""
         run = run or uuid.uuid4().hex[:8]
         client = self.client()
@@ -251,9 +263,7 @@ class Provider(BaseProvider[Spec]):
             regions = {self._file_system_region(client)}
         missing = [s for s in self._slots(state) if s.key not in live]
         if missing:
-            types = None
-            if self._snapshot and time.monotonic() - self._snapshot[1] < client.limits.launch_interval:
-                types = self._snapshot[0]
+            types = capacity.fresh(client.limits.launch_interval) if capacity else None
             launcher = fleet.Launcher(
                 client, self.spec, state, key_name, run, types,
                 rulesets=lambda region: [self._ruleset(state, region)],
@@ -349,26 +359,24 @@ class Provider(BaseProvider[Spec]):
             return False
         return all(addrs & ips for addrs in expected.values())
 
-    def _abandon(self, state: State, run: str, keep: bool, exc: BaseException) -> None:
-        created = [r for r in state.resources(fleet.INSTANCE) if r.attrs.get("run") == run]
-        if not created:
+    def created(self, state: State, before: frozenset[tuple[str, str]]) -> list[Resource]:
+        """The instances this run launched (not those it adopted from an interrupted run: they
+        stay in state for teardown), then its rulesets. Not its SSH key: free, and reused by the
+        next `up`; teardown deletes it."""
+        new = super().created(state, before)
+        return ([r for r in new if r.kind == fleet.INSTANCE and r.attrs.get("run") != "adopted"]
+                + [r for r in new if r.kind == firewall.FIREWALL])
+
+    def remove_created(self, state: State, created: list[Resource]) -> None:
+        """Terminate the run's instances; its rulesets go once no instance is left to use them."""
+        fleet.terminate(self.client(), state, [r.id for r in created if r.kind == fleet.INSTANCE])
+        if state.resources(fleet.INSTANCE):
             return
-        names = ", ".join(str(r.attrs.get("name")) for r in created)
-        if keep:
-            ui.warn(f"kept {names} (--keep-partial): they cost money until `invoke teardown`")
-            return
-        why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        ui.warn(f"the cluster could not be completed ({why}); terminating what this run created: "
-                f"{names} (--keep-partial keeps them)")
-        try:
-            fleet.terminate(self.client(), state, [r.id for r in created])
-        except (RayfleetError, KeyboardInterrupt) as cleanup:
-            ui.warn(f"could not terminate {names} ({cleanup}); they are in state: run `invoke teardown`")
-            return
-        if not state.resources(fleet.INSTANCE):
+        rulesets = {r.id for r in state.resources(firewall.FIREWALL)}
+        if rulesets and rulesets <= {r.id for r in created}:
             with contextlib.suppress(RayfleetError):  # else teardown deletes it
                 firewall.delete(self.client(), state)
-            state.clear_info()
+        state.clear_info()
 
     # --- status / connect -----------------------------------------------------------------------
 
@@ -402,10 +410,10 @@ class Provider(BaseProvider[Spec]):
                                       left=bool(billed_now) if in_state else None)
         return self.with_autodown(status, report, "all instances of the cluster are terminated")
 
-    def cost_range(self, state: State | None) -> CostRange | None:
-        """$/h at min and max size from Lambda's prices (the head's and each type's first choice);
-        uses the price list `plan` just fetched, None without an API key or prices."""
-        types = self._snapshot[0] if self._snapshot else None
+    def cost_range(self, plan: Plan[Capacity] | None) -> CostRange | None:
+        """$/h at min and max size from Lambda's prices (the head's and each type's first choice)
+        in the plan's listing; None without a plan, an API key or prices."""
+        types = plan.extra.types if plan is not None else None
         if types is None:
             return None
         workers = list((self.spec.worker_types or {}).values())

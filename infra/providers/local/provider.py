@@ -24,7 +24,7 @@ from infra import auth, autodown_view, jobs, paths, render, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.node import autodown, rayproc
 from infra.node.local import autodown as local_autodown
-from infra.providers.base import Cost, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import Cost, Endpoint, Plan, PlannedResource, ProviderStatus
 from infra.providers.base import Provider as BaseProvider
 from infra.spec import ClusterSpec
 from infra.state import State
@@ -72,7 +72,7 @@ def _usage_stats() -> str:
 
 
 
-class Provider(BaseProvider[Spec]):
+class Provider(BaseProvider[Spec, rayproc.PortBlock]):
     name = "local"
 
     def _block(self, state: State | None) -> rayproc.PortBlock:
@@ -112,7 +112,7 @@ class Provider(BaseProvider[Spec]):
         # `plan` without state shows a placeholder; `up` always has a state with an id.
         return temp_dir(self.spec.name, state.cluster_id if state else "<cluster-id>")
 
-    def plan(self, state: State | None) -> Plan:
+    def plan(self, state: State | None) -> Plan[rayproc.PortBlock]:
         block = self._block(state)
         exists = bool(state and state.resources(HEAD))
         cpus = self.spec.num_cpus or os.cpu_count()
@@ -130,14 +130,16 @@ class Provider(BaseProvider[Spec]):
             files={"start.sh": self._start_script(block, tmp)},
             notes=["free: runs on this machine; the dashboard and job API listen on 127.0.0.1 only",
                    auth_note],
+            # The block start.sh was rendered for: `up` starts and reaches the head on it.
+            extra=block,
         )
 
     def _endpoint(self, block: rayproc.PortBlock, state: State) -> Endpoint:
         return Endpoint(f"http://127.0.0.1:{block.dashboard}", f"127.0.0.1:{block.gcs}",
                         token_path=auth.token_file(state))
 
-    def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
-        block = self._block(state)
+    def create(self, state: State, plan: Plan[rayproc.PortBlock]) -> Endpoint:
+        block = plan.extra
         endpoint = self._endpoint(block, state)
         token = endpoint.token_path
         if state.resources(HEAD):

@@ -10,24 +10,17 @@ import difflib
 import json
 import re
 import shlex
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from infra.errors import SpecError
 from infra.node.slurm import queue
-from infra.node.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable
+from infra.node.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable, patiently
 from infra.providers.slurm.remote import Runner, SlurmError
 from infra.providers.slurm.script import shell_path
 from infra.providers.slurm.spec import Spec, time_limit_seconds
 
-__all__ = ["LIVE_STATES", "JobRow", "QueueUnavailable"]
-T = TypeVar("T")
-#: Messages of Slurm's commands while the controller restarts or is overloaded.
-_TRANSIENT = re.compile(r"Unable to contact slurm controller|Socket timed out|Zero Bytes|"
-                        r"Connection refused|Resource temporarily unavailable|try again|"
-                        r"slurm_load_|Slurm backup controller in standby", re.IGNORECASE)
+__all__ = ["LIVE_STATES", "JobRow", "QueueUnavailable", "patiently"]
 
 _SPLIT = "@@rayfleet@@"
 
@@ -194,25 +187,6 @@ def job_rows(runner: Runner, job_id: str) -> list[JobRow] | None:
     failed (the job's fate is then unknown, never "gone")."""
     out = runner.run(_job_command(job_id), timeout=30).stdout
     return queue.parse(out, f"job {job_id}") or None
-
-
-def patiently(call: Callable[[], T], what: str, patience: float = 90.0) -> T:
-    """`call()`, retried with backoff while Slurm's controller does not answer (QueueUnavailable,
-    or a transient failure of scontrol/sbatch/scancel); the last error after `patience` seconds."""
-    deadline = time.monotonic() + patience
-    delay = 0.5
-    while True:
-        try:
-            return call()
-        except SlurmError as exc:
-            transient = isinstance(exc, QueueUnavailable) or _TRANSIENT.search(str(exc))
-            if not transient or time.monotonic() + delay > deadline:
-                if transient:
-                    raise QueueUnavailable(f"{exc} (for {patience:.0f}s while {what}); "
-                                           "is slurmctld answering? Try again later") from None
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 8.0)
 
 
 def job_file(workdir: str, job_name: str, suffix: str) -> str:

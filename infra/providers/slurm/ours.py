@@ -157,7 +157,7 @@ def _position(row: JobRow, pending: list[str]) -> str:
     return f"{pending.index(row.base_id) + 1} of {len(pending)}" if row.base_id in pending else ""
 
 
-def status(impl: BaseProvider[Spec],
+def status(impl: BaseProvider[Spec, Any],
            runner_of: Callable[[], contextlib.AbstractContextManager[Runner]],
            state: State) -> ProviderStatus:
     """The head job and every worker job carrying the cluster id, from one squeue each, with the

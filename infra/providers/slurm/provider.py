@@ -27,7 +27,6 @@ from infra.providers.base import (
     Plan,
     PlannedResource,
     ProviderStatus,
-    UpOptions,
 )
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.slurm import autodown_setup, cluster, install, ours, remote
@@ -52,7 +51,7 @@ def _ordinal_position(job_id: str, pending: list[str]) -> str:
     return f", {ids.index(job_id) + 1} of {len(ids)} pending"
 
 
-class Provider(BaseProvider[Spec]):
+class Provider(BaseProvider[Spec, None]):
     name = "slurm"
 
     def __init__(self, spec: Spec) -> None:
@@ -96,7 +95,7 @@ class Provider(BaseProvider[Spec]):
 
     # --- plan ----------------------------------------------------------------------------------
 
-    def plan(self, state: State | None) -> Plan:
+    def plan(self, state: State | None) -> Plan[None]:
         files = {SCRIPT: render_script(self.spec)}
         if self.spec.autoscaling:
             files[WORKER_SCRIPT] = render_worker_script(self.spec)
@@ -126,11 +125,13 @@ class Provider(BaseProvider[Spec]):
             "the dashboard listens on the head's loopback only; rayfleet reaches it through an "
             "SSH tunnel into the head's node",
         ]
-        return Plan(resources=resources, files=files, notes=notes)
+        return Plan(resources=resources, files=files, notes=notes, extra=None)
 
     # --- up ------------------------------------------------------------------------------------
 
-    def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
+    def create(self, state: State, plan: Plan[None]) -> Endpoint:
+        # A failed or interrupted `up` cancels the job it submitted (the base's rollback:
+        # ours.teardown also cancels any worker its autoscaler submitted, they carry the id).
         with self._runner() as runner:
             info = None
             job = self._job(state)
@@ -141,26 +142,9 @@ class Provider(BaseProvider[Spec]):
             if self.spec.environment.install:
                 install.install(runner, self.spec)
             job = self._submit(runner, state, plan.files[SCRIPT], self._token(state))
-            try:
-                # Everything after sbatch, up to a dashboard that answers through the tunnel.
-                info = self._wait_ready(runner, state, job)
-                endpoint = self._ready_endpoint(state, info)
-            except KeyboardInterrupt:
-                ui.info(f"Slurm job {job.attrs['job_id']} stays (a place in the queue is worth "
-                        "keeping); `invoke up` waits for it again, `invoke teardown` cancels it")
-                raise
-            except BaseException:
-                if options.keep_partial:
-                    ui.info(f"keeping Slurm job {job.attrs['job_id']} (--keep-partial); "
-                            "`invoke teardown` cancels it")
-                    raise
-                ui.info(f"cancelling Slurm job {job.attrs['job_id']} (--keep-partial keeps "
-                        "it for debugging)")
-                # The job, any worker its autoscaler already submitted (they carry the id), the
-                # job files and the token on the submit host.
-                ours.teardown(self.spec, runner, state)
-                raise
-        return endpoint
+            # Everything after sbatch, up to a dashboard that answers through the tunnel.
+            info = self._wait_ready(runner, state, job)
+            return self._ready_endpoint(state, info)
 
     def _ready_endpoint(self, state: State, info: dict[str, Any]) -> Endpoint:
         token = auth.token_file(state)
@@ -299,7 +283,7 @@ class Provider(BaseProvider[Spec]):
             return bool(cluster.patiently(lambda: cluster.our_jobs(runner, state.cluster_id),
                                           "listing the cluster's jobs"))
 
-    def cost_range(self, state: State | None) -> CostRange | None:
+    def cost_range(self, plan: Plan[None] | None) -> CostRange | None:
         """Node-hours per hour at the smallest and largest size (Slurm bills no money): a fixed
         cluster holds all its nodes; an autoscaling one its head plus min..max workers."""
         spec = self.spec
