@@ -24,7 +24,6 @@ from typing import Any, ClassVar, Protocol
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
-
 #: The body of a request that is not JSON (the validator reports it as such).
 NOT_JSON: Any = object()
 

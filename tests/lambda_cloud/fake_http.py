@@ -15,7 +15,7 @@ from typing import Any
 
 from werkzeug.wrappers import Request
 
-from tests.fakes.http import Answer, Fault, FakeHttpServer, Violation
+from tests.fakes.http import Answer, FakeHttpServer, Fault, Violation
 from tests.fakes.openapi import OpenApiValidator
 
 REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "lambda" / \
