@@ -143,6 +143,12 @@ class LambdaHttp(FakeHttpServer):
     def fault_answer(self, method: str, path: str, fault: Fault) -> Answer:
         if fault.code is None:
             return Answer(fault.status, raw=b"injected failure: no documented body")
+        if fault.code.startswith("provider/"):
+            # "Provider errors" are described in the reference's prose only (shape and an
+            # example, no status): the body follows the example, unchecked.
+            return Answer(fault.status, {"error": {
+                "code": fault.code, "message": fault.message or "Provider unavailable",
+                "suggestion": "Try again shortly"}}, checked=False)
         return error_answer(method, path, fault.code, fault.message, fault.status)
 
     def invalid_answer(self, violations: list[Violation]) -> Answer:

@@ -112,6 +112,21 @@ def error_suggestion(method: str, template: str, code: str) -> str | None:
     return None
 
 
+def test_provider_errors_are_retried_but_never_a_launch(fake: FakeLambda) -> None:
+    """`provider/...` codes (upstream outages, described in the reference's prose with no status):
+    as a 5xx they are retried like any 5xx; a launch that got one is reconciled, not resent."""
+    client = api.LambdaClient(API_KEY, fake.url, api.Limits.scaled(0.01))
+    outage = "provider/internal-unavailable"
+    fake.inject(Fault("GET", "/instances", status=503, code=outage, times=2))
+    client.instances()
+    assert [s for _, s in fake.requests("GET", "/instances")] == [503, 503, 200]
+    key = client.add_ssh_key("p", "ssh-ed25519 AAAA p").name
+    fake.inject(Fault("POST", "/instance-operations/launch", status=503, code=outage))
+    with pytest.raises(api.LaunchOutcomeUnknown):
+        client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="p")
+    assert len(fake.requests("POST", "/instance-operations/launch")) == 1
+
+
 @pytest.mark.parametrize(("method", "regex", "status", "code", "words"), [
     ("GET", "/instance-types", 401, "global/invalid-api-key", "Check your API key"),
     ("POST", "/ssh-keys", 403, "global/account-inactive", "valid payment method"),
