@@ -106,7 +106,7 @@ def test_every_documented_error(fake: FakeLambda, method: str, template: str, re
 
 
 def error_suggestion(method: str, template: str, code: str) -> str | None:
-    for status, documented_code, schema in reference().documented_errors(method, PREFIX + template):
+    for _, documented_code, schema in reference().documented_errors(method, PREFIX + template):
         if documented_code == code:
             return schema["properties"].get("suggestion", {}).get("default")
     return None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import re
 import threading
 import time
@@ -252,10 +251,12 @@ class _PacedRetry(Retry):
     also quiets every other thread (`_Pacer.push_back`); then the retry takes a pacer slot."""
 
     pacer: _Pacer | None = None
+    #: Retries of a launch take a launch slot.
+    launch: bool = False
 
     def new(self, **kw: Any) -> _PacedRetry:
         retry = super().new(**kw)
-        retry.pacer = self.pacer
+        retry.pacer, retry.launch = self.pacer, self.launch
         return retry
 
     def get_backoff_time(self) -> float:
@@ -273,7 +274,7 @@ class _PacedRetry(Retry):
             if response is not None and response.status == 429:
                 self.pacer.push_back(delay)
             time.sleep(delay)
-            self.pacer.wait(False)
+            self.pacer.wait(self.launch)
         else:
             time.sleep(delay)
 
@@ -324,18 +325,13 @@ class LambdaClient:
         self._pacer = _Pacer(self.limits)
         headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json",
                    "User-Agent": "rayfleet"}
-        retry = _PacedRetry(
-            total=retries, backoff_factor=self.limits.request_interval,
-            backoff_max=self.limits.backoff_cap, backoff_jitter=self.limits.request_interval,
-            status_forcelist=RETRY_STATUSES, allowed_methods=None, raise_on_status=False,
-            respect_retry_after_header=False)  # _PacedRetry.sleep reads it, capped
-        retry.pacer = self._pacer
-        #: Every call but launch: urllib3 retries it.
+        #: Every call but launch: urllib3 retries 409/429/5xx and network errors.
         self._session = requests.Session()
-        #: Launch only: never retried by urllib3 (an unknown outcome is the caller's to reconcile).
+        #: Launch: not idempotent, so only what certainly created nothing is sent again (a 429,
+        #: a connection never made); a lost answer or 5xx is the caller's to reconcile.
         self._launch_session = requests.Session()
-        for session, adapter in ((self._session, HTTPAdapter(max_retries=retry)),
-                                 (self._launch_session, HTTPAdapter(max_retries=0))):
+        for session in (self._session, self._launch_session):
+            adapter = HTTPAdapter(max_retries=self._retry(launch=session is self._launch_session))
             session.headers.update(headers)
             session.mount("http://", adapter)
             session.mount("https://", adapter)
@@ -344,6 +340,16 @@ class LambdaClient:
 
     def __repr__(self) -> str:
         return f"LambdaClient(url={self.url!r})"
+
+    def _retry(self, launch: bool) -> _PacedRetry:
+        retry = _PacedRetry(
+            total=self.retries, backoff_factor=self.limits.request_interval,
+            backoff_max=self.limits.backoff_cap, backoff_jitter=self.limits.request_interval,
+            status_forcelist={429} if launch else RETRY_STATUSES, allowed_methods=None,
+            read=0 if launch else None, other=0 if launch else None, raise_on_status=False,
+            respect_retry_after_header=False)  # _PacedRetry.sleep reads it, capped
+        retry.pacer, retry.launch = self._pacer, launch
+        return retry
 
     def defer_launches(self, seconds: float) -> None:
         """No launch from this client before `seconds` from now (another process just launched)."""
@@ -364,73 +370,37 @@ class LambdaClient:
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "<api key>") if self._key else text
 
-    def _backoff(self, attempt: int, retry_after: str | None) -> float:
-        if retry_after:
-            try:
-                return min(float(retry_after), self.limits.backoff_cap * 2)
-            except ValueError:
-                pass
-        base = self.limits.request_interval * (2 ** min(attempt, 16))
-        return min(self.limits.backoff_cap, base) * (0.5 + random.random() / 2)
-
     def request(self, method: str, path: str, body: dict[str, Any] | None = None,
                 launch: bool = False) -> Any:
-        """Send one API request and return its `data`, or raise a typed LambdaError."""
-        if launch:
-            return self._launch_request(method, path, body)
+        """Send one API request and return its `data`, or raise a typed LambdaError. The session's
+        urllib3 `Retry` does the retries; a launch's session resends only what was never created
+        (429, or a connection never made)."""
         import requests
 
         what = f"{method} {path}"
         started = time.monotonic()
-        self._pacer.wait(False)
+        session = self._launch_session if launch else self._session
+        self._pacer.wait(launch)
         self.sent.append(what)
         try:
-            response = self._session.request(method, f"{self.url}{path}", json=body,
-                                             timeout=self.timeout)
+            response = session.request(method, f"{self.url}{path}", json=body, timeout=self.timeout)
         except requests.RequestException as exc:
+            if launch:
+                raise LaunchOutcomeUnknown(
+                    f"Lambda API: {what}: no answer ({type(exc).__name__})") from None
             raise Unavailable(f"Lambda API: {what}: no answer after {self.retries} retries in "
                               f"{time.monotonic() - started:.0f}s ({type(exc).__name__}); try "
                               "again later", status=0) from None
         finally:
-            self._pacer.done(False)
+            self._pacer.done(launch)
+        if launch and response.status_code >= 500:
+            raise LaunchOutcomeUnknown(
+                f"Lambda API: {what}: HTTP {response.status_code}, the instance may exist")
         if response.status_code in RETRY_STATUSES:
             raise Unavailable(f"Lambda API: {what}: still failing after {self.retries} retries in "
                               f"{time.monotonic() - started:.0f}s (HTTP {response.status_code}); "
                               "try again later", status=response.status_code)
         return self._decode(what, response)
-
-    def _launch_request(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
-        """A launch: 429 means nothing was created and is sent again after a backoff (within the
-        same retry and storm budget as other calls); any other failure without an answer raises
-        LaunchOutcomeUnknown."""
-        import requests
-
-        what = f"{method} {path}"
-        started = time.monotonic()
-        attempt = 0
-        while attempt <= self.retries or time.monotonic() - started < self.limits.backoff_cap * 10:
-            attempt += 1
-            self._pacer.wait(True)
-            self.sent.append(what)
-            try:
-                response = self._launch_session.request(method, f"{self.url}{path}", json=body,
-                                                        timeout=self.timeout)
-            except requests.RequestException as exc:
-                raise LaunchOutcomeUnknown(
-                    f"Lambda API: {what}: no answer ({type(exc).__name__})") from None
-            finally:
-                self._pacer.done(True)
-            if response.status_code == 429:
-                delay = self._backoff(attempt, response.headers.get("Retry-After"))
-                self._pacer.push_back(delay)
-                time.sleep(delay)
-                continue
-            if response.status_code >= 500:
-                raise LaunchOutcomeUnknown(
-                    f"Lambda API: {what}: HTTP {response.status_code}, the instance may exist")
-            return self._decode(what, response)
-        raise Unavailable(f"Lambda API: {what}: still refused (HTTP 429) after {attempt} tries in "
-                          f"{time.monotonic() - started:.0f}s; try again later", status=429)
 
     def _decode(self, what: str, response: Any) -> Any:
         try:
