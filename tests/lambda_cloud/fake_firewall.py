@@ -22,8 +22,9 @@ class FirewallRulesets:
     lock: threading.RLock
     instances: dict[str, Any]
     firewall_rulesets: dict[str, dict[str, Any]]
-    #: Seconds after a ruleset changed during which PATCH/DELETE get Lambda's 409.
-    ruleset_settle: float = 0.0
+    #: How many PATCH/DELETE of a ruleset after each change of it get Lambda's 409 (the change
+    #: is still being applied). A count, not a time: tests stay deterministic on a busy machine.
+    ruleset_conflicts: int = 0
 
     def _status(self, inst: Any, now: float) -> str:
         raise NotImplementedError
@@ -59,10 +60,11 @@ class FirewallRulesets:
                 return False
         return True
 
-    def _conflict(self, ruleset: dict[str, Any], now: float) -> None:
+    def _conflict(self, ruleset: dict[str, Any]) -> None:
         """409 (documented on POST/PATCH/DELETE) while the ruleset's last change is being applied:
-        `ruleset_settle` seconds after it (0: never)."""
-        if now - ruleset.get("changed_at", -1e9) < self.ruleset_settle:
+        for the next `ruleset_conflicts` PATCH/DELETE after it."""
+        if ruleset.get("pending", 0) > 0:
+            ruleset["pending"] -= 1
             raise Reject("global/internal-error", "The firewall ruleset is being updated.")
 
     def _firewall(self, method: str, path: str, body: Any, now: float) -> Any:
@@ -75,7 +77,7 @@ class FirewallRulesets:
             rid = uuid.uuid4().hex
             self.firewall_rulesets[rid] = {"id": rid, "name": name, "region": region,
                                            "rules": rules, "created": "2026-01-01T00:00:00Z",
-                                           "changed_at": now}
+                                           "pending": self.ruleset_conflicts}
             return self._ruleset_json(self.firewall_rulesets[rid], now)
         match = re.fullmatch(r"/firewall-rulesets/([^/]+)", path)
         if match and match.group(1) != "global":
@@ -89,11 +91,11 @@ class FirewallRulesets:
             if method == "PATCH":
                 if "rules" in body and not self._valid_rules(body["rules"]):
                     raise Reject("global/invalid-parameters", "Invalid request data.")
-                self._conflict(ruleset, now)
-                ruleset.update(body, changed_at=now)
+                self._conflict(ruleset)
+                ruleset.update(body, pending=self.ruleset_conflicts)
                 return self._ruleset_json(ruleset, now)
             if method == "DELETE":
-                self._conflict(ruleset, now)
+                self._conflict(ruleset)
                 if self._ruleset_json(ruleset, now)["instance_ids"]:
                     raise Reject("firewall-rulesets/firewall-ruleset-in-use")
                 del self.firewall_rulesets[ruleset["id"]]
