@@ -52,6 +52,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
         report.longrepr = f"skipped in CI, which must run this test: {reason}"
 
 
+@pytest.fixture(autouse=True)
+def fake_api_contract() -> Iterator[None]:
+    """Fail the test during which any HTTP fake received a request, or sent an answer, that its
+    API's published definition rejects (tests/fakes/http.py), naming the field and the rule."""
+    from tests.fakes.http import FakeHttpServer
+
+    yield
+    found = list(dict.fromkeys(str(v) for server in list(FakeHttpServer.live)
+                               for v in server.take_violations()))
+    if found:
+        pytest.fail("the fake API's reference was broken:\n  " + "\n  ".join(found[:20]),
+                    pytrace=False)
+
+
 @pytest.fixture
 def rf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private RAYFLEET_HOME (state, rendered files, keys) for one test."""

@@ -7,9 +7,11 @@ top, what the description cannot show but real accounts do: per-(type, region) c
 out, instances that boot for a while before they are `active` (no IP while booting), termination
 that takes a moment, a quota, other people's instances in the same account, and injectable faults.
 
-Stricter than Lambda where that catches our mistakes: unknown keys in a launch body are rejected
-(`global/invalid-parameters`). The 429 body is not documented; the fake sends an error object with
-code `global/too-many-requests`, and rayfleet decides on the HTTP status only.
+Held to the reference both ways (tests/fakes/http.py, tests/fakes/openapi.py): every request is
+checked against Lambda's OpenAPI file before the model sees it (unknown fields included: the fake
+treats the reference's open objects as closed), every answer before it is sent. A request the
+reference rejects is answered 400 `global/invalid-parameters`, and the test that sent it fails. The
+429 body is not documented; the fake sends a 429 without JSON, and rayfleet decides on the status.
 
 Use it in-process (`with FakeLambda(...) as fake: fake.url`), or as a CLI:
 `python -m tests.lambda_cloud --port 8899 --api-key secret_test --scale 1` (see __main__.py).
@@ -24,11 +26,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from typing import Any
 
+from tests.fakes.http import Fault
 from tests.lambda_cloud.fake_firewall import FirewallRulesets
-from tests.lambda_cloud.fake_http import REGIONS, Bucket, Fault, HttpSide, Reject
+from tests.lambda_cloud.fake_http import REGIONS, Bucket, LambdaHttp, Reject, reference
+
+__all__ = ["CATALOG", "REGIONS", "FakeInstance", "FakeLambda", "Fault"]
 
 #: name -> (description, price in cents per hour, vcpus, memory GiB, storage GiB, gpus)
 CATALOG: dict[str, tuple[str, int, int, int, int, int]] = {
@@ -38,13 +42,6 @@ CATALOG: dict[str, tuple[str, int, int, int, int, int]] = {
     "gpu_1x_h100_pcie": ("1x H100 (80 GB PCIe)", 249, 26, 200, 1024, 1),
     "cpu_4x_general": ("4x vCPU (general)", 20, 4, 16, 100, 0),
 }
-LAUNCH_KEYS = {"region_name", "instance_type_name", "ssh_key_names", "file_system_names",
-               "file_system_mounts", "hostname", "name", "image", "user_data", "tags",
-               "firewall_rulesets"}
-#: RequestedTagEntry: key pattern and lengths (OpenAPI 1.8.3).
-TAG_KEY = re.compile(r"^[a-z][a-z0-9-:]+$")
-#: InstanceLaunchRequest.hostname.
-HOSTNAME = re.compile(r"^[a-z0-9][0-9a-z-]{0,62}$")
 
 
 @dataclass
@@ -75,15 +72,15 @@ class FakeInstance:
     powered_off: bool = False
 
 
-class FakeLambda(FirewallRulesets, HttpSide):
+class FakeLambda(FirewallRulesets, LambdaHttp):
     """The fake's state and HTTP server. Every knob is an attribute tests may change at any time."""
 
     def __init__(self, api_key: str = "secret_fake_key", *, scale: float = 1.0,
                  boot_delay: float = 2.0, terminate_delay: float = 0.5, forget_delay: float = 5.0,
                  capacity: dict[tuple[str, str], int] | None = None, quota: int = 50,
                  ip_pool: list[str] | None = None, port: int = 0) -> None:
+        super().__init__(reference(), port)
         self.api_key = api_key
-        self.lock = threading.RLock()
         self.general = Bucket(1.0 * scale)
         self.launches = Bucket(12.0 * scale)
         self.boot_delay = boot_delay
@@ -101,7 +98,6 @@ class FakeLambda(FirewallRulesets, HttpSide):
         self.instances: dict[str, FakeInstance] = {}
         self.ssh_keys: dict[str, dict[str, str]] = {}
         self.file_systems: dict[str, dict[str, Any]] = {}
-        self.faults: list[Fault] = []
         #: name regex -> status the instance boots into instead of `active` ("unhealthy").
         self.boot_outcomes: dict[str, str] = {}
         #: Called after each served /instance-types (tests use it to take capacity away).
@@ -111,36 +107,16 @@ class FakeLambda(FirewallRulesets, HttpSide):
         #: handed out again.
         self.on_terminate: Callable[[FakeInstance], None] | None = None
         self.firewall_rulesets: dict[str, dict[str, Any]] = {}
-        #: (monotonic time, method, path, HTTP status) of every request.
-        self.log: list[tuple[float, str, str, int]] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/api/v1"
-
-    def start(self) -> FakeLambda:
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        """Serve in this thread (the CLI)."""
-        self._server.serve_forever()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        return f"{self.origin}{self.prefix}"
 
     def __enter__(self) -> FakeLambda:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.start()
+        return self
 
     # --- setup helpers --------------------------------------------------------------------------
 
@@ -159,10 +135,6 @@ class FakeLambda(FirewallRulesets, HttpSide):
         fs_id = uuid.uuid4().hex
         self.file_systems[fs_id] = {"id": fs_id, "name": name, "region": region}
         return fs_id
-
-    def inject(self, *faults: Fault) -> None:
-        with self.lock:
-            self.faults.extend(faults)
 
     def status_of(self, instance_id: str) -> str | None:
         with self.lock:
@@ -198,12 +170,6 @@ class FakeLambda(FirewallRulesets, HttpSide):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not powered off after {timeout}s: {pending}")
             time.sleep(0.1)
-
-    def requests(self, method: str | None = None, path: str | None = None) -> list[tuple[float, int]]:
-        """(time, status) of logged requests matching method and path regex."""
-        with self.lock:
-            return [(t, s) for t, m, p, s in self.log
-                    if (method is None or m == method) and (path is None or re.fullmatch(path, p))]
 
     # --- model ----------------------------------------------------------------------------------
 
@@ -260,19 +226,21 @@ class FakeLambda(FirewallRulesets, HttpSide):
         data: dict[str, Any] = {
             "id": inst.id, "name": inst.name, "status": status,
             "ssh_key_names": inst.ssh_key_names, "file_system_names": inst.file_system_names,
-            "file_system_mounts": [], "region": {"name": inst.region,
+            "region": {"name": inst.region,
                                                  "description": REGIONS[inst.region]},
             "instance_type": {"name": inst.type_name, "description": desc, "gpu_description": desc,
                               "price_cents_per_hour": price,
                               "specs": {"vcpus": vcpus, "memory_gib": mem, "storage_gib": disk,
                                         "gpus": gpus}},
-            "is_reserved": False, "tags": [dict(t) for t in inst.tags],
+            "tags": [dict(t) for t in inst.tags],
             "firewall_rulesets": [{"id": r} for r in inst.firewall_rulesets],
             "actions": {k: {"available": status == "active"}
                         for k in ("migrate", "rebuild", "restart", "cold_reboot", "terminate")},
         }
         if inst.ip and status in ("active", "unhealthy", "terminating"):
-            data.update(ip=inst.ip, private_ip=inst.private_ip,
+            if inst.private_ip:
+                data["private_ip"] = inst.private_ip
+            data.update(ip=inst.ip,
                         hostname=inst.hostname or inst.ip.replace(".", "-"),
                         jupyter_token=inst.id[:32],
                         jupyter_url=f"https://jupyter-{inst.id[:12]}.lambdaspaces.example/")
@@ -280,7 +248,7 @@ class FakeLambda(FirewallRulesets, HttpSide):
 
     # --- endpoints ------------------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, body: Any) -> Any:
+    def model(self, method: str, path: str, body: Any) -> Any:
         now = time.monotonic()
         if method == "GET" and path == "/instance-types":
             data = {}
@@ -327,31 +295,14 @@ class FakeLambda(FirewallRulesets, HttpSide):
                     for f in self.file_systems.values()]
         raise Reject("global/object-does-not-exist", f"No route {method} {path}.")
 
-    def _launch(self, body: Any, now: float) -> dict[str, Any]:
-        if not isinstance(body, dict) or set(body) - LAUNCH_KEYS:
-            raise Reject("global/invalid-parameters", f"Unknown fields {sorted(set(body) - LAUNCH_KEYS)}"
-                          if isinstance(body, dict) else "Expected an object.")
-        region, type_name = body.get("region_name"), body.get("instance_type_name")
-        keys, name = body.get("ssh_key_names"), body.get("name", "")
-        if region not in REGIONS or not isinstance(type_name, str):
-            raise Reject("global/invalid-parameters", "Invalid region_name or instance_type_name.")
-        if not isinstance(keys, list) or len(keys) != 1:
+    def _launch(self, body: dict[str, Any], now: float) -> dict[str, Any]:
+        # The reference has checked types, patterns and lengths; what it cannot say is checked here.
+        region, type_name = body["region_name"], body["instance_type_name"]
+        keys, name = body["ssh_key_names"], body.get("name", "")
+        if len(keys) != 1:  # "Currently, exactly one SSH key must be specified."
             raise Reject("global/invalid-parameters", "Exactly one SSH key name is required.")
-        if not isinstance(name, str) or len(name) > 64:
-            raise Reject("global/invalid-parameters", "Invalid name.")
-        tags = body.get("tags", [])
-        if not isinstance(tags, list) or not all(
-                isinstance(t, dict) and set(t) == {"key", "value"} and isinstance(t["key"], str)
-                and isinstance(t["value"], str) and TAG_KEY.match(t["key"]) and len(t["key"]) <= 55
-                and len(t["value"]) <= 128 for t in tags):
-            raise Reject("global/invalid-parameters", "Invalid tags.")
-        hostname = body.get("hostname")
-        if hostname is not None and (not isinstance(hostname, str) or not HOSTNAME.match(hostname)):
-            raise Reject("global/invalid-parameters", "Invalid hostname.")
+        tags, hostname = body.get("tags", []), body.get("hostname")
         rulesets = body.get("firewall_rulesets", [])
-        if not isinstance(rulesets, list) or not all(
-                isinstance(r, dict) and set(r) == {"id"} and isinstance(r["id"], str) for r in rulesets):
-            raise Reject("global/invalid-parameters", "Invalid firewall_rulesets.")
         if type_name not in CATALOG:
             raise Reject("global/object-does-not-exist", f"Instance type {type_name} not found.")
         for entry in rulesets:

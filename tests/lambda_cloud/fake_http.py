@@ -1,60 +1,52 @@
-"""The fake Lambda API's wire protocol: errors as Lambda sends them, rate limits, injected faults
-and the HTTP handler (only 127.0.0.1 is ever bound; see fake_api.py for the model behind it)."""
+"""The fake Lambda API's wire protocol, on the shared fake base (tests/fakes/http.py): auth, rate
+limits, errors as Lambda's reference defines them, and the contract check against that reference
+(tests/reference/lambda/). Only 127.0.0.1 is ever bound; see fake_api.py for the model behind it.
+"""
 
 from __future__ import annotations
 
 import base64
-import json
-import re
+import functools
 import secrets
-import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
-REGIONS = {
+from werkzeug.wrappers import Request
+
+from tests.fakes.http import Answer, FakeHttpServer, Fault, Violation
+from tests.fakes.openapi import OpenApiValidator
+
+REFERENCE = Path(__file__).resolve().parents[1] / "reference" / "lambda" / \
+    "lambda-cloud-openapi-1.8.3.json"
+PREFIX = "/api/v1"
+
+
+@functools.cache
+def reference() -> OpenApiValidator:
+    """Lambda's OpenAPI 1.8.3, parsed once per process."""
+    return OpenApiValidator(REFERENCE, PREFIX)
+
+
+#: Locations of the regions we know; the reference lists codes only (PublicRegionCode).
+_PLACES = {
     "us-east-1": "Virginia, USA", "us-west-1": "California, USA", "us-west-2": "Arizona, USA",
     "us-south-1": "Texas, USA", "us-midwest-1": "Illinois, USA", "europe-central-1": "Germany",
     "asia-northeast-1": "Tokyo, Japan", "me-west-1": "Israel", "us-east-3": "Washington DC, USA",
 }
-ERRORS = {
-    "global/invalid-api-key": (401, "API key was invalid, expired, or deleted.",
-                               "Check your API key or create a new one, then try again."),
-    "global/object-does-not-exist": (404, "Specified instance does not exist.", None),
-    "global/invalid-parameters": (400, "Invalid request data.", None),
-    "global/quota-exceeded": (400, "Quota exceeded.", "Contact Support to increase your quota."),
-    "instance-operations/launch/insufficient-capacity": (
-        400, "Not enough capacity to fulfill launch request.", None),
-    "instance-operations/launch/file-system-in-wrong-region": (
-        400, "File system is in a different region.", None),
-    "global/too-many-requests": (429, "Too many requests.", "Slow down and try again."),
-    "global/internal-error": (500, "An internal server error occurred.",
-                              "Try again later. Contact Support if the problem persists."),
-    "firewall-rulesets/firewall-ruleset-in-use": (
-        400, "Firewall ruleset is in use by one or more instances.",
-        "Terminate all instances that are using the ruleset before deleting it."),
-}
+#: Every region the reference lists, with a description (the code itself where we know none).
+REGIONS = {code: _PLACES.get(code, code)
+           for code in reference().spec["components"]["schemas"]["PublicRegionCode"]["enum"]}
+
 
 class Reject(Exception):
+    """Raised by the model: answer with Lambda's documented error `code`."""
+
     def __init__(self, code: str, message: str | None = None) -> None:
         super().__init__(code)
         self.code = code
         self.message = message
-
-
-@dataclass
-class Fault:
-    """Fail matching requests: `status` (429/500/503...) or `drop` (do the work, then close the
-    connection without an answer). `times` requests are affected, after `skip` matching ones."""
-
-    method: str
-    path: str  # regex matched against the path after /api/v1
-    status: int = 0
-    drop: bool = False
-    times: int = 1
-    skip: int = 0
-    retry_after: str | None = None
 
 
 @dataclass
@@ -79,19 +71,48 @@ class Bucket:
         return False
 
 
+def error_answer(method: str, path: str, code: str, message: str | None = None,
+                 status: int | None = None) -> Answer:
+    """Lambda's error `code` as this operation documents it: its status and its error schema's
+    texts (`{"error": {code, message, suggestion?}}`, the reference's defaults where it has them).
+    A code the operation does not document still gets a body (from any operation's schema); the
+    contract check then reports it."""
+    ref = reference()
+    found = ref.operation(method, path)
+    documented = ref.documented_errors(method, found[0]) if found else []
+    anywhere = [e for template, ops in ref.spec["paths"].items() for verb in ops
+                if verb in ("get", "post", "patch", "delete", "put")
+                for e in ref.documented_errors(verb, template)]
+    matches = [e for e in documented if e[1] == code and status in (None, e[0])] \
+        or [e for e in anywhere if e[1] == code]
+    if not matches:
+        raise KeyError(f"{code} is not an error code of Lambda's reference")
+    found_status, _, schema = matches[0]
+    props = schema["properties"]
+    error = {"code": code,
+             "message": message or props["message"].get("default", f"{code} (fake)")}
+    if "suggestion" in props and ("default" in props["suggestion"]
+                                  or "suggestion" in schema.get("required", [])):
+        error["suggestion"] = props["suggestion"].get("default", "Check the request and retry.")
+    return Answer(status or found_status, {"error": error})
 
-class HttpSide:
-    """What `FakeLambda` gains: auth, fault injection and its request handler."""
 
+class LambdaHttp(FakeHttpServer):
+    """What `FakeLambda` gains: auth, rate limits, faults and errors as Lambda sends them."""
+
+    prefix = PREFIX
     api_key: str
-    faults: list[Fault]
-    lock: threading.RLock
     general: Bucket
     launches: Bucket
-    log: list[tuple[float, str, str, int]]
 
-    def handle(self, method: str, path: str, body: Any) -> Any:
+    def model(self, method: str, path: str, body: Any) -> Any:
         raise NotImplementedError
+
+    def handle(self, method: str, path: str, body: Any, request: Request) -> Answer:
+        try:
+            return Answer(200, {"data": self.model(method, path, body)})
+        except Reject as rej:
+            return error_answer(method, path, rej.code, rej.message)
 
     def authorized(self, header: str) -> bool:
         if header.startswith("Bearer "):
@@ -104,100 +125,39 @@ class HttpSide:
             return secrets.compare_digest(decoded, f"{self.api_key}:")
         return False
 
-    def _fault_for(self, method: str, path: str) -> Fault | None:
-        for fault in self.faults:
-            if fault.method == method and re.fullmatch(fault.path, path):
-                if fault.skip > 0:
-                    fault.skip -= 1
-                    return None
-                fault.times -= 1
-                if fault.times <= 0:
-                    self.faults.remove(fault)
-                return fault
+    def authenticate(self, request: Request) -> Answer | None:
+        if self.authorized(request.headers.get("Authorization", "")):
+            return None
+        return error_answer(request.method, request.path[len(PREFIX):], "global/invalid-api-key")
+
+    def throttle(self, method: str, path: str, now: float) -> Answer | None:
+        # The reference documents the limits in prose but no 429 answer: its body is unknown, so
+        # the fake sends no JSON at all (rayfleet must decide on the status alone).
+        if not self.general.take(now):
+            return Answer(429, raw=b"Too Many Requests")
+        if method == "POST" and path == "/instance-operations/launch" and not self.launches.take(now):
+            self.general.tokens += 1  # refused requests do not count
+            return Answer(429, raw=b"Too Many Requests")
         return None
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
+    def fault_answer(self, method: str, path: str, fault: Fault) -> Answer:
+        if fault.code is None:
+            return Answer(fault.status, raw=b"injected failure: no documented body")
+        if fault.code.startswith("provider/"):
+            # "Provider errors" are described in the reference's prose only (shape and an
+            # example, no status): the body follows the example, unchecked.
+            return Answer(fault.status, {"error": {
+                "code": fault.code, "message": fault.message or "Provider unavailable",
+                "suggestion": "Try again shortly"}}, checked=False)
+        return error_answer(method, path, fault.code, fault.message, fault.status)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def invalid_answer(self, violations: list[Violation]) -> Answer:
+        first = violations[0]
+        if first.rule == "operation":
+            return Answer(404, {"error": {"code": "global/object-does-not-exist",
+                                          "message": f"No route {first.method} {first.path}."}})
+        return Answer(400, {"error": {"code": "global/invalid-parameters",
+                                      "message": f"{first.field}: {first.detail}"[:500]}})
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _serve(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                path = self.path.split("?", 1)[0]
-                if not path.startswith("/api/v1/"):
-                    return self._send(404, {"error": {"code": "global/object-does-not-exist",
-                                                      "message": "Not found."}}, method, path)
-                path = path[len("/api/v1"):]
-                with fake.lock:
-                    now = time.monotonic()
-                    if not fake.authorized(self.headers.get("Authorization", "")):
-                        return self._error("global/invalid-api-key", None, method, path)
-                    fault = fake._fault_for(method, path)
-                    if fault and fault.status:
-                        extra = {"Retry-After": fault.retry_after} if fault.retry_after else {}
-                        code = "global/too-many-requests" if fault.status == 429 \
-                            else "global/internal-error"
-                        if fault.status in (502, 503):  # a load balancer's page, not JSON
-                            return self._send(fault.status, None, method, path, extra,
-                                              b"<html>Bad gateway</html>")
-                        return self._error(code, None, method, path, fault.status, extra)
-                    if not fake.general.take(now):
-                        return self._error("global/too-many-requests", None, method, path)
-                    is_launch = method == "POST" and path == "/instance-operations/launch"
-                    if is_launch and not fake.launches.take(now):
-                        fake.general.tokens += 1  # refused requests do not count
-                        return self._error("global/too-many-requests", None, method, path)
-                    try:
-                        body = json.loads(raw) if raw else None
-                    except ValueError:
-                        return self._error("global/invalid-parameters", "Body is not JSON.",
-                                           method, path)
-                    try:
-                        data = fake.handle(method, path, body)
-                    except Reject as rej:
-                        return self._error(rej.code, rej.message, method, path)
-                    if fault and fault.drop:
-                        fake.log.append((now, method, path, 0))
-                        self.close_connection = True
-                        self.connection.close()
-                        return None
-                    return self._send(200, {"data": data}, method, path)
-
-            def _error(self, code: str, message: str | None, method: str, path: str,
-                       status: int | None = None, headers: dict[str, str] | None = None) -> None:
-                default_status, default_message, suggestion = ERRORS[code]
-                error = {"code": code, "message": message or default_message}
-                if suggestion:
-                    error["suggestion"] = suggestion
-                self._send(status or default_status, {"error": error}, method, path, headers)
-
-            def _send(self, status: int, payload: Any, method: str, path: str,
-                      headers: dict[str, str] | None = None, raw: bytes | None = None) -> None:
-                fake.log.append((time.monotonic(), method, path, status))
-                body = raw if raw is not None else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/html" if raw else "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                for key, value in (headers or {}).items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:
-                self._serve("GET")
-
-            def do_POST(self) -> None:
-                self._serve("POST")
-
-            def do_DELETE(self) -> None:
-                self._serve("DELETE")
-
-            def do_PATCH(self) -> None:
-                self._serve("PATCH")
-
-        return Handler
+    def not_found_answer(self, method: str, path: str) -> Answer:
+        return Answer(404, raw=b"Not Found")

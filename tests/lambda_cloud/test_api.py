@@ -173,3 +173,6 @@ def test_firewall_rulesets_as_documented(fake: FakeLambda) -> None:
     with pytest.raises(api.NotFound):
         client.delete_firewall_ruleset(ruleset.id)
     assert [r.name for r in client.firewall_rulesets()] == ["rayfleet-lt-colleague"]
+    # The two refusals above came from the reference itself, and name the field and the rule.
+    assert [(v.field, v.rule) for v in fake.take_violations()] == [
+        ("$.rules[0].source_network", "format"), ("$.tags[0].key", "pattern")]

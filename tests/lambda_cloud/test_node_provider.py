@@ -204,3 +204,28 @@ def test_tag_store_updates_from_threads_and_processes_are_never_lost(tmp_path: P
     assert all(child.wait(timeout=60) == 0 for child in children)
     assert len(store.all()) == 6 * 25
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_names_fit_lambdas_64_characters_at_the_longest_cluster_and_type(fake: FakeLambda,
+                                                                        tmp_path: Path) -> None:
+    """Issue 22 bug 1: `<cluster 31>-<id>-<type 16>-<token>` was 66 characters; Lambda takes 64."""
+    cluster, kind = "c" * 31, "t" * 16  # the longest cluster name and worker type name a spec takes
+    provider = make(fake, tmp_path, cluster=cluster)
+    created = provider.create_node({**NODE_CONFIG, "type_name": kind},
+                                   {**TAGS, "ray-user-node-type": kind}, 1)
+    (inst,) = created.values()
+    assert len(inst.name) <= 64 and inst.name.startswith(f"{cluster}-{CID}-t"), inst.name
+    listed = {i["id"]: i for i in fake.inventory()}
+    assert listed[inst.id]["name"] == inst.name and listed[inst.id]["tags"]["rayfleet-node"] == kind
+
+
+def test_a_launch_refused_for_good_is_not_retried_every_loop(fake: FakeLambda, tmp_path: Path) -> None:
+    """Issue 22 bug 1: a 400 other than insufficient capacity went back to Ray's autoscaler, which
+    asked again at its next loop, forever. Now the type backs off like one without capacity."""
+    provider = make(fake, tmp_path, failure_backoff_s=60)
+    fake.inject(Fault("POST", LAUNCH, status=400, code="global/invalid-parameters", times=5))
+    with pytest.raises(NoCapacity, match="global/invalid-parameters"):
+        provider.create_node(NODE_CONFIG, TAGS, 1)
+    with pytest.raises(NoCapacity, match="next try in"):
+        provider.create_node(NODE_CONFIG, TAGS, 1)
+    assert len(fake.requests("POST", LAUNCH)) == 1

@@ -4,8 +4,10 @@ What it guarantees, so callers need not think about it:
 - Pacing: at most one request per `Limits.request_interval` (1 s) and one launch per
   `Limits.launch_interval` (12 s), shared by all threads of the process. `LAMBDA_RATE_SCALE`
   scales both (tests and the fake run at 0.01); the defaults are Lambda's documented limits.
-- Retries with backoff on 429, 5xx and network errors, except for launches: a launch is not
-  idempotent, so an unknown outcome raises `LaunchOutcomeUnknown` and the caller reconciles.
+- Retries with backoff on 429, 409 (Lambda's documented conflict on rulesets), 5xx and network
+  errors, by urllib3's `Retry` on the session (Retry-After honoured, never faster than the
+  request interval), except for launches: a launch is not idempotent, so an unknown outcome
+  raises `LaunchOutcomeUnknown` and the caller reconciles (only a 429 launch is sent again).
 - Typed errors chosen by the `error.code` field (never by message text), see `_ERRORS`.
 - The API key lives in one private attribute and the session's header. It is never in a message,
   a repr or an exception (and `_redact` scrubs it from anything the server echoes back).
@@ -13,8 +15,8 @@ What it guarantees, so callers need not think about it:
 
 from __future__ import annotations
 
+import contextlib
 import os
-import random
 import re
 import threading
 import time
@@ -22,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from urllib3.util.retry import Retry
 
 from infra.node.errors import ProviderError, UsageError
 from infra.node.net import is_loopback
@@ -236,6 +240,45 @@ class _Pacer:
             self.next_any = max(self.next_any, time.monotonic() + seconds)
 
 
+#: Answers worth the same request again: rate limit, Lambda's 409 on rulesets ("conflict", sent
+#: with the internal-error body), and server or gateway failures.
+RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+
+
+class _PacedRetry(Retry):
+    """urllib3's Retry, paced like every other request: it waits Retry-After when the answer has
+    one (capped), else its exponential backoff but never less than one request interval; a 429
+    also quiets every other thread (`_Pacer.push_back`); then the retry takes a pacer slot."""
+
+    pacer: _Pacer | None = None
+    #: Retries of a launch take a launch slot.
+    launch: bool = False
+
+    def new(self, **kw: Any) -> _PacedRetry:
+        retry = super().new(**kw)
+        retry.pacer, retry.launch = self.pacer, self.launch
+        return retry
+
+    def get_backoff_time(self) -> float:
+        limits = self.pacer.limits if self.pacer else Limits()
+        floor = limits.request_interval * (1 + limits.margin)
+        return max(floor, super().get_backoff_time())
+
+    def sleep(self, response: Any = None) -> None:
+        delay = self.get_backoff_time()
+        header = response.headers.get("Retry-After") if response is not None else None
+        if header and self.pacer is not None:
+            with contextlib.suppress(ValueError):
+                delay = max(delay, min(float(header), self.pacer.limits.backoff_cap * 2))
+        if self.pacer is not None:
+            if response is not None and response.status == 429:
+                self.pacer.push_back(delay)
+            time.sleep(delay)
+            self.pacer.wait(self.launch)
+        else:
+            time.sleep(delay)
+
+
 def read_api_key() -> str | None:
     """LAMBDA_API_KEY, else `api_key = ...` in ~/.lambda_cloud/lambda_keys (lambda-cli's file)."""
     key = os.environ.get("LAMBDA_API_KEY", "").strip()
@@ -270,8 +313,9 @@ class LambdaClient:
     """The API calls rayfleet uses, each returning typed values, never raw JSON."""
 
     def __init__(self, api_key: str, url: str = DEFAULT_URL, limits: Limits | None = None,
-                 timeout: tuple[float, float] = (5.0, 30.0), retries: int = 8) -> None:
+                 timeout: tuple[float, float] = (5.0, 30.0), retries: int = 12) -> None:
         import requests
+        from requests.adapters import HTTPAdapter
 
         self._key = api_key
         self.url = url.rstrip("/")
@@ -279,15 +323,33 @@ class LambdaClient:
         self.timeout = timeout
         self.retries = retries
         self._pacer = _Pacer(self.limits)
+        headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json",
+                   "User-Agent": "rayfleet"}
+        #: Every call but launch: urllib3 retries 409/429/5xx and network errors.
         self._session = requests.Session()
-        self._session.headers.update({"Authorization": f"Bearer {api_key}",
-                                      "Accept": "application/json",
-                                      "User-Agent": "rayfleet"})
-        #: Requests sent, by "METHOD path", for benches and tests.
+        #: Launch: not idempotent, so only what certainly created nothing is sent again (a 429,
+        #: a connection never made); a lost answer or 5xx is the caller's to reconcile.
+        self._launch_session = requests.Session()
+        for session in (self._session, self._launch_session):
+            adapter = HTTPAdapter(max_retries=self._retry(launch=session is self._launch_session))
+            session.headers.update(headers)
+            session.mount("http://", adapter)
+            session.mount("https://", adapter)
+        #: Requests sent, by "METHOD path", for benches and tests (a retry counts once).
         self.sent: list[str] = []
 
     def __repr__(self) -> str:
         return f"LambdaClient(url={self.url!r})"
+
+    def _retry(self, launch: bool) -> _PacedRetry:
+        retry = _PacedRetry(
+            total=self.retries, backoff_factor=self.limits.request_interval,
+            backoff_max=self.limits.backoff_cap, backoff_jitter=self.limits.request_interval,
+            status_forcelist={429} if launch else RETRY_STATUSES, allowed_methods=None,
+            read=0 if launch else None, other=0 if launch else None, raise_on_status=False,
+            respect_retry_after_header=False)  # _PacedRetry.sleep reads it, capped
+        retry.pacer, retry.launch = self._pacer, launch
+        return retry
 
     def defer_launches(self, seconds: float) -> None:
         """No launch from this client before `seconds` from now (another process just launched)."""
@@ -308,53 +370,37 @@ class LambdaClient:
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "<api key>") if self._key else text
 
-    def _backoff(self, attempt: int, retry_after: str | None) -> float:
-        if retry_after:
-            try:
-                return min(float(retry_after), self.limits.backoff_cap * 2)
-            except ValueError:
-                pass
-        base = self.limits.request_interval * (2 ** min(attempt, 16))
-        return min(self.limits.backoff_cap, base) * (0.5 + random.random() / 2)
-
     def request(self, method: str, path: str, body: dict[str, Any] | None = None,
                 launch: bool = False) -> Any:
-        """Send one API request and return its `data`, or raise a typed LambdaError."""
+        """Send one API request and return its `data`, or raise a typed LambdaError. The session's
+        urllib3 `Retry` does the retries; a launch's session resends only what was never created
+        (429, or a connection never made)."""
         import requests
 
         what = f"{method} {path}"
-        last = ""
         started = time.monotonic()
-        attempt = 0
-        # Give up after `retries` tries *and* a storm budget: a long 429 storm is waited out.
-        while attempt <= self.retries or time.monotonic() - started < self.limits.backoff_cap * 10:
-            attempt += 1
-            self._pacer.wait(launch)
-            self.sent.append(what)
-            try:
-                response = self._session.request(method, f"{self.url}{path}", json=body,
-                                                 timeout=self.timeout)
-            except requests.RequestException as exc:
-                self._pacer.done(launch)
-                last = f"{type(exc).__name__}"
-                if launch:
-                    raise LaunchOutcomeUnknown(f"Lambda API: {what}: no answer ({last})") from None
-                time.sleep(self._backoff(attempt, None))
-                continue
+        session = self._launch_session if launch else self._session
+        self._pacer.wait(launch)
+        self.sent.append(what)
+        try:
+            response = session.request(method, f"{self.url}{path}", json=body, timeout=self.timeout)
+        except requests.RequestException as exc:
+            if launch:
+                raise LaunchOutcomeUnknown(
+                    f"Lambda API: {what}: no answer ({type(exc).__name__})") from None
+            raise Unavailable(f"Lambda API: {what}: no answer after {self.retries} retries in "
+                              f"{time.monotonic() - started:.0f}s ({type(exc).__name__}); try "
+                              "again later", status=0) from None
+        finally:
             self._pacer.done(launch)
-            if response.status_code == 429 or response.status_code >= 500:
-                last = f"HTTP {response.status_code}"
-                if launch and response.status_code != 429:
-                    raise LaunchOutcomeUnknown(
-                        f"Lambda API: {what}: {last}, the instance may exist") from None
-                delay = self._backoff(attempt, response.headers.get("Retry-After"))
-                if response.status_code == 429:
-                    self._pacer.push_back(delay)
-                time.sleep(delay)
-                continue
-            return self._decode(what, response)
-        raise Unavailable(f"Lambda API: {what}: still failing after {attempt} tries in "
-                          f"{time.monotonic() - started:.0f}s ({last}); try again later", status=0)
+        if launch and response.status_code >= 500:
+            raise LaunchOutcomeUnknown(
+                f"Lambda API: {what}: HTTP {response.status_code}, the instance may exist")
+        if response.status_code in RETRY_STATUSES:
+            raise Unavailable(f"Lambda API: {what}: still failing after {self.retries} retries in "
+                              f"{time.monotonic() - started:.0f}s (HTTP {response.status_code}); "
+                              "try again later", status=response.status_code)
+        return self._decode(what, response)
 
     def _decode(self, what: str, response: Any) -> Any:
         try:
@@ -452,6 +498,13 @@ class LambdaClient:
         data = self.request("POST", "/firewall-rulesets",
                             {"name": name, "region": region, "rules": rules})
         return _ruleset(data)
+
+    def firewall_ruleset(self, ruleset_id: str) -> FirewallRuleset:
+        return _ruleset(self.request("GET", f"/firewall-rulesets/{ruleset_id}"))
+
+    def update_firewall_ruleset(self, ruleset_id: str, rules: list[dict[str, Any]]) -> FirewallRuleset:
+        """Replace the ruleset's rules (PATCH; its name stays)."""
+        return _ruleset(self.request("PATCH", f"/firewall-rulesets/{ruleset_id}", {"rules": rules}))
 
     def delete_firewall_ruleset(self, ruleset_id: str) -> None:
         self.request("DELETE", f"/firewall-rulesets/{ruleset_id}")

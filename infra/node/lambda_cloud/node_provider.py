@@ -50,6 +50,8 @@ from infra.node.lambda_cloud import api
 from infra.node.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE, valid
 
 logger = logging.getLogger(__name__)
+#: InstanceLaunchRequest.name: maxLength 64 (Lambda's OpenAPI 1.8.3).
+NAME_MAX = 64
 
 #: Statuses after which an instance is no longer a node of the cluster.
 _ENDED = frozenset({"terminating", *api.GONE})
@@ -251,6 +253,14 @@ class LambdaNodeProvider(NodeProvider):
             except api.InsufficientCapacity:
                 tried.append(f"{choice['instance_type']}@{self.region}: refused "
                              "(insufficient-capacity)")
+            except (api.Unavailable, api.LaunchOutcomeUnknown):
+                raise  # transient: Ray's next loop may try again at once
+            except api.LambdaError as exc:
+                # Refused for good (invalid parameters, quota, account, key): the same request
+                # would be refused again, so this type waits out the backoff like no capacity.
+                tried.append(f"{choice['instance_type']}@{self.region}: refused ({exc.code}): "
+                             f"{exc}")
+                break
         with self._lock:
             self._backoff[node_type] = time.monotonic() + self.failure_backoff
         message = f"{node_type}: " + ("; ".join(tried) or f"no choice in {self.region}")
@@ -278,8 +288,12 @@ class LambdaNodeProvider(NodeProvider):
     def _launch(self, node_type: str, instance_type: str, info: api.InstanceType,
                 ray_tags: dict[str, str]) -> api.Instance:
         token = secrets.token_hex(4)
-        type_part = re.sub(r"[^a-z0-9-]", "-", node_type.lower())[:16].strip("-") or "worker"
-        name = f"{self.cluster}-{self.cluster_id}-{type_part}-{token}"
+        # Lambda caps `name` at 64 characters; the `<cluster>-<id>-` prefix (ownership at a
+        # glance) and the token stay whole, the type gives way.
+        prefix = f"{self.cluster}-{self.cluster_id}-"
+        room = max(0, NAME_MAX - len(prefix) - len(token) - 1)
+        type_part = re.sub(r"[^a-z0-9-]", "-", node_type.lower())[:room].strip("-") or "w"
+        name = f"{prefix}{type_part}-{token}"[:NAME_MAX]
         launch_tags = {identity.TAG_CLUSTER: self.cluster_id, identity.TAG_OWNER: self.owner,
                        identity.TAG_NAME: self.cluster, TAG_NODE: node_type, TAG_LAUNCH: token,
                        TAG_LAUNCHED_AT: str(int(time.time()))}

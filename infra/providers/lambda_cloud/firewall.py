@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 from infra import ui
 from infra.node.lambda_cloud import api
@@ -20,6 +21,9 @@ from infra.state import State
 
 FIREWALL = "lambda-firewall-ruleset"
 ANYWHERE = "0.0.0.0/0"
+#: "Firewall rules do not apply to the us-south-1 region" (Lambda's API description, 1.8.3, on
+#: /firewall-rules): nodes there are reachable on every port from anywhere.
+UNFILTERED_REGIONS = frozenset({"us-south-1"})
 
 
 def ruleset_name(cluster: str, cluster_id: str) -> str:
@@ -33,17 +37,57 @@ def rules(source_ranges: list[str] | None) -> list[dict[str, object]]:
             for cidr in ranges]
 
 
-def warn_if_open(source_ranges: list[str] | None, source: str) -> None:
+def unfiltered(regions: list[str]) -> list[str]:
+    """Those of `regions` where Lambda applies no firewall rule."""
+    return sorted(set(regions) & UNFILTERED_REGIONS)
+
+
+def warn_if_open(source_ranges: list[str] | None, source: str,
+                 regions: list[str] | None = None) -> None:
+    for region in unfiltered(regions or []):
+        ui.warn(f"{source}: {region}: Lambda applies no firewall rules there: a node placed in "
+                f"{region} accepts connections on every port from anywhere (accepted by "
+                "accept_open_regions)")
     if not source_ranges:
         ui.warn(f"{source}: ssh_source_ranges is not set: the nodes accept SSH (key only) from "
                 "anywhere; list your networks, e.g. `ssh_source_ranges: [203.0.113.0/24]`")
 
 
+def sources(source_ranges: list[str] | None) -> list[str]:
+    """The networks the rules open SSH to, as recorded in state (plan compares them)."""
+    return [str(r["source_network"]) for r in rules(source_ranges)]
+
+
+def _normal(rule_list: Any) -> set[tuple[str, tuple[int, ...], str]]:
+    import ipaddress
+
+    out = set()
+    for rule in rule_list:
+        network = str(ipaddress.IPv4Network(str(rule.get("source_network")), strict=False))
+        out.add((str(rule.get("protocol")), tuple(rule.get("port_range") or ()), network))
+    return out
+
+
+def pending_change(state: State | None, source_ranges: list[str] | None) -> str | None:
+    """What the next `up` changes in the recorded ruleset's rules ("SSH from A -> B"), or None."""
+    for resource in state.resources(FIREWALL) if state else []:
+        recorded = resource.attrs.get("sources")
+        if isinstance(recorded, list) and _normal(rules(recorded)) != _normal(rules(source_ranges)):
+            return f"SSH from {', '.join(recorded)} -> {', '.join(sources(source_ranges))}"
+    return None
+
+
 def ensure(client: api.LambdaClient, state: State, region: str,
            source_ranges: list[str] | None) -> str:
-    """The id of this cluster's ruleset in `region`, created (and recorded) if missing."""
+    """The id of this cluster's ruleset in `region`, created (and recorded) if missing; its
+    rules replaced (PATCH) when the spec's source ranges changed since."""
     for resource in state.resources(FIREWALL):
         if resource.attrs.get("region") == region:
+            try:
+                _sync(client, state, resource.id, source_ranges)
+            except api.NotFound:  # deleted outside rayfleet: make a new one
+                state.remove(FIREWALL, resource.id)
+                break
             return resource.id
     name = ruleset_name(state.cluster, state.cluster_id)
     existing = _find(client, name, region)
@@ -56,8 +100,26 @@ def ensure(client: api.LambdaClient, state: State, region: str,
                 existing = _find(client, name, region)
                 if existing is None:
                     raise
-    state.add(FIREWALL, existing.id, name=name, region=region)
+    state.add(FIREWALL, existing.id, name=name, region=region, sources=sources(source_ranges))
+    _sync(client, state, existing.id, source_ranges, existing)
     return existing.id
+
+
+def sync_recorded(client: api.LambdaClient, state: State, source_ranges: list[str] | None) -> None:
+    """Apply changed source ranges to every ruleset this cluster has (called at each `up`)."""
+    for resource in list(state.resources(FIREWALL)):
+        ensure(client, state, str(resource.attrs.get("region")), source_ranges)
+
+
+def _sync(client: api.LambdaClient, state: State, ruleset_id: str, source_ranges: list[str] | None,
+          current: api.FirewallRuleset | None = None) -> None:
+    current = current or client.firewall_ruleset(ruleset_id)
+    wanted = rules(source_ranges)
+    if _normal(current.rules) != _normal(wanted):
+        with ui.step(f"firewall ruleset {current.name}: SSH now from "
+                     f"{', '.join(sources(source_ranges))}"):
+            client.update_firewall_ruleset(ruleset_id, wanted)
+    state.update(FIREWALL, ruleset_id, sources=sources(source_ranges))
 
 
 def _find(client: api.LambdaClient, name: str, region: str) -> api.FirewallRuleset | None:

@@ -146,9 +146,14 @@ class Provider(BaseProvider[Spec, Capacity]):
                 "here and on the head)", exists=bool(state and state.resources(fleet.SSH_KEY))))
         ruleset = firewall.ruleset_name(self.spec.name, state.cluster_id if state else "<id>")
         sources = ", ".join(self.spec.ssh_source_ranges or ["anywhere"])
+        change = firewall.pending_change(state, self.spec.ssh_source_ranges)
         resources.append(PlannedResource(
-            "Lambda firewall ruleset", ruleset, f"SSH from {sources}; no Ray port",
+            "Lambda firewall ruleset", ruleset, f"SSH from {sources}; no Ray port"
+            + (f" (changes at `up`: {change})" if change else ""),
             exists=bool(state and state.resources(firewall.FIREWALL))))
+        for region in firewall.unfiltered([c.region for _, c in self.spec.all_choices()]):
+            notes.append(f"{region} (accepted by accept_open_regions): Lambda applies no firewall "
+                         f"rules there; nodes placed in {region} are open on every port")
         if self.spec.autoscaling:
             for name, kind in (self.spec.worker_types or {}).items():
                 resources.append(PlannedResource(
@@ -225,7 +230,8 @@ class Provider(BaseProvider[Spec, Capacity]):
     # --- up -------------------------------------------------------------------------------------
 
     def create(self, state: State, plan: Plan[Capacity]) -> Endpoint:
-        firewall.warn_if_open(self.spec.ssh_source_ranges, self.spec.source)
+        firewall.warn_if_open(self.spec.ssh_source_ranges, self.spec.source,
+                              [c.region for _, c in self.spec.all_choices()])
         nodes = self.provision(state, capacity=plan.extra)
         if self.spec.autoscaling:
             return self._start_autoscaler(state, nodes["head"])
@@ -241,6 +247,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         client = self.client()
         state.save()  # the cluster id is on disk before anything carries it
         key_name, _ = fleet.ensure_ssh_key(client, self.spec, state)
+        firewall.sync_recorded(client, state, self.spec.ssh_source_ranges)
         listed = fleet.adopt_orphans(client, state, run, skip_autoscaled=self.spec.autoscaling)
         wanted = {s.key for s in self._slots(state)}
         attrs = {r.id: r.attrs for r in state.resources(fleet.INSTANCE)}
@@ -389,6 +396,10 @@ class Provider(BaseProvider[Spec, Capacity]):
                     "`invoke up` adopts it" for i in orphans]
         warnings += [f"{i.name} ({i.id}) is named like this cluster but is not ours (no tag with "
                      "its id): left alone" for i in bill.lookalikes]
+        regions = [str(r.attrs.get("region")) for r in state.resources(firewall.FIREWALL)]
+        regions += [i.region for i in tracked.values()]
+        warnings += [f"SSH exposure: open: {region} applies no firewall rules (every port of every "
+                     "node is reachable from anywhere)" for region in firewall.unfiltered(regions)]
         in_state = len(state.resources(fleet.INSTANCE))
         total = in_state + len(scaled) + len(orphans)
         running = bool(in_state) and all(tracked.get(r.id) is not None and

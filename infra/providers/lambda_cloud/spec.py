@@ -10,6 +10,10 @@ from pydantic import Field, field_validator, model_validator
 
 from infra.spec import ClusterSpec, StrictModel
 
+#: Regions where Lambda applies no firewall rule (firewall.UNFILTERED_REGIONS; kept here too so
+#: the spec module imports nothing of the provider's).
+_UNFILTERED = ("us-south-1",)
+
 
 class Choice(StrictModel):
     """One (instance type, region) to try, in the order listed."""
@@ -99,6 +103,9 @@ class Spec(ClusterSpec):
     ssh_private_key: str | None = None
     #: Networks (IPv4 CIDR) allowed to SSH to the nodes; unset: anywhere (warned at every up).
     ssh_source_ranges: list[str] | None = Field(None, min_length=1, max_length=64)
+    #: Regions where Lambda applies no firewall rule (us-south-1) that a choice may still use,
+    #: knowing its nodes are open on every port: without this, such a choice is refused.
+    accept_open_regions: list[Literal["us-south-1"]] = Field(default_factory=list, max_length=1)
     #: OpenSSH ProxyCommand to reach the instances (a bastion); %h/%p are the address and port.
     ssh_proxy_command: str | None = Field(None, min_length=1)
     #: A Lambda file system to attach to every node (it fixes the region).
@@ -170,6 +177,31 @@ class Spec(ClusterSpec):
             return list(self.workers.choices) if self.workers.count or not needed_now else []
         return [c for kind in (self.worker_types or {}).values()
                 if kind.min_workers or not needed_now for c in kind.choices]
+
+    def all_choices(self) -> list[tuple[str, Choice]]:
+        """(where in the spec, choice) for every choice of head, workers and worker types."""
+        found = [("head.choices", c) for c in self.head.choices]
+        found += [("workers.choices", c) for c in self.workers.choices]
+        found += [(f"worker_types.{name}.choices", c)
+                  for name, kind in (self.worker_types or {}).items() for c in kind.choices]
+        return found
+
+    @model_validator(mode="after")
+    def _open_regions(self) -> Spec:
+        # Where Lambda ignores firewall rules (API description 1.8.3, /firewall-rules).
+        used = set()
+        for where, choice in self.all_choices():
+            if choice.region in _UNFILTERED:
+                used.add(choice.region)
+                if choice.region not in self.accept_open_regions:
+                    raise ValueError(
+                        f"{where}: Lambda applies no firewall rules in {choice.region}: its nodes "
+                        "accept connections on every port from anywhere; choose another region or "
+                        f"add `accept_open_regions: [{choice.region}]`")
+        for region in self.accept_open_regions:
+            if region not in used:
+                raise ValueError(f"accept_open_regions: no choice uses {region}; remove it")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
