@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from infra import state
+from infra.loading import load_spec
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import firewall
-from infra.spec import load_spec
 from tests.fakes.http import Fault
 from tests.lambda_cloud.conftest import API_KEY, SpecFactory, assert_clean, ours, read_state
 from tests.lambda_cloud.fake_api import REGIONS, FakeLambda
