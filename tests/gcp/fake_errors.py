@@ -38,7 +38,8 @@ def rate_limited(api: str = "compute") -> dict:
 
 def service_disabled(service: str) -> dict:
     name = {"tpu.googleapis.com": "Cloud TPU API",
-            "compute.googleapis.com": "Compute Engine API"}[service]
+            "compute.googleapis.com": "Compute Engine API",
+            "serviceusage.googleapis.com": "Service Usage API"}[service]
     message = (f"{name} has not been used in project 123456789 before or it is disabled. Enable "
                f"it by visiting https://console.developers.google.com/apis/api/{service}/overview"
                "?project=123456789 then retry.")

@@ -25,15 +25,27 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from tests.gcp.discovery import Contract, Method, Violation
 from tests.gcp.fake_errors import compute_error, grpc_error, rate_limited, service_disabled
 from tests.gcp.fake_filter import FilterError, matches
 from tests.gcp.fake_queued import QueuedApi
+from tests.gcp.fake_quota import QuotaApi
 from tests.gcp.fake_tpu import Operation, TpuApi
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
+CONTRACT = Contract()
+#: httpErrorStatusCode of a failed Compute operation by its error code. Google documents the field
+#: (the HTTP status the call would have had) but no table: these follow the codes' meaning, as
+#: seen in public reports (quota 403, a stockout 503, a missing resource 404); others 400.
+OP_ERROR_STATUS = {"QUOTA_EXCEEDED": 403, "ZONE_RESOURCE_POOL_EXHAUSTED": 503,
+                   "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": 503, "RESOURCE_NOT_FOUND": 404,
+                   "RESOURCE_ALREADY_EXISTS": 409, "PERMISSIONS_ERROR": 403}
+#: Fakes whose contract violations the tests' autouse check still has to look at.
+LIVE: list[FakeGcp] = []
 
 __all__ = ["FakeGcp", "compute_error", "grpc_error", "rate_limited", "service_disabled"]
 
@@ -48,6 +60,8 @@ class Failure:
     body: dict[str, Any]
     times: int = 1
     headers: dict[str, str] = field(default_factory=dict)
+    #: The request takes effect and only then fails (a reply lost on the way back).
+    after: bool = False
 
 
 class Machines(Protocol):
@@ -69,7 +83,7 @@ def label_fingerprint(labels: dict[str, str]) -> str:
     return base64.b64encode(digest[:8]).decode()
 
 
-class FakeGcp(QueuedApi, TpuApi):
+class FakeGcp(QueuedApi, TpuApi, QuotaApi):
     """The fake's state, editable by tests (as `ray up` would change the real project)."""
 
     def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2,
@@ -126,7 +140,13 @@ class FakeGcp(QueuedApi, TpuApi):
         self.machines: Machines | None = None
         self.events: list[tuple[float, str, str]] = []
         self._addresses = itertools.count(20)
+        #: Requests and answers the discovery documents reject (tests/gcp/discovery.py); the
+        #: autouse check in conftest fails the test that caused any.
+        self.violations: list[str] = []
+        self.stopped = False
         self._queued_init()
+        self._quota_init()
+        LIVE.append(self)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -146,7 +166,14 @@ class FakeGcp(QueuedApi, TpuApi):
         threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
+    def take_violations(self) -> list[str]:
+        """The violations so far, cleared: for tests that send a bad request on purpose."""
+        with self.lock:
+            found, self.violations = self.violations, []
+        return found
+
     def stop(self) -> None:
+        self.stopped = True
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -159,8 +186,8 @@ class FakeGcp(QueuedApi, TpuApi):
     # --- helpers for tests (what Ray's autoscaler would do to the project) --------------------
 
     def fail(self, method: str, path: str, status: int, body: dict[str, Any], times: int = 1,
-             headers: dict[str, str] | None = None) -> None:
-        self.failures.append(Failure(method, path, status, body, times, headers or {}))
+             headers: dict[str, str] | None = None, after: bool = False) -> None:
+        self.failures.append(Failure(method, path, status, body, times, headers or {}, after))
 
     def add_instance(self, zone: str, name: str, labels: dict[str, str], *, status: str = "RUNNING",
                      nat_ip: str | None = "127.0.0.1", internal_ip: str = "10.128.0.2",
@@ -237,22 +264,64 @@ class FakeGcp(QueuedApi, TpuApi):
 
     def _answer(self, method: str, path: str, query: dict[str, str],
                 body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """Google's answer, both sides held to the discovery documents: a request they reject
+        gets Google's 400 (404 for no such method) and is recorded as a violation; so is an
+        answer of the fake (or an injected failure) that does not fit the reference."""
+        try:
+            api_method: Method | None = CONTRACT.request(method, path, query, body)
+        except Violation as exc:
+            self.violations.append(f"request {exc}")
+            status = 404 if "(rule: method" in str(exc) else 400
+            return status, self._invalid(path, status, str(exc)), {}
+        status, payload, headers = self._serve(method, path, query, body)
+        try:
+            CONTRACT.response(api_method, status, payload)
+        except Violation as exc:
+            self.violations.append(f"answer {exc}")
+        return status, payload, headers
+
+    @staticmethod
+    def _invalid(path: str, status: int, message: str) -> dict[str, Any]:
+        if path.startswith("/compute/"):
+            return compute_error(status, "invalid" if status == 400 else "notFound", message)
+        if status == 404:
+            return grpc_error(404, "NOT_FOUND", message)
+        error = grpc_error(400, "INVALID_ARGUMENT", message)
+        error["error"]["details"] = [{"@type": "type.googleapis.com/google.rpc.BadRequest",
+                                      "fieldViolations": [{"field": message.split(": ")[1]
+                                                           if ": " in message else "",
+                                                           "description": message}]}]
+        return error
+
+    def _serve(self, method: str, path: str, query: dict[str, str],
+               body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
         for failure in self.failures:
             if failure.times > 0 and failure.method == method and re.search(failure.path, path):
                 failure.times -= 1
+                if not failure.after:
+                    return failure.status, failure.body, failure.headers
+                # Google did it, but the answer was lost: the caller sees only the error.
+                self._serve_api(method, path, query, body)
                 return failure.status, failure.body, failure.headers
+        status, payload = self._serve_api(method, path, query, body)
+        return status, payload, {}
+
+    def _serve_api(self, method: str, path: str, query: dict[str, str],
+                   body: Any) -> tuple[int, dict[str, Any]]:
         if path.startswith("/compute/v1/"):
             if "compute" in self.disabled:
-                return 403, service_disabled("compute.googleapis.com"), {}
-            status, payload = self._compute(method, path.removeprefix("/compute/v1/"), query, body)
-        elif path.startswith(("/v2/", "/v2alpha1/")):
+                return 403, service_disabled("compute.googleapis.com")
+            return self._compute(method, path.removeprefix("/compute/v1/"), query, body)
+        if path.startswith(("/v2/", "/v2alpha1/")):
             if "tpu" in self.disabled:
-                return 403, service_disabled("tpu.googleapis.com"), {}
+                return 403, service_disabled("tpu.googleapis.com")
             version, _, rest = path[1:].partition("/")
-            status, payload = self._tpu(method, rest, query, body, version)
-        else:
-            status, payload = 404, {"error": {"code": 404, "message": f"no such API: {path}"}}
-        return status, payload, {}
+            return self._tpu(method, rest, query, body, version)
+        if path.startswith("/v1beta1/"):
+            if "serviceusage" in self.disabled:
+                return 403, service_disabled("serviceusage.googleapis.com")
+            return self._service_usage(method, path.removeprefix("/v1beta1/"), query)
+        return 404, {"error": {"code": 404, "message": f"no such API: {path}"}}
 
     # --- Compute ------------------------------------------------------------------------------
 
@@ -489,8 +558,9 @@ class FakeGcp(QueuedApi, TpuApi):
             body.update(status="DONE", progress=100, endTime="2026-01-01T00:00:05.000-08:00")
             if operation.error:
                 body["error"] = {"errors": [operation.error]}
-                body["httpErrorStatusCode"] = 403
-                body["httpErrorMessage"] = "FORBIDDEN"
+                status = OP_ERROR_STATUS.get(operation.error.get("code", ""), 400)
+                body["httpErrorStatusCode"] = status
+                body["httpErrorMessage"] = HTTPStatus(status).phrase.upper()
             elif operation.effect is not None:
                 operation.effect()
         return dict(body)

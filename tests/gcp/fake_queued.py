@@ -154,10 +154,11 @@ class QueuedApi:
 
     def _set_state(self, full: str, state: str, initiator: str = "SERVICE",
                    **data: Any) -> None:
-        key = {"WAITING_FOR_RESOURCES": "waitingForResourcesData"}.get(
-            state, f"{state.lower()}Data")
-        self.queued[full]["state"] = {"state": state, "stateInitiator": initiator,
-                                      key: data or {}}
+        # QueuedResourceState has a `<state>Data` field for most states, none for
+        # WAITING_FOR_RESOURCES (tpu.v2.json): the fake sends only what the schema has.
+        self.queued[full]["state"] = {"state": state, "stateInitiator": initiator}
+        if state != "WAITING_FOR_RESOURCES":
+            self.queued[full]["state"][f"{state.lower()}Data"] = data or {}
         self._queued_meta[full]["entered"] = time.monotonic()
         self.events.append((time.time(), f"queued-{state.lower()}", full.rsplit("/", 1)[-1]))
 
