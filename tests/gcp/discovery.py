@@ -109,13 +109,13 @@ class Document:
         for child in resource.get("resources", {}).values():
             self._walk(child)
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 (documents live as long as the process)
+    @functools.cache  # noqa: B019 (documents live as long as the process)
     def validator(self, schema: str) -> jsonschema.protocols.Validator:
         root = {"$ref": f"#/$defs/{schema}", "$defs": self.defs}
         return jsonschema.Draft202012Validator(root)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def document(name: str) -> Document:
     return Document(name)
 
