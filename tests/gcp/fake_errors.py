@@ -46,3 +46,17 @@ def service_disabled(service: str) -> dict:
     if service == "compute.googleapis.com":
         return compute_error(403, "accessNotConfigured", message, service_disabled=service)
     return grpc_error(403, "PERMISSION_DENIED", message, "SERVICE_DISABLED", service)
+
+
+def quota_exhausted(limit: str, where: str, service: str = "tpu.googleapis.com") -> dict:
+    """An exhausted allocation quota as the TPU API answers it at once: HTTP 429
+    RESOURCE_EXHAUSTED naming the quota limit, with a QuotaFailure and an ErrorInfo."""
+    message = f"Quota limit '{limit}' has been exceeded. Limit: 0 in {where}."
+    body = grpc_error(429, "RESOURCE_EXHAUSTED", message)
+    body["error"]["details"] = [
+        {"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+         "violations": [{"subject": limit, "description": message}]},
+        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "QUOTA_EXCEEDED",
+         "domain": "googleapis.com", "metadata": {"service": service, "quota_limit": limit,
+                                                  "consumer": "projects/123456789"}}]
+    return body

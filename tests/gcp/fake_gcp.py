@@ -87,12 +87,16 @@ class FakeGcp(QueuedApi, TpuApi, QuotaApi):
     """The fake's state, editable by tests (as `ray up` would change the real project)."""
 
     def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2,
-                 op_seconds: float | None = None) -> None:
+                 op_seconds: float | None = None, default_page_size: int | None = None) -> None:
         self.project = project
         self.op_polls = op_polls
         #: Google finishes an operation by itself, polled or not; None: only polls finish it.
         self.op_seconds = op_seconds
+        #: Largest page the fake sends; pages are small so that every caller's paging runs.
         self.page_size = page_size
+        #: Page size for a list without maxResults/pageSize (Compute documents 500); None: the
+        #: small `page_size` too.
+        self.default_page_size = default_page_size or page_size
         self.lock = threading.RLock()
         self.requests: list[dict[str, Any]] = []
         self.failures: list[Failure] = []
@@ -144,6 +148,8 @@ class FakeGcp(QueuedApi, TpuApi, QuotaApi):
         #: autouse check in conftest fails the test that caused any.
         self.violations: list[str] = []
         self.stopped = False
+        #: requestId -> the operation it started.
+        self.by_request_id: dict[str, str] = {}
         self._queued_init()
         self._quota_init()
         LIVE.append(self)
@@ -295,16 +301,34 @@ class FakeGcp(QueuedApi, TpuApi, QuotaApi):
 
     def _serve(self, method: str, path: str, query: dict[str, str],
                body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
+        # requestId (Compute inserts, TPU creates and deletes): the same id is the same request,
+        # answered with the operation it started (as it is now), never done twice.
+        seen = self.by_request_id.get(query.get("requestId", ""))
+        if seen is not None:
+            return 200, self._operation_now(seen), {}
+        status, payload, headers = self._serve_once(method, path, query, body)
+        return status, payload, headers
+
+    def _operation_now(self, name: str) -> dict[str, Any]:
+        return {k: v for k, v in self.operations[name].body.items() if k != "_result"}
+
+    def _serve_once(self, method: str, path: str, query: dict[str, str],
+                    body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
         for failure in self.failures:
             if failure.times > 0 and failure.method == method and re.search(failure.path, path):
                 failure.times -= 1
                 if not failure.after:
                     return failure.status, failure.body, failure.headers
                 # Google did it, but the answer was lost: the caller sees only the error.
-                self._serve_api(method, path, query, body)
+                self._remember(query, *self._serve_api(method, path, query, body))
                 return failure.status, failure.body, failure.headers
         status, payload = self._serve_api(method, path, query, body)
+        self._remember(query, status, payload)
         return status, payload, {}
+
+    def _remember(self, query: dict[str, str], status: int, payload: dict[str, Any]) -> None:
+        if query.get("requestId") and status == 200 and payload.get("name") in self.operations:
+            self.by_request_id[query["requestId"]] = payload["name"]
 
     def _serve_api(self, method: str, path: str, query: dict[str, str],
                    body: Any) -> tuple[int, dict[str, Any]]:
@@ -413,7 +437,8 @@ class FakeGcp(QueuedApi, TpuApi, QuotaApi):
             return 400, compute_error(400, "invalid", f"Invalid value for field 'filter': "
                                                       f"'{expression}'. Invalid list filter "
                                                       "expression.")
-        size = min(int(query.get("maxResults", 500)), self.page_size)
+        size = (min(int(query["maxResults"]) or 500, self.page_size) if "maxResults" in query
+                else self.default_page_size)
         start = int(query.get("pageToken", "0"))
         page: dict[str, Any] = {"kind": "compute#instanceList", "id": f"projects/{self.project}/"
                                 f"zones/{zone}/instances",

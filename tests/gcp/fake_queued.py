@@ -85,6 +85,10 @@ class QueuedApi:
         if method == "DELETE":
             state = resource["state"]["state"]
             force = query.get("force") in ("true", "True", "1")
+            if state == "DELETING":
+                # Undocumented; the plausible answer of an AIP-style API (NOTES.md).
+                return 400, grpc_error(400, "FAILED_PRECONDITION", (
+                    f"Queued resource {name} is already being deleted (state DELETING)"))
             if state in _HOLDS_NODES and not force:
                 return 400, grpc_error(400, "FAILED_PRECONDITION", (
                     f"Queued resource {name} in state {state} has nodes; delete them first or "

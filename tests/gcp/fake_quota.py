@@ -40,6 +40,8 @@ class QuotaApi:
         #: (metric id, zone) -> limit; zones not listed get `tpu_quota_default`.
         self.tpu_quota: dict[tuple[str, str], int] = {}
         self.tpu_quota_default = 64
+        #: Zones without any TPU quota: every TPU metric is 0 there, and TPU creates get 429.
+        self.tpu_quota_zones: set[str] = set()
 
     def _service_usage(self, method: str, path: str,
                        query: dict[str, str]) -> tuple[int, dict[str, Any]]:
@@ -54,7 +56,7 @@ class QuotaApi:
         parent = f"projects/{project}/services/{service}"
         metrics = [self._metric(parent, metric, display, query.get("view") == "FULL")
                    for metric, display in (TPU_METRICS if service == "tpu.googleapis.com" else [])]
-        size = min(int(query.get("pageSize") or 500), self.page_size)
+        size = min(int(query.get("pageSize") or 500), self.page_size)  # AIP-158: may be fewer
         start = int(query.get("pageToken") or "0")
         page: dict[str, Any] = {}
         if metrics[start:start + size]:
@@ -68,7 +70,8 @@ class QuotaApi:
         buckets: list[dict[str, Any]] = [{"effectiveLimit": str(self.tpu_quota_default),
                                           "defaultLimit": str(self.tpu_quota_default)}]
         for zone in sorted(self.zones) if full else []:
-            limit = self.tpu_quota.get((metric, zone), self.tpu_quota_default)
+            limit = (0 if zone in self.tpu_quota_zones else
+                     self.tpu_quota.get((metric, zone), self.tpu_quota_default))
             buckets.append({"effectiveLimit": str(limit), "defaultLimit":
                             str(self.tpu_quota_default), "dimensions": {"zone": zone}})
         return {"name": f"{parent}/consumerQuotaMetrics/{encoded}", "displayName": display,

@@ -31,8 +31,10 @@ class TpuApi:
     zones: dict[str, str]
     stockout_zones: set[str]
     tpu_stockout_zones: set[str]
+    tpu_quota_zones: set[str]
     lock: Any
     page_size: int
+    default_page_size: int
     op_polls: int
     op_seconds: float | None
     machines: Any
@@ -111,6 +113,9 @@ class TpuApi:
                 return 200, self._tpu_op(parent, "update", node["name"],
                                          lambda: node.__setitem__("labels", labels), node)
             if method == "DELETE":
+                if node["state"] == "DELETING":  # undocumented, as for queued resources
+                    return 400, grpc_error(400, "FAILED_PRECONDITION", (
+                        f"Node {name} is already being deleted (state DELETING)"))
                 node["state"] = "DELETING"
                 full = node["name"]
 
@@ -165,6 +170,11 @@ class TpuApi:
         if accelerator not in offered:
             return 400, grpc_error(400, "INVALID_ARGUMENT", f"Accelerator type {accelerator!r} is "
                                                             f"not available in zone {zone}")
+        if zone in self.tpu_quota_zones:  # no TPU quota there: refused at once, nothing created
+            from tests.gcp.fake_errors import quota_exhausted
+
+            generation = str(accelerator).split("-")[0].upper()
+            return 429, quota_exhausted(f"TPU{generation}PerProjectPerZoneForTPUAPI", f"zone {zone}")
         if body.get("runtimeVersion") not in self.runtime_versions.get(zone, []):
             return 400, grpc_error(400, "INVALID_ARGUMENT", "Invalid runtime version "
                                                             f"{body.get('runtimeVersion')!r}")
@@ -228,7 +238,8 @@ class TpuApi:
 
     def _tpu_page(self, key: str, items: list[dict[str, Any]],
                   query: dict[str, str]) -> dict[str, Any]:
-        size = min(int(query.get("pageSize") or self.page_size), self.page_size)
+        size = (min(int(query["pageSize"]) or self.page_size, self.page_size)
+                if query.get("pageSize") else self.default_page_size)
         start = int(query.get("pageToken") or "0")
         page: dict[str, Any] = {}
         if items[start:start + size]:
