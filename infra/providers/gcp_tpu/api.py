@@ -239,9 +239,10 @@ class Gcp:
             raise classify(exc.status, exc.content, what, self.project) from None
         except HttpError as exc:
             raise classify(exc.resp.status, exc.content, what, self.project) from None
-        except auth_errors.RefreshError as exc:
-            # A revoked or deleted key, an expired user login, a clock far off: retrying
-            # cannot help, and google-auth's message is a tuple repr spanning lines.
+        except (auth_errors.RefreshError, auth_errors.InvalidOperation) as exc:
+            # A revoked or deleted key, an expired user login, a clock far off (or a 401 that
+            # credentials which cannot refresh get): retrying cannot help, and google-auth's
+            # message is a tuple repr spanning lines.
             raise GcpCredentialsError(
                 f"gcp-tpu: {what}: Google refused the credentials ({_refresh_reason(exc)}); "
                 f"{self._credentials.source} may be revoked or expired: run `gcloud auth "
