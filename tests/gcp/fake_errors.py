@@ -3,7 +3,28 @@ gRPC-style `status` + `details[]` ErrorInfo of the TPU, IAM and Resource Manager
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+#: Google's label rules (cloud.google.com/compute/docs/labeling-resources; the TPU API's are the
+#: same): at most 64 labels, keys 1-63 lowercase letters, digits, _ and -, starting with a letter;
+#: values 0-63 of the same. The discovery documents type labels only as a string map.
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+
+
+def label_problem(labels: Any) -> str:
+    """Why Google would refuse these labels ('' if it would not)."""
+    if not isinstance(labels, dict):
+        return ""
+    if len(labels) > 64:
+        return f"{len(labels)} labels, at most 64 are allowed"
+    for key, value in labels.items():
+        if not _LABEL_KEY.fullmatch(str(key)):
+            return f"label key {key!r} does not match [a-z][a-z0-9_-]{{0,62}}"
+        if not _LABEL_VALUE.fullmatch(str(value)):
+            return f"label value {value!r} of {key} does not match [a-z0-9_-]{{0,63}}"
+    return ""
 
 
 def compute_error(status: int, reason: str, message: str, service_disabled: str = "") -> dict:

@@ -30,7 +30,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from tests.gcp.discovery import Contract, Method, Violation
-from tests.gcp.fake_errors import compute_error, grpc_error, rate_limited, service_disabled
+from tests.gcp.fake_errors import (
+    compute_error,
+    grpc_error,
+    label_problem,
+    rate_limited,
+    service_disabled,
+)
 from tests.gcp.fake_filter import FilterError, matches
 from tests.gcp.fake_queued import QueuedApi
 from tests.gcp.fake_quota import QuotaApi
@@ -463,6 +469,10 @@ class FakeGcp(QueuedApi, TpuApi, QuotaApi):
             return 400, compute_error(400, "invalid", f"Invalid value for field 'resource.name': "
                                                       f"'{name}'. Must be a match of regex "
                                                       "'[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?'")
+        problem = label_problem(body.get("labels"))
+        if problem:
+            return 400, compute_error(400, "invalid", f"Invalid value for field "
+                                                      f"'resource.labels': {problem}")
         if (zone, name) in self.instances:
             return 409, compute_error(409, "alreadyExists",
                                       f"The resource '{base}/instances/{name}' already exists")
@@ -509,6 +519,9 @@ class FakeGcp(QueuedApi, TpuApi, QuotaApi):
             return 412, compute_error(412, "conditionNotMet", "Labels fingerprint either invalid "
                                                               "or resource labels have changed")
         labels = dict(body.get("labels") or {})
+        problem = label_problem(labels)
+        if problem:
+            return 400, compute_error(400, "invalid", f"Invalid value for field 'labels': {problem}")
 
         def apply() -> None:
             instance["labels"] = labels

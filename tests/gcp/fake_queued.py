@@ -16,7 +16,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.gcp.fake_errors import grpc_error
+from tests.gcp.fake_errors import grpc_error, label_problem
 
 _HOLDS_NODES = ("PROVISIONING", "ACTIVE", "SUSPENDING")
 
@@ -132,6 +132,8 @@ class QueuedApi:
             if f"{parent}/nodes/{spec['nodeId']}" in self.tpu_nodes:
                 return 409, grpc_error(409, "ALREADY_EXISTS",
                                        f"Node {spec['nodeId']} already exists")
+            if label_problem(node.get("labels")):
+                return 400, grpc_error(400, "INVALID_ARGUMENT", label_problem(node.get("labels")))
             accelerator = node.get("acceleratorType")
             if not accelerator and node.get("acceleratorConfig"):
                 wanted = (node["acceleratorConfig"].get("type"),

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tests.gcp.fake_errors import grpc_error
+from tests.gcp.fake_errors import grpc_error, label_problem
 
 
 @dataclass
@@ -110,6 +110,8 @@ class TpuApi:
                     return 400, grpc_error(400, "INVALID_ARGUMENT", "Only the labels field of a "
                                                                     "node can be updated here")
                 labels = dict((body or {}).get("labels") or {})
+                if label_problem(labels):
+                    return 400, grpc_error(400, "INVALID_ARGUMENT", label_problem(labels))
                 return 200, self._tpu_op(parent, "update", node["name"],
                                          lambda: node.__setitem__("labels", labels), node)
             if method == "DELETE":
@@ -162,6 +164,8 @@ class TpuApi:
             return 400, grpc_error(400, "INVALID_ARGUMENT", f"Invalid node id '{node_id}'")
         if full in self.tpu_nodes:
             return 409, grpc_error(409, "ALREADY_EXISTS", f"Resource '{full}' already exists")
+        if label_problem(body.get("labels")):
+            return 400, grpc_error(400, "INVALID_ARGUMENT", label_problem(body.get("labels")))
         offered = {t: (c, topo) for t, c, topo in self.accelerator_types.get(zone, [])}
         accelerator = body.get("acceleratorType")
         if not accelerator and body.get("acceleratorConfig"):
