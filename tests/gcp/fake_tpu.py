@@ -193,7 +193,8 @@ class TpuApi:
                      else self._boot(node_id, hosts, keys, attributes))
         node: dict[str, Any] = {
             **body, "name": full, "acceleratorType": accelerator, "state": "CREATING",
-            "labels": labels, "health": "HEALTHY", "apiVersion": version.upper(),
+            "labels": labels, "health": "HEALTHY",
+            "apiVersion": {"v2": "V2", "v2alpha1": "V2_ALPHA1"}[version],  # the Node enum
             "createTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
             "id": str(next(self._ids)),
         }

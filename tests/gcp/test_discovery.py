@@ -251,6 +251,11 @@ def test_longest_names_and_labels_reach_google_intact(api: Gcp, fake: FakeGcp,
                 "create")
     assert len(fake.nodes_with({"rayfleet-name": LONGEST})) == len(
         rendered["available_node_types"])
+    # Read back as Ray does (v2alpha1): the fake's answers hold to that document too.
+    fake.op_polls = 0
+    listed = api.call(tpu.projects().locations().nodes().list(
+        parent=f"projects/{PROJECT}/locations/{ZONE}"), "list")
+    assert {n["apiVersion"] for n in listed["nodes"]} == {"V2_ALPHA1"}
     name = config.firewall_name(LONGEST)
     api.insert_firewall({"name": name, "network": "global/networks/default",
                          "sourceRanges": ["10.0.0.0/8"], "targetTags": [config.head_tag(LONGEST)],
