@@ -29,7 +29,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from tests.gcp.discovery import Contract, Method, Violation
+from tests.gcp.fake_answer import Answering
 from tests.gcp.fake_errors import (
     compute_error,
     grpc_error,
@@ -43,7 +43,6 @@ from tests.gcp.fake_quota import QuotaApi
 from tests.gcp.fake_tpu import Operation, TpuApi
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
-CONTRACT = Contract()
 #: httpErrorStatusCode of a failed Compute operation by its error code. Google documents the field
 #: (the HTTP status the call would have had) but no table: these follow the codes' meaning, as
 #: seen in public reports (quota 403, a stockout 503, a missing resource 404); others 400.
@@ -89,7 +88,7 @@ def label_fingerprint(labels: dict[str, str]) -> str:
     return base64.b64encode(digest[:8]).decode()
 
 
-class FakeGcp(QueuedApi, TpuApi, QuotaApi):
+class FakeGcp(Answering, QueuedApi, TpuApi, QuotaApi):
     """The fake's state, editable by tests (as `ray up` would change the real project)."""
 
     def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2,
@@ -177,12 +176,6 @@ class FakeGcp(QueuedApi, TpuApi, QuotaApi):
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
         return self
-
-    def take_violations(self) -> list[str]:
-        """The violations so far, cleared: for tests that send a bad request on purpose."""
-        with self.lock:
-            found, self.violations = self.violations, []
-        return found
 
     def stop(self) -> None:
         self.stopped = True
@@ -273,85 +266,6 @@ class FakeGcp(QueuedApi, TpuApi, QuotaApi):
             handler.send_header(key, value)
         handler.end_headers()
         handler.wfile.write(data)
-
-    def _answer(self, method: str, path: str, query: dict[str, str],
-                body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
-        """Google's answer, both sides held to the discovery documents: a request they reject
-        gets Google's 400 (404 for no such method) and is recorded as a violation; so is an
-        answer of the fake (or an injected failure) that does not fit the reference."""
-        try:
-            api_method: Method | None = CONTRACT.request(method, path, query, body)
-        except Violation as exc:
-            self.violations.append(f"request {exc}")
-            status = 404 if "(rule: method" in str(exc) else 400
-            return status, self._invalid(path, status, str(exc)), {}
-        status, payload, headers = self._serve(method, path, query, body)
-        try:
-            CONTRACT.response(api_method, status, payload)
-        except Violation as exc:
-            self.violations.append(f"answer {exc}")
-        return status, payload, headers
-
-    @staticmethod
-    def _invalid(path: str, status: int, message: str) -> dict[str, Any]:
-        if path.startswith("/compute/"):
-            return compute_error(status, "invalid" if status == 400 else "notFound", message)
-        if status == 404:
-            return grpc_error(404, "NOT_FOUND", message)
-        error = grpc_error(400, "INVALID_ARGUMENT", message)
-        error["error"]["details"] = [{"@type": "type.googleapis.com/google.rpc.BadRequest",
-                                      "fieldViolations": [{"field": message.split(": ")[1]
-                                                           if ": " in message else "",
-                                                           "description": message}]}]
-        return error
-
-    def _serve(self, method: str, path: str, query: dict[str, str],
-               body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
-        # requestId (Compute inserts, TPU creates and deletes): the same id is the same request,
-        # answered with the operation it started (as it is now), never done twice.
-        seen = self.by_request_id.get(query.get("requestId", ""))
-        if seen is not None:
-            return 200, self._operation_now(seen), {}
-        status, payload, headers = self._serve_once(method, path, query, body)
-        return status, payload, headers
-
-    def _operation_now(self, name: str) -> dict[str, Any]:
-        return {k: v for k, v in self.operations[name].body.items() if k != "_result"}
-
-    def _serve_once(self, method: str, path: str, query: dict[str, str],
-                    body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
-        for failure in self.failures:
-            if failure.times > 0 and failure.method == method and re.search(failure.path, path):
-                failure.times -= 1
-                if not failure.after:
-                    return failure.status, failure.body, failure.headers
-                # Google did it, but the answer was lost: the caller sees only the error.
-                self._remember(query, *self._serve_api(method, path, query, body))
-                return failure.status, failure.body, failure.headers
-        status, payload = self._serve_api(method, path, query, body)
-        self._remember(query, status, payload)
-        return status, payload, {}
-
-    def _remember(self, query: dict[str, str], status: int, payload: dict[str, Any]) -> None:
-        if query.get("requestId") and status == 200 and payload.get("name") in self.operations:
-            self.by_request_id[query["requestId"]] = payload["name"]
-
-    def _serve_api(self, method: str, path: str, query: dict[str, str],
-                   body: Any) -> tuple[int, dict[str, Any]]:
-        if path.startswith("/compute/v1/"):
-            if "compute" in self.disabled:
-                return 403, service_disabled("compute.googleapis.com")
-            return self._compute(method, path.removeprefix("/compute/v1/"), query, body)
-        if path.startswith(("/v2/", "/v2alpha1/")):
-            if "tpu" in self.disabled:
-                return 403, service_disabled("tpu.googleapis.com")
-            version, _, rest = path[1:].partition("/")
-            return self._tpu(method, rest, query, body, version)
-        if path.startswith("/v1beta1/"):
-            if "serviceusage" in self.disabled:
-                return 403, service_disabled("serviceusage.googleapis.com")
-            return self._service_usage(method, path.removeprefix("/v1beta1/"), query)
-        return 404, {"error": {"code": 404, "message": f"no such API: {path}"}}
 
     # --- Compute ------------------------------------------------------------------------------
 
