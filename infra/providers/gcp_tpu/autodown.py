@@ -88,6 +88,7 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
 
 #: The modules the action imports, beyond the watcher's own (autodown_remote.CORE_FILES).
 FILES = ["infra/providers/gcp_tpu/__init__.py", "infra/providers/gcp_tpu/api.py",
+         "infra/providers/gcp_tpu/errors.py",
          "infra/providers/gcp_tpu/autodown.py", "infra/providers/gcp_tpu/queued.py"]
 #: The watcher's action.
 ACTION = "infra.providers.gcp_tpu.autodown:stop_ray_then_remove"

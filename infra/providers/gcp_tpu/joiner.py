@@ -46,6 +46,7 @@ HEAD_MARKER = "~/.rayfleet/queued-marker.json"
 HEAD_LOG = "~/.rayfleet/queued.log"
 #: Modules the daemon imports beyond autodown_remote.CORE_FILES.
 FILES = ["infra/providers/gcp_tpu/__init__.py", "infra/providers/gcp_tpu/api.py",
+         "infra/providers/gcp_tpu/errors.py",
          "infra/providers/gcp_tpu/queued.py", "infra/providers/gcp_tpu/joiner.py"]
 SSH_TIMEOUT_S = 600
 
