@@ -8,7 +8,9 @@ google-api-python-client, JSON shapes (Compute `items`/`nextPageToken`/`maxResul
 `op_polls` polls before their effect shows (or, with `op_seconds`, until that much time has
 passed, whether anyone polls or not: a VM deleting itself never polls), TPU VMs' hidden Compute
 instances (label `tpu_cores`, not deletable), and injectable failures (403 API disabled, 404,
-429, quota exceeded).
+429, quota exceeded), also after the request took effect (a lost answer; `requestId` makes the
+retry the same request). Every request and answer is held to Google's discovery documents
+(fake_answer.py, discovery.py); a violation fails the test that caused it (conftest).
 
 It listens on 127.0.0.1 only and records every request, headers included, so tests can assert
 that no credentials were ever sent.
