@@ -23,6 +23,7 @@ import yaml
 
 from infra.node import rayproc
 from infra.node.gcp_tpu.api import ApiOptions
+from tests.gcp import fake_gcp
 from tests.gcp.fake_gcp import FakeGcp
 from tests.gcp.offline_bed import Offline, offline_bed
 from tests.testbed.preflight import require
@@ -39,6 +40,17 @@ def _no_google(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(gcloud))
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.delenv("RAYFLEET_GCP_API_ENDPOINT", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _google_contract() -> Iterator[None]:
+    """Fail the test whose requests (or whose fake's answers) Google's discovery documents reject
+    (tests/gcp/discovery.py), naming the field and the rule; fakes stopped since are forgotten."""
+    yield
+    found = list(dict.fromkeys(v for fake in fake_gcp.LIVE for v in fake.take_violations()))
+    fake_gcp.LIVE[:] = [f for f in fake_gcp.LIVE if not f.stopped]
+    if found:
+        pytest.fail("Google API contract violated: " + " | ".join(found), pytrace=False)
 
 
 @pytest.fixture(scope="package")

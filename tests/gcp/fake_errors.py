@@ -3,7 +3,28 @@ gRPC-style `status` + `details[]` ErrorInfo of the TPU, IAM and Resource Manager
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+#: Google's label rules (cloud.google.com/compute/docs/labeling-resources; the TPU API's are the
+#: same): at most 64 labels, keys 1-63 lowercase letters, digits, _ and -, starting with a letter;
+#: values 0-63 of the same. The discovery documents type labels only as a string map.
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+
+
+def label_problem(labels: Any) -> str:
+    """Why Google would refuse these labels ('' if it would not)."""
+    if not isinstance(labels, dict):
+        return ""
+    if len(labels) > 64:
+        return f"{len(labels)} labels, at most 64 are allowed"
+    for key, value in labels.items():
+        if not _LABEL_KEY.fullmatch(str(key)):
+            return f"label key {key!r} does not match [a-z][a-z0-9_-]{{0,62}}"
+        if not _LABEL_VALUE.fullmatch(str(value)):
+            return f"label value {value!r} of {key} does not match [a-z0-9_-]{{0,63}}"
+    return ""
 
 
 def compute_error(status: int, reason: str, message: str, service_disabled: str = "") -> dict:
@@ -38,10 +59,25 @@ def rate_limited(api: str = "compute") -> dict:
 
 def service_disabled(service: str) -> dict:
     name = {"tpu.googleapis.com": "Cloud TPU API",
-            "compute.googleapis.com": "Compute Engine API"}[service]
+            "compute.googleapis.com": "Compute Engine API",
+            "serviceusage.googleapis.com": "Service Usage API"}[service]
     message = (f"{name} has not been used in project 123456789 before or it is disabled. Enable "
                f"it by visiting https://console.developers.google.com/apis/api/{service}/overview"
                "?project=123456789 then retry.")
     if service == "compute.googleapis.com":
         return compute_error(403, "accessNotConfigured", message, service_disabled=service)
     return grpc_error(403, "PERMISSION_DENIED", message, "SERVICE_DISABLED", service)
+
+
+def quota_exhausted(limit: str, where: str, service: str = "tpu.googleapis.com") -> dict:
+    """An exhausted allocation quota as the TPU API answers it at once: HTTP 429
+    RESOURCE_EXHAUSTED naming the quota limit, with a QuotaFailure and an ErrorInfo."""
+    message = f"Quota limit '{limit}' has been exceeded. Limit: 0 in {where}."
+    body = grpc_error(429, "RESOURCE_EXHAUSTED", message)
+    body["error"]["details"] = [
+        {"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+         "violations": [{"subject": limit, "description": message}]},
+        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "QUOTA_EXCEEDED",
+         "domain": "googleapis.com", "metadata": {"service": service, "quota_limit": limit,
+                                                  "consumer": "projects/123456789"}}]
+    return body

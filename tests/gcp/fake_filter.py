@@ -2,7 +2,7 @@
 
 Ray sends e.g. `((labels.ray-node-kind = worker)) AND ((status = RUNNING) OR (status = STAGING))
 AND (labels.ray-cluster-name = c) AND (NOT labels.tpu_cores:*)`; rayfleet sends
-`(labels.k = v) AND ...`. The grammar: OR of ANDs of [NOT] terms, parentheses, and the comparisons
+`(labels.k = v) AND ...`. The grammar (AIP-160): AND of ORs of [NOT] terms, parentheses, and the comparisons
 `field = value` and `field:*` (has the field). Anything else is Google's 400 "Invalid list filter
 expression", so a caller writing a filter the real API would refuse fails here too.
 """
@@ -59,18 +59,19 @@ def matches(expression: str, resource: dict[str, Any]) -> bool:
         pos += 1
         return tokens[pos - 1]
 
-    def disjunction() -> bool:
-        value = conjunction()
-        while peek() == "OR":
-            take()
-            value = conjunction() or value
-        return value
-
+    # AIP-160: OR binds tighter than AND (`a AND b OR c` is `a AND (b OR c)`).
     def conjunction() -> bool:
-        value = unary()
+        value = disjunction()
         while peek() == "AND":
             take()
-            value = unary() and value
+            value = disjunction() and value
+        return value
+
+    def disjunction() -> bool:
+        value = unary()
+        while peek() == "OR":
+            take()
+            value = unary() or value
         return value
 
     def unary() -> bool:
@@ -79,7 +80,7 @@ def matches(expression: str, resource: dict[str, Any]) -> bool:
             return not unary()
         if peek() == "(":
             take()
-            value = disjunction()
+            value = conjunction()
             if take() != ")":
                 raise FilterError(expression)
             return value
@@ -93,7 +94,7 @@ def matches(expression: str, resource: dict[str, Any]) -> bool:
         actual = _field(resource, name)
         return actual is not None and str(actual) == wanted
 
-    result = disjunction()
+    result = conjunction()
     if pos != len(tokens):
         raise FilterError(expression)
     return result

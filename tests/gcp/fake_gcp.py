@@ -8,7 +8,9 @@ google-api-python-client, JSON shapes (Compute `items`/`nextPageToken`/`maxResul
 `op_polls` polls before their effect shows (or, with `op_seconds`, until that much time has
 passed, whether anyone polls or not: a VM deleting itself never polls), TPU VMs' hidden Compute
 instances (label `tpu_cores`, not deletable), and injectable failures (403 API disabled, 404,
-429, quota exceeded).
+429, quota exceeded), also after the request took effect (a lost answer; `requestId` makes the
+retry the same request). Every request and answer is held to Google's discovery documents
+(fake_answer.py, discovery.py); a violation fails the test that caused it (conftest).
 
 It listens on 127.0.0.1 only and records every request, headers included, so tests can assert
 that no credentials were ever sent.
@@ -25,15 +27,32 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from tests.gcp.fake_errors import compute_error, grpc_error, rate_limited, service_disabled
+from tests.gcp.fake_answer import Answering
+from tests.gcp.fake_errors import (
+    compute_error,
+    grpc_error,
+    label_problem,
+    rate_limited,
+    service_disabled,
+)
 from tests.gcp.fake_filter import FilterError, matches
 from tests.gcp.fake_queued import QueuedApi
+from tests.gcp.fake_quota import QuotaApi
 from tests.gcp.fake_tpu import Operation, TpuApi
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
+#: httpErrorStatusCode of a failed Compute operation by its error code. Google documents the field
+#: (the HTTP status the call would have had) but no table: these follow the codes' meaning, as
+#: seen in public reports (quota 403, a stockout 503, a missing resource 404); others 400.
+OP_ERROR_STATUS = {"QUOTA_EXCEEDED": 403, "ZONE_RESOURCE_POOL_EXHAUSTED": 503,
+                   "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS": 503, "RESOURCE_NOT_FOUND": 404,
+                   "RESOURCE_ALREADY_EXISTS": 409, "PERMISSIONS_ERROR": 403}
+#: Fakes whose contract violations the tests' autouse check still has to look at.
+LIVE: list[FakeGcp] = []
 
 __all__ = ["FakeGcp", "compute_error", "grpc_error", "rate_limited", "service_disabled"]
 
@@ -48,6 +67,8 @@ class Failure:
     body: dict[str, Any]
     times: int = 1
     headers: dict[str, str] = field(default_factory=dict)
+    #: The request takes effect and only then fails (a reply lost on the way back).
+    after: bool = False
 
 
 class Machines(Protocol):
@@ -69,16 +90,20 @@ def label_fingerprint(labels: dict[str, str]) -> str:
     return base64.b64encode(digest[:8]).decode()
 
 
-class FakeGcp(QueuedApi, TpuApi):
+class FakeGcp(Answering, QueuedApi, TpuApi, QuotaApi):
     """The fake's state, editable by tests (as `ray up` would change the real project)."""
 
     def __init__(self, project: str = "test-project", op_polls: int = 2, page_size: int = 2,
-                 op_seconds: float | None = None) -> None:
+                 op_seconds: float | None = None, default_page_size: int | None = None) -> None:
         self.project = project
         self.op_polls = op_polls
         #: Google finishes an operation by itself, polled or not; None: only polls finish it.
         self.op_seconds = op_seconds
+        #: Largest page the fake sends; pages are small so that every caller's paging runs.
         self.page_size = page_size
+        #: Page size for a list without maxResults/pageSize (Compute documents 500); None: the
+        #: small `page_size` too.
+        self.default_page_size = default_page_size or page_size
         self.lock = threading.RLock()
         self.requests: list[dict[str, Any]] = []
         self.failures: list[Failure] = []
@@ -126,7 +151,15 @@ class FakeGcp(QueuedApi, TpuApi):
         self.machines: Machines | None = None
         self.events: list[tuple[float, str, str]] = []
         self._addresses = itertools.count(20)
+        #: Requests and answers the discovery documents reject (tests/gcp/discovery.py); the
+        #: autouse check in conftest fails the test that caused any.
+        self.violations: list[str] = []
+        self.stopped = False
+        #: requestId -> the operation it started.
+        self.by_request_id: dict[str, str] = {}
         self._queued_init()
+        self._quota_init()
+        LIVE.append(self)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -147,6 +180,7 @@ class FakeGcp(QueuedApi, TpuApi):
         return self
 
     def stop(self) -> None:
+        self.stopped = True
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -159,8 +193,8 @@ class FakeGcp(QueuedApi, TpuApi):
     # --- helpers for tests (what Ray's autoscaler would do to the project) --------------------
 
     def fail(self, method: str, path: str, status: int, body: dict[str, Any], times: int = 1,
-             headers: dict[str, str] | None = None) -> None:
-        self.failures.append(Failure(method, path, status, body, times, headers or {}))
+             headers: dict[str, str] | None = None, after: bool = False) -> None:
+        self.failures.append(Failure(method, path, status, body, times, headers or {}, after))
 
     def add_instance(self, zone: str, name: str, labels: dict[str, str], *, status: str = "RUNNING",
                      nat_ip: str | None = "127.0.0.1", internal_ip: str = "10.128.0.2",
@@ -234,25 +268,6 @@ class FakeGcp(QueuedApi, TpuApi):
             handler.send_header(key, value)
         handler.end_headers()
         handler.wfile.write(data)
-
-    def _answer(self, method: str, path: str, query: dict[str, str],
-                body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
-        for failure in self.failures:
-            if failure.times > 0 and failure.method == method and re.search(failure.path, path):
-                failure.times -= 1
-                return failure.status, failure.body, failure.headers
-        if path.startswith("/compute/v1/"):
-            if "compute" in self.disabled:
-                return 403, service_disabled("compute.googleapis.com"), {}
-            status, payload = self._compute(method, path.removeprefix("/compute/v1/"), query, body)
-        elif path.startswith(("/v2/", "/v2alpha1/")):
-            if "tpu" in self.disabled:
-                return 403, service_disabled("tpu.googleapis.com"), {}
-            version, _, rest = path[1:].partition("/")
-            status, payload = self._tpu(method, rest, query, body, version)
-        else:
-            status, payload = 404, {"error": {"code": 404, "message": f"no such API: {path}"}}
-        return status, payload, {}
 
     # --- Compute ------------------------------------------------------------------------------
 
@@ -344,7 +359,8 @@ class FakeGcp(QueuedApi, TpuApi):
             return 400, compute_error(400, "invalid", f"Invalid value for field 'filter': "
                                                       f"'{expression}'. Invalid list filter "
                                                       "expression.")
-        size = min(int(query.get("maxResults", 500)), self.page_size)
+        size = (min(int(query["maxResults"]) or 500, self.page_size) if "maxResults" in query
+                else self.default_page_size)
         start = int(query.get("pageToken", "0"))
         page: dict[str, Any] = {"kind": "compute#instanceList", "id": f"projects/{self.project}/"
                                 f"zones/{zone}/instances",
@@ -369,6 +385,10 @@ class FakeGcp(QueuedApi, TpuApi):
             return 400, compute_error(400, "invalid", f"Invalid value for field 'resource.name': "
                                                       f"'{name}'. Must be a match of regex "
                                                       "'[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?'")
+        problem = label_problem(body.get("labels"))
+        if problem:
+            return 400, compute_error(400, "invalid", f"Invalid value for field "
+                                                      f"'resource.labels': {problem}")
         if (zone, name) in self.instances:
             return 409, compute_error(409, "alreadyExists",
                                       f"The resource '{base}/instances/{name}' already exists")
@@ -415,6 +435,9 @@ class FakeGcp(QueuedApi, TpuApi):
             return 412, compute_error(412, "conditionNotMet", "Labels fingerprint either invalid "
                                                               "or resource labels have changed")
         labels = dict(body.get("labels") or {})
+        problem = label_problem(labels)
+        if problem:
+            return 400, compute_error(400, "invalid", f"Invalid value for field 'labels': {problem}")
 
         def apply() -> None:
             instance["labels"] = labels
@@ -489,8 +512,9 @@ class FakeGcp(QueuedApi, TpuApi):
             body.update(status="DONE", progress=100, endTime="2026-01-01T00:00:05.000-08:00")
             if operation.error:
                 body["error"] = {"errors": [operation.error]}
-                body["httpErrorStatusCode"] = 403
-                body["httpErrorMessage"] = "FORBIDDEN"
+                status = OP_ERROR_STATUS.get(operation.error.get("code", ""), 400)
+                body["httpErrorStatusCode"] = status
+                body["httpErrorMessage"] = HTTPStatus(status).phrase.upper()
             elif operation.effect is not None:
                 operation.effect()
         return dict(body)

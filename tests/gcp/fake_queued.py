@@ -16,7 +16,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.gcp.fake_errors import grpc_error
+from tests.gcp.fake_errors import grpc_error, label_problem
 
 _HOLDS_NODES = ("PROVISIONING", "ACTIVE", "SUSPENDING")
 
@@ -85,6 +85,10 @@ class QueuedApi:
         if method == "DELETE":
             state = resource["state"]["state"]
             force = query.get("force") in ("true", "True", "1")
+            if state == "DELETING":
+                # Undocumented; the plausible answer of an AIP-style API (NOTES.md).
+                return 400, grpc_error(400, "FAILED_PRECONDITION", (
+                    f"Queued resource {name} is already being deleted (state DELETING)"))
             if state in _HOLDS_NODES and not force:
                 return 400, grpc_error(400, "FAILED_PRECONDITION", (
                     f"Queued resource {name} in state {state} has nodes; delete them first or "
@@ -128,6 +132,8 @@ class QueuedApi:
             if f"{parent}/nodes/{spec['nodeId']}" in self.tpu_nodes:
                 return 409, grpc_error(409, "ALREADY_EXISTS",
                                        f"Node {spec['nodeId']} already exists")
+            if label_problem(node.get("labels")):
+                return 400, grpc_error(400, "INVALID_ARGUMENT", label_problem(node.get("labels")))
             accelerator = node.get("acceleratorType")
             if not accelerator and node.get("acceleratorConfig"):
                 wanted = (node["acceleratorConfig"].get("type"),
@@ -154,10 +160,11 @@ class QueuedApi:
 
     def _set_state(self, full: str, state: str, initiator: str = "SERVICE",
                    **data: Any) -> None:
-        key = {"WAITING_FOR_RESOURCES": "waitingForResourcesData"}.get(
-            state, f"{state.lower()}Data")
-        self.queued[full]["state"] = {"state": state, "stateInitiator": initiator,
-                                      key: data or {}}
+        # QueuedResourceState has a `<state>Data` field for most states, none for
+        # WAITING_FOR_RESOURCES (tpu.v2.json): the fake sends only what the schema has.
+        self.queued[full]["state"] = {"state": state, "stateInitiator": initiator}
+        if state != "WAITING_FOR_RESOURCES":
+            self.queued[full]["state"][f"{state.lower()}Data"] = data or {}
         self._queued_meta[full]["entered"] = time.monotonic()
         self.events.append((time.time(), f"queued-{state.lower()}", full.rsplit("/", 1)[-1]))
 

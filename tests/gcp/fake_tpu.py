@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tests.gcp.fake_errors import grpc_error
+from tests.gcp.fake_errors import grpc_error, label_problem
 
 
 @dataclass
@@ -31,8 +31,10 @@ class TpuApi:
     zones: dict[str, str]
     stockout_zones: set[str]
     tpu_stockout_zones: set[str]
+    tpu_quota_zones: set[str]
     lock: Any
     page_size: int
+    default_page_size: int
     op_polls: int
     op_seconds: float | None
     machines: Any
@@ -108,9 +110,14 @@ class TpuApi:
                     return 400, grpc_error(400, "INVALID_ARGUMENT", "Only the labels field of a "
                                                                     "node can be updated here")
                 labels = dict((body or {}).get("labels") or {})
+                if label_problem(labels):
+                    return 400, grpc_error(400, "INVALID_ARGUMENT", label_problem(labels))
                 return 200, self._tpu_op(parent, "update", node["name"],
                                          lambda: node.__setitem__("labels", labels), node)
             if method == "DELETE":
+                if node["state"] == "DELETING":  # undocumented, as for queued resources
+                    return 400, grpc_error(400, "FAILED_PRECONDITION", (
+                        f"Node {name} is already being deleted (state DELETING)"))
                 node["state"] = "DELETING"
                 full = node["name"]
 
@@ -157,6 +164,8 @@ class TpuApi:
             return 400, grpc_error(400, "INVALID_ARGUMENT", f"Invalid node id '{node_id}'")
         if full in self.tpu_nodes:
             return 409, grpc_error(409, "ALREADY_EXISTS", f"Resource '{full}' already exists")
+        if label_problem(body.get("labels")):
+            return 400, grpc_error(400, "INVALID_ARGUMENT", label_problem(body.get("labels")))
         offered = {t: (c, topo) for t, c, topo in self.accelerator_types.get(zone, [])}
         accelerator = body.get("acceleratorType")
         if not accelerator and body.get("acceleratorConfig"):
@@ -165,6 +174,11 @@ class TpuApi:
         if accelerator not in offered:
             return 400, grpc_error(400, "INVALID_ARGUMENT", f"Accelerator type {accelerator!r} is "
                                                             f"not available in zone {zone}")
+        if zone in self.tpu_quota_zones:  # no TPU quota there: refused at once, nothing created
+            from tests.gcp.fake_errors import quota_exhausted
+
+            generation = str(accelerator).split("-")[0].upper()
+            return 429, quota_exhausted(f"TPU{generation}PerProjectPerZoneForTPUAPI", f"zone {zone}")
         if body.get("runtimeVersion") not in self.runtime_versions.get(zone, []):
             return 400, grpc_error(400, "INVALID_ARGUMENT", "Invalid runtime version "
                                                             f"{body.get('runtimeVersion')!r}")
@@ -179,7 +193,8 @@ class TpuApi:
                      else self._boot(node_id, hosts, keys, attributes))
         node: dict[str, Any] = {
             **body, "name": full, "acceleratorType": accelerator, "state": "CREATING",
-            "labels": labels, "health": "HEALTHY", "apiVersion": version.upper(),
+            "labels": labels, "health": "HEALTHY",
+            "apiVersion": {"v2": "V2", "v2alpha1": "V2_ALPHA1"}[version],  # the Node enum
             "createTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
             "id": str(next(self._ids)),
         }
@@ -228,7 +243,8 @@ class TpuApi:
 
     def _tpu_page(self, key: str, items: list[dict[str, Any]],
                   query: dict[str, str]) -> dict[str, Any]:
-        size = min(int(query.get("pageSize") or self.page_size), self.page_size)
+        size = (min(int(query["pageSize"]) or self.page_size, self.page_size)
+                if query.get("pageSize") else self.default_page_size)
         start = int(query.get("pageToken") or "0")
         page: dict[str, Any] = {}
         if items[start:start + size]:

@@ -1,7 +1,7 @@
 """An offline Google for Ray's own GCP node provider, on the test bed.
 
 Ray has no endpoint knob for Google (see ../shared/autoscaling.md, "GCP offline"), so the real names
-are redirected instead: the test bed's shared hosts file maps `compute.googleapis.com`,
+are redirected instead: the test bed's shared hosts file maps `compute.googleapis.com`, `serviceusage...`,
 `tpu.googleapis.com`, `iam...`, `cloudresourcemanager...`, `oauth2...` and
 `metadata.google.internal` to the client namespace, where the fake listens on 443 (TLS, with a
 certificate from a CA made for this run) and 80 (the metadata server). Clients trust that CA through
@@ -34,7 +34,8 @@ from tests.gcp.fake_identity import TOKEN_URI, Identity
 from tests.testbed import Testbed
 from tests.testbed.hosts import Host, ray_bin_dir
 
-GOOGLE_NAMES = ["compute.googleapis.com", "tpu.googleapis.com", "iam.googleapis.com",
+GOOGLE_NAMES = ["compute.googleapis.com", "tpu.googleapis.com", "serviceusage.googleapis.com",
+                "iam.googleapis.com",
                 "cloudresourcemanager.googleapis.com", "oauth2.googleapis.com",
                 "www.googleapis.com", "metadata.google.internal"]
 _CLONE_NEWNET = 0x40000000
@@ -337,7 +338,8 @@ class OfflineGoogle:
                 status, payload = self.identity.iam(method, parsed.path, body)
             elif host == "cloudresourcemanager.googleapis.com":
                 status, payload = self.identity.crm(method, parsed.path, body)
-            elif host in ("compute.googleapis.com", "tpu.googleapis.com"):
+            elif host in ("compute.googleapis.com", "tpu.googleapis.com",
+                          "serviceusage.googleapis.com"):
                 with self.fake.lock:
                     self.fake.requests.append({"method": method, "path": parsed.path,
                                                "query": query, "body": body, "headers": {}})

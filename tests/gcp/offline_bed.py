@@ -89,7 +89,9 @@ def offline_bed(work: Path, hosts: int = 3) -> Iterator[Offline]:
     bed = Testbed(hosts, work / "bed", env={**ca.env(), **RAY_FAST})
     # Operations finish on the first poll (Ray sleeps 5 s after every unfinished one), and by
     # themselves a moment later: a head deleting its own VM never polls its operation.
-    fake = FakeGcp(PROJECT, op_polls=1, page_size=100, op_seconds=2.0)
+    # Pages of 2 wherever a caller asks for a page size (ours: every list runs its paging);
+    # Google's documented default of 500 where it does not (Ray's first-page-only reads).
+    fake = FakeGcp(PROJECT, op_polls=1, page_size=2, op_seconds=2.0, default_page_size=500)
     google = OfflineGoogle(bed, ca, fake, BedMachines(bed, list(bed.hosts)))
     try:
         google.start()

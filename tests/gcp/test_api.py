@@ -172,7 +172,7 @@ def test_quota_exceeded_at_once_and_in_an_operation(api: Gcp, fake: FakeGcp) -> 
     body = {"name": "fw", "network": "global/networks/default", "sourceRanges": ["10.0.0.0/8"]}
     fake.fail("POST", "/global/firewalls$", 403, compute_error(
         403, "quotaExceeded", "Quota 'FIREWALLS' exceeded.  Limit: 200.0 globally."))
-    with pytest.raises(GcpQuotaError, match=r"quota exceeded \(Quota 'FIREWALLS' exceeded"):
+    with pytest.raises(GcpQuotaError, match=r"quota FIREWALLS is exhausted \(Quota 'FIREWALLS' exceeded"):
         api.insert_firewall(body)
     fake.op_errors["insert-firewall"] = {"code": "QUOTA_EXCEEDED",
                                          "message": "Quota 'FIREWALLS' exceeded.  Limit: 200.0"}

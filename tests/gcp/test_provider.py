@@ -26,6 +26,7 @@ from infra.providers.gcp_tpu import config, launcher
 from infra.providers.gcp_tpu.provider import CLUSTER, FIREWALL, SSH_KEY, Provider
 from tests.gcp.conftest import ZONE, Dashboard, FakeRay, Sshd, assert_nothing_created, write_spec
 from tests.gcp.fake_gcp import FakeGcp, rate_limited
+from tests.gcp.test_google_errors import ERRORS
 
 pytestmark = pytest.mark.slow  # a real sshd per test
 
@@ -294,3 +295,29 @@ def test_firewall_quota_during_up_leaves_nothing(tmp_path: Path, rf_home: Path, 
     assert "Quota 'FIREWALLS' exceeded" in str(caught.value) and "\n" not in str(caught.value)
     assert lab.ray.calls == []  # stopped before `ray up`
     assert fake.firewalls == {} and lab.kinds() == []
+
+
+@pytest.mark.parametrize("error", sorted(ERRORS))
+def test_every_documented_error_at_the_firewall_insert_of_up(
+        tmp_path: Path, rf_home: Path, fake: FakeGcp, options: ApiOptions, sshd: Sshd,
+        dashboard: Dashboard, key_file: Path, error: str) -> None:
+    """The create `up` makes itself, refused with each of Google's errors: transient ones pass
+    after the client's retries; the rest stop `up` in one line, before `ray up`, with nothing
+    left in Google, and state that `teardown` finishes."""
+    make, _, transient = ERRORS[error]
+    body = make("compute")
+    lab = Lab(tmp_path, fake, options, sshd, dashboard,
+              dashboard={"port": dashboard.port, "allowed_source_ranges": ["10.8.0.0/16"]})
+    fake.fail("POST", "/global/firewalls$", body["error"]["code"], body,
+              times=options.retries if transient else 100)
+    if transient:
+        lab.up()
+        assert list(fake.firewalls) == ["rayfleet-lab-dashboard"]
+    else:
+        with pytest.raises(GcpError) as caught:
+            lab.up()
+        assert str(caught.value).startswith("gcp-tpu: ") and "\n" not in str(caught.value)
+        assert lab.ray.calls == [] and fake.firewalls == {} and lab.left() == []
+    fake.failures.clear()
+    lab.teardown()
+    assert fake.firewalls == {} and lab.left() == [] and state.read("lab") is None

@@ -2,8 +2,10 @@
 
 Only what pre-flight, the dashboard firewall rule and teardown's sweep need. The clients are built
 from the discovery documents bundled with the library (no network for discovery), and every call
-goes through `_call`, which turns Google's error answers into one-line `GcpError`s with typed
-fields and retries only what is transient (429, rate-limit 403s, 5xx, dropped connections).
+goes through `_call`: the client's own `execute(num_retries=...)` retries what is transient (429,
+rate-limit 403s, 5xx, dropped connections) with its backoff, except a 429 that names an exhausted
+quota (errors.py), and Google's error answers become one-line `GcpError`s with typed fields.
+Creates carry a `requestId`, so a create the client sends again is the same create to Google.
 
 `ApiOptions.endpoint` (env RAYFLEET_GCP_API_ENDPOINT) points both APIs at another root URL, e.g. a
 local fake in tests; requests to a loopback endpoint carry anonymous credentials and ignore proxies,
@@ -13,57 +15,40 @@ so a test can never send a real token anywhere.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from infra.node.errors import ProviderError
+from infra.node.gcp_tpu.errors import (
+    GcpApiDisabledError,
+    GcpCredentialsError,
+    GcpError,
+    GcpNotFoundError,
+    GcpOperationError,
+    GcpPermissionError,
+    GcpQuotaError,
+    _one_line,
+    classify,
+    is_quota_refusal,
+)
 from infra.node.net import is_loopback
+
+# Re-exported: callers import the error types from here.
+__all__ = ["ApiOptions", "Credentials", "Gcp", "GcpApiDisabledError", "GcpCredentialsError",
+           "GcpError", "GcpNotFoundError", "GcpOperationError", "GcpPermissionError",
+           "GcpQuotaError", "classify", "find_credentials"]
 
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 ENDPOINT_ENV = "RAYFLEET_GCP_API_ENDPOINT"
-_SERVICES = {"compute.googleapis.com": "Compute Engine API", "tpu.googleapis.com": "Cloud TPU API"}
-
-
-class GcpError(ProviderError):
-    """A Google API call failed; `status`/`reason` are Google's, `retryable` says if it may pass."""
-
-    def __init__(self, message: str, *, status: int = 0, reason: str = "",
-                 retryable: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.retryable = retryable
-
-
-class GcpCredentialsError(GcpError):
-    """No usable Google credentials."""
-
-
-class GcpApiDisabledError(GcpError):
-    """The project has not enabled an API we need (`service` is e.g. tpu.googleapis.com)."""
-
-    service: str = ""
-
-
-class GcpNotFoundError(GcpError):
-    """The project, zone, type, rule or node does not exist (or is not visible to us)."""
-
-
-class GcpPermissionError(GcpError):
-    """The credentials lack a permission."""
-
-
-class GcpQuotaError(GcpError):
-    """A quota (CPUs, addresses, firewall rules, TPUs) is exhausted."""
-
-
-class GcpOperationError(GcpError):
-    """A long-running operation ended with an error or did not end in time."""
+# The client logs every retry as a warning; output stays quiet (errors are one line of ours).
+logging.getLogger("googleapiclient.http").addHandler(logging.NullHandler())
+logging.getLogger("googleapiclient.http").propagate = False
 
 
 @dataclass(frozen=True)
@@ -189,58 +174,6 @@ def _refresh_reason(exc: Exception) -> str:
     return _one_line(str(first), 160)
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def classify(status: int, content: bytes | str, what: str, project: str) -> GcpError:
-    """A Google error answer as a typed one-line error. Both error shapes are read: Compute's
-    (`errors[].reason`) and the gRPC-style one (`status` plus `details[]` ErrorInfo)."""
-    try:
-        body = json.loads(content or b"{}").get("error", {})
-    except (json.JSONDecodeError, AttributeError):
-        body = {}
-    if not isinstance(body, dict):
-        body = {"message": str(body)}
-    message = _one_line(str(body.get("message") or f"HTTP {status}"))
-    reasons = {str(e.get("reason")) for e in body.get("errors", []) if isinstance(e, dict)}
-    service = ""
-    for detail in body.get("details", []):
-        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("ErrorInfo"):
-            reasons.add(str(detail.get("reason")))
-            service = str((detail.get("metadata") or {}).get("service", "")) or service
-    reasons.discard("None")
-    reason = next(iter(sorted(reasons)), str(body.get("status", "")))
-    if reasons & {"SERVICE_DISABLED", "accessNotConfigured"}:
-        service = service or ("tpu.googleapis.com" if "TPU" in message else "compute.googleapis.com")
-        error = GcpApiDisabledError(
-            f"gcp-tpu: the {_SERVICES.get(service, service)} is not enabled in project {project}; "
-            f"run `gcloud services enable {service} --project {project}` and retry in a minute",
-            status=status, reason=reason)
-        error.service = service
-        return error
-    if status == 429 or reasons & {"rateLimitExceeded", "userRateLimitExceeded",
-                                   "RATE_LIMIT_EXCEEDED"}:
-        return GcpError(f"gcp-tpu: {what}: Google rate limit ({message}); wait a minute and retry",
-                        status=status, reason=reason or "rateLimitExceeded", retryable=True)
-    if reasons & {"quotaExceeded", "QUOTA_EXCEEDED"} or (status == 403 and "quota" in message.lower()):
-        return GcpQuotaError(
-            f"gcp-tpu: {what}: quota exceeded ({message}); free some or request more at "
-            f"https://console.cloud.google.com/iam-admin/quotas?project={project}",
-            status=status, reason=reason or "quotaExceeded")
-    if status == 404:
-        return GcpNotFoundError(f"gcp-tpu: {what}: not found ({message})", status=status,
-                                reason=reason)
-    if status in (401, 403):
-        return GcpPermissionError(
-            f"gcp-tpu: {what}: permission denied ({message}); check the project id and that "
-            f"your account has Compute Admin and TPU Admin roles on {project}",
-            status=status, reason=reason)
-    return GcpError(f"gcp-tpu: {what}: HTTP {status} ({message})", status=status, reason=reason,
-                    retryable=status >= 500)
-
-
 class Gcp:
     """Compute v1 and TPU v2 calls for one project. Clients are built on first use."""
 
@@ -260,11 +193,11 @@ class Gcp:
 
         if self.options.loopback:
             # A fake on this machine: no token leaves the process, no proxy sees the traffic.
-            return google_auth_httplib2.AuthorizedHttp(
+            return _Answers(google_auth_httplib2.AuthorizedHttp(
                 AnonymousCredentials(), http=httplib2.Http(timeout=self.options.timeout,
-                                                          proxy_info=None))
-        return google_auth_httplib2.AuthorizedHttp(
-            self._credentials.credentials, http=httplib2.Http(timeout=self.options.timeout))
+                                                          proxy_info=None)))
+        return _Answers(google_auth_httplib2.AuthorizedHttp(
+            self._credentials.credentials, http=httplib2.Http(timeout=self.options.timeout)))
 
     def _build(self, service: str, version: str, path: str) -> Any:
         from googleapiclient import discovery
@@ -283,39 +216,42 @@ class Gcp:
     def tpu(self) -> Any:
         return self._build("tpu", "v2", "")
 
+    @cached_property
+    def service_usage(self) -> Any:
+        return self._build("serviceusage", "v1beta1", "")
+
     def _call(self, request: Any, what: str) -> dict[str, Any]:
         import httplib2
         from google.auth import exceptions as auth_errors
         from googleapiclient.errors import HttpError
 
-        delay = self.options.retry_base
-        for attempt in range(self.options.retries + 1):
-            wait = delay
-            try:
-                result: dict[str, Any] = request.execute()
-                return result
-            except HttpError as exc:
-                error = classify(exc.resp.status, exc.content, what, self.project)
-                retry_after = exc.resp.get("retry-after", "")
-                if retry_after.isdigit():
-                    wait = min(float(retry_after), 60.0)
-            except auth_errors.RefreshError as exc:
-                # A revoked or deleted key, an expired user login, a clock far off: retrying
-                # cannot help, and google-auth's message is a tuple repr spanning lines.
-                raise GcpCredentialsError(
-                    f"gcp-tpu: {what}: Google refused the credentials ({_refresh_reason(exc)}); "
-                    f"{self._credentials.source} may be revoked or expired: run `gcloud auth "
-                    "application-default login` or download a new key for credentials_file:"
-                ) from None
-            except (OSError, httplib2.HttpLib2Error, auth_errors.TransportError) as exc:
-                host = urllib.parse.urlsplit(getattr(request, "uri", "")).netloc or "Google"
-                error = GcpError(f"gcp-tpu: {what}: cannot reach {host} ({_one_line(str(exc))}); "
-                                 "check the network and retry", retryable=True)
-            if not error.retryable or attempt == self.options.retries:
-                raise error
-            self._sleep(wait)
-            delay *= 2
-        raise AssertionError("unreachable")
+        answers: _Answers = request.http
+
+        def backoff(seconds: float) -> None:
+            # The client's wait (random up to 2**n s), scaled for tests, or Retry-After if longer.
+            self._sleep(max(seconds * self.options.retry_base, answers.retry_after))
+
+        request._sleep = backoff  # the client's documented stub for its retry sleeps
+        try:
+            result: dict[str, Any] = request.execute(num_retries=self.options.retries)
+            return result
+        except _Refused as exc:
+            raise classify(exc.status, exc.content, what, self.project) from None
+        except HttpError as exc:
+            raise classify(exc.resp.status, exc.content, what, self.project) from None
+        except (auth_errors.RefreshError, auth_errors.InvalidOperation) as exc:
+            # A revoked or deleted key, an expired user login, a clock far off (or a 401 that
+            # credentials which cannot refresh get): retrying cannot help, and google-auth's
+            # message is a tuple repr spanning lines.
+            raise GcpCredentialsError(
+                f"gcp-tpu: {what}: Google refused the credentials ({_refresh_reason(exc)}); "
+                f"{self._credentials.source} may be revoked or expired: run `gcloud auth "
+                "application-default login` or download a new key for credentials_file:"
+            ) from None
+        except (OSError, httplib2.HttpLib2Error, auth_errors.TransportError) as exc:
+            host = urllib.parse.urlsplit(getattr(request, "uri", "")).netloc or "Google"
+            raise GcpError(f"gcp-tpu: {what}: cannot reach {host} ({_one_line(str(exc))}); "
+                           "check the network and retry", retryable=True) from None
 
     def call(self, request: Any, what: str) -> dict[str, Any]:
         """One request through `_call` (typed errors, retries), for our other API modules."""
@@ -398,12 +334,40 @@ class Gcp:
             return None
 
     def delete_tpu_node(self, name: str) -> dict[str, Any] | None:
-        """Start deleting TPU node `name` (full resource name); None if already gone."""
+        """Start deleting TPU node `name` (full resource name); None if already gone or going."""
+        nodes = self.tpu.projects().locations().nodes()
+        return self.delete_once(nodes.delete(name=name), nodes.get(name=name),
+                                f"deleting TPU node {name.rsplit('/', 1)[-1]}")
+
+    def delete_once(self, delete: Any, get: Any, what: str) -> dict[str, Any] | None:
+        """Start a TPU delete; None when the thing is gone or already DELETING.
+
+        Google does not document what deleting something already being deleted answers;
+        FAILED_PRECONDITION (400) or a 409 is what AIP-style APIs send for "not in a state for
+        that". Either is success here once a look shows it DELETING or gone (NOTES.md): the
+        caller goes on waiting for it to vanish, as it does after its own delete."""
         try:
-            return self._call(self.tpu.projects().locations().nodes().delete(name=name),
-                              f"deleting TPU node {name.rsplit('/', 1)[-1]}")
+            return self._call(delete, what)
         except GcpNotFoundError:
             return None
+        except GcpError as exc:
+            if exc.status not in (400, 409):
+                raise
+            try:
+                found = self._call(get, what)
+            except GcpNotFoundError:
+                return None
+            if _state(found) != "DELETING":
+                raise
+            return None
+
+    def tpu_quota_metrics(self) -> list[dict[str, Any]]:
+        """The project's quota metrics of the Cloud TPU API with every zone's bucket (Service
+        Usage v1beta1 `consumerQuotaMetrics`, the only bundled API that lists TPU quotas)."""
+        collection = self.service_usage.services().consumerQuotaMetrics()
+        request = collection.list(parent=f"projects/{self.project}/services/tpu.googleapis.com",
+                                  view="FULL")
+        return list(self._pages(collection, request, "metrics", "TPU quotas"))
 
     # --- firewall rule for the dashboard ----------------------------------------------------
 
@@ -415,7 +379,8 @@ class Gcp:
             return None
 
     def insert_firewall(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call(self.compute.firewalls().insert(project=self.project, body=body),
+        return self._call(self.compute.firewalls().insert(project=self.project, body=body,
+                                                          requestId=request_id()),
                           f"creating firewall rule {body['name']}")
 
     def patch_firewall(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -486,6 +451,47 @@ class Gcp:
             raise GcpOperationError(f"gcp-tpu: {what} failed: {message} (code {code})",
                                     reason=str(code))
         return operation
+
+
+def request_id() -> str:
+    """A fresh `requestId` (a UUID, as Compute and the TPU API ask) for one create: the client's
+    retries resend the same request, so Google sees one create however often it arrives."""
+    return str(uuid.uuid4())
+
+
+def _state(resource: dict[str, Any]) -> str:
+    state = resource.get("state")
+    return str(state.get("state") if isinstance(state, dict) else state or "")
+
+
+class _Refused(Exception):
+    """An answer the client must not retry (raised past its retry loop, which retries every 429)."""
+
+    def __init__(self, status: int, content: bytes) -> None:
+        super().__init__(status)
+        self.status = status
+        self.content = content
+
+
+class _Answers:
+    """The client's http object, wrapped: sees every answer before the client's retry loop does,
+    stops it on a quota refusal, and keeps the last Retry-After for the backoff."""
+
+    def __init__(self, http: Any) -> None:
+        self.http = http
+        self.retry_after = 0.0
+
+    def request(self, uri: str, method: str = "GET", body: Any = None, headers: Any = None,
+                **kwargs: Any) -> tuple[Any, bytes]:
+        resp, content = self.http.request(uri, method, body=body, headers=headers, **kwargs)
+        if is_quota_refusal(resp.status, content):
+            raise _Refused(resp.status, content)
+        after = str(resp.get("retry-after", ""))
+        self.retry_after = min(float(after), 60.0) if after.isdigit() else 0.0
+        return resp, content
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.http, name)
 
 
 def _has_labels(resource: dict[str, Any], labels: dict[str, str]) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.node import identity
+from infra.node.gcp_tpu import api as gcp_api
 from infra.node.gcp_tpu.api import Gcp, GcpNotFoundError
 
 #: What state says a request is in; the API's `state.state`.
@@ -127,8 +128,8 @@ def _collection(api: Gcp) -> Any:
 def create(api: Gcp, zone: str, qr_id: str, data: dict[str, Any]) -> dict[str, Any]:
     """Queue a request (the operation Google returns)."""
     return api.call(_collection(api).create(
-        parent=f"projects/{api.project}/locations/{zone}", queuedResourceId=qr_id, body=data),
-        f"queueing TPU request {qr_id} in {zone}")
+        parent=f"projects/{api.project}/locations/{zone}", queuedResourceId=qr_id, body=data,
+        requestId=gcp_api.request_id()), f"queueing TPU request {qr_id} in {zone}")
 
 
 def listed(api: Gcp, zone: str, cluster_id: str) -> list[dict[str, Any]]:
@@ -147,9 +148,8 @@ def get(api: Gcp, name: str) -> dict[str, Any] | None:
 
 
 def delete(api: Gcp, name: str) -> dict[str, Any] | None:
-    """Delete a request and, with `force`, the TPU nodes it holds; None if already gone."""
-    try:
-        return api.call(_collection(api).delete(name=name, force=True),
-                        f"deleting queued TPU request {name.rsplit('/', 1)[-1]}")
-    except GcpNotFoundError:
-        return None
+    """Delete a request and, with `force`, the TPU nodes it holds; None if already gone or
+    already DELETING (autodown, a sweep and teardown may all get there)."""
+    collection = _collection(api)
+    return api.delete_once(collection.delete(name=name, force=True), collection.get(name=name),
+                           f"deleting queued TPU request {name.rsplit('/', 1)[-1]}")

@@ -51,7 +51,8 @@ def reconcile(api: Gcp, state: State, spec: Spec, wait: Wait) -> None:
     if current is None:
         operation = api.insert_firewall(wanted)
     elif any(current.get(k) != wanted[k] for k in keys):
-        operation = api.patch_firewall(name, {k: wanted[k] for k in keys})
+        # Compute marks `name` required for firewalls.patch (annotations.required).
+        operation = api.patch_firewall(name, {"name": name, **{k: wanted[k] for k in keys}})
     else:
         return
     wait([operation], f"firewall rule {name} (tcp:{spec.dashboard.port} from "

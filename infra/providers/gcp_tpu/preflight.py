@@ -22,7 +22,7 @@ from infra.node.gcp_tpu.api import (
     GcpPermissionError,
     GcpQuotaError,
 )
-from infra.providers.gcp_tpu import config
+from infra.providers.gcp_tpu import config, tpu_quota
 from infra.providers.gcp_tpu.spec import Spec
 
 
@@ -53,6 +53,8 @@ def run(spec: Spec, api: Gcp, ours: bool) -> Report:
         _choose_zone(spec, api, report)
         spec = spec.model_copy(update={"zone": report.zones[0]})
     _quotas(spec, api, report)
+    if spec.tpu_workers:
+        tpu_quota.check(spec, api, spec.region_name, report.passed, report.warnings)
     if spec.queued_slices:
         _queued_slices(spec, api, report)
     for zone in report.zones:
