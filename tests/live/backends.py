@@ -1,0 +1,112 @@
+"""What differs between targets of the live suite: how to reach the account (real or fake), the
+cheapest specs for a fixed and an autoscaling cluster, and how to look for leftovers.
+
+The scenarios in test_live.py use only `invoke` (through `Backend.invoke`) and what it prints;
+a backend never reaches into a provider's internals. A fake backend builds on the public test
+beds of tests/lambda_cloud, tests/slurm and tests/gcp, so the same scenarios run in CI.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import secrets
+import subprocess
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from tests.conftest import run_invoke
+
+
+class Refused(Exception):
+    """The run cannot start as asked (no credentials, a broken credentials file): one line."""
+
+
+class Backend(abc.ABC):
+    """One target of the live suite. `start` before anything, `close` always."""
+
+    #: --live=<name>: the provider's registry name.
+    name: ClassVar[str]
+    #: "usd", or "node-hours" where the provider bills an allocation (Slurm).
+    unit: ClassVar[str] = "usd"
+    #: Nodes of the fixed cluster (head included), as Ray must list them alive.
+    fixed_nodes: ClassVar[int] = 2
+
+    def __init__(self, request: pytest.FixtureRequest, work: Path, fake: bool,
+                 credentials: Path | None) -> None:
+        self.request = request
+        self.work = work
+        self.fake = fake
+        self.credentials = credentials
+        self.home = work / "rayfleet-home"
+        #: One run = one owner mark: `invoke sweep` then lists only this run's leftovers.
+        self.owner = f"rayfleet-live-{secrets.token_hex(6)}"
+        self.env: dict[str, str] = {"RAYFLEET_HOME": str(self.home), "RAYFLEET_OWNER": self.owner,
+                                    "COLUMNS": "200"}
+        self._stack = contextlib.ExitStack()
+        # Short idle periods on the fakes; minutes on a real account (boots take minutes there).
+        self.worker_idle_minutes = 0.1 if fake else 1.0
+        self.autodown_minutes = 0.2 if fake else 2.0
+
+    # --- life ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Reach the account (a fake: build its world). Creates nothing billed."""
+
+    def close(self) -> None:
+        self._stack.close()
+
+    # --- specs --------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def fixed_spec(self) -> dict[str, Any]:
+        """A fixed-size cluster of `fixed_nodes` nodes of the cheapest kind."""
+
+    @abc.abstractmethod
+    def autoscale_spec(self) -> dict[str, Any]:
+        """An autoscaling cluster: the head only, 0..1 workers of the cheapest kind; a
+        STRICT_SPREAD group of two one-CPU bundles needs that worker."""
+
+    def prepare(self, name: str) -> None:
+        """Anything the target needs before `up` of cluster `name` (a fake's hosts trust its key)."""
+
+    # --- looking ------------------------------------------------------------------------------
+
+    def invoke(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return run_invoke(*args, env=self.env, timeout=timeout)
+
+    def leftovers(self, cluster_ids: set[str]) -> list[str]:
+        """Billed things of these clusters that `invoke sweep` cannot see on this target."""
+        return []
+
+    def _with_home(self) -> contextlib.AbstractContextManager[None]:
+        return _env(RAYFLEET_HOME=str(self.home))
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Any:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def backend_class(name: str) -> type[Backend]:
+    if name == "lambda":
+        from tests.live.lambda_backend import LambdaBackend
+
+        return LambdaBackend
+    if name == "slurm":
+        from tests.live.slurm_backend import SlurmBackend
+
+        return SlurmBackend
+    raise Refused(f"--live={name}: the live suite runs against lambda or slurm")

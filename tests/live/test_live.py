@@ -1,0 +1,136 @@
+"""One pass over what a user does with a real account, in file order, through `invoke` only:
+a fixed cluster (up, submit, dashboard, autodown at a short idle period, teardown after it),
+an autoscaling one (up with no worker, a job that needs one: 0 -> 1, idle: 1 -> 0, teardown),
+and `invoke sweep` proving nothing of the run is left. The same scenarios run against a real
+account or the fakes (conftest.py, backends.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import ROOT
+from tests.live.conftest import Cluster, Run
+
+SPREAD = Path(__file__).resolve().parents[1] / "data" / "spread_job.py"
+#: Words of a provider row of something that no longer runs (instances, jobs).
+ENDED = ("terminat", "CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "gone")
+
+
+def ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def result_of(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, stdout
+    return dict(json.loads(lines[-1].removeprefix("RESULT ")))
+
+
+def alive(report: dict[str, Any]) -> int:
+    return sum(1 for node in report.get("nodes", []) if node["state"] == "ALIVE")
+
+
+def running_rows(report: dict[str, Any]) -> list[dict[str, str]]:
+    return [row for row in report["provider_resources"]
+            if not any(word in json.dumps(row) for word in ENDED)]
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(interval)
+
+
+def check_dashboard(cluster: Cluster) -> None:
+    """`invoke dashboard` prints a URL that answers only with the cluster's token, until Ctrl+C."""
+    tunnel = subprocess.Popen([sys.executable, "-m", "invoke", "dashboard", "--cluster", str(cluster.spec)],
+                              cwd=ROOT, env={**__import__("os").environ, **cluster.run.backend.env},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert tunnel.stdout is not None
+        url = tunnel.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url + (tunnel.stderr.read() if tunnel.poll() else "")
+        assert requests.get(f"{url}/api/jobs/", timeout=30).status_code == 401
+        token = cluster.run.backend.home / "keys" / cluster.name / "ray-token"
+        headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
+        listed = requests.get(f"{url}/api/jobs/", headers=headers, timeout=30)
+        assert listed.status_code == 200 and "SUCCEEDED" in [j["status"] for j in listed.json()]
+    finally:
+        tunnel.send_signal(signal.SIGINT)
+        tunnel.wait(timeout=60)
+    assert tunnel.returncode in (0, 130), tunnel.returncode
+
+
+def test_fixed_cluster_up_submit_dashboard_autodown_teardown(live: Run) -> None:
+    backend = live.backend
+    cluster = live.cluster("f", live.specs["f"])
+    with live.timed("fixed: up"):
+        ok(cluster.up())
+    assert cluster.cluster_id(), "up drew no cluster id"
+    report = cluster.status()
+    assert report["running"] and alive(report) == backend.fixed_nodes, report
+
+    with live.timed("fixed: submit"):
+        done = cluster.invoke("submit", "examples/cpu_example.py", "--", "8")
+    assert result_of(ok(done))["hosts"], done.stdout
+    with live.timed("fixed: dashboard"):
+        check_dashboard(cluster)
+
+    # Idle now: the cluster removes itself after autodown_minutes, and says so.
+    with live.timed(f"fixed: autodown (idle_minutes={backend.autodown_minutes:g})"):
+        wait_for("the cluster to remove itself",
+                 lambda: cluster.status().get("state") == "removed itself",
+                 timeout=backend.autodown_minutes * 60 + 300, interval=5)
+    with live.timed("fixed: teardown"):
+        down = cluster.teardown()
+    ok(down)
+    assert "removed itself" in down.stderr + down.stdout, down.stderr
+    assert not cluster.state_file().exists()
+
+
+def test_autoscaling_cluster_zero_one_zero(live: Run) -> None:
+    backend = live.backend
+    cluster = live.cluster("a", live.specs["a"])
+    with live.timed("autoscaling: up"):
+        ok(cluster.up())
+    report = cluster.status()
+    assert alive(report) == 1 and len(running_rows(report)) == 1, report  # the head, no worker
+
+    # Two one-CPU bundles on two nodes: the autoscaler must add the worker (0 -> 1).
+    with live.timed("autoscaling: 0 -> 1 and the job"):
+        done = cluster.invoke("submit", str(SPREAD), "--", "2")
+    hosts = result_of(ok(done))["hosts"]
+    assert len(hosts) == 2, hosts
+
+    # Idle: the worker goes (1 -> 0); the head stays.
+    with live.timed(f"autoscaling: 1 -> 0 (idle_timeout_minutes={backend.worker_idle_minutes:g})"):
+        wait_for("the idle worker to go", lambda: (lambda r: alive(r) == 1 and len(running_rows(r)) == 1)(
+            cluster.status()), timeout=backend.worker_idle_minutes * 60 + 300, interval=3)
+    assert cluster.status()["running"]
+    with live.timed("autoscaling: teardown"):
+        ok(cluster.teardown())
+    assert not cluster.state_file().exists()
+
+
+def test_sweep_finds_nothing_left(live: Run) -> None:
+    for cluster in live.clusters:
+        assert not cluster.state_file().exists() or pytest.fail(f"{cluster.name} still has state")
+    with live.timed("sweep"):
+        listed = json.loads(ok(live.backend.invoke("sweep", "--json", timeout=300)))
+    assert listed["resources"] == [], listed
+    assert live.backend.leftovers(live.ids) == []
