@@ -49,12 +49,14 @@ class Backend(abc.ABC):
         self._stack = contextlib.ExitStack()
         # Short idle periods on the fakes; minutes on a real account (boots take minutes there).
         self.worker_idle_minutes = 0.1 if fake else 1.0
-        self.autodown_minutes = 0.2 if fake else 2.0
+        self.autodown_minutes = 0.3 if fake else 2.0
 
     # --- life ---------------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def start(self) -> None:
-        """Reach the account (a fake: build its world). Creates nothing billed."""
+        """Reach the account (a fake: build its world) and pick the cheapest kinds. Creates
+        nothing billed."""
 
     def close(self) -> None:
         self._stack.close()
@@ -71,7 +73,9 @@ class Backend(abc.ABC):
         STRICT_SPREAD group of two one-CPU bundles needs that worker."""
 
     def prepare(self, name: str) -> None:
-        """Anything the target needs before `up` of cluster `name` (a fake's hosts trust its key)."""
+        """Anything the target needs before `up` of cluster `name` (a fake's hosts trust its key).
+        Nothing by default."""
+        return None
 
     # --- looking ------------------------------------------------------------------------------
 

@@ -35,7 +35,6 @@ from tests.live.backends import Backend, Refused, backend_class
 from tests.live.budget import Budget, CapExceeded
 
 PROVIDERS = ("lambda", "slurm")
-_SPENT = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,14 +87,6 @@ def pytest_configure(config: pytest.Config) -> None:
         why = str(exc)
     if why:
         raise pytest.UsageError(f"refusing to start: {why}")
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    spent = config.stash.get(_SPENT, "")
-    if spent:
-        terminalreporter.section("live run")
-        for line in spent.splitlines():
-            terminalreporter.write_line(line)
 
 
 @dataclass
@@ -244,6 +235,6 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                 backend.close()
             summary = (f"{run.budget.summary()}\nseconds: "
                        + ", ".join(f"{k} {v}" for k, v in run.timings.items()))
-            config.stash[_SPENT] = summary
-            print(f"\n{summary}", file=sys.stderr)
+            # Straight to the terminal: pytest's capture and its summary are skipped by an exit.
+            print(f"\n{summary}", file=sys.__stderr__, flush=True)
         assert not problems, "; ".join(problems)
