@@ -13,12 +13,13 @@ import contextlib
 import os
 import secrets
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from tests.conftest import run_invoke
+from tests.conftest import ROOT, run_invoke
 
 
 class Refused(Exception):
@@ -42,11 +43,16 @@ class Backend(abc.ABC):
         self.fake = fake
         self.credentials = credentials
         self.home = work / "rayfleet-home"
+        #: The run's specs; `invoke sweep` looks where the specs in RAYFLEET_CLUSTERS point (GCP).
+        self.specs = work / "clusters"
+        self.specs.mkdir(exist_ok=True)
         #: One run = one owner mark: `invoke sweep` then lists only this run's leftovers.
         self.owner = f"rayfleet-live-{secrets.token_hex(6)}"
         self.env: dict[str, str] = {"RAYFLEET_HOME": str(self.home), "RAYFLEET_OWNER": self.owner,
-                                    "COLUMNS": "200"}
+                                    "RAYFLEET_CLUSTERS": str(self.specs), "COLUMNS": "200"}
         self._stack = contextlib.ExitStack()
+        #: Arguments of tests/data/spread_job.py that need one worker more than the head has.
+        self.scale_job_args: tuple[str, ...] = ("2",)
         # Short idle periods on the fakes; minutes on a real account (boots take minutes there).
         self.worker_idle_minutes = 0.1 if fake else 1.0
         self.autodown_minutes = 0.3 if fake else 2.0
@@ -82,6 +88,20 @@ class Backend(abc.ABC):
     def invoke(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         return run_invoke(*args, env=self.env, timeout=timeout)
 
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        """`invoke ARGS` left running (the dashboard's tunnel), in its own process group."""
+        return subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=ROOT,
+                                env={**os.environ, **self.env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def http_get(self, url: str, token: Path | None) -> tuple[int, str]:
+        """GET `url` where `invoke` runs (with the cluster's token when given): status, body."""
+        import requests
+
+        headers = {"Authorization": f"Bearer {token.read_text().strip()}"} if token else {}
+        got = requests.get(url, headers=headers, timeout=30)
+        return got.status_code, got.text
+
     def leftovers(self, cluster_ids: set[str]) -> list[str]:
         """Billed things of these clusters that `invoke sweep` cannot see on this target."""
         return []
@@ -109,8 +129,12 @@ def backend_class(name: str) -> type[Backend]:
         from tests.live.lambda_backend import LambdaBackend
 
         return LambdaBackend
+    if name == "gcp-tpu":
+        from tests.live.gcp_backend import GcpBackend
+
+        return GcpBackend
     if name == "slurm":
         from tests.live.slurm_backend import SlurmBackend
 
         return SlurmBackend
-    raise Refused(f"--live={name}: the live suite runs against lambda or slurm")
+    raise Refused(f"--live={name}: the live suite runs against lambda, gcp-tpu or slurm")

@@ -34,7 +34,7 @@ import yaml
 from tests.live.backends import Backend, Refused, backend_class
 from tests.live.budget import Budget, CapExceeded
 
-PROVIDERS = ("lambda", "slurm")
+PROVIDERS = ("lambda", "gcp-tpu", "slurm")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,10 +44,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--live-fake", action="store_true", default=False,
                     help="Run tests/live against the provider's fake and test bed (what CI does).")
     group.addoption("--live-credentials", default=None, metavar="FILE",
-                    help="lambda: a file with the API key; slurm: your Slurm spec (its submit: "
-                         "section says how to reach the login host).")
+                    help="lambda: a file with the API key; gcp-tpu: your gcp-tpu spec (project, zone, "
+                         "credentials_file); slurm: your Slurm spec (its submit: section).")
     group.addoption("--max-usd", type=float, default=None,
-                    help="Cost cap in dollars (lambda): refuse any `up` whose worst case exceeds it.")
+                    help="Cost cap in dollars (lambda, gcp-tpu): refuse any `up` whose worst case "
+                         "exceeds it.")
     group.addoption("--max-node-hours", type=float, default=None,
                     help="Cap in node-hours (slurm, which bills your allocation, not money).")
     group.addoption("--max-hours", type=float, default=1.0,
@@ -60,14 +61,14 @@ def refusal(config: pytest.Config) -> str | None:
     provider = config.getoption("live")
     fake = config.getoption("live_fake")
     if not provider:
-        return ("tests/live runs only when asked: add --live=lambda|slurm with --live-credentials "
+        return ("tests/live runs only when asked: add --live=lambda|gcp-tpu|slurm with --live-credentials "
                 "FILE and a cost cap (--max-usd / --max-node-hours), or --live-fake (docs/live.md)")
     if os.environ.get("CI") == "true" and not fake:
         return "CI=true: the live suite runs only against the fakes here; add --live-fake"
     credentials = config.getoption("live_credentials")
     if not fake and not credentials:
         return (f"--live={provider}: no credentials; add --live-credentials FILE "
-                f"({'the API key file' if provider == 'lambda' else 'your Slurm spec'})")
+                f"({'the API key file' if provider == 'lambda' else f'your {provider} spec'})")
     if not fake and not Path(credentials).expanduser().is_file():
         return f"--live-credentials={credentials}: no such file"
     cap_option = "max_node_hours" if backend_class(provider).unit == "node-hours" else "max_usd"
@@ -164,7 +165,7 @@ class Run:
         """A cluster named uniquely for this run (`lv<token><kind>`), registered for clean-up
         before anything of it exists."""
         name = f"lv{self.token}{kind}"
-        path = self.backend.work / f"{name}.yaml"
+        path = self.backend.specs / f"{name}.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
         cluster = Cluster(name, path, self)
         self.clusters.append(cluster)
@@ -218,7 +219,7 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         run.specs = {"f": backend.fixed_spec(), "a": backend.autoscale_spec()}
         for kind, spec in run.specs.items():  # (plans are cheap: no `timed`)
             name = f"lv{run.token}{kind}"
-            path = backend.work / f"{name}.yaml"
+            path = backend.specs / f"{name}.yaml"
             path.write_text(yaml.safe_dump(spec, sort_keys=False))
             try:
                 run.budget.reserve(name, Cluster(name, path, run).plan())

@@ -55,17 +55,31 @@ class LambdaBackend(Backend):
             self.extra = {}
         self.choices = self._cheapest()
 
+    def _client(self) -> Any:
+        from infra.providers.lambda_cloud import api
+
+        limits = api.Limits.scaled(FAKE_SCALE) if self.fake else api.Limits()
+        return api.LambdaClient(self.env["LAMBDA_API_KEY"],
+                                api.base_url(self.env.get("LAMBDA_API_URL")), limits)
+
+    def leftovers(self, cluster_ids: set[str]) -> list[str]:
+        """`invoke sweep` lists instances; the SSH keys and firewall rulesets of the run's clusters
+        (their names carry the cluster id) must be gone too."""
+        client = self._client()
+        found = [f"instance {i.name} ({i.status})" for i in client.instances()
+                 if i.tags.get("rayfleet-cluster") in cluster_ids and i.status != "terminated"]
+        found += [f"firewall ruleset {r.name}" for r in client.firewall_rulesets()
+                  if any(cid in r.name for cid in cluster_ids)]
+        found += [f"SSH key {k.name}" for k in client.ssh_keys()
+                  if any(cid in k.name for cid in cluster_ids)]
+        return found
+
     def _cheapest(self) -> list[dict[str, str]]:
         """Up to three (type, region) pairs with capacity now, cheapest first, from Lambda's own
         prices (/instance-types, as `invoke plan` reads them)."""
-        from infra.providers.lambda_cloud import api
-
-        key = self.env["LAMBDA_API_KEY"]
-        url = api.base_url(self.env.get("LAMBDA_API_URL"))
-        limits = api.Limits.scaled(FAKE_SCALE) if self.fake else api.Limits()
         offers = sorted(
             (t.price_cents_per_hour, t.name, region)
-            for t in api.LambdaClient(key, url, limits).instance_types().values()
+            for t in self._client().instance_types().values()
             for region in t.regions_with_capacity if region not in OPEN_REGIONS)
         if not offers:
             raise Refused("Lambda lists no instance type with capacity in a region with firewall "
