@@ -15,8 +15,8 @@ from tests.conftest import ROOT
 
 #: The providers whose fake-backed live run is part of this run, and their cap options. CI time:
 #: each run adds about 4 minutes on the 2-core machine; by default only Lambda's (the whole CI run
-#: must stay under 40 minutes). `RAYFLEET_LIVE_FAKES=lambda,slurm` runs both.
-CAPS = {"lambda": "--max-usd=5", "slurm": "--max-node-hours=5"}
+#: must stay under 40 minutes). `RAYFLEET_LIVE_FAKES=lambda,gcp-tpu,slurm` runs all three.
+CAPS = {"lambda": "--max-usd=5", "gcp-tpu": "--max-usd=5", "slurm": "--max-node-hours=5"}
 LIVE_FAKES = [p.strip() for p in os.environ.get("RAYFLEET_LIVE_FAKES", "lambda").split(",") if p.strip()]
 
 

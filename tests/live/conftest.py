@@ -236,6 +236,8 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                 backend.close()
             summary = (f"{run.budget.summary()}\nseconds: "
                        + ", ".join(f"{k} {v}" for k, v in run.timings.items()))
-            # Straight to the terminal: pytest's capture and its summary are skipped by an exit.
-            print(f"\n{summary}", file=sys.__stderr__, flush=True)
+            # Past pytest's capture: an exit (the cap, Ctrl+C) skips the terminal summary.
+            capture = config.pluginmanager.getplugin("capturemanager")
+            with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+                print(f"\n{summary}", file=sys.stderr, flush=True)
         assert not problems, "; ".join(problems)

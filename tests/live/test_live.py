@@ -19,6 +19,7 @@ from tests.gcp.offline_bed import wait_for
 from tests.live.conftest import Cluster, Run
 
 SPREAD = Path(__file__).resolve().parents[1] / "data" / "spread_job.py"
+SLEEPER = Path(__file__).resolve().parents[1] / "data" / "sleeper.py"
 #: Words of a provider row of something that no longer runs or is going (instances, VMs, jobs).
 ENDED = ("terminat", "cancel", "complet", "fail", "timeout", "gone", "stopping", "deleting")
 
@@ -55,7 +56,7 @@ def check_dashboard(cluster: Cluster) -> None:
         token = backend.home / "keys" / cluster.name / "ray-token"
         assert token.stat().st_mode & 0o777 == 0o600
         code, body = backend.http_get(f"{url}/api/jobs/", token)
-        assert code == 200 and "SUCCEEDED" in [j["status"] for j in json.loads(body)], body
+        assert code == 200 and "SUCCEEDED" in [j["status"] for j in json.loads(body)], body[-2000:]
     finally:
         # Ctrl+C, as a terminal sends it to the whole foreground group.
         os.killpg(tunnel.pid, signal.SIGINT)
@@ -67,6 +68,9 @@ def test_fixed_cluster_up_submit_dashboard_autodown_teardown(live: Run) -> None:
     cluster = live.cluster("f", live.specs["f"])
     with live.timed("fixed: up"):
         ok(cluster.up())
+    # A job that runs until stopped keeps the short autodown away while we look around.
+    with live.timed("fixed: a job that keeps it busy"):
+        busy = ok(cluster.invoke("submit", "--no-wait", str(SLEEPER))).strip().splitlines()[-1]
     assert cluster.cluster_id(), "up drew no cluster id"
     # (GCP's autoscaler adds the min_workers after `up` returns)
     wait_for(f"{backend.fixed_nodes} nodes alive", lambda: (
@@ -78,6 +82,9 @@ def test_fixed_cluster_up_submit_dashboard_autodown_teardown(live: Run) -> None:
     assert result_of(ok(done))["hosts"], done.stdout
     with live.timed("fixed: dashboard"):
         check_dashboard(cluster)
+    report = cluster.status()
+    assert report["running"] and not (report["autodown"] or {}).get("removed_at"), report["autodown"]
+    ok(cluster.invoke("stop-job", busy))
 
     # Idle now: the cluster removes itself after autodown_minutes, and says so.
     with live.timed(f"fixed: autodown (idle_minutes={backend.autodown_minutes:g})"):
