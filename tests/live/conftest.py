@@ -19,6 +19,7 @@ import _thread
 import contextlib
 import json
 import os
+import re
 import secrets
 import sys
 import threading
@@ -122,6 +123,11 @@ class Cluster:
             pytest.exit(f"refusing to start: {exc}", returncode=3)
         self.run.budget.started(self.name, plan)
         done = self.invoke("up")
+        log = re.search(r"full log: (\S+)", done.stderr)
+        if done.returncode != 0 and log and Path(log.group(1)).is_file():
+            # The run's home is a temporary directory: keep the tail of the log in the report.
+            tail = Path(log.group(1)).read_text(errors="replace").splitlines()[-40:]
+            done.stderr += "\n--- tail of " + log.group(1) + "\n" + "\n".join(tail)
         if self.cluster_id():
             self.run.ids.add(str(self.cluster_id()))
         return done

@@ -81,6 +81,11 @@ class GcpBackend(Backend):
                 "idle_timeout_minutes": self.worker_idle_minutes,
                 "autodown": {"idle_minutes": 30}}
 
+    def prepare(self, name: str) -> None:
+        if self.fake:
+            # A VM deleted (autodown, teardown) frees its test-bed host only once it is wiped.
+            self.offline.google.machines.wait_idle()
+
     # Against the offline Google everything runs in the client namespace (its resolver).
 
     def invoke(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
