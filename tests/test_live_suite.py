@@ -92,3 +92,18 @@ def test_live_suite_against_the_fakes(provider: str) -> None:
     assert summary, done.stdout[-3000:] + done.stderr[-3000:]
     print(summary[-1])
     print(next(line for line in (done.stdout + done.stderr).splitlines() if line.startswith("seconds:")))
+
+
+@pytest.mark.parametrize(("provider", "text", "says"), [
+    ("lambda", "api key: none here\n", "no Lambda API key in it"),
+    ("slurm", "provider: lambda\n", "expected your slurm spec"),
+    ("gcp-tpu", "provider: gcp-tpu: [\n", "not a readable spec"),
+])
+def test_refuses_credentials_that_are_not_what_it_needs(tmp_path: Path, provider: str, text: str,
+                                                        says: str) -> None:
+    path = tmp_path / "credentials"
+    path.write_text(text)
+    cap = "--max-node-hours=1" if provider == "slurm" else "--max-usd=1"
+    done = live(f"--live={provider}", f"--live-credentials={path}", cap, ci=False)
+    line = refused(done)
+    assert done.returncode == 3 and says in line, line

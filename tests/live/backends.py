@@ -124,6 +124,20 @@ def _env(**values: str) -> Any:
                 os.environ[key] = value
 
 
+def your_spec(path: Path, provider: str, keys: tuple[str, ...], expected: str) -> dict[str, Any]:
+    """`provider:` and the `keys` of your own spec (--live-credentials): how to reach your account;
+    Refused in one line when it is not such a spec."""
+    import yaml
+
+    try:
+        yours = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise Refused(f"--live-credentials={path}: not a readable spec ({exc})") from None
+    if not isinstance(yours, dict) or yours.get("provider") != provider:
+        raise Refused(f"--live-credentials={path}: expected your {provider} spec ({expected})")
+    return {"provider": provider, **{k: yours[k] for k in keys if k in yours}}
+
+
 def backend_class(name: str) -> type[Backend]:
     if name == "lambda":
         from tests.live.lambda_backend import LambdaBackend

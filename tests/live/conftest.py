@@ -180,6 +180,8 @@ class Run:
 
     def clean_up(self) -> list[str]:
         """Tear down every cluster with state, then sweep this run's mark; what went wrong."""
+        if not self.clusters:
+            return []  # refused before the first cluster existed: nothing can have been made
         problems = []
         for cluster in self.clusters:
             if cluster.cluster_id():

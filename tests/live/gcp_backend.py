@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tests.live.backends import Backend, Refused
+from tests.live.backends import Backend, your_spec
 
 #: What the suite takes from your spec: where to create, with which credentials.
 FROM_YOUR_SPEC = ("project", "zone", "zones", "credentials_file", "network", "ssh_user", "labels")
@@ -54,15 +54,8 @@ class GcpBackend(Backend):
             self.full_env = {**self.offline.env(self.home), **self.env}
         else:
             assert self.credentials is not None
-            try:
-                yours = yaml.safe_load(self.credentials.read_text()) or {}
-            except (OSError, yaml.YAMLError) as exc:
-                raise Refused(f"--live-credentials={self.credentials}: not a readable spec "
-                              f"({exc})") from None
-            if not isinstance(yours, dict) or yours.get("provider") != "gcp-tpu":
-                raise Refused(f"--live-credentials={self.credentials}: expected your gcp-tpu spec "
-                              "(provider: gcp-tpu, project:, zone:, credentials_file:)")
-            self.base = {"provider": "gcp-tpu", **{k: yours[k] for k in FROM_YOUR_SPEC if k in yours}}
+            self.base = your_spec(self.credentials, "gcp-tpu", FROM_YOUR_SPEC,
+                                  "project:, zone:, credentials_file:")
             self.full_env = {}
         self.machine = cheapest_machine()
         self.base["head"] = {"machine_type": self.machine}

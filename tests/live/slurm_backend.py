@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from tests.live.backends import Backend, Refused
+from tests.live.backends import Backend, your_spec
 
 #: What the suite takes from your spec: how to reach Slurm and where Ray comes from.
 FROM_YOUR_SPEC = ("submit", "environment", "partition", "account", "qos", "constraint")
@@ -33,15 +33,8 @@ class SlurmBackend(Backend):
             self.exclusive = True
         else:
             assert self.credentials is not None
-            try:
-                yours = yaml.safe_load(self.credentials.read_text()) or {}
-            except (OSError, yaml.YAMLError) as exc:
-                raise Refused(f"--live-credentials={self.credentials}: not a readable spec "
-                              f"({exc})") from None
-            if not isinstance(yours, dict) or yours.get("provider") != "slurm":
-                raise Refused(f"--live-credentials={self.credentials}: expected your Slurm spec "
-                              "(provider: slurm, with its submit: section)")
-            self.base = {"provider": "slurm", **{k: yours[k] for k in FROM_YOUR_SPEC if k in yours},
+            self.base = {**your_spec(self.credentials, "slurm", FROM_YOUR_SPEC,
+                                     "with its submit: section"),
                          "cpus_per_node": 1, "object_store_memory_mb": 100}
             self.exclusive = False
         # The smallest thing Slurm runs: one CPU per node, a short time limit.
