@@ -1,0 +1,109 @@
+"""tests/live (the live suite for real accounts) in the default run: its refusals, and the same
+suite against the fakes (`--live-fake`), each in its own pytest subprocess exactly as a user runs
+it. The live suite itself is never collected here (pyproject's norecursedirs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+#: The providers whose fake-backed live run is part of this run, and their cap options. CI time:
+#: each run adds about 4 minutes on the 2-core machine; by default only Lambda's (the whole CI run
+#: must stay under 40 minutes). `RAYFLEET_LIVE_FAKES=lambda,gcp-tpu,slurm` runs all three.
+CAPS = {"lambda": "--max-usd=5", "gcp-tpu": "--max-usd=5", "slurm": "--max-node-hours=5"}
+LIVE_FAKES = [p.strip() for p in os.environ.get("RAYFLEET_LIVE_FAKES", "lambda").split(",") if p.strip()]
+
+
+def live(*args: str, ci: bool | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python -m pytest tests/live ARGS`; `ci` sets (True) or drops (False) CI=true."""
+    env = dict(os.environ)
+    env.pop("PYTEST_ADDOPTS", None)
+    if ci is False:
+        env.pop("CI", None)
+    elif ci:
+        env["CI"] = "true"
+    return subprocess.run([sys.executable, "-m", "pytest", "tests/live", "-q", "-p", "no:cacheprovider",
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def refused(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode != 0, done.stdout + done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if "refusing to start" in line]
+    assert len(lines) == 1, done.stdout + done.stderr
+    assert "passed" not in done.stdout and "is up" not in done.stdout + done.stderr
+    return lines[0]
+
+
+def test_plain_pytest_never_collects_the_live_suite() -> None:
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "tests/test_live_suite.py", "tests"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "tests/test_live_suite.py::" in done.stdout
+    assert [line for line in done.stdout.splitlines() if line.startswith("tests/live")] == []
+
+
+@pytest.mark.parametrize(("args", "ci", "says"), [
+    ((), False, "tests/live runs only when asked: add --live="),
+    (("--live=lambda", "--max-usd=5"), False, "--live=lambda: no credentials; add --live-credentials"),
+    (("--live=slurm", "--max-node-hours=2"), False, "--live=slurm: no credentials"),
+    (("--live=lambda", "--live-credentials=KEYFILE"), False, "--live=lambda: no cost cap; add --max-usd="),
+    (("--live=slurm", "--live-credentials=KEYFILE", "--max-usd=5"), False,
+     "--live=slurm: no cost cap; add --max-node-hours="),
+    (("--live=lambda", "--live-credentials=KEYFILE", "--max-usd=5"), True,
+     "CI=true: the live suite runs only against the fakes here; add --live-fake"),
+    (("--live=lambda", "--live-fake"), True, "--live=lambda: no cost cap"),
+])
+def test_refuses_in_one_line_before_anything(tmp_path: Path, args: tuple[str, ...], ci: bool,
+                                             says: str) -> None:
+    key = tmp_path / "lambda.key"
+    key.write_text("secret_never_used_0123\n")
+    done = live(*(a.replace("KEYFILE", str(key)) for a in args), ci=ci)
+    line = refused(done)
+    assert done.returncode == 4 and says in line, line
+    assert "secret_never_used" not in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_cap_below_the_worst_case_refuses_before_the_first_up() -> None:
+    """Against the fakes: the provider's estimate of the run's worst case is above the cap."""
+    done = live("--live=lambda", "--live-fake", "--max-usd=0.3", timeout=600)
+    line = refused(done)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "exceeds --max-usd=0.3" in line and "$0.40/h at its largest" in line, line
+    assert "spent at most $0.00 of the $0.30 cap (no cluster" in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("provider", LIVE_FAKES)
+def test_live_suite_against_the_fakes(provider: str) -> None:
+    done = live(f"--live={provider}", "--live-fake", CAPS[provider], "-s", timeout=1500)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert "3 passed" in done.stdout, done.stdout[-3000:]
+    summary = [line for line in (done.stdout + done.stderr).splitlines()
+               if "live run spent at most" in line]
+    assert summary, done.stdout[-3000:] + done.stderr[-3000:]
+    print(summary[-1])
+    print(next(line for line in (done.stdout + done.stderr).splitlines() if line.startswith("seconds:")))
+
+
+@pytest.mark.parametrize(("provider", "text", "says"), [
+    ("lambda", "api key: none here\n", "no Lambda API key in it"),
+    ("slurm", "provider: lambda\n", "expected your slurm spec"),
+    ("gcp-tpu", "provider: gcp-tpu: [\n", "not a readable spec"),
+])
+def test_refuses_credentials_that_are_not_what_it_needs(tmp_path: Path, provider: str, text: str,
+                                                        says: str) -> None:
+    path = tmp_path / "credentials"
+    path.write_text(text)
+    cap = "--max-node-hours=1" if provider == "slurm" else "--max-usd=1"
+    done = live(f"--live={provider}", f"--live-credentials={path}", cap, ci=False)
+    line = refused(done)
+    assert done.returncode == 3 and says in line, line
