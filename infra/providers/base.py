@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
 
+from infra.head import HeadAccess
 from infra.spec import ClusterSpec
 from infra.state import State
 
@@ -181,6 +182,16 @@ class Provider(abc.ABC, Generic[SpecT]):
         Remote providers open an SSH tunnel to a free local port; local returns its URL.
         Raises ClusterNotRunningError when there is nothing to connect to.
         """
+
+    def head_access(self, state: State) -> HeadAccess:
+        """How to log into the cluster's head (`invoke ssh`, `exec`, `sync`, remote `env`), with the
+        same key, proxy and host-key rules as the provider's own SSH; read-only.
+
+        Raises ClusterNotRunningError when there is no head to reach.
+        """
+        from infra.errors import ProviderError
+
+        raise ProviderError(f"the {self.name} provider gives no access to its head")
 
     #: How long `invoke list` waits for this provider's `status` before it reports the provider
     #: unreachable (the call keeps running in a daemon thread and is abandoned).

@@ -22,6 +22,7 @@ from pydantic import Field
 
 from infra import auth, autodown, jobs, paths, rayproc, render, ui
 from infra.errors import ClusterNotRunningError, ProviderError
+from infra.head import HeadAccess
 from infra.providers import local_autodown
 from infra.providers.base import Cost, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
@@ -268,14 +269,27 @@ class Provider(BaseProvider[Spec]):
         return ProviderStatus(running, summary, rows, state="running" if answering else
                               "NOT answering", cost=cost, autodown=report)
 
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
+    def _running_block(self, state: State) -> rayproc.PortBlock:
         heads = state.resources(HEAD)
         if not heads:
             raise ClusterNotRunningError(
                 f"local cluster {self.spec.name!r} is not running; start it with `invoke up`"
             )
-        yield self._endpoint(rayproc.PortBlock(int(heads[0].attrs["port_base"])), state)
+        return rayproc.PortBlock(int(heads[0].attrs["port_base"]))
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        yield self._endpoint(self._running_block(state), state)
+
+    def head_access(self, state: State) -> HeadAccess:
+        """The head is this machine: commands run here, with Ray's own variables pointing at it
+        (drivers and `ray status` at the GCS, the job CLI at the job API, the token by path)."""
+        block = self._running_block(state)
+        endpoint = self._endpoint(block, state)
+        env = {"RAY_ADDRESS": endpoint.address, "RAY_API_SERVER_ADDRESS": endpoint.dashboard_url,
+               **auth.client_env(state)}
+        return HeadAccess(None, "this machine", env, dashboard_port=block.dashboard,
+                          client_port=None)
 
     def teardown(self, state: State) -> None:
         self._stop(state)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from infra import auth, jobs, paths, ssh, ui
 from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
+from infra.head import HeadAccess
 from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.gcp_tpu import (
@@ -413,8 +414,7 @@ class Provider(BaseProvider[Spec]):
             clusters[0].attrs["project"], clusters[0].attrs.get("credentials_file")
             or self.spec.credentials_file)[0])
 
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
+    def _reachable_head(self, state: State) -> Resource:
         cluster = next((c for c in state.resources(CLUSTER) if c.attrs.get("head_ip")), None)
         if cluster is None:
             raise ClusterNotRunningError(
@@ -424,6 +424,18 @@ class Provider(BaseProvider[Spec]):
         if not key.exists():
             raise ClusterNotRunningError(f"the cluster's SSH key {key} is missing; run `invoke "
                                          "up` again to restore access, or `invoke teardown`")
+        return cluster
+
+    def head_access(self, state: State) -> HeadAccess:
+        cluster = self._reachable_head(state)
+        target = self._head_target(cluster)
+        # `ray start --head` without --ray-client-server-port opens Ray's default, 10001.
+        return HeadAccess(target, str(target), dashboard_port=int(cluster.attrs["dashboard_port"]),
+                          client_port=10001)
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        cluster = self._reachable_head(state)
         target = self._head_target(cluster)
         with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
             yield Endpoint(f"http://127.0.0.1:{port}",

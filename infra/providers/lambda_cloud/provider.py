@@ -22,6 +22,7 @@ from pathlib import Path
 
 from infra import auth, autodown, paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
+from infra.head import HeadAccess
 from infra.providers.base import (
     AutodownView,
     CostRange,
@@ -455,12 +456,21 @@ class Provider(BaseProvider[Spec]):
             return view
         return autodown_setup.gone_view(view, last) or view
 
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
+    def _head_ip(self, state: State) -> str:
         head_ip = state.info.get("head_ip")
         if not head_ip or not state.resources(fleet.INSTANCE):
             raise ClusterNotRunningError(f"Lambda cluster {self.spec.name!r} has no running head; "
                                          "start it with `invoke up`")
+        return str(head_ip)
+
+    def head_access(self, state: State) -> HeadAccess:
+        target = self._target(self._head_ip(state))
+        return HeadAccess(target, str(target), dashboard_port=raycluster.DASHBOARD_PORT,
+                          client_port=raycluster.CLIENT_PORT)
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        head_ip = self._head_ip(state)
         with raycluster.dashboard_tunnel(self._target(str(head_ip))) as url:
             yield Endpoint(url, f"{head_ip}:{raycluster.GCS_PORT}", tunneled=True,
                            token_path=auth.token_file(state))

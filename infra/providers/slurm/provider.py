@@ -19,6 +19,7 @@ from typing import Any
 
 from infra import auth, jobs, ui, versions
 from infra.errors import ClusterNotRunningError
+from infra.head import HeadAccess
 from infra.providers.base import (
     AutodownView,
     CostRange,
@@ -311,14 +312,30 @@ class Provider(BaseProvider[Spec]):
         return CostRange(low, high, source="node-hours of your allocation; Slurm bills no money",
                          node_hours=True)
 
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
+    def _head_job(self, state: State) -> Resource:
         job = self._job(state)
         head_ip, port = (job.attrs.get("head_ip"), job.attrs.get("dashboard_port")) if job else (
             None, None)
         if job is None or not head_ip or not port or not state.info.get("dashboard_url"):
             raise ClusterNotRunningError(
                 f"Slurm cluster {self.spec.name!r} is not running; start it with `invoke up`")
+        return job
+
+    def head_access(self, state: State) -> HeadAccess:
+        """The head's compute node: through the login host when Slurm is remote, directly when
+        this machine submits, and this machine itself when the head runs here."""
+        job = self._head_job(state)
+        with self._runner() as runner:
+            target = runner.node_target(str(job.attrs["head_ip"]))
+        client = job.attrs.get("client_port")
+        return HeadAccess(target, str(target) if target else "this machine",
+                          dashboard_port=int(job.attrs["dashboard_port"]),
+                          client_port=int(client) if client else None)
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        job = self._head_job(state)
+        head_ip, port = job.attrs["head_ip"], job.attrs["dashboard_port"]
         with self._runner() as runner:
             rows = cluster.patiently(lambda: cluster.job_rows(runner, str(job.attrs["job_id"])),
                                      "reading the head's job")
