@@ -241,8 +241,8 @@ def exec_(c: Context, provider: str | None = None, cluster: str | None = None) -
               "current directory).",
 })
 @_one_line_errors
-def sync(c: Context, direction: str = "", local: str = "", remote: str = "",
-         provider: str | None = None, cluster: str | None = None) -> int:
+def sync(c: Context, direction: str, local: str, remote: str, provider: str | None = None,
+         cluster: str | None = None) -> int:
     """Copy files to (`sync up LOCAL REMOTE`) or from (`sync down LOCAL REMOTE`) the head with rsync."""
     from infra import access
 

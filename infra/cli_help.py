@@ -2,7 +2,8 @@
 
 Invoke shows a value placeholder only for str and int options (so `--timeout` (float) and `--only`
 (a list) looked like switches), shows positional arguments as `-s STRING, --script=STRING`, and
-reports a missing value as `Flag <Argument: timeout (t) [float]> needed value`. rayfleet's help must
+reports a missing value as `Flag <Argument: timeout (t) [float]> needed value`; and `--help`
+after a task with several positional arguments is a parse error instead of the task's help. rayfleet's help must
 say what to type, and errors name the option and the fix, so both are adjusted here, in one place.
 """
 
@@ -22,6 +23,7 @@ def install() -> None:
         return
     original_help_for = ParserContext.help_for
     original_complete = ParseMachine.complete_flag
+    original_context = ParseMachine.complete_context
 
     def help_for(self: ParserContext, flag: str) -> tuple[str, str]:
         names, text = original_help_for(self, flag)
@@ -46,6 +48,17 @@ def install() -> None:
                              f"{_PLACEHOLDERS.get(flag.kind, 'VALUE')} (see `invoke --help "
                              f"{getattr(self.context, 'name', 'TASK')}`)") from None
 
+    def complete_context(self: Any) -> None:
+        # `invoke sync --help` is eaten as sync's first positional argument; fill the others so
+        # that the task's wrapper sees the request and shows the help, not a parse error.
+        context = self.context
+        if context is not None and any(a.value in ("-h", "--help")
+                                       for a in context.positional_args):
+            for missing in context.missing_positional_args:
+                missing.set_value("")
+        original_context(self)
+
     ParserContext.help_for = help_for  # type: ignore[method-assign]
     ParseMachine.complete_flag = complete_flag  # type: ignore[method-assign]
+    ParseMachine.complete_context = complete_context  # type: ignore[method-assign]
     ParserContext._rayfleet_help = True  # type: ignore[attr-defined]

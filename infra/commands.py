@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from infra import auth, autodown, costs, jobs, paths, providers, spec, ssh, state, ui
+from infra import auth, autodown, costs, jobs, paths, providers, spec, ssh, state, tunnels, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
@@ -115,6 +115,8 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     flag = _cluster_flag(selected)
     ui.out(f"cluster {selected.name!r} ({selected.provider}) is up")
     ui.out(f"  Ray address:  {endpoint.address}", markup=False)
+    ui.out(f'  Ray\'s tools:  eval "$(invoke env{flag})"   (ray status, ray job submit, '
+           "ray.init())", markup=False)
     ui.out(f"  dashboard:    {endpoint.dashboard_url}   (`invoke dashboard{flag}`)", markup=False)
     ui.out(f"  submit a job: invoke submit{flag} examples/cpu_example.py -- 8", markup=False)
     ui.out(f"  tear down:    invoke teardown{flag}", markup=False)
@@ -327,6 +329,7 @@ def teardown(provider: str | None, cluster: str | None) -> None:
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
     autodown.marker_path(selected.name).unlink(missing_ok=True)
     # The next cluster of this name gets a fresh token and fresh machines with new host keys.
+    tunnels.close(selected.name)
     for leftover in (auth.token_path(selected.name), ssh.cluster_known_hosts(selected.name)):
         leftover.unlink(missing_ok=True)
     if had_state:
