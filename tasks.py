@@ -17,7 +17,7 @@ from invoke import Context, Exit, task
 
 from infra import cli_help
 
-cli_help.install()
+cli_help.install(optional_positionals={"logs": {"job"}, "stop-job": {"job"}})
 
 CLUSTER_HELP = {
     "provider": "Provider: local (default), gcp-tpu, lambda or slurm. Picks clusters/<provider>.yaml.",
@@ -116,10 +116,11 @@ def submit(c: Context, script: str, runtime_env: str | None = None, wait: bool =
     return commands.submit(provider, cluster, script, args, runtime_env, wait)
 
 
-@task(help={**CLUSTER_HELP, "job": "Job id printed by `invoke submit`.",
+@task(positional=["job"], help={**CLUSTER_HELP,
+                                "job": "Job id printed by `invoke submit` (default: the last job).",
             "follow": "Keep streaming until the job ends."})
 @_one_line_errors
-def logs(c: Context, job: str, follow: bool = False, provider: str | None = None,
+def logs(c: Context, job: str | None = None, follow: bool = False, provider: str | None = None,
          cluster: str | None = None) -> int:
     """Print a job's logs."""
     from infra import commands
@@ -127,9 +128,10 @@ def logs(c: Context, job: str, follow: bool = False, provider: str | None = None
     return commands.logs(provider, cluster, job, follow)
 
 
-@task(name="stop-job", help={**CLUSTER_HELP, "job": "Job id printed by `invoke submit`."})
+@task(name="stop-job", positional=["job"], help={**CLUSTER_HELP,
+                             "job": "Job id printed by `invoke submit` (default: the last job)."})
 @_one_line_errors
-def stop_job(c: Context, job: str, provider: str | None = None,
+def stop_job(c: Context, job: str | None = None, provider: str | None = None,
              cluster: str | None = None) -> None:
     """Stop a running job and wait until Ray reports it stopped."""
     from infra import commands
@@ -247,3 +249,14 @@ def sync(c: Context, direction: str, local: str, remote: str, provider: str | No
     from infra import access
 
     return access.sync(provider, cluster, direction, local, remote)
+
+
+@task(help={"json": "Print machine-readable JSON instead of a table.",
+            "timeout": "Seconds to wait for each provider's checks (default 30)."})
+@_one_line_errors
+def check(c: Context, json: bool = False, timeout: float = 30.0) -> int:
+    """Show which providers this machine can use (credentials, APIs, Slurm, ssh/rsync) and how
+    to fix what is missing. Uses each provider's default spec, clusters/<provider>.yaml."""
+    from infra import check as checking
+
+    return checking.run(json, timeout)

@@ -1,10 +1,11 @@
-"""Two corrections to Invoke's option parsing and help, installed by tasks.py.
+"""Corrections to Invoke's option parsing and help, installed by tasks.py.
 
 Invoke shows a value placeholder only for str and int options (so `--timeout` (float) and `--only`
 (a list) looked like switches), shows positional arguments as `-s STRING, --script=STRING`, and
 reports a missing value as `Flag <Argument: timeout (t) [float]> needed value`; and `--help`
-after a task with several positional arguments is a parse error instead of the task's help. rayfleet's help must
-say what to type, and errors name the option and the fix, so both are adjusted here, in one place.
+after a task with several positional arguments is a parse error instead of the task's help.
+rayfleet's help must say what to type, and errors name the option and the fix, so these are
+adjusted here, in one place.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from typing import Any
 _PLACEHOLDERS = {float: "NUMBER", list: "VALUE"}
 
 
-def install() -> None:
+def install(optional_positionals: dict[str, set[str]] | None = None) -> None:
+    """Patch Invoke's parser once. `optional_positionals` names, per task, positional arguments
+    that may be left out (`invoke logs [JOB]`): they are then "" (Invoke knows only required
+    ones)."""
+    optional = optional_positionals or {}
+
     from invoke.exceptions import ParseError
     from invoke.parser.context import ParserContext
     from invoke.parser.parser import ParseMachine
@@ -52,10 +58,11 @@ def install() -> None:
         # `invoke sync --help` is eaten as sync's first positional argument; fill the others so
         # that the task's wrapper sees the request and shows the help, not a parse error.
         context = self.context
-        if context is not None and any(a.value in ("-h", "--help")
-                                       for a in context.positional_args):
+        if context is not None:
+            asked_help = any(a.value in ("-h", "--help") for a in context.positional_args)
             for missing in context.missing_positional_args:
-                missing.set_value("")
+                if asked_help or missing.name in optional.get(context.name, set()):
+                    missing.set_value("")
         original_context(self)
 
     ParserContext.help_for = help_for  # type: ignore[method-assign]

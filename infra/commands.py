@@ -13,7 +13,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from infra import auth, autodown, costs, jobs, paths, providers, spec, ssh, state, tunnels, ui
+from infra import (
+    auth,
+    autodown,
+    costs,
+    jobs,
+    paths,
+    providers,
+    raynoise,
+    spec,
+    ssh,
+    state,
+    tunnels,
+    ui,
+)
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
@@ -294,27 +307,45 @@ def _auth_howto(endpoint: Endpoint) -> None:
             f"ray job submit --address {endpoint.dashboard_url} -- python script.py")
 
 
+@contextmanager
+def _quiet_connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
+    """`connect`, with Ray's client-side log lines sent to the cluster's ray-client.log."""
+    selected, impl = _select(provider, cluster)
+    log = paths.home() / "logs" / selected.name / "ray-client.log"
+    with impl.connect(_running(selected)) as endpoint, raynoise.to_log(log):
+        yield endpoint
+
+
 def submit(provider: str | None, cluster: str | None, script: str, args: list[str],
            runtime_env_file: str | None, wait: bool) -> int:
     command, env = jobs.prepare(script, args, runtime_env_file)
-    with connect(provider, cluster) as endpoint:
+    with _quiet_connect(provider, cluster) as endpoint:
         return jobs.submit(endpoint, command, env, wait)
 
 
-def logs(provider: str | None, cluster: str | None, job_id: str, follow: bool) -> int:
-    with connect(provider, cluster) as endpoint:
-        return jobs.logs(endpoint, job_id, follow)
+def _job_or_last(endpoint: Endpoint, job_id: str | None) -> str:
+    if job_id:
+        return job_id
+    found = jobs.last_job(endpoint)
+    ui.info(f"job {found} (the last one submitted)")
+    return found
 
 
-def stop_job(provider: str | None, cluster: str | None, job_id: str) -> None:
-    with connect(provider, cluster) as endpoint:
-        ui.out(f"job {job_id} {jobs.stop(endpoint, job_id)}")
+def logs(provider: str | None, cluster: str | None, job_id: str | None, follow: bool) -> int:
+    with _quiet_connect(provider, cluster) as endpoint:
+        return jobs.logs(endpoint, _job_or_last(endpoint, job_id), follow)
+
+
+def stop_job(provider: str | None, cluster: str | None, job_id: str | None) -> None:
+    with _quiet_connect(provider, cluster) as endpoint:
+        job = _job_or_last(endpoint, job_id)
+        ui.out(f"job {job} {jobs.stop(endpoint, job)}")
 
 
 def doctor(provider: str | None, cluster: str | None, as_json: bool) -> int:
     from infra import doctor as checkup
 
-    with connect(provider, cluster) as endpoint:
+    with _quiet_connect(provider, cluster) as endpoint:
         return checkup.run(endpoint, as_json)
 
 

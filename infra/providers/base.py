@@ -136,6 +136,20 @@ class ProviderStatus:
 
 
 @dataclass(frozen=True)
+class Readiness:
+    """One thing a provider needs on this machine (credentials, an API, Slurm's commands), as
+    `invoke check` reports it."""
+
+    #: What is checked, e.g. "API key", "Compute Engine API", "Slurm commands".
+    what: str
+    ok: bool
+    #: What was found ("LAMBDA_API_KEY", "slurm 23.11.4") or what went wrong.
+    detail: str
+    #: One line that fixes it; empty when `ok`.
+    fix: str = ""
+
+
+@dataclass(frozen=True)
 class UpOptions:
     """Options of `invoke up` that change how a provider behaves."""
 
@@ -192,6 +206,15 @@ class Provider(abc.ABC, Generic[SpecT]):
         from infra.errors import ProviderError
 
         raise ProviderError(f"the {self.name} provider gives no access to its head")
+
+    #: True when the provider reaches its nodes over SSH (`invoke check` then checks ssh/rsync).
+    uses_ssh: ClassVar[bool] = False
+
+    def readiness(self) -> list[Readiness]:
+        """Whether this machine can use the provider with this spec: credentials found, APIs
+        answering, Slurm reachable. Read-only (at most a listing call per API); never raises for
+        a missing piece, which is a `Readiness` with its fix."""
+        return []
 
     #: How long `invoke list` waits for this provider's `status` before it reports the provider
     #: unreachable (the call keeps running in a daemon thread and is abandoned).

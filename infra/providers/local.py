@@ -24,7 +24,15 @@ from infra import auth, autodown, jobs, paths, rayproc, render, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.head import HeadAccess
 from infra.providers import local_autodown
-from infra.providers.base import Cost, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import (
+    Cost,
+    Endpoint,
+    Plan,
+    PlannedResource,
+    ProviderStatus,
+    Readiness,
+    UpOptions,
+)
 from infra.providers.base import Provider as BaseProvider
 from infra.spec import ClusterSpec
 from infra.state import State
@@ -290,6 +298,15 @@ class Provider(BaseProvider[Spec]):
                **auth.client_env(state)}
         return HeadAccess(None, "this machine", env, dashboard_port=block.dashboard,
                           client_port=None)
+
+    def readiness(self) -> list[Readiness]:
+        ray = _ray_executable()
+        if not Path(ray).exists() and shutil.which(ray) is None:
+            return [Readiness("Ray CLI", False, "no `ray` beside this Python or on PATH",
+                              "pip install -e . (installs Ray) in this checkout's venv")]
+        from importlib.metadata import version
+
+        return [Readiness("Ray CLI", True, f"{ray} (ray {version('ray')})")]
 
     def teardown(self, state: State) -> None:
         self._stop(state)

@@ -86,7 +86,7 @@ def test_ssh_exec_sync_through_the_pinned_head(spec: Path, rf_home: Path, tmp_pa
 
 
 class _Dashboard(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         body = json.dumps({"path": self.path}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))

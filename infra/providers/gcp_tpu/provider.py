@@ -20,7 +20,15 @@ from infra import auth, jobs, paths, ssh, ui
 from infra import state as state_mod
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.head import HeadAccess
-from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
+from infra.providers.base import (
+    CostRange,
+    Endpoint,
+    Plan,
+    PlannedResource,
+    ProviderStatus,
+    Readiness,
+    UpOptions,
+)
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.gcp_tpu import (
     autodown_setup,
@@ -414,6 +422,29 @@ class Provider(BaseProvider[Spec]):
             clusters[0].attrs["project"], clusters[0].attrs.get("credentials_file")
             or self.spec.credentials_file)[0])
 
+    uses_ssh = True
+
+    def readiness(self) -> list[Readiness]:
+        """Credentials (read, never refreshed here), then one read of each API the cluster uses:
+        the project (Compute Engine) and the zone's accelerator types (Cloud TPU)."""
+        from infra.providers.gcp_tpu.api import find_credentials
+
+        try:
+            found = find_credentials(self.spec.credentials_file, self.spec.source)
+        except GcpError as exc:
+            return [_readiness("Google credentials", exc)]
+        api = Gcp(self.spec.project, found, self._options)
+        rows = [Readiness("Google credentials", True, found.source)]
+        for what, call in (("Compute Engine API", api.get_project),
+                           ("Cloud TPU API", lambda: api.accelerator_types(self.spec.zone))):
+            try:
+                call()
+            except GcpError as exc:
+                rows.append(_readiness(what, exc))
+                break
+            rows.append(Readiness(what, True, f"answers for project {self.spec.project}"))
+        return rows
+
     def _reachable_head(self, state: State) -> Resource:
         cluster = next((c for c in state.resources(CLUSTER) if c.attrs.get("head_ip")), None)
         if cluster is None:
@@ -537,3 +568,9 @@ class Provider(BaseProvider[Spec]):
         from infra.providers.gcp_tpu import prices
 
         return prices.cost_range(self.spec)
+
+
+def _readiness(what: str, exc: GcpError) -> Readiness:
+    """A failed check, its message split into what is wrong and the fix it names."""
+    detail, _, fix = str(exc).removeprefix("gcp-tpu: ").partition("; ")
+    return Readiness(what, False, detail, fix or "see the message")

@@ -30,6 +30,7 @@ from infra.providers.base import (
     Plan,
     PlannedResource,
     ProviderStatus,
+    Readiness,
     UpOptions,
 )
 from infra.providers.base import Provider as BaseProvider
@@ -455,6 +456,27 @@ class Provider(BaseProvider[Spec]):
                for r in state.resources(fleet.INSTANCE)):
             return view
         return autodown_setup.gone_view(view, last) or view
+
+    uses_ssh = True
+
+    def readiness(self) -> list[Readiness]:
+        import os
+
+        if api.read_api_key() is None:
+            return [Readiness("API key", False, "none found",
+                              f"set LAMBDA_API_KEY or put `api_key = ...` in ~/{api.KEY_FILE} "
+                              "(create a key at https://cloud.lambda.ai/api-keys)")]
+        source = "LAMBDA_API_KEY" if os.environ.get("LAMBDA_API_KEY", "").strip() else \
+            f"~/{api.KEY_FILE}"
+        rows = [Readiness("API key", True, source)]
+        try:
+            types = self.client().instance_types()
+        except RayfleetError as exc:
+            detail, _, fix = str(exc).partition("; ")
+            return [*rows, Readiness("Lambda API", False, detail,
+                                     fix or "check the key and this machine's HTTPS access")]
+        return [*rows, Readiness("Lambda API", True,
+                                 f"{api.base_url()} answers ({len(types)} instance types)")]
 
     def _head_ip(self, state: State) -> str:
         head_ip = state.info.get("head_ip")

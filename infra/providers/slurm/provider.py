@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from infra import auth, jobs, ui, versions
-from infra.errors import ClusterNotRunningError
+from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
 from infra.providers.base import (
     AutodownView,
@@ -27,6 +27,7 @@ from infra.providers.base import (
     Plan,
     PlannedResource,
     ProviderStatus,
+    Readiness,
     UpOptions,
 )
 from infra.providers.base import Provider as BaseProvider
@@ -311,6 +312,31 @@ class Provider(BaseProvider[Spec]):
             low = high = spec.total_nodes
         return CostRange(low, high, source="node-hours of your allocation; Slurm bills no money",
                          node_hours=True)
+
+    uses_ssh = True
+
+    def readiness(self) -> list[Readiness]:
+        """Slurm's client commands and configuration where the spec runs them (this machine or
+        the login host over SSH, logged into as every other command is)."""
+        submit = self.spec.submit
+        rows: list[Readiness] = []
+        try:
+            with remote.opened(submit) as runner:
+                version = runner.check("sinfo --version", timeout=20).strip()
+                if not submit.is_local:
+                    rows.append(Readiness("login host", True, runner.where))
+                rows.append(Readiness("Slurm commands", True, f"{version} on {runner.where}"))
+                partitions = runner.check("sinfo -h -o %P", timeout=20).split()
+        except RayfleetError as exc:
+            detail, _, fix = str(exc).partition("; ")
+            what = "Slurm commands" if rows or submit.is_local else "login host"
+            return [*rows, Readiness(what, False, detail, fix or (
+                f"check submit: in {self.spec.source}; `ssh {remote.describe(submit)}` must log in "
+                "without a password" if what == "login host" else "see the message"))]
+        return [*rows, Readiness("Slurm configuration", bool(partitions),
+                                 f"partitions: {', '.join(partitions) or 'none'}",
+                                 "" if partitions else "slurmctld lists no partition; ask your "
+                                 "site's admins")]
 
     def _head_job(self, state: State) -> Resource:
         job = self._job(state)
