@@ -46,8 +46,11 @@ def _write_rendered(name: str, plan: Plan) -> None:
 
 
 def _diff(name: str, plan: Plan) -> str:
-    """Unified diff of the rendered files against those of the last successful `up`."""
+    """Unified diff of the rendered files against those of the last successful `up`; empty
+    before the first one (everything would be new: the plan's table says so already)."""
     applied = paths.applied_dir(name)
+    if not applied.exists():
+        return ""
     chunks: list[str] = []
     for file_name in sorted(set(plan.files) | {p.name for p in applied.glob("*")}):
         old_path = applied / file_name
@@ -74,7 +77,9 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
             "cost_range": cost_range.__dict__ if cost_range else None,
             "autodown": selected.autodown.idle_minutes if selected.autodown else None,
             "diff": diff,
+            "problems": result.problems,
         }, indent=2), soft_wrap=True, markup=False)
+        _refuse_problems(result)
         return
     from rich.table import Table
 
@@ -98,6 +103,22 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
         ui.out("no changes since the last `invoke up`")
     else:
         ui.out("nothing applied yet")
+    from rich.markup import escape
+
+    for problem in result.problems:
+        ui.info(f"[red]✗[/red] {escape(problem)}")
+    _refuse_problems(result)
+
+
+class PlanProblemsError(RayfleetError):
+    """A pre-flight check of `plan` failed: `up` would fail the same way."""
+
+
+def _refuse_problems(result: Plan) -> None:
+    count = len(result.problems)
+    if count:
+        raise PlanProblemsError(f"{count} pre-flight check{'s' if count > 1 else ''} failed (above); "
+                                "fix them before `invoke up`")
 
 
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
@@ -133,6 +154,7 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     ui.out(f"  dashboard:    {endpoint.dashboard_url}   (`invoke dashboard{flag}`)", markup=False)
     ui.out(f"  submit a job: invoke submit{flag} examples/cpu_example.py -- 8", markup=False)
     ui.out(f"  tear down:    invoke teardown{flag}", markup=False)
+    ui.out(f"  {costs.describe_autodown(selected)}", markup=False)
 
 
 def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any], current: State) -> None:
@@ -226,7 +248,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "ray_error": ray_error or None, **ray_view,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
-    ui.out(f"{selected.name} ({selected.provider}): {provider_view.summary}", markup=False)
+    ui.out(f"{_title(selected)}: {provider_view.summary}", markup=False)
     if provider_view.cost is not None:
         ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
     if provider_view.autodown is not None:
@@ -242,6 +264,13 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
     if ray_error:
         raise RayNotAnsweringError(ray_error)
     return 0
+
+
+def _title(selected: spec.ClusterSpec) -> str:
+    """"name (provider)", or just the name when it is the provider's (its default spec)."""
+    if selected.name == selected.provider:
+        return selected.name
+    return f"{selected.name} ({selected.provider})"
 
 
 def _amount(key: str, value: float) -> str:
@@ -351,11 +380,17 @@ def doctor(provider: str | None, cluster: str | None, as_json: bool) -> int:
 
 def teardown(provider: str | None, cluster: str | None) -> None:
     selected, impl = _select(provider, cluster)
+    if not state.lock_path_of(selected.name).exists() and not state.state_path(selected.name).exists():
+        # Never created here (no `up` ever took its lock): nothing to ask a provider about, no
+        # credentials needed, and no lock file left behind.
+        ui.out(f"cluster {selected.name!r}: nothing to tear down")
+        return
     with state.locked(selected.name, selected.provider, "teardown") as current:
         had_state = current.path.exists()
         if had_state and _say_if_removed(selected, impl, current):
             ui.info("verifying that nothing of it is left, then clearing its state")
-        impl.teardown(current)
+        if had_state:  # without state nothing was recorded, so nothing was created
+            impl.teardown(current)
         current.delete()
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
     autodown.marker_path(selected.name).unlink(missing_ok=True)

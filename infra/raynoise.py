@@ -19,7 +19,7 @@ from pathlib import Path
 NOISE = re.compile(r"\[mutex\.cc\s*:\s*\d+\] RAW:")
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
-_file: logging.Handler | None = None
+_file: logging.FileHandler | None = None
 
 
 @contextmanager
@@ -67,7 +67,7 @@ class LineFilter:
         kept = []
         for line in text.splitlines(keepends=True):
             if NOISE.search(line):
-                if _file is not None:
+                if _file is not None and _file.stream is not None:
                     _file.stream.write(ANSI.sub("", line))
                 continue
             kept.append(line if self.colour else ANSI.sub("", line))

@@ -42,6 +42,9 @@ class Plan:
     files: dict[str, str] = field(default_factory=dict)
     #: Extra facts for the user: capacity now, price per hour, warnings.
     notes: list[str] = field(default_factory=list)
+    #: Pre-flight checks that failed (no credentials, an API off): `up` would fail on them, so
+    #: `plan` shows them and exits non-zero. Each is one line naming the fix.
+    problems: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

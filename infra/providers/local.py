@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from infra import auth, autodown, jobs, paths, rayproc, render, ui
+from infra import auth, autodown, identity, jobs, paths, rayproc, render, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.head import HeadAccess
 from infra.providers import local_autodown
@@ -38,6 +38,8 @@ from infra.spec import ClusterSpec
 from infra.state import State
 
 HEAD = "ray-head"
+#: Where the cost of a local cluster comes from (it has none).
+FREE = "runs on this machine"
 # Port blocks are derived from the cluster name inside this range, away from Ray's defaults
 # (6379, 8265, 10001) and below the usual ephemeral range (32768+).
 _FIRST_BASE, _BLOCKS = 20000, 90
@@ -119,7 +121,7 @@ class Provider(BaseProvider[Spec]):
         if heads:
             return heads[0].id
         # `plan` without state shows a placeholder; `up` always has a state with an id.
-        return temp_dir(self.spec.name, state.cluster_id if state else "<cluster-id>")
+        return temp_dir(self.spec.name, state.cluster_id if state else identity.ID_PLACEHOLDER)
 
     def plan(self, state: State | None) -> Plan:
         block = self._block(state)
@@ -250,13 +252,13 @@ class Provider(BaseProvider[Spec]):
     def status(self, state: State) -> ProviderStatus:
         heads = state.resources(HEAD)
         if not heads:
-            return ProviderStatus(False, f"local cluster {self.spec.name!r} is not running")
+            return ProviderStatus(False, "not running")
         pids = rayproc.cluster_processes(self._markers(state))
         report = self.autodown_report(state)
         if not pids and report is not None and report.removed_at:
-            return ProviderStatus(False, f"local cluster {self.spec.name!r} "
-                                  f"{autodown.describe(report)}; `invoke teardown` clears its state",
-                                  state="removed itself", cost=Cost(0, 0.0, source="free"),
+            return ProviderStatus(False, f"{autodown.describe(report)}; `invoke teardown` clears "
+                                  "its state", state="removed itself",
+                                  cost=Cost(0, 0.0, source=FREE),
                                   autodown=report)
         block = rayproc.PortBlock(int(heads[0].attrs["port_base"]))
         endpoint = self._endpoint(block, state)
@@ -273,7 +275,7 @@ class Provider(BaseProvider[Spec]):
         started = heads[0].attrs.get("started_at")
         uptime = ((dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(started))
                   .total_seconds() if started else None)
-        cost = Cost(1 if pids else 0, 0.0, uptime, 0.0, source="free (this machine)")
+        cost = Cost(1 if pids else 0, 0.0, uptime, 0.0, source=FREE)
         return ProviderStatus(running, summary, rows, state="running" if answering else
                               "NOT answering", cost=cost, autodown=report)
 

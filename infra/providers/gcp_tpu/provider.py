@@ -178,15 +178,17 @@ class Provider(BaseProvider[Spec]):
         else:
             notes.append("dashboard: reachable only through an SSH tunnel (`invoke dashboard`)")
         notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
-                     f"at most {spec.max_total} workers")
+                     f"at most {spec.max_total} workers ({1 + spec.max_total} nodes with the head)")
         if spec.zones is not None:
             fallback = ([z for z in self._report.zones if z != spec.zone] if self._report
                         else [z for z in spec.candidate_zones if z != spec.zone])
             notes.append(f"zone {spec.zone} (from zones: {', '.join(spec.candidate_zones)}); if "
                          f"Google has no capacity for the head there, `up` removes what that zone "
                          f"left and moves on to {', '.join(fallback) or 'no other zone'}")
-        notes += checks
-        return Plan(resources=resources, files={config.FILE_NAME: text}, notes=notes)
+        failed = [c.removeprefix(_FAILED) for c in checks if c.startswith(_FAILED)]
+        notes += [c for c in checks if not c.startswith(_FAILED)]
+        return Plan(resources=resources, files={config.FILE_NAME: text}, notes=notes,
+                    problems=failed)
 
     def _plan_preflight(self, state: State | None) -> list[str]:
         """Pre-flight as notes: `invoke plan` reports problems, `up` refuses to start on them."""
@@ -194,7 +196,7 @@ class Provider(BaseProvider[Spec]):
             api, _ = self._api(self.spec.project, self.spec.credentials_file)
             report = preflight.run(self.spec, api, bool(state and state.resources(CLUSTER)))
         except GcpError as exc:
-            return [f"pre-flight ✗ {exc}"]
+            return [f"{_FAILED}{exc}"]
         self._report = report
         return [f"pre-flight ✓ {line}" for line in report.passed] + [
             f"pre-flight warning: {line}" for line in report.warnings]
@@ -406,7 +408,7 @@ class Provider(BaseProvider[Spec]):
     def status(self, state: State) -> ProviderStatus:
         clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
         if not clusters and not rules:
-            return ProviderStatus(False, f"gcp-tpu cluster {self.spec.name!r} is not up")
+            return ProviderStatus(False, "not up")
         first = (clusters or rules)[0]
         api, _ = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                            or self.spec.credentials_file)
@@ -568,6 +570,9 @@ class Provider(BaseProvider[Spec]):
         from infra.providers.gcp_tpu import prices
 
         return prices.cost_range(self.spec)
+
+
+_FAILED = "pre-flight ✗ "
 
 
 def _readiness(what: str, exc: GcpError) -> Readiness:

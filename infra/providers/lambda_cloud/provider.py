@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra import auth, autodown, paths, render, ssh, ui
+from infra import auth, autodown, identity, paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
 from infra.providers.base import (
@@ -93,22 +93,23 @@ class Provider(BaseProvider[Spec]):
 
     def _slots(self, state: State | None) -> list[fleet.Slot]:
         # Before the first `up` there is no id yet: plan shows where it goes.
-        cluster_id = state.cluster_id if state is not None else "<id>"
+        cluster_id = state.cluster_id if state is not None else identity.ID_PLACEHOLDER
         return fleet.slots(self.spec.name, self.spec.fixed_workers, cluster_id)
 
     # --- plan -----------------------------------------------------------------------------------
 
     def plan(self, state: State | None) -> Plan:
-        types, notes = None, []
+        types, notes, problems = None, [], []
+        # `up` cannot start without the API: a plan that could not reach it has failed.
         if api.read_api_key() is None:
-            notes.append("capacity and prices unknown: no Lambda API key (set LAMBDA_API_KEY or "
-                         f"put `api_key = ...` in ~/{api.KEY_FILE})")
+            problems.append("capacity and prices unknown: no Lambda API key (set LAMBDA_API_KEY "
+                            f"or put `api_key = ...` in ~/{api.KEY_FILE})")
         else:
             try:
                 types = self.client().instance_types()
                 self._snapshot = (types, time.monotonic())
             except RayfleetError as exc:
-                notes.append(f"capacity and prices unknown: {exc}")
+                problems.append(f"capacity and prices unknown: {exc}")
         existing = {fleet.slot_key(str(r.attrs.get("name")), r.attrs): r
                     for r in (state.resources(fleet.INSTANCE) if state else [])}
         head_choice, worker_choice = place(self.spec, types) if types else (None, None)
@@ -137,10 +138,11 @@ class Provider(BaseProvider[Spec]):
                          f"copies {self.spec.ssh_private_key} to the head as ~/ray_bootstrap_key.pem")
         else:
             resources.insert(0, PlannedResource(
-                "Lambda SSH key", f"rayfleet-{self.spec.name}-<id>-<fingerprint>",
+                "Lambda SSH key", f"rayfleet-{self.spec.name}-{identity.ID_PLACEHOLDER}-<fingerprint>",
                 f"public half of {self._key_path()} (generated here, 0600; the private key stays "
                 "here and on the head)", exists=bool(state and state.resources(fleet.SSH_KEY))))
-        ruleset = firewall.ruleset_name(self.spec.name, state.cluster_id if state else "<id>")
+        ruleset = firewall.ruleset_name(self.spec.name,
+                                        state.cluster_id if state else identity.ID_PLACEHOLDER)
         sources = ", ".join(self.spec.ssh_source_ranges or ["anywhere"])
         resources.append(PlannedResource(
             "Lambda firewall ruleset", ruleset, f"SSH from {sources}; no Ray port",
@@ -165,18 +167,18 @@ class Provider(BaseProvider[Spec]):
             files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
         else:
             files = {raycluster.CONFIG_FILE: self._render(state)}
-        return Plan(resources=resources, files=files, notes=notes)
+        return Plan(resources=resources, files=files, notes=notes, problems=problems)
 
     def _render_autoscaler(self, state: State | None, head: api.Instance | None,
                            types: dict[str, api.InstanceType] | None) -> str:
         """The autoscaler config; before the head exists, with the first head choice's region."""
         key = next((str(r.attrs["name"]) for r in (state.resources(fleet.SSH_KEY) if state else [])),
-                   f"rayfleet-{self.spec.name}-<id>-<fingerprint>")
+                   f"rayfleet-{self.spec.name}-{identity.ID_PLACEHOLDER}-<fingerprint>")
         region = head.region if head else self.spec.head.choices[0].region
         rulesets = [r.id for r in (state.resources(firewall.FIREWALL) if state else [])
                     if r.attrs.get("region") == region] or ["<ruleset id>"]
         scale = self._client.limits.scale if self._client else api.Limits.from_env().scale
-        data = autoscale.config(self.spec, state.cluster_id if state else "<id>",
+        data = autoscale.config(self.spec, state.cluster_id if state else identity.ID_PLACEHOLDER,
                                 state.owner if state else "<owner>", region, key, rulesets, types,
                                 scale)
         text = autoscale.render(data)
@@ -213,7 +215,7 @@ class Provider(BaseProvider[Spec]):
         head = ips.get(slots[0].key, "HEAD_IP_AFTER_LAUNCH")
         workers = [ips.get(s.key, f"WORKER_{s.index}_IP_AFTER_LAUNCH") for s in slots[1:]]
         text = raycluster.render_config(self.spec, head, workers, self._key_path(),
-                                        state.cluster_id if state is not None else "new")
+                                        state.cluster_id if state is not None else identity.ID_PLACEHOLDER)
         render.validate_ray_cluster_config(text, f"templates/lambda.yaml.j2 for {self.spec.name}")
         return text
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from infra import auth, jobs, ui, versions
+from infra import auth, identity, jobs, ui, versions
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
 from infra.providers.base import (
@@ -109,12 +109,13 @@ class Provider(BaseProvider[Spec]):
             found = cluster.partitions(runner)
             notes = cluster.check_spec(self.spec, found, runner.where)
         job = self._job(state) if state else None
-        name = job.id if job else f"rf-{self.spec.name}-<cluster id>-h<token>"
+        cluster_id = state.cluster_id if state else identity.ID_PLACEHOLDER
+        name = job.id if job else f"rf-{self.spec.name}-{cluster_id}-h<token>"
         detail = self._summary() + (f", job {job.attrs.get('job_id')}" if job else "")
         resources = [PlannedResource("Slurm job (sbatch)", name, detail, bool(job))]
         for type_name, worker in self.spec.worker_types.items():
             resources.append(PlannedResource(
-                "Slurm jobs (autoscaled workers)", f"rf-{self.spec.name}-<cluster id>-w-"
+                "Slurm jobs (autoscaled workers)", f"rf-{self.spec.name}-{cluster_id}-w-"
                 f"{type_name}-<token>", f"{worker.min_workers} to {worker.max_workers}, submitted "
                 "and cancelled by Ray's autoscaler on the head"))
         if self.spec.environment.install:
@@ -124,7 +125,7 @@ class Provider(BaseProvider[Spec]):
         notes += [
             "Ray ports: a block of 116 from "
             f"{self.spec.port_range_start} picked by the job id, checked free on every node; "
-            f"private temp dirs {root}/rf-<cluster id>.<node>.XXXXXX (mktemp -d, 0700)",
+            f"private temp dirs {root}/rf-{cluster_id}.<node>.XXXXXX (mktemp -d, 0700)",
             f"info file and job output in {self.spec.submit.workdir} on "
             f"{remote.describe(self.spec.submit)} (must be shared with the compute nodes)",
             "the dashboard listens on the head's loopback only; rayfleet reaches it through an "
