@@ -33,7 +33,7 @@ def _console(stream: str) -> Console:
         from rich.console import Console
 
         console = Console(stderr=stream == "err", highlight=False, soft_wrap=True)
-        if not console.is_terminal and "COLUMNS" not in os.environ:
+        if not console.is_terminal and not os.environ.get("COLUMNS"):
             # Off a terminal (a pipe, a file, CI) nothing wraps or cuts: rich would assume 80
             # columns and shorten table cells to "autodo…".
             console.width = 10_000

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,8 +28,8 @@ class Local:
 
     def invoke(self, *args: str, input: str | None = None,
                cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-        return run_invoke(args[0], "--cluster", str(self.spec), *args[1:], env=self.env,
-                          input=input, timeout=120, cwd=cwd)
+        return run_invoke("-r", str(ROOT), args[0], "--cluster", str(self.spec), *args[1:],
+                          env=self.env, input=input, timeout=120, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
 def test_eval_env_makes_ray_status_job_submit_and_a_driver_work(local: Local,
                                                                 tmp_path: Path) -> None:
     assert f'eval "$(invoke env --cluster={local.spec})"' in local.up_stdout
+    assert "autodown: off; the cluster runs until `invoke teardown`" in local.up_stdout
     printed = local.invoke("env")
     assert printed.returncode == 0, printed.stderr
     line = printed.stdout.strip()
@@ -96,3 +98,39 @@ def test_sync_up_and_down(local: Local, tmp_path: Path) -> None:
     assert (tmp_path / "back" / "sub" / "f.txt").read_text() == "payload\n"
     wrong = local.invoke("sync", "sideways", "a", "b")
     assert wrong.returncode == 2 and "`up`" in wrong.stderr
+
+
+def test_submit_shows_the_job_not_rays_noise_and_logs_stop_job_take_the_last_job(
+        local: Local, tmp_path: Path) -> None:
+    # A working dir like a user's checkout: VCS data and ignore files make Ray's packaging chatty.
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".gitignore").write_text("*.tmp\n")
+    (tmp_path / "job.py").write_text("import time\nprint('\\x1b[32mJOB-START\\x1b[0m', "
+                                     "flush=True)\ntime.sleep(300)\n")
+    submitted = local.invoke("submit", "--no-wait", "job.py", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    for noise in ("Ignoring upload", "working_dir.py", "WebSocket closed", "INFO", "WARNING"):
+        assert noise not in submitted.stderr, f"{noise!r} reached the terminal"
+    home = Path(local.env["RAYFLEET_HOME"])
+    kept = (home / "logs" / local.spec.stem / "ray-client.log").read_text()
+    assert "Ignoring upload" in kept, "Ray's lines are kept in the log file"
+
+    deadline = time.monotonic() + 120
+    while True:  # `logs` without a job id: the job just submitted
+        shown = local.invoke("logs")
+        assert shown.returncode == 0 and job_id in shown.stderr, shown.stderr
+        if "JOB-START" in shown.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert "JOB-START" in shown.stdout and "\x1b[" not in shown.stdout
+    stopped = local.invoke("stop-job")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip() == f"job {job_id} STOPPED"
+
+
+def test_doctor_prints_no_packaging_lines(local: Local) -> None:
+    done = local.invoke("doctor")
+    assert done.returncode == 0, done.stderr
+    assert "packaging" not in done.stderr and "Ignoring upload" not in done.stderr
+    assert "all 1 node(s) match this machine" in done.stdout
