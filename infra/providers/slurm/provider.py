@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import shlex
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -323,9 +324,18 @@ class Provider(BaseProvider[Spec]):
         rows: list[Readiness] = []
         try:
             with remote.opened(submit) as runner:
-                version = runner.check("sinfo --version", timeout=20).strip()
+                conf = submit.slurm_conf
+                # Slurm retries a missing configuration file for a minute before it says so.
+                missing = conf is not None and not runner.run(
+                    f"test -r {shlex.quote(conf)}", timeout=20).ok
                 if not submit.is_local:
                     rows.append(Readiness("login host", True, runner.where))
+                if missing:
+                    return [*rows, Readiness(
+                        "Slurm configuration", False, f"{conf} is not readable on {runner.where}",
+                        f"fix submit.slurm_conf in {self.spec.source}, or remove it for the "
+                        "system's default")]
+                version = runner.check("sinfo --version", timeout=20).strip()
                 rows.append(Readiness("Slurm commands", True, f"{version} on {runner.where}"))
                 partitions = runner.check("sinfo -h -o %P", timeout=20).split()
         except RayfleetError as exc:
