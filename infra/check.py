@@ -28,8 +28,7 @@ def provider_readiness(name: str) -> list[Readiness]:
         selected = spec.resolve(name, None)
         impl = providers.create(selected)
     except RayfleetError as exc:
-        detail, _, fix = str(exc).partition("; ")
-        return [Readiness("spec", False, detail, fix or f"fix clusters/{name}.yaml")]
+        return [Readiness.failed("spec", exc, f"fix clusters/{name}.yaml")]
     try:
         rows = list(impl.readiness())
     except Exception as exc:  # any failure of one provider is its row, never the whole table's

@@ -151,6 +151,13 @@ class Readiness:
     #: One line that fixes it; empty when `ok`.
     fix: str = ""
 
+    @classmethod
+    def failed(cls, what: str, error: Exception | str, default_fix: str) -> Readiness:
+        """A failed check from a one-line error "what is wrong; how to fix it" (our errors'
+        shape): the part after the first "; " is the fix, else `default_fix`."""
+        detail, _, fix = str(error).partition("; ")
+        return cls(what, False, detail, fix or default_fix)
+
 
 @dataclass(frozen=True)
 class UpOptions:

@@ -577,5 +577,4 @@ _FAILED = "pre-flight ✗ "
 
 def _readiness(what: str, exc: GcpError) -> Readiness:
     """A failed check, its message split into what is wrong and the fix it names."""
-    detail, _, fix = str(exc).removeprefix("gcp-tpu: ").partition("; ")
-    return Readiness(what, False, detail, fix or "see the message")
+    return Readiness.failed(what, str(exc).removeprefix("gcp-tpu: "), "see the message")

@@ -474,9 +474,8 @@ class Provider(BaseProvider[Spec]):
         try:
             types = self.client().instance_types()
         except RayfleetError as exc:
-            detail, _, fix = str(exc).partition("; ")
-            return [*rows, Readiness("Lambda API", False, detail,
-                                     fix or "check the key and this machine's HTTPS access")]
+            return [*rows, Readiness.failed("Lambda API", exc,
+                                            "check the key and this machine's HTTPS access")]
         return [*rows, Readiness("Lambda API", True,
                                  f"{api.base_url()} answers ({len(types)} instance types)")]
 

@@ -339,10 +339,9 @@ class Provider(BaseProvider[Spec]):
                 rows.append(Readiness("Slurm commands", True, f"{version} on {runner.where}"))
                 partitions = runner.check("sinfo -h -o %P", timeout=20).split()
         except RayfleetError as exc:
-            detail, _, fix = str(exc).partition("; ")
             what = "Slurm commands" if rows or submit.is_local else "login host"
-            return [*rows, Readiness(what, False, detail, fix or (
-                f"check submit: in {self.spec.source}; `ssh {remote.describe(submit)}` must log in "
+            return [*rows, Readiness.failed(what, exc, (
+                f"check submit: in {self.spec.source}: `ssh {remote.describe(submit)}` must log in "
                 "without a password" if what == "login host" else "see the message"))]
         return [*rows, Readiness("Slurm configuration", bool(partitions),
                                  f"partitions: {', '.join(partitions) or 'none'}",
