@@ -32,7 +32,8 @@ class HeadAccess:
     target: ssh.SshTarget | None
     #: For messages: "user@host via ..." or "this machine".
     where: str
-    #: Environment that makes Ray's own tools reach the cluster from where the command runs.
+    #: Environment that makes Ray's own tools reach the cluster where `ssh`/`exec` commands run
+    #: (on the head: its GCS and its copy of the token; local: the `invoke env` variables).
     env: dict[str, str] = field(default_factory=dict)
     #: The job API / dashboard port on the head's loopback (what a tunnel forwards to).
     dashboard_port: int | None = None
@@ -44,6 +45,13 @@ def _ssh_base(target: ssh.SshTarget) -> list[str]:
     return ["ssh", *ssh.openssh_options(target)]
 
 
+def _shell_value(value: str) -> str:
+    """`value` quoted for a POSIX shell, a leading ~/ left to the remote shell's $HOME."""
+    if value.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(value[2:])
+    return shlex.quote(value)
+
+
 def shell_argv(access: HeadAccess, command: str | None = None) -> list[str]:
     """The command line of `invoke ssh` (command None: a login shell) and `invoke exec`."""
     if access.target is None:
@@ -52,13 +60,17 @@ def shell_argv(access: HeadAccess, command: str | None = None) -> list[str]:
         return ["bash", "-c", command]
     tty = ["-t"] if command is None and sys.stdin.isatty() else []
     argv = [*_ssh_base(access.target), *tty, f"{access.target.user}@{access.target.host}"]
-    # ssh hands the rest to the remote user's shell as one line, exactly as typed.
-    return argv + (["--", command] if command is not None else [])
+    exports = " ".join(f"{k}={_shell_value(v)}" for k, v in access.env.items())
+    line = 'exec "${SHELL:-bash}" -l' if command is None else command
+    # ssh hands the rest to the remote user's shell as one line, the command exactly as typed.
+    return [*argv, "--", f"export {exports}; {line}" if exports else line]
 
 
 def run(access: HeadAccess, command: str | None = None) -> int:
     """Run a shell (or `command`) on the head, attached to this terminal; its exit code."""
-    env = {**os.environ, **access.env}
+    env = dict(os.environ)
+    if access.target is None:
+        env.update({k: os.path.expanduser(v) for k, v in access.env.items()})
     try:
         return subprocess.run(shell_argv(access, command), env=env, check=False).returncode
     except FileNotFoundError as exc:

@@ -32,7 +32,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
 @pytest.fixture
 def spec(head: LocalSshd, rf_home: Path, tmp_path: Path) -> Path:
     """A Lambda cluster that is "up": its state names a head instance, its key is authorized."""
-    from infra import ssh, state
+    from infra import auth, ssh, state
 
     path = tmp_path / f"{CLUSTER}.yaml"
     path.write_text(yaml.safe_dump({
@@ -43,7 +43,8 @@ def spec(head: LocalSshd, rf_home: Path, tmp_path: Path) -> Path:
     head.authorize(ssh.ensure_keypair(CLUSTER).public_key, restrict=False)
     current = state.State.new(state.state_path(CLUSTER), CLUSTER, "lambda")
     current.add("lambda-instance", "i-head", name=f"{CLUSTER}-head", ip=HEAD_IP)
-    current.set_info(head_ip=HEAD_IP)
+    current.set_info(head_ip=HEAD_IP, address=f"{HEAD_IP}:6379")
+    auth.ensure_token(current)
     return path
 
 
@@ -63,6 +64,11 @@ def test_ssh_exec_sync_through_the_pinned_head(spec: Path, rf_home: Path, tmp_pa
 
     code, out, err = _invoke("exec", spec, "--", "echo $SSH_CONNECTION | wc -w; exit 9")
     assert (code, out.strip()) == (9, "4"), err
+    # Ray's own tools on the head find its GCS and its copy of the token.
+    code, out, err = _invoke("exec", spec, "--", 'echo "$RAY_ADDRESS $RAY_AUTH_MODE '
+                             '$RAY_AUTH_TOKEN_PATH"')
+    assert out.split() == [f"{HEAD_IP}:6379", "token",
+                           str(Path("~root/.rayfleet/ray-token").expanduser())], err
 
     source = tmp_path / "data"
     source.mkdir()
@@ -112,7 +118,9 @@ def test_env_opens_one_tunnel_for_the_job_api_and_ray_client(
         access.env(None, str(spec), close=False)
         first = capsys.readouterr()
         values = dict(item.split("=", 1) for item in first.out.split()[1:])
-        assert set(values) == {"RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE"}
+        assert set(values) == {"RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE",
+                               "RAY_AUTH_TOKEN_PATH"}
+        assert values["RAY_AUTH_MODE"] == "token"
         assert values["RAY_ADDRESS"].startswith("ray://127.0.0.1:")
         assert "job API" in first.err and "Ray Client" in first.err
         api = values["RAY_API_SERVER_ADDRESS"]

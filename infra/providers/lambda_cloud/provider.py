@@ -488,7 +488,8 @@ class Provider(BaseProvider[Spec]):
 
     def head_access(self, state: State) -> HeadAccess:
         target = self._target(self._head_ip(state))
-        return HeadAccess(target, str(target), dashboard_port=raycluster.DASHBOARD_PORT,
+        return HeadAccess(target, str(target), auth.head_env(state, auth.NODE_TOKEN_PATH),
+                          dashboard_port=raycluster.DASHBOARD_PORT,
                           client_port=raycluster.CLIENT_PORT)
 
     @contextlib.contextmanager

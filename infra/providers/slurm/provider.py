@@ -364,7 +364,10 @@ class Provider(BaseProvider[Spec]):
         with self._runner() as runner:
             target = runner.node_target(str(job.attrs["head_ip"]))
         client = job.attrs.get("client_port")
+        workdir = str(job.attrs.get("workdir", self.spec.submit.workdir))
+        token = f"{ours.token_dir(workdir, state.cluster_id)}/{auth.TOKEN_FILE}"
         return HeadAccess(target, str(target) if target else "this machine",
+                          auth.head_env(state, token),
                           dashboard_port=int(job.attrs["dashboard_port"]),
                           client_port=int(client) if client else None)
 
