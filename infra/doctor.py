@@ -9,7 +9,8 @@ the dashboard URL that `provider.connect` gives, and reads the versions back fro
 from __future__ import annotations
 
 import json
-import shlex
+import shutil
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,16 +77,22 @@ def assess(result: dict[str, Any], pins: dict[str, str]) -> list[NodeReport]:
 def probe(endpoint: Endpoint, timeout_s: float = 120.0) -> dict[str, Any]:
     """Submit the probe job, wait for it, and return its parsed result."""
     client = _client(endpoint)
-    job_id = f"rayfleet-doctor-{uuid.uuid4().hex[:8]}"
-    with ui.step("submitting the version probe"):
-        try:
-            # The probe travels in the entrypoint: no working dir to package, upload and unpack.
-            client.submit_job(
-                entrypoint=shlex.join(["python", "-c", PROBE.read_text(), f"{timeout_s / 2:g}"]),
-                submission_id=job_id,
-            )
-        except Exception as exc:
-            raise JobError(f"could not submit the doctor job: {str(exc).splitlines()[0]}") from None
+    staging = Path(tempfile.mkdtemp(prefix="rayfleet-doctor-"))
+    try:
+        # Only the probe travels: the job's working dir is a folder holding nothing else.
+        shutil.copy(PROBE, staging / PROBE.name)
+        job_id = f"rayfleet-doctor-{uuid.uuid4().hex[:8]}"
+        with ui.step("submitting the version probe"):
+            try:
+                client.submit_job(
+                    entrypoint=f"python {PROBE.name} {timeout_s / 2:g}",
+                    runtime_env={"working_dir": str(staging)},
+                    submission_id=job_id,
+                )
+            except Exception as exc:
+                raise JobError(f"could not submit the doctor job: {str(exc).splitlines()[0]}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
     def ended(step: ui.Step) -> str | None:
         status = str(client.get_job_status(job_id).value)
