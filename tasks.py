@@ -15,6 +15,10 @@ from typing import Any
 
 from invoke import Context, Exit, task
 
+from infra import cli_help
+
+cli_help.install(optional_positionals={"logs": {"job"}, "stop-job": {"job"}})
+
 CLUSTER_HELP = {
     "provider": "Provider: local (default), gcp-tpu, lambda or slurm. Picks clusters/<provider>.yaml.",
     "cluster": "A spec name in clusters/ or a path to a spec YAML (its provider: must agree "
@@ -90,7 +94,7 @@ def dashboard(c: Context, provider: str | None = None, cluster: str | None = Non
     commands.dashboard(provider, cluster)
 
 
-@task(help={
+@task(positional=["script"], help={
     **CLUSTER_HELP,
     "script": "Python script to run, inside the current directory (uploaded as working dir). "
               "Arguments for it go after `--`, e.g. `invoke submit examples/cpu_example.py -- 8`.",
@@ -102,17 +106,21 @@ def dashboard(c: Context, provider: str | None = None, cluster: str | None = Non
 @_one_line_errors
 def submit(c: Context, script: str, runtime_env: str | None = None, wait: bool = True,
            provider: str | None = None, cluster: str | None = None) -> int:
-    """Run a Python script on the cluster as a Ray job, streaming its logs."""
+    """Run a Python script on the cluster as a Ray job, streaming its logs.
+
+    Usage: invoke submit [OPTIONS] SCRIPT [-- ARGS...]
+    """
     from infra import commands
 
     args = shlex.split(c.remainder) if c.remainder else []
     return commands.submit(provider, cluster, script, args, runtime_env, wait)
 
 
-@task(help={**CLUSTER_HELP, "job": "Job id printed by `invoke submit`.",
+@task(positional=["job"], help={**CLUSTER_HELP,
+                                "job": "Job id printed by `invoke submit` (default: the last job).",
             "follow": "Keep streaming until the job ends."})
 @_one_line_errors
-def logs(c: Context, job: str, follow: bool = False, provider: str | None = None,
+def logs(c: Context, job: str | None = None, follow: bool = False, provider: str | None = None,
          cluster: str | None = None) -> int:
     """Print a job's logs."""
     from infra import commands
@@ -120,9 +128,10 @@ def logs(c: Context, job: str, follow: bool = False, provider: str | None = None
     return commands.logs(provider, cluster, job, follow)
 
 
-@task(name="stop-job", help={**CLUSTER_HELP, "job": "Job id printed by `invoke submit`."})
+@task(name="stop-job", positional=["job"], help={**CLUSTER_HELP,
+                             "job": "Job id printed by `invoke submit` (default: the last job)."})
 @_one_line_errors
-def stop_job(c: Context, job: str, provider: str | None = None,
+def stop_job(c: Context, job: str | None = None, provider: str | None = None,
              cluster: str | None = None) -> None:
     """Stop a running job and wait until Ray reports it stopped."""
     from infra import commands
@@ -188,3 +197,66 @@ def sweep(c: Context, delete: bool = False, yes: bool = False, all_owners: bool 
     from infra import sweep as sweeping
 
     return sweeping.run(delete, yes, all_owners, list(only or []), json)
+
+
+@task(help={**CLUSTER_HELP,
+            "close": "End the tunnel a remote cluster's `invoke env` opened and print `unset ...`."})
+@_one_line_errors
+def env(c: Context, provider: str | None = None, cluster: str | None = None,
+        close: bool = False) -> None:
+    """Print `export RAY_ADDRESS=... RAY_AUTH_MODE=token ...` for Ray's own tools: eval "$(invoke env)".
+
+    Local clusters: `ray status`, `ray job submit` and a driver's `ray.init()` then work as is.
+    Remote clusters: opens (or reuses) a tunnel to the head for the job API and Ray Client.
+    """
+    from infra import access
+
+    access.env(provider, cluster, close)
+
+
+@task(help=CLUSTER_HELP)
+@_one_line_errors
+def ssh(c: Context, provider: str | None = None, cluster: str | None = None) -> int:
+    """Open a shell on the cluster's head (local: a shell here with the cluster's Ray environment).
+
+    Commands can also come on stdin: `echo hostname | invoke ssh --provider=lambda`.
+    """
+    from infra import access
+
+    return access.shell(provider, cluster)
+
+
+@task(name="exec", help=CLUSTER_HELP)
+@_one_line_errors
+def exec_(c: Context, provider: str | None = None, cluster: str | None = None) -> int:
+    """Run a command on the cluster's head and exit with its exit code: `invoke exec -- CMD`."""
+    from infra import access
+
+    return access.exec_(provider, cluster, c.remainder)
+
+
+@task(positional=["direction", "local", "remote"], help={
+    **CLUSTER_HELP,
+    "direction": "`up` copies LOCAL to REMOTE on the head, `down` copies REMOTE to LOCAL.",
+    "local": "A file or folder on this machine (a trailing / copies a folder's contents).",
+    "remote": "A path on the head, relative to the login user's home (local clusters: to the "
+              "current directory).",
+})
+@_one_line_errors
+def sync(c: Context, direction: str, local: str, remote: str, provider: str | None = None,
+         cluster: str | None = None) -> int:
+    """Copy files to (`sync up LOCAL REMOTE`) or from (`sync down LOCAL REMOTE`) the head with rsync."""
+    from infra import access
+
+    return access.sync(provider, cluster, direction, local, remote)
+
+
+@task(help={"json": "Print machine-readable JSON instead of a table.",
+            "timeout": "Seconds to wait for each provider's checks (default 30)."})
+@_one_line_errors
+def check(c: Context, json: bool = False, timeout: float = 30.0) -> int:
+    """Show which providers this machine can use (credentials, APIs, Slurm, ssh/rsync) and how
+    to fix what is missing. Uses each provider's default spec, clusters/<provider>.yaml."""
+    from infra import check as checking
+
+    return checking.run(json, timeout)

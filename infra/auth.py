@@ -105,6 +105,14 @@ def client_env(state: State) -> dict[str, str]:
     return node_env(str(path)) if path else {"RAY_AUTH_MODE": "disabled"}
 
 
+def head_env(state: State, node_token_path: str) -> dict[str, str]:
+    """Environment for Ray's own tools run ON the cluster's head (`invoke exec -- ray status`, a
+    driver started in `invoke ssh`): the GCS address and the head's copy of the token."""
+    env = {"RAY_ADDRESS": str(state.info["address"])} if state.info.get("address") else {}
+    return {**env, **(node_env(node_token_path) if token_file(state)
+                      else {"RAY_AUTH_MODE": "disabled"})}
+
+
 def scrub(text: str, path: Path | None) -> str:
     """`text` with the token replaced, for anything that may end up in an error or a log."""
     if path is None:

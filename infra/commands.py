@@ -13,7 +13,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from infra import auth, autodown_view, costs, jobs, loading, paths, providers, spec, ssh, state, ui
+from infra import (
+    auth,
+    autodown_view,
+    costs,
+    jobs,
+    loading,
+    paths,
+    providers,
+    raynoise,
+    spec,
+    ssh,
+    state,
+    tunnels,
+    ui,
+)
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.node.files import atomic_write
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
@@ -42,8 +56,11 @@ def _keep_applied(name: str) -> None:
 
 
 def _diff(name: str, plan: Plan[Any]) -> str:
-    """Unified diff of the rendered files against those of the last successful `up`."""
+    """Unified diff of the rendered files against those of the last successful `up`; empty
+    before the first one (everything would be new: the plan's table says so already)."""
     applied = paths.applied_dir(name)
+    if not applied.exists():
+        return ""
     chunks: list[str] = []
     for file_name in sorted(set(plan.files) | {p.name for p in applied.glob("*")}):
         old_path = applied / file_name
@@ -70,7 +87,9 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
             "cost_range": cost_range.__dict__ if cost_range else None,
             "autodown": selected.autodown.idle_minutes if selected.autodown else None,
             "diff": diff,
+            "problems": result.problems,
         }, indent=2), soft_wrap=True, markup=False)
+        _refuse_problems(result)
         return
     from rich.table import Table
 
@@ -94,6 +113,22 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
         ui.out("no changes since the last `invoke up`")
     else:
         ui.out("nothing applied yet")
+    from rich.markup import escape
+
+    for problem in result.problems:
+        ui.info(f"[red]✗[/red] {escape(problem)}")
+    _refuse_problems(result)
+
+
+class PlanProblemsError(RayfleetError):
+    """A pre-flight check of `plan` failed: `up` would fail the same way."""
+
+
+def _refuse_problems(result: Plan) -> None:
+    count = len(result.problems)
+    if count:
+        raise PlanProblemsError(f"{count} pre-flight check{'s' if count > 1 else ''} failed (above); "
+                                "fix them before `invoke up`")
 
 
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
@@ -122,9 +157,12 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     flag = _cluster_flag(selected)
     ui.out(f"cluster {selected.name!r} ({selected.provider}) is up")
     ui.out(f"  Ray address:  {endpoint.address}", markup=False)
+    ui.out(f'  Ray\'s tools:  eval "$(invoke env{flag})"   (ray status, ray job submit, '
+           "ray.init())", markup=False)
     ui.out(f"  dashboard:    {endpoint.dashboard_url}   (`invoke dashboard{flag}`)", markup=False)
     ui.out(f"  submit a job: invoke submit{flag} examples/cpu_example.py -- 8", markup=False)
     ui.out(f"  tear down:    invoke teardown{flag}", markup=False)
+    ui.out(f"  {costs.describe_autodown(selected)}", markup=False)
 
 
 def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any, Any], current: State) -> None:
@@ -215,7 +253,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "ray_error": ray_error or None, **ray_view,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
-    ui.out(f"{selected.name} ({selected.provider}): {provider_view.summary}", markup=False)
+    ui.out(f"{_title(selected)}: {provider_view.summary}", markup=False)
     if provider_view.cost is not None:
         ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
     if provider_view.autodown is not None:
@@ -231,6 +269,13 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
     if ray_error:
         raise RayNotAnsweringError(ray_error)
     return 0
+
+
+def _title(selected: spec.ClusterSpec) -> str:
+    """"name (provider)", or just the name when it is the provider's (its default spec)."""
+    if selected.name == selected.provider:
+        return selected.name
+    return f"{selected.name} ({selected.provider})"
 
 
 def _amount(key: str, value: float) -> str:
@@ -296,41 +341,66 @@ def _auth_howto(endpoint: Endpoint) -> None:
             f"ray job submit --address {endpoint.dashboard_url} -- python script.py")
 
 
+@contextmanager
+def _quiet_connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
+    """`connect`, with Ray's client-side log lines sent to the cluster's ray-client.log."""
+    selected, impl = _select(provider, cluster)
+    log = paths.home() / "logs" / selected.name / "ray-client.log"
+    with impl.connect(_running(selected)) as endpoint, raynoise.to_log(log):
+        yield endpoint
+
+
 def submit(provider: str | None, cluster: str | None, script: str, args: list[str],
            runtime_env_file: str | None, wait: bool) -> int:
     command, env = jobs.prepare(script, args, runtime_env_file)
-    with connect(provider, cluster) as endpoint:
+    with _quiet_connect(provider, cluster) as endpoint:
         return jobs.submit(endpoint, command, env, wait)
 
 
-def logs(provider: str | None, cluster: str | None, job_id: str, follow: bool) -> int:
-    with connect(provider, cluster) as endpoint:
-        return jobs.logs(endpoint, job_id, follow)
+def _job_or_last(endpoint: Endpoint, job_id: str | None) -> str:
+    if job_id:
+        return job_id
+    found = jobs.last_job(endpoint)
+    ui.info(f"job {found} (the last one submitted)")
+    return found
 
 
-def stop_job(provider: str | None, cluster: str | None, job_id: str) -> None:
-    with connect(provider, cluster) as endpoint:
-        ui.out(f"job {job_id} {jobs.stop(endpoint, job_id)}")
+def logs(provider: str | None, cluster: str | None, job_id: str | None, follow: bool) -> int:
+    with _quiet_connect(provider, cluster) as endpoint:
+        return jobs.logs(endpoint, _job_or_last(endpoint, job_id), follow)
+
+
+def stop_job(provider: str | None, cluster: str | None, job_id: str | None) -> None:
+    with _quiet_connect(provider, cluster) as endpoint:
+        job = _job_or_last(endpoint, job_id)
+        ui.out(f"job {job} {jobs.stop(endpoint, job)}")
 
 
 def doctor(provider: str | None, cluster: str | None, as_json: bool) -> int:
     from infra import doctor as checkup
 
-    with connect(provider, cluster) as endpoint:
+    with _quiet_connect(provider, cluster) as endpoint:
         return checkup.run(endpoint, as_json)
 
 
 def teardown(provider: str | None, cluster: str | None) -> None:
     selected, impl = _select(provider, cluster)
+    if not state.lock_path_of(selected.name).exists() and not state.state_path(selected.name).exists():
+        # Never created here (no `up` ever took its lock): nothing to ask a provider about, no
+        # credentials needed, and no lock file left behind.
+        ui.out(f"cluster {selected.name!r}: nothing to tear down")
+        return
     with state.locked(selected.name, selected.provider, "teardown") as current:
         had_state = current.path.exists()
         if had_state and _say_if_removed(selected, impl, current):
             ui.info("verifying that nothing of it is left, then clearing its state")
-        impl.teardown(current)
+        if had_state:  # without state nothing was recorded, so nothing was created
+            impl.teardown(current)
         current.delete()
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
     autodown_view.marker_path(selected.name).unlink(missing_ok=True)
     # The next cluster of this name gets a fresh token and fresh machines with new host keys.
+    tunnels.close(selected.name)
     for leftover in (auth.token_path(selected.name), ssh.cluster_known_hosts(selected.name)):
         leftover.unlink(missing_ok=True)
     if had_state:

@@ -40,11 +40,14 @@ def duration(seconds: float | None) -> str:
 def describe_cost(cost: Cost) -> str:
     """e.g. "3 node(s), $2.37/h now, up 1:02:03, accrued $2.45 (Lambda /instance-types)"."""
     parts = [f"{cost.nodes} node(s)"]
-    if cost.hourly_usd is not None:
+    free = cost.hourly_usd == 0 and not cost.accrued_usd
+    if free:
+        parts.append("free")
+    elif cost.hourly_usd is not None:
         parts.append(f"{dollars(cost.hourly_usd)}/h now")
     if cost.uptime_s is not None:
         parts.append(f"up {duration(cost.uptime_s)}")
-    if cost.accrued_usd is not None:
+    if cost.accrued_usd is not None and not free:
         parts.append(f"accrued {dollars(cost.accrued_usd)}")
     if cost.node_hours is not None:
         parts.append(f"{cost.node_hours:.2f} node-hours so far")

@@ -35,21 +35,29 @@ def main() -> None:
     ray.init()
     probe = ray.remote(num_cpus=0, max_retries=0)(versions)
     nodes = [node for node in ray.nodes() if node["Alive"]]
+    # This driver runs on a node already (the head, where Ray runs job drivers) and answers for
+    # it itself: a task there would only wait for a worker process to start.
+    here = ray.get_runtime_context().get_node_id()
     refs = {
         node["NodeID"]: probe.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
         ).remote()
-        for node in nodes
+        for node in nodes if node["NodeID"] != here
     }
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=TIMEOUT_S)
+    ready, _ = (ray.wait(list(refs.values()), num_returns=len(refs), timeout=TIMEOUT_S)
+                if refs else ([], []))
     report = []
     for node in nodes:
-        ref = refs[node["NodeID"]]
         entry: dict[str, Any] = {
             "node_id": node["NodeID"],
             "ip": node["NodeManagerAddress"],
             "head": "node:__internal_head__" in node["Resources"],
         }
+        if node["NodeID"] == here:
+            entry.update(versions())
+            report.append(entry)
+            continue
+        ref = refs[node["NodeID"]]
         if ref in ready:
             try:
                 answer: dict[str, Any] = ray.get(ref)

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, ui
+from infra import auth, raynoise, ui
 from infra.errors import JobError, UsageError
 
 if TYPE_CHECKING:
     from infra.endpoint import Endpoint
 
-_ALWAYS_EXCLUDED = [".rayfleet/", ".git/", "**/__pycache__/", ".venv/", "*.pem", "id_*"]
+# multirun/: what a Hydra sweep leaves behind (outputs and logs of every run), never job input.
+_ALWAYS_EXCLUDED = [".rayfleet/", ".git/", "**/__pycache__/", ".venv/", "*.pem", "id_*",
+                    "multirun/"]
 _EXIT = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}
 
 
@@ -114,9 +117,8 @@ def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool) ->
 
 def follow(client: Any, job_id: str) -> int:
     """Stream a job's logs until it ends; return an exit code that reflects its status."""
-    import sys
-
     shown = 0  # characters of the log already written: a re-attached stream starts from the top
+    lines = raynoise.LineFilter(colour=sys.stdout.isatty())
 
     async def tail() -> None:
         nonlocal shown
@@ -125,7 +127,7 @@ def follow(client: Any, job_id: str) -> int:
             new = chunk[max(0, shown - seen):]
             seen += len(chunk)
             if new:
-                sys.stdout.write(new)
+                sys.stdout.write(lines.feed(new))
                 sys.stdout.flush()
                 shown += len(new)
 
@@ -149,11 +151,13 @@ def follow(client: Any, job_id: str) -> int:
                                    f"running: `invoke logs {job_id} --follow`") from None
                 break
     except KeyboardInterrupt:
+        sys.stdout.write(lines.flush())
         ui.info(
             f"\nstopped following; job {job_id} keeps running on the cluster. "
             f"Stop it with `invoke stop-job {job_id}`, follow again with `invoke logs {job_id}`"
         )
         return 130
+    sys.stdout.write(lines.flush())
     status = str(client.get_job_status(job_id).value)
     ui.info(f"job {job_id} {status}")
     return _EXIT.get(status, 1)
@@ -164,7 +168,9 @@ def logs(endpoint: Endpoint, job_id: str, follow_logs: bool) -> int:
     try:
         if follow_logs:
             return follow(client, job_id)
-        ui.out(client.get_job_logs(job_id), end="")
+        lines = raynoise.LineFilter(colour=sys.stdout.isatty())
+        text = client.get_job_logs(job_id)
+        sys.stdout.write(lines.feed(text) + lines.flush())
     except RuntimeError as exc:
         raise JobError(f"job {job_id}: {str(exc).splitlines()[0]}") from None
     return 0
@@ -183,6 +189,15 @@ def stop(endpoint: Endpoint, job_id: str) -> str:
         return status if status in _EXIT else None
 
     return ui.wait_for(ended, f"job {job_id} to stop", timeout=60)
+
+
+def last_job(endpoint: Endpoint) -> str:
+    """The id of the job submitted last to the cluster (by whoever), for `logs` and `stop-job`."""
+    found = _client(endpoint).list_jobs()
+    if not found:
+        raise JobError("no job on this cluster yet; submit one with `invoke submit SCRIPT`")
+    last = max(found, key=lambda job: job.start_time or 0)
+    return str(last.submission_id or last.job_id)
 
 
 def list_jobs(endpoint: Endpoint) -> list[dict[str, str]]:

@@ -179,10 +179,28 @@ def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str],
     try:
         return model.model_validate({**data, "name": path.stem, "source": where})
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        first = errors[0]
         if tuple(first["loc"]) == ("name",):
             raise SpecError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
-        raise SpecError(f"{where}: {describe_error(model, first)}") from None
+        typo = _misspelt_required(errors)
+        raise SpecError(f"{where}: {typo or describe_error(model, first)}") from None
+
+
+def _misspelt_required(errors: list[Any]) -> str | None:
+    """A required key reported missing next to an unknown key that looks like it (`idle_minute`
+    for idle_minutes, `regon` for region): name the typo, not only the missing key."""
+    unknown = [tuple(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
+    for error in errors:
+        if error["type"] != "missing":
+            continue
+        loc = tuple(error["loc"])
+        siblings = [str(u[-1]) for u in unknown if u[:-1] == loc[:-1]]
+        close = difflib.get_close_matches(str(loc[-1]), siblings, n=1, cutoff=0.6)
+        if close:
+            return (f"{_where((*loc[:-1], close[0]))}: unknown key; did you mean "
+                    f"{str(loc[-1])!r}? (a required key)")
+    return None
 
 
 def read_spec(path: Path) -> Any:

@@ -182,6 +182,11 @@ def state_path(cluster: str) -> Path:
     return paths.state_dir() / f"{cluster}.json"
 
 
+def lock_path_of(cluster: str) -> Path:
+    """The cluster's lock file, created by the first `up` (or `teardown`) that takes it."""
+    return paths.state_dir() / f"{cluster}.lock"
+
+
 def read(cluster: str) -> State | None:
     """The cluster's state without taking the lock (for status, dashboard, submit)."""
     return State.load(state_path(cluster))
@@ -194,7 +199,7 @@ def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
     The holder's pid, host and command are written into the lock file so that a second run can say
     who it is waiting for.
     """
-    lock_path = paths.state_dir() / f"{cluster}.lock"
+    lock_path = lock_path_of(cluster)
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -7,6 +7,7 @@ spinner becomes plain lines, printed when the detail changes.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,7 +32,12 @@ def _console(stream: str) -> Console:
     if stream not in _consoles:
         from rich.console import Console
 
-        _consoles[stream] = Console(stderr=stream == "err", highlight=False, soft_wrap=True)
+        console = Console(stderr=stream == "err", highlight=False, soft_wrap=True)
+        if not console.is_terminal and not os.environ.get("COLUMNS"):
+            # Off a terminal (a pipe, a file, CI) nothing wraps or cuts: rich would assume 80
+            # columns and shorten table cells to "autodo…".
+            console.width = 10_000
+        _consoles[stream] = console
     return _consoles[stream]
 
 

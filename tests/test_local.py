@@ -183,7 +183,10 @@ def test_plan_creates_nothing_and_diffs_against_last_up(cluster: Path, rf_home: 
     assert first.returncode == 0, first.stderr
     planned = json.loads(first.stdout)
     assert [r["exists"] for r in planned["resources"]] == [False]
-    assert "+  --num-cpus=2" in planned["diff"]
+    # Before the first `up` there is nothing to diff against: no "changes since" at all.
+    assert planned["diff"] == "" and planned["problems"] == []
+    text = run_invoke("plan", "--cluster", str(cluster))
+    assert "changes since" not in text.stdout and "nothing applied yet" in text.stdout
     assert _processes(cluster.stem) == [] and not (rf_home / "state" / f"{cluster.stem}.json").exists()
 
     assert run_invoke("up", "--cluster", str(cluster)).returncode == 0

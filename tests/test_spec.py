@@ -41,6 +41,11 @@ BAD_SPECS = [
     ("a-very-long-cluster-name-that-is-too-long.yaml", "provider: local\n", "rename the file"),
     ("9lives.yaml", "provider: local\n", "starting with a letter"),
     ("c.yaml", "provider: local\nnum_cpus: true\n", "num_cpus: input should be a valid integer"),
+    # A misspelt REQUIRED key: the typo is named, not only "required key is missing".
+    ("c.yaml", "provider: local\nautodown: {idle_minute: 30}\n",
+     "autodown.idle_minute: unknown key; did you mean 'idle_minutes'? (a required key)"),
+    ("c.yaml", "provider: lambda\nhead: {choices: [{instance_type: gpu_1x_a10, regon: us-east-1}]}\n",
+     "head.choices[0].regon: unknown key; did you mean 'region'? (a required key)"),
 ]
 
 

@@ -22,6 +22,9 @@ import socket
 TAG_CLUSTER = "rayfleet-cluster"
 TAG_OWNER = "rayfleet-owner"
 TAG_NAME = "rayfleet-name"
+#: Stands for the cluster id in names that `plan` shows before the first `up` has made one; the
+#: same in every provider (and valid where ids go: GCP labels, Lambda names, temp dirs).
+ID_PLACEHOLDER = "assigned-at-first-up"
 
 _ID = re.compile(r"^[0-9a-f]{8}$")
 

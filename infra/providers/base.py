@@ -20,6 +20,7 @@ from infra import autodown_view, ui
 from infra.autodown_view import AutodownView
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError
+from infra.head import HeadAccess
 from infra.spec import ClusterSpec
 from infra.state import Resource, State
 
@@ -53,6 +54,9 @@ class Plan(Generic[ExtraT]):
     files: Mapping[str, str] = field(default_factory=dict)
     #: Extra facts for the user: capacity now, price per hour, warnings.
     notes: Sequence[str] = ()
+    #: Pre-flight checks that failed (no credentials, an API off): `up` would fail on them, so
+    #: `plan` shows them and exits non-zero. Each is one line naming the fix.
+    problems: Sequence[str] = ()
     #: The provider's own findings that `up` acts on (a pre-flight report and zone order, a
     #: capacity snapshot); each provider defines its frozen type, None when it needs none.
     extra: ExtraT
@@ -121,6 +125,27 @@ class ProviderStatus:
     @property
     def state_label(self) -> str:
         return self.state or ("running" if self.running else "not running")
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """One thing a provider needs on this machine (credentials, an API, Slurm's commands), as
+    `invoke check` reports it."""
+
+    #: What is checked, e.g. "API key", "Compute Engine API", "Slurm commands".
+    what: str
+    ok: bool
+    #: What was found ("LAMBDA_API_KEY", "slurm 23.11.4") or what went wrong.
+    detail: str
+    #: One line that fixes it; empty when `ok`.
+    fix: str = ""
+
+    @classmethod
+    def failed(cls, what: str, error: Exception | str, default_fix: str) -> Readiness:
+        """A failed check from a one-line error "what is wrong; how to fix it" (our errors'
+        shape): the part after the first "; " is the fix, else `default_fix`."""
+        detail, _, fix = str(error).partition("; ")
+        return cls(what, False, detail, fix or default_fix)
 
 
 @dataclass(frozen=True)
@@ -238,6 +263,25 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         Remote providers open an SSH tunnel to a free local port; local returns its URL.
         Raises ClusterNotRunningError when there is nothing to connect to.
         """
+
+    def head_access(self, state: State) -> HeadAccess:
+        """How to log into the cluster's head (`invoke ssh`, `exec`, `sync`, remote `env`), with the
+        same key, proxy and host-key rules as the provider's own SSH; read-only.
+
+        Raises ClusterNotRunningError when there is no head to reach.
+        """
+        from infra.errors import ProviderError
+
+        raise ProviderError(f"the {self.name} provider gives no access to its head")
+
+    #: True when the provider reaches its nodes over SSH (`invoke check` then checks ssh/rsync).
+    uses_ssh: ClassVar[bool] = False
+
+    def readiness(self) -> list[Readiness]:
+        """Whether this machine can use the provider with this spec: credentials found, APIs
+        answering, Slurm reachable. Read-only (at most a listing call per API); never raises for
+        a missing piece, which is a `Readiness` with its fix."""
+        return []
 
     #: How long `invoke list` waits for this provider's `status` before it reports the provider
     #: unreachable (the call keeps running in a daemon thread and is abandoned).

@@ -72,7 +72,8 @@ def test_teardown_and_status_without_state(tmp_path: Path) -> None:
     result = run_invoke("teardown", "--provider=gcp-tpu", env=env)
     assert result.returncode == 0 and "nothing to tear down" in result.stdout
     result = run_invoke("status", "--provider=gcp-tpu", env=env)
-    assert result.returncode == 0 and "is not up" in result.stdout
+    # One mention of the cluster, not "gcp-tpu (gcp-tpu): gcp-tpu cluster 'gcp-tpu' is not up".
+    assert result.returncode == 0 and result.stdout.splitlines()[0] == "gcp-tpu: not up"
     result = run_invoke("dashboard", "--provider=gcp-tpu", env=env)
     assert result.returncode == 1 and "has no state" in result.stderr
 
@@ -127,12 +128,16 @@ def test_a_job_runs_through_the_ssh_tunnel(tmp_path: Path, rf_home: Path, fake: 
     assert fake.nodes_with({"rayfleet-name": "tunnel"}) == []
 
 
-def test_plan_of_the_shipped_example_needs_no_account(tmp_path: Path) -> None:
+def test_plan_of_the_shipped_example_renders_without_an_account_and_exits_1(
+        tmp_path: Path) -> None:
+    """No credentials: the plan is still shown (and rendered), but a failed pre-flight check is
+    a failed plan: exit 1, naming the fix."""
     result = run_invoke("plan", "--provider=gcp-tpu", "--json", env=_env(tmp_path / "home"))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: 1 pre-flight check failed")
     planned = json.loads(result.stdout)
     assert planned["provider"] == "gcp-tpu" and planned["files"] == [config.FILE_NAME]
-    assert any("no Google credentials found" in note for note in planned["notes"])
+    assert any("no Google credentials found" in p for p in planned["problems"])
     assert [r["name"] for r in planned["resources"]][:2] == ["ray-gcp-tpu-head", "cpu"]
 
 
@@ -147,7 +152,7 @@ def test_autodown_default_and_null_warning(tmp_path: Path) -> None:
     default = tmp_path / "gdef.yaml"
     default.write_text(yaml.safe_dump(BASE_SPEC))
     plan = run_invoke("plan", "--cluster", str(default), env=env)
-    assert plan.returncode == 0, plan.stderr
+    assert plan.returncode == 1 and "no Google credentials" in plan.stderr, plan.stderr
     assert "autodown: the whole cluster removes itself after 60 idle minutes" in plan.stdout
     off = tmp_path / "goff.yaml"
     off.write_text(yaml.safe_dump({**BASE_SPEC, "autodown": None}))

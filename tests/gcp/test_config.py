@@ -134,8 +134,8 @@ def test_example_specs_pass_ray_validation_and_classification(rf_home: Path, exa
     assert kinds == {"head": "compute", **dict.fromkeys(loaded.cpu_workers, "compute"),  # type: ignore[attr-defined]
                      **dict.fromkeys(loaded.tpu_workers, "tpu")}  # type: ignore[attr-defined]
     assert prepared["provider"]["type"] == "gcp"
-    # Without credentials the plan still renders, and says why pre-flight was skipped.
-    assert any("no Google credentials found" in note for note in result.notes)
+    # Without credentials the plan still renders, and names the failed pre-flight as a problem.
+    assert any("no Google credentials found" in problem for problem in result.problems)
 
 
 def test_examples_exist_and_every_key_is_commented() -> None:

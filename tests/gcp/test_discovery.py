@@ -119,8 +119,8 @@ def test_a_429_quota_refusal_is_one_quota_error_sent_once(api: Gcp, fake: FakeGc
 
 def test_preflight_refuses_a_zone_without_tpu_quota(api: Gcp, fake: FakeGcp,
                                                     tmp_path: Path) -> None:
-    from infra.providers.gcp_tpu import preflight
     from infra.loading import load_spec as load
+    from infra.providers.gcp_tpu import preflight
     from tests.gcp.conftest import write_spec
 
     spec = load(write_spec(tmp_path))
@@ -215,9 +215,9 @@ def test_longest_names_and_labels_reach_google_intact(api: Gcp, fake: FakeGcp,
     import yaml
     from googleapiclient import discovery
 
+    from infra.loading import load_spec as load
     from infra.node import identity
     from infra.providers.gcp_tpu import config
-    from infra.loading import load_spec as load
     from tests.gcp.conftest import write_spec
 
     cpu_type, tpu_type = "c" * 24, "t" * 24
@@ -286,8 +286,8 @@ def test_every_zone_the_fake_offers_passes_preflight(api: Gcp, fake: FakeGcp, tm
                                                      zone: str) -> None:
     """rayfleet lists no zones of its own (the spec names them); each zone the fake models
     (one per TPU region it offers) goes through pre-flight, TPU quota included."""
-    from infra.providers.gcp_tpu import preflight
     from infra.loading import load_spec as load
+    from infra.providers.gcp_tpu import preflight
     from tests.gcp.conftest import write_spec
 
     accelerator = {"us-central2-b": "v4-8", "us-central1-a": "v5litepod-4"}[zone]

@@ -30,6 +30,20 @@ def test_range_from_min_to_max(tmp_path: Path) -> None:
     assert cost.source.startswith("estimate:") and prices.AS_OF in cost.source
 
 
+def test_max_workers_caps_the_maximum_at_one_size(tmp_path: Path) -> None:
+    """max_workers below the types' sum: the maximum is the capped size, the dearest types first
+    (not the sum of every type's max_workers next to a note that it cannot be reached)."""
+    selected = _spec(tmp_path, {
+        "head": {"machine_type": "n2-standard-4"}, "max_workers": 3,
+        "cpu_workers": {"cpu": {"machine_type": "n2-standard-8", "provisioning": "standard",
+                                "min_workers": 1, "max_workers": 3}},
+        "tpu_workers": {"tpu": {"accelerator_type": "v4-8", "min_workers": 0, "max_workers": 2}}})
+    cost = providers.create(selected).cost_range(None)
+    assert cost is not None and (cost.min_nodes, cost.max_nodes) == (2, 4)
+    assert abs(cost.max_hourly_usd - (0.1942 + 1 * 0.3885 + 2 * 4 * 3.22)) < 1e-9  # type: ignore[operator]
+    assert "caps" not in cost.source
+
+
 def test_unknown_type_gives_no_price(tmp_path: Path) -> None:
     selected = _spec(tmp_path, {"head": {"machine_type": "m3-ultramem-32"}})
     cost = providers.create(selected).cost_range(None)

@@ -276,8 +276,9 @@ def test_plan_lists_queued_slices_and_preflight_checks_their_zones(
                for n in plan.notes), plan.notes
     fake.accelerator_types["us-central2-b"] = [("v4-8", "V4", "2x2x1")]
     plan = Provider(loading.load_spec(path), api_options=options).plan(None)  # type: ignore[arg-type]
+    # A failed pre-flight check is a problem of the plan (`invoke plan` exits 1), not a note.
     assert any("queued_slices.pod: v4-16 with runtime tpu-ubuntu2204-base is offered in none of "
-               "its zones" in n for n in plan.notes), plan.notes
+               "its zones" in n for n in plan.problems), plan.problems
 
 
 def test_sweep_lists_and_deletes_queued_requests_by_their_cluster_id(

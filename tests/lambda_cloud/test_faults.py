@@ -338,14 +338,18 @@ def test_plan_with_and_without_a_key(fake: FakeLambda, make_spec: SpecFactory, r
     if not with_key:
         env["LAMBDA_API_KEY"] = ""
     result = _invoke("plan", "--cluster", str(path), **env)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == (0 if with_key else 1), result.stderr
     assert "Traceback" not in result.stderr
     if with_key:
-        assert "<id>" in result.stdout and "$0.75/h (capacity now)" in result.stdout
+        assert "assigned-at-first-up" in result.stdout and "$0.75/h (capacity now)" in result.stdout
         assert "estimated cost: $2.25/h for 3 instance(s)" in result.stdout
     else:
-        notes = [line for line in result.stdout.splitlines() if "capacity and prices unknown" in line]
-        assert len(notes) == 1 and "no Lambda API key" in notes[0]
+        # The plan is still shown; the missing key fails it (`up` could not start), with the fix.
+        problems = [line for line in result.stderr.splitlines()
+                    if "capacity and prices unknown" in line]
+        assert len(problems) == 1 and "no Lambda API key" in problems[0]
+        assert "lt-assigned-at-first-up-head" in result.stdout
+        assert result.stderr.strip().splitlines()[-1].startswith("error: 1 pre-flight check")
     assert fake.requests("POST") == []  # plan creates nothing
 
 

@@ -56,7 +56,7 @@ class LambdaBackend(Backend):
         self.choices = self._cheapest()
 
     def _client(self) -> Any:
-        from infra.providers.lambda_cloud import api
+        from infra.node.lambda_cloud import api
 
         limits = api.Limits.scaled(FAKE_SCALE) if self.fake else api.Limits()
         return api.LambdaClient(self.env["LAMBDA_API_KEY"],

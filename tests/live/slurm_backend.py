@@ -54,12 +54,12 @@ class SlurmBackend(Backend):
 
     def leftovers(self, cluster_ids: set[str]) -> list[str]:
         """Jobs in the queue carrying one of the run's cluster ids (Slurm has no `sweep`)."""
-        from infra import spec
+        from infra import loading
         from infra.providers.slurm import remote
 
         path = self.work / "leftovers.yaml"
         path.write_text(yaml.safe_dump({**self.base, "nodes": 1}))
-        submit = spec.load_spec(path).submit  # type: ignore[attr-defined]
+        submit = loading.load_spec(path).submit  # type: ignore[attr-defined]
         with remote.opened(submit) as runner:
             rows = runner.check("squeue -h -o '%i|%T|%k'").splitlines()
         return [row for row in rows if any(f"rayfleet-cluster={cid}" in row for cid in cluster_ids)]

@@ -55,6 +55,9 @@ class Recorded(Runner):
     def on_node(self, node: str, command: str, timeout: float = 30) -> Result:
         raise AssertionError("validation never logs into a compute node")
 
+    def node_target(self, node: str) -> None:
+        raise AssertionError("validation never logs into a compute node")
+
     def close(self) -> None:
         pass
 

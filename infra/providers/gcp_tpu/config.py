@@ -24,7 +24,7 @@ CLUSTER_LABEL = identity.TAG_CLUSTER
 #: Where the cluster's Ray token lands on every node (Ray's file_mounts copy it, mode kept).
 NODE_TOKEN_PATH = "~/.rayfleet/ray-token"
 #: Label value standing in for the cluster id in `invoke plan` before the first `up`.
-ID_PLACEHOLDER = "assigned-at-first-up"
+ID_PLACEHOLDER = identity.ID_PLACEHOLDER
 #: Ray's label on every node it launches (ray.autoscaler.tags.TAG_RAY_CLUSTER_NAME).
 RAY_CLUSTER_LABEL = "ray-cluster-name"
 HEAD_TYPE = "head"

@@ -64,13 +64,12 @@ def tpu_hourly(accelerator_type: str, chips: int | None = None,
 
 
 def cost_range(spec: Spec) -> CostRange:
-    """$/h of the head plus min_workers of each type, and of the head plus max_workers of each."""
+    """$/h of the head plus min_workers of each type, and of the largest cluster the spec allows:
+    the head plus `max_total` workers (max_workers caps the sum of the types' maxima), the most
+    expensive types filling the slots above the minimum, so the maximum is one reachable size."""
     from infra.providers.base import CostRange
 
     head = machine_hourly(spec.head.machine_type)
-    low, high = head, head
-    low_nodes = high_nodes = 1
-    unknown = head is None
     pools: list[tuple[float | None, int, int]] = []
     for cpu in spec.cpu_workers.values():
         pools.append((machine_hourly(cpu.machine_type, cpu.provisioning), cpu.min_workers,
@@ -79,20 +78,17 @@ def cost_range(spec: Spec) -> CostRange:
         shape = t.slice
         pools.append((tpu_hourly(shape.accelerator_type, shape.chips, t.provisioning),
                       t.min_workers, t.max_workers))
-    for price, least, most in pools:
-        unknown |= price is None
-        low_nodes += least
-        high_nodes += most
-        if price is not None and low is not None and high is not None:
-            low, high = low + price * least, high + price * most
-    source = SOURCE
-    if spec.max_workers is not None and 1 + spec.max_workers < high_nodes:
-        source += f"; max_workers caps the cluster at {1 + spec.max_workers} nodes, so its " \
-                  "maximum is lower"
-    if unknown:
+    low_nodes = 1 + sum(least for _, least, _ in pools)
+    high_nodes = 1 + spec.max_total
+    if head is None or any(price is None for price, _, _ in pools):
         return CostRange(low_nodes, high_nodes, None, None,
                          f"{SOURCE}; a machine or TPU type is not in the table")
-    return CostRange(low_nodes, high_nodes, low, high, source)
+    low = head + sum((price or 0.0) * least for price, least, _ in pools)
+    high, slots = low, spec.max_total - (low_nodes - 1)
+    for price, least, most in sorted(pools, key=lambda pool: -(pool[0] or 0.0)):
+        extra = min(most - least, slots)
+        high, slots = high + (price or 0.0) * extra, slots - extra
+    return CostRange(low_nodes, high_nodes, low, high, SOURCE)
 
 
 def current_cost(vms: list[dict[str, Any]], tpu_nodes: list[dict[str, Any]]) -> Cost:

@@ -19,9 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from infra import auth, autodown_remote, jobs, paths, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
+from infra.head import HeadAccess
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
-from infra.providers.base import CostRange, Endpoint, Plan, PlannedResource, ProviderStatus
+from infra.providers.base import (
+    CostRange,
+    Endpoint,
+    Plan,
+    PlannedResource,
+    ProviderStatus,
+    Readiness,
+)
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.gcp_tpu import (
     autodown_setup,
@@ -180,16 +188,17 @@ class Provider(BaseProvider[Spec, Preflight]):
         else:
             notes.append("dashboard: reachable only through an SSH tunnel (`invoke dashboard`)")
         notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
-                     f"at most {spec.max_total} workers")
+                     f"at most {spec.max_total} workers ({1 + spec.max_total} nodes with the head)")
         if spec.zones is not None:
             fallback = ([z for z in report.zones if z != spec.zone] if report
                         else [z for z in spec.candidate_zones if z != spec.zone])
             notes.append(f"zone {spec.zone} (from zones: {', '.join(spec.candidate_zones)}); if "
                          f"Google has no capacity for the head there, `up` removes what that zone "
                          f"left and moves on to {', '.join(fallback) or 'no other zone'}")
-        notes += checks
+        failed = [c.removeprefix(_FAILED) for c in checks if c.startswith(_FAILED)]
+        notes += [c for c in checks if not c.startswith(_FAILED)]
         return Plan(resources=resources, files={config.FILE_NAME: text}, notes=notes,
-                    extra=Preflight(report, _zone_order(self.spec, report)))
+                    problems=failed, extra=Preflight(report, _zone_order(self.spec, report)))
 
     def _plan_preflight(self, state: State | None) -> tuple[preflight.Report | None, list[str]]:
         """Pre-flight and its notes: `invoke plan` reports problems, `up` refuses to start on them."""
@@ -197,7 +206,7 @@ class Provider(BaseProvider[Spec, Preflight]):
             api, _ = self._api(self.spec.project, self.spec.credentials_file)
             report = preflight.run(self.spec, api, bool(state and state.resources(CLUSTER)))
         except GcpError as exc:
-            return None, [f"pre-flight ✗ {exc}"]
+            return None, [f"{_FAILED}{exc}"]
         return report, [f"pre-flight ✓ {line}" for line in report.passed] + [
             f"pre-flight warning: {line}" for line in report.warnings]
 
@@ -392,7 +401,7 @@ class Provider(BaseProvider[Spec, Preflight]):
     def status(self, state: State) -> ProviderStatus:
         clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
         if not clusters and not rules:
-            return ProviderStatus(False, f"gcp-tpu cluster {self.spec.name!r} is not up")
+            return ProviderStatus(False, "not up")
         first = (clusters or rules)[0]
         api, _ = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                            or self.spec.credentials_file)
@@ -422,8 +431,30 @@ class Provider(BaseProvider[Spec, Preflight]):
                         or self.spec.credentials_file)[0]
         return any(autodown_setup.nodes_left(api, cluster) for cluster in clusters)
 
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
+    uses_ssh = True
+
+    def readiness(self) -> list[Readiness]:
+        """Credentials (read, never refreshed here), then one read of each API the cluster uses:
+        the project (Compute Engine) and the zone's accelerator types (Cloud TPU)."""
+        from infra.providers.gcp_tpu.api import find_credentials
+
+        try:
+            found = find_credentials(self.spec.credentials_file, self.spec.source)
+        except GcpError as exc:
+            return [_readiness("Google credentials", exc)]
+        api = Gcp(self.spec.project, found, self._options)
+        rows = [Readiness("Google credentials", True, found.source)]
+        for what, call in (("Compute Engine API", api.get_project),
+                           ("Cloud TPU API", lambda: api.accelerator_types(self.spec.zone))):
+            try:
+                call()
+            except GcpError as exc:
+                rows.append(_readiness(what, exc))
+                break
+            rows.append(Readiness(what, True, f"answers for project {self.spec.project}"))
+        return rows
+
+    def _reachable_head(self, state: State) -> Resource:
         cluster = next((c for c in state.resources(CLUSTER) if c.attrs.get("head_ip")), None)
         if cluster is None:
             raise ClusterNotRunningError(
@@ -433,6 +464,18 @@ class Provider(BaseProvider[Spec, Preflight]):
         if not key.exists():
             raise ClusterNotRunningError(f"the cluster's SSH key {key} is missing; run `invoke "
                                          "up` again to restore access, or `invoke teardown`")
+        return cluster
+
+    def head_access(self, state: State) -> HeadAccess:
+        cluster = self._reachable_head(state)
+        target = self._head_target(cluster)
+        # `ray start --head` without --ray-client-server-port opens Ray's default, 10001.
+        return HeadAccess(target, str(target), auth.head_env(state, config.NODE_TOKEN_PATH),
+                          dashboard_port=int(cluster.attrs["dashboard_port"]), client_port=10001)
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        cluster = self._reachable_head(state)
         target = self._head_target(cluster)
         with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
             yield Endpoint(f"http://127.0.0.1:{port}",
@@ -534,3 +577,11 @@ class Provider(BaseProvider[Spec, Preflight]):
         from infra.providers.gcp_tpu import prices
 
         return prices.cost_range(self.spec)
+
+
+_FAILED = "pre-flight ✗ "
+
+
+def _readiness(what: str, exc: GcpError) -> Readiness:
+    """A failed check, its message split into what is wrong and the fix it names."""
+    return Readiness.failed(what, str(exc).removeprefix("gcp-tpu: "), "see the message")

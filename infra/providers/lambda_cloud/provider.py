@@ -23,6 +23,8 @@ from pathlib import Path
 
 from infra import auth, autodown_remote, paths, render, ssh, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
+from infra.head import HeadAccess
+from infra.node import identity
 from infra.node.files import atomic_write
 from infra.node.lambda_cloud import api
 from infra.providers.base import (
@@ -31,6 +33,7 @@ from infra.providers.base import (
     Plan,
     PlannedResource,
     ProviderStatus,
+    Readiness,
 )
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.lambda_cloud import autodown_setup, autoscale, costs, firewall, fleet, raycluster
@@ -95,7 +98,7 @@ class Provider(BaseProvider[Spec, Capacity]):
 
     def _slots(self, state: State | None) -> list[fleet.Slot]:
         # Before the first `up` there is no id yet: plan shows where it goes.
-        cluster_id = state.cluster_id if state is not None else "<id>"
+        cluster_id = state.cluster_id if state is not None else identity.ID_PLACEHOLDER
         return fleet.slots(self.spec.name, self.spec.fixed_workers, cluster_id)
 
     # --- plan -----------------------------------------------------------------------------------
@@ -103,16 +106,18 @@ class Provider(BaseProvider[Spec, Capacity]):
     def plan(self, state: State | None) -> Plan[Capacity]:
         types: dict[str, api.InstanceType] | None = None
         notes: list[str] = []
+        problems: list[str] = []
         fetched_at = 0.0
+        # `up` cannot start without the API: a plan that could not reach it has failed.
         if api.read_api_key() is None:
-            notes.append("capacity and prices unknown: no Lambda API key (set LAMBDA_API_KEY or "
-                         f"put `api_key = ...` in ~/{api.KEY_FILE})")
+            problems.append("capacity and prices unknown: no Lambda API key (set LAMBDA_API_KEY "
+                            f"or put `api_key = ...` in ~/{api.KEY_FILE})")
         else:
             try:
                 types = self.client().instance_types()
                 fetched_at = time.monotonic()
             except RayfleetError as exc:
-                notes.append(f"capacity and prices unknown: {exc}")
+                problems.append(f"capacity and prices unknown: {exc}")
         existing = {fleet.slot_key(str(r.attrs.get("name")), r.attrs): r
                     for r in (state.resources(fleet.INSTANCE) if state else [])}
         head_choice, worker_choice = place(self.spec, types) if types else (None, None)
@@ -141,10 +146,11 @@ class Provider(BaseProvider[Spec, Capacity]):
                          f"copies {self.spec.ssh_private_key} to the head as ~/ray_bootstrap_key.pem")
         else:
             resources.insert(0, PlannedResource(
-                "Lambda SSH key", f"rayfleet-{self.spec.name}-<id>-<fingerprint>",
+                "Lambda SSH key", f"rayfleet-{self.spec.name}-{identity.ID_PLACEHOLDER}-<fingerprint>",
                 f"public half of {self._key_path()} (generated here, 0600; the private key stays "
                 "here and on the head)", exists=bool(state and state.resources(fleet.SSH_KEY))))
-        ruleset = firewall.ruleset_name(self.spec.name, state.cluster_id if state else "<id>")
+        ruleset = firewall.ruleset_name(self.spec.name,
+                                        state.cluster_id if state else identity.ID_PLACEHOLDER)
         sources = ", ".join(self.spec.ssh_source_ranges or ["anywhere"])
         change = firewall.pending_change(state, self.spec.ssh_source_ranges)
         resources.append(PlannedResource(
@@ -174,19 +180,19 @@ class Provider(BaseProvider[Spec, Capacity]):
             files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
         else:
             files = {raycluster.CONFIG_FILE: self._render(state)}
-        return Plan(resources=resources, files=files, notes=notes,
+        return Plan(resources=resources, files=files, notes=notes, problems=problems,
                     extra=Capacity(types, fetched_at))
 
     def _render_autoscaler(self, state: State | None, head: api.Instance | None,
                            types: dict[str, api.InstanceType] | None) -> str:
         """The autoscaler config; before the head exists, with the first head choice's region."""
         key = next((str(r.attrs["name"]) for r in (state.resources(fleet.SSH_KEY) if state else [])),
-                   f"rayfleet-{self.spec.name}-<id>-<fingerprint>")
+                   f"rayfleet-{self.spec.name}-{identity.ID_PLACEHOLDER}-<fingerprint>")
         region = head.region if head else self.spec.head.choices[0].region
         rulesets = [r.id for r in (state.resources(firewall.FIREWALL) if state else [])
                     if r.attrs.get("region") == region] or ["<ruleset id>"]
         scale = self._client.limits.scale if self._client else api.Limits.from_env().scale
-        data = autoscale.config(self.spec, state.cluster_id if state else "<id>",
+        data = autoscale.config(self.spec, state.cluster_id if state else identity.ID_PLACEHOLDER,
                                 state.owner if state else "<owner>", region, key, rulesets, types,
                                 scale)
         text = autoscale.render(data)
@@ -223,7 +229,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         head = ips.get(slots[0].key, "HEAD_IP_AFTER_LAUNCH")
         workers = [ips.get(s.key, f"WORKER_{s.index}_IP_AFTER_LAUNCH") for s in slots[1:]]
         text = raycluster.render_config(self.spec, head, workers, self._key_path(),
-                                        state.cluster_id if state is not None else "new")
+                                        state.cluster_id if state is not None else identity.ID_PLACEHOLDER)
         render.validate_ray_cluster_config(text, f"templates/lambda.yaml.j2 for {self.spec.name}")
         return text
 
@@ -461,12 +467,42 @@ class Provider(BaseProvider[Spec, Capacity]):
         return any(r.id in listed and listed[r.id].status not in api.GONE
                    for r in state.resources(fleet.INSTANCE))
 
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
+    uses_ssh = True
+
+    def readiness(self) -> list[Readiness]:
+        import os
+
+        if api.read_api_key() is None:
+            return [Readiness("API key", False, "none found",
+                              f"set LAMBDA_API_KEY or put `api_key = ...` in ~/{api.KEY_FILE} "
+                              "(create a key at https://cloud.lambda.ai/api-keys)")]
+        source = "LAMBDA_API_KEY" if os.environ.get("LAMBDA_API_KEY", "").strip() else \
+            f"~/{api.KEY_FILE}"
+        rows = [Readiness("API key", True, source)]
+        try:
+            types = self.client().instance_types()
+        except RayfleetError as exc:
+            return [*rows, Readiness.failed("Lambda API", exc,
+                                            "check the key and this machine's HTTPS access")]
+        return [*rows, Readiness("Lambda API", True,
+                                 f"{api.base_url()} answers ({len(types)} instance types)")]
+
+    def _head_ip(self, state: State) -> str:
         head_ip = state.info.get("head_ip")
         if not head_ip or not state.resources(fleet.INSTANCE):
             raise ClusterNotRunningError(f"Lambda cluster {self.spec.name!r} has no running head; "
                                          "start it with `invoke up`")
+        return str(head_ip)
+
+    def head_access(self, state: State) -> HeadAccess:
+        target = self._target(self._head_ip(state))
+        return HeadAccess(target, str(target), auth.head_env(state, auth.NODE_TOKEN_PATH),
+                          dashboard_port=raycluster.DASHBOARD_PORT,
+                          client_port=raycluster.CLIENT_PORT)
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        head_ip = self._head_ip(state)
         with raycluster.dashboard_tunnel(self._target(str(head_ip))) as url:
             yield Endpoint(url, f"{head_ip}:{raycluster.GCS_PORT}", tunneled=True,
                            token_path=auth.token_file(state))

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
+#: Ray's default Ray Client server port (`ray start --head` opens it; drivers use ray://).
+CLIENT_PORT = 10001
 CONFIG_FILE = "cluster.yaml"
 #: Where setup/ lands on each node and where install.sh puts the env (fixed, shell-safe strings).
 REMOTE_SETUP = "~/rayfleet/setup"

@@ -22,14 +22,24 @@ from pydantic import Field
 
 from infra import auth, autodown_view, jobs, paths, render, ui
 from infra.errors import ClusterNotRunningError, ProviderError
-from infra.node import autodown, rayproc
+from infra.head import HeadAccess
+from infra.node import autodown, identity, rayproc
 from infra.node.local import autodown as local_autodown
-from infra.providers.base import Cost, Endpoint, Plan, PlannedResource, ProviderStatus
+from infra.providers.base import (
+    Cost,
+    Endpoint,
+    Plan,
+    PlannedResource,
+    ProviderStatus,
+    Readiness,
+)
 from infra.providers.base import Provider as BaseProvider
 from infra.spec import ClusterSpec
 from infra.state import State
 
 HEAD = "ray-head"
+#: Where the cost of a local cluster comes from (it has none).
+FREE = "runs on this machine"
 # Port blocks are derived from the cluster name inside this range, away from Ray's defaults
 # (6379, 8265, 10001) and below the usual ephemeral range (32768+).
 _FIRST_BASE, _BLOCKS = 20000, 90
@@ -110,7 +120,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         if heads:
             return heads[0].id
         # `plan` without state shows a placeholder; `up` always has a state with an id.
-        return temp_dir(self.spec.name, state.cluster_id if state else "<cluster-id>")
+        return temp_dir(self.spec.name, state.cluster_id if state else identity.ID_PLACEHOLDER)
 
     def plan(self, state: State | None) -> Plan[rayproc.PortBlock]:
         block = self._block(state)
@@ -231,11 +241,11 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
     def status(self, state: State) -> ProviderStatus:
         heads = state.resources(HEAD)
         if not heads:
-            return ProviderStatus(False, f"local cluster {self.spec.name!r} is not running")
+            return ProviderStatus(False, "not running")
         pids = rayproc.cluster_processes(self._markers(state))
         report = self.autodown_report(state, left=bool(pids))
         if not pids and report is not None and report.removed_at:
-            return self.with_autodown(ProviderStatus(False, "", cost=Cost(0, 0.0, source="free")),
+            return self.with_autodown(ProviderStatus(False, "", cost=Cost(0, 0.0, source=FREE)),
                                       report, f"no process of local cluster {self.spec.name!r} "
                                       "is left")
         block = rayproc.PortBlock(int(heads[0].attrs["port_base"]))
@@ -253,18 +263,40 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         started = heads[0].attrs.get("started_at")
         uptime = ((dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(started))
                   .total_seconds() if started else None)
-        cost = Cost(1 if pids else 0, 0.0, uptime, 0.0, source="free (this machine)")
+        cost = Cost(1 if pids else 0, 0.0, uptime, 0.0, source=FREE)
         return ProviderStatus(running, summary, rows, state="running" if answering else
                               "NOT answering", cost=cost, autodown=report)
 
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
+    def _running_block(self, state: State) -> rayproc.PortBlock:
         heads = state.resources(HEAD)
         if not heads:
             raise ClusterNotRunningError(
                 f"local cluster {self.spec.name!r} is not running; start it with `invoke up`"
             )
-        yield self._endpoint(rayproc.PortBlock(int(heads[0].attrs["port_base"])), state)
+        return rayproc.PortBlock(int(heads[0].attrs["port_base"]))
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        yield self._endpoint(self._running_block(state), state)
+
+    def head_access(self, state: State) -> HeadAccess:
+        """The head is this machine: commands run here, with Ray's own variables pointing at it
+        (drivers and `ray status` at the GCS, the job CLI at the job API, the token by path)."""
+        block = self._running_block(state)
+        endpoint = self._endpoint(block, state)
+        env = {"RAY_ADDRESS": endpoint.address, "RAY_API_SERVER_ADDRESS": endpoint.dashboard_url,
+               **auth.client_env(state)}
+        return HeadAccess(None, "this machine", env, dashboard_port=block.dashboard,
+                          client_port=None)
+
+    def readiness(self) -> list[Readiness]:
+        ray = _ray_executable()
+        if not Path(ray).exists() and shutil.which(ray) is None:
+            return [Readiness("Ray CLI", False, "no `ray` beside this Python or on PATH",
+                              "pip install -e . (installs Ray) in this checkout's venv")]
+        from importlib.metadata import version
+
+        return [Readiness("Ray CLI", True, f"{ray} (ray {version('ray')})")]
 
     def teardown(self, state: State) -> None:
         self._stop(state)

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import shlex
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from infra import auth, autodown_view, jobs, ui, versions
-from infra.errors import ClusterNotRunningError
+from infra.errors import ClusterNotRunningError, RayfleetError
+from infra.head import HeadAccess
+from infra.node import identity
 from infra.node.slurm import queue
 from infra.node.slurm.queue import QueueUnavailable, SlurmError
 from infra.providers.base import (
@@ -27,6 +30,7 @@ from infra.providers.base import (
     Plan,
     PlannedResource,
     ProviderStatus,
+    Readiness,
 )
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.slurm import autodown_setup, cluster, install, ours, remote
@@ -104,12 +108,13 @@ class Provider(BaseProvider[Spec, None]):
             found = cluster.partitions(runner)
             notes = cluster.check_spec(self.spec, found, runner.where)
         job = self._job(state) if state else None
-        name = job.id if job else f"rf-{self.spec.name}-<cluster id>-h<token>"
+        cluster_id = state.cluster_id if state else identity.ID_PLACEHOLDER
+        name = job.id if job else f"rf-{self.spec.name}-{cluster_id}-h<token>"
         detail = self._summary() + (f", job {job.attrs.get('job_id')}" if job else "")
         resources = [PlannedResource("Slurm job (sbatch)", name, detail, bool(job))]
         for type_name, worker in self.spec.worker_types.items():
             resources.append(PlannedResource(
-                "Slurm jobs (autoscaled workers)", f"rf-{self.spec.name}-<cluster id>-w-"
+                "Slurm jobs (autoscaled workers)", f"rf-{self.spec.name}-{cluster_id}-w-"
                 f"{type_name}-<token>", f"{worker.min_workers} to {worker.max_workers}, submitted "
                 "and cancelled by Ray's autoscaler on the head"))
         if self.spec.environment.install:
@@ -119,7 +124,7 @@ class Provider(BaseProvider[Spec, None]):
         notes += [
             "Ray ports: a block of 116 from "
             f"{self.spec.port_range_start} picked by the job id, checked free on every node; "
-            f"private temp dirs {root}/rf-<cluster id>.<node>.XXXXXX (mktemp -d, 0700)",
+            f"private temp dirs {root}/rf-{cluster_id}.<node>.XXXXXX (mktemp -d, 0700)",
             f"info file and job output in {self.spec.submit.workdir} on "
             f"{remote.describe(self.spec.submit)} (must be shared with the compute nodes)",
             "the dashboard listens on the head's loopback only; rayfleet reaches it through an "
@@ -295,14 +300,66 @@ class Provider(BaseProvider[Spec, None]):
         return CostRange(low, high, source="node-hours of your allocation; Slurm bills no money",
                          node_hours=True)
 
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
+    uses_ssh = True
+
+    def readiness(self) -> list[Readiness]:
+        """Slurm's client commands and configuration where the spec runs them (this machine or
+        the login host over SSH, logged into as every other command is)."""
+        submit = self.spec.submit
+        rows: list[Readiness] = []
+        try:
+            with remote.opened(submit) as runner:
+                conf = submit.slurm_conf
+                # Slurm retries a missing configuration file for a minute before it says so.
+                missing = conf is not None and not runner.run(
+                    f"test -r {shlex.quote(conf)}", timeout=20).ok
+                if not submit.is_local:
+                    rows.append(Readiness("login host", True, runner.where))
+                if missing:
+                    return [*rows, Readiness(
+                        "Slurm configuration", False, f"{conf} is not readable on {runner.where}",
+                        f"fix submit.slurm_conf in {self.spec.source}, or remove it for the "
+                        "system's default")]
+                version = runner.check("sinfo --version", timeout=20).strip()
+                rows.append(Readiness("Slurm commands", True, f"{version} on {runner.where}"))
+                partitions = runner.check("sinfo -h -o %P", timeout=20).split()
+        except RayfleetError as exc:
+            what = "Slurm commands" if rows or submit.is_local else "login host"
+            return [*rows, Readiness.failed(what, exc, (
+                f"check submit: in {self.spec.source}: `ssh {remote.describe(submit)}` must log in "
+                "without a password" if what == "login host" else "see the message"))]
+        return [*rows, Readiness("Slurm configuration", bool(partitions),
+                                 f"partitions: {', '.join(partitions) or 'none'}",
+                                 "" if partitions else "slurmctld lists no partition; ask your "
+                                 "site's admins")]
+
+    def _head_job(self, state: State) -> Resource:
         job = self._job(state)
         head_ip, port = (job.attrs.get("head_ip"), job.attrs.get("dashboard_port")) if job else (
             None, None)
         if job is None or not head_ip or not port or not state.info.get("dashboard_url"):
             raise ClusterNotRunningError(
                 f"Slurm cluster {self.spec.name!r} is not running; start it with `invoke up`")
+        return job
+
+    def head_access(self, state: State) -> HeadAccess:
+        """The head's compute node: through the login host when Slurm is remote, directly when
+        this machine submits, and this machine itself when the head runs here."""
+        job = self._head_job(state)
+        with self._runner() as runner:
+            target = runner.node_target(str(job.attrs["head_ip"]))
+        client = job.attrs.get("client_port")
+        workdir = str(job.attrs.get("workdir", self.spec.submit.workdir))
+        token = f"{ours.token_dir(workdir, state.cluster_id)}/{auth.TOKEN_FILE}"
+        return HeadAccess(target, str(target) if target else "this machine",
+                          auth.head_env(state, token),
+                          dashboard_port=int(job.attrs["dashboard_port"]),
+                          client_port=int(client) if client else None)
+
+    @contextlib.contextmanager
+    def connect(self, state: State) -> Iterator[Endpoint]:
+        job = self._head_job(state)
+        head_ip, port = job.attrs["head_ip"], job.attrs["dashboard_port"]
         with self._runner() as runner:
             rows = cluster.patiently(lambda: cluster.job_rows(runner, str(job.attrs["job_id"])),
                                      "reading the head's job")

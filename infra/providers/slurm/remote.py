@@ -68,6 +68,11 @@ class Runner(abc.ABC):
         remote, as the dashboard tunnel does): for files in a job's private dir on that node."""
 
     @abc.abstractmethod
+    def node_target(self, node: str) -> ssh.SshTarget | None:
+        """How to log into the compute node `node`, as `tunnel` and `on_node` do; None when the
+        node is this machine."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Release connections."""
 
@@ -89,23 +94,26 @@ class LocalRunner(Runner):
                              "is slurmctld answering? (try `sinfo`)") from None
         return ssh.Result(done.returncode, done.stdout, done.stderr)
 
+    def node_target(self, node: str) -> ssh.SshTarget | None:
+        if net.is_loopback(node) or node in _own_addresses():
+            return None  # the node is this machine (a single-node Slurm here)
+        # This machine submits, so it is on the cluster's network: SSH into the node directly.
+        return ssh.SshTarget(host=node, user=getpass.getuser(), key_path=_default_key(),
+                             **_host_keys(self._submit))
+
     @contextlib.contextmanager
     def tunnel(self, node: str, port: int) -> Iterator[str]:
-        if net.is_loopback(node) or node in _own_addresses():
-            # The head runs on this machine (a single-node Slurm here): its loopback is ours.
+        target = self.node_target(node)
+        if target is None:  # the head runs here: its loopback is ours
             yield f"http://127.0.0.1:{port}"
             return
-        # This machine submits, so it is on the cluster's network: SSH into the node directly.
-        target = ssh.SshTarget(host=node, user=getpass.getuser(), key_path=_default_key(),
-                               **_host_keys(self._submit))
         with ssh.tunnel(target, port, remote_host="127.0.0.1") as local_port:
             yield f"http://127.0.0.1:{local_port}"
 
     def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
-        if net.is_loopback(node) or node in _own_addresses():
+        target = self.node_target(node)
+        if target is None:
             return self.run(command, timeout=timeout)
-        target = ssh.SshTarget(host=node, user=getpass.getuser(), key_path=_default_key(),
-                               **_host_keys(self._submit))
         return ssh.run(target, command, timeout=timeout)
 
     def close(self) -> None:
@@ -152,19 +160,20 @@ class SshRunner(Runner):
         err = stderr.read().decode(errors="replace")
         return ssh.Result(stdout.channel.recv_exit_status(), out, err)
 
+    def node_target(self, node: str) -> ssh.SshTarget:
+        # Into the compute node through the login host (what `ssh -J login node` does), with
+        # the login host's user and key.
+        return ssh.SshTarget(host=node, user=self.target.user, key_path=self.target.key_path,
+                             proxy_command=via(self.target), **_host_keys(self._submit))
+
     @contextlib.contextmanager
     def tunnel(self, node: str, port: int) -> Iterator[str]:
-        # Into the compute node through the login host (what `ssh -J login node` does), with
-        # the login host's user and key; the forward ends on the node's own loopback.
-        target = ssh.SshTarget(host=node, user=self.target.user, key_path=self.target.key_path,
-                               proxy_command=via(self.target), **_host_keys(self._submit))
-        with ssh.tunnel(target, port, remote_host="127.0.0.1") as local_port:
+        # The forward ends on the node's own loopback, where the head's dashboard listens.
+        with ssh.tunnel(self.node_target(node), port, remote_host="127.0.0.1") as local_port:
             yield f"http://127.0.0.1:{local_port}"
 
     def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
-        target = ssh.SshTarget(host=node, user=self.target.user, key_path=self.target.key_path,
-                               proxy_command=via(self.target), **_host_keys(self._submit))
-        return ssh.run(target, command, timeout=timeout)
+        return ssh.run(self.node_target(node), command, timeout=timeout)
 
     def close(self) -> None:
         if self._client is not None:

@@ -26,7 +26,7 @@ exec <ray> start --head \
   --runtime-env-agent-port=23008 \
   --min-worker-port=23016 \
   --max-worker-port=23115 \
-  --temp-dir='/tmp/rayfleet/golden-default-<cluster-id>' \
+  --temp-dir=/tmp/rayfleet/golden-default-assigned-at-first-up \
   --object-store-memory=536870912 \
   --disable-usage-stats \
   --log-style=record

@@ -26,7 +26,7 @@ exec <ray> start --head \
   --runtime-env-agent-port=23008 \
   --min-worker-port=23016 \
   --max-worker-port=23115 \
-  --temp-dir='/tmp/rayfleet/golden-full-<cluster-id>' \
+  --temp-dir=/tmp/rayfleet/golden-full-assigned-at-first-up \
   --num-cpus=4 \
   --num-gpus=1 \
   --object-store-memory=209715200 \

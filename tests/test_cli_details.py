@@ -1,0 +1,87 @@
+"""The small traps a new user met (issue 23), each as `invoke` shows it: help that says what to
+type, one-line errors, no cluster-less side effects, output that survives a pipe. No cluster runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra import costs, jobs
+from infra.providers.base import Cost
+from tests.conftest import ROOT, run_invoke
+
+
+def test_help_shows_positionals_and_value_placeholders() -> None:
+    submit = run_invoke("submit", "--help")
+    assert submit.returncode == 0
+    assert "SCRIPT " in submit.stdout and "--script" not in submit.stdout
+    assert "invoke submit [OPTIONS] SCRIPT [-- ARGS...]" in submit.stdout
+    assert "-t NUMBER, --timeout=NUMBER" in run_invoke("list", "--help").stdout
+    assert "-o VALUE, --only=VALUE" in run_invoke("sweep", "--help").stdout
+    sync = run_invoke("sync", "--help")
+    assert sync.returncode == 0 and "DIRECTION" in sync.stdout and "REMOTE" in sync.stdout
+    assert "JOB " in run_invoke("logs", "--help").stdout
+
+
+def test_an_option_without_its_value_is_one_line_naming_it() -> None:
+    done = run_invoke("list", "--timeout")
+    assert done.returncode != 0
+    assert done.stderr.strip() == \
+        "--timeout needs a value, e.g. --timeout=NUMBER (see `invoke --help list`)"
+
+
+def test_teardown_of_a_never_created_lambda_cluster_needs_no_key(rf_home: Path,
+                                                                  tmp_path: Path) -> None:
+    env = {"LAMBDA_API_KEY": "", "HOME": str(tmp_path)}
+    done = run_invoke("teardown", "--provider=lambda", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "nothing to tear down" in done.stdout
+    assert not (rf_home / "state" / "lambda.lock").exists(), "no lock file is left behind"
+    assert not (rf_home / "state" / "lambda.json").exists()
+
+
+def test_plan_without_a_lambda_key_fails_with_the_fix(rf_home: Path, tmp_path: Path) -> None:
+    done = run_invoke("plan", "--provider=lambda", "--json",
+                      env={"LAMBDA_API_KEY": "", "HOME": str(tmp_path)})
+    assert done.returncode == 1
+    planned = json.loads(done.stdout)
+    assert planned["diff"] == "" and "no Lambda API key" in planned["problems"][0]
+    assert "assigned-at-first-up" in json.dumps(planned["resources"])
+
+
+def test_tables_are_not_cut_when_output_is_not_a_terminal(rf_home: Path) -> None:
+    done = run_invoke("plan", env={"COLUMNS": ""})
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout
+    assert "temp dir /tmp/rayfleet/local-assigned-at-first-up" in done.stdout
+
+
+def test_a_free_cluster_costs_nothing_in_plain_words() -> None:
+    from infra.providers.local import FREE
+
+    line = costs.describe_cost(Cost(1, 0.0, 61.0, 0.0, source=FREE))
+    assert line == "1 node(s), free, up 0:01:01 (runs on this machine)"
+    paid = costs.describe_cost(Cost(2, 1.5, 3600.0, 1.5, source="Lambda /instance-types"))
+    assert paid == "2 node(s), $1.50/h now, up 1:00:00, accrued $1.50 (Lambda /instance-types)"
+
+
+def test_a_hydra_sweeps_multirun_folder_is_ignored_and_never_uploaded(tmp_path: Path) -> None:
+    ignored = subprocess.run(["git", "check-ignore", "-q", "multirun/2026-11-24/0/x.log"],
+                             cwd=ROOT, check=False)
+    assert ignored.returncode == 0, "multirun/ is git-ignored"
+    assert "multirun/" in jobs.runtime_env(None, tmp_path)["excludes"]
+
+
+@pytest.mark.parametrize("colour", [False, True])
+def test_job_log_filter_drops_ray_internals_and_colour_off_a_terminal(colour: bool) -> None:
+    from infra import raynoise
+
+    lines = raynoise.LineFilter(colour=colour)
+    chunks = ["\x1b[36m(pid=7)\x1b[0m step 1\n\x1b[36m(pid=7)\x1b[0m [mutex.cc : 4",
+              "52] RAW: Lock blocking 0x55 @ 0x7f\nstep 2\nno newline yet"]
+    shown = "".join(lines.feed(chunk) for chunk in chunks) + lines.flush()
+    assert "RAW:" not in shown and "step 2\n" in shown and shown.endswith("no newline yet")
+    assert ("\x1b[" in shown) == colour
