@@ -436,7 +436,7 @@ class Provider(BaseProvider[Spec, Preflight]):
     def readiness(self) -> list[Readiness]:
         """Credentials (read, never refreshed here), then one read of each API the cluster uses:
         the project (Compute Engine) and the zone's accelerator types (Cloud TPU)."""
-        from infra.providers.gcp_tpu.api import find_credentials
+        from infra.node.gcp_tpu.api import find_credentials
 
         try:
             found = find_credentials(self.spec.credentials_file, self.spec.source)
