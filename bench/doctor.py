@@ -1,6 +1,7 @@
 """Wall time of `invoke doctor` on a fresh local cluster (one node), several repetitions.
 
-Prints each run and the median. Usage: python bench/doctor.py [--reps 3]
+Prints each run and the median. Usage: python bench/doctor.py [--reps 3] [--quick]
+(--quick: one run, for CI)
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def invoke(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
-    reps = parser.parse_args().reps
+    parser.add_argument("--quick", action="store_true", help="one run (CI keeps it running)")
+    args = parser.parse_args()
+    reps = 1 if args.quick else args.reps
     with tempfile.TemporaryDirectory(prefix="bench-doctor-") as folder:
         spec = Path(folder) / f"bd-{uuid.uuid4().hex[:6]}.yaml"
         spec.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")

@@ -22,6 +22,7 @@ NUMBER = r"[0-9]+(\.[0-9]+)?"
 
 # bench script -> (what the machine needs: None, "testbed" or "slurm"; its summary line, a regex).
 BENCHES: dict[str, tuple[str | None, str]] = {
+    "doctor": (None, rf"median: {NUMBER}s over 1 runs"),
     "cli_startup": (None, rf"invoke plan +median +{NUMBER} ms +ratio to ray --help {NUMBER}"),
     "setup_install": (None, rf"re-run, median of 1: +{NUMBER} s"),
     "local_up": (None, rf"median ratio invoke up / raw ray start: {NUMBER}"),

@@ -60,7 +60,7 @@ def test_tables_are_not_cut_when_output_is_not_a_terminal(rf_home: Path) -> None
 
 
 def test_a_free_cluster_costs_nothing_in_plain_words() -> None:
-    from infra.providers.local import FREE
+    from infra.providers.local.provider import FREE
 
     line = costs.describe_cost(Cost(1, 0.0, 61.0, 0.0, source=FREE))
     assert line == "1 node(s), free, up 0:01:01 (runs on this machine)"
