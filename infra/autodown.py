@@ -142,6 +142,10 @@ def busy_reasons(url: str, token_path: str | None, session: Any = None) -> list[
     actors = _state_api(session, url, "actors", ("DEAD",))
     if actors:
         reasons.append(f"{actors} actor(s) alive or pending")
+    # A deployed Serve application waits for requests that Ray cannot see coming: busy.
+    serving = session.get(f"{url}/api/serve/applications/", timeout=10)
+    if serving.status_code == 200 and (serving.json().get("applications") or {}):
+        reasons.append(f"serving {len(serving.json()['applications'])} Serve application(s)")
     return reasons
 
 

@@ -189,10 +189,14 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
     provider_view = impl.status(current)
     ray_view: dict[str, Any] = {}
     ray_error = ""
+    extras: dict[str, Any] = {}
     if provider_view.running:
+        from infra import commands_serve
+
         try:
             with impl.connect(current) as endpoint:
                 ray_view = _ray_status(endpoint)
+                extras = commands_serve.status_extras(endpoint)
         except Exception as exc:  # any failure to reach Ray is reported, never a traceback
             reason = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__
             ray_error = (f"the provider reports {selected.name!r} running, but Ray is not answering "
@@ -208,7 +212,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "state": provider_view.state_label,
             "cost": provider_view.cost.__dict__ if provider_view.cost else None,
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
-            "ray_error": ray_error or None, **ray_view,
+            "ray_error": ray_error or None, **ray_view, **extras,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
     ui.out(f"{selected.name} ({selected.provider}): {provider_view.summary}", markup=False)
@@ -224,6 +228,10 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         totals = ", ".join(f"{k} {_amount(k, v)}" for k, v in sorted(ray_view["resources"].items()))
         ui.out(f"Ray resources (alive nodes): {totals}", markup=False)
         _table("jobs", ray_view["jobs"])
+    if extras:
+        from infra import commands_serve
+
+        commands_serve.print_status_extras(extras)
     if ray_error:
         raise RayNotAnsweringError(ray_error)
     return 0
@@ -320,6 +328,7 @@ def teardown(provider: str | None, cluster: str | None) -> None:
     selected, impl = _select(provider, cluster)
     with state.locked(selected.name, selected.provider, "teardown") as current:
         had_state = current.path.exists()
+        kept_store = current.info.get("tracking_store")
         if had_state and _say_if_removed(selected, impl, current):
             ui.info("verifying that nothing of it is left, then clearing its state")
         impl.teardown(current)
@@ -331,5 +340,8 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         leftover.unlink(missing_ok=True)
     if had_state:
         ui.out(f"cluster {selected.name!r} is gone: nothing of it is left")
+        if kept_store:
+            ui.out(f"tracking data kept in {kept_store} (runs, metrics, models, artifacts); the "
+                   "next `invoke up` of this cluster serves it again", markup=False)
     else:
         ui.out(f"cluster {selected.name!r}: nothing to tear down")

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from infra.providers.base import Endpoint
 
 _ALWAYS_EXCLUDED = [".rayfleet/", ".git/", "**/__pycache__/", ".venv/", "*.pem", "id_*"]
+#: What never travels with a working dir (jobs and Serve applications alike).
+ALWAYS_EXCLUDED = _ALWAYS_EXCLUDED
 _EXIT = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}
 
 

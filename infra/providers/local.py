@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from infra import auth, autodown, jobs, paths, rayproc, render, ui
+from infra import auth, autodown, jobs, paths, rayproc, render, tracking, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.providers import local_autodown
 from infra.providers.base import Cost, Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
@@ -91,6 +91,10 @@ class Provider(BaseProvider[Spec]):
     def _start_script(self, block: rayproc.PortBlock, tmp: str) -> str:
         mb = self.spec.object_store_memory_mb
         token = auth.token_path(self.spec.name) if self.spec.auth == "token" else None
+        tracking_env, tracking_files = ({}, {})
+        if self.spec.tracking == "mlflow":
+            tracking_env, tracking_files = tracking.node_env(
+                f"http://127.0.0.1:{block.tracking}", str(tracking.password_path(self.spec.name)))
         return render.render(
             "local.start.sh.j2",
             cluster=self.spec.name,
@@ -103,6 +107,8 @@ class Provider(BaseProvider[Spec]):
             num_gpus=self.spec.num_gpus,
             object_store_memory=mb * 1024 * 1024 if mb else None,
             resources=self.spec.resources,
+            tracking_env=tracking_env,
+            tracking_files=tracking_files,
         )
 
     def _temp_dir(self, state: State | None) -> str:
@@ -133,8 +139,13 @@ class Provider(BaseProvider[Spec]):
         )
 
     def _endpoint(self, block: rayproc.PortBlock, state: State) -> Endpoint:
+        mlflow = self.spec.tracking == "mlflow"
         return Endpoint(f"http://127.0.0.1:{block.dashboard}", f"127.0.0.1:{block.gcs}",
-                        token_path=auth.token_file(state))
+                        token_path=auth.token_file(state),
+                        tracking_url=f"http://127.0.0.1:{block.tracking}" if mlflow else None,
+                        tracking_password=tracking.password_path(self.spec.name) if mlflow else None,
+                        serve_url=f"http://127.0.0.1:{block.serve_http}",
+                        serve_bind=("127.0.0.1", block.serve_http))
 
     def up(self, state: State, plan: Plan, options: UpOptions) -> Endpoint:
         block = self._block(state)
@@ -143,6 +154,7 @@ class Provider(BaseProvider[Spec]):
         if state.resources(HEAD):
             if jobs.dashboard_ready(endpoint.dashboard_url, token):
                 ui.info(f"cluster {self.spec.name!r} is already running")
+                self._ensure_tracking(state, block)
                 self._ensure_watcher(state, block, endpoint)
                 return endpoint
             ui.info(f"cluster {self.spec.name!r} is in state but not answering; restarting it")
@@ -156,6 +168,8 @@ class Provider(BaseProvider[Spec]):
         # Recorded before the start: a crash from here on leaves processes teardown can find.
         state.add(HEAD, tmp, port_base=block.base,
                   started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        # Started first and not waited for: it comes up beside Ray, and `up` stays as fast.
+        self._ensure_tracking(state, block)
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with ui.step(f"starting Ray head (ports {block.base}+, log {log})"), log.open("w") as out:
@@ -173,6 +187,31 @@ class Provider(BaseProvider[Spec]):
         state.set_info(address=endpoint.address, dashboard_url=endpoint.dashboard_url)
         self._ensure_watcher(state, block, endpoint)
         return endpoint
+
+    def _ensure_tracking(self, state: State, block: rayproc.PortBlock) -> None:
+        """Start the MLflow tracking server (infra/tracking.py) unless it runs already.
+
+        Its supervisor's config lives in the cluster's temp dir, which makes it one of the
+        cluster's processes for teardown and autodown; the store lives in
+        `.rayfleet/tracking/<cluster>/` and outlives both.
+        """
+        if self.spec.tracking != "mlflow":
+            return
+        tmp = Path(self._temp_dir(state))
+        config_path = tmp / tracking.CONFIG_FILE
+        store = tracking.local_store(self.spec.name)
+        if state.info.get("tracking_store") != str(store):
+            state.set_info(tracking_store=str(store))
+        if rayproc.cluster_processes([str(config_path)]):
+            return
+        password = tracking.ensure_credentials(self.spec.name)
+        log = paths.home() / "logs" / self.spec.name / "mlflow.log"
+        tracking.write_config(config_path, tracking.ServerConfig(
+            host="127.0.0.1", port=block.tracking, store_dir=str(store),
+            password_path=str(password),
+            secret_key_path=str(password.with_name(tracking.SECRET_KEY_FILE)),
+            log_path=str(log)))
+        tracking.start_detached(config_path, paths.PROJECT_ROOT, log)
 
     def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint) -> None:
         """Start the idle watcher (infra/autodown.py) beside the head unless one runs already.
