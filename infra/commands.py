@@ -214,7 +214,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
             "ray_error": ray_error or None, **ray_view, **extras,
         }, indent=2), soft_wrap=True, markup=False)
-        return 1 if ray_error else 0
+        return 1 if ray_error or _tracking_down(extras) else 0
     ui.out(f"{selected.name} ({selected.provider}): {provider_view.summary}", markup=False)
     if provider_view.cost is not None:
         ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
@@ -234,7 +234,11 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         commands_serve.print_status_extras(extras)
     if ray_error:
         raise RayNotAnsweringError(ray_error)
-    return 0
+    return 1 if _tracking_down(extras) else 0
+
+
+def _tracking_down(extras: dict[str, Any]) -> bool:
+    return bool((extras.get("tracking") or {}).get("error"))
 
 
 def _amount(key: str, value: float) -> str:
@@ -342,6 +346,6 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         ui.out(f"cluster {selected.name!r} is gone: nothing of it is left")
         if kept_store:
             ui.out(f"tracking data kept in {kept_store} (runs, metrics, models, artifacts); the "
-                   "next `invoke up` of this cluster serves it again", markup=False)
+                   "next `invoke up` of this cluster serves it again", markup=False, soft_wrap=True)
     else:
         ui.out(f"cluster {selected.name!r}: nothing to tear down")

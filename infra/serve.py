@@ -9,6 +9,7 @@ The current directory travels as the applications' working dir (uploaded once, l
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import time
 from pathlib import Path
@@ -80,9 +81,18 @@ def _validate(target: str, config: dict[str, Any]) -> None:
 
 
 def _check_import(target: str, import_path: str, working_dir: Path) -> None:
-    module = import_path.split(":")[0]
+    """The module exists here (and, when it is a file of ours, defines the name): Serve itself
+    would take half a minute to report either."""
+    module, attribute = import_path.split(":")
     relative = Path(*module.split("."))
-    if (working_dir / relative.with_suffix(".py")).is_file() or (working_dir / relative).is_dir():
+    source = working_dir / relative.with_suffix(".py")
+    if source.is_file():
+        names = _top_level_names(source)
+        if names is not None and attribute.split(".")[0] not in names:
+            raise UsageError(f"{target}: import_path {import_path}: {source.relative_to(working_dir)} "
+                             f"defines no {attribute.split('.')[0]!r}; fix the import path")
+        return
+    if (working_dir / relative).is_dir():
         return
     try:
         found = importlib.util.find_spec(module) is not None
@@ -92,6 +102,32 @@ def _check_import(target: str, import_path: str, working_dir: Path) -> None:
         raise UsageError(f"{target}: import_path {import_path}: no module {module!r} in "
                          f"{working_dir} (uploaded as the working dir) nor installed here; "
                          "fix the import path")
+
+
+def _top_level_names(source: Path) -> set[str] | None:
+    """Names a module binds at top level; None when it may bind more than can be seen."""
+    import ast
+
+    try:
+        tree = ast.parse(source.read_text())
+    except (SyntaxError, UnicodeDecodeError):
+        return None  # Serve will report it, with the line
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif not isinstance(node, ast.Expr):
+            return None  # if/try/for blocks may bind names conditionally
+    return None if "__getattr__" in names else names
 
 
 def _client(endpoint: Endpoint) -> Any:
@@ -134,7 +170,14 @@ def _upload(client: Any, config: dict[str, Any], working_dir: Path) -> None:
             continue
         if uri is None:
             shipped = {"working_dir": str(working_dir), "excludes": jobs.ALWAYS_EXCLUDED}
-            client._upload_working_dir_if_needed(shipped)
+            # Ray's packaging logs every skipped file at INFO: quiet output, as everywhere.
+            ray_logger = logging.getLogger("ray")
+            level = ray_logger.level
+            ray_logger.setLevel(logging.ERROR)
+            try:
+                client._upload_working_dir_if_needed(shipped)
+            finally:
+                ray_logger.setLevel(level)
             uri = shipped["working_dir"]
         env["working_dir"] = uri
         app["runtime_env"] = env

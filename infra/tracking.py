@@ -15,6 +15,7 @@ the rest of the cluster. The store itself lives outside that directory and survi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -149,14 +150,24 @@ def supervise(config: ServerConfig) -> int:
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     }
     with open(config.log_path, "a") as log:
+        # Its own process group: a stop reaches the server's uvicorn worker too, which would
+        # otherwise outlive the supervisor, hold the port and escape the cluster's markers.
         child = subprocess.Popen(server_command(config), env=env, stdout=log,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=False)
+                                 start_new_session=True)
 
     def stop(signum: int, _frame: Any) -> None:
-        child.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     return child.wait()
 
 
@@ -208,7 +219,8 @@ def count_runs(url: str, password_file: Path, timeout: float = 10.0) -> int:
             if not token:
                 break
     except requests.RequestException as exc:
-        reason = str(exc).splitlines()[0][:160]
+        reason = ("connection refused" if isinstance(exc, requests.ConnectionError)
+                  else str(exc).splitlines()[0][:160])
         raise TrackingError(f"the tracking server at {url} did not answer ({reason}); "
                             "`invoke up` restarts it, its data is kept") from None
     return total
