@@ -27,7 +27,7 @@ def main() -> None:
     answer = requests.post(args.url, json={"inputs": x_test.tolist()}, timeout=60)
     answer.raise_for_status()
     predictions = answer.json()["predictions"]
-    accuracy = sum(int(p == t) for p, t in zip(predictions, y_test)) / len(y_test)
+    accuracy = sum(int(p == t) for p, t in zip(predictions, y_test, strict=True)) / len(y_test)
     print(f"{len(y_test)} digits, accuracy {accuracy:.3f} (chance: 0.1)")
     print("RESULT " + json.dumps({"accuracy": accuracy, "count": len(y_test)}))
 

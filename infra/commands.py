@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import auth, autodown, costs, jobs, paths, providers, spec, ssh, state, ui
-from infra.errors import ClusterNotRunningError, RayfleetError
+from infra.errors import ClusterNotRunningError, RayfleetError, SpecError
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
 
@@ -89,6 +89,10 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
 
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     selected, impl = _select(provider, cluster)
+    if selected.tracking != "none" and not impl.supports_tracking:
+        raise SpecError(f"{selected.source}: tracking: {selected.tracking} is not available on the "
+                        f"{selected.provider} provider yet; remove the key (see "
+                        "docs/train-track-serve.md)")
     with state.locked(selected.name, selected.provider, "up") as current:
         _autodown_notices(selected, impl, current)
         result = impl.plan(current)

@@ -70,7 +70,7 @@ def _validate(target: str, config: dict[str, Any]) -> None:
     from ray.serve.schema import ServeDeploySchema
 
     try:
-        ServeDeploySchema.parse_obj(config)
+        ServeDeploySchema.model_validate(config)
     except Exception as exc:  # pydantic v1/v2 errors alike: the first line names the field
         errors = getattr(exc, "errors", None)
         first = errors()[0] if callable(errors) else None

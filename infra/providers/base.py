@@ -195,6 +195,9 @@ class Provider(abc.ABC, Generic[SpecT]):
     status_timeout_s: ClassVar[float] = 20.0
     #: True when `up` starts the head-side idle watcher (infra/autodown.py) for `autodown:` specs.
     supports_autodown: ClassVar[bool] = False
+    #: True when `up` starts an MLflow tracking server (infra/tracking.py) for `tracking: mlflow`
+    #: and its endpoints carry `tracking_url`.
+    supports_tracking: ClassVar[bool] = False
 
     def cost_range(self, state: State | None) -> CostRange | None:
         """$/h at the spec's minimum and maximum size, for `plan` and `up`; read-only.

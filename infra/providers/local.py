@@ -74,6 +74,7 @@ def _usage_stats() -> str:
 class Provider(BaseProvider[Spec]):
     name = "local"
     supports_autodown = True
+    supports_tracking = True
 
     def _block(self, state: State | None) -> rayproc.PortBlock:
         head = state.resources(HEAD) if state else []
@@ -91,7 +92,8 @@ class Provider(BaseProvider[Spec]):
     def _start_script(self, block: rayproc.PortBlock, tmp: str) -> str:
         mb = self.spec.object_store_memory_mb
         token = auth.token_path(self.spec.name) if self.spec.auth == "token" else None
-        tracking_env, tracking_files = ({}, {})
+        tracking_env: dict[str, str] = {}
+        tracking_files: dict[str, str] = {}
         if self.spec.tracking == "mlflow":
             tracking_env, tracking_files = tracking.node_env(
                 f"http://127.0.0.1:{block.tracking}", str(tracking.password_path(self.spec.name)))
