@@ -284,16 +284,21 @@ def dashboard(provider: str | None, cluster: str | None) -> None:
     with connect(provider, cluster) as endpoint:
         ui.out(endpoint.dashboard_url, markup=False)
         _auth_howto(endpoint)
-        if not endpoint.tunneled:
-            return
-        ui.info("tunnel open; press Ctrl+C to close it")
-        import time
+        hold_tunnel(endpoint)
 
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            ui.info("closed")
+
+def hold_tunnel(endpoint: Endpoint) -> None:
+    """Keep a remote cluster's tunnel open until Ctrl+C (nothing to hold for a local one)."""
+    if not endpoint.tunneled:
+        return
+    ui.info("tunnel open; press Ctrl+C to close it")
+    import time
+
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        ui.info("closed")
 
 
 def _auth_howto(endpoint: Endpoint) -> None:

@@ -5,7 +5,6 @@ Plain functions over `commands.connect` (a tunnel for remote clusters), like the
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +32,7 @@ def mlflow(provider: str | None, cluster: str | None) -> None:
                 f"(e.g. `xclip -sel c < {password}`)")
         ui.info("jobs on the cluster need nothing: MLFLOW_TRACKING_URI and the login are set on "
                 "every node")
-        if not endpoint.tunneled:
-            return
-        ui.info("tunnel open; press Ctrl+C to close it")
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            ui.info("closed")
+        commands.hold_tunnel(endpoint)
 
 
 def status_extras(endpoint: Endpoint) -> dict[str, Any]:

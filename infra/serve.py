@@ -155,10 +155,22 @@ def _put(client: Any, endpoint: Endpoint, apps: list[dict[str, Any]]) -> None:
         # Serve's proxy binds once, when Serve starts: our port, never Ray's default 8000 that
         # another cluster on the same machine may hold.
         config["http_options"] = {"host": endpoint.serve_bind[0], "port": endpoint.serve_bind[1]}
-    if apps:
-        client.deploy_applications(config)
-    else:
-        client.delete_applications()
+    for attempt in range(3):
+        try:
+            if apps:
+                client.deploy_applications(config)
+            else:
+                client.delete_applications()
+            return
+        except Exception as exc:
+            # A PUT is declarative (the whole wanted set), so sending it again is safe; a 500 is
+            # what the dashboard answers when Serve's controller is slow to start on a busy head.
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            reason = auth.scrub(lines[-1] if lines else type(exc).__name__, endpoint.token_path)
+            if "status code 500" not in str(exc) or attempt == 2:
+                raise ServeError(f"Serve refused the applications: {reason[:300]}") from None
+            ui.warn(f"Serve's API failed ({reason[:200]}); trying again")
+            time.sleep(2 + 3 * attempt)
 
 
 def _upload(client: Any, config: dict[str, Any], working_dir: Path) -> None:
@@ -195,10 +207,7 @@ def deploy(endpoint: Endpoint, config: dict[str, Any], working_dir: Path,
             if n not in names and d.get("deployed_app_config")]
     previous = [dict(d["deployed_app_config"]) for d in before.values()
                 if d.get("deployed_app_config")]
-    try:
-        _put(client, endpoint, kept + list(config["applications"]))
-    except Exception as exc:
-        raise ServeError(f"Serve refused the config: {str(exc).splitlines()[0]}") from None
+    _put(client, endpoint, kept + list(config["applications"]))
     started = time.monotonic()
 
     def settled(step: ui.Step) -> dict[str, Any] | None:
