@@ -218,7 +218,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
             "ray_error": ray_error or None, **ray_view, **extras,
         }, indent=2), soft_wrap=True, markup=False)
-        return 1 if ray_error or _tracking_down(extras) else 0
+        return 1 if ray_error else 0
     ui.out(f"{selected.name} ({selected.provider}): {provider_view.summary}", markup=False)
     if provider_view.cost is not None:
         ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
@@ -238,11 +238,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         commands_serve.print_status_extras(extras)
     if ray_error:
         raise RayNotAnsweringError(ray_error)
-    return 1 if _tracking_down(extras) else 0
-
-
-def _tracking_down(extras: dict[str, Any]) -> bool:
-    return bool((extras.get("tracking") or {}).get("error"))
+    return 0
 
 
 def _amount(key: str, value: float) -> str:

@@ -5,12 +5,16 @@ Plain functions over `commands.connect` (a tunnel for remote clusters), like the
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from infra import commands, serve, tracking, ui
 from infra.errors import UsageError
 from infra.providers.base import Endpoint
+
+#: How long `invoke mlflow` waits for a tracking server that may still be starting.
+STARTUP_GRACE_S = 30.0
 
 
 def _tracking(endpoint: Endpoint) -> tuple[str, Path]:
@@ -23,10 +27,14 @@ def _tracking(endpoint: Endpoint) -> tuple[str, Path]:
 def mlflow(provider: str | None, cluster: str | None) -> None:
     with commands.connect(provider, cluster) as endpoint:
         url, password = _tracking(endpoint)
-        if not tracking.answering(url):
-            raise tracking.TrackingError(
-                f"the tracking server at {url} is not answering; `invoke up` restarts it "
-                "(its data is kept)")
+        # `up` does not wait for the server, which may still be starting right after it.
+        deadline = time.monotonic() + STARTUP_GRACE_S
+        while not tracking.answering(url):
+            if time.monotonic() > deadline:
+                raise tracking.TrackingError(
+                    f"the tracking server at {url} is not answering; `invoke up` restarts it "
+                    "(its data is kept)")
+            time.sleep(0.5)
         ui.out(url, markup=False)
         ui.info(f"log in as {tracking.USERNAME!r} with the password in {password} "
                 f"(e.g. `xclip -sel c < {password}`)")
@@ -55,7 +63,7 @@ def status_extras(endpoint: Endpoint) -> dict[str, Any]:
 def print_status_extras(extras: dict[str, Any]) -> None:
     view = extras.get("tracking")
     if view and view["error"]:
-        ui.warn(view["error"])
+        ui.warn(view["error"].replace("did not answer", "did not answer (starting, or died)"))
     elif view:
         ui.out(f"tracking: {view['url']} ({view['runs']} runs; `invoke mlflow` to log in)",
                markup=False)

@@ -209,8 +209,7 @@ def _tracking(cluster: Cluster) -> tuple[str, Any]:
     import requests
 
     done = cluster.invoke("status", "--cluster", str(cluster.spec), "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
-    url = json.loads(done.stdout)["tracking"]["url"]
+    url = json.loads(done.stdout)["tracking"]["url"]  # also while the server is still starting
     session = requests.Session()
     password = Path(cluster.env["RAYFLEET_HOME"]) / "keys" / cluster.spec.stem / "mlflow-password"
     session.auth = ("rayfleet", password.read_text().strip())
@@ -338,7 +337,8 @@ def test_a_dead_tracking_server_is_one_line_and_up_brings_it_back_with_its_runs(
     done = cluster.invoke("mlflow", "--cluster", str(cluster.spec))
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "not answering" in done.stderr and "invoke up" in done.stderr
-    assert cluster.invoke("status", "--cluster", str(cluster.spec)).returncode != 0
+    status = cluster.invoke("status", "--cluster", str(cluster.spec))
+    assert "did not answer (starting, or died)" in status.stderr and "invoke up" in status.stderr
     again = cluster.invoke("up", "--cluster", str(cluster.spec))
     assert again.returncode == 0, again.stdout + again.stderr
     _wait_answering(url)
