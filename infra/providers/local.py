@@ -170,8 +170,6 @@ class Provider(BaseProvider[Spec]):
         # Recorded before the start: a crash from here on leaves processes teardown can find.
         state.add(HEAD, tmp, port_base=block.base,
                   started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-        # Started first and not waited for: it comes up beside Ray, and `up` stays as fast.
-        self._ensure_tracking(state, block)
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with ui.step(f"starting Ray head (ports {block.base}+, log {log})"), log.open("w") as out:
@@ -187,6 +185,10 @@ class Provider(BaseProvider[Spec]):
             hint=f"see the logs under {tmp}",
         )
         state.set_info(address=endpoint.address, dashboard_url=endpoint.dashboard_url)
+        # Started once Ray answers and not waited for: its start (a few CPU-seconds of imports)
+        # would otherwise compete with Ray's on a small machine and slow `up` (bench/tracking_up.py).
+        # Nodes know its URL already; MLflow's client retries while it comes up.
+        self._ensure_tracking(state, block)
         self._ensure_watcher(state, block, endpoint)
         return endpoint
 
