@@ -28,8 +28,12 @@ def _up_down(spec: Path, env: dict[str, str], home: Path, tracking: bool) -> tup
 
     invoke = [sys.executable, "-m", "invoke"]
     started = time.monotonic()
-    subprocess.run([*invoke, "up", "--cluster", str(spec)], cwd=ROOT, env=env, check=True,
-                   capture_output=True)
+    done = subprocess.run([*invoke, "up", "--cluster", str(spec)], cwd=ROOT, env=env,
+                          check=False, capture_output=True, text=True)
+    if done.returncode:
+        subprocess.run([*invoke, "teardown", "--cluster", str(spec)], cwd=ROOT, env=env,
+                       check=False, capture_output=True)
+        raise SystemExit(f"invoke up failed: {done.stderr.strip().splitlines()[-1:]}")
     took = time.monotonic() - started
     answered = None
     if tracking:

@@ -170,6 +170,8 @@ class Provider(BaseProvider[Spec]):
         # Recorded before the start: a crash from here on leaves processes teardown can find.
         state.add(HEAD, tmp, port_base=block.base,
                   started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        if self.spec.tracking == "mlflow":
+            tracking.ensure_credentials(self.spec.name)  # start.sh reads the password file
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with ui.step(f"starting Ray head (ports {block.base}+, log {log})"), log.open("w") as out:
