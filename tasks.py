@@ -260,3 +260,60 @@ def check(c: Context, json: bool = False, timeout: float = 30.0) -> int:
     from infra import check as checking
 
     return checking.run(json, timeout)
+
+
+@task(help=CLUSTER_HELP)
+@_one_line_errors
+def mlflow(c: Context, provider: str | None = None, cluster: str | None = None) -> None:
+    """Print the MLflow UI's URL and how to log in; for remote clusters, keep a tunnel open."""
+    from infra import commands_serve
+
+    commands_serve.mlflow(provider, cluster)
+
+
+@task(name="serve-deploy", help={
+    **CLUSTER_HELP,
+    "target": "A Serve config YAML (e.g. examples/serve.yaml) or an import path module:app, "
+              "inside the current directory (uploaded as the applications' working dir).",
+})
+@_one_line_errors
+def serve_deploy(c: Context, target: str, provider: str | None = None,
+                 cluster: str | None = None) -> None:
+    """Deploy Ray Serve applications through Ray's Serve REST API; print their URLs.
+
+    Adds or replaces the named applications and keeps every other one; waits until Serve runs
+    them, and rolls a failed one back. Replica autoscaling comes from the config.
+    """
+    from infra import commands_serve
+
+    commands_serve.serve_deploy(provider, cluster, target)
+
+
+@task(name="serve-status", help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of a table."})
+@_one_line_errors
+def serve_status(c: Context, json: bool = False, provider: str | None = None,
+                 cluster: str | None = None) -> None:
+    """Show the cluster's Serve applications: status, URL, replicas."""
+    from infra import commands_serve
+
+    commands_serve.serve_status(provider, cluster, json)
+
+
+@task(name="serve-delete", help={**CLUSTER_HELP, "name": "The application's name (see serve-status)."})
+@_one_line_errors
+def serve_delete(c: Context, name: str, provider: str | None = None,
+                 cluster: str | None = None) -> None:
+    """Delete one Serve application (the others keep running) and wait until it is gone."""
+    from infra import commands_serve
+
+    commands_serve.serve_delete(provider, cluster, name)
+
+
+@task(name="serve-url", help={**CLUSTER_HELP, "name": "Only this application's URL."})
+@_one_line_errors
+def serve_url(c: Context, name: str | None = None, provider: str | None = None,
+              cluster: str | None = None) -> None:
+    """Print the HTTP URL of each Serve application, reachable from this machine."""
+    from infra import commands_serve
+
+    commands_serve.serve_url(provider, cluster, name)

@@ -28,7 +28,7 @@ from infra import (
     tunnels,
     ui,
 )
-from infra.errors import ClusterNotRunningError, RayfleetError
+from infra.errors import ClusterNotRunningError, RayfleetError, SpecError
 from infra.node.files import atomic_write
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 from infra.state import State
@@ -133,6 +133,10 @@ def _refuse_problems(result: Plan) -> None:
 
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     selected, impl = _select(provider, cluster)
+    if selected.tracking != "none" and not impl.supports_tracking:
+        raise SpecError(f"{selected.source}: tracking: {selected.tracking} is not available on the "
+                        f"{selected.provider} provider yet; remove the key (see "
+                        "docs/train-track-serve.md)")
     with state.locked(selected.name, selected.provider, "up") as current:
         _autodown_notices(selected, impl, current)
         result = impl.plan(current)
@@ -231,10 +235,14 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
     provider_view = impl.status(current)
     ray_view: dict[str, Any] = {}
     ray_error = ""
+    extras: dict[str, Any] = {}
     if provider_view.running:
+        from infra import commands_serve
+
         try:
             with impl.connect(current) as endpoint:
                 ray_view = _ray_status(endpoint)
+                extras = commands_serve.status_extras(endpoint)
         except Exception as exc:  # any failure to reach Ray is reported, never a traceback
             reason = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__
             ray_error = (f"the provider reports {selected.name!r} running, but Ray is not answering "
@@ -250,7 +258,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "state": provider_view.state_label,
             "cost": provider_view.cost.__dict__ if provider_view.cost else None,
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
-            "ray_error": ray_error or None, **ray_view,
+            "ray_error": ray_error or None, **ray_view, **extras,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
     ui.out(f"{_title(selected)}: {provider_view.summary}", markup=False)
@@ -266,6 +274,10 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         totals = ", ".join(f"{k} {_amount(k, v)}" for k, v in sorted(ray_view["resources"].items()))
         ui.out(f"Ray resources (alive nodes): {totals}", markup=False)
         _table("jobs", ray_view["jobs"])
+    if extras:
+        from infra import commands_serve
+
+        commands_serve.print_status_extras(extras)
     if ray_error:
         raise RayNotAnsweringError(ray_error)
     return 0
@@ -317,16 +329,21 @@ def dashboard(provider: str | None, cluster: str | None) -> None:
     with connect(provider, cluster) as endpoint:
         ui.out(endpoint.dashboard_url, markup=False)
         _auth_howto(endpoint)
-        if not endpoint.tunneled:
-            return
-        ui.info("tunnel open; press Ctrl+C to close it")
-        import time
+        hold_tunnel(endpoint)
 
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            ui.info("closed")
+
+def hold_tunnel(endpoint: Endpoint) -> None:
+    """Keep a remote cluster's tunnel open until Ctrl+C (nothing to hold for a local one)."""
+    if not endpoint.tunneled:
+        return
+    ui.info("tunnel open; press Ctrl+C to close it")
+    import time
+
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        ui.info("closed")
 
 
 def _auth_howto(endpoint: Endpoint) -> None:
@@ -392,6 +409,7 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         return
     with state.locked(selected.name, selected.provider, "teardown") as current:
         had_state = current.path.exists()
+        kept_store = current.info.get("tracking_store")
         if had_state and _say_if_removed(selected, impl, current):
             ui.info("verifying that nothing of it is left, then clearing its state")
         if had_state:  # without state nothing was recorded, so nothing was created
@@ -405,5 +423,8 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         leftover.unlink(missing_ok=True)
     if had_state:
         ui.out(f"cluster {selected.name!r} is gone: nothing of it is left")
+        if kept_store:
+            ui.out(f"tracking data kept in {kept_store} (runs, metrics, models, artifacts); the "
+                   "next `invoke up` of this cluster serves it again", markup=False, soft_wrap=True)
     else:
         ui.out(f"cluster {selected.name!r}: nothing to tear down")

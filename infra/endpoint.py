@@ -21,3 +21,11 @@ class Endpoint:
     tunneled: bool = False
     #: The cluster's Ray token file (0600) that every request presents; None when auth is off.
     token_path: Path | None = None
+    #: The MLflow tracking server reachable from here (`tracking: mlflow`), else None.
+    tracking_url: str | None = None
+    #: Its password file (0600; the user is `infra.tracking.USERNAME`).
+    tracking_password: Path | None = None
+    #: Ray Serve's HTTP endpoint reachable from here; None where the provider does not offer one.
+    serve_url: str | None = None
+    #: (host, port) Serve's proxy binds to on the head (`http_options` of every deploy).
+    serve_bind: tuple[str, int] | None = None

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 # multirun/: what a Hydra sweep leaves behind (outputs and logs of every run), never job input.
 _ALWAYS_EXCLUDED = [".rayfleet/", ".git/", "**/__pycache__/", ".venv/", "*.pem", "id_*",
                     "multirun/"]
+#: What never travels with a working dir (jobs and Serve applications alike).
+ALWAYS_EXCLUDED = _ALWAYS_EXCLUDED
 _EXIT = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}
 
 

@@ -56,6 +56,10 @@ class ClusterSpec(StrictModel):
     #: Whole-cluster idle shutdown, enforced on the cluster itself; `autodown: null` turns off a
     #: provider's default (with a warning at every `up`).
     autodown: Autodown | None = None
+    #: `mlflow`: `up` starts an MLflow tracking server beside the head (SQLite store, served
+    #: artifacts, MLflow's basic auth) and every job on every node finds it through
+    #: MLFLOW_TRACKING_URI; `none` starts nothing (see docs/train-track-serve.md).
+    tracking: Literal["none", "mlflow"] = "none"
     #: The file the spec came from, for messages; set by the loader.
     source: str = ""
 

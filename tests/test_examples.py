@@ -1,5 +1,6 @@
 """The reference workloads in examples/, run as a user runs them: `invoke submit` on a real local
-rayfleet cluster (one for the whole module, 2 CPUs), plus `invoke doctor` and the Hydra launcher.
+rayfleet cluster (one for the whole module, 2 CPUs, with its MLflow tracking server), plus `invoke
+doctor`, the Hydra launcher and the "Train, track, serve" loop (real MLflow, real Ray Serve).
 
 Sizes are the examples' small defaults (or smaller). Each test reads the `RESULT {...}` line the
 example prints last and Ray's verdict on the job (`invoke submit` exits 0 only for SUCCEEDED).
@@ -58,7 +59,7 @@ def result_of(stdout: str) -> dict[str, Any]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("examples-cluster")
     spec = folder / f"ex-{uuid.uuid4().hex[:8]}.yaml"
-    spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n")
+    spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\ntracking: mlflow\n")
     made = Cluster(spec, {"RAYFLEET_HOME": str(folder / "home")})
     up = made.invoke("up", "--cluster", str(spec))
     try:
@@ -67,6 +68,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         down = made.invoke("teardown", "--cluster", str(spec))
         assert down.returncode == 0, down.stdout + down.stderr
+        # The tracking data outlives the local cluster, and teardown says where it is.
+        store = folder / "home" / "tracking" / spec.stem
+        assert f"tracking data kept in {store}" in down.stdout
+        assert (store / "mlflow.db").stat().st_size > 0
 
 
 # ----------------------------------------------------------------------------- invoke doctor
@@ -194,3 +199,149 @@ def test_hydra_sweep_runs_in_process_with_one_flag(tmp_path: Path) -> None:
     # The in-process Ray kept its auth token in its environment: nothing written to ~/.ray.
     assert not (home / ".ray").exists()
     assert not (tmp_path / "no-cluster-here").exists()
+
+
+# ----------------------------------------------------------------------------- train, track, serve
+
+
+def _tracking(cluster: Cluster) -> tuple[str, Any]:
+    """The tracking server's URL (from `invoke status --json`) and an authenticated session."""
+    import requests
+
+    done = cluster.invoke("status", "--cluster", str(cluster.spec), "--json")
+    url = json.loads(done.stdout)["tracking"]["url"]  # also while the server is still starting
+    session = requests.Session()
+    password = Path(cluster.env["RAYFLEET_HOME"]) / "keys" / cluster.spec.stem / "mlflow-password"
+    session.auth = ("rayfleet", password.read_text().strip())
+    return url, session
+
+
+def _wait_answering(url: str, timeout: float = 120) -> None:
+    import time
+
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"the tracking server at {url} did not come up")
+
+
+@pytest.fixture(scope="module")
+def trained(cluster: Cluster) -> dict[str, Any]:
+    """examples/mlflow_train.py once: Ray Train, 2 workers, logging to the cluster's MLflow."""
+    url, _ = _tracking(cluster)
+    _wait_answering(url)  # `up` does not wait for it
+    _, result = cluster.submit("examples/mlflow_train.py", "--epochs", "3", timeout=600)
+    return result
+
+
+def test_metrics_from_ray_train_workers_and_the_model_version_are_on_the_server(
+        cluster: Cluster, trained: dict[str, Any]) -> None:
+    url, session = _tracking(cluster)
+    run = session.get(f"{url}/api/2.0/mlflow/runs/get", params={"run_id": trained["run_id"]}).json()
+    params = {p["key"]: p["value"] for p in run["run"]["data"]["params"]}
+    assert params["num_workers"] == "2" and params["epochs"] == "3"
+    for rank in (0, 1):  # each worker process logged its own loss, every epoch
+        history = session.get(f"{url}/api/2.0/mlflow/metrics/get-history",
+                              params={"run_id": trained["run_id"], "metric_key": f"loss_rank{rank}"})
+        assert sorted(m["step"] for m in history.json()["metrics"]) == [1, 2, 3]
+    accuracy = session.get(f"{url}/api/2.0/mlflow/metrics/get-history",
+                           params={"run_id": trained["run_id"], "metric_key": "test_accuracy"})
+    assert len(accuracy.json()["metrics"]) == 3
+    version = session.get(f"{url}/api/2.0/mlflow/model-versions/get",
+                          params={"name": "digits-mlp", "version": trained["version"]})
+    assert version.status_code == 200, version.text
+    assert version.json()["model_version"]["run_id"] == trained["run_id"]
+
+
+def test_tracking_server_refuses_requests_without_the_login(cluster: Cluster) -> None:
+    import requests
+
+    url, session = _tracking(cluster)
+    search = f"{url}/api/2.0/mlflow/experiments/search?max_results=5"
+    assert requests.get(search, timeout=10).status_code == 401
+    assert requests.get(search, auth=("rayfleet", "wrong"), timeout=10).status_code == 401
+    assert session.get(search, timeout=10).status_code == 200
+    password = session.auth[1]
+    home = Path(cluster.env["RAYFLEET_HOME"])
+    assert (home / "keys" / cluster.spec.stem / "mlflow-password").stat().st_mode & 0o077 == 0
+    # Never in a rendered file, in state, or in a runtime env the dashboard shows.
+    for path in [*home.glob("rendered/**/*"), *home.glob("state/*")]:
+        assert not path.is_file() or password not in path.read_text(), path
+    state = json.loads((home / "state" / f"{cluster.spec.stem}.json").read_text())
+    token = Path(state["info"]["auth_token_path"]).read_text().strip()
+    jobs = requests.get(f"{state['info']['dashboard_url']}/api/jobs/", timeout=10,
+                        headers={"Authorization": f"Bearer {token}"})
+    assert jobs.status_code == 200 and jobs.json() and password not in jobs.text
+
+
+def test_serve_deploy_answers_better_than_chance_and_marks_the_cluster_busy(
+        cluster: Cluster, trained: dict[str, Any]) -> None:
+    from infra.node import autodown
+
+    done = cluster.invoke("serve-deploy", "--cluster", str(cluster.spec), "examples/serve.yaml",
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    url = done.stdout.strip().splitlines()[-1]
+    assert url == cluster.invoke("serve-url", "--cluster", str(cluster.spec), "--name",
+                                 "digits").stdout.strip()
+    asked = subprocess.run([sys.executable, "examples/serve_client.py", url, "--count", "100"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert asked.returncode == 0, asked.stderr
+    assert result_of(asked.stdout)["accuracy"] > 0.5  # chance is 0.1
+    state = json.loads((Path(cluster.env["RAYFLEET_HOME"]) / "state" /
+                        f"{cluster.spec.stem}.json").read_text())
+    reasons = autodown.busy_reasons(state["info"]["dashboard_url"], state["info"]["auth_token_path"])
+    assert any("Serve application" in r for r in reasons), reasons
+    status = cluster.invoke("status", "--cluster", str(cluster.spec))
+    assert "serving: digits (RUNNING)" in status.stdout
+
+
+def test_bad_serve_input_is_one_line_and_loses_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    import requests
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("applications:\n  - name: [x\n")
+    for target in (str(broken), "examples.serve_model:no_such_app", "examples.no_such_module:app"):
+        done = cluster.invoke("serve-deploy", "--cluster", str(cluster.spec), target)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "fix the" in done.stderr, done.stderr
+    url = cluster.invoke("serve-url", "--cluster", str(cluster.spec), "--name", "digits").stdout
+    answer = requests.post(url.strip(), json={"inputs": [[0.0] * 64]}, timeout=60)
+    assert answer.status_code == 200 and len(answer.json()["predictions"]) == 1
+
+
+def test_serve_delete_removes_the_app(cluster: Cluster) -> None:
+    done = cluster.invoke("serve-delete", "--cluster", str(cluster.spec), "digits")
+    assert done.returncode == 0, done.stdout + done.stderr
+    listed = cluster.invoke("serve-status", "--cluster", str(cluster.spec), "--json")
+    assert json.loads(listed.stdout) == []
+
+
+def test_a_dead_tracking_server_is_one_line_and_up_brings_it_back_with_its_runs(
+        cluster: Cluster, trained: dict[str, Any]) -> None:
+    from infra import tracking
+    from infra.node import rayproc
+
+    url, session = _tracking(cluster)
+    state = json.loads((Path(cluster.env["RAYFLEET_HOME"]) / "state" /
+                        f"{cluster.spec.stem}.json").read_text())
+    config = Path(state["resources"][0]["id"]) / tracking.CONFIG_FILE
+    server = rayproc.cluster_processes([str(config)])
+    assert server and not rayproc.terminate(server)
+    done = cluster.invoke("mlflow", "--cluster", str(cluster.spec))
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "not answering" in done.stderr and "invoke up" in done.stderr
+    status = cluster.invoke("status", "--cluster", str(cluster.spec))
+    assert "did not answer (starting, or died)" in status.stderr and "invoke up" in status.stderr
+    again = cluster.invoke("up", "--cluster", str(cluster.spec))
+    assert again.returncode == 0, again.stdout + again.stderr
+    _wait_answering(url)
+    run = session.get(f"{url}/api/2.0/mlflow/runs/get", params={"run_id": trained["run_id"]})
+    assert run.status_code == 200 and run.json()["run"]["info"]["status"] == "FINISHED"

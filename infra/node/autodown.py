@@ -23,6 +23,7 @@ which would keep the cluster busy itself. The laptop's side (the marker's cached
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import importlib
 import json
@@ -130,6 +131,16 @@ def busy_reasons(url: str, token_path: str | None, session: Any = None) -> list[
     actors = _state_api(session, url, "actors", ("DEAD",))
     if actors:
         reasons.append(f"{actors} actor(s) alive or pending")
+    # A deployed Serve application waits for requests that Ray cannot see coming: busy. (Its
+    # actors keep the cluster busy already; this names why. Asked only then: the endpoint makes
+    # the dashboard connect to Ray.)
+    # An answer that fails or is slow changes nothing: the actors count as busy already.
+    if actors:
+        with contextlib.suppress(Exception):
+            serving = session.get(f"{url}/api/serve/applications/", timeout=10)
+            apps = serving.json().get("applications") if serving.status_code == 200 else None
+            if apps:
+                reasons.append(f"serving {len(apps)} Serve application(s)")
     return reasons
 
 

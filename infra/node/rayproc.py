@@ -62,6 +62,17 @@ class PortBlock:
     def dashboard(self) -> int:
         return self.base + 1
 
+    # The gap between the named ports and the worker range holds the cluster's own services.
+    @property
+    def tracking(self) -> int:
+        """The MLflow tracking server (`tracking: mlflow`)."""
+        return self.base + len(PORT_NAMES)
+
+    @property
+    def serve_http(self) -> int:
+        """Ray Serve's HTTP proxy (`invoke serve deploy`)."""
+        return self.base + len(PORT_NAMES) + 1
+
     def flags(self) -> list[str]:
         named = [f"--{name}={self.base + i}" for i, name in enumerate(PORT_NAMES)]
         first_worker = self.base + 16

@@ -290,6 +290,9 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
     #: (it deletes its own VM/instance): nothing left after a countdown then counts as a
     #: self-removal at the end of that countdown (see `autodown_view.decide`).
     autodown_last_word_may_be_lost: ClassVar[bool] = False
+    #: True when `up` starts an MLflow tracking server (infra/tracking.py) for `tracking: mlflow`
+    #: and its endpoints carry `tracking_url`.
+    supports_tracking: ClassVar[bool] = False
 
     def cost_range(self, plan: Plan[ExtraT] | None) -> CostRange | None:
         """$/h at the spec's minimum and maximum size, for `plan` and `up`; read-only, no request.

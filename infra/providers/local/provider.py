@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from infra import auth, autodown_view, jobs, paths, render, ui
+from infra import auth, autodown_view, jobs, paths, render, tracking, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.head import HeadAccess
 from infra.node import autodown, identity, rayproc
@@ -84,6 +84,7 @@ def _usage_stats() -> str:
 
 class Provider(BaseProvider[Spec, rayproc.PortBlock]):
     name = "local"
+    supports_tracking = True
 
     def _block(self, state: State | None) -> rayproc.PortBlock:
         head = state.resources(HEAD) if state else []
@@ -101,6 +102,11 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
     def _start_script(self, block: rayproc.PortBlock, tmp: str) -> str:
         mb = self.spec.object_store_memory_mb
         token = auth.token_path(self.spec.name) if self.spec.auth == "token" else None
+        tracking_env: dict[str, str] = {}
+        tracking_files: dict[str, str] = {}
+        if self.spec.tracking == "mlflow":
+            tracking_env, tracking_files = tracking.node_env(
+                f"http://127.0.0.1:{block.tracking}", str(tracking.password_path(self.spec.name)))
         return render.render(
             "local.start.sh.j2",
             cluster=self.spec.name,
@@ -113,6 +119,8 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             num_gpus=self.spec.num_gpus,
             object_store_memory=mb * 1024 * 1024 if mb else None,
             resources=self.spec.resources,
+            tracking_env=tracking_env,
+            tracking_files=tracking_files,
         )
 
     def _temp_dir(self, state: State | None) -> str:
@@ -145,8 +153,13 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         )
 
     def _endpoint(self, block: rayproc.PortBlock, state: State) -> Endpoint:
+        mlflow = self.spec.tracking == "mlflow"
         return Endpoint(f"http://127.0.0.1:{block.dashboard}", f"127.0.0.1:{block.gcs}",
-                        token_path=auth.token_file(state))
+                        token_path=auth.token_file(state),
+                        tracking_url=f"http://127.0.0.1:{block.tracking}" if mlflow else None,
+                        tracking_password=tracking.password_path(self.spec.name) if mlflow else None,
+                        serve_url=f"http://127.0.0.1:{block.serve_http}",
+                        serve_bind=("127.0.0.1", block.serve_http))
 
     def create(self, state: State, plan: Plan[rayproc.PortBlock]) -> Endpoint:
         block = plan.extra
@@ -155,6 +168,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         if state.resources(HEAD):
             if jobs.dashboard_ready(endpoint.dashboard_url, token):
                 ui.info(f"cluster {self.spec.name!r} is already running")
+                self._ensure_tracking(state, block)
                 self._ensure_watcher(state, block, endpoint)
                 return endpoint
             ui.info(f"cluster {self.spec.name!r} is in state but not answering; restarting it")
@@ -168,6 +182,8 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         # Recorded before the start: a crash from here on leaves processes teardown can find.
         state.add(HEAD, tmp, port_base=block.base,
                   started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        if self.spec.tracking == "mlflow":
+            tracking.ensure_credentials(self.spec.name)  # start.sh reads the password file
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with ui.step(f"starting Ray head (ports {block.base}+, log {log})"), log.open("w") as out:
@@ -183,8 +199,37 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             hint=f"see the logs under {tmp}",
         )
         state.set_info(address=endpoint.address, dashboard_url=endpoint.dashboard_url)
+        # Started once Ray answers and not waited for: its start (a few CPU-seconds of imports)
+        # would otherwise compete with Ray's on a small machine and slow `up` (bench/tracking_up.py).
+        # Nodes know its URL already; MLflow's client retries while it comes up.
+        self._ensure_tracking(state, block)
         self._ensure_watcher(state, block, endpoint)
         return endpoint
+
+    def _ensure_tracking(self, state: State, block: rayproc.PortBlock) -> None:
+        """Start the MLflow tracking server (infra/tracking.py) unless it runs already.
+
+        Its supervisor's config lives in the cluster's temp dir, which makes it one of the
+        cluster's processes for teardown and autodown; the store lives in
+        `.rayfleet/tracking/<cluster>/` and outlives both.
+        """
+        if self.spec.tracking != "mlflow":
+            return
+        tmp = Path(self._temp_dir(state))
+        config_path = tmp / tracking.CONFIG_FILE
+        store = tracking.local_store(self.spec.name)
+        if state.info.get("tracking_store") != str(store):
+            state.set_info(tracking_store=str(store))
+        if rayproc.cluster_processes([str(config_path)]):
+            return
+        password = tracking.ensure_credentials(self.spec.name)
+        log = paths.home() / "logs" / self.spec.name / "mlflow.log"
+        tracking.write_config(config_path, tracking.ServerConfig(
+            host="127.0.0.1", port=block.tracking, store_dir=str(store),
+            password_path=str(password),
+            secret_key_path=str(password.with_name(tracking.SECRET_KEY_FILE)),
+            log_path=str(log)))
+        tracking.start_detached(config_path, paths.PROJECT_ROOT, log)
 
     def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint) -> None:
         """Start the idle watcher (infra/node/autodown.py) beside the head unless one runs already.

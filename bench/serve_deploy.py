@@ -1,0 +1,108 @@
+"""Time from `invoke serve-deploy` to the first answered request, next to Ray's own `serve deploy`.
+
+Same local cluster, same app (bench/serve_echo.py), same working-dir package and HTTP port; Serve is
+shut down (DELETE /api/serve/applications/) before each deploy, so both start from nothing. Runs
+alternate; prints each pair and the median ratio (target: <= 1.10).
+Usage: python bench/serve_deploy.py [--reps 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _answered(url: str, timeout: float = 300) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"no answer from {url} within {timeout}s")
+
+
+def _shutdown(dashboard: str, headers: dict[str, str]) -> None:
+    import requests
+
+    requests.delete(f"{dashboard}/api/serve/applications/", headers=headers, timeout=120)
+    while requests.get(f"{dashboard}/api/serve/applications/", headers=headers,
+                       timeout=30).json().get("applications"):
+        time.sleep(0.2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one pair (for CI)")
+    args = parser.parse_args()
+    reps = 1 if args.quick else args.reps
+    work = Path(tempfile.mkdtemp(prefix="rf-bench-serve-"))
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(work / "home")}
+    name = f"bench{uuid.uuid4().hex[:6]}"
+    spec = work / f"{name}.yaml"
+    spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n")
+    invoke = [sys.executable, "-m", "invoke"]
+    subprocess.run([*invoke, "up", "--cluster", str(spec)], cwd=ROOT, env=env, check=True,
+                   capture_output=True)
+    try:
+        state = json.loads((work / "home" / "state" / f"{name}.json").read_text())
+        dashboard = state["info"]["dashboard_url"]
+        token_path = state["info"]["auth_token_path"]
+        headers = {"Authorization": f"Bearer {Path(token_path).read_text().strip()}"}
+        ratios = []
+        for rep in range(reps):
+            started = time.monotonic()
+            done = subprocess.run([*invoke, "serve-deploy", "--cluster", str(spec),
+                                   "bench.serve_echo:app"], cwd=ROOT, env=env, check=True,
+                                  capture_output=True, text=True)
+            url = done.stdout.strip().splitlines()[-1]
+            _answered(url)
+            ours = time.monotonic() - started
+            import requests
+
+            deployed: dict[str, Any] = requests.get(f"{dashboard}/api/serve/applications/",
+                                                    headers=headers, timeout=30).json()
+            config = {"http_options": {"host": "127.0.0.1", "port": int(url.split(":")[2].split("/")[0])},
+                      "applications": [deployed["applications"]["serve-echo"]["deployed_app_config"]]}
+            _shutdown(dashboard, headers)
+            config_file = work / "serve.yaml"
+            config_file.write_text(json.dumps(config))
+            # Ray's own CLI, authenticated the documented way (docs/train-track-serve.md).
+            ray_env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
+            serve_cli = str(Path(sys.executable).with_name("serve"))
+            started = time.monotonic()
+            subprocess.run([serve_cli, "deploy", str(config_file), "-a", dashboard], cwd=ROOT,
+                           env=ray_env, check=True, capture_output=True)
+            _answered(url)
+            theirs = time.monotonic() - started
+            _shutdown(dashboard, headers)
+            ratios.append(ours / theirs)
+            print(f"rep {rep + 1}: invoke serve-deploy {ours:.2f}s   ray serve deploy {theirs:.2f}s"
+                  f"   ratio {ours / theirs:.3f}", flush=True)
+        print(f"median ratio invoke serve-deploy / serve deploy (to first answer): "
+              f"{statistics.median(ratios):.3f} (target <= 1.10, {reps} reps)")
+    finally:
+        subprocess.run([*invoke, "teardown", "--cluster", str(spec)], cwd=ROOT, env=env,
+                       check=False, capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""`invoke mlflow` and `invoke serve ...`, and what `status` shows of tracking and serving.
+
+Plain functions over `commands.connect` (a tunnel for remote clusters), like the rest of commands.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from infra import commands, serve, tracking, ui
+from infra.endpoint import Endpoint
+from infra.errors import UsageError
+
+#: How long `invoke mlflow` waits for a tracking server that may still be starting.
+STARTUP_GRACE_S = 30.0
+
+
+def _tracking(endpoint: Endpoint) -> tuple[str, Path]:
+    if endpoint.tracking_url is None or endpoint.tracking_password is None:
+        raise UsageError("this cluster has no tracking server; add `tracking: mlflow` to its spec "
+                         "and run `invoke up` again")
+    return endpoint.tracking_url, endpoint.tracking_password
+
+
+def mlflow(provider: str | None, cluster: str | None) -> None:
+    with commands.connect(provider, cluster) as endpoint:
+        url, password = _tracking(endpoint)
+        # `up` does not wait for the server, which may still be starting right after it.
+        deadline = time.monotonic() + STARTUP_GRACE_S
+        while not tracking.answering(url):
+            if time.monotonic() > deadline:
+                raise tracking.TrackingError(
+                    f"the tracking server at {url} is not answering; `invoke up` restarts it "
+                    "(its data is kept)")
+            time.sleep(0.5)
+        ui.out(url, markup=False)
+        ui.info(f"log in as {tracking.USERNAME!r} with the password in {password} "
+                f"(e.g. `xclip -sel c < {password}`)")
+        ui.info("jobs on the cluster need nothing: MLFLOW_TRACKING_URI and the login are set on "
+                "every node")
+        commands.hold_tunnel(endpoint)
+
+
+def status_extras(endpoint: Endpoint) -> dict[str, Any]:
+    """Tracking URL and runs, and Serve applications, for `invoke status` (never raises)."""
+    extras: dict[str, Any] = {}
+    if endpoint.tracking_url and endpoint.tracking_password:
+        try:
+            runs: int | None = tracking.count_runs(endpoint.tracking_url, endpoint.tracking_password)
+            error = None
+        except tracking.TrackingError as exc:
+            runs, error = None, str(exc)
+        extras["tracking"] = {"url": endpoint.tracking_url, "runs": runs, "error": error}
+    try:
+        extras["serve"] = serve.status(endpoint)
+    except serve.ServeError as exc:
+        extras["serve"], extras["serve_error"] = [], str(exc)
+    return extras
+
+
+def print_status_extras(extras: dict[str, Any]) -> None:
+    view = extras.get("tracking")
+    if view and view["error"]:
+        ui.warn(view["error"].replace("did not answer", "did not answer (starting, or died)"))
+    elif view:
+        ui.out(f"tracking: {view['url']} ({view['runs']} runs; `invoke mlflow` to log in)",
+               markup=False)
+    apps = extras.get("serve") or []
+    if apps:
+        names = ", ".join(f"{a['app']} ({a['status']})" for a in apps)
+        ui.out(f"serving: {names} — busy for autodown while any app is deployed", markup=False)
+
+
+def serve_deploy(provider: str | None, cluster: str | None, target: str) -> None:
+    working_dir = Path.cwd()
+    config = serve.load(target, working_dir)
+    with commands.connect(provider, cluster) as endpoint:
+        for address in serve.deploy(endpoint, config, working_dir):
+            ui.out(address, markup=False)
+
+
+def serve_status(provider: str | None, cluster: str | None, as_json: bool) -> None:
+    import json
+
+    with commands.connect(provider, cluster) as endpoint:
+        rows = serve.status(endpoint)
+    if as_json:
+        ui.out(json.dumps(rows, indent=2), soft_wrap=True, markup=False)
+    elif rows:
+        commands._table("Serve applications", rows)
+    else:
+        ui.out("no Serve applications")
+
+
+def serve_delete(provider: str | None, cluster: str | None, name: str) -> None:
+    with commands.connect(provider, cluster) as endpoint:
+        serve.delete(endpoint, name)
+    ui.out(f"Serve application {name!r} deleted")
+
+
+def serve_url(provider: str | None, cluster: str | None, name: str | None) -> None:
+    with commands.connect(provider, cluster) as endpoint:
+        rows = serve.status(endpoint)
+        if name is not None:
+            rows = [r for r in rows if r["app"] == name]
+            if not rows:
+                raise UsageError(f"NAME {name}: no such Serve application")
+        if endpoint.serve_url is None:
+            raise UsageError("this provider offers no HTTP endpoint for Serve from here yet")
+        for row in rows:
+            ui.out(row["url"], markup=False)
+        if not rows:
+            ui.out(endpoint.serve_url, markup=False)
