@@ -237,12 +237,12 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
     ray_error = ""
     extras: dict[str, Any] = {}
     if provider_view.running:
-        from infra import commands_serve
+        from infra import serve
 
         try:
             with impl.connect(current) as endpoint:
                 ray_view = _ray_status(endpoint)
-                extras = commands_serve.status_extras(endpoint)
+                extras = serve.status_extras(endpoint)
         except Exception as exc:  # any failure to reach Ray is reported, never a traceback
             reason = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__
             ray_error = (f"the provider reports {selected.name!r} running, but Ray is not answering "
@@ -275,9 +275,9 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         ui.out(f"Ray resources (alive nodes): {totals}", markup=False)
         _table("jobs", ray_view["jobs"])
     if extras:
-        from infra import commands_serve
+        from infra import serve
 
-        commands_serve.print_status_extras(extras)
+        serve.print_status_extras(extras)
     if ray_error:
         raise RayNotAnsweringError(ray_error)
     return 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from infra import commands, serve, tracking, ui
 from infra.endpoint import Endpoint
@@ -41,36 +40,6 @@ def mlflow(provider: str | None, cluster: str | None) -> None:
         ui.info("jobs on the cluster need nothing: MLFLOW_TRACKING_URI and the login are set on "
                 "every node")
         commands.hold_tunnel(endpoint)
-
-
-def status_extras(endpoint: Endpoint) -> dict[str, Any]:
-    """Tracking URL and runs, and Serve applications, for `invoke status` (never raises)."""
-    extras: dict[str, Any] = {}
-    if endpoint.tracking_url and endpoint.tracking_password:
-        try:
-            runs: int | None = tracking.count_runs(endpoint.tracking_url, endpoint.tracking_password)
-            error = None
-        except tracking.TrackingError as exc:
-            runs, error = None, str(exc)
-        extras["tracking"] = {"url": endpoint.tracking_url, "runs": runs, "error": error}
-    try:
-        extras["serve"] = serve.status(endpoint)
-    except serve.ServeError as exc:
-        extras["serve"], extras["serve_error"] = [], str(exc)
-    return extras
-
-
-def print_status_extras(extras: dict[str, Any]) -> None:
-    view = extras.get("tracking")
-    if view and view["error"]:
-        ui.warn(view["error"].replace("did not answer", "did not answer (starting, or died)"))
-    elif view:
-        ui.out(f"tracking: {view['url']} ({view['runs']} runs; `invoke mlflow` to log in)",
-               markup=False)
-    apps = extras.get("serve") or []
-    if apps:
-        names = ", ".join(f"{a['app']} ({a['status']})" for a in apps)
-        ui.out(f"serving: {names} — busy for autodown while any app is deployed", markup=False)
 
 
 def serve_deploy(provider: str | None, cluster: str | None, target: str) -> None:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, ui
+from infra import auth, jobs, tracking, ui
 from infra.errors import RayfleetError, UsageError
 
 if TYPE_CHECKING:
@@ -258,3 +258,33 @@ def delete(endpoint: Endpoint, name: str, timeout: float = 120) -> None:
     _put(client, endpoint, kept)
     ui.wait_for(lambda _: True if name not in _apps(client) else None,
                 f"Serve to remove {name}", timeout=timeout)
+
+
+def status_extras(endpoint: Endpoint) -> dict[str, Any]:
+    """Tracking URL and runs, and Serve applications, for `invoke status` (never raises)."""
+    extras: dict[str, Any] = {}
+    if endpoint.tracking_url and endpoint.tracking_password:
+        try:
+            runs: int | None = tracking.count_runs(endpoint.tracking_url, endpoint.tracking_password)
+            error = None
+        except tracking.TrackingError as exc:
+            runs, error = None, str(exc)
+        extras["tracking"] = {"url": endpoint.tracking_url, "runs": runs, "error": error}
+    try:
+        extras["serve"] = status(endpoint)
+    except ServeError as exc:
+        extras["serve"], extras["serve_error"] = [], str(exc)
+    return extras
+
+
+def print_status_extras(extras: dict[str, Any]) -> None:
+    view = extras.get("tracking")
+    if view and view["error"]:
+        ui.warn(view["error"].replace("did not answer", "did not answer (starting, or died)"))
+    elif view:
+        ui.out(f"tracking: {view['url']} ({view['runs']} runs; `invoke mlflow` to log in)",
+               markup=False)
+    apps = extras.get("serve") or []
+    if apps:
+        names = ", ".join(f"{a['app']} ({a['status']})" for a in apps)
+        ui.out(f"serving: {names} — busy for autodown while any app is deployed", markup=False)

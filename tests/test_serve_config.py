@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import serve, spec
+from infra import loading, serve
 from infra.errors import SpecError, UsageError
 from tests.conftest import ROOT
 
@@ -19,11 +19,11 @@ def test_tracking_is_validated_strictly_with_a_did_you_mean(tmp_path: Path) -> N
     path.write_text("provider: local\ntracking: mlfow\n")
     expected = r"tracking: input should be 'none' or 'mlflow' \(did you mean 'mlflow'\?\)"
     with pytest.raises(SpecError, match=expected):
-        spec.load_spec(path)
+        loading.load_spec(path)
     path.write_text("provider: local\ntracking: mlflow\n")
-    assert spec.load_spec(path).tracking == "mlflow"
+    assert loading.load_spec(path).tracking == "mlflow"
     path.write_text("provider: local\n")
-    assert spec.load_spec(path).tracking == "none"
+    assert loading.load_spec(path).tracking == "none"
 
 
 def test_an_import_path_becomes_a_one_app_config() -> None:
