@@ -36,6 +36,34 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+#: Packages whose modules share a package-scoped bed (built once per worker that runs them):
+#: their tests stay on one pytest-xdist worker.
+_PACKAGE_GROUPS = {"gcp"}
+
+
+def _group(path: Path) -> str:
+    """The pytest-xdist group of a test file: its package for `_PACKAGE_GROUPS`, else the module."""
+    rel = path.relative_to(ROOT / "tests")
+    return rel.parts[0] if rel.parts[0] in _PACKAGE_GROUPS else rel.as_posix()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the suite's independent groups side by side (`-n` in pyproject's addopts).
+
+    Each group (a module, or a package sharing a bed) runs whole on one worker, so module- and
+    package-scoped clusters are built once. The slowest groups are handed out first: with groups
+    sent in collection order, a long group started last would decide the whole run's length.
+    """
+    slow = {group: rank for rank, group in enumerate(SLOWEST_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(Path(str(item.path)))))
+    items.sort(key=lambda item: slow.get(_group(Path(str(item.path))), len(slow)))
+
+
+#: Groups by their duration in CI, longest first (from `pytest --durations`); the rest follow.
+SLOWEST_FIRST: list[str] = []
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     """Under CI=true a skip is a failure: CI must run everything the machine is built for."""
