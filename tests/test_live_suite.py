@@ -28,9 +28,10 @@ def live(*args: str, ci: bool | None = None, timeout: float = 120) -> subprocess
         env.pop("CI", None)
     elif ci:
         env["CI"] = "true"
-    return subprocess.run([sys.executable, "-m", "pytest", "tests/live", "-q", "-n", "0", "-p", "no:cacheprovider",
-                           *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    # -n 0: the live suite's steps build on each other; it never runs spread over workers.
+    return subprocess.run([sys.executable, "-m", "pytest", "tests/live", "-q", "-n", "0",
+                           "-p", "no:cacheprovider", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def refused(done: subprocess.CompletedProcess[str]) -> str:
@@ -42,9 +43,9 @@ def refused(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_plain_pytest_never_collects_the_live_suite() -> None:
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
-                           "tests/test_live_suite.py", "tests"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, check=False)
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0",
+                           "-p", "no:cacheprovider", "tests/test_live_suite.py", "tests"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "tests/test_live_suite.py::" in done.stdout
     assert [line for line in done.stdout.splitlines() if line.startswith("tests/live")] == []
