@@ -64,6 +64,9 @@ def refusal(config: pytest.Config) -> str | None:
     if not provider:
         return ("tests/live runs only when asked: add --live=lambda|gcp-tpu|slurm with --live-credentials "
                 "FILE and a cost cap (--max-usd / --max-node-hours), or --live-fake (docs/live.md)")
+    if (config.getoption("numprocesses", None) or 0) != 0:
+        # The steps build on each other (up, submit, autodown, teardown, sweep) in one session.
+        return "the live suite runs in one process: add -n 0"
     if os.environ.get("CI") == "true" and not fake:
         return "CI=true: the live suite runs only against the fakes here; add --live-fake"
     credentials = config.getoption("live_credentials")
