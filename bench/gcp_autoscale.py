@@ -1,7 +1,7 @@
 """How fast Ray's own GCP autoscaler brings a TPU node in and out, on the offline test bed.
 
 The real `invoke up --provider=gcp-tpu` (real `ray up`, Ray's GCP provider, the head's autoscaler
-v1) against the offline Google of tests/gcp (test-bed hosts as VMs and TPU hosts). Each round
+v1) against the offline Google of tests/gcp_tpu (test-bed hosts as VMs and TPU hosts). Each round
 submits `examples/tpu_example.py --placement-only` (one task needing `TPU: 4`) to a cluster with
 no TPU node and measures, from the submit:
 - create: the autoscaler's TPU create call reaches the fake;
@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.gcp.offline import write_service_account_key  # noqa: E402
-from tests.gcp.offline_bed import (  # noqa: E402
+from tests.gcp_tpu.offline import write_service_account_key  # noqa: E402
+from tests.gcp_tpu.offline_bed import (  # noqa: E402
     IDLE_TIMEOUT_MINUTES,
     PROJECT,
     RAY_FAST,

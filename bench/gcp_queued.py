@@ -1,5 +1,5 @@
 """How fast the head's joiner brings a queued TPU slice into the cluster once Google grants it, on
-the offline test bed (tests/gcp: test-bed hosts as VMs and TPU hosts).
+the offline test bed (tests/gcp_tpu: test-bed hosts as VMs and TPU hosts).
 
 Each round is a real `invoke up --provider=gcp-tpu` of a cluster with two queued slices (a v4-8 and
 a 2-host v4-16) that the fake makes ACTIVE after a short wait, then `invoke teardown`. It measures,
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.gcp.offline import write_service_account_key  # noqa: E402
-from tests.gcp.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file  # noqa: E402
+from tests.gcp_tpu.offline import write_service_account_key  # noqa: E402
+from tests.gcp_tpu.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file  # noqa: E402
 
 POLL_S = 5.0
 

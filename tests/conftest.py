@@ -38,7 +38,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 #: Packages whose modules share a package-scoped bed (built once per worker that runs them):
 #: their tests stay on one pytest-xdist worker.
-_PACKAGE_GROUPS = {"gcp"}
+_PACKAGE_GROUPS = {"gcp_tpu"}
 
 
 def _group(path: Path) -> str:

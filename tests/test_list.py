@@ -23,7 +23,7 @@ from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import fleet
 from infra.state import State
 from tests.conftest import run_invoke
-from tests.gcp.conftest import write_service_account_key
+from tests.gcp_tpu.conftest import write_service_account_key
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.slurm.conftest import SMALL
 from tests.testbed.slurm import LocalSlurm

@@ -2,7 +2,7 @@
 frozen hand-off, and a failed `up` follows the one rollback policy of infra/providers/base.py.
 
 The toy records what it is asked to remove; each real provider's hooks (`created`,
-`remove_created`) are exercised against its fakes in tests/gcp, tests/lambda_cloud, tests/slurm.
+`remove_created`) are exercised against its fakes in tests/gcp_tpu, tests/lambda_cloud, tests/slurm.
 """
 
 from __future__ import annotations

@@ -9,6 +9,6 @@ The rule: modules here import only the standard library, Ray (and what Ray itsel
 e.g. filelock), requests and this package; GCP's modules also call Google's client, which GCP
 nodes get from the node installer, and import it lazily, inside the calls. The laptop ships this
 package to a head as one zip (`infra.shipping`), so nothing keeps a list of its files;
-tests/test_node_package.py proves the rule for every module. Laptop code may import from here
+tests/node/test_node_package.py proves the rule for every module. Laptop code may import from here
 (this is the lowest layer); nothing here imports the laptop's modules.
 """

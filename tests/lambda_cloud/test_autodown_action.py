@@ -4,7 +4,7 @@ first and the head last, with the API key from its 0600 file; another cluster's 
 untagged instances are untouched; the marker says the cluster removed itself.
 
 The watcher here has no Ray to ask (its dashboard URL is a closed port), which it counts as idle:
-what keeps a real cluster busy is proven with real Ray in tests/test_autodown.py.
+what keeps a real cluster busy is proven with real Ray in tests/local/test_e2e_autodown.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The head-side node provider against the fake API, in-process (Ray's contract, issue 13).
 
 No test bed: instances get TEST-NET addresses from the fake and nothing logs into them; the
-autoscaler's behaviour on real hosts is test_autoscale_testbed.py's.
+autoscaler's behaviour on real hosts is test_e2e_autoscale.py's.
 """
 
 from __future__ import annotations

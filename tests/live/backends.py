@@ -3,7 +3,7 @@ cheapest specs for a fixed and an autoscaling cluster, and how to look for lefto
 
 The scenarios in test_live.py use only `invoke` (through `Backend.invoke`) and what it prints;
 a backend never reaches into a provider's internals. A fake backend builds on the public test
-beds of tests/lambda_cloud, tests/slurm and tests/gcp, so the same scenarios run in CI.
+beds of tests/lambda_cloud, tests/slurm and tests/gcp_tpu, so the same scenarios run in CI.
 """
 
 from __future__ import annotations

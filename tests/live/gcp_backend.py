@@ -1,5 +1,5 @@
 """The live suite on Google Cloud (gcp-tpu): a real project (your gcp-tpu spec names it, its zone
-and its credentials) or the offline Google of tests/gcp (tests/gcp/offline_bed.py: the fake's VMs
+and its credentials) or the offline Google of tests/gcp_tpu (tests/gcp_tpu/offline_bed.py: the fake's VMs
 are test-bed hosts, and `invoke` runs inside the test bed's client namespace, whose resolver sends
 Google's names to the fake; never outside it)."""
 
@@ -40,8 +40,8 @@ class GcpBackend(Backend):
         # The head runs no task (CPU 0): one one-CPU bundle already needs a worker.
         self.scale_job_args = ("1",)
         if self.fake:
-            from tests.gcp.offline import write_service_account_key
-            from tests.gcp.offline_bed import PROJECT, offline_bed, spec_file
+            from tests.gcp_tpu.offline import write_service_account_key
+            from tests.gcp_tpu.offline_bed import PROJECT, offline_bed, spec_file
             from tests.testbed.preflight import require
 
             require("testbed")

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.gcp.offline_bed import wait_for
 from tests.live.conftest import Cluster, Run
+from tests.waiting import wait_until
 
 SPREAD = Path(__file__).resolve().parents[1] / "data" / "spread_job.py"
 SLEEPER = Path(__file__).resolve().parents[1] / "data" / "sleeper.py"
@@ -73,8 +73,9 @@ def test_fixed_cluster_up_submit_dashboard_autodown_teardown(live: Run) -> None:
         busy = ok(cluster.invoke("submit", "--no-wait", str(SLEEPER))).strip().splitlines()[-1]
     assert cluster.cluster_id(), "up drew no cluster id"
     # (GCP's autoscaler adds the min_workers after `up` returns)
-    wait_for(f"{backend.fixed_nodes} nodes alive", lambda: (
+    wait_until(lambda: (
         lambda r: r if r["running"] and alive(r) == backend.fixed_nodes else None)(cluster.status()),
+        f"{backend.fixed_nodes} nodes alive",
         timeout=600, interval=3)
 
     with live.timed("fixed: submit"):
@@ -88,8 +89,8 @@ def test_fixed_cluster_up_submit_dashboard_autodown_teardown(live: Run) -> None:
 
     # Idle now: the cluster removes itself after autodown_minutes, and says so.
     with live.timed(f"fixed: autodown (idle_minutes={backend.autodown_minutes:g})"):
-        wait_for("the cluster to remove itself",
-                 lambda: cluster.status().get("state") == "removed itself",
+        wait_until(lambda: cluster.status().get("state") == "removed itself",
+                 "the cluster to remove itself",
                  timeout=backend.autodown_minutes * 60 + 300, interval=5)
     with live.timed("fixed: teardown"):
         down = cluster.teardown()
@@ -114,8 +115,9 @@ def test_autoscaling_cluster_zero_one_zero(live: Run) -> None:
 
     # Idle: the worker goes (1 -> 0); the head stays.
     with live.timed(f"autoscaling: 1 -> 0 (idle_timeout_minutes={backend.worker_idle_minutes:g})"):
-        wait_for("the idle worker to go", lambda: (lambda r: alive(r) == 1 and len(running_rows(r)) == 1)(
-            cluster.status()), timeout=backend.worker_idle_minutes * 60 + 300, interval=3)
+        wait_until(lambda: (lambda r: alive(r) == 1 and len(running_rows(r)) == 1)(
+            cluster.status()),
+            "the idle worker to go", timeout=backend.worker_idle_minutes * 60 + 300, interval=3)
     assert cluster.status()["running"]
     with live.timed("autoscaling: teardown"):
         ok(cluster.teardown())

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -103,21 +102,6 @@ def torn_down(rf_home: Path) -> Iterator[Register]:
     for spec in specs:
         if (rf_home / "state" / f"{spec.stem}.json").exists():
             invoke("teardown", "--cluster", str(spec))
-
-
-T = TypeVar("T")
-
-
-def wait_until(check: Callable[[], T | None], what: str, timeout: float = 180) -> T:
-    """`check()` once it returns something truthy; an AssertionError naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(1)
 
 
 def ray_left_on_hosts(slurm: SlurmCluster, job: dict[str, Any]) -> dict[str, str]:

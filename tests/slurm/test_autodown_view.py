@@ -1,5 +1,5 @@
 """What the laptop makes of the Slurm head's watcher marker (no Slurm needed; the e2e side is in
-test_slurm_autodown.py): the decision is the base provider's, fed by Slurm's listing."""
+test_e2e_autodown.py): the decision is the base provider's, fed by Slurm's listing."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The test bed has one partition without GPUs or time limits; the sites users run on have several.
 `Recorded` replays what `scontrol show partition --oneliner` and `sinfo -N` print on such a site
-(the format of the real commands run by test_slurm_local.py), passed in as the runner.
+(the format of the real commands run by test_e2e_local.py), passed in as the runner.
 """
 
 from __future__ import annotations

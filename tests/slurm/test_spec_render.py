@@ -225,7 +225,7 @@ def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
 def test_head_side_modules_import_with_ray_and_the_shipped_files_only(
         tmp_path: Path, case: str, modules: list[str]) -> None:
     # What the head has: Ray and the zip the batch script writes (what the zip's modules may
-    # import is tests/test_node_package.py's rule). The node provider for Ray's monitor, the idle
+    # import is tests/node/test_node_package.py's rule). The node provider for Ray's monitor, the idle
     # watcher and Slurm's removal action for autodown.
     shipped = tmp_path / "py"
     shipped.mkdir()

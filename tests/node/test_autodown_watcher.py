@@ -1,5 +1,5 @@
 """The idle clock of the autodown watcher (infra/node/autodown.py), without Ray: what resets it, what
-counts as idle, when it removes, and what its marker says. Real Ray: tests/test_autodown.py."""
+counts as idle, when it removes, and what its marker says. Real Ray: tests/local/test_e2e_autodown.py."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from infra.node.gcp_tpu.api import ApiOptions, GcpError
 from infra.providers.base import UpOptions
 from infra.providers.gcp_tpu import config
 from infra.providers.gcp_tpu.provider import CLUSTER, Provider
-from tests.gcp.conftest import Dashboard, FakeRay, Sshd, write_spec
-from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp_tpu.conftest import Dashboard, FakeRay, Sshd, write_spec
+from tests.gcp_tpu.fake_gcp import FakeGcp
 
 FIRST, SECOND = "us-central1-b", "us-central1-a"
 

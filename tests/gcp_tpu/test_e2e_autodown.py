@@ -5,7 +5,7 @@ the VM's own service account (metadata server), and the laptop's next `status` a
 it removed itself.
 
 Real `ray up`, real Ray and autoscaler on test-bed hosts, `invoke` as a user runs it; the test bed
-is the one test_e2e_offline.py uses (the package fixture `offline`). `idle_minutes: 0.3` keeps the
+is the one test_e2e_cluster.py uses (the package fixture `offline`). `idle_minutes: 0.3` keeps the
 idle period at 18 s.
 """
 
@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.gcp.offline import write_service_account_key
-from tests.gcp.offline_bed import PROJECT, Offline, spec_file, wait_for
+from tests.gcp_tpu.offline import write_service_account_key
+from tests.gcp_tpu.offline_bed import PROJECT, Offline, spec_file
+from tests.waiting import wait_until
 
 NAME = "gcpdown"
 IDLE_MINUTES = 0.3
@@ -86,11 +87,12 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         assert job.returncode == 0, job.stdout + job.stderr
         job_id = job.stdout.strip().splitlines()[-1]
         busy_since = time.monotonic()
-        wait_for("the autoscaler's worker VM and TPU node", lambda: {
+        wait_until(lambda: {
             "vm" if i.get("status") == "RUNNING" and "tpu_cores" not in i["labels"] else "tpu"
             for i in _ours(offline, cluster_id) if i["labels"].get("ray-node-type") == "worker"
             and (i.get("status") == "RUNNING" or i.get("state") == "READY")} == {"vm", "tpu"},
-            timeout=240)
+            "the autoscaler's worker VM and TPU node",
+            timeout=240, interval=0.5)
         time.sleep(max(0.0, IDLE_MINUTES * 60 * 2 - (time.monotonic() - busy_since)))
         assert any(i["name"] == head["name"] for i in _ours(offline, cluster_id)), \
             "a head running a job must not remove itself"
@@ -104,11 +106,12 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         idle_since = time.monotonic()
         # The job is stopped a moment after stop-job returns; the watcher notices within 1 s.
-        wait_for("the watcher to count idle time", lambda: json.loads(head_host.run(
-            "cat ~/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since"), timeout=15)
+        wait_until(lambda: json.loads(head_host.run(
+            "cat ~/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since"),
+            "the watcher to count idle time", timeout=15, interval=0.5)
         status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
         assert "autodown: idle " in status.stdout and " of 0.3 min" in status.stdout, status.stdout
-        wait_for("nothing of the cluster left at the fake", lambda: not _ours(offline, cluster_id),
+        wait_until(lambda: not _ours(offline, cluster_id), "nothing of the cluster left at the fake",
                  timeout=300, interval=1)
         timings["idle -> removed itself"] = round(time.monotonic() - idle_since, 1)
         deletes = [(path.rsplit("/", 1)[-1], caller) for host, method, path, caller in google.log

@@ -24,9 +24,9 @@ from infra.node.gcp_tpu.api import ApiOptions, GcpCredentialsError, GcpError, Gc
 from infra.providers.base import UpOptions
 from infra.providers.gcp_tpu import config, launcher
 from infra.providers.gcp_tpu.provider import CLUSTER, FIREWALL, SSH_KEY, Provider
-from tests.gcp.conftest import ZONE, Dashboard, FakeRay, Sshd, assert_nothing_created, write_spec
-from tests.gcp.fake_gcp import FakeGcp, rate_limited
-from tests.gcp.test_google_errors import ERRORS
+from tests.gcp_tpu.conftest import ZONE, Dashboard, FakeRay, Sshd, assert_nothing_created, write_spec
+from tests.gcp_tpu.fake_gcp import FakeGcp, rate_limited
+from tests.gcp_tpu.test_google_errors import ERRORS
 
 pytestmark = pytest.mark.slow  # a real sshd per test
 

@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.gcp.fake_gcp import FakeGcp
-from tests.gcp.offline import write_service_account_key
-from tests.gcp.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file, wait_for
+from tests.gcp_tpu.fake_gcp import FakeGcp
+from tests.gcp_tpu.offline import write_service_account_key
+from tests.gcp_tpu.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file
 from tests.testbed.hosts import Host
 from tests.testbed.preflight import require
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -181,8 +182,8 @@ def test_a_two_host_slice_joins_with_the_slice_head_resource_on_host_0(cluster: 
     started = time.monotonic()
     cluster.fake.queue_held.discard("-pod-")
     qr_id = cluster.qr("pod")
-    wait_for("the 2-host slice to be ACTIVE",
-             lambda: cluster.fake.queued_states()[qr_id][1] == "ACTIVE", timeout=120)
+    wait_until(lambda: cluster.fake.queued_states()[qr_id][1] == "ACTIVE",
+             "the 2-host slice to be ACTIVE", timeout=120, interval=0.5)
     hosts = cluster.hosts_of(qr_id)
     assert len(hosts) == 2
 
@@ -191,7 +192,7 @@ def test_a_two_host_slice_joins_with_the_slice_head_resource_on_host_0(cluster: 
                  and n["node_ip"] in {h.ip for h in hosts}]
         return nodes if len(nodes) == 2 else None
 
-    nodes = wait_for("both hosts of the slice in Ray", joined, timeout=420, interval=3)
+    nodes = wait_until(joined, "both hosts of the slice in Ray", timeout=420, interval=3)
     cluster.timings["2-host slice released -> both hosts in Ray"] = round(
         time.monotonic() - started, 1)
     by_ip = {n["node_ip"]: n for n in nodes}
@@ -207,10 +208,10 @@ def test_a_suspended_spot_slice_is_reported_and_queued_again_in_the_next_zone(
     started = time.monotonic()
     lost, again = cluster.qr("single"), cluster.qr("single", attempt=1)
     cluster.fake.suspend(lost)
-    wait_for("a new request in the next zone",
-             lambda: cluster.fake.queued_states().get(again) == (NEXT_ZONE,
+    wait_until(lambda: cluster.fake.queued_states().get(again) == (NEXT_ZONE,
                                                                  "WAITING_FOR_RESOURCES"),
-             timeout=120)
+             "a new request in the next zone",
+             timeout=120, interval=0.5)
     cluster.timings["suspended -> re-queued"] = round(time.monotonic() - started, 1)
 
     def reported() -> dict[str, Any] | None:
@@ -219,7 +220,7 @@ def test_a_suspended_spot_slice_is_reported_and_queued_again_in_the_next_zone(
         report: dict[str, Any] = json.loads(status.stdout)
         return report if any(again in w for w in report["warnings"]) else None
 
-    report = wait_for("status to report the re-queued request", reported, timeout=120, interval=3)
+    report = wait_until(reported, "status to report the re-queued request", timeout=120, interval=3)
     rows = {r["name"]: r for r in report["provider_resources"]
             if r["kind"] == "queued TPU request"}
     assert (rows[lost]["state"], rows[lost]["zone"]) == ("SUSPENDED", ZONE), rows

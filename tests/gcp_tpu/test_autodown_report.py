@@ -2,7 +2,7 @@
 (`Provider.autodown_report`), against the loopback fake: "removed itself" only when the APIs list
 nothing with the cluster's labels *and* the last marker this machine kept showed the watcher
 counting down; the time is when that idle period ran out. The real thing, end to end, is
-test_autodown_offline.py."""
+test_e2e_autodown.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from infra.node.gcp_tpu.api import ApiOptions
 from infra.providers.gcp_tpu import Provider, config
 from infra.providers.gcp_tpu.provider import CLUSTER
 from infra.state import State
-from tests.gcp.conftest import ZONE, write_spec
-from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp_tpu.conftest import ZONE, write_spec
+from tests.gcp_tpu.fake_gcp import FakeGcp
 
 IDLE_SINCE = "2026-11-22T13:05:00+00:00"
 

@@ -15,7 +15,7 @@ from infra import loading, paths, providers
 from infra.errors import SpecError
 from infra.providers.gcp_tpu import config, tpu
 from tests.conftest import ROOT
-from tests.gcp.conftest import write_spec
+from tests.gcp_tpu.conftest import write_spec
 from tests.golden import assert_golden
 
 # accelerator type -> (chips, hosts, chips per host, default runtime), from Google's TPU docs.

@@ -29,8 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.gcp.fake_gcp import FakeGcp
-from tests.gcp.fake_identity import TOKEN_URI, Identity
+from tests.gcp_tpu.fake_gcp import FakeGcp
+from tests.gcp_tpu.fake_identity import TOKEN_URI, Identity
 from tests.testbed import Testbed
 from tests.testbed.hosts import Host, ray_bin_dir
 

@@ -3,7 +3,7 @@ against the fake APIs: the idle watcher deletes the TPU nodes and VMs carrying t
 workers first and its own VM last (an operation nobody polls: the fake finishes it by itself, as
 Google does); another cluster's VM and unlabelled VMs are untouched; the marker says it removed the
 cluster. The end-to-end version, with the head's own service account and real Ray, is
-test_autodown_offline.py.
+test_e2e_autodown.py.
 
 The action here is `remove` itself, not `stop_ray_then_remove`: that one runs `ray stop`, which
 belongs on a head, never on this machine.
@@ -20,8 +20,8 @@ from pathlib import Path
 from infra.node import autodown, identity, rayproc
 from infra.providers.gcp_tpu import config
 from tests.conftest import ROOT
-from tests.gcp.conftest import PROJECT, ZONE, write_service_account_key
-from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp_tpu.conftest import PROJECT, ZONE, write_service_account_key
+from tests.gcp_tpu.fake_gcp import FakeGcp
 
 
 def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """How the fake answers a request, whatever carries it (its loopback server, or the offline
-Google on the test bed): held to the discovery documents both ways (tests/gcp/discovery.py),
+Google on the test bed): held to the discovery documents both ways (tests/gcp_tpu/discovery.py),
 injected failures first, `requestId`s remembered, then the API's own state machines."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 import threading
 from typing import TYPE_CHECKING, Any
 
-from tests.gcp.discovery import Contract, Method, Violation
-from tests.gcp.fake_errors import compute_error, grpc_error, service_disabled
+from tests.gcp_tpu.discovery import Contract, Method, Violation
+from tests.gcp_tpu.fake_errors import compute_error, grpc_error, service_disabled
 
 CONTRACT = Contract()
 

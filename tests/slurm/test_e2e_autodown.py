@@ -23,9 +23,9 @@ from tests.slurm.conftest import (
     login_spec,
     ok,
     ray_left_on_hosts,
-    wait_until,
 )
 from tests.testbed.slurm import SlurmCluster
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 def cluster_jobs(slurm: SlurmCluster, cluster_id: str) -> list[dict[str, str]]:

@@ -17,8 +17,8 @@ from typing import Any
 from infra.node import identity
 from infra.providers.gcp_tpu import config
 from infra.state import State
-from tests.gcp.offline import write_service_account_key
-from tests.gcp.offline_bed import PROJECT, ZONE, Offline, spec_file
+from tests.gcp_tpu.offline import write_service_account_key
+from tests.gcp_tpu.offline_bed import PROJECT, ZONE, Offline, spec_file
 
 ME = "alice@laptop"
 COLLEAGUE = "bob@workstation"

@@ -16,8 +16,8 @@ from infra.errors import SpecError
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import ApiOptions, Credentials, Gcp, GcpError
 from infra.providers.gcp_tpu import slices
-from tests.gcp.conftest import write_spec
-from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp_tpu.conftest import write_spec
+from tests.gcp_tpu.fake_gcp import FakeGcp
 
 SECOND_ZONE = "us-central2-a"
 CLUSTER_ID = "0123abcd"

@@ -15,11 +15,11 @@ import pytest
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import ApiOptions, Credentials, Gcp, GcpError, GcpQuotaError
 from infra.providers.gcp_tpu import tpu_quota
-from tests.gcp.conftest import PROJECT, ZONE
-from tests.gcp.discovery import DOCS, Contract, Violation
-from tests.gcp.fake_errors import compute_error, grpc_error, quota_exhausted
-from tests.gcp.fake_filter import matches
-from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp_tpu.conftest import PROJECT, ZONE
+from tests.gcp_tpu.discovery import DOCS, Contract, Violation
+from tests.gcp_tpu.fake_errors import compute_error, grpc_error, quota_exhausted
+from tests.gcp_tpu.fake_filter import matches
+from tests.gcp_tpu.fake_gcp import FakeGcp
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_preflight_refuses_a_zone_without_tpu_quota(api: Gcp, fake: FakeGcp,
                                                     tmp_path: Path) -> None:
     from infra.loading import load_spec as load
     from infra.providers.gcp_tpu import preflight
-    from tests.gcp.conftest import write_spec
+    from tests.gcp_tpu.conftest import write_spec
 
     spec = load(write_spec(tmp_path))
     report = preflight.run(spec, api, ours=False)
@@ -218,7 +218,7 @@ def test_longest_names_and_labels_reach_google_intact(api: Gcp, fake: FakeGcp,
     from infra.loading import load_spec as load
     from infra.node import identity
     from infra.providers.gcp_tpu import config
-    from tests.gcp.conftest import write_spec
+    from tests.gcp_tpu.conftest import write_spec
 
     cpu_type, tpu_type = "c" * 24, "t" * 24
     spec = load(write_spec(tmp_path, name=LONGEST, labels={"k" * 63: "v" * 63},
@@ -288,7 +288,7 @@ def test_every_zone_the_fake_offers_passes_preflight(api: Gcp, fake: FakeGcp, tm
     (one per TPU region it offers) goes through pre-flight, TPU quota included."""
     from infra.loading import load_spec as load
     from infra.providers.gcp_tpu import preflight
-    from tests.gcp.conftest import write_spec
+    from tests.gcp_tpu.conftest import write_spec
 
     accelerator = {"us-central2-b": "v4-8", "us-central1-a": "v5litepod-4"}[zone]
     spec = load(write_spec(tmp_path, zone=zone, tpu_workers={"tpu": {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tests.gcp.fake_errors import grpc_error
+from tests.gcp_tpu.fake_errors import grpc_error
 
 #: (metric id, display name) of the TPU quotas the fake lists.
 TPU_METRICS = [

@@ -14,8 +14,8 @@ import pytest
 from infra import loading, state
 from infra.providers.gcp_tpu import config
 from tests.conftest import run_invoke
-from tests.gcp.conftest import FakeRay, Sshd, assert_nothing_created, write_spec
-from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp_tpu.conftest import FakeRay, Sshd, assert_nothing_created, write_spec
+from tests.gcp_tpu.fake_gcp import FakeGcp
 
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
@@ -146,7 +146,7 @@ def test_autodown_default_and_null_warning(tmp_path: Path) -> None:
     warns about; the setting is enforced (no "not enforced" warning)."""
     import yaml
 
-    from tests.gcp.conftest import BASE_SPEC
+    from tests.gcp_tpu.conftest import BASE_SPEC
 
     env = _env(tmp_path / "home")
     default = tmp_path / "gdef.yaml"

@@ -23,9 +23,9 @@ import yaml
 
 from infra.node import rayproc
 from infra.node.gcp_tpu.api import ApiOptions
-from tests.gcp import fake_gcp
-from tests.gcp.fake_gcp import FakeGcp
-from tests.gcp.offline_bed import Offline, offline_bed
+from tests.gcp_tpu import fake_gcp
+from tests.gcp_tpu.fake_gcp import FakeGcp
+from tests.gcp_tpu.offline_bed import Offline, offline_bed
 from tests.testbed.preflight import require
 
 PROJECT = "test-project"
@@ -45,7 +45,7 @@ def _no_google(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 @pytest.fixture(autouse=True)
 def _google_contract() -> Iterator[None]:
     """Fail the test whose requests (or whose fake's answers) Google's discovery documents reject
-    (tests/gcp/discovery.py), naming the field and the rule; fakes stopped since are forgotten."""
+    (tests/gcp_tpu/discovery.py), naming the field and the rule; fakes stopped since are forgotten."""
     yield
     found = list(dict.fromkeys(v for fake in fake_gcp.LIVE for v in fake.take_violations()))
     fake_gcp.LIVE[:] = [f for f in fake_gcp.LIVE if not f.stopped]
@@ -55,7 +55,7 @@ def _google_contract() -> Iterator[None]:
 
 @pytest.fixture(scope="package")
 def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
-    """The offline Google on the test bed (tests/gcp/offline_bed.py), one for every test of this
+    """The offline Google on the test bed (tests/gcp_tpu/offline_bed.py), one for every test of this
     folder that needs it (end to end, autodown, sweep): starting it costs a test bed of three
     hosts. Each test uses its own cluster name and leaves nothing of it behind."""
     require("testbed")

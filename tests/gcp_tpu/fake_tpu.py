@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tests.gcp.fake_errors import grpc_error, label_problem
+from tests.gcp_tpu.fake_errors import grpc_error, label_problem
 
 
 @dataclass
@@ -175,7 +175,7 @@ class TpuApi:
             return 400, grpc_error(400, "INVALID_ARGUMENT", f"Accelerator type {accelerator!r} is "
                                                             f"not available in zone {zone}")
         if zone in self.tpu_quota_zones:  # no TPU quota there: refused at once, nothing created
-            from tests.gcp.fake_errors import quota_exhausted
+            from tests.gcp_tpu.fake_errors import quota_exhausted
 
             generation = str(accelerator).split("-")[0].upper()
             return 429, quota_exhausted(f"TPU{generation}PerProjectPerZoneForTPUAPI", f"zone {zone}")

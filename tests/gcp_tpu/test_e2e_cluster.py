@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.gcp.fake_gcp import FakeGcp
-from tests.gcp.offline import write_service_account_key
-from tests.gcp.offline_bed import CLUSTER, PROJECT, Offline, spec_file, wait_for
+from tests.gcp_tpu.fake_gcp import FakeGcp
+from tests.gcp_tpu.offline import write_service_account_key
+from tests.gcp_tpu.offline_bed import CLUSTER, PROJECT, Offline, spec_file
+from tests.waiting import wait_until
 
 
 def tpu_nodes(fake: FakeGcp, state: str | None = None) -> list[dict[str, Any]]:
@@ -56,7 +57,7 @@ def ray_config_caches() -> list[str]:
 
 def test_revoked_key_is_one_line_and_creates_nothing(offline: Offline, tmp_path: Path) -> None:
     """Google's token endpoint refuses the key (google-auth's RefreshError): one line, exit 1."""
-    from tests.gcp.conftest import assert_nothing_created
+    from tests.gcp_tpu.conftest import assert_nothing_created
 
     home = tmp_path / "rayfleet-home"
     key = write_service_account_key(tmp_path / "sa-key.json", offline.google.identity,
@@ -85,10 +86,10 @@ def test_ctrl_c_during_up_removes_what_this_run_created(offline: Offline, tmp_pa
     try:
         # `ray up` has created the head VM and is setting it up when the user presses Ctrl+C
         # (the terminal sends SIGINT to the whole foreground group: invoke and `ray up`).
-        wait_for("the head VM", lambda: [
+        wait_until(lambda: [
             i for i in offline.fake.instances.values()
-            if i["labels"].get("rayfleet-name") == "gcpint" and i["status"] == "RUNNING"],
-            timeout=180)
+            if i["labels"].get("rayfleet-name") == "gcpint" and i["status"] == "RUNNING"], "the head VM",
+            timeout=180, interval=0.5)
         os.killpg(up.pid, signal.SIGINT)
         out, err = up.communicate(timeout=300)
     finally:
@@ -197,7 +198,7 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         phase("demand -> TPU node created, joined, job done")
 
         # 3. Idle: the autoscaler deletes the TPU node; status shows only the head.
-        wait_for("the idle TPU node to be deleted", lambda: not tpu_nodes(fake), timeout=180)
+        wait_until(lambda: not tpu_nodes(fake), "the idle TPU node to be deleted", timeout=180, interval=0.5)
         phase("idle -> TPU node deleted")
         status = offline.invoke(home, "status", "--cluster", str(spec), "--json", timeout=120)
         assert status.returncode == 0, status.stdout + status.stderr
@@ -215,10 +216,11 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
                                env=offline.env(home), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            first = wait_for("a TPU node holding the job's task", lambda: next(
+            first = wait_until(lambda: next(
                 (n for n in tpu_nodes(fake, "READY") if any(
                     "placement_on_local_chips" in h.run("ps -eo args").stdout
                     for h in google.machines.host_of(n["name"].rsplit("/", 1)[-1]))), None),
+                "a TPU node holding the job's task",
                 timeout=240, interval=1)
             first_name = first["name"].rsplit("/", 1)[-1]
             phase("demand -> TPU node running the task")
@@ -237,8 +239,8 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         # Google then removes the preempted node (404 from now on): Ray's provider must not wedge
         # on it (ray-project/ray#29698); the autoscaler still scales the replacement down.
         fake.preempt(first_name, delete=True)
-        wait_for("the idle replacement node to be deleted", lambda: not tpu_nodes(fake),
-                 timeout=180)
+        wait_until(lambda: not tpu_nodes(fake), "the idle replacement node to be deleted",
+                 timeout=180, interval=0.5)
         phase("idle -> replacement deleted")
     except BaseException:
         # For the post-mortem: what the head's Ray logged last (the test bed goes with the run).

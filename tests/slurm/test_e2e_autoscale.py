@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from infra.node.slurm import queue
-from tests.slurm.conftest import invoke, job_of, login_spec, ok, result_of, temp_marker, wait_until
+from tests.slurm.conftest import invoke, job_of, login_spec, ok, result_of, temp_marker
 from tests.testbed.hosts import Host
 from tests.testbed.slurm import SlurmCluster
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ from infra.node.gcp_tpu.api import (
     find_credentials,
 )
 from infra.providers.gcp_tpu import preflight
-from tests.gcp.conftest import PROJECT, ZONE, write_service_account_key, write_spec
-from tests.gcp.fake_gcp import FakeGcp, compute_error, grpc_error, rate_limited, service_disabled
+from tests.gcp_tpu.conftest import PROJECT, ZONE, write_service_account_key, write_spec
+from tests.gcp_tpu.fake_gcp import FakeGcp, compute_error, grpc_error, rate_limited, service_disabled
 
 LABELS = {"rayfleet-cluster": "lab", "ray-cluster-name": "lab"}
 

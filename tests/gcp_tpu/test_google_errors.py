@@ -25,9 +25,9 @@ from infra.node.gcp_tpu.api import (
     GcpPermissionError,
     GcpQuotaError,
 )
-from tests.gcp.conftest import PROJECT, ZONE
-from tests.gcp.fake_errors import compute_error, grpc_error, quota_exhausted, service_disabled
-from tests.gcp.fake_gcp import FakeGcp
+from tests.gcp_tpu.conftest import PROJECT, ZONE
+from tests.gcp_tpu.fake_errors import compute_error, grpc_error, quota_exhausted, service_disabled
+from tests.gcp_tpu.fake_gcp import FakeGcp
 
 QR = "rf-0a1b2c3d-slice-0-0"
 QR_FULL = f"projects/{PROJECT}/locations/{ZONE}/queuedResources/{QR}"

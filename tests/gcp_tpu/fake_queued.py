@@ -16,7 +16,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.gcp.fake_errors import grpc_error, label_problem
+from tests.gcp_tpu.fake_errors import grpc_error, label_problem
 
 _HOLDS_NODES = ("PROVISIONING", "ACTIVE", "SUSPENDING")
 

@@ -17,7 +17,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from tests.gcp.fake_errors import grpc_error
+from tests.gcp_tpu.fake_errors import grpc_error
 
 TOKEN_URI = "https://oauth2.googleapis.com/token"
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from tests.conftest import ROOT
-from tests.gcp.fake_gcp import FakeGcp
-from tests.gcp.offline import GOOGLE_NAMES, BedMachines, OfflineGoogle, TestCa
+from tests.gcp_tpu.fake_gcp import FakeGcp
+from tests.gcp_tpu.offline import GOOGLE_NAMES, BedMachines, OfflineGoogle, TestCa
 from tests.testbed import Testbed
 
 PROJECT = "test-project"
@@ -105,13 +105,3 @@ def offline_bed(work: Path, hosts: int = 3) -> Iterator[Offline]:
     finally:
         google.stop()
         bed.close()
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(interval)

@@ -31,18 +31,18 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from tests.gcp.fake_answer import Answering
-from tests.gcp.fake_errors import (
+from tests.gcp_tpu.fake_answer import Answering
+from tests.gcp_tpu.fake_errors import (
     compute_error,
     grpc_error,
     label_problem,
     rate_limited,
     service_disabled,
 )
-from tests.gcp.fake_filter import FilterError, matches
-from tests.gcp.fake_queued import QueuedApi
-from tests.gcp.fake_quota import QuotaApi
-from tests.gcp.fake_tpu import Operation, TpuApi
+from tests.gcp_tpu.fake_filter import FilterError, matches
+from tests.gcp_tpu.fake_queued import QueuedApi
+from tests.gcp_tpu.fake_quota import QuotaApi
+from tests.gcp_tpu.fake_tpu import Operation, TpuApi
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
 #: httpErrorStatusCode of a failed Compute operation by its error code. Google documents the field
@@ -72,7 +72,7 @@ class Failure:
 
 
 class Machines(Protocol):
-    """Where the fake's VMs and TPU hosts really run (tests/gcp/offline.py: test-bed hosts).
+    """Where the fake's VMs and TPU hosts really run (tests/gcp_tpu/offline.py: test-bed hosts).
 
     Without one, the fake hands out made-up addresses (unit tests that never SSH anywhere).
     """
@@ -151,7 +151,7 @@ class FakeGcp(Answering, QueuedApi, TpuApi, QuotaApi):
         self.machines: Machines | None = None
         self.events: list[tuple[float, str, str]] = []
         self._addresses = itertools.count(20)
-        #: Requests and answers the discovery documents reject (tests/gcp/discovery.py); the
+        #: Requests and answers the discovery documents reject (tests/gcp_tpu/discovery.py); the
         #: autouse check in conftest fails the test that caused any.
         self.violations: list[str] = []
         self.stopped = False
