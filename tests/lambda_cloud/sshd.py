@@ -17,6 +17,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from tests.testbed.hosts import PYENV_ENV
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -43,7 +45,9 @@ class LocalSshd:
             f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {host_key}\n"
             f"AuthorizedKeysFile {self.authorized}\nStrictModes no\nUsePAM no\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-            "PermitRootLogin prohibit-password\nPidFile none\nMaxStartups 100:30:200\n")
+            "PermitRootLogin prohibit-password\nPidFile none\nMaxStartups 100:30:200\n"
+            # Sessions here run this machine's ~/.bashrc (pyenv): see testbed.hosts.PYENV_ENV.
+            f"SetEnv {' '.join(f'{k}={v}' for k, v in PYENV_ENV.items())}\n")
         Path("/run/sshd").mkdir(exist_ok=True)
         self.log = workdir / "sshd.log"
         self.process = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],

@@ -33,6 +33,12 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Ray settings every process in the test bed gets: no usage reports to a public server, and the
 #: autoscaler v1 with which a `ray up` from another machine does launch its workers (Ray 2.60).
 RAY_SAFE_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_UP_enable_autoscaler_v2": "0"}
+#: A login shell whose ~/.bashrc runs `pyenv init` (this machine's does, for every SSH session,
+#: interactive or not) rehashes under a lock file in ~/.pyenv/shims, waiting up to 60 s for it.
+#: Every host's /root is an overlay of this machine's: a lock left by a session killed mid-rehash,
+#: here or on the host, made every later SSH session into the bed wait 60 s (tests timed out at 60 s
+#: when groups ran side by side). One second is ample for a rehash nobody else holds.
+PYENV_ENV = {"PYENV_REHASH_TIMEOUT": "1"}
 
 
 def ray_bin_dir() -> str:
@@ -57,6 +63,7 @@ def node_env(run_id: str, extra: Mapping[str, str] | None = None) -> dict[str, s
         "SHELL": "/bin/bash",
         "LANG": "C.UTF-8",
         **RAY_SAFE_ENV,
+        **PYENV_ENV,
         MARKER: run_id,
         **(extra or {}),
     }
