@@ -60,8 +60,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: slow.get(_group(Path(str(item.path))), len(slow)))
 
 
-#: Groups by their duration in CI, longest first (from `pytest --durations`); the rest follow.
-SLOWEST_FIRST: list[str] = []
+#: Groups by their duration in CI, longest first (from `pytest --durations=60` of a full run with
+#: -n 3: gcp_tpu ~10 min, the bench quick runs ~6, the examples ~6, the live suite ~3); the rest
+#: follow in collection order.
+SLOWEST_FIRST: list[str] = [
+    "gcp_tpu",
+    "test_bench.py",
+    "test_examples.py",
+    "test_live_suite.py",
+    "slurm/test_e2e_identity.py",
+    "lambda_cloud/test_e2e_autodown.py",
+    "slurm/test_e2e_autodown.py",
+    "lambda_cloud/test_e2e_autoscale.py",
+    "lambda_cloud/test_e2e_cluster.py",
+    "local/test_e2e_cluster.py",
+]
 
 
 @pytest.hookimpl(hookwrapper=True)
