@@ -47,6 +47,11 @@ def _group(path: Path) -> str:
     return rel.parts[0] if rel.parts[0] in _PACKAGE_GROUPS else rel.as_posix()
 
 
+# tryfirst: pytest-xdist's worker reads the xdist_group markers in its own
+# pytest_collection_modifyitems, which pluggy calls before this conftest's (it registers later);
+# without tryfirst the markers arrive too late, `--dist loadgroup` silently splits a module over
+# workers, and each worker builds its own module-scoped cluster that misses the earlier steps.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the suite's independent groups side by side (`-n` in pyproject's addopts).
 
@@ -60,9 +65,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: slow.get(_group(Path(str(item.path))), len(slow)))
 
 
-#: Groups by their duration in CI, longest first (from `pytest --durations=60` of a full run with
-#: -n 3: gcp_tpu ~10 min, the bench quick runs ~6, the examples ~6, the live suite ~3); the rest
-#: follow in collection order.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Stop a run whose groups did not reach pytest-xdist, instead of splitting modules.
+
+    A module's tests share one module-scoped cluster and build on each other (deploy, then
+    delete); spread over workers they fail far from the cause. A worker hands back a grouped
+    test's node id suffixed with `@group`.
+    """
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid]
+    if ungrouped:
+        pytest.exit(
+            f"pytest-xdist did not group {ungrouped[0]}: install pytest<9.2 "
+            "(pip install -e '.[dev]'), or run with -n 0",
+            returncode=4,
+        )
+
+
+#: Groups by their duration in CI, longest first (from `pytest --durations=60` of a full -n 3 run:
+#: gcp_tpu ~10 min, the bench quick runs ~6, the examples ~6, the live suite ~3); the rest follow
+#: in collection order.
 SLOWEST_FIRST: list[str] = [
     "gcp_tpu",
     "test_bench.py",
