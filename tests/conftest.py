@@ -47,10 +47,10 @@ def _group(path: Path) -> str:
     return rel.parts[0] if rel.parts[0] in _PACKAGE_GROUPS else rel.as_posix()
 
 
-# tryfirst: pytest-xdist's worker reads the xdist_group markers in its own
-# pytest_collection_modifyitems, which pluggy calls before this conftest's (it registers later);
-# without tryfirst the markers arrive too late, `--dist loadgroup` silently splits a module over
-# workers, and each worker builds its own module-scoped cluster that misses the earlier steps.
+# tryfirst: pytest-xdist turns the `xdist_group` mark into the node id's `@group` suffix in its own
+# pytest_collection_modifyitems, registered after this conftest and so called before it; a mark
+# added later is never seen, and every test became its own group (a module's cluster built on each
+# worker its tests landed on, scenarios meant to follow each other run on fresh clusters).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the suite's independent groups side by side (`-n` in pyproject's addopts).

@@ -12,6 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 from tests.gcp_tpu.fake_errors import grpc_error, label_problem
 
+#: Each API version's own value of the Node `apiVersion` enum, and the values its enum lacks: a node
+#: created through v2 (rayfleet's queued resources) is still listed to Ray's v2alpha1 calls, and
+#: Google answers every version in that version's own terms (v2alpha1's enum has no `V2`).
+NODE_API_VERSION = {"v2": "V2", "v2alpha1": "V2_ALPHA1"}
+_UNKNOWN_TO = {"v2alpha1": {"V2"}}
+
+
+def seen_through(node: dict[str, Any], version: str) -> dict[str, Any]:
+    """`node` as answered through API `version`: its apiVersion within that version's enum."""
+    if node.get("apiVersion") in _UNKNOWN_TO.get(version, set()):
+        return {**node, "apiVersion": NODE_API_VERSION[version]}
+    return node
+
 
 @dataclass
 class Operation:
@@ -94,7 +107,8 @@ class TpuApi:
             return self._queued(method, parent, zone, name, query, body)
         if collection == "nodes":
             if not name and method == "GET":
-                items = [n for key, n in sorted(self.tpu_nodes.items()) if key.startswith(parent)]
+                items = [seen_through(n, version) for key, n in sorted(self.tpu_nodes.items())
+                         if key.startswith(parent)]
                 return 200, self._tpu_page("nodes", items, query)
             if not name and method == "POST":
                 return self._create_tpu(parent, zone, query.get("nodeId", ""), body or {},
@@ -104,7 +118,7 @@ class TpuApi:
                 return 404, grpc_error(404, "NOT_FOUND", f"Resource '{parent}/nodes/{name}' was "
                                                          "not found")
             if method == "GET":
-                return 200, node
+                return 200, seen_through(node, version)
             if method == "PATCH":
                 if query.get("updateMask") != "labels":
                     return 400, grpc_error(400, "INVALID_ARGUMENT", "Only the labels field of a "
@@ -141,7 +155,10 @@ class TpuApi:
                         {"@type": f"type.googleapis.com/google.cloud.tpu.{version}.{operation.kind}",
                          **result} if result is not None else
                         {"@type": "type.googleapis.com/google.protobuf.Empty"})
-            return 200, {k: v for k, v in operation.body.items() if k != "_result"}
+            answer = {k: v for k, v in operation.body.items() if k != "_result"}
+            if "response" in answer:  # finished by an earlier poll, perhaps through another version
+                answer["response"] = seen_through(answer["response"], version)
+            return 200, answer
         return 404, grpc_error(404, "NOT_FOUND", f"Resource '{path}' was not found")
 
     def _drop_tpu(self, full: str) -> None:
@@ -194,7 +211,7 @@ class TpuApi:
         node: dict[str, Any] = {
             **body, "name": full, "acceleratorType": accelerator, "state": "CREATING",
             "labels": labels, "health": "HEALTHY",
-            "apiVersion": {"v2": "V2", "v2alpha1": "V2_ALPHA1"}[version],  # the Node enum
+            "apiVersion": NODE_API_VERSION[version],  # the Node enum
             "createTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
             "id": str(next(self._ids)),
         }

@@ -201,6 +201,24 @@ def test_deleting_what_is_already_deleting_is_success(api: Gcp, fake: FakeGcp) -
         api.delete_tpu_node(other["name"])
 
 
+def test_a_v2_node_is_answered_in_each_versions_own_terms(api: Gcp, fake: FakeGcp) -> None:
+    """A node created through v2 (a queued resource's) listed to Ray's v2alpha1 calls: each answer
+    holds to its caller's document, whose Node.apiVersion enum has no `V2` in v2alpha1."""
+    from googleapiclient import discovery
+
+    node = fake.add_tpu_node(ZONE, "made-by-v2", "v4-8", {})
+    assert node["apiVersion"] == "V2"
+    parent = f"projects/{PROJECT}/locations/{ZONE}"
+    for api_version, expected in (("v2alpha1", "V2_ALPHA1"), ("v2", "V2")):
+        tpu = discovery.build("tpu", api_version, http=api.compute._http, static_discovery=True,
+                              client_options={"api_endpoint": f"{fake.url}/"})
+        nodes = tpu.projects().locations().nodes()
+        listed = api.call(nodes.list(parent=parent), "list")["nodes"]
+        got = api.call(nodes.get(name=node["name"]), "get")
+        assert [n["apiVersion"] for n in listed] == [expected] == [got["apiVersion"]], api_version
+    assert fake.violations == []
+
+
 # --- limits at their edge ------------------------------------------------------------------
 
 LONGEST = "c" + "a" * 29 + "z"  # 31 characters: the longest cluster name a spec may have
