@@ -78,7 +78,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     ungrouped = [nodeid for nodeid in ids if "@" not in nodeid]
     if ungrouped:
         pytest.exit(
-            f"pytest-xdist did not group {ungrouped[0]}: install pytest<9.2 "
+            f"pytest-xdist did not group {ungrouped[0]}: install pytest<9 "
             "(pip install -e '.[dev]'), or run with -n 0",
             returncode=4,
         )
