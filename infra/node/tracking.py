@@ -1,0 +1,148 @@
+"""The cluster's MLflow tracking server as it runs on the head: its config and its supervisor.
+
+`python -m infra.node.tracking --config FILE` runs `mlflow server` in the foreground (a SQLite
+backend store, artifacts served by the server itself, MLflow's own basic auth) with the admin
+password and Flask secret read from 0600 files into its environment, never onto a command line.
+It lives in the node package so it ships whole to any head (infra/shipping.py): on this machine for
+a local cluster, over SFTP to a cloud head, in the batch script on Slurm. The laptop's side
+(credentials, the client calls) is infra/tracking.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from infra.node.errors import RayfleetError
+from infra.node.files import atomic_write
+
+#: The one user of the cluster's tracking server (MLflow's admin), for every node and client.
+USERNAME = "rayfleet"
+#: The supervisor's config, inside the cluster's own directory: the provider's process markers
+#: then find the supervisor and, as its descendants, the server's processes.
+CONFIG_FILE = "rayfleet-tracking.json"
+
+
+class TrackingError(RayfleetError):
+    """The cluster's tracking server is missing, not answering, or refused us."""
+
+
+def read_secret(path: Path) -> str:
+    try:
+        value = path.read_text().strip()
+    except OSError as exc:
+        raise TrackingError(f"cannot read the tracking password {path} ({exc.strerror}); "
+                            "run `invoke up` again to restore it") from None
+    return value
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the supervisor needs to run one tracking server; no secrets, only their paths."""
+
+    host: str
+    port: int
+    #: The store: mlflow.db (runs, metrics, registry), auth.db (users), artifacts/.
+    store_dir: str
+    password_path: str
+    secret_key_path: str
+    #: Where the server's own output goes.
+    log_path: str
+
+
+def write_config(path: Path, config: ServerConfig) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(config), indent=2))
+
+
+def node_env(url: str, password_file: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(plain, from_files) environment for `ray start`, so that every driver, worker and Serve
+    replica on the node finds the server: `from_files` maps a variable to the 0600 file its value
+    is read from when the node starts (the start script holds only the path)."""
+    return ({"MLFLOW_TRACKING_URI": url, "MLFLOW_TRACKING_USERNAME": USERNAME},
+            {"MLFLOW_TRACKING_PASSWORD": password_file})
+
+
+def server_command(config: ServerConfig) -> list[str]:
+    store = Path(config.store_dir)
+    mlflow = Path(sys.executable).with_name("mlflow")
+    return [
+        str(mlflow) if mlflow.exists() else "mlflow", "server", "--app-name", "basic-auth",
+        "--host", config.host, "--port", str(config.port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
+        "--serve-artifacts", "--artifacts-destination", str(store / "artifacts"),
+        # Nodes reach the server by the head's address, which the host-header check must accept.
+        "--allowed-hosts", "*",
+    ]
+
+
+def _auth_ini(store: Path) -> Path:
+    """MLflow's auth config: no secret in it (the admin password comes from the environment)."""
+    path = store / "basic_auth.ini"
+    path.write_text(
+        "[mlflow]\n"
+        "default_permission = NO_PERMISSIONS\n"
+        f"database_uri = sqlite:///{store / 'auth.db'}\n"
+        f"admin_username = {USERNAME}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    return path
+
+
+def supervise(config: ServerConfig) -> int:
+    """Run the server in the foreground with its secrets in its environment; stop it on SIGTERM."""
+    store = Path(config.store_dir)
+    (store / "artifacts").mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "MLFLOW_AUTH_CONFIG_PATH": str(_auth_ini(store)),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": read_secret(Path(config.password_path)),
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": read_secret(Path(config.secret_key_path)),
+        # MLflow's background job runner (GenAI scorers) starts seven worker processes that a
+        # training cluster never uses.
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
+    with open(config.log_path, "a") as log:
+        # Its own process group: a stop reaches the server's uvicorn worker too, which would
+        # otherwise outlive the supervisor, hold the port and escape the cluster's markers.
+        child = subprocess.Popen(server_command(config), env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+
+    def stop(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return child.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a cluster's MLflow tracking server.")
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args(argv)
+    data = json.loads(Path(args.config).read_text())
+    # A head's daemon config also names the node package it came with (autodown_remote).
+    config = ServerConfig(**{f.name: data[f.name] for f in fields(ServerConfig)})
+    # The pid file lets `autodown_remote.start_command` (a second `up`) see that one already runs.
+    atomic_write(Path(f"{args.config}.pid"), f"{os.getpid()}\n")
+    return supervise(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
