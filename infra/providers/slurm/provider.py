@@ -12,6 +12,7 @@ crash between submission and reading the job id leaves something `teardown` can 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import secrets
 import shlex
 import time
@@ -197,8 +198,9 @@ class Provider(BaseProvider[Spec, None]):
 
     def _tracking_store(self) -> str:
         """Where the tracking store is, for messages: host and path."""
-        path = tracking_store(self.spec.submit.workdir, self.spec.name)
-        return path if self.spec.submit.is_local else f"{remote.describe(self.spec.submit)}:{path}"
+        submit = self.spec.submit
+        path = tracking_store(submit.workdir, self.spec.name)
+        return path if submit.is_local else f"{submit.user or getpass.getuser()}@{submit.host}:{path}"
 
     def _resume(self, runner: Runner, state: State, job: Resource) -> dict[str, Any] | None:
         """Reuse the job in state if it is still queued or running; forget it otherwise."""
