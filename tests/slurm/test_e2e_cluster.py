@@ -79,9 +79,9 @@ def _submit_tracked_job(tmp_path: Path, spec: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _mlflow_tunnel(spec: Path) -> Iterator[str]:
-    """`invoke mlflow`: the tracking server's URL at the local end of its tunnel, while it runs."""
-    tunnel = subprocess.Popen([sys.executable, "-m", "invoke", "mlflow", "--cluster", str(spec)],
+def _held_tunnel(*args: str) -> Iterator[str]:
+    """`invoke ARGS` (mlflow, serve-url): the URL it prints, while its tunnel is held open."""
+    tunnel = subprocess.Popen([sys.executable, "-m", "invoke", *args],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "PATH": f"{ray_bin_dir()}:/usr/bin:/bin"})
     try:
@@ -101,7 +101,7 @@ def _check_tracking(tmp_path: Path, rf_home: Path, spec: Path,
     [worker] = [n["hostname"] for n in job["nodes"] if not n.get("head")]
     assert tracked["host"] == worker, f"the task ran on {tracked['host']}, not on {worker}"
     password = (rf_home / "keys" / spec.stem / "mlflow-password").read_text().strip()
-    with _mlflow_tunnel(spec) as url:
+    with _held_tunnel("mlflow", "--cluster", str(spec)) as url:
         run = f"{url}/api/2.0/mlflow/runs/get"
         assert requests.get(run, params={"run_id": tracked["run_id"]},
                             timeout=10).status_code == 401
@@ -113,6 +113,39 @@ def _check_tracking(tmp_path: Path, rf_home: Path, spec: Path,
     shown = ok(invoke("status", "--cluster", str(spec)))
     assert re.search(r"tracking: http://127\.0\.0\.1:\d+ \(1 runs", shown), shown
     return tracked
+
+
+#: A Serve application that says where it runs and whether its replica finds the tracking server.
+SERVED_APP = """\
+import os
+import socket
+
+from ray import serve
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Where:
+    def __call__(self, request):
+        return {"host": socket.gethostname(), "tracking": os.environ.get("MLFLOW_TRACKING_URI")}
+
+
+app = Where.bind()
+"""
+
+
+def _check_serve(tmp_path: Path, spec: Path) -> None:
+    """Serve's HTTP endpoint on the head, reached through a tunnel (`invoke serve-url`)."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    (folder / "where.py").write_text(SERVED_APP)
+    done = run_invoke("-r", str(ROOT), "serve-deploy", "--cluster", str(spec), "where:app",
+                      cwd=folder, env={"PATH": f"{ray_bin_dir()}:{os.environ.get('PATH', '')}"},
+                      timeout=600)
+    ok(done)
+    with _held_tunnel("serve-url", "--cluster", str(spec), "--name", "where") as url:
+        answer = requests.get(url, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["tracking"].startswith("http://"), answer.json()
 
 
 def _check_no_secret_shown(rf_home: Path, spec: Path, slurm_cluster: SlurmCluster) -> None:
@@ -161,6 +194,7 @@ def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
                                  "--", "200")))
     assert result["hosts"] == hostnames, "tasks must run on both hosts"
     tracked = _check_tracking(tmp_path, rf_home, spec, job)
+    _check_serve(tmp_path, spec)
     _check_no_secret_shown(rf_home, spec, slurm_cluster)
 
     # `invoke dashboard` keeps a tunnel through the login host open until Ctrl+C.
