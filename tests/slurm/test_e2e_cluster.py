@@ -32,6 +32,7 @@ from tests.slurm.conftest import (
     one_line_error,
     ray_left_on_hosts,
     result_of,
+    submit_script,
 )
 from tests.testbed.hosts import ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
@@ -66,13 +67,7 @@ print("TRACKED " + json.dumps(ray.get(log_metric.options(scheduling_strategy=pin
 
 
 def _submit_tracked_job(tmp_path: Path, spec: Path) -> dict[str, Any]:
-    """`invoke submit` of TRACKED_JOB from its own folder (the working dir the job uploads)."""
-    folder = tmp_path / "tracked"
-    folder.mkdir()
-    (folder / "tracked.py").write_text(TRACKED_JOB)
-    done = run_invoke("-r", str(ROOT), "submit", "--cluster", str(spec), "tracked.py",
-                      cwd=folder, env={"PATH": f"{ray_bin_dir()}:{os.environ.get('PATH', '')}"},
-                      timeout=300)
+    done = submit_script(tmp_path / "tracked", spec, "tracked.py", TRACKED_JOB)
     lines = [line for line in ok(done).splitlines() if line.startswith("TRACKED ")]
     assert lines, done.stdout
     return dict(json.loads(lines[-1].removeprefix("TRACKED ")))
@@ -158,10 +153,18 @@ def _check_no_secret_shown(rf_home: Path, spec: Path, slurm_cluster: SlurmCluste
             assert value not in listed, f"{secret} on a command line of {host.name}"
         assert value not in subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True,
                                            text=True, check=True).stdout
-        for folder in (rf_home, slurm_cluster.jobs_dir):
+        # slurmctld keeps every batch job's environment (StateSaveLocation): not a secret in it.
+        for folder in (rf_home, slurm_cluster.jobs_dir, slurm_cluster.workdir / "state"):
             for path in folder.rglob("*"):
                 if path.is_file() and "keys" not in path.relative_to(folder).parts:
                     assert value not in path.read_text(errors="replace"), f"{secret} in {path}"
+
+
+def _job_environments(slurm_cluster: SlurmCluster, job_id: str) -> str:
+    """The environment slurmctld keeps for a batch job (proof that the check above looks)."""
+    found = list((slurm_cluster.workdir / "state").glob(f"hash.*/job.{job_id}/environment"))
+    assert found, f"slurmctld keeps no environment of job {job_id} here"
+    return found[0].read_text(errors="replace")
 
 
 def _check_store_kept(slurm_cluster: SlurmCluster, spec: Path, tracked: dict[str, Any],
@@ -196,6 +199,8 @@ def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
     tracked = _check_tracking(tmp_path, rf_home, spec, job)
     _check_serve(tmp_path, spec)
     _check_no_secret_shown(rf_home, spec, slurm_cluster)
+    assert f"RF_CLUSTER_ID={job['cluster_id']}" in _job_environments(slurm_cluster,
+                                                                      str(job["job_id"]))
 
     # `invoke dashboard` keeps a tunnel through the login host open until Ctrl+C.
     env = {"PATH": f"{ray_bin_dir()}:/usr/bin:/bin"}

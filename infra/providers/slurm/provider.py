@@ -179,6 +179,10 @@ class Provider(BaseProvider[Spec, None]):
                 f"tunnels to it (SSH into {info['head_ip']}"
                 + ("" if self.spec.submit.is_local else
                    f" through {remote.describe(self.spec.submit)}") + ")")
+        if self.spec.tracking == "mlflow":
+            ui.info(f"MLflow tracking server: starting in the head's job on {info['head_ip']}, "
+                    f"store {self._tracking_store()} (kept after teardown); every node's jobs "
+                    "find it; `invoke mlflow` opens its UI")
         return Endpoint(info["dashboard_url"], info["address"], token_path=token)
 
     def _secrets(self, state: State) -> tuple[str, dict[str, str]]:
