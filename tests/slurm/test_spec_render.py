@@ -356,3 +356,18 @@ def test_the_tracking_config_the_head_writes_is_what_the_supervisor_reads(
     assert (config.host, config.port) == ("10.1.2.3", rayproc.PortBlock(23000).tracking)
     assert config.store_dir == str(store) and config.password_path == "/k/mlflow-password"
     assert store.stat().st_mode & 0o777 == 0o700 and target.stat().st_mode & 0o777 == 0o600
+
+
+def test_without_mlflow_on_the_nodes_the_head_says_so_and_starts_no_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mlflow" else real(name, *a))
+    monkeypatch.setenv("RF_HEAD_IP", "10.1.2.3")
+    monkeypatch.setenv("RF_BASE", "23000")
+    target = tmp_path / "rayfleet-tracking.json"
+    assert node_helper.tracking_config(str(target), str(tmp_path / "store"), "/k/p", "/k/s") == 1
+    assert "tracking: mlflow needs MLflow where Ray runs" in capsys.readouterr().err
+    assert not target.exists() and not (tmp_path / "store").exists()
