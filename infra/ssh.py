@@ -348,23 +348,34 @@ def tunnel(target: SshTarget, remote_port: int, remote_host: str = "127.0.0.1",
     Yields the local port once it accepts connections; the ssh process ends with the block (and
     with this process). A port grabbed by someone else between choice and bind is retried.
     """
-    attempts = 1 if local_port else 3
+    with tunnels(target, [(remote_host, remote_port)], [local_port] if local_port else None,
+                 timeout) as ports:
+        yield ports[0]
+
+
+@contextlib.contextmanager
+def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
+            local_ports: list[int] | None = None, timeout: float = 30.0) -> Iterator[list[int]]:
+    """`tunnel` for several (host, port) at once: one ssh process, one handshake, a local port
+    each (in order)."""
+    attempts = 1 if local_ports else 3
     last_error = ""
     for _ in range(attempts):
-        port = local_port or rayproc.free_port()
+        ports = local_ports or [rayproc.free_port() for _ in remotes]
+        forwards = [arg for port, (host, remote) in zip(ports, remotes, strict=True)
+                    for arg in ("-L", f"127.0.0.1:{port}:{host}:{remote}")]
         command = ["ssh", "-N", *openssh_options(target), "-o", "ExitOnForwardFailure=yes",
-                   "-L", f"127.0.0.1:{port}:{remote_host}:{remote_port}",
-                   f"{target.user}@{target.host}"]
+                   *forwards, f"{target.user}@{target.host}"]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while process.poll() is None and time.monotonic() < deadline:
-            if rayproc.port_answers("127.0.0.1", port, timeout=0.3):
+            if all(rayproc.port_answers("127.0.0.1", port, timeout=0.3) for port in ports):
                 break
             time.sleep(0.1)
-        if process.poll() is None and rayproc.port_answers("127.0.0.1", port):
+        if process.poll() is None and all(rayproc.port_answers("127.0.0.1", p) for p in ports):
             try:
-                yield port
+                yield ports
             finally:
                 _stop(process)
             return
@@ -378,7 +389,8 @@ def tunnel(target: SshTarget, remote_port: int, remote_host: str = "127.0.0.1",
         last_error = (stderr.strip().splitlines() or ["no answer on the local end"])[-1]
         if "forward" not in last_error.lower() and "address already in use" not in last_error:
             break
-    raise SshError(f"tunnel to {remote_host}:{remote_port} via {target} failed: {last_error}; "
+    where = ", ".join(f"{host}:{port}" for host, port in remotes)
+    raise SshError(f"tunnel to {where} via {target} failed: {last_error}; "
                    f"try `ssh {shlex.join(openssh_options(target))} {target.user}@{target.host}`")
 
 

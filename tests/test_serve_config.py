@@ -64,14 +64,18 @@ def test_a_target_that_is_neither_file_nor_import_path_is_refused() -> None:
 
 
 def test_up_refuses_tracking_where_the_provider_has_none_and_creates_nothing(
-        tmp_path: Path, rf_home: Path) -> None:
-    from tests.conftest import run_invoke
+        tmp_path: Path, rf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra import commands
+    from infra.errors import SpecError
+    from infra.providers.slurm.provider import Provider
 
+    # Every provider of the test bed may start a server by now: take it away from one.
+    monkeypatch.setattr(Provider, "supports_tracking", False)
     path = tmp_path / "trk.yaml"
     path.write_text((ROOT / "clusters/slurm-minimal.yaml").read_text() + "\ntracking: mlflow\n")
-    done = run_invoke("up", "--cluster", str(path), timeout=120)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.strip().splitlines() == [
-        f"error: {path}: tracking: mlflow is not available on the slurm provider yet; "
-        "remove the key (see docs/train-track-serve.md)"]
+    with pytest.raises(SpecError) as caught:
+        commands.up(None, str(path), keep_partial=False)
+    assert str(caught.value) == (
+        f"{path}: tracking: mlflow is not available on the slurm provider yet; "
+        "remove the key (see docs/train-track-serve.md)")
     assert not (rf_home / "state").exists() or not list((rf_home / "state").iterdir())

@@ -49,6 +49,21 @@ def invoke(*args: str, timeout: float = 300,
     return run_invoke(*args, env={"PATH": path, **(env or {})}, timeout=timeout)
 
 
+def submit_script(folder: Path, spec: Path, name: str, text: str, *args: str,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`invoke submit` of a script `text` written to `folder`, from there (the working dir the
+    job uploads), as a user whose project is elsewhere runs it."""
+    import os
+
+    from tests.conftest import ROOT
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text)
+    path = f"{ray_bin_dir()}:{os.environ.get('PATH', '')}"
+    return run_invoke("-r", str(ROOT), "submit", "--cluster", str(spec), name, *args, cwd=folder,
+                      env={"PATH": path, **(env or {})}, timeout=300)
+
+
 def ok(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return done.stdout

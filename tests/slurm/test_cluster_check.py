@@ -49,8 +49,9 @@ class Recorded(Runner):
         return Result(0, SCONTROL + "@@rayfleet@@\n" + SINFO, "")
 
     @contextlib.contextmanager
-    def tunnel(self, host: str, port: int) -> Iterator[str]:
-        yield f"http://{host}:{port}"
+    def tunnels(self, node: str, remotes: list[tuple[str, int]]) -> Iterator[list[str]]:
+        raise AssertionError("validation never tunnels")
+        yield []
 
     def on_node(self, node: str, command: str, timeout: float = 30) -> Result:
         raise AssertionError("validation never logs into a compute node")

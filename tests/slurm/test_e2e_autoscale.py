@@ -1,5 +1,6 @@
-"""An autoscaling Ray cluster on the 2-host Slurm test bed, through its login host (issue 14), and
-who can reach its Ray (issue 11). One cluster serves every scenario, in file order:
+"""An autoscaling Ray cluster on the 2-host Slurm test bed, through its login host (issue 14), who
+can reach its Ray (issue 11), and its MLflow server seen from an autoscaled worker (issue 24). One
+cluster serves every scenario, in file order:
 
 head job (exclusive: all of one host) + worker type `cpu` (exclusive, 0..2): one worker fits on
 the other host, a second one stays PENDING (the partition is full). Ray's own autoscaler (v2, on
@@ -8,7 +9,9 @@ the head) submits and cancels the worker jobs through our node provider; nothing
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +21,15 @@ from typing import Any
 import pytest
 
 from infra.node.slurm import queue
-from tests.slurm.conftest import invoke, job_of, login_spec, ok, result_of, temp_marker
+from tests.slurm.conftest import (
+    invoke,
+    job_of,
+    login_spec,
+    ok,
+    result_of,
+    submit_script,
+    temp_marker,
+)
 from tests.testbed.hosts import Host
 from tests.testbed.slurm import SlurmCluster
 from tests.waiting import wait_until
@@ -27,6 +38,7 @@ pytestmark = pytest.mark.slow
 
 SPEC = """exclusive: true
 idle_timeout_minutes: 0.2
+tracking: mlflow
 worker_types:
   cpu: {cpus_per_node: 1, max_workers: 2}
 environment:
@@ -160,6 +172,58 @@ def test_idle_workers_are_cancelled_and_the_head_stays(elastic: Elastic) -> None
     print(f"\n[elastic] idle worker gone after {time.monotonic() - started:.1f}s")
     assert [j["state"] for j in elastic.jobs()] == ["RUNNING"]
     assert elastic.alive_nodes() == 1
+
+
+#: One run from each of two nodes (the head and an autoscaled worker), with nothing about MLflow in
+#: the code: the nodes' environment names the head's server and holds the login.
+TRACKED_SPREAD = """\
+import json
+import socket
+
+import mlflow
+import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+
+@ray.remote(num_cpus=1)
+def log_metric():
+    with mlflow.start_run() as run:
+        mlflow.log_metric("on_node", 1.0)
+    return {"host": socket.gethostname(), "run_id": run.info.run_id}
+
+
+ray.init()
+group = placement_group([{"CPU": 1}] * 2, strategy="STRICT_SPREAD")
+ray.get(group.ready())
+runs = ray.get([log_metric.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, i))
+                .remote() for i in range(2)])
+print("TRACKED " + json.dumps(runs))
+"""
+
+
+def test_an_autoscaled_worker_logs_to_the_heads_tracking_server(elastic: Elastic,
+                                                                 tmp_path: Path) -> None:
+    done = ok(submit_script(tmp_path, elastic.spec, "tracked.py", TRACKED_SPREAD,
+                            env={"RAYFLEET_HOME": str(elastic.home)}))
+    runs = json.loads([line for line in done.splitlines() if line.startswith("TRACKED ")][-1]
+                      .removeprefix("TRACKED "))
+    assert sorted(r["host"] for r in runs) == sorted(h.hostname for h in elastic.slurm.nodes)
+    [worker] = [w["id"] for w in elastic.workers()]
+    # Both runs are in the server's store on the shared work dir.
+    store = elastic.slurm.jobs_dir / "tracking" / "elastic" / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        logged = {row[0] for row in db.execute(
+            "SELECT run_uuid FROM metrics WHERE key = 'on_node' AND value = 1.0")}
+    assert logged == {r["run_id"] for r in runs}
+    # The worker read the password from its file: it did not come with the autoscaler's sbatch
+    # environment, which slurmctld keeps (the cluster id did, which shows the check looks).
+    password = (elastic.home / "keys" / "elastic" / "mlflow-password").read_text().strip()
+    [kept] = list((elastic.slurm.workdir / "state").glob(f"hash.*/job.{worker}/environment"))
+    environment = kept.read_text(errors="replace")
+    assert f"RF_CLUSTER_ID={elastic.job['cluster_id']}" in environment
+    assert password not in environment
+    wait_until(lambda: elastic.workers() == [] or None, "the idle worker's job to be cancelled")
 
 
 def test_a_pending_worker_is_shown_and_cancelled_when_nobody_needs_it(elastic: Elastic) -> None:

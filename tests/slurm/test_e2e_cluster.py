@@ -1,21 +1,28 @@
 """The Slurm provider on the 2-host test bed, as an HPC user runs it: Slurm commands over SSH on the
-login host, compute nodes reachable only through it, the dashboard through an SSH tunnel.
+login host, compute nodes reachable only through it, the dashboard and the MLflow tracking server
+through SSH tunnels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
 from infra import auth
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_invoke
 from tests.slurm.conftest import (
     Register,
     invoke,
@@ -25,16 +32,156 @@ from tests.slurm.conftest import (
     one_line_error,
     ray_left_on_hosts,
     result_of,
+    submit_script,
 )
 from tests.testbed.hosts import ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
 
 pytestmark = pytest.mark.slow
 
+#: A user's job with nothing about MLflow configured: a Ray task pinned to a node other than the
+#: driver's (the head's) starts a run and logs a metric there.
+TRACKED_JOB = """\
+import json
+import socket
+
+import mlflow
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+ray.init()
+here = ray.get_runtime_context().get_node_id()
+other = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != here][0]
+
+
+@ray.remote(num_cpus=1)
+def log_metric():
+    with mlflow.start_run() as run:
+        mlflow.log_metric("from_worker", 42.0)
+    return {"run_id": run.info.run_id, "host": socket.gethostname()}
+
+
+pinned = NodeAffinitySchedulingStrategy(other, soft=False)
+print("TRACKED " + json.dumps(ray.get(log_metric.options(scheduling_strategy=pinned).remote())))
+"""
+
+
+def _submit_tracked_job(tmp_path: Path, spec: Path) -> dict[str, Any]:
+    done = submit_script(tmp_path / "tracked", spec, "tracked.py", TRACKED_JOB)
+    lines = [line for line in ok(done).splitlines() if line.startswith("TRACKED ")]
+    assert lines, done.stdout
+    return dict(json.loads(lines[-1].removeprefix("TRACKED ")))
+
+
+@contextlib.contextmanager
+def _held_tunnel(*args: str) -> Iterator[str]:
+    """`invoke ARGS` (mlflow, serve-url): the URL it prints, while its tunnel is held open."""
+    tunnel = subprocess.Popen([sys.executable, "-m", "invoke", *args],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PATH": f"{ray_bin_dir()}:/usr/bin:/bin"})
+    try:
+        assert tunnel.stdout is not None
+        url = tunnel.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), (url, tunnel.stderr and tunnel.stderr.read())
+        yield url
+    finally:
+        tunnel.send_signal(signal.SIGINT)
+        tunnel.wait(timeout=30)
+
+
+def _check_tracking(tmp_path: Path, rf_home: Path, spec: Path,
+                    job: dict[str, Any]) -> dict[str, Any]:
+    """Metrics logged on the worker's host land in the head's server, which wants the login."""
+    tracked = _submit_tracked_job(tmp_path, spec)
+    [worker] = [n["hostname"] for n in job["nodes"] if not n.get("head")]
+    assert tracked["host"] == worker, f"the task ran on {tracked['host']}, not on {worker}"
+    password = (rf_home / "keys" / spec.stem / "mlflow-password").read_text().strip()
+    with _held_tunnel("mlflow", "--cluster", str(spec)) as url:
+        run = f"{url}/api/2.0/mlflow/runs/get"
+        assert requests.get(run, params={"run_id": tracked["run_id"]},
+                            timeout=10).status_code == 401
+        got = requests.get(run, params={"run_id": tracked["run_id"]},
+                           auth=("rayfleet", password), timeout=10)
+        assert got.status_code == 200, got.text
+        metrics = {m["key"]: m["value"] for m in got.json()["run"]["data"]["metrics"]}
+        assert metrics == {"from_worker": 42.0}
+    shown = ok(invoke("status", "--cluster", str(spec)))
+    assert re.search(r"tracking: http://127\.0\.0\.1:\d+ \(1 runs", shown), shown
+    return tracked
+
+
+#: A Serve application that says where it runs and whether its replica finds the tracking server.
+SERVED_APP = """\
+import os
+import socket
+
+from ray import serve
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Where:
+    def __call__(self, request):
+        return {"host": socket.gethostname(), "tracking": os.environ.get("MLFLOW_TRACKING_URI")}
+
+
+app = Where.bind()
+"""
+
+
+def _check_serve(tmp_path: Path, spec: Path) -> None:
+    """Serve's HTTP endpoint on the head, reached through a tunnel (`invoke serve-url`)."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    (folder / "where.py").write_text(SERVED_APP)
+    done = run_invoke("-r", str(ROOT), "serve-deploy", "--cluster", str(spec), "where:app",
+                      cwd=folder, env={"PATH": f"{ray_bin_dir()}:{os.environ.get('PATH', '')}"},
+                      timeout=600)
+    ok(done)
+    with _held_tunnel("serve-url", "--cluster", str(spec), "--name", "where") as url:
+        answer = requests.get(url, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["tracking"].startswith("http://"), answer.json()
+
+
+def _check_no_secret_shown(rf_home: Path, spec: Path, slurm_cluster: SlurmCluster) -> None:
+    """The MLflow password is on no command line of any host and in no file but its own."""
+    keys = rf_home / "keys" / spec.stem
+    for secret in ("mlflow-password", "mlflow-flask-secret", "ray-token"):
+        value = (keys / secret).read_text().strip()
+        for host in [slurm_cluster.login_host, *slurm_cluster.nodes]:
+            listed = host.run("ps -eww -o args", check=True).stdout
+            assert value not in listed, f"{secret} on a command line of {host.name}"
+        assert value not in subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True,
+                                           text=True, check=True).stdout
+        # slurmctld keeps every batch job's environment (StateSaveLocation): not a secret in it.
+        for folder in (rf_home, slurm_cluster.jobs_dir, slurm_cluster.workdir / "state"):
+            for path in folder.rglob("*"):
+                if path.is_file() and "keys" not in path.relative_to(folder).parts:
+                    assert value not in path.read_text(errors="replace"), f"{secret} in {path}"
+
+
+def _job_environments(slurm_cluster: SlurmCluster, job_id: str) -> str:
+    """The environment slurmctld keeps for a batch job (proof that the check above looks)."""
+    found = list((slurm_cluster.workdir / "state").glob(f"hash.*/job.{job_id}/environment"))
+    assert found, f"slurmctld keeps no environment of job {job_id} here"
+    return found[0].read_text(errors="replace")
+
+
+def _check_store_kept(slurm_cluster: SlurmCluster, spec: Path, tracked: dict[str, Any],
+                      said: str) -> None:
+    """Teardown kept the store on the shared work dir, said where, and the run is in it."""
+    store = slurm_cluster.jobs_dir / "tracking" / spec.stem
+    assert f"tracking data kept in {slurm_cluster.login_host.ssh_user}@" \
+           f"{slurm_cluster.login_host.ip}:{store}" in " ".join(said.split()), said
+    with contextlib.closing(sqlite3.connect(store / "mlflow.db")) as db:
+        rows = db.execute("SELECT value FROM metrics WHERE run_uuid = ? AND key = 'from_worker'",
+                          (tracked["run_id"],)).fetchall()
+    assert rows == [(42.0,)]
+
 
 def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
                                           slurm_cluster: SlurmCluster, torn_down: Register) -> None:
-    spec = torn_down(login_spec(tmp_path, slurm_cluster, "duo", "nodes: 2\n"))
+    spec = torn_down(login_spec(tmp_path, slurm_cluster, "duo", "nodes: 2\ntracking: mlflow\n"))
     ok(invoke("up", "--cluster", str(spec)))
     job = job_of(rf_home, "duo")
     hostnames = sorted(h.hostname or "" for h in slurm_cluster.nodes)
@@ -49,6 +196,11 @@ def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
     result = result_of(ok(invoke("submit", "--cluster", str(spec), "examples/cpu_example.py",
                                  "--", "200")))
     assert result["hosts"] == hostnames, "tasks must run on both hosts"
+    tracked = _check_tracking(tmp_path, rf_home, spec, job)
+    _check_serve(tmp_path, spec)
+    _check_no_secret_shown(rf_home, spec, slurm_cluster)
+    assert f"RF_CLUSTER_ID={job['cluster_id']}" in _job_environments(slurm_cluster,
+                                                                      str(job["job_id"]))
 
     # `invoke dashboard` keeps a tunnel through the login host open until Ctrl+C.
     env = {"PATH": f"{ray_bin_dir()}:/usr/bin:/bin"}
@@ -62,12 +214,16 @@ def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
         assert requests.get(f"{url}/api/jobs/", timeout=10).status_code == 401
         token = auth.headers(rf_home / "keys" / "duo" / "ray-token")
         jobs = requests.get(f"{url}/api/jobs/", headers=token, timeout=10).json()
-        assert len(jobs) == 1 and jobs[0]["status"] == "SUCCEEDED"
+        assert [j["status"] for j in jobs] == ["SUCCEEDED", "SUCCEEDED"]
+        # What the dashboard shows of the jobs holds no MLflow login.
+        password = (rf_home / "keys" / "duo" / "mlflow-password").read_text().strip()
+        assert password not in json.dumps(jobs)
     finally:
         tunnel.send_signal(signal.SIGINT)
         tunnel.wait(timeout=30)
 
-    ok(invoke("teardown", "--cluster", str(spec)))
+    said = ok(invoke("teardown", "--cluster", str(spec)))
+    _check_store_kept(slurm_cluster, spec, tracked, said)
     assert slurm_cluster.job_state(job["job_id"]) is None
     assert ray_left_on_hosts(slurm_cluster, job) == {}
     assert not list(slurm_cluster.jobs_dir.glob(f"{job['name']}.*"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -111,6 +112,8 @@ CASES = {
     "autodown": BASE + "nodes: 2\nautodown: {idle_minutes: 30}\n",
     "autodown-autoscale": BASE + "autodown: {idle_minutes: 0.5}\n"
                                  "worker_types:\n  cpu: {cpus_per_node: 4, max_workers: 3}\n",
+    "tracking": BASE + "tracking: mlflow\n"
+                       "worker_types:\n  cpu: {cpus_per_node: 4, max_workers: 3}\n",
 }
 HELPER = "<embedded helper: infra/node/slurm/node_helper.py and the node modules it imports>"
 
@@ -158,7 +161,7 @@ def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
     script = script.replace(node_helper.embedded_source().rstrip("\n"), HELPER)
     # No fixed waits: every sleep is a short poll interval (but the restart delay of a failed
     # idle watcher, after start-up).
-    startup = re.sub(r"until PYTHONPATH=.*?\ndone &\n", "", script, flags=re.S)
+    startup = re.sub(r"until PYTHONPATH=.*?\n *done &\n", "", script, flags=re.S)
     assert set(re.findall(r"\bsleep\s+([\d.]+)", startup)) <= {"0.1"}
     assert "export RAY_USAGE_STATS_ENABLED=0" in script
     assert "export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0" in script
@@ -174,7 +177,7 @@ def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
     assert 'mktemp -d "$RF_TEMP_ROOT/rf-$RF_CLUSTER_ID.$1.XXXXXX"' in script
     assert "mkdir -p \"$temp\"" not in script and "RF_TEMP_PREFIX" not in script
     workers = [script]
-    if case in ("autoscale", "autodown-autoscale"):
+    if "worker_types" in CASES[case]:
         workers = [script[script.index("cat > \"$RF_HEAD_TEMP/worker.sbatch\""):]]
     else:
         assert "--no-monitor" in script
@@ -299,3 +302,72 @@ def test_hostile_environment_values_stay_data(tmp_path: Path) -> None:
                          capture_output=True, text=True)
     assert out.stdout == "it's $HOME"
     assert 'rf_env="$HOME"/envs/ray' in script
+
+
+def test_every_node_finds_the_tracking_server_and_reads_its_password_from_the_file(
+        tmp_path: Path) -> None:
+    from infra.node import tracking as node_tracking
+
+    script = _render(tmp_path, "tracking")
+    worker_sh = script[script.index('cat > "$RF_HEAD_TEMP/worker.sbatch"'):]
+    worker_sh = worker_sh[:worker_sh.index("RAYFLEET_WORKER_END\n")]
+    head = script.replace(worker_sh, "")
+    node_sh = head[head.index("read -r -d '' RF_NODE_SH"):head.index("RAYFLEET_NODE_END\n\n")]
+    offset = rayproc.PortBlock(0).tracking
+    for part in (head, worker_sh):
+        # Defined once per batch script, for every node's shell (fixed and autoscaled workers).
+        assert 'export MLFLOW_TRACKING_URI="http://$RF_HEAD_IP:$((RF_BASE + ' f'{offset}))"' in part
+        assert 'export MLFLOW_TRACKING_USERNAME="rayfleet"' in part
+        assert 'file="$SLURM_SUBMIT_DIR/keys/$RF_CLUSTER_ID/mlflow-password"' in part
+        assert 'MLFLOW_TRACKING_PASSWORD=$(<"$file")' in part
+        assert "export -f rf_tracking_env" in part
+    # ...and set right before each node's `ray start`, on the head and on every worker.
+    for shell in (node_sh, worker_sh):
+        call = shell.index("rf_tracking_env || exit 1")
+        assert call < shell.index('"$helper" start')
+    # The server: after Ray is ready, on the head's address, its store per cluster on the
+    # shared work dir, its secrets by path.
+    ready = head.index('rf_helper await "$RF_INFO"')
+    start = head.index("-m infra.node.tracking --config")
+    assert ready < start
+    assert ('rf_helper tracking-config "$RF_HEAD_TEMP/rayfleet-tracking.json" '
+            '"$SLURM_SUBMIT_DIR/tracking/"tracking '
+            '"$SLURM_SUBMIT_DIR/keys/$RF_CLUSTER_ID/mlflow-password" '
+            '"$SLURM_SUBMIT_DIR/keys/$RF_CLUSTER_ID/mlflow-flask-secret"') in head
+    assert 'kill -TERM "$RF_TRACKER"' in head
+    assert node_tracking.CONFIG_FILE == "rayfleet-tracking.json"
+    # Nothing of it without `tracking: mlflow`.
+    assert "MLFLOW" not in _render(tmp_path, "autodown-autoscale")
+
+
+def test_the_tracking_config_the_head_writes_is_what_the_supervisor_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.node import tracking as node_tracking
+
+    monkeypatch.setenv("RF_HEAD_IP", "10.1.2.3")
+    monkeypatch.setenv("RF_BASE", "23000")
+    store = tmp_path / "work" / "tracking" / "duo"
+    target = tmp_path / "head" / node_tracking.CONFIG_FILE
+    target.parent.mkdir()
+    assert node_helper.tracking_config(str(target), str(store), "/k/mlflow-password",
+                                       "/k/mlflow-flask-secret") == 0
+    data = json.loads(target.read_text())
+    config = node_tracking.ServerConfig(**data)  # every field, nothing more
+    assert (config.host, config.port) == ("10.1.2.3", rayproc.PortBlock(23000).tracking)
+    assert config.store_dir == str(store) and config.password_path == "/k/mlflow-password"
+    assert store.stat().st_mode & 0o777 == 0o700 and target.stat().st_mode & 0o777 == 0o600
+
+
+def test_without_mlflow_on_the_nodes_the_head_says_so_and_starts_no_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "mlflow" else real(name, *a))
+    monkeypatch.setenv("RF_HEAD_IP", "10.1.2.3")
+    monkeypatch.setenv("RF_BASE", "23000")
+    target = tmp_path / "rayfleet-tracking.json"
+    assert node_helper.tracking_config(str(target), str(tmp_path / "store"), "/k/p", "/k/s") == 1
+    assert "tracking: mlflow needs MLflow where Ray runs" in capsys.readouterr().err
+    assert not target.exists() and not (tmp_path / "store").exists()

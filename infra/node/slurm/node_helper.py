@@ -9,6 +9,7 @@ the template puts into the batch script and runs with the Python that runs Ray:
     python rf_helper.py block BASE                                   # this node's free base
     python -c "$RF_HELPER" autoscaling-config IN OUT                 # Ray's config + job facts
     python -c "$RF_HELPER" autodown-config OUT IDLE_MINUTES CLUSTER  # the idle watcher's config
+    python -c "$RF_HELPER" tracking-config OUT STORE PASSWORD SECRET # the MLflow server's config
     python -c "$RF_HELPER" stop MARKER...                          # stop this job's Ray, rm temp
     python -c "$RF_HELPER" await INFO_FILE NODES TIMEOUT PID:NODE...# until the head saw NODES
     python rf_helper.py start RAY_START_ARGS...                      # `ray start`, see start()
@@ -333,6 +334,28 @@ def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
     return 0
 
 
+def tracking_config(target: str, store: str, password_path: str, secret_key_path: str) -> int:
+    """The tracking server's config (infra/node/tracking.py `ServerConfig`; not imported: its
+    module would run as this program's main) in the head's private dir: the head's address and
+    the block's tracking port, the store on the shared work dir (0700: the runs are nobody
+    else's), the paths of its 0600 secrets (never their content)."""
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        print("rayfleet: tracking: mlflow needs MLflow where Ray runs (pip install mlflow in the "
+              "environment the spec's environment: sets up); no tracking server", file=sys.stderr)
+        return 1
+    os.makedirs(store, exist_ok=True)
+    os.chmod(store, 0o700)
+    config = {
+        "host": _env("RF_HEAD_IP"), "port": PortBlock(int(_env("RF_BASE"))).tracking,
+        "store_dir": store, "password_path": password_path, "secret_key_path": secret_key_path,
+        "log_path": os.path.join(store, "mlflow.log"),
+    }
+    atomic_write(target, json.dumps(config, indent=1), mode=0o600)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     command, args = argv[0], argv[1:]
     if command == "prepare":
@@ -345,6 +368,8 @@ def main(argv: list[str]) -> int:
         return autoscaling_config(args[0], args[1])
     if command == "autodown-config":
         return autodown_config(args[0], float(args[1]), args[2])
+    if command == "tracking-config":
+        return tracking_config(*args[:4])
     if command == "stop":
         return stop(args)
     if command == "await":

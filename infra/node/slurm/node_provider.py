@@ -55,11 +55,14 @@ HEAD_TYPE = "ray.head.default"
 MIN_WORKER_S = 120
 #: Seconds to keep listing a job sbatch accepted before squeue shows it.
 LISTING_GRACE_S = 60
-#: Variables of the monitor's environment that must not reach a worker job (--export=ALL).
+#: Variables of the monitor's environment that must not reach a worker job (--export=ALL). The
+#: MLflow password would be kept by slurmctld with the job's environment: the worker reads it
+#: from its 0600 file instead.
 _NOT_INHERITED = ("RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME", "RAY_OVERRIDE_RESOURCES",
                   "RAY_OVERRIDE_LABELS", "RAY_ADDRESS", "RAY_RAYLET_PID", "RAY_JOB_ID",
                   "PYTHONPATH", "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NAME",
-                  "SSH_CLIENT", "SSH2_CLIENT", "SSH_CONNECTION", "SSH_TTY")
+                  "SSH_CLIENT", "SSH2_CLIENT", "SSH_CONNECTION", "SSH_TTY",
+                  "MLFLOW_TRACKING_PASSWORD")
 
 
 def _run(argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None,

@@ -236,16 +236,21 @@ def _write_secret(folder: str, name: str, size: int) -> str:
 
 
 def sbatch(runner: Runner, workdir: str, job_name: str, script: str, comment: str,
-           export: dict[str, str] | None = None, token: tuple[str, str] | None = None) -> str:
+           export: dict[str, str] | None = None,
+           secrets: tuple[str, dict[str, str]] | None = None) -> str:
     """Submit `script` (on stdin) from `workdir` with our name and comment; return the job id.
     `export`: extra variables for the job (names and values are not secrets: they are visible
-    to every user in `scontrol show job`). `token`: (folder, content) of the Ray token the nodes
-    read, written first in the same round trip (ahead of the script on stdin)."""
+    to every user in `scontrol show job`). `secrets`: (folder, name -> content) of the files the
+    nodes read (the Ray token, the MLflow login), written first in the same round trip (ahead of
+    the script on stdin)."""
     folder = shell_path(workdir)
     exports = "".join(f",{k}={v}" for k, v in (export or {}).items())
     first, stdin = "", script
-    if token is not None:
-        first, stdin = _write_secret(token[0], "ray-token", len(token[1])) + " && ", token[1] + script
+    if secrets is not None and secrets[1]:
+        names = sorted(secrets[1])
+        first = " && ".join(_write_secret(secrets[0], name, len(secrets[1][name]))
+                            for name in names) + " && "
+        stdin = "".join(secrets[1][name] for name in names) + script
     out = runner.check(f"{first}mkdir -p {folder} && cd {folder} && "
                        f"sbatch --parsable --job-name={shlex.quote(job_name)} "
                        f"--comment={shlex.quote(comment)} --export={shlex.quote('ALL' + exports)}",

@@ -12,16 +12,17 @@ crash between submission and reading the job id leaves something `teardown` can 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import secrets
 import shlex
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from infra import auth, autodown_view, jobs, ui, versions
+from infra import auth, autodown_view, jobs, tracking, ui, versions
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
-from infra.node import identity
+from infra.node import identity, rayproc
 from infra.node.slurm import queue
 from infra.node.slurm.queue import QueueUnavailable, SlurmError
 from infra.providers.base import (
@@ -35,7 +36,12 @@ from infra.providers.base import (
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.slurm import autodown_setup, cluster, install, ours, remote
 from infra.providers.slurm.remote import Runner
-from infra.providers.slurm.script import autoscaling_config, render_script, render_worker_script
+from infra.providers.slurm.script import (
+    autoscaling_config,
+    render_script,
+    render_worker_script,
+    tracking_store,
+)
 from infra.providers.slurm.spec import Spec
 from infra.state import Resource, State
 
@@ -57,6 +63,7 @@ def _ordinal_position(job_id: str, pending: list[str]) -> str:
 
 class Provider(BaseProvider[Spec, None]):
     name = "slurm"
+    supports_tracking = True
 
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
@@ -130,6 +137,12 @@ class Provider(BaseProvider[Spec, None]):
             "the dashboard listens on the head's loopback only; rayfleet reaches it through an "
             "SSH tunnel into the head's node",
         ]
+        if self.spec.tracking == "mlflow":
+            notes.append(
+                f"MLflow tracking server in the head's job, on the head's address at port "
+                f"{rayproc.PortBlock(0).tracking} of the block (MLflow's login, password in "
+                f"{tracking.password_path(self.spec.name)}); store {self._tracking_store()}, kept "
+                "after teardown; `invoke mlflow` tunnels to it")
         return Plan(resources=resources, files=files, notes=notes, extra=None)
 
     # --- up ------------------------------------------------------------------------------------
@@ -146,7 +159,7 @@ class Provider(BaseProvider[Spec, None]):
                 return self._ready_endpoint(state, info)
             if self.spec.environment.install:
                 install.install(runner, self.spec)
-            job = self._submit(runner, state, plan.files[SCRIPT], self._token(state))
+            job = self._submit(runner, state, plan.files[SCRIPT], self._secrets(state))
             # Everything after sbatch, up to a dashboard that answers through the tunnel.
             info = self._wait_ready(runner, state, job)
             return self._ready_endpoint(state, info)
@@ -166,16 +179,32 @@ class Provider(BaseProvider[Spec, None]):
                 f"tunnels to it (SSH into {info['head_ip']}"
                 + ("" if self.spec.submit.is_local else
                    f" through {remote.describe(self.spec.submit)}") + ")")
+        if self.spec.tracking == "mlflow":
+            ui.info(f"MLflow tracking server: starting in the head's job on {info['head_ip']}, "
+                    f"store {self._tracking_store()} (kept after teardown); every node's jobs "
+                    "find it; `invoke mlflow` opens its UI")
         return Endpoint(info["dashboard_url"], info["address"], token_path=token)
 
-    def _token(self, state: State) -> tuple[str, str] | None:
-        """Where the nodes read the cluster's Ray token (the submit dir's keys/<cluster id>/, a
-        0700 dir, a 0600 file) and its content, which `sbatch` writes there through stdin in the
-        same round trip: never on a command line, never in the batch script."""
+    def _secrets(self, state: State) -> tuple[str, dict[str, str]]:
+        """Where the nodes read the cluster's secrets (the submit dir's keys/<cluster id>/, a 0700
+        dir of 0600 files) and their content, which `sbatch` writes there through stdin in the
+        same round trip: never on a command line, never in the batch script. The Ray token (spec:
+        auth), the MLflow server's password and Flask secret (spec: tracking)."""
+        content: dict[str, str] = {}
         path = auth.ensure_token(state, enabled=self.spec.auth == "token")
-        if path is None:
-            return None
-        return ours.token_dir(self.spec.submit.workdir, state.cluster_id), path.read_text()
+        if path is not None:
+            content[auth.TOKEN_FILE] = path.read_text()
+        if self.spec.tracking == "mlflow":
+            password = tracking.ensure_credentials(self.spec.name)
+            for secret in (password, password.with_name(tracking.SECRET_KEY_FILE)):
+                content[secret.name] = secret.read_text()
+        return ours.token_dir(self.spec.submit.workdir, state.cluster_id), content
+
+    def _tracking_store(self) -> str:
+        """Where the tracking store is, for messages: host and path."""
+        submit = self.spec.submit
+        path = tracking_store(submit.workdir, self.spec.name)
+        return path if submit.is_local else f"{submit.user or getpass.getuser()}@{submit.host}:{path}"
 
     def _resume(self, runner: Runner, state: State, job: Resource) -> dict[str, Any] | None:
         """Reuse the job in state if it is still queued or running; forget it otherwise."""
@@ -196,7 +225,7 @@ class Provider(BaseProvider[Spec, None]):
         return None
 
     def _submit(self, runner: Runner, state: State, script: str,
-                token: tuple[str, str] | None) -> Resource:
+                keys: tuple[str, dict[str, str]]) -> Resource:
         job_name = f"{queue.job_prefix(self.spec.name, state.cluster_id)}h{secrets.token_hex(3)}"
         # Recorded before sbatch: if we die before reading the id, teardown finds it by name.
         state.add(JOB, job_name, submitted_on=runner.where, workdir=self.spec.submit.workdir,
@@ -206,7 +235,7 @@ class Provider(BaseProvider[Spec, None]):
         with ui.step(f"submitting {SCRIPT} on {runner.where}") as step:
             job_id = cluster.sbatch(runner, self.spec.submit.workdir, job_name, script, comment,
                                     export={"RF_CLUSTER_ID": state.cluster_id,
-                                            "RF_OWNER": state.owner}, token=token)
+                                            "RF_OWNER": state.owner}, secrets=keys)
             step.detail(f"job {job_id}")
         return state.update(JOB, job_name, job_id=job_id)
 
@@ -263,6 +292,8 @@ class Provider(BaseProvider[Spec, None]):
                         "environment.activate (and install: true) to pin them")
         state.set_info(address=info["address"], dashboard_url=info["dashboard_url"],
                        job_id=job_id, head_node=info["head_node"])
+        if self.spec.tracking == "mlflow":  # what teardown says it keeps
+            state.set_info(tracking_store=self._tracking_store())
         return info
 
     # --- status and connect --------------------------------------------------------------------
@@ -368,10 +399,22 @@ class Provider(BaseProvider[Spec, None]):
                     f"Slurm job {job.attrs['job_id']} is "
                     f"{rows[0].state if rows else 'no longer in the queue'}; "
                     "`invoke teardown`, then `invoke up` for a new cluster")
-            with runner.tunnel(str(head_ip), int(port)) as url:
-                yield Endpoint(url, f"{head_ip}:{job.attrs['gcs_port']}",
-                               tunneled=url != f"http://127.0.0.1:{port}",
-                               token_path=auth.token_file(state))
+            block = rayproc.PortBlock(int(job.attrs.get("port_base") or
+                                          int(port) - rayproc.PortBlock(0).dashboard))
+            mlflow = self.spec.tracking == "mlflow"
+            # One SSH connection into the head's node: the dashboard and Serve's proxy on its
+            # loopback, the tracking server on the head's address (where the nodes reach it).
+            remotes = [("127.0.0.1", int(port)), ("127.0.0.1", block.serve_http)]
+            if mlflow:
+                remotes.append((str(head_ip), block.tracking))
+            with runner.tunnels(str(head_ip), remotes) as urls:
+                yield Endpoint(urls[0], f"{head_ip}:{job.attrs['gcs_port']}",
+                               tunneled=urls[0] != f"http://127.0.0.1:{port}",
+                               token_path=auth.token_file(state),
+                               tracking_url=urls[2] if mlflow else None,
+                               tracking_password=(tracking.password_path(self.spec.name)
+                                                  if mlflow else None),
+                               serve_url=urls[1], serve_bind=("127.0.0.1", block.serve_http))
 
     # --- teardown ------------------------------------------------------------------------------
 

@@ -56,11 +56,19 @@ class Runner(abc.ABC):
                     "or submit.host to your cluster's login host")
         return ""
 
-    @abc.abstractmethod
-    def tunnel(self, node: str, port: int) -> contextlib.AbstractContextManager[str]:
+    @contextlib.contextmanager
+    def tunnel(self, node: str, port: int) -> Iterator[str]:
         """Yield a base URL on this machine that reaches 127.0.0.1:port *of the compute node*
         `node` (an address as the cluster sees it): the head's dashboard listens on its loopback
         only, so the tunnel ends on that node (SSH into it, through the login host if remote)."""
+        with self.tunnels(node, [("127.0.0.1", port)]) as urls:
+            yield urls[0]
+
+    @abc.abstractmethod
+    def tunnels(self, node: str, remotes: list[tuple[str, int]]
+                ) -> contextlib.AbstractContextManager[list[str]]:
+        """`tunnel` to several (host, port) as the compute node `node` sees them, through one
+        SSH connection: the tracking server listens on the head's address, not its loopback."""
 
     @abc.abstractmethod
     def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
@@ -102,13 +110,13 @@ class LocalRunner(Runner):
                              **_host_keys(self._submit))
 
     @contextlib.contextmanager
-    def tunnel(self, node: str, port: int) -> Iterator[str]:
+    def tunnels(self, node: str, remotes: list[tuple[str, int]]) -> Iterator[list[str]]:
         target = self.node_target(node)
-        if target is None:  # the head runs here: its loopback is ours
-            yield f"http://127.0.0.1:{port}"
+        if target is None:  # the head runs here: its addresses are ours
+            yield [f"http://{host}:{port}" for host, port in remotes]
             return
-        with ssh.tunnel(target, port, remote_host="127.0.0.1") as local_port:
-            yield f"http://127.0.0.1:{local_port}"
+        with ssh.tunnels(target, remotes) as ports:
+            yield [f"http://127.0.0.1:{port}" for port in ports]
 
     def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
         target = self.node_target(node)
@@ -167,10 +175,10 @@ class SshRunner(Runner):
                              proxy_command=via(self.target), **_host_keys(self._submit))
 
     @contextlib.contextmanager
-    def tunnel(self, node: str, port: int) -> Iterator[str]:
-        # The forward ends on the node's own loopback, where the head's dashboard listens.
-        with ssh.tunnel(self.node_target(node), port, remote_host="127.0.0.1") as local_port:
-            yield f"http://127.0.0.1:{local_port}"
+    def tunnels(self, node: str, remotes: list[tuple[str, int]]) -> Iterator[list[str]]:
+        # The forwards end on the node itself (its loopback, where the head's dashboard listens).
+        with ssh.tunnels(self.node_target(node), remotes) as ports:
+            yield [f"http://127.0.0.1:{port}" for port in ports]
 
     def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
         return ssh.run(self.node_target(node), command, timeout=timeout)

@@ -6,7 +6,7 @@ import json
 import shlex
 from typing import Any
 
-from infra import render, shipping
+from infra import render, shipping, tracking
 from infra.node import rayproc
 from infra.node.slurm import autodown as slurm_autodown
 from infra.node.slurm import node_helper, queue
@@ -170,9 +170,32 @@ def autoscaler_env(spec: Spec) -> list[tuple[str, str]]:
     return [(name, value) for name, value in settings if name not in spec.environment.env_vars]
 
 
+def keys_dir_shell() -> str:
+    """The cluster's keys dir as the batch scripts name it (ours.token_dir, from the job's side)."""
+    return "$SLURM_SUBMIT_DIR/keys/$RF_CLUSTER_ID"
+
+
+def tracking_store(workdir: str, cluster: str) -> str:
+    """Where the cluster's MLflow store lives: the shared work dir, per cluster name (not per
+    job or cluster id), so that it survives the job and the next `up` serves the same runs."""
+    return f"{workdir.rstrip('/')}/tracking/{cluster}"
+
+
+def tracking_node_env() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """`infra.node.tracking.node_env` with what only the job knows left to the shell: the head's
+    address and port block, and the keys dir (double-quoted in the scripts, so they expand)."""
+    offset = rayproc.PortBlock(0).tracking
+    plain, files = tracking.node_env(f"http://$RF_HEAD_IP:$((RF_BASE + {offset}))",
+                                     f"{keys_dir_shell()}/{tracking.PASSWORD_FILE}")
+    return sorted(plain.items()), sorted(files.items())
+
+
 def _environment_context(spec: Spec) -> dict[str, Any]:
     env = spec.environment
+    tracking_env, tracking_files = tracking_node_env() if spec.tracking == "mlflow" else ([], [])
     return {
+        "tracking_env": tracking_env,
+        "tracking_files": tracking_files,
         "auth": spec.auth != "none",
         "modules": env.modules,
         "activate": env.activate,
@@ -209,6 +232,7 @@ def render_script(spec: Spec) -> str:
             "resources": gpu.resources,
         })
     autoscaling = spec.autoscaling
+    tracking_on = spec.tracking == "mlflow"
     return render.render(
         "slurm.sbatch.j2",
         cluster=spec.name,
@@ -217,12 +241,19 @@ def render_script(spec: Spec) -> str:
         **_environment_context(spec),
         autoscaling=autoscaling,
         # The node package for the head: the node provider (autoscaling), the idle watcher and
-        # Slurm's removal action (autodown); nothing for a plain fixed cluster.
-        node_zip=shipping.node_zip_base64() if autoscaling or spec.autodown else "",
+        # Slurm's removal action (autodown), the tracking server's supervisor (tracking);
+        # nothing for a plain fixed cluster.
+        node_zip=shipping.node_zip_base64() if (autoscaling or spec.autodown
+                                                or tracking_on) else "",
         node_zip_name=shipping.zip_name(),
         autodown=f"{spec.autodown.idle_minutes:g}" if spec.autodown else "",
         autodown_config=slurm_autodown.CONFIG_FILE,
         autodown_marker=slurm_autodown.MARKER_FILE,
+        tracking=tracking_on,
+        tracking_config=tracking.CONFIG_FILE,
+        tracking_offset=rayproc.PortBlock(0).tracking,
+        tracking_secrets=[tracking.PASSWORD_FILE, tracking.SECRET_KEY_FILE],
+        keys_dir=keys_dir_shell(),
         worker_script=render_worker_script(spec).rstrip("\n") if autoscaling else "",
         autoscaling_config=autoscaling_config(spec) if autoscaling else "",
         autoscaler_env=autoscaler_env(spec) if autoscaling else [],
