@@ -199,19 +199,23 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             hint=f"see the logs under {tmp}",
         )
         state.set_info(address=endpoint.address, dashboard_url=endpoint.dashboard_url)
-        # Started once Ray answers and not waited for: its start (a few CPU-seconds of imports)
-        # would otherwise compete with Ray's on a small machine and slow `up` (bench/tracking_up.py).
-        # Nodes know its URL already; MLflow's client retries while it comes up.
-        self._ensure_tracking(state, block)
+        # Started once Ray answers and not waited for: its start (a few CPU-seconds of imports,
+        # below Ray's priority, see infra/node/tracking.py) would otherwise compete with Ray's and
+        # slow `up` (bench/tracking_up.py). Nodes know its URL already; MLflow's client retries
+        # while it comes up. The head is new, so no server of it runs yet: no process scan.
+        self._ensure_tracking(state, block, new_head=True)
         self._ensure_watcher(state, block, endpoint)
         return endpoint
 
-    def _ensure_tracking(self, state: State, block: rayproc.PortBlock) -> None:
+    def _ensure_tracking(self, state: State, block: rayproc.PortBlock,
+                         new_head: bool = False) -> None:
         """Start the MLflow tracking server (infra/tracking.py) unless it runs already.
 
         Its supervisor's config lives in the cluster's temp dir, which makes it one of the
         cluster's processes for teardown and autodown; the store lives in
-        `.rayfleet/tracking/<cluster>/` and outlives both.
+        `.rayfleet/tracking/<cluster>/` and outlives both. `new_head`: this run just started the
+        head, and a server of an earlier head went with that head's processes (`_stop`), so the
+        scan of every process on the machine (tens of ms on a busy one) is skipped.
         """
         if self.spec.tracking != "mlflow":
             return
@@ -220,7 +224,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         store = tracking.local_store(self.spec.name)
         if state.info.get("tracking_store") != str(store):
             state.set_info(tracking_store=str(store))
-        if rayproc.cluster_processes([str(config_path)]):
+        if not new_head and rayproc.cluster_processes([str(config_path)]):
             return
         password = tracking.ensure_credentials(self.spec.name)
         log = paths.home() / "logs" / self.spec.name / "mlflow.log"
