@@ -162,11 +162,11 @@ def save_before_teardown(state: State, target: ssh.SshTarget | None, why_not: st
                 + _lost_or_kept(state))
         return
     try:
-        with ui.step("copying the tracking data from the head"):
+        with ui.step("copying the head's MLflow store to this machine"):
             path = copy_back(target, state, python, activate)
     except (RayfleetError, OSError, tarfile.TarError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        ui.warn(f"tracking data NOT copied: the head did not give it ({reason}); "
+        ui.warn(f"tracking data NOT copied: the head did not answer ({reason}); "
                 + _lost_or_kept(state))
         return
     ui.out(f"tracking data copied to {path} (runs, metrics, models, artifacts)", markup=False,
