@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, autodown_remote, jobs, paths, ssh, ui
+from infra import auth, autodown_remote, jobs, paths, ssh, tracking, tracking_remote, ui
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.head import HeadAccess
 from infra.node.files import atomic_write
@@ -86,6 +86,9 @@ def _zone_order(spec: Spec, report: preflight.Report | None) -> tuple[str, ...]:
 
 class Provider(BaseProvider[Spec, Preflight]):
     name = "gcp-tpu"
+    #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store goes
+    #: with the head, and `teardown` copies it here first.
+    supports_tracking = True
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
                  api_options: ApiOptions | None = None, ssh_port: int = 22) -> None:
@@ -235,6 +238,8 @@ class Provider(BaseProvider[Spec, Preflight]):
             ui.warn(warning)
         keypair = ssh.ensure_keypair(spec.name)
         state.add(SSH_KEY, str(keypair.private_path.parent))
+        if spec.tracking == "mlflow":
+            tracking.ensure_credentials(spec.name)  # Ray's file_mounts copy it to every node
         firewall.reconcile(api, state, self._in_zone(zones[0]), self._wait)
         for index, zone in enumerate(zones):
             spec = self._in_zone(zone)
@@ -339,6 +344,11 @@ class Provider(BaseProvider[Spec, Preflight]):
                     hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
         recorded = state.find(CLUSTER, spec.name)
         assert recorded is not None
+        if spec.tracking == "mlflow":
+            # On the head's internal address: the nodes reach it there; no firewall rule opens it.
+            tracking_remote.start(state, self._head_target(recorded), internal,
+                                  tracking_remote.HeadStore(tracking_remote.HEAD_STORE),
+                                  python=autodown_setup.HEAD_PYTHON)
         autodown_setup.install(spec, state, recorded, self._head_target(recorded))
         return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                         f"{internal}:{GCS_PORT}")
@@ -477,10 +487,10 @@ class Provider(BaseProvider[Spec, Preflight]):
     def connect(self, state: State) -> Iterator[Endpoint]:
         cluster = self._reachable_head(state)
         target = self._head_target(cluster)
-        with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
-            yield Endpoint(f"http://127.0.0.1:{port}",
-                           f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}", tunneled=True,
-                           token_path=auth.token_file(state))
+        with tracking_remote.connect(state, target, int(cluster.attrs["dashboard_port"]),
+                                     f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}",
+                                     auth.token_file(state)) as endpoint:
+            yield endpoint
 
     # --- teardown -----------------------------------------------------------------------------
 
@@ -492,6 +502,7 @@ class Provider(BaseProvider[Spec, Preflight]):
             api, key_file = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                                       or self.spec.credentials_file)
             head = next((c for c in clusters if c.attrs.get("head_ip")), None)
+            self._save_tracking(state, api, head)
             if head is not None and (requests or self.spec.queued_slices):
                 # First the joiner, so it queues nothing new while its requests go.
                 slices.stop_joiner(self._head_target(head))
@@ -510,6 +521,17 @@ class Provider(BaseProvider[Spec, Preflight]):
             state.remove(SSH_KEY, key.id)
         shutil.rmtree(data_dir(self.spec.name), ignore_errors=True)
         state.clear_info()
+
+    def _save_tracking(self, state: State, api: Gcp, head: Resource | None) -> None:
+        """Before any node goes: the head's tracking store copied here, or one line why not."""
+        if not state.info.get("tracking_head_store"):
+            return
+        if head is None or not autodown_setup.nodes_left(api, head):
+            tracking_remote.save_before_teardown(
+                state, None, "the head is already gone (autodown, or removed by hand)")
+            return
+        tracking_remote.save_before_teardown(state, self._head_target(head),
+                                             python=autodown_setup.HEAD_PYTHON)
 
     def _ray_down(self, state: State, cluster: Resource, key_file: str | None) -> None:
         """Ray's own teardown first (it stops Ray cleanly); the label sweep after it is the proof."""
