@@ -82,3 +82,5 @@ def serve_url(provider: str | None, cluster: str | None, name: str | None) -> No
             ui.out(row["url"], markup=False)
         if not rows:
             ui.out(endpoint.serve_url, markup=False)
+        # A remote cluster's URL is the local end of this command's tunnel: keep it open.
+        commands.hold_tunnel(endpoint)

@@ -111,6 +111,26 @@ def test_up_submit_status_teardown_on_the_testbed(
             ui.send_signal(signal.SIGINT)
             ui.wait(timeout=30)
 
+        # Serve's HTTP endpoint through the tunnel `invoke serve-url` holds; its replica found the
+        # tracking server in the node's environment too.
+        deploy = run_invoke("serve-deploy", "--cluster", str(spec), "tests.data.hello_serve:app",
+                            timeout=300)
+        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+        served = subprocess.Popen([sys.executable, "-m", "invoke", "serve-url", "--cluster",
+                                   str(spec), "--name", "hello-serve"], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert served.stdout is not None
+            app_url = served.stdout.readline().strip()
+            assert app_url.startswith("http://127.0.0.1:"), app_url
+            answer = requests.get(app_url, timeout=30).json()
+            assert answer["host"] in {host.hostname for host in bed.hosts}, answer
+            assert answer["tracking_uri"] == f"http://{bed.hosts[0].ip}:5000", answer
+            assert answer["has_password"] is True, answer
+        finally:
+            served.send_signal(signal.SIGINT)
+            served.wait(timeout=30)
+
         # The password is on no command line of any host, in no rendered file, state or log.
         for host in bed.hosts:
             ps = host.run("ps -eo args=").stdout
