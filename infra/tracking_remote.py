@@ -108,6 +108,16 @@ def start(state: State, target: ssh.SshTarget, bind_host: str, store: HeadStore,
                 "(name durable storage in the spec to keep it)")
 
 
+def plan_note(cluster: str, address: str, durable: str = "") -> str:
+    """`plan`'s line about a cluster's tracking server on its head (`address`: which of the
+    head's addresses it listens on, in the provider's words)."""
+    where = (f"its store on {durable}, which outlives the cluster" if durable else
+             "its store on the head: it goes with the cluster at autodown, and `invoke teardown` "
+             f"copies it to {tracking.local_store(cluster)}/ first")
+    return (f"MLflow tracking server on the head's {address} address, port {TRACKING_PORT} (no "
+            f"firewall rule opens it; `invoke mlflow` tunnels to it), {where}")
+
+
 def copy_back(target: ssh.SshTarget, state: State, python: str = "python3",
               activate: str = "") -> Path:
     """A consistent copy of the head's store in `.rayfleet/tracking/<cluster>/`; records

@@ -8,6 +8,7 @@ import sqlite3
 import tarfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from infra import state, tracking, tracking_remote
@@ -130,3 +131,39 @@ def test_teardown_with_an_unreachable_head_says_so_in_one_line_and_removes_every
     assert "NOT copied" in lines[0] and "goes with the cluster" in lines[0], lines
     assert_clean(fake)
     assert read_state(rf_home) is None
+
+
+def test_plan_says_where_the_store_lives(fake: FakeLambda, make_spec: SpecFactory,
+                                         rf_home: Path) -> None:
+    fake.add_file_system("shared", "us-east-1")
+    on_head = run_invoke("plan", "--cluster", str(make_spec("lt", tracking="mlflow")), timeout=120)
+    assert on_head.returncode == 0, on_head.stdout + on_head.stderr
+    assert "MLflow tracking server on the head's private address, port 5000" in on_head.stdout
+    assert "goes with the cluster at autodown" in on_head.stdout, on_head.stdout
+    durable = run_invoke("plan", "--cluster", str(make_spec("lt", tracking="mlflow",
+                                                             file_system="shared")), timeout=120)
+    assert durable.returncode == 0, durable.stdout + durable.stderr
+    assert "its store on Lambda file system 'shared', which outlives the cluster" in durable.stdout
+
+
+def test_a_file_system_in_the_spec_holds_the_store(fake: FakeLambda, make_spec: SpecFactory,
+                                                   rf_home: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra import providers, ssh
+    from infra.node.lambda_cloud import api
+
+    fake.add_file_system("shared", "us-east-1")
+    started: list[tuple[str, tracking_remote.HeadStore]] = []
+    # Only where the provider puts the store is checked here; the server itself runs in
+    # test_e2e_cluster.py.
+    monkeypatch.setattr(tracking_remote, "start",
+                        lambda state, target, bind, store, **_: started.append((bind, store)))
+    spec = load_spec(make_spec("lt", tracking="mlflow", file_system="shared"))
+    provider = providers.create(spec)
+    head = api.Instance("i-1", "lt-x-head", "active", "198.51.100.7", "10.0.0.7", "gpu_1x_a10",
+                        "us-east-1", 75)
+    current = state.State.new(state.state_path("lt"), "lt", "lambda")
+    target = ssh.SshTarget("198.51.100.7", "root", Path("k"))
+    provider._start_tracking(current, target, head)  # type: ignore[attr-defined]
+    assert started == [("10.0.0.7", tracking_remote.HeadStore(
+        "/lambda/nfs/shared/rayfleet-tracking/lt", "Lambda file system 'shared'"))]

@@ -190,6 +190,8 @@ class Provider(BaseProvider[Spec, Preflight]):
                          f"{', '.join(ranges)}, and `invoke dashboard` (SSH tunnel)")
         else:
             notes.append("dashboard: reachable only through an SSH tunnel (`invoke dashboard`)")
+        if spec.tracking == "mlflow":
+            notes.append(tracking_remote.plan_note(spec.name, "internal"))
         notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
                      f"at most {spec.max_total} workers ({1 + spec.max_total} nodes with the head)")
         if spec.zones is not None:

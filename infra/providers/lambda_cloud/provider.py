@@ -178,6 +178,10 @@ class Provider(BaseProvider[Spec, Capacity]):
             else:
                 notes.append(f"estimated cost: {costs.dollars(hourly)}/h for {len(self._slots(state))} "
                              "instance(s)")
+        if self.spec.tracking == "mlflow":
+            notes.append(tracking_remote.plan_note(
+                self.spec.name, "private", f"Lambda file system {self.spec.file_system!r}"
+                if self.spec.file_system else ""))
         if self.spec.autoscaling:
             files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
         else:
