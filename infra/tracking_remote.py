@@ -176,7 +176,7 @@ def save_before_teardown(state: State, target: ssh.SshTarget | None, why_not: st
             path = copy_back(target, state, python, activate)
     except (RayfleetError, OSError, tarfile.TarError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        ui.warn(f"tracking data NOT copied: the head did not answer ({reason}); "
+        ui.warn(f"tracking data NOT copied from the head ({reason}); "
                 + _lost_or_kept(state))
         return
     ui.out(f"tracking data copied to {path} (runs, metrics, models, artifacts)", markup=False,
@@ -212,14 +212,15 @@ def connect(state: State, target: ssh.SshTarget, dashboard_port: int, address: s
     """The cluster's endpoint through SSH tunnels to the head: the dashboard, the tracking server
     (when the cluster has one) and Serve's HTTP proxy, each on a free local port."""
     bind = state.info.get("tracking_bind")
-    with contextlib.ExitStack() as stack:
-        dashboard = stack.enter_context(ssh.tunnel(target, dashboard_port))
-        serve = stack.enter_context(ssh.tunnel(target, SERVE_PORT))
-        tracking_url = password = None
-        if bind and state.info.get("tracking_head_store"):
-            port = stack.enter_context(ssh.tunnel(target, TRACKING_PORT, remote_host=str(bind)))
-            tracking_url = f"http://127.0.0.1:{port}"
-            password = tracking.password_path(state.cluster)
+    remotes = [("127.0.0.1", dashboard_port), ("127.0.0.1", SERVE_PORT)]
+    tracked = bool(bind and state.info.get("tracking_head_store"))
+    if tracked:
+        remotes.append((str(bind), TRACKING_PORT))
+    # One SSH login for all of them: every command that connects pays one handshake.
+    with ssh.tunnels(target, remotes) as ports:
+        dashboard, serve = ports[:2]
+        tracking_url = f"http://127.0.0.1:{ports[2]}" if tracked else None
+        password = tracking.password_path(state.cluster) if tracked else None
         yield Endpoint(f"http://127.0.0.1:{dashboard}", address, tunneled=True,
                        token_path=token_path, tracking_url=tracking_url,
                        tracking_password=password, serve_url=f"http://127.0.0.1:{serve}",
