@@ -8,7 +8,6 @@ import sqlite3
 import tarfile
 from pathlib import Path
 
-import pytest
 import yaml
 
 from infra import state, tracking, tracking_remote
@@ -147,23 +146,17 @@ def test_plan_says_where_the_store_lives(fake: FakeLambda, make_spec: SpecFactor
 
 
 def test_a_file_system_in_the_spec_holds_the_store(fake: FakeLambda, make_spec: SpecFactory,
-                                                   rf_home: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra import providers, ssh
+                                                   rf_home: Path) -> None:
     from infra.node.lambda_cloud import api
+    from infra.providers.lambda_cloud import tracking_setup
 
     fake.add_file_system("shared", "us-east-1")
-    started: list[tuple[str, tracking_remote.HeadStore]] = []
-    # Only where the provider puts the store is checked here; the server itself runs in
-    # test_e2e_cluster.py.
-    monkeypatch.setattr(tracking_remote, "start",
-                        lambda state, target, bind, store, **_: started.append((bind, store)))
-    spec = load_spec(make_spec("lt", tracking="mlflow", file_system="shared"))
-    provider = providers.create(spec)
-    head = api.Instance("i-1", "lt-x-head", "active", "198.51.100.7", "10.0.0.7", "gpu_1x_a10",
-                        "us-east-1", 75)
-    current = state.State.new(state.state_path("lt"), "lt", "lambda")
-    target = ssh.SshTarget("198.51.100.7", "root", Path("k"))
-    provider._start_tracking(current, target, head)  # type: ignore[attr-defined]
-    assert started == [("10.0.0.7", tracking_remote.HeadStore(
-        "/lambda/nfs/shared/rayfleet-tracking/lt", "Lambda file system 'shared'"))]
+    client = api.LambdaClient.from_env()
+    durable = load_spec(make_spec("lt", tracking="mlflow", file_system="shared"))
+    assert isinstance(durable, Spec)
+    # Lambda's listing names the mount point (the fake: /lambda/nfs/<name>, as the OpenAPI file).
+    assert tracking_setup.store(durable, client) == tracking_remote.HeadStore(
+        "/lambda/nfs/shared/rayfleet-tracking/lt", "Lambda file system 'shared'")
+    on_head = load_spec(make_spec("lt", tracking="mlflow"))
+    assert isinstance(on_head, Spec)
+    assert tracking_setup.store(on_head, client) == tracking_remote.HeadStore("rayfleet/tracking")

@@ -39,6 +39,7 @@ from infra.providers.gcp_tpu import (
     launcher,
     preflight,
     slices,
+    tracking_setup,
     view,
 )
 from infra.providers.gcp_tpu.launcher import RayRunner
@@ -191,7 +192,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         else:
             notes.append("dashboard: reachable only through an SSH tunnel (`invoke dashboard`)")
         if spec.tracking == "mlflow":
-            notes.append(tracking_remote.plan_note(spec.name, "internal"))
+            notes.append(tracking_setup.plan_note(spec))
         notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
                      f"at most {spec.max_total} workers ({1 + spec.max_total} nodes with the head)")
         if spec.zones is not None:
@@ -346,11 +347,7 @@ class Provider(BaseProvider[Spec, Preflight]):
                     hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
         recorded = state.find(CLUSTER, spec.name)
         assert recorded is not None
-        if spec.tracking == "mlflow":
-            # On the head's internal address: the nodes reach it there; no firewall rule opens it.
-            tracking_remote.start(state, self._head_target(recorded), internal,
-                                  tracking_remote.HeadStore(tracking_remote.HEAD_STORE),
-                                  python=autodown_setup.HEAD_PYTHON)
+        tracking_setup.start(spec, state, self._head_target(recorded), internal)
         autodown_setup.install(spec, state, recorded, self._head_target(recorded))
         return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                         f"{internal}:{GCS_PORT}")
@@ -504,7 +501,7 @@ class Provider(BaseProvider[Spec, Preflight]):
             api, key_file = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                                       or self.spec.credentials_file)
             head = next((c for c in clusters if c.attrs.get("head_ip")), None)
-            self._save_tracking(state, api, head)
+            tracking_setup.save(state, api, head, self._head_target(head) if head else None)
             if head is not None and (requests or self.spec.queued_slices):
                 # First the joiner, so it queues nothing new while its requests go.
                 slices.stop_joiner(self._head_target(head))
@@ -523,17 +520,6 @@ class Provider(BaseProvider[Spec, Preflight]):
             state.remove(SSH_KEY, key.id)
         shutil.rmtree(data_dir(self.spec.name), ignore_errors=True)
         state.clear_info()
-
-    def _save_tracking(self, state: State, api: Gcp, head: Resource | None) -> None:
-        """Before any node goes: the head's tracking store copied here, or one line why not."""
-        if not state.info.get("tracking_head_store"):
-            return
-        if head is None or not autodown_setup.nodes_left(api, head):
-            tracking_remote.save_before_teardown(
-                state, None, "the head is already gone (autodown, or removed by hand)")
-            return
-        tracking_remote.save_before_teardown(state, self._head_target(head),
-                                             python=autodown_setup.HEAD_PYTHON)
 
     def _ray_down(self, state: State, cluster: Resource, key_file: str | None) -> None:
         """Ray's own teardown first (it stops Ray cleanly); the label sweep after it is the proof."""

@@ -35,7 +35,15 @@ from infra.providers.base import (
     Readiness,
 )
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.lambda_cloud import autodown_setup, autoscale, costs, firewall, fleet, raycluster
+from infra.providers.lambda_cloud import (
+    autodown_setup,
+    autoscale,
+    costs,
+    firewall,
+    fleet,
+    raycluster,
+    tracking_setup,
+)
 from infra.providers.lambda_cloud.spec import Choice, Spec
 from infra.state import Resource, State
 
@@ -179,9 +187,7 @@ class Provider(BaseProvider[Spec, Capacity]):
                 notes.append(f"estimated cost: {costs.dollars(hourly)}/h for {len(self._slots(state))} "
                              "instance(s)")
         if self.spec.tracking == "mlflow":
-            notes.append(tracking_remote.plan_note(
-                self.spec.name, "private", f"Lambda file system {self.spec.file_system!r}"
-                if self.spec.file_system else ""))
+            notes.append(tracking_setup.plan_note(self.spec))
         if self.spec.autoscaling:
             files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
         else:
@@ -343,7 +349,7 @@ class Provider(BaseProvider[Spec, Capacity]):
                                           auth.token_file(state))
         else:
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
-        self._start_tracking(state, head_target, head)
+        tracking_setup.start(self.spec, state, self.client(), head_target, head)
         autodown_setup.install(self.spec, state, head_target, head.id, self.client())
         return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
                         "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
@@ -371,28 +377,11 @@ class Provider(BaseProvider[Spec, Capacity]):
         minimum = sum(k.min_workers for k in (self.spec.worker_types or {}).values())
         with raycluster.dashboard_tunnel(target) as url:
             raycluster.wait_workers(url, minimum, self.spec.ray_timeout_s, token)
-        self._start_tracking(state, target, head)
+        tracking_setup.start(self.spec, state, client, target, head)
         autodown_setup.install(self.spec, state, target, head.id, client)
         return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
                         "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
                         token_path=token)
-
-    def _start_tracking(self, state: State, target: ssh.SshTarget, head: api.Instance) -> None:
-        """The tracking server on the head's private address; its store on the spec's file
-        system (Lambda mounts it at its `mount_point`, NOTES.md) or else on the head."""
-        if self.spec.tracking != "mlflow":
-            return
-        store = tracking_remote.HeadStore(tracking_remote.HEAD_STORE)
-        if self.spec.file_system:
-            found = next((f for f in self.client().file_systems()
-                          if f.name == self.spec.file_system), None)
-            mount = (found.mount_point if found and found.mount_point
-                     else f"/lambda/nfs/{self.spec.file_system}")
-            store = tracking_remote.HeadStore(f"{mount.rstrip('/')}/rayfleet-tracking/{self.spec.name}",
-                                              f"Lambda file system {self.spec.file_system!r}")
-        tracking_remote.start(state, target, str(head.private_ip or head.ip), store,
-                              python=autodown_setup.HEAD_PYTHON,
-                              activate=raycluster.activate(self.spec))
 
     def _all_alive(self, head: ssh.SshTarget, expected: dict[str, set[str]],
                    token_path: Path | None) -> bool:
@@ -554,7 +543,9 @@ class Provider(BaseProvider[Spec, Capacity]):
         fleet.adopt_orphans(client, state, "teardown")
         heads = [r.id for r in state.resources(fleet.INSTANCE)
                  if fleet.slot_key(str(r.attrs.get("name")), r.attrs) == "head"]
-        self._save_tracking(state, client, heads)
+        head_ip = state.info.get("head_ip")
+        tracking_setup.save(self.spec, state, client, heads,
+                            self._target(str(head_ip)) if head_ip else None)
         if self.spec.autoscaling and heads:
             fleet.terminate(client, state, heads)
         quiet_since = None
@@ -578,20 +569,6 @@ class Provider(BaseProvider[Spec, Capacity]):
             tracking_remote.remove_keys(state, paths.keys_dir(self.spec.name))
         self._forget_launcher_state(state)
         state.clear_info()
-
-    def _save_tracking(self, state: State, client: api.LambdaClient, heads: list[str]) -> None:
-        """Before any instance goes: the head's tracking store copied here, or one line why not."""
-        if not state.info.get("tracking_head_store"):
-            return
-        listed = {i.id: i.status for i in client.instances()}
-        head_ip = state.info.get("head_ip")
-        if not heads or not head_ip or all(listed.get(h) in (None, *api.GONE) for h in heads):
-            tracking_remote.save_before_teardown(
-                state, None, "the head is already terminated (autodown, or removed by hand)")
-            return
-        tracking_remote.save_before_teardown(state, self._target(str(head_ip)),
-                                             python=autodown_setup.HEAD_PYTHON,
-                                             activate=raycluster.activate(self.spec))
 
     def _forget_launcher_state(self, state: State) -> None:
         """Ray's on-prem launcher keeps node state on this machine; a later cluster of the same
