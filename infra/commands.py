@@ -249,6 +249,10 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
                          f"({auth.scrub(reason, auth.token_file(current))[:200]}); "
                          f"`invoke up{_cluster_flag(selected)}` restarts it, "
                          f"`invoke teardown{_cluster_flag(selected)}` removes it")
+    from infra import tracking_remote
+
+    # Where a remote head's tracking data is safe: None for clusters without such a store.
+    copy_note = tracking_remote.copy_note(current)
     if as_json:
         ui.out(json.dumps({
             "cluster": selected.name, "provider": selected.provider,
@@ -259,6 +263,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "cost": provider_view.cost.__dict__ if provider_view.cost else None,
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
             "ray_error": ray_error or None, **ray_view, **extras,
+            "tracking_copy": copy_note, "tracking_copied_at": current.info.get("tracking_copied_at"),
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
     ui.out(f"{_title(selected)}: {provider_view.summary}", markup=False)
@@ -278,6 +283,8 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         from infra import serve
 
         serve.print_status_extras(extras)
+    if copy_note:
+        ui.out(copy_note, markup=False, soft_wrap=True)
     if ray_error:
         raise RayNotAnsweringError(ray_error)
     return 0

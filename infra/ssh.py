@@ -8,7 +8,8 @@ Four small tools, all generic (no provider knowledge):
   A TCP port that answers is not enough: sshd accepts connections before cloud-init installed keys.
 - `run(target, command)`: one remote command through paramiko, with exit code and output.
 - `tunnel(target, remote_port)`: an OpenSSH `ssh -N -L` subprocess forwarding a free local port,
-  for as long as the `with` block lasts (`invoke dashboard`, `invoke submit`).
+  for as long as the `with` block lasts (`invoke dashboard`, `invoke submit`); `tunnels` forwards
+  several ports through one such process (one login).
 
 Every function takes an `SshTarget`, which carries an optional ProxyCommand (`%h`/`%p` expanded as
 OpenSSH does), so users behind a bastion and the test bed (hosts reached through a network
@@ -348,32 +349,33 @@ def tunnel(target: SshTarget, remote_port: int, remote_host: str = "127.0.0.1",
     Yields the local port once it accepts connections; the ssh process ends with the block (and
     with this process). A port grabbed by someone else between choice and bind is retried.
     """
-    with tunnels(target, [(remote_host, remote_port)], [local_port] if local_port else None,
-                 timeout) as ports:
+    with tunnels(target, [(remote_host, remote_port)],
+                 [local_port] if local_port else None, timeout) as ports:
         yield ports[0]
 
 
 @contextlib.contextmanager
 def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
             local_ports: list[int] | None = None, timeout: float = 30.0) -> Iterator[list[int]]:
-    """`tunnel` for several (host, port) at once: one ssh process, one handshake, a local port
-    each (in order)."""
+    """Like `tunnel`, for several (host, port) at once through ONE ssh process (one login): the
+    local ports, in the order of `remotes`."""
     attempts = 1 if local_ports else 3
     last_error = ""
     for _ in range(attempts):
-        ports = local_ports or [rayproc.free_port() for _ in remotes]
-        forwards = [arg for port, (host, remote) in zip(ports, remotes, strict=True)
+        ports = list(local_ports) if local_ports else [rayproc.free_port() for _ in remotes]
+        forwards = [arg for (host, remote), port in zip(remotes, ports, strict=True)
                     for arg in ("-L", f"127.0.0.1:{port}:{host}:{remote}")]
         command = ["ssh", "-N", *openssh_options(target), "-o", "ExitOnForwardFailure=yes",
                    *forwards, f"{target.user}@{target.host}"]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
+
         while process.poll() is None and time.monotonic() < deadline:
-            if all(rayproc.port_answers("127.0.0.1", port, timeout=0.3) for port in ports):
+            if _all_answer(ports):
                 break
             time.sleep(0.1)
-        if process.poll() is None and all(rayproc.port_answers("127.0.0.1", p) for p in ports):
+        if process.poll() is None and _all_answer(ports):
             try:
                 yield ports
             finally:
@@ -389,9 +391,13 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
         last_error = (stderr.strip().splitlines() or ["no answer on the local end"])[-1]
         if "forward" not in last_error.lower() and "address already in use" not in last_error:
             break
-    where = ", ".join(f"{host}:{port}" for host, port in remotes)
+    where = ", ".join(f"{host}:{remote}" for host, remote in remotes)
     raise SshError(f"tunnel to {where} via {target} failed: {last_error}; "
                    f"try `ssh {shlex.join(openssh_options(target))} {target.user}@{target.host}`")
+
+
+def _all_answer(ports: list[int]) -> bool:
+    return all(rayproc.port_answers("127.0.0.1", p, timeout=0.3) for p in ports)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -78,6 +78,8 @@ def test_env_specs_pin_python_and_ray_and_list_the_workloads(kind: str) -> None:
     assert any(r.startswith("ray[") and r.endswith("]==2.60.0") and "default" in r for r in pip)
     assert {"torch", "scikit-learn", "hydra-core"} <= set(pip)
     assert ("jax[tpu]" in pip) == (kind == "tpu")
+    # `tracking: mlflow`: the head's server (with MLflow's auth) and every node's client.
+    assert any(r.startswith("mlflow[auth]") for r in pip)
 
 
 def test_runtime_envs_load_as_invoke_submit_uses_them() -> None:

@@ -79,8 +79,11 @@ def node_env(url: str, password_file: str) -> tuple[dict[str, str], dict[str, st
 def server_command(config: ServerConfig) -> list[str]:
     store = Path(config.store_dir)
     mlflow = Path(sys.executable).with_name("mlflow")
+    # Without its script beside this interpreter (a node env that reuses a base install's
+    # packages), the same interpreter's MLflow, never another one found on the PATH.
+    program = [str(mlflow)] if mlflow.exists() else [sys.executable, "-m", "mlflow"]
     return [
-        str(mlflow) if mlflow.exists() else "mlflow", "server", "--app-name", "basic-auth",
+        *program, "server", "--app-name", "basic-auth",
         "--host", config.host, "--port", str(config.port), "--workers", "1",
         "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
         "--serve-artifacts", "--artifacts-destination", str(store / "artifacts"),

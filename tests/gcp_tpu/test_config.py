@@ -281,3 +281,26 @@ def test_importing_the_provider_imports_no_cloud_sdk_ray_or_paramiko() -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                             text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_tracking_password_reaches_every_node_as_a_file_never_in_the_config(
+        tmp_path: Path, rf_home: Path) -> None:
+    from infra import tracking
+
+    secret = tracking.ensure_credentials("tracked").read_text().strip()
+    result, prepared = _plan(write_spec(tmp_path, name="tracked", tracking="mlflow"))
+    text = result.files[config.FILE_NAME]
+    assert secret not in text
+    assert prepared["file_mounts"]["~/.rayfleet/mlflow-password"] == \
+        str(tracking.password_path("tracked"))
+    head = prepared["head_start_ray_commands"][-1]
+    worker = prepared["worker_start_ray_commands"][-1]
+    for command, url in ((head, "http://$(hostname -I | awk '{print $1}'):5000"),
+                         (worker, "http://$RAY_HEAD_IP:5000")):
+        assert f'export MLFLOW_TRACKING_URI="{url}" MLFLOW_TRACKING_USERNAME=rayfleet ' \
+               'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")";' in command, command
+        assert command.index("MLFLOW_TRACKING_PASSWORD") < command.index("ray start")
+    # Only the dashboard's port is ever opened by a firewall rule; tracking adds none.
+    assert not any(r.kind.startswith("firewall") for r in result.resources)
+    untracked, _ = _plan(write_spec(tmp_path, name="untracked"))
+    assert "MLFLOW" not in untracked.files[config.FILE_NAME]

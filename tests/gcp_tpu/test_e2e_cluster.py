@@ -114,7 +114,8 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
     home = tmp_path / "rayfleet-home"
     key = write_service_account_key(tmp_path / "sa-key.json", google.identity,
                                     f"student@{PROJECT}.iam.gserviceaccount.com")
-    spec = spec_file(tmp_path, key)
+    # With the cluster's MLflow tracking server on the head (infra/tracking_remote.py).
+    spec = spec_file(tmp_path, key, tracking="mlflow")
     timings = offline.timings
     lap = time.monotonic()
 
@@ -130,6 +131,7 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         up = offline.invoke(home, "up", "--provider", "gcp-tpu", "--cluster", str(spec),
                             timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr
+        assert "tracking data lives on the head and goes with the cluster at autodown" in up.stderr
         heads = [i for i in fake.instances.values()
                  if i["labels"].get("ray-node-type") == "head"]
         assert len(heads) == 1, heads
@@ -175,8 +177,15 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         assert on_head.stdout.split() == ["600"], on_head.stdout  # 0600, and in no config or log
         # ... and on no command line of the head's processes (the pattern comes from the file).
         cmdlines = head_host.run("grep -lFf ~/.rayfleet/ray-token /proc/[0-9]*/cmdline "
-                                 "2>/dev/null; true")
+                                 "2>/dev/null; grep -lFf ~/.rayfleet/mlflow-password "
+                                 "/proc/[0-9]*/cmdline 2>/dev/null; true")
         assert cmdlines.stdout.strip() == "", cmdlines.stdout
+        # The tracking server listens on the head's internal address, not on every interface.
+        # (`up` does not wait for it: it comes up beside Ray.)
+        listening = wait_until(lambda: (lambda out: out if ":5000" in out else None)(
+            head_host.run("ss -ltn 'sport = :5000'").stdout), "the tracking server on the head",
+            timeout=120, interval=1)
+        assert f"{head_host.ip}:5000" in listening and "0.0.0.0:5000" not in listening, listening
         assert not [p for p in home.rglob("*") if p.is_file() and p != token_file
                     and token in p.read_text(errors="replace")]
         phase("up (head VM, Ray, tunnel)")
@@ -205,6 +214,8 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         report = json.loads(status.stdout)
         assert report["running"], report
         assert [r["kind"] for r in report["provider_resources"]] == ["Compute VM"], report
+        assert report["tracking"]["url"].startswith("http://127.0.0.1:"), report["tracking"]
+        assert report["tracking"]["runs"] == 0 and "never copied" in report["tracking_copy"], report
         assert [n for n in report["nodes"] if n.get("state") == "ALIVE"] and all(
             n.get("ip") == head_host.ip for n in report["nodes"] if n.get("state") == "ALIVE"), report
 
@@ -247,7 +258,9 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         for host in bed.hosts:
             print(f"--- {host.name} ---\n" + host.run(
                 "cd /tmp/ray/session_latest/logs 2>/dev/null && tail -n 25 dashboard.log "
-                "dashboard_agent.log monitor.log 2>/dev/null | cut -c1-300").stdout, flush=True)
+                "dashboard_agent.log monitor.log 2>/dev/null | cut -c1-300; "
+                "tail -n 15 ~/rayfleet/mlflow.log ~/rayfleet/tracking.log 2>/dev/null").stdout,
+                flush=True)
             sshd_log = host.log_path.read_text(errors="replace").splitlines()
             print("\n".join(line for line in sshd_log[-400:] if "logout" not in line
                             and "session" not in line.lower())[-3000:], flush=True)
@@ -259,6 +272,9 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         phase("teardown")
         print(f"[gcp e2e] phases (s): {timings}", flush=True)
     assert down.returncode == 0, down.stdout + down.stderr
+    # The tracking store was copied here before anything was deleted.
+    assert f"tracking data copied to {home / 'tracking' / CLUSTER}" in down.stdout, down.stdout
+    assert (home / "tracking" / CLUSTER / "mlflow.db").stat().st_size > 0
     assert fake.nodes_with({"rayfleet-cluster": cluster_id}) == []
     assert fake.nodes_with({"ray-cluster-name": CLUSTER}) == []
     assert not [n for n in fake.firewalls if CLUSTER in n]

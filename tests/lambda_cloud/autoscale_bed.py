@@ -93,8 +93,10 @@ class Scaled:
 @contextlib.contextmanager
 def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4,
                   idle_minutes: float = 0.1, max_workers: int = 2,
-                  capacity: dict[tuple[str, str], int] | None = None) -> Iterator[Scaled]:
-    """The test bed, the fake, the relays and the cluster's spec; tears the cluster down after."""
+                  capacity: dict[tuple[str, str], int] | None = None,
+                  tracking: bool = False) -> Iterator[Scaled]:
+    """The test bed, the fake, the relays and the cluster's spec (with `tracking: mlflow` when
+    `tracking`); tears the cluster down after."""
     relay_url = f"http://127.0.0.1:{RELAY_PORT}/api/v1"
     bed = Testbed(hosts, work / "bed", env={
         "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
@@ -136,7 +138,7 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
             "ssh_user": "root", "ssh_proxy_command": bed.proxy_command, "env": "none",
             "ssh_source_ranges": ["203.0.113.0/24"],
             "object_store_memory_mb": 100, "boot_timeout_s": int(boot_delay) + 120,
-            "ray_timeout_s": 300,
+            "ray_timeout_s": 300, **({"tracking": "mlflow"} if tracking else {}),
         }))
         # The instances "boot" with the cluster's key authorized, as Lambda's would.
         saved = os.environ.get("RAYFLEET_HOME")

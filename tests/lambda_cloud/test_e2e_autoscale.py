@@ -34,8 +34,9 @@ JOB = Path(__file__).resolve().parents[1] / "data" / "lambda_gpu_job.py"
 @pytest.fixture(scope="module")
 def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
     require("testbed")
+    # With the cluster's MLflow tracking server: autoscaled workers must find it too.
     with autoscale_bed(tmp_path_factory.mktemp("lambda-autoscale"), scale=SCALE,
-                       boot_delay=1.0) as cluster:
+                       boot_delay=1.0, tracking=True) as cluster:
         yield cluster
 
 
@@ -62,9 +63,9 @@ def test_up_starts_only_the_head(scaled: Scaled) -> None:
     host = scaled.host(head["ip"])
     # (cd inside: nsenter's --wd resolves /root before entering the host's mount namespace)
     modes = host.run("cd /root && stat -c '%a %n' .rayfleet/lambda-api-key .rayfleet/ray-token "
-                     "ray_bootstrap_key.pem rayfleet/node/rayfleet-node-*.zip",
-                     check=True).stdout.split("\n")
-    assert [m.split()[0] for m in modes if m] == ["600", "600", "600", "644"], modes
+                     ".rayfleet/mlflow-password ray_bootstrap_key.pem "
+                     "rayfleet/node/rayfleet-node-*.zip", check=True).stdout.split("\n")
+    assert [m.split()[0] for m in modes if m] == ["600", "600", "600", "600", "644"], modes
     # Another machine on the network reaches the head's GCS port, but Ray's own client is refused
     # without the cluster's token (and served with it). The dashboard is on the head's loopback.
     address = f"{head['ip']}:6379"
@@ -91,6 +92,10 @@ def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(scaled: Sc
     assert {w["type"] for w in workers} == {"gpu_1x_a10"}  # the first choice had capacity
     hosts = sorted(scaled.host(w["ip"]).hostname for w in workers)
     assert sorted(_result(submit.stdout)["hosts"]) == hosts
+    # Each autoscaled worker's tasks found the head's tracking server and its login.
+    head_ip = scaled.head()["ip"]
+    assert _result(submit.stdout)["tracking"] == [[f"http://{head_ip}:5000", True]] * 2, \
+        submit.stdout
     for w in workers:
         assert w["tags"]["rayfleet-cluster"] == scaled.head()["tags"]["rayfleet-cluster"]
         assert w["firewall_rulesets"] == scaled.head()["firewall_rulesets"]

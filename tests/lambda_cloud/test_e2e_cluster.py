@@ -1,10 +1,12 @@
 """End to end on the test bed: the fake Lambda API hands out the test-bed hosts' addresses, and
-`invoke up` / `submit` / `status` / `teardown` run for real (real `ray up`, real SSH, real Ray)."""
+`invoke up` / `submit` / `status` / `mlflow` / `teardown` run for real (real `ray up`, real SSH,
+real Ray, a real MLflow tracking server on the head)."""
 
 from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -49,6 +51,7 @@ def test_up_submit_status_teardown_on_the_testbed(
                         "choices": [{"instance_type": "cpu_4x_general", "region": "us-west-1"}]},
             "ssh_user": "root", "ssh_proxy_command": bed.proxy_command,
             "env": "none", "object_store_memory_mb": 100, "boot_timeout_s": 60, "ray_timeout_s": 300,
+            "tracking": "mlflow",
         }))
         # The instances "boot" with the cluster's key authorized, as Lambda's would.
         bed.authorize_key(ssh.ensure_keypair(CLUSTER).public_key)
@@ -57,13 +60,18 @@ def test_up_submit_status_teardown_on_the_testbed(
         assert up.returncode == 0, up.stdout + up.stderr
         state = read_state(rf_home, CLUSTER)
         assert state and state["info"]["head_ip"] == bed.hosts[0].ip
+        # No file system in the spec: `up` says, in one line, what becomes of the tracking data.
+        said = [line for line in (up.stdout + up.stderr).splitlines()
+                if "goes with the cluster at autodown" in line]
+        assert len(said) == 1 and "invoke teardown" in said[0], up.stdout + up.stderr
 
-        # Enough tasks (~10 s on one node) that the worker gets its workers started and takes some.
-        submit = run_invoke("submit", "--cluster", str(spec), "examples/cpu_example.py", "--", "1000",
-                            timeout=300)
+        # One task per node, each logging an MLflow run; the job's code names no server or login.
+        submit = run_invoke("submit", "--cluster", str(spec), "tests/data/mlflow_spread_job.py",
+                            "--", "2", timeout=300)
         assert submit.returncode == 0, submit.stdout + submit.stderr
         result = json.loads(submit.stdout.split("RESULT ", 1)[1].splitlines()[0])
         assert sorted(result["hosts"]) == sorted(host.hostname for host in bed.hosts), result
+        worker_run = result["runs"][bed.hosts[1].hostname]
 
         status = run_invoke("status", "--cluster", str(spec), "--json", timeout=120)
         assert status.returncode == 0, status.stderr
@@ -71,6 +79,70 @@ def test_up_submit_status_teardown_on_the_testbed(
         assert report["running"] and not report["warnings"]
         assert sorted(n["ip"] for n in report["nodes"] if n["state"] == "ALIVE") == \
             sorted(host.ip for host in bed.hosts)
+        assert report["tracking"]["runs"] == 2, report["tracking"]
+        assert report["tracking"]["url"].startswith("http://127.0.0.1:"), report["tracking"]
+        assert report["tracking_copied_at"] is None
+        assert "never copied" in report["tracking_copy"], report["tracking_copy"]
+        text = run_invoke("status", "--cluster", str(spec), timeout=120)
+        assert text.returncode == 0, text.stderr
+        assert "tracking: http://127.0.0.1:" in text.stdout and "(2 runs;" in text.stdout, text.stdout
+        assert "tracking data never copied" in text.stdout, text.stdout
+
+        # `invoke mlflow` holds a tunnel to the head's server: the worker's run is there, and
+        # nothing answers without the login.
+        password = rf_home / "keys" / CLUSTER / "mlflow-password"
+        assert password.stat().st_mode & 0o777 == 0o600
+        secret = password.read_text().strip()
+        ui = subprocess.Popen([sys.executable, "-m", "invoke", "mlflow", "--cluster", str(spec)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert ui.stdout is not None
+            url = ui.stdout.readline().strip()
+            assert url.startswith("http://127.0.0.1:"), url
+            run = requests.get(f"{url}/api/2.0/mlflow/runs/get", params={"run_id": worker_run},
+                               auth=("rayfleet", secret), timeout=10).json()["run"]
+            assert run["data"]["metrics"][0]["key"] == "answer", run
+            assert run["data"]["metrics"][0]["value"] == 42.0, run
+            assert run["data"]["params"][0]["value"] == bed.hosts[1].hostname, run
+            refused = requests.get(f"{url}/api/2.0/mlflow/runs/get", params={"run_id": worker_run},
+                                   timeout=10)
+            assert refused.status_code == 401, refused.text
+        finally:
+            ui.send_signal(signal.SIGINT)
+            ui.wait(timeout=30)
+
+        # Serve's HTTP endpoint through the tunnel `invoke serve-url` holds; its replica found the
+        # tracking server in the node's environment too.
+        deploy = run_invoke("serve-deploy", "--cluster", str(spec), "tests.data.hello_serve:app",
+                            timeout=300)
+        assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+        served = subprocess.Popen([sys.executable, "-m", "invoke", "serve-url", "--cluster",
+                                   str(spec), "--name", "hello-serve"], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert served.stdout is not None
+            app_url = served.stdout.readline().strip()
+            assert app_url.startswith("http://127.0.0.1:"), app_url
+            answer = requests.get(app_url, timeout=30).json()
+            assert answer["host"] in {host.hostname for host in bed.hosts}, answer
+            assert answer["tracking_uri"] == f"http://{bed.hosts[0].ip}:5000", answer
+            assert answer["has_password"] is True, answer
+        finally:
+            served.send_signal(signal.SIGINT)
+            served.wait(timeout=30)
+
+        # The password is on no command line of any host, in no rendered file, state or log.
+        for host in bed.hosts:
+            ps = host.run("ps -eo args=").stdout
+            assert "mlflow server" in ps or host is not bed.hosts[0]
+            assert secret not in ps, f"the tracking password is on a command line on {host.name}"
+            logs = host.run(f"grep -rl {secret} /tmp/ray/session_latest/logs ~/rayfleet "
+                            "~/ray_bootstrap_config.yaml 2>/dev/null || true").stdout.strip()
+            assert logs == "", f"the tracking password is in {logs} on {host.name}"
+        for folder in ("rendered", "state", "logs"):
+            found = [str(p) for p in (rf_home / folder).rglob("*")
+                     if p.is_file() and secret in p.read_text(errors="replace")]
+            assert found == [], found
 
         # `invoke dashboard` keeps a tunnel to the head's dashboard open until Ctrl+C.
         tunnel = subprocess.Popen([sys.executable, "-m", "invoke", "dashboard", "--cluster", str(spec)],
@@ -86,12 +158,31 @@ def test_up_submit_status_teardown_on_the_testbed(
             headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
             jobs = requests.get(f"{url}/api/jobs/", headers=headers, timeout=10).json()
             assert [j["status"] for j in jobs] == ["SUCCEEDED"]
+            # The login reaches the job's tasks through the nodes, not through its runtime env.
+            assert secret not in json.dumps(jobs)
         finally:
             tunnel.send_signal(signal.SIGINT)
             tunnel.wait(timeout=30)
 
+        # Teardown copies the tracking data here before it terminates anything.
+        store = rf_home / "tracking" / CLUSTER
+        copied_before_terminate: list[bool] = []
+        terminate = fake._terminate
+
+        def spy(body: object, now: float) -> object:
+            copied_before_terminate.append((store / "mlflow.db").exists())
+            return terminate(body, now)  # type: ignore[arg-type]
+
+        fake._terminate = spy  # type: ignore[method-assign]
         down = run_invoke("teardown", "--cluster", str(spec), timeout=300)
         assert down.returncode == 0, down.stdout + down.stderr
+        assert copied_before_terminate and copied_before_terminate[0], copied_before_terminate
+        assert f"tracking data copied to {store}" in down.stdout, down.stdout
+        with sqlite3.connect(store / "mlflow.db") as db:
+            rows = db.execute("SELECT key, value FROM metrics WHERE run_uuid = ?",
+                              (worker_run,)).fetchall()
+        assert rows == [("answer", 42.0)], rows
+        assert not (rf_home / "keys" / CLUSTER).exists()
         fake.wait_powered_off()
         for host in bed.hosts:
             left = host.run(RAY_PROCESSES).stdout.strip()

@@ -259,6 +259,18 @@ class Joiner:
                                  "mv ~/.rayfleet/ray-token.tmp ~/.rayfleet/ray-token"],
                           f"sending the Ray token to {ip}", stdin=handle)
             env += ' RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$HOME/.rayfleet/ray-token"'
+        tracking = self.config.get("tracking_url")
+        if tracking:
+            # `tracking: mlflow`: the login the same way as the token; the start script reads it
+            # from the host's 0600 copy, so it is on no command line.
+            with _home(str(self.config["tracking_password_path"])).open("rb") as handle:
+                self._run([*ssh, "umask 077 && mkdir -p ~/.rayfleet && chmod 700 ~/.rayfleet && "
+                                 "cat > ~/.rayfleet/mlflow-password.tmp && "
+                                 "mv ~/.rayfleet/mlflow-password.tmp ~/.rayfleet/mlflow-password"],
+                          f"sending the tracking login to {ip}", stdin=handle)
+            env += (f" MLFLOW_TRACKING_URI={shlex.quote(str(tracking))}"
+                    f" MLFLOW_TRACKING_USERNAME={shlex.quote(str(self.config['tracking_user']))}"
+                    ' MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")"')
         resources = {"TPU": request.chips_per_host}
         if worker == 0:
             resources[f"TPU-{request.accelerator_type}-head"] = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from infra import auth, paths, render, versions
+from infra import auth, paths, render, tracking, tracking_remote, versions
 from infra.node import identity
 from infra.providers.gcp_tpu.spec import Spec
 from infra.render import RenderError
@@ -145,6 +145,11 @@ def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
             f"google-api-python-client=={importlib.metadata.version('google-api-python-client')}"),
         dashboard_host="0.0.0.0" if spec.dashboard.allowed_source_ranges else "127.0.0.1",
         dashboard_port=spec.dashboard.port,
+        # `tracking: mlflow`: the password travels like the token (a path here, 0600 on nodes).
+        tracking_file=str(tracking.password_path(spec.name)) if spec.tracking == "mlflow" else "",
+        node_tracking_path=tracking_remote.NODE_PASSWORD_PATH,
+        tracking_port=tracking_remote.TRACKING_PORT,
+        tracking_user=tracking.USERNAME,
     )
 
 

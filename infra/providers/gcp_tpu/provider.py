@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, autodown_remote, jobs, paths, ssh, ui
+from infra import auth, autodown_remote, jobs, paths, ssh, tracking, tracking_remote, ui
 from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.head import HeadAccess
 from infra.node.files import atomic_write
@@ -39,6 +39,7 @@ from infra.providers.gcp_tpu import (
     launcher,
     preflight,
     slices,
+    tracking_setup,
     view,
 )
 from infra.providers.gcp_tpu.launcher import RayRunner
@@ -86,6 +87,9 @@ def _zone_order(spec: Spec, report: preflight.Report | None) -> tuple[str, ...]:
 
 class Provider(BaseProvider[Spec, Preflight]):
     name = "gcp-tpu"
+    #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store goes
+    #: with the head, and `teardown` copies it here first.
+    supports_tracking = True
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
                  api_options: ApiOptions | None = None, ssh_port: int = 22) -> None:
@@ -187,6 +191,8 @@ class Provider(BaseProvider[Spec, Preflight]):
                          f"{', '.join(ranges)}, and `invoke dashboard` (SSH tunnel)")
         else:
             notes.append("dashboard: reachable only through an SSH tunnel (`invoke dashboard`)")
+        if spec.tracking == "mlflow":
+            notes.append(tracking_setup.plan_note(spec))
         notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
                      f"at most {spec.max_total} workers ({1 + spec.max_total} nodes with the head)")
         if spec.zones is not None:
@@ -235,6 +241,8 @@ class Provider(BaseProvider[Spec, Preflight]):
             ui.warn(warning)
         keypair = ssh.ensure_keypair(spec.name)
         state.add(SSH_KEY, str(keypair.private_path.parent))
+        if spec.tracking == "mlflow":
+            tracking.ensure_credentials(spec.name)  # Ray's file_mounts copy it to every node
         firewall.reconcile(api, state, self._in_zone(zones[0]), self._wait)
         for index, zone in enumerate(zones):
             spec = self._in_zone(zone)
@@ -339,6 +347,7 @@ class Provider(BaseProvider[Spec, Preflight]):
                     hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
         recorded = state.find(CLUSTER, spec.name)
         assert recorded is not None
+        tracking_setup.start(spec, state, self._head_target(recorded), internal)
         autodown_setup.install(spec, state, recorded, self._head_target(recorded))
         return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                         f"{internal}:{GCS_PORT}")
@@ -477,10 +486,10 @@ class Provider(BaseProvider[Spec, Preflight]):
     def connect(self, state: State) -> Iterator[Endpoint]:
         cluster = self._reachable_head(state)
         target = self._head_target(cluster)
-        with ssh.tunnel(target, int(cluster.attrs["dashboard_port"])) as port:
-            yield Endpoint(f"http://127.0.0.1:{port}",
-                           f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}", tunneled=True,
-                           token_path=auth.token_file(state))
+        with tracking_remote.connect(state, target, int(cluster.attrs["dashboard_port"]),
+                                     f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}",
+                                     auth.token_file(state)) as endpoint:
+            yield endpoint
 
     # --- teardown -----------------------------------------------------------------------------
 
@@ -492,6 +501,7 @@ class Provider(BaseProvider[Spec, Preflight]):
             api, key_file = self._api(first.attrs["project"], first.attrs.get("credentials_file")
                                       or self.spec.credentials_file)
             head = next((c for c in clusters if c.attrs.get("head_ip")), None)
+            tracking_setup.save(state, api, head, self._head_target(head) if head else None)
             if head is not None and (requests or self.spec.queued_slices):
                 # First the joiner, so it queues nothing new while its requests go.
                 slices.stop_joiner(self._head_target(head))

@@ -15,7 +15,7 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, autodown_remote, paths, ui, versions
+from infra import auth, autodown_remote, paths, tracking, tracking_remote, ui, versions
 from infra.errors import RayfleetError
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu import joiner, queued
@@ -99,6 +99,11 @@ def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
         "install_command": (f"bash ~/rayfleet/setup/install.sh {shlex.join(install)} "
                             '--prefix "$HOME/rayfleet/env"'),
         "marker": joiner.HEAD_MARKER, "poll_s": 5,
+        # `tracking: mlflow`: where the head's server is, and the head's copy of its password.
+        **({"tracking_url": tracking_remote.node_url(head_address.rsplit(":", 1)[0]),
+            "tracking_user": tracking.USERNAME,
+            "tracking_password_path": tracking_remote.NODE_PASSWORD_PATH}
+           if spec.tracking == "mlflow" else {}),
         "slices": [{**r.__dict__, "config": list(r.config) if r.config else None}
                    for r in requests],
     }

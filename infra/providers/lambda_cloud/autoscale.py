@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from infra import auth, paths, shipping, ssh, ui, versions
+from infra import auth, paths, shipping, ssh, tracking, tracking_remote, ui, versions
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster
 
@@ -63,7 +63,7 @@ def worker_resources(spec: Spec, types: dict[str, api.InstanceType] | None) -> d
 
 def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
            rulesets: list[str], types: dict[str, api.InstanceType] | None,
-           rate_scale: float) -> dict[str, Any]:
+           rate_scale: float, head_private_ip: str | None = None) -> dict[str, Any]:
     """The autoscaler's cluster config, as Ray wants it for an external provider (every list key
     written out: external providers get no defaults). Paths only; no secret."""
     worker_types = spec.worker_types or {}
@@ -72,6 +72,9 @@ def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
     extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
         if spec.object_store_memory_mb else ""
     mounts = {auth.NODE_TOKEN_PATH: auth.NODE_TOKEN_PATH} if spec.auth == "token" else {}
+    if spec.tracking == "mlflow":
+        # The head's 0600 copy (bootstrap puts it there) goes to each worker like the token.
+        mounts[tracking_remote.NODE_PASSWORD_PATH] = tracking_remote.NODE_PASSWORD_PATH
     setup: list[str] = []
     if spec.env != "none":
         mounts[raycluster.REMOTE_SETUP] = raycluster.REMOTE_SETUP
@@ -105,10 +108,16 @@ def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
         "head_start_ray_commands": [],
         "worker_start_ray_commands": [
             f"{activate}ray stop",
-            f"{activate}{raycluster.node_env_prefix(spec)}RAY_USAGE_STATS_ENABLED=0 ray start "
+            f"{activate}{raycluster.node_env_prefix(spec, head_private_ip)}"
+            "RAY_USAGE_STATS_ENABLED=0 ray start "
             f"--address=$RAY_HEAD_IP:{raycluster.GCS_PORT} --disable-usage-stats{extra}",
         ],
     }
+
+
+def _private_ip(head: api.Instance) -> str:
+    """The head's address as the other nodes reach it (its public one where none is listed)."""
+    return str(head.private_ip or head.ip)
 
 
 def install_command(spec: Spec) -> str:
@@ -117,7 +126,7 @@ def install_command(spec: Spec) -> str:
             f'--prefix "{raycluster.ENV_PREFIX}" --log "$HOME/rayfleet/install.log"')
 
 
-def head_start_command(spec: Spec, head_id: str) -> str:
+def head_start_command(spec: Spec, head_id: str, head_private_ip: str | None = None) -> str:
     activate = raycluster.activate(spec)
     extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
         if spec.object_store_memory_mb else ""
@@ -125,7 +134,7 @@ def head_start_command(spec: Spec, head_id: str) -> str:
     env = (f"RAY_enable_autoscaler_v2=1 AUTOSCALER_MAX_LAUNCH_BATCH=1 "
            f"RAY_CLOUD_INSTANCE_ID={shlex.quote(head_id)} "
            f"RAY_NODE_TYPE_NAME={HEAD_TYPE} PYTHONPATH=$HOME/{shipping.head_path()} "
-           f"{raycluster.node_env_prefix(spec)}RAY_USAGE_STATS_ENABLED=0 ")
+           f"{raycluster.node_env_prefix(spec, head_private_ip)}RAY_USAGE_STATS_ENABLED=0 ")
     return (f"{activate}ray stop >/dev/null 2>&1; cd ~ && {activate}{env}ray start --head "
             f"--port={raycluster.GCS_PORT} --dashboard-host=127.0.0.1 "
             f"--dashboard-port={raycluster.DASHBOARD_PORT} --autoscaling-config=$HOME/{CONFIG_FILE} "
@@ -155,6 +164,11 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
             if token is not None:
                 shipping.put(sftp, TOKEN_FILE, token.read_bytes(), 0o600)
             shipping.put(sftp, KEY_FILE, api_key.encode(), 0o600)
+            if spec.tracking == "mlflow":
+                # Before Ray starts: the head's `ray start` reads it, workers get it from here.
+                password = tracking.ensure_credentials(spec.name)
+                shipping.put(sftp, tracking_remote.NODE_PASSWORD_PATH.removeprefix("~/"),
+                             password.read_bytes(), 0o600)
             shipping.put(sftp, BOOTSTRAP_KEY, private_key.read_bytes(), 0o600)
             shipping.put(sftp, CONFIG_FILE, config_text.encode(), 0o644)
             if spec.env != "none":
@@ -172,16 +186,17 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
     if spec.env != "none":
         with ui.step("installing the node environment on the head"):
             ssh.run(target, install_command(spec), timeout=spec.ray_timeout_s, check=True)
+    start_command = head_start_command(spec, head.id, _private_ip(head))
     with ui.step("starting Ray and the autoscaler on the head"):
         try:
-            ssh.run(target, head_start_command(spec, head.id), timeout=spec.ray_timeout_s, check=True)
+            ssh.run(target, start_command, timeout=spec.ray_timeout_s, check=True)
         except ssh.SshError as exc:
             # `ray start` gives its raylet a fixed 30 s to register; a busy machine can miss that.
             # Once more (it begins with `ray stop`), then the error stands.
             if "timed out during startup" not in str(exc):
                 raise
             ui.warn("Ray's start on the head timed out (a busy machine?); trying once more")
-            ssh.run(target, head_start_command(spec, head.id), timeout=spec.ray_timeout_s, check=True)
+            ssh.run(target, start_command, timeout=spec.ray_timeout_s, check=True)
 
 
 def with_dirs(sftp: Any, remote_dir: str) -> None:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import auth, autodown_remote, paths, render, ssh, ui
+from infra import auth, autodown_remote, paths, render, ssh, tracking, tracking_remote, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
 from infra.node import identity
@@ -36,7 +35,15 @@ from infra.providers.base import (
     Readiness,
 )
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.lambda_cloud import autodown_setup, autoscale, costs, firewall, fleet, raycluster
+from infra.providers.lambda_cloud import (
+    autodown_setup,
+    autoscale,
+    costs,
+    firewall,
+    fleet,
+    raycluster,
+    tracking_setup,
+)
 from infra.providers.lambda_cloud.spec import Choice, Spec
 from infra.state import Resource, State
 
@@ -75,6 +82,9 @@ class Capacity:
 
 class Provider(BaseProvider[Spec, Capacity]):
     name = "lambda"
+    #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store on
+    #: the spec's `file_system` when named, else on the head, copied here by `teardown`.
+    supports_tracking = True
 
     def __init__(self, spec: Spec, client: api.LambdaClient | None = None) -> None:
         super().__init__(spec)
@@ -176,6 +186,8 @@ class Provider(BaseProvider[Spec, Capacity]):
             else:
                 notes.append(f"estimated cost: {costs.dollars(hourly)}/h for {len(self._slots(state))} "
                              "instance(s)")
+        if self.spec.tracking == "mlflow":
+            notes.append(tracking_setup.plan_note(self.spec))
         if self.spec.autoscaling:
             files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
         else:
@@ -194,7 +206,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         scale = self._client.limits.scale if self._client else api.Limits.from_env().scale
         data = autoscale.config(self.spec, state.cluster_id if state else identity.ID_PLACEHOLDER,
                                 state.owner if state else "<owner>", region, key, rulesets, types,
-                                scale)
+                                scale, str(head.private_ip or head.ip) if head else None)
         text = autoscale.render(data)
         # Ray's defaults for external providers bring empty legacy keys it then warns about.
         logging.getLogger("ray.autoscaler._private.util").setLevel(logging.ERROR)
@@ -219,17 +231,21 @@ class Provider(BaseProvider[Spec, Capacity]):
     def _render(self, state: State | None, nodes: dict[str, api.Instance] | None = None) -> str:
         """The Ray config: real addresses when known, else placeholders that say so."""
         ips: dict[str, str] = {}
+        private: dict[str, str] = {}
         for r in state.resources(fleet.INSTANCE) if state else []:
             key = fleet.slot_key(str(r.attrs.get("name")), r.attrs)
             if r.attrs.get("ip") and key:
                 ips[key] = str(r.attrs["ip"])
+                private[key] = str(r.attrs.get("private_ip") or r.attrs["ip"])
         for key, inst in (nodes or {}).items():
             ips[key] = str(inst.ip)
+            private[key] = str(inst.private_ip or inst.ip)
         slots = self._slots(state)
         head = ips.get(slots[0].key, "HEAD_IP_AFTER_LAUNCH")
         workers = [ips.get(s.key, f"WORKER_{s.index}_IP_AFTER_LAUNCH") for s in slots[1:]]
         text = raycluster.render_config(self.spec, head, workers, self._key_path(),
-                                        state.cluster_id if state is not None else identity.ID_PLACEHOLDER)
+                                        state.cluster_id if state is not None else identity.ID_PLACEHOLDER,
+                                        private.get(slots[0].key))
         render.validate_ray_cluster_config(text, f"templates/lambda.yaml.j2 for {self.spec.name}")
         return text
 
@@ -319,6 +335,8 @@ class Provider(BaseProvider[Spec, Capacity]):
         state.set_info(head_ip=head.ip, address=f"{head.ip}:{raycluster.GCS_PORT}",
                        dashboard_url=f"http://127.0.0.1:{raycluster.DASHBOARD_PORT}")
         expected = {name: {str(i.ip), str(i.private_ip)} for name, i in nodes.items()}
+        if self.spec.tracking == "mlflow":
+            tracking.ensure_credentials(self.spec.name)  # Ray's file_mounts copy it to every node
         if not self._all_alive(head_target, expected, auth.token_file(state)):
             raycluster.ray_up(self.spec, path, auth.client_env(state))
             workers = {s.name: str(nodes[s.key].ip) for s in slots[1:]}
@@ -331,6 +349,7 @@ class Provider(BaseProvider[Spec, Capacity]):
                                           auth.token_file(state))
         else:
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
+        tracking_setup.start(self.spec, state, self.client(), head_target, head)
         autodown_setup.install(self.spec, state, head_target, head.id, self.client())
         return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
                         "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
@@ -358,6 +377,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         minimum = sum(k.min_workers for k in (self.spec.worker_types or {}).values())
         with raycluster.dashboard_tunnel(target) as url:
             raycluster.wait_workers(url, minimum, self.spec.ray_timeout_s, token)
+        tracking_setup.start(self.spec, state, client, target, head)
         autodown_setup.install(self.spec, state, target, head.id, client)
         return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
                         "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
@@ -502,10 +522,12 @@ class Provider(BaseProvider[Spec, Capacity]):
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
+        """Tunnels to the head: dashboard, tracking server, Serve (tracking_remote.connect)."""
         head_ip = self._head_ip(state)
-        with raycluster.dashboard_tunnel(self._target(str(head_ip))) as url:
-            yield Endpoint(url, f"{head_ip}:{raycluster.GCS_PORT}", tunneled=True,
-                           token_path=auth.token_file(state))
+        with tracking_remote.connect(state, self._target(head_ip), raycluster.DASHBOARD_PORT,
+                                     f"{head_ip}:{raycluster.GCS_PORT}",
+                                     auth.token_file(state)) as endpoint:
+            yield endpoint
 
     # --- teardown -------------------------------------------------------------------------------
 
@@ -521,6 +543,9 @@ class Provider(BaseProvider[Spec, Capacity]):
         fleet.adopt_orphans(client, state, "teardown")
         heads = [r.id for r in state.resources(fleet.INSTANCE)
                  if fleet.slot_key(str(r.attrs.get("name")), r.attrs) == "head"]
+        head_ip = state.info.get("head_ip")
+        tracking_setup.save(self.spec, state, client, heads,
+                            self._target(str(head_ip)) if head_ip else None)
         if self.spec.autoscaling and heads:
             fleet.terminate(client, state, heads)
         quiet_since = None
@@ -541,7 +566,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         fleet.delete_ssh_keys(client, self.spec, state)
         firewall.delete(client, state)
         if not self.spec.ssh_key_name:
-            shutil.rmtree(paths.keys_dir(self.spec.name), ignore_errors=True)
+            tracking_remote.remove_keys(state, paths.keys_dir(self.spec.name))
         self._forget_launcher_state(state)
         state.clear_info()
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, paths, render, ssh, ui, versions
+from infra import auth, jobs, paths, render, ssh, tracking, tracking_remote, ui, versions
 from infra.errors import ProviderError
 
 if TYPE_CHECKING:
@@ -50,11 +50,20 @@ def activate(spec: Spec) -> str:
 NODE_TOKEN = "$HOME/" + auth.NODE_TOKEN_PATH.removeprefix("~/")
 
 
-def node_env_prefix(spec: Spec) -> str:
-    """`VAR=value ` words that make `ray start` use token auth with the node's 0600 token file."""
+#: Before the head exists (`plan`), the tracking server's address in rendered files says so.
+HEAD_PRIVATE_IP_PLACEHOLDER = "HEAD_PRIVATE_IP_AFTER_LAUNCH"
+
+
+def node_env_prefix(spec: Spec, head_private_ip: str | None = None) -> str:
+    """`VAR=value ` words that make `ray start` use token auth with the node's 0600 token file
+    and, with `tracking: mlflow`, find the head's tracking server (password read from the node's
+    0600 copy when Ray starts: tracking_remote.node_env_prefix)."""
+    words = ""
+    if spec.tracking == "mlflow":
+        words = tracking_remote.node_env_prefix(head_private_ip or HEAD_PRIVATE_IP_PLACEHOLDER)
     if spec.auth != "token":
-        return "RAY_AUTH_MODE=disabled "
-    return "".join(f"{key}={value} " for key, value in auth.node_env(NODE_TOKEN).items())
+        return words + "RAY_AUTH_MODE=disabled "
+    return words + "".join(f"{key}={value} " for key, value in auth.node_env(NODE_TOKEN).items())
 
 
 def ray_cluster_name(spec: Spec, cluster_id: str) -> str:
@@ -65,12 +74,15 @@ def ray_cluster_name(spec: Spec, cluster_id: str) -> str:
 
 
 def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Path,
-                  cluster_id: str) -> str:
+                  cluster_id: str, head_private_ip: str | None = None) -> str:
     file_mounts: dict[str, str] = {}
     if spec.auth == "token":
         # Ray copies the local 0600 file (rsync keeps the mode); the token itself is never in
         # this file, which Ray copies to the head and logs.
         file_mounts[auth.NODE_TOKEN_PATH] = str(auth.token_path(spec.name))
+    if spec.tracking == "mlflow":
+        # The tracking password reaches every node the same way.
+        file_mounts[tracking_remote.NODE_PASSWORD_PATH] = str(tracking.password_path(spec.name))
     if spec.env == "none":
         setup: list[str] = []
     else:
@@ -88,7 +100,7 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         ssh_private_key=str(key_path), ssh_proxy_command=spec.ssh_proxy_command,
         file_mounts=file_mounts, setup_commands=setup, activate=activate(spec),
         gcs_port=GCS_PORT, dashboard_port=DASHBOARD_PORT, ray_start_extra=extra,
-        node_env=node_env_prefix(spec),
+        node_env=node_env_prefix(spec, head_private_ip),
     )
 
 

@@ -1,0 +1,41 @@
+"""This machine's side of `tracking: mlflow` on GCP: starting the server on the head at `up` and
+the copy before `teardown` (the mechanism is infra/tracking_remote.py, shared with Lambda; see
+NOTES.md "MLflow tracking"). The store lives on the head: this provider has no durable storage in
+its spec yet."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from infra import tracking_remote
+from infra.providers.gcp_tpu import autodown_setup
+
+if TYPE_CHECKING:
+    from infra import ssh
+    from infra.node.gcp_tpu.api import Gcp
+    from infra.providers.gcp_tpu.spec import Spec
+    from infra.state import Resource, State
+
+
+def plan_note(spec: Spec) -> str:
+    return tracking_remote.plan_note(spec.name, "internal")
+
+
+def start(spec: Spec, state: State, target: ssh.SshTarget, internal_ip: str) -> None:
+    """On the head's internal address: the nodes reach it there; no firewall rule opens it."""
+    if spec.tracking != "mlflow":
+        return
+    tracking_remote.start(state, target, internal_ip,
+                          tracking_remote.HeadStore(tracking_remote.HEAD_STORE),
+                          python=autodown_setup.HEAD_PYTHON)
+
+
+def save(state: State, api: Gcp, head: Resource | None, target: ssh.SshTarget | None) -> None:
+    """Before any node goes: the head's store copied here, or one line why not."""
+    if not state.info.get("tracking_head_store"):
+        return
+    if head is None or target is None or not autodown_setup.nodes_left(api, head):
+        tracking_remote.save_before_teardown(
+            state, None, "the head is already gone (autodown, or removed by hand)")
+        return
+    tracking_remote.save_before_teardown(state, target, python=autodown_setup.HEAD_PYTHON)
