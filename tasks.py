@@ -262,13 +262,19 @@ def check(c: Context, json: bool = False, timeout: float = 30.0) -> int:
     return checking.run(json, timeout)
 
 
-@task(help=CLUSTER_HELP)
+@task(help={**CLUSTER_HELP,
+            "copy": "Copy the cluster's tracking data (runs, metrics, models, artifacts) from a "
+                    "cloud head to .rayfleet/tracking/<cluster>/ now, and exit."})
 @_one_line_errors
-def mlflow(c: Context, provider: str | None = None, cluster: str | None = None) -> None:
+def mlflow(c: Context, provider: str | None = None, cluster: str | None = None,
+           copy: bool = False) -> None:
     """Print the MLflow UI's URL and how to log in; for remote clusters, keep a tunnel open."""
     from infra import commands_serve
 
-    commands_serve.mlflow(provider, cluster)
+    if copy:
+        commands_serve.copy_tracking(provider, cluster)
+    else:
+        commands_serve.mlflow(provider, cluster)
 
 
 @task(name="serve-deploy", help={

@@ -59,6 +59,20 @@ def env(provider: str | None, cluster: str | None, close: bool) -> None:
             f"`invoke exec{flag} -- ray status`")
 
 
+def forward(provider: str | None, cluster: str | None, name: str, port: int) -> int:
+    """The local port of the cluster's detached tunnel (the one `invoke env` opens) that reaches
+    `port` on the head's loopback, opening or growing that tunnel; for URLs printed for other
+    programs, which must outlive this command (`invoke serve-url`)."""
+    selected, impl = _select(provider, cluster)
+    access = impl.head_access(_running(selected))
+    if access.target is None:
+        return port  # the head is this machine
+    local, pid, reused = tunnels.open_tunnel(selected.name, access.target, {name: port})
+    ui.info(f"tunnel to {access.where} {'still open' if reused else 'opened'} (pid {pid}; "
+            f"`invoke env{_cluster_flag(selected)} --close` or `invoke teardown` ends it)")
+    return local[name]
+
+
 def shell(provider: str | None, cluster: str | None) -> int:
     """A shell on the head (local: here, in the cluster's Ray environment)."""
     name, access = _access(provider, cluster)

@@ -5,12 +5,13 @@ Plain functions over `commands.connect` (a tunnel for remote clusters), like the
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
-from infra import commands, serve, tracking, ui
+from infra import access, commands, serve, state, tracking, ui
 from infra.endpoint import Endpoint
-from infra.errors import UsageError
+from infra.errors import ClusterNotRunningError, UsageError
 
 #: How long `invoke mlflow` waits for a tracking server that may still be starting.
 STARTUP_GRACE_S = 30.0
@@ -42,6 +43,23 @@ def mlflow(provider: str | None, cluster: str | None) -> None:
         commands.hold_tunnel(endpoint)
 
 
+def copy_tracking(provider: str | None, cluster: str | None) -> None:
+    """A copy of a cloud head's tracking store on this machine, now (`invoke mlflow --copy`): the
+    store goes with the cluster at autodown, which cannot copy to a closed laptop."""
+    selected, impl = commands._select(provider, cluster)
+    if selected.tracking == "none":
+        raise UsageError("this cluster has no tracking server; add `tracking: mlflow` to its spec "
+                         "and run `invoke up` again")
+    with state.locked(selected.name, selected.provider, "mlflow --copy") as current:
+        if current.empty:
+            raise ClusterNotRunningError(f"cluster {selected.name!r} has no state; start it with "
+                                         "`invoke up`")
+        with ui.step("copying the head's MLflow store to this machine"):
+            path = impl.copy_tracking(current)
+    ui.out(f"tracking data copied to {path} (runs, metrics, models, artifacts)", markup=False,
+           soft_wrap=True)
+
+
 def serve_deploy(provider: str | None, cluster: str | None, target: str) -> None:
     working_dir = Path.cwd()
     config = serve.load(target, working_dir)
@@ -71,16 +89,19 @@ def serve_delete(provider: str | None, cluster: str | None, name: str) -> None:
 
 def serve_url(provider: str | None, cluster: str | None, name: str | None) -> None:
     with commands.connect(provider, cluster) as endpoint:
-        rows = serve.status(endpoint)
-        if name is not None:
-            rows = [r for r in rows if r["app"] == name]
-            if not rows:
-                raise UsageError(f"NAME {name}: no such Serve application")
-        if endpoint.serve_url is None:
+        if endpoint.serve_url is None or endpoint.serve_bind is None:
             raise UsageError("this provider offers no HTTP endpoint for Serve from here yet")
-        for row in rows:
-            ui.out(row["url"], markup=False)
+        if endpoint.tunneled:
+            # The URL goes to other programs (`python client.py "$(invoke serve-url)"`): it is
+            # the local end of the cluster's detached tunnel, which outlives this command.
+            port = access.forward(provider, cluster, "serve", endpoint.serve_bind[1])
+            endpoint = dataclasses.replace(endpoint, serve_url=f"http://127.0.0.1:{port}")
+        rows = serve.status(endpoint)
+    if name is not None:
+        rows = [r for r in rows if r["app"] == name]
         if not rows:
-            ui.out(endpoint.serve_url, markup=False)
-        # A remote cluster's URL is the local end of this command's tunnel: keep it open.
-        commands.hold_tunnel(endpoint)
+            raise UsageError(f"NAME {name}: no such Serve application")
+    for row in rows:
+        ui.out(row["url"], markup=False)
+    if not rows:
+        ui.out(endpoint.serve_url, markup=False)

@@ -201,9 +201,10 @@ def copy_note(state: State) -> str | None:
         return f"tracking data on {durable} ({state.info['tracking_head_store']}): survives teardown"
     copied = state.info.get("tracking_copied_at")
     if copied:
-        return f"tracking data last copied at {copied} to {tracking.local_store(state.cluster)}"
+        return (f"tracking data last copied at {copied} to {tracking.local_store(state.cluster)} "
+                "(`invoke mlflow --copy` copies it again)")
     return ("tracking data never copied to this machine: it goes with the cluster at autodown; "
-            "`invoke teardown` copies it first")
+            "`invoke mlflow --copy` copies it now, `invoke teardown` first")
 
 
 @contextlib.contextmanager

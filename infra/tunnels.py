@@ -48,15 +48,27 @@ def _read(cluster: str) -> dict[str, object] | None:
 def open_tunnel(cluster: str, target: ssh.SshTarget, remote_ports: dict[str, int],
                 timeout: float = 30.0) -> tuple[dict[str, int], int, bool]:
     """Forward a free local port to each of `remote_ports` (name -> port on the head's loopback),
-    detached from this process. Returns (name -> local port, pid, reused)."""
+    detached from this process. Returns (name -> local port, pid, reused).
+
+    One tunnel per cluster serves every caller: a running one that already forwards these ports
+    is reused; one that lacks some is replaced by one forwarding both sets, on the same local
+    ports where they are still free, so a shell that evaluated `invoke env` keeps working after
+    `invoke serve-url` added Serve's port."""
     record = _read(cluster)
-    if (record is not None and _alive(record) and record.get("target") == str(target)
-            and record.get("remote") == remote_ports):
+    same_target = record is not None and _alive(record) and record.get("target") == str(target)
+    if record is not None and same_target:
+        recorded_remote = {str(k): int(v) for k, v in dict(record["remote"]).items()}  # type: ignore[call-overload]
         ports = {str(k): int(v) for k, v in dict(record["local"]).items()}  # type: ignore[call-overload]
-        if all(rayproc.port_answers("127.0.0.1", p) for p in ports.values()):
-            return ports, int(record["pid"]), True  # type: ignore[call-overload]
+        if (all(recorded_remote.get(k) == v for k, v in remote_ports.items())
+                and all(rayproc.port_answers("127.0.0.1", p) for p in ports.values())):
+            return {k: ports[k] for k in remote_ports}, int(record["pid"]), True  # type: ignore[call-overload]
+        kept = {k: v for k, v in recorded_remote.items() if k not in remote_ports}
+        remote_ports = {**kept, **remote_ports}
+        previous = ports
+    else:
+        previous = {}
     close(cluster)
-    local = {name: rayproc.free_port() for name in remote_ports}
+    local = {name: _reusable(previous.get(name)) for name in remote_ports}
     forwards = [arg for name, port in remote_ports.items()
                 for arg in ("-L", f"127.0.0.1:{local[name]}:127.0.0.1:{port}")]
     argv = ["ssh", "-N", *ssh.openssh_options(target), "-o", "ExitOnForwardFailure=yes",
@@ -81,6 +93,17 @@ def open_tunnel(cluster: str, target: ssh.SshTarget, remote_ports: dict[str, int
     path.write_text(json.dumps({"pid": process.pid, "argv": argv, "target": str(target),
                                 "remote": remote_ports, "local": local}) + "\n")
     return local, process.pid, False
+
+
+def _reusable(port: int | None) -> int:
+    """`port` again when nothing listens on it (the tunnel it belonged to has just ended), else a
+    free one."""
+    deadline = time.monotonic() + 2.0
+    while port is not None and time.monotonic() < deadline:
+        if not rayproc.port_answers("127.0.0.1", port, timeout=0.2):
+            return port
+        time.sleep(0.1)
+    return rayproc.free_port()
 
 
 def close(cluster: str) -> bool:

@@ -13,13 +13,14 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
 from infra import autodown_view, ui
 from infra.autodown_view import AutodownView
 from infra.endpoint import Endpoint
-from infra.errors import RayfleetError
+from infra.errors import RayfleetError, UsageError
 from infra.head import HeadAccess
 from infra.spec import ClusterSpec
 from infra.state import Resource, State
@@ -293,6 +294,15 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
     #: True when `up` starts an MLflow tracking server (infra/tracking.py) for `tracking: mlflow`
     #: and its endpoints carry `tracking_url`.
     supports_tracking: ClassVar[bool] = False
+
+    def copy_tracking(self, state: State) -> Path:
+        """Copy the tracking store from the head to `.rayfleet/tracking/<cluster>/` now, while the
+        cluster runs (`invoke mlflow --copy`), and return where it is. Only a provider whose store
+        lives on a machine that goes with the cluster has a copy to make; the others keep it
+        where this machine or a shared file system already holds it."""
+        where = state.info.get("tracking_store") or state.info.get("tracking_head_store")
+        raise UsageError(f"cluster {state.cluster!r} keeps its tracking data in {where or 'its store'}"
+                         ", which outlives the cluster: there is nothing to copy")
 
     def cost_range(self, plan: Plan[ExtraT] | None) -> CostRange | None:
         """$/h at the spec's minimum and maximum size, for `plan` and `up`; read-only, no request.

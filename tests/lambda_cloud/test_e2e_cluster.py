@@ -88,6 +88,18 @@ def test_up_submit_status_teardown_on_the_testbed(
         assert "tracking: http://127.0.0.1:" in text.stdout and "(2 runs;" in text.stdout, text.stdout
         assert "tracking data never copied" in text.stdout, text.stdout
 
+        # `invoke mlflow --copy` copies the head's store here while the cluster runs (autodown
+        # cannot), and `status` then says when.
+        copied = run_invoke("mlflow", "--copy", "--cluster", str(spec), timeout=300)
+        assert copied.returncode == 0, copied.stdout + copied.stderr
+        store = rf_home / "tracking" / CLUSTER
+        assert f"tracking data copied to {store}" in copied.stdout, copied.stdout
+        with sqlite3.connect(store / "mlflow.db") as db:
+            assert db.execute("select count(*) from runs").fetchone()[0] == 2
+        report = json.loads(run_invoke("status", "--cluster", str(spec), "--json",
+                                       timeout=120).stdout)
+        assert report["tracking_copied_at"] and "last copied at" in report["tracking_copy"], report
+
         # `invoke mlflow` holds a tunnel to the head's server: the worker's run is there, and
         # nothing answers without the login.
         password = rf_home / "keys" / CLUSTER / "mlflow-password"
@@ -111,25 +123,21 @@ def test_up_submit_status_teardown_on_the_testbed(
             ui.send_signal(signal.SIGINT)
             ui.wait(timeout=30)
 
-        # Serve's HTTP endpoint through the tunnel `invoke serve-url` holds; its replica found the
-        # tracking server in the node's environment too.
+        # Serve's HTTP endpoint through the cluster's detached tunnel, which outlives
+        # `invoke serve-url` (its URL goes to other programs); its replica found the tracking
+        # server in the node's environment too.
         deploy = run_invoke("serve-deploy", "--cluster", str(spec), "tests.data.hello_serve:app",
                             timeout=300)
         assert deploy.returncode == 0, deploy.stdout + deploy.stderr
-        served = subprocess.Popen([sys.executable, "-m", "invoke", "serve-url", "--cluster",
-                                   str(spec), "--name", "hello-serve"], cwd=ROOT,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert served.stdout is not None
-            app_url = served.stdout.readline().strip()
-            assert app_url.startswith("http://127.0.0.1:"), app_url
-            answer = requests.get(app_url, timeout=30).json()
-            assert answer["host"] in {host.hostname for host in bed.hosts}, answer
-            assert answer["tracking_uri"] == f"http://{bed.hosts[0].ip}:5000", answer
-            assert answer["has_password"] is True, answer
-        finally:
-            served.send_signal(signal.SIGINT)
-            served.wait(timeout=30)
+        served = run_invoke("serve-url", "--cluster", str(spec), "--name", "hello-serve",
+                            timeout=120)
+        assert served.returncode == 0, served.stdout + served.stderr
+        app_url = served.stdout.strip().splitlines()[-1]
+        assert app_url.startswith("http://127.0.0.1:"), app_url
+        answer = requests.get(app_url, timeout=30).json()
+        assert answer["host"] in {host.hostname for host in bed.hosts}, answer
+        assert answer["tracking_uri"] == f"http://{bed.hosts[0].ip}:5000", answer
+        assert answer["has_password"] is True, answer
 
         # The password is on no command line of any host, in no rendered file, state or log.
         for host in bed.hosts:

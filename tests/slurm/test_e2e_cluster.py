@@ -75,7 +75,7 @@ def _submit_tracked_job(tmp_path: Path, spec: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _held_tunnel(*args: str) -> Iterator[str]:
-    """`invoke ARGS` (mlflow, serve-url): the URL it prints, while its tunnel is held open."""
+    """`invoke ARGS` (mlflow): the URL it prints, while its tunnel is held open."""
     tunnel = subprocess.Popen([sys.executable, "-m", "invoke", *args],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "PATH": f"{ray_bin_dir()}:/usr/bin:/bin"})
@@ -137,8 +137,13 @@ def _check_serve(tmp_path: Path, spec: Path) -> None:
                       cwd=folder, env={"PATH": f"{ray_bin_dir()}:{os.environ.get('PATH', '')}"},
                       timeout=600)
     ok(done)
-    with _held_tunnel("serve-url", "--cluster", str(spec), "--name", "where") as url:
-        answer = requests.get(url, timeout=30)
+    # The URL outlives the command (`"$(invoke serve-url)"` in a script): the cluster's detached
+    # tunnel, the same one on a second call; teardown ends it.
+    env = {"PATH": f"{ray_bin_dir()}:{os.environ.get('PATH', '')}"}
+    urls = [ok(run_invoke("serve-url", "--cluster", str(spec), "--name", "where", env=env,
+                          timeout=120)).strip().splitlines()[-1] for _ in range(2)]
+    assert urls[0] == urls[1] and urls[0].startswith("http://127.0.0.1:"), urls
+    answer = requests.get(urls[0], timeout=30)
     assert answer.status_code == 200, answer.text
     assert answer.json()["tracking"].startswith("http://"), answer.json()
 

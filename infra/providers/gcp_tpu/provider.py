@@ -475,6 +475,11 @@ class Provider(BaseProvider[Spec, Preflight]):
                                          "up` again to restore access, or `invoke teardown`")
         return cluster
 
+    def copy_tracking(self, state: State) -> Path:
+        if not state.info.get("tracking_head_store"):
+            return super().copy_tracking(state)
+        return tracking_setup.copy_now(state, self._head_target(self._reachable_head(state)))
+
     def head_access(self, state: State) -> HeadAccess:
         cluster = self._reachable_head(state)
         target = self._head_target(cluster)

@@ -11,6 +11,8 @@ from infra import tracking_remote
 from infra.providers.gcp_tpu import autodown_setup
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from infra import ssh
     from infra.node.gcp_tpu.api import Gcp
     from infra.providers.gcp_tpu.spec import Spec
@@ -39,3 +41,8 @@ def save(state: State, api: Gcp, head: Resource | None, target: ssh.SshTarget | 
             state, None, "the head is already gone (autodown, or removed by hand)")
         return
     tracking_remote.save_before_teardown(state, target, python=autodown_setup.HEAD_PYTHON)
+
+
+def copy_now(state: State, target: ssh.SshTarget) -> Path:
+    """`invoke mlflow --copy`: the head's store copied here while the cluster runs."""
+    return tracking_remote.copy_back(target, state, python=autodown_setup.HEAD_PYTHON)

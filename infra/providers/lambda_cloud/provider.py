@@ -514,6 +514,11 @@ class Provider(BaseProvider[Spec, Capacity]):
                                          "start it with `invoke up`")
         return str(head_ip)
 
+    def copy_tracking(self, state: State) -> Path:
+        if not state.info.get("tracking_head_store"):
+            return super().copy_tracking(state)
+        return tracking_setup.copy_now(self.spec, state, self._target(self._head_ip(state)))
+
     def head_access(self, state: State) -> HeadAccess:
         target = self._target(self._head_ip(state))
         return HeadAccess(target, str(target), auth.head_env(state, auth.NODE_TOKEN_PATH),

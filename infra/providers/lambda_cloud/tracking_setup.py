@@ -11,6 +11,8 @@ from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import autodown_setup, raycluster
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from infra import ssh
     from infra.providers.lambda_cloud.spec import Spec
     from infra.state import State
@@ -57,3 +59,9 @@ def save(spec: Spec, state: State, client: api.LambdaClient, heads: list[str],
         return
     tracking_remote.save_before_teardown(state, target, python=autodown_setup.HEAD_PYTHON,
                                          activate=raycluster.activate(spec))
+
+
+def copy_now(spec: Spec, state: State, target: ssh.SshTarget) -> Path:
+    """`invoke mlflow --copy`: the head's store copied here while the cluster runs."""
+    return tracking_remote.copy_back(target, state, python=autodown_setup.HEAD_PYTHON,
+                                     activate=raycluster.activate(spec))
