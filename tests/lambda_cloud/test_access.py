@@ -158,3 +158,42 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().split()[2]
     except OSError:
         return "Z"
+
+
+def test_a_serve_forward_joins_the_env_tunnel_on_the_same_local_ports(
+        spec: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`invoke serve-url` prints a URL for other programs: it needs the detached tunnel, and adding
+    Serve's port to it must not move the ports a shell got from `invoke env` earlier."""
+    from infra import access, tunnels
+    from infra.providers.lambda_cloud import raycluster
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dashboard) for _ in range(3)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(raycluster, "DASHBOARD_PORT", servers[0].server_address[1])
+    monkeypatch.setattr(raycluster, "CLIENT_PORT", servers[1].server_address[1])
+    serve_port = servers[2].server_address[1]
+    try:
+        access.env(None, str(spec), close=False)
+        values = dict(item.split("=", 1) for item in capsys.readouterr().out.split()[1:])
+        first_pid = json.loads(tunnels.record_path(CLUSTER).read_text())["pid"]
+
+        local = access.forward(None, str(spec), "serve", serve_port)
+        assert "opened" in capsys.readouterr().err
+        assert requests.get(f"http://127.0.0.1:{local}/x", timeout=5).json() == {"path": "/x"}
+        api = values["RAY_API_SERVER_ADDRESS"]
+        assert requests.get(f"{api}/api/version", timeout=5).json() == {"path": "/api/version"}
+        record = json.loads(tunnels.record_path(CLUSTER).read_text())
+        assert record["pid"] != first_pid and _gone(first_pid), "one tunnel per cluster"
+        assert set(record["remote"]) == {"dashboard", "client", "serve"}
+
+        # Both callers now reuse it as it is.
+        assert access.forward(None, str(spec), "serve", serve_port) == local
+        assert "still open" in capsys.readouterr().err
+        access.env(None, str(spec), close=False)
+        assert dict(item.split("=", 1) for item in capsys.readouterr().out.split()[1:]) == values
+        assert json.loads(tunnels.record_path(CLUSTER).read_text())["pid"] == record["pid"]
+    finally:
+        tunnels.close(CLUSTER)
+        for server in servers:
+            server.shutdown()
