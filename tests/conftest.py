@@ -7,6 +7,7 @@ GCE metadata server (pointed at a closed loopback port), and every test gets its
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,6 +37,12 @@ for _terminal_var in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE"):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A run started as a background job of a non-interactive shell (`cmd &`, `nohup`) inherits
+    # SIGINT ignored, and so would every `invoke` the tests start: the tests that press Ctrl+C
+    # (`invoke dashboard`/`mlflow` tunnels, Ctrl+C during `up`) would wait for an exit that never
+    # comes. A handler (unlike SIG_IGN) is reset to the default in every program started from here.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     config.addinivalue_line(
         "markers", "ci_may_skip: this test may skip in CI (e.g. it needs an accelerator)"
     )
