@@ -125,38 +125,32 @@ def copy_back(target: ssh.SshTarget, state: State, python: str = "python3",
     store = state.info.get("tracking_head_store")
     if not store:
         raise RayfleetError("no tracking store recorded for this cluster")
+    final = tracking.local_store(state.cluster)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # One SFTP session for the node package going up and the snapshot coming down.
     client = ssh.connect(target)
     try:
         sftp = client.open_sftp()
         remote_zip = shipping.upload(sftp)
-        sftp.close()
-    finally:
-        client.close()
-    command = (f'{activate}PYTHONPATH="$HOME/{remote_zip}" "{python}" -m '
-               f"infra.node.tracking_snapshot --store {shlex.quote(store)} "
-               f"--out {_home_path(HEAD_SNAPSHOT)}")
-    ssh.run(target, command, timeout=600, check=True)
-    final = tracking.local_store(state.cluster)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{state.cluster}-") as tmp:
-        tar_path = Path(tmp) / "snapshot.tar"
-        client = ssh.connect(target)
-        try:
-            sftp = client.open_sftp()
+        command = (f'{activate}PYTHONPATH="$HOME/{remote_zip}" "{python}" -m '
+                   f"infra.node.tracking_snapshot --store {shlex.quote(store)} "
+                   f"--out {_home_path(HEAD_SNAPSHOT)}")
+        ssh.run(target, command, timeout=600, check=True)
+        with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{state.cluster}-") as tmp:
+            tar_path = Path(tmp) / "snapshot.tar"
             sftp.get(HEAD_SNAPSHOT, str(tar_path))
             with contextlib.suppress(OSError):
                 sftp.remove(HEAD_SNAPSHOT)
-            sftp.close()
-        finally:
-            client.close()
-        unpacked = Path(tmp) / "store"
-        unpacked.mkdir()
-        with tarfile.open(tar_path) as tar:
-            tar.extractall(unpacked, filter="data")
-        old = Path(tmp) / "old"
-        if final.exists():
-            final.rename(old)
-        unpacked.rename(final)
+            unpacked = Path(tmp) / "store"
+            unpacked.mkdir()
+            with tarfile.open(tar_path) as tar:
+                tar.extractall(unpacked, filter="data")
+            if final.exists():
+                final.rename(Path(tmp) / "old")
+            unpacked.rename(final)
+        sftp.close()
+    finally:
+        client.close()
     state.set_info(tracking_copied_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     return final
 

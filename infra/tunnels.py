@@ -55,8 +55,7 @@ def open_tunnel(cluster: str, target: ssh.SshTarget, remote_ports: dict[str, int
     ports where they are still free, so a shell that evaluated `invoke env` keeps working after
     `invoke serve-url` added Serve's port."""
     record = _read(cluster)
-    same_target = record is not None and _alive(record) and record.get("target") == str(target)
-    if record is not None and same_target:
+    if record is not None and _alive(record) and record.get("target") == str(target):
         recorded_remote = {str(k): int(v) for k, v in dict(record["remote"]).items()}  # type: ignore[call-overload]
         ports = {str(k): int(v) for k, v in dict(record["local"]).items()}  # type: ignore[call-overload]
         if (all(recorded_remote.get(k) == v for k, v in remote_ports.items())

@@ -6,6 +6,7 @@ GCE metadata server (pointed at a closed loopback port), and every test gets its
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -149,6 +150,23 @@ def rf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "rayfleet-home"
     monkeypatch.setenv("RAYFLEET_HOME", str(home))
     return home
+
+
+@contextlib.contextmanager
+def held_url(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`invoke ARGS` that prints a URL and holds its tunnel until Ctrl+C (`dashboard`, `mlflow`):
+    the URL, while the command runs; Ctrl+C at the end, as a user would."""
+    held = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=ROOT,
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout is not None
+        url = held.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), (url, held.stderr and held.stderr.read())
+        yield url
+    finally:
+        held.send_signal(signal.SIGINT)
+        held.wait(timeout=30)
 
 
 def run_invoke(*args: str, env: dict[str, str] | None = None, timeout: float = 300,

@@ -12,7 +12,9 @@ import contextlib
 import errno
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from infra.node.errors import WriteError
 
@@ -35,23 +37,21 @@ def write_error(path: Path | str, exc: OSError) -> WriteError:
     return WriteError(f"cannot write {path}: {fix}")
 
 
-def atomic_write(path: Path | str, data: str | bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` (text is UTF-8), created with `mode`, all or nothing."""
+@contextlib.contextmanager
+def atomic_file(path: Path | str, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """`atomic_write` for content written as a stream (a tar of a store, say): the block writes to
+    the yielded file, and `path` is replaced only when the block ends without an error."""
     path = Path(path)
-    raw = data.encode() if isinstance(data, str) else data
     # Per process and thread: two writers of one file never share a temporary one.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            os.fchmod(fd, mode)  # the umask may have narrowed it; set before any content
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        os.fchmod(fd, mode)  # the umask may have narrowed it; set before any content
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
@@ -68,3 +68,9 @@ def atomic_write(path: Path | str, data: str | bytes, mode: int = 0o644) -> None
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def atomic_write(path: Path | str, data: str | bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` (text is UTF-8), created with `mode`, all or nothing."""
+    with atomic_file(path, mode) as handle:
+        handle.write(data.encode() if isinstance(data, str) else data)

@@ -64,8 +64,7 @@ class ServerConfig:
 
 
 def write_config(path: Path, config: ServerConfig) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(config), indent=2))
+    atomic_write(path, json.dumps(asdict(config), indent=2))
 
 
 def node_env(url: str, password_file: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -95,7 +94,8 @@ def server_command(config: ServerConfig) -> list[str]:
 def _auth_ini(store: Path) -> Path:
     """MLflow's auth config: no secret in it (the admin password comes from the environment)."""
     path = store / "basic_auth.ini"
-    path.write_text(
+    atomic_write(
+        path,
         "[mlflow]\n"
         "default_permission = NO_PERMISSIONS\n"
         f"database_uri = sqlite:///{store / 'auth.db'}\n"

@@ -11,12 +11,13 @@ over SFTP and unpacks it into `.rayfleet/tracking/<cluster>/` on the user's mach
 from __future__ import annotations
 
 import argparse
-import os
 import sqlite3
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+from infra.node.files import atomic_file
 
 #: The backend store's file inside a store dir (infra/node/tracking.server_command).
 DB_FILE = "mlflow.db"
@@ -37,14 +38,11 @@ def snapshot(store: Path, out: Path) -> None:
             finally:
                 target.close()
                 source.close()
-        partial = out.with_name(out.name + ".partial")
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle, tarfile.open(fileobj=handle, mode="w") as tar:
+        with atomic_file(out, 0o600) as handle, tarfile.open(fileobj=handle, mode="w") as tar:
             if copy.exists():
                 tar.add(copy, arcname=DB_FILE)
             if (store / ARTIFACTS).is_dir():
                 tar.add(store / ARTIFACTS, arcname=ARTIFACTS)
-        os.replace(partial, out)
 
 
 def main(argv: list[str] | None = None) -> int:

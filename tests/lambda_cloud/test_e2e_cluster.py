@@ -5,10 +5,7 @@ real Ray, a real MLflow tracking server on the head)."""
 from __future__ import annotations
 
 import json
-import signal
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +13,7 @@ import pytest
 import requests
 import yaml
 
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import held_url, run_invoke
 from tests.lambda_cloud.autoscale_bed import RAY_PROCESSES, power_off
 from tests.lambda_cloud.conftest import API_KEY, SCALE, assert_clean, read_state
 from tests.lambda_cloud.fake_api import FakeLambda
@@ -105,12 +102,7 @@ def test_up_submit_status_teardown_on_the_testbed(
         password = rf_home / "keys" / CLUSTER / "mlflow-password"
         assert password.stat().st_mode & 0o777 == 0o600
         secret = password.read_text().strip()
-        ui = subprocess.Popen([sys.executable, "-m", "invoke", "mlflow", "--cluster", str(spec)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert ui.stdout is not None
-            url = ui.stdout.readline().strip()
-            assert url.startswith("http://127.0.0.1:"), url
+        with held_url("mlflow", "--cluster", str(spec)) as url:
             run = requests.get(f"{url}/api/2.0/mlflow/runs/get", params={"run_id": worker_run},
                                auth=("rayfleet", secret), timeout=10).json()["run"]
             assert run["data"]["metrics"][0]["key"] == "answer", run
@@ -119,9 +111,6 @@ def test_up_submit_status_teardown_on_the_testbed(
             refused = requests.get(f"{url}/api/2.0/mlflow/runs/get", params={"run_id": worker_run},
                                    timeout=10)
             assert refused.status_code == 401, refused.text
-        finally:
-            ui.send_signal(signal.SIGINT)
-            ui.wait(timeout=30)
 
         # Serve's HTTP endpoint through the cluster's detached tunnel, which outlives
         # `invoke serve-url` (its URL goes to other programs); its replica found the tracking
@@ -153,12 +142,7 @@ def test_up_submit_status_teardown_on_the_testbed(
             assert found == [], found
 
         # `invoke dashboard` keeps a tunnel to the head's dashboard open until Ctrl+C.
-        tunnel = subprocess.Popen([sys.executable, "-m", "invoke", "dashboard", "--cluster", str(spec)],
-                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert tunnel.stdout is not None
-            url = tunnel.stdout.readline().strip()
-            assert url.startswith("http://127.0.0.1:"), url
+        with held_url("dashboard", "--cluster", str(spec)) as url:
             # Token auth: without the cluster's token the job API refuses; with it, it answers.
             assert requests.get(f"{url}/api/jobs/", timeout=10).status_code == 401
             token = rf_home / "keys" / CLUSTER / "ray-token"
@@ -168,9 +152,6 @@ def test_up_submit_status_teardown_on_the_testbed(
             assert [j["status"] for j in jobs] == ["SUCCEEDED"]
             # The login reaches the job's tasks through the nodes, not through its runtime env.
             assert secret not in json.dumps(jobs)
-        finally:
-            tunnel.send_signal(signal.SIGINT)
-            tunnel.wait(timeout=30)
 
         # Teardown copies the tracking data here before it terminates anything.
         store = rf_home / "tracking" / CLUSTER

@@ -14,7 +14,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import pytest
 import requests
 
 from infra import auth
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT, held_url, run_invoke
 from tests.slurm.conftest import (
     Register,
     invoke,
@@ -73,22 +72,6 @@ def _submit_tracked_job(tmp_path: Path, spec: Path) -> dict[str, Any]:
     return dict(json.loads(lines[-1].removeprefix("TRACKED ")))
 
 
-@contextlib.contextmanager
-def _held_tunnel(*args: str) -> Iterator[str]:
-    """`invoke ARGS` (mlflow): the URL it prints, while its tunnel is held open."""
-    tunnel = subprocess.Popen([sys.executable, "-m", "invoke", *args],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, "PATH": f"{ray_bin_dir()}:/usr/bin:/bin"})
-    try:
-        assert tunnel.stdout is not None
-        url = tunnel.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), (url, tunnel.stderr and tunnel.stderr.read())
-        yield url
-    finally:
-        tunnel.send_signal(signal.SIGINT)
-        tunnel.wait(timeout=30)
-
-
 def _check_tracking(tmp_path: Path, rf_home: Path, spec: Path,
                     job: dict[str, Any]) -> dict[str, Any]:
     """Metrics logged on the worker's host land in the head's server, which wants the login."""
@@ -96,7 +79,8 @@ def _check_tracking(tmp_path: Path, rf_home: Path, spec: Path,
     [worker] = [n["hostname"] for n in job["nodes"] if not n.get("head")]
     assert tracked["host"] == worker, f"the task ran on {tracked['host']}, not on {worker}"
     password = (rf_home / "keys" / spec.stem / "mlflow-password").read_text().strip()
-    with _held_tunnel("mlflow", "--cluster", str(spec)) as url:
+    with held_url("mlflow", "--cluster", str(spec),
+                  env={"PATH": f"{ray_bin_dir()}:/usr/bin:/bin"}) as url:
         run = f"{url}/api/2.0/mlflow/runs/get"
         assert requests.get(run, params={"run_id": tracked["run_id"]},
                             timeout=10).status_code == 401

@@ -234,6 +234,14 @@ class Joiner:
             tail = " ".join((done.stderr or done.stdout).split())[-200:]
             raise RuntimeError(f"{what} exited {done.returncode}: {tail}")
 
+    def _send_secret(self, ssh: list[str], local: str, name: str, what: str) -> None:
+        """The head's copy of a secret into the host's ~/.rayfleet/<name> (0600) through the
+        session's stdin: never on a command line, never half-written."""
+        with _home(local).open("rb") as handle:
+            self._run([*ssh, "umask 077 && mkdir -p ~/.rayfleet && chmod 700 ~/.rayfleet && "
+                             f"cat > ~/.rayfleet/{name}.tmp && "
+                             f"mv ~/.rayfleet/{name}.tmp ~/.rayfleet/{name}"], what, stdin=handle)
+
     def join_host(self, qr_id: str, request: queued.SliceRequest, ip: str, worker: int) -> None:
         """Set one TPU host up and start Ray there, joined to this head."""
         ssh = self._ssh(qr_id, ip)
@@ -253,21 +261,14 @@ class Joiner:
         if token:
             # Through the session's stdin: the token is never on a command line or in a file
             # other than this 0600 one.
-            with _home(str(token)).open("rb") as handle:
-                self._run([*ssh, "umask 077 && mkdir -p ~/.rayfleet && chmod 700 ~/.rayfleet && "
-                                 "cat > ~/.rayfleet/ray-token.tmp && "
-                                 "mv ~/.rayfleet/ray-token.tmp ~/.rayfleet/ray-token"],
-                          f"sending the Ray token to {ip}", stdin=handle)
+            self._send_secret(ssh, str(token), "ray-token", f"sending the Ray token to {ip}")
             env += ' RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$HOME/.rayfleet/ray-token"'
         tracking = self.config.get("tracking_url")
         if tracking:
             # `tracking: mlflow`: the login the same way as the token; the start script reads it
             # from the host's 0600 copy, so it is on no command line.
-            with _home(str(self.config["tracking_password_path"])).open("rb") as handle:
-                self._run([*ssh, "umask 077 && mkdir -p ~/.rayfleet && chmod 700 ~/.rayfleet && "
-                                 "cat > ~/.rayfleet/mlflow-password.tmp && "
-                                 "mv ~/.rayfleet/mlflow-password.tmp ~/.rayfleet/mlflow-password"],
-                          f"sending the tracking login to {ip}", stdin=handle)
+            self._send_secret(ssh, str(self.config["tracking_password_path"]), "mlflow-password",
+                              f"sending the tracking login to {ip}")
             env += (f" MLFLOW_TRACKING_URI={shlex.quote(str(tracking))}"
                     f" MLFLOW_TRACKING_USERNAME={shlex.quote(str(self.config['tracking_user']))}"
                     ' MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")"')

@@ -115,11 +115,6 @@ def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
     }
 
 
-def _private_ip(head: api.Instance) -> str:
-    """The head's address as the other nodes reach it (its public one where none is listed)."""
-    return str(head.private_ip or head.ip)
-
-
 def install_command(spec: Spec) -> str:
     args = versions.install_args(spec.env, backend=spec.env_backend)
     return (f"bash {raycluster.REMOTE_SETUP}/install.sh {shlex.join(args)} "
@@ -186,7 +181,7 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
     if spec.env != "none":
         with ui.step("installing the node environment on the head"):
             ssh.run(target, install_command(spec), timeout=spec.ray_timeout_s, check=True)
-    start_command = head_start_command(spec, head.id, _private_ip(head))
+    start_command = head_start_command(spec, head.id, raycluster.private_address(head))
     with ui.step("starting Ray and the autoscaler on the head"):
         try:
             ssh.run(target, start_command, timeout=spec.ray_timeout_s, check=True)

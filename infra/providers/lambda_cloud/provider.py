@@ -206,7 +206,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         scale = self._client.limits.scale if self._client else api.Limits.from_env().scale
         data = autoscale.config(self.spec, state.cluster_id if state else identity.ID_PLACEHOLDER,
                                 state.owner if state else "<owner>", region, key, rulesets, types,
-                                scale, str(head.private_ip or head.ip) if head else None)
+                                scale, raycluster.private_address(head) if head else None)
         text = autoscale.render(data)
         # Ray's defaults for external providers bring empty legacy keys it then warns about.
         logging.getLogger("ray.autoscaler._private.util").setLevel(logging.ERROR)
@@ -239,7 +239,7 @@ class Provider(BaseProvider[Spec, Capacity]):
                 private[key] = str(r.attrs.get("private_ip") or r.attrs["ip"])
         for key, inst in (nodes or {}).items():
             ips[key] = str(inst.ip)
-            private[key] = str(inst.private_ip or inst.ip)
+            private[key] = raycluster.private_address(inst)
         slots = self._slots(state)
         head = ips.get(slots[0].key, "HEAD_IP_AFTER_LAUNCH")
         workers = [ips.get(s.key, f"WORKER_{s.index}_IP_AFTER_LAUNCH") for s in slots[1:]]

@@ -22,6 +22,7 @@ from infra import auth, jobs, paths, render, ssh, tracking, tracking_remote, ui,
 from infra.errors import ProviderError
 
 if TYPE_CHECKING:
+    from infra.node.lambda_cloud import api
     from infra.providers.lambda_cloud.spec import Spec
 
 GCS_PORT = 6379
@@ -48,6 +49,12 @@ def activate(spec: Spec) -> str:
 
 #: Where nodes keep the cluster's Ray token (auth.NODE_TOKEN_PATH, spelled for a shell).
 NODE_TOKEN = "$HOME/" + auth.NODE_TOKEN_PATH.removeprefix("~/")
+
+
+def private_address(instance: api.Instance) -> str:
+    """An instance's address as the cluster's other nodes reach it (its public one where Lambda
+    lists no private one)."""
+    return str(instance.private_ip or instance.ip)
 
 
 #: Before the head exists (`plan`), the tracking server's address in rendered files says so.

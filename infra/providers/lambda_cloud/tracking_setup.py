@@ -42,7 +42,7 @@ def start(spec: Spec, state: State, client: api.LambdaClient, target: ssh.SshTar
     """The tracking server on the head's private address (its public one where none is listed)."""
     if spec.tracking != "mlflow":
         return
-    tracking_remote.start(state, target, str(head.private_ip or head.ip), store(spec, client),
+    tracking_remote.start(state, target, raycluster.private_address(head), store(spec, client),
                           python=autodown_setup.HEAD_PYTHON, activate=raycluster.activate(spec))
 
 

@@ -209,7 +209,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
 
     def _ensure_tracking(self, state: State, block: rayproc.PortBlock,
                          new_head: bool = False) -> None:
-        """Start the MLflow tracking server (infra/tracking.py) unless it runs already.
+        """Start the MLflow tracking server (infra/node/tracking.py) unless it runs already.
 
         Its supervisor's config lives in the cluster's temp dir, which makes it one of the
         cluster's processes for teardown and autodown; the store lives in
