@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 import yaml
@@ -56,7 +57,15 @@ def test_busy_head_stays_idle_head_removes_the_whole_cluster(scaled: Scaled) -> 
     assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
     stopped = scaled.invoke("stop-job", job_id)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    status = scaled.invoke("status")  # caches the watcher's idle countdown on this machine
+    # `stop-job` returns once Ray reports the job STOPPED; its supervisor actor ends a moment
+    # later, and until then the watcher rightly counts the head busy (a CI run on a loaded
+    # machine caught "1 actor(s) alive"). So: the first `status` after the watcher's next check
+    # without it, which also caches the idle countdown on this machine.
+    def idle_shown() -> CompletedProcess[str] | None:
+        shown = scaled.invoke("status")
+        return shown if "autodown: idle " in shown.stdout else None
+
+    status = scaled.wait("the watcher to report the head idle", idle_shown, timeout=60)
     assert "autodown: idle " in status.stdout, status.stdout
 
     started = time.monotonic()
