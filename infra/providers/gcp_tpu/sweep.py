@@ -9,10 +9,9 @@ state file here, with that spec's credentials. Prices are estimates from prices.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, ClassVar
 
-from infra import paths
+from infra import paths, wait
 from infra.errors import ProviderError, RayfleetError
 from infra.node import identity
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError, find_credentials
@@ -166,12 +165,15 @@ class Sweeper(BaseSweeper):
             else:
                 operation = api.delete_instance(item.attrs["zone"], item.name)
             started.append((api, item, operation))
-        deadline = time.monotonic() + self.wait_s
-        for api, item, operation in started:
-            if operation is None:
-                continue  # already gone
-            while api.poll(operation, f"deleting {item.name}") is None:
-                if time.monotonic() > deadline:
-                    raise ProviderError(f"{item.name} is still being deleted after "
-                                        f"{self.wait_s:g}s; run `invoke sweep --delete` again")
-                time.sleep(api.options.poll_interval)
+        pending = [(api, item, operation) for api, item, operation in started
+                   if operation is not None]  # None: already gone
+
+        def all_deleted() -> bool | None:
+            pending[:] = [(api, item, operation) for api, item, operation in pending
+                          if api.poll(operation, f"deleting {item.name}") is None]
+            return True if not pending else None
+
+        if pending:
+            wait.until(all_deleted, self.wait_s, pending[0][0].options.poll_interval,
+                       lambda: ProviderError(f"{pending[0][1].name} is still being deleted after "
+                                             f"{self.wait_s:g}s; run `invoke sweep --delete` again"))
