@@ -25,6 +25,7 @@ the host, never silently accepted: paramiko and OpenSSH follow the same rules (`
 from __future__ import annotations
 
 import contextlib
+import functools
 import shlex
 import signal
 import subprocess
@@ -398,7 +399,7 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         with contextlib.suppress(_Ended):
-            wait.until(lambda: _answering(process, ports), timeout, 0.1, _Ended)
+            wait.until(functools.partial(_answering, process, ports), timeout, 0.1, _Ended)
         if process.poll() is None and _all_answer(ports):
             try:
                 yield ports

@@ -31,7 +31,9 @@ def until(check: Callable[[], T | None], timeout: float, interval: float,
         stop=tenacity.stop_after_delay(timeout), wait=tenacity.wait_fixed(interval),
         retry=tenacity.retry_if_result(lambda found: found is None),
         retry_error_callback=give_up, sleep=sleep, reraise=True)
-    return retrying(check)  # type: ignore[no-any-return]
+    found = retrying(check)
+    assert found is not None  # `retry_if_result` retries None; `give_up` raises
+    return found
 
 
 def retry(call: Callable[[], T], retry_on: tuple[type[BaseException], ...], timeout: float,

@@ -19,6 +19,7 @@ from infra.node import identity
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, find_credentials
 from infra.node.retry import poll
+from infra.node.where import ray_executable
 
 
 def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -66,10 +67,8 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
     """
     import contextlib
     import os
-    import shutil
     import signal
     import subprocess
-    import sys
 
     for pid_file in [str(p) for p in args.get("stop_first") or []]:
         # The queued-slice joiner: stopped, it re-queues nothing while its requests are deleted.
@@ -77,8 +76,7 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
             pid = int(Path(pid_file).expanduser().read_text().strip())
             os.kill(pid, signal.SIGTERM)
             log(f"stopped the head's daemon {pid_file} (pid {pid})")
-    ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    ray = ray if os.path.exists(ray) else (shutil.which("ray") or "")
+    ray = ray_executable(default="")
     if ray:
         log("stopping Ray on the head, so that its autoscaler launches no more workers")
         done = subprocess.run([ray, "stop"], capture_output=True, text=True, timeout=300,

@@ -12,6 +12,7 @@ documents about traffic between instances).
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 from infra import ui, wait
@@ -135,7 +136,7 @@ def delete(client: api.LambdaClient, state: State, timeout: float = 120) -> None
     for ruleset_id in sorted(ids):
         with contextlib.suppress(api.NotFound):
             # Lambda refuses while an instance just terminated still holds the ruleset.
-            wait.retry(lambda: client.delete_firewall_ruleset(ruleset_id), (api.RulesetInUse,),
+            wait.retry(functools.partial(client.delete_firewall_ruleset, ruleset_id), (api.RulesetInUse,),
                        timeout, max(client.limits.request_interval, 0.05))
         with contextlib.suppress(KeyError):
             state.remove(FIREWALL, ruleset_id)
