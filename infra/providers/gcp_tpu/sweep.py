@@ -88,11 +88,8 @@ class Sweeper(BaseSweeper):
                 str(labels.get(identity.TAG_NAME, "")))
 
     def _instances(self, api: Gcp, zone: str) -> list[Marked]:
-        collection = api.compute.instances()
-        request = collection.list(project=api.project, zone=zone,
-                                  filter=f"labels.{identity.TAG_CLUSTER}:*", maxResults=500)
         items = []
-        for vm in api._pages(collection, request, "items", f"instances in {zone}"):
+        for vm in api.instances_labelled(zone, identity.TAG_CLUSTER):
             cluster_id, owner, name = self._labels(vm)
             labels = vm.get("labels") or {}
             if not identity.is_cluster_id(cluster_id) or "tpu_cores" in labels:
@@ -109,10 +106,8 @@ class Sweeper(BaseSweeper):
         return items
 
     def _tpu_nodes(self, api: Gcp, zone: str) -> list[Marked]:
-        collection = api.tpu.projects().locations().nodes()
-        request = collection.list(parent=f"projects/{api.project}/locations/{zone}")
         items = []
-        for node in api._pages(collection, request, "nodes", f"TPU nodes in {zone}"):
+        for node in api.tpu_nodes(zone, {}):  # whoever's: the labels are checked below
             cluster_id, owner, name = self._labels(node)
             if not identity.is_cluster_id(cluster_id) or "rayfleet-queued-slice" in (
                     node.get("labels") or {}):
@@ -132,11 +127,8 @@ class Sweeper(BaseSweeper):
         """Queued TPU requests whose id and node labels carry a cluster id (queued.py)."""
         from infra.node.gcp_tpu import queued
 
-        collection = api.tpu.projects().locations().queuedResources()
-        request = collection.list(parent=f"projects/{api.project}/locations/{zone}")
         items = []
-        for resource in api._pages(collection, request, "queuedResources",
-                                   f"queued TPU requests in {zone}"):
+        for resource in api.queued_resources(zone):
             parsed = queued.parse_id(queued.short(resource))
             if parsed is None or not queued.ours(resource, parsed[0]):
                 continue
