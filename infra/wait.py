@@ -37,10 +37,26 @@ def until(check: Callable[[], T | None], timeout: float, interval: float,
 
 
 def retry(call: Callable[[], T], retry_on: tuple[type[BaseException], ...], timeout: float,
-          interval: float, sleep: Callable[[float], None] = time.sleep) -> T:
-    """`call()`, again every `interval` seconds while it raises one of `retry_on`, until
-    `timeout` seconds have passed: then its last error is raised as it was."""
+          interval: float, *, attempts: int | None = None, increment: float = 0.0,
+          passing: Callable[[BaseException], bool] = lambda _: True,
+          on_retry: Callable[[BaseException], None] | None = None,
+          sleep: Callable[[float], None] = time.sleep) -> T:
+    """`call()`, again while it raises one of `retry_on` that `passing` accepts, pausing
+    `interval` seconds (`increment` more after each try), until `timeout` seconds have passed
+    or `attempts` calls were made: then its last error is raised as it was. `on_retry` hears of
+    each error that is tried again (to tell the user)."""
+    stop: tenacity.stop.stop_base = tenacity.stop_after_delay(timeout)
+    if attempts is not None:
+        stop = stop | tenacity.stop_after_attempt(attempts)
+
+    def told(state: tenacity.RetryCallState) -> None:
+        if on_retry is not None and state.outcome is not None:
+            error = state.outcome.exception()
+            if error is not None:
+                on_retry(error)
+
     retrying: tenacity.Retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_delay(timeout), wait=tenacity.wait_fixed(interval),
-        retry=tenacity.retry_if_exception_type(retry_on), sleep=sleep, reraise=True)
+        stop=stop, wait=tenacity.wait_incrementing(start=interval, increment=increment),
+        retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, retry_on) and passing(exc)),
+        before_sleep=told, sleep=sleep, reraise=True)
     return retrying(call)

@@ -45,15 +45,14 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
         if vm["name"] != head and "tpu_cores" not in (vm.get("labels") or {}):
             log(f"deleting VM {vm['name']}")
             operations.append(api.delete_instance(zone, str(vm["name"])))
-    deadline = time.monotonic() + wait_s
+    pending = [operation for operation in operations if operation is not None]
 
-    def finished(operation: Any) -> Callable[[], bool]:
-        return lambda: api.poll(operation, "deleting a worker") is not None
+    def all_deleted() -> bool:
+        pending[:] = [o for o in pending if api.poll(o, "deleting a worker") is None]
+        return not pending
 
-    for operation in operations:
-        if operation is not None:
-            poll(finished(operation), max(0.0, deadline - time.monotonic()),
-                 api.options.poll_interval, "workers still being deleted")
+    if pending:
+        poll(all_deleted, wait_s, api.options.poll_interval, "workers still being deleted")
     log(f"deleting the head VM {head}")
     api.delete_instance(zone, head)
 
