@@ -29,7 +29,7 @@ def test_until_raises_the_callers_error_once_the_time_is_up_and_checks_at_least_
     def never() -> None:
         calls.append(1)
 
-    with pytest.raises(Boom, match="^no answer$"):
+    with pytest.raises(Boom, match=r"^no answer$"):
         wait.until(never, 0, 0.01, lambda: Boom("no answer"))
     assert calls == [1]
     calls.clear()
