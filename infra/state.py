@@ -200,7 +200,7 @@ def read(cluster: str) -> State | None:
 def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
     """Hold the cluster's lock and yield its state (a fresh one if there was none).
 
-    The holder's pid, host and command are written into the lock file so that a second run can say
+    The holder's pid, host and command are written beside the lock file so that a second run can say
     who it is waiting for.
     """
     from filelock import FileLock, Timeout
