@@ -27,9 +27,8 @@ TIMEOUT = 60.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
-    sshd = LocalSshd(tmp_path_factory.mktemp("sshd-runner"))
-    yield sshd
-    sshd.stop()
+    with LocalSshd(tmp_path_factory.mktemp("sshd-runner")) as sshd:
+        yield sshd
 
 
 @pytest.fixture
