@@ -308,21 +308,22 @@ def execute(client: paramiko.SSHClient, command: str, timeout: float,
     until `timeout`. OSError (socket.timeout included) when it does not finish in time."""
     stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
     try:
-        if input is not None:
-            stdin.write(input)
-        stdin.channel.shutdown_write()  # EOF: a command reading stdin never waits for more
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            err = pool.submit(stderr.read)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            # Both readers run before stdin is fed: a command that answers before it has read
+            # all its input never waits for us either.
+            out, err = pool.submit(stdout.read), pool.submit(stderr.read)
             try:
-                out = stdout.read()
-            finally:
-                if not stdout.channel.eof_received:
-                    stdout.channel.close()  # a timed-out stdout: end the stderr reader now
-            errors = err.result()
+                if input is not None:
+                    stdin.write(input)
+                stdin.channel.shutdown_write()  # EOF: a command reading stdin never waits for more
+                output, errors = out.result(), err.result()
+            except BaseException:
+                stdout.channel.close()  # a timeout or a failed write: end both readers now
+                raise
         code = stdout.channel.recv_exit_status()
     finally:
         stdout.channel.close()
-    return Result(code, out.decode(errors="replace"), errors.decode(errors="replace"))
+    return Result(code, output.decode(errors="replace"), errors.decode(errors="replace"))
 
 
 def run(target: SshTarget, command: str, timeout: float = 120.0, check: bool = False) -> Result:

@@ -4,6 +4,7 @@ timeout. Both callers (`ssh.run`, Slurm's `SshRunner`) go through it. Real sshd 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,3 +60,12 @@ def test_slurm_runner_drains_both_streams_and_feeds_stdin(target: ssh.SshTarget,
         assert runner.run("cat; echo end", input="fed\n").stdout == "fed\nend\n"
     finally:
         runner.close()
+
+
+def test_a_command_past_its_timeout_ends_the_read_at_the_timeout(target: ssh.SshTarget) -> None:
+    started = time.monotonic()
+    with pytest.raises(ssh.SshError, match="did not finish") as caught:
+        ssh.run(target, "echo partial; echo warning >&2; sleep 120", timeout=2)
+    assert "\n" not in str(caught.value)
+    # Both readers end with the timeout, not with the command (120 s).
+    assert time.monotonic() - started < 60
