@@ -1,7 +1,8 @@
 """The one poll/retry loop of the node package (standard library only, so it runs on any head).
 
 `poll` waits for a condition with a deadline; `retry` calls again after an error it was told is
-passing (a busy slurmctld, a rate limit), with growing pauses. Laptop code may use it too.
+passing (a busy slurmctld, a rate limit), with growing pauses, within a number of calls or a
+patience. The laptop's counterpart is `infra/wait.py` (tenacity, which the nodes need not have).
 """
 
 from __future__ import annotations
