@@ -371,3 +371,11 @@ def test_without_mlflow_on_the_nodes_the_head_says_so_and_starts_no_server(
     assert node_helper.tracking_config(str(target), str(tmp_path / "store"), "/k/p", "/k/s") == 1
     assert "tracking: mlflow needs MLflow where Ray runs" in capsys.readouterr().err
     assert not target.exists() and not (tmp_path / "store").exists()
+
+
+def test_the_node_zip_fits_in_one_environment_string() -> None:
+    """`srun` hands the zip to every worker step in RF_NODE_ZIP, and Linux refuses to start a
+    program with an environment string over 128 KiB (MAX_ARG_STRLEN): past that, every
+    multi-node job would fail to start its workers. Keep infra/node/ lean, or ship it another way."""
+    entry = f"RF_NODE_ZIP={shipping.node_zip_base64()}"
+    assert len(entry.encode()) < 32 * 4096, f"{len(entry)} bytes"
