@@ -25,7 +25,7 @@ from infra.errors import StateError, StateLockedError
 from infra.node import identity
 
 # The one atomic write (imported here too, for the modules that write next to state).
-from infra.node.files import atomic_write, write_error
+from infra.node.files import WriteError, atomic_write, write_error
 
 VERSION = 1
 
@@ -228,7 +228,7 @@ def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
         # Who holds the lock, for a second run's message, in a file of its own (filelock
         # truncates the lock file on every attempt); only that: on a full disk the lock still
         # works without it (the next write that matters fails with one clear line).
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(WriteError):
             atomic_write(holder_path_of(cluster), json.dumps(holder_info))
         state = State.load(state_path(cluster)) or State.new(state_path(cluster), cluster, provider)
         if state.provider != provider:
