@@ -312,10 +312,10 @@ def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
 
 
 def tracking_config(target: str, store: str, password_path: str, secret_key_path: str) -> int:
-    """The tracking server's config (infra/node/tracking.py `ServerConfig`; not imported: its
-    module would run as this program's main) in the head's private dir: the head's address and
-    the block's tracking port, the store on the shared work dir (0700: the runs are nobody
-    else's), the paths of its 0600 secrets (never their content)."""
+    """The tracking server's config (the fields of infra/node/tracking.py `ServerConfig`, which
+    reads it; tests/slurm/test_spec_render.py keeps the two in step) in the head's private dir:
+    the head's address and the block's tracking port, the store on the shared work dir (0700:
+    the runs are nobody else's), the paths of its 0600 secrets (never their content)."""
     import importlib.util
 
     if importlib.util.find_spec("mlflow") is None:
