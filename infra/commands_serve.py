@@ -6,10 +6,9 @@ Plain functions over `commands.connect` (a tunnel for remote clusters), like the
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
-from infra import access, commands, serve, state, tracking, ui
+from infra import access, commands, serve, state, tracking, ui, wait
 from infra.endpoint import Endpoint
 from infra.errors import ClusterNotRunningError, UsageError
 
@@ -28,13 +27,10 @@ def mlflow(provider: str | None, cluster: str | None) -> None:
     with commands.connect(provider, cluster) as endpoint:
         url, password = _tracking(endpoint)
         # `up` does not wait for the server, which may still be starting right after it.
-        deadline = time.monotonic() + STARTUP_GRACE_S
-        while not tracking.answering(url):
-            if time.monotonic() > deadline:
-                raise tracking.TrackingError(
-                    f"the tracking server at {url} is not answering; `invoke up` restarts it "
-                    "(its data is kept)")
-            time.sleep(0.5)
+        wait.until(lambda: True if tracking.answering(url) else None, STARTUP_GRACE_S, 0.5,
+                   lambda: tracking.TrackingError(
+                       f"the tracking server at {url} is not answering; `invoke up` restarts it "
+                       "(its data is kept)"))
         ui.out(url, markup=False)
         ui.info(f"log in as {tracking.USERNAME!r} with the password in {password} "
                 f"(e.g. `xclip -sel c < {password}`)")

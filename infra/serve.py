@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, tracking, ui
+from infra import auth, jobs, tracking, ui, wait
 from infra.errors import RayfleetError, UsageError
 
 if TYPE_CHECKING:
@@ -155,22 +156,25 @@ def _put(client: Any, endpoint: Endpoint, apps: list[dict[str, Any]]) -> None:
         # Serve's proxy binds once, when Serve starts: our port, never Ray's default 8000 that
         # another cluster on the same machine may hold.
         config["http_options"] = {"host": endpoint.serve_bind[0], "port": endpoint.serve_bind[1]}
-    for attempt in range(3):
-        try:
-            if apps:
-                client.deploy_applications(config)
-            else:
-                client.delete_applications()
-            return
-        except Exception as exc:
-            # A PUT is declarative (the whole wanted set), so sending it again is safe; a 500 is
-            # what the dashboard answers when Serve's controller is slow to start on a busy head.
-            lines = [line for line in str(exc).splitlines() if line.strip()]
-            reason = auth.scrub(lines[-1] if lines else type(exc).__name__, endpoint.token_path)
-            if "status code 500" not in str(exc) or attempt == 2:
-                raise ServeError(f"Serve refused the applications: {reason[:300]}") from None
-            ui.warn(f"Serve's API failed ({reason[:200]}); trying again")
-            time.sleep(2 + 3 * attempt)
+    def send() -> None:
+        if apps:
+            client.deploy_applications(config)
+        else:
+            client.delete_applications()
+
+    def reason(exc: BaseException) -> str:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        return auth.scrub(lines[-1] if lines else type(exc).__name__, endpoint.token_path)
+
+    try:
+        # A PUT is declarative (the whole wanted set), so sending it again is safe; a 500 is
+        # what the dashboard answers when Serve's controller is slow to start on a busy head.
+        wait.retry(send, (Exception,), math.inf, 2.0, attempts=3, increment=3.0,
+                   passing=lambda exc: "status code 500" in str(exc),
+                   on_retry=lambda exc: ui.warn(f"Serve's API failed ({reason(exc)[:200]}); "
+                                                "trying again"))
+    except Exception as exc:
+        raise ServeError(f"Serve refused the applications: {reason(exc)[:300]}") from None
 
 
 def _upload(client: Any, config: dict[str, Any], working_dir: Path) -> None:

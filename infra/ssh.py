@@ -25,10 +25,10 @@ the host, never silently accepted: paramiko and OpenSSH follow the same rules (`
 from __future__ import annotations
 
 import contextlib
+import functools
 import shlex
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -276,22 +276,54 @@ def wait_until_ready(targets: Sequence[SshTarget], timeout: float, interval: flo
 
     `on_progress` gets {target: None if ready else last reason} after every round.
     """
+    from infra import wait
+
     pending = {str(t): t for t in targets}
     last: dict[str, str | None] = dict.fromkeys(pending, "not tried yet")
-    deadline = time.monotonic() + timeout
+
+    def all_ready() -> bool | None:
+        nonlocal pending
+        reasons = dict(zip(pending, pool.map(probe, pending.values()), strict=True))
+        last.update(reasons)
+        pending = {name: t for name, t in pending.items() if reasons[name] is not None}
+        if on_progress:
+            on_progress(dict(last))
+        return True if not pending else None
+
+    def refused() -> SshError:
+        name, reason = next(iter((n, last[n]) for n in pending))
+        return SshError(f"{name} accepted no SSH login within {timeout:.0f}s ({reason})")
+
+    if not pending:
+        return
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(targets)))) as pool:
-        while pending:
-            reasons = dict(zip(pending, pool.map(probe, pending.values()), strict=True))
-            last.update(reasons)
-            pending = {name: t for name, t in pending.items() if reasons[name] is not None}
-            if on_progress:
-                on_progress(dict(last))
-            if not pending:
-                return
-            if time.monotonic() > deadline:
-                name, reason = next(iter((n, last[n]) for n in pending))
-                raise SshError(f"{name} accepted no SSH login within {timeout:.0f}s ({reason})")
-            time.sleep(interval)
+        wait.until(all_ready, timeout, interval, refused)
+
+
+def execute(client: paramiko.SSHClient, command: str, timeout: float,
+            input: str | None = None) -> Result:
+    """The one way a command runs over SSH: `command` on an open `client`, `input` (if any) on
+    its stdin, stdout and stderr read at the same time. Reading one stream to its end before the
+    other would stall a command that fills the other's window (a few MB of warnings on stderr)
+    until `timeout`. OSError (socket.timeout included) when it does not finish in time."""
+    stdin, stdout, stderr = client.exec_command(command, timeout=timeout)
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            # Both readers run before stdin is fed: a command that answers before it has read
+            # all its input never waits for us either.
+            out, err = pool.submit(stdout.read), pool.submit(stderr.read)
+            try:
+                if input is not None:
+                    stdin.write(input)
+                stdin.channel.shutdown_write()  # EOF: a command reading stdin never waits for more
+                output, errors = out.result(), err.result()
+            except BaseException:
+                stdout.channel.close()  # a timeout or a failed write: end both readers now
+                raise
+        code = stdout.channel.recv_exit_status()
+    finally:
+        stdout.channel.close()
+    return Result(code, output.decode(errors="replace"), errors.decode(errors="replace"))
 
 
 def run(target: SshTarget, command: str, timeout: float = 120.0, check: bool = False) -> Result:
@@ -299,18 +331,14 @@ def run(target: SshTarget, command: str, timeout: float = 120.0, check: bool = F
     raises SshError naming the host and the last line of stderr."""
     client = connect(target, timeout=min(timeout, 15.0))
     try:
-        _, stdout, stderr = client.exec_command(command, timeout=timeout)
-        out = stdout.read().decode(errors="replace")
-        err = stderr.read().decode(errors="replace")
-        code = stdout.channel.recv_exit_status()
+        result = execute(client, command, timeout)
     except OSError as exc:  # socket.timeout included
         raise SshError(f"ssh {target}: `{command[:60]}` did not finish: {exc or 'timeout'}") from None
     finally:
         client.close()
-    result = Result(code, out, err)
     if check and not result.ok:
-        tail = (err.strip() or out.strip()).splitlines()[-1:] or ["no output"]
-        raise SshError(f"ssh {target}: `{command[:60]}` exited {code}: {tail[0]}")
+        tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise SshError(f"ssh {target}: `{command[:60]}` exited {result.exit_code}: {tail[0]}")
     return result
 
 
@@ -359,6 +387,8 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
             local_ports: list[int] | None = None, timeout: float = 30.0) -> Iterator[list[int]]:
     """Like `tunnel`, for several (host, port) at once through ONE ssh process (one login): the
     local ports, in the order of `remotes`."""
+    from infra import wait
+
     attempts = 1 if local_ports else 3
     last_error = ""
     for _ in range(attempts):
@@ -369,12 +399,8 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
                    *forwards, f"{target.user}@{target.host}"]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + timeout
-
-        while process.poll() is None and time.monotonic() < deadline:
-            if _all_answer(ports):
-                break
-            time.sleep(0.1)
+        with contextlib.suppress(_Ended):
+            wait.until(functools.partial(_answering, process, ports), timeout, 0.1, _Ended)
         if process.poll() is None and _all_answer(ports):
             try:
                 yield ports
@@ -394,6 +420,16 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
     where = ", ".join(f"{host}:{remote}" for host, remote in remotes)
     raise SshError(f"tunnel to {where} via {target} failed: {last_error}; "
                    f"try `ssh {shlex.join(openssh_options(target))} {target.user}@{target.host}`")
+
+
+class _Ended(Exception):
+    """The tunnel's ssh exited, or its ports did not answer in time (the caller says which)."""
+
+
+def _answering(process: subprocess.Popen[bytes], ports: list[int]) -> bool | None:
+    if process.poll() is not None:
+        raise _Ended
+    return True if _all_answer(ports) else None
 
 
 def _all_answer(ports: list[int]) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
 import socket
@@ -26,7 +25,7 @@ from infra.errors import StateError, StateLockedError
 from infra.node import identity
 
 # The one atomic write (imported here too, for the modules that write next to state).
-from infra.node.files import atomic_write, write_error
+from infra.node.files import WriteError, atomic_write, write_error
 
 VERSION = 1
 
@@ -187,6 +186,11 @@ def lock_path_of(cluster: str) -> Path:
     return paths.state_dir() / f"{cluster}.lock"
 
 
+def holder_path_of(cluster: str) -> Path:
+    """Who holds the cluster's lock (pid, host, command), written by each holder once it has it."""
+    return paths.state_dir() / f"{cluster}.lock.holder"
+
+
 def read(cluster: str) -> State | None:
     """The cluster's state without taking the lock (for status, dashboard, submit)."""
     return State.load(state_path(cluster))
@@ -196,30 +200,36 @@ def read(cluster: str) -> State | None:
 def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
     """Hold the cluster's lock and yield its state (a fresh one if there was none).
 
-    The holder's pid, host and command are written into the lock file so that a second run can say
+    The holder's pid, host and command are written beside the lock file so that a second run can say
     who it is waiting for.
     """
+    from filelock import FileLock, Timeout
+
     lock_path = lock_path_of(cluster)
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise write_error(lock_path.parent, exc) from None
+    # Not blocking: a second run says who holds the lock instead of waiting behind it. The lock
+    # is the kernel's (flock), so it dies with its holder: no stale lock after a crash.
+    lock = FileLock(lock_path, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise StateLockedError(
+            f"cluster {cluster!r} is busy: {_holder(holder_path_of(cluster))}; wait for it to "
+            "finish (or stop it)"
+        ) from None
     except OSError as exc:
         raise write_error(lock_path, exc) from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(lock_path)
-            raise StateLockedError(
-                f"cluster {cluster!r} is busy: {holder}; wait for it to finish (or stop it)"
-            ) from None
         holder_info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
                        "since": _now(), "argv": " ".join(sys.argv[1:])[:200]}
-        # Who holds the lock, for a second run's message; only that: on a full disk the lock
-        # still works without it (the next write that matters fails with one clear line).
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.write(fd, json.dumps(holder_info).encode())
+        # Who holds the lock, for a second run's message, in a file of its own (filelock
+        # truncates the lock file on every attempt); only that: on a full disk the lock still
+        # works without it (the next write that matters fails with one clear line).
+        with contextlib.suppress(WriteError):
+            atomic_write(holder_path_of(cluster), json.dumps(holder_info))
         state = State.load(state_path(cluster)) or State.new(state_path(cluster), cluster, provider)
         if state.provider != provider:
             raise StateError(
@@ -228,7 +238,7 @@ def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
             )
         yield state
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def _holder(lock_path: Path) -> str:

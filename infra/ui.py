@@ -114,12 +114,11 @@ def wait_for(
     fail. `check` may call `step.detail(...)` to say what it sees, and may raise to give up early
     (an instance that turned unhealthy is not worth waiting for).
     """
+    from infra import wait
+
+    def timed_out() -> WaitTimeout:
+        suffix = f"; {hint}" if hint else ""
+        return WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}{suffix}")
+
     with step(what) as handle:
-        while True:
-            result = check(handle)
-            if result is not None:
-                return result
-            if handle.elapsed > timeout:
-                suffix = f"; {hint}" if hint else ""
-                raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}{suffix}")
-            time.sleep(interval)
+        return wait.until(lambda: check(handle), timeout, interval, timed_out)

@@ -20,9 +20,10 @@ import yaml
 
 from infra import loading, paths, providers, state
 from infra.errors import ClusterNotRunningError
+from infra.node import where
 from infra.node.gcp_tpu.api import ApiOptions, GcpCredentialsError, GcpError, GcpQuotaError
 from infra.providers.base import UpOptions
-from infra.providers.gcp_tpu import config, launcher
+from infra.providers.gcp_tpu import config
 from infra.providers.gcp_tpu.provider import CLUSTER, FIREWALL, SSH_KEY, Provider
 from tests.gcp_tpu.conftest import ZONE, Dashboard, FakeRay, Sshd, assert_nothing_created, write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp, rate_limited
@@ -84,7 +85,7 @@ def test_up_runs_ray_up_with_a_validated_config_and_records_the_head(
     assert len(lab.ray.calls) == 1
     call = lab.ray.calls[0]
     config_path = rf_home / "gcp-tpu" / "lab" / config.FILE_NAME
-    assert call["args"] == [launcher.ray_executable(), "up", "-y", "--no-config-cache",
+    assert call["args"] == [where.ray_executable(), "up", "-y", "--no-config-cache",
                             "--log-style=record", "--log-color=false", str(config_path)]
     assert call["env"]["RAY_USAGE_STATS_ENABLED"] == "0"
     assert call["env"]["GOOGLE_APPLICATION_CREDENTIALS"] == str(key_file)

@@ -72,6 +72,12 @@ class LocalSshd:
         with self.authorized.open("a") as out:
             out.write(f"{options}{public_key}\n")
 
+    def __enter__(self) -> LocalSshd:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()

@@ -1,4 +1,5 @@
-"""The program the batch script runs on the nodes, run here as the script runs it (`python -c`)."""
+"""The program the batch script runs on the nodes, run here as the script runs it (`python -m`
+from the shipped node zip)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,7 @@ import pytest
 from infra.node import rayproc
 from infra.node.slurm import node_helper
 from infra.providers.slurm.spec import PORT_STRIDE
-
-
-def helper(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the embedded program exactly as the batch script does."""
-    return subprocess.run([sys.executable, "-c", node_helper.embedded_source(), *args],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+from tests.slurm.nodezip import helper, helper_env, zip_path
 
 
 def _free_pair() -> int:
@@ -35,20 +30,33 @@ def _free_pair() -> int:
     pytest.skip("no two free port blocks between 27000 and 31000")
 
 
-def test_embedded_program_is_rayproc_plus_helper_and_compiles() -> None:
-    import ast
+def test_the_helper_runs_from_the_zip_alone(tmp_path: Path) -> None:
+    """The nodes have no rayfleet: with no site-packages (-S) and another working directory,
+    the zip alone (plus Ray's folder, for psutil) carries the helper and all it imports."""
+    import ray
 
-    source = node_helper.embedded_source()
-    compile(source, "rf_helper.py", "exec")
-    # The joined modules share one namespace: no name may be defined twice at the top level.
-    defined = [node.name for node in ast.parse(source).body
-               if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
-    assert len(defined) == len(set(defined)), sorted(n for n in defined if defined.count(n) > 1)
-    assert "def atomic_write(" in source and "def poll(" in source  # the package's, glued in
-    top_level = [line for line in source.splitlines() if line.startswith(("from ", "import "))]
-    assert not [line for line in top_level if "infra" in line], "the nodes have no rayfleet"
-    assert source.splitlines().count("from __future__ import annotations") == 1
-    assert "def cluster_processes(" in source and "def prepare(" in source
+    (tmp_path / "ray").symlink_to(Path(ray.__file__).parent)
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", "import sys, infra.node.slurm.node_helper as h; "
+         "print(h.__file__); sys.exit(h.main(['no-such-command']))"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env=helper_env({"PYTHONPATH": str(tmp_path)}))
+    assert done.returncode == 2 and "unknown command 'no-such-command'" in done.stderr, done.stderr
+    assert done.stdout.startswith(str(zip_path()) + os.sep), done.stdout
+    # The batch script's copy of what it runs is the zip, not glued source.
+    assert "def embedded_source(" not in Path(node_helper.__file__).read_text()
+
+
+def test_the_helper_leaves_the_jobs_pythonpath_to_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rf_helper` puts the zip first on PYTHONPATH; `ray start` (in the helper's process) must
+    pass on the PYTHONPATH the job had, the autoscaling head's own copy of the zip included."""
+    zip_ = str(zip_path())
+    for before, after in [(f"{zip_}:/job/lib", "/job/lib"), (f"{zip_}:{zip_}:/x", f"{zip_}:/x"),
+                          ("/job/lib", "/job/lib"), (zip_, None)]:
+        monkeypatch.setenv("RF_PY", zip_)
+        monkeypatch.setenv("PYTHONPATH", before)
+        node_helper._leave_path()
+        assert os.environ.get("PYTHONPATH") == after, before
 
 
 def test_prepare_takes_the_job_block_or_the_next_free_one(tmp_path: Path) -> None:
@@ -162,10 +170,8 @@ def test_the_nodes_find_psutil_in_rays_own_copy(tmp_path: Path) -> None:
     marker = f"/tmp/rf-helper-test-{uuid.uuid4().hex}"
     sleeper = subprocess.Popen(["sleep", "30", marker])
     try:
-        done = subprocess.run(
-            [sys.executable, "-S", "-c", node_helper.embedded_source(), "stop", marker],
-            capture_output=True, text=True, timeout=60,
-            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+        done = helper("stop", marker, python=(sys.executable, "-S"),
+                      env={"PYTHONPATH": str(tmp_path)})
         assert done.returncode == 0, done.stderr
         assert sleeper.wait(timeout=10) != 0  # found through psutil and stopped
     finally:

@@ -19,6 +19,7 @@ from infra.providers.slurm.script import autoscaling_config, render_script
 from infra.providers.slurm.spec import Spec
 from tests.conftest import ROOT, run_invoke
 from tests.golden import assert_golden
+from tests.slurm import nodezip
 
 BASE = "provider: slurm\ncpus_per_node: 2\n"
 
@@ -115,7 +116,6 @@ CASES = {
     "tracking": BASE + "tracking: mlflow\n"
                        "worker_types:\n  cpu: {cpus_per_node: 4, max_workers: 3}\n",
 }
-HELPER = "<embedded helper: infra/node/slurm/node_helper.py and the node modules it imports>"
 
 
 def _spec(tmp_path: Path, case: str) -> Spec:
@@ -133,13 +133,13 @@ def _render(tmp_path: Path, case: str) -> str:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_batch_script_matches_golden(tmp_path: Path, case: str) -> None:
     script = _render(tmp_path, case)
-    helper = node_helper.embedded_source().rstrip("\n")
-    assert helper in script
-    # The node package shipped to an autoscaling or autodown head is our own modules (tested
-    # where they live); its bytes and name change with every edit of them.
+    # Every node runs its helper from the node package the script carries (our own modules,
+    # tested where they live); its bytes and name change with every edit of them.
+    assert shipping.node_zip_base64() in script
+    assert "-m infra.node.slurm.node_helper" in script
     shipped = {shipping.node_zip_base64(): "<node package zip, base64>",
                shipping.zip_name(): "<node package zip name>"}
-    assert_golden(f"slurm/{case}.sbatch", script, {helper: HELPER, **shipped})
+    assert_golden(f"slurm/{case}.sbatch", script, shipped)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -158,7 +158,7 @@ def test_batch_script_is_valid_and_shellcheck_clean(tmp_path: Path, case: str) -
 def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
     script = _render(tmp_path, case)
     assert script == _render(tmp_path, case), "rendering must be deterministic"
-    script = script.replace(node_helper.embedded_source().rstrip("\n"), HELPER)
+    script = script.replace(shipping.node_zip_base64(), "<node package zip, base64>")
     # No fixed waits: every sleep is a short poll interval (but the restart delay of a failed
     # idle watcher, after start-up).
     startup = re.sub(r"until PYTHONPATH=.*?\n *done &\n", "", script, flags=re.S)
@@ -235,10 +235,11 @@ def test_head_side_modules_import_with_ray_and_the_shipped_files_only(
     script = tmp_path / "job.sbatch"
     script.write_text(render_script(_spec(tmp_path, case)))
     # The script's own lines write the zip (as on the head), nothing else of it runs.
-    block = re.search(r"^RF_PY=.*?^RAYFLEET_ZIP_END$", script.read_text(), re.M | re.S)
+    block = re.search(r"^RF_NODE_ZIP=.*?^export -f rf_unpack rf_helper$", script.read_text(),
+                      re.M | re.S)
     assert block is not None
-    written = subprocess.run(["bash", "-c", block.group(0)], env={
-        "PATH": "/usr/bin:/bin", "RF_HEAD_TEMP": str(shipped)}, capture_output=True, text=True)
+    written = subprocess.run(["bash", "-c", block.group(0) + '\nrf_unpack "$RF_ZIP_DIR"'], env={
+        "PATH": "/usr/bin:/bin", "RF_ZIP_DIR": str(shipped)}, capture_output=True, text=True)
     assert written.returncode == 0, written.stderr
     (archive,) = shipped.glob("rayfleet-node-*.zip")
     shipped = archive
@@ -263,8 +264,7 @@ def test_the_helper_writes_a_watcher_config_the_watcher_reads(tmp_path: Path) ->
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/home/u/jobs/keys/0123abcd/ray-token",
            "PATH": "/usr/bin:/bin"}
     target = tmp_path / "autodown.json"
-    done = subprocess.run([sys.executable, "-c", node_helper.embedded_source(), "autodown-config",
-                           str(target), "0.5", "c"], env=env, capture_output=True, text=True)
+    done = nodezip.helper("autodown-config", str(target), "0.5", "c", base=env)
     assert done.returncode == 0, done.stderr
     assert oct(target.stat().st_mode & 0o777) == "0o600"
     config = autodown.Config.load(target)
@@ -324,7 +324,7 @@ def test_every_node_finds_the_tracking_server_and_reads_its_password_from_the_fi
     # ...and set right before each node's `ray start`, on the head and on every worker.
     for shell in (node_sh, worker_sh):
         call = shell.index("rf_tracking_env || exit 1")
-        assert call < shell.index('"$helper" start')
+        assert call < shell.index('rf_helper start')
     # The server: after Ray is ready, on the head's address, its store per cluster on the
     # shared work dir, its secrets by path.
     ready = head.index('rf_helper await "$RF_INFO"')
@@ -371,3 +371,11 @@ def test_without_mlflow_on_the_nodes_the_head_says_so_and_starts_no_server(
     assert node_helper.tracking_config(str(target), str(tmp_path / "store"), "/k/p", "/k/s") == 1
     assert "tracking: mlflow needs MLflow where Ray runs" in capsys.readouterr().err
     assert not target.exists() and not (tmp_path / "store").exists()
+
+
+def test_the_node_zip_fits_in_one_environment_string() -> None:
+    """`srun` hands the zip to every worker step in RF_NODE_ZIP, and Linux refuses to start a
+    program with an environment string over 128 KiB (MAX_ARG_STRLEN): past that, every
+    multi-node job would fail to start its workers. Keep infra/node/ lean, or ship it another way."""
+    entry = f"RF_NODE_ZIP={shipping.node_zip_base64()}"
+    assert len(entry.encode()) < 32 * 4096, f"{len(entry)} bytes"

@@ -257,9 +257,6 @@ class Gcp:
         """One request through `_call` (typed errors, retries), for our other API modules."""
         return self._call(request, what)
 
-    def pages(self, collection: Any, request: Any, key: str, what: str) -> Iterator[dict[str, Any]]:
-        return self._pages(collection, request, key, what)
-
     def _pages(self, collection: Any, request: Any, key: str, what: str) -> Iterator[dict[str, Any]]:
         while request is not None:
             response = self._call(request, what)
@@ -325,6 +322,20 @@ class Gcp:
         found = self._pages(collection, request, "nodes", f"TPU nodes in {zone}")
         return [n for n in found if _has_labels(n, labels)]
 
+    def instances_labelled(self, zone: str, key: str) -> list[dict[str, Any]]:
+        """Compute instances in `zone` that carry the label `key` with any value (the sweep's
+        question: whose are they?), in any status."""
+        collection = self.compute.instances()
+        request = collection.list(project=self.project, zone=zone, filter=f"labels.{key}:*",
+                                  maxResults=500)
+        found = self._pages(collection, request, "items", f"instances in {zone}")
+        return [i for i in found if key in (i.get("labels") or {})]
+
+    def tpu_node(self, name: str) -> dict[str, Any]:
+        """TPU node `name` (full resource name), as Google describes it now."""
+        return self._call(self.tpu.projects().locations().nodes().get(name=name),
+                          f"TPU node {name.rsplit('/', 1)[-1]}")
+
     def delete_instance(self, zone: str, name: str) -> dict[str, Any] | None:
         """Start deleting; the operation, or None if the instance is already gone."""
         try:
@@ -360,6 +371,38 @@ class Gcp:
             if _state(found) != "DELETING":
                 raise
             return None
+
+    # --- queued TPU resources (infra/node/gcp_tpu/queued.py) ----------------------------------
+
+    def _queued_resources(self) -> Any:
+        return self.tpu.projects().locations().queuedResources()
+
+    def queued_resources(self, zone: str) -> list[dict[str, Any]]:
+        """Every queued resource in `zone`, in any state (the caller picks its own)."""
+        collection = self._queued_resources()
+        request = collection.list(parent=self._location(zone))
+        return list(self._pages(collection, request, "queuedResources",
+                                f"queued TPU requests in {zone}"))
+
+    def queued_resource(self, name: str) -> dict[str, Any] | None:
+        """Queued resource `name` (full resource name); None when it does not exist."""
+        try:
+            return self._call(self._queued_resources().get(name=name), f"queued TPU request {name}")
+        except GcpNotFoundError:
+            return None
+
+    def create_queued_resource(self, zone: str, qr_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Queue a request (the operation Google returns); a request id makes a retry harmless."""
+        return self._call(self._queued_resources().create(
+            parent=self._location(zone), queuedResourceId=qr_id, body=body,
+            requestId=request_id()), f"queueing TPU request {qr_id} in {zone}")
+
+    def delete_queued_resource(self, name: str) -> dict[str, Any] | None:
+        """Delete a request and (`force`) the TPU nodes it holds; None if already gone or
+        already DELETING."""
+        collection = self._queued_resources()
+        return self.delete_once(collection.delete(name=name, force=True), collection.get(name=name),
+                                f"deleting queued TPU request {name.rsplit('/', 1)[-1]}")
 
     def tpu_quota_metrics(self) -> list[dict[str, Any]]:
         """The project's quota metrics of the Cloud TPU API with every zone's bucket (Service

@@ -19,6 +19,7 @@ from infra.node import identity
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, find_credentials
 from infra.node.retry import poll
+from infra.node.where import ray_executable
 
 
 def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -44,15 +45,14 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
         if vm["name"] != head and "tpu_cores" not in (vm.get("labels") or {}):
             log(f"deleting VM {vm['name']}")
             operations.append(api.delete_instance(zone, str(vm["name"])))
-    deadline = time.monotonic() + wait_s
+    pending = [operation for operation in operations if operation is not None]
 
-    def finished(operation: Any) -> Callable[[], bool]:
-        return lambda: api.poll(operation, "deleting a worker") is not None
+    def all_deleted() -> bool:
+        pending[:] = [o for o in pending if api.poll(o, "deleting a worker") is None]
+        return not pending
 
-    for operation in operations:
-        if operation is not None:
-            poll(finished(operation), max(0.0, deadline - time.monotonic()),
-                 api.options.poll_interval, "workers still being deleted")
+    if pending:
+        poll(all_deleted, wait_s, api.options.poll_interval, "workers still being deleted")
     log(f"deleting the head VM {head}")
     api.delete_instance(zone, head)
 
@@ -66,10 +66,8 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
     """
     import contextlib
     import os
-    import shutil
     import signal
     import subprocess
-    import sys
 
     for pid_file in [str(p) for p in args.get("stop_first") or []]:
         # The queued-slice joiner: stopped, it re-queues nothing while its requests are deleted.
@@ -77,8 +75,7 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
             pid = int(Path(pid_file).expanduser().read_text().strip())
             os.kill(pid, signal.SIGTERM)
             log(f"stopped the head's daemon {pid_file} (pid {pid})")
-    ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    ray = ray if os.path.exists(ray) else (shutil.which("ray") or "")
+    ray = ray_executable(default="")
     if ray:
         log("stopping Ray on the head, so that its autoscaler launches no more workers")
         done = subprocess.run([ray, "stop"], capture_output=True, text=True, timeout=300,

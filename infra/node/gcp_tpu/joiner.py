@@ -180,8 +180,7 @@ class Joiner:
         """The addresses of an ACTIVE request's hosts, host 0 first (the nodes' endpoints)."""
         hosts: list[str] = []
         for name in queued.node_names(resource):
-            node = self.api.call(self.api.tpu.projects().locations().nodes().get(name=name),
-                                 f"TPU node {name.rsplit('/', 1)[-1]}")
+            node = self.api.tpu_node(name)
             hosts += [str(e["ipAddress"]) for e in node.get("networkEndpoints") or []]
         return hosts
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.node import identity
-from infra.node.gcp_tpu import api as gcp_api
-from infra.node.gcp_tpu.api import Gcp, GcpNotFoundError
+from infra.node.gcp_tpu.api import Gcp
 
 #: What state says a request is in; the API's `state.state`.
 WAITING = "WAITING_FOR_RESOURCES"
@@ -121,35 +120,21 @@ def node_names(resource: dict[str, Any]) -> list[str]:
 
 # --- calls ----------------------------------------------------------------------------------------
 
-def _collection(api: Gcp) -> Any:
-    return api.tpu.projects().locations().queuedResources()
-
-
 def create(api: Gcp, zone: str, qr_id: str, data: dict[str, Any]) -> dict[str, Any]:
     """Queue a request (the operation Google returns)."""
-    return api.call(_collection(api).create(
-        parent=f"projects/{api.project}/locations/{zone}", queuedResourceId=qr_id, body=data,
-        requestId=gcp_api.request_id()), f"queueing TPU request {qr_id} in {zone}")
+    return api.create_queued_resource(zone, qr_id, data)
 
 
 def listed(api: Gcp, zone: str, cluster_id: str) -> list[dict[str, Any]]:
     """This cluster's queued resources in `zone`, in any state."""
-    collection = _collection(api)
-    request = collection.list(parent=f"projects/{api.project}/locations/{zone}")
-    return [r for r in api.pages(collection, request, "queuedResources",
-                                 f"queued TPU requests in {zone}") if ours(r, cluster_id)]
+    return [r for r in api.queued_resources(zone) if ours(r, cluster_id)]
 
 
 def get(api: Gcp, name: str) -> dict[str, Any] | None:
-    try:
-        return api.call(_collection(api).get(name=name), f"queued TPU request {name}")
-    except GcpNotFoundError:
-        return None
+    return api.queued_resource(name)
 
 
 def delete(api: Gcp, name: str) -> dict[str, Any] | None:
     """Delete a request and, with `force`, the TPU nodes it holds; None if already gone or
     already DELETING (autodown, a sweep and teardown may all get there)."""
-    collection = _collection(api)
-    return api.delete_once(collection.delete(name=name, force=True), collection.get(name=name),
-                           f"deleting queued TPU request {name.rsplit('/', 1)[-1]}")
+    return api.delete_queued_resource(name)

@@ -29,6 +29,7 @@ from urllib3.util.retry import Retry
 
 from infra.node.errors import ProviderError, UsageError
 from infra.node.net import is_loopback
+from infra.node.retry import PollTimeout, poll
 
 DEFAULT_URL = "https://cloud.lambda.ai/api/v1"
 KEY_FILE = Path(".lambda_cloud") / "lambda_keys"
@@ -443,14 +444,14 @@ class LambdaClient:
         """Poll the instance list until an instance tagged `key=value` shows up, or `window`
         (default: the generous `lost_launch_window`) passes. Used after a launch whose answer was
         lost: a launch that happened is never launched a second time."""
-        deadline = time.monotonic() + (self.limits.lost_launch_window if window is None else window)
-        while True:
-            for inst in self.instances():
-                if inst.tags.get(key) == value:
-                    return inst
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(self.limits.request_interval)
+        def tagged() -> Instance | None:
+            return next((i for i in self.instances() if i.tags.get(key) == value), None)
+
+        try:
+            return poll(tagged, self.limits.lost_launch_window if window is None else window,
+                        self.limits.request_interval, f"an instance tagged {key}={value}")
+        except PollTimeout:
+            return None
 
     def instance(self, instance_id: str) -> Instance:
         return _instance(self.request("GET", f"/instances/{instance_id}"))

@@ -1,28 +1,30 @@
 """The part of the Slurm provider that runs on the compute nodes, inside the batch script.
 
-The nodes do not have rayfleet installed, so `embedded_source()` glues this file and the modules of
-the node package it imports (rayproc: port block layout, scoped process stop, with psutil, which
-Ray ships; files: the atomic write; errors; otherwise the standard library) into one program that
-the template puts into the batch script and runs with the Python that runs Ray:
+The nodes do not have rayfleet installed: the batch script carries the node package as one zip
+(infra/shipping.py), each node unpacks it into its private dir and runs this module from it with
+the Python that runs Ray (`rf_helper` in templates/slurm.environment.j2):
 
-    python -c "$RF_HELPER" prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base
-    python rf_helper.py block BASE                                   # this node's free base
-    python -c "$RF_HELPER" autoscaling-config IN OUT                 # Ray's config + job facts
-    python -c "$RF_HELPER" autodown-config OUT IDLE_MINUTES CLUSTER  # the idle watcher's config
-    python -c "$RF_HELPER" tracking-config OUT STORE PASSWORD SECRET # the MLflow server's config
-    python -c "$RF_HELPER" stop MARKER...                          # stop this job's Ray, rm temp
-    python -c "$RF_HELPER" await INFO_FILE NODES TIMEOUT PID:NODE...# until the head saw NODES
-    python rf_helper.py start RAY_START_ARGS...                      # `ray start`, see start()
-                                                        # (on the head: also `watch`, a thread)
+    PYTHONPATH=ZIP python -m infra.node.slurm.node_helper COMMAND ARGS...
 
+    prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base, write the first info file
+    block BASE                               # this node's free base
+    autoscaling-config IN OUT                # Ray's config + job facts
+    autodown-config OUT IDLE_MINUTES CLUSTER # the idle watcher's config
+    tracking-config OUT STORE PASSWORD SECRET# the MLflow server's config
+    stop MARKER...                           # stop this job's Ray, rm temp
+    await INFO_FILE NODES TIMEOUT PID:NODE...# until the head saw NODES
+    start RAY_START_ARGS...                  # `ray start`, see start() (on the head: also `watch`)
+
+It imports the standard library, the node package (rayproc: port block layout, scoped process
+stop, with psutil, which Ray ships; files; retry) and Ray for `start`.
 Everything about the job comes from the RF_* variables the batch script exports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -40,39 +42,6 @@ from infra.node.rayproc import (
     terminate,
 )
 from infra.node.retry import PollTimeout, poll
-
-
-def embedded_source() -> str:
-    """This module as one program: the node package's modules it imports (and theirs), each
-    before its users, then this one, without the imports that join them."""
-    import importlib
-
-    order: list[str] = []
-
-    def visit(name: str) -> None:
-        if name in order:
-            return
-        source = Path(importlib.import_module(name).__file__ or "").read_text()
-        for used in re.findall(r"^from (infra\.node\.[\w.]+) import", source, re.M):
-            visit(used)
-        order.append(name)
-
-    visit(__name__)
-    parts = ["from __future__ import annotations\n"]
-    for name in order:
-        kept, skipping = [], False
-        for line in Path(importlib.import_module(name).__file__ or "").read_text().splitlines(
-                keepends=True):
-            # Drop the imports of the joined modules' names (defined above in the joined
-            # program; they may span lines) and every __future__ import but the first.
-            if line.startswith("from infra.node."):
-                skipping = "(" in line and not line.rstrip().endswith(")")
-            elif skipping:
-                skipping = not line.rstrip().endswith(")")
-            elif line.strip() != "from __future__ import annotations":
-                kept.append(line)
-        parts.append("".join(kept))
-    return "\n".join(parts)
 
 
 def _env(name: str) -> str:
@@ -164,7 +133,10 @@ def watch(path: str, want: int, timeout: float) -> None:
 
     client: Any = None
     seen = -1
-    while time.monotonic() < deadline:
+
+    def settled() -> bool:
+        """True once the info file says ready (or `await` already gave its verdict)."""
+        nonlocal client, seen
         nodes: list[Any] = []
         try:
             # A GcsClient made before the GCS listens waits 40 s to fail: knock first.
@@ -175,31 +147,34 @@ def watch(path: str, want: int, timeout: float) -> None:
         except Exception:  # the GCS is not up yet (or restarting): keep polling
             client = None
         if _phase(path) != "starting":
-            return  # `await` gave up (a step died or the time ran out): leave its verdict
+            return True  # `await` gave up (a step died or the time ran out): leave its verdict
         if len(nodes) != seen:
             seen = len(nodes)
             if any(n.is_head_node for n in nodes):
                 timeline.setdefault("head_alive", time.time())
             if seen < want:
                 write_info(path, _info("starting", f"{seen}/{want} Ray nodes alive"))
-        if seen >= want:
-            timeline["all_alive"] = time.time()
-            start = float(_env("RF_STARTED_AT") or 0)
-            print("rayfleet: start-up " + ", ".join(
-                f"{name.replace('_', ' ')} +{at - start:.2f}s" for name, at in timeline.items()),
-                flush=True)
-            listed = sorted(
-                ({"ip": n.node_manager_address, "hostname": n.node_manager_hostname,
-                  "head": bool(n.is_head_node), "node_manager_port": n.node_manager_port,
-                  "object_manager_port": n.object_manager_port} for n in nodes),
-                key=lambda n: (not n["head"], n["hostname"]),
-            )
-            write_info(path, _info("ready", f"{seen}/{want} Ray nodes alive", nodes=listed,
-                                   ready_at=timeline["all_alive"], timeline=timeline,
-                                   ray_version=ray.__version__,
-                                   python_version=sys.version.split()[0]))
-            return
-        time.sleep(0.1)
+        if seen < want:
+            return False
+        timeline["all_alive"] = time.time()
+        start = float(_env("RF_STARTED_AT") or 0)
+        print("rayfleet: start-up " + ", ".join(
+            f"{name.replace('_', ' ')} +{at - start:.2f}s" for name, at in timeline.items()),
+            flush=True)
+        listed = sorted(
+            ({"ip": n.node_manager_address, "hostname": n.node_manager_hostname,
+              "head": bool(n.is_head_node), "node_manager_port": n.node_manager_port,
+              "object_manager_port": n.object_manager_port} for n in nodes),
+            key=lambda n: (not n["head"], n["hostname"]),
+        )
+        write_info(path, _info("ready", f"{seen}/{want} Ray nodes alive", nodes=listed,
+                               ready_at=timeline["all_alive"], timeline=timeline,
+                               ray_version=ray.__version__,
+                               python_version=sys.version.split()[0]))
+        return True
+
+    with contextlib.suppress(PollTimeout):  # `await` reports the timeout
+        poll(settled, max(0.0, deadline - time.monotonic()), 0.1, f"{want} Ray nodes alive")
 
 
 def _phase(path: str) -> str:
@@ -214,24 +189,26 @@ def await_ready(path: str, want: int, timeout: float, steps: list[str]) -> int:
     """Wait (standard library only, no Ray import) until the head's watcher wrote the info file
     as ready; fail early when a `ray start` step died, or at the timeout."""
     step_nodes = dict(s.split(":", 1) for s in steps)
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def verdict() -> str | None:
         phase = _phase(path)
-        if phase == "ready":
-            return 0
-        if phase == "failed":
-            return 1
+        if phase in ("ready", "failed"):
+            return phase
         dead = [node for pid, node in step_nodes.items() if not alive(int(pid))]
-        message = ""
         if dead:
-            message = f"`ray start` on {', '.join(sorted(dead))} exited; see this job's output"
-        elif time.monotonic() > deadline:
-            message = f"not all {want} Ray nodes alive after {timeout:.0f}s"
-        if message:
-            write_info(path, _info("failed", message))
-            print(f"rayfleet: {message}", file=sys.stderr)
-            return 1
-        time.sleep(0.1)
+            return fail(f"`ray start` on {', '.join(sorted(dead))} exited; see this job's output")
+        return None
+
+    def fail(message: str) -> str:
+        write_info(path, _info("failed", message))
+        print(f"rayfleet: {message}", file=sys.stderr)
+        return "failed"
+
+    try:
+        phase = poll(verdict, timeout, 0.1, "the info file to say ready")
+    except PollTimeout:
+        phase = fail(f"not all {want} Ray nodes alive after {timeout:.0f}s")
+    return 0 if phase == "ready" else 1
 
 
 def _head_registered(timeout: float) -> bool:
@@ -335,10 +312,10 @@ def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
 
 
 def tracking_config(target: str, store: str, password_path: str, secret_key_path: str) -> int:
-    """The tracking server's config (infra/node/tracking.py `ServerConfig`; not imported: its
-    module would run as this program's main) in the head's private dir: the head's address and
-    the block's tracking port, the store on the shared work dir (0700: the runs are nobody
-    else's), the paths of its 0600 secrets (never their content)."""
+    """The tracking server's config (the fields of infra/node/tracking.py `ServerConfig`, which
+    reads it; tests/slurm/test_spec_render.py keeps the two in step) in the head's private dir:
+    the head's address and the block's tracking port, the store on the shared work dir (0700:
+    the runs are nobody else's), the paths of its 0600 secrets (never their content)."""
     import importlib.util
 
     if importlib.util.find_spec("mlflow") is None:
@@ -356,7 +333,20 @@ def tracking_config(target: str, store: str, password_path: str, secret_key_path
     return 0
 
 
+def _leave_path() -> None:
+    """Take the zip this module runs from (`rf_helper` put it first) off PYTHONPATH: the
+    processes `ray start` spawns get the PYTHONPATH the job had."""
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if entries[0] and entries[0] == os.environ.get("RF_PY"):
+        rest = os.pathsep.join(entries[1:])
+        if rest:
+            os.environ["PYTHONPATH"] = rest
+        else:
+            del os.environ["PYTHONPATH"]
+
+
 def main(argv: list[str]) -> int:
+    _leave_path()
     command, args = argv[0], argv[1:]
     if command == "prepare":
         print(prepare(args[0], *(int(a) for a in args[1:4])))

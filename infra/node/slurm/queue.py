@@ -16,13 +16,13 @@ caller, here and on the head, waits out an unanswering controller with `patientl
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from infra.node.errors import ProviderError
 from infra.node.identity import TAG_CLUSTER, TAG_NAME, TAG_OWNER
+from infra.node.retry import retry
 
 #: squeue's fields, fixed with -o so that a site's SQUEUE_FORMAT cannot change them. The comment
 #: comes last; ours never contains "|".
@@ -70,20 +70,17 @@ def patiently(call: Callable[[], T], what: str, patience: float = PATIENCE_S) ->
     """`call()`, retried with backoff while Slurm's controller does not answer (QueueUnavailable,
     or a transient failure of scontrol/sbatch/scancel); after `patience` seconds, a
     QueueUnavailable naming `what`. Standard library only: the head runs it too."""
-    deadline = time.monotonic() + patience
-    delay = FIRST_DELAY_S
-    while True:
-        try:
-            return call()
-        except SlurmError as exc:
-            transient = isinstance(exc, QueueUnavailable) or TRANSIENT.search(str(exc))
-            if not transient or time.monotonic() + delay > deadline:
-                if transient:
-                    raise QueueUnavailable(f"{exc} (for {patience:.0f}s while {what}); "
-                                           "is slurmctld answering? Try again later") from None
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, MAX_DELAY_S)
+    def transient(exc: BaseException) -> bool:
+        return isinstance(exc, QueueUnavailable) or bool(TRANSIENT.search(str(exc)))
+
+    try:
+        return retry(call, (SlurmError,), patience=patience, passing=transient,
+                     backoff=lambda attempt: min(FIRST_DELAY_S * 2 ** attempt, MAX_DELAY_S))
+    except SlurmError as exc:
+        if transient(exc):
+            raise QueueUnavailable(f"{exc} (for {patience:.0f}s while {what}); "
+                                   "is slurmctld answering? Try again later") from None
+        raise
 
 
 def time_limit_seconds(text: str) -> int:

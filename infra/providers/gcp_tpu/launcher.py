@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,17 +21,13 @@ from infra.node.gcp_tpu.api import (
     GcpPermissionError,
     GcpQuotaError,
 )
+from infra.node.where import ray_executable
 
 #: (arguments, environment, log file, progress callback) -> exit code.
 RayRunner = Callable[[list[str], dict[str, str], Path, Callable[[str], None]], int]
 
 #: `ray up`/`ray down` may not hang forever (a TPU slice can take ~15 minutes to come up).
 RAY_TIMEOUT_S = 3600
-
-
-def ray_executable() -> str:
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
 
 
 def up_args(config: Path) -> list[str]:

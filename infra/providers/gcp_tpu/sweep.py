@@ -9,10 +9,9 @@ state file here, with that spec's credentials. Prices are estimates from prices.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, ClassVar
 
-from infra import paths
+from infra import paths, wait
 from infra.errors import ProviderError, RayfleetError
 from infra.node import identity
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError, find_credentials
@@ -89,11 +88,8 @@ class Sweeper(BaseSweeper):
                 str(labels.get(identity.TAG_NAME, "")))
 
     def _instances(self, api: Gcp, zone: str) -> list[Marked]:
-        collection = api.compute.instances()
-        request = collection.list(project=api.project, zone=zone,
-                                  filter=f"labels.{identity.TAG_CLUSTER}:*", maxResults=500)
         items = []
-        for vm in api._pages(collection, request, "items", f"instances in {zone}"):
+        for vm in api.instances_labelled(zone, identity.TAG_CLUSTER):
             cluster_id, owner, name = self._labels(vm)
             labels = vm.get("labels") or {}
             if not identity.is_cluster_id(cluster_id) or "tpu_cores" in labels:
@@ -110,10 +106,8 @@ class Sweeper(BaseSweeper):
         return items
 
     def _tpu_nodes(self, api: Gcp, zone: str) -> list[Marked]:
-        collection = api.tpu.projects().locations().nodes()
-        request = collection.list(parent=f"projects/{api.project}/locations/{zone}")
         items = []
-        for node in api._pages(collection, request, "nodes", f"TPU nodes in {zone}"):
+        for node in api.tpu_nodes(zone, {}):  # whoever's: the labels are checked below
             cluster_id, owner, name = self._labels(node)
             if not identity.is_cluster_id(cluster_id) or "rayfleet-queued-slice" in (
                     node.get("labels") or {}):
@@ -133,11 +127,8 @@ class Sweeper(BaseSweeper):
         """Queued TPU requests whose id and node labels carry a cluster id (queued.py)."""
         from infra.node.gcp_tpu import queued
 
-        collection = api.tpu.projects().locations().queuedResources()
-        request = collection.list(parent=f"projects/{api.project}/locations/{zone}")
         items = []
-        for resource in api._pages(collection, request, "queuedResources",
-                                   f"queued TPU requests in {zone}"):
+        for resource in api.queued_resources(zone):
             parsed = queued.parse_id(queued.short(resource))
             if parsed is None or not queued.ours(resource, parsed[0]):
                 continue
@@ -166,12 +157,15 @@ class Sweeper(BaseSweeper):
             else:
                 operation = api.delete_instance(item.attrs["zone"], item.name)
             started.append((api, item, operation))
-        deadline = time.monotonic() + self.wait_s
-        for api, item, operation in started:
-            if operation is None:
-                continue  # already gone
-            while api.poll(operation, f"deleting {item.name}") is None:
-                if time.monotonic() > deadline:
-                    raise ProviderError(f"{item.name} is still being deleted after "
-                                        f"{self.wait_s:g}s; run `invoke sweep --delete` again")
-                time.sleep(api.options.poll_interval)
+        pending = [(api, item, operation) for api, item, operation in started
+                   if operation is not None]  # None: already gone
+
+        def all_deleted() -> bool | None:
+            pending[:] = [(api, item, operation) for api, item, operation in pending
+                          if api.poll(operation, f"deleting {item.name}") is None]
+            return True if not pending else None
+
+        if pending:
+            wait.until(all_deleted, self.wait_s, pending[0][0].options.poll_interval,
+                       lambda: ProviderError(f"{pending[0][1].name} is still being deleted after "
+                                             f"{self.wait_s:g}s; run `invoke sweep --delete` again"))

@@ -12,10 +12,10 @@ documents about traffic between instances).
 from __future__ import annotations
 
 import contextlib
-import time
+import functools
 from typing import Any
 
-from infra import ui
+from infra import ui, wait
 from infra.node.lambda_cloud import api
 from infra.state import State
 
@@ -134,18 +134,10 @@ def delete(client: api.LambdaClient, state: State, timeout: float = 120) -> None
     ids = {r.id for r in state.resources(FIREWALL)}
     ids |= {r.id for r in client.firewall_rulesets() if r.name == name}
     for ruleset_id in sorted(ids):
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                client.delete_firewall_ruleset(ruleset_id)
-            except api.NotFound:
-                pass
-            except api.RulesetInUse:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(max(client.limits.request_interval, 0.05))
-                continue
-            break
+        with contextlib.suppress(api.NotFound):
+            # Lambda refuses while an instance just terminated still holds the ruleset.
+            wait.retry(functools.partial(client.delete_firewall_ruleset, ruleset_id), (api.RulesetInUse,),
+                       timeout, max(client.limits.request_interval, 0.05))
         with contextlib.suppress(KeyError):
             state.remove(FIREWALL, ruleset_id)
         ui.info(f"deleted firewall ruleset {name} ({ruleset_id})")

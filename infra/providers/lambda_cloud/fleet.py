@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import math
 import re
 import secrets
 import time
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import ssh, ui
+from infra import ssh, ui, wait
 from infra.errors import ProviderError
 from infra.node import identity
 from infra.node.lambda_cloud import api
@@ -459,3 +460,30 @@ def terminate(client: api.LambdaClient, state: State, ids: list[str], timeout: f
 
     ui.wait_for(check, f"Lambda to report {len(ids)} instance(s) terminated", timeout=timeout,
                 interval=0.0, hint="run `invoke teardown` again")
+
+
+def terminate_until_quiet(client: api.LambdaClient, state: State, autoscaling: bool) -> None:
+    """Terminate whatever carries the cluster's id, again and again; with an autoscaler, until
+    a listing a launch interval and a half after the last one shows none (a launch in flight
+    when the head died may still appear)."""
+    quiet_since: float | None = None
+
+    def quiet() -> bool | None:
+        nonlocal quiet_since
+        adopt_orphans(client, state, "teardown")
+        left = [r.id for r in state.resources(INSTANCE)]
+        if left:
+            terminate(client, state, left)
+            quiet_since = None
+            return None
+        if not autoscaling:
+            return True
+        if quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= client.limits.launch_interval * 1.5:
+            return True
+        return None
+
+    # No deadline: every round either terminates something or counts toward the quiet period.
+    wait.until(quiet, math.inf, client.limits.request_interval,
+               lambda: ProviderError("unreachable: teardown waits without a deadline"))

@@ -553,21 +553,7 @@ class Provider(BaseProvider[Spec, Capacity]):
                             self._target(str(head_ip)) if head_ip else None)
         if self.spec.autoscaling and heads:
             fleet.terminate(client, state, heads)
-        quiet_since = None
-        while True:
-            fleet.adopt_orphans(client, state, "teardown")
-            left = [r.id for r in state.resources(fleet.INSTANCE)]
-            if left:
-                fleet.terminate(client, state, left)
-                quiet_since = None
-                continue
-            if not self.spec.autoscaling:
-                break
-            if quiet_since is None:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= client.limits.launch_interval * 1.5:
-                break
-            time.sleep(client.limits.request_interval)
+        fleet.terminate_until_quiet(client, state, self.spec.autoscaling)
         fleet.delete_ssh_keys(client, self.spec, state)
         firewall.delete(client, state)
         if not self.spec.ssh_key_name:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra import auth, jobs, paths, render, ssh, tracking, tracking_remote, ui, versions
 from infra.errors import ProviderError
+from infra.node.where import home_path, ray_executable
 
 if TYPE_CHECKING:
     from infra.node.lambda_cloud import api
@@ -48,7 +47,7 @@ def activate(spec: Spec) -> str:
 
 
 #: Where nodes keep the cluster's Ray token (auth.NODE_TOKEN_PATH, spelled for a shell).
-NODE_TOKEN = "$HOME/" + auth.NODE_TOKEN_PATH.removeprefix("~/")
+NODE_TOKEN = home_path(auth.NODE_TOKEN_PATH)
 
 
 def private_address(instance: api.Instance) -> str:
@@ -115,11 +114,6 @@ def config_path(cluster: str) -> Path:
     return paths.rendered_dir(cluster) / CONFIG_FILE
 
 
-def _ray() -> str:
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
-
-
 def _log(cluster: str, name: str) -> Path:
     path = paths.home() / "logs" / cluster / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -132,7 +126,7 @@ def _run_ray(args: list[str], log: Path, timeout: float, extra_env: dict[str, st
         env["RAY_USAGE_STATS_ENABLED"] = "1"  # the user opted in explicitly
     with log.open("w") as out:
         try:
-            return subprocess.run([_ray(), *args], stdout=out, stderr=subprocess.STDOUT,
+            return subprocess.run([ray_executable(), *args], stdout=out, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, env=env, timeout=timeout,
                                   check=False).returncode
         except subprocess.TimeoutExpired:

@@ -9,9 +9,9 @@ cost nothing and stay for `invoke teardown` of their cluster (their names carry 
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import ClassVar
 
+from infra import wait
 from infra.errors import ProviderError
 from infra.node import identity
 from infra.node.lambda_cloud import api
@@ -64,13 +64,13 @@ class Sweeper(BaseSweeper):
         client = self.client()
         with contextlib.suppress(api.NotFound):  # already gone: the wait below confirms it
             client.terminate(ids)
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            left = [i for i in client.instances() if i.id in ids and i.status not in api.GONE]
-            if not left:
-                return
-            if time.monotonic() > deadline:
-                raise ProviderError("Lambda still lists " + ", ".join(
-                    f"{i.name} ({i.id}, {i.status})" for i in left) + f" after {self.wait_s:g}s; "
-                    "run `invoke sweep --delete` again")
-            time.sleep(max(client.limits.request_interval, 0.05))
+        left: list[api.Instance] = []
+
+        def all_gone() -> bool | None:
+            left[:] = [i for i in client.instances() if i.id in ids and i.status not in api.GONE]
+            return True if not left else None
+
+        wait.until(all_gone, self.wait_s, max(client.limits.request_interval, 0.05),
+                   lambda: ProviderError("Lambda still lists " + ", ".join(
+                       f"{i.name} ({i.id}, {i.status})" for i in left) + f" after {self.wait_s:g}s; "
+                       "run `invoke sweep --delete` again"))

@@ -25,6 +25,7 @@ from infra.errors import ClusterNotRunningError, ProviderError
 from infra.head import HeadAccess
 from infra.node import autodown, identity, rayproc
 from infra.node.local import autodown as local_autodown
+from infra.node.where import ray_executable
 from infra.providers.base import (
     Cost,
     Endpoint,
@@ -71,11 +72,6 @@ def temp_dir(cluster: str, cluster_id: str) -> str:
     return f"/tmp/rayfleet/{cluster}-{cluster_id}"
 
 
-def _ray_executable() -> str:
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
-
-
 def _usage_stats() -> str:
     # Off unless the user explicitly opted in through Ray's own variable.
     return "1" if os.environ.get("RAY_USAGE_STATS_ENABLED") == "1" else "0"
@@ -110,7 +106,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         return render.render(
             "local.start.sh.j2",
             cluster=self.spec.name,
-            ray=_ray_executable(),
+            ray=ray_executable(),
             usage_stats=_usage_stats(),
             auth_env=auth.node_env(str(token)) if token else {"RAY_AUTH_MODE": "disabled"},
             port_flags=block.flags(),
@@ -339,7 +335,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
                           client_port=None)
 
     def readiness(self) -> list[Readiness]:
-        ray = _ray_executable()
+        ray = ray_executable()
         if not Path(ray).exists() and shutil.which(ray) is None:
             return [Readiness("Ray CLI", False, "no `ray` beside this Python or on PATH",
                               "pip install -e . (installs Ray) in this checkout's venv")]

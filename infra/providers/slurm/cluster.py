@@ -16,8 +16,8 @@ from typing import Any
 from infra.errors import SpecError
 from infra.node.slurm import queue
 from infra.node.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable, patiently
+from infra.node.where import home_path
 from infra.providers.slurm.remote import Runner, SlurmError
-from infra.providers.slurm.script import shell_path
 from infra.providers.slurm.spec import Spec, time_limit_seconds
 
 __all__ = ["LIVE_STATES", "JobRow", "QueueUnavailable", "patiently"]
@@ -192,7 +192,7 @@ def job_rows(runner: Runner, job_id: str) -> list[JobRow] | None:
 def job_file(workdir: str, job_name: str, suffix: str) -> str:
     """A file of the job in the work dir, in shell form (it may start with "$HOME"): the batch
     script writes <job name>.json (the info file) and Slurm <job name>.out (its output)."""
-    return shell_path(f"{workdir.rstrip('/')}/{job_name}{suffix}")
+    return home_path(f"{workdir.rstrip('/')}/{job_name}{suffix}")
 
 
 def poll(runner: Runner, job_id: str, info_file: str, partition: str | None,
@@ -243,7 +243,7 @@ def sbatch(runner: Runner, workdir: str, job_name: str, script: str, comment: st
     to every user in `scontrol show job`). `secrets`: (folder, name -> content) of the files the
     nodes read (the Ray token, the MLflow login), written first in the same round trip (ahead of
     the script on stdin)."""
-    folder = shell_path(workdir)
+    folder = home_path(workdir)
     exports = "".join(f",{k}={v}" for k, v in (export or {}).items())
     first, stdin = "", script
     if secrets is not None and secrets[1]:
@@ -317,9 +317,9 @@ def read_output(runner: Runner, path: str) -> str:
 
 
 def remove_files(runner: Runner, workdir: str, job_name: str) -> None:
-    base = shell_path(f"{workdir.rstrip('/')}/{job_name}")
+    base = home_path(f"{workdir.rstrip('/')}/{job_name}")
     # The atomic write's temporary files (infra/node/files.py), should a writer have died.
-    hidden = shell_path(f"{workdir.rstrip('/')}/.{job_name}")
+    hidden = home_path(f"{workdir.rstrip('/')}/.{job_name}")
     # <job name>.autodown.json: what the head's idle watcher left when it removed the cluster.
     runner.run(f"rm -f {base}.json {base}.out {base}.json.tmp* {base}.autodown.json* "
                f"{hidden}.json.*.tmp {hidden}.autodown.json.*.tmp", timeout=30)

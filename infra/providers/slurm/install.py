@@ -11,8 +11,8 @@ from __future__ import annotations
 import shlex
 
 from infra import paths, ui, versions
+from infra.node.where import home_path
 from infra.providers.slurm.remote import Runner, SlurmError
-from infra.providers.slurm.script import shell_path
 from infra.providers.slurm.spec import Spec
 
 
@@ -28,18 +28,18 @@ def command(spec: Spec) -> str:
     assert env.activate is not None
     args = versions.install_args(env_kind(spec), backend=env.backend)
     folder = f"{spec.submit.workdir.rstrip('/')}/setup"
-    return (f"bash {shell_path(folder + '/install.sh')} {shlex.join(args)} "
-            f"--prefix {shell_path(env.activate)}")
+    return (f"bash {home_path(folder + '/install.sh')} {shlex.join(args)} "
+            f"--prefix {home_path(env.activate)}")
 
 
 def upload(runner: Runner, spec: Spec) -> None:
     """Copy setup/install.sh and the env specs next to the jobs' files on the submit host."""
     folder = f"{spec.submit.workdir.rstrip('/')}/setup"
-    runner.check(f"mkdir -p {shell_path(folder + '/envs')}")
+    runner.check(f"mkdir -p {home_path(folder + '/envs')}")
     sources = [paths.setup_dir() / "install.sh", *sorted((paths.setup_dir() / "envs").glob("*"))]
     for source in sources:
         relative = source.relative_to(paths.setup_dir()).as_posix()
-        runner.check(f"cat > {shell_path(f'{folder}/{relative}')}", input=source.read_text())
+        runner.check(f"cat > {home_path(f'{folder}/{relative}')}", input=source.read_text())
 
 
 def install(runner: Runner, spec: Spec) -> None:

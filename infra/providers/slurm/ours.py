@@ -15,11 +15,11 @@ from infra import paths, ui
 from infra.node.files import atomic_write
 from infra.node.slurm import queue
 from infra.node.slurm.queue import JobRow, QueueUnavailable
+from infra.node.where import home_path
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.base import ProviderStatus
 from infra.providers.slurm import cluster, costs
 from infra.providers.slurm.remote import Runner
-from infra.providers.slurm.script import shell_path
 from infra.providers.slurm.spec import Spec
 from infra.state import Resource, State
 
@@ -34,7 +34,7 @@ _NEAR_END_S = 15 * 60
 
 def token_dir(workdir: str, cluster_id: str) -> str:
     """Where the nodes read the cluster's Ray token: beside the jobs' files (shared with them)."""
-    return shell_path(f"{workdir.rstrip('/')}/keys/{cluster_id}")
+    return home_path(f"{workdir.rstrip('/')}/keys/{cluster_id}")
 
 
 def expected_id(spec: Spec, state: State, job: Resource) -> str | None:
@@ -108,7 +108,7 @@ def teardown(spec: Spec, runner: Runner, state: State) -> None:
                 _scancel(runner, job_id)
         _wait_gone(runner, ids, f"job(s) {', '.join(ids)} to leave the queue")
     prefix = queue.job_prefix(spec.name, state.cluster_id)
-    base = shell_path(f"{workdir.rstrip('/')}/{prefix}")
+    base = home_path(f"{workdir.rstrip('/')}/{prefix}")
     runner.run(f"rm -f {base}*.out {base}*.json; rm -rf {token_dir(workdir, state.cluster_id)}",
                timeout=30)
     with contextlib.suppress(QueueUnavailable):

@@ -160,13 +160,7 @@ class SshRunner(Runner):
         raise AssertionError("unreachable")
 
     def _exec(self, line: str, input: str | None, timeout: float) -> ssh.Result:
-        stdin, stdout, stderr = self._connected().exec_command(line, timeout=timeout)
-        if input is not None:
-            stdin.write(input)
-        stdin.channel.shutdown_write()
-        out = stdout.read().decode(errors="replace")
-        err = stderr.read().decode(errors="replace")
-        return ssh.Result(stdout.channel.recv_exit_status(), out, err)
+        return ssh.execute(self._connected(), line, timeout, input)
 
     def node_target(self, node: str) -> ssh.SshTarget:
         # Into the compute node through the login host (what `ssh -J login node` does), with

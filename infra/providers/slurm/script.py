@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 from infra import render, shipping, tracking
 from infra.node import rayproc
 from infra.node.slurm import autodown as slurm_autodown
-from infra.node.slurm import node_helper, queue
+from infra.node.slurm import queue
+from infra.node.where import home_path
 from infra.providers.slurm.spec import PORT_STRIDE, GpuWorkers, Spec, WorkerType
 
 #: The head's node type name in Ray's autoscaling config (v2 expects it in RAY_NODE_TYPE_NAME).
@@ -30,15 +30,6 @@ def port_layout() -> list[tuple[str, int]]:
         name, offset = flag.removeprefix("--").split("=")
         layout.append((name, int(offset)))
     return layout
-
-
-def shell_path(path: str) -> str:
-    """A path for a shell word: `~/x` becomes "$HOME"/x (quoting would stop `~` expanding)."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
 
 
 def _group_options(partition: str | None, account: str | None, qos: str | None, time_limit: str,
@@ -199,9 +190,11 @@ def _environment_context(spec: Spec) -> dict[str, Any]:
         "auth": spec.auth != "none",
         "modules": env.modules,
         "activate": env.activate,
-        "activate_path": shell_path(env.activate) if env.activate else "",
+        "activate_path": home_path(env.activate) if env.activate else "",
         "env_vars": sorted(env.env_vars.items()),
-        "helper": node_helper.embedded_source().rstrip("\n"),
+        # Every node runs its helper from the node package (infra/node/slurm/node_helper.py).
+        "node_zip": shipping.node_zip_base64(),
+        "node_zip_name": shipping.zip_name(),
         "temp_root": spec.ray_temp_root.rstrip("/") or "",
     }
 
@@ -240,12 +233,6 @@ def render_script(spec: Spec) -> str:
         gpu_sbatch_options=gpu_sbatch_options(spec, gpu) if gpu else [],
         **_environment_context(spec),
         autoscaling=autoscaling,
-        # The node package for the head: the node provider (autoscaling), the idle watcher and
-        # Slurm's removal action (autodown), the tracking server's supervisor (tracking);
-        # nothing for a plain fixed cluster.
-        node_zip=shipping.node_zip_base64() if (autoscaling or spec.autodown
-                                                or tracking_on) else "",
-        node_zip_name=shipping.zip_name(),
         autodown=f"{spec.autodown.idle_minutes:g}" if spec.autodown else "",
         autodown_config=slurm_autodown.CONFIG_FILE,
         autodown_marker=slurm_autodown.MARKER_FILE,
