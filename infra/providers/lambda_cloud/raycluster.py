@@ -150,15 +150,6 @@ def ray_up(spec: Spec, path: Path, client_env: dict[str, str]) -> None:
         raise RayClusterError(f"`ray up` {reason}: {' | '.join(tail)[-300:]}; full log: {log}")
 
 
-def stop_ray(spec: Spec, target: ssh.SshTarget) -> str | None:
-    """`ray stop --force` on one node; None when done, else the reason (best effort)."""
-    try:
-        ssh.run(target, f"{activate(spec)}ray stop --force", timeout=60, check=True)
-    except ssh.SshError as exc:
-        return str(exc)
-    return None
-
-
 def head_reaches_workers(head: ssh.SshTarget, user: str, workers: dict[str, str]) -> list[str]:
     """From the head, log into each worker with the key Ray copied there; problems by worker."""
     options = ("-i ~/ray_bootstrap_key.pem -o BatchMode=yes -o StrictHostKeyChecking=no "
