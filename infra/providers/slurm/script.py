@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 from infra import render, shipping, tracking
@@ -32,13 +31,8 @@ def port_layout() -> list[tuple[str, int]]:
     return layout
 
 
-def shell_path(path: str) -> str:
-    """A path for a shell word: `~/x` becomes "$HOME"/x (quoting would stop `~` expanding)."""
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    return shlex.quote(path)
+#: A path for a shell word (`~/x` stays in $HOME); the Slurm modules' name for render's.
+shell_path = render.shell_path
 
 
 def _group_options(partition: str | None, account: str | None, qos: str | None, time_limit: str,
@@ -199,7 +193,6 @@ def _environment_context(spec: Spec) -> dict[str, Any]:
         "auth": spec.auth != "none",
         "modules": env.modules,
         "activate": env.activate,
-        "activate_path": shell_path(env.activate) if env.activate else "",
         "env_vars": sorted(env.env_vars.items()),
         "helper": node_helper.embedded_source().rstrip("\n"),
         "temp_root": spec.ray_temp_root.rstrip("/") or "",
