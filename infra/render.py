@@ -11,8 +11,9 @@ it is and checks it: `varname` (an assignment's name), `integer` (inside `$(( ))
 would expand a `$(...)` even in quotes), `expand` (our own text inside double quotes, whose only
 `$` are variables), `heredoc` (a quoted here-document's body), `sbatch` (one #SBATCH word),
 `comment` (one line of a comment), `shpath` (a path, `~/` kept as $HOME), `word` (our own
-plain word, `~` and all). In a YAML template no
-value may span lines: a newline there could end a block scalar and start a key.
+plain word, `~` and all). In a YAML template no value may span lines: a newline there could end a
+block scalar and start a key. tests/test_template_quoting.py renders every template with hostile
+values and runs what comes out.
 """
 
 from __future__ import annotations
