@@ -23,12 +23,19 @@ def clusters_dir() -> Path:
     return Path(os.environ.get("RAYFLEET_CLUSTERS") or PROJECT_ROOT / "clusters")
 
 
+def shipped(name: str) -> Path:
+    """`templates` or `setup`: the copy a wheel installs inside the package (infra/_shipped/, put
+    there by setup.py), else the checkout's own folder (a source checkout, an editable install)."""
+    installed = Path(__file__).resolve().parent / "_shipped" / name
+    return installed if installed.is_dir() else PROJECT_ROOT / name
+
+
 def templates_dir() -> Path:
-    return PROJECT_ROOT / "templates"
+    return shipped("templates")
 
 
 def setup_dir() -> Path:
-    return PROJECT_ROOT / "setup"
+    return shipped("setup")
 
 
 def state_dir() -> Path:

@@ -34,7 +34,7 @@ def load(target: str, working_dir: Path) -> dict[str, Any]:
     """The Serve config `target` names (a YAML file or `module:app`), checked before any contact."""
     if target.endswith((".yaml", ".yml")):
         config = _read_yaml(Path(target))
-    elif _IMPORT_PATH.match(target):
+    elif _IMPORT_PATH.fullmatch(target):
         module = target.split(":")[0]
         config = {"applications": [{"name": module.rsplit(".", 1)[-1].replace("_", "-"),
                                     "import_path": target, "route_prefix": "/"}]}

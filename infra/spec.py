@@ -78,7 +78,7 @@ class ClusterSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _name_is_portable(cls, value: str) -> str:
-        if not NAME_PATTERN.match(value):
+        if not NAME_PATTERN.fullmatch(value):
             raise ValueError(
                 f"cluster name {value!r} must be 1-31 lowercase letters, digits or dashes, "
                 "starting with a letter; rename the file"

@@ -164,7 +164,7 @@ def _print(found: list[Found]) -> None:
         return
     from rich.table import Table
 
-    from infra.costs import dollars
+    from infra.costs import usd
 
     table = Table(title="resources with a rayfleet cluster id and no state file here")
     for column in ("provider", "kind", "name", "id", "cluster", "owner", "status", "where", "$/h"):
@@ -174,7 +174,7 @@ def _print(found: list[Found]) -> None:
         table.add_row(item.provider, item.kind, item.name, item.id,
                       f"{item.cluster_name or '?'} ({item.cluster_id})",
                       "yours" if f.mine else f"other ({item.owner or 'no mark'})", item.status,
-                      item.where, dollars(item.hourly_usd))
+                      item.where, usd(item.hourly_usd))
     ui.out(table)
     hourly = sum(f.item.hourly_usd or 0.0 for f in found if f.mine)
-    ui.out(f"yours: {sum(f.mine for f in found)} resource(s), {dollars(hourly)}/h", markup=False)
+    ui.out(f"yours: {sum(f.mine for f in found)} resource(s), {usd(hourly)}/h", markup=False)

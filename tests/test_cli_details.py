@@ -85,3 +85,11 @@ def test_job_log_filter_drops_ray_internals_and_colour_off_a_terminal(colour: bo
     shown = "".join(lines.feed(chunk) for chunk in chunks) + lines.flush()
     assert "RAW:" not in shown and "step 2\n" in shown and shown.endswith("no newline yet")
     assert ("\x1b[" in shown) == colour
+
+
+def test_money_is_written_one_way_from_dollars() -> None:
+    from infra.providers.lambda_cloud import costs as lambda_costs
+
+    assert costs.usd(1234.5) == "$1,234.50" and costs.usd(None) == "?"
+    # Lambda's API prices in cents: converted once, then written the same way.
+    assert lambda_costs.usd_from_cents(150) == costs.usd(1.5) == "$1.50"

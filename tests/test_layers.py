@@ -13,7 +13,7 @@ import pytest
 from tests.import_graph import cycles, graph
 
 #: The commands layer: the verbs and what only they use (the registry is below them).
-COMMANDS = {"infra.commands", "infra.costs", "infra.sweep", "infra.loading", "infra.access",
+COMMANDS = {"infra.commands", "infra.listing", "infra.sweep", "infra.loading", "infra.access",
             "infra.check", "infra.commands_serve"}
 
 

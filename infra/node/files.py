@@ -2,7 +2,12 @@
 
 A reader (or a crash) sees the old file or the new one, never a half-written one: the content goes
 to a temporary file in the same folder, created with its final mode before any byte is in it,
-flushed to disk, then renamed over the target. An OSError (disk full, permission denied, read-only
+flushed to disk, then renamed over the target.
+
+Modes are deliberate: a file follows the writer's umask (a user who set 077, or a shared Slurm work
+dir's group policy, gets what they asked for) unless the caller passes `mode`, which is then set
+exactly, whatever the umask. Secrets pass 0o600; any other explicit mode needs its reason beside the
+call. An OSError (disk full, permission denied, read-only
 file system) leaves nothing behind and becomes one `WriteError` line naming the path and the fix.
 """
 
@@ -38,16 +43,21 @@ def write_error(path: Path | str, exc: OSError) -> WriteError:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path | str, mode: int = 0o644) -> Iterator[BinaryIO]:
+def atomic_file(path: Path | str, mode: int | None = None) -> Iterator[BinaryIO]:
     """`atomic_write` for content written as a stream (a tar of a store, say): the block writes to
-    the yielded file, and `path` is replaced only when the block ends without an error."""
+    the yielded file, and `path` is replaced only when the block ends without an error.
+
+    `mode` None: 0o666 narrowed by the umask, as `open()` would make it; else exactly `mode`."""
     path = Path(path)
     # Per process and thread: two writers of one file never share a temporary one.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        os.fchmod(fd, mode)  # the umask may have narrowed it; set before any content
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
+        if mode is not None:
+            # An explicit mode is exact: a 0o600 secret stays 0o600 whatever the umask (and a
+            # leftover temp file of ours with other bits never widens it). Before any content.
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as handle:
             yield handle
             handle.flush()
@@ -70,7 +80,7 @@ def atomic_file(path: Path | str, mode: int = 0o644) -> Iterator[BinaryIO]:
             os.close(dir_fd)
 
 
-def atomic_write(path: Path | str, data: str | bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` (text is UTF-8), created with `mode`, all or nothing."""
+def atomic_write(path: Path | str, data: str | bytes, mode: int | None = None) -> None:
+    """Replace `path` with `data` (text is UTF-8), all or nothing; mode as in `atomic_file`."""
     with atomic_file(path, mode) as handle:
         handle.write(data.encode() if isinstance(data, str) else data)

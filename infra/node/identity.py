@@ -35,7 +35,7 @@ def new_cluster_id() -> str:
 
 
 def is_cluster_id(value: object) -> bool:
-    return isinstance(value, str) and _ID.match(value) is not None
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
 
 
 def owner_mark() -> str:

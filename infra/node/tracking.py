@@ -86,9 +86,20 @@ def server_command(config: ServerConfig) -> list[str]:
         "--host", config.host, "--port", str(config.port), "--workers", "1",
         "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
         "--serve-artifacts", "--artifacts-destination", str(store / "artifacts"),
-        # Nodes reach the server by the head's address, which the host-header check must accept.
-        "--allowed-hosts", "*",
+        "--allowed-hosts", ",".join(allowed_hosts(config)),
     ]
+
+
+def allowed_hosts(config: ServerConfig) -> list[str]:
+    """The Host headers the server accepts (MLflow's DNS-rebinding check, exact or fnmatch):
+    the address it listens on, as nodes name it (with and without the port), and the loopback
+    names an SSH tunnel's local end carries, whose port is whatever the tunnel picked. Not
+    MLflow's default, which also accepts every private address: a name that resolves to one
+    (DNS rebinding) would get in."""
+    hosts = [config.host, f"{config.host}:{config.port}"]
+    for loopback in ("127.0.0.1", "localhost"):
+        hosts += [loopback, f"{loopback}:*"]
+    return list(dict.fromkeys(hosts))
 
 
 def _auth_ini(store: Path) -> Path:

@@ -13,8 +13,8 @@ from pathlib import Path
 from infra import autodown_view, loading
 from infra.node import identity
 from infra.node.gcp_tpu.api import ApiOptions
-from infra.providers.gcp_tpu import Provider, config
-from infra.providers.gcp_tpu.provider import CLUSTER
+from infra.providers.gcp_tpu import config
+from infra.providers.gcp_tpu.provider import CLUSTER, Provider
 from infra.state import State
 from tests.gcp_tpu.conftest import ZONE, write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp

@@ -100,7 +100,7 @@ def test_a_job_runs_through_the_ssh_tunnel(tmp_path: Path, rf_home: Path, fake: 
                                           local_ray: tuple[int, str]) -> None:
     from infra import jobs
     from infra.providers.base import UpOptions
-    from infra.providers.gcp_tpu import Provider
+    from infra.providers.gcp_tpu.provider import Provider
 
     port, token = local_ray
     loaded = loading.load_spec(write_spec(tmp_path, name="tunnel", dashboard={"port": port},

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from infra import autodown_view, loading
-from infra.providers.slurm import Provider
+from infra.providers.slurm.provider import Provider
 from infra.providers.slurm.spec import Spec
 from infra.state import State
 

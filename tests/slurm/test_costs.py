@@ -8,7 +8,8 @@ import pytest
 
 from infra import loading
 from infra.costs import describe_range
-from infra.providers.slurm import Provider, costs
+from infra.providers.slurm import costs
+from infra.providers.slurm.provider import Provider
 from infra.providers.slurm.spec import Spec
 
 

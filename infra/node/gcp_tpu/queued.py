@@ -63,7 +63,7 @@ def request_id(cluster_id: str, slice_name: str, index: int, attempt: int) -> st
 
 def parse_id(qr_id: str) -> tuple[str, str, int, int] | None:
     """(cluster id, slice, index, attempt) of one of our ids, else None."""
-    match = _ID.match(qr_id)
+    match = _ID.fullmatch(qr_id)
     if not match:
         return None
     return match.group(1), match.group(2), int(match.group(3)), int(match.group(4))

@@ -32,7 +32,8 @@ from infra.node.net import is_loopback
 from infra.node.retry import PollTimeout, poll
 
 DEFAULT_URL = "https://cloud.lambda.ai/api/v1"
-KEY_FILE = Path(".lambda_cloud") / "lambda_keys"
+#: The user's Lambda key file (as Lambda's own CLI keeps it), relative to their home.
+LAMBDA_KEYS_FILE = Path(".lambda_cloud") / "lambda_keys"
 #: Statuses after which an instance never comes back.
 GONE = frozenset({"terminated", "preempted"})
 #: Statuses that end a wait for `active` with a failure.
@@ -285,13 +286,13 @@ def read_api_key() -> str | None:
     key = os.environ.get("LAMBDA_API_KEY", "").strip()
     if key:
         return key
-    path = Path.home() / KEY_FILE
+    path = Path.home() / LAMBDA_KEYS_FILE
     try:
         text = path.read_text()
     except OSError:
         return None
     for line in text.splitlines():
-        match = re.match(r"\s*api_key\s*=\s*(\S+)\s*$", line)
+        match = re.fullmatch(r"\s*api_key\s*=\s*(\S+)\s*", line)
         if match:
             return match.group(1).strip("'\"")
     return None
@@ -363,7 +364,7 @@ class LambdaClient:
         if not key:
             raise MissingApiKey(
                 "no Lambda API key: set LAMBDA_API_KEY or put `api_key = <key>` in "
-                f"~/{KEY_FILE} (create a key at https://cloud.lambda.ai/api-keys)")
+                f"~/{LAMBDA_KEYS_FILE} (create a key at https://cloud.lambda.ai/api-keys)")
         return cls(key, base_url(), Limits.from_env(share))
 
     # --- transport ------------------------------------------------------------------------------

@@ -20,4 +20,4 @@ _KEY = re.compile(r"^[a-z][a-z0-9-:]+$")
 
 
 def valid(key: str, value: str) -> bool:
-    return bool(_KEY.match(key)) and len(key) <= 55 and len(value) <= 128
+    return bool(_KEY.fullmatch(key)) and len(key) <= 55 and len(value) <= 128

@@ -87,7 +87,7 @@ def time_limit_seconds(text: str) -> int:
     """Seconds in a Slurm time string (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); UNLIMITED is huge."""
     if text.upper() in ("UNLIMITED", "INFINITE"):
         return 2**31
-    match = _TIME.match(text)
+    match = _TIME.fullmatch(text)
     if not match:
         raise ValueError(f"not a Slurm time {text!r}")
     days, a, b, c = (int(g) if g is not None else None for g in match.groups())

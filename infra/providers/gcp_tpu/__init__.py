@@ -5,22 +5,8 @@ shapes), `config` (spec -> Ray cluster YAML, checked with Ray's own code), `api`
 TPU v2 calls), `preflight` (read-only checks before anything is created), `launcher` (`ray up` /
 `ray down`), `autodown` (the head's removal action) with `autodown_setup` (this machine's side of
 it), `queued` / `slices` / `joiner` (queued TPU slices: the API, the laptop's side, the head's
-daemon) and `provider` (the verbs). Importing it imports neither Ray nor Google's libraries, and
-`Provider`/`Spec` load on first use, so the head-side modules (joiner, autodown) import there with
-only Ray, requests, Google's client and our small core modules (no pydantic).
+daemon) and `provider` (the verbs). This file imports nothing: the registry
+(infra/providers/__init__.py) imports `provider` and `spec` by path when the provider is used, so
+the head-side modules (joiner, autodown) import there with only Ray, requests, Google's client and
+our small core modules (no pydantic).
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-__all__ = ["Provider", "Spec"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "Provider":
-        return importlib.import_module(f"{__name__}.provider").Provider
-    if name == "Spec":
-        return importlib.import_module(f"{__name__}.spec").Spec
-    raise AttributeError(name)

@@ -38,10 +38,10 @@ def machine_type_cpus(machine_type: str) -> int | None:
     """vCPUs from a predefined or custom machine type name (n2-standard-8 -> 8), None if unknown."""
     if machine_type in _SHARED_CORE_CPUS:
         return _SHARED_CORE_CPUS[machine_type]
-    custom = re.match(r"^[a-z0-9]+-custom-(\d+)-\d+(-ext)?$", machine_type)
+    custom = re.fullmatch(r"^[a-z0-9]+-custom-(\d+)-\d+(-ext)?$", machine_type)
     if custom:
         return int(custom.group(1))
-    predefined = re.match(r"^[a-z][a-z0-9]*-[a-z]+-(\d+)(-lssd|-nolssd)?$", machine_type)
+    predefined = re.fullmatch(r"^[a-z][a-z0-9]*-[a-z]+-(\d+)(-lssd|-nolssd)?$", machine_type)
     return int(predefined.group(1)) if predefined else None
 
 
@@ -158,7 +158,7 @@ class QueuedSliceSpec(SliceShape):
             raise ValueError("zones is empty; list zones like [us-central2-b] or remove zones: "
                              "to use the cluster's")
         for value in zones:
-            if not ZONE.match(value):
+            if not ZONE.fullmatch(value):
                 raise ValueError(f"{value!r} is not a zone like us-central2-b")
         if len(set(zones)) != len(zones):
             raise ValueError("a zone is listed twice; list each zone once")
@@ -266,7 +266,7 @@ class Spec(ClusterSpec):
     @field_validator("project")
     @classmethod
     def _project(cls, value: str) -> str:
-        if not PROJECT.match(value):
+        if not PROJECT.fullmatch(value):
             raise ValueError(f"{value!r} is not a GCP project id (6-30 lowercase letters, digits "
                              "or dashes); use the id, not the display name")
         return value
@@ -274,7 +274,7 @@ class Spec(ClusterSpec):
     @field_validator("zone")
     @classmethod
     def _zone(cls, value: str) -> str:
-        if not ZONE.match(value):
+        if not ZONE.fullmatch(value):
             raise ValueError(f"{value!r} is not a zone like us-central2-b")
         return value
 
@@ -284,7 +284,7 @@ class Spec(ClusterSpec):
         if zones is None:
             return None
         for value in zones:
-            if not ZONE.match(value):
+            if not ZONE.fullmatch(value):
                 raise ValueError(f"{value!r} is not a zone like us-central2-b")
         if len(set(zones)) != len(zones):
             raise ValueError("a zone is listed twice; list each zone once")
@@ -311,8 +311,8 @@ class Spec(ClusterSpec):
         for key, value in labels.items():
             if key in RESERVED_LABELS:
                 raise ValueError(f"label {key!r} is set by rayfleet/Ray itself; pick another key")
-            if not LABEL_KEY.match(key) or not LABEL_VALUE.match(str(value)):
-                raise ValueError(f"label {key}: {value!r} is not a valid GCP label (lowercase "
+            if not LABEL_KEY.fullmatch(key) or not LABEL_VALUE.fullmatch(str(value)):
+                raise ValueError(f"label {key!r}: {value!r} is not a valid GCP label (lowercase "
                                  "letters, digits, - and _; keys start with a letter)")
         return labels
 
@@ -320,7 +320,7 @@ class Spec(ClusterSpec):
     @classmethod
     def _type_names(cls, types: dict[str, object]) -> dict[str, object]:
         for name in types:
-            if not NODE_TYPE.match(name) or name == "head":
+            if not NODE_TYPE.fullmatch(name) or name == "head":
                 raise ValueError(f"name {name!r} must be 1-24 lowercase letters, digits or "
                                  "dashes, start with a letter, and not be 'head'")
         return types

@@ -117,7 +117,7 @@ _TYPE = re.compile(r"^([a-z0-9]+)-(\d+)$")
 
 def from_accelerator_type(accelerator_type: str) -> Slice:
     """`v4-8` -> Slice(v4, 4 chips, 1 host, 4 chips per host)."""
-    match = _TYPE.match(accelerator_type.strip().lower())
+    match = _TYPE.fullmatch(accelerator_type.strip().lower())
     if not match:
         raise TpuShapeError(f"accelerator type {accelerator_type!r} should look like v4-8 or "
                             "v5litepod-8 (generation-cores)")
@@ -152,7 +152,7 @@ def from_topology(type_name: str, topology: str) -> Slice:
                             f"acceleratorConfig from v4 on); use accelerator_type: "
                             f"{g.name}-{MULTI_HOST_CHIPS_PER_HOST * g.cores_per_chip}")
     text = topology.strip().lower()
-    if not _TOPOLOGY.match(text) or len(text.split("x")) != g.topology_dims:
+    if not _TOPOLOGY.fullmatch(text) or len(text.split("x")) != g.topology_dims:
         example = "2x2x1" if g.topology_dims == 3 else "2x4"
         raise TpuShapeError(f"topology {topology!r}: {g.name} topologies have "
                             f"{g.topology_dims} dimensions, e.g. {example}")

@@ -19,7 +19,7 @@ from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster
 
 # The API key on the head (0600): the same file the autoscaler's node provider reads.
-from infra.providers.lambda_cloud.autoscale import KEY_FILE
+from infra.providers.lambda_cloud.autoscale import HEAD_API_KEY_FILE
 
 if TYPE_CHECKING:
     from infra import ssh
@@ -40,7 +40,7 @@ def watcher_config(cluster: str, cluster_id: str, idle_minutes: float, head_id: 
         cluster=cluster, cluster_id=cluster_id, idle_minutes=idle_minutes,
         dashboard_url=f"http://127.0.0.1:{dashboard_port}", marker=autodown.HEAD_MARKER,
         action=ACTION,
-        action_args={"api_key_file": f"~/{KEY_FILE}", "api_url": api_url, "rate_scale": rate_scale,
+        action_args={"api_key_file": f"~/{HEAD_API_KEY_FILE}", "api_url": api_url, "rate_scale": rate_scale,
                      "cluster_id": cluster_id, "head_instance_id": head_id},
         token_path=token_path)
 
@@ -61,5 +61,5 @@ def install(spec: Spec, state: State, target: ssh.SshTarget, head_id: str,
                                    client.limits.scale)
     with ui.step(f"starting the autodown watcher on the head ({spec.autodown.idle_minutes:g} "
                  "idle minutes)"):
-        autodown_remote.install(target, config, {KEY_FILE: key.encode()}, python=HEAD_PYTHON,
+        autodown_remote.install(target, config, {HEAD_API_KEY_FILE: key.encode()}, python=HEAD_PYTHON,
                                 activate=raycluster.activate(spec))

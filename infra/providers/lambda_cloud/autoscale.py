@@ -33,7 +33,9 @@ HEAD_TYPE = "head"
 CONFIG_FILE = "rayfleet/autoscaler.yaml"
 #: The same config as rendered on this machine (`.rayfleet/rendered/<cluster>/`).
 RENDERED = "autoscaler.yaml"
-KEY_FILE = ".rayfleet/lambda-api-key"
+#: The Lambda API key on the head (0600), for its autoscaler and idle watcher; not the user's
+#: own key file on this machine (infra/node/lambda_cloud/api.py LAMBDA_KEYS_FILE).
+HEAD_API_KEY_FILE = ".rayfleet/lambda-api-key"
 BOOTSTRAP_KEY = "ray_bootstrap_key.pem"
 TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
 #: Which commit the head's node package came from, beside the zips.
@@ -83,7 +85,7 @@ def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
         "type": "external", "module": NODE_PROVIDER,
         "cluster": spec.name, "cluster_id": cluster_id, "owner": owner,
         "region": region, "ssh_key_name": key_name, "firewall_rulesets": rulesets,
-        "api_key_file": f"~/{KEY_FILE}", "state_file": "~/.rayfleet/lambda-nodes.json",
+        "api_key_file": f"~/{HEAD_API_KEY_FILE}", "state_file": "~/.rayfleet/lambda-nodes.json",
         "rate_scale": rate_scale, "request_share": 0.5,
     }
     return {
@@ -158,7 +160,7 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
             token = auth.token_file(state)
             if token is not None:
                 shipping.put(sftp, TOKEN_FILE, token.read_bytes(), 0o600)
-            shipping.put(sftp, KEY_FILE, api_key.encode(), 0o600)
+            shipping.put(sftp, HEAD_API_KEY_FILE, api_key.encode(), 0o600)
             if spec.tracking == "mlflow":
                 # Before Ray starts: the head's `ray start` reads it, workers get it from here.
                 password = tracking.ensure_credentials(spec.name)

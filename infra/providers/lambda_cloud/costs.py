@@ -10,6 +10,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from infra.costs import usd
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import fleet
 
@@ -36,8 +37,9 @@ def cost(hourly_cents: float, accrued_cents: float, nodes: int,
     return Cost(nodes, hourly_cents / 100, uptime, round(accrued_cents / 100, 4), source=SOURCE)
 
 
-def dollars(cents: float) -> str:
-    return f"${cents / 100:,.2f}"
+def usd_from_cents(cents: float) -> str:
+    """Lambda's prices are cents per hour; shown in dollars, the one way (infra.costs.usd)."""
+    return usd(cents / 100)
 
 
 def uptime(launched_at: str | None) -> float | None:
@@ -98,7 +100,7 @@ def _row(name: object, instance_id: str, status: str, inst: api.Instance | None,
         "ip": str((inst.ip if inst else None) or attrs.get("ip") or "-"),
         "type": str(inst.type_name if inst else attrs.get("instance_type", "?")),
         "region": str(inst.region if inst else attrs.get("region", "?")),
-        "$/h": dollars(price),
+        "$/h": usd_from_cents(price),
         "uptime": "?" if up_s is None else str(dt.timedelta(seconds=int(up_s))),
-        "accrued": "?" if up_s is None else dollars(price * up_s / 3600),
+        "accrued": "?" if up_s is None else usd_from_cents(price * up_s / 3600),
     }

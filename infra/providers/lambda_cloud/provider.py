@@ -121,7 +121,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         # `up` cannot start without the API: a plan that could not reach it has failed.
         if api.read_api_key() is None:
             problems.append("capacity and prices unknown: no Lambda API key (set LAMBDA_API_KEY "
-                            f"or put `api_key = ...` in ~/{api.KEY_FILE})")
+                            f"or put `api_key = ...` in ~/{api.LAMBDA_KEYS_FILE})")
         else:
             try:
                 types = self.client().instance_types()
@@ -144,7 +144,8 @@ class Provider(BaseProvider[Spec, Capacity]):
             if choice is not None and types:
                 price = types[choice.instance_type].price_cents_per_hour
                 hourly += price
-                detail = f"{choice.instance_type} in {choice.region}, {costs.dollars(price)}/h (capacity now)"
+                detail = (f"{choice.instance_type} in {choice.region}, "
+                          f"{costs.usd_from_cents(price)}/h (capacity now)")
             else:
                 pool = self.spec.head.choices if slot.role == "head" else self.spec.worker_choices()
                 detail = "first with capacity of " + ", ".join(str(c) for c in pool)
@@ -181,11 +182,11 @@ class Provider(BaseProvider[Spec, Capacity]):
             notes += self._capacity_notes(types)
             cost = autoscale.hourly_range(self.spec, types)
             if self.spec.autoscaling and cost:
-                notes.append(f"estimated cost: {costs.dollars(cost[0])}/h at minimum size, "
-                             f"{costs.dollars(cost[1])}/h at maximum size (first choices' prices)")
+                notes.append(f"estimated cost: {costs.usd_from_cents(cost[0])}/h at minimum size, "
+                             f"{costs.usd_from_cents(cost[1])}/h at maximum size (first choices' prices)")
             else:
-                notes.append(f"estimated cost: {costs.dollars(hourly)}/h for {len(self._slots(state))} "
-                             "instance(s)")
+                notes.append(f"estimated cost: {costs.usd_from_cents(hourly)}/h for "
+                             f"{len(self._slots(state))} instance(s)")
         if self.spec.tracking == "mlflow":
             notes.append(tracking_setup.plan_note(self.spec))
         if self.spec.autoscaling:
@@ -223,7 +224,7 @@ class Provider(BaseProvider[Spec, Capacity]):
                     parts.append(f"{choice} (unknown type)")
                     continue
                 mark = "capacity" if choice.region in info.regions_with_capacity else "none"
-                parts.append(f"{choice} {costs.dollars(info.price_cents_per_hour)}/h: {mark}")
+                parts.append(f"{choice} {costs.usd_from_cents(info.price_cents_per_hour)}/h: {mark}")
             if parts:
                 lines.append(f"{role} choices now: " + "; ".join(parts))
         return lines
@@ -434,7 +435,7 @@ class Provider(BaseProvider[Spec, Capacity]):
             and "head_ip" in state.info
         summary = (f"{active}/{total} instance(s) active"
                    + (f" ({len(scaled)} autoscaled worker(s))" if self.spec.autoscaling else "")
-                   + f", {costs.dollars(hourly)}/h, accrued {costs.dollars(accrued)} so far"
+                   + f", {costs.usd_from_cents(hourly)}/h, accrued {costs.usd_from_cents(accrued)} so far"
                    if total else "no instances")
         paying = [r for r in state.resources(fleet.INSTANCE)
                   if r.id in tracked and tracked[r.id].status not in api.GONE]
@@ -494,10 +495,10 @@ class Provider(BaseProvider[Spec, Capacity]):
 
         if api.read_api_key() is None:
             return [Readiness("API key", False, "none found",
-                              f"set LAMBDA_API_KEY or put `api_key = ...` in ~/{api.KEY_FILE} "
+                              f"set LAMBDA_API_KEY or put `api_key = ...` in ~/{api.LAMBDA_KEYS_FILE} "
                               "(create a key at https://cloud.lambda.ai/api-keys)")]
         source = "LAMBDA_API_KEY" if os.environ.get("LAMBDA_API_KEY", "").strip() else \
-            f"~/{api.KEY_FILE}"
+            f"~/{api.LAMBDA_KEYS_FILE}"
         rows = [Readiness("API key", True, source)]
         try:
             types = self.client().instance_types()

@@ -90,23 +90,24 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         # The tracking password reaches every node the same way.
         file_mounts[tracking_remote.NODE_PASSWORD_PATH] = str(tracking.password_path(spec.name))
     if spec.env == "none":
-        setup: list[str] = []
+        setup: list[render.Shell] = []
     else:
         file_mounts[REMOTE_SETUP] = str(paths.setup_dir())
         args = versions.install_args(spec.env, backend=spec.env_backend)
-        setup = [f"bash {REMOTE_SETUP}/install.sh {shlex.join(args)} "
-                 f'--prefix "{ENV_PREFIX}" --log "$HOME/rayfleet/install.log"']
-    extra = ""
+        setup = [render.Shell(f"bash {REMOTE_SETUP}/install.sh {shlex.join(args)} "
+                              f'--prefix "{ENV_PREFIX}" --log "$HOME/rayfleet/install.log"')]
+    # The shell pieces below are ours (render.Shell), built from quoted or numeric parts.
+    extra = render.Shell("")
     if spec.object_store_memory_mb:
-        extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}"
+        extra = render.Shell(f" --object-store-memory={int(spec.object_store_memory_mb) * 1024 * 1024}")
     return render.render(
         "lambda.yaml.j2",
         cluster=ray_cluster_name(spec, cluster_id), head_ip=head_ip, worker_ips=worker_ips,
         ssh_user=spec.ssh_user,
         ssh_private_key=str(key_path), ssh_proxy_command=spec.ssh_proxy_command,
-        file_mounts=file_mounts, setup_commands=setup, activate=activate(spec),
+        file_mounts=file_mounts, setup_commands=setup, activate=render.Shell(activate(spec)),
         gcs_port=GCS_PORT, dashboard_port=DASHBOARD_PORT, ray_start_extra=extra,
-        node_env=node_env_prefix(spec, head_private_ip),
+        node_env=render.Shell(node_env_prefix(spec, head_private_ip)),
     )
 
 
@@ -142,15 +143,6 @@ def ray_up(spec: Spec, path: Path, client_env: dict[str, str]) -> None:
         tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
         reason = "timed out" if code == -1 else f"exited {code}"
         raise RayClusterError(f"`ray up` {reason}: {' | '.join(tail)[-300:]}; full log: {log}")
-
-
-def stop_ray(spec: Spec, target: ssh.SshTarget) -> str | None:
-    """`ray stop --force` on one node; None when done, else the reason (best effort)."""
-    try:
-        ssh.run(target, f"{activate(spec)}ray stop --force", timeout=60, check=True)
-    except ssh.SshError as exc:
-        return str(exc)
-    return None
 
 
 def head_reaches_workers(head: ssh.SshTarget, user: str, workers: dict[str, str]) -> list[str]:

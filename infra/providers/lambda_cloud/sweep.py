@@ -37,7 +37,7 @@ class Sweeper(BaseSweeper):
     def credentials(self) -> str | None:
         if self._client is None and api.read_api_key() is None:
             return None
-        return "LAMBDA_API_KEY / ~/" + str(api.KEY_FILE)
+        return "LAMBDA_API_KEY / ~/" + str(api.LAMBDA_KEYS_FILE)
 
     def marked(self) -> list[Marked]:
         found = []

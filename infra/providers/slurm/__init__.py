@@ -6,8 +6,8 @@ Two shapes (see README, "Ray on Slurm"):
   provider (node_provider.py), which submits one sbatch job per worker and cancels idle ones.
 
 This module is light on purpose: Ray's monitor imports `infra.node.slurm.node_provider` on
-the head, where only Ray and our small modules exist (no pydantic, rich, paramiko). `Spec` and
-`Provider` (what the registry in infra/providers/__init__.py asks for) load on first access.
+the head, where only Ray and our small modules exist (no pydantic, rich, paramiko). The registry
+(infra/providers/__init__.py) imports `Spec` and `Provider` from spec.py and provider.py by path.
 
 Package layout: provider.py (the verbs), spec.py (the spec section), script.py (template
 variables), node_helper.py (what runs on the nodes), remote.py (local or SSH command runner),
@@ -16,25 +16,3 @@ node_provider.py (Ray's autoscaler's side), install.py (environment.install), au
 head's removal action, run by the idle watcher in the head's job), autodown_view.py (what the
 laptop makes of that watcher), costs.py (node-hours).
 """
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from infra.providers.slurm.provider import Provider, SlurmError
-    from infra.providers.slurm.spec import Spec
-
-__all__ = ["Provider", "SlurmError", "Spec"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("Provider", "SlurmError"):
-        from infra.providers.slurm import provider
-
-        return getattr(provider, name)
-    if name == "Spec":
-        from infra.providers.slurm.spec import Spec
-
-        return Spec
-    raise AttributeError(name)

@@ -9,7 +9,6 @@ from infra import render, shipping, tracking
 from infra.node import rayproc
 from infra.node.slurm import autodown as slurm_autodown
 from infra.node.slurm import queue
-from infra.node.where import home_path
 from infra.providers.slurm.spec import PORT_STRIDE, GpuWorkers, Spec, WorkerType
 
 #: The head's node type name in Ray's autoscaling config (v2 expects it in RAY_NODE_TYPE_NAME).
@@ -190,7 +189,6 @@ def _environment_context(spec: Spec) -> dict[str, Any]:
         "auth": spec.auth != "none",
         "modules": env.modules,
         "activate": env.activate,
-        "activate_path": home_path(env.activate) if env.activate else "",
         "env_vars": sorted(env.env_vars.items()),
         # Every node runs its helper from the node package (infra/node/slurm/node_helper.py).
         "node_zip": shipping.node_zip_base64(),

@@ -144,7 +144,7 @@ class Environment(StrictModel):
     @classmethod
     def _module_names(cls, value: list[str]) -> list[str]:
         for name in value:
-            if not re.match(_WORD, name):
+            if not re.fullmatch(_WORD, name):
                 raise ValueError(f"module {name!r} is not a module name (no spaces or quotes)")
         return value
 
@@ -152,7 +152,7 @@ class Environment(StrictModel):
     @classmethod
     def _variable_names(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            if not re.fullmatch(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
                 raise ValueError(f"{name!r} is not a shell variable name")
             if name.startswith(("RF_", "SLURM_")):
                 raise ValueError(f"{name!r}: RF_* and SLURM_* are set by the job itself")
@@ -204,7 +204,7 @@ class Spec(ClusterSpec):
     @classmethod
     def _type_names(cls, value: dict[str, WorkerType]) -> dict[str, WorkerType]:
         for name in value:
-            if not re.match(r"^[a-z][a-z0-9_-]{0,23}$", name):
+            if not re.fullmatch(r"^[a-z][a-z0-9_-]{0,23}$", name):
                 raise ValueError(f"{name!r}: a worker type name is 1-24 lowercase letters, "
                                  "digits, - or _, starting with a letter")
         return value
@@ -227,7 +227,7 @@ class Spec(ClusterSpec):
     @classmethod
     def _long_options(cls, value: list[str]) -> list[str]:
         for option in value:
-            if not re.match(r"^--[a-z][a-z-]*(=[^\s'\"\\]+)?$", option):
+            if not re.fullmatch(r"^--[a-z][a-z-]*(=[^\s'\"\\]+)?$", option):
                 raise ValueError(
                     f"{option!r} must be one long sbatch option like --mail-type=END (no spaces)"
                 )
