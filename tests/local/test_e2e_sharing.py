@@ -1,0 +1,245 @@
+"""A shared local cluster end to end: members in their own homes, with Ray's stock `ray job` CLI,
+through the real TLS gateway (one cluster for the module).
+
+Each member joins their bundle in a home of their own (HOME and RAYFLEET_HOME), takes the lines
+`invoke env` prints, and from then on uses nothing of rayfleet: the same lines the docs give a
+member who has only Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+
+from infra.node import rayproc
+from tests.conftest import ROOT, run_invoke
+
+pytestmark = pytest.mark.slow
+
+RAY = str(Path(sys.executable).with_name("ray"))
+SLEEPER = "python -c \"import time; print('RUN' + 'NING', flush=True); time.sleep(300)\""
+
+
+@dataclass
+class Member:
+    name: str
+    home: Path
+    env: dict[str, str]
+    answers: list[str]
+
+    def ray(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Ray's own job CLI, with nothing but the member's exported variables."""
+        done = subprocess.run([RAY, "job", *args], env=self.env, cwd=self.home,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        self.answers.append(done.stdout + done.stderr)
+        return done
+
+    def submit(self, command: str, *flags: str) -> str:
+        done = self.ray("submit", "--no-wait", *flags, "--", *shlex.split(command))
+        found = re.search(r"raysubmit_\w+", done.stdout + done.stderr)
+        assert done.returncode == 0 and found, done.stdout + done.stderr
+        return found.group(0)
+
+    def get(self, path: str, token: str | None = None) -> requests.Response:
+        token = token if token is not None else Path(self.env["RAY_AUTH_TOKEN_PATH"]).read_text()
+        answer = requests.get(self.env["RAY_API_SERVER_ADDRESS"] + path,
+                              headers={"Authorization": f"Bearer {token}"} if token else {},
+                              verify=self.env["REQUESTS_CA_BUNDLE"], timeout=30)
+        self.answers.append(answer.text)
+        return answer
+
+
+@dataclass
+class Shared:
+    spec: Path
+    env: dict[str, str]
+    port: int
+    folder: Path
+    up_output: str
+    members: dict[str, Member] = field(default_factory=dict)
+
+    def invoke(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return run_invoke("-r", str(ROOT), args[0], "--cluster", str(self.spec), *args[1:],
+                          env=self.env, timeout=120, cwd=self.folder)
+
+    def cluster_token(self) -> str:
+        return (Path(self.env["RAYFLEET_HOME"]) / "keys" / self.spec.stem / "ray-token").read_text()
+
+    def add(self, name: str, *flags: str) -> Member:
+        bundle = self.folder / f"{name}.json"
+        added = self.invoke("member-add", name, "--out", str(bundle), *flags)
+        assert added.returncode == 0, added.stdout + added.stderr
+        assert oct(bundle.stat().st_mode & 0o777) == "0o600"
+        home = self.folder / f"home-{name}"
+        home.mkdir()
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "RAYFLEET_HOME": str(home / ".rf"),
+               "RAY_USAGE_STATS_ENABLED": "0"}
+        joined = run_invoke("-r", str(ROOT), "join", str(bundle), env=env, cwd=home)
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+        printed = run_invoke("-r", str(ROOT), "env", "--cluster", self.spec.stem, env=env, cwd=home)
+        assert printed.returncode == 0, printed.stderr
+        line = printed.stdout.strip()
+        assert line.startswith("export ")
+        exported = dict(item.split("=", 1) for item in line.removeprefix("export ").split())
+        # The member's own shell: only what a stock-Ray member would have, plus the exports.
+        member = Member(name, home, {**env, **exported}, [joined.stdout, printed.stdout])
+        self.members[name] = member
+        return member
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    folder = tmp_path_factory.mktemp("sharing")
+    spec = folder / f"shr-{uuid.uuid4().hex[:6]}.yaml"
+    port = rayproc.free_port()
+    spec.write_text("provider: local\nnum_cpus: 4\nobject_store_memory_mb: 100\n"
+                    f"sharing:\n  port: {port}\n  max_running_jobs_per_member: 1\n"
+                    "  members_run_as_owner: true\n")
+    env = {"RAYFLEET_HOME": str(folder / "owner-home")}
+    up = run_invoke("-r", str(ROOT), "up", "--cluster", str(spec), env=env, cwd=folder)
+    cluster = Shared(spec, env, port, folder, up.stdout + up.stderr)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield cluster
+    finally:
+        down = cluster.invoke("teardown")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert not rayproc.port_answers("127.0.0.1", port), "teardown left the gateway listening"
+
+
+def _wait_for(check: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
+    alice, bob = shared.add("alice"), shared.add("bob")
+    assert "members_run_as_owner" in shared.up_output  # issue 29's warning, at this `up` too
+    # Alice claims to be bob: the gateway's word stands.
+    job = alice.submit(SLEEPER, "--metadata-json", json.dumps({"rayfleet_member": "bob"}))
+    listed = alice.ray("list")
+    assert listed.returncode == 0 and job in listed.stdout
+    assert "'rayfleet_member': 'alice'" in listed.stdout
+    assert job not in bob.ray("list").stdout
+    _wait_for(lambda: "RUNNING" in alice.ray("logs", job).stdout, 120, "alice reads her job's logs")
+    for args in (("logs", job), ("stop", job), ("status", job)):
+        refused = bob.ray(*args)
+        assert refused.returncode != 0 and "is not yours" in refused.stdout + refused.stderr, args
+    # The running-jobs cap (1): alice's next submit is refused, naming it; bob's own goes in.
+    capped = alice.ray("submit", "--no-wait", "--", "python", "-c", "print(1)")
+    assert capped.returncode != 0 and "max_running_jobs_per_member" in capped.stdout + capped.stderr
+    bobs = bob.submit("python -c print(2)")
+    stopped = alice.ray("stop", job)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    from ray.job_submission import JobSubmissionClient
+
+    owner = JobSubmissionClient(shared.invoke("env").stdout.split("RAY_API_SERVER_ADDRESS=")[1]
+                                .split()[0], headers={"Authorization":
+                                                      f"Bearer {shared.cluster_token()}"})
+    details = {j.submission_id: j for j in owner.list_jobs()}
+    assert details[job].metadata == {"rayfleet_member": "alice"}
+    assert details[bobs].metadata == {"rayfleet_member": "bob"}
+    context = json.loads(details[job].runtime_env["env_vars"]["MLFLOW_RUN_CONTEXT"])
+    assert context["mlflow.user"] == "alice"
+
+
+def test_revocation_holds_within_5s_while_others_keep_working(shared: Shared) -> None:
+    dave, erin = shared.add("dave"), shared.add("erin")
+    assert dave.get("/api/jobs/").status_code == 200
+    removed = shared.invoke("member-remove", "dave")
+    assert removed.returncode == 0, removed.stderr
+    started = time.monotonic()
+    _wait_for(lambda: dave.get("/api/jobs/").status_code == 403, 5, "dave refused")
+    assert time.monotonic() - started < 5
+    assert erin.get("/api/jobs/").status_code == 200
+    assert erin.ray("list").returncode == 0
+
+
+def test_expired_wrong_token_no_token_wrong_ca_and_plain_http_are_refused(shared: Shared) -> None:
+    frank = shared.add("frank", "--expires-days", "0.00003")  # about 2.6 s
+    _wait_for(lambda: frank.get("/api/jobs/").status_code == 403, 10, "frank expired")
+    assert "expired" in frank.get("/api/jobs/").text
+    gina = shared.add("gina")
+    assert gina.get("/api/jobs/", token="0" * 64).status_code == 403
+    assert gina.get("/api/jobs/", token="").status_code == 401
+    wrong = dict(gina.env, RAY_AUTH_TOKEN_PATH=str(gina.home / "wrong"))
+    (gina.home / "wrong").write_text("f" * 64)
+    listed = subprocess.run([RAY, "job", "list"], env=wrong, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert listed.returncode != 0
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(gina.env["RAY_API_SERVER_ADDRESS"] + "/api/jobs/", timeout=10,
+                     verify=requests.certs.where())  # the public CAs alone: not the cluster's
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(f"http://127.0.0.1:{shared.port}/api/jobs/", timeout=10)
+    # TLS 1.2 at least: what the gateway negotiates with a client offering everything.
+    context = ssl.create_default_context(cafile=gina.env["REQUESTS_CA_BUNDLE"])
+    with socket.create_connection(("127.0.0.1", shared.port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
+
+
+def test_cluster_token_reaches_no_member(shared: Shared) -> None:
+    hank = shared.add("hank")
+    # A job that prints the token file Ray's nodes read: the gateway's answer holds no token.
+    job = hank.submit("python -c \"import os; print('T=' + open(os.environ['RAY_AUTH_TOKEN_PATH'])"
+                      ".read())\"")
+    _wait_for(lambda: "T=" in hank.ray("logs", job).stdout, 120, "the job's output")
+    assert "T=<secret>" in hank.ray("logs", job).stdout
+    token = shared.cluster_token().strip()
+    for member in shared.members.values():
+        for answer in member.answers:
+            assert token not in answer, member.name
+        for path in member.home.rglob("*"):
+            if path.is_file():
+                assert token.encode() not in path.read_bytes(), path
+    for bundle in shared.folder.glob("*.json"):
+        assert token not in bundle.read_text()
+
+
+def test_members_json_counts_jobs_per_member(shared: Shared) -> None:
+    ivy = shared.add("ivy")
+    first = ivy.ray("submit", "--", "python", "-c", "print(1)")
+    second = ivy.ray("submit", "--", "python", "-c", "print(2)")
+    assert first.returncode == 0 and second.returncode == 0, second.stdout + second.stderr
+    listed = shared.invoke("members", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)["members"]}
+    assert rows["ivy"]["total_jobs"] == 2 and rows["ivy"]["running_jobs"] == 0
+    assert rows["ivy"]["job_hours"] > 0 and rows["ivy"]["role"] == "member"
+    assert rows["ivy"]["last_seen"] is not None
+    assert "dave" not in rows
+
+
+def test_duplicate_and_unknown_member_refused_in_one_line(shared: Shared) -> None:
+    shared.add("jack")
+    registry = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "members.json"
+    before = registry.read_bytes()
+    again = shared.invoke("member-add", "jack", "--out", str(shared.folder / "jack2.json"))
+    assert again.returncode != 0 and "already exists" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert not (shared.folder / "jack2.json").exists() and registry.read_bytes() == before
+    unknown = shared.invoke("member-remove", "nobody")
+    assert unknown.returncode != 0 and "no member 'nobody'" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1 and registry.read_bytes() == before
+    owner_only = run_invoke("-r", str(ROOT), "teardown", "--cluster", shared.spec.stem,
+                            env=shared.members["jack"].env, cwd=shared.members["jack"].home)
+    assert owner_only.returncode != 0 and "is the owner's" in owner_only.stderr
