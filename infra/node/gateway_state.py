@@ -185,7 +185,7 @@ def _member_of(job: dict[str, Any]) -> str | None:
 def job_hours(entry: dict[str, Any], now_ms: float | None = None) -> float:
     """Hours a job has run (Ray's start and end times, in ms); 0 before it starts."""
     start = entry.get("start_time")
-    if not start:
+    if start is None:
         return 0.0
     end = entry.get("end_time") or now_ms or time.time() * 1000
     return max(0.0, (float(end) - float(start)) / 3.6e6)
