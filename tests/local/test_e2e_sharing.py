@@ -31,6 +31,8 @@ from tests.conftest import ROOT, run_invoke
 pytestmark = pytest.mark.slow
 
 RAY = str(Path(sys.executable).with_name("ray"))
+#: 54 s: long enough for the other tests' sleepers, short enough to watch the head stop one.
+MAX_JOB_HOURS = 0.015
 SLEEPER = "python -c \"import time; print('RUN' + 'NING', flush=True); time.sleep(300)\""
 
 
@@ -108,7 +110,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
     port = rayproc.free_port()
     spec.write_text("provider: local\nnum_cpus: 4\nobject_store_memory_mb: 100\n"
                     f"sharing:\n  port: {port}\n  max_running_jobs_per_member: 1\n"
-                    "  members_run_as_owner: true\n")
+                    f"  max_job_hours: {MAX_JOB_HOURS}\n  members_run_as_owner: true\n")
     env = {"RAYFLEET_HOME": str(folder / "owner-home")}
     up = run_invoke("-r", str(ROOT), "up", "--cluster", str(spec), env=env, cwd=folder)
     cluster = Shared(spec, env, port, folder, up.stdout + up.stderr)
@@ -243,3 +245,64 @@ def test_duplicate_and_unknown_member_refused_in_one_line(shared: Shared) -> Non
     owner_only = run_invoke("-r", str(ROOT), "teardown", "--cluster", shared.spec.stem,
                             env=shared.members["jack"].env, cwd=shared.members["jack"].home)
     assert owner_only.returncode != 0 and "is the owner's" in owner_only.stderr
+
+
+def test_the_head_stops_a_member_job_past_max_job_hours_and_says_why(shared: Shared) -> None:
+    kim = shared.add("kim")
+    job = kim.submit(SLEEPER)
+    _wait_for(lambda: kim.get(f"/api/jobs/{job}").json()["status"] == "STOPPED",
+              MAX_JOB_HOURS * 3600 + 60,
+              "the head stops the job")
+    listed = kim.get(f"/api/jobs/{job}").json()
+    assert "ran past sharing.max_job_hours" in listed["message"]
+    audit = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "audit.log"
+    assert any(json.loads(line).get("job") == job and json.loads(line).get("who") == "gateway"
+               for line in audit.read_text().splitlines())
+
+
+def test_members_see_the_dashboard_but_no_unfiltered_view_and_change_nothing(shared: Shared) -> None:
+    lou = shared.add("lou")
+    page = lou.get("/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert lou.get("/nodes?view=summary").status_code == 200
+    for path in ("/api/v0/tasks", "/api/v0/actors", "/logical/actors", "/api/serve/applications/"):
+        refused = lou.get(path)
+        assert refused.status_code == 403 and "not open to members" in refused.text, path
+    token = Path(lou.env["RAY_AUTH_TOKEN_PATH"]).read_text()
+    for method, path in (("PUT", "/api/serve/applications/"), ("DELETE", "/api/serve/applications/"),
+                         ("POST", "/api/component_activities")):
+        refused = requests.request(method, lou.env["RAY_API_SERVER_ADDRESS"] + path, json={},
+                                   headers={"Authorization": f"Bearer {token}"},
+                                   verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=30)
+        assert refused.status_code == 403, (method, path)
+    # The browser's login sets a cookie with the member's own token, never the cluster's.
+    login = requests.post(lou.env["RAY_API_SERVER_ADDRESS"] + "/api/authenticate",
+                          headers={"Authorization": f"Bearer {token}"},
+                          verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=30)
+    assert login.status_code == 200 and login.cookies["ray-authentication-token"] == token
+    owner = requests.get(lou.env["RAY_API_SERVER_ADDRESS"] + "/api/v0/tasks",
+                         headers={"Authorization": f"Bearer {shared.cluster_token().strip()}"},
+                         verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=60)
+    assert owner.status_code == 200
+
+
+def test_a_joined_member_uses_rayfleets_own_verbs_from_their_own_folder(shared: Shared) -> None:
+    lee = shared.add("lee")
+    project = lee.home / "project"
+    project.mkdir()
+    (project / "hello.py").write_text("print('FROM-' + 'LEE')\n")
+
+    def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+        done = run_invoke("-r", str(ROOT), *args, env=lee.env, cwd=project, timeout=180)
+        lee.answers.append(done.stdout + done.stderr)
+        return done
+
+    submitted = invoke("submit", "--cluster", shared.spec.stem, "hello.py")
+    assert submitted.returncode == 0 and "FROM-LEE" in submitted.stdout, submitted.stderr
+    status = invoke("status", "--cluster", shared.spec.stem, "--json")
+    assert status.returncode == 0, status.stderr
+    assert [row["status"] for row in json.loads(status.stdout)["jobs"]] == ["SUCCEEDED"]
+    for verb in (("up",), ("ssh",), ("member-add", "x"), ("members",)):
+        refused = invoke(verb[0], "--cluster", shared.spec.stem, *verb[1:])
+        assert refused.returncode != 0 and "is the owner's" in refused.stderr, verb
+        assert len(refused.stderr.strip().splitlines()) == 1
