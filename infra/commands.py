@@ -75,7 +75,7 @@ def _diff(name: str, plan: Plan[Any]) -> str:
 def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     membership.refuse_owner_verb(cluster, "plan")
     selected, impl = _select(provider, cluster)
-    sharing.check_privilege(selected)
+    sharing.check_spec(selected)
     current = state.read(selected.name)
     result = impl.plan(current)
     _write_rendered(selected.name, result)
@@ -138,7 +138,7 @@ def _refuse_problems(result: Plan) -> None:
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     membership.refuse_owner_verb(cluster, "up")
     selected, impl = _select(provider, cluster)
-    sharing.check_privilege(selected)
+    sharing.check_spec(selected)
     sharing.warn_privilege(selected)
     if selected.tracking != "none" and not impl.supports_tracking:
         raise SpecError(f"{selected.source}: tracking: {selected.tracking} is not available on the "

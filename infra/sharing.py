@@ -49,16 +49,22 @@ def registry_path(cluster: str) -> Path:
     return folder(cluster) / gateway_state.MEMBERS_FILE
 
 
-def check_privilege(selected: ClusterSpec) -> None:
-    """Issue 29's rule for `plan` and `up`: where Ray runs as the owner's own account, members'
-    jobs do too, and the owner must say they accept that."""
+def check_spec(selected: ClusterSpec) -> None:
+    """What `plan` and `up` refuse about `sharing:` before anything is created: a provider whose
+    head gets no gateway yet, and (issue 29) where Ray runs as the owner's own account, members'
+    jobs do too, so the owner must say they accept that."""
     sharing = selected.sharing
-    if sharing is None or type(selected).SEPARATE_RAY_USER or sharing.members_run_as_owner:
+    if sharing is None:
         return
-    raise SpecError(f"{selected.source}: sharing.members_run_as_owner: required on "
-                    f"{selected.provider}: rayfleet cannot create a user for Ray there, so members' "
-                    "jobs run as your own account and can read your files; add "
-                    "`members_run_as_owner: true` under sharing: to accept that")
+    if not (type(selected).SEPARATE_RAY_USER or sharing.members_run_as_owner):
+        raise SpecError(f"{selected.source}: sharing.members_run_as_owner: required on "
+                        f"{selected.provider}: rayfleet cannot create a user for Ray there, so "
+                        "members' jobs run as your own account and can read your files; add "
+                        "`members_run_as_owner: true` under sharing: to accept that")
+    if not type(selected).SHARING_GATEWAY:
+        raise SpecError(f"{selected.source}: sharing: the gateway does not run on "
+                        f"{selected.provider} heads yet (local only); remove the block "
+                        "(docs/concepts/sharing.md)")
 
 
 def warn_privilege(selected: ClusterSpec) -> None:

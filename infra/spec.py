@@ -87,6 +87,9 @@ class ClusterSpec(StrictModel):
     #: Ray runs as a Unix user of its own that setup creates (not the owner's account); where it
     #: does not, `sharing:` must say `members_run_as_owner: true`.
     SEPARATE_RAY_USER: ClassVar[bool] = False
+    #: `up` starts the sharing gateway on this provider's head (infra/sharing.py); where not yet,
+    #: `plan` and `up` refuse a `sharing:` block in one line.
+    SHARING_GATEWAY: ClassVar[bool] = False
 
     name: str
     provider: str

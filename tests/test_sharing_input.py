@@ -29,6 +29,20 @@ def test_sharing_on_a_public_head_needs_allowed_source_ranges(tmp_path: Path, ex
     assert not (tmp_path / "h").exists()
 
 
+@pytest.mark.parametrize("example", ["lambda.yaml", "gcp-tpu.yaml", "slurm.yaml"])
+def test_sharing_where_no_gateway_runs_yet_is_refused_before_anything_exists(
+        tmp_path: Path, example: str) -> None:
+    base = (ROOT / "clusters" / example).read_text()
+    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/8]\n"
+                                  "  members_run_as_owner: true\n")
+    for verb in ("plan", "up"):
+        done = run_invoke(verb, "--cluster", str(spec), env={"RAYFLEET_HOME": str(tmp_path / "h")})
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "the gateway does not run on" in lines[0], done.stderr
+    assert not (tmp_path / "h").exists()
+
+
 @pytest.mark.parametrize(("block", "expected"), [
     ("  allowed_source_ranges: [0.0.0.0/0]", "opens the gateway to the whole internet"),
     ("  allowed_source_ranges: [10.0.0.1/8]", "is not a CIDR range"),
