@@ -42,6 +42,20 @@ class Autodown(StrictModel):
     idle_minutes: float = Field(gt=0, le=7 * 24 * 60)
 
 
+def source_ranges(ranges: list[str], what: str, fix: str) -> list[str]:
+    """`ranges` when each is a CIDR range with zero host bits and none is the whole internet
+    (which would open `what` to anyone: `fix` says what to list instead)."""
+    for text in ranges:
+        try:
+            network = ipaddress.ip_network(text, strict=True)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a CIDR range like 203.0.113.0/24 (host bits "
+                             "must be zero)") from None
+        if network.prefixlen == 0:
+            raise ValueError(f"{text!r} opens {what} to the whole internet; {fix}")
+    return ranges
+
+
 class Sharing(StrictModel):
     """`sharing:`: members with their own credentials reach the cluster through a TLS gateway on
     the head (infra/node/gateway.py); see docs/concepts/sharing.md."""
@@ -64,16 +78,7 @@ class Sharing(StrictModel):
     @field_validator("allowed_source_ranges")
     @classmethod
     def _cidrs(cls, ranges: list[str]) -> list[str]:
-        for text in ranges:
-            try:
-                network = ipaddress.ip_network(text, strict=True)
-            except ValueError:
-                raise ValueError(f"{text!r} is not a CIDR range like 10.0.0.0/8 (host bits must be "
-                                 "zero)") from None
-            if network.prefixlen == 0:
-                raise ValueError(f"{text!r} opens the gateway to the whole internet; list the "
-                                 "class's VPN or campus range")
-        return ranges
+        return source_ranges(ranges, "the gateway", "list the class's VPN or campus range")
 
 
 class ClusterSpec(StrictModel):
