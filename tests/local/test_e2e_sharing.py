@@ -306,3 +306,29 @@ def test_a_joined_member_uses_rayfleets_own_verbs_from_their_own_folder(shared: 
         refused = invoke(verb[0], "--cluster", shared.spec.stem, *verb[1:])
         assert refused.returncode != 0 and "is the owner's" in refused.stderr, verb
         assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_usage_survives_a_gateway_restart(shared: Shared) -> None:
+    mo = shared.add("mo")
+    job = mo.submit("python -c print(3)")
+    folder = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem
+    usage = folder / "usage.json"
+
+    def recorded() -> bool:
+        data = json.loads(usage.read_text()) if usage.exists() else {}
+        return (data.get("jobs", {}).get(job, {}).get("status") == "SUCCEEDED"
+                and "mo" in data.get("members", {}))
+
+    _wait_for(recorded, 120, "the gateway records mo's job and visit")
+    before = json.loads(usage.read_text())
+    pid = int((folder / "rayfleet-gateway.json.pid").read_text())
+    os.kill(pid, 9)  # no chance to save on the way out: what survives is what was on disk
+    _wait_for(lambda: not rayproc.alive(pid), 10, "the gateway gone")
+    again = shared.invoke("up")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert mo.get("/api/jobs/").status_code == 200
+    rows = {row["name"]: row for row in json.loads(shared.invoke("members", "--json").stdout)["members"]}
+    assert rows["mo"]["total_jobs"] == 1
+    assert rows["mo"]["last_seen"] >= before["members"]["mo"]["last_seen"]
+    # Written once, when mo submitted: Ray's job list (which the gateway re-reads) does not have it.
+    assert json.loads(usage.read_text())["jobs"][job]["submitted"] == before["jobs"][job]["submitted"]
