@@ -341,7 +341,8 @@ def serve_url(c: Context, name: str | None = None, provider: str | None = None,
     **CLUSTER_HELP,
     "name": "The member's name (lowercase letters, digits, - or _), e.g. alice.",
     "admin": "An admin member sees and acts on every member's jobs.",
-    "expires_days": "The member's access ends after this many days (fractions allowed).",
+    "expires_days": "The member's access ends after this many days (fractions allowed; "
+                    "default 0: never).",
     "out": "Where to write the member's bundle (default ./<cluster>-<name>.rayfleet.json, 0600).",
 })
 @_one_line_errors

@@ -112,7 +112,7 @@ def main() -> int:
         tokens = {}
         registry = sharing.read_registry(spec.stem)
         for i in range(args.members):
-            entry, tokens[f"m{i}"] = sharing.new_member(spec.stem, f"m{i}", False, None)
+            entry, tokens[f"m{i}"] = sharing.new_member(False, None)
             registry[f"m{i}"] = entry
         sharing.write_registry(spec.stem, registry)
         gateway_url = f"https://127.0.0.1:{port}"

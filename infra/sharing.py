@@ -95,8 +95,7 @@ def write_registry(cluster: str, members: dict[str, dict[str, Any]]) -> None:
     atomic_write(target, json.dumps({"members": members}, indent=2, sort_keys=True), mode=0o600)
 
 
-def new_member(cluster: str, name: str, admin: bool, expires_days: float | None
-               ) -> tuple[dict[str, Any], str]:
+def new_member(admin: bool, expires_days: float | None) -> tuple[dict[str, Any], str]:
     """The registry entry of a new member and their token (returned once, never stored here)."""
     token = secrets.token_hex(32)
     now = dt.datetime.now(dt.timezone.utc)

@@ -137,6 +137,10 @@ def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
     assert "members_run_as_owner" in shared.up_output  # issue 29's warning, at this `up` too
     # Alice claims to be bob: the gateway's word stands.
     job = alice.submit(SLEEPER, "--metadata-json", json.dumps({"rayfleet_member": "bob"}))
+    # The running-jobs cap (1), checked at once (the head stops the sleeper after MAX_JOB_HOURS):
+    # alice's next submit is refused, naming it; bob's own goes in (below).
+    capped = alice.ray("submit", "--no-wait", "--", "python", "-c", "print(1)")
+    assert capped.returncode != 0 and "max_running_jobs_per_member" in capped.stdout + capped.stderr
     listed = alice.ray("list")
     assert listed.returncode == 0 and job in listed.stdout
     assert "'rayfleet_member': 'alice'" in listed.stdout
@@ -145,9 +149,6 @@ def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
     for args in (("logs", job), ("stop", job), ("status", job)):
         refused = bob.ray(*args)
         assert refused.returncode != 0 and "is not yours" in refused.stdout + refused.stderr, args
-    # The running-jobs cap (1): alice's next submit is refused, naming it; bob's own goes in.
-    capped = alice.ray("submit", "--no-wait", "--", "python", "-c", "print(1)")
-    assert capped.returncode != 0 and "max_running_jobs_per_member" in capped.stdout + capped.stderr
     bobs = bob.submit("python -c print(2)")
     stopped = alice.ray("stop", job)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
