@@ -300,6 +300,8 @@ def test_a_joined_member_uses_rayfleets_own_verbs_from_their_own_folder(shared: 
 
     submitted = invoke("submit", "--cluster", shared.spec.stem, "hello.py")
     assert submitted.returncode == 0 and "FROM-LEE" in submitted.stdout, submitted.stderr
+    logs = invoke("logs", "--cluster", shared.spec.stem)  # the last job: lee's own
+    assert logs.returncode == 0 and "FROM-LEE" in logs.stdout, logs.stderr
     status = invoke("status", "--cluster", shared.spec.stem, "--json")
     assert status.returncode == 0, status.stderr
     assert [row["status"] for row in json.loads(status.stdout)["jobs"]] == ["SUCCEEDED"]
