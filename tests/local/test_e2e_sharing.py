@@ -166,12 +166,14 @@ def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
 
 def test_revocation_holds_within_5s_while_others_keep_working(shared: Shared) -> None:
     dave, erin = shared.add("dave"), shared.add("erin")
+    job = dave.submit(SLEEPER)
     assert dave.get("/api/jobs/").status_code == 200
-    removed = shared.invoke("member-remove", "dave")
+    removed = shared.invoke("member-remove", "dave", "--stop-jobs")
     assert removed.returncode == 0, removed.stderr
     started = time.monotonic()
     _wait_for(lambda: dave.get("/api/jobs/").status_code == 403, 5, "dave refused")
     assert time.monotonic() - started < 5
+    assert f"job {job} STOPPED" in removed.stdout  # --stop-jobs: the owner stopped dave's job
     assert erin.get("/api/jobs/").status_code == 200
     assert erin.ray("list").returncode == 0
 
@@ -230,6 +232,8 @@ def test_members_json_counts_jobs_per_member(shared: Shared) -> None:
     assert rows["ivy"]["job_hours"] > 0 and rows["ivy"]["role"] == "member"
     assert rows["ivy"]["last_seen"] is not None
     assert "dave" not in rows
+    table = shared.invoke("members")
+    assert table.returncode == 0 and "ivy" in table.stdout and "job hours" in table.stdout
 
 
 def test_duplicate_and_unknown_member_refused_in_one_line(shared: Shared) -> None:
