@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import certifi
 import pytest
 import requests
 
@@ -160,7 +161,7 @@ def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
     details = {j.submission_id: j for j in owner.list_jobs()}
     assert details[job].metadata == {"rayfleet_member": "alice"}
     assert details[bobs].metadata == {"rayfleet_member": "bob"}
-    context = json.loads(details[job].runtime_env["env_vars"]["MLFLOW_RUN_CONTEXT"])
+    context = json.loads((details[job].runtime_env or {})["env_vars"]["MLFLOW_RUN_CONTEXT"])
     assert context["mlflow.user"] == "alice"
 
 
@@ -192,7 +193,7 @@ def test_expired_wrong_token_no_token_wrong_ca_and_plain_http_are_refused(shared
     assert listed.returncode != 0
     with pytest.raises(requests.exceptions.SSLError):
         requests.get(gina.env["RAY_API_SERVER_ADDRESS"] + "/api/jobs/", timeout=10,
-                     verify=requests.certs.where())  # the public CAs alone: not the cluster's
+                     verify=certifi.where())  # the public CAs alone: not the cluster's
     with pytest.raises(requests.exceptions.ConnectionError):
         requests.get(f"http://127.0.0.1:{shared.port}/api/jobs/", timeout=10)
     # TLS 1.2 at least: what the gateway negotiates with a client offering everything.

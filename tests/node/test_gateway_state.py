@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from infra.node import gateway_state as gs
 
@@ -35,7 +36,8 @@ def test_members_file_is_reread_when_it_changes_and_holds_only_hashes(tmp_path: 
 def test_usage_survives_a_restart_and_splits_the_price(tmp_path: Path) -> None:
     path = tmp_path / gs.USAGE_FILE
     usage = gs.Usage(path)
-    jobs = [{"submission_id": "a", "status": "RUNNING", "metadata": {"rayfleet_member": "ann"},
+    jobs: list[dict[str, Any]] = [
+            {"submission_id": "a", "status": "RUNNING", "metadata": {"rayfleet_member": "ann"},
              "start_time": 0, "end_time": None},
             {"submission_id": "b", "status": "RUNNING", "metadata": {"rayfleet_member": "bo"},
              "start_time": 0, "end_time": 3_600_000},
