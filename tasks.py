@@ -79,9 +79,13 @@ def up(c: Context, provider: str | None = None, cluster: str | None = None,
 @_one_line_errors
 def status(c: Context, provider: str | None = None, cluster: str | None = None,
            json: bool = False) -> int:
-    """Show the cluster's resources, Ray nodes, Ray resources and jobs."""
-    from infra import commands
+    """Show the cluster's resources, Ray nodes, Ray resources and jobs (a joined member: their jobs)."""
+    from infra import commands, membership
 
+    if membership.joined(cluster):
+        from infra import commands_sharing
+
+        return commands_sharing.status(str(cluster), json)
     return commands.status(provider, cluster, json)
 
 
@@ -89,8 +93,12 @@ def status(c: Context, provider: str | None = None, cluster: str | None = None,
 @_one_line_errors
 def dashboard(c: Context, provider: str | None = None, cluster: str | None = None) -> None:
     """Print the dashboard URL; for remote clusters, keep a tunnel to it open until Ctrl+C."""
-    from infra import commands
+    from infra import commands, membership
 
+    if membership.joined(cluster):
+        from infra import commands_sharing
+
+        return commands_sharing.dashboard(str(cluster))
     commands.dashboard(provider, cluster)
 
 
@@ -209,8 +217,12 @@ def env(c: Context, provider: str | None = None, cluster: str | None = None,
     Local clusters: `ray status`, `ray job submit` and a driver's `ray.init()` then work as is.
     Remote clusters: opens (or reuses) a tunnel to the head for the job API and Ray Client.
     """
-    from infra import access
+    from infra import access, membership
 
+    if membership.joined(cluster) and not close:
+        from infra import commands_sharing
+
+        return commands_sharing.env(str(cluster))
     access.env(provider, cluster, close)
 
 
@@ -323,3 +335,53 @@ def serve_url(c: Context, name: str | None = None, provider: str | None = None,
     from infra import commands_serve
 
     commands_serve.serve_url(provider, cluster, name)
+
+
+@task(name="member-add", help={
+    **CLUSTER_HELP,
+    "name": "The member's name (lowercase letters, digits, - or _), e.g. alice.",
+    "admin": "An admin member sees and acts on every member's jobs.",
+    "expires_days": "The member's access ends after this many days (fractions allowed; "
+                    "default 0: never).",
+    "out": "Where to write the member's bundle (default ./<cluster>-<name>.rayfleet.json, 0600).",
+})
+@_one_line_errors
+def member_add(c: Context, name: str, admin: bool = False, expires_days: float = 0.0,
+               out: str | None = None, provider: str | None = None,
+               cluster: str | None = None) -> None:
+    """Add a member to a shared cluster (`sharing:` in its spec) and write their bundle."""
+    from infra import commands_sharing
+
+    commands_sharing.member_add(provider, cluster, name, admin, expires_days or None, out)
+
+
+@task(name="member-remove", help={
+    **CLUSTER_HELP, "name": "The member to remove.",
+    "stop_jobs": "Also stop the member's pending and running jobs.",
+})
+@_one_line_errors
+def member_remove(c: Context, name: str, stop_jobs: bool = False, provider: str | None = None,
+                  cluster: str | None = None) -> None:
+    """Remove a member: their next request to the gateway is refused."""
+    from infra import commands_sharing
+
+    commands_sharing.member_remove(provider, cluster, name, stop_jobs)
+
+
+@task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of a table."})
+@_one_line_errors
+def members(c: Context, json: bool = False, provider: str | None = None,
+            cluster: str | None = None) -> None:
+    """List a shared cluster's members: role, added, expires, last seen, jobs, job-hours, cost share."""
+    from infra import commands_sharing
+
+    commands_sharing.members(provider, cluster, json)
+
+
+@task(positional=["bundle"], help={"bundle": "The bundle file the cluster's owner sent you."})
+@_one_line_errors
+def join(c: Context, bundle: str) -> None:
+    """Join a shared cluster as a member: then submit, logs, stop-job, status, dashboard, env."""
+    from infra import commands_sharing
+
+    commands_sharing.join(bundle)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from infra import auth, head, tunnels, ui
+from infra import auth, head, membership, tunnels, ui
 from infra.commands import _cluster_flag, _running, _select
 from infra.head import Direction, HeadAccess
 
@@ -17,6 +17,7 @@ ENV_NAMES = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH
 
 
 def _access(provider: str | None, cluster: str | None) -> tuple[str, HeadAccess]:
+    membership.refuse_owner_verb(cluster, "ssh/exec/sync")
     selected, impl = _select(provider, cluster)
     return selected.name, impl.head_access(_running(selected))
 

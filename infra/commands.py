@@ -19,9 +19,11 @@ from infra import (
     costs,
     jobs,
     loading,
+    membership,
     paths,
     providers,
     raynoise,
+    sharing,
     spec,
     ssh,
     state,
@@ -71,7 +73,9 @@ def _diff(name: str, plan: Plan[Any]) -> str:
 
 
 def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
+    membership.refuse_owner_verb(cluster, "plan")
     selected, impl = _select(provider, cluster)
+    sharing.check_spec(selected)
     current = state.read(selected.name)
     result = impl.plan(current)
     _write_rendered(selected.name, result)
@@ -132,7 +136,10 @@ def _refuse_problems(result: Plan) -> None:
 
 
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
+    membership.refuse_owner_verb(cluster, "up")
     selected, impl = _select(provider, cluster)
+    sharing.check_spec(selected)
+    sharing.warn_privilege(selected)
     if selected.tracking != "none" and not impl.supports_tracking:
         raise SpecError(f"{selected.source}: tracking: {selected.tracking} is not available on the "
                         f"{selected.provider} provider yet; remove the key (see "
@@ -157,6 +164,8 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         except BaseException:
             _forget_if_nothing_created(current)
             raise
+        gateway_url = sharing.ensure_gateway(selected, impl.head_access(current), current) \
+            if selected.sharing else None
         _keep_applied(selected.name)
     flag = _cluster_flag(selected)
     ui.out(f"cluster {selected.name!r} ({selected.provider}) is up")
@@ -166,6 +175,8 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     ui.out(f"  dashboard:    {endpoint.dashboard_url}   (`invoke dashboard{flag}`)", markup=False)
     ui.out(f"  submit a job: invoke submit{flag} examples/cpu_example.py -- 8", markup=False)
     ui.out(f"  tear down:    invoke teardown{flag}", markup=False)
+    if gateway_url:
+        ui.out(f"  members:      {gateway_url}   (`invoke member-add{flag} NAME`)", markup=False)
     ui.out(f"  {costs.describe_autodown(selected)}", markup=False)
 
 
@@ -218,7 +229,11 @@ def _running(selected: spec.ClusterSpec) -> State:
 @contextmanager
 def connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
     """The running cluster's endpoint for the length of a `with` block (a tunnel if remote);
-    also used beyond the tasks, e.g. by the Hydra launcher in examples/hydra_plugins/."""
+    also used beyond the tasks, e.g. by the Hydra launcher in examples/hydra_plugins/. A cluster
+    joined as a member (`invoke join`) is reached through its gateway."""
+    if membership.joined(cluster):
+        yield membership.endpoint(str(cluster))
+        return
     selected, impl = _select(provider, cluster)
     with impl.connect(_running(selected)) as endpoint:
         yield endpoint
@@ -368,6 +383,11 @@ def _auth_howto(endpoint: Endpoint) -> None:
 @contextmanager
 def _quiet_connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
     """`connect`, with Ray's client-side log lines sent to the cluster's ray-client.log."""
+    if membership.joined(cluster):
+        log = paths.home() / "logs" / str(cluster) / "ray-client.log"
+        with raynoise.to_log(log):
+            yield membership.endpoint(str(cluster))
+        return
     selected, impl = _select(provider, cluster)
     log = paths.home() / "logs" / selected.name / "ray-client.log"
     with impl.connect(_running(selected)) as endpoint, raynoise.to_log(log):
@@ -408,6 +428,7 @@ def doctor(provider: str | None, cluster: str | None, as_json: bool) -> int:
 
 
 def teardown(provider: str | None, cluster: str | None) -> None:
+    membership.refuse_owner_verb(cluster, "teardown")
     selected, impl = _select(provider, cluster)
     if not state.lock_path_of(selected.name).exists() and not state.state_path(selected.name).exists():
         # Never created here (no `up` ever took its lock): nothing to ask a provider about, no
@@ -420,6 +441,8 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         if had_state and _say_if_removed(selected, impl, current):
             ui.info("verifying that nothing of it is left, then clearing its state")
         if had_state:  # without state nothing was recorded, so nothing was created
+            if selected.sharing is not None:
+                sharing.stop_gateway(selected, _head_or_none(impl, current))
             impl.teardown(current)
         current.delete()
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
@@ -435,3 +458,11 @@ def teardown(provider: str | None, cluster: str | None) -> None:
                    "next `invoke up` of this cluster serves it again", markup=False, soft_wrap=True)
     else:
         ui.out(f"cluster {selected.name!r}: nothing to tear down")
+
+
+def _head_or_none(impl: Provider[Any, Any], current: State) -> Any:
+    """How to reach the head, or None once it is gone (teardown goes on without it)."""
+    try:
+        return impl.head_access(current)
+    except RayfleetError:
+        return None

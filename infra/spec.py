@@ -8,6 +8,7 @@ with a did-you-mean for typos, and exit code 2 (see `SpecError`).
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 import types
 import typing
@@ -41,12 +42,59 @@ class Autodown(StrictModel):
     idle_minutes: float = Field(gt=0, le=7 * 24 * 60)
 
 
+def source_ranges(ranges: list[str], what: str, fix: str) -> list[str]:
+    """`ranges` when each is a CIDR range with zero host bits and none is the whole internet
+    (which would open `what` to anyone: `fix` says what to list instead)."""
+    for text in ranges:
+        try:
+            network = ipaddress.ip_network(text, strict=True)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a CIDR range like 203.0.113.0/24 (host bits "
+                             "must be zero)") from None
+        if network.prefixlen == 0:
+            raise ValueError(f"{text!r} opens {what} to the whole internet; {fix}")
+    return ranges
+
+
+class Sharing(StrictModel):
+    """`sharing:`: members with their own credentials reach the cluster through a TLS gateway on
+    the head (infra/node/gateway.py); see docs/concepts/sharing.md."""
+
+    #: The gateway's TLS port on the head.
+    port: int = Field(8443, ge=1024, le=65535)
+    #: Networks (CIDR) allowed to reach the gateway: a firewall rule for this port only. Required
+    #: on providers whose head has a public address (SHARING_NEEDS_RANGES).
+    allowed_source_ranges: list[str] = Field(default_factory=list, max_length=64)
+    #: A member's next submit is refused while this many of their jobs are pending or running.
+    max_running_jobs_per_member: int = Field(2, ge=1, le=1000)
+    #: The head stops a member's job that has run longer than this (hours); None: no limit.
+    max_job_hours: float | None = Field(None, gt=0, le=24 * 31)
+    #: Members may open the dashboard through the gateway (job views filtered to their own jobs).
+    members_see_dashboard: bool = True
+    #: Where rayfleet cannot create a separate Unix user for Ray (slurm, local), members' jobs
+    #: run as the owner's own account: the owner says so here, knowingly.
+    members_run_as_owner: bool = False
+
+    @field_validator("allowed_source_ranges")
+    @classmethod
+    def _cidrs(cls, ranges: list[str]) -> list[str]:
+        return source_ranges(ranges, "the gateway", "list the class's VPN or campus range")
+
+
 class ClusterSpec(StrictModel):
     """What every cluster spec has. `name` is the file's stem, not a key in the file."""
 
     #: Minutes of idleness after which a cluster of this provider removes itself when its spec
     #: says nothing about `autodown` (paid providers set it); None: off unless the spec turns it on.
     AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = None
+    #: The head has a public address: `sharing:` must name `allowed_source_ranges`.
+    SHARING_NEEDS_RANGES: ClassVar[bool] = False
+    #: Ray runs as a Unix user of its own that setup creates (not the owner's account); where it
+    #: does not, `sharing:` must say `members_run_as_owner: true`.
+    SEPARATE_RAY_USER: ClassVar[bool] = False
+    #: `up` starts the sharing gateway on this provider's head (infra/sharing.py); where not yet,
+    #: `plan` and `up` refuse a `sharing:` block in one line.
+    SHARING_GATEWAY: ClassVar[bool] = False
 
     name: str
     provider: str
@@ -60,8 +108,19 @@ class ClusterSpec(StrictModel):
     #: artifacts, MLflow's basic auth) and every job on every node finds it through
     #: MLFLOW_TRACKING_URI; `none` starts nothing (see docs/train-track-serve.md).
     tracking: Literal["none", "mlflow"] = "none"
+    #: Members with their own credentials, through a TLS gateway on the head; None: owner only.
+    sharing: Sharing | None = None
     #: The file the spec came from, for messages; set by the loader.
     source: str = ""
+
+    @field_validator("sharing")
+    @classmethod
+    def _sharing_ranges(cls, value: Sharing | None) -> Sharing | None:
+        if value is not None and cls.SHARING_NEEDS_RANGES and not value.allowed_source_ranges:
+            raise ValueError("allowed_source_ranges is required on this provider (the gateway's "
+                             "port is opened to exactly these networks); add e.g. "
+                             "`allowed_source_ranges: [10.0.0.0/8]` under sharing:")
+        return value
 
     @model_validator(mode="before")
     @classmethod

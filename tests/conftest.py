@@ -105,6 +105,7 @@ SLOWEST_FIRST: list[str] = [
     "test_bench.py",
     "test_examples.py",
     "test_live_suite.py",
+    "local/test_e2e_sharing.py",
     "slurm/test_e2e_identity.py",
     "lambda_cloud/test_e2e_autodown.py",
     "slurm/test_e2e_autodown.py",

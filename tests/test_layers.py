@@ -14,7 +14,7 @@ from tests.import_graph import cycles, graph
 
 #: The commands layer: the verbs and what only they use (the registry is below them).
 COMMANDS = {"infra.commands", "infra.listing", "infra.sweep", "infra.loading", "infra.access",
-            "infra.check", "infra.commands_serve"}
+            "infra.check", "infra.commands_serve", "infra.commands_sharing"}
 
 
 def _layer(module: str) -> str:

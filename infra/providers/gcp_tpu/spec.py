@@ -7,7 +7,6 @@ host and runtime version from the accelerator type (see tpu.py).
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -15,7 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.providers.gcp_tpu import tpu
-from infra.spec import ClusterSpec, StrictModel
+from infra.spec import ClusterSpec, StrictModel, source_ranges
 
 #: GCP label keys and values (keys also must start with a letter); node type names become labels.
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -187,16 +186,8 @@ class DashboardSpec(StrictModel):
     @field_validator("allowed_source_ranges")
     @classmethod
     def _cidrs(cls, ranges: list[str]) -> list[str]:
-        for text in ranges:
-            try:
-                network = ipaddress.ip_network(text, strict=True)
-            except ValueError:
-                raise ValueError(f"{text!r} is not a CIDR range like 203.0.113.0/24 (host bits "
-                                 "must be zero)") from None
-            if network.prefixlen == 0:
-                raise ValueError(f"{text!r} opens the dashboard to the whole internet; list your "
-                                 "VPN or campus range, or use `invoke dashboard` (SSH tunnel)")
-        return ranges
+        return source_ranges(ranges, "the dashboard", "list your VPN or campus range, or use "
+                             "`invoke dashboard` (SSH tunnel)")
 
 
 class NodeEnvSpec(StrictModel):
@@ -211,6 +202,8 @@ class NodeEnvSpec(StrictModel):
 class Spec(ClusterSpec):
     #: Paid by the hour: an idle cluster removes itself after an hour unless the spec says otherwise.
     AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = 60
+    #: The head has a public address: the gateway's port opens to `sharing.allowed_source_ranges`.
+    SHARING_NEEDS_RANGES: ClassVar[bool] = True
 
     provider: Literal["gcp-tpu"]
     project: str

@@ -87,6 +87,8 @@ def _distinct(choices: list[Choice]) -> list[Choice]:
 class Spec(ClusterSpec):
     #: Paid by the hour: an idle cluster removes itself after an hour unless the spec says otherwise.
     AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = 60
+    #: The head has a public address: the gateway's port opens to `sharing.allowed_source_ranges`.
+    SHARING_NEEDS_RANGES: ClassVar[bool] = True
 
     provider: Literal["lambda"]
     head: Head

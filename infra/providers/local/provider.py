@@ -16,7 +16,7 @@ import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -51,6 +51,9 @@ class LocalError(ProviderError):
 
 
 class Spec(ClusterSpec):
+    #: The head is this machine: `up` starts the sharing gateway beside it.
+    SHARING_GATEWAY: ClassVar[bool] = True
+
     provider: Literal["local"]
     #: CPUs Ray may schedule on; None lets Ray count the machine's cores.
     num_cpus: int | None = Field(None, ge=1, le=4096)

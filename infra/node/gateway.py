@@ -1,0 +1,414 @@
+"""The sharing gateway: members reach Ray's job API and dashboard through it, each with their own token.
+
+`python -m infra.node.gateway --config FILE` runs an aiohttp server on TLS 1.2+ in front of the
+head's dashboard (plain HTTP on the head's loopback). It takes Ray's own ways of presenting a token
+(`Authorization: Bearer`, `X-Ray-Authorization`, the dashboard's `ray-authentication-token`
+cookie), so the stock `ray job` CLI and `JobSubmissionClient` work unchanged; it strips whatever
+was presented and forwards with the cluster token, which no member holds.
+
+A member submits, lists, reads the logs of, stops and deletes only their own jobs (the job's
+`metadata["rayfleet_member"]`, which the gateway sets over whatever was sent); an admin member and
+the owner (the cluster token) act on all. Everything else that changes the cluster is refused to
+members; of the dashboard they get its pages and the cluster-wide views listed in DASHBOARD_VIEWS.
+Nothing a member receives carries the cluster token or another secret the config names. The state
+it keeps (members, usage, audit) is in infra/node/gateway_state.py. Ray and what Ray brings
+(aiohttp) only: it ships to heads in the node package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import re
+import ssl
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from infra.node import gateway_state as gs
+from infra.node.files import atomic_write
+
+CONFIG_FILE = "rayfleet-gateway.json"
+#: The job's environment that tags every MLflow run it starts (MLflow's own run-context variable).
+MLFLOW_CONTEXT = "MLFLOW_RUN_CONTEXT"
+#: Read-only views of the dashboard a member may open (cluster-wide, the same for every member).
+DASHBOARD_VIEWS = ("/", "/index.html", "/favicon.ico", "/logo.svg", "/timezone", "/nodes",
+                   "/api/cluster_status", "/api/grafana_health", "/api/prometheus_health",
+                   "/api/v0/cluster_metadata")
+#: Answered for every member, like the job SDK's connection check.
+OPEN_VIEWS = ("/api/version", "/api/authentication_mode")
+_JOB = re.compile(r"^/api/jobs/([^/]+)(/logs|/logs/tail|/stop)?/?$")
+_PACKAGE = re.compile(r"^/api/packages/[^/]+/[^/]+$")
+_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+        "transfer-encoding", "upgrade", "host", "content-length", "content-encoding",
+        "authorization", "x-ray-authorization", "cookie", "set-cookie"}
+_ACTIVE = ("PENDING", "RUNNING")
+
+
+@dataclass(frozen=True)
+class Config:
+    cluster: str
+    host: str
+    port: int
+    #: The dashboard on the head, e.g. http://127.0.0.1:8265.
+    upstream: str
+    #: The cluster's Ray token file on the head; None when the cluster runs without auth.
+    token_path: str | None
+    cert: str
+    key: str
+    #: members.json, usage.json and audit.log (gateway_state.py).
+    data_dir: str
+    max_running_jobs_per_member: int = 2
+    max_job_hours: float | None = None
+    members_see_dashboard: bool = True
+    #: The cluster's $/h, split among the member jobs running at each tick.
+    price_per_hour: float = 0.0
+    poll_seconds: float = 5.0
+    #: The gateway exits once its dashboard has not answered for this long (the head went away).
+    upstream_grace_s: float = 120.0
+    #: Files whose content never appears in an answer to a member (the tracking password).
+    secret_paths: list[str] = field(default_factory=list)
+
+
+def write_config(path: Path, config: Config) -> None:
+    atomic_write(path, json.dumps(asdict(config), indent=2), mode=0o600)
+
+
+def read_config(path: Path) -> Config:
+    data = json.loads(path.read_text())
+    return Config(**{f.name: data[f.name] for f in fields(Config) if f.name in data})
+
+
+def _reply(status: int, text: str) -> Any:
+    from aiohttp import web
+
+    return web.Response(status=status, text=text + "\n")
+
+
+class Gateway:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        data = Path(config.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        self.members = gs.Members(data / gs.MEMBERS_FILE)
+        self.usage = gs.Usage(data / gs.USAGE_FILE)
+        self.audit = gs.Audit(data / gs.AUDIT_FILE)
+        self.failures = gs.FailedLogins()
+        self.cluster_token = (Path(config.token_path).read_text().strip()
+                              if config.token_path else None)
+        self.secrets = [s for s in [self.cluster_token, *(_read(p) for p in config.secret_paths)] if s]
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.session: Any = None
+
+    # --- who is asking -------------------------------------------------------------------------
+
+    @staticmethod
+    def presented(request: Any) -> str | None:
+        for name in ("Authorization", "X-Ray-Authorization"):
+            value = request.headers.get(name, "")
+            if value:
+                return value[7:].strip() if value.lower().startswith("bearer ") else value.strip()
+        return request.cookies.get("ray-authentication-token") or None
+
+    def identify(self, token: str) -> gs.Member | None:
+        if self.cluster_token and hmac.compare_digest(token.encode(), self.cluster_token.encode()):
+            return gs.OWNER
+        return self.members.lookup(token)
+
+    async def handle(self, request: Any) -> Any:
+        source = request.remote or "?"
+        wait = self.failures.blocked(source)
+        if wait:
+            return _reply(429, f"too many failed logins from {source}; try again in {wait:.0f} s")
+        token = self.presented(request)
+        if token is None:
+            return _reply(401, "no token: present your member token (RAY_AUTH_MODE=token and "
+                               "RAY_AUTH_TOKEN_PATH, see docs/concepts/sharing.md)")
+        who = self.identify(token)
+        if who is None:
+            self.failures.failed(source)
+            self.audit.write(who=None, source=source, method=request.method, path=request.path,
+                             status=403)
+            return _reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
+        if gs.expired(who):
+            self.audit.write(who=who.name, method=request.method, path=request.path, status=403)
+            return _reply(403, f"member {who.name}'s access expired on {who.expires}; ask the "
+                               "cluster's owner to add you again")
+        if who.role != "owner":
+            self.usage.seen(who.name)
+        answer, job = await self.route(request, who, token)
+        self.audit.write(who=who.name, role=who.role, method=request.method, path=request.path,
+                         job=job, status=getattr(answer, "status", None))
+        return answer
+
+    # --- what they may do ----------------------------------------------------------------------
+
+    async def route(self, request: Any, who: gs.Member, token: str) -> tuple[Any, str | None]:
+        path, method = request.path, request.method
+        if path == "/api/authenticate" and method == "POST":
+            return self.authenticate(request, token), None
+        if who.role == "owner":
+            return await self.forward(request, who), None
+        if method == "GET" and path in OPEN_VIEWS:
+            return await self.forward(request, who), None
+        if _PACKAGE.match(path) and method in ("GET", "PUT", "HEAD"):
+            return await self.forward(request, who), None
+        if path in ("/api/jobs", "/api/jobs/"):
+            if method == "POST":
+                return await self.submit(request, who)
+            if method == "GET":
+                return await self.list_jobs(request, who), None
+        match = _JOB.match(path)
+        if match:
+            return await self.job_action(request, who, match.group(1), match.group(2) or ""), \
+                match.group(1)
+        if (method == "GET" and self.config.members_see_dashboard
+                and (path in DASHBOARD_VIEWS or path.startswith("/static/"))):
+            return await self.forward(request, who), None
+        return _reply(403, f"{method} {path} is not open to members: they submit, list, read the "
+                           "logs of, stop and delete their own jobs (docs/concepts/sharing.md)"), None
+
+    def authenticate(self, request: Any, token: str) -> Any:
+        """The dashboard's login: the cookie holds the token the browser presented (a member's
+        own), never the cluster token."""
+        from aiohttp import web
+
+        answer = web.json_response({"status": "authenticated", "message": "Token is valid"})
+        answer.set_cookie("ray-authentication-token", token, max_age=30 * 24 * 3600, path="/",
+                          httponly=True, samesite="Strict", secure=True)
+        return answer
+
+    async def submit(self, request: Any, who: gs.Member) -> tuple[Any, str | None]:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _reply(400, "the job submission is not JSON"), None
+        if not isinstance(body, dict):
+            return _reply(400, "the job submission is not a JSON object"), None
+        lock = self.locks.setdefault(who.name, asyncio.Lock())
+        async with lock:  # two submits at once must not both slip under the cap
+            status, jobs = await self.upstream_json("GET", "/api/jobs/")
+            if status != 200:
+                return _reply(502, f"the cluster's job API answered {status}; try again"), None
+            running = [j for j in jobs if gs.member_of(j) == who.name and j.get("status") in _ACTIVE]
+            cap = self.config.max_running_jobs_per_member
+            if len(running) >= cap:
+                return _reply(429, f"member {who.name} has {len(running)} pending or running jobs, "
+                                   f"the cluster's cap (sharing.max_running_jobs_per_member) is "
+                                   f"{cap}; wait for one to end or stop one"), None
+            body["metadata"] = {**_str_dict(body.get("metadata")), "rayfleet_member": who.name}
+            given = body.get("runtime_env")
+            runtime_env: dict[str, Any] = given if isinstance(given, dict) else {}
+            env_vars = _str_dict(runtime_env.get("env_vars"))
+            env_vars[MLFLOW_CONTEXT] = json.dumps({**_json_dict(env_vars.get(MLFLOW_CONTEXT)),
+                                                   "mlflow.user": who.name,
+                                                   "rayfleet.member": who.name})
+            body["runtime_env"] = {**runtime_env, "env_vars": env_vars}
+            answer = await self.forward(request, who, body=json.dumps(body).encode())
+        job = None
+        with contextlib.suppress(ValueError, AttributeError):
+            job = json.loads(answer.body).get("submission_id")
+        if job:
+            self.usage.note(job, member=who.name, submitted=gs.now_iso())
+        return answer, job
+
+    async def list_jobs(self, request: Any, who: gs.Member) -> Any:
+        from aiohttp import web
+
+        status, jobs = await self.upstream_json("GET", "/api/jobs/")
+        if status != 200:
+            return _reply(status, f"the cluster's job API answered {status}")
+        visible = [self.with_reason(j) for j in jobs if who.sees_all or gs.member_of(j) == who.name]
+        return web.Response(status=200, content_type="application/json",
+                            text=self.scrub(json.dumps(visible)))
+
+    def with_reason(self, job: dict[str, Any]) -> dict[str, Any]:
+        reason = self.usage.reason(str(job.get("submission_id") or job.get("job_id")))
+        return {**job, "message": reason} if reason else job
+
+    async def job_action(self, request: Any, who: gs.Member, job_id: str, action: str) -> Any:
+        from aiohttp import web
+
+        status, job = await self.upstream_json("GET", f"/api/jobs/{job_id}")
+        if status != 200 or not isinstance(job, dict):
+            return _reply(status if status != 200 else 502, f"job {job_id} does not exist")
+        if not who.sees_all and gs.member_of(job) != who.name:
+            return _reply(403, f"job {job_id} is not yours; members act only on their own jobs")
+        method = request.method
+        if action == "" and method == "GET":
+            return web.Response(status=200, content_type="application/json",
+                                text=self.scrub(json.dumps(self.with_reason(job))))
+        if action == "/logs/tail" and method == "GET":
+            return await self.tail(request, job_id)
+        if (action, method) in (("", "DELETE"), ("/stop", "POST"), ("/logs", "GET")):
+            return await self.forward(request, who)
+        return _reply(403, f"{method} {request.path} is not open to members")
+
+    # --- talking to Ray ------------------------------------------------------------------------
+
+    def upstream_headers(self, request_headers: Any = None) -> dict[str, str]:
+        headers = {k: v for k, v in (request_headers or {}).items() if k.lower() not in _HOP}
+        if self.cluster_token:
+            headers["Authorization"] = f"Bearer {self.cluster_token}"
+        return headers
+
+    async def upstream_json(self, method: str, path: str) -> tuple[int, Any]:
+        async with self.session.request(method, self.config.upstream + path,
+                                        headers=self.upstream_headers()) as answer:
+            text = await answer.text()
+            try:
+                return answer.status, json.loads(text)
+            except ValueError:
+                return answer.status, None
+
+    async def forward(self, request: Any, who: gs.Member, body: bytes | None = None) -> Any:
+        from aiohttp import web
+
+        data = body if body is not None else await request.read()
+        url = self.config.upstream + request.rel_url.path_qs
+        async with self.session.request(request.method, url, data=data or None,
+                                        headers=self.upstream_headers(request.headers)) as answer:
+            content = await answer.read()
+            headers = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP}
+        if who.role != "owner":
+            content = self.scrub_bytes(content)
+        return web.Response(status=answer.status, body=content, headers=headers)
+
+    async def tail(self, request: Any, job_id: str) -> Any:
+        """Ray's log stream (a WebSocket), relayed message by message."""
+        from aiohttp import WSMsgType, web
+
+        client = web.WebSocketResponse()
+        await client.prepare(request)
+        url = self.config.upstream + f"/api/jobs/{job_id}/logs/tail"
+        async with self.session.ws_connect(url, headers=self.upstream_headers()) as ray:
+            async for message in ray:
+                if message.type == WSMsgType.TEXT:
+                    await client.send_str(self.scrub(message.data))
+                elif message.type == WSMsgType.BINARY:
+                    await client.send_bytes(self.scrub_bytes(message.data))
+                else:
+                    break
+        await client.close()
+        return client
+
+    def scrub(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "<secret>")
+        return text
+
+    def scrub_bytes(self, data: bytes) -> bytes:
+        for secret in self.secrets:
+            data = data.replace(secret.encode(), b"<secret>")
+        return data
+
+    # --- on the head, every few seconds ---------------------------------------------------------
+
+    async def watch(self) -> None:
+        """Account usage, stop member jobs past max_job_hours, save; exit once Ray is gone."""
+        last = time.monotonic()
+        down_since: float | None = None
+        while True:
+            await asyncio.sleep(self.config.poll_seconds)
+            now = time.monotonic()
+            try:
+                status, jobs = await self.upstream_json("GET", "/api/jobs/")
+            except Exception:  # any failure to reach Ray counts as Ray being away
+                status, jobs = 0, None
+            if status != 200 or not isinstance(jobs, list):
+                down_since = down_since or now
+                if now - down_since > self.config.upstream_grace_s:
+                    print(f"the dashboard at {self.config.upstream} is gone; exiting", flush=True)
+                    sys.exit(0)
+                continue
+            down_since = None
+            self.usage.tick(jobs, now - last, self.config.price_per_hour)
+            last = now
+            await self.enforce_hours(jobs)
+            self.usage.save()
+
+    async def enforce_hours(self, jobs: list[dict[str, Any]]) -> None:
+        limit = self.config.max_job_hours
+        if not limit:
+            return
+        for job in jobs:
+            member, started = gs.member_of(job), job.get("start_time")
+            if not member or job.get("status") != "RUNNING" or not started:
+                continue
+            if time.time() - started / 1000 < limit * 3600:
+                continue
+            job_id = str(job.get("submission_id") or job.get("job_id"))
+            reason = (f"stopped by the cluster: it ran past sharing.max_job_hours ({limit:g} h)")
+            await self.upstream_json("POST", f"/api/jobs/{job_id}/stop")
+            self.usage.note(job_id, stopped_reason=reason)
+            self.audit.write(who="gateway", method="STOP", path=f"/api/jobs/{job_id}/stop",
+                             job=job_id, member=member, reason=reason)
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _str_dict(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def _json_dict(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def serve(config: Config) -> None:
+    from aiohttp import ClientSession, ClientTimeout, web
+
+    gateway = Gateway(config)
+
+    async def lifetime(app: web.Application) -> Any:
+        gateway.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
+        watcher = asyncio.create_task(gateway.watch())
+        yield
+        watcher.cancel()
+        gateway.usage.save()
+        await gateway.session.close()
+
+    app = web.Application(client_max_size=1024 ** 3)  # working-dir packages go through PUT
+    app.cleanup_ctx.append(lifetime)
+    app.router.add_route("*", "/{tail:.*}", gateway.handle)
+    web.run_app(app, host=config.host, port=config.port,
+                ssl_context=tls_context(config.cert, config.key), access_log=None, print=None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a cluster's sharing gateway.")
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args(argv)
+    config = read_config(Path(args.config))
+    import os
+
+    # The pid file lets a second `up` (and teardown) find exactly this process.
+    atomic_write(Path(f"{args.config}.pid"), f"{os.getpid()}\n")
+    print(f"gateway for {config.cluster} on https://{config.host}:{config.port}", flush=True)
+    serve(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

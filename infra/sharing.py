@@ -1,0 +1,266 @@
+"""Sharing a cluster, the owner's side: the gateway at `up`, the member registry, bundles, usage.
+
+The owner's registry is `.rayfleet/sharing/<cluster>/members.json` (names, roles, expiry, the
+SHA-256 of each token; never a token). A member's token exists in exactly one place on the owner's
+machine: the bundle file `member-add` writes (0600), which the owner sends. For a head on this
+machine (the local provider) that folder is also the gateway's data dir, so a change reaches the
+gateway at its next request; a remote head gets the file over SFTP. Usage and the audit log stay
+with the registry, so they survive teardown and the next `up` (like the tracking store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from infra import paths, sharing_certs, tracking, ui
+from infra.errors import RayfleetError, SpecError, UsageError
+from infra.head import HeadAccess
+from infra.node import gateway, gateway_state, rayproc
+from infra.node.files import atomic_write
+from infra.spec import ClusterSpec
+from infra.state import State
+
+#: What a bundle says it is; `join` refuses anything else.
+BUNDLE_KIND = "rayfleet-member-bundle/1"
+#: On a remote head: the gateway's config and data, relative to the login user's home.
+HEAD_CONFIG = "~/.rayfleet/" + gateway.CONFIG_FILE
+HEAD_DATA = "~/.rayfleet/gateway"
+
+
+class SharingError(RayfleetError):
+    """A sharing verb cannot do what was asked (no `sharing:`, unknown member, ...)."""
+
+
+def folder(cluster: str) -> Path:
+    return paths.home() / "sharing" / cluster
+
+
+def registry_path(cluster: str) -> Path:
+    return folder(cluster) / gateway_state.MEMBERS_FILE
+
+
+def check_spec(selected: ClusterSpec) -> None:
+    """What `plan` and `up` refuse about `sharing:` before anything is created: a provider whose
+    head gets no gateway yet, and (issue 29) where Ray runs as the owner's own account, members'
+    jobs do too, so the owner must say they accept that."""
+    sharing = selected.sharing
+    if sharing is None:
+        return
+    if not (type(selected).SEPARATE_RAY_USER or sharing.members_run_as_owner):
+        raise SpecError(f"{selected.source}: sharing.members_run_as_owner: required on "
+                        f"{selected.provider}: rayfleet cannot create a user for Ray there, so "
+                        "members' jobs run as your own account and can read your files; add "
+                        "`members_run_as_owner: true` under sharing: to accept that")
+    if not type(selected).SHARING_GATEWAY:
+        raise SpecError(f"{selected.source}: sharing: the gateway does not run on "
+                        f"{selected.provider} heads yet (local only); remove the block "
+                        "(docs/concepts/sharing.md)")
+
+
+def warn_privilege(selected: ClusterSpec) -> None:
+    if selected.sharing is not None and selected.sharing.members_run_as_owner:
+        ui.warn(f"{selected.source}: sharing.members_run_as_owner: members' jobs run as your own "
+                f"account on this {selected.provider} cluster and can read whatever you can")
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+def read_registry(cluster: str) -> dict[str, dict[str, Any]]:
+    path = registry_path(cluster)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError:
+        raise SharingError(f"{path} is not valid JSON; restore it from a backup or remove it "
+                           "(every member then needs a new bundle)") from None
+    members = data.get("members") if isinstance(data, dict) else None
+    return members if isinstance(members, dict) else {}
+
+
+def write_registry(cluster: str, members: dict[str, dict[str, Any]]) -> None:
+    target = registry_path(cluster)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.chmod(0o700)
+    atomic_write(target, json.dumps({"members": members}, indent=2, sort_keys=True), mode=0o600)
+
+
+def new_member(admin: bool, expires_days: float | None) -> tuple[dict[str, Any], str]:
+    """The registry entry of a new member and their token (returned once, never stored here)."""
+    token = secrets.token_hex(32)
+    now = dt.datetime.now(dt.timezone.utc)
+    expires = (now + dt.timedelta(days=expires_days)).isoformat(timespec="seconds") \
+        if expires_days else None
+    return ({"role": "admin" if admin else "member", "added": now.isoformat(timespec="seconds"),
+             "expires": expires, "token_sha256": gateway_state.token_hash(token)}, token)
+
+
+def bundle(cluster: str, url: str, member: str, token: str) -> dict[str, str]:
+    return {"kind": BUNDLE_KIND, "cluster": cluster, "address": url, "member": member,
+            "ca_cert": sharing_certs.ca_cert_path(cluster).read_text(), "token": token}
+
+
+# --- the gateway on the head -------------------------------------------------------------------
+
+def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State,
+                    address: str) -> tuple[gateway.Config, Path]:
+    """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
+    assert selected.sharing is not None
+    cert, key = sharing_certs.ensure_server_cert(selected.name, [address])
+    token = access.env.get("RAY_AUTH_TOKEN_PATH")
+    mlflow = tracking.password_path(selected.name)
+    here = access.target is None
+    data = folder(selected.name) if here else Path(HEAD_DATA)
+    config = gateway.Config(
+        cluster=selected.name, host="127.0.0.1" if here else "0.0.0.0",
+        port=selected.sharing.port, upstream=f"http://127.0.0.1:{access.dashboard_port}",
+        token_path=token, cert=str(cert), key=str(key), data_dir=str(data),
+        max_running_jobs_per_member=selected.sharing.max_running_jobs_per_member,
+        max_job_hours=selected.sharing.max_job_hours,
+        members_see_dashboard=selected.sharing.members_see_dashboard,
+        price_per_hour=float(state.info.get("hourly_usd") or 0.0),
+        secret_paths=[str(mlflow)] if here and selected.tracking == "mlflow" else [])
+    return config, folder(selected.name) / gateway.CONFIG_FILE
+
+
+def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State) -> str | None:
+    """Start the cluster's gateway unless it runs with this config; its https:// address."""
+    if selected.sharing is None:
+        return None
+    address = "127.0.0.1" if access.target is None else access.target.host
+    url = f"https://{address}:{selected.sharing.port}"
+    previous = state.info.get("gateway_url")
+    if previous and previous != url and read_registry(selected.name):
+        ui.warn(f"the gateway's address changed from {previous} to {url}: every member needs a "
+                "new bundle (`invoke member-add NAME` again after `invoke member-remove NAME`)")
+    config, config_path = _gateway_config(selected, access, state, address)
+    if not read_registry(selected.name):
+        write_registry(selected.name, {})
+    start_gateway(access, config, config_path)
+    if access.target is None:
+        ui.wait_for(lambda _: True if rayproc.port_answers("127.0.0.1", config.port) else None,
+                    f"the sharing gateway on {url}", timeout=60,
+                    hint=f"see {paths.home() / 'logs' / selected.name / 'gateway.log'}")
+    if previous != url:
+        state.set_info(gateway_url=url)
+    return url
+
+
+def start_gateway(access: HeadAccess, config: gateway.Config, config_path: Path) -> None:
+    """THE one place that starts the gateway (switch to the common head supervisor here).
+
+    This machine: a detached `python -m infra.node.gateway`, replaced when its config changed.
+    A remote head: autodown_remote.install_daemon with the certificate and key as 0600 secrets."""
+    if access.target is not None:
+        from infra import autodown_remote
+
+        cert, key = Path(config.cert), Path(config.key)
+        remote = {**gateway.asdict(config), "cert": ".rayfleet/gateway.pem",
+                  "key": ".rayfleet/gateway.key", "data_dir": ".rayfleet/gateway"}
+        autodown_remote.install_daemon(
+            access.target, "infra.node.gateway", HEAD_CONFIG, json.dumps(remote),
+            secrets={".rayfleet/gateway.pem": cert.read_bytes(),
+                     ".rayfleet/gateway.key": key.read_bytes()},
+            log="~/.rayfleet/gateway.log")
+        return
+    wanted = json.dumps(gateway.asdict(config), indent=2)
+    running = _local_pid(config_path)
+    if running and config_path.exists() and config_path.read_text() == wanted:
+        return
+    stop_local(config_path)
+    gateway.write_config(config_path, config)
+    log = paths.home() / "logs" / config.cluster / "gateway.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as out:
+        subprocess.Popen([sys.executable, "-m", "infra.node.gateway", "--config", str(config_path)],
+                         cwd=paths.PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _local_pid(config_path: Path) -> int | None:
+    """The pid of the gateway started with `config_path`, when it still runs."""
+    try:
+        pid = int(Path(f"{config_path}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        if str(config_path) in " ".join(psutil.Process(pid).cmdline()):
+            return pid
+    return None
+
+
+def stop_local(config_path: Path) -> None:
+    """Stop the gateway started here with `config_path` (exactly that pid), if it runs."""
+    pid = _local_pid(config_path)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and rayproc.alive(pid):
+        time.sleep(0.05)
+    if rayproc.alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    Path(f"{config_path}.pid").unlink(missing_ok=True)
+
+
+def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:
+    """At teardown: the gateway goes with the cluster (its members and usage stay)."""
+    if access is None or access.target is None:
+        stop_local(folder(selected.name) / gateway.CONFIG_FILE)
+    else:
+        from infra import autodown_remote
+
+        with contextlib.suppress(RayfleetError):
+            autodown_remote.stop_daemon(access.target, HEAD_CONFIG)
+
+
+def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:
+    """Put the registry where the gateway reads it (nothing to do for a head on this machine)."""
+    if access.target is None:
+        return
+    from infra import shipping, ssh
+
+    client = ssh.connect(access.target)
+    try:
+        sftp = client.open_sftp()
+        shipping.put(sftp, HEAD_DATA.removeprefix("~/") + "/" + gateway_state.MEMBERS_FILE,
+                     registry_path(selected.name).read_bytes(), 0o600)
+        sftp.close()
+    finally:
+        client.close()
+
+
+def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, Any]:
+    """The gateway's usage file (a remote head's when it answers, else the last copy here)."""
+    local = folder(selected.name) / gateway_state.USAGE_FILE
+    if access is not None and access.target is not None:
+        from infra import autodown_remote
+
+        text = autodown_remote.read_file(access.target, f"{HEAD_DATA}/{gateway_state.USAGE_FILE}")
+        if text:
+            atomic_write(local, text, mode=0o600)
+    try:
+        data = json.loads(local.read_text())
+    except (OSError, ValueError):
+        return {"jobs": {}, "members": {}}
+    return data if isinstance(data, dict) else {"jobs": {}, "members": {}}
+
+
+def require_sharing(selected: ClusterSpec) -> None:
+    if selected.sharing is None:
+        raise UsageError(f"{selected.source}: sharing: this cluster is not shared; add a "
+                         "`sharing:` block to its spec and run `invoke up` (docs/concepts/sharing.md)")

@@ -1,0 +1,342 @@
+"""A shared local cluster end to end: members in their own homes, with Ray's stock `ray job` CLI,
+through the real TLS gateway (one cluster for the module).
+
+Each member joins their bundle in a home of their own (HOME and RAYFLEET_HOME), takes the lines
+`invoke env` prints, and from then on uses nothing of rayfleet: the same lines the docs give a
+member who has only Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import certifi
+import pytest
+import requests
+
+from infra.node import rayproc
+from tests.conftest import ROOT, run_invoke
+
+pytestmark = pytest.mark.slow
+
+RAY = str(Path(sys.executable).with_name("ray"))
+#: 54 s: long enough for the other tests' sleepers, short enough to watch the head stop one.
+MAX_JOB_HOURS = 0.015
+SLEEPER = "python -c \"import time; print('RUN' + 'NING', flush=True); time.sleep(300)\""
+
+
+@dataclass
+class Member:
+    name: str
+    home: Path
+    env: dict[str, str]
+    answers: list[str]
+
+    def ray(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Ray's own job CLI, with nothing but the member's exported variables."""
+        done = subprocess.run([RAY, "job", *args], env=self.env, cwd=self.home,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        self.answers.append(done.stdout + done.stderr)
+        return done
+
+    def submit(self, command: str, *flags: str) -> str:
+        done = self.ray("submit", "--no-wait", *flags, "--", *shlex.split(command))
+        found = re.search(r"raysubmit_\w+", done.stdout + done.stderr)
+        assert done.returncode == 0 and found, done.stdout + done.stderr
+        return found.group(0)
+
+    def get(self, path: str, token: str | None = None) -> requests.Response:
+        token = token if token is not None else Path(self.env["RAY_AUTH_TOKEN_PATH"]).read_text()
+        answer = requests.get(self.env["RAY_API_SERVER_ADDRESS"] + path,
+                              headers={"Authorization": f"Bearer {token}"} if token else {},
+                              verify=self.env["REQUESTS_CA_BUNDLE"], timeout=30)
+        self.answers.append(answer.text)
+        return answer
+
+
+@dataclass
+class Shared:
+    spec: Path
+    env: dict[str, str]
+    port: int
+    folder: Path
+    up_output: str
+    members: dict[str, Member] = field(default_factory=dict)
+
+    def invoke(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return run_invoke("-r", str(ROOT), args[0], "--cluster", str(self.spec), *args[1:],
+                          env=self.env, timeout=120, cwd=self.folder)
+
+    def cluster_token(self) -> str:
+        return (Path(self.env["RAYFLEET_HOME"]) / "keys" / self.spec.stem / "ray-token").read_text()
+
+    def add(self, name: str, *flags: str) -> Member:
+        bundle = self.folder / f"{name}.json"
+        added = self.invoke("member-add", name, "--out", str(bundle), *flags)
+        assert added.returncode == 0, added.stdout + added.stderr
+        assert oct(bundle.stat().st_mode & 0o777) == "0o600"
+        home = self.folder / f"home-{name}"
+        home.mkdir()
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "RAYFLEET_HOME": str(home / ".rf"),
+               "RAY_USAGE_STATS_ENABLED": "0"}
+        joined = run_invoke("-r", str(ROOT), "join", str(bundle), env=env, cwd=home)
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+        printed = run_invoke("-r", str(ROOT), "env", "--cluster", self.spec.stem, env=env, cwd=home)
+        assert printed.returncode == 0, printed.stderr
+        line = printed.stdout.strip()
+        assert line.startswith("export ")
+        exported = dict(item.split("=", 1) for item in line.removeprefix("export ").split())
+        # The member's own shell: only what a stock-Ray member would have, plus the exports.
+        member = Member(name, home, {**env, **exported}, [joined.stdout, printed.stdout])
+        self.members[name] = member
+        return member
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    folder = tmp_path_factory.mktemp("sharing")
+    spec = folder / f"shr-{uuid.uuid4().hex[:6]}.yaml"
+    port = rayproc.free_port()
+    spec.write_text("provider: local\nnum_cpus: 4\nobject_store_memory_mb: 100\n"
+                    f"sharing:\n  port: {port}\n  max_running_jobs_per_member: 1\n"
+                    f"  max_job_hours: {MAX_JOB_HOURS}\n  members_run_as_owner: true\n")
+    env = {"RAYFLEET_HOME": str(folder / "owner-home")}
+    up = run_invoke("-r", str(ROOT), "up", "--cluster", str(spec), env=env, cwd=folder)
+    cluster = Shared(spec, env, port, folder, up.stdout + up.stderr)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield cluster
+    finally:
+        down = cluster.invoke("teardown")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert not rayproc.port_answers("127.0.0.1", port), "teardown left the gateway listening"
+
+
+def _wait_for(check: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
+    alice, bob = shared.add("alice"), shared.add("bob")
+    assert "members_run_as_owner" in shared.up_output  # issue 29's warning, at this `up` too
+    # Alice claims to be bob: the gateway's word stands.
+    job = alice.submit(SLEEPER, "--metadata-json", json.dumps({"rayfleet_member": "bob"}))
+    # The running-jobs cap (1), checked at once (the head stops the sleeper after MAX_JOB_HOURS):
+    # alice's next submit is refused, naming it; bob's own goes in (below).
+    capped = alice.ray("submit", "--no-wait", "--", "python", "-c", "print(1)")
+    assert capped.returncode != 0 and "max_running_jobs_per_member" in capped.stdout + capped.stderr
+    listed = alice.ray("list")
+    assert listed.returncode == 0 and job in listed.stdout
+    assert "'rayfleet_member': 'alice'" in listed.stdout
+    assert job not in bob.ray("list").stdout
+    _wait_for(lambda: "RUNNING" in alice.ray("logs", job).stdout, 120, "alice reads her job's logs")
+    for args in (("logs", job), ("stop", job), ("status", job)):
+        refused = bob.ray(*args)
+        assert refused.returncode != 0 and "is not yours" in refused.stdout + refused.stderr, args
+    bobs = bob.submit("python -c print(2)")
+    stopped = alice.ray("stop", job)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    from ray.job_submission import JobSubmissionClient
+
+    owner = JobSubmissionClient(shared.invoke("env").stdout.split("RAY_API_SERVER_ADDRESS=")[1]
+                                .split()[0], headers={"Authorization":
+                                                      f"Bearer {shared.cluster_token()}"})
+    details = {j.submission_id: j for j in owner.list_jobs()}
+    assert details[job].metadata == {"rayfleet_member": "alice"}
+    assert details[bobs].metadata == {"rayfleet_member": "bob"}
+    context = json.loads((details[job].runtime_env or {})["env_vars"]["MLFLOW_RUN_CONTEXT"])
+    assert context["mlflow.user"] == "alice"
+
+
+def test_revocation_holds_within_5s_while_others_keep_working(shared: Shared) -> None:
+    dave, erin = shared.add("dave"), shared.add("erin")
+    job = dave.submit(SLEEPER)
+    assert dave.get("/api/jobs/").status_code == 200
+    removed = shared.invoke("member-remove", "dave", "--stop-jobs")
+    assert removed.returncode == 0, removed.stderr
+    started = time.monotonic()
+    _wait_for(lambda: dave.get("/api/jobs/").status_code == 403, 5, "dave refused")
+    assert time.monotonic() - started < 5
+    assert f"job {job} STOPPED" in removed.stdout  # --stop-jobs: the owner stopped dave's job
+    assert erin.get("/api/jobs/").status_code == 200
+    assert erin.ray("list").returncode == 0
+
+
+def test_expired_wrong_token_no_token_wrong_ca_and_plain_http_are_refused(shared: Shared) -> None:
+    frank = shared.add("frank", "--expires-days", "0.00003")  # about 2.6 s
+    _wait_for(lambda: frank.get("/api/jobs/").status_code == 403, 10, "frank expired")
+    assert "expired" in frank.get("/api/jobs/").text
+    gina = shared.add("gina")
+    assert gina.get("/api/jobs/", token="0" * 64).status_code == 403
+    assert gina.get("/api/jobs/", token="").status_code == 401
+    wrong = dict(gina.env, RAY_AUTH_TOKEN_PATH=str(gina.home / "wrong"))
+    (gina.home / "wrong").write_text("f" * 64)
+    listed = subprocess.run([RAY, "job", "list"], env=wrong, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert listed.returncode != 0
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(gina.env["RAY_API_SERVER_ADDRESS"] + "/api/jobs/", timeout=10,
+                     verify=certifi.where())  # the public CAs alone: not the cluster's
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(f"http://127.0.0.1:{shared.port}/api/jobs/", timeout=10)
+    # TLS 1.2 at least: what the gateway negotiates with a client offering everything.
+    context = ssl.create_default_context(cafile=gina.env["REQUESTS_CA_BUNDLE"])
+    with socket.create_connection(("127.0.0.1", shared.port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
+
+
+def test_cluster_token_reaches_no_member(shared: Shared) -> None:
+    hank = shared.add("hank")
+    # A job that prints the token file Ray's nodes read: the gateway's answer holds no token.
+    job = hank.submit("python -c \"import os; print('T=' + open(os.environ['RAY_AUTH_TOKEN_PATH'])"
+                      ".read())\"")
+    _wait_for(lambda: "T=" in hank.ray("logs", job).stdout, 120, "the job's output")
+    assert "T=<secret>" in hank.ray("logs", job).stdout
+    token = shared.cluster_token().strip()
+    for member in shared.members.values():
+        for answer in member.answers:
+            assert token not in answer, member.name
+        for path in member.home.rglob("*"):
+            if path.is_file():
+                assert token.encode() not in path.read_bytes(), path
+    for bundle in shared.folder.glob("*.json"):
+        assert token not in bundle.read_text()
+
+
+def test_members_json_counts_jobs_per_member(shared: Shared) -> None:
+    ivy = shared.add("ivy")
+    first = ivy.ray("submit", "--", "python", "-c", "print(1)")
+    second = ivy.ray("submit", "--", "python", "-c", "print(2)")
+    assert first.returncode == 0 and second.returncode == 0, second.stdout + second.stderr
+    listed = shared.invoke("members", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)["members"]}
+    assert rows["ivy"]["total_jobs"] == 2 and rows["ivy"]["running_jobs"] == 0
+    assert rows["ivy"]["job_hours"] > 0 and rows["ivy"]["role"] == "member"
+    assert rows["ivy"]["last_seen"] is not None
+    assert "dave" not in rows
+    table = shared.invoke("members")
+    assert table.returncode == 0 and "ivy" in table.stdout and "job hours" in table.stdout
+
+
+def test_duplicate_and_unknown_member_refused_in_one_line(shared: Shared) -> None:
+    shared.add("jack")
+    registry = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "members.json"
+    before = registry.read_bytes()
+    again = shared.invoke("member-add", "jack", "--out", str(shared.folder / "jack2.json"))
+    assert again.returncode != 0 and "already exists" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert not (shared.folder / "jack2.json").exists() and registry.read_bytes() == before
+    unknown = shared.invoke("member-remove", "nobody")
+    assert unknown.returncode != 0 and "no member 'nobody'" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1 and registry.read_bytes() == before
+    owner_only = run_invoke("-r", str(ROOT), "teardown", "--cluster", shared.spec.stem,
+                            env=shared.members["jack"].env, cwd=shared.members["jack"].home)
+    assert owner_only.returncode != 0 and "is the owner's" in owner_only.stderr
+
+
+def test_the_head_stops_a_member_job_past_max_job_hours_and_says_why(shared: Shared) -> None:
+    kim = shared.add("kim")
+    job = kim.submit(SLEEPER)
+    _wait_for(lambda: kim.get(f"/api/jobs/{job}").json()["status"] == "STOPPED",
+              MAX_JOB_HOURS * 3600 + 60,
+              "the head stops the job")
+    listed = kim.get(f"/api/jobs/{job}").json()
+    assert "ran past sharing.max_job_hours" in listed["message"]
+    audit = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "audit.log"
+    assert any(json.loads(line).get("job") == job and json.loads(line).get("who") == "gateway"
+               for line in audit.read_text().splitlines())
+
+
+def test_members_see_the_dashboard_but_no_unfiltered_view_and_change_nothing(shared: Shared) -> None:
+    lou = shared.add("lou")
+    page = lou.get("/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert lou.get("/nodes?view=summary").status_code == 200
+    for path in ("/api/v0/tasks", "/api/v0/actors", "/logical/actors", "/api/serve/applications/"):
+        refused = lou.get(path)
+        assert refused.status_code == 403 and "not open to members" in refused.text, path
+    token = Path(lou.env["RAY_AUTH_TOKEN_PATH"]).read_text()
+    for method, path in (("PUT", "/api/serve/applications/"), ("DELETE", "/api/serve/applications/"),
+                         ("POST", "/api/component_activities")):
+        refused = requests.request(method, lou.env["RAY_API_SERVER_ADDRESS"] + path, json={},
+                                   headers={"Authorization": f"Bearer {token}"},
+                                   verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=30)
+        assert refused.status_code == 403, (method, path)
+    # The browser's login sets a cookie with the member's own token, never the cluster's.
+    login = requests.post(lou.env["RAY_API_SERVER_ADDRESS"] + "/api/authenticate",
+                          headers={"Authorization": f"Bearer {token}"},
+                          verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=30)
+    assert login.status_code == 200 and login.cookies["ray-authentication-token"] == token
+    owner = requests.get(lou.env["RAY_API_SERVER_ADDRESS"] + "/api/v0/tasks",
+                         headers={"Authorization": f"Bearer {shared.cluster_token().strip()}"},
+                         verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=60)
+    assert owner.status_code == 200
+
+
+def test_a_joined_member_uses_rayfleets_own_verbs_from_their_own_folder(shared: Shared) -> None:
+    lee = shared.add("lee")
+    project = lee.home / "project"
+    project.mkdir()
+    (project / "hello.py").write_text("print('FROM-' + 'LEE')\n")
+
+    def invoke(*args: str) -> subprocess.CompletedProcess[str]:
+        done = run_invoke("-r", str(ROOT), *args, env=lee.env, cwd=project, timeout=180)
+        lee.answers.append(done.stdout + done.stderr)
+        return done
+
+    submitted = invoke("submit", "--cluster", shared.spec.stem, "hello.py")
+    assert submitted.returncode == 0 and "FROM-LEE" in submitted.stdout, submitted.stderr
+    logs = invoke("logs", "--cluster", shared.spec.stem)  # the last job: lee's own
+    assert logs.returncode == 0 and "FROM-LEE" in logs.stdout, logs.stderr
+    status = invoke("status", "--cluster", shared.spec.stem, "--json")
+    assert status.returncode == 0, status.stderr
+    assert [row["status"] for row in json.loads(status.stdout)["jobs"]] == ["SUCCEEDED"]
+    for verb in (("up",), ("ssh",), ("member-add", "x"), ("members",)):
+        refused = invoke(verb[0], "--cluster", shared.spec.stem, *verb[1:])
+        assert refused.returncode != 0 and "is the owner's" in refused.stderr, verb
+        assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_usage_survives_a_gateway_restart(shared: Shared) -> None:
+    mo = shared.add("mo")
+    job = mo.submit("python -c print(3)")
+    folder = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem
+    usage = folder / "usage.json"
+
+    def recorded() -> bool:
+        data = json.loads(usage.read_text()) if usage.exists() else {}
+        return (data.get("jobs", {}).get(job, {}).get("status") == "SUCCEEDED"
+                and "mo" in data.get("members", {}))
+
+    _wait_for(recorded, 120, "the gateway records mo's job and visit")
+    before = json.loads(usage.read_text())
+    pid = int((folder / "rayfleet-gateway.json.pid").read_text())
+    os.kill(pid, 9)  # no chance to save on the way out: what survives is what was on disk
+    _wait_for(lambda: not rayproc.alive(pid), 10, "the gateway gone")
+    again = shared.invoke("up")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert mo.get("/api/jobs/").status_code == 200
+    rows = {row["name"]: row for row in json.loads(shared.invoke("members", "--json").stdout)["members"]}
+    assert rows["mo"]["total_jobs"] == 1
+    assert rows["mo"]["last_seen"] >= before["members"]["mo"]["last_seen"]
+    # Written once, when mo submitted: Ray's job list (which the gateway re-reads) does not have it.
+    assert json.loads(usage.read_text())["jobs"][job]["submitted"] == before["jobs"][job]["submitted"]

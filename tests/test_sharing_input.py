@@ -1,0 +1,90 @@
+"""Bad input around sharing, without a cluster: one line naming the field and the fix, exit != 0,
+nothing created or lost."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_invoke
+
+
+def _spec(folder: Path, body: str) -> Path:
+    path = folder / f"shr-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(body)
+    return path
+
+
+@pytest.mark.parametrize("example", ["lambda.yaml", "gcp-tpu.yaml"])
+def test_sharing_on_a_public_head_needs_allowed_source_ranges(tmp_path: Path, example: str) -> None:
+    base = (ROOT / "clusters" / example).read_text()
+    spec = _spec(tmp_path, base + "\nsharing:\n  port: 8443\n")
+    done = run_invoke("plan", "--cluster", str(spec), env={"RAYFLEET_HOME": str(tmp_path / "h")})
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sharing: allowed_source_ranges is required" in lines[0], done.stderr
+    assert not (tmp_path / "h").exists()
+
+
+@pytest.mark.parametrize("example", ["lambda.yaml", "gcp-tpu.yaml", "slurm.yaml"])
+def test_sharing_where_no_gateway_runs_yet_is_refused_before_anything_exists(
+        tmp_path: Path, example: str) -> None:
+    base = (ROOT / "clusters" / example).read_text()
+    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/8]\n"
+                                  "  members_run_as_owner: true\n")
+    for verb in ("plan", "up"):
+        done = run_invoke(verb, "--cluster", str(spec), env={"RAYFLEET_HOME": str(tmp_path / "h")})
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "the gateway does not run on" in lines[0], done.stderr
+    assert not (tmp_path / "h").exists()
+
+
+@pytest.mark.parametrize(("block", "expected"), [
+    ("  allowed_source_ranges: [0.0.0.0/0]", "opens the gateway to the whole internet"),
+    ("  allowed_source_ranges: [10.0.0.1/8]", "is not a CIDR range"),
+    ("  max_runing_jobs_per_member: 3", "did you mean 'max_running_jobs_per_member'"),
+    ("  port: 80", "sharing.port"),
+])
+def test_sharing_block_is_strict(tmp_path: Path, block: str, expected: str) -> None:
+    spec = _spec(tmp_path, f"provider: local\nsharing:\n  members_run_as_owner: true\n{block}\n")
+    done = run_invoke("plan", "--cluster", str(spec), env={"RAYFLEET_HOME": str(tmp_path / "h")})
+    assert done.returncode == 2 and expected in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_member_add_on_a_cluster_without_sharing(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "provider: local\n")
+    out = tmp_path / "bundle.json"
+    done = run_invoke("member-add", "alice", "--out", str(out), "--cluster", str(spec),
+                      env={"RAYFLEET_HOME": str(tmp_path / "h")})
+    assert done.returncode != 0 and "this cluster is not shared" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "h" / "sharing").exists()
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ("{not json", "not JSON"),
+    (json.dumps({"cluster": "x", "token": "t"}), "not a rayfleet member bundle"),
+    (json.dumps({"kind": "rayfleet-member-bundle/1", "cluster": "x", "address": "http://1.2.3.4:8443",
+                 "member": "a", "ca_cert": "-----BEGIN CERTIFICATE-----", "token": "t"}),
+     "not https://"),
+    (json.dumps({"kind": "rayfleet-member-bundle/1", "cluster": "../../etc",
+                 "address": "https://1.2.3.4:8443", "member": "a",
+                 "ca_cert": "-----BEGIN CERTIFICATE-----", "token": "t"}),
+     "is not a rayfleet cluster name"),
+    (None, "no such file"),
+])
+def test_join_refuses_a_malformed_or_foreign_bundle(tmp_path: Path, content: str | None,
+                                                   expected: str) -> None:
+    bundle = tmp_path / "bundle.json"
+    if content is not None:
+        bundle.write_text(content)
+    home = tmp_path / "member"
+    done = run_invoke("join", str(bundle), env={"RAYFLEET_HOME": str(home)})
+    assert done.returncode != 0 and expected in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (home / "joined").exists()
