@@ -375,8 +375,8 @@ def _quiet_connect(provider: str | None, cluster: str | None) -> Iterator[Endpoi
 
 
 def submit(provider: str | None, cluster: str | None, script: str, args: list[str],
-           runtime_env_file: str | None, wait: bool) -> int:
-    command, env = jobs.prepare(script, args, runtime_env_file)
+           runtime_env_file: str | None, wait: bool, working_dir: str | None = None) -> int:
+    command, env = jobs.prepare(script, args, runtime_env_file, working_dir)
     with _quiet_connect(provider, cluster) as endpoint:
         return jobs.submit(endpoint, command, env, wait)
 

@@ -56,7 +56,7 @@ def test_tables_are_not_cut_when_output_is_not_a_terminal(rf_home: Path) -> None
     done = run_invoke("plan", env={"COLUMNS": ""})
     assert done.returncode == 0, done.stderr
     assert "…" not in done.stdout
-    assert "temp dir /tmp/rayfleet/local-assigned-at-first-up" in done.stdout
+    assert "/rf-XXXXXXXX/local" in done.stdout
 
 
 def test_a_free_cluster_costs_nothing_in_plain_words() -> None:
