@@ -309,7 +309,8 @@ def _table(title: str, rows: list[dict[str, str]]) -> None:
 
     table = Table(title=title)
     for column in rows[0]:
-        table.add_column(column)
+        # In a narrow terminal a long cell (an entrypoint, a URL) folds onto more lines: never "…".
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(str(row.get(c, "")) for c in rows[0]))
     ui.out(table)

@@ -267,6 +267,6 @@ def list_jobs(endpoint: Endpoint) -> list[dict[str, str]]:
         rows.append({
             "job": str(job.submission_id or job.job_id),
             "status": str(job.status.value if hasattr(job.status, "value") else job.status),
-            "entrypoint": str(job.entrypoint)[:60],
+            "entrypoint": str(job.entrypoint),
         })
     return rows

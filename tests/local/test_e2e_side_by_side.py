@@ -80,8 +80,10 @@ def test_two_clusters_side_by_side_run_jobs_of_a_users_project(
         assert stat.S_IMODE(parent.stat().st_mode) == 0o700
         assert not str(parent).startswith(str(ROOT))
 
+    # Arguments the job ignores, long enough that a cut entrypoint would show.
+    args = ["--", *(f"--unused-argument-{i}" for i in range(6))]
     for spec in two_specs:
-        done = rayfleet("submit", "--cluster", str(spec), "jobs/state_api_job.py", cwd=project)
+        done = rayfleet("submit", "--cluster", str(spec), "jobs/state_api_job.py", *args, cwd=project)
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
         assert "Traceback" not in output and "multiple active Ray instances" not in output
@@ -89,6 +91,9 @@ def test_two_clusters_side_by_side_run_jobs_of_a_users_project(
         assert result["nodes"] == 1
         # The project's git root was uploaded, without what git ignores.
         assert set(result["files"]) == {".gitignore", "helper.py", "jobs/state_api_job.py"}
+        status = rayfleet("status", "--cluster", str(spec), cwd=project)
+        assert status.returncode == 0, status.stderr
+        assert "python jobs/state_api_job.py " + " ".join(args[1:]) in status.stdout
 
     for spec, temp_dir in zip(two_specs, temp_dirs, strict=True):
         down = rayfleet("teardown", "--cluster", str(spec), cwd=project)
