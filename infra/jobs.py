@@ -224,25 +224,37 @@ def follow(client: Any, job_id: str) -> int:
     return _EXIT.get(status, 1)
 
 
-def logs(endpoint: Endpoint, job_id: str, follow_logs: bool) -> int:
+def _job_error(job_id: str, exc: Exception, status_command: str) -> JobError:
+    """Ray's answer about one job, in our words: a job the cluster does not know is said plainly,
+    with where to find the ones it has."""
+    text = str(exc)
+    if "does not exist" in text or "status code 404" in text:
+        return JobError(f"job {job_id}: no such job on this cluster; `{status_command}` lists its "
+                        "jobs")
+    return JobError(f"job {job_id}: {text.splitlines()[0] if text else type(exc).__name__}")
+
+
+def logs(endpoint: Endpoint, job_id: str, follow_logs: bool,
+         status_command: str = "invoke status") -> int:
     client = _client(endpoint)
     try:
         if follow_logs:
+            client.get_job_status(job_id)  # a job the cluster does not know: one clear line
             return follow(client, job_id)
         lines = raynoise.LineFilter(colour=sys.stdout.isatty())
         text = client.get_job_logs(job_id)
         sys.stdout.write(lines.feed(text) + lines.flush())
     except RuntimeError as exc:
-        raise JobError(f"job {job_id}: {str(exc).splitlines()[0]}") from None
+        raise _job_error(job_id, exc, status_command) from None
     return 0
 
 
-def stop(endpoint: Endpoint, job_id: str) -> str:
+def stop(endpoint: Endpoint, job_id: str, status_command: str = "invoke status") -> str:
     client = _client(endpoint)
     try:
         client.stop_job(job_id)
     except RuntimeError as exc:
-        raise JobError(f"job {job_id}: {str(exc).splitlines()[0]}") from None
+        raise _job_error(job_id, exc, status_command) from None
 
     def ended(step: ui.Step) -> str | None:
         status = str(client.get_job_status(job_id).value)

@@ -95,6 +95,13 @@ def test_two_clusters_side_by_side_run_jobs_of_a_users_project(
         assert status.returncode == 0, status.stderr
         assert "python jobs/state_api_job.py " + " ".join(args[1:]) in status.stdout
 
+    for follow in ([], ["--follow"]):
+        bogus = rayfleet("logs", "raysubmit_bogus", *follow, "--cluster", str(two_specs[0]),
+                         cwd=project)
+        assert bogus.returncode != 0 and "Traceback" not in bogus.stderr
+        assert bogus.stderr.strip() == (f"error: job raysubmit_bogus: no such job on this cluster; "
+                                        f"`invoke status --cluster={two_specs[0]}` lists its jobs")
+
     for spec, temp_dir in zip(two_specs, temp_dirs, strict=True):
         down = rayfleet("teardown", "--cluster", str(spec), cwd=project)
         assert down.returncode == 0, down.stderr
