@@ -68,7 +68,7 @@ def run(as_json: bool, timeout: float) -> int:
     table = Table(title="what this machine can use")
     for column in ("provider", "check", "", "found", "fix"):
         table.add_column(column, overflow="fold")
-    fixes = []
+    fixes: list[str] = []
     for name, rows in results.items():
         for i, row in enumerate(rows):
             label = (f"{name} ({'ready' if usable[name] else 'NOT ready'})" if i == 0 else "")
