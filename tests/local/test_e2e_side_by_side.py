@@ -91,9 +91,10 @@ def test_two_clusters_side_by_side_run_jobs_of_a_users_project(
         assert result["nodes"] == 1
         # The project's git root was uploaded, without what git ignores.
         assert set(result["files"]) == {".gitignore", "helper.py", "jobs/state_api_job.py"}
-        status = rayfleet("status", "--cluster", str(spec), cwd=project)
+        status = rayfleet("status", "--cluster", str(spec), "--json", cwd=project)
         assert status.returncode == 0, status.stderr
-        assert "python jobs/state_api_job.py " + " ".join(args[1:]) in status.stdout
+        assert [job["entrypoint"] for job in json.loads(status.stdout)["jobs"]] == [
+            "python jobs/state_api_job.py " + " ".join(args[1:])]
 
     for follow in ([], ["--follow"]):
         bogus = rayfleet("logs", "raysubmit_bogus", *follow, "--cluster", str(two_specs[0]),
