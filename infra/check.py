@@ -63,14 +63,24 @@ def run(as_json: bool, timeout: float) -> int:
         return 0
     from rich.table import Table
 
+    # The fixes (commands to copy, often longer than a terminal is wide) are lines under the table,
+    # which the terminal wraps and nothing cuts; table cells fold rather than end in "…".
     table = Table(title="what this machine can use")
     for column in ("provider", "check", "", "found", "fix"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
+    fixes: list[str] = []
     for name, rows in results.items():
         for i, row in enumerate(rows):
             label = (f"{name} ({'ready' if usable[name] else 'NOT ready'})" if i == 0 else "")
-            table.add_row(label, row.what, "ok" if row.ok else "MISSING", row.detail, row.fix)
+            mark = ""
+            if row.fix:
+                fixes.append(f"[{len(fixes) + 1}] {name}, {row.what}: {row.fix}")
+                mark = f"see [{len(fixes)}]"
+            table.add_row(label, row.what, "ok" if row.ok else "MISSING", row.detail, mark)
     ui.out(table)
+    if fixes:
+        ui.out("how to fix:\n" + "\n".join(f"  {line}" for line in fixes), markup=False,
+               soft_wrap=True)
     ready = [name for name in names if usable[name]]
     ui.info(f"ready: {', '.join(ready) or 'none'}")
     return 0

@@ -324,7 +324,8 @@ def _table(title: str, rows: list[dict[str, str]]) -> None:
 
     table = Table(title=title)
     for column in rows[0]:
-        table.add_column(column)
+        # In a narrow terminal a long cell (an entrypoint, a URL) folds onto more lines: never "…".
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(str(row.get(c, "")) for c in rows[0]))
     ui.out(table)
@@ -381,8 +382,10 @@ def _auth_howto(endpoint: Endpoint) -> None:
 
 
 @contextmanager
-def _quiet_connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
-    """`connect`, with Ray's client-side log lines sent to the cluster's ray-client.log."""
+def quiet_connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
+    """`connect`, with Ray's client-side log lines (`INFO dashboard_sdk.py -- Uploading package`,
+    ...) sent to the cluster's ray-client.log: the one way every command that talks to Ray's APIs
+    through Ray's client library (submit, serve-deploy, the Hydra launcher) keeps them quiet."""
     if membership.joined(cluster):
         log = paths.home() / "logs" / str(cluster) / "ray-client.log"
         with raynoise.to_log(log):
@@ -395,9 +398,9 @@ def _quiet_connect(provider: str | None, cluster: str | None) -> Iterator[Endpoi
 
 
 def submit(provider: str | None, cluster: str | None, script: str, args: list[str],
-           runtime_env_file: str | None, wait: bool) -> int:
-    command, env = jobs.prepare(script, args, runtime_env_file)
-    with _quiet_connect(provider, cluster) as endpoint:
+           runtime_env_file: str | None, wait: bool, working_dir: str | None = None) -> int:
+    command, env = jobs.prepare(script, args, runtime_env_file, working_dir)
+    with quiet_connect(provider, cluster) as endpoint:
         return jobs.submit(endpoint, command, env, wait)
 
 
@@ -409,21 +412,26 @@ def _job_or_last(endpoint: Endpoint, job_id: str | None) -> str:
     return found
 
 
+def _status_command(provider: str | None, cluster: str | None) -> str:
+    return f"invoke status{_cluster_flag(loading.resolve(provider, cluster))}"
+
+
 def logs(provider: str | None, cluster: str | None, job_id: str | None, follow: bool) -> int:
-    with _quiet_connect(provider, cluster) as endpoint:
-        return jobs.logs(endpoint, _job_or_last(endpoint, job_id), follow)
+    with quiet_connect(provider, cluster) as endpoint:
+        return jobs.logs(endpoint, _job_or_last(endpoint, job_id), follow,
+                         _status_command(provider, cluster))
 
 
 def stop_job(provider: str | None, cluster: str | None, job_id: str | None) -> None:
-    with _quiet_connect(provider, cluster) as endpoint:
+    with quiet_connect(provider, cluster) as endpoint:
         job = _job_or_last(endpoint, job_id)
-        ui.out(f"job {job} {jobs.stop(endpoint, job)}")
+        ui.out(f"job {job} {jobs.stop(endpoint, job, _status_command(provider, cluster))}")
 
 
 def doctor(provider: str | None, cluster: str | None, as_json: bool) -> int:
     from infra import doctor as checkup
 
-    with _quiet_connect(provider, cluster) as endpoint:
+    with quiet_connect(provider, cluster) as endpoint:
         return checkup.run(endpoint, as_json)
 
 

@@ -59,7 +59,7 @@ def copy_tracking(provider: str | None, cluster: str | None) -> None:
 def serve_deploy(provider: str | None, cluster: str | None, target: str) -> None:
     working_dir = Path.cwd()
     config = serve.load(target, working_dir)
-    with commands.connect(provider, cluster) as endpoint:
+    with commands.quiet_connect(provider, cluster) as endpoint:
         for address in serve.deploy(endpoint, config, working_dir):
             ui.out(address, markup=False)
 

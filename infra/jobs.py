@@ -1,7 +1,8 @@
-"""Jobs through Ray's job submission API: submit with the current directory, follow, stop.
+"""Jobs through Ray's job submission API: submit a script with its project, follow, stop.
 
-The working dir is uploaded to the cluster, so rayfleet's own folder (state, keys) and VCS data are
-always excluded from it: a private key must never travel with a job.
+The script's project (its git root, or its folder) is uploaded to the cluster as the working dir,
+without what its .gitignore ignores; rayfleet's own folder (state, keys) and VCS data are always
+excluded from it: a private key must never travel with a job.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def list_nodes(endpoint: Endpoint) -> list[Any]:
 
 
 def runtime_env(path: str | None, working_dir: Path) -> dict[str, Any]:
-    """The runtime env for a job: the user's file (if any) plus working dir and excludes."""
+    """The runtime env for a job: the user's file (if any) plus working dir and excludes (what we
+    never ship, then what the project's .gitignore ignores)."""
     env: dict[str, Any] = {}
     if path:
         import yaml
@@ -77,8 +79,53 @@ def runtime_env(path: str | None, working_dir: Path) -> dict[str, Any]:
         if not isinstance(env, dict):
             raise UsageError(f"--runtime-env {path}: expected a mapping (env_vars:, pip:, ...)")
     env.setdefault("working_dir", str(working_dir))
-    env["excludes"] = list(env.get("excludes", [])) + _ALWAYS_EXCLUDED
+    env["excludes"] = (list(env.get("excludes", [])) + _ALWAYS_EXCLUDED
+                       + gitignored(Path(env["working_dir"])))
     return env
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    """`git -C folder ARGS`'s output, or None when git is missing or `folder` is in no repository."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True,
+                              check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _literal(path: str) -> str:
+    """A gitignore pattern (Ray's `excludes` syntax) that matches exactly `path`, anchored at the
+    working dir: wildcard and comment characters in file names are escaped."""
+    escaped = "".join(f"\\{char}" if char in "*?[]\\!#" else char for char in path)
+    return "/" + escaped
+
+
+def gitignored(working_dir: Path) -> list[str]:
+    """What the project's .gitignore rules leave out of `working_dir`, as Ray `excludes`.
+
+    In a git repository git itself says which files its rules (every .gitignore, .git/info/exclude,
+    the user's global excludes) ignore; fully ignored folders come as one entry. Outside one, the
+    folder's own .gitignore lines are used as they are (Ray reads them with gitignore's syntax).
+    """
+    listed = _git(working_dir, "ls-files", "-z", "--others", "--ignored", "--exclude-standard",
+                  "--directory")
+    if listed is not None:
+        return [_literal(path) for path in listed.split("\0") if path]
+    ignore_file = working_dir / ".gitignore"
+    if not ignore_file.is_file():
+        return []
+    lines = (line.rstrip() for line in ignore_file.read_text(errors="replace").splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def project_dir(script: Path) -> Path:
+    """What `submit` uploads by default: the git root of the script's project, else its folder."""
+    folder = script.resolve().parent
+    top = _git(folder, "rev-parse", "--show-toplevel")
+    return Path(top.strip()) if top and top.strip() else folder
 
 
 def entrypoint(script: str, args: list[str], working_dir: Path) -> str:
@@ -89,16 +136,28 @@ def entrypoint(script: str, args: list[str], working_dir: Path) -> str:
         relative = path.resolve().relative_to(working_dir.resolve())
     except ValueError:
         raise UsageError(
-            f"SCRIPT {script}: must be inside {working_dir}, which is uploaded as the working dir"
+            f"SCRIPT {script}: must be inside {working_dir}, which is uploaded as the working dir; "
+            "pick another with --working-dir"
         ) from None
-    return shlex.join(["python", str(relative), *args])
+    return shlex.join(["python", relative.as_posix(), *args])
 
 
-def prepare(script: str, args: list[str], runtime_env_file: str | None
-            ) -> tuple[str, dict[str, Any]]:
-    """Check the job's inputs before anything is contacted: (entrypoint, runtime env)."""
-    working_dir = Path.cwd()
-    return entrypoint(script, args, working_dir), runtime_env(runtime_env_file, working_dir)
+def prepare(script: str, args: list[str], runtime_env_file: str | None,
+            working_dir: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Check the job's inputs before anything is contacted: (entrypoint, runtime env).
+
+    The upload is `working_dir` when given, else the script's project (`project_dir`).
+    """
+    if working_dir is not None:
+        folder = Path(working_dir)
+        if not folder.is_dir():
+            raise UsageError(f"--working-dir {working_dir}: no such folder")
+    elif Path(script).is_file():
+        folder = project_dir(Path(script))
+    else:
+        raise UsageError(f"SCRIPT {script}: no such file")
+    folder = folder.resolve()
+    return entrypoint(script, args, folder), runtime_env(runtime_env_file, folder)
 
 
 def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool) -> int:
@@ -165,25 +224,37 @@ def follow(client: Any, job_id: str) -> int:
     return _EXIT.get(status, 1)
 
 
-def logs(endpoint: Endpoint, job_id: str, follow_logs: bool) -> int:
+def _job_error(job_id: str, exc: Exception, status_command: str) -> JobError:
+    """Ray's answer about one job, in our words: a job the cluster does not know is said plainly,
+    with where to find the ones it has."""
+    text = str(exc)
+    if "does not exist" in text or "status code 404" in text:
+        return JobError(f"job {job_id}: no such job on this cluster; `{status_command}` lists its "
+                        "jobs")
+    return JobError(f"job {job_id}: {text.splitlines()[0] if text else type(exc).__name__}")
+
+
+def logs(endpoint: Endpoint, job_id: str, follow_logs: bool,
+         status_command: str = "invoke status") -> int:
     client = _client(endpoint)
     try:
         if follow_logs:
+            client.get_job_status(job_id)  # a job the cluster does not know: one clear line
             return follow(client, job_id)
         lines = raynoise.LineFilter(colour=sys.stdout.isatty())
         text = client.get_job_logs(job_id)
         sys.stdout.write(lines.feed(text) + lines.flush())
     except RuntimeError as exc:
-        raise JobError(f"job {job_id}: {str(exc).splitlines()[0]}") from None
+        raise _job_error(job_id, exc, status_command) from None
     return 0
 
 
-def stop(endpoint: Endpoint, job_id: str) -> str:
+def stop(endpoint: Endpoint, job_id: str, status_command: str = "invoke status") -> str:
     client = _client(endpoint)
     try:
         client.stop_job(job_id)
     except RuntimeError as exc:
-        raise JobError(f"job {job_id}: {str(exc).splitlines()[0]}") from None
+        raise _job_error(job_id, exc, status_command) from None
 
     def ended(step: ui.Step) -> str | None:
         status = str(client.get_job_status(job_id).value)
@@ -208,6 +279,6 @@ def list_jobs(endpoint: Endpoint) -> list[dict[str, str]]:
         rows.append({
             "job": str(job.submission_id or job.job_id),
             "status": str(job.status.value if hasattr(job.status, "value") else job.status),
-            "entrypoint": str(job.entrypoint)[:60],
+            "entrypoint": str(job.entrypoint),
         })
     return rows

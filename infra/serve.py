@@ -199,14 +199,24 @@ def _upload(client: Any, config: dict[str, Any], working_dir: Path) -> None:
         app["runtime_env"] = env
 
 
+#: How often `deploy` asks whether Serve runs the applications yet.
+SETTLE_POLL_S = 0.05
+
+
 def deploy(endpoint: Endpoint, config: dict[str, Any], working_dir: Path,
            timeout: float = 600) -> list[str]:
     """Add or replace the config's applications; wait until Serve runs them; return their URLs."""
+    from concurrent.futures import ThreadPoolExecutor
+
     client = _client(endpoint)
-    before = _apps(client)
     names = [str(a["name"]) for a in config["applications"]]
-    with ui.step(f"uploading {working_dir.name}/ for {', '.join(names)}"):
+    with ui.step(f"uploading {working_dir.name}/ for {', '.join(names)}"), \
+            ThreadPoolExecutor(max_workers=1) as pool:
+        # What runs now, asked while the working dir is hashed (and uploaded if new): both wait
+        # on the head, and each costs a round trip to it (bench/serve_deploy.py).
+        running = pool.submit(_apps, client)
         _upload(client, config, working_dir)
+        before = running.result()
     kept = [dict(d["deployed_app_config"]) for n, d in before.items()
             if n not in names and d.get("deployed_app_config")]
     previous = [dict(d["deployed_app_config"]) for d in before.values()
@@ -222,7 +232,10 @@ def deploy(endpoint: Endpoint, config: dict[str, Any], working_dir: Path,
                     for n in names)
         return apps if fresh and all(s in _DONE for s in states.values()) else None
 
-    apps = ui.wait_for(settled, f"Serve to run {', '.join(names)}", timeout=timeout)
+    # Polled often: each look is one local request to the dashboard, and the first answer of the
+    # application waits for this loop to see it RUNNING (bench/serve_deploy.py).
+    apps = ui.wait_for(settled, f"Serve to run {', '.join(names)}", timeout=timeout,
+                       interval=SETTLE_POLL_S)
     failed = [n for n in names if apps[n]["status"] != "RUNNING"]
     if failed:
         message = str(apps[failed[0]].get("message") or "").strip().splitlines()

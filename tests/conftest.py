@@ -30,6 +30,7 @@ os.environ["GCE_METADATA_HOST"] = "127.0.0.1:9"
 os.environ["GCE_METADATA_IP"] = "127.0.0.1:9"
 os.environ.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
 os.environ.pop("LAMBDA_API_KEY", None)
+os.environ.pop("LAMBDALABS_API_KEY", None)
 # Output is checked as a user sees it off a terminal (ui.py: nothing wraps or cuts). A COLUMNS,
 # LINES or FORCE_COLOR/TTY_COMPATIBLE from the shell CI runs in (COLUMNS=80 there) would make rich
 # wrap table cells at 80 columns; a test that wants a width passes COLUMNS itself.

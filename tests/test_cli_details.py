@@ -4,7 +4,9 @@ type, one-line errors, no cluster-less side effects, output that survives a pipe
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,7 +58,7 @@ def test_tables_are_not_cut_when_output_is_not_a_terminal(rf_home: Path) -> None
     done = run_invoke("plan", env={"COLUMNS": ""})
     assert done.returncode == 0, done.stderr
     assert "…" not in done.stdout
-    assert "temp dir /tmp/rayfleet/local-assigned-at-first-up" in done.stdout
+    assert "/rf-XXXXXXXX/local" in done.stdout
 
 
 def test_a_free_cluster_costs_nothing_in_plain_words() -> None:
@@ -93,3 +95,26 @@ def test_money_is_written_one_way_from_dollars() -> None:
     assert costs.usd(1234.5) == "$1,234.50" and costs.usd(None) == "?"
     # Lambda's API prices in cents: converted once, then written the same way.
     assert lambda_costs.usd_from_cents(150) == costs.usd(1.5) == "$1.50"
+
+
+def test_tables_fold_long_cells_in_a_narrow_terminal_never_cut_them() -> None:
+    # A real terminal's width (COLUMNS=80, as rich reads it) with a job whose entrypoint is wider.
+    # One word wider than the column: rich's default cuts it with "…".
+    entrypoint = "python " + "/".join(f"folder-{i}" for i in range(12)) + "/train.py --lr=0.1"
+    code = ("from infra import commands; commands._table('jobs', [{'job': 'raysubmit_x', "
+            f"'status': 'RUNNING', 'entrypoint': {entrypoint!r}}}])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "80"}, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout and max(map(len, done.stdout.splitlines())) <= 80
+    cells = "".join(line.split("│")[-2].strip() for line in done.stdout.splitlines()
+                    if line.count("│") == 4)
+    assert cells.replace(" ", "") == entrypoint.replace(" ", "")
+
+
+def test_check_prints_every_fix_whole_in_a_narrow_terminal(rf_home: Path, tmp_path: Path) -> None:
+    done = run_invoke("check", "--timeout", "20", env={"COLUMNS": "80", "LAMBDA_API_KEY": "",
+                                                       "HOME": str(tmp_path)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    fix = "set LAMBDA_API_KEY or put `api_key = ...` in ~/.lambda_cloud/lambda_keys"
+    assert fix in done.stdout and "…" not in done.stdout

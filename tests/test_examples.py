@@ -162,6 +162,7 @@ def test_hydra_sweep_runs_each_job_on_the_rayfleet_cluster(cluster: Cluster, tmp
                    f"hydra.launcher.cluster={cluster.spec}", f"hydra.sweep.dir={tmp_path}/sweep"],
                   cluster.env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "dashboard_sdk" not in done.stdout + done.stderr
     result = result_of(done.stdout)
     assert result["where"] == f"rayfleet cluster {cluster.spec}"
     runs = result["runs"]
@@ -288,6 +289,8 @@ def test_serve_deploy_answers_better_than_chance_and_marks_the_cluster_busy(
     done = cluster.invoke("serve-deploy", "--cluster", str(cluster.spec), "examples/serve.yaml",
                           timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+    # Ray's client chatter (`INFO dashboard_sdk.py -- Uploading package ...`) goes to the log.
+    assert "dashboard_sdk" not in done.stdout + done.stderr
     url = done.stdout.strip().splitlines()[-1]
     assert url == cluster.invoke("serve-url", "--cluster", str(cluster.spec), "--name",
                                  "digits").stdout.strip()

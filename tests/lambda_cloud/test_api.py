@@ -123,8 +123,12 @@ def test_key_and_url_from_the_environment(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / ".lambda_cloud").mkdir()
     (tmp_path / ".lambda_cloud" / "lambda_keys").write_text("# lambda-cli\napi_key = secret_from_file\n")
     assert api.read_api_key() == "secret_from_file"
+    # The proof of concept's variable comes before the file, ours before both.
+    monkeypatch.setenv("LAMBDALABS_API_KEY", "secret_from_old_env")
+    assert api.api_key_source() == ("secret_from_old_env", "LAMBDALABS_API_KEY")
     monkeypatch.setenv("LAMBDA_API_KEY", "secret_from_env")
     assert api.read_api_key() == "secret_from_env"
+    assert api.api_key_source() == ("secret_from_env", "LAMBDA_API_KEY")
     monkeypatch.delenv("LAMBDA_API_URL", raising=False)
     assert api.base_url() == "https://cloud.lambda.ai/api/v1"
     monkeypatch.setenv("LAMBDA_API_URL", "http://api.example.com/api/v1")

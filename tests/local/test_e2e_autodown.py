@@ -20,6 +20,7 @@ import pytest
 
 from infra.node import rayproc
 from tests.conftest import run_invoke
+from tests.local.temp_dirs import temp_dir_pattern
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def spec(tmp_path: Path, rf_home: Path) -> Iterator[Path]:
                     f"autodown: {{idle_minutes: {IDLE_MINUTES}}}\n")
     yield path
     run_invoke("teardown", "--cluster", str(path))
-    leftovers = rayproc.cluster_processes([f"/tmp/rayfleet/{path.stem}-"])
+    leftovers = rayproc.cluster_processes([temp_dir_pattern(path.stem)])
     rayproc.terminate(leftovers)
     assert not leftovers, f"test left processes behind: {leftovers}"
 

@@ -21,6 +21,7 @@ import pytest
 
 from infra.node import rayproc
 from tests.conftest import ROOT, run_invoke
+from tests.local.temp_dirs import temp_dir_pattern
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +38,9 @@ def _state(home: Path, name: str) -> dict:
 
 
 def _temp_dirs(name: str) -> re.Pattern[str]:
-    """Any temp dir of a cluster with this name, whatever its cluster id (a crashed `up` included)."""
-    return re.compile(re.escape(f"/tmp/rayfleet/{name}-") + r"[0-9a-f]{8}(?![\w.-])")
+    """Any temp dir of a cluster with this name, in whatever private parent (a crashed `up`
+    included): `<TMPDIR>/rf-<8 random characters>/<name>`."""
+    return temp_dir_pattern(name)
 
 
 def _client(home: Path, name: str) -> tuple[str, dict[str, str]]:

@@ -156,7 +156,7 @@ class RayfleetLauncher(Launcher):
             plugins = Path(__file__).resolve().parents[1]
             env["py_modules"] = [*env.get("py_modules", []), str(plugins), str(package)]
             tag = uuid.uuid4().hex[:6]
-            with commands.connect(self.provider, self.cluster) as endpoint:
+            with commands.quiet_connect(self.provider, self.cluster) as endpoint:
                 client = JobSubmissionClient(endpoint.dashboard_url,
                                              headers=auth.headers(endpoint.token_path))
                 ids = []

@@ -255,7 +255,9 @@ class Joiner:
             self._run([*ssh, "mkdir -p ~/rayfleet && tar -C ~/rayfleet -xf -"],
                       f"copying the installer to {ip}", stdin=tar.stdout)
         reached = time.monotonic()
-        env = "RAY_USAGE_STATS_ENABLED=0"
+        # Ray's own tools in jobs and actors (the state API, e.g. Ray Train's placement group
+        # cleaner) find the cluster by RAY_ADDRESS, not by a scan for "the" Ray on the machine.
+        env = f"RAY_USAGE_STATS_ENABLED=0 RAY_ADDRESS={shlex.quote(str(self.config['head_address']))}"
         token = self.config.get("token_path")
         if token:
             # Through the session's stdin: the token is never on a command line or in a file

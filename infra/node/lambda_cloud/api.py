@@ -281,11 +281,17 @@ class _PacedRetry(Retry):
             time.sleep(delay)
 
 
-def read_api_key() -> str | None:
-    """LAMBDA_API_KEY, else `api_key = ...` in ~/.lambda_cloud/lambda_keys (lambda-cli's file)."""
-    key = os.environ.get("LAMBDA_API_KEY", "").strip()
-    if key:
-        return key
+#: Where the API key is read from, in this order: ours, then the variable of the proof of concept
+#: rayfleet started from (its users have it set), then lambda-cli's file (`LAMBDA_KEYS_FILE`).
+KEY_VARIABLES = ("LAMBDA_API_KEY", "LAMBDALABS_API_KEY")
+
+
+def api_key_source() -> tuple[str, str] | None:
+    """(the key, where it came from: a variable's name or ~/LAMBDA_KEYS_FILE), or None."""
+    for variable in KEY_VARIABLES:
+        key = os.environ.get(variable, "").strip()
+        if key:
+            return key, variable
     path = Path.home() / LAMBDA_KEYS_FILE
     try:
         text = path.read_text()
@@ -294,8 +300,15 @@ def read_api_key() -> str | None:
     for line in text.splitlines():
         match = re.fullmatch(r"\s*api_key\s*=\s*(\S+)\s*", line)
         if match:
-            return match.group(1).strip("'\"")
+            return match.group(1).strip("'\""), f"~/{LAMBDA_KEYS_FILE}"
     return None
+
+
+def read_api_key() -> str | None:
+    """LAMBDA_API_KEY, else LAMBDALABS_API_KEY, else `api_key = ...` in ~/.lambda_cloud/lambda_keys
+    (lambda-cli's file)."""
+    found = api_key_source()
+    return found[0] if found else None
 
 
 def base_url(url: str | None = None) -> str:

@@ -491,15 +491,12 @@ class Provider(BaseProvider[Spec, Capacity]):
     uses_ssh = True
 
     def readiness(self) -> list[Readiness]:
-        import os
-
-        if api.read_api_key() is None:
+        found = api.api_key_source()
+        if found is None:
             return [Readiness("API key", False, "none found",
                               f"set LAMBDA_API_KEY or put `api_key = ...` in ~/{api.LAMBDA_KEYS_FILE} "
                               "(create a key at https://cloud.lambda.ai/api-keys)")]
-        source = "LAMBDA_API_KEY" if os.environ.get("LAMBDA_API_KEY", "").strip() else \
-            f"~/{api.LAMBDA_KEYS_FILE}"
-        rows = [Readiness("API key", True, source)]
+        rows = [Readiness("API key", True, found[1])]
         try:
             types = self.client().instance_types()
         except RayfleetError as exc:

@@ -61,12 +61,15 @@ HEAD_PRIVATE_IP_PLACEHOLDER = "HEAD_PRIVATE_IP_AFTER_LAUNCH"
 
 
 def node_env_prefix(spec: Spec, head_private_ip: str | None = None) -> str:
-    """`VAR=value ` words that make `ray start` use token auth with the node's 0600 token file
-    and, with `tracking: mlflow`, find the head's tracking server (password read from the node's
-    0600 copy when Ray starts: tracking_remote.node_env_prefix)."""
-    words = ""
+    """`VAR=value ` words that make `ray start` know its cluster's address, use token auth with
+    the node's 0600 token file and, with `tracking: mlflow`, find the head's tracking server
+    (password read from the node's 0600 copy when Ray starts: tracking_remote.node_env_prefix)."""
+    head = head_private_ip or HEAD_PRIVATE_IP_PLACEHOLDER
+    # The cluster's own address: Ray's tools in jobs and actors (the state API, e.g. Ray Train's
+    # placement group cleaner) then never scan the machine for "the" Ray.
+    words = f"RAY_ADDRESS={head}:{GCS_PORT} "
     if spec.tracking == "mlflow":
-        words = tracking_remote.node_env_prefix(head_private_ip or HEAD_PRIVATE_IP_PLACEHOLDER)
+        words += tracking_remote.node_env_prefix(head)
     if spec.auth != "token":
         return words + "RAY_AUTH_MODE=disabled "
     return words + "".join(f"{key}={value} " for key, value in auth.node_env(NODE_TOKEN).items())

@@ -23,7 +23,7 @@ from pydantic import Field
 from infra import auth, autodown_view, jobs, paths, render, tracking, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.head import HeadAccess
-from infra.node import autodown, identity, rayproc
+from infra.node import autodown, rayproc
 from infra.node.local import autodown as local_autodown
 from infra.node.where import ray_executable
 from infra.providers.base import (
@@ -68,11 +68,39 @@ class Spec(ClusterSpec):
     ready_timeout_s: int = Field(120, ge=5, le=3600)
 
 
-def temp_dir(cluster: str, cluster_id: str) -> str:
-    # Short: Ray's unix socket paths under it must stay below 107 bytes. The cluster id makes it
-    # (and so every process marker) unique to this checkout's cluster, so two checkouts with a
-    # cluster of the same name never see each other's processes.
-    return f"/tmp/rayfleet/{cluster}-{cluster_id}"
+#: The longest socket path Ray puts under its temp dir, past the temp dir itself:
+#: `/session_<date>_<microseconds>_<pid>/sockets/dash_MetricsHead`.
+_RAY_SOCKET_TAIL = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/dash_MetricsHead")
+#: Linux's limit for a unix socket path (108 bytes with the terminating NUL).
+_SOCKET_PATH_MAX = 107
+
+
+def new_temp_dir(cluster: str) -> tuple[str, str]:
+    """(parent, temp dir) for a new head: a fresh 0700 parent with an unpredictable name, as
+    `mktemp -d` makes it, under $TMPDIR (else /tmp), and Ray's temp dir, named after the cluster,
+    inside it.
+
+    Ray makes its temp dir world-writable, so only the private parent keeps other users out; a
+    fixed path would let another user create it first. It is not under RAYFLEET_HOME: Ray's unix
+    sockets live below it, and their paths must stay under 108 bytes. Unique (random parent), it
+    marks every process of this cluster and no other.
+    """
+    import tempfile
+
+    parent = tempfile.mkdtemp(prefix="rf-")
+    tmp = f"{parent}/{cluster}"
+    if len(tmp.encode()) + _RAY_SOCKET_TAIL > _SOCKET_PATH_MAX:
+        os.rmdir(parent)
+        raise LocalError(f"temp dir {tmp}: too long for Ray's socket paths (at most "
+                         f"{_SOCKET_PATH_MAX - _RAY_SOCKET_TAIL} characters); shorten the cluster "
+                         "name or set TMPDIR to a shorter folder, e.g. /tmp")
+    return parent, tmp
+
+
+def _placeholder_temp_dir(cluster: str) -> str:
+    import tempfile
+
+    return f"{tempfile.gettempdir()}/rf-XXXXXXXX/{cluster}"
 
 
 def _usage_stats() -> str:
@@ -98,7 +126,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
                 return block
         raise LocalError("no free port block between 20000 and 31520; set port_base in the spec")
 
-    def _start_script(self, block: rayproc.PortBlock, tmp: str) -> str:
+    def _start_script(self, block: rayproc.PortBlock) -> str:
         mb = self.spec.object_store_memory_mb
         token = auth.token_path(self.spec.name) if self.spec.auth == "token" else None
         tracking_env: dict[str, str] = {}
@@ -109,11 +137,11 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         return render.render(
             "local.start.sh.j2",
             cluster=self.spec.name,
+            address=f"127.0.0.1:{block.gcs}",
             ray=ray_executable(),
             usage_stats=_usage_stats(),
             auth_env=auth.node_env(str(token)) if token else {"RAY_AUTH_MODE": "disabled"},
             port_flags=block.flags(),
-            temp_dir=tmp,
             num_cpus=self.spec.num_cpus,
             num_gpus=self.spec.num_gpus,
             object_store_memory=mb * 1024 * 1024 if mb else None,
@@ -126,8 +154,8 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         heads = state.resources(HEAD) if state else []
         if heads:
             return heads[0].id
-        # `plan` without state shows a placeholder; `up` always has a state with an id.
-        return temp_dir(self.spec.name, state.cluster_id if state else identity.ID_PLACEHOLDER)
+        # `plan` before `up` shows a placeholder; `up` makes the folder (new_temp_dir).
+        return _placeholder_temp_dir(self.spec.name)
 
     def plan(self, state: State | None) -> Plan[rayproc.PortBlock]:
         block = self._block(state)
@@ -144,7 +172,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         return Plan(
             resources=[PlannedResource("Ray head (processes on this machine)", self.spec.name,
                                        detail, exists)],
-            files={"start.sh": self._start_script(block, tmp)},
+            files={"start.sh": self._start_script(block)},
             notes=["free: runs on this machine; the dashboard and job API listen on 127.0.0.1 only",
                    auth_note],
             # The block start.sh was rendered for: `up` starts and reaches the head on it.
@@ -177,16 +205,17 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
                 f"ports {block.base}-{block.base + rayproc.BLOCK_SIZE - 1} are in use; "
                 "change port_base in the spec or leave it unset"
             )
-        tmp = self._temp_dir(state)
+        parent, tmp = new_temp_dir(self.spec.name)
         # Recorded before the start: a crash from here on leaves processes teardown can find.
-        state.add(HEAD, tmp, port_base=block.base,
+        state.add(HEAD, tmp, port_base=block.base, temp_parent=parent,
                   started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
         if self.spec.tracking == "mlflow":
             tracking.ensure_credentials(self.spec.name)  # start.sh reads the password file
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with ui.step(f"starting Ray head (ports {block.base}+, log {log})"), log.open("w") as out:
-            started = subprocess.run(["bash", "-c", plan.files["start.sh"]], stdout=out,
+            # The temp dir is start.sh's argument: `plan` renders it before the folder exists.
+            started = subprocess.run(["bash", "-c", plan.files["start.sh"], "start.sh", tmp], stdout=out,
                                      stderr=subprocess.STDOUT, check=False)
         if started.returncode != 0:
             tail = log.read_text().strip().splitlines()[-3:]
@@ -284,6 +313,9 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             raise LocalError(f"processes {exc.pids} of {self.spec.name!r} {exc.why}") from None
         for head in state.resources(HEAD):
             shutil.rmtree(head.id, ignore_errors=True)
+            parent = head.attrs.get("temp_parent")
+            if parent:  # clusters started before the private parent have none
+                shutil.rmtree(str(parent), ignore_errors=True)
             state.remove(HEAD, head.id)
 
     def status(self, state: State) -> ProviderStatus:

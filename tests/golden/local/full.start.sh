@@ -6,13 +6,20 @@ set -euo pipefail
 # Usage statistics stay off unless the user opted in; rayfleet never phones home by default.
 export RAY_USAGE_STATS_ENABLED=0
 
+# The cluster's own address for every process Ray starts: Ray's tools inside jobs and actors (the
+# state API, e.g. Ray Train's placement group cleaner) otherwise look for "the" Ray on this machine
+# and fail when another cluster runs here too.
+export RAY_ADDRESS=127.0.0.1:23000
+
 # Token authentication: every request to the dashboard, job API and GCS must carry the cluster's
 # token, which Ray reads from a 0600 file (the path is here, never the token).
 export RAY_AUTH_MODE=token
 export RAY_AUTH_TOKEN_PATH=<rayfleet-home>/keys/golden-full/ray-token
 
-# Every port comes from this cluster's own block and the temp dir is private, so a Ray that the
-# user started by hand on the default ports (and its temp dir /tmp/ray) is never disturbed.
+# Every port comes from this cluster's own block and the temp dir ($1: `up` creates it inside a
+# fresh 0700 folder) is private, so a Ray that the user started by hand on the default ports (and
+# its temp dir /tmp/ray) is never disturbed.
+temp_dir=${1:?usage: start.sh TEMP_DIR}
 exec <ray> start --head \
   --dashboard-host=127.0.0.1 \
   --port=23000 \
@@ -26,7 +33,7 @@ exec <ray> start --head \
   --runtime-env-agent-port=23008 \
   --min-worker-port=23016 \
   --max-worker-port=23115 \
-  --temp-dir=/tmp/rayfleet/golden-full-assigned-at-first-up \
+  --temp-dir="$temp_dir" \
   --num-cpus=4 \
   --num-gpus=1 \
   --object-store-memory=209715200 \
