@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +19,7 @@ from infra import shipping
 def zip_path() -> Path:
     """The node package zip, written once per test process (its name carries its content hash)."""
     folder = Path(tempfile.mkdtemp(prefix="rf-nodezip-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = folder / shipping.zip_name()
     path.write_bytes(shipping.node_zip())
     return path
