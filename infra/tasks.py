@@ -207,9 +207,9 @@ def list_(c: Context, json: bool = False, timeout: float = 0.0) -> int:
     One row per state file; providers are asked in parallel, and one that does not answer is a row
     saying so and a warning (exit 0), never an error.
     """
-    from infra import costs
+    from infra import listing
 
-    return costs.list_clusters(json, timeout or None)
+    return listing.list_clusters(json, timeout or None)
 
 
 @task(iterable=["only"], help={
