@@ -64,19 +64,18 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
     every worker `remove` deletes, and that replacement would outlive the head. After `ray stop`
     nothing launches; a launch request already sent shows in the listing a moment later.
     """
-    import contextlib
     import os
     import shutil
-    import signal
     import subprocess
     import sys
 
+    from infra.node import supervise
+
     for pid_file in [str(p) for p in args.get("stop_first") or []]:
-        # The queued-slice joiner: stopped, it re-queues nothing while its requests are deleted.
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(Path(pid_file).expanduser().read_text().strip())
-            os.kill(pid, signal.SIGTERM)
-            log(f"stopped the head's daemon {pid_file} (pid {pid})")
+        # The queued-slice joiner and its supervisor (by identity): stopped, it re-queues nothing
+        # while its requests are deleted.
+        if supervise.stop(Path(pid_file).expanduser()):
+            log(f"stopped the head's daemon {pid_file}")
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
     ray = ray if os.path.exists(ray) else (shutil.which("ray") or "")
     if ray:

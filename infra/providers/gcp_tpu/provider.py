@@ -429,7 +429,8 @@ class Provider(BaseProvider[Spec, Preflight]):
         clusters = state.resources(CLUSTER)
         if left is False or not clusters:
             return None  # a deleted head leaves nothing to read
-        return autodown_remote.head_marker(self._head_target(clusters[0]))
+        return autodown_remote.head_marker(self._head_target(clusters[0]),
+                                           autodown_setup.HEAD_PYTHON)
 
     def autodown_left(self, state: State) -> bool | None:
         """Whether the APIs list any VM or TPU node with the recorded clusters' labels."""

@@ -477,7 +477,8 @@ class Provider(BaseProvider[Spec, Capacity]):
         head_ip = state.info.get("head_ip")
         if left is False or not head_ip:
             return None  # a terminated head leaves nothing to read
-        return autodown_remote.head_marker(self._target(str(head_ip)))
+        return autodown_remote.head_marker(self._target(str(head_ip)), autodown_setup.HEAD_PYTHON,
+                                           raycluster.activate(self.spec))
 
     def autodown_left(self, state: State) -> bool | None:
         """Whether the API lists any instance of the state as not terminated."""
