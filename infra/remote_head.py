@@ -196,21 +196,34 @@ def daemon_status(target: ssh.SshTarget, config_path: str, python: str = "python
     return found if isinstance(found, dict) else None
 
 
-def read_with_status(target: ssh.SshTarget, path: str, config_path: str, python: str = "python3",
-                     activate: str = "") -> tuple[str | None, dict[str, Any] | None]:
-    """A small file on the head and a daemon's status, in one SSH command (`status` reads the
-    watcher's marker and whether the watcher runs)."""
-    separator = "--rayfleet-daemon-status--"
-    status = node_command("infra.node.supervise",
-                          f"status --pidfile {home_word(pidfile(config_path))}", python, activate)
-    command = f"cat {home_word(path)} 2>/dev/null; echo; echo {shlex.quote(separator)}; {status}"
-    try:
-        result = ssh.run(target, command, timeout=30)
-    except RayfleetError:
-        return None, None
-    text, _, rest = result.stdout.partition(separator)
+#: Between a file's content and a daemon's status in one command's output.
+_STATUS_SEPARATOR = "--rayfleet-daemon-status--"
+
+
+def with_status_command(read: str, status: str) -> str:
+    """Shell that prints a file (`read`), then a daemon's status (`status`, a `supervise status`
+    command), for `split_status`: one round trip for both."""
+    return f"{read} 2>/dev/null; echo; echo {shlex.quote(_STATUS_SEPARATOR)}; {status}"
+
+
+def split_status(output: str) -> tuple[str | None, dict[str, Any] | None]:
+    """(the file's text or None, the daemon's status or None) from `with_status_command`'s output."""
+    text, _, rest = output.partition(_STATUS_SEPARATOR)
     try:
         found = json.loads(rest.strip().splitlines()[-1]) if rest.strip() else None
     except ValueError:
         found = None
     return (text if text.strip() else None), (found if isinstance(found, dict) else None)
+
+
+def read_with_status(target: ssh.SshTarget, path: str, config_path: str, python: str = "python3",
+                     activate: str = "") -> tuple[str | None, dict[str, Any] | None]:
+    """A small file on the head and a daemon's status, in one SSH command (`status` reads the
+    watcher's marker and whether the watcher runs)."""
+    status = node_command("infra.node.supervise",
+                          f"status --pidfile {home_word(pidfile(config_path))}", python, activate)
+    try:
+        result = ssh.run(target, with_status_command(f"cat {home_word(path)}", status), timeout=30)
+    except RayfleetError:
+        return None, None
+    return split_status(result.stdout)
