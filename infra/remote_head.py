@@ -75,6 +75,14 @@ def endpoint(target: ssh.SshTarget | None, address: str, token_path: Path | None
                         serve, tracking_password, tunneled=True)
 
 
+def announced(dashboard: str, address: str, token_path: Path | None,
+              tunneled: bool = False) -> Endpoint:
+    """What `up` reports of a cluster it started: where its dashboard is, in words where no URL
+    from here exists yet ("... on the head (SSH tunnel)"), and its Ray address; `connect` gives
+    the endpoint to use."""
+    return Endpoint(dashboard, address, tunneled=tunneled, token_path=token_path)
+
+
 def _endpoint(urls: list[str], address: str, token_path: Path | None, serve: tuple[str, int],
               tracking_password: Path | None, tunneled: bool) -> Endpoint:
     """The one place an `Endpoint` is made from URLs: [dashboard, serve, tracking?]."""

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra import auth, autodown_remote, jobs, paths, ssh, tracking, tracking_remote, ui
+from infra import auth, autodown_remote, jobs, paths, remote_head, ssh, tracking, tracking_remote, ui
 from infra.errors import ClusterNotRunningError, UsageError
 from infra.head import HeadAccess
 from infra.node.files import atomic_write
@@ -284,8 +284,8 @@ class Provider(BaseProvider[Spec, Preflight]):
         assert recorded is not None
         tracking_setup.start(spec, state, self._head_target(recorded), internal)
         autodown_setup.install(spec, state, recorded, self._head_target(recorded))
-        return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
-                        f"{internal}:{GCS_PORT}")
+        return remote_head.announced(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
+                                     f"{internal}:{GCS_PORT}", None)
 
     def _wait_min_workers(self, spec: Spec, api: Gcp, state: State, zone: str,
                           label_id: str) -> None:

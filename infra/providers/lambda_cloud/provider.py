@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra import auth, autodown_remote, paths, ssh, tracking, tracking_remote, ui
+from infra import auth, autodown_remote, paths, remote_head, ssh, tracking, tracking_remote, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
 from infra.node import identity
@@ -150,9 +150,7 @@ class Provider(BaseProvider[Spec, Capacity]):
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
         tracking_setup.start(self.spec, state, self.client(), head_target, head)
         autodown_setup.install(self.spec, state, head_target, head.id, self.client())
-        return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
-                        "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
-                        token_path=auth.token_file(state))
+        return self._announced(head, auth.token_file(state))
 
     def _start_autoscaler(self, state: State, head: api.Instance) -> Endpoint:
         """Ray and the autoscaler on the head (autoscale.py); wait for min_workers to join."""
@@ -178,9 +176,12 @@ class Provider(BaseProvider[Spec, Capacity]):
             raycluster.wait_workers(url, minimum, self.spec.ray_timeout_s, token)
         tracking_setup.start(self.spec, state, client, target, head)
         autodown_setup.install(self.spec, state, target, head.id, client)
-        return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
-                        "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
-                        token_path=token)
+        return self._announced(head, token)
+
+    def _announced(self, head: api.Instance, token: Path | None) -> Endpoint:
+        return remote_head.announced(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head "
+                                     f"{head.ip} (SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}",
+                                     token, tunneled=True)
 
     def _all_alive(self, head: ssh.SshTarget, expected: dict[str, set[str]],
                    token_path: Path | None) -> bool:

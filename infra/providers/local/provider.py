@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from infra import auth, autodown_view, jobs, paths, render, tracking, ui
+from infra import auth, autodown_view, jobs, paths, remote_head, render, tracking, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.head import HeadAccess
 from infra.node import autodown, identity, rayproc, supervise
@@ -154,12 +154,10 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
 
     def _endpoint(self, block: rayproc.PortBlock, state: State) -> Endpoint:
         mlflow = self.spec.tracking == "mlflow"
-        return Endpoint(f"http://127.0.0.1:{block.dashboard}", f"127.0.0.1:{block.gcs}",
-                        token_path=auth.token_file(state),
-                        tracking_url=f"http://127.0.0.1:{block.tracking}" if mlflow else None,
-                        tracking_password=tracking.password_path(self.spec.name) if mlflow else None,
-                        serve_url=f"http://127.0.0.1:{block.serve_http}",
-                        serve_bind=("127.0.0.1", block.serve_http))
+        return remote_head.direct(f"127.0.0.1:{block.gcs}", auth.token_file(state),
+                                  ("127.0.0.1", block.dashboard), ("127.0.0.1", block.serve_http),
+                                  ("127.0.0.1", block.tracking) if mlflow else None,
+                                  tracking.password_path(self.spec.name) if mlflow else None)
 
     def create(self, state: State, plan: Plan[rayproc.PortBlock]) -> Endpoint:
         block = plan.extra
