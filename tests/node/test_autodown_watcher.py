@@ -118,3 +118,23 @@ def test_a_restarted_watcher_resumes_the_countdown(tmp_path: Path) -> None:
     fresh = _watcher(tmp_path, [[]], Clock())
     fresh.step()
     assert json.loads(marker.read_text())["idle_s"] == 0.0
+
+
+def test_status_says_in_one_line_when_the_watcher_is_not_running() -> None:
+    """The marker as read with the supervisor's answer (`watcher_running`): one line when
+    neither the watcher nor its supervisor runs; nothing extra while it runs or is not asked."""
+    marker = {"phase": "watching", "idle_minutes": 30, "idle_since": None,
+              "checked_at": autodown.now_iso(), "detail": "1 job(s) pending or running"}
+    down = autodown_view.with_watcher_status(json.dumps(marker), {"running": False})
+    assert down is not None
+    line = autodown_view.describe(autodown_view.view(json.loads(down), 30))
+    assert line.startswith("autodown: watcher not running") and "\n" not in line, line
+    up = autodown_view.with_watcher_status(json.dumps(marker), {"running": True})
+    assert up is not None
+    assert "not running" not in autodown_view.describe(autodown_view.view(json.loads(up), 30))
+    assert autodown_view.with_watcher_status(json.dumps(marker), None) == json.dumps(marker)
+    # A cluster that removed itself has no watcher to miss.
+    gone = {**marker, "phase": "removed", "removed_at": autodown.now_iso()}
+    text = autodown_view.with_watcher_status(json.dumps(gone), {"running": False})
+    assert text is not None
+    assert "removed itself" in autodown_view.describe(autodown_view.view(json.loads(text), 30))
