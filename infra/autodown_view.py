@@ -59,11 +59,8 @@ def cache_marker(cluster: str, text: str, cluster_id: str | None = None) -> dict
     """Keep what a provider read from its head's marker, for `status` after the head is gone; the
     marker kept, or None when `text` is no marker (or, with `cluster_id`, another cluster's: never
     taken, even at our path)."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
+    data = _parsed(text)
+    if data is None:
         return None
     if cluster_id is not None and data.get("cluster_id") != cluster_id:
         return None
@@ -75,15 +72,19 @@ def with_watcher_status(text: str | None, status: dict[str, Any] | None) -> str 
     """A marker's text with `watcher_running` from the supervisor's status
     (`infra.node.supervise.status`, read where the watcher runs); unchanged when either is
     missing or the marker is no JSON object."""
-    if text is None or status is None:
-        return text
-    try:
-        marker = json.loads(text)
-    except ValueError:
-        return text
-    if not isinstance(marker, dict):
+    marker = _parsed(text) if text is not None and status is not None else None
+    if marker is None or status is None:
         return text
     return json.dumps({**marker, "watcher_running": bool(status.get("running"))}, indent=2) + "\n"
+
+
+def _parsed(text: str) -> dict[str, Any] | None:
+    """A marker's JSON object, or None for anything else."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def cached(cluster: str, cluster_id: str) -> dict[str, Any] | None:

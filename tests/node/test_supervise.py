@@ -10,23 +10,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from infra.node import rayproc, supervise
 from infra.node.rayproc import Identity
+from tests.waiting import wait_until
 
 DAEMON = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
 
 
-def _until(predicate, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+def _until(check: Callable[[], object], timeout: float, what: str) -> float:
+    """Seconds until `check()` holds (tests/waiting.py's wait, at a short interval)."""
     started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    wait_until(lambda: check() or None, what, timeout=timeout, interval=0.05)
     return time.monotonic() - started
 
 
