@@ -9,7 +9,7 @@ returns.
   daemon needs (configs, secrets, 0600), in one SFTP session, never on a command line.
 - **Node modules on the head** (`node_command`): `python -m infra.node.<module>` with that zip
   on its PYTHONPATH, in the head's node environment.
-- **Supervised daemons** (`install_daemon`, `stop_daemon`, `daemon_status`): the public "run this
+- **Supervised daemons** (`install_daemon`, `stop_daemon`, `read_with_status`): the public "run this
   argv supervised on the head". Every head daemon (the idle watcher, the tracking server, GCP's
   joiner, and any later one) runs under infra/node/supervise.py, which starts it again within
   seconds when it dies and keeps its pid file by process identity (pid + start time). On this
@@ -188,20 +188,6 @@ def stop_daemon(target: ssh.SshTarget, config_path: str, python: str = "python3"
     stop = node_command("infra.node.supervise",
                         f"stop --pidfile {home_word(pidfile(config_path))}", python, activate)
     ssh.run(target, f"{stop}; rm -f {home_word(config_path)}", timeout=30)
-
-
-def daemon_status(target: ssh.SshTarget, config_path: str, python: str = "python3",
-                  activate: str = "") -> dict[str, Any] | None:
-    """{"running": bool, ...} of a head daemon (infra.node.supervise.status); None when the head
-    cannot say."""
-    command = node_command("infra.node.supervise",
-                           f"status --pidfile {home_word(pidfile(config_path))}", python, activate)
-    try:
-        result = ssh.run(target, command, timeout=30)
-        found = json.loads(result.stdout) if result.ok else None
-    except (RayfleetError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
 
 
 #: Between a file's content and a daemon's status in one command's output.
