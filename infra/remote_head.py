@@ -96,26 +96,30 @@ def _endpoint(urls: list[str], address: str, token_path: Path | None, serve: tup
 # --- files and node modules on the head --------------------------------------------------------
 
 
-def _mkdirs(sftp: Any) -> None:
-    """The private dir (0700) and the node package's dir, as SFTP creates them (no shell)."""
-    for folder, mode in ((PRIVATE_DIR, 0o700), ("rayfleet", 0o755), (shipping.NODE_DIR, 0o755)):
+def _mkdirs(sftp: Any, folders: set[str]) -> None:
+    """The private dir (0700), the node package's dir and `folders` (home-relative, with their
+    parents), as SFTP creates them: no shell, no extra round trip."""
+    wanted = {PRIVATE_DIR, shipping.NODE_DIR, *folders}
+    every = sorted({"/".join(f.split("/")[:i + 1]) for f in wanted
+                    for i in range(len(f.split("/")))})
+    for folder in every:
         try:
             sftp.stat(folder)
         except OSError:
-            sftp.mkdir(folder, mode)
+            sftp.mkdir(folder, 0o700 if folder == PRIVATE_DIR else 0o755)
     sftp.chmod(PRIVATE_DIR, 0o700)
 
 
 def put_files(target: ssh.SshTarget, files: dict[str, tuple[bytes, int]] | None = None,
               client: Any = None) -> str:
     """Put the node package's zip and `files` (`~/`-relative path -> (content, mode)) on the
-    head in one SFTP session, each file created with its mode before any byte is in it; returns
-    the zip's home-relative path."""
+    head in one SFTP session (their folders made as needed, the private one 0700), each file
+    created with its mode before any byte is in it; returns the zip's home-relative path."""
     own = client is None
     client = client or ssh.connect(target)
     try:
         sftp = client.open_sftp()
-        _mkdirs(sftp)
+        _mkdirs(sftp, {str(Path(_relative(r)).parent) for r in (files or {})} - {"."})
         remote_zip = shipping.upload(sftp)
         for remote, (data, mode) in (files or {}).items():
             shipping.put(sftp, _relative(remote), data, mode)
