@@ -36,6 +36,9 @@ class AutodownView:
     #: The watcher's last check (ISO 8601) when that is too long ago for a watcher that still runs
     #: (it died, or its head is unreachable): its countdown is then no longer true.
     silent_since: str | None = None
+    #: Whether the watcher (or its supervisor, which starts it again) runs, as the head said when
+    #: its marker was read (process identity, infra/node/supervise.py); None when not asked.
+    watcher_running: bool | None = None
 
 
 def marker_path(cluster: str) -> Path:
@@ -56,16 +59,32 @@ def cache_marker(cluster: str, text: str, cluster_id: str | None = None) -> dict
     """Keep what a provider read from its head's marker, for `status` after the head is gone; the
     marker kept, or None when `text` is no marker (or, with `cluster_id`, another cluster's: never
     taken, even at our path)."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
+    data = _parsed(text)
+    if data is None:
         return None
     if cluster_id is not None and data.get("cluster_id") != cluster_id:
         return None
     atomic_write(marker_path(cluster), json.dumps(data, indent=2) + "\n")
     return data
+
+
+def with_watcher_status(text: str | None, status: dict[str, Any] | None) -> str | None:
+    """A marker's text with `watcher_running` from the supervisor's status
+    (`infra.node.supervise.status`, read where the watcher runs); unchanged when either is
+    missing or the marker is no JSON object."""
+    marker = _parsed(text) if text is not None and status is not None else None
+    if marker is None or status is None:
+        return text
+    return json.dumps({**marker, "watcher_running": bool(status.get("running"))}, indent=2) + "\n"
+
+
+def _parsed(text: str) -> dict[str, Any] | None:
+    """A marker's JSON object, or None for anything else."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def cached(cluster: str, cluster_id: str) -> dict[str, Any] | None:
@@ -123,9 +142,11 @@ def view(marker: dict[str, Any] | None, idle_minutes: float,
     elif marker.get("phase") == "removing":
         detail = "removing the cluster now"
     idle = marker.get("idle_s") if marker.get("idle_since") else None
+    running = marker.get("watcher_running")
     return AutodownView(float(marker.get("idle_minutes") or idle_minutes),
                         float(idle) if idle is not None else None, removed, detail,
-                        _silent_since(marker, now))
+                        _silent_since(marker, now),
+                        running if isinstance(running, bool) and not removed else None)
 
 
 def _silent_since(marker: dict[str, Any], now: dt.datetime | None) -> str | None:
@@ -168,6 +189,9 @@ def describe(view: AutodownView) -> str:
     minutes = f"{view.idle_minutes:g}"
     if view.removed_at:
         return f"removed itself after {minutes} idle minutes at {local_time(view.removed_at)}"
+    if view.watcher_running is False:
+        return (f"autodown: watcher not running: the cluster will not remove itself after "
+                f"{minutes} idle minutes; `invoke up` starts the watcher again")
     if view.silent_since:
         return (f"autodown: no report from the cluster's watcher since "
                 f"{local_time(view.silent_since)} (it stopped, or its head is unreachable): the "

@@ -21,6 +21,7 @@ from typing import Literal
 
 from infra import ssh
 from infra.errors import UsageError
+from infra.node.files import atomic_write
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,7 @@ def ssh_config(target: ssh.SshTarget) -> str:
 def _config_file(target: ssh.SshTarget) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="rayfleet-ssh-") as folder:
         path = Path(folder) / "config"
-        path.write_text(ssh_config(target))
-        path.chmod(0o600)  # ssh refuses a config others can write
+        atomic_write(path, ssh_config(target), mode=0o600)  # ssh refuses one others can write
         yield path
 
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from infra import paths
+from infra.node import supervise
 from infra.node.tracking import (
     CONFIG_FILE,
     USERNAME,
@@ -77,12 +77,15 @@ def read_password(path: Path) -> str:
 
 
 def start_detached(config_path: Path, cwd: Path, log_path: Path) -> None:
-    """Start the supervisor in the background, detached from this terminal."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("a") as out:
-        subprocess.Popen([sys.executable, "-m", "infra.node.tracking", "--config", str(config_path)],
-                         cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
+    """Start the server on this machine under the head daemons' supervisor
+    (infra/node/supervise.py), detached from this terminal, unless it runs; not waited for."""
+    supervise.ensure([sys.executable, "-m", "infra.node.tracking", "--config", str(config_path)],
+                     pid_path(config_path), log_path, cwd=str(cwd), wait=False)
+
+
+def pid_path(config_path: Path) -> Path:
+    """The supervisor's pid file of the server configured by `config_path`."""
+    return Path(f"{config_path}.pid")
 
 
 # --- client side -------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """`tracking: mlflow` on a head this machine reaches over SSH (Lambda, GCP): one mechanism for all.
 
-- **The server**: `start` puts the tracking supervisor (infra/node/tracking.py) on the head with
-  `autodown_remote.install_daemon`: the password and Flask secret go over SFTP as 0600 files,
-  the config names only paths, and the server listens on the head's private address at
-  `TRACKING_PORT`, where the other nodes reach it (never on a port the cluster's firewall opens).
+- **The server**: `start` puts the tracking server (infra/node/tracking.py) on the head with
+  `remote_head.install_daemon`, supervised like every head daemon: the password and Flask
+  secret go over SFTP as 0600 files, the config names only paths, and the server listens on the
+  head's private address at `TRACKING_PORT`, where the other nodes reach it (never on a port
+  the cluster's firewall opens).
 - **The nodes**: `node_env_prefix` is the shell prefix of every node's `ray start`: the URL and
   user as words, the password read from the node's 0600 copy (`NODE_PASSWORD_PATH`, which the
   provider's file mounts deliver like the Ray token) when the node starts. Every driver, worker
@@ -12,7 +13,8 @@
   `copy_back` takes a consistent snapshot on the head (infra/node/tracking_snapshot.py) and
   unpacks it into `.rayfleet/tracking/<cluster>/`; `save_before_teardown` does so before any
   instance goes, or says in one line why it could not. `copy_note` is what `status` says of it.
-- **From here**: `connect` opens the tunnels (dashboard, tracking, Serve) to the head.
+- **From here**: `connect` opens the tunnels (dashboard, tracking, Serve) to the head
+  (`remote_head.endpoint`).
 
 Core layer: never imports a provider, never branches on a provider's name. A provider passes its
 head's SSH target, addresses and the shell that activates its node env.
@@ -31,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from infra import autodown_remote, shipping, ssh, tracking, ui
+from infra import remote_head, ssh, tracking, ui
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError
 from infra.node.tracking import ServerConfig
@@ -53,11 +55,6 @@ HEAD_STORE = "rayfleet/tracking"
 HEAD_SNAPSHOT = "rayfleet/tracking-snapshot.tar"
 
 
-def _home_path(path: str) -> str:
-    """`~/x` as a shell word that expands on the head."""
-    return '"$HOME/' + path.removeprefix("~/") + '"'
-
-
 def node_url(head_private_ip: str) -> str:
     return f"http://{head_private_ip}:{TRACKING_PORT}"
 
@@ -67,7 +64,7 @@ def node_env_prefix(head_private_ip: str) -> str:
     file by the shell that starts Ray, so it is in no command line and no rendered file."""
     plain, _ = tracking.node_env(node_url(head_private_ip), NODE_PASSWORD_PATH)
     words = "".join(f"{key}={shlex.quote(value)} " for key, value in plain.items())
-    return words + f'MLFLOW_TRACKING_PASSWORD="$(cat {_home_path(NODE_PASSWORD_PATH)})" '
+    return words + f'MLFLOW_TRACKING_PASSWORD="$(cat {remote_head.home_word(NODE_PASSWORD_PATH)})" '
 
 
 @dataclass(frozen=True)
@@ -96,9 +93,9 @@ def start(state: State, target: ssh.SshTarget, bind_host: str, store: HeadStore,
     state.set_info(tracking_head_store=store_dir, tracking_durable=store.durable or None,
                    tracking_bind=bind_host)
     with ui.step(f"starting the MLflow tracking server on the head ({bind_host}:{TRACKING_PORT})"):
-        autodown_remote.install_daemon(target, "infra.node.tracking", HEAD_CONFIG,
-                                       json.dumps(asdict(config)), secrets, python=python,
-                                       activate=activate, log=HEAD_LOG)
+        remote_head.install_daemon(target, "infra.node.tracking", HEAD_CONFIG,
+                                   json.dumps(asdict(config)), secrets, python=python,
+                                   activate=activate, log=HEAD_LOG)
     if store.durable:
         ui.info(f"tracking data lives on {store.durable} ({store_dir}) and survives teardown and "
                 "autodown")
@@ -127,15 +124,14 @@ def copy_back(target: ssh.SshTarget, state: State, python: str = "python3",
         raise RayfleetError("no tracking store recorded for this cluster")
     final = tracking.local_store(state.cluster)
     final.parent.mkdir(parents=True, exist_ok=True)
-    # One SFTP session for the node package going up and the snapshot coming down.
+    # One SSH login for the node package going up and the snapshot coming down.
     client = ssh.connect(target)
     try:
+        remote_zip = remote_head.put_files(target, client=client)
+        args = (f"--store {shlex.quote(store)} --out {remote_head.home_word(HEAD_SNAPSHOT)}")
+        ssh.run(target, remote_head.node_command("infra.node.tracking_snapshot", args, python,
+                                                 activate, remote_zip), timeout=600, check=True)
         sftp = client.open_sftp()
-        remote_zip = shipping.upload(sftp)
-        command = (f'{activate}PYTHONPATH="$HOME/{remote_zip}" "{python}" -m '
-                   f"infra.node.tracking_snapshot --store {shlex.quote(store)} "
-                   f"--out {_home_path(HEAD_SNAPSHOT)}")
-        ssh.run(target, command, timeout=600, check=True)
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{state.cluster}-") as tmp:
             tar_path = Path(tmp) / "snapshot.tar"
             sftp.get(HEAD_SNAPSHOT, str(tar_path))
@@ -204,22 +200,15 @@ def copy_note(state: State) -> str | None:
 @contextlib.contextmanager
 def connect(state: State, target: ssh.SshTarget, dashboard_port: int, address: str,
             token_path: Path | None) -> Iterator[Endpoint]:
-    """The cluster's endpoint through SSH tunnels to the head: the dashboard, the tracking server
-    (when the cluster has one) and Serve's HTTP proxy, each on a free local port."""
+    """The cluster's endpoint through SSH tunnels to the head (`remote_head.endpoint`): the
+    dashboard, Serve's HTTP proxy and, when the cluster has one, the tracking server."""
     bind = state.info.get("tracking_bind")
-    remotes = [("127.0.0.1", dashboard_port), ("127.0.0.1", SERVE_PORT)]
     tracked = bool(bind and state.info.get("tracking_head_store"))
-    if tracked:
-        remotes.append((str(bind), TRACKING_PORT))
-    # One SSH login for all of them: every command that connects pays one handshake.
-    with ssh.tunnels(target, remotes) as ports:
-        dashboard, serve = ports[:2]
-        tracking_url = f"http://127.0.0.1:{ports[2]}" if tracked else None
-        password = tracking.password_path(state.cluster) if tracked else None
-        yield Endpoint(f"http://127.0.0.1:{dashboard}", address, tunneled=True,
-                       token_path=token_path, tracking_url=tracking_url,
-                       tracking_password=password, serve_url=f"http://127.0.0.1:{serve}",
-                       serve_bind=("127.0.0.1", SERVE_PORT))
+    with remote_head.endpoint(target, address, token_path, ("127.0.0.1", dashboard_port),
+                              ("127.0.0.1", SERVE_PORT),
+                              (str(bind), TRACKING_PORT) if tracked else None,
+                              tracking.password_path(state.cluster) if tracked else None) as found:
+        yield found
 
 
 def remove_keys(state: State, folder: Path) -> None:

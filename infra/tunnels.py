@@ -3,38 +3,40 @@
 `ssh.tunnel` lives as long as one rayfleet command; a shell that evaluated `invoke env` needs its
 forwards after rayfleet has exited. So this one runs detached, one per cluster, recorded in
 `.rayfleet/tunnels/<cluster>.json` (pid, ports, target). A later `invoke env` reuses it while it
-answers; `invoke env --close` and `invoke teardown` end it. Only a process whose command line is
-the one recorded is ever signalled.
+answers; `invoke env --close` and `invoke teardown` end it. Only the process recorded, by pid, start
+time and command line (psutil, `rayproc.Identity`), is ever signalled: never one that got its pid
+later. The short-lived tunnels of one command are `remote_head.endpoint`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 from infra import paths, ssh
 from infra.node import rayproc
+from infra.node.files import atomic_write
 
 
 def record_path(cluster: str) -> Path:
     return paths.home() / "tunnels" / f"{cluster}.json"
 
 
-def _cmdline(pid: int) -> list[str]:
+def _process(record: dict[str, object]) -> rayproc.psutil.Process | None:
+    """The recorded tunnel's process while it runs: the same pid, start time and command line."""
+    ident = rayproc.Identity.from_dict(record)
+    proc = ident.process() if ident is not None else None
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        return []
+        return proc if proc is not None and proc.cmdline() == record.get("argv") else None
+    except rayproc.psutil.Error:
+        return None
 
 
 def _alive(record: dict[str, object]) -> bool:
-    pid = record.get("pid")
-    return isinstance(pid, int) and _cmdline(pid) == record.get("argv")
+    return _process(record) is not None
 
 
 def _read(cluster: str) -> dict[str, object] | None:
@@ -89,8 +91,10 @@ def open_tunnel(cluster: str, target: ssh.SshTarget, remote_ports: dict[str, int
         raise ssh.SshError(f"tunnel to {target} failed: {reason}")
     path = record_path(cluster)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"pid": process.pid, "argv": argv, "target": str(target),
-                                "remote": remote_ports, "local": local}) + "\n")
+    ident = rayproc.Identity.of(process.pid)
+    atomic_write(path, json.dumps({"pid": process.pid, "argv": argv, "target": str(target),
+                                   "create_time": ident.create_time if ident else None,
+                                   "remote": remote_ports, "local": local}) + "\n")
     return local, process.pid, False
 
 
@@ -109,9 +113,9 @@ def close(cluster: str) -> bool:
     """End the cluster's tunnel if it runs; True when there was one."""
     record = _read(cluster)
     record_path(cluster).unlink(missing_ok=True)
-    if record is None or not _alive(record):
+    proc = _process(record) if record is not None else None
+    if proc is None:
         return False
-    pid = int(record["pid"])  # type: ignore[call-overload]
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(rayproc.psutil.Error):
+        proc.terminate()  # psutil checks the start time again: never a successor on the pid
     return True

@@ -161,7 +161,8 @@ def _check(template: str, text: str, baseline_keys: set[str] | None, bed: Bed, w
         path.write_text(text)
         syntax = bed.run(["bash", "-n", str(path)])
         assert syntax.returncode == 0, (what, syntax.stderr)
-        bed.run(["bash", str(path)])
+        # Scripts take their arguments as `up` gives them (the local start script: its temp dir).
+        bed.run(["bash", str(path), str(bed.work / "temp")])
     assert not bed.marker.exists(), f"{template}: {what} ran the injected command"
 
 

@@ -154,13 +154,29 @@ class Watcher:
         self._check = check or (lambda: busy_reasons(config.dashboard_url, config.token_path))
         self._idle_since: float | None = None
         self._idle_since_iso: str | None = None
+        self._resume()
         self.marker: dict[str, Any] = {
             "cluster": config.cluster, "cluster_id": config.cluster_id,
             "idle_minutes": config.idle_minutes, "started_at": now_iso(), "pid": os.getpid(),
-            "phase": "watching", "idle_since": None, "idle_s": 0.0, "detail": "",
+            "phase": "watching", "idle_since": self._idle_since_iso, "idle_s": 0.0, "detail": "",
             "checked_at": None, "removed_at": None, "error": None,
             "interval_s": config.interval(),
         }
+
+    def _resume(self) -> None:
+        """Take the countdown over from this cluster's marker, when a watcher before this one
+        (killed, crashed, restarted by its supervisor) was counting: a restart must not buy the
+        cluster another idle period. The marker's wall-clock start maps onto this clock."""
+        try:
+            old = json.loads(Path(self.config.marker).expanduser().read_text())
+            since = dt.datetime.fromisoformat(str(old["idle_since"])) if old.get("idle_since") else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if since is None or old.get("cluster_id") != self.config.cluster_id:
+            return
+        ago = max(0.0, (dt.datetime.now(dt.timezone.utc) - since).total_seconds())
+        self._idle_since, self._idle_since_iso = self._clock() - ago, str(old["idle_since"])
+        log(f"resuming the countdown: idle since {self._idle_since_iso}")
 
     def _write(self) -> None:
         atomic_write(Path(self.config.marker).expanduser(), json.dumps(self.marker, indent=2) + "\n")
@@ -218,10 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, type=Path, help="the watcher's JSON config")
     args = parser.parse_args(argv)
-    path = args.config.expanduser()
-    # The pid file lets `autodown_remote.start_command` (a second `up`) see that one already runs.
-    atomic_write(Path(f"{path}.pid"), f"{os.getpid()}\n")
-    Watcher(Config.load(path)).run()
+    # Run under infra/node/supervise.py, which keeps the pid file and starts it again if it dies.
+    Watcher(Config.load(args.config.expanduser())).run()
     return 0
 
 

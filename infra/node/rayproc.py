@@ -183,6 +183,53 @@ def not_ours(pids: list[int]) -> list[int]:
     return foreign
 
 
+@dataclass(frozen=True)
+class Identity:
+    """One process, for as long as it lives: its pid and its start time (psutil's
+    `create_time`). A pid alone names whatever process the kernel hands it to next; the pair
+    names only the process it was taken from, so a recycled pid is never signalled nor taken for
+    a daemon that still runs."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int) -> Identity | None:
+        """The identity of the live process `pid`, or None when there is none."""
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except psutil.Error:
+            return None
+
+    @classmethod
+    def from_dict(cls, data: object) -> Identity | None:
+        """Back from `as_dict` (None for anything else: a pid without its start time proves
+        nothing)."""
+        if not isinstance(data, dict):
+            return None
+        pid, created = data.get("pid"), data.get("create_time")
+        if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(created, (int, float)):
+            return None
+        return cls(pid, float(created))
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"pid": self.pid, "create_time": self.create_time}
+
+    def process(self) -> psutil.Process | None:
+        """The process, while it is this one and not a zombie; else None."""
+        try:
+            proc = psutil.Process(self.pid)
+            # psutil rounds create_time from clock ticks: equal to the hundredth is the same start.
+            if abs(proc.create_time() - self.create_time) > 0.01:
+                return None
+            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+        except psutil.Error:
+            return None
+
+    def running(self) -> bool:
+        return self.process() is not None
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -190,16 +237,34 @@ def alive(pid: int) -> bool:
         return False
 
 
-def terminate(pids: list[int], grace: float = 3.0) -> list[int]:
-    """SIGTERM, wait up to `grace` seconds, SIGKILL the rest; return PIDs still alive after that."""
+def terminate(pids: list[int] | list[Identity], grace: float = 3.0) -> list[int]:
+    """SIGTERM, wait up to `grace` seconds, SIGKILL the rest; return PIDs still alive after that.
+
+    Each process is identified once, by pid and start time, before any signal: a process that
+    ends meanwhile and whose pid the kernel hands to another is never signalled (psutil checks the
+    start time again before each signal)."""
+    procs: list[psutil.Process] = []
+    for item in pids:
+        ident = item if isinstance(item, Identity) else Identity.of(item)
+        proc = ident.process() if ident is not None else None
+        if proc is not None:
+            procs.append(proc)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+                proc.send_signal(sig)
         deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 2.0)
-        while time.monotonic() < deadline and any(alive(p) for p in pids):
+        while time.monotonic() < deadline and any(_lives(p) for p in procs):
             time.sleep(0.05)
-        pids = [p for p in pids if alive(p)]
-        if not pids:
+        procs = [p for p in procs if _lives(p)]
+        if not procs:
             break
-    return pids
+    return [p.pid for p in procs]
+
+
+def _lives(proc: psutil.Process) -> bool:
+    """`proc` (the very process, not a successor on its pid) still runs."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -177,10 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     data = json.loads(Path(args.config).read_text())
-    # A head's daemon config also names the node package it came with (autodown_remote).
+    # A head's daemon config also names the node package it came with (remote_head).
     config = ServerConfig(**{f.name: data[f.name] for f in fields(ServerConfig)})
-    # The pid file lets `autodown_remote.start_command` (a second `up`) see that one already runs.
-    atomic_write(Path(f"{args.config}.pid"), f"{os.getpid()}\n")
+    # Runs under infra/node/supervise.py, which keeps the pid file and starts it again if it dies.
     return supervise(config)
 
 

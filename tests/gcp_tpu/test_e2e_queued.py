@@ -79,6 +79,12 @@ class Cluster:
         return nodes
 
 
+#: The joiner's pid (the daemon its supervisor's pid file names, infra/node/supervise.py), then
+#: "alive" while that process runs.
+JOINER_ALIVE = ("pid=$(python3 -c 'import json, os; print(json.load(open(os.path.expanduser("
+                "\"~/.rayfleet/queued.json.pid\")))[\"child\"][\"pid\"])') && echo $pid && "
+                "kill -0 $pid && echo alive")
+
 def result_of(output: str) -> dict[str, Any]:
     assert "RESULT " in output, output
     found: dict[str, Any] = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
@@ -141,22 +147,20 @@ def test_up_queues_a_request_per_slice_recorded_in_state(cluster: Cluster) -> No
     assert node["labels"]["rayfleet-owner"] == state["owner"] and node["labels"][
         "rayfleet-name"] == NAME
     # The joiner runs on the head, detached from this laptop.
-    pid = cluster.head().run("cat ~/.rayfleet/queued.json.pid && kill -0 $(cat "
-                             "~/.rayfleet/queued.json.pid) && echo alive")
+    pid = cluster.head().run(JOINER_ALIVE)
     assert pid.stdout.strip().endswith("alive"), pid.stdout + pid.stderr
 
 
 def test_a_second_up_queues_nothing_new_and_restarts_the_joiner(cluster: Cluster) -> None:
     head = cluster.head()
-    before = head.run("cat ~/.rayfleet/queued.json.pid").stdout.strip()
+    before = head.run(JOINER_ALIVE).stdout.split()[0]
     requests = len(cluster.fake.queued)
     started = time.monotonic()
     again = cluster.invoke("up", timeout=600)
     cluster.timings["second up"] = round(time.monotonic() - started, 1)
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(cluster.fake.queued) == requests
-    after = head.run("cat ~/.rayfleet/queued.json.pid && kill -0 $(cat ~/.rayfleet/queued.json.pid)"
-                     " && echo alive").stdout.split()
+    after = head.run(JOINER_ALIVE).stdout.split()
     assert after[-1] == "alive" and after[0] != before, (before, after)
 
 

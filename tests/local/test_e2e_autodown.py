@@ -69,6 +69,7 @@ def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Pat
     job = run_invoke("submit", "--cluster", str(spec), "--no-wait", "tests/data/sleeper.py")
     assert job.returncode == 0, job.stderr
     job_id = job.stdout.strip().splitlines()[-1]
+    _watcher_down_is_reported_and_up_restarts_it(spec, rf_home, temp_dir)
     time.sleep(IDLE_MINUTES * 60 * 2)  # twice the idle period, with a job running all along
     assert _processes(temp_dir), "a cluster running a job must not remove itself"
     status = run_invoke("status", "--cluster", str(spec))
@@ -93,6 +94,7 @@ def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Pat
 
     status = run_invoke("status", "--cluster", str(spec))
     assert status.returncode == 0, status.stderr
+    _killed_watcher_comes_back_with_its_countdown(rf_home, spec.stem)
     took = _wait(lambda: not _processes(temp_dir), 120, "the idle cluster to stop itself")
     print(f"cluster gone {took:.1f}s after its last driver left (idle_minutes={IDLE_MINUTES})")
     assert took >= IDLE_MINUTES * 60 - 5, "removed before the idle period was over"
@@ -117,6 +119,47 @@ def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Pat
     assert "gone" in down.stdout
     assert not (rf_home / "state" / f"{spec.stem}.json").exists()
     assert not (rf_home / "autodown" / f"{spec.stem}.json").exists()
+
+
+def _marker(rf_home: Path, name: str) -> dict:
+    try:
+        return json.loads((rf_home / "autodown" / f"{name}.json").read_text())
+    except (OSError, ValueError):  # between the watcher's writes
+        return {}
+
+
+def _killed_watcher_comes_back_with_its_countdown(rf_home: Path, name: str) -> None:
+    """`kill -9` of the counting watcher: its supervisor starts it again within 30 s, and the new
+    one counts from the same idle start (infra/node/supervise.py, Watcher._resume)."""
+    _wait(lambda: bool(_marker(rf_home, name).get("idle_since")), 30, "the idle countdown")
+    before = _marker(rf_home, name)
+    os.kill(int(before["pid"]), 9)
+    back = _wait(lambda: _marker(rf_home, name).get("pid") not in (None, before["pid"]), 30,
+                 "the watcher started again")
+    after = _marker(rf_home, name)
+    print(f"watcher back {back:.1f}s after kill -9")
+    assert after["idle_since"] == before["idle_since"], (before, after)
+
+
+def _watcher_down_is_reported_and_up_restarts_it(spec: Path, rf_home: Path, temp_dir: str) -> None:
+    """Supervisor and watcher both killed: `status` says the watcher is not running, and `up`
+    (by process identity, not a stale pid) starts it again."""
+    from infra.node import supervise
+
+    pidfile = Path(temp_dir) / "rayfleet-autodown.json.pid"
+    found = supervise.read(pidfile)
+    assert found["supervisor"] and found["child"], found
+    os.kill(found["supervisor"].pid, 9)
+    os.kill(found["child"].pid, 9)
+    _wait(lambda: not supervise.running(pidfile), 10, "the watcher and its supervisor to die")
+    status = run_invoke("status", "--cluster", str(spec))
+    assert "autodown: watcher not running" in status.stdout, status.stdout
+    again = run_invoke("up", "--cluster", str(spec))
+    assert again.returncode == 0, again.stderr
+    assert supervise.status(pidfile)["running"]
+    _wait(lambda: _marker(rf_home, spec.stem).get("pid") == supervise.read(pidfile)["child"].pid,
+          30, "the new watcher's first check")
+    assert "watcher not running" not in run_invoke("status", "--cluster", str(spec)).stdout
 
 
 def test_autodown_settings_in_plan_up_and_bad_values(tmp_path: Path, rf_home: Path) -> None:

@@ -89,3 +89,52 @@ def test_a_silent_watcher_is_not_shown_counting_down() -> None:
     removing = autodown_view.view({**marker, "phase": "removing", "removing_at": marker["checked_at"]},
                              30, now=checked + dt.timedelta(hours=2))
     assert removing.silent_since is None and removing.removed_at
+
+
+def test_a_restarted_watcher_resumes_the_countdown(tmp_path: Path) -> None:
+    """A watcher killed and started again (its supervisor) keeps the countdown of its marker: a
+    restart never buys an idle cluster another idle period. Another cluster's marker is ignored."""
+    clock = Clock()
+    first = _watcher(tmp_path, [[]], clock)
+    assert first.step() is False  # idle from now
+    marker = tmp_path / "marker.json"
+    data = json.loads(marker.read_text())
+    # 40 s ago by the wall clock, as the marker records it.
+    import datetime as dt
+    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=40)
+    data["idle_since"] = since.isoformat(timespec="seconds")
+    marker.write_text(json.dumps(data))
+    again = _watcher(tmp_path, [[], []], Clock())
+    assert again.step() is False
+    resumed = json.loads(marker.read_text())
+    assert resumed["idle_since"] == data["idle_since"] and 39 <= resumed["idle_s"] <= 45
+    clock2 = Clock()
+    later = _watcher(tmp_path, [[], []], clock2)
+    clock2.now = 21  # 40 + 21 s > 60 s: the countdown ends now, not 60 s after the restart
+    assert later.step() is True
+
+    data["cluster_id"] = "another"
+    marker.write_text(json.dumps(data))
+    fresh = _watcher(tmp_path, [[]], Clock())
+    fresh.step()
+    assert json.loads(marker.read_text())["idle_s"] == 0.0
+
+
+def test_status_says_in_one_line_when_the_watcher_is_not_running() -> None:
+    """The marker as read with the supervisor's answer (`watcher_running`): one line when
+    neither the watcher nor its supervisor runs; nothing extra while it runs or is not asked."""
+    marker = {"phase": "watching", "idle_minutes": 30, "idle_since": None,
+              "checked_at": autodown.now_iso(), "detail": "1 job(s) pending or running"}
+    down = autodown_view.with_watcher_status(json.dumps(marker), {"running": False})
+    assert down is not None
+    line = autodown_view.describe(autodown_view.view(json.loads(down), 30))
+    assert line.startswith("autodown: watcher not running") and "\n" not in line, line
+    up = autodown_view.with_watcher_status(json.dumps(marker), {"running": True})
+    assert up is not None
+    assert "not running" not in autodown_view.describe(autodown_view.view(json.loads(up), 30))
+    assert autodown_view.with_watcher_status(json.dumps(marker), None) == json.dumps(marker)
+    # A cluster that removed itself has no watcher to miss.
+    gone = {**marker, "phase": "removed", "removed_at": autodown.now_iso()}
+    text = autodown_view.with_watcher_status(json.dumps(gone), {"running": False})
+    assert text is not None
+    assert "removed itself" in autodown_view.describe(autodown_view.view(json.loads(text), 30))

@@ -57,6 +57,29 @@ def assert_removed_and_cleared(spec: Path, rf_home: Path, slurm: SlurmCluster,
     assert ray_left_on_hosts(slurm, job) == {}
 
 
+def _killed_watcher_comes_back_with_its_countdown(slurm: SlurmCluster,
+                                                  job: dict[str, Any]) -> None:
+    """`kill -9` of the counting watcher on the head's node: its supervisor starts it again
+    within 30 s, counting from the same idle start (infra/node/supervise.py)."""
+    head = next(h for h in slurm.nodes if h.hostname == job["head_node"])
+
+    def marker() -> dict[str, Any]:
+        text = head.run(f"cat {job['temp_dir']}/autodown-marker.json 2>/dev/null").stdout
+        try:
+            return dict(json.loads(text))
+        except ValueError:
+            return {}
+
+    before = wait_until(lambda: marker() if marker().get("idle_since") else None,
+                        "the idle countdown on the head", timeout=30)
+    head.run(f"kill -9 {int(before['pid'])}", check=True)
+    started = time.monotonic()
+    after = wait_until(lambda: (lambda m: m if m.get("pid") not in (None, before["pid"]) else None)(
+        marker()), "the watcher started again", timeout=30)
+    print(f"\n[keeper] watcher back {time.monotonic() - started:.1f}s after kill -9")
+    assert after["idle_since"] == before["idle_since"], (before, after)
+
+
 def test_an_idle_autoscaling_cluster_cancels_its_workers_and_its_head(
         tmp_path: Path, rf_home: Path, slurm_cluster: SlurmCluster, torn_down: Register) -> None:
     # min_workers: 1 puts a worker job in the queue at once; Ray's own idle timeout (5 min) would
@@ -105,6 +128,7 @@ def test_a_busy_fixed_cluster_is_kept_and_removes_itself_once_idle(
 
     ok(invoke("stop-job", "--cluster", str(spec), ray_job))
     stopped = time.monotonic()
+    _killed_watcher_comes_back_with_its_countdown(slurm_cluster, job)
     wait_until(lambda: cluster_jobs(slurm_cluster, job["cluster_id"]) == [] or None,
                "the head's job to leave the queue once idle", timeout=120)
     print(f"\n[keeper] head job gone {time.monotonic() - stopped:.1f}s after the Ray job "

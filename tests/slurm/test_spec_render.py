@@ -160,8 +160,8 @@ def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
     assert script == _render(tmp_path, case), "rendering must be deterministic"
     script = script.replace(shipping.node_zip_base64(), "<node package zip, base64>")
     # No fixed waits: every sleep is a short poll interval (but the restart delay of a failed
-    # idle watcher, after start-up).
-    startup = re.sub(r"until PYTHONPATH=.*?\n *done &\n", "", script, flags=re.S)
+    # head daemon's supervisor, rf_supervised, after start-up).
+    startup = re.sub(r"until PYTHONPATH=.*?\n *done\n", "", script, flags=re.S)
     assert set(re.findall(r"\bsleep\s+([\d.]+)", startup)) <= {"0.1"}
     assert "export RAY_USAGE_STATS_ENABLED=0" in script
     assert "export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0" in script
@@ -328,7 +328,8 @@ def test_every_node_finds_the_tracking_server_and_reads_its_password_from_the_fi
     # The server: after Ray is ready, on the head's address, its store per cluster on the
     # shared work dir, its secrets by path.
     ready = head.index('rf_helper await "$RF_INFO"')
-    start = head.index("-m infra.node.tracking --config")
+    # (under the head daemons' supervisor: rf_supervised CONFIG MODULE)
+    start = head.index('rf_supervised "$RF_HEAD_TEMP/rayfleet-tracking.json" infra.node.tracking &')
     assert ready < start
     assert ('rf_helper tracking-config "$RF_HEAD_TEMP/rayfleet-tracking.json" '
             '"$SLURM_SUBMIT_DIR/tracking/"tracking '

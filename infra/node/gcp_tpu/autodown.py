@@ -64,17 +64,15 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
     every worker `remove` deletes, and that replacement would outlive the head. After `ray stop`
     nothing launches; a launch request already sent shows in the listing a moment later.
     """
-    import contextlib
-    import os
-    import signal
     import subprocess
 
+    from infra.node import supervise
+
     for pid_file in [str(p) for p in args.get("stop_first") or []]:
-        # The queued-slice joiner: stopped, it re-queues nothing while its requests are deleted.
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(Path(pid_file).expanduser().read_text().strip())
-            os.kill(pid, signal.SIGTERM)
-            log(f"stopped the head's daemon {pid_file} (pid {pid})")
+        # The queued-slice joiner and its supervisor (by identity): stopped, it re-queues nothing
+        # while its requests are deleted.
+        if supervise.stop(Path(pid_file).expanduser()):
+            log(f"stopped the head's daemon {pid_file}")
     ray = ray_executable(default="")
     if ray:
         log("stopping Ray on the head, so that its autoscaler launches no more workers")

@@ -1,7 +1,7 @@
 """The head's side of queued TPU slices: join ACTIVE ones to the cluster, replace lost spot ones.
 
 A queue can take hours, so the head does this, not the laptop: `up` installs this daemon on the head
-(through infra/autodown_remote.py, which ships the node package whole) and it runs there with
+(through infra/remote_head.py, which ships the node package whole and supervises it) and it runs there with
 only Ray, requests, Google's client and this package. Every `poll_s` it lists the cluster's
 queued resources (queued.py) in every zone the slices may use, and:
 
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path)
     args = parser.parse_args(argv)
     path = args.config.expanduser()
-    atomic_write(Path(f"{path}.pid"), f"{os.getpid()}\n")
+    # Runs under infra/node/supervise.py, which keeps the pid file and starts it again if it dies.
     Joiner(json.loads(path.read_text())).run()
     return 0
 

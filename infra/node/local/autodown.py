@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -37,7 +37,7 @@ def markers(temp_dir: str, port_base: int) -> list[str | re.Pattern[str]]:
 
 def stop(found: list[str | re.Pattern[str]],
          step: Callable[[int], AbstractContextManager[Any]] = lambda _: contextlib.nullcontext(),
-         spare: int | None = None) -> None:
+         spare: Collection[int] = ()) -> None:
     """Stop every process matching `found` (SIGTERM, short grace, SIGKILL), except `spare`.
 
     Several rounds: after a crashed `up`, a still-running `ray start` may spawn more processes
@@ -46,7 +46,7 @@ def stop(found: list[str | re.Pattern[str]],
     are never signalled (StopError "belong to another user"). `step(n)` wraps each round.
     """
     for _ in range(3):
-        pids = [p for p in rayproc.cluster_processes(found) if p != spare]
+        pids = [p for p in rayproc.cluster_processes(found) if p not in spare]
         if not pids:
             return
         foreign = rayproc.not_ours(pids)
@@ -56,16 +56,19 @@ def stop(found: list[str | re.Pattern[str]],
             left = rayproc.terminate(pids, grace=1.0)
         if left:
             raise StopError(left, "survived SIGKILL")
-    left = [p for p in rayproc.cluster_processes(found) if p != spare]
+    left = [p for p in rayproc.cluster_processes(found) if p not in spare]
     if left:
         raise StopError(left, "are still running")
 
 
 def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
-    """Stop the cluster's Ray processes, never the watcher itself."""
+    """Stop the cluster's Ray processes, never the watcher itself nor its supervisor (whose
+    command line names the watcher's config too): the supervisor ends when the watcher, done,
+    exits 0."""
 
     def step(count: int) -> AbstractContextManager[None]:
         log(f"stopping {count} Ray processes")
         return contextlib.nullcontext()
 
-    stop(markers(str(args["temp_dir"]), int(args["port_base"])), step, spare=os.getpid())
+    stop(markers(str(args["temp_dir"]), int(args["port_base"])), step,
+         spare=(os.getpid(), os.getppid()))

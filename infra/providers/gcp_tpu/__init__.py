@@ -5,8 +5,9 @@ shapes), `config` (spec -> Ray cluster YAML, checked with Ray's own code), `api`
 TPU v2 calls), `preflight` (read-only checks before anything is created), `launcher` (`ray up` /
 `ray down`), `autodown` (the head's removal action) with `autodown_setup` (this machine's side of
 it), `queued` / `slices` / `joiner` (queued TPU slices: the API, the laptop's side, the head's
-daemon) and `provider` (the verbs). This file imports nothing: the registry
-(infra/providers/__init__.py) imports `provider` and `spec` by path when the provider is used, so
-the head-side modules (joiner, autodown) import there with only Ray, requests, Google's client and
-our small core modules (no pydantic).
+daemon), `planning` (what `plan` works out), `removal` (`ray down` and the label sweep), `view`
+(status, the head lookup, readiness) and `provider` (the verbs). Importing it imports neither
+Ray nor Google's libraries, and `Provider`/`Spec` load on first use, so the head-side modules
+(joiner, autodown) import there with only Ray, requests, Google's client and our small core
+modules (no pydantic).
 """

@@ -59,15 +59,16 @@ def install(spec: Spec, state: State, cluster: Resource, target: ssh.SshTarget) 
     if spec.autodown is None:
         if autodown_view.read_marker(autodown_view.marker_path(spec.name)) is not None:
             with contextlib.suppress(RayfleetError):
-                autodown_remote.stop(target)
+                autodown_remote.stop(target, HEAD_PYTHON)
             autodown_view.forget(spec.name)
         return
     with ui.step(f"starting the autodown watcher on the head ({spec.autodown.idle_minutes:g} "
                  "idle minutes)"):
         autodown_remote.install(target, watcher_config(spec, state, cluster), python=HEAD_PYTHON)
         try:
-            poll(lambda: autodown_view.cache_marker(spec.name, autodown_remote.head_marker(target)
-                                                    or "", state.cluster_id),
+            poll(lambda: autodown_view.cache_marker(
+                spec.name, autodown_remote.head_marker(target, HEAD_PYTHON) or "",
+                state.cluster_id),
                  FIRST_MARKER_S, 1, "no marker")
         except PollTimeout:
             ui.warn(f"the autodown watcher on {cluster.attrs['head']} has not reported yet; "

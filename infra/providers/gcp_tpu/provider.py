@@ -13,12 +13,11 @@ import contextlib
 import hashlib
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from infra import auth, autodown_remote, jobs, paths, ssh, tracking, tracking_remote, ui
-from infra.errors import ClusterNotRunningError, RayfleetError, UsageError
+from infra import auth, autodown_remote, jobs, paths, remote_head, ssh, tracking, tracking_remote, ui
+from infra.errors import ClusterNotRunningError, UsageError
 from infra.head import HeadAccess
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
@@ -26,7 +25,6 @@ from infra.providers.base import (
     CostRange,
     Endpoint,
     Plan,
-    PlannedResource,
     ProviderStatus,
     Readiness,
 )
@@ -37,17 +35,17 @@ from infra.providers.gcp_tpu import (
     config,
     firewall,
     launcher,
+    planning,
     preflight,
+    removal,
     slices,
     tracking_setup,
     view,
 )
 from infra.providers.gcp_tpu.launcher import RayRunner
+from infra.providers.gcp_tpu.planning import Preflight
 from infra.providers.gcp_tpu.spec import Spec
 from infra.state import Resource, State
-
-if TYPE_CHECKING:
-    pass
 
 #: The Ray cluster `ray up` made: head plus whatever its autoscaler launched (found by labels).
 CLUSTER = view.CLUSTER
@@ -57,7 +55,7 @@ FIREWALL = firewall.FIREWALL
 SSH_KEY = "ssh-key"
 GCS_PORT = 6379
 #: How long teardown waits for the APIs to show no node of the cluster.
-SWEEP_TIMEOUT_S = 1200
+SWEEP_TIMEOUT_S = removal.SWEEP_TIMEOUT_S
 
 
 def data_dir(cluster: str) -> Path:
@@ -67,22 +65,6 @@ def data_dir(cluster: str) -> Path:
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Preflight:
-    """What `plan` hands `up` (`Plan.extra`): the pre-flight report and the zone order."""
-
-    #: Every check passed; None when pre-flight failed in `plan` (shown there as a note): `up`
-    #: then runs it again and stops on the error.
-    report: preflight.Report | None
-    #: The zones a new cluster tries in order; `files` were rendered for the first. A running
-    #: cluster stays in its recorded zone.
-    zones: tuple[str, ...]
-
-
-def _zone_order(spec: Spec, report: preflight.Report | None) -> tuple[str, ...]:
-    return tuple(report.zones) if report is not None and report.zones else (spec.zone,)
 
 
 class Provider(BaseProvider[Spec, Preflight]):
@@ -141,7 +123,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         recorded = state.find(CLUSTER, self.spec.name) if state is not None else None
         if recorded is not None and recorded.attrs.get("zone") in self.spec.candidate_zones:
             return str(recorded.attrs["zone"])
-        return _zone_order(self.spec, report)[0]
+        return planning.zone_order(self.spec, report)[0]
 
     # --- plan ---------------------------------------------------------------------------------
 
@@ -153,58 +135,11 @@ class Provider(BaseProvider[Spec, Preflight]):
         report, checks = self._plan_preflight(state)
         spec = self._in_zone(self._zone_for(state, report))
         text = self._render(spec, public_key, key_dir / ssh.KEY_NAME, state)
-        running = bool(state and state.resources(CLUSTER))
-        resources = [PlannedResource(
-            "Compute VM: Ray head (runs no tasks)", f"ray-{spec.name}-head",
-            f"{spec.head.machine_type}, {spec.head.disk_size_gb} GB disk, {spec.zone}", running)]
-        for name, t in spec.cpu_workers.items():
-            resources.append(PlannedResource(
-                "Compute VMs: autoscaled CPU workers", name,
-                f"{t.min_workers}..{t.max_workers} × {t.machine_type} ({t.vcpus} CPUs), "
-                f"{t.provisioning}"))
-        notes = []
-        for name, tpu_type in spec.tpu_workers.items():
-            shape = tpu_type.slice
-            resources.append(PlannedResource(
-                "TPU VMs: autoscaled TPU workers", name,
-                f"{tpu_type.min_workers}..{tpu_type.max_workers} × {shape.accelerator_type} "
-                f"({shape.chips} chips, {shape.hosts} host(s), TPU: {shape.chips_per_host} per "
-                f"host), {tpu_type.runtime}, {tpu_type.provisioning}"))
-            if shape.multi_host:
-                notes.append(f"tpu_workers.{name}: a multi-host slice ({shape.hosts} hosts) scales "
-                             "as one unit; Ray's autoscaler handles pods only roughly")
-        for name, queued_slice in spec.queued_slices.items():
-            shape = queued_slice.slice
-            resources.append(PlannedResource(
-                "TPU VMs: queued slices (joined by the head when ACTIVE)", name,
-                f"{queued_slice.count} × {shape.accelerator_type} ({shape.chips} chips, "
-                f"{shape.hosts} host(s)), {queued_slice.runtime}, {queued_slice.provisioning}, "
-                f"zones {', '.join(spec.slice_zones(name))}",
-                bool(state and state.resources(slices.QUEUED))))
-        ranges = spec.dashboard.allowed_source_ranges
-        if ranges:
-            resources.append(PlannedResource(
-                "firewall rule: dashboard", config.firewall_name(spec.name),
-                f"tcp:{spec.dashboard.port} from {', '.join(ranges)} to the head only",
-                bool(state and state.resources(FIREWALL))))
-            notes.append(f"dashboard: http://<head ip>:{spec.dashboard.port} from "
-                         f"{', '.join(ranges)}, and `invoke dashboard` (SSH tunnel)")
-        else:
-            notes.append("dashboard: reachable only through an SSH tunnel (`invoke dashboard`)")
-        if spec.tracking == "mlflow":
-            notes.append(tracking_setup.plan_note(spec))
-        notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
-                     f"at most {spec.max_total} workers ({1 + spec.max_total} nodes with the head)")
-        if spec.zones is not None:
-            fallback = ([z for z in report.zones if z != spec.zone] if report
-                        else [z for z in spec.candidate_zones if z != spec.zone])
-            notes.append(f"zone {spec.zone} (from zones: {', '.join(spec.candidate_zones)}); if "
-                         f"Google has no capacity for the head there, `up` removes what that zone "
-                         f"left and moves on to {', '.join(fallback) or 'no other zone'}")
-        failed = [c.removeprefix(_FAILED) for c in checks if c.startswith(_FAILED)]
-        notes += [c for c in checks if not c.startswith(_FAILED)]
+        resources, notes = planning.rows(spec, state, report)
+        failed, passed = planning.split_checks(checks)
+        notes += passed
         return Plan(resources=resources, files={config.FILE_NAME: text}, notes=notes,
-                    problems=failed, extra=Preflight(report, _zone_order(self.spec, report)))
+                    problems=failed, extra=Preflight(report, planning.zone_order(self.spec, report)))
 
     def _plan_preflight(self, state: State | None) -> tuple[preflight.Report | None, list[str]]:
         """Pre-flight and its notes: `invoke plan` reports problems, `up` refuses to start on them."""
@@ -212,7 +147,7 @@ class Provider(BaseProvider[Spec, Preflight]):
             api, _ = self._api(self.spec.project, self.spec.credentials_file)
             report = preflight.run(self.spec, api, bool(state and state.resources(CLUSTER)))
         except GcpError as exc:
-            return None, [f"{_FAILED}{exc}"]
+            return None, [f"{planning.FAILED}{exc}"]
         return report, [f"pre-flight ✓ {line}" for line in report.passed] + [
             f"pre-flight warning: {line}" for line in report.warnings]
 
@@ -231,7 +166,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         zones = list(plan.extra.zones)
         if report is None:  # pre-flight failed in `plan`: again, to stop on its error
             report = self._preflight(api, bool(existing))
-            zones = list(_zone_order(spec, report))
+            zones = list(planning.zone_order(spec, report))
         # A running cluster stays where it is; a new one tries the usable zones in order.
         if existing:
             zones = [str(existing[0].attrs["zone"])]
@@ -308,7 +243,7 @@ class Provider(BaseProvider[Spec, Preflight]):
                 key_file: str | None) -> Endpoint:
         cluster = state.find(CLUSTER, spec.name)
         assert cluster is not None
-        head = self._head(api, spec.zone, self._label_id(state))
+        head = view.head(api, spec.zone, self._label_id(state), spec.name)
         if (head is not None and head.get("status") == "RUNNING"
                 and cluster.attrs.get("config_sha256") == _sha(text) and self._answers(state)):
             ui.info(f"cluster {spec.name!r} is already running with this config")
@@ -321,7 +256,7 @@ class Provider(BaseProvider[Spec, Preflight]):
                 if code != 0:
                     raise launcher.failure("up", code, log)
             state.update(CLUSTER, spec.name, config_sha256=_sha(text))
-            head = self._head(api, spec.zone, self._label_id(state))
+            head = view.head(api, spec.zone, self._label_id(state), spec.name)
         if head is None:
             raise GcpError(f"gcp-tpu: `ray up` succeeded but no head VM labelled "
                            f"{config.CLUSTER_LABEL}={self._label_id(state)} is in {spec.zone}; see "
@@ -349,8 +284,8 @@ class Provider(BaseProvider[Spec, Preflight]):
         assert recorded is not None
         tracking_setup.start(spec, state, self._head_target(recorded), internal)
         autodown_setup.install(spec, state, recorded, self._head_target(recorded))
-        return Endpoint(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
-                        f"{internal}:{GCS_PORT}")
+        return remote_head.announced(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
+                                     f"{internal}:{GCS_PORT}", None)
 
     def _wait_min_workers(self, spec: Spec, api: Gcp, state: State, zone: str,
                           label_id: str) -> None:
@@ -388,22 +323,9 @@ class Provider(BaseProvider[Spec, Preflight]):
                 step.detail(str(exc))
             return False
 
-    def _head(self, api: Gcp, zone: str, label_id: str) -> dict[str, Any] | None:
-        labels = {**config.sweep_labels(label_id, self.spec.name), "ray-node-type": "head"}
-        heads = [i for i in api.instances(zone, labels)
-                 if i.get("status") not in ("STOPPING", "TERMINATED", "SUSPENDED")]
-        return heads[0] if heads else None
-
     def _wait(self, operations: list[dict[str, Any]], what: str, api: Gcp,
               timeout: float = 300) -> None:
-        pending = list(operations)
-
-        def check(step: ui.Step) -> bool | None:
-            pending[:] = [op for op in pending if api.poll(op, what) is None]
-            step.detail(f"{len(pending)} operation(s) running")
-            return None if pending else True
-
-        ui.wait_for(check, what, timeout=timeout, interval=api.options.poll_interval)
+        view.wait_operations(operations, what, api, timeout)
 
     # --- status and connect --------------------------------------------------------------------
 
@@ -429,7 +351,8 @@ class Provider(BaseProvider[Spec, Preflight]):
         clusters = state.resources(CLUSTER)
         if left is False or not clusters:
             return None  # a deleted head leaves nothing to read
-        return autodown_remote.head_marker(self._head_target(clusters[0]))
+        return autodown_remote.head_marker(self._head_target(clusters[0]),
+                                           autodown_setup.HEAD_PYTHON)
 
     def autodown_left(self, state: State) -> bool | None:
         """Whether the APIs list any VM or TPU node with the recorded clusters' labels."""
@@ -443,25 +366,7 @@ class Provider(BaseProvider[Spec, Preflight]):
     uses_ssh = True
 
     def readiness(self) -> list[Readiness]:
-        """Credentials (read, never refreshed here), then one read of each API the cluster uses:
-        the project (Compute Engine) and the zone's accelerator types (Cloud TPU)."""
-        from infra.node.gcp_tpu.api import find_credentials
-
-        try:
-            found = find_credentials(self.spec.credentials_file, self.spec.source)
-        except GcpError as exc:
-            return [_readiness("Google credentials", exc)]
-        api = Gcp(self.spec.project, found, self._options)
-        rows = [Readiness("Google credentials", True, found.source)]
-        for what, call in (("Compute Engine API", api.get_project),
-                           ("Cloud TPU API", lambda: api.accelerator_types(self.spec.zone))):
-            try:
-                call()
-            except GcpError as exc:
-                rows.append(_readiness(what, exc))
-                break
-            rows.append(Readiness(what, True, f"answers for project {self.spec.project}"))
-        return rows
+        return view.readiness(self.spec, self._options)
 
     def _reachable_head(self, state: State) -> Resource:
         cluster = next((c for c in state.resources(CLUSTER) if c.attrs.get("head_ip")), None)
@@ -527,63 +432,10 @@ class Provider(BaseProvider[Spec, Preflight]):
         state.clear_info()
 
     def _ray_down(self, state: State, cluster: Resource, key_file: str | None) -> None:
-        """Ray's own teardown first (it stops Ray cleanly); the label sweep after it is the proof."""
-        config_path = Path(cluster.attrs["config"])
-        if not config_path.exists():
-            ui.warn(f"{config_path} is gone; skipping `ray down`, the API sweep removes the nodes")
-            return
-        log = paths.home() / "logs" / self.spec.name / "ray-down.log"
-        try:
-            with ui.step(f"ray down (log: {log})") as step:
-                code = self._ray(launcher.down_args(config_path),
-                                 launcher.ray_env(key_file, auth.client_env(state)), log,
-                                 step.detail)
-                if code != 0:
-                    raise launcher.failure("down", code, log)
-        except RayfleetError as exc:
-            ui.warn(f"{exc}; continuing with the API sweep")
-        finally:
-            launcher.remove_config_caches(self.spec.name, str(cluster.attrs.get("project")))
+        removal.ray_down(self._ray, self.spec.name, state, cluster, key_file)
 
     def _sweep(self, api: Gcp, state: State, cluster: Resource) -> None:
-        """Delete every Compute instance and TPU node with the cluster's labels, until the APIs
-        list none; only then forget the cluster."""
-        zone = cluster.attrs["zone"]
-        labels = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
-        pending: dict[str, dict[str, Any]] = {}
-
-        def check(step: ui.Step) -> bool | None:
-            for name, operation in list(pending.items()):
-                if api.poll(operation, f"deleting {name}") is not None:
-                    del pending[name]
-            if pending:
-                step.detail(f"deleting {', '.join(sorted(pending))}")
-                return None
-            instances = api.instances(zone, labels)
-            nodes = api.tpu_nodes(zone, labels)
-            if not instances and not nodes:
-                return True
-            for node in nodes:
-                short = node["name"].rsplit("/", 1)[-1]
-                if node.get("state") != "DELETING":
-                    started = api.delete_tpu_node(node["name"])
-                    if started is not None:
-                        pending[short] = started
-            for instance in instances:
-                # A TPU VM's own Compute instance goes with its TPU node; it cannot be deleted.
-                if "tpu_cores" in instance.get("labels", {}):
-                    continue
-                if instance.get("status") != "STOPPING":
-                    started = api.delete_instance(zone, instance["name"])
-                    if started is not None:
-                        pending[instance["name"]] = started
-            left = [i["name"] for i in instances] + [n["name"].rsplit("/", 1)[-1] for n in nodes]
-            step.detail(f"{len(left)} left: {', '.join(sorted(left)[:4])}")
-            return None
-
-        ui.wait_for(check, f"no VM or TPU of {cluster.id!r} left in {cluster.attrs['project']}/"
-                           f"{zone}", timeout=SWEEP_TIMEOUT_S, interval=api.options.poll_interval)
-        state.remove(CLUSTER, cluster.id)
+        removal.sweep(api, state, cluster)
 
     # --- cost (issue 15) -------------------------------------------------------------------
 
@@ -592,11 +444,3 @@ class Provider(BaseProvider[Spec, Preflight]):
         from infra.providers.gcp_tpu import prices
 
         return prices.cost_range(self.spec)
-
-
-_FAILED = "pre-flight ✗ "
-
-
-def _readiness(what: str, exc: GcpError) -> Readiness:
-    """A failed check, its message split into what is wrong and the fix it names."""
-    return Readiness.failed(what, str(exc).removeprefix("gcp-tpu: "), "see the message")

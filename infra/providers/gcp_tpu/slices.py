@@ -15,7 +15,7 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, autodown_remote, paths, tracking, tracking_remote, ui, versions
+from infra import auth, paths, remote_head, tracking, tracking_remote, ui, versions
 from infra.errors import RayfleetError
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu import joiner, queued
@@ -33,6 +33,8 @@ QUEUED = "gcp-queued-resource"
 TEARDOWN_TIMEOUT_S = 900
 #: Where `status` keeps the last marker read from the head.
 MARKER_FILE = "queued-marker.json"
+#: The head's node environment (setup/), which runs the joiner and its supervisor.
+JOINER_PYTHON = "$HOME/rayfleet/env/bin/python"
 
 
 def slice_requests(spec: Spec, cluster_id: str, owner: str, public_key: str) -> list[queued.SliceRequest]:
@@ -110,22 +112,22 @@ def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
     with ui.step(f"starting the queued-slice joiner on the head ({len(requests)} slice type(s))"):
         # A joiner from an earlier `up` would keep its old config: restart it (its marker stays).
         stop_joiner(target)
-        autodown_remote.install_daemon(
+        remote_head.install_daemon(
             target, "infra.node.gcp_tpu.joiner", joiner.HEAD_CONFIG,
             json.dumps(settings, indent=2) + "\n",
-            python="$HOME/rayfleet/env/bin/python", log=joiner.HEAD_LOG)
+            python=JOINER_PYTHON, log=joiner.HEAD_LOG)
 
 
 def stop_joiner(target: ssh.SshTarget) -> None:
     with contextlib.suppress(RayfleetError):
-        autodown_remote.stop_daemon(target, joiner.HEAD_CONFIG)
+        remote_head.stop_daemon(target, joiner.HEAD_CONFIG, JOINER_PYTHON)
 
 
 def read_marker(target: ssh.SshTarget | None, cluster: str) -> dict[str, Any]:
     """The head's marker (cached here for when the head cannot answer); {} when none."""
     cache = paths.home() / "gcp-tpu" / cluster / MARKER_FILE
     if target is not None:
-        text = autodown_remote.read_file(target, joiner.HEAD_MARKER)
+        text = remote_head.read_file(target, joiner.HEAD_MARKER)
         if text:
             atomic_write(cache, text)
     try:

@@ -1,14 +1,17 @@
 """`invoke status` for gcp-tpu: the cluster's VMs, TPU nodes, queued requests and firewall rule as
-the APIs list them now, the warnings a user must act on, and what it all costs (estimate)."""
+the APIs list them now, the warnings a user must act on, and what it all costs (estimate); and
+the reads `up` and `invoke check` share: the head VM by its labels, waiting on the APIs'
+operations, and the readiness checks."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from infra import ui
 from infra.node import identity
-from infra.node.gcp_tpu.api import Gcp
-from infra.providers.base import Cost, ProviderStatus
+from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
+from infra.providers.base import Cost, ProviderStatus, Readiness
 from infra.providers.gcp_tpu import config, slices
 from infra.providers.gcp_tpu.firewall import FIREWALL
 
@@ -97,3 +100,49 @@ def current_cost(api: Gcp, spec: Spec, state: State, clusters: list[Resource]) -
             tpus += [n for n in api.tpu_nodes(zone, {identity.TAG_CLUSTER: state.cluster_id})
                      if "rayfleet-queued-slice" in (n.get("labels") or {})]
     return prices.current_cost(vms, tpus)
+
+
+def head(api: Gcp, zone: str, label_id: str, name: str) -> dict[str, Any] | None:
+    labels = {**config.sweep_labels(label_id, name), "ray-node-type": "head"}
+    heads = [i for i in api.instances(zone, labels)
+             if i.get("status") not in ("STOPPING", "TERMINATED", "SUSPENDED")]
+    return heads[0] if heads else None
+
+
+def wait_operations(operations: list[dict[str, Any]], what: str, api: Gcp,
+          timeout: float = 300) -> None:
+    pending = list(operations)
+
+    def check(step: ui.Step) -> bool | None:
+        pending[:] = [op for op in pending if api.poll(op, what) is None]
+        step.detail(f"{len(pending)} operation(s) running")
+        return None if pending else True
+
+    ui.wait_for(check, what, timeout=timeout, interval=api.options.poll_interval)
+
+
+def readiness(spec: Spec, options: ApiOptions) -> list[Readiness]:
+    """Credentials (read, never refreshed here), then one read of each API the cluster uses:
+    the project (Compute Engine) and the zone's accelerator types (Cloud TPU)."""
+    from infra.node.gcp_tpu.api import find_credentials
+
+    try:
+        found = find_credentials(spec.credentials_file, spec.source)
+    except GcpError as exc:
+        return [_readiness("Google credentials", exc)]
+    api = Gcp(spec.project, found, options)
+    rows = [Readiness("Google credentials", True, found.source)]
+    for what, call in (("Compute Engine API", api.get_project),
+                       ("Cloud TPU API", lambda: api.accelerator_types(spec.zone))):
+        try:
+            call()
+        except GcpError as exc:
+            rows.append(_readiness(what, exc))
+            break
+        rows.append(Readiness(what, True, f"answers for project {spec.project}"))
+    return rows
+
+
+def _readiness(what: str, exc: GcpError) -> Readiness:
+    """A failed check, its message split into what is wrong and the fix it names."""
+    return Readiness.failed(what, str(exc).removeprefix("gcp-tpu: "), "see the message")

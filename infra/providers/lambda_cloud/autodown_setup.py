@@ -50,7 +50,7 @@ def install(spec: Spec, state: State, target: ssh.SshTarget, head_id: str,
     """Start (or keep) the head's watcher; stop it when the spec turned autodown off."""
     if spec.autodown is None:
         with contextlib.suppress(RayfleetError):
-            autodown_remote.stop(target)
+            autodown_remote.stop(target, HEAD_PYTHON, raycluster.activate(spec))
         return
     key = api.read_api_key()
     if not key:

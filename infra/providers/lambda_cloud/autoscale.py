@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from infra import auth, paths, shipping, ssh, tracking, tracking_remote, ui, versions
+from infra import auth, paths, remote_head, shipping, ssh, tracking, tracking_remote, ui, versions
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster
 
@@ -145,39 +145,24 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
 
     With `start` False (Ray already runs), only the files are replaced: v2 re-reads the config
     every loop."""
-    root = paths.PROJECT_ROOT
-    dirs = [shipping.NODE_DIR]
+    token = auth.token_file(state)
+    files: dict[str, tuple[bytes, int]] = {
+        VERSION_FILE: (versions_line(paths.PROJECT_ROOT).encode(), 0o644),
+        HEAD_API_KEY_FILE: (api_key.encode(), 0o600),
+        BOOTSTRAP_KEY: (private_key.read_bytes(), 0o600),
+        CONFIG_FILE: (config_text.encode(), 0o644),
+        **({TOKEN_FILE: (token.read_bytes(), 0o600)} if token is not None else {})}
+    if spec.tracking == "mlflow":
+        # Before Ray starts: the head's `ray start` reads it, workers get it from here.
+        password = tracking.ensure_credentials(spec.name)
+        files[tracking_remote.NODE_PASSWORD_PATH] = (password.read_bytes(), 0o600)
     if spec.env != "none":
-        dirs.append(raycluster.REMOTE_SETUP.removeprefix("~/"))
+        setup = paths.setup_dir()
+        for file in sorted(p for p in setup.rglob("*") if p.is_file()):
+            files[f"rayfleet/setup/{file.relative_to(setup)}"] = (file.read_bytes(),
+                                                                  file.stat().st_mode & 0o755)
     with ui.step(f"copying the node provider, token and keys to the head {head.ip}"):
-        ssh.run(target, "umask 077 && mkdir -p .rayfleet && chmod 700 .rayfleet && "
-                + "mkdir -p " + " ".join(shlex.quote(d) for d in dirs), timeout=60, check=True)
-        client = ssh.connect(target)
-        try:
-            sftp = client.open_sftp()
-            shipping.upload(sftp)
-            shipping.put(sftp, VERSION_FILE, versions_line(root).encode(), 0o644)
-            token = auth.token_file(state)
-            if token is not None:
-                shipping.put(sftp, TOKEN_FILE, token.read_bytes(), 0o600)
-            shipping.put(sftp, HEAD_API_KEY_FILE, api_key.encode(), 0o600)
-            if spec.tracking == "mlflow":
-                # Before Ray starts: the head's `ray start` reads it, workers get it from here.
-                password = tracking.ensure_credentials(spec.name)
-                shipping.put(sftp, tracking_remote.NODE_PASSWORD_PATH.removeprefix("~/"),
-                             password.read_bytes(), 0o600)
-            shipping.put(sftp, BOOTSTRAP_KEY, private_key.read_bytes(), 0o600)
-            shipping.put(sftp, CONFIG_FILE, config_text.encode(), 0o644)
-            if spec.env != "none":
-                setup = paths.setup_dir()
-                for file in sorted(p for p in setup.rglob("*") if p.is_file()):
-                    inner = file.relative_to(setup)
-                    with_dirs(sftp, str(Path("rayfleet/setup") / inner.parent))
-                    shipping.put(sftp, f"rayfleet/setup/{inner}", file.read_bytes(),
-                         file.stat().st_mode & 0o755)
-            sftp.close()
-        finally:
-            client.close()
+        remote_head.put_files(target, files)
     if not start:
         return
     if spec.env != "none":
@@ -194,16 +179,6 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
                 raise
             ui.warn("Ray's start on the head timed out (a busy machine?); trying once more")
             ssh.run(target, start_command, timeout=spec.ray_timeout_s, check=True)
-
-
-def with_dirs(sftp: Any, remote_dir: str) -> None:
-    path = ""
-    for part in remote_dir.split("/"):
-        path = f"{path}/{part}" if path else part
-        try:
-            sftp.stat(path)
-        except OSError:
-            sftp.mkdir(path)
 
 
 def versions_line(root: Path) -> str:

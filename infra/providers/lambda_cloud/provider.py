@@ -13,14 +13,11 @@ See NOTES.md.
 from __future__ import annotations
 
 import contextlib
-import logging
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from infra import auth, autodown_remote, paths, render, ssh, tracking, tracking_remote, ui
+from infra import auth, autodown_remote, paths, remote_head, ssh, tracking, tracking_remote, ui
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
 from infra.node import identity
@@ -30,7 +27,6 @@ from infra.providers.base import (
     CostRange,
     Endpoint,
     Plan,
-    PlannedResource,
     ProviderStatus,
     Readiness,
 )
@@ -41,43 +37,16 @@ from infra.providers.lambda_cloud import (
     costs,
     firewall,
     fleet,
+    planning,
+    provisioning,
     raycluster,
     tracking_setup,
 )
-from infra.providers.lambda_cloud.spec import Choice, Spec
+from infra.providers.lambda_cloud.planning import Capacity, place
+from infra.providers.lambda_cloud.spec import Spec
 from infra.state import Resource, State
 
-__all__ = ["Provider", "Spec"]  # re-exported lazily by __init__.py
-
-
-def place(spec: Spec, types: dict[str, api.InstanceType]) -> tuple[Choice | None, Choice | None]:
-    """Where `up` would put the head and the workers given a capacity view (same region)."""
-    def has(choice: Choice) -> bool:
-        info = types.get(choice.instance_type)
-        return bool(info and choice.region in info.regions_with_capacity)
-
-    for head in spec.head.choices:
-        if not has(head):
-            continue
-        needed = spec.worker_choices(needed_now=True)
-        worker = next((c for c in spec.worker_choices() if c.region == head.region and has(c)), None)
-        if worker or not needed:
-            return head, worker
-    return None, None
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """What `plan` hands `up` and `cost_range` (`Plan.extra`): Lambda's instance types as listed."""
-
-    #: Instance types by name (prices, regions with capacity); None without a key or on an error.
-    types: dict[str, api.InstanceType] | None = None
-    #: `time.monotonic()` of the listing: `up` launches from it while it is fresher than the
-    #: account's launch interval, instead of asking again.
-    fetched_at: float = 0.0
-
-    def fresh(self, max_age_s: float) -> dict[str, api.InstanceType] | None:
-        return self.types if time.monotonic() - self.fetched_at < max_age_s else None
+__all__ = ["Capacity", "Provider", "Spec", "place"]  # Provider, Spec: re-exported by __init__.py
 
 
 class Provider(BaseProvider[Spec, Capacity]):
@@ -114,141 +83,29 @@ class Provider(BaseProvider[Spec, Capacity]):
     # --- plan -----------------------------------------------------------------------------------
 
     def plan(self, state: State | None) -> Plan[Capacity]:
-        types: dict[str, api.InstanceType] | None = None
+        capacity, problems = planning.listing(self.client)
+        types, slots = capacity.types, self._slots(state)
         notes: list[str] = []
-        problems: list[str] = []
-        fetched_at = 0.0
-        # `up` cannot start without the API: a plan that could not reach it has failed.
-        if api.read_api_key() is None:
-            problems.append("capacity and prices unknown: no Lambda API key (set LAMBDA_API_KEY "
-                            f"or put `api_key = ...` in ~/{api.LAMBDA_KEYS_FILE})")
-        else:
-            try:
-                types = self.client().instance_types()
-                fetched_at = time.monotonic()
-            except RayfleetError as exc:
-                problems.append(f"capacity and prices unknown: {exc}")
-        existing = {fleet.slot_key(str(r.attrs.get("name")), r.attrs): r
-                    for r in (state.resources(fleet.INSTANCE) if state else [])}
-        head_choice, worker_choice = place(self.spec, types) if types else (None, None)
-        resources, hourly = [], 0
-        for slot in self._slots(state):
-            if slot.key in existing:
-                attrs = existing[slot.key].attrs
-                resources.append(PlannedResource(
-                    "Lambda instance", slot.name, f"{existing[slot.key].id}: {attrs.get('instance_type')} "
-                    f"in {attrs.get('region')}, {attrs.get('ip') or 'no IP yet'}", exists=True))
-                hourly += int(attrs.get("price_cents_per_hour") or 0)
-                continue
-            choice = head_choice if slot.role == "head" else worker_choice
-            if choice is not None and types:
-                price = types[choice.instance_type].price_cents_per_hour
-                hourly += price
-                detail = (f"{choice.instance_type} in {choice.region}, "
-                          f"{costs.usd_from_cents(price)}/h (capacity now)")
-            else:
-                pool = self.spec.head.choices if slot.role == "head" else self.spec.worker_choices()
-                detail = "first with capacity of " + ", ".join(str(c) for c in pool)
-                if types:
-                    detail = "NO CAPACITY NOW in any of " + ", ".join(str(c) for c in pool)
-            resources.append(PlannedResource("Lambda instance", slot.name, detail))
-        if self.spec.ssh_key_name:
-            notes.append(f"instances use the account's SSH key {self.spec.ssh_key_name!r}; `ray up` "
-                         f"copies {self.spec.ssh_private_key} to the head as ~/ray_bootstrap_key.pem")
-        else:
-            resources.insert(0, PlannedResource(
-                "Lambda SSH key", f"rayfleet-{self.spec.name}-{identity.ID_PLACEHOLDER}-<fingerprint>",
-                f"public half of {self._key_path()} (generated here, 0600; the private key stays "
-                "here and on the head)", exists=bool(state and state.resources(fleet.SSH_KEY))))
-        ruleset = firewall.ruleset_name(self.spec.name,
-                                        state.cluster_id if state else identity.ID_PLACEHOLDER)
-        sources = ", ".join(self.spec.ssh_source_ranges or ["anywhere"])
-        change = firewall.pending_change(state, self.spec.ssh_source_ranges)
-        resources.append(PlannedResource(
-            "Lambda firewall ruleset", ruleset, f"SSH from {sources}; no Ray port"
-            + (f" (changes at `up`: {change})" if change else ""),
-            exists=bool(state and state.resources(firewall.FIREWALL))))
-        for region in firewall.unfiltered([c.region for _, c in self.spec.all_choices()]):
-            notes.append(f"{region} (accepted by accept_open_regions): Lambda applies no firewall "
-                         f"rules there; nodes placed in {region} are open on every port")
-        if self.spec.autoscaling:
-            for name, kind in (self.spec.worker_types or {}).items():
-                resources.append(PlannedResource(
-                    "Lambda instances (autoscaled)", f"{self.spec.name}-<id>-{name}-*",
-                    f"{kind.min_workers}..{kind.max_workers} x first with capacity of "
-                    + ", ".join(str(c) for c in kind.choices) + "; launched by Ray's autoscaler "
-                    f"on demand, terminated after {self.spec.idle_timeout_minutes:g} idle min"))
+        instances, hourly = planning.instance_rows(self.spec, state, slots, types)
+        keys, others = planning.access_rows(self.spec, state, self._key_path(), notes)
         if types:
-            notes += self._capacity_notes(types)
-            cost = autoscale.hourly_range(self.spec, types)
-            if self.spec.autoscaling and cost:
-                notes.append(f"estimated cost: {costs.usd_from_cents(cost[0])}/h at minimum size, "
-                             f"{costs.usd_from_cents(cost[1])}/h at maximum size (first choices' prices)")
-            else:
-                notes.append(f"estimated cost: {costs.usd_from_cents(hourly)}/h for "
-                             f"{len(self._slots(state))} instance(s)")
+            notes += planning.cost_notes(self.spec, types, hourly, len(slots))
         if self.spec.tracking == "mlflow":
             notes.append(tracking_setup.plan_note(self.spec))
         if self.spec.autoscaling:
             files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
         else:
             files = {raycluster.CONFIG_FILE: self._render(state)}
-        return Plan(resources=resources, files=files, notes=notes, problems=problems,
-                    extra=Capacity(types, fetched_at))
+        return Plan(resources=keys + instances + others, files=files, notes=notes,
+                    problems=problems, extra=capacity)
 
     def _render_autoscaler(self, state: State | None, head: api.Instance | None,
                            types: dict[str, api.InstanceType] | None) -> str:
-        """The autoscaler config; before the head exists, with the first head choice's region."""
-        key = next((str(r.attrs["name"]) for r in (state.resources(fleet.SSH_KEY) if state else [])),
-                   f"rayfleet-{self.spec.name}-{identity.ID_PLACEHOLDER}-<fingerprint>")
-        region = head.region if head else self.spec.head.choices[0].region
-        rulesets = [r.id for r in (state.resources(firewall.FIREWALL) if state else [])
-                    if r.attrs.get("region") == region] or ["<ruleset id>"]
         scale = self._client.limits.scale if self._client else api.Limits.from_env().scale
-        data = autoscale.config(self.spec, state.cluster_id if state else identity.ID_PLACEHOLDER,
-                                state.owner if state else "<owner>", region, key, rulesets, types,
-                                scale, raycluster.private_address(head) if head else None)
-        text = autoscale.render(data)
-        # Ray's defaults for external providers bring empty legacy keys it then warns about.
-        logging.getLogger("ray.autoscaler._private.util").setLevel(logging.ERROR)
-        render.validate_ray_cluster_config(text, f"autoscaler config for {self.spec.name}")
-        return text
-
-    def _capacity_notes(self, types: dict[str, api.InstanceType]) -> list[str]:
-        lines = []
-        for role, choices in (("head", self.spec.head.choices), ("workers", self.spec.worker_choices())):
-            parts = []
-            for choice in choices:
-                info = types.get(choice.instance_type)
-                if info is None:
-                    parts.append(f"{choice} (unknown type)")
-                    continue
-                mark = "capacity" if choice.region in info.regions_with_capacity else "none"
-                parts.append(f"{choice} {costs.usd_from_cents(info.price_cents_per_hour)}/h: {mark}")
-            if parts:
-                lines.append(f"{role} choices now: " + "; ".join(parts))
-        return lines
+        return planning.render_autoscaler(self.spec, state, head, types, scale)
 
     def _render(self, state: State | None, nodes: dict[str, api.Instance] | None = None) -> str:
-        """The Ray config: real addresses when known, else placeholders that say so."""
-        ips: dict[str, str] = {}
-        private: dict[str, str] = {}
-        for r in state.resources(fleet.INSTANCE) if state else []:
-            key = fleet.slot_key(str(r.attrs.get("name")), r.attrs)
-            if r.attrs.get("ip") and key:
-                ips[key] = str(r.attrs["ip"])
-                private[key] = str(r.attrs.get("private_ip") or r.attrs["ip"])
-        for key, inst in (nodes or {}).items():
-            ips[key] = str(inst.ip)
-            private[key] = raycluster.private_address(inst)
-        slots = self._slots(state)
-        head = ips.get(slots[0].key, "HEAD_IP_AFTER_LAUNCH")
-        workers = [ips.get(s.key, f"WORKER_{s.index}_IP_AFTER_LAUNCH") for s in slots[1:]]
-        text = raycluster.render_config(self.spec, head, workers, self._key_path(),
-                                        state.cluster_id if state is not None else identity.ID_PLACEHOLDER,
-                                        private.get(slots[0].key))
-        render.validate_ray_cluster_config(text, f"templates/lambda.yaml.j2 for {self.spec.name}")
-        return text
+        return planning.render_fixed(self.spec, state, self._slots(state), self._key_path(), nodes)
 
     # --- up -------------------------------------------------------------------------------------
 
@@ -262,69 +119,9 @@ class Provider(BaseProvider[Spec, Capacity]):
 
     def provision(self, state: State, run: str | None = None,
                   capacity: Capacity | None = None) -> dict[str, api.Instance]:
-        """Instances only: key, reconcile, launch what is missing, wait for active + SSH.
-
-        `capacity` is the plan's listing, used for the first launch while it is fresh.
-        Returns the instances by slot key (`head`, `worker-<i>`)."""
-        run = run or uuid.uuid4().hex[:8]
-        client = self.client()
-        state.save()  # the cluster id is on disk before anything carries it
-        key_name, _ = fleet.ensure_ssh_key(client, self.spec, state)
-        firewall.sync_recorded(client, state, self.spec.ssh_source_ranges)
-        listed = fleet.adopt_orphans(client, state, run, skip_autoscaled=self.spec.autoscaling)
-        wanted = {s.key for s in self._slots(state)}
-        attrs = {r.id: r.attrs for r in state.resources(fleet.INSTANCE)}
-        live: dict[str, api.Instance] = {}
-        drop = []
-        for inst in sorted(listed, key=lambda i: i.status != "active"):
-            if inst.status in api.GONE:
-                continue
-            key = fleet.slot_key(inst.name, attrs.get(inst.id)) or ""
-            if key not in wanted or key in live or inst.status in api.FAILED:
-                why = ("not in the spec any more" if key not in wanted else
-                       "a duplicate" if key in live else inst.status)
-                ui.info(f"terminating {inst.name} ({inst.id}): {why}")
-                drop.append(inst.id)
-            else:
-                live[key] = inst
-        fleet.terminate(client, state, drop)
-        regions = {i.region for i in live.values()}
-        if self.spec.file_system and not regions:
-            regions = {self._file_system_region(client)}
-        missing = [s for s in self._slots(state) if s.key not in live]
-        if missing:
-            types = capacity.fresh(client.limits.launch_interval) if capacity else None
-            launcher = fleet.Launcher(
-                client, self.spec, state, key_name, run, types,
-                rulesets=lambda region: [self._ruleset(state, region)],
-                extra_tags=(lambda slot: autoscale.head_tags(self.spec)) if self.spec.autoscaling
-                else None)
-            launcher.launch(missing, next(iter(regions)) if regions else None)
-        nodes = fleet.wait_ready(client, state, lambda i: self._target(str(i.ip)),
-                                 self.spec.boot_timeout_s)
-        by_key = {}
-        for inst in nodes.values():
-            resource = state.update(fleet.INSTANCE, inst.id, ip=inst.ip, private_ip=inst.private_ip,
-                                    status=inst.status)
-            by_key[fleet.slot_key(inst.name, resource.attrs) or inst.name] = inst
-        return by_key
-
-    def _ruleset(self, state: State, region: str) -> str:
-        return firewall.ensure(self.client(), state, region, self.spec.ssh_source_ranges)
-
-    def _file_system_region(self, client: api.LambdaClient) -> str:
-        """A file system lives in one region, which then is the cluster's."""
-        name = self.spec.file_system
-        found = next((f for f in client.file_systems() if f.name == name), None)
-        if found is None:
-            raise fleet.LambdaProvisionError(
-                f"{self.spec.source}: file_system: no file system named {name!r} in the account; "
-                "create it in the Lambda console or remove the key")
-        if not any(c.region == found.region for c in self.spec.head.choices):
-            raise fleet.LambdaProvisionError(
-                f"{self.spec.source}: file_system: {name!r} is in {found.region} but no head "
-                f"choice is; add a choice in {found.region}")
-        return found.region
+        """Instances only (provisioning.py); by slot key (`head`, `worker-<i>`)."""
+        return provisioning.provision(self.client(), self.spec, state, self._slots(state),
+                                      run or uuid.uuid4().hex[:8], capacity, self._target)
 
     def _start_ray(self, state: State, nodes: dict[str, api.Instance]) -> Endpoint:
         slots = self._slots(state)
@@ -352,9 +149,7 @@ class Provider(BaseProvider[Spec, Capacity]):
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
         tracking_setup.start(self.spec, state, self.client(), head_target, head)
         autodown_setup.install(self.spec, state, head_target, head.id, self.client())
-        return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
-                        "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
-                        token_path=auth.token_file(state))
+        return self._announced(head, auth.token_file(state))
 
     def _start_autoscaler(self, state: State, head: api.Instance) -> Endpoint:
         """Ray and the autoscaler on the head (autoscale.py); wait for min_workers to join."""
@@ -380,9 +175,12 @@ class Provider(BaseProvider[Spec, Capacity]):
             raycluster.wait_workers(url, minimum, self.spec.ray_timeout_s, token)
         tracking_setup.start(self.spec, state, client, target, head)
         autodown_setup.install(self.spec, state, target, head.id, client)
-        return Endpoint(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head {head.ip} "
-                        "(SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}", tunneled=True,
-                        token_path=token)
+        return self._announced(head, token)
+
+    def _announced(self, head: api.Instance, token: Path | None) -> Endpoint:
+        return remote_head.announced(f"http://127.0.0.1:{raycluster.DASHBOARD_PORT} on the head "
+                                     f"{head.ip} (SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}",
+                                     token, tunneled=True)
 
     def _all_alive(self, head: ssh.SshTarget, expected: dict[str, set[str]],
                    token_path: Path | None) -> bool:
@@ -449,27 +247,9 @@ class Provider(BaseProvider[Spec, Capacity]):
         return self.with_autodown(status, report, "all instances of the cluster are terminated")
 
     def cost_range(self, plan: Plan[Capacity] | None) -> CostRange | None:
-        """$/h at min and max size from Lambda's prices (the head's and each type's first choice)
-        in the plan's listing; None without a plan, an API key or prices."""
+        """$/h at min and max size from the plan's listing; None without a plan or prices."""
         types = plan.extra.types if plan is not None else None
-        if types is None:
-            return None
-        workers = list((self.spec.worker_types or {}).values())
-        if self.spec.autoscaling:
-            cents = autoscale.hourly_range(self.spec, types)
-            low_nodes = 1 + sum(k.min_workers for k in workers)
-            high_nodes = 1 + sum(k.max_workers for k in workers)
-        else:
-            head = types.get(self.spec.head.choices[0].instance_type)
-            worker = (types.get(self.spec.workers.choices[0].instance_type)
-                      if self.spec.workers.choices else None)
-            count = self.spec.workers.count
-            cents = None if head is None else (
-                head.price_cents_per_hour + count * (worker.price_cents_per_hour if worker else 0),) * 2
-            low_nodes = high_nodes = 1 + count
-        if cents is None:
-            return None
-        return CostRange(low_nodes, high_nodes, cents[0] / 100, cents[1] / 100, costs.SOURCE)
+        return None if types is None else planning.cost_range(self.spec, types)
 
     # The head terminates its own instance: its last marker may never reach this machine.
     autodown_last_word_may_be_lost = True
@@ -478,7 +258,8 @@ class Provider(BaseProvider[Spec, Capacity]):
         head_ip = state.info.get("head_ip")
         if left is False or not head_ip:
             return None  # a terminated head leaves nothing to read
-        return autodown_remote.head_marker(self._target(str(head_ip)))
+        return autodown_remote.head_marker(self._target(str(head_ip)), autodown_setup.HEAD_PYTHON,
+                                           raycluster.activate(self.spec))
 
     def autodown_left(self, state: State) -> bool | None:
         """Whether the API lists any instance of the state as not terminated."""

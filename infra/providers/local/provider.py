@@ -20,10 +20,10 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from infra import auth, autodown_view, jobs, paths, render, tracking, ui
+from infra import auth, autodown_view, jobs, paths, remote_head, render, tracking, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.head import HeadAccess
-from infra.node import autodown, rayproc
+from infra.node import autodown, rayproc, supervise
 from infra.node.local import autodown as local_autodown
 from infra.node.where import ray_executable
 from infra.providers.base import (
@@ -181,12 +181,10 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
 
     def _endpoint(self, block: rayproc.PortBlock, state: State) -> Endpoint:
         mlflow = self.spec.tracking == "mlflow"
-        return Endpoint(f"http://127.0.0.1:{block.dashboard}", f"127.0.0.1:{block.gcs}",
-                        token_path=auth.token_file(state),
-                        tracking_url=f"http://127.0.0.1:{block.tracking}" if mlflow else None,
-                        tracking_password=tracking.password_path(self.spec.name) if mlflow else None,
-                        serve_url=f"http://127.0.0.1:{block.serve_http}",
-                        serve_bind=("127.0.0.1", block.serve_http))
+        return remote_head.direct(f"127.0.0.1:{block.gcs}", auth.token_file(state),
+                                  ("127.0.0.1", block.dashboard), ("127.0.0.1", block.serve_http),
+                                  ("127.0.0.1", block.tracking) if mlflow else None,
+                                  tracking.password_path(self.spec.name) if mlflow else None)
 
     def create(self, state: State, plan: Plan[rayproc.PortBlock]) -> Endpoint:
         block = plan.extra
@@ -232,7 +230,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         # slow `up` (bench/tracking_up.py). Nodes know its URL already; MLflow's client retries
         # while it comes up. The head is new, so no server of it runs yet: no process scan.
         self._ensure_tracking(state, block, new_head=True)
-        self._ensure_watcher(state, block, endpoint)
+        self._ensure_watcher(state, block, endpoint, new_head=True)
         return endpoint
 
     def _ensure_tracking(self, state: State, block: rayproc.PortBlock,
@@ -252,7 +250,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         store = tracking.local_store(self.spec.name)
         if state.info.get("tracking_store") != str(store):
             state.set_info(tracking_store=str(store))
-        if not new_head and rayproc.cluster_processes([str(config_path)]):
+        if not new_head and supervise.running(tracking.pid_path(config_path)):
             return
         password = tracking.ensure_credentials(self.spec.name)
         log = paths.home() / "logs" / self.spec.name / "mlflow.log"
@@ -263,7 +261,8 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             log_path=str(log)))
         tracking.start_detached(config_path, paths.PROJECT_ROOT, log)
 
-    def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint) -> None:
+    def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint,
+                        new_head: bool = False) -> None:
         """Start the idle watcher (infra/node/autodown.py) beside the head unless one runs already.
 
         It runs detached from this command, so the cluster removes itself with this terminal and
@@ -276,9 +275,13 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             return
         tmp = self._temp_dir(state)
         config_path = Path(tmp) / local_autodown.CONFIG_FILE
-        if rayproc.cluster_processes([str(config_path)]):
+        pidfile = Path(f"{config_path}.pid")
+        if supervise.running(pidfile):
             return
-        marker.unlink(missing_ok=True)
+        if new_head:
+            # A watcher that died on a head that lives on keeps its countdown (it resumes from
+            # the marker); a new head starts a new one.
+            marker.unlink(missing_ok=True)
         autodown.write_config(config_path, autodown.Config(
             cluster=self.spec.name, cluster_id=state.cluster_id,
             idle_minutes=self.spec.autodown.idle_minutes, dashboard_url=endpoint.dashboard_url,
@@ -286,13 +289,20 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             action_args={"temp_dir": tmp, "port_base": block.base},
             token_path=str(endpoint.token_path) if endpoint.token_path else None))
         log = paths.home() / "logs" / self.spec.name / "autodown.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("a") as out:
-            subprocess.Popen([sys.executable, "-m", "infra.node.autodown", "--config", str(config_path)],
-                             cwd=paths.PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+        # Supervised (infra/node/supervise.py): a watcher that dies is back within seconds.
+        supervise.ensure([sys.executable, "-m", "infra.node.autodown", "--config", str(config_path)],
+                         pidfile, log, cwd=str(paths.PROJECT_ROOT))
         ui.info(f"autodown: the cluster stops itself after {self.spec.autodown.idle_minutes:g} "
                 f"idle minutes (watcher log {log})")
+
+    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
+        """The marker the watcher writes here itself, with whether it (or its supervisor) runs."""
+        heads = state.resources(HEAD)
+        marker = autodown_view.marker_path(self.spec.name)
+        if not heads or self.spec.autodown is None or not marker.exists():
+            return None
+        pidfile = Path(heads[0].id) / f"{local_autodown.CONFIG_FILE}.pid"
+        return autodown_view.with_watcher_status(marker.read_text(), supervise.status(pidfile))
 
     def _markers(self, state: State) -> list[str | re.Pattern[str]]:
         markers: list[str | re.Pattern[str]] = []
@@ -323,7 +333,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         if not heads:
             return ProviderStatus(False, "not running")
         pids = rayproc.cluster_processes(self._markers(state))
-        report = self.autodown_report(state, left=bool(pids))
+        report = self.autodown_report(state, fetch=True, left=bool(pids))
         if not pids and report is not None and report.removed_at:
             return self.with_autodown(ProviderStatus(False, "", cost=Cost(0, 0.0, source=FREE)),
                                       report, f"no process of local cluster {self.spec.name!r} "

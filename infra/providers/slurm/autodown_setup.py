@@ -14,8 +14,9 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from infra import autodown_view, remote_head
 from infra.errors import RayfleetError
-from infra.node.slurm.autodown import MARKER_FILE, RECORD_SUFFIX
+from infra.node.slurm.autodown import CONFIG_FILE, MARKER_FILE, RECORD_SUFFIX
 from infra.providers.slurm import cluster
 
 if TYPE_CHECKING:
@@ -25,16 +26,23 @@ if TYPE_CHECKING:
 
 
 def live_marker(runner: Runner, job: Resource) -> str | None:
-    """The watcher's marker on the head's node; quietly None when the node does not let us in."""
+    """The watcher's marker on the head's node, with whether the watcher (or its supervisor)
+    runs; quietly None when the node does not let us in."""
     head_ip, temp = job.attrs.get("head_ip"), job.attrs.get("temp_dir")
     if not head_ip or not temp:
         return None
+    folder = shlex.quote(str(temp))
+    # The batch script records the Python that runs the head's daemons (python-path).
+    status = (f'PYTHONPATH="$(ls {folder}/rayfleet-node-*.zip | head -n 1)" '
+              f'"$(cat {folder}/python-path)" -m infra.node.supervise status --pidfile '
+              f"{shlex.quote(f'{temp}/{CONFIG_FILE}.pid')}")
+    command = remote_head.with_status_command(f"cat {shlex.quote(f'{temp}/{MARKER_FILE}')}",
+                                              status)
     try:
-        result = runner.on_node(str(head_ip), f"cat {shlex.quote(f'{temp}/{MARKER_FILE}')}",
-                                timeout=20)
+        result = runner.on_node(str(head_ip), command, timeout=20)
     except RayfleetError:
         return None
-    return result.stdout if result.ok and result.stdout.strip() else None
+    return autodown_view.with_watcher_status(*remote_head.split_status(result.stdout))
 
 
 def record(runner: Runner, spec: Spec, job: Resource) -> str | None:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from infra import auth, autodown_view, jobs, tracking, ui, versions
+from infra import auth, autodown_view, jobs, remote_head, tracking, ui, versions
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
 from infra.node import identity, rayproc
@@ -183,7 +183,7 @@ class Provider(BaseProvider[Spec, None]):
             ui.info(f"MLflow tracking server: starting in the head's job on {info['head_ip']}, "
                     f"store {self._tracking_store()} (kept after teardown); every node's jobs "
                     "find it; `invoke mlflow` opens its UI")
-        return Endpoint(info["dashboard_url"], info["address"], token_path=token)
+        return remote_head.announced(info["dashboard_url"], info["address"], token)
 
     def _secrets(self, state: State) -> tuple[str, dict[str, str]]:
         """Where the nodes read the cluster's secrets (the submit dir's keys/<cluster id>/, a 0700
@@ -402,19 +402,16 @@ class Provider(BaseProvider[Spec, None]):
             block = rayproc.PortBlock(int(job.attrs.get("port_base") or
                                           int(port) - rayproc.PortBlock(0).dashboard))
             mlflow = self.spec.tracking == "mlflow"
-            # One SSH connection into the head's node: the dashboard and Serve's proxy on its
-            # loopback, the tracking server on the head's address (where the nodes reach it).
-            remotes = [("127.0.0.1", int(port)), ("127.0.0.1", block.serve_http)]
-            if mlflow:
-                remotes.append((str(head_ip), block.tracking))
-            with runner.tunnels(str(head_ip), remotes) as urls:
-                yield Endpoint(urls[0], f"{head_ip}:{job.attrs['gcs_port']}",
-                               tunneled=urls[0] != f"http://127.0.0.1:{port}",
-                               token_path=auth.token_file(state),
-                               tracking_url=urls[2] if mlflow else None,
-                               tracking_password=(tracking.password_path(self.spec.name)
-                                                  if mlflow else None),
-                               serve_url=urls[1], serve_bind=("127.0.0.1", block.serve_http))
+            # One SSH connection into the head's node (through the login host if remote; none
+            # when it is this machine): the dashboard and Serve's proxy on its loopback, the
+            # tracking server on the head's address (where the nodes reach it).
+            with remote_head.endpoint(
+                    runner.node_target(str(head_ip)), f"{head_ip}:{job.attrs['gcs_port']}",
+                    auth.token_file(state), ("127.0.0.1", int(port)),
+                    ("127.0.0.1", block.serve_http),
+                    (str(head_ip), block.tracking) if mlflow else None,
+                    tracking.password_path(self.spec.name) if mlflow else None) as endpoint:
+                yield endpoint
 
     # --- teardown ------------------------------------------------------------------------------
 

@@ -56,29 +56,15 @@ class Runner(abc.ABC):
                     "or submit.host to your cluster's login host")
         return ""
 
-    @contextlib.contextmanager
-    def tunnel(self, node: str, port: int) -> Iterator[str]:
-        """Yield a base URL on this machine that reaches 127.0.0.1:port *of the compute node*
-        `node` (an address as the cluster sees it): the head's dashboard listens on its loopback
-        only, so the tunnel ends on that node (SSH into it, through the login host if remote)."""
-        with self.tunnels(node, [("127.0.0.1", port)]) as urls:
-            yield urls[0]
-
-    @abc.abstractmethod
-    def tunnels(self, node: str, remotes: list[tuple[str, int]]
-                ) -> contextlib.AbstractContextManager[list[str]]:
-        """`tunnel` to several (host, port) as the compute node `node` sees them, through one
-        SSH connection: the tracking server listens on the head's address, not its loopback."""
-
     @abc.abstractmethod
     def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
         """Run `command` on the compute node `node` (SSH into it, through the login host if
-        remote, as the dashboard tunnel does): for files in a job's private dir on that node."""
+        remote, as the endpoint's tunnels do): for files in a job's private dir on that node."""
 
     @abc.abstractmethod
     def node_target(self, node: str) -> ssh.SshTarget | None:
-        """How to log into the compute node `node`, as `tunnel` and `on_node` do; None when the
-        node is this machine."""
+        """How to log into the compute node `node` (the endpoint's tunnels, `on_node`); None when
+        the node is this machine."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -108,15 +94,6 @@ class LocalRunner(Runner):
         # This machine submits, so it is on the cluster's network: SSH into the node directly.
         return ssh.SshTarget(host=node, user=getpass.getuser(), key_path=_default_key(),
                              **_host_keys(self._submit))
-
-    @contextlib.contextmanager
-    def tunnels(self, node: str, remotes: list[tuple[str, int]]) -> Iterator[list[str]]:
-        target = self.node_target(node)
-        if target is None:  # the head runs here: its addresses are ours
-            yield [f"http://{host}:{port}" for host, port in remotes]
-            return
-        with ssh.tunnels(target, remotes) as ports:
-            yield [f"http://127.0.0.1:{port}" for port in ports]
 
     def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
         target = self.node_target(node)
@@ -167,12 +144,6 @@ class SshRunner(Runner):
         # the login host's user and key.
         return ssh.SshTarget(host=node, user=self.target.user, key_path=self.target.key_path,
                              proxy_command=via(self.target), **_host_keys(self._submit))
-
-    @contextlib.contextmanager
-    def tunnels(self, node: str, remotes: list[tuple[str, int]]) -> Iterator[list[str]]:
-        # The forwards end on the node itself (its loopback, where the head's dashboard listens).
-        with ssh.tunnels(self.node_target(node), remotes) as ports:
-            yield [f"http://127.0.0.1:{port}" for port in ports]
 
     def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
         return ssh.run(self.node_target(node), command, timeout=timeout)

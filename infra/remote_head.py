@@ -1,0 +1,227 @@
+"""Reaching a cluster's head from this machine: the one home for every provider whose head is
+behind SSH (Lambda, GCP, a Slurm head on a compute node), and for the endpoint every provider
+returns.
+
+- **The endpoint** (`endpoint`): the dashboard, Serve's proxy and the tracking server, through
+  one SSH login's tunnels (or directly, for a head on this machine), as one `Endpoint` built one
+  way (`build`). Long-lived tunnels for a shell that outlives rayfleet are infra/tunnels.py.
+- **The node package** (`put_files`): the zip of infra/node/ (infra/shipping.py) and any file a
+  daemon needs (configs, secrets, 0600), in one SFTP session, never on a command line.
+- **Node modules on the head** (`node_command`): `python -m infra.node.<module>` with that zip
+  on its PYTHONPATH, in the head's node environment.
+- **Supervised daemons** (`install_daemon`, `stop_daemon`, `read_with_status`): the public "run this
+  argv supervised on the head". Every head daemon (the idle watcher, the tracking server, GCP's
+  joiner, and any later one) runs under infra/node/supervise.py, which starts it again within
+  seconds when it dies and keeps its pid file by process identity (pid + start time). On this
+  machine the same supervisor is `infra.node.supervise.ensure`.
+
+Core layer: never imports a provider, never branches on a provider's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from infra import shipping, ssh
+from infra.endpoint import Endpoint
+from infra.errors import RayfleetError
+
+#: Where head daemons keep their configs and pid files (0700, as the token's folder).
+PRIVATE_DIR = ".rayfleet"
+
+
+def home_word(path: str) -> str:
+    """A `~/`-relative (or absolute) path as a double-quoted shell word that expands on the head."""
+    return f'"{path}"' if path.startswith("/") else '"$HOME/' + path.removeprefix("~/") + '"'
+
+
+def _relative(path: str) -> str:
+    """`~/x` -> `x`: SFTP paths are relative to the login's home."""
+    return path.removeprefix("~/")
+
+
+# --- the endpoint ------------------------------------------------------------------------------
+
+
+def direct(address: str, token_path: Path | None, dashboard: tuple[str, int],
+           serve: tuple[str, int], tracking: tuple[str, int] | None = None,
+           tracking_password: Path | None = None) -> Endpoint:
+    """The endpoint of a head this machine reaches directly (the local provider, a Slurm head on
+    this host): each (host, port) as is."""
+    remotes = [dashboard, serve] + ([tracking] if tracking else [])
+    return _endpoint([f"http://{host}:{port}" for host, port in remotes], address, token_path,
+                     serve, tracking_password, tunneled=False)
+
+
+@contextlib.contextmanager
+def endpoint(target: ssh.SshTarget | None, address: str, token_path: Path | None,
+             dashboard: tuple[str, int], serve: tuple[str, int],
+             tracking: tuple[str, int] | None = None,
+             tracking_password: Path | None = None) -> Iterator[Endpoint]:
+    """The cluster's endpoint while the block runs: each (host, port) as the head sees it, reached
+    from here through ONE SSH login's tunnels into `target` (every command that connects pays
+    one handshake), or directly when `target` is None (the head is this machine)."""
+    if target is None:
+        yield direct(address, token_path, dashboard, serve, tracking, tracking_password)
+        return
+    remotes = [dashboard, serve] + ([tracking] if tracking else [])
+    with ssh.tunnels(target, remotes) as ports:
+        yield _endpoint([f"http://127.0.0.1:{port}" for port in ports], address, token_path,
+                        serve, tracking_password, tunneled=True)
+
+
+def announced(dashboard: str, address: str, token_path: Path | None,
+              tunneled: bool = False) -> Endpoint:
+    """What `up` reports of a cluster it started: where its dashboard is, in words where no URL
+    from here exists yet ("... on the head (SSH tunnel)"), and its Ray address; `connect` gives
+    the endpoint to use."""
+    return Endpoint(dashboard, address, tunneled=tunneled, token_path=token_path)
+
+
+def _endpoint(urls: list[str], address: str, token_path: Path | None, serve: tuple[str, int],
+              tracking_password: Path | None, tunneled: bool) -> Endpoint:
+    """The one place an `Endpoint` is made from URLs: [dashboard, serve, tracking?]."""
+    tracked = len(urls) > 2
+    return Endpoint(urls[0], address, tunneled=tunneled, token_path=token_path,
+                    tracking_url=urls[2] if tracked else None,
+                    tracking_password=tracking_password if tracked else None,
+                    serve_url=urls[1], serve_bind=serve)
+
+
+# --- files and node modules on the head --------------------------------------------------------
+
+
+def _mkdirs(sftp: Any, folders: set[str]) -> None:
+    """The private dir (0700), the node package's dir and `folders` (home-relative, with their
+    parents), as SFTP creates them: no shell, no extra round trip."""
+    wanted = {PRIVATE_DIR, shipping.NODE_DIR, *folders}
+    every = sorted({"/".join(f.split("/")[:i + 1]) for f in wanted
+                    for i in range(len(f.split("/")))})
+    for folder in every:
+        try:
+            sftp.stat(folder)
+        except OSError:
+            sftp.mkdir(folder, 0o700 if folder == PRIVATE_DIR else 0o755)
+    sftp.chmod(PRIVATE_DIR, 0o700)
+
+
+def put_files(target: ssh.SshTarget, files: dict[str, tuple[bytes, int]] | None = None,
+              client: Any = None) -> str:
+    """Put the node package's zip and `files` (`~/`-relative path -> (content, mode)) on the
+    head in one SFTP session (their folders made as needed, the private one 0700), each file
+    created with its mode before any byte is in it; returns the zip's home-relative path."""
+    own = client is None
+    client = client or ssh.connect(target)
+    try:
+        sftp = client.open_sftp()
+        _mkdirs(sftp, {str(Path(_relative(r)).parent) for r in (files or {})} - {"."})
+        remote_zip = shipping.upload(sftp)
+        for remote, (data, mode) in (files or {}).items():
+            shipping.put(sftp, _relative(remote), data, mode)
+        sftp.close()
+    finally:
+        if own:
+            client.close()
+    return remote_zip
+
+
+def node_command(module: str, args: str, python: str = "python3", activate: str = "",
+                 node_zip: str | None = None) -> str:
+    """Shell that runs `python -m <module> <args>` on the head with the node package on its
+    PYTHONPATH: this checkout's zip (`put_files` puts it there), or, when the head lacks it (this
+    checkout changed since `up`), the newest one the head has. `args` is shell, already quoted."""
+    wanted = home_word(node_zip or shipping.head_path())
+    newest = f'$(ls -t "$HOME/{shipping.NODE_DIR}"/*.zip 2>/dev/null | head -n 1)'
+    return (f'{activate}rf_zip={wanted}; [ -f "$rf_zip" ] || rf_zip="{newest}"; '
+            f'PYTHONPATH="$rf_zip" "{python}" -m {module} {args}')
+
+
+def read_file(target: ssh.SshTarget, path: str) -> str | None:
+    """A small file on the head (`~/`-relative), or None when the head cannot say."""
+    try:
+        result = ssh.run(target, f"cat {home_word(path)}", timeout=20)
+    except RayfleetError:
+        return None
+    return result.stdout if result.ok and result.stdout.strip() else None
+
+
+# --- supervised daemons ------------------------------------------------------------------------
+
+
+def pidfile(config_path: str) -> str:
+    """The supervisor's pid file of the daemon configured by `config_path` (beside it)."""
+    return f"{config_path}.pid"
+
+
+def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_text: str,
+                   secrets: dict[str, bytes] | None = None, python: str = "python3",
+                   activate: str = "", log: str = "") -> None:
+    """Run `python -m <module> --config <config_path>` (a module of the node package) on the
+    head, supervised: started again within seconds whenever it dies, until it exits 0.
+
+    The public "run this daemon supervised on the head". Puts the package's zip, `config_text`
+    (0600) and `secrets` (`~/`-relative path -> content, 0600) on the head through SFTP, then, in
+    one SSH command, starts the supervisor unless one runs for this config (by identity, never
+    by a bare pid). A running daemon whose config differs (another checkout's code: the config
+    names the zip) is stopped and started with the new one. `config_path` and `log` are
+    `~/`-relative paths on the head; no secret is on any command line.
+    """
+    wanted = {**json.loads(config_text), "node_package": shipping.zip_name()}
+    staged = f"{config_path}.new"
+    files = {remote: (data, 0o600) for remote, data in (secrets or {}).items()}
+    files[staged] = ((json.dumps(wanted, indent=2) + "\n").encode(), 0o600)
+    remote_zip = put_files(target, files)
+    daemon = f'"{python}" -m {module} --config {home_word(config_path)}'
+    args = (f"ensure --pidfile {home_word(pidfile(config_path))} "
+            f"--log {home_word(log or f'{config_path}.log')} "
+            f"--replace-config {home_word(staged)} {home_word(config_path)} -- {daemon}")
+    ssh.run(target, "cd \"$HOME\" && " + node_command("infra.node.supervise", args, python,
+                                                     activate, remote_zip),
+            timeout=60, check=True)
+
+
+def stop_daemon(target: ssh.SshTarget, config_path: str, python: str = "python3",
+                activate: str = "") -> None:
+    """Stop a head daemon and its supervisor (exactly the processes its pid file identifies) and
+    remove its config."""
+    stop = node_command("infra.node.supervise",
+                        f"stop --pidfile {home_word(pidfile(config_path))}", python, activate)
+    ssh.run(target, f"{stop}; rm -f {home_word(config_path)}", timeout=30)
+
+
+#: Between a file's content and a daemon's status in one command's output.
+_STATUS_SEPARATOR = "--rayfleet-daemon-status--"
+
+
+def with_status_command(read: str, status: str) -> str:
+    """Shell that prints a file (`read`), then a daemon's status (`status`, a `supervise status`
+    command), for `split_status`: one round trip for both."""
+    return f"{read} 2>/dev/null; echo; echo {shlex.quote(_STATUS_SEPARATOR)}; {status}"
+
+
+def split_status(output: str) -> tuple[str | None, dict[str, Any] | None]:
+    """(the file's text or None, the daemon's status or None) from `with_status_command`'s output."""
+    text, _, rest = output.partition(_STATUS_SEPARATOR)
+    try:
+        found = json.loads(rest.strip().splitlines()[-1]) if rest.strip() else None
+    except ValueError:
+        found = None
+    return (text if text.strip() else None), (found if isinstance(found, dict) else None)
+
+
+def read_with_status(target: ssh.SshTarget, path: str, config_path: str, python: str = "python3",
+                     activate: str = "") -> tuple[str | None, dict[str, Any] | None]:
+    """A small file on the head and a daemon's status, in one SSH command (`status` reads the
+    watcher's marker and whether the watcher runs)."""
+    status = node_command("infra.node.supervise",
+                          f"status --pidfile {home_word(pidfile(config_path))}", python, activate)
+    try:
+        result = ssh.run(target, with_status_command(f"cat {home_word(path)}", status), timeout=30)
+    except RayfleetError:
+        return None, None
+    return split_status(result.stdout)
