@@ -27,12 +27,17 @@ _EPOCH = (2020, 1, 1, 0, 0, 0)
 
 
 @functools.cache
-def node_zip() -> bytes:
-    """`infra/__init__.py` and the whole `infra/node/` tree (.py files), deterministic."""
+def node_zip(subpackages: tuple[str, ...] | None = None) -> bytes:
+    """`infra/__init__.py` and the whole `infra/node/` tree (.py files), deterministic.
+
+    With `subpackages`, only infra/node/'s own modules and those subpackages of it (e.g.
+    ("slurm",)): for a zip that must stay small, the other providers' node code stays out."""
     top = Path(infra.__file__).parent
+    node = Path(infra.node.__file__).parent
     files = [top / "__init__.py"]
-    files += sorted(p for p in Path(infra.node.__file__).parent.rglob("*.py")
-                    if "__pycache__" not in p.parts)
+    files += sorted(p for p in node.rglob("*.py") if "__pycache__" not in p.parts
+                    and (subpackages is None or len(p.relative_to(node).parts) == 1
+                         or p.relative_to(node).parts[0] in subpackages))
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in files:
@@ -43,8 +48,8 @@ def node_zip() -> bytes:
     return out.getvalue()
 
 
-def zip_name() -> str:
-    return f"rayfleet-node-{hashlib.sha256(node_zip()).hexdigest()[:12]}.zip"
+def zip_name(subpackages: tuple[str, ...] | None = None) -> str:
+    return f"rayfleet-node-{hashlib.sha256(node_zip(subpackages)).hexdigest()[:12]}.zip"
 
 
 def head_path() -> str:
@@ -52,9 +57,9 @@ def head_path() -> str:
     return f"{NODE_DIR}/{zip_name()}"
 
 
-def node_zip_base64() -> str:
+def node_zip_base64(subpackages: tuple[str, ...] | None = None) -> str:
     """The zip for a script that writes it itself (Slurm's batch script), in 76-column lines."""
-    return base64.encodebytes(node_zip()).decode().rstrip("\n")
+    return base64.encodebytes(node_zip(subpackages)).decode().rstrip("\n")
 
 
 def put(sftp: Any, remote: str, data: bytes, mode: int) -> None:

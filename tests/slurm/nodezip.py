@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from infra import shipping
+from infra.providers.slurm import script
 
 
 @functools.cache
@@ -20,8 +21,8 @@ def zip_path() -> Path:
     """The node package zip, written once per test process (its name carries its content hash)."""
     folder = Path(tempfile.mkdtemp(prefix="rf-nodezip-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    path = folder / shipping.zip_name()
-    path.write_bytes(shipping.node_zip())
+    path = folder / shipping.zip_name(script.NODE_PACKAGES)
+    path.write_bytes(shipping.node_zip(script.NODE_PACKAGES))
     return path
 
 

@@ -15,6 +15,7 @@ from infra import loading, render, shipping
 from infra.errors import SpecError
 from infra.node import rayproc
 from infra.node.slurm import node_helper
+from infra.providers.slurm import script as slurm_script
 from infra.providers.slurm.script import autoscaling_config, render_script
 from infra.providers.slurm.spec import Spec
 from tests.conftest import ROOT, run_invoke
@@ -135,10 +136,10 @@ def test_batch_script_matches_golden(tmp_path: Path, case: str) -> None:
     script = _render(tmp_path, case)
     # Every node runs its helper from the node package the script carries (our own modules,
     # tested where they live); its bytes and name change with every edit of them.
-    assert shipping.node_zip_base64() in script
+    assert shipping.node_zip_base64(slurm_script.NODE_PACKAGES) in script
     assert "-m infra.node.slurm.node_helper" in script
-    shipped = {shipping.node_zip_base64(): "<node package zip, base64>",
-               shipping.zip_name(): "<node package zip name>"}
+    shipped = {shipping.node_zip_base64(slurm_script.NODE_PACKAGES): "<node package zip, base64>",
+               shipping.zip_name(slurm_script.NODE_PACKAGES): "<node package zip name>"}
     assert_golden(f"slurm/{case}.sbatch", script, shipped)
 
 
@@ -158,7 +159,8 @@ def test_batch_script_is_valid_and_shellcheck_clean(tmp_path: Path, case: str) -
 def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
     script = _render(tmp_path, case)
     assert script == _render(tmp_path, case), "rendering must be deterministic"
-    script = script.replace(shipping.node_zip_base64(), "<node package zip, base64>")
+    zipped = shipping.node_zip_base64(slurm_script.NODE_PACKAGES)
+    script = script.replace(zipped, "<node package zip, base64>")
     # No fixed waits: every sleep is a short poll interval (but the restart delay of a failed
     # head daemon's supervisor, rf_supervised, after start-up).
     startup = re.sub(r"until PYTHONPATH=.*?\n *done\n", "", script, flags=re.S)
@@ -215,7 +217,8 @@ def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
     assert options["time_limit_s"] == 3600
     assert config["provider"]["worker_types"]["cpu"]["time_limit_s"] == 4 * 3600
     script = render_script(loaded)
-    assert shipping.node_zip_base64() in script  # the whole node package, node provider included
+    # Slurm's part of the node package, node provider included.
+    assert shipping.node_zip_base64(slurm_script.NODE_PACKAGES) in script
     assert "RAY_enable_autoscaler_v2=1" in script and "--autoscaling-config=" in script
 
 
@@ -378,5 +381,5 @@ def test_the_node_zip_fits_in_one_environment_string() -> None:
     """`srun` hands the zip to every worker step in RF_NODE_ZIP, and Linux refuses to start a
     program with an environment string over 128 KiB (MAX_ARG_STRLEN): past that, every
     multi-node job would fail to start its workers. Keep infra/node/ lean, or ship it another way."""
-    entry = f"RF_NODE_ZIP={shipping.node_zip_base64()}"
+    entry = f"RF_NODE_ZIP={shipping.node_zip_base64(slurm_script.NODE_PACKAGES)}"
     assert len(entry.encode()) < 32 * 4096, f"{len(entry)} bytes"

@@ -22,6 +22,11 @@ NODE_PROVIDER = "infra.node.slurm.node_provider.SlurmNodeProvider"
 _HEAD_ONLY = ("port", "dashboard-port", "ray-client-server-port")
 
 
+#: What Slurm's nodes need of infra/node/: its own modules and slurm/. The zip rides one
+#: environment string to every worker step (128 KiB at most), so other providers' node code stays out.
+NODE_PACKAGES = ("slurm",)
+
+
 def port_layout() -> list[tuple[str, int]]:
     """(flag name, offset from the block's base) for every port flag of `rayproc.PortBlock`."""
     layout = []
@@ -191,8 +196,8 @@ def _environment_context(spec: Spec) -> dict[str, Any]:
         "activate": env.activate,
         "env_vars": sorted(env.env_vars.items()),
         # Every node runs its helper from the node package (infra/node/slurm/node_helper.py).
-        "node_zip": shipping.node_zip_base64(),
-        "node_zip_name": shipping.zip_name(),
+        "node_zip": shipping.node_zip_base64(NODE_PACKAGES),
+        "node_zip_name": shipping.zip_name(NODE_PACKAGES),
         "temp_root": spec.ray_temp_root.rstrip("/") or "",
     }
 
