@@ -49,6 +49,26 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+#: The two tiers. `python -m pytest -m "not slow"` is the quick loop: no root, no daemon, no
+#: namespace, no Slurm or sshd installed needed, in about a minute. Everything else is `slow`, and
+#: lands there by its fixtures, not by hand: a test whose fixture closure holds one of these is
+#: marked `slow` at collection. The test bed's fixtures are listed by name; any other fixture that
+#: starts a real daemon (Ray through `invoke up`, an sshd, an MLflow server) requests
+#: `real_daemon`, and so do tests that start one in their own body. A new test that uses such a
+#: fixture needs nothing more.
+SLOW_FIXTURES = frozenset({"real_daemon", "testbed", "make_testbed", "slurm_cluster", "slurm_local"})
+#: A quick test that hangs fails within two minutes (the slow tier has pyproject's 900 s); the
+#: slowest quick tests take ~10 s alone, ~60 s on a 2-core machine loaded by other work.
+QUICK_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="session")
+def real_daemon() -> None:
+    """Request this from a fixture (or test) that starts a real daemon: Ray (`invoke up`, `ray
+    start`), sshd, Slurm, an MLflow server. It does nothing itself; it puts every test that uses
+    it in the slow tier (`SLOW_FIXTURES`)."""
+
+
 #: Packages whose modules share a package-scoped bed (built once per worker that runs them):
 #: their tests stay on one pytest-xdist worker.
 _PACKAGE_GROUPS = {"gcp_tpu"}
@@ -66,7 +86,11 @@ def _group(path: Path) -> str:
 # worker its tests landed on, scenarios meant to follow each other run on fresh clusters).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the suite's independent groups side by side (`-n` in pyproject's addopts).
+    """Mark the slow tier by fixtures, and run the suite's independent groups side by side (`-n`
+    in pyproject's addopts).
+
+    A test whose fixtures (directly or through other fixtures) include one of `SLOW_FIXTURES`
+    gets the `slow` mark here, before `-m "not slow"` deselects (see `real_daemon`).
 
     Each group (a module, or a package sharing a bed) runs whole on one worker, so module- and
     package-scoped clusters are built once. The slowest groups are handed out first: with groups
@@ -74,6 +98,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     slow = {group: rank for rank, group in enumerate(SLOWEST_FIRST)}
     for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(QUICK_TIMEOUT_S))
         item.add_marker(pytest.mark.xdist_group(_group(Path(str(item.path)))))
     items.sort(key=lambda item: slow.get(_group(Path(str(item.path))), len(slow)))
 

@@ -56,7 +56,7 @@ def result_of(stdout: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("examples-cluster")
     spec = folder / f"ex-{uuid.uuid4().hex[:8]}.yaml"
     spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\ntracking: mlflow\n")

@@ -54,7 +54,7 @@ def _google_contract() -> Iterator[None]:
 
 
 @pytest.fixture(scope="package")
-def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
+def offline(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
     """The offline Google on the test bed (tests/gcp_tpu/offline_bed.py), one for every test of this
     folder that needs it (end to end, autodown, sweep): starting it costs a test bed of three
     hosts. Each test uses its own cluster name and leaves nothing of it behind."""
@@ -173,7 +173,7 @@ class Sshd:
 
 
 @pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
+def sshd(real_daemon: None, tmp_path: Path) -> Iterator[Sshd]:
     server = Sshd(tmp_path / "sshd")
     yield server
     server.stop()

@@ -26,7 +26,7 @@ IDLE_MINUTES = 0.2
 
 
 @pytest.fixture(scope="module")
-def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
+def scaled(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
     require("testbed")
     with autoscale_bed(tmp_path_factory.mktemp("lambda-autodown"), scale=SCALE, boot_delay=1.0,
                        hosts=2) as cluster:

@@ -32,7 +32,7 @@ JOB = Path(__file__).resolve().parents[1] / "data" / "lambda_gpu_job.py"
 
 
 @pytest.fixture(scope="module")
-def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
+def scaled(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
     require("testbed")
     # With the cluster's MLflow tracking server: autoscaled workers must find it too.
     with autoscale_bed(tmp_path_factory.mktemp("lambda-autoscale"), scale=SCALE,

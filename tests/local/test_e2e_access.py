@@ -33,7 +33,7 @@ class Local:
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
+def local(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
     folder = tmp_path_factory.mktemp("access")
     spec = folder / f"acc-{uuid.uuid4().hex[:6]}.yaml"
     spec.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")

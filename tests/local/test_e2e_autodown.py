@@ -44,7 +44,7 @@ def _wait(predicate, timeout: float, what: str) -> float:  # type: ignore[no-unt
 
 
 @pytest.fixture
-def spec(tmp_path: Path, rf_home: Path) -> Iterator[Path]:
+def spec(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[Path]:
     path = tmp_path / f"ad{uuid.uuid4().hex[:8]}.yaml"
     path.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 100\n"
                     f"autodown: {{idle_minutes: {IDLE_MINUTES}}}\n")

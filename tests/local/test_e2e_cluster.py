@@ -56,7 +56,7 @@ def _processes(name: str, port_base: int | None = None) -> list[int]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, rf_home: Path) -> Iterator[Path]:
+def cluster(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[Path]:
     """A spec for a fresh local cluster; whatever happens, nothing of it outlives the test."""
     path = _spec(tmp_path)
     yield path
@@ -127,7 +127,7 @@ def test_failed_job_gives_nonzero_exit(cluster: Path, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def hand_started_ray(tmp_path: Path) -> Iterator[int]:
+def hand_started_ray(real_daemon: None, tmp_path: Path) -> Iterator[int]:
     """`ray start --head` on Ray's default ports, as a user would type it."""
     if not (rayproc.port_is_free(6379, "0.0.0.0") and rayproc.port_is_free(8265)):
         pytest.skip("Ray's default ports 6379/8265 are taken on this machine")
