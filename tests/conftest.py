@@ -1,4 +1,7 @@
-"""Shared test setup: isolation, no calls home, and skips that fail in CI.
+"""Shared test setup: isolation, no calls home, skips that fail in CI, and the two tiers.
+
+`python -m pytest -m "not slow"` is the quick loop; a test is `slow` through its fixtures
+(`SLOW_FIXTURES`, `real_daemon` below), so new tests land in the right tier without a mark.
 
 Everything here applies before any test runs: Ray never reports usage, google-auth never probes the
 GCE metadata server (pointed at a closed loopback port), and every test gets its own RAYFLEET_HOME.
