@@ -20,6 +20,7 @@ import pytest
 
 from infra.node import rayproc
 from tests.conftest import run_invoke
+from tests.waiting import read_json, watcher_checked
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,8 @@ def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Pat
     job = run_invoke("submit", "--cluster", str(spec), "--no-wait", "tests/data/sleeper.py")
     assert job.returncode == 0, job.stderr
     job_id = job.stdout.strip().splitlines()[-1]
-    time.sleep(IDLE_MINUTES * 60 * 2)  # twice the idle period, with a job running all along
+    # The watcher looked once a whole idle period had passed, with a job running all along.
+    watcher_checked(lambda: read_json(rf_home / "autodown" / f"{spec.stem}.json"), IDLE_MINUTES)
     assert _processes(temp_dir), "a cluster running a job must not remove itself"
     status = run_invoke("status", "--cluster", str(spec))
     assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
@@ -82,7 +84,7 @@ def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Pat
         env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert driver.stdout is not None and driver.stdout.readline().strip() == "connected"
-        time.sleep(IDLE_MINUTES * 60 * 2)
+        watcher_checked(lambda: read_json(rf_home / "autodown" / f"{spec.stem}.json"), IDLE_MINUTES)
         assert _processes(temp_dir), "a cluster with a connected driver must not remove itself"
         marker = json.loads((rf_home / "autodown" / f"{spec.stem}.json").read_text())
         assert "driver" in marker["detail"] and marker["idle_since"] is None
