@@ -22,6 +22,7 @@ import pytest
 
 from infra import doctor, versions
 from tests.conftest import ROOT, run_invoke
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -217,19 +218,16 @@ def _tracking(cluster: Cluster) -> tuple[str, Any]:
 
 
 def _wait_answering(url: str, timeout: float = 120) -> None:
-    import time
 
     import requests
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         try:
-            if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                return
+            return requests.get(f"{url}/health", timeout=2).status_code == 200
         except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"the tracking server at {url} did not come up")
+            return False
+
+    wait_until(healthy, f"the tracking server at {url} to come up", timeout=timeout, interval=0.5)
 
 
 @pytest.fixture(scope="module")

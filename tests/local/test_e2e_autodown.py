@@ -20,7 +20,7 @@ import pytest
 
 from infra.node import rayproc
 from tests.conftest import run_invoke
-from tests.waiting import read_json, watcher_checked
+from tests.waiting import read_json, wait_until, watcher_checked
 
 pytestmark = pytest.mark.slow
 
@@ -36,11 +36,9 @@ def _state(home: Path, name: str) -> dict:
 
 
 def _wait(predicate, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+    """Seconds until `predicate()` held."""
     started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
+    wait_until(predicate, what, timeout=timeout, interval=0.2)
     return time.monotonic() - started
 
 
