@@ -57,9 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
 #: lands there by its fixtures, not by hand: a test whose fixture closure holds one of these is
 #: marked `slow` at collection. The test bed's fixtures are listed by name; any other fixture that
 #: starts a real daemon (Ray through `invoke up`, an sshd, an MLflow server) requests
-#: `real_daemon`, and so do tests that start one in their own body. A new test that uses such a
-#: fixture needs nothing more.
-SLOW_FIXTURES = frozenset({"real_daemon", "testbed", "make_testbed", "slurm_cluster", "slurm_local"})
+#: `real_daemon`, one that needs root (a mount, a namespace) `needs_root`, and so do tests that do
+#: so in their own body. A new test that uses such a fixture needs nothing more.
+SLOW_FIXTURES = frozenset({"real_daemon", "needs_root", "testbed", "make_testbed", "slurm_cluster",
+                           "slurm_local"})
 #: A quick test that hangs fails within two minutes (the slow tier has pyproject's 900 s); the
 #: slowest quick tests take ~10 s alone, ~60 s on a 2-core machine loaded by other work.
 QUICK_TIMEOUT_S = 120
@@ -70,6 +71,12 @@ def real_daemon() -> None:
     """Request this from a fixture (or test) that starts a real daemon: Ray (`invoke up`, `ray
     start`), sshd, Slurm, an MLflow server. It does nothing itself; it puts every test that uses
     it in the slow tier (`SLOW_FIXTURES`)."""
+
+
+@pytest.fixture(scope="session")
+def needs_root() -> None:
+    """Request this from a fixture (or test) that needs root (mounting a tmpfs, a network
+    namespace): it puts every test that uses it in the slow tier, like `real_daemon`."""
 
 
 #: Packages whose modules share a package-scoped bed (built once per worker that runs them):

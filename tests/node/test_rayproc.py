@@ -59,7 +59,7 @@ def test_port_block_flags_cover_every_ray_port() -> None:
     assert min(ports) == 30000 and max(ports) < 30000 + rayproc.BLOCK_SIZE
 
 
-def test_processes_in_other_network_namespaces_are_never_matched() -> None:
+def test_processes_in_other_network_namespaces_are_never_matched(needs_root: None) -> None:
     """Port 6379 in a container or test-bed host is another machine's Ray, not this cluster's."""
     import shutil
     import time
