@@ -1,4 +1,7 @@
-"""Shared test setup: isolation, no calls home, and skips that fail in CI.
+"""Shared test setup: isolation, no calls home, skips that fail in CI, and the two tiers.
+
+`python -m pytest -m "not slow"` is the quick loop; a test is `slow` through its fixtures
+(`SLOW_FIXTURES`, `real_daemon` below), so new tests land in the right tier without a mark.
 
 Everything here applies before any test runs: Ray never reports usage, google-auth never probes the
 GCE metadata server (pointed at a closed loopback port), and every test gets its own RAYFLEET_HOME.
@@ -50,6 +53,34 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+#: The two tiers. `python -m pytest -m "not slow"` is the quick loop: no root, no daemon, no
+#: namespace, no Slurm or sshd installed needed, in about a minute. Everything else is `slow`, and
+#: lands there by its fixtures, not by hand: a test whose fixture closure holds one of these is
+#: marked `slow` at collection. The test bed's fixtures are listed by name; any other fixture that
+#: starts a real daemon (Ray through `invoke up`, an sshd, an MLflow server) requests
+#: `real_daemon`, one that needs root (a mount, a namespace) `needs_root`, and so do tests that do
+#: so in their own body. A new test that uses such a fixture needs nothing more.
+SLOW_FIXTURES = frozenset({"real_daemon", "needs_root", "testbed", "make_testbed", "slurm_cluster",
+                           "slurm_local"})
+#: A quick test that hangs fails within three minutes (the slow tier has pyproject's 900 s); the
+#: slowest quick tests (install.sh's conda path, `invoke` subprocesses) take ~10-40 s alone and
+#: up to ~95 s on a 2-core machine loaded twenty times over.
+QUICK_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="session")
+def real_daemon() -> None:
+    """Request this from a fixture (or test) that starts a real daemon: Ray (`invoke up`, `ray
+    start`), sshd, Slurm, an MLflow server. It does nothing itself; it puts every test that uses
+    it in the slow tier (`SLOW_FIXTURES`)."""
+
+
+@pytest.fixture(scope="session")
+def needs_root() -> None:
+    """Request this from a fixture (or test) that needs root (mounting a tmpfs, a network
+    namespace): it puts every test that uses it in the slow tier, like `real_daemon`."""
+
+
 #: Packages whose modules share a package-scoped bed (built once per worker that runs them):
 #: their tests stay on one pytest-xdist worker.
 _PACKAGE_GROUPS = {"gcp_tpu"}
@@ -67,7 +98,11 @@ def _group(path: Path) -> str:
 # worker its tests landed on, scenarios meant to follow each other run on fresh clusters).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the suite's independent groups side by side (`-n` in pyproject's addopts).
+    """Mark the slow tier by fixtures, and run the suite's independent groups side by side (`-n`
+    in pyproject's addopts).
+
+    A test whose fixtures (directly or through other fixtures) include one of `SLOW_FIXTURES`
+    gets the `slow` mark here, before `-m "not slow"` deselects (see `real_daemon`).
 
     Each group (a module, or a package sharing a bed) runs whole on one worker, so module- and
     package-scoped clusters are built once. The slowest groups are handed out first: with groups
@@ -75,6 +110,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     slow = {group: rank for rank, group in enumerate(SLOWEST_FIRST)}
     for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(QUICK_TIMEOUT_S))
         item.add_marker(pytest.mark.xdist_group(_group(Path(str(item.path)))))
     items.sort(key=lambda item: slow.get(_group(Path(str(item.path))), len(slow)))
 

@@ -22,6 +22,7 @@ import pytest
 
 from infra import doctor, versions
 from tests.conftest import ROOT, run_invoke
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +57,7 @@ def result_of(stdout: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("examples-cluster")
     spec = folder / f"ex-{uuid.uuid4().hex[:8]}.yaml"
     spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\ntracking: mlflow\n")
@@ -218,19 +219,16 @@ def _tracking(cluster: Cluster) -> tuple[str, Any]:
 
 
 def _wait_answering(url: str, timeout: float = 120) -> None:
-    import time
 
     import requests
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         try:
-            if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                return
+            return requests.get(f"{url}/health", timeout=2).status_code == 200
         except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"the tracking server at {url} did not come up")
+            return False
+
+    wait_until(healthy, f"the tracking server at {url} to come up", timeout=timeout, interval=0.5)
 
 
 @pytest.fixture(scope="module")

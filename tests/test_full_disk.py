@@ -27,7 +27,7 @@ from tests.conftest import run_invoke
 
 
 @pytest.fixture
-def tiny_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def tiny_home(needs_root: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     home = tmp_path / "tiny-home"

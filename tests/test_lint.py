@@ -20,6 +20,7 @@ def test_ruff_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # a first run (no .mypy_cache) takes ~20 CPU-seconds; run `mypy` before a commit
 def test_mypy_clean_on_infra() -> None:
     result = _run(sys.executable, "-m", "mypy")
     assert result.returncode == 0, result.stdout + result.stderr

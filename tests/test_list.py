@@ -27,6 +27,7 @@ from tests.gcp_tpu.conftest import write_service_account_key
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.slurm.conftest import SMALL
 from tests.testbed.slurm import LocalSlurm
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -69,9 +70,8 @@ def _lambda_cluster(fake: FakeLambda, specs: Path, home: Path) -> None:
                 instance_type="gpu_1x_a10", region="us-east-1", price_cents_per_hour=75,
                 launched_at=an_hour_ago.isoformat(timespec="seconds"), slot="head", run="test")
     current.set_info(spec_path=str(specs / "lam.yaml"))
-    deadline = time.monotonic() + 30
-    while any(i["status"] != "active" for i in fake.inventory()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: all(i["status"] == "active" for i in fake.inventory()),
+               "every instance to be active", timeout=30, interval=0.05)
 
 
 def _gcp_cluster(specs: Path, home: Path, tmp_path: Path) -> None:

@@ -200,6 +200,7 @@ def test_env_auto_installs_the_detected_kind_into_its_own_default_prefix(tmp_pat
 # ----------------------------------------------------------------------------- the venv backend
 
 
+@pytest.mark.slow  # installs Ray into a real venv with pip: a minute, not seconds
 def test_venv_backend_installs_for_real_then_a_second_run_is_a_no_op(tmp_path: Path) -> None:
     prefix = tmp_path / "envs" / "cpu"
     started = time.monotonic()
@@ -242,6 +243,7 @@ def test_venv_backend_installs_for_real_then_a_second_run_is_a_no_op(tmp_path: P
     assert {p: p.stat().st_mtime_ns for p in prefix.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow  # installs Ray into a real venv with pip: a minute, not seconds
 def test_concurrent_runs_on_one_prefix_install_once(tmp_path: Path) -> None:
     prefix = tmp_path / "env"
     argv = ["bash", str(INSTALL), "--env", "cpu", *PIN_ARGS, "--backend", "venv",
@@ -256,6 +258,7 @@ def test_concurrent_runs_on_one_prefix_install_once(tmp_path: Path) -> None:
     assert sum("is running; waiting for it" in err for _, err in outputs) >= 1
 
 
+@pytest.mark.slow  # installs Ray into a real venv with pip: a minute, not seconds
 def test_a_changed_env_spec_or_a_broken_env_is_rebuilt(tmp_path: Path) -> None:
     script = copy_setup(tmp_path)
     prefix = tmp_path / "env"
@@ -277,6 +280,7 @@ def test_a_changed_env_spec_or_a_broken_env_is_rebuilt(tmp_path: Path) -> None:
     assert (prefix / "bin" / "python").exists()
 
 
+@pytest.mark.slow  # installs Ray into a real venv with pip: a minute, not seconds
 def test_a_foreign_prefix_is_refused_and_an_interrupted_one_is_replaced(tmp_path: Path) -> None:
     foreign = tmp_path / "foreign"
     foreign.mkdir()

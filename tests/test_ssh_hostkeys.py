@@ -18,7 +18,8 @@ HOST = "198.51.100.23"
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalSshd, LocalSshd]]:
+def servers(real_daemon: None, tmp_path_factory: pytest.TempPathFactory,
+            ) -> Iterator[tuple[LocalSshd, LocalSshd]]:
     first = LocalSshd(tmp_path_factory.mktemp("sshd-first"))
     second = LocalSshd(tmp_path_factory.mktemp("sshd-second"))
     yield first, second

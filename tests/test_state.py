@@ -8,13 +8,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from infra import state
 from infra.errors import StateError, StateLockedError
+from tests.waiting import wait_until
 
 
 def test_add_saves_immediately_and_round_trips(rf_home: Path) -> None:
@@ -109,11 +109,8 @@ def test_kill_9_during_writes_never_leaves_a_torn_file(rf_home: Path) -> None:
         env={**os.environ}, cwd=Path(__file__).parent.parent,
     )
     path = state.state_path("lab")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if path.exists() and len(json.loads(path.read_text())["resources"]) > 20:
-            break
-        time.sleep(0.05)
+    wait_until(lambda: path.exists() and len(json.loads(path.read_text())["resources"]) > 20,
+               "the writer to have saved some resources", timeout=30, interval=0.05)
     os.kill(writer.pid, signal.SIGKILL)
     writer.wait()
     loaded = state.read("lab")

@@ -27,6 +27,7 @@ from tests.testbed.core import Testbed
 from tests.testbed.hosts import ray_bin_dir
 from tests.testbed.preflight import require
 from tests.testbed.slurm import LocalSlurm, SlurmCluster
+from tests.waiting import wait_until
 
 # Also loaded by tests/conftest.py for the whole suite; named here so this file runs on its own too.
 pytest_plugins = ["tests.testbed.fixtures"]
@@ -182,15 +183,21 @@ def test_leftovers_of_a_killed_run_are_cleaned_by_the_next(tmp_path: Path) -> No
 
 
 def _wait_for_text(path: Path, needles: list[str], timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
+    """The file's text once it holds every needle; what it holds after `timeout` otherwise (the
+    caller's assertion shows it)."""
+
+    def text() -> str:
         with contextlib.suppress(FileNotFoundError):
-            text = path.read_text()
-            if all(n in text for n in needles):
-                return text
-        time.sleep(0.1)
-    return text
+            return path.read_text()
+        return ""
+
+    def complete() -> str | None:
+        found = text()
+        return found if all(n in found for n in needles) else None
+
+    with contextlib.suppress(AssertionError):
+        return wait_until(complete, f"{needles} in {path}", timeout=timeout, interval=0.1)
+    return text()
 
 
 def test_slurm_two_node_job_runs_on_both_hosts(slurm_cluster: SlurmCluster) -> None:

@@ -199,22 +199,26 @@ class FakeHttpServer:
         request = Request(environ)
         method, full = request.method, request.path
         with self.lock:
+            # One time per request, taken once it holds the lock: the rate limits judge it by
+            # this time and the log records it, so gaps in the log are the gaps the limits saw
+            # (a time taken after answering would add the answer's own, load-dependent, work).
+            now = time.monotonic()
             if not full.startswith(self.prefix + "/"):
-                return self._send(self.not_found_answer(method, full), method, full, False)(
+                return self._send(self.not_found_answer(method, full), method, full, False, now)(
                     environ, start_response)
             path = full[len(self.prefix):]
-            answer, validate, fault = self._answer(request, method, path)
+            answer, validate, fault = self._answer(request, method, path, now)
             if fault is not None and fault.drop:
-                self.log.append((time.monotonic(), method, path, 0))
+                self.log.append((now, method, path, 0))
                 sock = environ.get("werkzeug.socket")
                 if isinstance(sock, socket.socket):
                     sock.shutdown(socket.SHUT_RDWR)
                 raise _Dropped("fault: connection dropped")
-            return self._send(answer, method, path, validate)(environ, start_response)
+            return self._send(answer, method, path, validate, now)(environ, start_response)
 
-    def _answer(self, request: Request, method: str, path: str) -> tuple[Answer, bool, Fault | None]:
+    def _answer(self, request: Request, method: str, path: str,
+                now: float) -> tuple[Answer, bool, Fault | None]:
         """The answer, whether it must match the definition, and the fault that applied."""
-        now = time.monotonic()
         refused = self.authenticate(request)
         if refused is not None:
             return refused, True, None
@@ -240,8 +244,8 @@ class FakeHttpServer:
                 return self.invalid_answer(problems), False, fault
         return self.handle(method, path, body, request), True, fault
 
-    def _send(self, answer: Answer, method: str, path: str, validate: bool) -> Response:
-        self.log.append((time.monotonic(), method, path, answer.status))
+    def _send(self, answer: Answer, method: str, path: str, validate: bool, now: float) -> Response:
+        self.log.append((now, method, path, answer.status))
         if answer.raw is not None:
             return Response(answer.raw, answer.status, headers=answer.headers,
                             content_type="text/plain")

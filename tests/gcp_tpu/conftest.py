@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +26,7 @@ from tests.gcp_tpu import fake_gcp
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline_bed import Offline, offline_bed
 from tests.testbed.preflight import require
+from tests.waiting import wait_until
 
 PROJECT = "test-project"
 ZONE = "us-central2-b"
@@ -54,7 +54,7 @@ def _google_contract() -> Iterator[None]:
 
 
 @pytest.fixture(scope="package")
-def offline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
+def offline(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
     """The offline Google on the test bed (tests/gcp_tpu/offline_bed.py), one for every test of this
     folder that needs it (end to end, autodown, sweep): starting it costs a test bed of three
     hosts. Each test uses its own cluster name and leaves nothing of it behind."""
@@ -157,11 +157,12 @@ class Sshd:
         self.process = subprocess.Popen(
             [shutil.which("sshd") or "/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
             stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
-        deadline = time.monotonic() + 10
-        while not rayproc.port_answers("127.0.0.1", self.port):
+
+        def answers() -> bool:
             assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "sshd did not start"
-            time.sleep(0.05)
+            return rayproc.port_answers("127.0.0.1", self.port)
+
+        wait_until(answers, "sshd to start", timeout=10, interval=0.05)
 
     def authorize(self, public_key: str) -> None:
         with self.authorized_keys.open("a") as handle:
@@ -173,7 +174,7 @@ class Sshd:
 
 
 @pytest.fixture
-def sshd(tmp_path: Path) -> Iterator[Sshd]:
+def sshd(real_daemon: None, tmp_path: Path) -> Iterator[Sshd]:
     server = Sshd(tmp_path / "sshd")
     yield server
     server.stop()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from infra.node import autodown, identity, rayproc
@@ -22,6 +21,7 @@ from infra.providers.gcp_tpu import config
 from tests.conftest import ROOT
 from tests.gcp_tpu.conftest import PROJECT, ZONE, write_service_account_key
 from tests.gcp_tpu.fake_gcp import FakeGcp
+from tests.waiting import wait_until
 
 
 def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:
@@ -58,10 +58,9 @@ def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:
         assert log.index("deleting TPU node ray-idle-worker-tpu") < log.index(
             "deleting the head VM ray-idle-head")
         assert log.index("deleting VM ray-idle-worker-cpu") < log.index("deleting the head VM")
-        deadline = time.monotonic() + 10  # nobody polls the head's own deletion
-        while fake.nodes_with({config.CLUSTER_LABEL: ours}) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert fake.nodes_with({config.CLUSTER_LABEL: ours}) == []
+        # Nobody polls the head's own deletion: it finishes by itself a moment later.
+        wait_until(lambda: fake.nodes_with({config.CLUSTER_LABEL: ours}) == [],
+                   "the cluster's nodes to be deleted", timeout=10, interval=0.1)
         assert sorted(i["name"] for i in fake.instances.values()) == [
             "prod-db", "ray-busy-head", "ray-idle-lookalike"]
         written = json.loads(marker.read_text())

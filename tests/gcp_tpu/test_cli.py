@@ -79,7 +79,7 @@ def test_teardown_and_status_without_state(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def local_ray(tmp_path: Path, rf_home: Path) -> Iterator[tuple[int, str]]:
+def local_ray(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[tuple[int, str]]:
     """A real Ray head on this machine (the local provider); yields its dashboard port and the
     path of its Ray token."""
     path = tmp_path / f"t{uuid.uuid4().hex[:8]}.yaml"

@@ -20,6 +20,7 @@ from tests.gcp_tpu.discovery import DOCS, Contract, Violation
 from tests.gcp_tpu.fake_errors import compute_error, grpc_error, quota_exhausted
 from tests.gcp_tpu.fake_filter import matches
 from tests.gcp_tpu.fake_gcp import FakeGcp
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -165,8 +166,10 @@ def test_a_create_whose_answer_was_lost_is_not_made_twice(api: Gcp, fake: FakeGc
     fake.fail("POST", "/global/firewalls$", 503, compute_error(503, "backendError", "Backend"),
               after=True)
     operation = api.insert_firewall(body)
-    while api.poll(operation, "creating fw") is None:
-        pass
+    # A poll answers None while the operation runs: poll it until done, not in a busy loop
+    # that a never-finishing operation would turn into a hang.
+    wait_until(lambda: api.poll(operation, "creating fw") is not None, "the firewall's insert "
+               "operation to finish", timeout=30, interval=0.05)
     posts = fake.calls("POST", "/global/firewalls")
     assert len(posts) == 2 and posts[0]["query"]["requestId"] == posts[1]["query"]["requestId"]
     assert list(fake.firewalls) == ["fw"]

@@ -11,6 +11,7 @@ idle period at 18 s.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import PROJECT, Offline, spec_file
-from tests.waiting import wait_until
+from tests.waiting import read_json, wait_until, watcher_checked
 
 NAME = "gcpdown"
 IDLE_MINUTES = 0.3
@@ -86,14 +87,20 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
                              "tests/data/sleeper.py", timeout=120)
         assert job.returncode == 0, job.stdout + job.stderr
         job_id = job.stdout.strip().splitlines()[-1]
-        busy_since = time.monotonic()
+        busy_since, busy_at = time.monotonic(), dt.datetime.now(dt.timezone.utc)
         wait_until(lambda: {
             "vm" if i.get("status") == "RUNNING" and "tpu_cores" not in i["labels"] else "tpu"
             for i in _ours(offline, cluster_id) if i["labels"].get("ray-node-type") == "worker"
             and (i.get("status") == "RUNNING" or i.get("state") == "READY")} == {"vm", "tpu"},
             "the autoscaler's worker VM and TPU node",
             timeout=240, interval=0.5)
-        time.sleep(max(0.0, IDLE_MINUTES * 60 * 2 - (time.monotonic() - busy_since)))
+        # The watcher looked once a whole idle period had passed since the submit, the job
+        # running all along (`status` fetches its marker from the head and keeps a copy).
+        def marker() -> dict[str, Any] | None:
+            offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
+            return read_json(home / "autodown" / f"{spec.stem}.json")
+
+        watcher_checked(marker, IDLE_MINUTES, since=busy_at, interval=2)
         assert any(i["name"] == head["name"] for i in _ours(offline, cluster_id)), \
             "a head running a job must not remove itself"
         status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)

@@ -92,7 +92,7 @@ def result_of(output: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     require("testbed")
     work = tmp_path_factory.mktemp("gcp-queued-")
     with offline_bed(work, hosts=4) as offline:

@@ -5,7 +5,6 @@ status rows and teardown against it. The joined-cluster path runs in test_e2e_qu
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from infra.node.gcp_tpu.api import ApiOptions, Credentials, Gcp, GcpError
 from infra.providers.gcp_tpu import slices
 from tests.gcp_tpu.conftest import write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp
+from tests.waiting import wait_until
 
 SECOND_ZONE = "us-central2-a"
 CLUSTER_ID = "0123abcd"
@@ -114,14 +114,15 @@ def test_the_fake_moves_requests_through_the_queue_and_answers_like_google(
     bad["tpu"]["nodeSpec"][0]["node"]["acceleratorType"] = "v5p-8"
     with pytest.raises(GcpError, match="not available in zone"):
         queued.create(api, "us-central2-b", "other", bad)
-    seen = []
-    deadline = time.monotonic() + 10
-    while not seen or seen[-1] != "ACTIVE":
-        assert time.monotonic() < deadline, seen
+    seen: list[str] = []
+
+    def active() -> bool:
         states = [queued.state_of(r) for r in queued.listed(api, "us-central2-b", CLUSTER_ID)]
         if not seen or seen[-1] != states[0]:
             seen.append(states[0])
-        time.sleep(0.05)
+        return seen[-1] == "ACTIVE"
+
+    wait_until(active, "the request to become ACTIVE", timeout=10, interval=0.05)
     assert seen == ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
     node = api.tpu_nodes("us-central2-b", {"rayfleet-cluster": CLUSTER_ID})
     assert [len(n["networkEndpoints"]) for n in node] == [2] and node[0]["state"] == "READY"
@@ -145,8 +146,14 @@ def test_expired_and_failing_requests_end_failed(fake: FakeGcp, options: ApiOpti
     qr_id = queued.request_id(CLUSTER_ID, "a", 0, 0)
     _wait(api, queued.create(api, "us-central2-b", qr_id,
                              queued.body(request, api.project, "us-central2-b", qr_id)))
-    time.sleep(0.5)
-    (found,) = queued.listed(api, "us-central2-b", CLUSTER_ID)
+
+    def moved_on() -> dict[str, Any] | None:
+        # The fake moves a request on at each TPU call, one state at a time: wait for the state
+        # after the queue (a fixed sleep past the 0.36 s validity raced that stepping).
+        (listed,) = queued.listed(api, "us-central2-b", CLUSTER_ID)
+        return None if queued.state_of(listed) in ("ACCEPTED", "WAITING_FOR_RESOURCES") else listed
+
+    found = wait_until(moved_on, "the request to leave the queue", timeout=30, interval=0.05)
     assert queued.state_of(found) == "FAILED"
     assert "expired" in found["state"]["failedData"]["error"]["message"]
 

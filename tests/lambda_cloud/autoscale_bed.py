@@ -14,7 +14,6 @@ import contextlib
 import os
 import secrets
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import yaml
 from tests.conftest import run_invoke
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.testbed import Testbed
+from tests.waiting import wait_until, wait_while
 
 #: Drawn per run, so that no file of the project (which a job's working_dir uploads to the
 #: cluster) contains it: the key scan then finds only what rayfleet put somewhere.
@@ -45,9 +45,8 @@ def power_off(host: Any) -> None:
     """What terminating an instance does to its machine: Ray stops, and nothing of it is left
     (`ray stop --force` returns while the dashboard's subprocesses are still exiting)."""
     host.run("ray stop --force", timeout=60)
-    deadline = time.monotonic() + 30
-    while host.run(RAY_PROCESSES).stdout.strip() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_while(lambda: host.run(RAY_PROCESSES).stdout.strip(), "Ray's processes to exit",
+               timeout=30, interval=0.2)
 
 
 @dataclass
@@ -81,13 +80,7 @@ class Scaled:
         return next(h for h in self.bed.hosts if h.ip == ip)
 
     def wait(self, what: str, check: Callable[[], Any], timeout: float = 240) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = check()
-            if value:
-                return value
-            assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-            time.sleep(0.5)
+        return wait_until(check, what, timeout=timeout, interval=0.5)
 
 
 @contextlib.contextmanager
@@ -120,10 +113,7 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
            "LAMBDA_RATE_SCALE": str(scale), "COLUMNS": "200"}
     spec = work / f"{CLUSTER}.yaml"
     try:
-        deadline = time.monotonic() + 10
-        while not sock.exists():
-            assert time.monotonic() < deadline, "relay socket did not appear"
-            time.sleep(0.05)
+        wait_until(sock.exists, "the relay socket", timeout=10, interval=0.05)
         for host in bed.hosts:
             relays.append(host.popen(["socat", f"TCP-LISTEN:{RELAY_PORT},bind=127.0.0.1,fork,reuseaddr",
                                       f"UNIX-CONNECT:{sock}"], log=work / f"relay-{host.name}.log"))

@@ -41,7 +41,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLambda]:
 
 
 @pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
+def sshd(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
     server = LocalSshd(tmp_path_factory.mktemp("sshd"))
     yield server
     server.stop()

@@ -31,6 +31,7 @@ from typing import Any
 from tests.fakes.http import Fault
 from tests.lambda_cloud.fake_firewall import FirewallRulesets
 from tests.lambda_cloud.fake_http import REGIONS, Bucket, LambdaHttp, Reject, reference
+from tests.waiting import wait_while
 
 __all__ = ["CATALOG", "REGIONS", "FakeInstance", "FakeLambda", "Fault"]
 
@@ -158,18 +159,16 @@ class FakeLambda(FirewallRulesets, LambdaHttp):
 
     def wait_powered_off(self, timeout: float = 120) -> None:
         """Until every terminated instance of ours that had an address ran `on_terminate`."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def pending() -> list[str]:
             with self.lock:
                 now = time.monotonic()
-                pending = [i.name for i in self.instances.values()
-                           if not i.foreign and i.ip and self._status(i, now) == "terminated"
-                           and not i.powered_off]
-            if not pending:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not powered off after {timeout}s: {pending}")
-            time.sleep(0.1)
+                return [i.name for i in self.instances.values()
+                        if not i.foreign and i.ip and self._status(i, now) == "terminated"
+                        and not i.powered_off]
+
+        wait_while(pending, "every terminated instance to be powered off", timeout=timeout,
+                   interval=0.1)
 
     # --- model ----------------------------------------------------------------------------------
 

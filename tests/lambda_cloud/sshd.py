@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.testbed.hosts import PYENV_ENV
+from tests.waiting import wait_until
 
 
 def _free_port() -> int:
@@ -52,15 +52,19 @@ class LocalSshd:
         self.log = workdir / "sshd.log"
         self.process = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)],
                                         stdout=self.log.open("w"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def answers() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
             except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"sshd did not start: {self.log.read_text()[-500:]}")
+                return False
+            return True
+
+        try:
+            wait_until(answers, "sshd to answer", timeout=10, interval=0.05)
+        except AssertionError:
+            self.stop()
+            raise RuntimeError(f"sshd did not start: {self.log.read_text()[-500:]}") from None
 
     @property
     def proxy_command(self) -> str:

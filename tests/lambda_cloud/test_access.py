@@ -23,7 +23,7 @@ HEAD_IP = "198.51.100.23"  # TEST-NET-2: never dialled, the proxy command goes t
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
+def head(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
     server = LocalSshd(tmp_path_factory.mktemp("sshd-access"))
     yield server
     server.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from infra.errors import UsageError
 from infra.node.lambda_cloud import api
 from tests.lambda_cloud.conftest import API_KEY, SCALE
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
+from tests.waiting import wait_until
 
 LAUNCH = "/instance-operations/launch"
 
@@ -169,10 +169,8 @@ def test_firewall_rulesets_as_documented(fake: FakeLambda) -> None:
     with pytest.raises(api.RulesetInUse):
         client.delete_firewall_ruleset(ruleset.id)
     client.terminate([instance_id])
-    deadline = time.monotonic() + 10
-    while client.instance(instance_id).status != "terminated":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: client.instance(instance_id).status == "terminated",
+               "the instance to be terminated", timeout=10, interval=0.05)
     client.delete_firewall_ruleset(ruleset.id)
     with pytest.raises(api.NotFound):
         client.delete_firewall_ruleset(ruleset.id)

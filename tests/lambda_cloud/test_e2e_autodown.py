@@ -14,19 +14,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import CompletedProcess
+from typing import Any
 
 import pytest
 import yaml
 
 from tests.lambda_cloud.autoscale_bed import CLUSTER, Scaled, autoscale_bed
 from tests.testbed.preflight import require
+from tests.waiting import read_json, watcher_checked
 
 SCALE = 0.05
 IDLE_MINUTES = 0.2
 
 
 @pytest.fixture(scope="module")
-def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
+def scaled(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
     require("testbed")
     with autoscale_bed(tmp_path_factory.mktemp("lambda-autodown"), scale=SCALE, boot_delay=1.0,
                        hosts=2) as cluster:
@@ -50,7 +52,13 @@ def test_busy_head_stays_idle_head_removes_the_whole_cluster(scaled: Scaled) -> 
     job = scaled.invoke("submit", "--no-wait", "tests/data/sleeper.py")
     assert job.returncode == 0, job.stdout + job.stderr
     job_id = job.stdout.strip().splitlines()[-1]
-    time.sleep(IDLE_MINUTES * 60 * 2)  # twice the idle period with a job running
+    # The watcher looked once a whole idle period had passed, with the job running: `status`
+    # fetches its marker from the head and keeps a copy here.
+    def marker() -> dict[str, Any] | None:
+        scaled.invoke("status")
+        return read_json(scaled.home / "autodown" / f"{scaled.spec.stem}.json")
+
+    watcher_checked(marker, IDLE_MINUTES, interval=2)
     assert scaled.head()["id"] == head["id"], "a head running a job must not remove itself"
     status = scaled.invoke("status")
     assert status.returncode == 0, status.stderr

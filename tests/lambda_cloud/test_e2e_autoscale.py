@@ -12,6 +12,7 @@ The world (test bed, fake, relays to the API for the head, spec) is autoscale_be
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import pytest
 
 from tests.lambda_cloud.autoscale_bed import API_KEY, CAPACITY, CLUSTER, Scaled, autoscale_bed
 from tests.testbed.preflight import require
+from tests.waiting import wait_until
 
 #: Launch interval 0.6 s; the head's provider sends a request every 0.1 s at most.
 SCALE = 0.05
@@ -32,7 +34,7 @@ JOB = Path(__file__).resolve().parents[1] / "data" / "lambda_gpu_job.py"
 
 
 @pytest.fixture(scope="module")
-def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
+def scaled(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
     require("testbed")
     # With the cluster's MLflow tracking server: autoscaled workers must find it too.
     with autoscale_bed(tmp_path_factory.mktemp("lambda-autoscale"), scale=SCALE,
@@ -134,16 +136,26 @@ def test_no_capacity_anywhere_waits_without_a_launch_loop(scaled: Scaled) -> Non
     for key in list(scaled.fake.capacity):
         if key[0] != "cpu_4x_general":
             scaled.fake.capacity[key] = 0
-    launches, types_before = scaled.launches(), len(scaled.fake.requests("GET", "/instance-types"))
+    launches = scaled.launches()
     submit = scaled.invoke("submit", "--no-wait", str(JOB), "--", "1")
     assert submit.returncode == 0, submit.stdout + submit.stderr
     job_id = re.search(r"raysubmit_\w+", submit.stdout + submit.stderr)
     assert job_id, submit.stdout + submit.stderr
-    time.sleep(20)
+    submitted = time.monotonic()
+
+    def capacity_checks() -> list[float] | None:
+        """The head's capacity checks since the submit (the fake's times), once there are
+        three: three refused launches, two backoffs between them."""
+        times = [t for t, _ in scaled.fake.requests("GET", "/instance-types") if t > submitted]
+        return times if len(times) >= 3 else None
+
+    times = wait_until(capacity_checks, "three capacity checks by the head's node provider",
+                       timeout=120, interval=0.5)
     assert scaled.launches() == launches, "no capacity listed: nothing may be launched"
-    checks = len(scaled.fake.requests("GET", "/instance-types")) - types_before
-    # One capacity check per failure_backoff_s (3 s here) at most, not one per autoscaler loop.
-    assert 1 <= checks <= 20 / (60 * SCALE) + 2, checks
+    # One capacity check per failure_backoff_s (3 s here) at most, not one per autoscaler loop:
+    # measured between the checks themselves, not against a guessed window.
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert min(gaps) >= 60 * SCALE * 0.95, gaps
     assert scaled.workers() == []
     head = scaled.host(scaled.head()["ip"])
     said = head.run("grep -h 'cannot launch gpu' /tmp/ray/session_latest/logs/monitor.* | head -1")

@@ -25,6 +25,7 @@ from infra.loading import load_spec
 from tests.conftest import ROOT, run_invoke
 from tests.lambda_cloud.conftest import API_KEY, SpecFactory, assert_clean, ours, read_state
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
+from tests.waiting import wait_until
 
 LAUNCH = "/instance-operations/launch"
 
@@ -298,10 +299,12 @@ def test_kill_9_between_launches_then_teardown(fake: FakeLambda, make_spec: Spec
     env = {**os.environ, "LAMBDA_RATE_SCALE": str(0.4 / 12)}
     process = subprocess.Popen([sys.executable, "-m", "invoke", "up", "--cluster", str(path)],
                                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not [s for _, s in fake.requests("POST", LAUNCH) if s == 200]:
-        assert process.poll() is None and time.monotonic() < deadline, "up ended before launching"
-        time.sleep(0.01)
+
+    def launched() -> bool:
+        assert process.poll() is None, "up ended before launching"
+        return any(s == 200 for _, s in fake.requests("POST", LAUNCH))
+
+    wait_until(launched, "up's first launch", timeout=60, interval=0.01)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert len([s for _, s in fake.requests("POST", LAUNCH) if s == 200]) == 1

@@ -16,7 +16,7 @@ from tests.lambda_cloud.sshd import LocalSshd
 
 
 @pytest.fixture(scope="module")
-def open_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
+def open_sshd(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
     server = LocalSshd(tmp_path_factory.mktemp("sshd-open"))
     yield server
     server.stop()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from infra.state import State
 from tests.conftest import run_invoke
 from tests.lambda_cloud.conftest import API_KEY, SCALE
 from tests.lambda_cloud.fake_api import FakeLambda
+from tests.waiting import wait_until
 
 ME = "alice@laptop"
 COLLEAGUE = "bob@workstation"
@@ -62,9 +62,8 @@ def test_sweep_finds_and_deletes_only_our_leaks(fake: FakeLambda, rf_home: Path,
     kept_state = State.new(rf_home / "state" / "kept.json", "kept", "lambda")
     kept_state._data["cluster_id"] = kept_id  # the id the instance was launched with
     kept_state.save()
-    deadline = time.monotonic() + 30
-    while "booting" in _status(fake).values() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: "booting" not in _status(fake).values(), "every instance to boot",
+               timeout=30, interval=0.05)
     before = _status(fake)
 
     listed = run_invoke("sweep", "--json")

@@ -79,7 +79,9 @@ def test_the_snapshot_is_a_consistent_copy_of_runs_and_artifacts(tmp_path: Path)
     with tarfile.open(out) as tar:
         assert sorted(tar.getnames()) == ["artifacts", "artifacts/1", "artifacts/1/run",
                                           "artifacts/1/run/model.txt", "mlflow.db"]
-        tar.extractall(tmp_path / "copy", filter="data")
+        # `filter=` came in Python 3.11.4 (Debian 12's python3 is 3.11.2); this tar is our own.
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(tmp_path / "copy", **safe)
     with sqlite3.connect(tmp_path / "copy" / "mlflow.db") as db:
         assert db.execute("SELECT key, value FROM metrics").fetchall() == [("loss", 0.5)]
     assert tracking_snapshot.main(["--store", str(tmp_path / "nothing"), "--out", str(out)]) == 3

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, run_invoke
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ class Local:
 
 
 @pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
+def local(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
     folder = tmp_path_factory.mktemp("access")
     spec = folder / f"acc-{uuid.uuid4().hex[:6]}.yaml"
     spec.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")
@@ -116,13 +116,14 @@ def test_submit_shows_the_job_not_rays_noise_and_logs_stop_job_take_the_last_job
     kept = (home / "logs" / local.spec.stem / "ray-client.log").read_text()
     assert "Ignoring upload" in kept, "Ray's lines are kept in the log file"
 
-    deadline = time.monotonic() + 120
-    while True:  # `logs` without a job id: the job just submitted
+
+    # `logs` without a job id: the job just submitted.
+    def started() -> subprocess.CompletedProcess[str] | None:
         shown = local.invoke("logs")
         assert shown.returncode == 0 and job_id in shown.stderr, shown.stderr
-        if "JOB-START" in shown.stdout or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+        return shown if "JOB-START" in shown.stdout else None
+
+    shown = wait_until(started, "the job's start in `invoke logs`", timeout=120, interval=1)
     assert "JOB-START" in shown.stdout and "\x1b[" not in shown.stdout
     stopped = local.invoke("stop-job")
     assert stopped.returncode == 0, stopped.stderr

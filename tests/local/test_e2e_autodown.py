@@ -21,6 +21,7 @@ import pytest
 from infra.node import rayproc
 from tests.conftest import run_invoke
 from tests.local.temp_dirs import temp_dir_pattern
+from tests.waiting import read_json, wait_until, watcher_checked
 
 pytestmark = pytest.mark.slow
 
@@ -36,16 +37,14 @@ def _state(home: Path, name: str) -> dict:
 
 
 def _wait(predicate, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
+    """Seconds until `predicate()` held."""
     started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
+    wait_until(predicate, what, timeout=timeout, interval=0.2)
     return time.monotonic() - started
 
 
 @pytest.fixture
-def spec(tmp_path: Path, rf_home: Path) -> Iterator[Path]:
+def spec(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[Path]:
     path = tmp_path / f"ad{uuid.uuid4().hex[:8]}.yaml"
     path.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 100\n"
                     f"autodown: {{idle_minutes: {IDLE_MINUTES}}}\n")
@@ -70,7 +69,8 @@ def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Pat
     assert job.returncode == 0, job.stderr
     job_id = job.stdout.strip().splitlines()[-1]
     _watcher_down_is_reported_and_up_restarts_it(spec, rf_home, temp_dir)
-    time.sleep(IDLE_MINUTES * 60 * 2)  # twice the idle period, with a job running all along
+    # The watcher looked once a whole idle period had passed, with a job running all along.
+    watcher_checked(lambda: read_json(rf_home / "autodown" / f"{spec.stem}.json"), IDLE_MINUTES)
     assert _processes(temp_dir), "a cluster running a job must not remove itself"
     status = run_invoke("status", "--cluster", str(spec))
     assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
@@ -84,7 +84,7 @@ def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Pat
         env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert driver.stdout is not None and driver.stdout.readline().strip() == "connected"
-        time.sleep(IDLE_MINUTES * 60 * 2)
+        watcher_checked(lambda: read_json(rf_home / "autodown" / f"{spec.stem}.json"), IDLE_MINUTES)
         assert _processes(temp_dir), "a cluster with a connected driver must not remove itself"
         marker = json.loads((rf_home / "autodown" / f"{spec.stem}.json").read_text())
         assert "driver" in marker["detail"] and marker["idle_since"] is None

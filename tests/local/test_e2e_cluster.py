@@ -22,6 +22,7 @@ import pytest
 from infra.node import rayproc
 from tests.conftest import ROOT, run_invoke
 from tests.local.temp_dirs import temp_dir_pattern
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def _processes(name: str, port_base: int | None = None) -> list[int]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, rf_home: Path) -> Iterator[Path]:
+def cluster(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[Path]:
     """A spec for a fresh local cluster; whatever happens, nothing of it outlives the test."""
     path = _spec(tmp_path)
     yield path
@@ -129,7 +130,7 @@ def test_failed_job_gives_nonzero_exit(cluster: Path, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def hand_started_ray(tmp_path: Path) -> Iterator[int]:
+def hand_started_ray(real_daemon: None, tmp_path: Path) -> Iterator[int]:
     """`ray start --head` on Ray's default ports, as a user would type it."""
     if not (rayproc.port_is_free(6379, "0.0.0.0") and rayproc.port_is_free(8265)):
         pytest.skip("Ray's default ports 6379/8265 are taken on this machine")
@@ -161,12 +162,10 @@ def test_kill_9_during_up_leaves_state_teardown_can_finish(cluster: Path, rf_hom
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "up", "--cluster", str(cluster)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state_file = rf_home / "state" / f"{cluster.stem}.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not state_file.exists():
-        time.sleep(0.02)
+    wait_until(state_file.exists, "up to write its state", timeout=60, interval=0.02)
     # Let `ray start` get going so there are processes to find, then kill rayfleet mid-step.
-    while time.monotonic() < deadline and not _processes(cluster.stem):
-        time.sleep(0.02)
+    wait_until(lambda: _processes(cluster.stem), "`ray start`'s processes", timeout=60,
+               interval=0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     recorded = _state(rf_home, cluster.stem)
@@ -226,9 +225,8 @@ def test_no_wait_logs_stop_job_and_runtime_env(cluster: Path, tmp_path: Path, rf
 
     url, headers = _client(rf_home, cluster.stem)
     client = JobSubmissionClient(url, headers=headers)
-    deadline = time.monotonic() + 60
-    while "GREETING=" not in client.get_job_logs(job) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: "GREETING=" in client.get_job_logs(job), "the job's greeting in its log",
+               timeout=60, interval=0.2)
     logs = run_invoke("logs", "--cluster", str(cluster), job)
     assert logs.returncode == 0 and "GREETING=hello-from-runtime-env" in logs.stdout
 

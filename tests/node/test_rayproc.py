@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from infra.node import rayproc
+from tests.waiting import wait_until
 
 
 def test_temp_dir_marker_respects_boundaries() -> None:
@@ -33,12 +35,11 @@ def test_descendants_are_found_and_terminated() -> None:
         [sys.executable, "-c",
          "import subprocess,sys,time; subprocess.Popen(['sleep','60']); time.sleep(60)", marker])
     try:
-        found: list[int] = []
-        for _ in range(100):
-            found = rayproc.cluster_processes([marker])
-            if len(found) == 2:
-                break
-            subprocess.run(["sleep", "0.05"])
+        def both() -> list[int] | None:
+            pids = rayproc.cluster_processes([marker])
+            return pids if len(pids) == 2 else None
+
+        found = wait_until(both, "the parent and its child `sleep`", timeout=10, interval=0.05)
         assert parent.pid in found and len(found) == 2, "the child `sleep` is found by ancestry"
         assert rayproc.terminate(found, grace=2) == []
         assert not any(rayproc.alive(p) for p in found)
@@ -58,17 +59,26 @@ def test_port_block_flags_cover_every_ray_port() -> None:
     assert min(ports) == 30000 and max(ports) < 30000 + rayproc.BLOCK_SIZE
 
 
-def test_processes_in_other_network_namespaces_are_never_matched() -> None:
+def test_processes_in_other_network_namespaces_are_never_matched(needs_root: None) -> None:
     """Port 6379 in a container or test-bed host is another machine's Ray, not this cluster's."""
     import shutil
     import time
+
+    def entered_or_failed() -> bool:
+        try:
+            return other.poll() is not None or (
+                os.readlink(f"/proc/{other.pid}/ns/net") != os.readlink("/proc/self/ns/net"))
+        except FileNotFoundError:  # it exited between the two looks
+            return True
 
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) is not installed")
     marker = f"--gcs-address=10.200.99.1:6379 rayproc-test-{time.time_ns()}"
     other = subprocess.Popen(["unshare", "--net", "--", "bash", "-c", "sleep 30; true", "-", marker])
     try:
-        time.sleep(0.3)
+        # Until `unshare` is in its own network namespace (or has failed, unprivileged).
+        wait_until(entered_or_failed, "unshare to enter a new network namespace", timeout=10,
+                   interval=0.02)
         if other.poll() is not None:
             pytest.skip("cannot create a network namespace here (needs root)")
         found = rayproc.cluster_processes([rayproc.gcs_marker(6379)])

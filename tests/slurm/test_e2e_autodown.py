@@ -25,7 +25,7 @@ from tests.slurm.conftest import (
     ray_left_on_hosts,
 )
 from tests.testbed.slurm import SlurmCluster
-from tests.waiting import wait_until
+from tests.waiting import read_json, wait_until, watcher_checked
 
 pytestmark = pytest.mark.slow
 def cluster_jobs(slurm: SlurmCluster, cluster_id: str) -> list[dict[str, str]]:
@@ -119,8 +119,13 @@ def test_a_busy_fixed_cluster_is_kept_and_removes_itself_once_idle(
     job = job_of(rf_home, "keeper")
     ray_job = ok(invoke("submit", "--cluster", str(spec), "--no-wait",
                         "tests/data/sleeper.py")).strip().splitlines()[-1]
-    # Twice the idle period with a job running: the cluster stays, and status says why.
-    time.sleep(25)
+    # A whole idle period with a job running: the cluster stays, and status says why. The
+    # watcher's check after that period, seen in the marker `status` keeps a copy of.
+    def marker() -> dict[str, Any] | None:
+        status(spec)
+        return read_json(rf_home / "autodown" / f"{spec.stem}.json")
+
+    watcher_checked(marker, 0.2, interval=2)
     assert [j["state"] for j in cluster_jobs(slurm_cluster, job["cluster_id"])] == ["RUNNING"]
     busy = status(spec)["autodown"]
     assert busy["idle_s"] is None and "job(s) pending or running" in busy["detail"], busy

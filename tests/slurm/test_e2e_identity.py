@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from tests.slurm.conftest import (
 )
 from tests.testbed.hosts import ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
+from tests.waiting import read_json, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +59,8 @@ def test_a_port_taken_on_a_worker_and_a_planted_dir_do_not_break_the_cluster(
         folder.mkdir(mode=0o777)
         (folder / "rf_helper.py").write_text("raise SystemExit('planted helper ran')\n")
     try:
-        deadline = time.monotonic() + 30
-        while worker.run(f"ss -ltn 'sport = :{base + 3}' | grep -q LISTEN").returncode != 0:
-            assert time.monotonic() < deadline, "the port holder did not start"
-            time.sleep(0.2)
+        wait_until(lambda: worker.run(f"ss -ltn 'sport = :{base + 3}' | grep -q LISTEN")
+                   .returncode == 0, "the port holder to listen", timeout=30, interval=0.2)
         spec = torn_down(login_spec(tmp_path, slurm_cluster, "shared", "nodes: 2\n"))
         ok(invoke("up", "--cluster", str(spec)))
         job = job_of(rf_home, "shared")
@@ -96,32 +96,39 @@ def test_a_failing_squeue_never_cancels_a_queued_job(
     up = subprocess.Popen([sys.executable, "-m", "invoke", "up", "--cluster", str(spec)], env=env,
                           cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
+    # `up`'s output as it comes: its failed polls ("...; retrying") are the state waited for.
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(up.stdout or ()), daemon=True)
+    reader.start()
     try:
         state_file = rf_home / "state" / "queued.json"
-        deadline = time.monotonic() + 120
-        job_id = None
-        while job_id is None:
-            assert up.poll() is None, up.stdout.read() if up.stdout else ""
-            assert time.monotonic() < deadline, "no job id recorded"
-            if state_file.exists():
-                jobs = json.loads(state_file.read_text())["resources"]
-                job_id = jobs[0]["attrs"].get("job_id") if jobs else None
-            time.sleep(0.2)
+
+        def recorded_job() -> str | None:
+            assert up.poll() is None, "".join(lines)
+            jobs = (read_json(state_file) or {}).get("resources")
+            return jobs[0]["attrs"].get("job_id") if jobs else None
+
+        job_id = wait_until(recorded_job, "up to record its job id", timeout=120, interval=0.2)
         slurm_cluster.wait_job(job_id, {"PENDING"})
         client = slurm_cluster.testbed.client
         pid_file = slurm_cluster.workdir / "slurmctld.pid"
         client.run(f"kill -TERM $(cat {pid_file})", check=True)
-        deadline = time.monotonic() + 30
-        while slurm_cluster.run("squeue -h", timeout=30).returncode == 0:
-            assert time.monotonic() < deadline, "slurmctld did not stop"
-            time.sleep(0.2)
-        time.sleep(8)  # several of `invoke up`'s polls fail meanwhile
+        wait_until(lambda: slurm_cluster.run("squeue -h", timeout=30).returncode != 0,
+                   "slurmctld to stop", timeout=30, interval=0.2)
+        # `up` saw a poll fail and said it keeps on (it says so once: the same words are not
+        # repeated). Then several more polls fail: it polls every 0.5 s, so 3 s after the first
+        # failure is at least four more.
+        wait_until(lambda: any("; retrying" in line for line in list(lines)),
+                   "up to report a failed poll", timeout=120, interval=0.2)
+        time.sleep(3)
         assert up.poll() is None, "up gave up while squeue failed"
         client.popen(["slurmctld", "-D", "-f", str(slurm_cluster.conf_path)],
                      log=slurm_cluster.workdir / "slurmctld-restarted.out", env=slurm_cluster.env)
         slurm_cluster.wait_job(job_id, {"PENDING"}, timeout=60)
         slurm_cluster.run(f"scancel {blocker}", check=True)
-        out, _ = up.communicate(timeout=300)
+        up.wait(timeout=300)
+        reader.join(timeout=30)
+        out = "".join(lines)
         assert up.returncode == 0, out
         assert slurm_cluster.job_state(job_id) == "RUNNING"
         ok(invoke("teardown", "--cluster", str(spec)))

@@ -19,6 +19,7 @@ from infra.node import rayproc
 from infra.node.slurm import node_helper
 from infra.providers.slurm.spec import PORT_STRIDE
 from tests.slurm.nodezip import helper, helper_env, zip_path
+from tests.waiting import wait_until
 
 
 def _free_pair() -> int:
@@ -117,10 +118,8 @@ def marked() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
 def test_stop_ends_only_this_jobs_processes_and_their_children(
         marked: tuple[str, list[subprocess.Popen[bytes]]]) -> None:
     ours, (parent, neighbour) = marked
-    deadline = time.monotonic() + 10
-    while len(rayproc.cluster_processes([ours])) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)  # the child is being started
-    targets = rayproc.cluster_processes([ours])
+    targets = wait_until(lambda: (found := rayproc.cluster_processes([ours]))[1:] and found,
+                         "the job's process and its child", timeout=10, interval=0.05)
     assert parent.pid in targets and len(targets) == 2
     started = time.monotonic()
     done = helper("stop", ours)
