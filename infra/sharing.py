@@ -13,19 +13,15 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import os
 import secrets
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from infra import paths, sharing_certs, tracking, ui
 from infra.errors import RayfleetError, SpecError, UsageError
 from infra.head import HeadAccess
-from infra.node import gateway, gateway_state, rayproc
+from infra.node import gateway, gateway_state, rayproc, supervise
 from infra.node.files import atomic_write
 from infra.spec import ClusterSpec
 from infra.state import State
@@ -157,64 +153,38 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State) -> s
 
 
 def start_gateway(access: HeadAccess, config: gateway.Config, config_path: Path) -> None:
-    """THE one place that starts the gateway (switch to the common head supervisor here).
+    """The one place that starts the gateway, under the head daemons' one supervisor.
 
-    This machine: a detached `python -m infra.node.gateway`, replaced when its config changed.
-    A remote head: autodown_remote.install_daemon with the certificate and key as 0600 secrets."""
+    This machine: `python -m infra.node.gateway` supervised, replaced when its config changed.
+    A remote head: remote_head.install_daemon with the certificate and key as 0600 secrets."""
     if access.target is not None:
-        from infra import autodown_remote
+        from infra import remote_head
 
         cert, key = Path(config.cert), Path(config.key)
         remote = {**gateway.asdict(config), "cert": ".rayfleet/gateway.pem",
                   "key": ".rayfleet/gateway.key", "data_dir": ".rayfleet/gateway"}
-        autodown_remote.install_daemon(
+        remote_head.install_daemon(
             access.target, "infra.node.gateway", HEAD_CONFIG, json.dumps(remote),
             secrets={".rayfleet/gateway.pem": cert.read_bytes(),
                      ".rayfleet/gateway.key": key.read_bytes()},
             log="~/.rayfleet/gateway.log")
         return
     wanted = json.dumps(gateway.asdict(config), indent=2)
-    running = _local_pid(config_path)
-    if running and config_path.exists() and config_path.read_text() == wanted:
+    pidfile = Path(f"{config_path}.pid")
+    if supervise.running(pidfile) and config_path.exists() and config_path.read_text() == wanted:
         return
     stop_local(config_path)
     gateway.write_config(config_path, config)
     log = paths.home() / "logs" / config.cluster / "gateway.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as out:
-        subprocess.Popen([sys.executable, "-m", "infra.node.gateway", "--config", str(config_path)],
-                         cwd=paths.PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def _local_pid(config_path: Path) -> int | None:
-    """The pid of the gateway started with `config_path`, when it still runs."""
-    try:
-        pid = int(Path(f"{config_path}.pid").read_text().strip())
-    except (OSError, ValueError):
-        return None
-    import psutil
-
-    with contextlib.suppress(psutil.Error):
-        if str(config_path) in " ".join(psutil.Process(pid).cmdline()):
-            return pid
-    return None
+    # Supervised like every head daemon (infra/node/supervise.py): a gateway that dies is back
+    # within seconds, and its pid file identifies it by pid and start time.
+    supervise.ensure([sys.executable, "-m", "infra.node.gateway", "--config", str(config_path)],
+                     pidfile, log, cwd=str(paths.PROJECT_ROOT))
 
 
 def stop_local(config_path: Path) -> None:
-    """Stop the gateway started here with `config_path` (exactly that pid), if it runs."""
-    pid = _local_pid(config_path)
-    if pid is None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and rayproc.alive(pid):
-        time.sleep(0.05)
-    if rayproc.alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    Path(f"{config_path}.pid").unlink(missing_ok=True)
+    """Stop the gateway started here with `config_path` and its supervisor, if they run."""
+    supervise.stop(Path(f"{config_path}.pid"))
 
 
 def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:
@@ -222,10 +192,10 @@ def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:
     if access is None or access.target is None:
         stop_local(folder(selected.name) / gateway.CONFIG_FILE)
     else:
-        from infra import autodown_remote
+        from infra import remote_head
 
         with contextlib.suppress(RayfleetError):
-            autodown_remote.stop_daemon(access.target, HEAD_CONFIG)
+            remote_head.stop_daemon(access.target, HEAD_CONFIG)
 
 
 def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:

@@ -401,10 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
     config = read_config(Path(args.config))
-    import os
-
-    # The pid file lets a second `up` (and teardown) find exactly this process.
-    atomic_write(Path(f"{args.config}.pid"), f"{os.getpid()}\n")
+    # Its supervisor (infra/node/supervise.py) owns `<config>.pid`: it identifies this process.
     print(f"gateway for {config.cluster} on https://{config.host}:{config.port}", flush=True)
     serve(config)
     return 0

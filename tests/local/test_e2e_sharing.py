@@ -26,7 +26,7 @@ import certifi
 import pytest
 import requests
 
-from infra.node import rayproc
+from infra.node import rayproc, supervise
 from tests.conftest import ROOT, run_invoke
 
 pytestmark = pytest.mark.slow
@@ -329,9 +329,18 @@ def test_usage_survives_a_gateway_restart(shared: Shared) -> None:
 
     _wait_for(recorded, 120, "the gateway records mo's job and visit")
     before = json.loads(usage.read_text())
-    pid = int((folder / "rayfleet-gateway.json.pid").read_text())
-    os.kill(pid, 9)  # no chance to save on the way out: what survives is what was on disk
-    _wait_for(lambda: not rayproc.alive(pid), 10, "the gateway gone")
+    pidfile = folder / "rayfleet-gateway.json.pid"
+    child = supervise.read(pidfile)["child"]
+    assert child is not None and child.running()
+    os.kill(child.pid, 9)  # no chance to save on the way out: what survives is what was on disk
+    _wait_for(lambda: not child.running(), 10, "the gateway gone")
+
+    def restarted() -> bool:
+        now = supervise.read(pidfile)["child"]
+        return now is not None and now.pid != child.pid and now.running()
+
+    # Its supervisor starts it again by itself, as every head daemon's.
+    _wait_for(restarted, 30, "the gateway started again by its supervisor")
     again = shared.invoke("up")
     assert again.returncode == 0, again.stdout + again.stderr
     assert mo.get("/api/jobs/").status_code == 200
