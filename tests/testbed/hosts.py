@@ -95,17 +95,29 @@ def tmpfs_over(target: str, mode: str = "1777") -> list[str]:
     return ["mount", "-t", "tmpfs", "-o", f"mode={mode}", "tmpfs", target]
 
 
+#: What a host writes to is its own: a copy-on-write layer over this machine's, private to the
+#: host's mount namespace. /etc and /home, because node setup creates system users (useradd writes
+#: /etc/passwd, /etc/shadow, /etc/group and makes /home/<user>): those must be the host's own, as on
+#: a real instance, and never reach this machine's files or another host's.
+PRIVATE_TREES = ("/root", "/etc", "/home")
+
+
 def host_setup(private: Path) -> list[list[str]]:
-    """A host's private view of the machine, as argv run by its init: a copy-on-write /root whose
-    upper layer lives in a tmpfs at `private` (an empty directory), and empty /tmp/ray and /dev/shm."""
+    """A host's private view of the machine, as argv run by its init: copy-on-write /root, /etc and
+    /home whose upper layers live in a tmpfs at `private` (an empty directory), and empty /tmp/ray
+    and /dev/shm."""
     path_line = f"export PATH={ray_bin_dir()}:$PATH  # rayfleet test bed: this host's private home only"
+    overlays: list[list[str]] = []
+    for tree in PRIVATE_TREES:
+        layer = f"{private}/{tree.strip('/')}"
+        overlays += [["mkdir", f"{layer}-upper", f"{layer}-work"],
+                     ["mount", "-t", "overlay", "overlay", "-o",
+                      f"lowerdir={tree},upperdir={layer}-upper,workdir={layer}-work", tree]]
     return [
         # Upper and work dirs on a tmpfs: overlayfs refuses some file systems (e.g. another overlay,
         # as in containers) as upper layer.
         ["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(private)],
-        ["mkdir", f"{private}/upper", f"{private}/work"],
-        ["mount", "-t", "overlay", "overlay", "-o",
-         f"lowerdir=/root,upperdir={private}/upper,workdir={private}/work", "/root"],
+        *overlays,
         # Login shells may put other Pythons first (pyenv or conda in ~/.bashrc): on this host, as a
         # setup script would on a real one, the tests' Python and Ray come first.
         ["sh", "-c", f"printf '%s\\n' {shlex.quote(path_line)} >> /root/.bashrc"],

@@ -43,6 +43,7 @@ from infra.providers.lambda_cloud import (
     fleet,
     raycluster,
     tracking_setup,
+    users,
 )
 from infra.providers.lambda_cloud.spec import Choice, Spec
 from infra.state import Resource, State
@@ -82,6 +83,7 @@ class Capacity:
 
 class Provider(BaseProvider[Spec, Capacity]):
     name = "lambda"
+    job_reach = users.JOB_REACH
     #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store on
     #: the spec's `file_system` when named, else on the head, copied here by `teardown`.
     supports_tracking = True

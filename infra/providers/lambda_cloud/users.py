@@ -1,0 +1,65 @@
+"""The two users of a Lambda node (infra/privilege.py): which files each gets, and the start
+commands of an autoscaling cluster's head and workers run as them.
+
+The head: the SSH user receives everything over SFTP (autoscale.bootstrap), then setup/users.sh
+hands Ray's user the Ray token (and tracking password) and the autoscaler's user the API key, the
+cluster's SSH key, the token, the config, the node package and the setup files; `ray start --head
+--no-monitor` runs as Ray's user and Ray's v2 monitor as the autoscaler's. Workers: the
+autoscaler sets them up over SSH as the SSH user (file mounts, setup), and their Ray runs as Ray's
+user with the token handed over the same way. NOTES.md says why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra import auth, paths, privilege, tracking_remote
+
+#: What `plan` and `status` print about a job on a Lambda cluster.
+JOB_REACH = privilege.job_reach("the Lambda API key")
+#: Files, relative to a node's SSH user's home, that Ray's user needs: `ray start` reads both.
+RAY_FILES = (auth.NODE_TOKEN_PATH.removeprefix("~/"),
+             tracking_remote.NODE_PASSWORD_PATH.removeprefix("~/"))
+#: The installer (setup/users.sh) as shipped, and where it lands on a node.
+SCRIPT_SOURCE = Path(paths.setup_dir()) / "users.sh"
+
+
+def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: str,
+                 setup_dir: str) -> tuple[str, ...]:
+    """The head's files that the autoscaler's user gets: the credential, the cluster's private
+    key, the Ray token (to talk to GCS), the tracking password and the setup files (file mounts
+    for new workers), its config, the node package with our node provider, and the installer."""
+    return (key_file, bootstrap_key, *RAY_FILES, config_file, node_dir, setup_dir,
+            privilege.USERS_SCRIPT)
+
+
+def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[str, ...],
+               gcs_address: str, config_file: str, node_zip: str, monitor_env: dict[str, str],
+               ) -> str:
+    """Users and files, then Ray as Ray's user (no monitor of its own), then the autoscaler as its
+    user. `ray_env` are `VAR=value ` words for `ray start`; nothing secret is in any argument."""
+    return " && ".join([
+        privilege.setup_users(RAY_FILES, scaler),
+        privilege.stop_ray(activate),
+        privilege.as_user(privilege.RAY_USER,
+                          f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
+        privilege.start_monitor(gcs_address, config_file, node_zip, monitor_env, activate),
+    ])
+
+
+def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str) -> list[str]:
+    """A worker's start commands (run by the autoscaler over SSH as the SSH user): its Ray user
+    with the token and password that the file mounts brought, then Ray as that user."""
+    address = f"$RAY_HEAD_IP:{gcs_port}"
+    return [
+        privilege.setup_users(RAY_FILES),
+        privilege.stop_ray(activate),
+        privilege.as_user(privilege.RAY_USER,
+                          f"{ray_env}RAY_USAGE_STATS_ENABLED=0 ray start "
+                          f"--address={address} --disable-usage-stats{extra}", activate),
+    ]
+
+
+def script_mount() -> dict[str, str]:
+    """The installer as a file mount: from the autoscaler's home on the head to each worker."""
+    return {f"~/{privilege.USERS_SCRIPT}": f"~/{privilege.USERS_SCRIPT}"}
