@@ -26,6 +26,7 @@ USERS_SCRIPT = "rayfleet/users.sh"
 #: Where the autoscaler writes its logs, relative to its user's home (Ray's session log dir
 #: belongs to the Ray user, whom the autoscaler must not share a writable directory with).
 SCALER_LOGS = "rayfleet/logs"
+SCALER_TMP = "rayfleet/tmp"
 
 #: `sudo -n ` for an SSH user that is not root; nothing for root (which may have no sudo at all).
 AS_ROOT = '$([ "$(id -u)" = 0 ] || echo sudo -n) '
@@ -75,13 +76,16 @@ def start_monitor(gcs_address: str, config: str, pythonpath: str, env: dict[str,
     words = "".join(f'{k}="{v}" ' for k, v in env.items())
     # The previous monitor by its pid file (a pattern would match this very command line).
     pid = f"$HOME/{SCALER_LOGS}/monitor.pid"
-    inner = (f'mkdir -p ~/{SCALER_LOGS} && {{ [ ! -f {pid} ] || kill "$(cat {pid})" 2>/dev/null; '
-             "true; } && "
-             f"{words}PYTHONPATH=$HOME/{pythonpath} setsid nohup "
+    # TMPDIR: Ray's libraries keep files under <TMPDIR>/ray (e.g. the on-prem provider's
+    # cluster state), and /tmp/ray belongs to Ray's user.
+    inner = (f'mkdir -p ~/{SCALER_LOGS} ~/{SCALER_TMP} && '
+             f'{{ [ ! -f {pid} ] || kill "$(cat {pid})" 2>/dev/null; true; }} && '
+             f"{{ TMPDIR=$HOME/{SCALER_TMP} "
+             f"{words}{f'PYTHONPATH=$HOME/{pythonpath} ' if pythonpath else ''}setsid nohup "
              f'"$(dirname "$(command -v ray)")/python" -u -m {module} '
              f"--gcs-address={shlex.quote(gcs_address)} --autoscaling-config=$HOME/{config} "
              f"--logs-dir=$HOME/{SCALER_LOGS} </dev/null >>$HOME/{SCALER_LOGS}/monitor.out 2>&1 & "
-             f"echo $! > {pid}")
+             f"echo $! > {pid}; }}")
     return as_user(SCALER_USER, inner, activate)
 
 

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, paths, render, ssh, tracking, tracking_remote, ui, versions
+from infra import auth, jobs, paths, privilege, render, ssh, tracking, tracking_remote, ui, versions
+from infra.providers.lambda_cloud import users
 from infra.errors import ProviderError
 
 if TYPE_CHECKING:
@@ -100,14 +101,19 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
     extra = ""
     if spec.object_store_memory_mb:
         extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}"
+    file_mounts[f"~/{privilege.USERS_SCRIPT}"] = str(users.SCRIPT_SOURCE)
+    node_env = node_env_prefix(spec, head_private_ip)
     return render.render(
         "lambda.yaml.j2",
         cluster=ray_cluster_name(spec, cluster_id), head_ip=head_ip, worker_ips=worker_ips,
         ssh_user=spec.ssh_user,
         ssh_private_key=str(key_path), ssh_proxy_command=spec.ssh_proxy_command,
-        file_mounts=file_mounts, setup_commands=setup, activate=activate(spec),
-        gcs_port=GCS_PORT, dashboard_port=DASHBOARD_PORT, ray_start_extra=extra,
-        node_env=node_env_prefix(spec, head_private_ip),
+        file_mounts=file_mounts, setup_commands=setup,
+        head_start_commands=users.fixed_head_start(
+            activate(spec), f"{node_env}RAY_USAGE_STATS_ENABLED=0 ",
+            f"--port={GCS_PORT} --dashboard-host=127.0.0.1 --dashboard-port={DASHBOARD_PORT} "
+            f"--disable-usage-stats{extra}", GCS_PORT, spec.auth == "token"),
+        worker_start_commands=users.worker_start(activate(spec), node_env, GCS_PORT, extra),
     )
 
 

@@ -63,3 +63,25 @@ def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str) -> list
 def script_mount() -> dict[str, str]:
     """The installer as a file mount: from the autoscaler's home on the head to each worker."""
     return {f"~/{privilege.USERS_SCRIPT}": f"~/{privilege.USERS_SCRIPT}"}
+
+
+#: What `ray up` leaves in the SSH user's home on the head of a fixed-size cluster, for its
+#: autoscaler: Ray's copy of the cluster config and the cluster's private key.
+FIXED_SCALER_FILES = ("ray_bootstrap_config.yaml", "ray_bootstrap_key.pem")
+
+
+def fixed_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port: int,
+                     token: bool) -> list[str]:
+    """A fixed-size cluster's head (`ray up` of Ray's on-prem provider): Ray as Ray's user
+    without a monitor, then Ray's v1 monitor as the autoscaler's user with `ray up`'s config and
+    key, starting the workers over SSH. GCS listens on every address, loopback included."""
+    auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "$HOME/" + RAY_FILES[0]}
+                if token else {"RAY_AUTH_MODE": "disabled"})
+    return [
+        privilege.setup_users(RAY_FILES, (*FIXED_SCALER_FILES, *RAY_FILES, privilege.USERS_SCRIPT)),
+        privilege.stop_ray(activate),
+        privilege.as_user(privilege.RAY_USER,
+                          f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
+        privilege.start_monitor(f"127.0.0.1:{gcs_port}", FIXED_SCALER_FILES[0], "", auth_env,
+                                activate, v2=False),
+    ]
