@@ -13,6 +13,7 @@ The world (test bed hosts as instances, the fake API reached through relays) is 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -75,7 +76,10 @@ def test_up_runs_ray_and_the_autoscaler_as_two_users_of_the_node(scaled: Scaled)
 @pytest.mark.slow
 def test_jobs_on_head_and_workers_reach_no_credential_while_it_scales(scaled: Scaled) -> None:
     before = scaled.launches()
-    submit = scaled.invoke("submit", str(PROBE), "--", "2", timeout=900)
+    # The hosts' /home is a copy-on-write layer over this machine's: its users' homes are not the
+    # node's (the machine's /root is the host's too, but 0700 to everyone but root).
+    shared = [f"/home/{d}" for d in sorted(os.listdir("/home"))]
+    submit = scaled.invoke("submit", str(PROBE), "--", "2", *shared, timeout=900)
     assert submit.returncode == 0, submit.stdout + submit.stderr
     assert scaled.launches() - before == 2, "the separated autoscaler launched the two workers"
     reports = json.loads(submit.stdout.split("RESULT ", 1)[1].splitlines()[0])

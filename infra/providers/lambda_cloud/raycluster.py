@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra import auth, jobs, paths, privilege, render, ssh, tracking, tracking_remote, ui, versions
-from infra.providers.lambda_cloud import users
 from infra.errors import ProviderError
+from infra.providers.lambda_cloud import users
 
 if TYPE_CHECKING:
     from infra.node.lambda_cloud import api
