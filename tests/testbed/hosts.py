@@ -110,7 +110,11 @@ def host_setup(private: Path) -> list[list[str]]:
     overlays: list[list[str]] = []
     for tree in PRIVATE_TREES:
         layer = f"{private}/{tree.strip('/')}"
+        # The merged root directory takes its owner and mode from the upper one: without the
+        # chmod every host's /root was 0755 (this machine's is 0700) and any user could read it.
         overlays += [["mkdir", f"{layer}-upper", f"{layer}-work"],
+                     ["chmod", f"--reference={tree}", f"{layer}-upper"],
+                     ["chown", f"--reference={tree}", f"{layer}-upper"],
                      ["mount", "-t", "overlay", "overlay", "-o",
                       f"lowerdir={tree},upperdir={layer}-upper,workdir={layer}-work", tree]]
     return [
