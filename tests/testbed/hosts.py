@@ -99,7 +99,11 @@ def tmpfs_over(target: str, mode: str = "1777") -> list[str]:
 #: host's mount namespace. /etc and /home, because node setup creates system users (useradd writes
 #: /etc/passwd, /etc/shadow, /etc/group and makes /home/<user>): those must be the host's own, as on
 #: a real instance, and never reach this machine's files or another host's.
-PRIVATE_TREES = ("/root", "/etc", "/home")
+#: Each with the mode of its merged root (which overlayfs takes from the upper directory, 0755 when
+#: made by mkdir). /root as on a real machine, 0700, but for others' x bit: the tests' Python (and
+#: so `ray`, which every user of a node runs) lives under this machine's /root/.pyenv, where a real
+#: node has /usr. Others can pass through /root, not list it; the node's secrets there are 0700/0600.
+PRIVATE_TREES = {"/root": "0711", "/etc": "0755", "/home": "0755"}
 
 
 def host_setup(private: Path) -> list[list[str]]:
@@ -108,13 +112,11 @@ def host_setup(private: Path) -> list[list[str]]:
     and /dev/shm."""
     path_line = f"export PATH={ray_bin_dir()}:$PATH  # rayfleet test bed: this host's private home only"
     overlays: list[list[str]] = []
-    for tree in PRIVATE_TREES:
+    for tree, mode in PRIVATE_TREES.items():
         layer = f"{private}/{tree.strip('/')}"
-        # The merged root directory takes its owner and mode from the upper one: without the
-        # chmod every host's /root was 0755 (this machine's is 0700) and any user could read it.
+        # Without the chmod every host's /root was 0755 and any user could list and read it.
         overlays += [["mkdir", f"{layer}-upper", f"{layer}-work"],
-                     ["chmod", f"--reference={tree}", f"{layer}-upper"],
-                     ["chown", f"--reference={tree}", f"{layer}-upper"],
+                     ["chmod", mode, f"{layer}-upper"],
                      ["mount", "-t", "overlay", "overlay", "-o",
                       f"lowerdir={tree},upperdir={layer}-upper,workdir={layer}-work", tree]]
     return [
