@@ -39,6 +39,10 @@ ENV_PREFIX = "$HOME/rayfleet/env"
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_UP_enable_autoscaler_v2": "0"}
 
 
+#: Ray's autoscaler runs apart as its own user (users.py) and logs into that user's home.
+MONITOR_LOGS = f"~{privilege.SCALER_USER}/{privilege.SCALER_LOGS}/monitor.*"
+
+
 class RayClusterError(ProviderError):
     """`ray up` failed, or a node did not join; the message names the node and the reason."""
 
@@ -210,7 +214,7 @@ def wait_all_alive(dashboard_url: str, expected: dict[str, set[str]], timeout: f
         return True if not missing else None
 
     ui.wait_for(check, f"Ray to report {len(expected)} node(s) alive", timeout=timeout, interval=1.0,
-                hint="the worker did not join: see /tmp/ray/session_latest/logs/monitor.* on the head")
+                hint=f"the worker did not join: see {MONITOR_LOGS} on the head")
 
 
 def wait_workers(dashboard_url: str, minimum: int, timeout: float, token_path: Path | None) -> None:
@@ -232,7 +236,7 @@ def wait_workers(dashboard_url: str, minimum: int, timeout: float, token_path: P
 
     ui.wait_for(check, f"Ray on the head and {minimum} worker(s) (min_workers) alive",
                 timeout=timeout, interval=1.0,
-                hint="see /tmp/ray/session_latest/logs/monitor.* on the head")
+                hint=f"see {MONITOR_LOGS} on the head")
 
 
 @contextmanager
