@@ -40,6 +40,7 @@ from infra.providers.gcp_tpu import (
     preflight,
     slices,
     tracking_setup,
+    users,
     view,
 )
 from infra.providers.gcp_tpu.launcher import RayRunner
@@ -87,6 +88,7 @@ def _zone_order(spec: Spec, report: preflight.Report | None) -> tuple[str, ...]:
 
 class Provider(BaseProvider[Spec, Preflight]):
     name = "gcp-tpu"
+    job_reach = users.JOB_REACH
     #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store goes
     #: with the head, and `teardown` copies it here first.
     supports_tracking = True
