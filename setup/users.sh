@@ -43,14 +43,19 @@ make_user() {
       gpasswd -d "$user" "$group" >/dev/null
     fi
   done
-  chown "$user:$user" "/home/$user"
-  chmod 700 "/home/$user"
+  # (A user that existed before may have had no home made.)
+  mkdir -p "$(home_of "$user")"
+  chown "$user:$user" "$(home_of "$user")"
+  chmod 700 "$(home_of "$user")"
 }
 
+home_of() { getent passwd "$1" | cut -d: -f6; }
+
 give() {
-  local user=$1 path=$2 target
+  local user=$1 path=$2 target home
   [ -e "$SOURCE_HOME/$path" ] || return 0
-  target="/home/$user/$path"
+  home=$(home_of "$user")
+  target="$home/$path"
   mkdir -p "$(dirname "$target")"
   rm -rf "$target"
   cp -R --preserve=mode "$SOURCE_HOME/$path" "$target"
@@ -58,8 +63,8 @@ give() {
   local dir
   dir=$(dirname "$path")
   while [ "$dir" != . ]; do
-    chown "$user:$user" "/home/$user/$dir"
-    chmod go-w "/home/$user/$dir"
+    chown "$user:$user" "$home/$dir"
+    chmod go-w "$home/$dir"
     dir=$(dirname "$dir")
   done
   chown -R "$user:$user" "$target"
