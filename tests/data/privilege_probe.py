@@ -4,13 +4,16 @@ cluster's cloud credential and the machines: it reads every file its user can op
 node's own trees, looking for anything shaped like a Lambda API key or an SSH private key; calls
 the Lambda API (LAMBDA_API_URL, as the test bed gives every node) with each key found and with
 none; runs `sudo -n true`; writes into the autoscaler's home; logs into the other nodes over SSH
-with each private key found and the SSH client's defaults; and lists every process (`ps`).
+with each private key found and the SSH client's defaults; and lists every process (`ps`). It
+also asks the cluster's tracking server, with the login jobs get, which must still answer.
 
+Usage: privilege_probe.py N [PATH TO SKIP]...
 Prints `RESULT <json>`: one report per node. The test decides; the job only tries.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -109,6 +112,24 @@ def ssh_logins(others: list[str], keys: list[str]) -> dict[str, int]:
     return tried
 
 
+def tracking() -> int:
+    """The cluster's MLflow server, with the login Ray hands every job: the HTTP status."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return -2
+    login = f"{os.environ.get('MLFLOW_TRACKING_USERNAME')}:{os.environ.get('MLFLOW_TRACKING_PASSWORD')}"
+    request = urllib.request.Request(
+        f"{uri}/api/2.0/mlflow/experiments/search?max_results=1",
+        headers={"Authorization": "Basic " + base64.b64encode(login.encode()).decode()})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return -1
+
+
 def write_scaler_home() -> str:
     try:
         with open("/home/rayfleet-scaler/written-by-a-job", "w") as handle:
@@ -127,7 +148,7 @@ def probe(others: list[str]) -> dict[str, object]:
         "user": subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip(),
         "groups": subprocess.run(["id", "-Gn"], capture_output=True, text=True).stdout.split(),
         "scan": found, "api": call_api(keys), "sudo": run(["sudo", "-n", "true"]),
-        "write_scaler_home": write_scaler_home(),
+        "write_scaler_home": write_scaler_home(), "tracking": tracking(),
         "ssh": ssh_logins(others, found["private_keys"]),  # type: ignore[arg-type]
         "ps": ps.stdout,
     }
