@@ -2,7 +2,7 @@
 
 On Lambda's and Google's images the SSH user has passwordless sudo, so whatever runs as it can
 become root. rayfleet therefore keeps the SSH user for its own control steps only and, through
-setup/users.sh (run once per node, with sudo), makes two system users:
+setup/users/users.sh (run once per node, with sudo), makes two system users:
 
 - `RAY_USER` runs Ray: head, workers, and so every job, task, actor and Serve replica. No sudo,
   no admin group, its own 0700 home holding the cluster's Ray token (and tracking password).
@@ -21,8 +21,11 @@ from collections.abc import Sequence
 
 RAY_USER = "rayfleet-ray"
 SCALER_USER = "rayfleet-scaler"
-#: setup/users.sh on a node, relative to the SSH user's home.
-USERS_SCRIPT = "rayfleet/users.sh"
+#: setup/users/ on a node, relative to the SSH user's home (a folder: Ray's file mounts of single
+#: files print a warning on stdout, which would break `invoke plan --json`).
+USERS_DIR = "rayfleet/users"
+#: setup/users/users.sh on a node, relative to the SSH user's home.
+USERS_SCRIPT = f"{USERS_DIR}/users.sh"
 #: Where the autoscaler writes its logs, relative to its user's home (Ray's session log dir
 #: belongs to the Ray user, whom the autoscaler must not share a writable directory with).
 SCALER_LOGS = "rayfleet/logs"

@@ -1,4 +1,4 @@
-"""setup/users.sh and infra/privilege.py's commands for real, in a private mount namespace whose
+"""setup/users/users.sh and infra/privilege.py's commands for real, in a private mount namespace whose
 /etc and /home are copy-on-write layers over this machine's (as every test-bed host has): the users
 are made there and vanish with it. Needs root (useradd, mounts); seconds, no daemons."""
 
@@ -41,8 +41,8 @@ def test_users_get_their_files_and_no_root_group(tmp_path: Path) -> None:
     (home / ".rayfleet" / "ray-token").chmod(0o600)
     (home / ".rayfleet" / "lambda-api-key").write_text("KEY")
     (home / ".rayfleet" / "lambda-api-key").chmod(0o600)
-    (home / "rayfleet").mkdir()
-    shutil.copy(paths.setup_dir() / "users.sh", home / privilege.USERS_SCRIPT)
+    (home / privilege.USERS_DIR).mkdir(parents=True)
+    shutil.copy(paths.setup_dir() / "users" / "users.sh", home / privilege.USERS_SCRIPT)
     setup = privilege.setup_users([".rayfleet/ray-token", ".rayfleet/absent"],
                                   [".rayfleet/lambda-api-key", ".rayfleet/ray-token"])
     # An image whose same-named user was in `sudo` already: setup takes it out again.
@@ -72,7 +72,7 @@ def test_users_get_their_files_and_no_root_group(tmp_path: Path) -> None:
 
 
 def test_users_sh_refuses_a_non_root_caller(tmp_path: Path) -> None:
-    script = shlex.quote(str(paths.setup_dir() / "users.sh"))
+    script = shlex.quote(str(paths.setup_dir() / "users" / "users.sh"))
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash",
                            "-c", f"bash {script} /tmp"], capture_output=True, text=True, check=False)
     assert done.returncode != 0 and "run as root" in done.stderr, done.stderr

@@ -167,7 +167,8 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         dirs.append(raycluster.REMOTE_SETUP.removeprefix("~/"))
     with ui.step(f"copying the node provider, token and keys to the head {head.ip}"):
         ssh.run(target, "umask 077 && mkdir -p .rayfleet && chmod 700 .rayfleet && "
-                + "mkdir -p " + " ".join(shlex.quote(d) for d in dirs), timeout=60, check=True)
+                + "mkdir -p " + " ".join(shlex.quote(d) for d in [*dirs, privilege.USERS_DIR]),
+                timeout=60, check=True)
         client = ssh.connect(target)
         try:
             sftp = client.open_sftp()

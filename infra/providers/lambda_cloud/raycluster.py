@@ -105,7 +105,7 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
     extra = ""
     if spec.object_store_memory_mb:
         extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}"
-    file_mounts[f"~/{privilege.USERS_SCRIPT}"] = str(users.SCRIPT_SOURCE)
+    file_mounts[f"~/{privilege.USERS_DIR}"] = str(users.SCRIPT_SOURCE.parent)
     node_env = node_env_prefix(spec, head_private_ip)
     return render.render(
         "lambda.yaml.j2",

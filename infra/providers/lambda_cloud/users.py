@@ -1,7 +1,7 @@
 """The two users of a Lambda node (infra/privilege.py): which files each gets, and the start
 commands of an autoscaling cluster's head and workers run as them.
 
-The head: the SSH user receives everything over SFTP (autoscale.bootstrap), then setup/users.sh
+The head: the SSH user receives everything over SFTP (autoscale.bootstrap), then setup/users/users.sh
 hands Ray's user the Ray token (and tracking password) and the autoscaler's user the API key, the
 cluster's SSH key, the token, the config, the node package and the setup files; `ray start --head
 --no-monitor` runs as Ray's user and Ray's v2 monitor as the autoscaler's. Workers: the
@@ -20,8 +20,8 @@ JOB_REACH = privilege.job_reach("the Lambda API key")
 #: Files, relative to a node's SSH user's home, that Ray's user needs: `ray start` reads both.
 RAY_FILES = (auth.NODE_TOKEN_PATH.removeprefix("~/"),
              tracking_remote.NODE_PASSWORD_PATH.removeprefix("~/"))
-#: The installer (setup/users.sh) as shipped, and where it lands on a node.
-SCRIPT_SOURCE = Path(paths.setup_dir()) / "users.sh"
+#: The installer (setup/users/users.sh) as shipped, and where it lands on a node.
+SCRIPT_SOURCE = Path(paths.setup_dir()) / "users" / "users.sh"
 
 
 def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: str,
@@ -30,7 +30,7 @@ def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: 
     key, the Ray token (to talk to GCS), the tracking password and the setup files (file mounts
     for new workers), its config, the node package with our node provider, and the installer."""
     return (key_file, bootstrap_key, *RAY_FILES, config_file, node_dir, setup_dir,
-            privilege.USERS_SCRIPT)
+            privilege.USERS_DIR)
 
 
 def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[str, ...],
@@ -62,7 +62,7 @@ def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str) -> list
 
 def script_mount() -> dict[str, str]:
     """The installer as a file mount: from the autoscaler's home on the head to each worker."""
-    return {f"~/{privilege.USERS_SCRIPT}": f"~/{privilege.USERS_SCRIPT}"}
+    return {f"~/{privilege.USERS_DIR}": f"~/{privilege.USERS_DIR}"}
 
 
 #: What `ray up` leaves in the SSH user's home on the head of a fixed-size cluster, for its
@@ -78,7 +78,7 @@ def fixed_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port:
     auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "$HOME/" + RAY_FILES[0]}
                 if token else {"RAY_AUTH_MODE": "disabled"})
     return [
-        privilege.setup_users(RAY_FILES, (*FIXED_SCALER_FILES, *RAY_FILES, privilege.USERS_SCRIPT)),
+        privilege.setup_users(RAY_FILES, (*FIXED_SCALER_FILES, *RAY_FILES, privilege.USERS_DIR)),
         privilege.stop_ray(activate),
         privilege.as_user(privilege.RAY_USER,
                           f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
