@@ -126,7 +126,8 @@ def tracking() -> int:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return exc.code
-    except OSError:
+    except OSError as exc:
+        print(f"tracking server at {uri}: {exc}", file=sys.stderr)
         return -1
 
 
