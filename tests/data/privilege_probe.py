@@ -121,14 +121,20 @@ def tracking() -> int:
     request = urllib.request.Request(
         f"{uri}/api/2.0/mlflow/experiments/search?max_results=1",
         headers={"Authorization": "Basic " + base64.b64encode(login.encode()).decode()})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError as exc:
-        print(f"tracking server at {uri}: {exc}", file=sys.stderr)
-        return -1
+    # The server may still be starting (`up` does not wait for MLflow's first answer): a refused
+    # connection is retried for a while, as MLflow's own client does.
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                print(f"tracking server at {uri}: {exc}", file=sys.stderr)
+                return -1
+            time.sleep(2)
 
 
 def write_scaler_home() -> str:
