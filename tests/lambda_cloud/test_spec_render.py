@@ -121,7 +121,7 @@ def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
     # Users first, then `ray stop`, then Ray as its unprivileged user without a monitor (the
     # autoscaler's user starts Ray's monitor last, on the head).
     head_users, _, head_ray, monitor = config["head_start_ray_commands"]
-    worker_users, _, worker_ray = config["worker_start_ray_commands"]
+    worker_users, worker_ray = config["worker_start_ray_commands"]
     assert "--dashboard-host=127.0.0.1" in head_ray and "--no-monitor" in head_ray
     assert all("RAY_USAGE_STATS_ENABLED=0" in c and "runuser -u rayfleet-ray" in c
                for c in (head_ray, worker_ray))

@@ -51,9 +51,9 @@ def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str) -> list
     """A worker's start commands (run by the autoscaler over SSH as the SSH user): its Ray user
     with the token and password that the file mounts brought, then Ray as that user."""
     address = f"$RAY_HEAD_IP:{gcs_port}"
+    # Two commands, as before the users: Ray's updater opens one SSH session per command.
     return [
-        privilege.setup_users(RAY_FILES),
-        privilege.stop_ray(activate),
+        f"{privilege.setup_users(RAY_FILES)} && {privilege.stop_ray(activate)}",
         privilege.as_user(privilege.RAY_USER,
                           f"{ray_env}RAY_USAGE_STATS_ENABLED=0 ray start "
                           f"--address={address} --disable-usage-stats{extra}", activate),
