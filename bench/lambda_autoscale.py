@@ -12,7 +12,12 @@ Measured on top: the autoscaler noticing the demand (its loop runs every second 
 documented AUTOSCALER_UPDATE_INTERVAL_S), the capacity check before each launch, and Ray's setup
 of the worker over SSH and its `ray start`. Target: within 10 % of the floor.
 
-Usage: python bench/lambda_autoscale.py [--boot 120] [--workers 2] [--quick]
+With `--compare` (the default without `--quick`) the same measurement runs twice, in a fresh
+test bed each: with the separated autoscaler rayfleet ships (Ray as `rayfleet-ray`, Ray's monitor
+as `rayfleet-scaler`, issue 29), and with the start commands of before (Ray and its autoscaler as
+the SSH user; bench/unseparated/sitecustomize.py). Target: separated / before <= 1.05.
+
+Usage: python bench/lambda_autoscale.py [--boot 120] [--workers 2] [--quick] [--no-compare]
 """
 
 from __future__ import annotations
@@ -36,24 +41,48 @@ from tests.lambda_cloud.autoscale_bed import CLUSTER, autoscale_bed  # noqa: E40
 JOB = ROOT / "tests" / "data" / "lambda_gpu_job.py"
 
 
+UNSEPARATED = ROOT / "bench" / "unseparated"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--boot", type=float, default=120.0, help="fake boot time, seconds")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--quick", action="store_true",
                         help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
+    parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
+                        help="also measure the start commands of before issue 29 (default: on "
+                             "without --quick)")
     args = parser.parse_args()
     if args.quick:
         args.boot, args.workers = 1.0, 1
+    separated = measure(args, {})
+    if separated is None:
+        return 1
+    if not (args.compare if args.compare is not None else not args.quick):
+        return 0
+    print("\nthe same with Ray and its autoscaler as the SSH user (before issue 29):")
+    before = measure(args, {"PYTHONPATH": os.pathsep.join(
+        p for p in (str(UNSEPARATED), os.environ.get("PYTHONPATH", "")) if p)})
+    if before is None:
+        return 1
+    print(f"scale-up, separated autoscaler {separated:.1f}s vs Ray as the SSH user {before:.1f}s: "
+          f"ratio {separated / before:.3f} (target <= 1.05)")
+    return 0
+
+
+def measure(args: argparse.Namespace, extra_env: dict[str, str]) -> float | None:
+    """Seconds from a job's submission until its workers joined Ray; None after a failure."""
     with tempfile.TemporaryDirectory(prefix="rf-bench-autoscale-") as tmp, \
             autoscale_bed(Path(tmp), scale=1.0, boot_delay=args.boot, hosts=args.workers + 1,
                           idle_minutes=5, max_workers=args.workers) as cluster:
+        cluster.env.update(extra_env)
         started = time.monotonic()
         # The head boots for --boot seconds too: `up` itself is not what is measured.
         up = cluster.invoke("up", timeout=args.boot + 900)
         if up.returncode != 0:
             print(up.stdout + up.stderr, file=sys.stderr)
-            return 1
+            return None
         print(f"up (head only): {time.monotonic() - started:.1f}s")
         tunnel = subprocess.Popen([sys.executable, "-m", "invoke", "dashboard", "--cluster",
                                    str(cluster.spec)], cwd=ROOT, env={**os.environ, **cluster.env},
@@ -67,7 +96,7 @@ def main() -> int:
             submit = cluster.invoke("submit", "--no-wait", str(JOB), "--", str(args.workers))
             if submit.returncode != 0:
                 print(submit.stdout + submit.stderr, file=sys.stderr)
-                return 1
+                return None
             # The job exists from here on (the CLI's start, tunnel and upload are not the cluster's
             # reaction time; they are printed separately).
             submitted = time.monotonic()
@@ -86,7 +115,7 @@ def main() -> int:
                     break
                 if time.monotonic() - submitted > args.boot + 12 * args.workers + 600:
                     print("workers did not join", file=sys.stderr)
-                    return 1
+                    return None
                 time.sleep(0.5)
             joined = time.monotonic() - submitted
         finally:
@@ -105,7 +134,7 @@ def main() -> int:
               f"(12 s x {args.workers - 1} + boot {args.boot:.0f}s); "
               f"{100 * (joined - floor) / floor:+.1f}% over the floor; "
               f"launch calls {cluster.launches() - 1}")
-    return 0
+    return joined
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
             "cost_range": cost_range.__dict__ if cost_range else None,
             "autodown": selected.autodown.idle_minutes if selected.autodown else None,
             "diff": diff,
-            "problems": result.problems,
+            "problems": result.problems, "job_reach": impl.job_reach or None,
         }, indent=2), soft_wrap=True, markup=False)
         _refuse_problems(result)
         return
@@ -108,6 +108,8 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     if cost_range is not None:
         ui.out(f"• {costs.describe_range(cost_range)}", markup=False)
     ui.out(f"• {costs.describe_autodown(selected)}", markup=False)
+    if impl.job_reach:
+        ui.out(f"• {impl.job_reach}", markup=False)
     folder = paths.rendered_dir(selected.name)
     ui.out(f"rendered: {', '.join(str(folder / f) for f in sorted(result.files)) or 'nothing'}")
     if diff:
@@ -279,6 +281,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
             "ray_error": ray_error or None, **ray_view, **extras,
             "tracking_copy": copy_note, "tracking_copied_at": current.info.get("tracking_copied_at"),
+            "job_reach": impl.job_reach or None,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
     ui.out(f"{_title(selected)}: {provider_view.summary}", markup=False)
@@ -286,6 +289,8 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
     if provider_view.autodown is not None:
         ui.out(autodown_view.describe(provider_view.autodown), markup=False)
+    if impl.job_reach:
+        ui.out(impl.job_reach, markup=False)
     _table("provider resources", provider_view.rows)
     for warning in provider_view.warnings:
         ui.warn(warning)

@@ -50,6 +50,9 @@ STUBS = {
     "module": "",
     "base64": "cat >/dev/null",
     "scontrol": 'case "$2" in hostnames) echo n1 ;; *) echo NodeAddr=127.0.0.1 ;; esac',
+    # Lambda's nodes run Ray as its own user (infra/privilege.py): here, as whoever runs the test.
+    "runuser": 'while [ "$#" -gt 0 ] && [ "$1" != -- ]; do shift; done; shift; exec "$@"',
+    "sudo": 'while [ "${1#-}" != "$1" ]; do shift; done; exec "$@"',
 }
 
 Leaf = tuple[Any, ...]
@@ -104,6 +107,10 @@ class Bed:
         # The node env a setup command made (Lambda's commands source it before `ray`).
         (self.home / "rayfleet" / "env").mkdir(parents=True)
         (self.home / "rayfleet" / "env" / "rayfleet-activate.sh").write_text("")
+        # The users installer the head received (setup/users/users.sh): recorded, never run here.
+        (self.home / "rayfleet" / "users").mkdir()
+        (self.home / "rayfleet" / "users" / "users.sh").write_text(
+            f'echo "users.sh $*" >> "{root}/calls.log"\n')
         self.work = root / "work"
         self.work.mkdir()
         self.cluster_id = secrets.token_hex(4)

@@ -170,6 +170,9 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
 
     #: The value of `provider:` in specs.
     name: ClassVar[str]
+    #: One line for `plan` and `status`: what a job on this provider's clusters can reach (its
+    #: user, the credentials it cannot read); empty where the provider has not said.
+    job_reach: ClassVar[str] = ""
 
     def __init__(self, spec: SpecT) -> None:
         self.spec = spec

@@ -158,7 +158,9 @@ def test_no_capacity_anywhere_waits_without_a_launch_loop(scaled: Scaled) -> Non
     assert min(gaps) >= 60 * SCALE * 0.95, gaps
     assert scaled.workers() == []
     head = scaled.host(scaled.head()["ip"])
-    said = head.run("grep -h 'cannot launch gpu' /tmp/ray/session_latest/logs/monitor.* | head -1")
+    # Ray's monitor runs apart as the autoscaler's user and logs into that user's home.
+    said = head.run("grep -h 'cannot launch gpu' /home/rayfleet-scaler/rayfleet/logs/monitor.* "
+                    "| head -1")
     assert "no capacity listed" in said.stdout, said.stdout
     stop = scaled.invoke("stop-job", job_id.group(0))
     assert stop.returncode == 0, stop.stdout + stop.stderr
@@ -172,14 +174,17 @@ def test_api_key_only_in_its_file(scaled: Scaled) -> None:
     # Ray's logs and session files, shared memory; and every process's command line and
     # environment. The key is fed to grep on stdin, so grep's own command line is clean.
     # The host's /root is a copy-on-write layer over this machine's: skip what the machine had.
-    shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for d in sorted(os.listdir("/root"))
-                      if (Path("/root") / d).is_dir())
+    # So is its /home: the machine's own users' homes there are not the node's.
+    shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for top in ("/root", "/home")
+                      for d in sorted(os.listdir(top)) if (Path(top) / d).is_dir())
+    # The SSH user's copy (the idle watcher's) and the autoscaler's user's (issue 29).
     found = head.run(f"cd /root && grep -rlsF --binary-files=text -f /dev/stdin {shared} "
-                     "/root /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; true",
-                     input=API_KEY + "\n", timeout=300)
+                     "/root /home /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; "
+                     "true", input=API_KEY + "\n", timeout=300)
     files = sorted(line for line in found.stdout.split("\n") if line)
-    assert files == ["/root/.rayfleet/lambda-api-key"], files
-    monitor_logs = head.run("ls /tmp/ray/session_latest/logs/monitor*").stdout.split()
+    assert files == ["/home/rayfleet-scaler/.rayfleet/lambda-api-key",
+                     "/root/.rayfleet/lambda-api-key"], files
+    monitor_logs = head.run("ls /home/rayfleet-scaler/rayfleet/logs/monitor*").stdout.split()
     assert monitor_logs, "the autoscaler wrote no log to scan"
     for path in scaled.home.rglob("*"):
         if path.is_file():
@@ -194,7 +199,7 @@ def test_teardown_right_after_a_launch_with_the_autoscaler_killed(scaled: Scaled
     assert submit.returncode == 0, submit.stdout + submit.stderr
     scaled.wait("the autoscaler's launch", lambda: scaled.launches() > launches, timeout=120)
     head = scaled.host(scaled.head()["ip"])
-    pids = head.run("pgrep -f 'autoscaler/v2/monitor.py|autoscaler/_private/monitor.py'").stdout.split()
+    pids = head.run("pgrep -u rayfleet-scaler -f 'ray.autoscaler.v2.monitor'").stdout.split()
     assert pids, "no autoscaler process on the head"
     head.run(f"kill -9 {' '.join(pids)}", check=True)
     cid = scaled.head()["tags"]["rayfleet-cluster"]

@@ -118,9 +118,15 @@ def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
     config = yaml.safe_load(text)
     assert config["max_workers"] == config["min_workers"] == len(workers)
     assert config["auth"].get("ssh_proxy_command") == spec.ssh_proxy_command
-    assert all("--dashboard-host=127.0.0.1" in c for c in config["head_start_ray_commands"][1:])
-    assert all("RAY_USAGE_STATS_ENABLED=0" in c
-               for c in config["head_start_ray_commands"][1:] + config["worker_start_ray_commands"][1:])
+    # Users first, then `ray stop`, then Ray as its unprivileged user without a monitor (the
+    # autoscaler's user starts Ray's monitor last, on the head).
+    head_users, _, head_ray, monitor = config["head_start_ray_commands"]
+    worker_users, worker_ray = config["worker_start_ray_commands"]
+    assert "--dashboard-host=127.0.0.1" in head_ray and "--no-monitor" in head_ray
+    assert all("RAY_USAGE_STATS_ENABLED=0" in c and "runuser -u rayfleet-ray" in c
+               for c in (head_ray, worker_ray))
+    assert "runuser -u rayfleet-scaler" in monitor and "ray.autoscaler._private.monitor" in monitor
+    assert "scaler:ray_bootstrap_key.pem" in head_users and "scaler:" not in worker_users
     assert "PRIVATE KEY" not in text
     assert_golden(f"lambda/{case}.yaml", text, _normalise())
 

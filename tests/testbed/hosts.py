@@ -95,17 +95,35 @@ def tmpfs_over(target: str, mode: str = "1777") -> list[str]:
     return ["mount", "-t", "tmpfs", "-o", f"mode={mode}", "tmpfs", target]
 
 
+#: What a host writes to is its own: a copy-on-write layer over this machine's, private to the
+#: host's mount namespace. /etc and /home, because node setup creates system users (useradd writes
+#: /etc/passwd, /etc/shadow, /etc/group and makes /home/<user>): those must be the host's own, as on
+#: a real instance, and never reach this machine's files or another host's.
+#: Each with the mode of its merged root (which overlayfs takes from the upper directory, 0755 when
+#: made by mkdir). /root as on a real machine, 0700, but for others' x bit: the tests' Python (and
+#: so `ray`, which every user of a node runs) lives under this machine's /root/.pyenv, where a real
+#: node has /usr. Others can pass through /root, not list it; the node's secrets there are 0700/0600.
+PRIVATE_TREES = {"/root": "0711", "/etc": "0755", "/home": "0755"}
+
+
 def host_setup(private: Path) -> list[list[str]]:
-    """A host's private view of the machine, as argv run by its init: a copy-on-write /root whose
-    upper layer lives in a tmpfs at `private` (an empty directory), and empty /tmp/ray and /dev/shm."""
+    """A host's private view of the machine, as argv run by its init: copy-on-write /root, /etc and
+    /home whose upper layers live in a tmpfs at `private` (an empty directory), and empty /tmp/ray
+    and /dev/shm."""
     path_line = f"export PATH={ray_bin_dir()}:$PATH  # rayfleet test bed: this host's private home only"
+    overlays: list[list[str]] = []
+    for tree, mode in PRIVATE_TREES.items():
+        layer = f"{private}/{tree.strip('/')}"
+        # Without the chmod every host's /root was 0755 and any user could list and read it.
+        overlays += [["mkdir", f"{layer}-upper", f"{layer}-work"],
+                     ["chmod", mode, f"{layer}-upper"],
+                     ["mount", "-t", "overlay", "overlay", "-o",
+                      f"lowerdir={tree},upperdir={layer}-upper,workdir={layer}-work", tree]]
     return [
         # Upper and work dirs on a tmpfs: overlayfs refuses some file systems (e.g. another overlay,
         # as in containers) as upper layer.
         ["mount", "-t", "tmpfs", "-o", "mode=0700", "tmpfs", str(private)],
-        ["mkdir", f"{private}/upper", f"{private}/work"],
-        ["mount", "-t", "overlay", "overlay", "-o",
-         f"lowerdir=/root,upperdir={private}/upper,workdir={private}/work", "/root"],
+        *overlays,
         # Login shells may put other Pythons first (pyenv or conda in ~/.bashrc): on this host, as a
         # setup script would on a real one, the tests' Python and Ray come first.
         ["sh", "-c", f"printf '%s\\n' {shlex.quote(path_line)} >> /root/.bashrc"],

@@ -40,6 +40,7 @@ from infra.providers.gcp_tpu import (
     removal,
     slices,
     tracking_setup,
+    users,
     view,
 )
 from infra.providers.gcp_tpu.launcher import RayRunner
@@ -69,6 +70,7 @@ def _sha(text: str) -> str:
 
 class Provider(BaseProvider[Spec, Preflight]):
     name = "gcp-tpu"
+    job_reach = users.JOB_REACH
     #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store goes
     #: with the head, and `teardown` copies it here first.
     supports_tracking = True

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from infra import auth, paths, remote_head, shipping, ssh, tracking, tracking_remote, ui, versions
+from infra import auth, paths, privilege, remote_head, shipping, ssh, tracking, tracking_remote, ui, versions
 from infra.node.lambda_cloud import api
-from infra.providers.lambda_cloud import raycluster
+from infra.providers.lambda_cloud import raycluster, users
 
 if TYPE_CHECKING:
     from infra.providers.lambda_cloud.spec import Spec
@@ -77,6 +77,8 @@ def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
     if spec.tracking == "mlflow":
         # The head's 0600 copy (bootstrap puts it there) goes to each worker like the token.
         mounts[tracking_remote.NODE_PASSWORD_PATH] = tracking_remote.NODE_PASSWORD_PATH
+    # The installer of the node's users (users.py), from the autoscaler's home to each worker.
+    mounts.update(users.script_mount())
     setup: list[str] = []
     if spec.env != "none":
         mounts[raycluster.REMOTE_SETUP] = raycluster.REMOTE_SETUP
@@ -108,12 +110,10 @@ def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
         "rsync_exclude": [], "rsync_filter": [], "initialization_commands": [],
         "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": setup,
         "head_start_ray_commands": [],
-        "worker_start_ray_commands": [
-            f"{activate}ray stop",
-            f"{activate}{raycluster.node_env_prefix(spec, head_private_ip)}"
-            "RAY_USAGE_STATS_ENABLED=0 ray start "
-            f"--address=$RAY_HEAD_IP:{raycluster.GCS_PORT} --disable-usage-stats{extra}",
-        ],
+        # Ray runs as its unprivileged user (users.py).
+        "worker_start_ray_commands": users.worker_start(
+            activate, raycluster.node_env_prefix(spec, head_private_ip), raycluster.GCS_PORT,
+            extra, spec.tracking == "mlflow"),
     }
 
 
@@ -124,18 +124,37 @@ def install_command(spec: Spec) -> str:
 
 
 def head_start_command(spec: Spec, head_id: str, head_private_ip: str | None = None) -> str:
+    """Ray on the head as Ray's user without its own autoscaler, then Ray's v2 monitor as the
+    autoscaler's user, who alone holds the API key and the cluster's SSH key (users.py)."""
     activate = raycluster.activate(spec)
     extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
         if spec.object_store_memory_mb else ""
-    # One node per launch batch: v2 fails a whole batch on one error, and ours launch one by one.
-    env = (f"RAY_enable_autoscaler_v2=1 AUTOSCALER_MAX_LAUNCH_BATCH=1 "
-           f"RAY_CLOUD_INSTANCE_ID={shlex.quote(head_id)} "
-           f"RAY_NODE_TYPE_NAME={HEAD_TYPE} PYTHONPATH=$HOME/{shipping.head_path()} "
+    # v2 on the head: GCS serves the autoscaler state v2's monitor reads. Ray reports the head's
+    # instance id (RAY_CLOUD_INSTANCE_ID), without which v2 does not scale.
+    env = (f"RAY_enable_autoscaler_v2=1 RAY_CLOUD_INSTANCE_ID={shlex.quote(head_id)} "
+           f"RAY_NODE_TYPE_NAME={HEAD_TYPE} "
            f"{raycluster.node_env_prefix(spec, head_private_ip)}RAY_USAGE_STATS_ENABLED=0 ")
-    return (f"{activate}ray stop >/dev/null 2>&1; cd ~ && {activate}{env}ray start --head "
-            f"--port={raycluster.GCS_PORT} --dashboard-host=127.0.0.1 "
-            f"--dashboard-port={raycluster.DASHBOARD_PORT} --autoscaling-config=$HOME/{CONFIG_FILE} "
-            f"--disable-usage-stats{extra}")
+    args = (f"--port={raycluster.GCS_PORT} --dashboard-host=127.0.0.1 "
+            f"--dashboard-port={raycluster.DASHBOARD_PORT} --disable-usage-stats{extra}")
+    # One node per launch batch: v2 fails a whole batch on one error, and ours launch one by one.
+    monitor_env = {"RAY_enable_autoscaler_v2": "1", "AUTOSCALER_MAX_LAUNCH_BATCH": "1",
+                   **auth_env(spec)}
+    gcs = f"{head_private_ip or '127.0.0.1'}:{raycluster.GCS_PORT}"
+    tracking = spec.tracking == "mlflow"
+    return users.head_start(activate, env, args, scaler_files(tracking), gcs, CONFIG_FILE,
+                            shipping.head_path(), monitor_env, tracking)
+
+
+def auth_env(spec: Spec) -> dict[str, str]:
+    """How the autoscaler's user reaches GCS: with its own copy of the token, or none."""
+    if spec.auth != "token":
+        return {"RAY_AUTH_MODE": "disabled"}
+    return auth.node_env("$HOME/" + TOKEN_FILE)
+
+
+def scaler_files(tracking: bool) -> tuple[str, ...]:
+    return users.scaler_files(HEAD_API_KEY_FILE, BOOTSTRAP_KEY, CONFIG_FILE, shipping.NODE_DIR,
+                              raycluster.REMOTE_SETUP.removeprefix("~/"), tracking)
 
 
 def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instance,
@@ -151,6 +170,8 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         HEAD_API_KEY_FILE: (api_key.encode(), 0o600),
         BOOTSTRAP_KEY: (private_key.read_bytes(), 0o600),
         CONFIG_FILE: (config_text.encode(), 0o644),
+        # Run at each node's setup: makes the two users (Ray's, the autoscaler's), hands over files.
+        privilege.USERS_SCRIPT: (users.SCRIPT_SOURCE.read_bytes(), 0o755),
         **({TOKEN_FILE: (token.read_bytes(), 0o600)} if token is not None else {})}
     if spec.tracking == "mlflow":
         # Before Ray starts: the head's `ray start` reads it, workers get it from here.
@@ -164,6 +185,10 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
     with ui.step(f"copying the node provider, token and keys to the head {head.ip}"):
         remote_head.put_files(target, files)
     if not start:
+        # The running autoscaler reads its own user's copy of the config (v2 re-reads it).
+        mlflow = spec.tracking == "mlflow"
+        ssh.run(target, privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow)),
+                timeout=120, check=True)
         return
     if spec.env != "none":
         with ui.step("installing the node environment on the head"):

@@ -41,6 +41,7 @@ from infra.providers.lambda_cloud import (
     provisioning,
     raycluster,
     tracking_setup,
+    users,
 )
 from infra.providers.lambda_cloud.planning import Capacity, place
 from infra.providers.lambda_cloud.spec import Spec
@@ -51,6 +52,7 @@ __all__ = ["Capacity", "Provider", "Spec", "place"]  # Provider, Spec: re-export
 
 class Provider(BaseProvider[Spec, Capacity]):
     name = "lambda"
+    job_reach = users.JOB_REACH
     #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store on
     #: the spec's `file_system` when named, else on the head, copied here by `teardown`.
     supports_tracking = True

@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, paths, render, ssh, tracking, tracking_remote, ui, versions
+from infra import auth, jobs, paths, privilege, render, ssh, tracking, tracking_remote, ui, versions
 from infra.errors import ProviderError
 from infra.node.where import home_path, ray_executable
+from infra.providers.lambda_cloud import users
 
 if TYPE_CHECKING:
     from infra.node.lambda_cloud import api
@@ -35,6 +36,10 @@ ENV_PREFIX = "$HOME/rayfleet/env"
 #: Ray run with these for `ray up`/`ray down`: no usage reports; the autoscaler v1, with which a
 #: `ray up` of an on-prem cluster from another machine does start its workers (Ray 2.60).
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_UP_enable_autoscaler_v2": "0"}
+
+
+#: Ray's autoscaler runs apart as its own user (users.py) and logs into that user's home.
+MONITOR_LOGS = f"~{privilege.SCALER_USER}/{privilege.SCALER_LOGS}/monitor.*"
 
 
 class RayClusterError(ProviderError):
@@ -103,14 +108,21 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
     extra = render.Shell("")
     if spec.object_store_memory_mb:
         extra = render.Shell(f" --object-store-memory={int(spec.object_store_memory_mb) * 1024 * 1024}")
+    file_mounts[f"~/{privilege.USERS_DIR}"] = str(users.SCRIPT_SOURCE.parent)
+    node_env = node_env_prefix(spec, head_private_ip)
     return render.render(
         "lambda.yaml.j2",
         cluster=ray_cluster_name(spec, cluster_id), head_ip=head_ip, worker_ips=worker_ips,
         ssh_user=spec.ssh_user,
         ssh_private_key=str(key_path), ssh_proxy_command=spec.ssh_proxy_command,
-        file_mounts=file_mounts, setup_commands=setup, activate=render.Shell(activate(spec)),
-        gcs_port=GCS_PORT, dashboard_port=DASHBOARD_PORT, ray_start_extra=extra,
-        node_env=render.Shell(node_env_prefix(spec, head_private_ip)),
+        file_mounts=file_mounts, setup_commands=setup,
+        # Shell built here from our own words (users.py): printed as is.
+        head_start_commands=[render.Shell(c) for c in users.fixed_head_start(
+            activate(spec), f"{node_env}RAY_USAGE_STATS_ENABLED=0 ",
+            f"--port={GCS_PORT} --dashboard-host=127.0.0.1 --dashboard-port={DASHBOARD_PORT} "
+            f"--disable-usage-stats{extra}", GCS_PORT, spec.auth == "token", spec.tracking == "mlflow")],
+        worker_start_commands=[render.Shell(c) for c in users.worker_start(
+            activate(spec), node_env, GCS_PORT, extra, spec.tracking == "mlflow")],
     )
 
 
@@ -193,7 +205,7 @@ def wait_all_alive(dashboard_url: str, expected: dict[str, set[str]], timeout: f
         return True if not missing else None
 
     ui.wait_for(check, f"Ray to report {len(expected)} node(s) alive", timeout=timeout, interval=1.0,
-                hint="the worker did not join: see /tmp/ray/session_latest/logs/monitor.* on the head")
+                hint=f"the worker did not join: see {MONITOR_LOGS} on the head")
 
 
 def wait_workers(dashboard_url: str, minimum: int, timeout: float, token_path: Path | None) -> None:
@@ -215,7 +227,7 @@ def wait_workers(dashboard_url: str, minimum: int, timeout: float, token_path: P
 
     ui.wait_for(check, f"Ray on the head and {minimum} worker(s) (min_workers) alive",
                 timeout=timeout, interval=1.0,
-                hint="see /tmp/ray/session_latest/logs/monitor.* on the head")
+                hint=f"see {MONITOR_LOGS} on the head")
 
 
 @contextmanager

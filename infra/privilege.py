@@ -1,0 +1,98 @@
+"""Who runs what on a cloud node: Ray as an unprivileged user, its autoscaler as a second one.
+
+On Lambda's and Google's images the SSH user has passwordless sudo, so whatever runs as it can
+become root. rayfleet therefore keeps the SSH user for its own control steps only and, through
+setup/users/users.sh (run once per node, with sudo), makes two system users:
+
+- `RAY_USER` runs Ray: head, workers, and so every job, task, actor and Serve replica. No sudo,
+  no admin group, its own 0700 home holding the cluster's Ray token (and tracking password).
+- `SCALER_USER` runs Ray's autoscaler apart from the head's other processes (`ray start --head
+  --no-monitor`, then Ray's monitor as this user). Its 0700 home holds the cloud credential, the
+  cluster's SSH private key and the autoscaler's config.
+
+This module spells those steps as shell for the node's SSH user; the providers put them into
+their start commands. Nothing secret is in any of them: secrets travel as 0600 files.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+RAY_USER = "rayfleet-ray"
+SCALER_USER = "rayfleet-scaler"
+#: setup/users/ on a node, relative to the SSH user's home (a folder: Ray's file mounts of single
+#: files print a warning on stdout, which would break `invoke plan --json`).
+USERS_DIR = "rayfleet/users"
+#: setup/users/users.sh on a node, relative to the SSH user's home.
+USERS_SCRIPT = f"{USERS_DIR}/users.sh"
+#: Where the autoscaler writes its logs, relative to its user's home (Ray's session log dir
+#: belongs to the Ray user, whom the autoscaler must not share a writable directory with).
+SCALER_LOGS = "rayfleet/logs"
+SCALER_TMP = "rayfleet/tmp"
+
+#: `sudo -n ` for an SSH user that is not root; nothing for root (which may have no sudo at all).
+AS_ROOT = '$([ "$(id -u)" = 0 ] || echo sudo -n) '
+
+#: Variables that Ray's launcher exports to the start commands it runs on a node, which Ray's
+#: `ray start` must still see after the switch to another user (sudo resets the environment; the
+#: Ray-documented knobs ride along so that a cluster tuned by them stays tuned).
+PASSED_ON = ("RAY_HEAD_IP", "RAY_OVERRIDE_RESOURCES", "RAY_OVERRIDE_LABELS",
+             "RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME", "RAY_enable_autoscaler_v2",
+             "RAY_USAGE_STATS_ENABLED", "AUTOSCALER_UPDATE_INTERVAL_S",
+             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S")
+
+
+def as_user(user: str, command: str, activate: str = "") -> str:
+    """Shell that runs `command` (bash syntax, `$HOME` = the user's home) as `user`, from the
+    user's home, with the SSH user's PATH after `activate` (where `ray` and Python are).
+
+    `runuser` keeps the caller's environment (root's case); under sudo only PATH and PASSED_ON
+    survive. The command is one quoted argument to the user's bash, so values it reads from files
+    (`$(cat ...)`) appear in no process's argv."""
+    passed = " ".join(f'${{{name}+{name}="${name}"}}' for name in PASSED_ON)
+    return (f"{activate}{AS_ROOT}runuser -u {user} -- env PATH=\"$PATH\" {passed} "
+            f"bash -c {shlex.quote('cd ~ && ' + command)}")
+
+
+def setup_users(ray_files: Sequence[str], scaler_files: Sequence[str] = ()) -> str:
+    """Shell that makes the node's users and hands each its files (paths relative to the SSH
+    user's home; setup/users.sh copies them into the user's home with their modes)."""
+    args = [f"ray:{p}" for p in ray_files] + [f"scaler:{p}" for p in scaler_files]
+    return f'{AS_ROOT}bash "$HOME/{USERS_SCRIPT}" "$HOME" {shlex.join(args)}'
+
+
+def stop_ray(activate: str = "") -> str:
+    """`ray stop` as Ray's user (only root or Ray's user can stop its processes)."""
+    return as_user(RAY_USER, "ray stop >/dev/null 2>&1; true", activate)
+
+
+def start_monitor(gcs_address: str, config: str, pythonpath: str, env: dict[str, str],
+                  activate: str = "", v2: bool = True) -> str:
+    """Shell that (re)starts Ray's autoscaler as SCALER_USER, detached from the SSH session.
+
+    `config` and `pythonpath` are relative to that user's home. The monitor is the module that
+    `ray start --head` would run itself (ray/_private/services.py start_monitor), with the same
+    arguments bar the log directory."""
+    module = "ray.autoscaler.v2.monitor" if v2 else "ray.autoscaler._private.monitor"
+    # Double quotes, not shlex: values may name "$HOME" (the autoscaler user's), never a secret.
+    words = "".join(f'{k}="{v}" ' for k, v in env.items())
+    # The previous monitor by its pid file (a pattern would match this very command line).
+    pid = f"$HOME/{SCALER_LOGS}/monitor.pid"
+    # TMPDIR: Ray's libraries keep files under <TMPDIR>/ray (e.g. the on-prem provider's
+    # cluster state), and /tmp/ray belongs to Ray's user.
+    inner = (f'mkdir -p ~/{SCALER_LOGS} ~/{SCALER_TMP} && '
+             f'{{ [ ! -f {pid} ] || kill "$(cat {pid})" 2>/dev/null; true; }} && '
+             f"{{ TMPDIR=$HOME/{SCALER_TMP} "
+             f"{words}{f'PYTHONPATH=$HOME/{pythonpath} ' if pythonpath else ''}setsid nohup "
+             f'"$(dirname "$(command -v ray)")/python" -u -m {module} '
+             f"--gcs-address={shlex.quote(gcs_address)} --autoscaling-config=$HOME/{config} "
+             f"--logs-dir=$HOME/{SCALER_LOGS} </dev/null >>$HOME/{SCALER_LOGS}/monitor.out 2>&1 & "
+             f"echo $! > {pid}; }}")
+    return as_user(SCALER_USER, inner, activate)
+
+
+def job_reach(credential: str) -> str:
+    """The one line `plan` and `status` print about what a job on such a node can reach."""
+    return (f"jobs run as {RAY_USER} (no sudo): they reach Ray and the cluster's network, not "
+            f"{credential}, the cluster's SSH key or root; the autoscaler runs as {SCALER_USER}")

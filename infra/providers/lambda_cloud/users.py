@@ -1,0 +1,95 @@
+"""The two users of a Lambda node (infra/privilege.py): which files each gets, and the start
+commands of an autoscaling cluster's head and workers run as them.
+
+The head: the SSH user receives everything over SFTP (autoscale.bootstrap), then setup/users/users.sh
+hands Ray's user the Ray token (and tracking password) and the autoscaler's user the API key, the
+cluster's SSH key, the token, the config, the node package and the setup files; `ray start --head
+--no-monitor` runs as Ray's user and Ray's v2 monitor as the autoscaler's. Workers: the
+autoscaler sets them up over SSH as the SSH user (file mounts, setup), and their Ray runs as Ray's
+user with the token handed over the same way. NOTES.md says why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra import auth, paths, privilege, tracking_remote
+
+#: What `plan` and `status` print about a job on a Lambda cluster.
+JOB_REACH = privilege.job_reach("the Lambda API key")
+#: The Ray token, relative to a node's SSH user's home: Ray's user needs it for `ray start`.
+TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
+
+
+def ray_files(tracking: bool) -> tuple[str, ...]:
+    """What Ray's user needs of the SSH user's files: the token, and the tracking password when
+    the cluster has a tracking server (`ray start` reads both)."""
+    password = tracking_remote.NODE_PASSWORD_PATH.removeprefix("~/")
+    return (TOKEN_FILE, password) if tracking else (TOKEN_FILE,)
+#: The installer (setup/users/users.sh) as shipped, and where it lands on a node.
+SCRIPT_SOURCE = Path(paths.setup_dir()) / "users" / "users.sh"
+
+
+def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: str,
+                 setup_dir: str, tracking: bool) -> tuple[str, ...]:
+    """The head's files that the autoscaler's user gets: the credential, the cluster's private
+    key, the Ray token (to talk to GCS), the tracking password and the setup files (file mounts
+    for new workers), its config, the node package with our node provider, and the installer."""
+    return (key_file, bootstrap_key, *ray_files(tracking), config_file, node_dir, setup_dir,
+            privilege.USERS_DIR)
+
+
+def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[str, ...],
+               gcs_address: str, config_file: str, node_zip: str, monitor_env: dict[str, str],
+               tracking: bool) -> str:
+    """Users and files, then Ray as Ray's user (no monitor of its own), then the autoscaler as its
+    user. `ray_env` are `VAR=value ` words for `ray start`; nothing secret is in any argument."""
+    return " && ".join([
+        privilege.setup_users(ray_files(tracking), scaler),
+        privilege.stop_ray(activate),
+        privilege.as_user(privilege.RAY_USER,
+                          f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
+        privilege.start_monitor(gcs_address, config_file, node_zip, monitor_env, activate),
+    ])
+
+
+def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
+                 tracking: bool) -> list[str]:
+    """A worker's start commands (run by the autoscaler over SSH as the SSH user): its Ray user
+    with the token and password that the file mounts brought, then Ray as that user."""
+    address = f"$RAY_HEAD_IP:{gcs_port}"
+    # Two commands, as before the users: Ray's updater opens one SSH session per command.
+    return [
+        f"{privilege.setup_users(ray_files(tracking))} && {privilege.stop_ray(activate)}",
+        privilege.as_user(privilege.RAY_USER,
+                          f"{ray_env}RAY_USAGE_STATS_ENABLED=0 ray start "
+                          f"--address={address} --disable-usage-stats{extra}", activate),
+    ]
+
+
+def script_mount() -> dict[str, str]:
+    """The installer as a file mount: from the autoscaler's home on the head to each worker."""
+    return {f"~/{privilege.USERS_DIR}": f"~/{privilege.USERS_DIR}"}
+
+
+#: What `ray up` leaves in the SSH user's home on the head of a fixed-size cluster, for its
+#: autoscaler: Ray's copy of the cluster config and the cluster's private key.
+FIXED_SCALER_FILES = ("ray_bootstrap_config.yaml", "ray_bootstrap_key.pem")
+
+
+def fixed_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port: int,
+                     token: bool, tracking: bool) -> list[str]:
+    """A fixed-size cluster's head (`ray up` of Ray's on-prem provider): Ray as Ray's user
+    without a monitor, then Ray's v1 monitor as the autoscaler's user with `ray up`'s config and
+    key, starting the workers over SSH. GCS listens on every address, loopback included."""
+    auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "$HOME/" + TOKEN_FILE}
+                if token else {"RAY_AUTH_MODE": "disabled"})
+    return [
+        privilege.setup_users(ray_files(tracking),
+                              (*FIXED_SCALER_FILES, *ray_files(tracking), privilege.USERS_DIR)),
+        privilege.stop_ray(activate),
+        privilege.as_user(privilege.RAY_USER,
+                          f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
+        privilege.start_monitor(f"127.0.0.1:{gcs_port}", FIXED_SCALER_FILES[0], "", auth_env,
+                                activate, v2=False),
+    ]

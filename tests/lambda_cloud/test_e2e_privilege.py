@@ -1,0 +1,149 @@
+"""What a job can reach on a Lambda cluster (issue 29), end to end on the test bed with real Ray.
+
+One autoscaling cluster with tracking and autodown, in order: `up` makes the head's two users
+(Ray's, the autoscaler's) in the host's own /etc and /home, Ray runs as the first and Ray's
+monitor as the second; a job on the head and one on each of two autoscaled workers try every way
+to the API key, root, the autoscaler's home and the other machines, and find none, while the
+separated autoscaler scales 0 -> 2 -> 0 for them and the tracking server answers them; then the
+idle watcher removes the whole cluster through the API.
+
+The world (test bed hosts as instances, the fake API reached through relays) is autoscale_bed.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.lambda_cloud.autoscale_bed import API_KEY, CLUSTER, Scaled, autoscale_bed
+from tests.testbed.preflight import require
+
+SCALE = 0.05
+IDLE_MINUTES = 1.0
+PROBE = Path(__file__).resolve().parents[1] / "data" / "privilege_probe.py"
+RAY_USER, SCALER_USER = "rayfleet-ray", "rayfleet-scaler"
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaled]:
+    require("testbed")
+    with autoscale_bed(tmp_path_factory.mktemp("lambda-privilege"), scale=SCALE, boot_delay=1.0,
+                       hosts=3, tracking=True) as cluster:
+        spec = yaml.safe_load(cluster.spec.read_text())
+        spec["autodown"] = {"idle_minutes": IDLE_MINUTES}
+        cluster.spec.write_text(yaml.safe_dump(spec))
+        yield cluster
+
+
+def _owners(host: Any, pattern: str) -> set[str]:
+    """Users that run processes whose command line matches `pattern` (pgrep -f)."""
+    out = host.run(f"pgrep -f {pattern!r} | xargs -r ps -o user:20= -p").stdout
+    return set(out.split())
+
+
+@pytest.mark.slow
+def test_up_runs_ray_and_the_autoscaler_as_two_users_of_the_node(scaled: Scaled) -> None:
+    up = scaled.invoke("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    head = scaled.host(scaled.head()["ip"])
+    assert _owners(head, "[r]aylet/raylet") == {RAY_USER}
+    assert _owners(head, "[g]cs_server") == {RAY_USER}
+    assert _owners(head, "[r]ay.autoscaler.v2.monitor") == {SCALER_USER}
+    groups = head.run(f"id -Gn {RAY_USER}", check=True).stdout.split()
+    assert groups == [RAY_USER], groups
+    modes = head.run(f"stat -c '%U %a %n' /home/{RAY_USER} /home/{SCALER_USER} "
+                     f"/home/{SCALER_USER}/.rayfleet/lambda-api-key "
+                     f"/home/{SCALER_USER}/ray_bootstrap_key.pem", check=True).stdout.split("\n")
+    assert [m.split()[:2] for m in modes if m] == [
+        [RAY_USER, "700"], [SCALER_USER, "700"], [SCALER_USER, "600"], [SCALER_USER, "600"]]
+    # The users are the node's own: this machine and the other hosts never saw them.
+    here = subprocess.run(["getent", "passwd", RAY_USER, SCALER_USER], capture_output=True)
+    assert here.returncode != 0 and not Path(f"/home/{RAY_USER}").exists()
+    other = next(h for h in scaled.bed.hosts if h is not head)
+    assert other.run(f"getent passwd {SCALER_USER}").returncode != 0
+    plan = scaled.invoke("plan")
+    assert f"jobs run as {RAY_USER} (no sudo)" in plan.stdout, plan.stdout
+
+
+@pytest.mark.slow
+def test_jobs_on_head_and_workers_reach_no_credential_while_it_scales(scaled: Scaled) -> None:
+    before = scaled.launches()
+    # The hosts' /home is a copy-on-write layer over this machine's: its users' homes are not the
+    # node's (the machine's /root is the host's too, but 0700 to everyone but root).
+    shared = [f"/home/{d}" for d in sorted(os.listdir("/home"))]
+    submit = scaled.invoke("submit", str(PROBE), "--", "2", *shared, timeout=900)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    assert scaled.launches() - before == 2, "the separated autoscaler launched the two workers"
+    reports = json.loads(submit.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    head_ip = scaled.head()["ip"]
+    # Two tasks on two distinct workers (the workers' Ray, hence the tasks, run as Ray's user
+    # there too), and the driver on the head.
+    hosts = [r["host"] for r in reports]
+    assert len(set(hosts)) == 3 and hosts[-1] == scaled.host(head_ip).hostname, hosts
+    token = (scaled.home / "keys" / CLUSTER / "ray-token").read_text().strip()
+    for report in reports:
+        where = report["host"]
+        assert report["user"] == RAY_USER and report["uid"] != 0, where
+        assert not set(report["groups"]) & {"sudo", "adm", "docker", "root", "wheel"}, where
+        scan = report["scan"]
+        assert scan["complete"] and scan["files_read"] > 100, (where, scan)
+        assert API_KEY not in scan["keys"], (where, scan["keys"][API_KEY])
+        assert scan["private_keys"] == [], (where, scan["private_keys"])
+        # Every key it found, and none, is refused by the API.
+        assert report["api"] and set(report["api"].values()) == {401}, (where, report["api"])
+        # sudo is there (.ci/run installs it, as cloud images have it) and refuses: exit 1, not
+        # "command not found".
+        assert report["sudo"] == 1, (where, report["sudo"])
+        assert report["write_scaler_home"] in ("PermissionError", "FileNotFoundError"), where
+        assert report["ssh"] and all(code != 0 for code in report["ssh"].values()), \
+            (where, report["ssh"])
+        assert API_KEY not in report["ps"] and token not in report["ps"], where
+        assert RAY_USER in report["ps"], where  # it did see the processes
+        # The server still serves (a failure's reason is in the job's log, in submit's output).
+        assert report["tracking"] == 200, (where, report["tracking"], submit.stdout[-3000:])
+    assert scaled.host(head_ip).run(
+        f"test -e /home/{SCALER_USER}/written-by-a-job").returncode != 0
+
+
+@pytest.mark.slow
+def test_the_separated_autoscaler_scales_back_to_zero(scaled: Scaled) -> None:
+    scaled.wait("both workers terminated", lambda: not scaled.workers(), timeout=180)
+    head = scaled.host(scaled.head()["ip"])
+    log = head.run(f"cat /home/{SCALER_USER}/rayfleet/logs/monitor.log").stdout
+    assert "terminat" in log.lower(), log[-2000:]
+    scaled.fake.wait_powered_off()
+
+
+@pytest.mark.slow
+def test_the_api_key_on_the_head_is_only_the_autoscalers(scaled: Scaled) -> None:
+    # (The SSH user's 0700 home keeps the copy the idle watcher reads; test_e2e_autoscale.py scans
+    # that home.)
+    head = scaled.host(scaled.head()["ip"])
+    found = head.run("grep -rlsF --binary-files=text -f /dev/stdin /home /tmp/ray /dev/shm "
+                     "/proc/[0-9]*/cmdline /proc/[0-9]*/environ; true", input=API_KEY + "\n",
+                     timeout=300)
+    files = sorted(line for line in found.stdout.split("\n") if line)
+    assert files == [f"/home/{SCALER_USER}/.rayfleet/lambda-api-key"], files
+
+
+@pytest.mark.slow
+def test_the_watcher_still_removes_the_whole_cluster(scaled: Scaled) -> None:
+    status = scaled.invoke("status")
+    assert status.returncode == 0, status.stderr
+    assert f"jobs run as {RAY_USER} (no sudo)" in status.stdout, status.stdout
+    started = time.monotonic()
+    scaled.wait("every instance of the cluster terminated by its own head",
+                lambda: all(i["status"] == "terminated" for i in scaled.fake.inventory()
+                            if not i["foreign"]) or None, timeout=IDLE_MINUTES * 60 + 180)
+    print(f"\n[lambda privilege] cluster removed by its watcher {time.monotonic() - started:.1f}s "
+          "after the workers went")
+    down = scaled.invoke("teardown")
+    assert down.returncode == 0, down.stdout + down.stderr
