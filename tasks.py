@@ -323,3 +323,26 @@ def serve_url(c: Context, name: str | None = None, provider: str | None = None,
     from infra import commands_serve
 
     commands_serve.serve_url(provider, cluster, name)
+
+
+@task(help={**CLUSTER_HELP, "once": "Print one frame and exit (no live refresh).",
+            "json": "Print one frame as a JSON object, for scripts (implies --once)."})
+@_one_line_errors
+def top(c: Context, provider: str | None = None, cluster: str | None = None, once: bool = False,
+        json: bool = False) -> None:
+    """Live view of a cluster: nodes by type, CPU/GPU/TPU/memory in use, pending demand, the
+    autoscaler, running jobs, $/h (needs `metrics: prometheus`; Ctrl+C quits)."""
+    from infra import commands_metrics
+
+    commands_metrics.top_command(provider, cluster, once, json)
+
+
+@task(help={**CLUSTER_HELP, "out": "Where to write the page (default: <cluster>-report.html)."})
+@_one_line_errors
+def report(c: Context, provider: str | None = None, cluster: str | None = None,
+           out: str | None = None) -> None:
+    """One self-contained HTML page of the cluster's life: nodes against demand, utilization,
+    jobs, cost; from its Prometheus while it runs, from the copy kept at teardown after."""
+    from infra import commands_metrics
+
+    commands_metrics.report_command(provider, cluster, out)
