@@ -423,10 +423,10 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         if had_state and _say_if_removed(selected, impl, current):
             ui.info("verifying that nothing of it is left, then clearing its state")
         if had_state:  # without state nothing was recorded, so nothing was created
-            from infra import commands_metrics
+            from infra import metrics_history
 
             # Before any machine goes: the history lives on the head.
-            commands_metrics.keep_before_teardown(impl, current)
+            metrics_history.keep_before_teardown(impl, current)
             impl.teardown(current)
         current.delete()
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)

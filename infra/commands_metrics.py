@@ -12,49 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra import commands, jobs, metrics, report, state, ui
+from infra import commands, jobs, metrics, metrics_history, report, state, ui
 from infra.endpoint import Endpoint
-from infra.errors import RayfleetError
 from infra.node.files import atomic_write
 from infra.providers.base import Provider
 from infra.state import State
-
-
-def _rate_per_node(impl: Provider[Any, Any], current: State) -> tuple[float | None, float | None,
-                                                                     str]:
-    """($/h per node now, $ accrued, where the prices come from), as the provider knows them."""
-    try:
-        cost = impl.status(current).cost
-    except RayfleetError:
-        return None, None, ""
-    if cost is None:
-        return None, None, ""
-    per_node = cost.hourly_usd / cost.nodes if cost.hourly_usd is not None and cost.nodes else (
-        0.0 if cost.hourly_usd == 0 else None)
-    return per_node, cost.accrued_usd, cost.source
-
-
-def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
-    """Copy the cluster's metrics history here before any machine goes, or say why not."""
-    since = current.info.get("metrics_since")
-    if not since:
-        return
-    kept = metrics.history_path(current.cluster)
-    try:
-        with ui.step("keeping the cluster's metrics history"):
-            per_node, _, _ = _rate_per_node(impl, current)
-            with impl.connect(current) as endpoint:
-                data = metrics.history(endpoint, current.cluster, float(since), per_node,
-                                       int(current.info.get("metrics_scrape_s") or 10))
-            path = metrics.keep(current.cluster, data)
-    except (RayfleetError, OSError) as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        ui.warn(f"metrics history NOT kept ({reason})"
-                + (f"; an earlier copy is in {kept}" if kept.exists() else ""))
-        return
-    ui.out(f"metrics history kept in {path} (`invoke report` draws it)", markup=False,
-           soft_wrap=True)
-
 
 # --- top ---------------------------------------------------------------------------------------
 
@@ -106,7 +68,7 @@ def frame(endpoint: Endpoint, impl: Provider[Any, Any], current: State) -> dict[
                  if r["value"]}
     removed = metrics.scalar(url, "sum(increase(autoscaler_stopped_nodes_total[5m]))") or 0.0
     running = [j for j in metrics.ray_jobs(endpoint) if j["status"] in ("RUNNING", "PENDING")]
-    per_node, accrued, source = _rate_per_node(impl, current)
+    per_node, accrued, source = metrics_history.rate_per_node(impl, current)
     nodes = sum(int(t["count"]) for t in types.values())
     return {
         "cluster": current.cluster, "time": time.time(),
@@ -181,7 +143,7 @@ def top(impl: Provider[Any, Any], current: State, endpoint: Endpoint, once: bool
 # --- report ------------------------------------------------------------------------------------
 
 def live_history(impl: Provider[Any, Any], current: State) -> dict[str, Any]:
-    per_node, _, _ = _rate_per_node(impl, current)
+    per_node, _, _ = metrics_history.rate_per_node(impl, current)
     with impl.connect(current) as endpoint:
         return metrics.history(endpoint, current.cluster, float(current.info["metrics_since"]),
                                per_node, int(current.info.get("metrics_scrape_s") or 10))
