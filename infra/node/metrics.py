@@ -32,8 +32,8 @@ CONFIG_FILE = "rayfleet-metrics.json"
 #: Ray's service-discovery file (ray._private.ray_constants.PROMETHEUS_SERVICE_DISCOVERY_FILE);
 #: Ray writes it in the session dir and links it from the root of its temp dir.
 DISCOVERY_FILE = "prom_metrics_service_discovery.json"
-#: Where a node env installer may put Prometheus when the distribution has none (conda-forge).
-FALLBACK_PROGRAMS = ("~/rayfleet/prometheus/bin/prometheus", "/usr/bin/prometheus")
+#: The distribution's Prometheus, for a supervisor started with a PATH that lacks /usr/bin.
+FALLBACK_PROGRAMS = ("/usr/bin/prometheus",)
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,10 @@ def find_program() -> str | None:
     found = shutil.which("prometheus")
     if found:
         return found
+    # conda-forge's, installed into the node env beside this interpreter (setup/install.sh).
+    beside = Path(sys.executable).with_name("prometheus")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
     for candidate in FALLBACK_PROGRAMS:
         path = Path(os.path.expanduser(candidate))
         if path.is_file() and os.access(path, os.X_OK):
