@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from infra import autodown_remote, shipping, ssh, tracking, ui
+from infra import autodown_remote, metrics, shipping, ssh, tracking, ui
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError
 from infra.node.tracking import ServerConfig
@@ -211,15 +211,19 @@ def connect(state: State, target: ssh.SshTarget, dashboard_port: int, address: s
     tracked = bool(bind and state.info.get("tracking_head_store"))
     if tracked:
         remotes.append((str(bind), TRACKING_PORT))
+    measured = bool(state.info.get("metrics_since"))
+    if measured:  # the head's Prometheus (infra/metrics_remote.py), on its loopback
+        remotes.append(("127.0.0.1", metrics.HEAD_PORT))
     # One SSH login for all of them: every command that connects pays one handshake.
     with ssh.tunnels(target, remotes) as ports:
         dashboard, serve = ports[:2]
         tracking_url = f"http://127.0.0.1:{ports[2]}" if tracked else None
+        metrics_url = f"http://127.0.0.1:{ports[-1]}" if measured else None
         password = tracking.password_path(state.cluster) if tracked else None
         yield Endpoint(f"http://127.0.0.1:{dashboard}", address, tunneled=True,
                        token_path=token_path, tracking_url=tracking_url,
                        tracking_password=password, serve_url=f"http://127.0.0.1:{serve}",
-                       serve_bind=("127.0.0.1", SERVE_PORT))
+                       serve_bind=("127.0.0.1", SERVE_PORT), metrics_url=metrics_url)
 
 
 def remove_keys(state: State, folder: Path) -> None:

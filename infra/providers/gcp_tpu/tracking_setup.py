@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from infra import tracking_remote
+from infra import metrics_remote, tracking_remote
 from infra.providers.gcp_tpu import autodown_setup
 
 if TYPE_CHECKING:
@@ -24,7 +24,11 @@ def plan_note(spec: Spec) -> str:
 
 
 def start(spec: Spec, state: State, target: ssh.SshTarget, internal_ip: str) -> None:
-    """On the head's internal address: the nodes reach it there; no firewall rule opens it."""
+    """On the head's internal address: the nodes reach it there; no firewall rule opens it. The
+    head's Prometheus (`metrics: prometheus`) beside it, on its loopback."""
+    if spec.metrics == "prometheus":
+        metrics_remote.start(state, target, spec.metrics_history,
+                             python=autodown_setup.HEAD_PYTHON)
     if spec.tracking != "mlflow":
         return
     tracking_remote.start(state, target, internal_ip,

@@ -18,7 +18,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, paths, render, ssh, tracking, tracking_remote, ui, versions
+from infra import (
+    auth,
+    jobs,
+    metrics_remote,
+    paths,
+    render,
+    ssh,
+    tracking,
+    tracking_remote,
+    ui,
+    versions,
+)
 from infra.errors import ProviderError
 
 if TYPE_CHECKING:
@@ -73,6 +84,11 @@ def node_env_prefix(spec: Spec, head_private_ip: str | None = None) -> str:
     return words + "".join(f"{key}={value} " for key, value in auth.node_env(NODE_TOKEN).items())
 
 
+def head_env(spec: Spec) -> str:
+    """`VAR=value ` words for the head's `ray start` only: where the cluster's Prometheus is."""
+    return metrics_remote.node_env_words() if spec.metrics == "prometheus" else ""
+
+
 def ray_cluster_name(spec: Spec, cluster_id: str) -> str:
     """Ray's name for the cluster: ours plus the cluster id. Ray's on-prem launcher keeps its
     state in /tmp/ray/cluster-<name>.state on this machine, shared by every checkout: two
@@ -90,6 +106,7 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
     if spec.tracking == "mlflow":
         # The tracking password reaches every node the same way.
         file_mounts[tracking_remote.NODE_PASSWORD_PATH] = str(tracking.password_path(spec.name))
+    head_setup: list[str] = []
     if spec.env == "none":
         setup: list[str] = []
     else:
@@ -97,6 +114,9 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         args = versions.install_args(spec.env, backend=spec.env_backend)
         setup = [f"bash {REMOTE_SETUP}/install.sh {shlex.join(args)} "
                  f'--prefix "{ENV_PREFIX}" --log "$HOME/rayfleet/install.log"']
+        if spec.metrics == "prometheus":
+            # A second run on the head adds only Prometheus (the env is already there).
+            head_setup = [setup[0] + " --metrics"]
     extra = ""
     if spec.object_store_memory_mb:
         extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}"
@@ -107,7 +127,8 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         ssh_private_key=str(key_path), ssh_proxy_command=spec.ssh_proxy_command,
         file_mounts=file_mounts, setup_commands=setup, activate=activate(spec),
         gcs_port=GCS_PORT, dashboard_port=DASHBOARD_PORT, ray_start_extra=extra,
-        node_env=node_env_prefix(spec, head_private_ip),
+        node_env=node_env_prefix(spec, head_private_ip), head_env=head_env(spec),
+        head_setup_commands=head_setup,
     )
 
 
