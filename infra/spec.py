@@ -84,7 +84,7 @@ class ClusterSpec(StrictModel):
     tracking: Literal["none", "mlflow"] = "none"
     #: `prometheus`: a Prometheus on the head scrapes every node (Ray's own service discovery),
     #: Ray's dashboard reads it, `invoke top` and `invoke report` show it, and teardown keeps a
-    #: copy of its history (docs/concepts/metrics.md); `none` starts nothing.
+    #: copy of its history (docs/metrics.md); `none` starts nothing.
     metrics: Literal["prometheus", "none"] = "prometheus"
     metrics_history: MetricsHistory = MetricsHistory()
     #: The file the spec came from, for messages; set by the loader.

@@ -168,6 +168,16 @@ def test_top_shows_a_busy_job_and_agrees_with_ray_status(cluster: Cluster) -> No
     # The live view prints a table too.
     table = cluster.invoke("top", "--once")
     assert table.returncode == 0 and "nodes by type" in table.stdout, table.stderr
+    if os.environ.get("RAYFLEET_DOCS_SCREENSHOTS"):
+        # docs/metrics.md shows what a terminal shows: the frame, drawn by the same browser.
+        import html
+
+        page = cluster.work / "top.html"
+        page.write_text("<!DOCTYPE html><html><body style='background:#111;color:#eee;margin:8px'>"
+                        f"<pre style='font-size:13px'>{html.escape(table.stdout)}</pre>"
+                        "</body></html>")
+        (ROOT / "docs" / "img").mkdir(exist_ok=True)
+        (ROOT / "docs" / "img" / "top.png").write_bytes(open_page(page, 1000, 330).screenshot)
 
 
 def test_report_renders_in_a_real_browser(cluster: Cluster) -> None:
