@@ -121,3 +121,20 @@ def open_page(path: Path, width: int = 1000, height: int = 1500) -> PageVisit:
             except subprocess.TimeoutExpired:
                 browser.kill()
                 browser.wait(timeout=20)
+
+
+def check_report_page(out: Path) -> PageVisit:
+    """`invoke report`'s page in a real browser: small, no request leaves it, no console error,
+    every chart drawn."""
+    from infra.report import CHARTS
+
+    assert out.stat().st_size < 2 * 1024 * 1024
+    visit = open_page(out)
+    assert visit.requests == [out.resolve().as_uri()], f"the page requested: {visit.requests}"
+    assert visit.console_errors == []
+    drawn = {c["name"]: c for c in visit.charts}
+    assert set(drawn) == set(CHARTS)
+    for name, chart in drawn.items():
+        assert chart["drawn"] >= 1 and chart["marks"] >= 1 and chart["width"] > 0, (name, chart)
+    assert visit.screenshot.startswith(b"\x89PNG")
+    return visit

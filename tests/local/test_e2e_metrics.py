@@ -23,8 +23,7 @@ import pytest
 import requests
 
 from infra.node import rayproc
-from infra.report import CHARTS
-from tests.browser_metrics import open_page
+from tests.browser_metrics import check_report_page, open_page
 from tests.conftest import ROOT, run_invoke
 from tests.waiting import wait_until
 
@@ -184,22 +183,10 @@ def test_report_renders_in_a_real_browser(cluster: Cluster) -> None:
     out = cluster.work / "live-report.html"
     made = cluster.invoke("report", "--out", str(out))
     assert made.returncode == 0, made.stderr
-    _check_page(out, ROOT / "docs" / "img" / "report.png")
-
-
-def _check_page(out: Path, screenshot: Path | None = None) -> None:
-    assert out.stat().st_size < 2 * 1024 * 1024
-    visit = open_page(out)
-    assert visit.requests == [out.resolve().as_uri()], "the page requested something else"
-    assert visit.console_errors == []
-    drawn = {c["name"]: c for c in visit.charts}
-    assert set(drawn) == set(CHARTS)
-    for name, chart in drawn.items():
-        assert chart["drawn"] >= 1 and chart["marks"] >= 1 and chart["width"] > 0, (name, chart)
-    assert visit.screenshot.startswith(b"\x89PNG")
-    if screenshot is not None and os.environ.get("RAYFLEET_DOCS_SCREENSHOTS"):
-        screenshot.parent.mkdir(parents=True, exist_ok=True)
-        screenshot.write_bytes(visit.screenshot)
+    visit = check_report_page(out)
+    if os.environ.get("RAYFLEET_DOCS_SCREENSHOTS"):
+        (ROOT / "docs" / "img").mkdir(exist_ok=True)
+        (ROOT / "docs" / "img" / "report.png").write_bytes(visit.screenshot)
 
 
 def test_killed_prometheus_is_said_in_one_line_and_up_brings_it_back(cluster: Cluster) -> None:
@@ -239,7 +226,7 @@ def test_teardown_keeps_the_history_and_the_report_draws_it(cluster: Cluster) ->
     out = cluster.work / "kept-report.html"
     made = cluster.invoke("report", "--out", str(out))
     assert made.returncode == 0, made.stderr
-    _check_page(out)
+    check_report_page(out)
     assert "from the copy kept at teardown" in out.read_text()
 
 
