@@ -19,16 +19,14 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PAUSE_S = 2.0
+# The pair machinery of the tracking bench (this script's folder is on sys.path when run).
+from tracking_up import PAUSE_S, _invoke, _spread
 
 
 @dataclass(frozen=True)
@@ -36,14 +34,6 @@ class Run:
     up: float
     job: float
     load: float
-
-
-def _invoke(args: list[str], env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=env, check=False,
-                          capture_output=True, text=True)
-    if check and done.returncode:
-        raise SystemExit(f"invoke {args[0]} failed: {done.stderr.strip().splitlines()[-1:]}")
-    return done
 
 
 def _run(spec: Path, env: dict[str, str], iterations: int) -> Run:
@@ -65,10 +55,6 @@ def _run(spec: Path, env: dict[str, str], iterations: int) -> Run:
         _invoke(["teardown", *cluster], env)
         time.sleep(PAUSE_S)
     return Run(took, seconds, load)
-
-
-def _spread(values: list[float]) -> str:
-    return f"median {statistics.median(values):.3f}, range {min(values):.3f}-{max(values):.3f}"
 
 
 def main() -> None:

@@ -55,11 +55,12 @@ class _Frame:
                          'stroke="#ddd"/>')
             parts.append(f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">'
                          f"{_number(value)}{html.escape(unit)}</text>")
-        for i in range(5):
-            t = self.start + (self.end - self.start) * i / 4
-            parts.append(f'<text x="{self.x(t):.1f}" y="{HEIGHT - 12}" text-anchor="middle">'
-                         f"{_clock(t)}</text>")
-        return "".join(parts)
+        return "".join(parts) + self.time_labels()
+
+    def time_labels(self) -> str:
+        ticks = (self.start + (self.end - self.start) * i / 4 for i in range(5))
+        return "".join(f'<text x="{self.x(t):.1f}" y="{HEIGHT - 12}" text-anchor="middle">'
+                       f"{_clock(t)}</text>" for t in ticks)
 
 
 def _svg(name: str, body: str, drawn: int) -> str:
@@ -134,10 +135,7 @@ def timeline(name: str, jobs: Sequence[dict[str, Any]], start: float, end: float
     for i, lane in enumerate(lanes):
         parts.append(f'<text x="{WIDTH - RIGHT + 10}" y="{TOP + (i + 0.5) * lane_h + 4:.1f}">'
                      f"{html.escape(lane[:22])}</text>")
-    for i in range(5):
-        t = frame.start + (frame.end - frame.start) * i / 4
-        parts.append(f'<text x="{frame.x(t):.1f}" y="{HEIGHT - 12}" text-anchor="middle">'
-                     f"{_clock(t)}</text>")
+    parts.append(frame.time_labels())
     return _svg(name, "".join(parts), len(rows))
 
 

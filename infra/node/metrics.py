@@ -12,19 +12,15 @@ side is infra/metrics.py.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
 
 from infra.node.files import atomic_write
-from infra.node.tracking import _yield_cpu, _yield_cpu_session
+from infra.node.supervise import run_server
 
 #: The supervisor's config on a local head, inside the cluster's own temp dir (so that the
 #: provider's process markers find the supervisor and Prometheus, its child).
@@ -109,28 +105,10 @@ def supervise(config: PrometheusConfig, config_path: Path) -> int:
     storage.mkdir(parents=True, exist_ok=True)
     yml = config_path.with_name(config_path.stem + ".yml")
     atomic_write(yml, scrape_config(config))
-    _yield_cpu()
-    with open(config.log_path, "a") as log:
-        # cwd: the storage dir, so that nothing Prometheus writes by a relative path lands
-        # outside the cluster's own dirs.
-        child = subprocess.Popen(server_command(program, config, yml), cwd=storage, stdout=log,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-    _yield_cpu_session(child.pid)
-
-    def stop(signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    return child.wait()
+    # cwd: the storage dir, so that nothing Prometheus writes by a relative path lands outside
+    # the cluster's own dirs.
+    return run_server(server_command(program, config, yml), config.log_path, cwd=str(storage),
+                      grace_s=10.0)
 
 
 def main(argv: list[str] | None = None) -> int:
