@@ -9,7 +9,9 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -100,9 +102,12 @@ def open_page(path: Path, width: int = 1000, height: int = 1500) -> PageVisit:
 
     port = rayproc.free_port()
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+        # Its own process group: the renderer, GPU and crash-handler processes write into the
+        # profile until they exit, so the whole group is stopped before the profile goes.
         browser = subprocess.Popen(
             [chromium(), *FLAGS, f"--user-data-dir={profile}", f"--remote-debugging-port={port}",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
         try:
             def tab() -> str | None:
                 with contextlib.suppress(requests.RequestException):
@@ -115,12 +120,30 @@ def open_page(path: Path, width: int = 1000, height: int = 1500) -> PageVisit:
             ws_url = wait_until(tab, "Chromium's DevTools endpoint", timeout=60, interval=0.5)
             return asyncio.run(_visit(ws_url, path.resolve().as_uri(), width, height))
         finally:
-            browser.terminate()
-            try:
-                browser.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                browser.kill()
-                browser.wait(timeout=20)
+            _stop_group(browser)
+
+
+def _stop_group(browser: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to Chromium's process group, SIGKILL after 20 s, until no process of it is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(browser.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        browser.wait(timeout=20)
+
+    def gone() -> bool:
+        try:
+            os.killpg(browser.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    try:
+        wait_until(gone, "Chromium's processes to exit", timeout=20, interval=0.2)
+    except AssertionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(browser.pid, signal.SIGKILL)
+        wait_until(gone, "Chromium's processes to exit after SIGKILL", timeout=20, interval=0.2)
+    browser.wait(timeout=20)
 
 
 def check_report_page(out: Path) -> PageVisit:
