@@ -10,15 +10,15 @@ from typing import Any
 
 from infra import metrics, ui
 from infra.errors import RayfleetError
-from infra.providers.base import Provider
+from infra.providers.base import Provider, ProviderStatus
 from infra.state import State
 
 
-def rate_per_node(impl: Provider[Any, Any], current: State) -> tuple[float | None, float | None,
-                                                                     str]:
+def rate_per_node(impl: Provider[Any, Any], current: State,
+                  status: ProviderStatus | None = None) -> tuple[float | None, float | None, str]:
     """($/h per node now, $ accrued, where the prices come from), as the provider knows them."""
     try:
-        cost = impl.status(current).cost
+        cost = (status or impl.status(current)).cost
     except RayfleetError:
         return None, None, ""
     if cost is None:
@@ -34,17 +34,25 @@ def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
     if not since:
         return
     kept = metrics.history_path(current.cluster)
+    earlier = f"; an earlier copy is in {kept}" if kept.exists() else ""
+    try:
+        status = impl.status(current)
+    except RayfleetError:
+        status = None
+    if status is not None and not status.running:
+        # A head that removed itself (autodown) took the history along: nothing to reach.
+        ui.warn(f"metrics history NOT kept: the cluster's head is not running{earlier}")
+        return
     try:
         with ui.step("keeping the cluster's metrics history"):
-            per_node, _, _ = rate_per_node(impl, current)
+            per_node, _, _ = rate_per_node(impl, current, status)
             with impl.connect(current) as endpoint:
                 data = metrics.history(endpoint, current.cluster, float(since), per_node,
                                        int(current.info.get("metrics_scrape_s") or 10))
             path = metrics.keep(current.cluster, data)
     except (RayfleetError, OSError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        ui.warn(f"metrics history NOT kept ({reason})"
-                + (f"; an earlier copy is in {kept}" if kept.exists() else ""))
+        ui.warn(f"metrics history NOT kept ({reason}){earlier}")
         return
     ui.out(f"metrics history kept in {path} (`invoke report` draws it)", markup=False,
            soft_wrap=True)
