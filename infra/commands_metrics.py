@@ -14,6 +14,7 @@ from typing import Any
 
 from infra import commands, jobs, metrics, metrics_history, report, state, ui
 from infra.endpoint import Endpoint
+from infra.metrics import MetricsError
 from infra.node.files import atomic_write
 from infra.providers.base import Provider
 from infra.state import State
@@ -152,9 +153,15 @@ def live_history(impl: Provider[Any, Any], current: State) -> dict[str, Any]:
 def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None) -> Path:
     """Write the report page of a running cluster (live) or of a gone one (the kept copy)."""
     current = state.read(cluster)
-    if current is not None and current.info.get("metrics_since") and not current.empty:
+    running = current is not None and not current.empty
+    kept = metrics.history_path(cluster).exists()
+    if running and current is not None and current.info.get("metrics_since"):
         data = live_history(impl, current)
         where = "live from the cluster's Prometheus"
+    elif running and not kept:
+        raise MetricsError(f"cluster {cluster!r} runs no Prometheus (metrics: none in its spec, "
+                           "or none could be installed); set `metrics: prometheus` and run "
+                           "`invoke up`")
     else:
         data = metrics.load_kept(cluster)
         where = f"from the copy kept at teardown ({metrics.history_path(cluster)})"
