@@ -41,14 +41,13 @@ def start(spec: Spec, state: State, client: api.LambdaClient, target: ssh.SshTar
           head: api.Instance) -> None:
     """The tracking server on the head's private address (its public one where none is listed);
     the head's Prometheus (`metrics: prometheus`) beside it."""
+    if spec.tracking == "mlflow":
+        tracking_remote.start(state, target, raycluster.private_address(head), store(spec, client),
+                              python=autodown_setup.HEAD_PYTHON, activate=raycluster.activate(spec))
+    # After the tracking server: its start (seconds of imports) goes first.
     if spec.metrics == "prometheus":
         metrics_remote.start(state, target, spec.metrics_history, python=autodown_setup.HEAD_PYTHON,
                              activate=raycluster.activate(spec))
-    if spec.tracking != "mlflow":
-        return
-    tracking_remote.start(state, target, raycluster.private_address(head), store(spec, client),
-                          python=autodown_setup.HEAD_PYTHON, activate=raycluster.activate(spec))
-
 
 def save(spec: Spec, state: State, client: api.LambdaClient, heads: list[str],
          target: ssh.SshTarget | None) -> None:
