@@ -49,6 +49,7 @@ def start(spec: Spec, state: State, client: api.LambdaClient, target: ssh.SshTar
         metrics_remote.start(state, target, spec.metrics_history, python=autodown_setup.HEAD_PYTHON,
                              activate=raycluster.activate(spec))
 
+
 def save(spec: Spec, state: State, client: api.LambdaClient, heads: list[str],
          target: ssh.SshTarget | None) -> None:
     """Before any instance goes: the head's store copied here, or one line why not. A head the API
