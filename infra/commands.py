@@ -146,6 +146,9 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         raise SpecError(f"{selected.source}: tracking: {selected.tracking} is not available on the "
                         f"{selected.provider} provider yet; remove the key (see "
                         "docs/train-track-serve.md)")
+    if selected.metrics != "none" and not impl.supports_metrics:
+        ui.warn(f"{selected.source}: metrics: {selected.metrics} is not available on the "
+                f"{selected.provider} provider yet; the cluster runs without metrics")
     with state.locked(selected.name, selected.provider, "up") as current:
         _autodown_notices(selected, impl, current)
         result = impl.plan(current)
@@ -454,6 +457,10 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         if had_state and _say_if_removed(selected, impl, current):
             ui.info("verifying that nothing of it is left, then clearing its state")
         if had_state:  # without state nothing was recorded, so nothing was created
+            from infra import metrics_history
+
+            # Before any machine goes: the history lives on the head.
+            metrics_history.keep_before_teardown(impl, current)
             if selected.sharing is not None:
                 sharing.stop_gateway(selected, _head_or_none(impl, current))
             impl.teardown(current)

@@ -29,3 +29,5 @@ class Endpoint:
     serve_url: str | None = None
     #: (host, port) Serve's proxy binds to on the head (`http_options` of every deploy).
     serve_bind: tuple[str, int] | None = None
+    #: The cluster's Prometheus reachable from here (`metrics: prometheus`), else None.
+    metrics_url: str | None = None

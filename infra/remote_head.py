@@ -50,29 +50,32 @@ def _relative(path: str) -> str:
 
 def direct(address: str, token_path: Path | None, dashboard: tuple[str, int],
            serve: tuple[str, int], tracking: tuple[str, int] | None = None,
-           tracking_password: Path | None = None) -> Endpoint:
+           tracking_password: Path | None = None,
+           metrics: tuple[str, int] | None = None) -> Endpoint:
     """The endpoint of a head this machine reaches directly (the local provider, a Slurm head on
     this host): each (host, port) as is."""
-    remotes = [dashboard, serve] + ([tracking] if tracking else [])
+    remotes = _remotes(dashboard, serve, tracking, metrics)
     return _endpoint([f"http://{host}:{port}" for host, port in remotes], address, token_path,
-                     serve, tracking_password, tunneled=False)
+                     serve, tracking_password, tracking is not None, metrics is not None,
+                     tunneled=False)
 
 
 @contextlib.contextmanager
 def endpoint(target: ssh.SshTarget | None, address: str, token_path: Path | None,
              dashboard: tuple[str, int], serve: tuple[str, int],
              tracking: tuple[str, int] | None = None,
-             tracking_password: Path | None = None) -> Iterator[Endpoint]:
+             tracking_password: Path | None = None,
+             metrics: tuple[str, int] | None = None) -> Iterator[Endpoint]:
     """The cluster's endpoint while the block runs: each (host, port) as the head sees it, reached
     from here through ONE SSH login's tunnels into `target` (every command that connects pays
     one handshake), or directly when `target` is None (the head is this machine)."""
     if target is None:
-        yield direct(address, token_path, dashboard, serve, tracking, tracking_password)
+        yield direct(address, token_path, dashboard, serve, tracking, tracking_password, metrics)
         return
-    remotes = [dashboard, serve] + ([tracking] if tracking else [])
-    with ssh.tunnels(target, remotes) as ports:
+    with ssh.tunnels(target, _remotes(dashboard, serve, tracking, metrics)) as ports:
         yield _endpoint([f"http://127.0.0.1:{port}" for port in ports], address, token_path,
-                        serve, tracking_password, tunneled=True)
+                        serve, tracking_password, tracking is not None, metrics is not None,
+                        tunneled=True)
 
 
 def announced(dashboard: str, address: str, token_path: Path | None,
@@ -83,14 +86,22 @@ def announced(dashboard: str, address: str, token_path: Path | None,
     return Endpoint(dashboard, address, tunneled=tunneled, token_path=token_path)
 
 
+def _remotes(dashboard: tuple[str, int], serve: tuple[str, int], tracking: tuple[str, int] | None,
+             metrics: tuple[str, int] | None) -> list[tuple[str, int]]:
+    """The head's services in the one order `_endpoint` reads: dashboard, serve, tracking?,
+    metrics?"""
+    return [dashboard, serve] + [r for r in (tracking, metrics) if r is not None]
+
+
 def _endpoint(urls: list[str], address: str, token_path: Path | None, serve: tuple[str, int],
-              tracking_password: Path | None, tunneled: bool) -> Endpoint:
-    """The one place an `Endpoint` is made from URLs: [dashboard, serve, tracking?]."""
-    tracked = len(urls) > 2
+              tracking_password: Path | None, tracked: bool, measured: bool,
+              tunneled: bool) -> Endpoint:
+    """The one place an `Endpoint` is made from URLs: [dashboard, serve, tracking?, metrics?]."""
     return Endpoint(urls[0], address, tunneled=tunneled, token_path=token_path,
                     tracking_url=urls[2] if tracked else None,
                     tracking_password=tracking_password if tracked else None,
-                    serve_url=urls[1], serve_bind=serve)
+                    serve_url=urls[1], serve_bind=serve,
+                    metrics_url=urls[-1] if measured else None)
 
 
 # --- files and node modules on the head --------------------------------------------------------

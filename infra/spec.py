@@ -15,7 +15,15 @@ import typing
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from infra import paths
 from infra.errors import SpecError, UsageError
@@ -81,6 +89,18 @@ class Sharing(StrictModel):
         return source_ranges(ranges, "the gateway", "list the class's VPN or campus range")
 
 
+class MetricsHistory(StrictModel):
+    """`metrics_history:` how much the head's Prometheus keeps and how often it scrapes; both
+    bounds hold, whichever is reached first drops the oldest data (infra/node/metrics.py)."""
+
+    #: Days of history kept on the head.
+    days: int = Field(30, ge=1, le=3650)
+    #: Disk the history may take on the head, in MiB.
+    size_mb: int = Field(1024, ge=64, le=1024 * 1024)
+    #: Seconds between two scrapes of every node.
+    scrape_interval_s: int = Field(10, ge=1, le=300)
+
+
 class ClusterSpec(StrictModel):
     """What every cluster spec has. `name` is the file's stem, not a key in the file."""
 
@@ -95,6 +115,8 @@ class ClusterSpec(StrictModel):
     #: `up` starts the sharing gateway on this provider's head (infra/sharing.py); where not yet,
     #: `plan` and `up` refuse a `sharing:` block in one line.
     SHARING_GATEWAY: ClassVar[bool] = False
+    #: `metrics` when the spec says nothing (local turns it off: a laptop rarely wants it).
+    METRICS_DEFAULT: ClassVar[str] = "prometheus"
 
     name: str
     provider: str
@@ -110,6 +132,11 @@ class ClusterSpec(StrictModel):
     tracking: Literal["none", "mlflow"] = "none"
     #: Members with their own credentials, through a TLS gateway on the head; None: owner only.
     sharing: Sharing | None = None
+    #: `prometheus`: a Prometheus on the head scrapes every node (Ray's own service discovery),
+    #: Ray's dashboard reads it, `invoke top` and `invoke report` show it, and teardown keeps a
+    #: copy of its history (docs/metrics.md); `none` starts nothing.
+    metrics: Literal["prometheus", "none"] = "prometheus"
+    metrics_history: MetricsHistory = MetricsHistory()
     #: The file the spec came from, for messages; set by the loader.
     source: str = ""
 
@@ -128,6 +155,22 @@ class ClusterSpec(StrictModel):
         if isinstance(data, dict) and "autodown" not in data and cls.AUTODOWN_DEFAULT_MINUTES:
             return {**data, "autodown": {"idle_minutes": cls.AUTODOWN_DEFAULT_MINUTES}}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_metrics(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "metrics" not in data:
+            return {**data, "metrics": cls.METRICS_DEFAULT}
+        return data
+
+    @field_validator("metrics_history")
+    @classmethod
+    def _history_needs_metrics(cls, value: MetricsHistory, info: ValidationInfo) -> MetricsHistory:
+        # Runs only when the spec names metrics_history (defaults are not validated).
+        if info.data.get("metrics") == "none":
+            raise ValueError("set while metrics is none; remove metrics_history or set "
+                             "`metrics: prometheus`")
+        return value
 
     @property
     def autodown_turned_off(self) -> bool:

@@ -417,6 +417,29 @@ def join(c: Context, bundle: str) -> None:
     commands_sharing.join(bundle)
 
 
+@task(help={**CLUSTER_HELP, "once": "Print one frame and exit (no live refresh).",
+            "json": "Print one frame as a JSON object, for scripts (implies --once)."})
+@_one_line_errors
+def top(c: Context, provider: str | None = None, cluster: str | None = None, once: bool = False,
+        json: bool = False) -> None:
+    """Live view of a cluster: nodes by type, CPU/GPU/TPU/memory in use, pending demand, the
+    autoscaler, running jobs, $/h (needs `metrics: prometheus`; Ctrl+C quits)."""
+    from infra import commands_metrics
+
+    commands_metrics.top_command(provider, cluster, once, json)
+
+
+@task(help={**CLUSTER_HELP, "out": "Where to write the page (default: <cluster>-report.html)."})
+@_one_line_errors
+def report(c: Context, provider: str | None = None, cluster: str | None = None,
+           out: str | None = None) -> None:
+    """One self-contained HTML page of the cluster's life: nodes against demand, utilization,
+    jobs, cost; from its Prometheus while it runs, from the copy kept at teardown after."""
+    from infra import commands_metrics
+
+    commands_metrics.report_command(provider, cluster, out)
+
+
 def main() -> None:
     """The `rayfleet` command: every task above, from any directory (specs by name come from the
     checkout's clusters/, or give a path), and no tasks.py to look for."""

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from infra import remote_head, ssh, tracking, ui
+from infra import metrics, remote_head, ssh, tracking, ui
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError
 from infra.node.tracking import ServerConfig
@@ -204,10 +204,13 @@ def connect(state: State, target: ssh.SshTarget, dashboard_port: int, address: s
     dashboard, Serve's HTTP proxy and, when the cluster has one, the tracking server."""
     bind = state.info.get("tracking_bind")
     tracked = bool(bind and state.info.get("tracking_head_store"))
+    measured = bool(state.info.get("metrics_since"))
     with remote_head.endpoint(target, address, token_path, ("127.0.0.1", dashboard_port),
                               ("127.0.0.1", SERVE_PORT),
                               (str(bind), TRACKING_PORT) if tracked else None,
-                              tracking.password_path(state.cluster) if tracked else None) as found:
+                              tracking.password_path(state.cluster) if tracked else None,
+                              # the head's Prometheus (infra/metrics_remote.py), on its loopback
+                              ("127.0.0.1", metrics.HEAD_PORT) if measured else None) as found:
         yield found
 
 

@@ -3,7 +3,7 @@
 #
 #   bash setup/install.sh --env cpu|gpu|tpu|auto --ray-version V --python-version X.Y
 #                         [--backend auto|conda|venv] [--prefix DIR] [--log FILE]
-#                         [--python PATH] [--isolated] [--lock-timeout SECONDS]
+#                         [--python PATH] [--isolated] [--lock-timeout SECONDS] [--metrics]
 #   bash setup/install.sh --detect          # print the accelerator: cpu, gpu or tpu
 #
 # Callers (cluster templates, the Slurm batch script) take the pins from infra/versions.py, so every
@@ -18,6 +18,11 @@
 # marker in the prefix records the pins and the env spec; a second run checks the env and exits in
 # well under a second. Progress goes to stderr and the log file, results to stdout; any failure
 # exits non-zero with one line saying what failed and the tail of the log.
+#
+# --metrics (a head of a `metrics: prometheus` cluster) also installs Prometheus unless one is on
+# PATH or in the env: the distribution's package where apt-get can (root or passwordless sudo; its
+# own service stopped again), else conda-forge's into the env; where neither can, one line says so
+# and the install goes on (the cluster then runs without metrics).
 #
 # Test hooks: RAYFLEET_SYSROOT prefixes the device paths that detection reads (/dev/nvidia0,
 # /dev/accel0, /dev/vfio, /sys/bus/pci), RAYFLEET_MINIFORGE_URL and RAYFLEET_MINIFORGE_DIR move
@@ -37,6 +42,7 @@ PREFIX=""
 LOG=""
 PYTHON_BIN=""
 ISOLATED=0
+METRICS=0
 LOCK_TIMEOUT=1800
 DETECT_ONLY=0
 SPEC_DIGEST=""
@@ -118,6 +124,7 @@ parse_args() {
       --log) LOG=${2:-}; shift ;;
       --python) PYTHON_BIN=${2:-}; shift ;;
       --isolated) ISOLATED=1 ;;
+      --metrics) METRICS=1 ;;
       --lock-timeout) LOCK_TIMEOUT=${2:-}; shift ;;
       --detect) DETECT_ONLY=1 ;;
       -h | --help) usage; exit 0 ;;
@@ -440,6 +447,27 @@ report() {
 
 # ---------------------------------------------------------------- main
 
+# Prometheus for the head's metrics (--metrics); never fails the install.
+install_prometheus() {
+  ((METRICS)) || return 0
+  if command -v prometheus >/dev/null 2>&1 || [[ -x "$PREFIX/bin/prometheus" ]]; then return 0; fi
+  local -a sudo=()
+  ((EUID == 0)) || sudo=(sudo -n)
+  if command -v apt-get >/dev/null 2>&1 && { ((EUID == 0)) || sudo -n true 2>/dev/null; }; then
+    if try "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; then
+      # The package's own service would hold port 9090 and scrape nothing of the cluster's.
+      if command -v systemctl >/dev/null 2>&1; then try "${sudo[@]}" systemctl disable --now prometheus || true; fi
+      return 0
+    fi
+  fi
+  local conda=${CONDA:-}
+  [[ -n "$conda" ]] || conda=$(find_conda) || conda=""
+  if [[ -n "$conda" ]] && try "$conda" install -y -q -p "$PREFIX" -c conda-forge prometheus; then
+    return 0
+  fi
+  log "metrics: no Prometheus package here (neither apt-get nor conda-forge); the cluster runs without metrics"
+}
+
 main() {
   parse_args "$@"
   if ((DETECT_ONLY)); then
@@ -474,6 +502,7 @@ main() {
   SPEC_DIGEST=$(spec_digest "$rendered")
 
   if already_installed; then
+    install_prometheus
     report "already installed"
     return
   fi
@@ -506,6 +535,7 @@ main() {
   write_activation "$backend"
   verify_env
   write_marker "$backend"
+  install_prometheus
   report "installed"
 }
 

@@ -23,6 +23,7 @@ NUMBER = r"[0-9]+(\.[0-9]+)?"
 # bench script -> (what the machine needs: None, "testbed" or "slurm"; its summary line, a regex).
 BENCHES: dict[str, tuple[str | None, str]] = {
     "tracking_up": (None, rf"median ratio up with tracking / without: {NUMBER}"),
+    "metrics": (None, rf"median ratio CPU-bound job with scraping / without: {NUMBER}"),
     "serve_deploy": (None, rf"median ratio invoke serve-deploy / serve deploy \(to first answer\): {NUMBER}"),
     "doctor": (None, rf"median: {NUMBER}s over 1 runs"),
     "cli_startup": (None, rf"invoke plan +median +{NUMBER} ms +ratio to ray --help {NUMBER}"),

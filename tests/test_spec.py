@@ -23,7 +23,7 @@ BAD_SPECS = [
     ("c.yaml", "provider: local\nnum_cpu: 2\n", "num_cpu: unknown key; did you mean 'num_cpus'?"),
     ("c.yaml", "provider: local\nobject_store_mb: 2\n", "did you mean 'object_store_memory_mb'?"),
     ("c.yaml", "provider: local\nport_bas: 2000\n", "did you mean 'port_base'?"),
-    ("c.yaml", "provider: local\nzzz: 1\n", "zzz: unknown key; valid keys here: provider, auth, autodown, tracking, sharing, num_cpus"),
+    ("c.yaml", "provider: local\nzzz: 1\n", "zzz: unknown key; valid keys here: provider, auth, autodown, tracking, sharing, metrics, metrics_history, num_cpus"),
     ("c.yaml", "provider: local\nnum_cpus: abc\n", "num_cpus: input should be a valid integer"),
     ("c.yaml", "provider: local\nnum_cpus: 0\n", "num_cpus: input should be greater than or equal to 1"),
     ("c.yaml", "provider: local\nnum_cpus: -3\n", "got -3"),

@@ -73,6 +73,21 @@ class PortBlock:
         """Ray Serve's HTTP proxy (`invoke serve deploy`)."""
         return self.base + len(PORT_NAMES) + 1
 
+    @property
+    def prometheus(self) -> int:
+        """The cluster's Prometheus (`metrics: prometheus`)."""
+        return self.base + len(PORT_NAMES) + 2
+
+    @property
+    def autoscaler_metrics(self) -> int:
+        """Ray's autoscaler and dashboard export their metrics on fixed ports (44217, 44227)
+        unless told otherwise: two clusters on one machine would share them."""
+        return self.base + len(PORT_NAMES) + 3
+
+    @property
+    def dashboard_metrics(self) -> int:
+        return self.base + len(PORT_NAMES) + 4
+
     def flags(self) -> list[str]:
         named = [f"--{name}={self.base + i}" for i, name in enumerate(PORT_NAMES)]
         first_worker = self.base + 16

@@ -11,31 +11,21 @@ a local cluster, over SFTP to a cloud head, in the batch script on Slurm. The la
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
 
 from infra.node.errors import RayfleetError
 from infra.node.files import atomic_write
+from infra.node.serverproc import run_server
 
 #: The one user of the cluster's tracking server (MLflow's admin), for every node and client.
 USERNAME = "rayfleet"
 #: The supervisor's config, inside the cluster's own directory: the provider's process markers
 #: then find the supervisor and, as its descendants, the server's processes.
 CONFIG_FILE = "rayfleet-tracking.json"
-#: How far below Ray's priority the server runs (a nice increment). Its start is a few CPU-seconds
-#: of imports, right when Ray's agents finish starting and the first jobs arrive; on a 2-core head
-#: it would take a core from them. Moderate, so that it still comes up on a busy machine and its
-#: requests (a few ms each) are served while training saturates the head.
-NICE = 5
-
-
 class TrackingError(RayfleetError):
     """The cluster's tracking server is missing, not answering, or refused us."""
 
@@ -116,24 +106,6 @@ def _auth_ini(store: Path) -> Path:
     return path
 
 
-def _yield_cpu() -> None:
-    """Lower this process's priority by NICE; the server started after this inherits it."""
-    with contextlib.suppress(OSError):
-        os.nice(NICE)
-
-
-def _yield_cpu_session(pid: int) -> None:
-    """Give the session of `pid` this process's priority.
-
-    With the kernel's autogroup scheduling (the default on desktop and many server kernels), each
-    session shares the CPU as a whole, and a process's own nice value counts only inside its
-    session; the server leads its own session, so its session's nice value is the one that yields
-    to Ray. No file without autogroup (then the inherited nice value does it).
-    """
-    with contextlib.suppress(OSError):
-        Path(f"/proc/{pid}/autogroup").write_text(f"{os.getpriority(os.PRIO_PROCESS, 0)}\n")
-
-
 def supervise(config: ServerConfig) -> int:
     """Run the server in the foreground with its secrets in its environment, below Ray's CPU
     priority; stop it on SIGTERM."""
@@ -148,28 +120,9 @@ def supervise(config: ServerConfig) -> int:
         # training cluster never uses.
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     }
-    _yield_cpu()
-    with open(config.log_path, "a") as log:
-        # Its own process group: a stop reaches the server's uvicorn worker too, which would
-        # otherwise outlive the supervisor, hold the port and escape the cluster's markers.
-        child = subprocess.Popen(server_command(config), env=env, stdout=log,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-    _yield_cpu_session(child.pid)
-
-    def stop(signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
-        try:
-            child.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    return child.wait()
+    # Its own process group (infra/node/serverproc.py): a stop reaches the server's uvicorn
+    # worker too.
+    return run_server(server_command(config), config.log_path, env)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -297,6 +297,9 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
     #: True when `up` starts an MLflow tracking server (infra/tracking.py) for `tracking: mlflow`
     #: and its endpoints carry `tracking_url`.
     supports_tracking: ClassVar[bool] = False
+    #: True when `up` starts a Prometheus on the head for `metrics: prometheus` (infra/metrics.py)
+    #: and its endpoints carry `metrics_url`; elsewhere `up` says in one line that it has none.
+    supports_metrics: ClassVar[bool] = False
 
     def copy_tracking(self, state: State) -> Path:
         """Copy the tracking store from the head to `.rayfleet/tracking/<cluster>/` now, while the

@@ -129,6 +129,8 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
             "ssh_source_ranges": ["203.0.113.0/24"],
             "object_store_memory_mb": 100, "boot_timeout_s": int(boot_delay) + 120,
             "ray_timeout_s": 300, **({"tracking": "mlflow"} if tracking else {}),
+            # Workers live seconds here: scraped often enough for the report to see them.
+            "metrics": "prometheus", "metrics_history": {"scrape_interval_s": 2},
         }))
         # The instances "boot" with the cluster's key authorized, as Lambda's would.
         saved = os.environ.get("RAYFLEET_HOME")

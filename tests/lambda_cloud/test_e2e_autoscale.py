@@ -12,6 +12,7 @@ The world (test bed, fake, relays to the API for the head, spec) is autoscale_be
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import os
@@ -24,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from infra.providers.lambda_cloud.autoscale import HEAD_TYPE
+from tests.browser_metrics import check_report_page
 from tests.lambda_cloud.autoscale_bed import API_KEY, CAPACITY, CLUSTER, Scaled, autoscale_bed
 from tests.testbed.preflight import require
 from tests.waiting import wait_until
@@ -122,6 +125,15 @@ def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(scaled: Sc
 
 
 @pytest.mark.slow
+def test_metrics_report_of_the_running_cluster_renders(scaled: Scaled, tmp_path: Path) -> None:
+    """The head's Prometheus, through the cluster's tunnel: the live report opens in Chromium."""
+    out = tmp_path / "live.html"
+    made = scaled.invoke("report", "--out", str(out))
+    assert made.returncode == 0, made.stdout + made.stderr
+    check_report_page(out)
+
+
+@pytest.mark.slow
 def test_first_choice_without_capacity_takes_the_second(scaled: Scaled) -> None:
     scaled.fake.capacity[("gpu_1x_a10", "us-west-1")] = 0
     submit = scaled.invoke("submit", str(JOB), "--", "1")
@@ -215,3 +227,26 @@ def test_teardown_right_after_a_launch_with_the_autoscaler_killed(scaled: Scaled
     assert [i["status"] for i in colleague] == ["active"]
     assert not (scaled.home / "state" / f"{CLUSTER}.json").exists()
     scaled.fake.boot_delay = 1.0
+    _check_metrics_kept(scaled, down.stdout)
+
+
+def _check_metrics_kept(scaled: Scaled, said: str) -> None:
+    """Teardown kept the head's metrics history here; its worker series went 0 -> 2 -> 0 with the
+    demand, and the report drawn from it (the cluster gone) renders."""
+    kept = scaled.home / "metrics" / CLUSTER / "history.json.gz"
+    assert f"metrics history kept in {kept}" in said, said
+    data = json.loads(gzip.decompress(kept.read_bytes()))
+    workers: dict[float, float] = {}
+    for series in data["series"]["nodes_by_type"]:
+        if series["labels"].get("NodeType") != HEAD_TYPE:
+            for t, v in series["values"]:
+                workers[t] = workers.get(t, 0.0) + v
+    counts = [workers[t] for t in sorted(workers)]
+    assert counts and counts[0] == 0, counts
+    two = counts.index(2.0) if 2.0 in counts else -1
+    assert two > 0 and 0.0 in counts[two:], f"worker series never went 0 -> 2 -> 0: {counts}"
+    out = scaled.home / "kept.html"
+    made = scaled.invoke("report", "--out", str(out))
+    assert made.returncode == 0, made.stdout + made.stderr
+    check_report_page(out)
+    assert "from the copy kept at teardown" in out.read_text()

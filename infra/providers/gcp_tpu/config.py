@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from infra import auth, paths, render, tracking, tracking_remote, versions
+from infra import auth, metrics_remote, paths, render, tracking, tracking_remote, versions
 from infra.node import identity
 from infra.providers.gcp_tpu.spec import Spec
 from infra.render import RenderError
@@ -150,6 +150,8 @@ def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
         node_tracking_path=tracking_remote.NODE_PASSWORD_PATH,
         tracking_port=tracking_remote.TRACKING_PORT,
         tracking_user=tracking.USERNAME,
+        # `metrics: prometheus`: the head's dashboard reads its Prometheus (metrics_remote).
+        metrics_env=metrics_remote.NODE_ENV if spec.metrics == "prometheus" else {},
     )
 
 

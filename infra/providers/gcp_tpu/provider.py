@@ -74,6 +74,7 @@ class Provider(BaseProvider[Spec, Preflight]):
     #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store goes
     #: with the head, and `teardown` copies it here first.
     supports_tracking = True
+    supports_metrics = True
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
                  api_options: ApiOptions | None = None, ssh_port: int = 22) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from infra import tracking_remote
+from infra import metrics_remote, tracking_remote
 from infra.providers.gcp_tpu import autodown_setup
 
 if TYPE_CHECKING:
@@ -24,12 +24,16 @@ def plan_note(spec: Spec) -> str:
 
 
 def start(spec: Spec, state: State, target: ssh.SshTarget, internal_ip: str) -> None:
-    """On the head's internal address: the nodes reach it there; no firewall rule opens it."""
-    if spec.tracking != "mlflow":
-        return
-    tracking_remote.start(state, target, internal_ip,
-                          tracking_remote.HeadStore(tracking_remote.HEAD_STORE),
-                          python=autodown_setup.HEAD_PYTHON)
+    """On the head's internal address: the nodes reach it there; no firewall rule opens it. The
+    head's Prometheus (`metrics: prometheus`) beside it, on its loopback."""
+    if spec.tracking == "mlflow":
+        tracking_remote.start(state, target, internal_ip,
+                              tracking_remote.HeadStore(tracking_remote.HEAD_STORE),
+                              python=autodown_setup.HEAD_PYTHON)
+    # After the tracking server: its start (seconds of imports) goes first.
+    if spec.metrics == "prometheus":
+        metrics_remote.start(state, target, spec.metrics_history,
+                             python=autodown_setup.HEAD_PYTHON)
 
 
 def save(state: State, api: Gcp, head: Resource | None, target: ssh.SshTarget | None) -> None:

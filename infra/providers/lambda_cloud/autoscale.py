@@ -117,10 +117,12 @@ def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
     }
 
 
-def install_command(spec: Spec) -> str:
+def install_command(spec: Spec, head: bool = False) -> str:
     args = versions.install_args(spec.env, backend=spec.env_backend)
+    # Only the head runs Prometheus (`metrics: prometheus`).
+    metrics = " --metrics" if head and spec.metrics == "prometheus" else ""
     return (f"bash {raycluster.REMOTE_SETUP}/install.sh {shlex.join(args)} "
-            f'--prefix "{raycluster.ENV_PREFIX}" --log "$HOME/rayfleet/install.log"')
+            f'--prefix "{raycluster.ENV_PREFIX}" --log "$HOME/rayfleet/install.log"{metrics}')
 
 
 def head_start_command(spec: Spec, head_id: str, head_private_ip: str | None = None) -> str:
@@ -133,7 +135,8 @@ def head_start_command(spec: Spec, head_id: str, head_private_ip: str | None = N
     # instance id (RAY_CLOUD_INSTANCE_ID), without which v2 does not scale.
     env = (f"RAY_enable_autoscaler_v2=1 RAY_CLOUD_INSTANCE_ID={shlex.quote(head_id)} "
            f"RAY_NODE_TYPE_NAME={HEAD_TYPE} "
-           f"{raycluster.node_env_prefix(spec, head_private_ip)}RAY_USAGE_STATS_ENABLED=0 ")
+           f"{raycluster.node_env_prefix(spec, head_private_ip)}{raycluster.head_env(spec)}"
+           "RAY_USAGE_STATS_ENABLED=0 ")
     args = (f"--port={raycluster.GCS_PORT} --dashboard-host=127.0.0.1 "
             f"--dashboard-port={raycluster.DASHBOARD_PORT} --disable-usage-stats{extra}")
     # One node per launch batch: v2 fails a whole batch on one error, and ours launch one by one.
@@ -192,7 +195,8 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         return
     if spec.env != "none":
         with ui.step("installing the node environment on the head"):
-            ssh.run(target, install_command(spec), timeout=spec.ray_timeout_s, check=True)
+            ssh.run(target, install_command(spec, head=True), timeout=spec.ray_timeout_s,
+                    check=True)
     start_command = head_start_command(spec, head.id, raycluster.private_address(head))
     with ui.step("starting Ray and the autoscaler on the head"):
         try:

@@ -56,6 +56,7 @@ class Provider(BaseProvider[Spec, Capacity]):
     #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store on
     #: the spec's `file_system` when named, else on the head, copied here by `teardown`.
     supports_tracking = True
+    supports_metrics = True
 
     def __init__(self, spec: Spec, client: api.LambdaClient | None = None) -> None:
         super().__init__(spec)

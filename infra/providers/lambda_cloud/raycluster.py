@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, paths, privilege, render, ssh, tracking, tracking_remote, ui, versions
+from infra import auth, jobs, metrics_remote, paths, privilege, render, ssh, tracking, tracking_remote, ui, versions
 from infra.errors import ProviderError
 from infra.node.where import home_path, ray_executable
 from infra.providers.lambda_cloud import users
@@ -80,6 +80,11 @@ def node_env_prefix(spec: Spec, head_private_ip: str | None = None) -> str:
     return words + "".join(f"{key}={value} " for key, value in auth.node_env(NODE_TOKEN).items())
 
 
+def head_env(spec: Spec) -> str:
+    """`VAR=value ` words for the head's `ray start` only: where the cluster's Prometheus is."""
+    return metrics_remote.node_env_words() if spec.metrics == "prometheus" else ""
+
+
 def ray_cluster_name(spec: Spec, cluster_id: str) -> str:
     """Ray's name for the cluster: ours plus the cluster id. Ray's on-prem launcher keeps its
     state in /tmp/ray/cluster-<name>.state on this machine, shared by every checkout: two
@@ -97,6 +102,7 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
     if spec.tracking == "mlflow":
         # The tracking password reaches every node the same way.
         file_mounts[tracking_remote.NODE_PASSWORD_PATH] = str(tracking.password_path(spec.name))
+    head_setup: list[str] = []
     if spec.env == "none":
         setup: list[render.Shell] = []
     else:
@@ -104,6 +110,9 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         args = versions.install_args(spec.env, backend=spec.env_backend)
         setup = [render.Shell(f"bash {REMOTE_SETUP}/install.sh {shlex.join(args)} "
                               f'--prefix "{ENV_PREFIX}" --log "$HOME/rayfleet/install.log"')]
+        if spec.metrics == "prometheus":
+            # A second run on the head adds only Prometheus (the env is already there).
+            head_setup = [render.Shell(setup[0] + " --metrics")]
     # The shell pieces below are ours (render.Shell), built from quoted or numeric parts.
     extra = render.Shell("")
     if spec.object_store_memory_mb:
@@ -118,11 +127,12 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         file_mounts=file_mounts, setup_commands=setup,
         # Shell built here from our own words (users.py): printed as is.
         head_start_commands=[render.Shell(c) for c in users.fixed_head_start(
-            activate(spec), f"{node_env}RAY_USAGE_STATS_ENABLED=0 ",
+            activate(spec), f"{node_env}{head_env(spec)}RAY_USAGE_STATS_ENABLED=0 ",
             f"--port={GCS_PORT} --dashboard-host=127.0.0.1 --dashboard-port={DASHBOARD_PORT} "
             f"--disable-usage-stats{extra}", GCS_PORT, spec.auth == "token", spec.tracking == "mlflow")],
         worker_start_commands=[render.Shell(c) for c in users.worker_start(
             activate(spec), node_env, GCS_PORT, extra, spec.tracking == "mlflow")],
+        head_setup_commands=head_setup,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from infra import tracking_remote
+from infra import metrics_remote, tracking_remote
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import autodown_setup, raycluster
 
@@ -39,11 +39,15 @@ def store(spec: Spec, client: api.LambdaClient) -> tracking_remote.HeadStore:
 
 def start(spec: Spec, state: State, client: api.LambdaClient, target: ssh.SshTarget,
           head: api.Instance) -> None:
-    """The tracking server on the head's private address (its public one where none is listed)."""
-    if spec.tracking != "mlflow":
-        return
-    tracking_remote.start(state, target, raycluster.private_address(head), store(spec, client),
-                          python=autodown_setup.HEAD_PYTHON, activate=raycluster.activate(spec))
+    """The tracking server on the head's private address (its public one where none is listed);
+    the head's Prometheus (`metrics: prometheus`) beside it."""
+    if spec.tracking == "mlflow":
+        tracking_remote.start(state, target, raycluster.private_address(head), store(spec, client),
+                              python=autodown_setup.HEAD_PYTHON, activate=raycluster.activate(spec))
+    # After the tracking server: its start (seconds of imports) goes first.
+    if spec.metrics == "prometheus":
+        metrics_remote.start(state, target, spec.metrics_history, python=autodown_setup.HEAD_PYTHON,
+                             activate=raycluster.activate(spec))
 
 
 def save(spec: Spec, state: State, client: api.LambdaClient, heads: list[str],

@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from infra import auth, autodown_view, jobs, paths, remote_head, render, tracking, ui
+from infra import auth, autodown_view, jobs, metrics, paths, remote_head, render, tracking, ui
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.head import HeadAccess
 from infra.node import autodown, rayproc, supervise
@@ -53,6 +53,8 @@ class LocalError(ProviderError):
 class Spec(ClusterSpec):
     #: The head is this machine: `up` starts the sharing gateway beside it.
     SHARING_GATEWAY: ClassVar[bool] = True
+    #: A laptop's cluster runs no Prometheus unless its spec says `metrics: prometheus`.
+    METRICS_DEFAULT = "none"
 
     provider: Literal["local"]
     #: CPUs Ray may schedule on; None lets Ray count the machine's cores.
@@ -112,6 +114,7 @@ def _usage_stats() -> str:
 class Provider(BaseProvider[Spec, rayproc.PortBlock]):
     name = "local"
     supports_tracking = True
+    supports_metrics = True
 
     def _block(self, state: State | None) -> rayproc.PortBlock:
         head = state.resources(HEAD) if state else []
@@ -148,7 +151,15 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             resources=self.spec.resources,
             tracking_env=tracking_env,
             tracking_files=tracking_files,
+            metrics_env=self._metrics_env(block),
         )
+
+    def _metrics_env(self, block: rayproc.PortBlock) -> dict[str, str]:
+        if self.spec.metrics != "prometheus":
+            return {}
+        return {"RAY_PROMETHEUS_HOST": f"http://127.0.0.1:{block.prometheus}",
+                "AUTOSCALER_METRIC_PORT": str(block.autoscaler_metrics),
+                "DASHBOARD_METRIC_PORT": str(block.dashboard_metrics)}
 
     def _temp_dir(self, state: State | None) -> str:
         heads = state.resources(HEAD) if state else []
@@ -184,7 +195,9 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         return remote_head.direct(f"127.0.0.1:{block.gcs}", auth.token_file(state),
                                   ("127.0.0.1", block.dashboard), ("127.0.0.1", block.serve_http),
                                   ("127.0.0.1", block.tracking) if mlflow else None,
-                                  tracking.password_path(self.spec.name) if mlflow else None)
+                                  tracking.password_path(self.spec.name) if mlflow else None,
+                                  ("127.0.0.1", block.prometheus)
+                                  if self.spec.metrics == "prometheus" else None)
 
     def create(self, state: State, plan: Plan[rayproc.PortBlock]) -> Endpoint:
         block = plan.extra
@@ -194,6 +207,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             if jobs.dashboard_ready(endpoint.dashboard_url, token):
                 ui.info(f"cluster {self.spec.name!r} is already running")
                 self._ensure_tracking(state, block)
+                self._ensure_metrics(state, block)
                 self._ensure_watcher(state, block, endpoint)
                 return endpoint
             ui.info(f"cluster {self.spec.name!r} is in state but not answering; restarting it")
@@ -230,6 +244,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         # slow `up` (bench/tracking_up.py). Nodes know its URL already; MLflow's client retries
         # while it comes up. The head is new, so no server of it runs yet: no process scan.
         self._ensure_tracking(state, block, new_head=True)
+        self._ensure_metrics(state, block, new_head=True)
         self._ensure_watcher(state, block, endpoint, new_head=True)
         return endpoint
 
@@ -260,6 +275,32 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             secret_key_path=str(password.with_name(tracking.SECRET_KEY_FILE)),
             log_path=str(log)))
         tracking.start_detached(config_path, paths.PROJECT_ROOT, log)
+
+    def _ensure_metrics(self, state: State, block: rayproc.PortBlock,
+                        new_head: bool = False) -> None:
+        """Start the cluster's Prometheus (infra/node/metrics.py) unless it runs already; never
+        waited for. Its config lives in the cluster's temp dir (a process of the cluster for
+        teardown and autodown), its bounded database in `.rayfleet/metrics/<cluster>/tsdb`."""
+        if self.spec.metrics != "prometheus":
+            return
+        tmp = Path(self._temp_dir(state))
+        config_path = tmp / metrics.CONFIG_FILE
+        if not new_head and rayproc.cluster_processes([str(config_path)]):
+            return
+        if not metrics.program_here():
+            ui.warn("metrics: no `prometheus` on this machine (apt-get install prometheus); the "
+                    "cluster runs without metrics")
+            return
+        history = self.spec.metrics_history
+        log = paths.home() / "logs" / self.spec.name / "prometheus.log"
+        metrics.write_config(config_path, metrics.PrometheusConfig(
+            host="127.0.0.1", port=block.prometheus,
+            discovery_file=str(tmp / metrics.DISCOVERY_FILE),
+            storage_dir=str(metrics.local_storage(self.spec.name)),
+            retention_days=history.days, retention_size_mb=history.size_mb,
+            scrape_interval_s=history.scrape_interval_s, log_path=str(log)))
+        metrics.start_supervised(config_path, paths.PROJECT_ROOT, log)
+        metrics.note_started(state, history.scrape_interval_s)
 
     def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint,
                         new_head: bool = False) -> None:
