@@ -15,7 +15,6 @@ import datetime as dt
 import gzip
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 from infra import auth, paths
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError
+from infra.node import supervise
 from infra.node.files import atomic_write
 from infra.node.metrics import (
     CONFIG_FILE,
@@ -87,13 +87,16 @@ def local_storage(cluster: str) -> Path:
 
 
 def start_supervised(config_path: Path, cwd: Path, log_path: Path) -> None:
-    """Start the Prometheus supervisor (infra/node/metrics.py) detached, like the tracking
-    server's: the one place a local head starts it."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("a") as out:
-        subprocess.Popen([sys.executable, "-m", "infra.node.metrics", "--config", str(config_path)],
-                         cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                         start_new_session=True)
+    """Start Prometheus's runner (infra/node/metrics.py) under the head daemons' one supervisor
+    (infra/node/supervise.py), detached and not waited for, unless it runs: the one place a
+    local head starts it. Killed, it is back within seconds."""
+    supervise.ensure([sys.executable, "-m", "infra.node.metrics", "--config", str(config_path)],
+                     pid_path(config_path), log_path, cwd=str(cwd), wait=False)
+
+
+def pid_path(config_path: Path) -> Path:
+    """The supervisor's pid file of the Prometheus configured by `config_path`."""
+    return Path(f"{config_path}.pid")
 
 
 def program_here() -> bool:

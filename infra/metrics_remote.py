@@ -1,7 +1,7 @@
 """`metrics: prometheus` on a head this machine reaches over SSH (Lambda, GCP): starting it.
 
 The Prometheus supervisor (infra/node/metrics.py) goes on the head like the tracking server's,
-through `autodown_remote.install_daemon` (`start` is the one call to switch when that moves). It
+through `remote_head.install_daemon`, the head daemons' one supervisor. It
 listens on the head's loopback, where the dashboard listens: the cluster's SSH tunnel reaches it
 (`tracking_remote.connect`), no firewall rule opens it. Its database lives in the head's own
 `~/rayfleet/metrics/`, bounded by the spec's `metrics_history`, and goes with the head; teardown
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from infra import autodown_remote, metrics, ssh, ui
+from infra import metrics, remote_head, ssh, ui
 from infra.node.metrics import DISCOVERY_FILE, PrometheusConfig
 from infra.spec import MetricsHistory
 from infra.state import State
@@ -45,7 +45,7 @@ def start(state: State, target: ssh.SshTarget, history: MetricsHistory,
         retention_size_mb=history.size_mb, scrape_interval_s=history.scrape_interval_s,
         log_path=f"{home}/rayfleet/prometheus.log")
     with ui.step(f"starting Prometheus on the head (127.0.0.1:{metrics.HEAD_PORT})"):
-        autodown_remote.install_daemon(target, "infra.node.metrics", HEAD_CONFIG,
+        remote_head.install_daemon(target, "infra.node.metrics", HEAD_CONFIG,
                                        json.dumps(asdict(config)), python=python,
                                        activate=activate, log=HEAD_LOG)
     metrics.note_started(state, history.scrape_interval_s)

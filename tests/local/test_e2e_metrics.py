@@ -195,8 +195,14 @@ def test_killed_prometheus_is_said_in_one_line_and_up_brings_it_back(cluster: Cl
     command = _prometheus_cmdline(cluster)
     victims = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == command]
     assert command and victims
+    # Its runner (infra/node/metrics.py) and their supervisor first: left alive, the supervisor
+    # would start it again within seconds (tests/node/test_supervise.py shows that part).
     for victim in victims:
-        victim.send_signal(signal.SIGKILL)
+        runner = victim.parent()
+        supervisor = runner.parent() if runner else None
+        assert supervisor and "infra.node.supervise" in " ".join(supervisor.cmdline())
+        for process in (supervisor, runner, victim):
+            process.send_signal(signal.SIGKILL)
     wait_until(lambda: not rayproc.port_answers("127.0.0.1", cluster.block.prometheus),
                "the killed Prometheus's port to close", timeout=30)
     for verb in (("top", "--once"), ("report", "--out", str(cluster.work / "x.html"))):

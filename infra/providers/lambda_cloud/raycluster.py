@@ -16,7 +16,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, metrics_remote, paths, privilege, render, ssh, tracking, tracking_remote, ui, versions
+from infra import (
+    auth,
+    jobs,
+    metrics_remote,
+    paths,
+    privilege,
+    render,
+    ssh,
+    tracking,
+    tracking_remote,
+    ui,
+    versions,
+)
 from infra.errors import ProviderError
 from infra.node.where import home_path, ray_executable
 from infra.providers.lambda_cloud import users
