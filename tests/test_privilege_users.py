@@ -14,8 +14,9 @@ import pytest
 
 from infra import paths, privilege
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
-                                reason="needs root and unshare (CI runs as root)")
+pytestmark = [pytest.mark.usefixtures("needs_root"),
+              pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                                 reason="needs root and unshare (CI runs as root)")]
 
 
 def in_private_node(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:

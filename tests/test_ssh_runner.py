@@ -27,7 +27,7 @@ TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSshd]:
+def server(tmp_path_factory: pytest.TempPathFactory, real_daemon: None) -> Iterator[LocalSshd]:
     with LocalSshd(tmp_path_factory.mktemp("sshd-runner")) as sshd:
         yield sshd
 
