@@ -64,13 +64,15 @@ def main() -> None:
 
         # The raw baseline: the very same `ray start` command line, then the same readiness check.
         started = time.monotonic()
-        subprocess.run(["bash", "-c", script], env=env, check=True, capture_output=True)
+        # The script takes its temp dir as `up` gives it (the head's id, inside a private parent).
+        subprocess.run(["bash", "-c", script, "start.sh", head["id"]], env=env, check=True,
+                       capture_output=True)
         _ready(state["info"]["dashboard_url"], token)
         raw = time.monotonic() - started
         # The head's id is its private temp dir; only this baseline's processes name it.
         gcs = rayproc.gcs_marker(int(head["attrs"]["port_base"]))
         rayproc.terminate(rayproc.cluster_processes([head["id"], gcs]))
-        shutil.rmtree(head["id"], ignore_errors=True)
+        shutil.rmtree(Path(head["id"]).parent, ignore_errors=True)
         ratios.append(ours / raw)
         print(f"rep {rep + 1}: invoke up {ours:.2f}s   raw ray start {raw:.2f}s   "
               f"ratio {ours / raw:.3f}", flush=True)

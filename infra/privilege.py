@@ -87,6 +87,9 @@ def start_monitor(gcs_address: str, config: str, pythonpath: str, env: dict[str,
              f"{words}{f'PYTHONPATH=$HOME/{pythonpath} ' if pythonpath else ''}setsid nohup "
              f'"$(dirname "$(command -v ray)")/python" -u -m {module} '
              f"--gcs-address={shlex.quote(gcs_address)} --autoscaling-config=$HOME/{config} "
+             # As `ray start` gives it: the monitor then exports the autoscaler's metrics (nodes
+             # by type, pending demand) where the head's Prometheus finds them.
+             f"--monitor-ip={shlex.quote(gcs_address.rsplit(':', 1)[0])} "
              f"--logs-dir=$HOME/{SCALER_LOGS} </dev/null >>$HOME/{SCALER_LOGS}/monitor.out 2>&1 & "
              f"echo $! > {pid}; }}")
     return as_user(SCALER_USER, inner, activate)

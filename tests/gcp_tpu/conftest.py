@@ -121,12 +121,15 @@ BASE_SPEC: dict[str, Any] = {
 def write_spec(folder: Path, name: str = "tpucls", **changes: Any) -> Path:
     """A spec file from BASE_SPEC; keyword values replace top-level keys (None removes one).
 
-    `autodown: null` unless `autodown` is given: these tests' "head" is an sshd on this machine,
-    where no autodown watcher may be installed."""
+    `autodown: null` and `metrics: none` unless given: these tests' "head" is an sshd on this
+    machine, where no autodown watcher or Prometheus may be installed."""
     data = {**BASE_SPEC, **changes}
     data = {k: v for k, v in data.items() if v is not None}
     if "autodown" not in changes:
         data["autodown"] = None
+    # Nor a Prometheus (`metrics: none` unless given): that head serves no SFTP to put it there.
+    if "metrics" not in changes:
+        data["metrics"] = "none"
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -3,7 +3,7 @@
 The head's job runs the idle watcher (infra/node/autodown.py) beside Ray; after `idle_minutes` without a
 job, task, actor or driver it cancels the cluster's worker jobs and then its own job. Nothing is
 patched: real slurmctld/slurmd, Ray's own job and state APIs, the laptop's `invoke` as a user runs
-it. Short idle periods (0.2-0.4 min) keep this under two and a half minutes.
+it. Short idle periods (0.2-0.6 min) keep this under two and a half minutes.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_an_idle_autoscaling_cluster_cancels_its_workers_and_its_head(
     # watcher cancelled the worker: the head job's exit cancels that one too.
     spec = torn_down(login_spec(
         tmp_path, slurm_cluster, "selfdown",
-        "autodown: {idle_minutes: 0.4}\nidle_timeout_minutes: 5\n"
+        "autodown: {idle_minutes: 0.6}\nidle_timeout_minutes: 5\n"
         "worker_types:\n  cpu: {cpus_per_node: 1, min_workers: 1, max_workers: 1}\n"
         "environment:\n  env_vars: {AUTOSCALER_UPDATE_INTERVAL_S: '1'}\n"))
     started = time.monotonic()
@@ -97,18 +97,20 @@ def test_an_idle_autoscaling_cluster_cancels_its_workers_and_its_head(
                                   if "role=worker" in j["comment"]] or None,
                          "the min_workers job in the queue", timeout=60)
     assert workers
-    # The countdown, read from the watcher's marker on the head's node.
-    counting = wait_until(lambda: (status(spec)["autodown"] or {}).get("idle_s") is not None
-                          or None, "the watcher's countdown in status", timeout=30)
-    assert counting
-    plain = ok(invoke("status", "--cluster", str(spec)))
-    assert re.search(r"autodown: idle \d+\.\d of 0\.4 min", plain), plain
+    # The countdown, read from the watcher's marker on the head's node, in the words `status`
+    # prints: one call a poll, so that a slow `status` under load does not eat the idle period.
+    def countdown() -> str | None:
+        plain = invoke("status", "--cluster", str(spec))
+        found = re.search(r"autodown: idle \d+\.\d of 0\.6 min", plain.stdout)
+        return plain.stdout if plain.returncode == 0 and found else None
+
+    assert wait_until(countdown, "the watcher's countdown in status", timeout=30)
 
     wait_until(lambda: cluster_jobs(slurm_cluster, job["cluster_id"]) == [] or None,
-               "every job of the cluster to leave the queue", timeout=75)
+               "every job of the cluster to leave the queue", timeout=90)
     print(f"\n[selfdown] every job gone {time.monotonic() - started:.1f}s after `up` started "
-          "(idle period 24 s)")
-    assert_removed_and_cleared(spec, rf_home, slurm_cluster, job, "0.4")
+          "(idle period 36 s)")
+    assert_removed_and_cleared(spec, rf_home, slurm_cluster, job, "0.6")
 
 
 def test_a_busy_fixed_cluster_is_kept_and_removes_itself_once_idle(

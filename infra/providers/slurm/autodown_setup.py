@@ -32,8 +32,9 @@ def live_marker(runner: Runner, job: Resource) -> str | None:
     if not head_ip or not temp:
         return None
     folder = shlex.quote(str(temp))
-    # The batch script records the Python that runs the head's daemons (python-path).
-    status = (f'PYTHONPATH="$(ls {folder}/rayfleet-node-*.zip | head -n 1)" '
+    # The batch script records the Python that runs the head's daemons (python-path) and the
+    # node package they import (node-zip-path: the script's own copy, outside the head's dir).
+    status = (f'PYTHONPATH="$(cat {folder}/node-zip-path)" '
               f'"$(cat {folder}/python-path)" -m infra.node.supervise status --pidfile '
               f"{shlex.quote(f'{temp}/{CONFIG_FILE}.pid')}")
     command = remote_head.with_status_command(f"cat {shlex.quote(f'{temp}/{MARKER_FILE}')}",
