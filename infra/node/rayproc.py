@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 try:
     import psutil
@@ -231,15 +232,33 @@ class Identity:
         return {"pid": self.pid, "create_time": self.create_time}
 
     def process(self) -> psutil.Process | None:
-        """The process, while it is this one and not a zombie; else None."""
-        try:
-            proc = psutil.Process(self.pid)
-            # psutil rounds create_time from clock ticks: equal to the hundredth is the same start.
-            if abs(proc.create_time() - self.create_time) > 0.01:
-                return None
-            return None if proc.status() == psutil.STATUS_ZOMBIE else proc
-        except psutil.Error:
-            return None
+        """The process, while it is this one and not a zombie; else None. A pid taken inside a
+        nested PID namespace (a container, a test bed's host) is found from outside it too."""
+        for pid in (self.pid, *self._outer_pids()):
+            try:
+                proc = psutil.Process(pid)
+                # psutil rounds create_time from clock ticks: equal to the hundredth is the same
+                # start (and the start is the same seen from any PID namespace).
+                if abs(proc.create_time() - self.create_time) > 0.01:
+                    continue
+                return None if proc.status() == psutil.STATUS_ZOMBIE else proc
+            except psutil.Error:
+                continue
+        return None
+
+    def _outer_pids(self) -> list[int]:
+        """Pids here of processes whose pid in their own (nested) PID namespace is ours: Linux
+        lists a process's pid in each namespace it is in, outermost first (NSpid)."""
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                line = next((x for x in status.read_text().splitlines() if x.startswith("NSpid:")), "")
+            except OSError:
+                continue
+            pids = line.split()[1:]
+            if len(pids) > 1 and pids[-1] == str(self.pid):
+                found.append(int(pids[0]))
+        return found
 
     def running(self) -> bool:
         return self.process() is not None
