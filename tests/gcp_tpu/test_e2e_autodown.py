@@ -75,9 +75,11 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         head_host = next(h for h in offline.bed.hosts if h.ip == head_ip)
         # The watcher runs with no key file of ours on the head: the VM's own identity only.
         files = head_host.run("ls ~/.rayfleet").stdout.split()
+        # (Beside the watcher's files: the head's Prometheus, `metrics: prometheus` by default,
+        # with its config and its supervisor's pid file; no credential among them.)
         assert set(files) <= {"autodown.json", "autodown.json.pid", "autodown-marker.json",
-                              "autodown.log",
-                              "ray-token"}, files
+                              "autodown.log", "metrics.json", "metrics.json.pid", "metrics.yml",
+                              "metrics.log", "ray-token"}, files
         watcher = head_host.run("ps -eo args | grep '[i]nfra.node.autodown'").stdout
         assert "infra.node.autodown --config" in watcher, watcher
         timings["up"] = round(time.monotonic() - started, 1)
