@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +36,7 @@ from tests.testbed.registry import Registry, RunRecord
 
 def render_conf(*, cluster: str, ctl_name: str, ctl_addr: str, ctl_port: int, slurmd_port: int,
                 nodes: Sequence[tuple[str, str]], cpus: int, memory_mb: int, workdir: Path,
+                spool: Path,
                 munge_socket: Path) -> str:
     node_lines = "".join(
         f"NodeName={name} NodeAddr={addr} CPUs={cpus} RealMemory={memory_mb} State=UNKNOWN\n"
@@ -52,7 +55,7 @@ CredType=cred/munge
 # The run's own munged, not the machine's (which may not exist).
 AuthInfo=socket={munge_socket}
 StateSaveLocation={workdir}/state
-SlurmdSpoolDir={workdir}/spool/%n
+SlurmdSpoolDir={spool}/%n
 SlurmctldPidFile={workdir}/slurmctld.pid
 SlurmdPidFile={workdir}/slurmd-%n.pid
 SlurmctldLogFile={workdir}/slurmctld.log
@@ -90,6 +93,8 @@ class _Slurm:
     """What both variants share: files, munged, the command helpers."""
 
     workdir: Path
+    #: slurmd's spool: a short private dir (its sockets must fit in 108 bytes).
+    spool: Path
     #: Argument prefix for running Slurm commands from the root namespace ([] for LocalSlurm).
     cli_prefix: list[str]
     #: Environment for Slurm commands (SLURM_CONF, PATH with `ray`, Ray safety settings, run marker).
@@ -98,8 +103,12 @@ class _Slurm:
 
     def _prepare(self, workdir: Path) -> None:
         self.workdir = Path(workdir).resolve()
-        for sub in ("state", "spool", "jobs"):
+        for sub in ("state", "jobs"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        # slurmd's spool holds a unix socket per job step, <spool>/<node>/<node>_<job>.<step>
+        # (108 bytes at most): under the work dir, job 10 on a run numbered pytest-261 was one
+        # byte too long ("launch failed requeued held"). A short private dir of its own instead.
+        self.spool = Path(tempfile.mkdtemp(prefix="rfsp-"))
         # A unix socket path must fit in 108 bytes.
         if len(str(self.munge_socket)) > 100:
             raise ValueError(f"work directory path too long for a unix socket: {self.workdir}")
@@ -216,7 +225,8 @@ class SlurmCluster(_Slurm):
         self.conf_path.write_text(render_conf(
             cluster=f"rft{tb.run_id}", ctl_name=client.hostname, ctl_addr=client.ip,
             ctl_port=6817, slurmd_port=6818, nodes=[(h.hostname, h.ip) for h in tb.hosts],
-            cpus=cpus, memory_mb=memory_mb, workdir=self.workdir, munge_socket=self.munge_socket,
+            cpus=cpus, memory_mb=memory_mb, workdir=self.workdir, spool=self.spool,
+            munge_socket=self.munge_socket,
         ))
         self.cli_prefix = tb.client_prefix
         self.env = {**client.env, "SLURM_CONF": str(self.conf_path)}
@@ -233,6 +243,7 @@ class SlurmCluster(_Slurm):
     def close(self) -> None:
         """Stop everything; the daemons and jobs die with the test bed's nodes."""
         self.testbed.close()
+        shutil.rmtree(self.spool, ignore_errors=True)
         self.timings["down"] = self.testbed.timings.get("down", 0.0)
 
     def __enter__(self) -> SlurmCluster:
@@ -271,7 +282,8 @@ class LocalSlurm(_Slurm):
         self.conf_path.write_text(render_conf(
             cluster=f"rft{self._record.run_id}", ctl_name="localhost", ctl_addr="127.0.0.1",
             ctl_port=free_port(), slurmd_port=free_port(), nodes=[(name, "127.0.0.1")], cpus=cpus,
-            memory_mb=memory_mb, workdir=self.workdir, munge_socket=self.munge_socket,
+            memory_mb=memory_mb, workdir=self.workdir, spool=self.spool,
+            munge_socket=self.munge_socket,
         ))
         self.cli_prefix = []
         self.env = hosts.node_env(self._record.run_id, {"SLURM_CONF": str(self.conf_path)})
@@ -294,6 +306,7 @@ class LocalSlurm(_Slurm):
             return
         self._closed = True
         atexit.unregister(self.close)
+        shutil.rmtree(self.spool, ignore_errors=True)
         t0 = time.monotonic()
         if self._node is not None:
             self._node.stop()
