@@ -77,7 +77,7 @@ def member_remove(provider: str | None, cluster: str | None, name: str, stop_job
     ui.out(f"member {name!r} removed: their next request is refused", markup=False)
     if stop_jobs:
         with impl.connect(_running(selected)) as endpoint:
-            client = jobs._client(endpoint)
+            client = jobs.job_client(endpoint)
             for job in client.list_jobs():
                 if (job.metadata or {}).get("rayfleet_member") == name and \
                         str(job.status.value) in ("PENDING", "RUNNING"):
@@ -100,7 +100,7 @@ def member_rows(selected: Any, impl: Any, current: Any) -> list[dict[str, Any]]:
     if access is not None:
         try:
             with impl.connect(current) as endpoint:
-                for job in jobs._client(endpoint).list_jobs():
+                for job in jobs.job_client(endpoint).list_jobs():
                     who = (job.metadata or {}).get("rayfleet_member")
                     if who:
                         key = str(job.submission_id or job.job_id)

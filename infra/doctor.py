@@ -19,7 +19,7 @@ from typing import Any
 from infra import ui, versions
 from infra.endpoint import Endpoint
 from infra.errors import JobError
-from infra.jobs import _client
+from infra.jobs import job_client
 
 PROBE = Path(__file__).with_name("doctor_probe.py")
 _RESULT = "RESULT "
@@ -76,7 +76,7 @@ def assess(result: dict[str, Any], pins: dict[str, str]) -> list[NodeReport]:
 
 def probe(endpoint: Endpoint, timeout_s: float = 120.0) -> dict[str, Any]:
     """Submit the probe job, wait for it, and return its parsed result."""
-    client = _client(endpoint)
+    client = job_client(endpoint)
     staging = Path(tempfile.mkdtemp(prefix="rayfleet-doctor-"))
     try:
         # Only the probe travels: the job's working dir is a folder holding nothing else.

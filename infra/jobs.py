@@ -41,7 +41,8 @@ def dashboard_ready(url: str, token_path: Path | None = None, timeout: float = 2
     return answer.status_code == 200
 
 
-def _client(endpoint: Endpoint) -> Any:
+def job_client(endpoint: Endpoint) -> Any:
+    """Ray's job SDK client for `endpoint`, authenticated with its token; one line on failure."""
     from ray.job_submission import JobSubmissionClient
 
     url = endpoint.dashboard_url
@@ -162,7 +163,7 @@ def prepare(script: str, args: list[str], runtime_env_file: str | None,
 
 def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool) -> int:
     """Submit `command`; follow its logs when `wait`; return the exit code to leave with."""
-    client = _client(endpoint)
+    client = job_client(endpoint)
     with ui.step(f"submitting `{command}` (uploading {Path(env['working_dir']).name}/)"):
         try:
             job_id = client.submit_job(entrypoint=command, runtime_env=env)
@@ -236,7 +237,7 @@ def _job_error(job_id: str, exc: Exception, status_command: str) -> JobError:
 
 def logs(endpoint: Endpoint, job_id: str, follow_logs: bool,
          status_command: str = "invoke status") -> int:
-    client = _client(endpoint)
+    client = job_client(endpoint)
     try:
         if follow_logs:
             client.get_job_status(job_id)  # a job the cluster does not know: one clear line
@@ -250,7 +251,7 @@ def logs(endpoint: Endpoint, job_id: str, follow_logs: bool,
 
 
 def stop(endpoint: Endpoint, job_id: str, status_command: str = "invoke status") -> str:
-    client = _client(endpoint)
+    client = job_client(endpoint)
     try:
         client.stop_job(job_id)
     except RuntimeError as exc:
@@ -266,7 +267,7 @@ def stop(endpoint: Endpoint, job_id: str, status_command: str = "invoke status")
 
 def last_job(endpoint: Endpoint) -> str:
     """The id of the job submitted last to the cluster (by whoever), for `logs` and `stop-job`."""
-    found = _client(endpoint).list_jobs()
+    found = job_client(endpoint).list_jobs()
     if not found:
         raise JobError("no job on this cluster yet; submit one with `invoke submit SCRIPT`")
     last = max(found, key=lambda job: job.start_time or 0)
@@ -275,7 +276,7 @@ def last_job(endpoint: Endpoint) -> str:
 
 def list_jobs(endpoint: Endpoint) -> list[dict[str, str]]:
     rows = []
-    for job in _client(endpoint).list_jobs():
+    for job in job_client(endpoint).list_jobs():
         rows.append({
             "job": str(job.submission_id or job.job_id),
             "status": str(job.status.value if hasattr(job.status, "value") else job.status),
