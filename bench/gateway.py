@@ -11,6 +11,7 @@ One local cluster with `sharing:`; members are registered with the owner's own f
   errors and p99 through the gateway, beside the same load straight to the job API.
 Usage: python bench/gateway.py [--reps 20] [--members 50] [--requests 40] [--quick]
 (--quick: 3 list calls, 1 submit pair, 5 members x 4 requests, for CI)
+The last line says which targets were met, with the load average they were measured at.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The issue's targets: list latency over the direct API, and submit-to-running as a ratio.
+LIST_TARGET_MS, SUBMIT_TARGET = 20.0, 1.10
 sys.path.insert(0, str(ROOT))
 
 
@@ -131,7 +134,9 @@ def main() -> int:
             lists["direct"].append(_timed(straight.list_jobs))
         submits: dict[str, list[float]] = {"gateway": [], "direct": []}
         _to_running(straight)  # warm-up, not counted: the first job starts Ray's job machinery
-        for i in range(max(1, args.reps // 5)):
+        # Submit-to-running varies by hundreds of ms with the machine's load: 10 pairs in a full
+        # run (at 2 s of sleep each) make a median one busy moment cannot move.
+        for i in range(max(1, args.reps // 2)):
             order = [("gateway", via), ("direct", straight)]
             for side, client in order if i % 2 == 0 else reversed(order):
                 submits[side].append(_to_running(client))
@@ -141,14 +146,23 @@ def main() -> int:
         _invoke(["teardown", "--cluster", str(spec)], env)
     extra = (statistics.median(lists["gateway"]) - statistics.median(lists["direct"])) * 1000
     print(f"list_jobs median ms: gateway {_ms(lists['gateway'])}, direct {_ms(lists['direct'])}; "
-          f"difference {extra:+.1f} ms (target <= +20 ms)")
+          f"difference {extra:+.1f} ms (target <= +{LIST_TARGET_MS:g} ms)")
     ratio = statistics.median(submits["gateway"]) / statistics.median(submits["direct"])
     print(f"submit-to-running median s: gateway {statistics.median(submits['gateway']):.2f}, "
-          f"direct {statistics.median(submits['direct']):.2f}; ratio {ratio:.2f} (target <= 1.10)")
+          f"direct {statistics.median(submits['direct']):.2f}; ratio {ratio:.2f} "
+          f"(target <= {SUBMIT_TARGET:.2f})")
     print(f"load {args.members} members x {args.requests} requests: gateway errors {errors_via}, "
           f"p99 {_p99(load_via):.1f} ms; direct errors {errors_direct}, p99 {_p99(load_direct):.1f} ms")
+    verdicts = {"list": extra <= LIST_TARGET_MS, "submit": ratio <= SUBMIT_TARGET,
+                "load errors": errors_via == 0}
+    said = ", ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in verdicts.items())
+    load = os.getloadavg()
+    # Speed targets are judged by whoever reads this line (beside the load it was taken at); only
+    # errors fail the run: a loaded CI machine says little about speed.
+    print(f"targets: {said} "
+          f"(load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+          f"{', quick run' if args.quick else ''})")
     return 0 if errors_via == 0 else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

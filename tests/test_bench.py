@@ -29,7 +29,7 @@ BENCHES: dict[str, tuple[str | None, str]] = {
     "cli_startup": (None, rf"invoke plan +median +{NUMBER} ms +ratio to ray --help {NUMBER}"),
     "setup_install": (None, rf"re-run, median of 1: +{NUMBER} s"),
     "local_up": (None, rf"median ratio invoke up / raw ray start: {NUMBER}"),
-    "gateway": (None, rf"load {NUMBER} members x {NUMBER} requests: gateway errors 0, p99 {NUMBER} ms"),
+    "gateway": (None, r"targets: list (met|MISSED), submit (met|MISSED), load errors met \(load average"),
     "lambda_up": (None, rf"worst overhead over the floor: -?{NUMBER}%"),
     "lambda_autoscale": ("testbed", rf"submission -> 1 workers joined: {NUMBER}s; floor {NUMBER}s"),
     "slurm_up": ("slurm", rf"1 node\(s\): rayfleet {NUMBER} +recipe {NUMBER} +ratio {NUMBER}"),

@@ -104,6 +104,15 @@ class Gateway:
         self.secrets = [s for s in [self.cluster_token, *(_read(p) for p in config.secret_paths)] if s]
         self.locks: dict[str, asyncio.Lock] = {}
         self.session: Any = None
+        # Ray's job list as last answered, parsed once per distinct answer, and each viewer's
+        # filtered rendering of it: a class's job history grows to thousands of entries, and
+        # decoding and re-encoding them was most of a list request's time (bench/gateway.py).
+        self._jobs_raw: bytes | None = None
+        self._jobs: list[dict[str, Any]] = []
+        self._rendered: dict[str, str] = {}
+        self._rendered_for: tuple[bytes | None, int] = (None, -1)
+        #: True once a tick has recorded every member job Ray lists (see `over_cap`).
+        self.ticked = False
 
     # --- who is asking -------------------------------------------------------------------------
 
@@ -192,15 +201,9 @@ class Gateway:
             return _reply(400, "the job submission is not a JSON object"), None
         lock = self.locks.setdefault(who.name, asyncio.Lock())
         async with lock:  # two submits at once must not both slip under the cap
-            status, jobs = await self.upstream_json("GET", "/api/jobs/")
-            if status != 200:
-                return _reply(502, f"the cluster's job API answered {status}; try again"), None
-            running = [j for j in jobs if gs.member_of(j) == who.name and j.get("status") in _ACTIVE]
-            cap = self.config.max_running_jobs_per_member
-            if len(running) >= cap:
-                return _reply(429, f"member {who.name} has {len(running)} pending or running jobs, "
-                                   f"the cluster's cap (sharing.max_running_jobs_per_member) is "
-                                   f"{cap}; wait for one to end or stop one"), None
+            refused = await self.over_cap(who)
+            if refused is not None:
+                return refused, None
             body["metadata"] = {**_str_dict(body.get("metadata")), "rayfleet_member": who.name}
             given = body.get("runtime_env")
             runtime_env: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -210,22 +213,47 @@ class Gateway:
                                                    "rayfleet.member": who.name})
             body["runtime_env"] = {**runtime_env, "env_vars": env_vars}
             answer = await self.forward(request, who, body=json.dumps(body).encode())
-        job = None
-        with contextlib.suppress(ValueError, AttributeError):
-            job = json.loads(answer.body).get("submission_id")
-        if job:
-            self.usage.note(job, member=who.name, submitted=gs.now_iso())
+            job = None
+            with contextlib.suppress(ValueError, AttributeError):
+                job = json.loads(answer.body).get("submission_id")
+            if job:  # under the lock: the next submit's cap check counts this job
+                self.usage.note(job, member=who.name, submitted=gs.now_iso())
         return answer, job
+
+    async def over_cap(self, who: gs.Member) -> Any:
+        """The refusal when `who` is at the running-jobs cap, else None.
+
+        Ray's job list is asked only when the gateway's own records allow `who` to be at the cap:
+        after a tick has recorded every member job, fewer possibly-active jobs there than the cap
+        is proof enough, and a submit then costs Ray one call, as it does without the gateway."""
+        cap = self.config.max_running_jobs_per_member
+        if self.ticked and self.usage.maybe_active(who.name) < cap:
+            return None
+        status, jobs = await self.ray_jobs()
+        if status != 200:
+            return _reply(502, f"the cluster's job API answered {status}; try again")
+        running = [j for j in jobs if gs.member_of(j) == who.name and j.get("status") in _ACTIVE]
+        if len(running) >= cap:
+            return _reply(429, f"member {who.name} has {len(running)} pending or running jobs, "
+                               f"the cluster's cap (sharing.max_running_jobs_per_member) is "
+                               f"{cap}; wait for one to end or stop one")
+        return None
 
     async def list_jobs(self, request: Any, who: gs.Member) -> Any:
         from aiohttp import web
 
-        status, jobs = await self.upstream_json("GET", "/api/jobs/")
+        status, jobs = await self.ray_jobs()
         if status != 200:
             return _reply(status, f"the cluster's job API answered {status}")
-        visible = [self.with_reason(j) for j in jobs if who.sees_all or gs.member_of(j) == who.name]
-        return web.Response(status=200, content_type="application/json",
-                            text=self.scrub(json.dumps(visible)))
+        if self._rendered_for != (self._jobs_raw, self.usage.version):
+            self._rendered, self._rendered_for = {}, (self._jobs_raw, self.usage.version)
+        viewer = "*" if who.sees_all else who.name  # "*" is no member name (MEMBER_NAME)
+        text = self._rendered.get(viewer)
+        if text is None:
+            visible = [self.with_reason(j) for j in jobs
+                       if who.sees_all or gs.member_of(j) == who.name]
+            text = self._rendered[viewer] = self.scrub(json.dumps(visible))
+        return web.Response(status=200, content_type="application/json", text=text)
 
     def with_reason(self, job: dict[str, Any]) -> dict[str, Any]:
         reason = self.usage.reason(str(job.get("submission_id") or job.get("job_id")))
@@ -258,13 +286,32 @@ class Gateway:
         return headers
 
     async def upstream_json(self, method: str, path: str) -> tuple[int, Any]:
+        status, raw = await self.upstream_raw(method, path)
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, None
+
+    async def upstream_raw(self, method: str, path: str) -> tuple[int, bytes]:
         async with self.session.request(method, self.config.upstream + path,
                                         headers=self.upstream_headers()) as answer:
-            text = await answer.text()
+            return answer.status, await answer.read()
+
+    async def ray_jobs(self) -> tuple[int, list[dict[str, Any]]]:
+        """Ray's whole job list, fresh from Ray at every call; parsed only when its answer differs
+        from the last one. The list is shared: callers never change it or its jobs."""
+        status, raw = await self.upstream_raw("GET", "/api/jobs/")
+        if status != 200:
+            return status, []
+        if raw != self._jobs_raw:
             try:
-                return answer.status, json.loads(text)
+                jobs = json.loads(raw)
             except ValueError:
-                return answer.status, None
+                return 502, []
+            if not isinstance(jobs, list):
+                return 502, []
+            self._jobs_raw, self._jobs = raw, jobs
+        return status, self._jobs
 
     async def forward(self, request: Any, who: gs.Member, body: bytes | None = None) -> Any:
         from aiohttp import web
@@ -317,10 +364,10 @@ class Gateway:
             await asyncio.sleep(self.config.poll_seconds)
             now = time.monotonic()
             try:
-                status, jobs = await self.upstream_json("GET", "/api/jobs/")
+                status, jobs = await self.ray_jobs()
             except Exception:  # any failure to reach Ray counts as Ray being away
-                status, jobs = 0, None
-            if status != 200 or not isinstance(jobs, list):
+                status, jobs = 0, []
+            if status != 200:
                 down_since = down_since or now
                 if now - down_since > self.config.upstream_grace_s:
                     print(f"the dashboard at {self.config.upstream} is gone; exiting", flush=True)
@@ -328,6 +375,7 @@ class Gateway:
                 continue
             down_since = None
             self.usage.tick(jobs, now - last, self.config.price_per_hour)
+            self.ticked = True
             last = now
             await self.enforce_hours(jobs)
             self.usage.save()

@@ -31,6 +31,8 @@ USAGE_FILE = "usage.json"
 AUDIT_FILE = "audit.log"
 #: Failed logins from one source address within WINDOW seconds before it is turned away for WINDOW.
 MAX_FAILURES, WINDOW = 10, 60.0
+#: Ray's final job states: a job in one never runs again.
+FINISHED = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def token_hash(token: str) -> str:
@@ -136,6 +138,9 @@ class Usage:
         self.data.setdefault("jobs", {})
         self.data.setdefault("members", {})
         self._dirty = False
+        #: Counts `note` calls: what the gateway shows of a job beside Ray's view (its stop
+        #: reason) changes only there, so a rendering made at the same version is still true.
+        self.version = 0
 
     def seen(self, member: str) -> None:
         entry = self.data["members"].setdefault(member, {})
@@ -163,9 +168,17 @@ class Usage:
             if entry != before:
                 self._dirty = True
 
+    def maybe_active(self, member: str) -> int:
+        """How many of `member`'s recorded jobs may still be pending or running: all but those
+        last seen in a final state. Once a tick has recorded every member job Ray lists, and
+        every submit since was noted, this bounds the member's active jobs from above."""
+        return sum(1 for entry in self.data["jobs"].values()
+                   if entry.get("member") == member and entry.get("status") not in FINISHED)
+
     def note(self, job_id: str, **fields: Any) -> None:
         self.data["jobs"].setdefault(job_id, {"cost": 0.0}).update(fields)
         self._dirty = True
+        self.version += 1
 
     def reason(self, job_id: str) -> str | None:
         entry = self.data["jobs"].get(job_id)

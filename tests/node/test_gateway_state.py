@@ -49,3 +49,16 @@ def test_usage_survives_a_restart_and_splits_the_price(tmp_path: Path) -> None:
     assert "c" not in again.data["jobs"]
     assert gs.job_hours(again.data["jobs"]["b"]) == 1.0
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_maybe_active_counts_a_members_jobs_until_ray_reports_them_finished(tmp_path: Path) -> None:
+    usage = gs.Usage(tmp_path / gs.USAGE_FILE)
+    usage.note("a", member="ann", submitted=gs.now_iso())  # submitted, not yet seen by a tick
+    usage.tick([{"submission_id": "b", "status": "RUNNING", "metadata": {"rayfleet_member": "ann"}},
+                {"submission_id": "c", "status": "SUCCEEDED", "metadata": {"rayfleet_member": "ann"}},
+                {"submission_id": "d", "status": "PENDING", "metadata": {"rayfleet_member": "bo"}}],
+               5, 0.0)
+    assert usage.maybe_active("ann") == 2 and usage.maybe_active("bo") == 1
+    usage.tick([{"submission_id": "a", "status": "STOPPED", "metadata": {"rayfleet_member": "ann"}}],
+               5, 0.0)
+    assert usage.maybe_active("ann") == 1 and usage.maybe_active("cy") == 0
