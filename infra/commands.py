@@ -169,7 +169,8 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         except BaseException:
             _forget_if_nothing_created(current)
             raise
-        gateway_url = sharing.ensure_gateway(selected, impl.head_access(current), current) \
+        gateway_url = sharing.ensure_gateway(selected, impl.head_access(current), current,
+                                             impl.node_prices(result)) \
             if selected.sharing else None
         _keep_applied(selected.name)
     flag = _cluster_flag(selected)

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from infra import jobs, membership, sharing, state, ui
+from infra import costs, jobs, membership, sharing, state, ui
 from infra.commands import _cluster_flag, _running, _select
 from infra.errors import UsageError
 from infra.node import gateway_state
@@ -127,9 +127,13 @@ def member_rows(selected: Any, impl: Any, current: Any) -> list[dict[str, Any]]:
 def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
     selected, impl = _shared(provider, cluster, "members")
     rows = member_rows(selected, impl, state.read(selected.name))
+    # The copy member_rows just read (from the head when it answers): what the shares add up to.
+    found = sharing.read_usage(selected, None).get("cluster") or {}
+    cluster_cost = {name: round(float(found.get(name) or 0.0), 4)
+                    for name in ("hourly_usd", "accrued_usd", "owner_usd", "idle_usd")}
     if as_json:
-        ui.out(json.dumps({"cluster": selected.name, "members": rows}, indent=2), markup=False,
-               soft_wrap=True)
+        ui.out(json.dumps({"cluster": selected.name, "members": rows,
+                           "cluster_cost": cluster_cost}, indent=2), markup=False, soft_wrap=True)
         return
     if not rows:
         ui.out(f"no members on {selected.name!r}; add one with `invoke member-add NAME`")
@@ -142,6 +146,11 @@ def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row.values()))
     ui.out(table)
+    if cluster_cost["accrued_usd"] or cluster_cost["hourly_usd"]:
+        ui.out(f"cluster cost so far (estimate): {costs.usd(cluster_cost.get('accrued_usd'))} at "
+               f"{costs.usd(cluster_cost.get('hourly_usd'))}/h now; each interval split among the "
+               f"jobs running then: owner {costs.usd(cluster_cost.get('owner_usd'))}, no job "
+               f"running {costs.usd(cluster_cost.get('idle_usd'))}", markup=False)
 
 
 def join(bundle: str) -> None:

@@ -8,11 +8,27 @@ only words them, and never branches on a provider's name. `invoke list` is infra
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from infra.providers.base import Cost, CostRange
     from infra.spec import ClusterSpec
+
+
+@dataclass(frozen=True)
+class NodePrices:
+    """$/h of each node type of the cluster's Ray config, from a provider's price data
+    (`Provider.node_prices`), for the sharing gateway's cost share: on the head, the price at
+    each moment is that of the nodes Ray's autoscaler reports then."""
+
+    #: The head's node type (a key of `by_type`).
+    head_type: str
+    #: $/h by node type name, as named in the Ray cluster config; empty without an autoscaler.
+    by_type: Mapping[str, float]
+    #: $/h when Ray reports no nodes by type (no autoscaler, or it is down): the minimum size's.
+    floor_usd: float
 
 
 def usd(dollars: float | None) -> str:

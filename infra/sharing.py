@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import paths, sharing_certs, tracking, ui
+from infra.costs import NodePrices
 from infra.errors import RayfleetError, SpecError, UsageError
 from infra.head import HeadAccess
 from infra.node import gateway, gateway_state, rayproc, supervise
@@ -108,8 +109,8 @@ def bundle(cluster: str, url: str, member: str, token: str) -> dict[str, str]:
 
 # --- the gateway on the head -------------------------------------------------------------------
 
-def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State,
-                    address: str) -> tuple[gateway.Config, Path]:
+def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, address: str,
+                    prices: NodePrices | None = None) -> tuple[gateway.Config, Path]:
     """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
     assert selected.sharing is not None
     cert, key = sharing_certs.ensure_server_cert(selected.name, [address])
@@ -124,13 +125,17 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State,
         max_running_jobs_per_member=selected.sharing.max_running_jobs_per_member,
         max_job_hours=selected.sharing.max_job_hours,
         members_see_dashboard=selected.sharing.members_see_dashboard,
-        price_per_hour=float(state.info.get("hourly_usd") or 0.0),
+        price_per_hour=prices.floor_usd if prices else 0.0,
+        node_prices=dict(prices.by_type) if prices else {},
+        head_type=prices.head_type if prices else "",
         secret_paths=[str(mlflow)] if here and selected.tracking == "mlflow" else [])
     return config, folder(selected.name) / gateway.CONFIG_FILE
 
 
-def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State) -> str | None:
-    """Start the cluster's gateway unless it runs with this config; its https:// address."""
+def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
+                   prices: NodePrices | None = None) -> str | None:
+    """Start the cluster's gateway unless it runs with this config; its https:// address.
+    `prices`: the provider's node prices, for the cost share (None: the cluster costs $0)."""
     if selected.sharing is None:
         return None
     address = "127.0.0.1" if access.target is None else access.target.host
@@ -139,7 +144,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State) -> s
     if previous and previous != url and read_registry(selected.name):
         ui.warn(f"the gateway's address changed from {previous} to {url}: every member needs a "
                 "new bundle (`invoke member-add NAME` again after `invoke member-remove NAME`)")
-    config, config_path = _gateway_config(selected, access, state, address)
+    config, config_path = _gateway_config(selected, access, state, address, prices)
     if not read_registry(selected.name):
         write_registry(selected.name, {})
     start_gateway(access, config, config_path)

@@ -66,8 +66,14 @@ class Config:
     max_running_jobs_per_member: int = 2
     max_job_hours: float | None = None
     members_see_dashboard: bool = True
-    #: The cluster's $/h, split among the member jobs running at each tick.
+    #: The cluster's $/h where Ray reports no nodes by type (no autoscaler: a fixed-size or
+    #: local cluster), split among the jobs running at each tick.
     price_per_hour: float = 0.0
+    #: $/h of each node type of Ray's cluster config (the head's included): the price at a tick
+    #: is that of the nodes Ray's autoscaler reports then. Empty: `price_per_hour` always.
+    node_prices: dict[str, float] = field(default_factory=dict)
+    #: The head's node type in `node_prices`.
+    head_type: str = ""
     poll_seconds: float = 5.0
     #: The gateway exits once its dashboard has not answered for this long (the head went away).
     upstream_grace_s: float = 120.0
@@ -374,11 +380,27 @@ class Gateway:
                     sys.exit(0)
                 continue
             down_since = None
-            self.usage.tick(jobs, now - last, self.config.price_per_hour)
+            self.usage.tick(jobs, now - last, await self.hourly_price())
             self.ticked = True
             last = now
             await self.enforce_hours(jobs)
             self.usage.save()
+
+    async def hourly_price(self) -> float:
+        """The cluster's $/h now: its nodes at their types' prices, as Ray's autoscaler reports
+        them on the head; the fixed price when there are no type prices or no report."""
+        if not self.config.node_prices:
+            return self.config.price_per_hour
+        try:
+            status, answer = await self.upstream_json("GET", "/api/cluster_status")
+        except Exception:  # Ray not answering: this tick at the fixed price
+            return self.config.price_per_hour
+        data = answer.get("data") if isinstance(answer, dict) else None
+        report = ((data.get("clusterStatus") or {}).get("autoscalerReport")
+                  if isinstance(data, dict) else None)
+        if status != 200 or not isinstance(report, dict):
+            return self.config.price_per_hour
+        return gs.cluster_hourly(report, self.config.node_prices, self.config.head_type)
 
     async def enforce_hours(self, jobs: list[dict[str, Any]]) -> None:
         limit = self.config.max_job_hours

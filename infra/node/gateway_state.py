@@ -137,6 +137,9 @@ class Usage:
             self.data = {}
         self.data.setdefault("jobs", {})
         self.data.setdefault("members", {})
+        cluster = self.data.setdefault("cluster", {})
+        for name in ("hourly_usd", "accrued_usd", "owner_usd", "idle_usd"):
+            cluster.setdefault(name, 0.0)
         self._dirty = False
         #: Counts `note` calls: what the gateway shows of a job beside Ray's view (its stop
         #: reason) changes only there, so a rendering made at the same version is still true.
@@ -150,21 +153,32 @@ class Usage:
         entry["last_seen"] = stamp
 
     def tick(self, jobs: list[dict[str, Any]], seconds: float, price_per_hour: float) -> None:
-        """Record every member job Ray lists (its start and end: the job-hours) and split
-        `seconds` of the cluster's price among those running now (the cost share)."""
-        running = [j for j in jobs if j.get("status") == "RUNNING" and _member_of(j)]
-        share = price_per_hour / len(running) if running else 0.0
+        """Record every member job Ray lists (its start and end: the job-hours) and account
+        `seconds` of the cluster at `price_per_hour` (the cost share): split evenly among the
+        jobs running now, a member job's part to that job and the owner's jobs' to the owner;
+        with nothing running, it is idle cost. Member jobs, owner and idle sum to the accrued."""
+        running = {_key(j) for j in jobs if j.get("status") == "RUNNING"}
+        cost = price_per_hour * seconds / 3600
+        share = cost / len(running) if running else 0.0
+        cluster = self.data["cluster"]
+        if cost or cluster["hourly_usd"] != price_per_hour:
+            self._dirty = True
+        cluster["hourly_usd"] = price_per_hour
+        cluster["accrued_usd"] += cost
+        if not running:
+            cluster["idle_usd"] += cost
         for job in jobs:
-            member = _member_of(job)
+            member, key = _member_of(job), _key(job)
             if not member:
+                if key in running:
+                    cluster["owner_usd"] += share
                 continue
-            key = str(job.get("submission_id") or job.get("job_id"))
             entry = self.data["jobs"].setdefault(key, {"member": member, "cost": 0.0})
             before = dict(entry)
             entry.update(member=member, status=job.get("status"), start_time=job.get("start_time"),
                          end_time=job.get("end_time"))
-            if job in running:
-                entry["cost"] = float(entry.get("cost", 0.0)) + share * seconds / 3600
+            if key in running:
+                entry["cost"] = float(entry.get("cost", 0.0)) + share
             if entry != before:
                 self._dirty = True
 
@@ -188,6 +202,35 @@ class Usage:
         if self._dirty:
             atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=True), mode=0o600)
             self._dirty = False
+
+
+def _key(job: dict[str, Any]) -> str:
+    return str(job.get("submission_id") or job.get("job_id"))
+
+
+def camel(name: str) -> str:
+    """A name as Ray's dashboard writes every key of its answers (`to_google_style`), node type
+    names included: `gpu_a100` becomes `gpuA100`."""
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
+def cluster_hourly(report: dict[str, Any], prices: dict[str, float], head_type: str) -> float:
+    """The cluster's $/h from Ray's autoscaler report as the dashboard answers it
+    (`/api/cluster_status`: `autoscalerReport`): every node it lists as active or still starting
+    (both billed) at its type's price, and the head, which the gateway runs on, whether the
+    report lists it or not. A type without a price counts 0."""
+    by_name = {**{camel(name): price for name, price in prices.items()}, **prices}
+    counts: collections.Counter[str] = collections.Counter()
+    active = report.get("activeNodes")
+    for name, count in (active.items() if isinstance(active, dict) else []):
+        counts[str(name)] += int(count)
+    for node in report.get("pendingNodes") or []:  # [ip, node type, status]
+        if isinstance(node, list) and len(node) >= 2:
+            counts[str(node[1])] += 1
+    if head_type and not counts[head_type] and not counts[camel(head_type)]:
+        counts[head_type] = 1
+    return sum(by_name.get(name, 0.0) * count for name, count in counts.items())
 
 
 def _member_of(job: dict[str, Any]) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from infra import autodown_view, ui
 from infra.autodown_view import AutodownView
+from infra.costs import NodePrices
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError, UsageError
 from infra.head import HeadAccess
@@ -316,6 +317,12 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         From the spec and what `plan` found (e.g. Lambda's prices in `plan.extra`); None (the
         default) when the provider knows nothing about cost, or needs a plan and got none.
         """
+        return None
+
+    def node_prices(self, plan: Plan[ExtraT] | None) -> NodePrices | None:
+        """$/h of each node type, for the sharing gateway's cost share; read-only, from the spec
+        and what `plan` found, like `cost_range`. None (the default): the cluster costs no money
+        through rayfleet (this machine, a Slurm site) or its prices are unknown."""
         return None
 
     # --- autodown: the report is decided here; providers answer two small questions ----------

@@ -6,8 +6,11 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import yaml
+
 from infra import loading, providers, spec
-from infra.providers.gcp_tpu import prices
+from infra.providers.gcp_tpu import config, prices
+from infra.providers.gcp_tpu.spec import Spec
 
 
 def _spec(tmp_path: Path, extra: dict[str, object]) -> spec.ClusterSpec:
@@ -42,6 +45,26 @@ def test_max_workers_caps_the_maximum_at_one_size(tmp_path: Path) -> None:
     assert cost is not None and (cost.min_nodes, cost.max_nodes) == (2, 4)
     assert abs(cost.max_hourly_usd - (0.1942 + 1 * 0.3885 + 2 * 4 * 3.22)) < 1e-9  # type: ignore[operator]
     assert "caps" not in cost.source
+
+
+def test_node_prices_name_the_rendered_configs_types(tmp_path: Path) -> None:
+    """The sharing gateway prices each node Ray's autoscaler reports by its type's name in the
+    rendered cluster config: `head` and the spec's worker type names."""
+    selected = _spec(tmp_path, {
+        "head": {"machine_type": "n2-standard-4"},
+        "cpu_workers": {"cpu": {"machine_type": "n2-standard-8", "provisioning": "standard",
+                                "min_workers": 1, "max_workers": 3}},
+        "tpu_workers": {"tpu": {"accelerator_type": "v4-8", "min_workers": 0, "max_workers": 2}}})
+    found = providers.create(selected).node_prices(None)
+    assert found is not None and found.head_type == "head"
+    assert dict(found.by_type) == {"head": 0.1942, "cpu": 0.3885, "tpu": 4 * 3.22}
+    assert abs(found.floor_usd - (0.1942 + 0.3885)) < 1e-9
+    assert isinstance(selected, Spec)
+    rendered = yaml.safe_load(config.render_cluster_yaml(selected, "ssh-ed25519 AAAA x", "/k"))
+    assert set(rendered["available_node_types"]) == set(found.by_type)
+    assert rendered["head_node_type"] == found.head_type
+    unknown = _spec(tmp_path, {"head": {"machine_type": "m3-ultramem-32"}})
+    assert providers.create(unknown).node_prices(None) is None
 
 
 def test_unknown_type_gives_no_price(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from infra import commands, providers, state
 from infra.loading import load_spec
@@ -414,3 +415,17 @@ def test_cost_range_and_launch_read_the_plan_alone(fake: FakeLambda, make_spec: 
     assert len(fake.requests("GET", "/instance-types")) == listed  # cost_range asked nothing
     # The plan's listing, while fresh, is what the first launch goes by.
     assert plan.extra.fresh(3600) is plan.extra.types and plan.extra.fresh(0) is None
+    # The sharing gateway's prices: a fixed-size cluster runs no autoscaler, its price is fixed.
+    prices = fresh.node_prices(plan)
+    assert prices is not None and dict(prices.by_type) == {}
+    assert prices.floor_usd == pytest.approx(2.25) and fresh.node_prices(None) is None
+    scaling_path = make_spec("lts", worker_types={"gpu": {
+        "choices": [{"instance_type": "gpu_1x_a10", "region": "us-east-1"}],
+        "min_workers": 0, "max_workers": 2}})
+    data = yaml.safe_load(scaling_path.read_text())
+    del data["workers"]  # worker_types instead: an autoscaling cluster
+    scaling_path.write_text(yaml.safe_dump(data))
+    scaling = load_spec(scaling_path)
+    prices = providers.create(scaling).node_prices(providers.create(scaling).plan(None))
+    assert prices is not None and prices.head_type == "head"
+    assert dict(prices.by_type) == {"head": pytest.approx(0.75), "gpu": pytest.approx(0.75)}

@@ -228,8 +228,13 @@ def test_members_json_counts_jobs_per_member(shared: Shared) -> None:
     assert first.returncode == 0 and second.returncode == 0, second.stdout + second.stderr
     listed = shared.invoke("members", "--json")
     assert listed.returncode == 0, listed.stderr
-    rows = {row["name"]: row for row in json.loads(listed.stdout)["members"]}
+    answer = json.loads(listed.stdout)
+    rows = {row["name"]: row for row in answer["members"]}
     assert rows["ivy"]["total_jobs"] == 2 and rows["ivy"]["running_jobs"] == 0
+    # A local cluster costs $0 (no node prices from the provider): shares and total say so.
+    assert rows["ivy"]["cost_share_usd"] == 0.0
+    assert answer["cluster_cost"] == {"hourly_usd": 0.0, "accrued_usd": 0.0, "owner_usd": 0.0,
+                                      "idle_usd": 0.0}
     assert rows["ivy"]["job_hours"] > 0 and rows["ivy"]["role"] == "member"
     assert rows["ivy"]["last_seen"] is not None
     assert "dave" not in rows

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from infra.node import gateway_state as gs
 
 
@@ -42,13 +44,76 @@ def test_usage_survives_a_restart_and_splits_the_price(tmp_path: Path) -> None:
             {"submission_id": "b", "status": "RUNNING", "metadata": {"rayfleet_member": "bo"},
              "start_time": 0, "end_time": 3_600_000},
             {"submission_id": "c", "status": "RUNNING", "metadata": {}}]
-    usage.tick(jobs, 3600, 2.0)
+    usage.tick(jobs, 3600, 3.0)
     usage.save()
     again = gs.Usage(path)
+    # Split among every job running, the owner's (c) included: each pays a third.
     assert again.data["jobs"]["a"]["cost"] == 1.0 and again.data["jobs"]["b"]["cost"] == 1.0
+    assert again.data["cluster"]["owner_usd"] == 1.0
     assert "c" not in again.data["jobs"]
     assert gs.job_hours(again.data["jobs"]["b"]) == 1.0
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def _job(key: str, status: str, member: str | None) -> dict[str, Any]:
+    return {"submission_id": key, "status": status,
+            "metadata": {"rayfleet_member": member} if member else {}}
+
+
+def test_cost_shares_of_overlapping_jobs_sum_to_the_accrued_cost(tmp_path: Path) -> None:
+    path = tmp_path / gs.USAGE_FILE
+    usage = gs.Usage(path)
+    usage.tick([_job("a", "RUNNING", "ann")], 1800, 2.0)  # ann alone: $1
+    usage.tick([_job("a", "RUNNING", "ann"), _job("b", "RUNNING", "bo")], 3600, 2.0)  # $2 in two
+    usage.save()
+    usage = gs.Usage(path)  # a gateway restart in the middle: what is on disk goes on
+    # The cluster grew (a worker joined): $6/h from here, split three ways with the owner's job.
+    usage.tick([_job("a", "RUNNING", "ann"), _job("b", "RUNNING", "bo"), _job("o", "RUNNING", None)],
+               1200, 6.0)
+    usage.tick([_job("a", "SUCCEEDED", "ann"), _job("b", "STOPPED", "bo"), _job("o", "FAILED", None)],
+               600, 6.0)  # nothing runs: idle
+    usage.save()
+    data = gs.Usage(path).data
+    ann, bo = data["jobs"]["a"]["cost"], data["jobs"]["b"]["cost"]
+    cluster = data["cluster"]
+    assert ann == pytest.approx(1 + 1 + 2 / 3) and bo == pytest.approx(1 + 2 / 3)
+    assert cluster["owner_usd"] == pytest.approx(2 / 3) and cluster["idle_usd"] == pytest.approx(1.0)
+    assert cluster["accrued_usd"] == pytest.approx(1 + 2 + 2 + 1)
+    assert ann + bo + cluster["owner_usd"] + cluster["idle_usd"] == pytest.approx(
+        cluster["accrued_usd"])
+    assert cluster["hourly_usd"] == 6.0
+
+
+def _dashboard_report(summary: Any) -> dict[str, Any]:
+    """What Ray's dashboard answers at /api/cluster_status, built with Ray's own code: the
+    monitor stores `asdict(AutoscalerSummary)` as JSON, the dashboard camel-cases every key."""
+    from dataclasses import asdict
+
+    from ray.dashboard.utils import to_google_style
+
+    stored = json.loads(json.dumps({"autoscaler_report": asdict(summary)}))
+    answer = {"data": to_google_style({"cluster_status": stored})}
+    report: dict[str, Any] = answer["data"]["clusterStatus"]["autoscalerReport"]
+    return report
+
+
+def test_the_clusters_price_is_that_of_the_nodes_rays_autoscaler_reports() -> None:
+    from ray.autoscaler._private.autoscaler import AutoscalerSummary
+
+    prices = {"head": 0.5, "gpu_a100": 1.25, "cpu_small": 0.1}
+    report = _dashboard_report(AutoscalerSummary(
+        active_nodes={"head": 1, "gpu_a100": 2}, idle_nodes=None,
+        pending_nodes=[("10.0.0.9", "gpu_a100", "setting-up")],  # launched: billed already
+        pending_launches={"cpu_small": 3},  # not launched yet: not billed
+        failed_nodes=[]))
+    assert "gpuA100" in report["activeNodes"]  # what the camel-casing does to a type's name
+    assert gs.cluster_hourly(report, prices, "head") == pytest.approx(0.5 + 3 * 1.25)
+    # A provider that does not list the head: its price counts all the same (the gateway runs
+    # on it); a type without a price counts nothing.
+    report = _dashboard_report(AutoscalerSummary(
+        active_nodes={"gpu_a100": 1, "mystery": 4}, idle_nodes=None, pending_nodes=[],
+        pending_launches={}, failed_nodes=[]))
+    assert gs.cluster_hourly(report, prices, "head") == pytest.approx(0.5 + 1.25)
 
 
 def test_maybe_active_counts_a_members_jobs_until_ray_reports_them_finished(tmp_path: Path) -> None:

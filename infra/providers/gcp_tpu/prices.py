@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from infra.costs import NodePrices
     from infra.providers.base import Cost, CostRange
     from infra.providers.gcp_tpu.spec import Spec
 
@@ -89,6 +90,22 @@ def cost_range(spec: Spec) -> CostRange:
         extra = min(most - least, slots)
         high, slots = high + (price or 0.0) * extra, slots - extra
     return CostRange(low_nodes, high_nodes, low, high, SOURCE)
+
+
+def node_prices(spec: Spec) -> NodePrices | None:
+    """$/h of each node type of the rendered Ray config (`head` and the spec's worker type names),
+    for the sharing gateway's cost share; None when a type is not in the table."""
+    from infra.costs import NodePrices
+
+    by_type: dict[str, float | None] = {"head": machine_hourly(spec.head.machine_type)}
+    for name, cpu in spec.cpu_workers.items():
+        by_type[name] = machine_hourly(cpu.machine_type, cpu.provisioning)
+    for name, tpu in spec.tpu_workers.items():
+        by_type[name] = tpu_hourly(tpu.slice.accelerator_type, tpu.slice.chips, tpu.provisioning)
+    floor = cost_range(spec).min_hourly_usd
+    if floor is None or any(price is None for price in by_type.values()):
+        return None
+    return NodePrices("head", {name: price or 0.0 for name, price in by_type.items()}, floor)
 
 
 def current_cost(vms: list[dict[str, Any]], tpu_nodes: list[dict[str, Any]]) -> Cost:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import auth, autodown_remote, jobs, paths, remote_head, ssh, tracking, tracking_remote, ui
+from infra.costs import NodePrices
 from infra.errors import ClusterNotRunningError, UsageError
 from infra.head import HeadAccess
 from infra.node.files import atomic_write
@@ -447,3 +448,9 @@ class Provider(BaseProvider[Spec, Preflight]):
         from infra.providers.gcp_tpu import prices
 
         return prices.cost_range(self.spec)
+
+    def node_prices(self, plan: Plan[Preflight] | None) -> NodePrices | None:
+        """Each node type at the estimated price of prices.py; None when one is not in the table."""
+        from infra.providers.gcp_tpu import prices
+
+        return prices.node_prices(self.spec)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from infra import auth, autodown_remote, paths, remote_head, ssh, tracking, tracking_remote, ui
+from infra.costs import NodePrices
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
 from infra.node import identity
@@ -253,6 +254,23 @@ class Provider(BaseProvider[Spec, Capacity]):
         """$/h at min and max size from the plan's listing; None without a plan or prices."""
         types = plan.extra.types if plan is not None else None
         return None if types is None else planning.cost_range(self.spec, types)
+
+    def node_prices(self, plan: Plan[Capacity] | None) -> NodePrices | None:
+        """Each node type at its first choice's price (as `cost_range`); None without prices."""
+        types = plan.extra.types if plan is not None else None
+        cost = self.cost_range(plan)
+        if types is None or cost is None or cost.min_hourly_usd is None:
+            return None
+        from infra.providers.lambda_cloud import autoscale
+
+        by_type: dict[str, float] = {}
+        if self.spec.autoscaling:
+            wanted = {autoscale.HEAD_TYPE: self.spec.head.choices[0].instance_type,
+                      **{name: kind.choices[0].instance_type
+                         for name, kind in (self.spec.worker_types or {}).items()}}
+            by_type = {name: types[kind].price_cents_per_hour / 100
+                       for name, kind in wanted.items() if kind in types}
+        return NodePrices(autoscale.HEAD_TYPE, by_type, cost.min_hourly_usd)
 
     # The head terminates its own instance: its last marker may never reach this machine.
     autodown_last_word_may_be_lost = True
