@@ -150,6 +150,13 @@ def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
     for args in (("logs", job), ("stop", job), ("status", job)):
         refused = bob.ray(*args)
         assert refused.returncode != 0 and "is not yours" in refused.stdout + refused.stderr, args
+    # The audit log on the head: who, what, when, which job, the answer (refusals included).
+    audit = [json.loads(line) for line in (Path(shared.env["RAYFLEET_HOME"]) / "sharing"
+                                           / shared.spec.stem / "audit.log").read_text().splitlines()]
+    assert any(e.get("who") == "bob" and e.get("method") == "POST" and e.get("job") == job
+               and e.get("status") == 403 and e.get("at") for e in audit)
+    assert any(e.get("who") == "alice" and e.get("method") == "POST" and e.get("job") == job
+               and e.get("path") == "/api/jobs/" and e.get("status") == 200 for e in audit)
     bobs = bob.submit("python -c print(2)")
     stopped = alice.ray("stop", job)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -201,6 +208,31 @@ def test_expired_wrong_token_no_token_wrong_ca_and_plain_http_are_refused(shared
     with socket.create_connection(("127.0.0.1", shared.port), timeout=10) as raw, \
             context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
         assert tls.version() in ("TLSv1.2", "TLSv1.3")
+
+
+def test_failed_logins_turn_away_their_source_address_only(shared: Shared) -> None:
+    """Ten wrong tokens from 127.0.0.2 within a minute: that address gets 429 for a minute, even
+    with a good token; the members on 127.0.0.1 are not touched (per source address)."""
+    import http.client
+
+    nina = shared.add("nina")
+    good = Path(nina.env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    context = ssl.create_default_context(cafile=nina.env["REQUESTS_CA_BUNDLE"])
+
+    def status_from(source: str, token: str) -> int:
+        connection = http.client.HTTPSConnection("127.0.0.1", shared.port, timeout=30,
+                                                 context=context, source_address=(source, 0))
+        try:
+            connection.request("GET", "/api/jobs/", headers={"Authorization": f"Bearer {token}"})
+            return connection.getresponse().status
+        finally:
+            connection.close()
+
+    assert status_from("127.0.0.2", good) == 200
+    assert [status_from("127.0.0.2", "e" * 64) for _ in range(10)] == [403] * 10
+    assert status_from("127.0.0.2", good) == 429
+    assert status_from("127.0.0.2", "e" * 64) == 429
+    assert status_from("127.0.0.1", good) == 200
 
 
 def test_cluster_token_reaches_no_member(shared: Shared) -> None:
