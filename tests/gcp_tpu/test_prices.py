@@ -12,6 +12,13 @@ from infra import loading, providers, spec
 from infra.providers.gcp_tpu import config, prices
 from infra.providers.gcp_tpu.spec import Spec
 
+#: A head, a CPU type (1 to 3 workers) and a TPU type (0 to 2 v4-8 slices).
+HEAD_CPU_TPU: dict[str, object] = {
+    "head": {"machine_type": "n2-standard-4"},
+    "cpu_workers": {"cpu": {"machine_type": "n2-standard-8", "provisioning": "standard",
+                            "min_workers": 1, "max_workers": 3}},
+    "tpu_workers": {"tpu": {"accelerator_type": "v4-8", "min_workers": 0, "max_workers": 2}}}
+
 
 def _spec(tmp_path: Path, extra: dict[str, object]) -> spec.ClusterSpec:
     data = {"provider": "gcp-tpu", "project": "test-project", "zone": "us-central2-b", **extra}
@@ -19,11 +26,7 @@ def _spec(tmp_path: Path, extra: dict[str, object]) -> spec.ClusterSpec:
 
 
 def test_range_from_min_to_max(tmp_path: Path) -> None:
-    selected = _spec(tmp_path, {
-        "head": {"machine_type": "n2-standard-4"},
-        "cpu_workers": {"cpu": {"machine_type": "n2-standard-8", "provisioning": "standard",
-                                "min_workers": 1, "max_workers": 3}},
-        "tpu_workers": {"tpu": {"accelerator_type": "v4-8", "min_workers": 0, "max_workers": 2}}})
+    selected = _spec(tmp_path, HEAD_CPU_TPU)
     cost = providers.create(selected).cost_range(None)
     assert cost is not None
     assert (cost.min_nodes, cost.max_nodes) == (2, 6)
@@ -50,11 +53,7 @@ def test_max_workers_caps_the_maximum_at_one_size(tmp_path: Path) -> None:
 def test_node_prices_name_the_rendered_configs_types(tmp_path: Path) -> None:
     """The sharing gateway prices each node Ray's autoscaler reports by its type's name in the
     rendered cluster config: `head` and the spec's worker type names."""
-    selected = _spec(tmp_path, {
-        "head": {"machine_type": "n2-standard-4"},
-        "cpu_workers": {"cpu": {"machine_type": "n2-standard-8", "provisioning": "standard",
-                                "min_workers": 1, "max_workers": 3}},
-        "tpu_workers": {"tpu": {"accelerator_type": "v4-8", "min_workers": 0, "max_workers": 2}}})
+    selected = _spec(tmp_path, HEAD_CPU_TPU)
     found = providers.create(selected).node_prices(None)
     assert found is not None and found.head_type == "head"
     assert dict(found.by_type) == {"head": 0.1942, "cpu": 0.3885, "tpu": 4 * 3.22}
