@@ -394,13 +394,9 @@ class Gateway:
         try:
             status, answer = await self.upstream_json("GET", "/api/cluster_status")
         except Exception:  # Ray not answering: this tick at the fixed price
-            return self.config.price_per_hour
-        data = answer.get("data") if isinstance(answer, dict) else None
-        report = ((data.get("clusterStatus") or {}).get("autoscalerReport")
-                  if isinstance(data, dict) else None)
-        if status != 200 or not isinstance(report, dict):
-            return self.config.price_per_hour
-        return gs.cluster_hourly(report, self.config.node_prices, self.config.head_type)
+            status, answer = 0, None
+        return gs.cluster_hourly(answer if status == 200 else None, self.config.node_prices,
+                                 self.config.head_type, self.config.price_per_hour)
 
     async def enforce_hours(self, jobs: list[dict[str, Any]]) -> None:
         limit = self.config.max_job_hours

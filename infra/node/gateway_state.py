@@ -215,11 +215,17 @@ def camel(name: str) -> str:
     return first + "".join(part.title() for part in rest)
 
 
-def cluster_hourly(report: dict[str, Any], prices: dict[str, float], head_type: str) -> float:
-    """The cluster's $/h from Ray's autoscaler report as the dashboard answers it
-    (`/api/cluster_status`: `autoscalerReport`): every node it lists as active or still starting
-    (both billed) at its type's price, and the head, which the gateway runs on, whether the
-    report lists it or not. A type without a price counts 0."""
+def cluster_hourly(answer: Any, prices: dict[str, float], head_type: str, fixed: float) -> float:
+    """The cluster's $/h from the dashboard's answer at `/api/cluster_status` (Ray's autoscaler
+    report, `data.clusterStatus.autoscalerReport`): every node it lists as active or still
+    starting (both billed) at its type's price, and the head, which the gateway runs on, whether
+    the report lists it or not; a type without a price counts 0. `fixed` where there is no
+    report (no autoscaler, or the dashboard did not answer)."""
+    data = answer.get("data") if isinstance(answer, dict) else None
+    status = data.get("clusterStatus") if isinstance(data, dict) else None
+    report = status.get("autoscalerReport") if isinstance(status, dict) else None
+    if not isinstance(report, dict):
+        return fixed
     by_name = {**{camel(name): price for name, price in prices.items()}, **prices}
     counts: collections.Counter[str] = collections.Counter()
     active = report.get("activeNodes")
