@@ -29,7 +29,7 @@ def test_sharing_on_a_public_head_needs_allowed_source_ranges(tmp_path: Path, ex
     assert not (tmp_path / "h").exists()
 
 
-@pytest.mark.parametrize("example", ["lambda.yaml", "gcp-tpu.yaml", "slurm.yaml"])
+@pytest.mark.parametrize("example", ["gcp-tpu.yaml", "slurm.yaml"])
 def test_sharing_where_no_gateway_runs_yet_is_refused_before_anything_exists(
         tmp_path: Path, example: str) -> None:
     base = (ROOT / "clusters" / example).read_text()
