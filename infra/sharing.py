@@ -63,8 +63,8 @@ def check_spec(selected: ClusterSpec) -> None:
                         "members' jobs run as your own account and can read your files; add "
                         "`members_run_as_owner: true` under sharing: to accept that")
     if not type(selected).SHARING_GATEWAY:
-        raise SpecError(f"{selected.source}: sharing: the gateway does not run on "
-                        f"{selected.provider} heads yet (local only); remove the block "
+        why = type(selected).SHARING_REFUSAL.format(provider=selected.provider)
+        raise SpecError(f"{selected.source}: sharing: {why}; remove the block "
                         "(docs/concepts/sharing.md)")
 
 
