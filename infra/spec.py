@@ -116,8 +116,7 @@ class ClusterSpec(StrictModel):
     #: `plan` and `up` refuse a `sharing:` block in one line.
     SHARING_GATEWAY: ClassVar[bool] = False
     #: Why `sharing:` is refused where SHARING_GATEWAY is False (`{provider}`: the provider's name).
-    SHARING_REFUSAL: ClassVar[str] = ("the gateway does not run on {provider} heads yet "
-                                      "(local and lambda so far)")
+    SHARING_REFUSAL: ClassVar[str] = "the gateway does not run on {provider} heads yet"
     #: `metrics` when the spec says nothing (local turns it off: a laptop rarely wants it).
     METRICS_DEFAULT: ClassVar[str] = "prometheus"
 

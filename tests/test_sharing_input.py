@@ -30,7 +30,6 @@ def test_sharing_on_a_public_head_needs_allowed_source_ranges(tmp_path: Path, ex
 
 
 @pytest.mark.parametrize(("example", "why"), [
-    ("gcp-tpu.yaml", "the gateway does not run on gcp-tpu heads yet"),
     ("slurm.yaml", "not on slurm: the head runs on a compute node, which members cannot reach")])
 def test_sharing_where_no_gateway_runs_is_refused_before_anything_exists(
         tmp_path: Path, example: str, why: str) -> None:
