@@ -8,8 +8,9 @@ h4 is someone outside. The owner works from the bed's client namespace (its addr
 the gateway on the head out of Ray's user's reach; two members join in homes of their own on h3
 and both their jobs run on the autoscaled worker (one with the stock `ray job` CLI, one with
 `invoke submit` from their own folder); h4 and the owner's machine cannot even connect; a removed
-member is refused within 5 s while the other keeps working; `members --json` counts from the
-head; `teardown` leaves nothing and keeps the usage here.
+member is refused within 5 s while the other keeps working; a gateway killed on the head is back
+within seconds with its accounting; `members --json` counts from the head; `teardown` leaves
+nothing and keeps the usage here.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ def test_up_opens_the_port_to_the_allowed_range_and_hides_the_gateway_from_rays_
     opened = {(r["protocol"], tuple(r["port_range"]), r["source_network"]) for r in ours[0]["rules"]}
     assert opened == {("tcp", (22, 22), f"{scaled.bed.client.ip}/32"),
                       ("tcp", (PORT, PORT), f"{scaled.bed.hosts[2].ip}/32")}
+    plan = scaled.invoke("plan")
+    assert f"sharing gateway port {PORT} from {scaled.bed.hosts[2].ip}/32" in plan.stdout, plan.stdout
     head = scaled.host(shared.head_ip)
     owners = head.run("pgrep -f '[i]nfra.node.gateway' | xargs -r ps -o user:20= -p").stdout.split()
     assert owners and RAY_USER not in owners, owners
@@ -211,6 +214,22 @@ def test_a_removed_member_is_refused_within_5s_while_the_other_keeps_working(
     print(f"\n[lambda sharing] revoked in {time.monotonic() - started:.1f}s")
     assert alice.status_code() == "200"
     assert alice.ray("list").returncode == 0
+
+
+def test_a_gateway_killed_on_the_head_is_back_and_keeps_its_accounting(shared: Shared) -> None:
+    head = shared.scaled.host(shared.head_ip)
+    find = "pgrep -f '^[^ ]*python[^ ]* -m infra.node.gateway'"
+    before = head.run(find).stdout.split()
+    assert len(before) == 1, before
+    head.run(f"kill -9 {before[0]}", check=True)
+    started = time.monotonic()
+    alice = shared.members["alice"]
+    wait_until(lambda: head.run(find).stdout.split() not in ([], before)
+               and alice.status_code() == "200", "the supervisor's new gateway", timeout=30,
+               interval=0.2)
+    print(f"\n[lambda sharing] gateway back in {time.monotonic() - started:.1f}s")
+    usage = json.loads(head.run(f"cat {HEAD_DATA}/usage.json", check=True).stdout)
+    assert {j.get("member") for j in usage["jobs"].values()} >= {"alice", "bob"}, usage
 
 
 def test_members_json_counts_from_the_head_and_teardown_keeps_the_usage(shared: Shared) -> None:
