@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -153,6 +154,7 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
             else:
                 os.environ["RAYFLEET_HOME"] = saved
         if enforce_firewall:
+            assert shutil.which("nft"), "the bed's firewall needs nftables (apt-get install nftables)"
             enforcer = EnforcedFirewall(fake, bed.hosts[:instance_hosts]).start()
         yield Scaled(bed, fake, spec, home, env, enforcer)
     finally:
