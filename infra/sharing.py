@@ -52,20 +52,21 @@ def registry_path(cluster: str) -> Path:
 
 def check_spec(selected: ClusterSpec) -> None:
     """What `plan` and `up` refuse about `sharing:` before anything is created: a provider whose
-    head gets no gateway yet, and (issue 29) where Ray runs as the owner's own account, members'
-    jobs do too, so the owner must say they accept that."""
+    head gets no gateway (first: its reason stands whatever else the block says), and (issue 29)
+    where Ray runs as the owner's own account, members' jobs do too, so the owner must say they
+    accept that."""
     sharing = selected.sharing
     if sharing is None:
         return
+    if not type(selected).SHARING_GATEWAY:
+        why = type(selected).SHARING_REFUSAL.format(provider=selected.provider)
+        raise SpecError(f"{selected.source}: sharing: {why}; remove the block "
+                        "(docs/concepts/sharing.md)")
     if not (type(selected).SEPARATE_RAY_USER or sharing.members_run_as_owner):
         raise SpecError(f"{selected.source}: sharing.members_run_as_owner: required on "
                         f"{selected.provider}: rayfleet cannot create a user for Ray there, so "
                         "members' jobs run as your own account and can read your files; add "
                         "`members_run_as_owner: true` under sharing: to accept that")
-    if not type(selected).SHARING_GATEWAY:
-        why = type(selected).SHARING_REFUSAL.format(provider=selected.provider)
-        raise SpecError(f"{selected.source}: sharing: {why}; remove the block "
-                        "(docs/concepts/sharing.md)")
 
 
 def warn_privilege(selected: ClusterSpec) -> None:

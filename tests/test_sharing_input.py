@@ -34,8 +34,8 @@ def test_sharing_on_a_public_head_needs_allowed_source_ranges(tmp_path: Path, ex
 def test_sharing_where_no_gateway_runs_is_refused_before_anything_exists(
         tmp_path: Path, example: str, why: str) -> None:
     base = (ROOT / "clusters" / example).read_text()
-    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/8]\n"
-                                  "  members_run_as_owner: true\n")
+    # Without `members_run_as_owner`: the provider's reason comes first, not a request to add it.
+    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/8]\n")
     for verb in ("plan", "up"):
         done = run_invoke(verb, "--cluster", str(spec), env={"RAYFLEET_HOME": str(tmp_path / "h")})
         assert done.returncode == 2, done.stderr
