@@ -48,6 +48,7 @@ def member_add(provider: str | None, cluster: str | None, name: str, admin: bool
         if path.exists():
             raise UsageError(f"--out {path}: the file exists; pick another path or remove it")
         entry, token = sharing.new_member(admin, expires_days)
+        entry["address"] = url  # what the bundle names: `up` warns when the gateway moved
         # The bundle first: a member in the registry without a bundle could never log in.
         atomic_write(path, json.dumps(sharing.bundle(selected.name, url, name, token), indent=2),
                      mode=0o600)

@@ -40,6 +40,10 @@ class HeadAccess:
     dashboard_port: int | None = None
     #: The Ray Client server port on the head's loopback (for `ray.init("ray://...")`).
     client_port: int | None = None
+    #: The Python (shell word) and activation prefix that run node modules on a remote head in
+    #: its node environment (Ray's Python, with aiohttp): head daemons such as the gateway.
+    python: str = "python3"
+    activate: str = ""
 
 
 def _ssh_base(target: ssh.SshTarget) -> list[str]:

@@ -108,8 +108,9 @@ def _endpoint(urls: list[str], address: str, token_path: Path | None, serve: tup
 
 
 def _mkdirs(sftp: Any, folders: set[str]) -> None:
-    """The private dir (0700), the node package's dir and `folders` (home-relative, with their
-    parents), as SFTP creates them: no shell, no extra round trip."""
+    """The private dir (0700, and every folder made inside it: a daemon's data dir is nobody
+    else's), the node package's dir and `folders` (home-relative, with their parents), as SFTP
+    creates them: no shell, no extra round trip."""
     wanted = {PRIVATE_DIR, shipping.NODE_DIR, *folders}
     every = sorted({"/".join(f.split("/")[:i + 1]) for f in wanted
                     for i in range(len(f.split("/")))})
@@ -117,7 +118,8 @@ def _mkdirs(sftp: Any, folders: set[str]) -> None:
         try:
             sftp.stat(folder)
         except OSError:
-            sftp.mkdir(folder, 0o700 if folder == PRIVATE_DIR else 0o755)
+            private = folder == PRIVATE_DIR or folder.startswith(PRIVATE_DIR + "/")
+            sftp.mkdir(folder, 0o700 if private else 0o755)
     sftp.chmod(PRIVATE_DIR, 0o700)
 
 

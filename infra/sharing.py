@@ -4,8 +4,11 @@ The owner's registry is `.rayfleet/sharing/<cluster>/members.json` (names, roles
 SHA-256 of each token; never a token). A member's token exists in exactly one place on the owner's
 machine: the bundle file `member-add` writes (0600), which the owner sends. For a head on this
 machine (the local provider) that folder is also the gateway's data dir, so a change reaches the
-gateway at its next request; a remote head gets the file over SFTP. Usage and the audit log stay
-with the registry, so they survive teardown and the next `up` (like the tracking store).
+gateway at its next request; a remote head gets the file over SFTP (at every `up` and every
+change), into `~/.rayfleet/gateway` (0700, the SSH user's: Ray's user cannot read it). Usage stays
+with the registry too: a remote head's copy is fetched by `members` and at `teardown`, and given
+back to a new head at `up`, so it survives teardown, autodown and the next `up` (like the tracking
+store).
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import contextlib
 import datetime as dt
 import json
 import secrets
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from infra import paths, sharing_certs, tracking, ui
+from infra import paths, sharing_certs, tracking, tracking_remote, ui
 from infra.costs import NodePrices
 from infra.errors import RayfleetError, SpecError, UsageError
 from infra.head import HeadAccess
@@ -32,6 +36,7 @@ BUNDLE_KIND = "rayfleet-member-bundle/1"
 #: On a remote head: the gateway's config and data, relative to the login user's home.
 HEAD_CONFIG = "~/.rayfleet/" + gateway.CONFIG_FILE
 HEAD_DATA = "~/.rayfleet/gateway"
+GATEWAY_LOG = "~/.rayfleet/gateway.log"
 
 
 class SharingError(RayfleetError):
@@ -48,20 +53,21 @@ def registry_path(cluster: str) -> Path:
 
 def check_spec(selected: ClusterSpec) -> None:
     """What `plan` and `up` refuse about `sharing:` before anything is created: a provider whose
-    head gets no gateway yet, and (issue 29) where Ray runs as the owner's own account, members'
-    jobs do too, so the owner must say they accept that."""
+    head gets no gateway (first: its reason stands whatever else the block says), and (issue 29)
+    where Ray runs as the owner's own account, members' jobs do too, so the owner must say they
+    accept that."""
     sharing = selected.sharing
     if sharing is None:
         return
+    if not type(selected).SHARING_GATEWAY:
+        why = type(selected).SHARING_REFUSAL.format(provider=selected.provider)
+        raise SpecError(f"{selected.source}: sharing: {why}; remove the block "
+                        "(docs/concepts/sharing.md)")
     if not (type(selected).SEPARATE_RAY_USER or sharing.members_run_as_owner):
         raise SpecError(f"{selected.source}: sharing.members_run_as_owner: required on "
                         f"{selected.provider}: rayfleet cannot create a user for Ray there, so "
                         "members' jobs run as your own account and can read your files; add "
                         "`members_run_as_owner: true` under sharing: to accept that")
-    if not type(selected).SHARING_GATEWAY:
-        raise SpecError(f"{selected.source}: sharing: the gateway does not run on "
-                        f"{selected.provider} heads yet (local only); remove the block "
-                        "(docs/concepts/sharing.md)")
 
 
 def warn_privilege(selected: ClusterSpec) -> None:
@@ -115,9 +121,14 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
     assert selected.sharing is not None
     cert, key = sharing_certs.ensure_server_cert(selected.name, [address])
     token = access.env.get("RAY_AUTH_TOKEN_PATH")
-    mlflow = tracking.password_path(selected.name)
     here = access.target is None
     data = folder(selected.name) if here else Path(HEAD_DATA)
+    # A remote gateway runs from its user's home: `~/` paths as relative ones (Python's open does
+    # not expand `~`).
+    mlflow = str(tracking.password_path(selected.name)) if here else \
+        tracking_remote.NODE_PASSWORD_PATH.removeprefix("~/")
+    if token and not here:
+        token = token.removeprefix("~/")
     config = gateway.Config(
         cluster=selected.name, host="127.0.0.1" if here else "0.0.0.0",
         port=selected.sharing.port, upstream=f"http://127.0.0.1:{access.dashboard_port}",
@@ -128,7 +139,7 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         price_per_hour=prices.floor_usd if prices else 0.0,
         node_prices=dict(prices.by_type) if prices else {},
         head_type=prices.head_type if prices else "",
-        secret_paths=[str(mlflow)] if here and selected.tracking == "mlflow" else [])
+        secret_paths=[mlflow] if selected.tracking == "mlflow" else [])
     return config, folder(selected.name) / gateway.CONFIG_FILE
 
 
@@ -140,39 +151,71 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
         return None
     address = "127.0.0.1" if access.target is None else access.target.host
     url = f"https://{address}:{selected.sharing.port}"
-    previous = state.info.get("gateway_url")
-    if previous and previous != url and read_registry(selected.name):
-        ui.warn(f"the gateway's address changed from {previous} to {url}: every member needs a "
-                "new bundle (`invoke member-add NAME` again after `invoke member-remove NAME`)")
+    members = read_registry(selected.name)
+    warn_stale_bundles(members, url, state.info.get("gateway_url"))
     config, config_path = _gateway_config(selected, access, state, address, prices)
-    if not read_registry(selected.name):
+    if not members:
         write_registry(selected.name, {})
+    if access.target is not None:
+        read_usage(selected, access)  # the running head's accounting first, then given back
     start_gateway(access, config, config_path)
     if access.target is None:
         ui.wait_for(lambda _: True if rayproc.port_answers("127.0.0.1", config.port) else None,
                     f"the sharing gateway on {url}", timeout=60,
                     hint=f"see {paths.home() / 'logs' / selected.name / 'gateway.log'}")
-    if previous != url:
+    else:
+        _wait_remote(access, config.port, url)
+    if state.info.get("gateway_url") != url:
         state.set_info(gateway_url=url)
     return url
+
+
+def warn_stale_bundles(members: dict[str, dict[str, Any]], url: str, previous: str | None) -> None:
+    """One line when members hold bundles naming another address (the head came back on a new
+    one: Lambda gives a new instance a new IP); each entry records the address its bundle names."""
+    stale = sorted(name for name, entry in members.items()
+                   if (entry.get("address") or previous) not in (None, url))
+    if stale:
+        ui.warn(f"the gateway is now at {url}: members {', '.join(stale)} need a new bundle "
+                "(`invoke member-remove NAME` then `invoke member-add NAME`; their usage is kept)")
+
+
+def _wait_remote(access: HeadAccess, port: int, url: str) -> None:
+    """Until the gateway accepts connections on the head (bash's /dev/tcp: nothing to install)."""
+    from infra import ssh
+
+    assert access.target is not None
+    probe = (f"for i in $(seq 1 200); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null "
+             "&& exit 0; sleep 0.3; done; exit 1")
+    with ui.step(f"waiting for the sharing gateway on {url}"):
+        done = ssh.run(access.target, f"bash -c {shlex.quote(probe)}", timeout=90)
+    if not done.ok:
+        raise SharingError(f"the sharing gateway did not start on the head within 60 s; see "
+                           f"{GATEWAY_LOG} there (`invoke ssh`)")
 
 
 def start_gateway(access: HeadAccess, config: gateway.Config, config_path: Path) -> None:
     """The one place that starts the gateway, under the head daemons' one supervisor.
 
     This machine: `python -m infra.node.gateway` supervised, replaced when its config changed.
-    A remote head: remote_head.install_daemon with the certificate and key as 0600 secrets."""
+    A remote head: remote_head.install_daemon as the SSH user, with the certificate, its key,
+    the registry (hashes only) and the last usage copy as 0600 files in its 0700 data dir."""
     if access.target is not None:
         from infra import remote_head
 
         cert, key = Path(config.cert), Path(config.key)
+        data = HEAD_DATA.removeprefix("~/")
         remote = {**gateway.asdict(config), "cert": ".rayfleet/gateway.pem",
-                  "key": ".rayfleet/gateway.key", "data_dir": ".rayfleet/gateway"}
-        remote_head.install_daemon(
-            access.target, "infra.node.gateway", HEAD_CONFIG, json.dumps(remote),
-            secrets={".rayfleet/gateway.pem": cert.read_bytes(),
-                     ".rayfleet/gateway.key": key.read_bytes()},
-            log="~/.rayfleet/gateway.log")
+                  "key": ".rayfleet/gateway.key", "data_dir": data}
+        files = {".rayfleet/gateway.pem": cert.read_bytes(),
+                 ".rayfleet/gateway.key": key.read_bytes(),
+                 f"{data}/{gateway_state.MEMBERS_FILE}": registry_path(config.cluster).read_bytes()}
+        usage = folder(config.cluster) / gateway_state.USAGE_FILE
+        if usage.exists():
+            files[f"{data}/{gateway_state.USAGE_FILE}"] = usage.read_bytes()
+        remote_head.install_daemon(access.target, "infra.node.gateway", HEAD_CONFIG,
+                                   json.dumps(remote), secrets=files, log=GATEWAY_LOG,
+                                   python=access.python, activate=access.activate)
         return
     wanted = json.dumps(gateway.asdict(config), indent=2)
     pidfile = Path(f"{config_path}.pid")
@@ -200,7 +243,10 @@ def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:
         from infra import remote_head
 
         with contextlib.suppress(RayfleetError):
-            remote_head.stop_daemon(access.target, HEAD_CONFIG)
+            remote_head.stop_daemon(access.target, HEAD_CONFIG, access.python, access.activate)
+        # After it stopped (its last tick written): the head's accounting kept here.
+        with contextlib.suppress(RayfleetError, OSError):
+            read_usage(selected, access)
 
 
 def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:

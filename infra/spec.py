@@ -115,6 +115,8 @@ class ClusterSpec(StrictModel):
     #: `up` starts the sharing gateway on this provider's head (infra/sharing.py); where not yet,
     #: `plan` and `up` refuse a `sharing:` block in one line.
     SHARING_GATEWAY: ClassVar[bool] = False
+    #: Why `sharing:` is refused where SHARING_GATEWAY is False (`{provider}`: the provider's name).
+    SHARING_REFUSAL: ClassVar[str] = "the gateway does not run on {provider} heads yet"
     #: `metrics` when the spec says nothing (local turns it off: a laptop rarely wants it).
     METRICS_DEFAULT: ClassVar[str] = "prometheus"
 

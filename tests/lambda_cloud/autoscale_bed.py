@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any
 import yaml
 
 from tests.conftest import run_invoke
+from tests.lambda_cloud.bed_firewall import EnforcedFirewall
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.testbed import Testbed
 from tests.waiting import wait_until, wait_while
@@ -56,6 +58,8 @@ class Scaled:
     spec: Path
     home: Path
     env: dict[str, str]
+    #: Set on a bed built with `enforce_firewall` (bed_firewall.py).
+    firewall: EnforcedFirewall | None = None
 
     def invoke(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """`invoke <verb> --cluster <spec> <rest>` as a user runs it."""
@@ -87,16 +91,20 @@ class Scaled:
 def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4,
                   idle_minutes: float = 0.1, max_workers: int = 2,
                   capacity: dict[tuple[str, str], int] | None = None,
-                  tracking: bool = False) -> Iterator[Scaled]:
+                  tracking: bool = False, instance_hosts: int | None = None,
+                  enforce_firewall: bool = False) -> Iterator[Scaled]:
     """The test bed, the fake, the relays and the cluster's spec (with `tracking: mlflow` when
-    `tracking`); tears the cluster down after."""
+    `tracking`); tears the cluster down after. The fake hands out the first `instance_hosts`
+    hosts (all by default); the others stay machines of the bed that are no instance (a member's
+    laptop, someone outside). `enforce_firewall`: the rulesets attached to an instance filter what
+    reaches its host (bed_firewall.py)."""
     relay_url = f"http://127.0.0.1:{RELAY_PORT}/api/v1"
     bed = Testbed(hosts, work / "bed", env={
         "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         "LAMBDA_API_URL": relay_url})
     fake = FakeLambda(API_KEY, scale=scale, boot_delay=boot_delay, terminate_delay=0.3,
                       forget_delay=30, capacity=dict(capacity or CAPACITY),
-                      ip_pool=[h.ip for h in bed.hosts])
+                      ip_pool=[h.ip for h in bed.hosts[:instance_hosts]])
     fake.add_foreign_instance(f"{CLUSTER}-head")  # a colleague's, same cluster name
     fake.add_foreign_ruleset(f"rayfleet-{CLUSTER}-colleague", "us-west-1")
     by_ip = {h.ip: h for h in bed.hosts}
@@ -108,6 +116,7 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
     relay = subprocess.Popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600", f"TCP:127.0.0.1:{port}"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     relays = []
+    enforcer = None
     home = work / "rayfleet-home"
     env = {"RAYFLEET_HOME": str(home), "LAMBDA_API_URL": fake.url, "LAMBDA_API_KEY": API_KEY,
            "LAMBDA_RATE_SCALE": str(scale), "COLUMNS": "200"}
@@ -144,10 +153,15 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
                 os.environ.pop("RAYFLEET_HOME", None)
             else:
                 os.environ["RAYFLEET_HOME"] = saved
-        yield Scaled(bed, fake, spec, home, env)
+        if enforce_firewall:
+            assert shutil.which("nft"), "the bed's firewall needs nftables (apt-get install nftables)"
+            enforcer = EnforcedFirewall(fake, bed.hosts[:instance_hosts]).start()
+        yield Scaled(bed, fake, spec, home, env, enforcer)
     finally:
         with contextlib.suppress(Exception):
             run_invoke("teardown", "--cluster", str(spec), env=env, timeout=600)
+        if enforcer is not None:
+            enforcer.stop()
         for process in relays:
             process.terminate()
         relay.terminate()

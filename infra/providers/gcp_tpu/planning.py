@@ -72,6 +72,12 @@ def rows(spec: Spec, state: State | None,
                      f"{', '.join(ranges)}, and `invoke dashboard` (SSH tunnel)")
     else:
         notes.append("dashboard: reachable only through an SSH tunnel (`invoke dashboard`)")
+    if spec.sharing is not None:
+        resources.append(PlannedResource(
+            "firewall rule: sharing gateway", firewall.gateway_name(spec.name),
+            f"tcp:{spec.sharing.port} from {', '.join(spec.sharing.allowed_source_ranges)} "
+            "to the head only",
+            bool(state and state.find(firewall.FIREWALL, firewall.gateway_name(spec.name)))))
     if spec.tracking == "mlflow":
         notes.append(tracking_setup.plan_note(spec))
     notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "

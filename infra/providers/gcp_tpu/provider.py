@@ -394,7 +394,8 @@ class Provider(BaseProvider[Spec, Preflight]):
         target = self._head_target(cluster)
         # `ray start --head` without --ray-client-server-port opens Ray's default, 10001.
         return HeadAccess(target, str(target), auth.head_env(state, config.NODE_TOKEN_PATH),
-                          dashboard_port=int(cluster.attrs["dashboard_port"]), client_port=10001)
+                          dashboard_port=int(cluster.attrs["dashboard_port"]), client_port=10001,
+                          python=autodown_setup.HEAD_PYTHON)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

@@ -1,4 +1,5 @@
-"""The cluster's own firewall ruleset: SSH from the spec's `ssh_source_ranges`, nothing else.
+"""The cluster's own firewall ruleset: SSH from the spec's `ssh_source_ranges` and, with `sharing:`,
+the gateway's TLS port from `sharing.allowed_source_ranges`; nothing else.
 
 Lambda rulesets are per region and attached at launch (`firewall_rulesets`); instances of a
 cluster all run in the head's region, so a cluster has one ruleset, created just before its first
@@ -17,6 +18,7 @@ from typing import Any
 
 from infra import ui, wait
 from infra.node.lambda_cloud import api
+from infra.spec import ClusterSpec
 from infra.state import State
 
 FIREWALL = "lambda-firewall-ruleset"
@@ -30,11 +32,30 @@ def ruleset_name(cluster: str, cluster_id: str) -> str:
     return f"rayfleet-{cluster}-{cluster_id}"
 
 
-def rules(source_ranges: list[str] | None) -> list[dict[str, object]]:
+#: The sharing gateway's opening: (its TLS port, the networks allowed to reach it).
+Gateway = tuple[int, list[str]]
+
+
+def gateway_of(spec: ClusterSpec) -> Gateway | None:
+    """The spec's `sharing:` as an opening (None without sharing)."""
+    sharing = spec.sharing
+    return (sharing.port, list(sharing.allowed_source_ranges)) if sharing is not None else None
+
+
+def rules(source_ranges: list[str] | None, gateway: Gateway | None = None) -> list[dict[str, object]]:
+    """SSH from `source_ranges` (anywhere when unset), and the gateway's port, tcp only, from each
+    of its ranges (validation refuses `sharing:` without them on Lambda: never from anywhere)."""
     ranges = source_ranges if source_ranges else [ANYWHERE]
-    return [{"protocol": "tcp", "port_range": [22, 22], "source_network": cidr,
-             "description": "rayfleet: SSH (Ray's ports stay closed; use the SSH tunnel)"}
-            for cidr in ranges]
+    out: list[dict[str, object]] = [
+        {"protocol": "tcp", "port_range": [22, 22], "source_network": cidr,
+         "description": "rayfleet: SSH (Ray's ports stay closed; use the SSH tunnel)"}
+        for cidr in ranges]
+    if gateway is not None:
+        port, allowed = gateway
+        out += [{"protocol": "tcp", "port_range": [port, port], "source_network": cidr,
+                 "description": "rayfleet: the sharing gateway (TLS, members' own tokens)"}
+                for cidr in allowed]
+    return out
 
 
 def unfiltered(regions: list[str]) -> list[str]:
@@ -68,23 +89,43 @@ def _normal(rule_list: Any) -> set[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def pending_change(state: State | None, source_ranges: list[str] | None) -> str | None:
-    """What the next `up` changes in the recorded ruleset's rules ("SSH from A -> B"), or None."""
+def _recorded_gateway(attrs: dict[str, Any]) -> Gateway | None:
+    found = attrs.get("gateway")
+    return (int(found[0]), list(found[1])) if isinstance(found, list) and len(found) == 2 else None
+
+
+def describe_gateway(gateway: Gateway | None) -> str:
+    return f"port {gateway[0]} from {', '.join(gateway[1])}" if gateway else "closed"
+
+
+def pending_change(state: State | None, source_ranges: list[str] | None,
+                   gateway: Gateway | None = None) -> str | None:
+    """What the next `up` changes in the recorded ruleset's rules ("SSH from A -> B", "sharing
+    gateway: ... -> ..."), or None."""
     for resource in state.resources(FIREWALL) if state else []:
         recorded = resource.attrs.get("sources")
-        if isinstance(recorded, list) and _normal(rules(recorded)) != _normal(rules(source_ranges)):
-            return f"SSH from {', '.join(recorded)} -> {', '.join(sources(source_ranges))}"
+        if not isinstance(recorded, list):
+            continue
+        changes = []
+        if _normal(rules(recorded)) != _normal(rules(source_ranges)):
+            changes.append(f"SSH from {', '.join(recorded)} -> {', '.join(sources(source_ranges))}")
+        was = _recorded_gateway(resource.attrs)
+        if (was and _normal(rules(None, was))) != (gateway and _normal(rules(None, gateway))):
+            changes.append(f"sharing gateway: {describe_gateway(was)} -> "
+                           f"{describe_gateway(gateway)}")
+        if changes:
+            return "; ".join(changes)
     return None
 
 
 def ensure(client: api.LambdaClient, state: State, region: str,
-           source_ranges: list[str] | None) -> str:
+           source_ranges: list[str] | None, gateway: Gateway | None = None) -> str:
     """The id of this cluster's ruleset in `region`, created (and recorded) if missing; its
-    rules replaced (PATCH) when the spec's source ranges changed since."""
+    rules replaced (PATCH) when the spec's source ranges or sharing gateway changed since."""
     for resource in state.resources(FIREWALL):
         if resource.attrs.get("region") == region:
             try:
-                _sync(client, state, resource.id, source_ranges)
+                _sync(client, state, resource.id, source_ranges, gateway)
             except api.NotFound:  # deleted outside rayfleet: make a new one
                 state.remove(FIREWALL, resource.id)
                 break
@@ -92,34 +133,40 @@ def ensure(client: api.LambdaClient, state: State, region: str,
     name = ruleset_name(state.cluster, state.cluster_id)
     existing = _find(client, name, region)
     if existing is None:
-        with ui.step(f"creating firewall ruleset {name} in {region} (SSH only)"):
+        opened = f"SSH, sharing gateway {describe_gateway(gateway)}" if gateway else "SSH only"
+        with ui.step(f"creating firewall ruleset {name} in {region} ({opened})"):
             try:
-                existing = client.create_firewall_ruleset(name, region, rules(source_ranges))
+                existing = client.create_firewall_ruleset(name, region,
+                                                          rules(source_ranges, gateway))
             except api.LambdaError:
                 # The answer may have been lost after the ruleset was made: look before failing.
                 existing = _find(client, name, region)
                 if existing is None:
                     raise
-    state.add(FIREWALL, existing.id, name=name, region=region, sources=sources(source_ranges))
-    _sync(client, state, existing.id, source_ranges, existing)
+    state.add(FIREWALL, existing.id, name=name, region=region, sources=sources(source_ranges),
+              gateway=list(gateway) if gateway else None)
+    _sync(client, state, existing.id, source_ranges, gateway, existing)
     return existing.id
 
 
-def sync_recorded(client: api.LambdaClient, state: State, source_ranges: list[str] | None) -> None:
+def sync_recorded(client: api.LambdaClient, state: State, source_ranges: list[str] | None,
+                  gateway: Gateway | None = None) -> None:
     """Apply changed source ranges to every ruleset this cluster has (called at each `up`)."""
     for resource in list(state.resources(FIREWALL)):
-        ensure(client, state, str(resource.attrs.get("region")), source_ranges)
+        ensure(client, state, str(resource.attrs.get("region")), source_ranges, gateway)
 
 
 def _sync(client: api.LambdaClient, state: State, ruleset_id: str, source_ranges: list[str] | None,
-          current: api.FirewallRuleset | None = None) -> None:
+          gateway: Gateway | None = None, current: api.FirewallRuleset | None = None) -> None:
     current = current or client.firewall_ruleset(ruleset_id)
-    wanted = rules(source_ranges)
+    wanted = rules(source_ranges, gateway)
     if _normal(current.rules) != _normal(wanted):
         with ui.step(f"firewall ruleset {current.name}: SSH now from "
-                     f"{', '.join(sources(source_ranges))}"):
+                     f"{', '.join(sources(source_ranges))}, sharing gateway "
+                     f"{describe_gateway(gateway)}"):
             client.update_firewall_ruleset(ruleset_id, wanted)
-    state.update(FIREWALL, ruleset_id, sources=sources(source_ranges))
+    state.update(FIREWALL, ruleset_id, sources=sources(source_ranges),
+                 gateway=list(gateway) if gateway else None)
 
 
 def _find(client: api.LambdaClient, name: str, region: str) -> api.FirewallRuleset | None:

@@ -109,9 +109,11 @@ def access_rows(spec: Spec, state: State | None, key_path: Path, notes: list[str
             "here and on the head)", exists=bool(state and state.resources(fleet.SSH_KEY))))
     ruleset = firewall.ruleset_name(spec.name, state.cluster_id if state else identity.ID_PLACEHOLDER)
     sources = ", ".join(spec.ssh_source_ranges or ["anywhere"])
-    change = firewall.pending_change(state, spec.ssh_source_ranges)
+    gateway = firewall.gateway_of(spec)
+    change = firewall.pending_change(state, spec.ssh_source_ranges, gateway)
+    opened = f"; sharing gateway {firewall.describe_gateway(gateway)}" if gateway else ""
     rows.append(PlannedResource(
-        "Lambda firewall ruleset", ruleset, f"SSH from {sources}; no Ray port"
+        "Lambda firewall ruleset", ruleset, f"SSH from {sources}{opened}; no Ray port"
         + (f" (changes at `up`: {change})" if change else ""),
         exists=bool(state and state.resources(firewall.FIREWALL))))
     for region in firewall.unfiltered([c.region for _, c in spec.all_choices()]):

@@ -323,7 +323,8 @@ class Provider(BaseProvider[Spec, Capacity]):
         target = self._target(self._head_ip(state))
         return HeadAccess(target, str(target), auth.head_env(state, auth.NODE_TOKEN_PATH),
                           dashboard_port=raycluster.DASHBOARD_PORT,
-                          client_port=raycluster.CLIENT_PORT)
+                          client_port=raycluster.CLIENT_PORT, python=autodown_setup.HEAD_PYTHON,
+                          activate=raycluster.activate(self.spec))
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

@@ -23,7 +23,7 @@ def provision(client: api.LambdaClient, spec: Spec, state: State, slots: list[fl
     first launch while it is fresh."""
     state.save()  # the cluster id is on disk before anything carries it
     key_name, _ = fleet.ensure_ssh_key(client, spec, state)
-    firewall.sync_recorded(client, state, spec.ssh_source_ranges)
+    firewall.sync_recorded(client, state, spec.ssh_source_ranges, firewall.gateway_of(spec))
     live = _reconcile(client, state, {s.key for s in slots}, run, spec.autoscaling)
     regions = {i.region for i in live.values()}
     if spec.file_system and not regions:
@@ -34,7 +34,8 @@ def provision(client: api.LambdaClient, spec: Spec, state: State, slots: list[fl
         launcher = fleet.Launcher(
             client, spec, state, key_name, run, types,
             rulesets=lambda region: [firewall.ensure(client, state, region,
-                                                     spec.ssh_source_ranges)],
+                                                     spec.ssh_source_ranges,
+                                                     firewall.gateway_of(spec))],
             extra_tags=(lambda slot: autoscale.head_tags(spec)) if spec.autoscaling else None)
         launcher.launch(missing, next(iter(regions)) if regions else None)
     nodes = fleet.wait_ready(client, state, lambda i: target(str(i.ip)), spec.boot_timeout_s)

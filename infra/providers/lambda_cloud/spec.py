@@ -89,6 +89,12 @@ class Spec(ClusterSpec):
     AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = 60
     #: The head has a public address: the gateway's port opens to `sharing.allowed_source_ranges`.
     SHARING_NEEDS_RANGES: ClassVar[bool] = True
+    #: Ray runs as `rayfleet-ray` on every node (users.py), so members' jobs never run as the SSH
+    #: user (who has sudo) nor as the autoscaler's user (who holds the API key).
+    SEPARATE_RAY_USER: ClassVar[bool] = True
+    #: `up` starts the sharing gateway on the head (infra/sharing.py through remote_head), as the
+    #: SSH user, out of Ray's user's reach (NOTES.md "The sharing gateway").
+    SHARING_GATEWAY: ClassVar[bool] = True
 
     provider: Literal["lambda"]
     head: Head

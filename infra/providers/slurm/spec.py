@@ -165,6 +165,11 @@ class Spec(ClusterSpec):
     #: accidental removal expensive in time. Worth setting for long time limits: an idle cluster
     #: then gives its nodes back early (the head's job runs the watcher, see autodown.py).
     AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = None
+    #: The head is a batch job on a compute node: members' laptops cannot reach it (only the
+    #: site's login hosts can), so no gateway there could serve them.
+    SHARING_REFUSAL: ClassVar[str] = ("not on slurm: the head runs on a compute node, which "
+                                      "members cannot reach from outside the site (only its "
+                                      "login hosts can)")
 
     provider: Literal["slurm"]
     submit: Submit = Field(default_factory=Submit)

@@ -1,0 +1,245 @@
+"""A shared Lambda cluster end to end on the test bed (issue 28's remote provider), with real Ray,
+real TLS and the cluster's firewall ruleset enforced on the instances' hosts (bed_firewall.py).
+
+The bed's four hosts: h1 and h2 are what the fake Lambda hands out as instances (the head, the one
+autoscaled worker); h3 is the members' laptop, the only address in `sharing.allowed_source_ranges`;
+h4 is someone outside. The owner works from the bed's client namespace (its address alone in
+`ssh_source_ranges`). In order: `up` opens the gateway's port in the ruleset to h3 only and runs
+the gateway on the head out of Ray's user's reach; two members join in homes of their own on h3
+and both their jobs run on the autoscaled worker (one with the stock `ray job` CLI, one with
+`invoke submit` from their own folder); h4 and the owner's machine cannot even connect; a removed
+member is refused within 5 s while the other keeps working; a gateway killed on the head is back
+within seconds with its accounting; `members --json` counts from the head; `teardown` leaves
+nothing and keeps the usage here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from infra.privilege import RAY_USER
+from tests.conftest import ROOT
+from tests.lambda_cloud.autoscale_bed import CLUSTER, Scaled, autoscale_bed
+from tests.lambda_cloud.conftest import assert_clean
+from tests.testbed.preflight import require
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+SCALE = 0.05
+PORT = 8443
+HEAD_DATA = "/root/.rayfleet/gateway"  # the bed's SSH user is root
+#: A job's whole entrypoint on the worker (it asks for half of the worker's one GPU).
+WHERE = "python -c \"import socket; print('RAN ON', socket.gethostname())\""
+#: A member's own project: its driver on the head, its task on the worker.
+TASK = '''import socket
+import ray
+
+@ray.remote(num_gpus=0.5)
+def where() -> str:
+    return socket.gethostname()
+
+print("RAN ON", ray.get(where.remote()))
+'''
+
+
+@dataclass
+class Member:
+    name: str
+    home: Path
+    host: Any
+    env: dict[str, str]
+
+    def sh(self, command: str, timeout: float = 300) -> Any:
+        """A shell line on the members' host, in this member's home, with only their variables."""
+        return self.host.run(command, env=self.env, cwd=str(self.home), timeout=timeout)
+
+    def invoke(self, *args: str, timeout: float = 300) -> Any:
+        argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), *args]
+        return self.sh(shlex.join(argv), timeout=timeout)
+
+    def ray(self, *args: str, timeout: float = 300) -> Any:
+        return self.sh(shlex.join(["ray", "job", *args]), timeout=timeout)
+
+    def said(self, *args: str) -> str:
+        """What `ray job ARGS` printed (Ray's CLI logs its answers on stderr)."""
+        done = self.ray(*args)
+        return str(done.stdout + done.stderr)
+
+    def status_code(self) -> str:
+        """The gateway's HTTP status for this member's token on the job list (curl, from h3)."""
+        return self.sh('curl -s -o /dev/null -w "%{http_code}" --max-time 5 '
+                       '--cacert "$REQUESTS_CA_BUNDLE" '
+                       '-H "Authorization: Bearer $(cat "$RAY_AUTH_TOKEN_PATH")" '
+                       '"$RAY_API_SERVER_ADDRESS/api/jobs/"', timeout=30).stdout.strip()
+
+
+@dataclass
+class Shared:
+    scaled: Scaled
+    head_ip: str
+    up_output: str
+    members: dict[str, Member]
+
+
+@pytest.fixture(scope="module")
+def shared(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    require("testbed")
+    work = tmp_path_factory.mktemp("lambda-sharing")
+    # The worker idles 2 min before it goes: the jobs' logs live on it (Ray answers 500 for the
+    # logs of a job whose node is gone).
+    with autoscale_bed(work, scale=SCALE, boot_delay=1.0, hosts=4, instance_hosts=2,
+                       max_workers=1, idle_minutes=2.0, enforce_firewall=True) as scaled:
+        laptop = scaled.bed.hosts[2]
+        spec = yaml.safe_load(scaled.spec.read_text())
+        spec.pop("metrics_history", None)
+        spec.update(metrics="none", ssh_source_ranges=[f"{scaled.bed.client.ip}/32"],
+                    sharing={"port": PORT, "allowed_source_ranges": [f"{laptop.ip}/32"]})
+        scaled.spec.write_text(yaml.safe_dump(spec))
+        started = time.monotonic()
+        up = scaled.invoke("up")
+        assert up.returncode == 0, up.stdout + up.stderr
+        print(f"\n[lambda sharing] up: {time.monotonic() - started:.1f}s")
+        yield Shared(scaled, scaled.head()["ip"], up.stdout + up.stderr, {})
+        assert scaled.firewall is not None and scaled.firewall.errors == []
+
+
+def _join(shared: Shared, name: str) -> Member:
+    scaled = shared.scaled
+    bundle = scaled.home.parent / f"{name}.rayfleet.json"
+    added = scaled.invoke("member-add", name, "--out", str(bundle))
+    assert added.returncode == 0, added.stdout + added.stderr
+    home = scaled.home.parent / f"home-{name}"
+    home.mkdir()
+    env = {"HOME": str(home), "RAYFLEET_HOME": str(home / ".rf"), "RAY_USAGE_STATS_ENABLED": "0"}
+    member = Member(name, home, scaled.bed.hosts[2], env)
+    joined = member.invoke("join", str(bundle))
+    assert joined.returncode == 0, joined.stdout + joined.stderr
+    printed = member.invoke("env", "--cluster", CLUSTER)
+    assert printed.returncode == 0 and printed.stdout.startswith("export "), printed.stderr
+    member.env.update(item.split("=", 1) for item in
+                      printed.stdout.strip().removeprefix("export ").split())
+    shared.members[name] = member
+    return member
+
+
+def _connects(run: Any, ip: str) -> bool:
+    """Whether a TCP connection to the gateway opens within 3 s (bash's /dev/tcp)."""
+    probe = f"timeout 3 bash -c 'exec 3<>/dev/tcp/{ip}/{PORT}'"
+    return run(probe).returncode == 0
+
+
+def test_up_opens_the_port_to_the_allowed_range_and_hides_the_gateway_from_rays_user(
+        shared: Shared) -> None:
+    scaled = shared.scaled
+    assert f"members:      https://{shared.head_ip}:{PORT}" in shared.up_output, shared.up_output
+    ours = [r for r in scaled.fake.firewall_rulesets.values() if not r.get("foreign")]
+    assert len(ours) == 1
+    opened = {(r["protocol"], tuple(r["port_range"]), r["source_network"]) for r in ours[0]["rules"]}
+    assert opened == {("tcp", (22, 22), f"{scaled.bed.client.ip}/32"),
+                      ("tcp", (PORT, PORT), f"{scaled.bed.hosts[2].ip}/32")}
+    plan = scaled.invoke("plan")
+    assert f"sharing gateway port {PORT} from {scaled.bed.hosts[2].ip}/32" in plan.stdout, plan.stdout
+    head = scaled.host(shared.head_ip)
+    owners = head.run("pgrep -f '[i]nfra.node.gateway' | xargs -r ps -o user:20= -p").stdout.split()
+    assert owners and RAY_USER not in owners, owners
+    modes = head.run(f"stat -c '%a %n' {HEAD_DATA} {HEAD_DATA}/members.json "
+                     "/root/.rayfleet/gateway.key", check=True).stdout.split("\n")
+    assert [m.split()[0] for m in modes if m] == ["700", "600", "600"], modes
+    # Ray's user (every job) can read nothing of the gateway's: not its data, key or config.
+    for path in (f"{HEAD_DATA}/members.json", "/root/.rayfleet/gateway.key",
+                 "/root/.rayfleet/rayfleet-gateway.json"):
+        assert head.run(f"runuser -u {RAY_USER} -- cat {path}").returncode != 0, path
+
+
+def test_two_members_jobs_run_on_the_worker_from_their_own_laptop(shared: Shared) -> None:
+    alice, bob = _join(shared, "alice"), _join(shared, "bob")
+    submitted = alice.ray("submit", "--no-wait", "--entrypoint-num-gpus", "0.5", "--",
+                          *shlex.split(WHERE))
+    found = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr)
+    assert submitted.returncode == 0 and found, submitted.stdout + submitted.stderr
+    project = bob.home / "project"
+    project.mkdir()
+    (project / "where.py").write_text(TASK)
+    ran = bob.invoke("submit", "--cluster", CLUSTER, str(project / "where.py"), timeout=600)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    worker = shared.scaled.workers()
+    assert len(worker) == 1, worker
+    worker_host = shared.scaled.host(worker[0]["ip"]).hostname
+    assert f"RAN ON {worker_host}" in ran.stdout, ran.stdout
+    job = found.group(0)
+    wait_until(lambda: f"Job '{job}' succeeded" in alice.said("status", job), "alice's job done",
+               timeout=300, interval=1)
+    logs = alice.invoke("logs", "--cluster", CLUSTER, job)
+    assert logs.returncode == 0 and f"RAN ON {worker_host}" in logs.stdout, logs.stdout + logs.stderr
+    status = json.loads(alice.invoke("status", "--cluster", CLUSTER, "--json").stdout)
+    assert status["address"] == f"https://{shared.head_ip}:{PORT}"
+    assert [row["job"] for row in status["jobs"]] == [job], status
+    # The member's home holds no cluster token.
+    token = (shared.scaled.home / "keys" / CLUSTER / "ray-token").read_text().strip()
+    leaked = alice.sh(f"grep -rlF {shlex.quote(token)} . || true").stdout.strip()
+    assert leaked == "", leaked
+
+
+def test_hosts_outside_the_allowed_range_cannot_connect(shared: Shared) -> None:
+    scaled = shared.scaled
+    assert _connects(scaled.bed.hosts[2].run, shared.head_ip)  # the laptop: open
+    assert not _connects(scaled.bed.hosts[3].run, shared.head_ip)  # someone outside
+    assert not _connects(scaled.bed.client_run, shared.head_ip)  # the owner's machine too
+    # ...not even with a member's bundle: the address is unreachable from there.
+    outside = Member("alice", shared.members["alice"].home, scaled.bed.hosts[3],
+                     shared.members["alice"].env)
+    assert outside.status_code() == "000"
+
+
+def test_a_removed_member_is_refused_within_5s_while_the_other_keeps_working(
+        shared: Shared) -> None:
+    alice, bob = shared.members["alice"], shared.members["bob"]
+    assert bob.status_code() == "200"
+    removed = shared.scaled.invoke("member-remove", "bob")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    started = time.monotonic()
+    wait_until(lambda: bob.status_code() == "403", "bob refused", timeout=5, interval=0.1)
+    print(f"\n[lambda sharing] revoked in {time.monotonic() - started:.1f}s")
+    assert alice.status_code() == "200"
+    assert alice.ray("list").returncode == 0
+
+
+def test_a_gateway_killed_on_the_head_is_back_and_keeps_its_accounting(shared: Shared) -> None:
+    head = shared.scaled.host(shared.head_ip)
+    find = "pgrep -f '^[^ ]*python[^ ]* -m infra.node.gateway'"
+    before = head.run(find).stdout.split()
+    assert len(before) == 1, before
+    head.run(f"kill -9 {before[0]}", check=True)
+    started = time.monotonic()
+    alice = shared.members["alice"]
+    wait_until(lambda: head.run(find).stdout.split() not in ([], before)
+               and alice.status_code() == "200", "the supervisor's new gateway", timeout=30,
+               interval=0.2)
+    print(f"\n[lambda sharing] gateway back in {time.monotonic() - started:.1f}s")
+    usage = json.loads(head.run(f"cat {HEAD_DATA}/usage.json", check=True).stdout)
+    assert {j.get("member") for j in usage["jobs"].values()} >= {"alice", "bob"}, usage
+
+
+def test_members_json_counts_from_the_head_and_teardown_keeps_the_usage(shared: Shared) -> None:
+    scaled = shared.scaled
+    listed = scaled.invoke("members", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["name"]: r for r in json.loads(listed.stdout)["members"]}
+    assert set(rows) == {"alice"} and rows["alice"]["total_jobs"] == 1, rows
+    down = scaled.invoke("teardown")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert_clean(scaled.fake, CLUSTER)
+    usage = json.loads((scaled.home / "sharing" / CLUSTER / "usage.json").read_text())
+    assert {j.get("member") for j in usage["jobs"].values()} >= {"alice", "bob"}, usage
