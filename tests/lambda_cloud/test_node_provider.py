@@ -108,6 +108,36 @@ def test_concurrent_launches_keep_the_launch_limit(fake: FakeLambda, tmp_path: P
     assert sorted(provider.non_terminated_nodes({})) == sorted(made)
 
 
+def test_a_launch_the_server_sees_late_still_keeps_the_launch_limit(
+        fake: FakeLambda, tmp_path: Path) -> None:
+    """A loaded machine or a slow network can deliver a launch to the server long after it was
+    sent: the next launch must not overtake it (it would be refused with a 429, or the late one
+    would)."""
+    fake.general.interval, fake.launches.interval = 0.05, 0.6
+    provider = make(fake, tmp_path, rate_scale=0.05)
+    fake.capacity[("gpu_1x_a10", "us-east-1")] = 2
+    served = fake._server.app
+    delayed = threading.Event()
+
+    def late_first_launch(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ["PATH_INFO"].endswith(LAUNCH) and not delayed.is_set():
+            delayed.set()
+            time.sleep(1.0)  # longer than the launch interval: the other launch is sent meanwhile
+        return served(environ, start_response)
+
+    fake._server.app = late_first_launch
+    threads = [threading.Thread(target=provider.create_node, args=(NODE_CONFIG, TAGS, 1))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert delayed.is_set()
+    assert [(m, p) for _, m, p, s in fake.log if s == 429] == []
+    times = launches(fake)
+    assert len(times) == 2 and times[1] - times[0] >= fake.launches.interval * 0.99
+
+
 @pytest.mark.parametrize("head_age_s", [0.0, 5.0])
 def test_first_launch_keeps_the_interval_after_the_heads_launch(
         fake: FakeLambda, tmp_path: Path, head_age_s: float) -> None:

@@ -338,6 +338,11 @@ class LambdaClient:
         self.timeout = timeout
         self.retries = retries
         self._pacer = _Pacer(self.limits)
+        #: One launch in flight at a time: a launch's slot is reserved only after the previous
+        #: launch was answered, so however late the server saw that one (a loaded machine, a slow
+        #: network), the next cannot reach it within the launch interval. Launches are one per
+        #: interval anyway, so this costs no time.
+        self._launch_gate = threading.Lock()
         headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json",
                    "User-Agent": "rayfleet"}
         #: Every call but launch: urllib3 retries 409/429/5xx and network errors.
@@ -395,19 +400,21 @@ class LambdaClient:
         what = f"{method} {path}"
         started = time.monotonic()
         session = self._launch_session if launch else self._session
-        self._pacer.wait(launch)
-        self.sent.append(what)
-        try:
-            response = session.request(method, f"{self.url}{path}", json=body, timeout=self.timeout)
-        except requests.RequestException as exc:
-            if launch:
-                raise LaunchOutcomeUnknown(
-                    f"Lambda API: {what}: no answer ({type(exc).__name__})") from None
-            raise Unavailable(f"Lambda API: {what}: no answer after {self.retries} retries in "
-                              f"{time.monotonic() - started:.0f}s ({type(exc).__name__}); try "
-                              "again later", status=0) from None
-        finally:
-            self._pacer.done(launch)
+        with self._launch_gate if launch else contextlib.nullcontext():
+            self._pacer.wait(launch)
+            self.sent.append(what)
+            try:
+                response = session.request(method, f"{self.url}{path}", json=body,
+                                           timeout=self.timeout)
+            except requests.RequestException as exc:
+                if launch:
+                    raise LaunchOutcomeUnknown(
+                        f"Lambda API: {what}: no answer ({type(exc).__name__})") from None
+                raise Unavailable(f"Lambda API: {what}: no answer after {self.retries} retries "
+                                  f"in {time.monotonic() - started:.0f}s ({type(exc).__name__}); "
+                                  "try again later", status=0) from None
+            finally:
+                self._pacer.done(launch)
         if launch and response.status_code >= 500:
             raise LaunchOutcomeUnknown(
                 f"Lambda API: {what}: HTTP {response.status_code}, the instance may exist")
