@@ -63,8 +63,11 @@ def setup_users(ray_files: Sequence[str], scaler_files: Sequence[str] = ()) -> s
 
 
 def stop_ray(activate: str = "") -> str:
-    """`ray stop` as Ray's user (only root or Ray's user can stop its processes)."""
-    return as_user(RAY_USER, "ray stop >/dev/null 2>&1; true", activate)
+    """`ray stop` as Ray's user (only root or Ray's user can stop its processes), when that user
+    runs anything: on a fresh node (every autoscaled worker) there is nothing to stop, and `ray
+    stop` imports Ray, seconds of CPU on the worker's way to joining (the scale-up bench)."""
+    stop = as_user(RAY_USER, "ray stop >/dev/null 2>&1; true", activate)
+    return f"if pgrep -u {RAY_USER} >/dev/null 2>&1; then {stop}; fi"
 
 
 def start_monitor(gcs_address: str, config: str, pythonpath: str, env: dict[str, str],
