@@ -205,8 +205,10 @@ def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_
                               activate, remote_zip)
         handed = [_relative(p) for p in (staged, *(secrets or {}), remote_zip)]
         command = " && ".join([
-            f"{{ [ ! -e {home_word(pidfile(config_path))} ] || {{ {before}; }}; }}",
-            privilege.hand_over(user, handed, [_relative(p) for p in secrets or {}]),
+            f"{{ [ ! -e {home_word(pidfile(config_path))} ] || "
+            f"{{ {before}; rm -f {home_word(config_path)}; }}; }}",
+            # The secrets' and the staged config's SSH user's copies go: nothing left behind.
+            privilege.hand_over(user, handed, [_relative(p) for p in (staged, *(secrets or {}))]),
             privilege.as_user(user, node_command("infra.node.supervise", args, python, "",
                                                  remote_zip), activate)])
     ssh.run(target, command, timeout=60, check=True)
