@@ -80,6 +80,17 @@ def test_up_runs_ray_and_the_autoscaler_as_two_users_of_the_node(scaled: Scaled)
     assert watcher["action_args"]["api_key_file"] == "~/.rayfleet/lambda-api-key", watcher
     as_job = head.run(f"runuser -u {RAY_USER} -- cat /home/{SCALER_USER}/.rayfleet/lambda-api-key")
     assert as_job.returncode != 0 and API_KEY not in as_job.stdout, as_job.stderr
+    # A head an older rayfleet set up runs its watcher as the SSH user (root here), supervised
+    # under the SSH user's pid file: the next `up` stops that one and keeps the scaler's.
+    old = head.run("cd /root && PYTHONPATH=$(ls rayfleet/node/*.zip | head -n 1) python3 -m "
+                   "infra.node.supervise ensure --pidfile /root/.rayfleet/autodown.json.pid "
+                   "--log /root/.rayfleet/autodown.log -- sleep 3600", timeout=60)
+    assert old.returncode == 0 and "started" in old.stdout, old.stdout + old.stderr
+    again = scaled.invoke("up")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert head.run("pgrep -f '[s]leep 3600'").returncode != 0, "the SSH user's watcher runs on"
+    assert head.run("ls -A /root/.rayfleet | grep autodown.json").stdout == ""
+    assert _owners(head, "[i]nfra.node.autodown") == {SCALER_USER}
 
 
 @pytest.mark.slow
