@@ -17,14 +17,16 @@ test bed each: with the separated autoscaler rayfleet ships (Ray as `rayfleet-ra
 as `rayfleet-scaler`, issue 29), and with the start commands of before (Ray and its autoscaler as
 the SSH user; bench/unseparated/sitecustomize.py). Target: separated / before <= 1.05.
 
-Usage: python bench/lambda_autoscale.py [--boot 120] [--workers 2] [--quick] [--no-compare]
+Usage: python bench/lambda_autoscale.py [--boot 120] [--workers 2] [--pairs 1] [--quick] [--no-compare]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra import jobs  # noqa: E402
+from infra import jobs, privilege  # noqa: E402
 from infra.providers.base import Endpoint  # noqa: E402
-from tests.lambda_cloud.autoscale_bed import CLUSTER, autoscale_bed  # noqa: E402
+from tests.lambda_cloud.autoscale_bed import CLUSTER, Scaled, autoscale_bed  # noqa: E402
 
 JOB = ROOT / "tests" / "data" / "lambda_gpu_job.py"
 
@@ -53,26 +55,50 @@ def main() -> int:
     parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
                         help="also measure the start commands of before issue 29 (default: on "
                              "without --quick)")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="with --compare: this many pairs, the order alternating (the load "
+                             "of a shared machine drifts; the first of a pair must not always pay)")
     args = parser.parse_args()
     if args.quick:
         args.boot, args.workers = 1.0, 1
-    separated = measure(args, {})
-    if separated is None:
-        return 1
     if not (args.compare if args.compare is not None else not args.quick):
-        return 0
-    print("\nthe same with Ray and its autoscaler as the SSH user (before issue 29):")
-    before = measure(args, {"PYTHONPATH": os.pathsep.join(
-        p for p in (str(UNSEPARATED), os.environ.get("PYTHONPATH", "")) if p)})
-    if before is None:
-        return 1
-    print(f"scale-up, separated autoscaler {separated:.1f}s vs Ray as the SSH user {before:.1f}s: "
-          f"ratio {separated / before:.3f} (target <= 1.05)")
+        return 0 if measure(args, SEPARATED) is not None else 1
+    ratios = []
+    for pair in range(args.pairs):
+        order = (SEPARATED, BEFORE) if pair % 2 == 0 else (BEFORE, SEPARATED)
+        took: dict[str, float] = {}
+        for mode in order:
+            print(f"\npair {pair + 1}/{args.pairs}, {MODES[mode]} (load {load()}):")
+            seconds = measure(args, mode)
+            if seconds is None:
+                return 1
+            took[mode] = seconds
+        ratios.append(took[SEPARATED] / took[BEFORE])
+        print(f"pair {pair + 1}: scale-up, separated autoscaler {took[SEPARATED]:.1f}s vs Ray as "
+              f"the SSH user {took[BEFORE]:.1f}s: ratio {ratios[-1]:.3f} (target <= {TARGET})")
+    ratio = statistics.median(ratios)
+    print(f"\nseparated / before, median of {len(ratios)} pair(s): {ratio:.3f} (target <= "
+          f"{TARGET}: {'met' if ratio <= TARGET else 'NOT met'}); pairs "
+          f"{', '.join(f'{r:.3f}' for r in ratios)}; load {load()}")
     return 0
 
 
-def measure(args: argparse.Namespace, extra_env: dict[str, str]) -> float | None:
+#: The two ways the bench starts Ray: as rayfleet ships it, and as before issue 29.
+SEPARATED, BEFORE = "separated", "before"
+MODES = {SEPARATED: "Ray as rayfleet-ray, its autoscaler as rayfleet-scaler",
+         BEFORE: "Ray and its autoscaler as the SSH user (before issue 29)"}
+TARGET = 1.05
+
+
+def load() -> str:
+    """The machine's load averages (1, 5, 15 min): the context every figure needs here."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def measure(args: argparse.Namespace, mode: str) -> float | None:
     """Seconds from a job's submission until its workers joined Ray; None after a failure."""
+    extra_env = {} if mode == SEPARATED else {"PYTHONPATH": os.pathsep.join(
+        p for p in (str(UNSEPARATED), os.environ.get("PYTHONPATH", "")) if p)}
     with tempfile.TemporaryDirectory(prefix="rf-bench-autoscale-") as tmp, \
             autoscale_bed(Path(tmp), scale=1.0, boot_delay=args.boot, hosts=args.workers + 1,
                           idle_minutes=5, max_workers=args.workers) as cluster:
@@ -86,7 +112,10 @@ def measure(args: argparse.Namespace, extra_env: dict[str, str]) -> float | None
         print(f"up (head only): {time.monotonic() - started:.1f}s")
         tunnel = subprocess.Popen([sys.executable, "-m", "invoke", "dashboard", "--cluster",
                                    str(cluster.spec)], cwd=ROOT, env={**os.environ, **cluster.env},
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                  # Ctrl+C closes it; a bench started in the background of a
+                                  # script inherits SIGINT ignored, and the tunnel would stay.
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             assert tunnel.stdout is not None
             url = tunnel.stdout.readline().strip()
@@ -100,6 +129,7 @@ def measure(args: argparse.Namespace, extra_env: dict[str, str]) -> float | None
             # The job exists from here on (the CLI's start, tunnel and upload are not the cluster's
             # reaction time; they are printed separately).
             submitted = time.monotonic()
+            submitted_wall = time.time()
             print(f"`invoke submit --no-wait` took {submitted - asked:.1f}s")
             seen: dict[str, float] = {}
             while True:
@@ -129,12 +159,38 @@ def measure(args: argparse.Namespace, extra_env: dict[str, str]) -> float | None
             launched = inst.launched - submitted
             print(f"  {inst.name}: launched at +{launched:.1f}s, active at "
                   f"+{launched + args.boot:.1f}s, joined Ray at +{seen.get(str(inst.ip), -1):.1f}s")
+        phases(cluster, submitted_wall)
         floor = 12 * (args.workers - 1) + args.boot
         print(f"submission -> {args.workers} workers joined: {joined:.1f}s; floor {floor:.0f}s "
               f"(12 s x {args.workers - 1} + boot {args.boot:.0f}s); "
               f"{100 * (joined - floor) / floor:+.1f}% over the floor; "
               f"launch calls {cluster.launches() - 1}")
     return joined
+
+
+#: Where Ray's monitor logs on the head: as the autoscaler's user (separated), or in Ray's session.
+MONITOR_LOGS = (f"/home/{privilege.SCALER_USER}/{privilege.SCALER_LOGS}",
+                "/tmp/ray/session_latest/logs")
+#: The monitor's lines that mark a phase of a scale-up: the demand seen, the launch, and the
+#: updater's steps over SSH (Ray's LogTimer lines carry their own duration).
+PHASE = re.compile(r"Update instance|Launched|LogTimer")
+
+
+def phases(cluster: Scaled, submitted: float) -> None:
+    """The head's monitor log from the submission on, each line at its offset (s): which step of
+    the scale-up took the time."""
+    head = cluster.host(str(cluster.head()["ip"]))
+    logs = " ".join(f"{d}/monitor.{kind}" for d in MONITOR_LOGS for kind in ("log", "out"))
+    text = head.run(f"cat {logs} 2>/dev/null; true", timeout=60).stdout
+    print("  the monitor's log (seconds after the submission):")
+    for line in sorted(text.splitlines()):
+        stamp = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})", line)
+        if not stamp or not PHASE.search(line):
+            continue
+        at = time.mktime(time.strptime(stamp[1], "%Y-%m-%d %H:%M:%S")) + int(stamp[2]) / 1000
+        if at >= submitted - 1:
+            message = line.split(" -- ", 1)[-1] if " -- " in line else line[24:]
+            print(f"    +{at - submitted:6.1f}  {message[:150]}")
 
 
 if __name__ == "__main__":

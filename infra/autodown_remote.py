@@ -21,23 +21,27 @@ read_file = remote_head.read_file
 
 def install(target: ssh.SshTarget, config: autodown.Config,
             secrets: dict[str, bytes] | None = None, python: str = "python3",
-            activate: str = "") -> None:
+            activate: str = "", user: str | None = None) -> None:
     """Put the node package, the watcher's config and `secrets` (home-relative path -> content,
-    0600) on the head, then start the watcher there supervised unless it runs."""
+    0600) on the head, then start the watcher there supervised unless it runs; as the node user
+    `user` when given (the one that holds the cloud credential: infra/privilege.py), with its
+    files in that user's home."""
     text = json.dumps(config.__dict__, indent=2) + "\n"
     remote_head.install_daemon(target, "infra.node.autodown", autodown.HEAD_CONFIG, text, secrets,
-                               python=python, activate=activate, log=autodown.HEAD_LOG)
+                               python=python, activate=activate, log=autodown.HEAD_LOG, user=user)
 
 
-def stop(target: ssh.SshTarget, python: str = "python3", activate: str = "") -> None:
+def stop(target: ssh.SshTarget, python: str = "python3", activate: str = "",
+         user: str | None = None) -> None:
     """Stop the head's autodown watcher (and its supervisor) and remove its config."""
-    remote_head.stop_daemon(target, autodown.HEAD_CONFIG, python, activate)
+    remote_head.stop_daemon(target, autodown.HEAD_CONFIG, python, activate, user)
 
 
-def head_marker(target: ssh.SshTarget, python: str = "python3", activate: str = "") -> str | None:
+def head_marker(target: ssh.SshTarget, python: str = "python3", activate: str = "",
+                user: str | None = None) -> str | None:
     """The watcher's marker on a running head, with `watcher_running` (does the watcher or its
     supervisor run, by process identity) when the head can say; None when it cannot say."""
     text, status = remote_head.read_with_status(target, autodown.HEAD_MARKER, autodown.HEAD_CONFIG,
-                                                python, activate)
+                                                python, activate, user)
     return autodown_view.with_watcher_status(text, status)
 

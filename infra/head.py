@@ -22,6 +22,7 @@ from typing import Literal
 from infra import ssh
 from infra.errors import UsageError
 from infra.node.files import atomic_write
+from infra.node.where import home_path
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,6 @@ def _ssh_base(target: ssh.SshTarget) -> list[str]:
     return ["ssh", *ssh.openssh_options(target)]
 
 
-def _shell_value(value: str) -> str:
-    """`value` quoted for a POSIX shell, a leading ~/ left to the remote shell's $HOME."""
-    if value.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(value[2:])
-    return shlex.quote(value)
-
-
 def shell_argv(access: HeadAccess, command: str | None = None) -> list[str]:
     """The command line of `invoke ssh` (command None: a login shell) and `invoke exec`."""
     if access.target is None:
@@ -65,7 +59,8 @@ def shell_argv(access: HeadAccess, command: str | None = None) -> list[str]:
         return ["bash", "-c", command]
     tty = ["-t"] if command is None and sys.stdin.isatty() else []
     argv = [*_ssh_base(access.target), *tty, f"{access.target.user}@{access.target.host}"]
-    exports = " ".join(f"{k}={_shell_value(v)}" for k, v in access.env.items())
+    # A leading ~/ is left to the remote shell's $HOME (the head's home, not ours).
+    exports = " ".join(f"{k}={home_path(v)}" for k, v in access.env.items())
     line = 'exec "${SHELL:-bash}" -l' if command is None else command
     # ssh hands the rest to the remote user's shell as one line, the command exactly as typed.
     return [*argv, "--", f"export {exports}; {line}" if exports else line]

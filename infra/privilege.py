@@ -55,16 +55,33 @@ def as_user(user: str, command: str, activate: str = "") -> str:
             f"bash -c {shlex.quote('cd ~ && ' + command)}")
 
 
-def setup_users(ray_files: Sequence[str], scaler_files: Sequence[str] = ()) -> str:
+def setup_users(ray_files: Sequence[str], scaler_files: Sequence[str] = (),
+                moved: Sequence[str] = ()) -> str:
     """Shell that makes the node's users and hands each its files (paths relative to the SSH
-    user's home; setup/users.sh copies them into the user's home with their modes)."""
+    user's home; setup/users.sh copies them into the user's home with their modes). `moved`:
+    files handed over that then leave the SSH user's home (a credential whose only copy on the
+    node must be its user's)."""
     args = [f"ray:{p}" for p in ray_files] + [f"scaler:{p}" for p in scaler_files]
-    return f'{AS_ROOT}bash "$HOME/{USERS_SCRIPT}" "$HOME" {shlex.join(args)}'
+    handed = f'{AS_ROOT}bash "$HOME/{USERS_SCRIPT}" "$HOME" {shlex.join(args)}'
+    # Double quotes: "$HOME" must expand; the paths are ours, shell-safe.
+    return handed + "".join(f' && rm -f "$HOME/{p}"' for p in moved)
+
+
+def hand_over(user: str, paths: Sequence[str], moved: Sequence[str] = ()) -> str:
+    """Shell that gives `user` (RAY_USER or SCALER_USER) its own copies of the SSH user's files
+    `paths` (relative to both homes), as setup_users does; secrets keep their 0600."""
+    if user not in (RAY_USER, SCALER_USER):
+        raise ValueError(f"no node user {user!r}: expected {RAY_USER} or {SCALER_USER}")
+    return setup_users(paths if user == RAY_USER else (), paths if user == SCALER_USER else (),
+                       moved)
 
 
 def stop_ray(activate: str = "") -> str:
-    """`ray stop` as Ray's user (only root or Ray's user can stop its processes)."""
-    return as_user(RAY_USER, "ray stop >/dev/null 2>&1; true", activate)
+    """`ray stop` as Ray's user (only root or Ray's user can stop its processes), when that user
+    runs anything: on a fresh node (every autoscaled worker) there is nothing to stop, and `ray
+    stop` imports Ray, seconds of CPU on the worker's way to joining (the scale-up bench)."""
+    stop = as_user(RAY_USER, "ray stop >/dev/null 2>&1; true", activate)
+    return f"if pgrep -u {RAY_USER} >/dev/null 2>&1; then {stop}; fi"
 
 
 def start_monitor(gcs_address: str, config: str, pythonpath: str, env: dict[str, str],

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra import shipping, ssh
+from infra import privilege, shipping, ssh
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError
 
@@ -173,7 +173,7 @@ def pidfile(config_path: str) -> str:
 
 def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_text: str,
                    secrets: dict[str, bytes] | None = None, python: str = "python3",
-                   activate: str = "", log: str = "") -> None:
+                   activate: str = "", log: str = "", user: str | None = None) -> None:
     """Run `python -m <module> --config <config_path>` (a module of the node package) on the
     head, supervised: started again within seconds whenever it dies, until it exits 0.
 
@@ -183,6 +183,11 @@ def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_
     by a bare pid). A running daemon whose config differs (another checkout's code: the config
     names the zip) is stopped and started with the new one. `config_path` and `log` are
     `~/`-relative paths on the head; no secret is on any command line.
+
+    `user` (one of the node's users, infra/privilege.py): the supervisor and its daemon run as
+    that user, and every `~/` path is in that user's home. The files go up as above, are handed
+    to the user (the secrets then leave the SSH user's home, so that the user's 0600 copy is the
+    only one), and a supervisor the SSH user ran for this config before is stopped first.
     """
     wanted = {**json.loads(config_text), "node_package": shipping.zip_name()}
     staged = f"{config_path}.new"
@@ -193,18 +198,33 @@ def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_
     args = (f"ensure --pidfile {home_word(pidfile(config_path))} "
             f"--log {home_word(log or f'{config_path}.log')} "
             f"--replace-config {home_word(staged)} {home_word(config_path)} -- {daemon}")
-    ssh.run(target, "cd \"$HOME\" && " + node_command("infra.node.supervise", args, python,
-                                                     activate, remote_zip),
-            timeout=60, check=True)
+    if user is None:
+        command = 'cd "$HOME" && ' + node_command("infra.node.supervise", args, python, activate,
+                                                  remote_zip)
+    else:
+        before = node_command("infra.node.supervise",
+                              f"stop --pidfile {home_word(pidfile(config_path))}", python,
+                              activate, remote_zip)
+        handed = [_relative(p) for p in (staged, *(secrets or {}), remote_zip)]
+        command = " && ".join([
+            f"{{ [ ! -e {home_word(pidfile(config_path))} ] || "
+            f"{{ {before}; rm -f {home_word(config_path)}; }}; }}",
+            # The secrets' and the staged config's SSH user's copies go: nothing left behind.
+            privilege.hand_over(user, handed, [_relative(p) for p in (staged, *(secrets or {}))]),
+            privilege.as_user(user, node_command("infra.node.supervise", args, python, "",
+                                                 remote_zip), activate)])
+    ssh.run(target, command, timeout=60, check=True)
 
 
 def stop_daemon(target: ssh.SshTarget, config_path: str, python: str = "python3",
-                activate: str = "") -> None:
+                activate: str = "", user: str | None = None) -> None:
     """Stop a head daemon and its supervisor (exactly the processes its pid file identifies) and
-    remove its config."""
-    stop = node_command("infra.node.supervise",
-                        f"stop --pidfile {home_word(pidfile(config_path))}", python, activate)
-    ssh.run(target, f"{stop}; rm -f {home_word(config_path)}", timeout=30)
+    remove its config (`user`: the daemon runs as that node user, as `install_daemon` put it)."""
+    stop = node_command("infra.node.supervise", f"stop --pidfile {home_word(pidfile(config_path))}",
+                        python, "" if user else activate)
+    command = f"{stop}; rm -f {home_word(config_path)}"
+    ssh.run(target, command if user is None else privilege.as_user(user, command, activate),
+            timeout=30)
 
 
 #: Between a file's content and a daemon's status in one command's output.
@@ -228,13 +248,19 @@ def split_status(output: str) -> tuple[str | None, dict[str, Any] | None]:
 
 
 def read_with_status(target: ssh.SshTarget, path: str, config_path: str, python: str = "python3",
-                     activate: str = "") -> tuple[str | None, dict[str, Any] | None]:
+                     activate: str = "", user: str | None = None,
+                     ) -> tuple[str | None, dict[str, Any] | None]:
     """A small file on the head and a daemon's status, in one SSH command (`status` reads the
-    watcher's marker and whether the watcher runs)."""
+    watcher's marker and whether the watcher runs); `user`: the daemon's node user, whose home
+    holds both."""
     status = node_command("infra.node.supervise",
-                          f"status --pidfile {home_word(pidfile(config_path))}", python, activate)
+                          f"status --pidfile {home_word(pidfile(config_path))}", python,
+                          "" if user else activate)
+    command = with_status_command(f"cat {home_word(path)}", status)
+    if user is not None:
+        command = privilege.as_user(user, command, activate)
     try:
-        result = ssh.run(target, with_status_command(f"cat {home_word(path)}", status), timeout=30)
+        result = ssh.run(target, command, timeout=30)
     except RayfleetError:
         return None, None
     return split_status(result.stdout)

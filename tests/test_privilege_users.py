@@ -30,7 +30,9 @@ def in_private_node(tmp_path: Path, script: str) -> subprocess.CompletedProcess[
                       f"-o lowerdir=/{tree},upperdir={upper},workdir={work} /{tree}")
     layers.mkdir()
     prelude = f"set -e; mount -t tmpfs -o mode=0700 tmpfs {layers}; " + "; ".join(mounts) + "; "
-    return subprocess.run(["unshare", "--mount", "--fork", "--", "bash", "-c", prelude + script],
+    # Its own PID namespace too, as a host's: `pgrep` there sees only the node's processes.
+    return subprocess.run(["unshare", "--mount", "--pid", "--mount-proc", "--fork", "--", "bash",
+                           "-c", prelude + script],
                           capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, "HOME": str(tmp_path / "ssh-home")})
 
@@ -44,8 +46,10 @@ def test_users_get_their_files_and_no_root_group(tmp_path: Path) -> None:
     (home / ".rayfleet" / "lambda-api-key").chmod(0o600)
     (home / privilege.USERS_DIR).mkdir(parents=True)
     shutil.copy(paths.setup_dir() / "users" / "users.sh", home / privilege.USERS_SCRIPT)
+    # The API key moves: once handed over, the autoscaler's user's copy is the only one.
     setup = privilege.setup_users([".rayfleet/ray-token", ".rayfleet/absent"],
-                                  [".rayfleet/lambda-api-key", ".rayfleet/ray-token"])
+                                  [".rayfleet/lambda-api-key", ".rayfleet/ray-token"],
+                                  [".rayfleet/lambda-api-key"])
     # An image whose same-named user was in `sudo` already: setup takes it out again.
     script = (f"groupadd -f sudo; useradd --system -G sudo {privilege.RAY_USER}; "
               f"{setup} && {setup} && "  # idempotent: Ray re-runs start commands
@@ -53,6 +57,11 @@ def test_users_get_their_files_and_no_root_group(tmp_path: Path) -> None:
               f"/home/{privilege.RAY_USER}/.rayfleet/ray-token "
               f"/home/{privilege.SCALER_USER}/.rayfleet/lambda-api-key; "
               f"echo groups $(id -Gn {privilege.RAY_USER}); "
+              'ls "$HOME/.rayfleet" | tr "\\n" " " | sed "s/^/ssh-user-has /"; echo; '
+              # `ray stop` only where Ray's user runs something (its `activate` prints here).
+              f"{privilege.stop_ray('echo stop-tried && ')} && echo stop-done; "
+              f"runuser -u {privilege.RAY_USER} -- sleep 30 & sleep 0.3; "
+              f"{privilege.stop_ray('echo stop-tried && ')} && echo stop-done; kill %1; "
               + privilege.as_user(privilege.RAY_USER,
                                   f"cat /home/{privilege.SCALER_USER}/.rayfleet/lambda-api-key "
                                   "|| echo REFUSED; sudo -n true 2>/dev/null || echo NO-SUDO; "
@@ -65,6 +74,8 @@ def test_users_get_their_files_and_no_root_group(tmp_path: Path) -> None:
                          f"{ray} 600 /home/{ray}/.rayfleet/ray-token",
                          f"{scaler} 600 /home/{scaler}/.rayfleet/lambda-api-key"], lines
     assert lines[4] == f"groups {ray}", lines
+    assert lines[5] == "ssh-user-has ray-token ", lines
+    assert lines[6:9] == ["stop-done", "stop-tried", "stop-done"], lines
     assert "KEY" not in lines[5:] and "REFUSED" in lines and "NO-SUDO" in lines, lines
     assert f"head=10.1.2.3 home=/home/{ray}" in lines, lines
     # The namespace is gone, and the users with it.

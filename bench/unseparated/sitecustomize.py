@@ -10,13 +10,14 @@ from infra.providers.lambda_cloud import users
 
 def _head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[str, ...],
                 gcs_address: str, config_file: str, node_zip: str, monitor_env: dict[str, str],
-                ) -> str:
+                tracking: bool, moved: tuple[str, ...] = ()) -> str:
     return (f"{activate}ray stop >/dev/null 2>&1; cd ~ && {activate}AUTOSCALER_MAX_LAUNCH_BATCH=1 "
             f"PYTHONPATH=$HOME/{node_zip} {ray_env}ray start --head {ray_start_args} "
             f"--autoscaling-config=$HOME/{config_file}")
 
 
-def _worker_start(activate: str, ray_env: str, gcs_port: int, extra: str) -> list[str]:
+def _worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
+                  tracking: bool) -> list[str]:
     return [f"{activate}ray stop",
             f"{activate}{ray_env}RAY_USAGE_STATS_ENABLED=0 ray start "
             f"--address=$RAY_HEAD_IP:{gcs_port} --disable-usage-stats{extra}"]

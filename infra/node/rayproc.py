@@ -208,12 +208,17 @@ class Identity:
 
     pid: int
     create_time: float
+    #: The PID namespace `pid` was taken in (its inode), when known: a reader in the same one
+    #: looks at `pid` only; any other reader (or a pid file without it) also looks for the process
+    #: under its outer pids (`process`).
+    pidns: int | None = None
 
     @classmethod
     def of(cls, pid: int) -> Identity | None:
-        """The identity of the live process `pid`, or None when there is none."""
+        """The identity of the live process `pid` (a pid of this process's PID namespace), or
+        None when there is none."""
         try:
-            return cls(pid, psutil.Process(pid).create_time())
+            return cls(pid, psutil.Process(pid).create_time(), _own_pidns())
         except psutil.Error:
             return None
 
@@ -226,15 +231,22 @@ class Identity:
         pid, created = data.get("pid"), data.get("create_time")
         if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(created, (int, float)):
             return None
-        return cls(pid, float(created))
+        pidns = data.get("pidns")
+        return cls(pid, float(created),
+                   pidns if isinstance(pidns, int) and not isinstance(pidns, bool) else None)
 
     def as_dict(self) -> dict[str, float | int]:
-        return {"pid": self.pid, "create_time": self.create_time}
+        found: dict[str, float | int] = {"pid": self.pid, "create_time": self.create_time}
+        if self.pidns is not None:
+            found["pidns"] = self.pidns
+        return found
 
     def process(self) -> psutil.Process | None:
         """The process, while it is this one and not a zombie; else None. A pid taken inside a
-        nested PID namespace (a container, a test bed's host) is found from outside it too."""
-        for pid in (self.pid, *self._outer_pids()):
+        nested PID namespace (a container, a test bed's host) is found from outside it too;
+        only then is /proc scanned (supervise.ensure asks every 50 ms while a daemon starts)."""
+        here = self.pidns is not None and self.pidns == _own_pidns()
+        for pid in (self.pid, *(() if here else self._outer_pids())):
             try:
                 proc = psutil.Process(pid)
                 # psutil rounds create_time from clock ticks: equal to the hundredth is the same
@@ -262,6 +274,14 @@ class Identity:
 
     def running(self) -> bool:
         return self.process() is not None
+
+
+def _own_pidns() -> int | None:
+    """This process's PID namespace (the inode of /proc/self/ns/pid), None where /proc cannot say."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def alive(pid: int) -> bool:

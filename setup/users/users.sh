@@ -36,17 +36,20 @@ make_user() {
   if ! id -u "$user" >/dev/null 2>&1; then
     useradd --system --create-home --home-dir "/home/$user" --user-group --shell /bin/bash "$user"
   fi
-  # An image may have put a user of this name into an admin group: take it out again.
-  local group
+  # An image may have put a user of this name into an admin group: take it out again. (One `id`
+  # and no pipes: this runs on every autoscaled worker's way to joining Ray.)
+  local group member home
+  member=" $(id -nG "$user") "
   for group in $ROOT_GROUPS; do
-    if id -nG "$user" | tr ' ' '\n' | grep -qx "$group"; then
-      gpasswd -d "$user" "$group" >/dev/null
-    fi
+    case $member in
+      *" $group "*) gpasswd -d "$user" "$group" >/dev/null ;;
+    esac
   done
   # (A user that existed before may have had no home made.)
-  mkdir -p "$(home_of "$user")"
-  chown "$user:$user" "$(home_of "$user")"
-  chmod 700 "$(home_of "$user")"
+  home=$(home_of "$user")
+  mkdir -p "$home"
+  chown "$user:$user" "$home"
+  chmod 700 "$home"
 }
 
 home_of() { getent passwd "$1" | cut -d: -f6; }

@@ -67,10 +67,12 @@ def test_up_starts_only_the_head(scaled: Scaled) -> None:
     # The head's provider files: the API key only in its 0600 file, the token 0600, the package.
     host = scaled.host(head["ip"])
     # (cd inside: nsenter's --wd resolves /root before entering the host's mount namespace)
-    modes = host.run("cd /root && stat -c '%a %n' .rayfleet/lambda-api-key .rayfleet/ray-token "
-                     ".rayfleet/mlflow-password ray_bootstrap_key.pem "
+    # (The key's only copy is the autoscaler's user's: it left the SSH user's home once handed.)
+    modes = host.run("cd /root && stat -c '%a %n' /home/rayfleet-scaler/.rayfleet/lambda-api-key "
+                     ".rayfleet/ray-token .rayfleet/mlflow-password ray_bootstrap_key.pem "
                      "rayfleet/node/rayfleet-node-*.zip", check=True).stdout.split("\n")
     assert [m.split()[0] for m in modes if m] == ["600", "600", "600", "600", "644"], modes
+    assert host.run("test -e /root/.rayfleet/lambda-api-key").returncode != 0
     # Another machine on the network reaches the head's GCS port, but Ray's own client is refused
     # without the cluster's token (and served with it). The dashboard is on the head's loopback.
     address = f"{head['ip']}:6379"
@@ -189,13 +191,12 @@ def test_api_key_only_in_its_file(scaled: Scaled) -> None:
     # So is its /home: the machine's own users' homes there are not the node's.
     shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for top in ("/root", "/home")
                       for d in sorted(os.listdir(top)) if (Path(top) / d).is_dir())
-    # The SSH user's copy (the idle watcher's) and the autoscaler's user's (issue 29).
+    # Only the autoscaler's user's copy (issue 29): the SSH user's left once handed over.
     found = head.run(f"cd /root && grep -rlsF --binary-files=text -f /dev/stdin {shared} "
                      "/root /home /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; "
                      "true", input=API_KEY + "\n", timeout=300)
     files = sorted(line for line in found.stdout.split("\n") if line)
-    assert files == ["/home/rayfleet-scaler/.rayfleet/lambda-api-key",
-                     "/root/.rayfleet/lambda-api-key"], files
+    assert files == ["/home/rayfleet-scaler/.rayfleet/lambda-api-key"], files
     monitor_logs = head.run("ls /home/rayfleet-scaler/rayfleet/logs/monitor*").stdout.split()
     assert monitor_logs, "the autoscaler wrote no log to scan"
     for path in scaled.home.rglob("*"):

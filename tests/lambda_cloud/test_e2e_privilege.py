@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -71,6 +72,25 @@ def test_up_runs_ray_and_the_autoscaler_as_two_users_of_the_node(scaled: Scaled)
     assert other.run(f"getent passwd {SCALER_USER}").returncode != 0
     plan = scaled.invoke("plan")
     assert f"jobs run as {RAY_USER} (no sudo)" in plan.stdout, plan.stdout
+    # The idle watcher and its supervisor run as the autoscaler's user, reading the API key from
+    # that user's 0700 home (its config names the file), which a job, as Ray's user, cannot read.
+    assert _owners(head, "[i]nfra.node.autodown") == {SCALER_USER}
+    watcher = json.loads(head.run(f"cat /home/{SCALER_USER}/.rayfleet/autodown.json",
+                                  check=True).stdout)
+    assert watcher["action_args"]["api_key_file"] == "~/.rayfleet/lambda-api-key", watcher
+    as_job = head.run(f"runuser -u {RAY_USER} -- cat /home/{SCALER_USER}/.rayfleet/lambda-api-key")
+    assert as_job.returncode != 0 and API_KEY not in as_job.stdout, as_job.stderr
+    # A head an older rayfleet set up runs its watcher as the SSH user (root here), supervised
+    # under the SSH user's pid file: the next `up` stops that one and keeps the scaler's.
+    old = head.run("cd /root && PYTHONPATH=$(ls rayfleet/node/*.zip | head -n 1) python3 -m "
+                   "infra.node.supervise ensure --pidfile /root/.rayfleet/autodown.json.pid "
+                   "--log /root/.rayfleet/autodown.log -- sleep 3600", timeout=60)
+    assert old.returncode == 0 and "started" in old.stdout, old.stdout + old.stderr
+    again = scaled.invoke("up")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert head.run("pgrep -f '[s]leep 3600'").returncode != 0, "the SSH user's watcher runs on"
+    assert head.run("ls -A /root/.rayfleet | grep autodown.json").stdout == ""
+    assert _owners(head, "[i]nfra.node.autodown") == {SCALER_USER}
 
 
 @pytest.mark.slow
@@ -124,12 +144,15 @@ def test_the_separated_autoscaler_scales_back_to_zero(scaled: Scaled) -> None:
 
 @pytest.mark.slow
 def test_the_api_key_on_the_head_is_only_the_autoscalers(scaled: Scaled) -> None:
-    # (The SSH user's 0700 home keeps the copy the idle watcher reads; test_e2e_autoscale.py scans
-    # that home.)
+    # The SSH user's home (root's on the bed) included: the key went there over SFTP and left once
+    # handed over, for the autoscaler and for the idle watcher alike. The host's /root and /home
+    # are copy-on-write layers over this machine's: what the machine had there is not the node's.
     head = scaled.host(scaled.head()["ip"])
-    found = head.run("grep -rlsF --binary-files=text -f /dev/stdin /home /tmp/ray /dev/shm "
-                     "/proc/[0-9]*/cmdline /proc/[0-9]*/environ; true", input=API_KEY + "\n",
-                     timeout=300)
+    shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for top in ("/root", "/home")
+                      for d in sorted(os.listdir(top)) if (Path(top) / d).is_dir())
+    found = head.run(f"cd /root && grep -rlsF --binary-files=text -f /dev/stdin {shared} /root "
+                     "/home /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; true",
+                     input=API_KEY + "\n", timeout=300)
     files = sorted(line for line in found.stdout.split("\n") if line)
     assert files == [f"/home/{SCALER_USER}/.rayfleet/lambda-api-key"], files
 
@@ -139,6 +162,9 @@ def test_the_watcher_still_removes_the_whole_cluster(scaled: Scaled) -> None:
     status = scaled.invoke("status")
     assert status.returncode == 0, status.stderr
     assert f"jobs run as {RAY_USER} (no sudo)" in status.stdout, status.stdout
+    # `status` asks the head as the watcher's user: it sees the watcher run.
+    assert "autodown: " in status.stdout and "watcher not running" not in status.stdout, \
+        status.stdout
     started = time.monotonic()
     scaled.wait("every instance of the cluster terminated by its own head",
                 lambda: all(i["status"] == "terminated" for i in scaled.fake.inventory()

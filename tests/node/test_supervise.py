@@ -58,6 +58,32 @@ def test_identity_is_pid_and_start_time(stranger: subprocess.Popen[bytes]) -> No
     assert Identity.of(2**22 + 12345) is None
 
 
+def test_an_identity_taken_in_a_nested_pid_namespace_is_found_from_outside(
+        needs_root: None) -> None:
+    """A local Slurm head's node runs in a PID namespace of its own: `status` here must see the
+    watcher whose pid file it wrote. A pid file of this namespace is looked up by its pid alone."""
+    code = ("import json, os, time\nfrom infra.node.rayproc import Identity\n"
+            "print(json.dumps(Identity.of(os.getpid()).as_dict()), flush=True)\ntime.sleep(60)")
+    root = str(Path(__file__).resolve().parents[2])
+    inner_proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
+                                   "-c", code], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": root})
+    try:
+        assert inner_proc.stdout is not None
+        inner = Identity.from_dict(json.loads(inner_proc.stdout.readline()))
+        here = Identity.of(os.getpid())
+        assert inner is not None and here is not None
+        assert inner.pid == 1 and inner.pidns != here.pidns, inner
+        found = inner.process()
+        assert found is not None and found.pid != 1 and "Identity.of" in " ".join(found.cmdline())
+        # The same pair claimed for this namespace names no process here (our pid 1 started
+        # earlier), and nothing else is searched for it.
+        assert not Identity(inner.pid, inner.create_time, here.pidns).running()
+    finally:
+        inner_proc.kill()
+        inner_proc.wait()
+
+
 def test_terminate_never_signals_a_recycled_pid(stranger: subprocess.Popen[bytes]) -> None:
     real = Identity.of(stranger.pid)
     assert real is not None

@@ -3,8 +3,9 @@ reading its marker at `status` (infra/node/autodown.py is the watcher,
 infra/node/lambda_cloud/autodown.py its action; what the marker means is decided in
 infra/providers/base.py).
 
-The head already holds the API key for its autoscaler (autoscale.py, a 0600 file); fixed-size
-clusters get the same file the same way (SFTP, 0600). Nothing secret is in the watcher's config.
+The head already holds the API key for its autoscaler (autoscale.py, a 0600 file of the
+autoscaler's user); fixed-size clusters get the same file the same way (SFTP, 0600, handed to that
+user). The watcher runs as that user too. Nothing secret is in the watcher's config.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from infra import auth, autodown_remote, ui
+from infra import auth, autodown_remote, privilege, ui
 from infra.errors import RayfleetError
 from infra.node import autodown
 from infra.node.lambda_cloud import api
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 HEAD_PYTHON = '$(dirname "$(command -v ray)")/python'
 #: The watcher's action (infra/node/lambda_cloud/autodown.py).
 ACTION = "infra.node.lambda_cloud.autodown:remove"
+#: Who runs the watcher (and its supervisor): the autoscaler's user, who alone holds the API key
+#: that removing the cluster needs (issue 29; NOTES.md, "Two users on every node"). Its config,
+#: marker, log and key live in that user's 0700 home.
+WATCHER_USER = privilege.SCALER_USER
 
 
 def watcher_config(cluster: str, cluster_id: str, idle_minutes: float, head_id: str,
@@ -50,7 +55,7 @@ def install(spec: Spec, state: State, target: ssh.SshTarget, head_id: str,
     """Start (or keep) the head's watcher; stop it when the spec turned autodown off."""
     if spec.autodown is None:
         with contextlib.suppress(RayfleetError):
-            autodown_remote.stop(target, HEAD_PYTHON, raycluster.activate(spec))
+            autodown_remote.stop(target, HEAD_PYTHON, raycluster.activate(spec), WATCHER_USER)
         return
     key = api.read_api_key()
     if not key:
@@ -62,4 +67,9 @@ def install(spec: Spec, state: State, target: ssh.SshTarget, head_id: str,
     with ui.step(f"starting the autodown watcher on the head ({spec.autodown.idle_minutes:g} "
                  "idle minutes)"):
         autodown_remote.install(target, config, {HEAD_API_KEY_FILE: key.encode()}, python=HEAD_PYTHON,
-                                activate=raycluster.activate(spec))
+                                activate=raycluster.activate(spec), user=WATCHER_USER)
+
+
+def marker(spec: Spec, target: ssh.SshTarget) -> str | None:
+    """The watcher's marker and whether it runs, read as the user it runs as (`status`)."""
+    return autodown_remote.head_marker(target, HEAD_PYTHON, raycluster.activate(spec), WATCHER_USER)

@@ -144,8 +144,9 @@ def head_start_command(spec: Spec, head_id: str, head_private_ip: str | None = N
                    **auth_env(spec)}
     gcs = f"{head_private_ip or '127.0.0.1'}:{raycluster.GCS_PORT}"
     tracking = spec.tracking == "mlflow"
+    # The API key's only copy on the head is then the autoscaler's user's.
     return users.head_start(activate, env, args, scaler_files(tracking), gcs, CONFIG_FILE,
-                            shipping.head_path(), monitor_env, tracking)
+                            shipping.head_path(), monitor_env, tracking, (HEAD_API_KEY_FILE,))
 
 
 def auth_env(spec: Spec) -> dict[str, str]:
@@ -190,8 +191,8 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
     if not start:
         # The running autoscaler reads its own user's copy of the config (v2 re-reads it).
         mlflow = spec.tracking == "mlflow"
-        ssh.run(target, privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow)),
-                timeout=120, check=True)
+        ssh.run(target, privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow),
+                                              (HEAD_API_KEY_FILE,)), timeout=120, check=True)
         return
     if spec.env != "none":
         with ui.step("installing the node environment on the head"):

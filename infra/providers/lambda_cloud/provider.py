@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra import auth, autodown_remote, paths, remote_head, ssh, tracking, tracking_remote, ui
+from infra import auth, paths, remote_head, ssh, tracking, tracking_remote, ui
 from infra.costs import NodePrices
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
@@ -279,8 +279,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         head_ip = state.info.get("head_ip")
         if left is False or not head_ip:
             return None  # a terminated head leaves nothing to read
-        return autodown_remote.head_marker(self._target(str(head_ip)), autodown_setup.HEAD_PYTHON,
-                                           raycluster.activate(self.spec))
+        return autodown_setup.marker(self.spec, self._target(str(head_ip)))
 
     def autodown_left(self, state: State) -> bool | None:
         """Whether the API lists any instance of the state as not terminated."""

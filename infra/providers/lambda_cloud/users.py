@@ -41,11 +41,12 @@ def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: 
 
 def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[str, ...],
                gcs_address: str, config_file: str, node_zip: str, monitor_env: dict[str, str],
-               tracking: bool) -> str:
+               tracking: bool, moved: tuple[str, ...] = ()) -> str:
     """Users and files, then Ray as Ray's user (no monitor of its own), then the autoscaler as its
-    user. `ray_env` are `VAR=value ` words for `ray start`; nothing secret is in any argument."""
+    user. `ray_env` are `VAR=value ` words for `ray start`; nothing secret is in any argument.
+    `moved`: the scaler's files whose SSH user's copy goes once handed over (the API key)."""
     return " && ".join([
-        privilege.setup_users(ray_files(tracking), scaler),
+        privilege.setup_users(ray_files(tracking), scaler, moved),
         privilege.stop_ray(activate),
         privilege.as_user(privilege.RAY_USER,
                           f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
