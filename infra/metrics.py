@@ -126,7 +126,8 @@ def _get(url: str, path: str, params: dict[str, Any], timeout: float) -> Any:
         reason = ("connection refused" if isinstance(exc, requests.ConnectionError)
                   else str(exc).splitlines()[0][:160])
         raise MetricsError(f"the cluster's Prometheus at {url} is not answering ({reason}); "
-                           "`invoke up` starts it again, its history is kept") from None
+                           "the head's supervisor starts it again within seconds (`invoke up` "
+                           "if that is gone too); its history is kept") from None
     if body.get("status") != "success":
         raise MetricsError(f"Prometheus refused {params}: {body.get('error', 'no reason')}")
     return body["data"]
@@ -135,8 +136,9 @@ def _get(url: str, path: str, params: dict[str, Any], timeout: float) -> Any:
 def require(endpoint: Endpoint) -> str:
     """The endpoint's Prometheus URL, or one line saying the cluster has none."""
     if not endpoint.metrics_url:
-        raise MetricsError("this cluster runs no Prometheus (metrics: none in its spec); set "
-                           "`metrics: prometheus` and run `invoke up`")
+        raise MetricsError("this cluster runs no Prometheus (metrics: none in its spec, or "
+                           "`up` found no `prometheus` on its head); set `metrics: prometheus` "
+                           "and run `invoke up`")
     return endpoint.metrics_url
 
 

@@ -20,11 +20,17 @@ Register = Callable[[Path], Path]
 SMALL = "cpus_per_node: 1\nobject_store_memory_mb: 100\nready_timeout_s: 120\n"
 
 
+def _small(extra: str) -> str:
+    """SMALL, with `metrics: none` unless `extra` names metrics: the cluster's Prometheus is
+    tested in test_e2e_metrics.py; elsewhere it would only take the 2-core bed's CPU."""
+    return SMALL + ("" if "metrics" in extra else "metrics: none\n") + extra
+
+
 def local_spec(tmp_path: Path, slurm: LocalSlurm, name: str, extra: str = "") -> Path:
     """A spec that submits to the single-node Slurm on this machine."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"provider: slurm\nsubmit:\n  slurm_conf: {slurm.conf_path}\n"
-                    f"  workdir: {slurm.jobs_dir}\n{SMALL}{extra}")
+                    f"  workdir: {slurm.jobs_dir}\n{_small(extra)}")
     return path
 
 
@@ -36,7 +42,7 @@ def login_spec(tmp_path: Path, slurm: SlurmCluster, name: str, extra: str = "") 
         f"provider: slurm\nsubmit:\n  host: {login.ip}\n  user: {login.ssh_user}\n"
         f"  key: {login.ssh_key_path}\n  proxy_command: {slurm.testbed.proxy_command}\n"
         f"  known_hosts: {slurm.testbed.known_hosts_path}\n"
-        f"  workdir: {slurm.jobs_dir}\n{SMALL}{extra}")
+        f"  workdir: {slurm.jobs_dir}\n{_small(extra)}")
     return path
 
 
