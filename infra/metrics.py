@@ -53,8 +53,12 @@ SERIES = {
     # Nodes Ray's autoscaler counts, by type (the head included).
     "nodes_by_type": "sum by (NodeType) (autoscaler_active_nodes)",
     "pending_nodes": "sum by (NodeType) (autoscaler_pending_nodes)",
-    # Demand the cluster cannot place yet, by resource.
-    "pending_resources": "sum by (resource) (autoscaler_pending_resources)",
+    # What the autoscaler is launching for demand the cluster cannot place yet, by resource. Ray's
+    # autoscaler (v2's metrics_reporter.report_resources) sets this gauge only for resources it
+    # has pending and never back to 0: counted only while a node is pending, else it would show
+    # the last launch's resources forever.
+    "pending_resources": ("sum by (resource) (autoscaler_pending_resources) * on() group_left() "
+                          "(sum(autoscaler_pending_nodes) > bool 0)"),
     # Nodes that report metrics at all (every alive node's agent).
     "nodes_up": 'count(up{job="ray"} == 1 and on(instance) ray_node_cpu_count)',
     "cpu_total": "sum(ray_node_cpu_count)",

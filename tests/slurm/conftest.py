@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,31 @@ def result_of(stdout: str) -> dict[str, Any]:
 
 def state_empty(home: Path, name: str) -> bool:
     return not (home / "state" / f"{name}.json").exists()
+
+
+@dataclass
+class LoginCluster:
+    """One cluster on the 2-host bed, submitted through its login host, with its own
+    RAYFLEET_HOME (a module's shared cluster; the cluster's name is the spec's stem)."""
+
+    spec: Path
+    home: Path
+    slurm: SlurmCluster
+
+    def invoke(self, verb: str, *args: str, timeout: float = 300) -> Any:
+        return invoke(verb, "--cluster", str(self.spec), *args, timeout=timeout,
+                      env={"RAYFLEET_HOME": str(self.home)})
+
+    @property
+    def job(self) -> dict[str, Any]:
+        return job_of(self.home, self.spec.stem)
+
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(ok(self.invoke("status", "--json"))))
+
+    def alive_nodes(self) -> int:
+        """Alive nodes as Ray's state API lists them (`invoke status --json`)."""
+        return sum(1 for n in self.status()["nodes"] if n["state"] == "ALIVE")
 
 
 @pytest.fixture

@@ -12,20 +12,21 @@ and the browser report.
 
 from __future__ import annotations
 
-import gzip
+import io
 import json
+import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from infra.node import rayproc
 from infra.providers.slurm.script import HEAD_TYPE
-from tests.browser_metrics import check_report_page
-from tests.slurm.conftest import invoke, job_of, login_spec, ok, ray_left_on_hosts
+from tests.browser_metrics import check_report_page, docs_screenshot, terminal_screenshot
+from tests.kept_history import check_workers_went_0_2_0
+from tests.slurm.conftest import LoginCluster, login_spec, ok, ray_left_on_hosts
 from tests.testbed.hosts import Host
 from tests.testbed.slurm import SlurmCluster
 from tests.waiting import wait_until
@@ -44,20 +45,7 @@ environment:
 """
 
 
-@dataclass
-class Gauged:
-    spec: Path
-    home: Path
-    slurm: SlurmCluster
-
-    def invoke(self, verb: str, *args: str, timeout: float = 300) -> Any:
-        return invoke(verb, "--cluster", str(self.spec), *args, timeout=timeout,
-                      env={"RAYFLEET_HOME": str(self.home)})
-
-    @property
-    def job(self) -> dict[str, Any]:
-        return job_of(self.home, NAME)
-
+class Gauged(LoginCluster):
     @property
     def block(self) -> rayproc.PortBlock:
         return rayproc.PortBlock(int(self.job["port_base"]))
@@ -71,11 +59,6 @@ class Gauged:
         url = f"http://127.0.0.1:{self.block.prometheus}{path}"
         done = self.head_host().run(f"curl -sf --max-time 5 '{url}'", timeout=30)
         return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
-
-    def alive_nodes(self) -> list[dict[str, Any]]:
-        """Ray's own view of the nodes (`invoke status --json` reads Ray's state API)."""
-        shown = json.loads(ok(self.invoke("status", "--json")))
-        return [n for n in shown["nodes"] if n["state"] == "ALIVE"]
 
     def top(self) -> dict[str, Any]:
         return dict(json.loads(ok(self.invoke("top", "--once", "--json", timeout=120))))
@@ -124,7 +107,7 @@ def _node_targets(gauged: Gauged) -> list[dict[str, Any]] | None:
 def test_prometheus_scrapes_every_node_and_top_agrees_with_ray(gauged: Gauged) -> None:
     nodes = wait_until(lambda: _node_targets(gauged), "every Prometheus target up", timeout=120)
     alive = gauged.alive_nodes()
-    assert len(nodes) == len(alive) == 1, (nodes, alive)
+    assert len(nodes) == alive == 1, (nodes, alive)
     # On the head's loopback, like the dashboard: another host of the cluster's network gets
     # nothing (Prometheus has no login). Bounded by the spec, its database on the shared work
     # dir, per cluster name.
@@ -145,13 +128,14 @@ def test_prometheus_scrapes_every_node_and_top_agrees_with_ray(gauged: Gauged) -
         f"http://127.0.0.1:{gauged.job['dashboard_port']}/api/prometheus_health", timeout=30)
     assert health.stdout.strip() == "200", health.stdout + health.stderr
     frame = gauged.top()
-    assert sum(t["count"] for t in frame["nodes"]) == len(alive)
+    assert sum(t["count"] for t in frame["nodes"]) == alive
     assert sum(t["cpu_total"] for t in frame["nodes"]) == 1
 
 
 def test_autoscaled_workers_appear_in_prometheus_and_top_then_go(gauged: Gauged) -> None:
-    # Three nodes wanted (one CPU each, STRICT_SPREAD), the head alone: two workers from zero.
-    ok(gauged.invoke("submit", "--no-wait", "tests/data/spread_job.py", "--", "3", "20"))
+    # Three nodes wanted (one CPU each, STRICT_SPREAD, held 40 s), the head alone: two workers
+    # from zero.
+    ok(gauged.invoke("submit", "--no-wait", "tests/data/spread_job.py", "--", "3", "40"))
     started = time.monotonic()
 
     def three() -> list[dict[str, Any]] | None:
@@ -161,13 +145,42 @@ def test_autoscaled_workers_appear_in_prometheus_and_top_then_go(gauged: Gauged)
     nodes = wait_until(three, "3 Ray nodes' targets up in Prometheus", timeout=240, interval=1)
     print(f"\n[slurm metrics] 2 workers scraped {time.monotonic() - started:.1f}s after the demand")
     assert len({t["labels"]["instance"] for t in nodes}) == 3
-    frame = gauged.top()
+
+    def reserved() -> dict[str, Any] | None:
+        """A frame once it shows the job's bundles reserved: a raylet reports its resources
+        every few seconds, behind its node's joining."""
+        frame = gauged.top()
+        got = {t["type"]: t["cpu_reserved"] for t in frame["nodes"]}
+        return frame if got == {HEAD_TYPE: 1, "cpu": 2} else None
+
+    frame = wait_until(reserved, "top to show 1 CPU reserved on the head, 2 on the workers",
+                       timeout=120, interval=1)
     alive = gauged.alive_nodes()
-    assert sum(t["count"] for t in frame["nodes"]) == len(alive) == 3, (frame, alive)
+    assert sum(t["count"] for t in frame["nodes"]) == alive == 3, (frame, alive)
+    # Three Ray nodes on the two hosts (the head's has one CPU left), each agent measuring its
+    # whole host (here: this machine): every host's memory counted once, not once per agent.
+    hosts = 2 * psutil.virtual_memory().total
+    assert sum(t["mem_total"] for t in frame["nodes"]) == pytest.approx(hosts, rel=0.01), frame
+    if os.environ.get("RAYFLEET_DOCS_SCREENSHOTS"):
+        # This very frame as `top --once` prints it (the cluster may shrink while a second `top`
+        # runs).
+        from rich.console import Console
+
+        from infra.commands_metrics import render_frame
+
+        console = Console(width=130, record=True, file=io.StringIO())
+        console.print(render_frame(frame))
+        docs_screenshot("top-slurm.png",
+                        terminal_screenshot(console.export_text(), gauged.home, 330))
     # Done and idle for 0.1 min: the autoscaler cancels both; Prometheus follows Ray's file.
     wait_until(lambda: (found := _node_targets(gauged)) is not None and len(found) == 1,
                "the workers' targets gone from Prometheus", timeout=240, interval=1)
-    assert sum(t["count"] for t in gauged.top()["nodes"]) == len(gauged.alive_nodes()) == 1
+    after = gauged.top()
+    assert sum(t["count"] for t in after["nodes"]) == gauged.alive_nodes() == 1
+    # Nothing is launching any more: no resources shown as pending (Ray's gauge keeps the last
+    # launch's value; top counts it only while a node is pending).
+    assert after["pending"] == {"resources": {}, "launching": {},
+                                "removed_last_5m": after["pending"]["removed_last_5m"]}, after
 
 
 def test_killed_prometheus_is_said_in_one_line_and_comes_back(gauged: Gauged) -> None:
@@ -202,24 +215,18 @@ def test_teardown_keeps_the_history_with_the_workers_0_2_0_and_the_report_draws_
         gauged: Gauged) -> None:
     job = gauged.job
     down = ok(gauged.invoke("teardown"))
-    kept = gauged.home / "metrics" / NAME / "history.json.gz"
-    assert f"metrics history kept in {kept}" in down, down
-    data = json.loads(gzip.decompress(kept.read_bytes()))
-    workers: dict[float, float] = {}
-    for series in data["series"]["nodes_by_type"]:
-        if series["labels"].get("NodeType") != HEAD_TYPE:
-            for t, v in series["values"]:
-                workers[t] = workers.get(t, 0.0) + v
-    counts = [workers[t] for t in sorted(workers)]
-    assert counts and counts[0] == 0, counts
-    two = counts.index(2.0) if 2.0 in counts else -1
-    assert two > 0 and 0.0 in counts[two:], f"worker series never went 0 -> 2 -> 0: {counts}"
+    data = check_workers_went_0_2_0(gauged.home / "metrics" / NAME / "history.json.gz", down,
+                                    HEAD_TYPE)
     assert [j["status"] for j in data["jobs"]] == ["SUCCEEDED"], data["jobs"]
+    # Resources of launching nodes: 2 CPUs while the two workers were on their way, none after.
+    pending = data["series"]["pending_resources"]
+    assert max(v for s in pending for _, v in s["values"]) == 2.0, pending
+    assert all(s["values"][-1][1] == 0 for s in pending), pending
     # Nothing of the cluster runs on any host, Prometheus included; its database stays on the
     # shared work dir for the next `up` of the cluster.
     assert ray_left_on_hosts(gauged.slurm, job) == {}
     assert (gauged.slurm.jobs_dir / "metrics" / NAME / "tsdb").is_dir()
     out = gauged.home / "kept.html"
     ok(gauged.invoke("report", "--out", str(out)))
-    check_report_page(out)
+    docs_screenshot("report-slurm.png", check_report_page(out).screenshot)
     assert "from the copy kept at teardown" in out.read_text()
