@@ -17,7 +17,8 @@ the Python that runs Ray (`rf_helper` in templates/slurm.environment.j2):
     start RAY_START_ARGS...                  # `ray start`, see start() (on the head: also `watch`)
 
 It imports the standard library, the node package (rayproc: port block layout, scoped process
-stop, with psutil, which Ray ships; files; retry) and Ray for `start`.
+stop, with psutil, which Ray ships; files; retry; metrics: where Prometheus is, its config) and
+Ray for `start`.
 Everything about the job comes from the RF_* variables the batch script exports.
 """
 
