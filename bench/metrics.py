@@ -1,23 +1,34 @@
 """What `metrics: prometheus` costs: `invoke up` (local) with and without it, and a CPU-bound job's
 time with the head's Prometheus scraping every node and without.
 
-`up` is timed until it returns (the dashboard accepts jobs); `up` never waits for Prometheus. Right
-after, bench/cpu_job.py runs as a Ray job: 2 tasks (one per CPU of the cluster) of a fixed amount
-of arithmetic, timed inside the driver, with Prometheus scraping at the spec's default interval.
+`up`: timed until it returns (the dashboard accepts jobs); `up` never waits for Prometheus. A
+warm-up pair (not counted), then pairs of fresh clusters in alternating order (ABBA), each run
+after the previous cluster is gone and a short pause.
 
-Fairness: a warm-up pair (not counted), then pairs in alternating order (ABBA), each run after the
-previous cluster is gone and a short pause. Prints every pair with the load average, then the
-median of the per-pair ratios (targets: up <= 1.05, job <= 1.02) and their spread. On a shared
-machine the load moves single runs far more than a scrape does: judge the median and the spread.
-Usage: python bench/metrics.py [--reps 5] [--quick]   (--quick: one pair, no warm-up, small job)
+The job: bench/cpu_job.py as a Ray job, 2 tasks (one per CPU of the cluster) of a fixed amount of
+arithmetic, timed inside the driver, all on ONE cluster with `metrics: prometheus`, scraped at the
+spec's default interval; "without" is the same cluster with its Prometheus held still (SIGSTOP,
+so it scrapes nothing; SIGCONT after). Pairs alternate their order (ABBA), the warm-up pair is not
+counted. Comparing jobs on two separately started clusters measured mostly how far each one's
+start-up tail (Ray's agents, Prometheus's own start) still ran into the job: per-pair ratios
+spread from 0.8 to 1.1 at the same load. One cluster, interleaved, compares only the scraping.
+
+Prints every pair with the load average, then the median of the per-pair ratios (targets: up <=
+1.05, job <= 1.02) and their spread, and the CPU time Prometheus itself used while the scraped jobs
+ran, as a share of the machine: the most it can take from them, however busy the machine is
+otherwise (the exporters' side of a scrape, in Ray's agents, is not in it).
+Usage: python bench/metrics.py [--reps 5] [--job-reps 9] [--quick]
+(--quick: one pair of each, no warm-up, a small job; for CI)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import tempfile
 import time
@@ -25,49 +36,92 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 # The pair machinery of the tracking bench (this script's folder is on sys.path when run).
 from tracking_up import PAUSE_S, _invoke, _spread
+
+from infra.node import supervise
+from infra.node.metrics import CONFIG_FILE
 
 
 @dataclass(frozen=True)
 class Run:
-    up: float
-    job: float
+    seconds: float
     load: float
 
 
-def _run(spec: Path, env: dict[str, str], iterations: int) -> Run:
+def _up(spec: Path, env: dict[str, str]) -> Run:
+    """`invoke up` of a fresh cluster, timed; torn down after."""
     load = os.getloadavg()[0]
     cluster = ["--cluster", str(spec)]
     started = time.monotonic()
     done = _invoke(["up", *cluster], env, check=False)
-    if done.returncode:
-        _invoke(["teardown", *cluster], env, check=False)
-        raise SystemExit(f"invoke up failed: {done.stderr.strip().splitlines()[-1:]}")
     took = time.monotonic() - started
-    try:
-        job = _invoke(["submit", *cluster, "bench/cpu_job.py", "--", "2", str(iterations)], env)
-        found = re.search(r"WORK ([0-9.]+)", job.stdout)
-        if not found:
-            raise SystemExit(f"the job printed no WORK line: {job.stdout[-300:]}")
-        seconds = float(found.group(1))
-    finally:
-        _invoke(["teardown", *cluster], env)
-        time.sleep(PAUSE_S)
-    return Run(took, seconds, load)
+    _invoke(["teardown", *cluster], env, check=False)
+    if done.returncode:
+        raise SystemExit(f"invoke up failed: {done.stderr.strip().splitlines()[-1:]}")
+    time.sleep(PAUSE_S)
+    return Run(took, load)
+
+
+def _job(spec: Path, env: dict[str, str], iterations: int) -> Run:
+    load = os.getloadavg()[0]
+    job = _invoke(["submit", "--cluster", str(spec), "bench/cpu_job.py", "--", "2",
+                   str(iterations)], env)
+    found = re.search(r"WORK ([0-9.]+)", job.stdout)
+    if not found:
+        raise SystemExit(f"the job printed no WORK line: {job.stdout[-300:]}")
+    return Run(float(found.group(1)), load)
+
+
+def _prometheus(home: Path, spec: Path) -> psutil.Process:
+    """The cluster's Prometheus: the child of the runner its supervisor's pid file names."""
+    state = json.loads((home / "state" / f"{spec.stem}.json").read_text())
+    temp_dir = Path(state["resources"][0]["id"])
+    pidfile = temp_dir / f"{CONFIG_FILE}.pid"
+
+    def found() -> psutil.Process | None:
+        child = supervise.read(pidfile)["child"]
+        if child is None or not child.running():
+            return None
+        programs = [p for p in psutil.Process(child.pid).children()
+                    if p.name() == "prometheus"]
+        return programs[0] if programs else None
+
+    deadline = time.monotonic() + 120
+    while (program := found()) is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no Prometheus running under {pidfile} after 120 s")
+        time.sleep(0.5)
+    return program
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def _pair(label: str, off: Run, on: Run, first: str, what: str) -> str:
+    return (f"{label} ({first} first, load {off.load:.1f}/{on.load:.1f}): {what} "
+            f"{off.seconds:.3f}s / with metrics {on.seconds:.3f}s = {on.seconds / off.seconds:.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=5, help="counted pairs")
-    parser.add_argument("--quick", action="store_true", help="one pair, no warm-up (for CI)")
+    parser.add_argument("--reps", type=int, default=5, help="counted pairs of `up`")
+    parser.add_argument("--job-reps", type=int, default=9, help="counted pairs of the job")
+    parser.add_argument("--quick", action="store_true", help="one pair each, no warm-up (for CI)")
     args = parser.parse_args()
-    reps = 1 if args.quick else args.reps
-    iterations = 2_000_000 if args.quick else 20_000_000
+    reps, job_reps = (1, 1) if args.quick else (args.reps, args.job_reps)
+    # Full mode: ~10 s a task on an idle core (~60 ns an iteration), so that every job spans at
+    # least one scrape at the default 10 s interval.
+    iterations = 2_000_000 if args.quick else 160_000_000
     if shutil.which("prometheus") is None:
         raise SystemExit("no prometheus on this machine: apt-get install prometheus")
     work = Path(tempfile.mkdtemp(prefix="rf-bench-metrics-"))
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(work / "home")}
+    home = work / "home"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(home)}
     base = "provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n"
     specs = {}
     for metrics in ("none", "prometheus"):
@@ -76,27 +130,63 @@ def main() -> None:
     up_ratios: list[float] = []
     job_ratios: list[float] = []
     loads: list[float] = []
+    first = 0 if args.quick else -1
+    # Prometheus's own CPU while the scraped jobs ran: what it can take from them at most,
+    # whatever the rest of the machine does (the wall-clock ratio moves with other work).
+    prometheus_cpu = scraped_s = 0.0
     try:
-        for pair in range(0 if args.quick else -1, reps):
+        for pair in range(first, reps):
             order = ("none", "prometheus") if pair % 2 == 0 else ("prometheus", "none")
-            runs = {metrics: _run(specs[metrics], env, iterations) for metrics in order}
-            off, on = runs["none"], runs["prometheus"]
-            label = "warm-up" if pair < 0 else f"pair {pair + 1}"
-            print(f"{label} ({'with' if order[0] == 'prometheus' else 'without'} first, load "
-                  f"{off.load:.1f}/{on.load:.1f}): up {off.up:.2f}s / with metrics {on.up:.2f}s = "
-                  f"{on.up / off.up:.3f}   job {off.job:.3f}s / scraped {on.job:.3f}s = "
-                  f"{on.job / off.job:.3f}", flush=True)
+            ups = {metrics: _up(specs[metrics], env) for metrics in order}
+            off, on = ups["none"], ups["prometheus"]
+            print(_pair("warm-up" if pair < 0 else f"up pair {pair + 1}", off, on,
+                        "with" if order[0] == "prometheus" else "without", "up"), flush=True)
             if pair >= 0:
-                up_ratios.append(on.up / off.up)
-                job_ratios.append(on.job / off.job)
+                up_ratios.append(on.seconds / off.seconds)
                 loads += [off.load, on.load]
+        measured = specs["prometheus"]
+        _invoke(["up", "--cluster", str(measured)], env)
+        try:
+            program = _prometheus(home, measured)
+            if args.quick:
+                # What is left of the cluster's start-up (Ray's agents, Prometheus's own start)
+                # would land in the first job: one untimed job takes it.
+                _job(measured, env, iterations)
+            for pair in range(first, job_reps):
+                modes = (False, True) if pair % 2 == 0 else (True, False)
+                jobs: dict[bool, Run] = {}
+                for scraping in modes:
+                    if not scraping:
+                        program.send_signal(signal.SIGSTOP)
+                    before = _cpu_seconds(program)
+                    try:
+                        jobs[scraping] = _job(measured, env, iterations)
+                    finally:
+                        program.send_signal(signal.SIGCONT)
+                    if scraping and pair >= 0:
+                        prometheus_cpu += _cpu_seconds(program) - before
+                off, on = jobs[False], jobs[True]
+                print(_pair("warm-up" if pair < 0 else f"job pair {pair + 1}", off, on,
+                            "scraped" if modes[0] else "held", "job"), flush=True)
+                if pair >= 0:
+                    job_ratios.append(on.seconds / off.seconds)
+                    loads += [off.load, on.load]
+                    scraped_s += on.seconds
+            assert program.is_running(), "Prometheus died during the job pairs"
+        finally:
+            _invoke(["teardown", "--cluster", str(measured)], env, check=False)
         print(f"up with metrics / without, per pair: {_spread(up_ratios)}")
-        print(f"CPU-bound job scraped / not, per pair: {_spread(job_ratios)}")
-        print(f"load average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f}")
+        print(f"CPU-bound job scraped / not (one cluster), per pair: {_spread(job_ratios)}")
+        cores = os.cpu_count() or 1
+        print(f"Prometheus's own CPU during the scraped jobs: {prometheus_cpu:.2f} CPU-s in "
+              f"{scraped_s:.1f} s of jobs on {cores} CPUs = "
+              f"{100 * prometheus_cpu / (scraped_s * cores):.2f}% of the machine")
+        print(f"load average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f}, median "
+              f"{statistics.median(loads):.1f} ({os.cpu_count()} CPUs)")
         print(f"median ratio up with metrics / without: {statistics.median(up_ratios):.3f} "
               f"(target <= 1.05, {reps} pairs)")
         print(f"median ratio CPU-bound job with scraping / without: "
-              f"{statistics.median(job_ratios):.3f} (target <= 1.02, {reps} pairs)")
+              f"{statistics.median(job_ratios):.3f} (target <= 1.02, {job_reps} pairs)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

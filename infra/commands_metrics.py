@@ -7,6 +7,7 @@ is gone. Commands layer: never branches on a provider's name.
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from pathlib import Path
@@ -29,40 +30,55 @@ def _by_ip(url: str, promql: str, label: str = "ip") -> dict[str, float]:
     return found
 
 
+def _per_host(url: str, promql: str) -> dict[str, float]:
+    """A host's measurement by IP, once: every Ray node's agent on a host reports the same
+    host-wide numbers (a Slurm node may run two of the cluster's Ray nodes), so the agents of one
+    IP are averaged, not added."""
+    return _by_ip(url, f"avg by (ip) (sum by (ip, instance) ({promql}))")
+
+
 def frame(endpoint: Endpoint, impl: Provider[Any, Any], current: State) -> dict[str, Any]:
     """One picture of the cluster now: nodes by type, demand, the autoscaler, jobs, cost."""
     url = metrics.require(endpoint)
-    cpu = _by_ip(url, "ray_node_cpu_count")
-    cpu_used = _by_ip(url, "ray_node_cpu_utilization * ray_node_cpu_count / 100")
-    gpu = _by_ip(url, "ray_node_gpus_available")
-    gpu_used = _by_ip(url, "ray_node_gpus_utilization / 100")
-    mem = _by_ip(url, "ray_node_mem_total")
-    mem_used = _by_ip(url, "ray_node_mem_used")
+    cpu = _per_host(url, "ray_node_cpu_count")
+    cpu_used = _per_host(url, "ray_node_cpu_utilization * ray_node_cpu_count / 100")
+    gpu = _per_host(url, "ray_node_gpus_available")
+    gpu_used = _per_host(url, "ray_node_gpus_utilization / 100")
+    mem = _per_host(url, "ray_node_mem_total")
+    mem_used = _per_host(url, "ray_node_mem_used")
+    # Each raylet reports its own reservations: added up per IP.
     reserved = {(r["labels"].get("NodeAddress", ""), r["labels"].get("Name", "")): r["value"]
-                for r in metrics.query(url, 'ray_resources{State="USED"}')}
+                for r in metrics.query(
+                    url, 'sum by (NodeAddress, Name) (ray_resources{State="USED"})')}
+    alive = [node for node in jobs.list_nodes(endpoint) if node.state == "ALIVE"]
+    # What is measured per IP is split evenly among the IP's Ray nodes: the cluster's totals
+    # stay right however Slurm packs its nodes.
+    sharing = collections.Counter(node.node_ip for node in alive)
     types: dict[str, dict[str, float]] = {}
-    for node in jobs.list_nodes(endpoint):
-        if node.state != "ALIVE":
-            continue
+    for node in alive:
         labels = node.labels or {}
         kind = labels.get("ray.io/node-group") or ("head" if node.is_head_node else "worker")
         total = node.resources_total or {}
         ip = node.node_ip
+
+        def share(values: dict[Any, float], key: Any, ip: str = ip) -> float:
+            return values.get(key, 0.0) / sharing[ip]
+
         row = types.setdefault(kind, {key: 0.0 for key in (
             "count", "cpu_total", "cpu_used", "cpu_reserved", "gpu_total", "gpu_used",
             "tpu_total", "tpu_reserved", "mem_total", "mem_used")})
         row["count"] += 1
-        row["cpu_total"] += float(total.get("CPU", cpu.get(ip, 0.0)))
-        row["cpu_used"] += cpu_used.get(ip, 0.0)
-        row["cpu_reserved"] += reserved.get((ip, "CPU"), 0.0)
-        row["gpu_total"] += float(total.get("GPU", gpu.get(ip, 0.0)))
-        row["gpu_used"] += gpu_used.get(ip, 0.0)
+        row["cpu_total"] += float(total.get("CPU", share(cpu, ip)))
+        row["cpu_used"] += share(cpu_used, ip)
+        row["cpu_reserved"] += share(reserved, (ip, "CPU"))
+        row["gpu_total"] += float(total.get("GPU", share(gpu, ip)))
+        row["gpu_used"] += share(gpu_used, ip)
         row["tpu_total"] += float(total.get("TPU", 0.0))
-        row["tpu_reserved"] += reserved.get((ip, "TPU"), 0.0)
-        row["mem_total"] += mem.get(ip, 0.0)
-        row["mem_used"] += mem_used.get(ip, 0.0)
+        row["tpu_reserved"] += share(reserved, (ip, "TPU"))
+        row["mem_total"] += share(mem, ip)
+        row["mem_used"] += share(mem_used, ip)
     pending = {r["labels"].get("resource", ""): r["value"]
-               for r in metrics.query(url, "sum by (resource) (autoscaler_pending_resources)")
+               for r in metrics.query(url, metrics.SERIES["pending_resources"])
                if r["value"]}
     launching = {r["labels"].get("NodeType", ""): r["value"]
                  for r in metrics.query(url, "sum by (NodeType) (autoscaler_pending_nodes)")

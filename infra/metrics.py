@@ -53,8 +53,12 @@ SERIES = {
     # Nodes Ray's autoscaler counts, by type (the head included).
     "nodes_by_type": "sum by (NodeType) (autoscaler_active_nodes)",
     "pending_nodes": "sum by (NodeType) (autoscaler_pending_nodes)",
-    # Demand the cluster cannot place yet, by resource.
-    "pending_resources": "sum by (resource) (autoscaler_pending_resources)",
+    # What the autoscaler is launching for demand the cluster cannot place yet, by resource. Ray's
+    # autoscaler (v2's metrics_reporter.report_resources) sets this gauge only for resources it
+    # has pending and never back to 0: counted only while a node is pending, else it would show
+    # the last launch's resources forever.
+    "pending_resources": ("sum by (resource) (autoscaler_pending_resources) * on() group_left() "
+                          "(sum(autoscaler_pending_nodes) > bool 0)"),
     # Nodes that report metrics at all (every alive node's agent).
     "nodes_up": 'count(up{job="ray"} == 1 and on(instance) ray_node_cpu_count)',
     "cpu_total": "sum(ray_node_cpu_count)",
@@ -126,7 +130,8 @@ def _get(url: str, path: str, params: dict[str, Any], timeout: float) -> Any:
         reason = ("connection refused" if isinstance(exc, requests.ConnectionError)
                   else str(exc).splitlines()[0][:160])
         raise MetricsError(f"the cluster's Prometheus at {url} is not answering ({reason}); "
-                           "`invoke up` starts it again, its history is kept") from None
+                           "the head's supervisor starts it again within seconds (`invoke up` "
+                           "if that is gone too); its history is kept") from None
     if body.get("status") != "success":
         raise MetricsError(f"Prometheus refused {params}: {body.get('error', 'no reason')}")
     return body["data"]
@@ -135,8 +140,9 @@ def _get(url: str, path: str, params: dict[str, Any], timeout: float) -> Any:
 def require(endpoint: Endpoint) -> str:
     """The endpoint's Prometheus URL, or one line saying the cluster has none."""
     if not endpoint.metrics_url:
-        raise MetricsError("this cluster runs no Prometheus (metrics: none in its spec); set "
-                           "`metrics: prometheus` and run `invoke up`")
+        raise MetricsError("this cluster runs no Prometheus (metrics: none in its spec, or "
+                           "`up` found no `prometheus` on its head); set `metrics: prometheus` "
+                           "and run `invoke up`")
     return endpoint.metrics_url
 
 

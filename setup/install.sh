@@ -4,6 +4,7 @@
 #   bash setup/install.sh --env cpu|gpu|tpu|auto --ray-version V --python-version X.Y
 #                         [--backend auto|conda|venv] [--prefix DIR] [--log FILE]
 #                         [--python PATH] [--isolated] [--lock-timeout SECONDS] [--metrics]
+#                         [--metrics-from any|conda-forge]
 #   bash setup/install.sh --detect          # print the accelerator: cpu, gpu or tpu
 #
 # Callers (cluster templates, the Slurm batch script) take the pins from infra/versions.py, so every
@@ -22,7 +23,9 @@
 # --metrics (a head of a `metrics: prometheus` cluster) also installs Prometheus unless one is on
 # PATH or in the env: the distribution's package where apt-get can (root or passwordless sudo; its
 # own service stopped again), else conda-forge's into the env; where neither can, one line says so
-# and the install goes on (the cluster then runs without metrics).
+# and the install goes on (the cluster then runs without metrics). --metrics-from conda-forge
+# skips the distribution's package: a Slurm login host's apt-get would install it on the login
+# host, not into the env the compute nodes share.
 #
 # Test hooks: RAYFLEET_SYSROOT prefixes the device paths that detection reads (/dev/nvidia0,
 # /dev/accel0, /dev/vfio, /sys/bus/pci), RAYFLEET_MINIFORGE_URL and RAYFLEET_MINIFORGE_DIR move
@@ -43,6 +46,7 @@ LOG=""
 PYTHON_BIN=""
 ISOLATED=0
 METRICS=0
+METRICS_FROM=any
 LOCK_TIMEOUT=1800
 DETECT_ONLY=0
 SPEC_DIGEST=""
@@ -110,7 +114,7 @@ elapsed() {
 # ---------------------------------------------------------------- arguments
 
 usage() {
-  sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 parse_args() {
@@ -125,6 +129,7 @@ parse_args() {
       --python) PYTHON_BIN=${2:-}; shift ;;
       --isolated) ISOLATED=1 ;;
       --metrics) METRICS=1 ;;
+      --metrics-from) METRICS_FROM=${2:-}; shift ;;
       --lock-timeout) LOCK_TIMEOUT=${2:-}; shift ;;
       --detect) DETECT_ONLY=1 ;;
       -h | --help) usage; exit 0 ;;
@@ -143,6 +148,7 @@ check_args() {
   [[ "$PYTHON_VERSION" =~ ^3\.[0-9]+$ ]] \
     || usage_error "--python-version '$PYTHON_VERSION': expected major.minor such as 3.11"
   [[ "$BACKEND" =~ ^(auto|conda|venv)$ ]] || usage_error "--backend '$BACKEND': use auto, conda or venv"
+  [[ "$METRICS_FROM" =~ ^(any|conda-forge)$ ]] || usage_error "--metrics-from '$METRICS_FROM': use any or conda-forge"
   [[ "$LOCK_TIMEOUT" =~ ^[0-9]+$ ]] || usage_error "--lock-timeout '$LOCK_TIMEOUT': expected seconds"
   if [[ -n "$PYTHON_BIN" ]]; then
     [[ "$BACKEND" != conda ]] || usage_error "--python only applies to --backend venv"
@@ -453,7 +459,8 @@ install_prometheus() {
   if command -v prometheus >/dev/null 2>&1 || [[ -x "$PREFIX/bin/prometheus" ]]; then return 0; fi
   local -a sudo=()
   ((EUID == 0)) || sudo=(sudo -n)
-  if command -v apt-get >/dev/null 2>&1 && { ((EUID == 0)) || sudo -n true 2>/dev/null; }; then
+  if [[ "$METRICS_FROM" == any ]] && command -v apt-get >/dev/null 2>&1 &&
+     { ((EUID == 0)) || sudo -n true 2>/dev/null; }; then
     if try "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; then
       # The package's own service would hold port 9090 and scrape nothing of the cluster's.
       if command -v systemctl >/dev/null 2>&1; then try "${sudo[@]}" systemctl disable --now prometheus || true; fi

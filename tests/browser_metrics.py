@@ -161,3 +161,22 @@ def check_report_page(out: Path) -> PageVisit:
         assert chart["drawn"] >= 1 and chart["marks"] >= 1 and chart["width"] > 0, (name, chart)
     assert visit.screenshot.startswith(b"\x89PNG")
     return visit
+
+
+def docs_screenshot(name: str, png: bytes) -> None:
+    """With RAYFLEET_DOCS_SCREENSHOTS set, keep `png` as docs/img/<name> (docs/metrics.md shows
+    what a real cluster's tests saw)."""
+    if os.environ.get("RAYFLEET_DOCS_SCREENSHOTS"):
+        folder = Path(__file__).resolve().parents[1] / "docs" / "img"
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_bytes(png)
+
+
+def terminal_screenshot(text: str, work: Path, height: int) -> bytes:
+    """What a terminal shows of `text` (e.g. `invoke top --once`), drawn by the same browser."""
+    import html
+
+    page = work / "terminal.html"
+    page.write_text("<!DOCTYPE html><html><body style='background:#111;color:#eee;margin:8px'>"
+                    f"<pre style='font-size:13px'>{html.escape(text)}</pre></body></html>")
+    return open_page(page, 1000, height).screenshot

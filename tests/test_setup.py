@@ -131,6 +131,8 @@ def test_mismatches_name_what_differs() -> None:
     (["--env", "cpu", *PIN_ARGS, "--backend", "pixi"], "--backend 'pixi': use auto, conda or venv"),
     (["--env", "cpu", *PIN_ARGS, "--python", "/bin/false"], "--python /bin/false is not a working"),
     (["--env", "cpu", *PIN_ARGS, "--frobnicate"], "unknown argument '--frobnicate'"),
+    (["--env", "cpu", *PIN_ARGS, "--metrics", "--metrics-from", "apt"],
+     "--metrics-from 'apt': use any or conda-forge"),
 ])
 def test_bad_arguments_fail_with_one_line_and_create_nothing(tmp_path: Path, args: list[str],
                                                                message: str) -> None:
@@ -435,6 +437,7 @@ def test_install_help_lists_every_option() -> None:
     result = install("--help")
     assert result.returncode == 0
     for option in ("--env", "--ray-version", "--python-version", "--backend", "--prefix", "--log",
-                   "--python", "--isolated", "--lock-timeout", "--detect"):
+                   "--python", "--isolated", "--lock-timeout", "--detect", "--metrics",
+                   "--metrics-from", "conda-forge"):
         assert option in result.stdout
     assert result.stdout.startswith("rayfleet node installer")

@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     data = json.loads(Path(args.config).read_text())
     # A head's daemon config also names the node package it came with (autodown_remote).
     config = PrometheusConfig(**{f.name: data[f.name] for f in fields(PrometheusConfig)})
-    atomic_write(Path(f"{args.config}.pid"), f"{os.getpid()}\n")
+    # Runs under infra/node/supervise.py, whose pid file (`<config>.pid`, JSON by identity) is
+    # its own: writing a bare pid there made the supervisor unknown to `ensure` and `status`.
     return supervise(config, Path(args.config))
 
 

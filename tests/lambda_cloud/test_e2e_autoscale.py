@@ -12,7 +12,6 @@ The world (test bed, fake, relays to the API for the head, spec) is autoscale_be
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import os
@@ -27,6 +26,7 @@ import pytest
 
 from infra.providers.lambda_cloud.autoscale import HEAD_TYPE
 from tests.browser_metrics import check_report_page
+from tests.kept_history import check_workers_went_0_2_0
 from tests.lambda_cloud.autoscale_bed import API_KEY, CAPACITY, CLUSTER, Scaled, autoscale_bed
 from tests.testbed.preflight import require
 from tests.waiting import wait_until
@@ -234,18 +234,8 @@ def test_teardown_right_after_a_launch_with_the_autoscaler_killed(scaled: Scaled
 def _check_metrics_kept(scaled: Scaled, said: str) -> None:
     """Teardown kept the head's metrics history here; its worker series went 0 -> 2 -> 0 with the
     demand, and the report drawn from it (the cluster gone) renders."""
-    kept = scaled.home / "metrics" / CLUSTER / "history.json.gz"
-    assert f"metrics history kept in {kept}" in said, said
-    data = json.loads(gzip.decompress(kept.read_bytes()))
-    workers: dict[float, float] = {}
-    for series in data["series"]["nodes_by_type"]:
-        if series["labels"].get("NodeType") != HEAD_TYPE:
-            for t, v in series["values"]:
-                workers[t] = workers.get(t, 0.0) + v
-    counts = [workers[t] for t in sorted(workers)]
-    assert counts and counts[0] == 0, counts
-    two = counts.index(2.0) if 2.0 in counts else -1
-    assert two > 0 and 0.0 in counts[two:], f"worker series never went 0 -> 2 -> 0: {counts}"
+    check_workers_went_0_2_0(scaled.home / "metrics" / CLUSTER / "history.json.gz", said,
+                             HEAD_TYPE)
     out = scaled.home / "kept.html"
     made = scaled.invoke("report", "--out", str(out))
     assert made.returncode == 0, made.stdout + made.stderr

@@ -23,8 +23,13 @@ import pytest
 import requests
 
 from infra.node import rayproc
-from tests.browser_metrics import check_report_page, open_page
-from tests.conftest import ROOT, run_invoke
+from tests.browser_metrics import (
+    check_report_page,
+    docs_screenshot,
+    open_page,
+    terminal_screenshot,
+)
+from tests.conftest import run_invoke
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -169,24 +174,14 @@ def test_top_shows_a_busy_job_and_agrees_with_ray_status(cluster: Cluster) -> No
     assert table.returncode == 0 and "nodes by type" in table.stdout, table.stderr
     if os.environ.get("RAYFLEET_DOCS_SCREENSHOTS"):
         # docs/metrics.md shows what a terminal shows: the frame, drawn by the same browser.
-        import html
-
-        page = cluster.work / "top.html"
-        page.write_text("<!DOCTYPE html><html><body style='background:#111;color:#eee;margin:8px'>"
-                        f"<pre style='font-size:13px'>{html.escape(table.stdout)}</pre>"
-                        "</body></html>")
-        (ROOT / "docs" / "img").mkdir(exist_ok=True)
-        (ROOT / "docs" / "img" / "top.png").write_bytes(open_page(page, 1000, 330).screenshot)
+        docs_screenshot("top.png", terminal_screenshot(table.stdout, cluster.work, 330))
 
 
 def test_report_renders_in_a_real_browser(cluster: Cluster) -> None:
     out = cluster.work / "live-report.html"
     made = cluster.invoke("report", "--out", str(out))
     assert made.returncode == 0, made.stderr
-    visit = check_report_page(out)
-    if os.environ.get("RAYFLEET_DOCS_SCREENSHOTS"):
-        (ROOT / "docs" / "img").mkdir(exist_ok=True)
-        (ROOT / "docs" / "img" / "report.png").write_bytes(visit.screenshot)
+    docs_screenshot("report.png", check_report_page(out).screenshot)
 
 
 def test_killed_prometheus_is_said_in_one_line_and_up_brings_it_back(cluster: Cluster) -> None:

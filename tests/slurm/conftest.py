@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,17 @@ Register = Callable[[Path], Path]
 SMALL = "cpus_per_node: 1\nobject_store_memory_mb: 100\nready_timeout_s: 120\n"
 
 
+def _small(extra: str) -> str:
+    """SMALL, with `metrics: none` unless `extra` names metrics: the cluster's Prometheus is
+    tested in test_e2e_metrics.py; elsewhere it would only take the 2-core bed's CPU."""
+    return SMALL + ("" if "metrics" in extra else "metrics: none\n") + extra
+
+
 def local_spec(tmp_path: Path, slurm: LocalSlurm, name: str, extra: str = "") -> Path:
     """A spec that submits to the single-node Slurm on this machine."""
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"provider: slurm\nsubmit:\n  slurm_conf: {slurm.conf_path}\n"
-                    f"  workdir: {slurm.jobs_dir}\n{SMALL}{extra}")
+                    f"  workdir: {slurm.jobs_dir}\n{_small(extra)}")
     return path
 
 
@@ -36,7 +43,7 @@ def login_spec(tmp_path: Path, slurm: SlurmCluster, name: str, extra: str = "") 
         f"provider: slurm\nsubmit:\n  host: {login.ip}\n  user: {login.ssh_user}\n"
         f"  key: {login.ssh_key_path}\n  proxy_command: {slurm.testbed.proxy_command}\n"
         f"  known_hosts: {slurm.testbed.known_hosts_path}\n"
-        f"  workdir: {slurm.jobs_dir}\n{SMALL}{extra}")
+        f"  workdir: {slurm.jobs_dir}\n{_small(extra)}")
     return path
 
 
@@ -98,6 +105,31 @@ def result_of(stdout: str) -> dict[str, Any]:
 
 def state_empty(home: Path, name: str) -> bool:
     return not (home / "state" / f"{name}.json").exists()
+
+
+@dataclass
+class LoginCluster:
+    """One cluster on the 2-host bed, submitted through its login host, with its own
+    RAYFLEET_HOME (a module's shared cluster; the cluster's name is the spec's stem)."""
+
+    spec: Path
+    home: Path
+    slurm: SlurmCluster
+
+    def invoke(self, verb: str, *args: str, timeout: float = 300) -> Any:
+        return invoke(verb, "--cluster", str(self.spec), *args, timeout=timeout,
+                      env={"RAYFLEET_HOME": str(self.home)})
+
+    @property
+    def job(self) -> dict[str, Any]:
+        return job_of(self.home, self.spec.stem)
+
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(ok(self.invoke("status", "--json"))))
+
+    def alive_nodes(self) -> int:
+        """Alive nodes as Ray's state API lists them (`invoke status --json`)."""
+        return sum(1 for n in self.status()["nodes"] if n["state"] == "ALIVE")
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,7 @@ import pytest
 
 from infra.node.slurm import queue
 from tests.slurm.conftest import (
-    invoke,
-    job_of,
+    LoginCluster,
     login_spec,
     ok,
     result_of,
@@ -46,20 +44,7 @@ environment:
 """
 
 
-@dataclass
-class Elastic:
-    spec: Path
-    home: Path
-    slurm: SlurmCluster
-
-    def invoke(self, verb: str, *args: str, timeout: float = 300) -> Any:
-        return invoke(verb, "--cluster", str(self.spec), *args, timeout=timeout,
-                      env={"RAYFLEET_HOME": str(self.home)})
-
-    @property
-    def job(self) -> dict[str, Any]:
-        return job_of(self.home, "elastic")
-
+class Elastic(LoginCluster):
     def jobs(self) -> list[dict[str, str]]:
         """Every job in the queue carrying the cluster id (what ownership is decided by)."""
         out = self.slurm.run("squeue -h -o '%i|%T|%j|%k'", check=True).stdout
@@ -69,12 +54,6 @@ class Elastic:
 
     def workers(self) -> list[dict[str, str]]:
         return [r for r in self.jobs() if "role=worker" in r["comment"]]
-
-    def status(self) -> dict[str, Any]:
-        return dict(json.loads(ok(self.invoke("status", "--json"))))
-
-    def alive_nodes(self) -> int:
-        return sum(1 for n in self.status()["nodes"] if n["state"] == "ALIVE")
 
     def other_host(self) -> Host:
         """The test-bed host that is not the head's."""

@@ -35,7 +35,12 @@ def test_the_installer_gets_this_machines_pins_and_the_prefix(tmp_path: Path) ->
     pins = versions.node_pins()
     assert line.startswith(f"bash {tmp_path}/work/setup/install.sh --env cpu ")
     assert f"--ray-version {pins['ray_version']} --python-version {pins['python_version']}" in line
-    assert line.endswith('--backend venv --prefix "$HOME"/envs/ray')
+    # metrics: prometheus (the default): Prometheus from conda-forge into the shared env, never
+    # the login host's apt-get.
+    assert line.endswith('--backend venv --metrics --metrics-from conda-forge '
+                         '--prefix "$HOME"/envs/ray')
+    unmeasured = loaded.model_copy(update={"metrics": "none"})
+    assert install.command(unmeasured).endswith('--backend venv --prefix "$HOME"/envs/ray')
     gpu = _spec(tmp_path, "/envs/g", "").model_copy(update={"gpus_per_node": 2})
     assert "--env gpu" in install.command(gpu)
 

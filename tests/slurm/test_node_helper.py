@@ -176,3 +176,45 @@ def test_the_nodes_find_psutil_in_rays_own_copy(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_metrics_config_names_the_heads_address_block_discovery_file_and_store(
+        tmp_path: Path) -> None:
+    base = _free_pair()
+    store = tmp_path / "work" / "metrics" / "c1"
+    target = tmp_path / "head" / "rayfleet-metrics.json"
+    target.parent.mkdir()
+    env = {"RF_HEAD_IP": "10.0.0.7", "RF_BASE": str(base), "RF_HEAD_TEMP": str(target.parent)}
+    done = helper("metrics-config", str(target), str(store), "7", "300", "4", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(target.read_text()) == {
+        "host": "127.0.0.1", "port": rayproc.PortBlock(base).prometheus,
+        "discovery_file": str(target.parent / "ray" / "prom_metrics_service_discovery.json"),
+        "storage_dir": str(store / "tsdb"), "retention_days": 7, "retention_size_mb": 300,
+        "scrape_interval_s": 4, "log_path": str(store / "prometheus.log")}
+    assert store.stat().st_mode & 0o777 == 0o700
+    # The info file says which Prometheus the head runs, for `up` (RF_METRICS: the spec's).
+    info = tmp_path / "job.json"
+    helper("prepare", str(info), str(base), str(PORT_STRIDE), "1",
+           env={"RF_JOB_ID": "0", "RF_METRICS": "1"})
+    assert json.loads(info.read_text())["prometheus"].endswith("prometheus")
+    helper("prepare", str(info), str(base), str(PORT_STRIDE), "1", env={"RF_JOB_ID": "0"})
+    assert "prometheus" not in json.loads(info.read_text())
+
+
+def test_no_prometheus_on_the_head_is_one_line_and_no_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from infra.node import metrics
+
+    # A node without the distribution's package: nothing on PATH, beside Python, or in /usr/bin.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(metrics, "FALLBACK_PROGRAMS", ())
+    monkeypatch.setenv("RF_METRICS", "1")
+    target = tmp_path / "rayfleet-metrics.json"
+    assert node_helper.metrics_config(str(target), str(tmp_path / "store"), 30, 1024, 10) == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "no `prometheus`" in said[0] and "without metrics" in said[0], said
+    assert not target.exists() and not (tmp_path / "store").exists()
+    node_helper._prometheus.cache_clear()
+    assert node_helper._info("starting")["prometheus"] == ""
+    node_helper._prometheus.cache_clear()

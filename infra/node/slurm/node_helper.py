@@ -11,18 +11,21 @@ the Python that runs Ray (`rf_helper` in templates/slurm.environment.j2):
     autoscaling-config IN OUT                # Ray's config + job facts
     autodown-config OUT IDLE_MINUTES CLUSTER # the idle watcher's config
     tracking-config OUT STORE PASSWORD SECRET# the MLflow server's config
+    metrics-config OUT STORE DAYS MB SECONDS # Prometheus's config (metrics: prometheus)
     stop MARKER...                           # stop this job's Ray, rm temp
     await INFO_FILE NODES TIMEOUT PID:NODE...# until the head saw NODES
     start RAY_START_ARGS...                  # `ray start`, see start() (on the head: also `watch`)
 
 It imports the standard library, the node package (rayproc: port block layout, scoped process
-stop, with psutil, which Ray ships; files; retry) and Ray for `start`.
+stop, with psutil, which Ray ships; files; retry; metrics: where Prometheus is, its config) and
+Ray for `start`.
 Everything about the job comes from the RF_* variables the batch script exports.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -31,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infra.node import metrics
 from infra.node.files import atomic_write
 from infra.node.rayproc import (
     PORT_NAMES,
@@ -101,8 +105,20 @@ def _info(phase: str, message: str = "", **extra: Any) -> dict[str, Any]:
         "cluster_id": _env("RF_CLUSTER_ID"),
         "started_at": float(_env("RF_STARTED_AT") or 0),
         "updated_at": time.time(),
+        **_prometheus(),
         **extra,
     }
+
+
+@functools.cache
+def _prometheus() -> dict[str, str]:
+    """`metrics: prometheus` (RF_METRICS set): which `prometheus` the head's job will run, "" for
+    none, so that `up` says in one line that the cluster runs without metrics. Looked up where
+    the job runs, after the spec's environment (modules, activate) is set up: the login host's
+    PATH says nothing about the compute nodes'."""
+    if not _env("RF_METRICS"):
+        return {}
+    return {"prometheus": metrics.find_program() or ""}
 
 
 def write_info(path: str, info: dict[str, Any]) -> None:
@@ -333,6 +349,29 @@ def tracking_config(target: str, store: str, password_path: str, secret_key_path
     return 0
 
 
+def metrics_config(target: str, store: str, days: int, size_mb: int, interval_s: int) -> int:
+    """The head's Prometheus config (infra/node/metrics.py `PrometheusConfig`) in the head's
+    private dir: the head's loopback at the block's Prometheus port, like the dashboard (only the
+    head's dashboard and the cluster's tunnel read it, and Prometheus has no login of its own),
+    Ray's discovery file in the head's Ray temp dir (autoscaled nodes appear by themselves), the
+    database and log in `store` on the shared work dir (0700), bounded by the spec's
+    metrics_history. Exit 1 with one line when the head has no `prometheus`."""
+    if metrics.find_program() is None:
+        print("rayfleet: metrics: no `prometheus` on the head's node (PATH, the env, "
+              "/usr/bin); the cluster runs without metrics", file=sys.stderr)
+        return 1
+    os.makedirs(store, exist_ok=True)
+    os.chmod(store, 0o700)
+    config = metrics.PrometheusConfig(
+        host="127.0.0.1", port=PortBlock(int(_env("RF_BASE"))).prometheus,
+        discovery_file=os.path.join(_env("RF_HEAD_TEMP"), "ray", metrics.DISCOVERY_FILE),
+        storage_dir=os.path.join(store, "tsdb"), retention_days=days,
+        retention_size_mb=size_mb, scrape_interval_s=interval_s,
+        log_path=os.path.join(store, "prometheus.log"))
+    metrics.write_config(Path(target), config)
+    return 0
+
+
 def _leave_path() -> None:
     """Take the zip this module runs from (`rf_helper` put it first) off PYTHONPATH: the
     processes `ray start` spawns get the PYTHONPATH the job had."""
@@ -360,6 +399,8 @@ def main(argv: list[str]) -> int:
         return autodown_config(args[0], float(args[1]), args[2])
     if command == "tracking-config":
         return tracking_config(*args[:4])
+    if command == "metrics-config":
+        return metrics_config(args[0], args[1], *(int(a) for a in args[2:5]))
     if command == "stop":
         return stop(args)
     if command == "await":

@@ -27,6 +27,12 @@ def command(spec: Spec) -> str:
     env = spec.environment
     assert env.activate is not None
     args = versions.install_args(env_kind(spec), backend=env.backend)
+    if spec.metrics == "prometheus":
+        # The head's Prometheus from conda-forge into the shared env (never the login host's
+        # apt-get: that would install it where no node runs it); one `prometheus` on the
+        # PATH already (the site's module, the distribution's) is kept, and none is one line
+        # at `up`, never a failed install.
+        args += ["--metrics", "--metrics-from", "conda-forge"]
     folder = f"{spec.submit.workdir.rstrip('/')}/setup"
     return (f"bash {home_path(folder + '/install.sh')} {shlex.join(args)} "
             f"--prefix {home_path(env.activate)}")

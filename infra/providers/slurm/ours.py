@@ -27,7 +27,7 @@ JOB = "slurm-job"
 #: Facts of the info file worth keeping in state: enough to tunnel, show and verify teardown.
 KEPT = ("head_node", "head_ip", "port_base", "gcs_port", "dashboard_port", "client_port",
         "node_manager_port", "object_manager_port", "nodes", "temp_dir", "ray_version",
-        "python_version")
+        "python_version", "prometheus")
 #: A head job with less than this left gets a warning in `status`.
 _NEAR_END_S = 15 * 60
 

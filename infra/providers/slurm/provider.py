@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from infra import auth, autodown_view, jobs, remote_head, tracking, ui, versions
+from infra import auth, autodown_view, jobs, metrics, remote_head, tracking, ui, versions
 from infra.errors import ClusterNotRunningError, RayfleetError
 from infra.head import HeadAccess
 from infra.node import identity, rayproc
@@ -38,6 +38,7 @@ from infra.providers.slurm import autodown_setup, cluster, install, ours, remote
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.script import (
     autoscaling_config,
+    metrics_store,
     render_script,
     render_worker_script,
     tracking_store,
@@ -64,6 +65,7 @@ def _ordinal_position(job_id: str, pending: list[str]) -> str:
 class Provider(BaseProvider[Spec, None]):
     name = "slurm"
     supports_tracking = True
+    supports_metrics = True
 
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
@@ -143,6 +145,12 @@ class Provider(BaseProvider[Spec, None]):
                 f"{rayproc.PortBlock(0).tracking} of the block (MLflow's login, password in "
                 f"{tracking.password_path(self.spec.name)}); store {self._tracking_store()}, kept "
                 "after teardown; `invoke mlflow` tunnels to it")
+        if self.spec.metrics == "prometheus":
+            notes.append(
+                f"Prometheus in the head's job, on the head node's loopback at port "
+                f"{rayproc.PortBlock(0).prometheus} of the block (a `prometheus` on the head's "
+                f"PATH, in its env, or /usr/bin; none: the cluster runs without metrics); history "
+                f"in {self._metrics_store()}, kept after teardown; `invoke top`, `invoke report`")
         return Plan(resources=resources, files=files, notes=notes, extra=None)
 
     # --- up ------------------------------------------------------------------------------------
@@ -183,7 +191,28 @@ class Provider(BaseProvider[Spec, None]):
             ui.info(f"MLflow tracking server: starting in the head's job on {info['head_ip']}, "
                     f"store {self._tracking_store()} (kept after teardown); every node's jobs "
                     "find it; `invoke mlflow` opens its UI")
+        self._note_metrics(state, info)
         return remote_head.announced(info["dashboard_url"], info["address"], token)
+
+    def _note_metrics(self, state: State, info: dict[str, Any]) -> None:
+        """Say where the head's Prometheus runs, or in one line that the head has none."""
+        if self.spec.metrics != "prometheus":
+            return
+        if not info.get("prometheus"):
+            ui.warn(f"metrics: no `prometheus` on the head's node {info['head_node']} (install "
+                    "it with environment.install, or put it on the nodes' PATH); the cluster "
+                    "runs without metrics")
+            return
+        port = int(info["port_base"]) + rayproc.PortBlock(0).prometheus
+        ui.info(f"metrics: Prometheus starting in the head's job on {info['head_node']}'s "
+                f"loopback, port {port}, "
+                f"history in {self._metrics_store()} (kept after teardown); `invoke top`, "
+                "`invoke report`")
+        metrics.note_started(state, self.spec.metrics_history.scrape_interval_s)
+
+    def _metrics_store(self) -> str:
+        """Where the Prometheus history is, for messages: host and path."""
+        return self._on_submit_host(metrics_store(self.spec.submit.workdir, self.spec.name))
 
     def _secrets(self, state: State) -> tuple[str, dict[str, str]]:
         """Where the nodes read the cluster's secrets (the submit dir's keys/<cluster id>/, a 0700
@@ -202,8 +231,10 @@ class Provider(BaseProvider[Spec, None]):
 
     def _tracking_store(self) -> str:
         """Where the tracking store is, for messages: host and path."""
+        return self._on_submit_host(tracking_store(self.spec.submit.workdir, self.spec.name))
+
+    def _on_submit_host(self, path: str) -> str:
         submit = self.spec.submit
-        path = tracking_store(submit.workdir, self.spec.name)
         return path if submit.is_local else f"{submit.user or getpass.getuser()}@{submit.host}:{path}"
 
     def _resume(self, runner: Runner, state: State, job: Resource) -> dict[str, Any] | None:
@@ -402,15 +433,19 @@ class Provider(BaseProvider[Spec, None]):
             block = rayproc.PortBlock(int(job.attrs.get("port_base") or
                                           int(port) - rayproc.PortBlock(0).dashboard))
             mlflow = self.spec.tracking == "mlflow"
+            # The head's job found a `prometheus` to run (older jobs did not say: none).
+            measured = self.spec.metrics == "prometheus" and bool(job.attrs.get("prometheus"))
             # One SSH connection into the head's node (through the login host if remote; none
             # when it is this machine): the dashboard and Serve's proxy on its loopback, the
-            # tracking server on the head's address (where the nodes reach it).
+            # tracking server on the head's address (where the nodes reach it), Prometheus on
+            # the loopback again.
             with remote_head.endpoint(
                     runner.node_target(str(head_ip)), f"{head_ip}:{job.attrs['gcs_port']}",
                     auth.token_file(state), ("127.0.0.1", int(port)),
                     ("127.0.0.1", block.serve_http),
                     (str(head_ip), block.tracking) if mlflow else None,
-                    tracking.password_path(self.spec.name) if mlflow else None) as endpoint:
+                    tracking.password_path(self.spec.name) if mlflow else None,
+                    ("127.0.0.1", block.prometheus) if measured else None) as endpoint:
                 yield endpoint
 
     # --- teardown ------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from infra import render, shipping, tracking
-from infra.node import rayproc
+from infra.node import metrics, rayproc
 from infra.node.slurm import autodown as slurm_autodown
 from infra.node.slurm import queue
 from infra.providers.slurm.spec import PORT_STRIDE, GpuWorkers, Spec, WorkerType
@@ -185,6 +185,29 @@ def tracking_node_env() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     return sorted(plain.items()), sorted(files.items())
 
 
+def metrics_store(workdir: str, cluster: str) -> str:
+    """Where the cluster's Prometheus keeps its database and log: the shared work dir, per
+    cluster name like the tracking store, so that the history outlives the head's job (and its
+    node) and the next `up` of the cluster goes on with it."""
+    return f"{workdir.rstrip('/')}/metrics/{cluster}"
+
+
+def _metrics_context(spec: Spec) -> dict[str, Any]:
+    on = spec.metrics == "prometheus"
+    block = rayproc.PortBlock(0)
+    history = spec.metrics_history
+    return {
+        "metrics": on,
+        "metrics_config": metrics.CONFIG_FILE,
+        "metrics_args": [history.days, history.size_mb, history.scrape_interval_s],
+        "prometheus_offset": block.prometheus,
+        # Ray's autoscaler and dashboard export their own metrics on fixed ports unless told:
+        # two clusters' heads on one node would collide there.
+        "metrics_ports": [("AUTOSCALER_METRIC_PORT", block.autoscaler_metrics),
+                          ("DASHBOARD_METRIC_PORT", block.dashboard_metrics)] if on else [],
+    }
+
+
 def _environment_context(spec: Spec) -> dict[str, Any]:
     env = spec.environment
     tracking_env, tracking_files = tracking_node_env() if spec.tracking == "mlflow" else ([], [])
@@ -243,6 +266,7 @@ def render_script(spec: Spec) -> str:
         tracking_config=tracking.CONFIG_FILE,
         tracking_offset=rayproc.PortBlock(0).tracking,
         tracking_secrets=[tracking.PASSWORD_FILE, tracking.SECRET_KEY_FILE],
+        **_metrics_context(spec),
         keys_dir=keys_dir_shell(),
         worker_script=render_worker_script(spec).rstrip("\n") if autoscaling else "",
         autoscaling_config=autoscaling_config(spec) if autoscaling else "",
