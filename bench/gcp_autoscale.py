@@ -15,7 +15,13 @@ update (`AUTOSCALER_UPDATE_INTERVAL_S`, 1 s here); idle->deleted by `idle_timeou
 machinery (SSH waits, node setup, Ray start, resource reports) and the machine's load. Needs root
 (the test bed).
 
-Usage: python bench/gcp_autoscale.py [--rounds 2] [--quick]
+With `--compare` (the default without `--quick`) the same rounds run twice, in a fresh test bed
+each: with the separated autoscaler rayfleet ships (Ray as `rayfleet-ray`, Ray's monitor as
+`rayfleet-scaler`, the metadata server guarded, issue 29), and with the start commands of before
+(Ray and its autoscaler as the SSH user; bench/unseparated/sitecustomize.py). The line to read:
+scale-up (submit -> TPU host joined), separated / before, target <= 1.05.
+
+Usage: python bench/gcp_autoscale.py [--rounds 2] [--quick] [--no-compare]
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+UNSEPARATED = ROOT / "bench" / "unseparated"
 
 from tests.gcp_tpu.offline import write_service_account_key  # noqa: E402
 from tests.gcp_tpu.offline_bed import (  # noqa: E402
@@ -82,12 +89,33 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true",
                         help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
+    parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
+                        help="also measure the start commands of before issue 29 (default: on "
+                             "without --quick)")
     args = parser.parse_args()
     if args.quick:
         args.rounds = 1
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    separated = measure(args.rounds)
+    if not (args.compare if args.compare is not None else not args.quick):
+        return 0
+    print("\nthe same with Ray and its autoscaler as the SSH user (before issue 29):")
+    # `invoke` inside the test bed inherits this environment (Offline.env).
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(UNSEPARATED), os.environ.get("PYTHONPATH", "")) if p)
+    before = measure(args.rounds)
+    print(f"scale-up (submit -> TPU host joined, mean of {args.rounds}): separated autoscaler "
+          f"{separated:.1f} s vs Ray as the SSH user {before:.1f} s: ratio "
+          f"{separated / before:.3f} (target <= 1.05); load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+def measure(rounds: int) -> float:
+    """Rounds on a fresh bed and cluster; the mean submit -> joined seconds."""
     interval = float(RAY_FAST["AUTOSCALER_UPDATE_INTERVAL_S"])
     idle_floor = IDLE_TIMEOUT_MINUTES * 60  # plus up to one update interval
+    joined: list[float] = []
     with tempfile.TemporaryDirectory(prefix="gcp-bench-") as tmp:
         work = Path(tmp)
         with offline_bed(work) as offline:
@@ -102,17 +130,19 @@ def main() -> int:
             print(f"invoke up (head VM + Ray + tunnel check): {time.monotonic() - started:.1f} s")
             try:
                 print(f"{'round':>5} {'create s':>9} {'joined s':>9} {'job done s':>11} "
-                      f"{'idle->deleted s':>16} {'idle floor s':>13}")
-                for n in range(1, args.rounds + 1):
+                      f"{'idle->deleted s':>16} {'idle floor s':>13} {'load':>5}")
+                for n in range(1, rounds + 1):
                     r = one_round(offline, home, spec)
+                    joined.append(r["joined"])
                     print(f"{n:>5} {r['create']:>9.1f} {r['joined']:>9.1f} {r['job']:>11.1f} "
-                          f"{r['idle_deleted']:>16.1f} {idle_floor:>13.1f}", flush=True)
+                          f"{r['idle_deleted']:>16.1f} {idle_floor:>13.1f} "
+                          f"{os.getloadavg()[0]:>5.2f}", flush=True)
                 print(f"floor for demand->create: {interval:g} s (one autoscaler update)")
             finally:
                 started = time.monotonic()
                 down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
                 print(f"invoke teardown: {time.monotonic() - started:.1f} s (exit {down.returncode})")
-    return 0
+    return sum(joined) / len(joined)
 
 
 if __name__ == "__main__":
