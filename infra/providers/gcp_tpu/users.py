@@ -31,7 +31,7 @@ TPU_ENV_SCRIPT = f"{privilege.USERS_DIR}/gcp_tpu_env.sh"
 TPU_ENV_FILE = ".rayfleet/tpu-env"
 #: Ray's file mounts keep modes; this keeps the SSH user's copies of the token and password
 #: private even if they came without (users.sh copies them with the mode they have).
-_PRIVATE = "chmod -R go-rwx ~/.rayfleet 2>/dev/null; true"
+_PRIVATE = "{ chmod -R go-rwx ~/.rayfleet 2>/dev/null || true; }"
 
 
 def _node_env(head_ip: str, token: bool, tracking_on: bool) -> str:
