@@ -44,11 +44,11 @@ allowed=0
 if id -u "$SCALER_USER" >/dev/null 2>&1; then allowed="$allowed, $(id -u "$SCALER_USER")"; fi
 if [ -n "${SUDO_UID:-}" ] && [ "$SUDO_UID" != 0 ]; then allowed="$allowed, $SUDO_UID"; fi
 
-join() { local IFS=,; echo "$*"; }
 rule() {  # FAMILY ADDRESS...
   local family=$1 set
   shift
-  set=$(join $(printf '%s\n' "$@" | sort -u))
+  # One set of the distinct addresses, comma-separated.
+  set=$(printf '%s\n' "$@" | sort -u | paste -sd, -)
   printf '    %s daddr { %s } ct state new meta skuid != { %s } meta l4proto tcp reject with tcp reset\n' \
     "$family" "$set" "$allowed"
   printf '    %s daddr { %s } ct state new meta skuid != { %s } reject\n' "$family" "$set" "$allowed"
