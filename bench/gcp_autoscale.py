@@ -131,8 +131,8 @@ def main() -> int:
                                         text=True, timeout=600, check=False)
                     if up.returncode != 0:
                         raise SystemExit(up.stdout + up.stderr)
-                    print(f"invoke up, {_name(before)} (head VM + Ray + tunnel check): "
-                          f"{time.monotonic() - started:.1f} s")
+                    print(f"invoke up (head VM + Ray + tunnel check): "
+                          f"{time.monotonic() - started:.1f} s, {_name(before)}")
                 print(f"{'round':>5} {'cluster':>10} {'create s':>9} {'joined s':>9} "
                       f"{'job done s':>11} {'idle->deleted s':>16} {'idle floor s':>13} "
                       f"{'load':>5}")
@@ -152,8 +152,8 @@ def main() -> int:
                     down = subprocess.run(offline.argv("teardown", "--cluster", str(spec)),
                                           env=_env(offline, home, before), capture_output=True,
                                           text=True, timeout=600, check=False)
-                    print(f"invoke teardown, {_name(before)}: {time.monotonic() - started:.1f} s "
-                          f"(exit {down.returncode})")
+                    print(f"invoke teardown: {time.monotonic() - started:.1f} s "
+                          f"(exit {down.returncode}), {_name(before)}")
     if compare:
         pairs = list(zip(joined[False], joined[True], strict=True))
         ratios = [a / b for a, b in pairs]
