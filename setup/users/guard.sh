@@ -24,7 +24,11 @@ die() { printf 'guard.sh: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "run as root (sudo bash guard.sh ...): it changes the node's firewall"
 [ $# -ge 1 ] || die "usage: guard.sh ADDRESS_OR_NAME..."
-command -v nft >/dev/null || die "nft not found: install the nftables package"
+if ! command -v nft >/dev/null && command -v apt-get >/dev/null; then
+  # Debian's images have it (priority important); an image without it gets it from its mirror.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null 2>&1 || true
+fi
+command -v nft >/dev/null || die "nft not found: install the nftables package on the image"
 
 v4=() v6=()
 for arg in "$@"; do
