@@ -15,7 +15,15 @@ update (`AUTOSCALER_UPDATE_INTERVAL_S`, 1 s here); idle->deleted by `idle_timeou
 machinery (SSH waits, node setup, Ray start, resource reports) and the machine's load. Needs root
 (the test bed).
 
-Usage: python bench/gcp_autoscale.py [--rounds 2] [--quick]
+With `--compare` (the default without `--quick`) a second cluster runs on the same bed with the
+start commands of before issue 29 (Ray and its autoscaler as the SSH user;
+bench/unseparated/sitecustomize.py, on that cluster's `invoke` PYTHONPATH only), beside the
+separated one rayfleet ships (Ray as `rayfleet-ray`, Ray's monitor as `rayfleet-scaler`, the
+metadata server guarded), and the rounds alternate between them (the two heads and the one TPU
+host the bed has left), so each pair meets the same load. The line to read: scale-up (submit ->
+TPU host joined), separated / before per pair and their median, target <= 1.05.
+
+Usage: python bench/gcp_autoscale.py [--rounds 3] [--quick] [--no-compare]
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+UNSEPARATED = ROOT / "bench" / "unseparated"
 
 from tests.gcp_tpu.offline import write_service_account_key  # noqa: E402
 from tests.gcp_tpu.offline_bed import (  # noqa: E402
@@ -48,11 +58,20 @@ def _first(offline: Offline, kind: str, after: float) -> tuple[float, str] | Non
                  if what == kind and t >= after), None)
 
 
-def one_round(offline: Offline, home: Path, spec: Path) -> dict[str, float]:
+def _env(offline: Offline, home: Path, before: bool) -> dict[str, str]:
+    """`invoke`'s environment; `before`: with the start commands of before issue 29."""
+    env = offline.env(home)
+    if before:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(UNSEPARATED), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def one_round(offline: Offline, home: Path, spec: Path, env: dict[str, str]) -> dict[str, float]:
     started = time.time()
     job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec), "examples/tpu_example.py",
                                         "--", "--wait-for-tpu", "300", "--placement-only"),
-                           env=offline.env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     joined = 0.0
     while job.poll() is None:
@@ -73,46 +92,81 @@ def one_round(offline: Offline, home: Path, spec: Path) -> dict[str, float]:
         if time.time() - done > 300:
             raise SystemExit("the idle TPU node was not deleted within 300 s")
         time.sleep(0.2)
+    # The deleted node's host powers off before the next round may have it.
+    offline.google.machines.wait_idle()
     return {"create": created[0] - started, "joined": (joined or done) - started,
             "job": done - started, "idle_deleted": deleted[0] - ended}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (pairs with --compare)")
     parser.add_argument("--quick", action="store_true",
                         help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
+    parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=None,
+                        help="alternate rounds with a cluster on the start commands of before "
+                             "issue 29 (default: on without --quick)")
     args = parser.parse_args()
     if args.quick:
         args.rounds = 1
+    compare = args.compare if args.compare is not None else not args.quick
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     interval = float(RAY_FAST["AUTOSCALER_UPDATE_INTERVAL_S"])
     idle_floor = IDLE_TIMEOUT_MINUTES * 60  # plus up to one update interval
+    kinds = [False, True] if compare else [False]  # before issue 29?
     with tempfile.TemporaryDirectory(prefix="gcp-bench-") as tmp:
         work = Path(tmp)
         with offline_bed(work) as offline:
-            home = work / "home"
             key = write_service_account_key(work / "sa.json", offline.google.identity,
                                             f"bench@{PROJECT}.iam.gserviceaccount.com")
-            spec = spec_file(work, key)
-            started = time.monotonic()
-            up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
-            if up.returncode != 0:
-                raise SystemExit(up.stdout + up.stderr)
-            print(f"invoke up (head VM + Ray + tunnel check): {time.monotonic() - started:.1f} s")
+            clusters = {before: (work / ("home-before" if before else "home"),
+                                 spec_file(work, key, name="gcpbefore" if before else "gcpe2e"))
+                        for before in kinds}
+            joined: dict[bool, list[float]] = {before: [] for before in kinds}
             try:
-                print(f"{'round':>5} {'create s':>9} {'joined s':>9} {'job done s':>11} "
-                      f"{'idle->deleted s':>16} {'idle floor s':>13}")
+                for before, (home, spec) in clusters.items():
+                    started = time.monotonic()
+                    up = subprocess.run(offline.argv("up", "--cluster", str(spec)),
+                                        env=_env(offline, home, before), capture_output=True,
+                                        text=True, timeout=600, check=False)
+                    if up.returncode != 0:
+                        raise SystemExit(up.stdout + up.stderr)
+                    print(f"invoke up (head VM + Ray + tunnel check): "
+                          f"{time.monotonic() - started:.1f} s, {_name(before)}")
+                print(f"{'round':>5} {'cluster':>10} {'create s':>9} {'joined s':>9} "
+                      f"{'job done s':>11} {'idle->deleted s':>16} {'idle floor s':>13} "
+                      f"{'load':>5}")
                 for n in range(1, args.rounds + 1):
-                    r = one_round(offline, home, spec)
-                    print(f"{n:>5} {r['create']:>9.1f} {r['joined']:>9.1f} {r['job']:>11.1f} "
-                          f"{r['idle_deleted']:>16.1f} {idle_floor:>13.1f}", flush=True)
+                    # Alternate which goes first, so neither always follows the other's teardown.
+                    for before in (kinds if n % 2 else kinds[::-1]):
+                        home, spec = clusters[before]
+                        r = one_round(offline, home, spec, _env(offline, home, before))
+                        joined[before].append(r["joined"])
+                        print(f"{n:>5} {_name(before):>10} {r['create']:>9.1f} "
+                              f"{r['joined']:>9.1f} {r['job']:>11.1f} {r['idle_deleted']:>16.1f} "
+                              f"{idle_floor:>13.1f} {os.getloadavg()[0]:>5.2f}", flush=True)
                 print(f"floor for demand->create: {interval:g} s (one autoscaler update)")
             finally:
-                started = time.monotonic()
-                down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
-                print(f"invoke teardown: {time.monotonic() - started:.1f} s (exit {down.returncode})")
+                for before, (home, spec) in clusters.items():
+                    started = time.monotonic()
+                    down = subprocess.run(offline.argv("teardown", "--cluster", str(spec)),
+                                          env=_env(offline, home, before), capture_output=True,
+                                          text=True, timeout=600, check=False)
+                    print(f"invoke teardown: {time.monotonic() - started:.1f} s "
+                          f"(exit {down.returncode}), {_name(before)}")
+    if compare:
+        pairs = list(zip(joined[False], joined[True], strict=True))
+        ratios = [a / b for a, b in pairs]
+        print(f"scale-up (submit -> TPU host joined), separated autoscaler vs Ray as the SSH user, "
+              f"per pair: {', '.join(f'{a:.1f}/{b:.1f} s' for a, b in pairs)}; "
+              f"ratios {', '.join(f'{r:.2f}' for r in ratios)}; median "
+              f"{statistics.median(ratios):.3f} (target <= 1.05); load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
+
+
+def _name(before: bool) -> str:
+    return "before" if before else "separated"
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
+
+from infra import auth, paths
+from infra.node import tracking as node_tracking
 
 RAY_USER = "rayfleet-ray"
 SCALER_USER = "rayfleet-scaler"
@@ -26,10 +30,18 @@ SCALER_USER = "rayfleet-scaler"
 USERS_DIR = "rayfleet/users"
 #: setup/users/users.sh on a node, relative to the SSH user's home.
 USERS_SCRIPT = f"{USERS_DIR}/users.sh"
+#: setup/users/guard.sh on a node (addresses only root and the autoscaler's user may open).
+GUARD_SCRIPT = f"{USERS_DIR}/guard.sh"
+#: The installer's folder (setup/users/) as shipped: a file mount, or one SFTP upload per file.
+SCRIPTS_SOURCE = Path(paths.setup_dir()) / "users"
+#: The Ray token, relative to a node's SSH user's home: Ray's user needs it for `ray start`.
+TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
 #: Where the autoscaler writes its logs, relative to its user's home (Ray's session log dir
 #: belongs to the Ray user, whom the autoscaler must not share a writable directory with).
 SCALER_LOGS = "rayfleet/logs"
 SCALER_TMP = "rayfleet/tmp"
+#: The autoscaler's logs on a head, for a root shell (its home is 0700: `AS_ROOT sh -c ...`).
+MONITOR_LOGS = f"~{SCALER_USER}/{SCALER_LOGS}/monitor.*"
 
 #: `sudo -n ` for an SSH user that is not root; nothing for root (which may have no sudo at all).
 AS_ROOT = '$([ "$(id -u)" = 0 ] || echo sudo -n) '
@@ -55,6 +67,13 @@ def as_user(user: str, command: str, activate: str = "") -> str:
             f"bash -c {shlex.quote('cd ~ && ' + command)}")
 
 
+def ray_files(tracking: bool) -> tuple[str, ...]:
+    """What Ray's user needs of the SSH user's files: the token, and the tracking password when
+    the cluster has a tracking server (`ray start` reads both)."""
+    password = node_tracking.NODE_PASSWORD_PATH.removeprefix("~/")
+    return (TOKEN_FILE, password) if tracking else (TOKEN_FILE,)
+
+
 def setup_users(ray_files: Sequence[str], scaler_files: Sequence[str] = (),
                 moved: Sequence[str] = ()) -> str:
     """Shell that makes the node's users and hands each its files (paths relative to the SSH
@@ -74,6 +93,13 @@ def hand_over(user: str, paths: Sequence[str], moved: Sequence[str] = ()) -> str
         raise ValueError(f"no node user {user!r}: expected {RAY_USER} or {SCALER_USER}")
     return setup_users(paths if user == RAY_USER else (), paths if user == SCALER_USER else (),
                        moved)
+
+
+def guard(*addresses: str) -> str:
+    """Shell that lets only root, the autoscaler's user and the calling SSH user (who has sudo:
+    root already) open connections to `addresses` (IPs or names, resolved on the node), from now
+    on (setup/users/guard.sh; idempotent)."""
+    return f'{AS_ROOT}bash "$HOME/{GUARD_SCRIPT}" {shlex.join(addresses)}'
 
 
 def stop_ray(activate: str = "") -> str:
@@ -110,6 +136,32 @@ def start_monitor(gcs_address: str, config: str, pythonpath: str, env: dict[str,
              f"--logs-dir=$HOME/{SCALER_LOGS} </dev/null >>$HOME/{SCALER_LOGS}/monitor.out 2>&1 & "
              f"echo $! > {pid}; }}")
     return as_user(SCALER_USER, inner, activate)
+
+
+#: What `ray up` leaves in the SSH user's home on a head, for its autoscaler: Ray's copy of the
+#: cluster config and the cluster's private key.
+RAY_UP_SCALER_FILES = ("ray_bootstrap_config.yaml", "ray_bootstrap_key.pem")
+
+
+def ray_up_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port: int,
+                      token: bool, tracking: bool, scaler_files: Sequence[str] = (),
+                      before_ray: Sequence[str] = ()) -> list[str]:
+    """A head that `ray up` starts (Ray's own node provider on the head, v1 autoscaler): Ray as
+    Ray's user without a monitor, then Ray's v1 monitor as the autoscaler's user with `ray up`'s
+    config and key (and `scaler_files`, e.g. the file mounts it syncs to new workers), starting
+    and stopping the workers. `before_ray` runs as the SSH user once the users exist. GCS
+    listens on every address, loopback included."""
+    auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "$HOME/" + TOKEN_FILE}
+                if token else {"RAY_AUTH_MODE": "disabled"})
+    return [
+        setup_users(ray_files(tracking), (*RAY_UP_SCALER_FILES, *ray_files(tracking),
+                                          *scaler_files, USERS_DIR)),
+        *before_ray,
+        stop_ray(activate),
+        as_user(RAY_USER, f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
+        start_monitor(f"127.0.0.1:{gcs_port}", RAY_UP_SCALER_FILES[0], "", auth_env, activate,
+                      v2=False),
+    ]
 
 
 def job_reach(credential: str) -> str:

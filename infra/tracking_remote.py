@@ -36,6 +36,7 @@ from pathlib import Path
 from infra import metrics, remote_head, ssh, tracking, ui
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError
+from infra.node import tracking as node_tracking
 from infra.node.tracking import ServerConfig
 from infra.state import State
 
@@ -44,7 +45,7 @@ TRACKING_PORT = 5000
 #: Ray Serve's HTTP port; its proxies bind the node's loopback, reached from here by a tunnel.
 SERVE_PORT = 8000
 #: The nodes' copy of the tracking password (0600), relative to the login user's home.
-NODE_PASSWORD_PATH = "~/.rayfleet/mlflow-password"
+NODE_PASSWORD_PATH = node_tracking.NODE_PASSWORD_PATH
 NODE_SECRET_KEY_PATH = "~/.rayfleet/mlflow-flask-secret"
 #: The supervisor's config (and pid file beside it) on the head.
 HEAD_CONFIG = "~/.rayfleet/tracking.json"

@@ -25,3 +25,33 @@ def _worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
 
 users.head_start = _head_start
 users.worker_start = _worker_start
+
+
+# gcp-tpu (bench/gcp_autoscale.py --compare): the template's start commands of before issue 29.
+from infra.providers.gcp_tpu import users as gcp_users  # noqa: E402
+
+
+def _gcp_env(head_ip: str, token: bool) -> str:
+    auth = ('export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$HOME/.rayfleet/ray-token"; '
+            if token else "")
+    return f"ulimit -n 65536; {auth}export RAY_ADDRESS={head_ip}:6379; "
+
+
+def _gcp_head_start(token: bool, tracking_on: bool, metrics: bool, dashboard_host: str,
+                    dashboard_port: int) -> list[str]:
+    prometheus = "export RAY_PROMETHEUS_HOST=http://127.0.0.1:9090; " if metrics else ""
+    return ["ray stop", _gcp_env("\"$(hostname -I | awk '{print $1}')\"", token) + prometheus
+            + "ray start --head --port=6379 --object-manager-port=8076 "
+            "--autoscaling-config=~/ray_bootstrap_config.yaml "
+            f"--dashboard-host={dashboard_host} --dashboard-port={dashboard_port} "
+            "--disable-usage-stats"]
+
+
+def _gcp_worker_start(token: bool, tracking_on: bool) -> list[str]:
+    return ["ray stop", _gcp_env("$RAY_HEAD_IP", token)
+            + "ray start --address=$RAY_HEAD_IP:6379 --object-manager-port=8076 "
+            "--disable-usage-stats"]
+
+
+gcp_users.head_start = _gcp_head_start
+gcp_users.worker_start = _gcp_worker_start

@@ -21,6 +21,11 @@ from infra.node.errors import RayfleetError
 from infra.node.files import atomic_write
 from infra.node.serverproc import run_server
 
+#: The tracking password's copy on a remote node, from the SSH user's home (0600). Here, below
+#: both the laptop's tracking_remote (which puts it there) and privilege (which hands it to Ray's
+#: user), so that neither has to import the other.
+NODE_PASSWORD_PATH = "~/.rayfleet/mlflow-password"
+
 #: The one user of the cluster's tracking server (MLflow's admin), for every node and client.
 USERNAME = "rayfleet"
 #: The supervisor's config, inside the cluster's own directory: the provider's process markers

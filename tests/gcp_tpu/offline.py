@@ -210,6 +210,9 @@ for p in $(ps -eo pid=); do
 done
 rm -rf /root/rayfleet /root/ray_bootstrap_config.yaml /root/ray_bootstrap_key.pem \
   /root/.rayfleet /tmp/ray/* /dev/shm/* 2>/dev/null
+# The node setup's users and firewall (users.sh, guard.sh) went with the VM's disk too.
+for user in rayfleet-ray rayfleet-scaler; do userdel -r "$user" >/dev/null 2>&1; done
+nft delete table inet rayfleet_guard 2>/dev/null
 true""", timeout=60)
             with self.lock:
                 for host in hosts:

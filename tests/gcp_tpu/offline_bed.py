@@ -27,6 +27,10 @@ CLUSTER = "gcpe2e"
 RAY_FAST = {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "AUTOSCALER_HEARTBEAT_TIMEOUT_S": "10",
             "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": "100000000"}
 IDLE_TIMEOUT_MINUTES = 0.2
+#: The run's CA on every host, in the host's own /etc, as an image's trust store would hold it:
+#: the nodes' users other than root (Ray's autoscaler runs as rayfleet-scaler) cannot read this
+#: machine's pytest folders (0700).
+NODE_CA = "/etc/ssl/certs/rayfleet-offline-google-ca.pem"
 
 
 @dataclass
@@ -86,7 +90,9 @@ def offline_bed(work: Path, hosts: int = 3) -> Iterator[Offline]:
     ca = TestCa(work / "ca")
     # Three machines by default: the head, a TPU host, and a second one for the node replacing a
     # preempted one.
-    bed = Testbed(hosts, work / "bed", env={**ca.env(), **RAY_FAST})
+    bed = Testbed(hosts, work / "bed", env={**ca.env(), "HTTPLIB2_CA_CERTS": NODE_CA, **RAY_FAST})
+    for host in bed.hosts:
+        host.run(f"install -m 0644 /dev/stdin {NODE_CA}", input=ca.ca_path.read_text(), check=True)
     # Operations finish on the first poll (Ray sleeps 5 s after every unfinished one), and by
     # themselves a moment later: a head deleting its own VM never polls its operation.
     # Pages of 2 wherever a caller asks for a page size (ours: every list runs its paging);

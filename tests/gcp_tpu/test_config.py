@@ -293,13 +293,16 @@ def test_tracking_password_reaches_every_node_as_a_file_never_in_the_config(
     assert secret not in text
     assert prepared["file_mounts"]["~/.rayfleet/mlflow-password"] == \
         str(tracking.password_path("tracked"))
-    head = prepared["head_start_ray_commands"][-1]
-    worker = prepared["worker_start_ray_commands"][-1]
-    for command, url in ((head, "http://$(hostname -I | awk '{print $1}'):5000"),
-                         (worker, "http://$RAY_HEAD_IP:5000")):
-        assert f'export MLFLOW_TRACKING_URI="{url}" MLFLOW_TRACKING_USERNAME=rayfleet ' \
-               'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")";' in command, command
+    head = next(c for c in prepared["head_start_ray_commands"] if "ray start --head" in c)
+    worker = next(c for c in prepared["worker_start_ray_commands"] if "ray start" in c)
+    # As Ray's user, from that user's 0600 copy ($HOME is that user's inside the quoted command).
+    for command, url in ((head, "http://$rf_ip:5000"), (worker, "http://$RAY_HEAD_IP:5000")):
+        assert f'MLFLOW_TRACKING_URI="{url}" MLFLOW_TRACKING_USERNAME="rayfleet" ' \
+               'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")" ' in command, command
         assert command.index("MLFLOW_TRACKING_PASSWORD") < command.index("ray start")
+        assert "runuser -u rayfleet-ray" in command
+    assert "ray:.rayfleet/ray-token ray:.rayfleet/mlflow-password" in " ".join(
+        prepared["worker_start_ray_commands"])
     # Only the dashboard's port is ever opened by a firewall rule; tracking adds none.
     assert not any(r.kind.startswith("firewall") for r in result.resources)
     untracked, _ = _plan(write_spec(tmp_path, name="untracked"))

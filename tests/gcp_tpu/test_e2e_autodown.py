@@ -59,8 +59,17 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         assert up.returncode == 0, up.stdout + up.stderr
         assert "starting the autodown watcher on the head (5 idle minutes)" in up.stderr, up.stderr
         assert "not enforced" not in up.stderr
+        # 1. A job keeps the cluster past its idle period (while the workers come up). Submitted
+        # before the second `up`: a replaced watcher takes the countdown over from its marker
+        # (a restart buys no idle period), so a job sent only after the 0.3-minute watcher took
+        # over raced the idle time the first one had counted since the first `up`.
+        job = offline.invoke(home, "submit", "--cluster", str(spec), "--no-wait",
+                             "tests/data/sleeper.py", timeout=120)
+        assert job.returncode == 0, job.stdout + job.stderr
+        job_id = job.stdout.strip().splitlines()[-1]
+        busy_since, busy_at = time.monotonic(), dt.datetime.now(dt.timezone.utc)
         # A second `up` with another idle period replaces the running watcher (the countdown
-        # below shows its 0.3 minutes).
+        # below shows its 0.3 minutes); Ray's config is unchanged, so Ray and the job go on.
         spec.write_text(spec.read_text().replace("idle_minutes: 5", f"idle_minutes: {IDLE_MINUTES}"))
         up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr
@@ -83,13 +92,6 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         watcher = head_host.run("ps -eo args | grep '[i]nfra.node.autodown'").stdout
         assert "infra.node.autodown --config" in watcher, watcher
         timings["up"] = round(time.monotonic() - started, 1)
-
-        # 1. A job keeps the cluster past its idle period (while the worker comes up).
-        job = offline.invoke(home, "submit", "--cluster", str(spec), "--no-wait",
-                             "tests/data/sleeper.py", timeout=120)
-        assert job.returncode == 0, job.stdout + job.stderr
-        job_id = job.stdout.strip().splitlines()[-1]
-        busy_since, busy_at = time.monotonic(), dt.datetime.now(dt.timezone.utc)
         wait_until(lambda: {
             "vm" if i.get("status") == "RUNNING" and "tpu_cores" not in i["labels"] else "tpu"
             for i in _ours(offline, cluster_id) if i["labels"].get("ray-node-type") == "worker"

@@ -180,6 +180,15 @@ def test_a_job_submitted_before_active_waits_and_runs_on_the_queued_slice(cluste
     check = host.run("stat -c %a ~/.rayfleet/ray-token; grep -lFf ~/.rayfleet/ray-token "
                      "/proc/[0-9]*/cmdline 2>/dev/null; true")
     assert check.stdout.split() == ["600"], check.stdout
+    # Ray runs there as Ray's user, which gets no connection to the metadata server (issue 29).
+    owners = host.run("pgrep -f '[r]aylet/raylet' | xargs -r ps -o user:20= -p").stdout.split()
+    assert owners == ["rayfleet-ray"], owners
+    ask = ("curl -s -o /dev/null -w '%{http_code}' -H 'Metadata-Flavor: Google' http://"
+           "metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token")
+    answers = [host.run(f"{who}{ask}").stdout for who in ("", "runuser -u rayfleet-ray -- ")]
+    # Root gets the server's answer (this fake node has no service account: 404), Ray's user no
+    # connection at all (curl's 000).
+    assert answers[0] != "000" and answers[1] == "000", answers
 
 
 def test_a_two_host_slice_joins_with_the_slice_head_resource_on_host_0(cluster: Cluster) -> None:

@@ -7,8 +7,9 @@ queued resources (queued.py) in every zone the slices may use, and:
 
 - an ACTIVE request's hosts are set up over SSH from the head (Ray's `~/ray_bootstrap_key.pem`, a
   known_hosts file per request): the node installer from `~/rayfleet/setup`, the Ray token as a
-  0600 file written through the SSH session's stdin (never on a command line), then `ray start
-  --address=<head>` with `TPU: <chips per host>`, and `TPU-<type>-head: 1` on host 0;
+  0600 file written through the SSH session's stdin (never on a command line), then the
+  provider's start commands for TPU hosts (`start_commands`: Ray as an unprivileged user, the
+  metadata server guarded) with `TPU: <chips per host>`, and `TPU-<type>-head: 1` on host 0;
 - a FAILED or SUSPENDED request is recorded, and for spot slices a new request is queued in the
   next zone of the slice's list (wrapping around, at most `max_attempts` per slice).
 
@@ -248,9 +249,10 @@ class Joiner:
         poll(lambda: subprocess.run([*ssh, "true"], stdin=subprocess.DEVNULL, capture_output=True,
                                     timeout=60, check=False).returncode == 0,
              SSH_TIMEOUT_S, 5, f"no SSH to {ip}")
-        # The node installer, as Ray's file_mounts put it on the head.
-        setup = _home("~/rayfleet/setup")
-        with subprocess.Popen(["tar", "-C", str(setup.parent), "-cf", "-", setup.name],
+        # The node installer and the node users' scripts, as Ray's file_mounts put them on the
+        # head (a head from before the users has no users/: its hosts start Ray as before).
+        folders = [f for f in ("setup", "users") if _home(f"~/rayfleet/{f}").is_dir()]
+        with subprocess.Popen(["tar", "-C", str(_home("~/rayfleet")), "-cf", "-", *folders],
                               stdout=subprocess.PIPE) as tar:
             self._run([*ssh, "mkdir -p ~/rayfleet && tar -C ~/rayfleet -xf -"],
                       f"copying the installer to {ip}", stdin=tar.stdout)
@@ -273,21 +275,36 @@ class Joiner:
             env += (f" MLFLOW_TRACKING_URI={shlex.quote(str(tracking))}"
                     f" MLFLOW_TRACKING_USERNAME={shlex.quote(str(self.config['tracking_user']))}"
                     ' MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")"')
-        resources = {"TPU": request.chips_per_host}
+        resources: dict[str, float] = {"TPU": request.chips_per_host}
         if worker == 0:
             resources[f"TPU-{request.accelerator_type}-head"] = 1
         labels = f"rayfleet-queued={qr_id}"
-        script = " && ".join([
+        prepare = [
             str(self.config["install_command"]),
             "(grep -qsF rayfleet-activate.sh ~/.bashrc || echo '. "
             "\"$HOME/rayfleet/env/rayfleet-activate.sh\"' >> ~/.bashrc)",
-            '. "$HOME/rayfleet/env/rayfleet-activate.sh"',
-            "(ray stop >/dev/null 2>&1 || true)",
-            f"ulimit -n 65536; export {env}; ray start "
-            f"--address={shlex.quote(str(self.config['head_address']))} "
-            f"--object-manager-port=8076 --num-cpus={request.cpus} "
-            f"--resources={shlex.quote(json.dumps(resources))} --labels={shlex.quote(labels)} "
-            "--disable-usage-stats"])
+            '. "$HOME/rayfleet/env/rayfleet-activate.sh"']
+        start = self.config.get("start_commands")
+        if start:
+            # The autoscaled TPU hosts' own start commands (users, guard, Ray as Ray's user: the
+            # provider builds them), given what Ray's updater would: the head's address and the
+            # host's resources and labels as Ray's override variables.
+            overrides = {"RAY_HEAD_IP": str(self.config["head_address"]).rsplit(":", 1)[0],
+                         "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": request.cpus, **resources}),
+                         "RAY_OVERRIDE_LABELS": json.dumps({"rayfleet-queued": qr_id})}
+            script = " && ".join([
+                *prepare,
+                "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in overrides.items()),
+                *[str(c) for c in start]])
+        else:
+            script = " && ".join([
+                *prepare,
+                "(ray stop >/dev/null 2>&1 || true)",
+                f"ulimit -n 65536; export {env}; ray start "
+                f"--address={shlex.quote(str(self.config['head_address']))} "
+                f"--object-manager-port=8076 --num-cpus={request.cpus} "
+                f"--resources={shlex.quote(json.dumps(resources))} --labels={shlex.quote(labels)} "
+                "--disable-usage-stats"])
         self._run([*ssh, f"bash -c {shlex.quote(script)}"], f"setting up {ip} and starting Ray",
                   timeout=3600)
         log(f"{qr_id}: host {ip} joined (SSH after {reached - started:.1f} s, installer and "

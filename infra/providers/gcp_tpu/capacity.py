@@ -10,10 +10,11 @@ times out without a stockout is only a warning: the autoscaler keeps trying in t
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from infra import ssh, ui
+from infra import privilege, ssh, ui
 from infra.errors import RayfleetError
 from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import CAPACITY_REASON
@@ -23,13 +24,15 @@ if TYPE_CHECKING:
 
 #: What the head's autoscaler logs when Google has no capacity (Compute and TPU wordings).
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources|no more capacity"
-MONITOR_LOGS = "/tmp/ray/session_latest/logs/monitor.*"
+#: Ray's monitor runs as the autoscaler's user, with its logs in that user's 0700 home (users.py).
+MONITOR_LOGS = privilege.MONITOR_LOGS
 
 
 def stockout_line(target: ssh.SshTarget) -> str:
     """The last stockout the head's autoscaler logged, or "" (also when the head cannot say)."""
     try:
-        found = ssh.run(target, f"grep -hE '{STOCKOUT}' {MONITOR_LOGS} 2>/dev/null | tail -n 1",
+        grep = f"grep -hE '{STOCKOUT}' {MONITOR_LOGS} 2>/dev/null; true"
+        found = ssh.run(target, f"{privilege.AS_ROOT}sh -c {shlex.quote(grep)} | tail -n 1",
                         timeout=30)
     except RayfleetError:
         return ""

@@ -13,6 +13,7 @@ from typing import Any
 
 from infra import auth, metrics_remote, paths, render, tracking, tracking_remote, versions
 from infra.node import identity
+from infra.providers.gcp_tpu import users
 from infra.providers.gcp_tpu.spec import Spec
 from infra.render import RenderError
 
@@ -148,10 +149,17 @@ def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
         # `tracking: mlflow`: the password travels like the token (a path here, 0600 on nodes).
         tracking_file=str(tracking.password_path(spec.name)) if spec.tracking == "mlflow" else "",
         node_tracking_path=tracking_remote.NODE_PASSWORD_PATH,
-        tracking_port=tracking_remote.TRACKING_PORT,
-        tracking_user=tracking.USERNAME,
         # `metrics: prometheus`: the head's dashboard reads its Prometheus (metrics_remote).
+        # `metrics: prometheus`: the head's installer adds Prometheus (users.py: its address).
         metrics_env=metrics_remote.NODE_ENV if spec.metrics == "prometheus" else {},
+        user_mounts=users.file_mounts(),
+        # Shell built in users.py from our own words and numbers: printed as is (render.Shell).
+        head_start_commands=[render.Shell(c) for c in users.head_start(
+            spec.auth == "token", spec.tracking == "mlflow", spec.metrics == "prometheus",
+            "0.0.0.0" if spec.dashboard.allowed_source_ranges else "127.0.0.1",
+            spec.dashboard.port)],
+        worker_start_commands=[render.Shell(c) for c in users.worker_start(
+            spec.auth == "token", spec.tracking == "mlflow")],
     )
 
 

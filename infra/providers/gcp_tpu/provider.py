@@ -16,7 +16,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra import auth, autodown_remote, jobs, paths, remote_head, ssh, tracking, tracking_remote, ui
+from infra import (
+    auth,
+    autodown_remote,
+    jobs,
+    paths,
+    privilege,
+    remote_head,
+    ssh,
+    tracking,
+    tracking_remote,
+    ui,
+)
 from infra.costs import NodePrices
 from infra.errors import ClusterNotRunningError, UsageError
 from infra.head import HeadAccess
@@ -283,7 +294,8 @@ class Provider(BaseProvider[Spec, Preflight]):
         ui.wait_for(lambda step: True if self._answers(state, step) else None,
                     f"Ray dashboard on {external} to answer through an SSH tunnel",
                     timeout=spec.ready_timeout_s, interval=2,
-                    hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest")
+                    hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest, "
+                         f"{privilege.MONITOR_LOGS} (as root)")
         recorded = state.find(CLUSTER, spec.name)
         assert recorded is not None
         tracking_setup.start(spec, state, self._head_target(recorded), internal)

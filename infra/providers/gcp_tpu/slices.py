@@ -20,7 +20,7 @@ from infra.errors import RayfleetError
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu import joiner, queued
 from infra.node.gcp_tpu.api import Gcp, GcpError
-from infra.providers.gcp_tpu import config
+from infra.providers.gcp_tpu import config, users
 
 if TYPE_CHECKING:
     from infra import ssh
@@ -101,6 +101,9 @@ def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
         "install_command": (f"bash ~/rayfleet/setup/install.sh {shlex.join(install)} "
                             '--prefix "$HOME/rayfleet/env"'),
         "marker": joiner.HEAD_MARKER, "poll_s": 5,
+        # The autoscaled TPU hosts' start commands: Ray as Ray's user, the metadata server guarded.
+        "start_commands": users.worker_start(bool(auth.token_file(state)),
+                                             spec.tracking == "mlflow"),
         # `tracking: mlflow`: where the head's server is, and the head's copy of its password.
         **({"tracking_url": tracking_remote.node_url(head_address.rsplit(":", 1)[0]),
             "tracking_user": tracking.USERNAME,

@@ -204,6 +204,9 @@ class Spec(ClusterSpec):
     AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = 60
     #: The head has a public address: the gateway's port opens to `sharing.allowed_source_ranges`.
     SHARING_NEEDS_RANGES: ClassVar[bool] = True
+    #: Ray runs as `rayfleet-ray` on every VM and TPU host (users.py), with no sudo and no
+    #: connection to the metadata server (setup/users/guard.sh).
+    SEPARATE_RAY_USER: ClassVar[bool] = True
     #: `up` starts the sharing gateway on the head (infra/sharing.py through remote_head) and a
     #: firewall rule opens its port to the head only (firewall.py).
     SHARING_GATEWAY: ClassVar[bool] = True

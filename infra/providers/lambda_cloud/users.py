@@ -13,19 +13,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra import auth, paths, privilege, tracking_remote
+from infra import paths, privilege
 
 #: What `plan` and `status` print about a job on a Lambda cluster.
 JOB_REACH = privilege.job_reach("the Lambda API key")
 #: The Ray token, relative to a node's SSH user's home: Ray's user needs it for `ray start`.
-TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
-
-
-def ray_files(tracking: bool) -> tuple[str, ...]:
-    """What Ray's user needs of the SSH user's files: the token, and the tracking password when
-    the cluster has a tracking server (`ray start` reads both)."""
-    password = tracking_remote.NODE_PASSWORD_PATH.removeprefix("~/")
-    return (TOKEN_FILE, password) if tracking else (TOKEN_FILE,)
+TOKEN_FILE = privilege.TOKEN_FILE
+#: What Ray's user needs of the SSH user's files (the token, the tracking password).
+ray_files = privilege.ray_files
 #: The installer (setup/users/users.sh) as shipped, and where it lands on a node.
 SCRIPT_SOURCE = Path(paths.setup_dir()) / "users" / "users.sh"
 
@@ -75,22 +70,13 @@ def script_mount() -> dict[str, str]:
 
 #: What `ray up` leaves in the SSH user's home on the head of a fixed-size cluster, for its
 #: autoscaler: Ray's copy of the cluster config and the cluster's private key.
-FIXED_SCALER_FILES = ("ray_bootstrap_config.yaml", "ray_bootstrap_key.pem")
+FIXED_SCALER_FILES = privilege.RAY_UP_SCALER_FILES
 
 
 def fixed_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port: int,
                      token: bool, tracking: bool) -> list[str]:
     """A fixed-size cluster's head (`ray up` of Ray's on-prem provider): Ray as Ray's user
     without a monitor, then Ray's v1 monitor as the autoscaler's user with `ray up`'s config and
-    key, starting the workers over SSH. GCS listens on every address, loopback included."""
-    auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "$HOME/" + TOKEN_FILE}
-                if token else {"RAY_AUTH_MODE": "disabled"})
-    return [
-        privilege.setup_users(ray_files(tracking),
-                              (*FIXED_SCALER_FILES, *ray_files(tracking), privilege.USERS_DIR)),
-        privilege.stop_ray(activate),
-        privilege.as_user(privilege.RAY_USER,
-                          f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
-        privilege.start_monitor(f"127.0.0.1:{gcs_port}", FIXED_SCALER_FILES[0], "", auth_env,
-                                activate, v2=False),
-    ]
+    key, starting the workers over SSH (privilege.ray_up_head_start, as GCP's heads)."""
+    return privilege.ray_up_head_start(activate, ray_env, ray_start_args, gcs_port, token,
+                                       tracking)

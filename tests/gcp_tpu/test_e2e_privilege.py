@@ -1,0 +1,162 @@
+"""What a job can reach on a gcp-tpu cluster (issue 29), end to end on the offline Google.
+
+One cluster, one `up`, in order: the head's setup makes its two users (Ray's, the autoscaler's)
+in the host's own /etc and /home, Ray runs as the first and Ray's monitor, with Ray's unpatched
+GCP provider, as the second; the node's firewall lets only root and the autoscaler's user reach
+the metadata server. A job on the head and its task on an autoscaled TPU host ask the metadata
+server for the VM's token (with Google's header) and are refused, cannot sudo and find no SSH
+key, while the separated autoscaler creates that TPU node for them (its attributes handed to
+Ray) and deletes it once idle.
+
+The bed (test-bed hosts as VMs and TPU hosts, the fake Google in the client namespace) is the
+package's `offline` fixture, shared with test_e2e_cluster.py and the others.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gcp_tpu.offline import write_service_account_key
+from tests.gcp_tpu.offline_bed import PROJECT, Offline, spec_file
+from tests.testbed.hosts import Host
+from tests.waiting import wait_until
+
+NAME = "gcppriv"
+PROBE = Path(__file__).resolve().parents[1] / "data" / "gcp_privilege_probe.py"
+RAY_USER, SCALER_USER = "rayfleet-ray", "rayfleet-scaler"
+TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
+
+
+@dataclass
+class Cluster:
+    offline: Offline
+    home: Path
+    spec: Path
+    head: Host
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def invoke(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.offline.invoke(self.home, *args, "--cluster", str(self.spec), timeout=timeout)
+
+    def tpu_nodes(self) -> list[dict[str, Any]]:
+        with self.offline.fake.lock:
+            return [dict(n) for n in self.offline.fake.tpu_nodes.values()
+                    if n["labels"].get("rayfleet-name") == NAME]
+
+
+@pytest.fixture(scope="module")
+def cluster(offline: Offline, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    work = tmp_path_factory.mktemp("gcp-privilege")
+    key = write_service_account_key(work / "sa-key.json", offline.google.identity,
+                                    f"student@{PROJECT}.iam.gserviceaccount.com")
+    # No CPU worker type: the job's TPU task is the only demand; the watcher stays at its default.
+    spec = spec_file(work, key, name=NAME, cpu_workers=None)
+    home = work / "rayfleet-home"
+    started = time.monotonic()
+    up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        with offline.fake.lock:
+            head = next(i for i in offline.fake.instances.values()
+                        if i["labels"].get("rayfleet-name") == NAME
+                        and i["labels"].get("ray-node-type") == "head")
+        ip = head["networkInterfaces"][0]["networkIP"]
+        found = Cluster(offline, home, spec, next(h for h in offline.bed.hosts if h.ip == ip))
+        found.timings["up"] = round(time.monotonic() - started, 1)
+        yield found
+    finally:
+        down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert offline.fake.nodes_with({"rayfleet-name": NAME}) == []
+        offline.google.machines.wait_idle()
+
+
+def _owners(host: Host, pattern: str) -> set[str]:
+    """Users that run processes whose command line matches `pattern` (pgrep -f)."""
+    out = host.run(f"pgrep -f {pattern!r} | xargs -r ps -o user:20= -p").stdout
+    return set(out.split())
+
+
+@pytest.mark.slow
+def test_ray_and_its_autoscaler_run_as_two_users_and_only_one_reaches_the_token(
+        cluster: Cluster) -> None:
+    head = cluster.head
+    assert _owners(head, "[r]aylet/raylet") == {RAY_USER}
+    assert _owners(head, "[g]cs_server") == {RAY_USER}
+    assert _owners(head, "[r]ay.autoscaler._private.monitor") == {SCALER_USER}
+    assert head.run(f"id -Gn {RAY_USER}", check=True).stdout.split() == [RAY_USER]
+    modes = head.run(f"stat -c '%U %a' /home/{RAY_USER} /home/{SCALER_USER} "
+                     f"/home/{SCALER_USER}/ray_bootstrap_key.pem /root/ray_bootstrap_key.pem",
+                     check=True).stdout.split("\n")
+    assert [m for m in modes if m] == [f"{RAY_USER} 700", f"{SCALER_USER} 700",
+                                       f"{SCALER_USER} 600", "root 600"], modes
+    # The users are the node's own: this machine and the other hosts never saw them.
+    here = subprocess.run(["getent", "passwd", RAY_USER, SCALER_USER], capture_output=True)
+    assert here.returncode != 0 and not Path(f"/home/{RAY_USER}").exists()
+    other = next(h for h in cluster.offline.bed.hosts if h is not head)
+    assert other.run(f"getent passwd {SCALER_USER}").returncode != 0
+    # The same request, on the same node, by each user: the server answers root and the
+    # autoscaler's user, and Ray's user never gets a connection.
+    ask = ("curl -s -o /dev/null -w '%{http_code}' -H 'Metadata-Flavor: Google' "
+           f"http://metadata.google.internal{TOKEN_PATH}")
+    answers = {user: head.run(f"runuser -u {user} -- {ask}" if user != "root" else ask).stdout
+               for user in ("root", SCALER_USER, RAY_USER)}
+    assert answers == {"root": "200", SCALER_USER: "200", RAY_USER: "000"}, answers
+    plan = cluster.invoke("plan")
+    assert f"jobs run as {RAY_USER} (no sudo)" in plan.stdout, plan.stdout
+    assert "the metadata server" in plan.stdout, plan.stdout
+
+
+@pytest.mark.slow
+def test_jobs_get_no_token_while_the_separated_autoscaler_scales_a_tpu_node(
+        cluster: Cluster) -> None:
+    google = cluster.offline.google
+    assert cluster.tpu_nodes() == []
+    started = time.monotonic()
+    submit = cluster.invoke("submit", str(PROBE), timeout=600)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    cluster.timings["job: TPU node created, joined, probed"] = round(time.monotonic() - started, 1)
+    nodes = cluster.tpu_nodes()
+    assert len(nodes) == 1, nodes
+    node_name = nodes[0]["name"].rsplit("/", 1)[-1]
+    tpu_host = google.machines.host_of(node_name)[0]
+    reports = json.loads(submit.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert [r["host"] for r in reports] == [tpu_host.hostname, cluster.head.hostname], reports
+    for report in reports:
+        where = report["host"]
+        assert report["user"] == RAY_USER and report["uid"] != 0, where
+        assert not set(report["groups"]) & {"sudo", "adm", "docker", "root", "wheel"}, where
+        # No connection at all: not the token, not any other metadata.
+        assert report["token"] == "ConnectionRefusedError", (where, report["token"])
+        assert report["project"] == "ConnectionRefusedError", (where, report["project"])
+        # sudo is there (as on Google's images) and refuses: exit 1, not "command not found".
+        assert report["sudo"] == 1, (where, report["sudo"])
+        assert report["private_keys"] == [], (where, report["private_keys"])
+    head_keys = reports[1]["keys"]
+    assert set(head_keys.values()) == {"PermissionError"}, head_keys
+    # Ray still knows its TPU host: the attributes setup read as root, as Ray's own variables.
+    tpu_env = reports[0]["tpu_env"]
+    assert tpu_env["TPU_NAME"] == node_name and tpu_env["TPU_ACCELERATOR_TYPE"] == "v4-8", tpu_env
+    assert tpu_env["TPU_WORKER_ID"] == "0", tpu_env
+    # Nothing of the job's ever reached the metadata server from the TPU host (the guard
+    # refuses the connection), while setup's root read the attributes there.
+    from_tpu = [path for ip, path in google.identity.metadata_requests if ip == tpu_host.ip]
+    assert any("/attributes/accelerator-type" in p for p in from_tpu), from_tpu
+    assert not [p for p in from_tpu if "/token" in p or "project-id" in p], from_tpu
+
+    # Idle: the separated autoscaler deletes the TPU node.
+    idle = time.monotonic()
+    wait_until(lambda: not cluster.tpu_nodes(), "the idle TPU node to be deleted", timeout=180,
+               interval=0.5)
+    cluster.timings["idle -> TPU node deleted"] = round(time.monotonic() - idle, 1)
+    log = cluster.head.run(f"cat /home/{SCALER_USER}/rayfleet/logs/monitor.*").stdout
+    assert "terminat" in log.lower(), log[-2000:]
+    print(f"\n[gcp privilege] phases (s): {cluster.timings}", flush=True)
