@@ -40,6 +40,9 @@ TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
 #: belongs to the Ray user, whom the autoscaler must not share a writable directory with).
 SCALER_LOGS = "rayfleet/logs"
 SCALER_TMP = "rayfleet/tmp"
+#: The pid of Ray's autoscaler (start_monitor), relative to its user's home: what removes the
+#: cluster stops it first, so that it launches no replacement for a worker being deleted.
+MONITOR_PID = f"{SCALER_LOGS}/monitor.pid"
 #: The autoscaler's logs on a head, for a root shell (its home is 0700: `AS_ROOT sh -c ...`).
 MONITOR_LOGS = f"~{SCALER_USER}/{SCALER_LOGS}/monitor.*"
 
@@ -96,9 +99,9 @@ def hand_over(user: str, paths: Sequence[str], moved: Sequence[str] = ()) -> str
 
 
 def guard(*addresses: str) -> str:
-    """Shell that lets only root, the autoscaler's user and the calling SSH user (who has sudo:
-    root already) open connections to `addresses` (IPs or names, resolved on the node), from now
-    on (setup/users/guard.sh; idempotent)."""
+    """Shell that lets only root and the autoscaler's user open connections to `addresses` (IPs
+    or names, resolved on the node), from now on (setup/users/guard.sh; idempotent). The SSH
+    user is refused too: whatever of ours needs those addresses runs as the autoscaler's user."""
     return f'{AS_ROOT}bash "$HOME/{GUARD_SCRIPT}" {shlex.join(addresses)}'
 
 
@@ -121,7 +124,7 @@ def start_monitor(gcs_address: str, config: str, pythonpath: str, env: dict[str,
     # Double quotes, not shlex: values may name "$HOME" (the autoscaler user's), never a secret.
     words = "".join(f'{k}="{v}" ' for k, v in env.items())
     # The previous monitor by its pid file (a pattern would match this very command line).
-    pid = f"$HOME/{SCALER_LOGS}/monitor.pid"
+    pid = f"$HOME/{MONITOR_PID}"
     # TMPDIR: Ray's libraries keep files under <TMPDIR>/ray (e.g. the on-prem provider's
     # cluster state), and /tmp/ray belongs to Ray's user.
     inner = (f'mkdir -p ~/{SCALER_LOGS} ~/{SCALER_TMP} && '
@@ -164,7 +167,9 @@ def ray_up_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port
     ]
 
 
-def job_reach(credential: str) -> str:
-    """The one line `plan` and `status` print about what a job on such a node can reach."""
+def job_reach(credential: str, scaler_runs: str = "the autoscaler and the idle watcher") -> str:
+    """The one line `plan` and `status` print about what a job on such a node can reach
+    (`scaler_runs`: what of ours runs as the autoscaler's user, the one that reaches
+    `credential`)."""
     return (f"jobs run as {RAY_USER} (no sudo): they reach Ray and the cluster's network, not "
-            f"{credential}, the cluster's SSH key or root; the autoscaler runs as {SCALER_USER}")
+            f"{credential}, the cluster's SSH key or root; {scaler_runs} run as {SCALER_USER}")

@@ -154,10 +154,13 @@ def node_command(module: str, args: str, python: str = "python3", activate: str 
             f'PYTHONPATH="$rf_zip" "{python}" -m {module} {args}')
 
 
-def read_file(target: ssh.SshTarget, path: str) -> str | None:
-    """A small file on the head (`~/`-relative), or None when the head cannot say."""
+def read_file(target: ssh.SshTarget, path: str, user: str | None = None) -> str | None:
+    """A small file on the head (`~/`-relative: in the node user `user`'s home when given, e.g.
+    a daemon's marker that `install_daemon(user=...)` writes), or None when the head cannot say."""
+    command = f"cat {home_word(path)}"
     try:
-        result = ssh.run(target, f"cat {home_word(path)}", timeout=20)
+        result = ssh.run(target, command if user is None else privilege.as_user(user, command),
+                         timeout=20)
     except RayfleetError:
         return None
     return result.stdout if result.ok and result.stdout.strip() else None

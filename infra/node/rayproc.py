@@ -134,7 +134,9 @@ def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """A process's command line, words joined by spaces; "" when there is no such process (or
+    it is not ours to read)."""
     try:
         return " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# rayfleet address guard: only root, the autoscaler's user and the caller open connections to the
-# given addresses from this node.
+# rayfleet address guard: only root and the autoscaler's user open connections to the given
+# addresses from this node.
 #
 #   sudo bash guard.sh ADDRESS_OR_NAME...
 #
@@ -8,10 +8,11 @@
 # idempotent (the table is replaced as a whole, in one nft transaction). Names are resolved here,
 # once (IPv4 and IPv6). Who may still connect:
 #   - root: the cloud's own agents (e.g. Google's guest agent, OS Login) run as root;
-#   - rayfleet-scaler, where it exists (the head): Ray's autoscaler and what removes the cluster;
-#   - the user who ran this through sudo (SUDO_UID): the SSH user, who can become root anyway.
-# Everyone else, rayfleet-ray and so every Ray job among them, gets its new connections to those
-# addresses refused (a TCP reset, ECONNREFUSED). Replies on connections others opened to this
+#   - rayfleet-scaler, where it exists (the head): Ray's autoscaler, the idle watcher that removes
+#     the cluster and the queued-slice joiner, all of which need the VM's service account.
+# Everyone else gets its new connections to those addresses refused (a TCP reset, ECONNREFUSED):
+# rayfleet-ray, so every Ray job, and the SSH user too (nothing of rayfleet's that needs them
+# runs as it; with its sudo it can still ask as root). Replies on connections others opened to this
 # node are not new, so a server of Ray's that a guarded address talks to keeps answering.
 # Why: on a Google VM the metadata server hands the VM's service-account token to any local
 # process that asks (infra/providers/gcp_tpu/NOTES.md, "What a job can reach").
@@ -46,7 +47,6 @@ done
 
 allowed=0
 if id -u "$SCALER_USER" >/dev/null 2>&1; then allowed="$allowed, $(id -u "$SCALER_USER")"; fi
-if [ -n "${SUDO_UID:-}" ] && [ "$SUDO_UID" != 0 ]; then allowed="$allowed, $SUDO_UID"; fi
 
 rule() {  # FAMILY ADDRESS...
   local family=$1 set

@@ -5,8 +5,9 @@ Google does); another cluster's VM and unlabelled VMs are untouched; the marker 
 cluster. The end-to-end version, with the head's own service account and real Ray, is
 test_e2e_autodown.py.
 
-The action here is `remove` itself, not `stop_ray_then_remove`: that one runs `ray stop`, which
-belongs on a head, never on this machine.
+The action here is `remove` itself and the autoscaler's stop, not `stop_ray_then_remove` whole:
+on a head from before the separated autoscaler that one runs `ray stop`, which belongs on a head,
+never on this machine.
 """
 
 from __future__ import annotations
@@ -68,3 +69,28 @@ def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:
         assert "Ray not answering" in written["detail"]
     finally:
         fake.stop()
+
+
+def test_the_autoscaler_is_stopped_by_its_pid_file_and_nothing_else_is(tmp_path: Path) -> None:
+    """What the action stops before deleting workers (the watcher and the separated autoscaler
+    are the same node user): the process its pid file names, only while that is Ray's autoscaler."""
+    from infra.node.gcp_tpu.autodown import stop_monitor
+
+    # A stand-in with the monitor's module in its command line (`-m ray.autoscaler...`), and an
+    # unrelated process of the same user whose pid a stale pid file may hold.
+    sleep = "import time; time.sleep(60)"
+    monitor = subprocess.Popen([sys.executable, "-c", sleep, "ray.autoscaler._private.monitor"])
+    other = subprocess.Popen([sys.executable, "-c", sleep])
+    try:
+        pidfile = tmp_path / "monitor.pid"
+        pidfile.write_text(f"{other.pid}\n")
+        assert stop_monitor(pidfile) is False
+        assert other.poll() is None, "a process that is not the autoscaler must be left alone"
+        pidfile.write_text(f"{monitor.pid}\n")
+        assert stop_monitor(pidfile) is True
+        assert monitor.wait(timeout=10) is not None
+        assert stop_monitor(tmp_path / "missing.pid") is False
+    finally:
+        for proc in (monitor, other):
+            proc.kill()
+            proc.wait()

@@ -19,11 +19,14 @@ from typing import Any
 
 import pytest
 
+from infra.privilege import SCALER_USER
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import PROJECT, Offline, spec_file
 from tests.waiting import read_json, wait_until, watcher_checked
 
 NAME = "gcpdown"
+#: The watcher's user and home on the head (the autoscaler's: infra/privilege.py).
+WATCHER_HOME = f"/home/{SCALER_USER}"
 IDLE_MINUTES = 0.3
 
 
@@ -82,15 +85,20 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
                     if i["labels"].get("ray-node-type") == "head")
         head_ip = head["networkInterfaces"][0]["networkIP"]
         head_host = next(h for h in offline.bed.hosts if h.ip == head_ip)
-        # The watcher runs with no key file of ours on the head: the VM's own identity only.
-        files = head_host.run("ls ~/.rayfleet").stdout.split()
-        # (Beside the watcher's files: the head's Prometheus, `metrics: prometheus` by default,
-        # with its config and its supervisor's pid file; no credential among them.)
+        # The watcher runs as the autoscaler's user (issue 29), with its files in that user's
+        # home and no key file of ours: the VM's own identity only, through the metadata server.
+        files = head_host.run(f"ls {WATCHER_HOME}/.rayfleet").stdout.split()
         assert set(files) <= {"autodown.json", "autodown.json.pid", "autodown-marker.json",
-                              "autodown.log", "metrics.json", "metrics.json.pid", "metrics.yml",
-                              "metrics.log", "ray-token"}, files
-        watcher = head_host.run("ps -eo args | grep '[i]nfra.node.autodown'").stdout
+                              "autodown.log", "ray-token"}, files
+        assert "autodown.json" in files, files
+        # The SSH user's home keeps none of them (beside the head's Prometheus, `metrics:
+        # prometheus` by default, with its config and its supervisor's pid file; no credential).
+        files = head_host.run("ls ~/.rayfleet").stdout.split()
+        assert set(files) <= {"metrics.json", "metrics.json.pid", "metrics.yml", "metrics.log",
+                              "ray-token"}, files
+        watcher = head_host.run("ps -eo user:20,args | grep '[i]nfra.node.autodown'").stdout
         assert "infra.node.autodown --config" in watcher, watcher
+        assert {line.split()[0] for line in watcher.splitlines()} == {SCALER_USER}, watcher
         timings["up"] = round(time.monotonic() - started, 1)
         wait_until(lambda: {
             "vm" if i.get("status") == "RUNNING" and "tpu_cores" not in i["labels"] else "tpu"
@@ -118,7 +126,7 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         idle_since = time.monotonic()
         # The job is stopped a moment after stop-job returns; the watcher notices within 1 s.
         wait_until(lambda: json.loads(head_host.run(
-            "cat ~/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since"),
+            f"cat {WATCHER_HOME}/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since"),
             "the watcher to count idle time", timeout=15, interval=0.5)
         status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
         assert "autodown: idle " in status.stdout and " of 0.3 min" in status.stdout, status.stdout

@@ -2,11 +2,11 @@
 
 One cluster, one `up`, in order: the head's setup makes its two users (Ray's, the autoscaler's)
 in the host's own /etc and /home, Ray runs as the first and Ray's monitor, with Ray's unpatched
-GCP provider, as the second; the node's firewall lets only root and the autoscaler's user reach
-the metadata server. A job on the head and its task on an autoscaled TPU host ask the metadata
-server for the VM's token (with Google's header) and are refused, cannot sudo and find no SSH
-key, while the separated autoscaler creates that TPU node for them (its attributes handed to
-Ray) and deletes it once idle.
+GCP provider, as the second, as do the idle watcher and its supervisor; the node's firewall lets
+only root and the autoscaler's user reach the metadata server. A job on the head and its task on
+an autoscaled TPU host ask the metadata server for the VM's token (with Google's header) and are
+refused, cannot sudo and find no SSH key, while the separated autoscaler creates that TPU node
+for them (its attributes handed to Ray) and deletes it once idle.
 
 The bed (test-bed hosts as VMs and TPU hosts, the fake Google in the client namespace) is the
 package's `offline` fixture, shared with test_e2e_cluster.py and the others.
@@ -92,6 +92,14 @@ def test_ray_and_its_autoscaler_run_as_two_users_and_only_one_reaches_the_token(
     assert _owners(head, "[r]aylet/raylet") == {RAY_USER}
     assert _owners(head, "[g]cs_server") == {RAY_USER}
     assert _owners(head, "[r]ay.autoscaler._private.monitor") == {SCALER_USER}
+    # The idle watcher (it deletes the cluster with the VM's service account) and its
+    # supervisor run as the autoscaler's user too, and `status` reads its marker as that user.
+    assert _owners(head, "[i]nfra.node.autodown --config") == {SCALER_USER}
+    assert _owners(head, "[s]upervise ensure .*autodown.json.pid") == {SCALER_USER}
+    status = cluster.invoke("status")
+    assert status.returncode == 0 and "autodown: " in status.stdout, status.stdout + status.stderr
+    assert "watcher not running" not in status.stdout, status.stdout
+    assert "no report from the watcher" not in status.stdout, status.stdout
     assert head.run(f"id -Gn {RAY_USER}", check=True).stdout.split() == [RAY_USER]
     modes = head.run(f"stat -c '%U %a' /home/{RAY_USER} /home/{SCALER_USER} "
                      f"/home/{SCALER_USER}/ray_bootstrap_key.pem /root/ray_bootstrap_key.pem",
@@ -104,12 +112,20 @@ def test_ray_and_its_autoscaler_run_as_two_users_and_only_one_reaches_the_token(
     other = next(h for h in cluster.offline.bed.hosts if h is not head)
     assert other.run(f"getent passwd {SCALER_USER}").returncode != 0
     # The same request, on the same node, by each user: the server answers root and the
-    # autoscaler's user, and Ray's user never gets a connection.
+    # autoscaler's user; Ray's user, and an SSH user not going through sudo (`nobody` stands for
+    # it: the bed's SSH user is root), never get a connection.
     ask = ("curl -s -o /dev/null -w '%{http_code}' -H 'Metadata-Flavor: Google' "
            f"http://metadata.google.internal{TOKEN_PATH}")
     answers = {user: head.run(f"runuser -u {user} -- {ask}" if user != "root" else ask).stdout
-               for user in ("root", SCALER_USER, RAY_USER)}
-    assert answers == {"root": "200", SCALER_USER: "200", RAY_USER: "000"}, answers
+               for user in ("root", SCALER_USER, RAY_USER, "nobody")}
+    assert answers == {"root": "200", SCALER_USER: "200", RAY_USER: "000", "nobody": "000"}, \
+        answers
+    # The guard names exactly root and the autoscaler's user (no SSH-user exception).
+    table = head.run("nft list table inet rayfleet_guard", check=True).stdout
+    allowed = {line.split("skuid != {", 1)[1].split("}", 1)[0].replace(" ", "")
+               for line in table.splitlines() if "skuid != {" in line}
+    scaler_uid = head.run(f"id -u {SCALER_USER}", check=True).stdout.strip()
+    assert allowed == {f"0,{scaler_uid}"}, table
     plan = cluster.invoke("plan")
     assert f"jobs run as {RAY_USER} (no sudo)" in plan.stdout, plan.stdout
     assert "the metadata server" in plan.stdout, plan.stdout

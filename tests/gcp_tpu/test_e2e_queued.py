@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from infra.privilege import SCALER_USER
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file
@@ -79,10 +80,13 @@ class Cluster:
         return nodes
 
 
-#: The joiner's pid (the daemon its supervisor's pid file names, infra/node/supervise.py), then
-#: "alive" while that process runs.
-JOINER_ALIVE = ("pid=$(python3 -c 'import json, os; print(json.load(open(os.path.expanduser("
-                "\"~/.rayfleet/queued.json.pid\")))[\"child\"][\"pid\"])') && echo $pid && "
+#: The joiner's pid (the daemon its supervisor's pid file names, infra/node/supervise.py), the
+#: users its supervisor and it run as, then "alive" while it runs. It runs as the autoscaler's
+#: user (it queues slices with the VM's service account), whose home holds the pid file.
+JOINER_ALIVE = ("pid=$(python3 -c 'import json; print(json.load(open("
+                f"\"/home/{SCALER_USER}/.rayfleet/queued.json.pid\"))[\"child\"][\"pid\"])') && "
+                "echo $pid && sup=$(ps -o ppid= -p $pid | tr -d ' ') && "
+                "ps -o user:20= -p $pid,$sup | tr -d ' ' | sort -u | paste -sd, && "
                 "kill -0 $pid && echo alive")
 
 def result_of(output: str) -> dict[str, Any]:
@@ -149,6 +153,9 @@ def test_up_queues_a_request_per_slice_recorded_in_state(cluster: Cluster) -> No
     # The joiner runs on the head, detached from this laptop.
     pid = cluster.head().run(JOINER_ALIVE)
     assert pid.stdout.strip().endswith("alive"), pid.stdout + pid.stderr
+    # The joiner and its supervisor run as the autoscaler's user (issue 29), which the metadata
+    # server answers besides root: no exception for the SSH user is needed.
+    assert pid.stdout.split()[1] == SCALER_USER, pid.stdout
 
 
 def test_a_second_up_queues_nothing_new_and_restarts_the_joiner(cluster: Cluster) -> None:

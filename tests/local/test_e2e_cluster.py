@@ -148,10 +148,10 @@ def hand_started_ray(real_daemon: None, tmp_path: Path) -> Iterator[int]:
 def test_hand_started_ray_survives_up_and_teardown(cluster: Path, hand_started_ray: int) -> None:
     theirs = rayproc.cluster_processes([rayproc.gcs_marker(hand_started_ray)])
     gcs = [p for p in rayproc.cluster_processes([re.compile(r"gcs_server")])
-           if f"--gcs_server_port={hand_started_ray}" in rayproc._cmdline(p)]
+           if f"--gcs_server_port={hand_started_ray}" in rayproc.cmdline(p)]
     assert gcs, "the hand-started GCS must be running before the test"
     # Idle workers (`ray::IDLE`) come and go at Ray's own will; every other process must live.
-    lasting = [p for p in theirs + gcs if not rayproc._cmdline(p).startswith("ray::IDLE")]
+    lasting = [p for p in theirs + gcs if not rayproc.cmdline(p).startswith("ray::IDLE")]
     assert run_invoke("up", "--cluster", str(cluster)).returncode == 0
     assert run_invoke("teardown", "--cluster", str(cluster)).returncode == 0
     assert lasting and all(rayproc.alive(p) for p in lasting)
@@ -312,7 +312,7 @@ def test_token_auth_listeners_and_no_secret_leaks(cluster: Path, rf_home: Path) 
     leaks = [f for f in rf_home.rglob("*") if f.is_file() and f != token_file
              and token in f.read_text(errors="replace")]
     assert leaks == []
-    cmdlines = [rayproc._cmdline(pid) for pid in _processes(cluster.stem)]
+    cmdlines = [rayproc.cmdline(pid) for pid in _processes(cluster.stem)]
     assert cmdlines and not [c for c in cmdlines if token in c]
 
 

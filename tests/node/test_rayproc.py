@@ -82,7 +82,7 @@ def test_processes_in_other_network_namespaces_are_never_matched(needs_root: Non
         if other.poll() is not None:
             pytest.skip("cannot create a network namespace here (needs root)")
         found = rayproc.cluster_processes([rayproc.gcs_marker(6379)])
-        assert not [p for p in found if marker in rayproc._cmdline(p)], found
+        assert not [p for p in found if marker in rayproc.cmdline(p)], found
     finally:
         other.kill()
         other.wait()

@@ -4,8 +4,11 @@ the marker means is decided in infra/providers/base.py).
 
 The head needs no key from us: the removal action (autodown.py) uses the VM's own service account
 through the metadata server, the credentials Ray's autoscaler beside it already uses to create and
-delete workers. The watcher's config names the cluster's labels, zone and head, nothing secret; it
-reaches Ray on the head's loopback with the token file Ray's file_mounts put there.
+delete workers. So the watcher (and its supervisor) runs as the autoscaler's user, the only one
+besides root that the metadata server answers (issue 29; NOTES.md, "What a job can reach"), with
+its config, marker and log in that user's 0700 home. The config names the cluster's labels, zone
+and head, nothing secret; the watcher reaches Ray on the head's loopback with that user's copy of
+the Ray token.
 
 A head that deletes its own VM takes its marker with it, so this machine keeps a copy of the last
 one it read: right after `up` starts the watcher, and at every `status`.
@@ -16,11 +19,11 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from infra import auth, autodown_remote, autodown_view, ui
+from infra import auth, autodown_remote, autodown_view, privilege, ui
 from infra.errors import RayfleetError
 from infra.node import autodown
 from infra.node.retry import PollTimeout, poll
-from infra.providers.gcp_tpu import config, slices
+from infra.providers.gcp_tpu import config, slices, users
 
 if TYPE_CHECKING:
     from infra import ssh
@@ -28,8 +31,8 @@ if TYPE_CHECKING:
     from infra.providers.gcp_tpu.spec import Spec
     from infra.state import Resource, State
 
-#: The Python of the head's rayfleet env (the node installer's prefix): it has Ray, requests and
-#: Google's client library (installed there for the autoscaler).
+#: The head's node env's Python as the SSH user reaches it: for what runs as that user (the
+#: tracking server, the head's Prometheus), not the watcher (users.PYTHON, as its user).
 HEAD_PYTHON = "$HOME/rayfleet/env/bin/python"
 #: How long `up` waits for the watcher's first marker, to keep a copy of it.
 FIRST_MARKER_S = 30.0
@@ -49,6 +52,9 @@ def watcher_config(spec: Spec, state: State, cluster: Resource) -> autodown.Conf
         action_args={"project": str(cluster.attrs["project"]), "zone": str(cluster.attrs["zone"]),
                      "labels": config.sweep_labels(label_id, cluster.id),
                      "head_name": str(cluster.attrs["head"]),
+                     # Ray's autoscaler, which would replace what is being deleted: the watcher's
+                     # user's own process, which it can stop (Ray's are another user's).
+                     "monitor_pidfile": f"~/{privilege.MONITOR_PID}",
                      **slices.autodown_args(spec, state)},
         token_path=config.NODE_TOKEN_PATH if auth.token_file(state) else None)
 
@@ -59,20 +65,25 @@ def install(spec: Spec, state: State, cluster: Resource, target: ssh.SshTarget) 
     if spec.autodown is None:
         if autodown_view.read_marker(autodown_view.marker_path(spec.name)) is not None:
             with contextlib.suppress(RayfleetError):
-                autodown_remote.stop(target, HEAD_PYTHON)
+                autodown_remote.stop(target, users.PYTHON, users.ACTIVATE, users.DAEMON_USER)
             autodown_view.forget(spec.name)
         return
     with ui.step(f"starting the autodown watcher on the head ({spec.autodown.idle_minutes:g} "
                  "idle minutes)"):
-        autodown_remote.install(target, watcher_config(spec, state, cluster), python=HEAD_PYTHON)
+        autodown_remote.install(target, watcher_config(spec, state, cluster), python=users.PYTHON,
+                                activate=users.ACTIVATE, user=users.DAEMON_USER)
         try:
-            poll(lambda: autodown_view.cache_marker(
-                spec.name, autodown_remote.head_marker(target, HEAD_PYTHON) or "",
-                state.cluster_id),
+            poll(lambda: autodown_view.cache_marker(spec.name, marker(target) or "",
+                                                    state.cluster_id),
                  FIRST_MARKER_S, 1, "no marker")
         except PollTimeout:
             ui.warn(f"the autodown watcher on {cluster.attrs['head']} has not reported yet; "
-                    f"see ~/{autodown.HEAD_LOG.removeprefix('~/')} there")
+                    f"see ~{users.DAEMON_USER}/{autodown.HEAD_LOG.removeprefix('~/')} there")
+
+
+def marker(target: ssh.SshTarget) -> str | None:
+    """The watcher's marker and whether it runs, read as the user it runs as (`status`)."""
+    return autodown_remote.head_marker(target, users.PYTHON, users.ACTIVATE, users.DAEMON_USER)
 
 
 def nodes_left(api: Gcp, cluster: Resource) -> int:

@@ -18,7 +18,6 @@ from typing import Any
 
 from infra import (
     auth,
-    autodown_remote,
     jobs,
     paths,
     privilege,
@@ -367,8 +366,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         clusters = state.resources(CLUSTER)
         if left is False or not clusters:
             return None  # a deleted head leaves nothing to read
-        return autodown_remote.head_marker(self._head_target(clusters[0]),
-                                           autodown_setup.HEAD_PYTHON)
+        return autodown_setup.marker(self._head_target(clusters[0]))
 
     def autodown_left(self, state: State) -> bool | None:
         """Whether the APIs list any VM or TPU node with the recorded clusters' labels."""

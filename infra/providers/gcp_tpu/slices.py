@@ -33,8 +33,6 @@ QUEUED = "gcp-queued-resource"
 TEARDOWN_TIMEOUT_S = 900
 #: Where `status` keeps the last marker read from the head.
 MARKER_FILE = "queued-marker.json"
-#: The head's node environment (setup/), which runs the joiner and its supervisor.
-JOINER_PYTHON = "$HOME/rayfleet/env/bin/python"
 
 
 def slice_requests(spec: Spec, cluster_id: str, owner: str, public_key: str) -> list[queued.SliceRequest]:
@@ -90,7 +88,10 @@ def _finished(api: Gcp, operation: dict[str, Any], what: str) -> Any:
 
 def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
                    requests: list[queued.SliceRequest], head_address: str) -> None:
-    """Start (or keep) the head's joiner for this cluster's slices."""
+    """Start (or keep) the head's joiner for this cluster's slices, as the autoscaler's user
+    (users.DAEMON_USER): the joiner queues slices with the VM's service account, which only that
+    user reaches (guard.sh), and sets hosts up with that user's copies of the cluster's key, the
+    installer and the Ray token; its config, marker and log are in that user's home."""
     install = versions.install_args(spec.node_env.tpu_env, backend=spec.node_env.backend)
     settings = {
         "cluster": spec.name, "cluster_id": state.cluster_id, "project": spec.project,
@@ -118,19 +119,21 @@ def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
         remote_head.install_daemon(
             target, "infra.node.gcp_tpu.joiner", joiner.HEAD_CONFIG,
             json.dumps(settings, indent=2) + "\n",
-            python=JOINER_PYTHON, log=joiner.HEAD_LOG)
+            python=users.PYTHON, activate=users.ACTIVATE, log=joiner.HEAD_LOG,
+            user=users.DAEMON_USER)
 
 
 def stop_joiner(target: ssh.SshTarget) -> None:
     with contextlib.suppress(RayfleetError):
-        remote_head.stop_daemon(target, joiner.HEAD_CONFIG, JOINER_PYTHON)
+        remote_head.stop_daemon(target, joiner.HEAD_CONFIG, users.PYTHON, users.ACTIVATE,
+                                users.DAEMON_USER)
 
 
 def read_marker(target: ssh.SshTarget | None, cluster: str) -> dict[str, Any]:
     """The head's marker (cached here for when the head cannot answer); {} when none."""
     cache = paths.home() / "gcp-tpu" / cluster / MARKER_FILE
     if target is not None:
-        text = remote_head.read_file(target, joiner.HEAD_MARKER)
+        text = remote_head.read_file(target, joiner.HEAD_MARKER, users.DAEMON_USER)
         if text:
             atomic_write(cache, text)
     try:

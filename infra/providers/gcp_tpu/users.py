@@ -4,9 +4,9 @@ its autoscaler as them; what a job there can reach (issue 29), as `plan` and `st
 The head (`ray up` with Ray's unpatched GCP provider): Ray's file mounts and `ray up` leave the
 token, the tracking password, the installer, Ray's config and the cluster's key in the SSH
 user's home; setup/users/users.sh hands Ray's user the token (and password) and the autoscaler's
-user all of it; setup/users/guard.sh then lets only root, the autoscaler's user and the SSH user
-(sudo: root already) reach the metadata server, which hands the VM's service-account token to
-whoever asks; `ray start --head --no-monitor` runs as Ray's user and Ray's v1 monitor as the
+user all of it; setup/users/guard.sh then lets only root and the autoscaler's user reach the metadata server,
+which hands the VM's service-account token to whoever asks; `ray start --head --no-monitor` runs
+as Ray's user, and Ray's v1 monitor, the idle watcher and the queued-slice joiner as the
 autoscaler's. Workers and TPU hosts (set up by that monitor over SSH as the SSH user): the same
 users and guard, Ray's TPU attributes read from the metadata server as root and handed to Ray as
 its own variables (setup/users/gcp_tpu_env.sh), then Ray as Ray's user. NOTES.md says why.
@@ -17,7 +17,9 @@ from __future__ import annotations
 from infra import metrics_remote, privilege, tracking, tracking_remote
 
 #: What `plan` and `status` print about a job on a gcp-tpu cluster.
-JOB_REACH = privilege.job_reach("the metadata server (the VM's service-account token)")
+JOB_REACH = privilege.job_reach(
+    f"the metadata server (the VM's service-account token: it answers root and "
+    f"{privilege.SCALER_USER} only)", "the autoscaler, the idle watcher and the slice joiner")
 #: The metadata server by address and by name (guard.sh resolves the name on the node: Google's
 #: resolver answers 169.254.169.254; a test bed's answers with its offline server).
 METADATA = ("169.254.169.254", "metadata.google.internal")
@@ -29,6 +31,17 @@ SETUP_DIR = "rayfleet/setup"
 TPU_ENV_SCRIPT = f"{privilege.USERS_DIR}/gcp_tpu_env.sh"
 #: What it printed, in Ray's user's home (its .rayfleet, made by users.sh with the token).
 TPU_ENV_FILE = ".rayfleet/tpu-env"
+#: The node env (setup/install.sh's prefix, in the SSH user's home, traversable by the node
+#: users: setup/users/users.sh) first on the PATH: a prefix for the SSH user's shell, so that a
+#: daemon it starts as another node user (`privilege.as_user`) finds that env's Python.
+ACTIVATE = 'export PATH="$HOME/rayfleet/env/bin:$PATH" && '
+#: That env's Python, for a command after ACTIVATE, as any node user: it has Ray, requests and
+#: Google's client library (installed there for the autoscaler).
+PYTHON = "python"
+#: Who runs the head's daemons that need the VM's service account (the idle watcher, which
+#: deletes the cluster, and the queued-slice joiner, which queues and joins slices): the
+#: autoscaler's user, the one that the metadata server answers besides root (guard.sh).
+DAEMON_USER = privilege.SCALER_USER
 #: Ray's file mounts keep modes; this keeps the SSH user's copies of the token and password
 #: private even if they came without (users.sh copies them with the mode they have).
 _PRIVATE = "{ chmod -R go-rwx ~/.rayfleet 2>/dev/null || true; }"
