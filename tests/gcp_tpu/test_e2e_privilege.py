@@ -95,7 +95,7 @@ def test_ray_and_its_autoscaler_run_as_two_users_and_only_one_reaches_the_token(
     # The idle watcher (it deletes the cluster with the VM's service account) and its
     # supervisor run as the autoscaler's user too, and `status` reads its marker as that user.
     assert _owners(head, "[i]nfra.node.autodown --config") == {SCALER_USER}
-    assert _owners(head, "[s]upervise ensure .*autodown.json.pid") == {SCALER_USER}
+    assert _owners(head, "[i]nfra.node.supervise run .*autodown.json.pid") == {SCALER_USER}
     status = cluster.invoke("status")
     assert status.returncode == 0 and "autodown: " in status.stdout, status.stdout + status.stderr
     assert "watcher not running" not in status.stdout, status.stdout
