@@ -106,6 +106,11 @@ def test_list_four_providers_one_down(rf_home: Path, tmp_path: Path, lambda_fake
         for up in ups:
             assert up.returncode == 0, up.stderr
         print(f"both clusters up in {time.monotonic() - began:.1f}s")
+        # `up` does not wait for the Slurm head's idle watcher to report (a busy machine can take
+        # a while): the autodown column below is the watcher's first report, so wait for it.
+        wait_until(lambda: "no report from the watcher yet" not in run_invoke(
+            "status", "--cluster", "hpc").stdout, "the Slurm head's watcher to report",
+            timeout=120, interval=1)
 
         started = time.monotonic()
         listed = run_invoke("list", "--json", "--timeout", str(TIMEOUT))
