@@ -91,17 +91,18 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
         if supervise.stop(Path(pid_file).expanduser()):
             log(f"stopped the head's daemon {pid_file}")
     monitor = args.get("monitor_pidfile")
+    ray = ray_executable(default="")
     if monitor and stop_monitor(Path(str(monitor)).expanduser()):
         log("stopped Ray's autoscaler on the head, so that it launches no more workers")
-        time.sleep(float(args.get("settle_s", 3)))
-        remove(args, log)
-        return
-    ray = ray_executable(default="")
-    if ray:
+    elif ray:
         log("stopping Ray on the head, so that its autoscaler launches no more workers")
         done = subprocess.run([ray, "stop"], capture_output=True, text=True, timeout=300,
                               check=False)
         if done.returncode != 0:
             log(f"`ray stop` exited {done.returncode}: {done.stderr.strip()[-200:]}")
-        time.sleep(float(args.get("settle_s", 3)))
+    else:
+        remove(args, log)
+        return
+    # A launch the autoscaler sent just before it stopped shows in the listing a moment later.
+    time.sleep(float(args.get("settle_s", 3)))
     remove(args, log)
