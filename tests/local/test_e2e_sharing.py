@@ -388,3 +388,32 @@ def test_usage_survives_a_gateway_restart(shared: Shared) -> None:
     assert rows["mo"]["last_seen"] >= before["members"]["mo"]["last_seen"]
     # Written once, when mo submitted: Ray's job list (which the gateway re-reads) does not have it.
     assert json.loads(usage.read_text())["jobs"][job]["submitted"] == before["jobs"][job]["submitted"]
+
+
+def test_members_and_usage_survive_the_cluster_going_away_and_a_new_up(shared: Shared) -> None:
+    """What autodown or `teardown` then `up` does to a class cluster overnight: the head comes
+    back at the same address (here: this machine's port), so every bundle keeps working, and the
+    registry and the usage are the same ones."""
+    pia = shared.add("pia")
+    job = pia.submit("python -c print(4)")
+    _wait_for(lambda: pia.get(f"/api/jobs/{job}").json().get("status") == "SUCCEEDED", 120,
+              "pia's job done")
+
+    def rows() -> dict[str, dict[str, object]]:
+        listed = shared.invoke("members", "--json")
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        return {row["name"]: row for row in json.loads(listed.stdout)["members"]}
+
+    _wait_for(lambda: rows()["pia"]["total_jobs"] == 1, 30, "the gateway counts pia's job")
+    before = rows()
+    down = shared.invoke("teardown")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not rayproc.port_answers("127.0.0.1", shared.port)
+    up = shared.invoke("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "need a new bundle" not in up.stdout + up.stderr, up.stdout + up.stderr
+    assert pia.get("/api/jobs/").status_code == 200  # the same bundle, the same address
+    after = rows()
+    assert set(after) == set(before)
+    assert after["pia"]["total_jobs"] == before["pia"]["total_jobs"] == 1
+    assert after["pia"]["job_hours"] >= before["pia"]["job_hours"]
