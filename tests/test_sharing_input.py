@@ -29,18 +29,18 @@ def test_sharing_on_a_public_head_needs_allowed_source_ranges(tmp_path: Path, ex
     assert not (tmp_path / "h").exists()
 
 
-@pytest.mark.parametrize(("example", "why"), [
-    ("slurm.yaml", "not on slurm: the head runs on a compute node, which members cannot reach")])
-def test_sharing_where_no_gateway_runs_is_refused_before_anything_exists(
-        tmp_path: Path, example: str, why: str) -> None:
-    base = (ROOT / "clusters" / example).read_text()
-    # Without `members_run_as_owner`: the provider's reason comes first, not a request to add it.
-    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/8]\n")
+def test_sharing_ranges_on_slurm_are_refused_before_anything_exists(tmp_path: Path) -> None:
+    """rayfleet opens no firewall on a Slurm site: ranges it cannot enforce are refused, not
+    silently ignored (they were refused with the whole block before the gateway ran there)."""
+    base = (ROOT / "clusters" / "slurm.yaml").read_text()
+    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/8]\n"
+                                  "  members_run_as_owner: true\n")
     for verb in ("plan", "up"):
         done = run_invoke(verb, "--cluster", str(spec), env={"RAYFLEET_HOME": str(tmp_path / "h")})
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and why in lines[0], done.stderr
+        assert len(lines) == 1 and "sharing.allowed_source_ranges" in lines[0] \
+            and "controls no firewall" in lines[0] and "remove the field" in lines[0], done.stderr
     assert not (tmp_path / "h").exists()
 
 
