@@ -152,6 +152,14 @@ class Provider(BaseProvider[Spec, None]):
                 f"{rayproc.PortBlock(0).prometheus} of the block (a `prometheus` on the head's "
                 f"PATH, in its env, or /usr/bin; none: the cluster runs without metrics); history "
                 f"in {self._metrics_store()}, kept after teardown; `invoke top`, `invoke report`")
+        if self.spec.sharing is not None:
+            notes.append(
+                f"sharing gateway in the head's job, on all the head node's addresses at port "
+                f"{self.spec.sharing.port} (members on the site reach it there, others through "
+                "their own `ssh -L` via a login host; no firewall: the site's network decides "
+                "who reaches it); its certificate, members' token hashes and usage in "
+                f"{self._on_submit_host(sharing_home(self.spec.submit.workdir, self.spec.name))}"
+                ", kept after teardown")
         return Plan(resources=resources, files=files, notes=notes, extra=None)
 
     # --- up ------------------------------------------------------------------------------------
