@@ -24,13 +24,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from infra import sharing_certs
 from infra.node import rayproc
-from tests.conftest import ROOT
+from tests.bed_member import Member, join
 from tests.slurm.conftest import LoginCluster, login_spec, ok, ray_left_on_hosts
 from tests.testbed.hosts import Host, ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
@@ -46,34 +45,6 @@ SPEC = f"""sharing:
 """
 #: A member's job: where it ran.
 WHERE = "python -c \"import socket; print('RAN ON', socket.gethostname())\""
-
-
-@dataclass
-class Member:
-    name: str
-    home: Path
-    host: Host
-    env: dict[str, str] = field(default_factory=dict)
-
-    def sh(self, command: str, timeout: float = 300) -> Any:
-        """A shell line on the member's host, in their own home, with only their variables."""
-        return self.host.run(command, env=self.env, cwd=str(self.home), timeout=timeout)
-
-    def invoke(self, *args: str, timeout: float = 300) -> Any:
-        import sys
-
-        return self.sh(shlex.join([sys.executable, "-m", "invoke", "-r", str(ROOT), *args]),
-                       timeout=timeout)
-
-    def ray(self, *args: str, timeout: float = 300) -> Any:
-        return self.sh(shlex.join(["ray", "job", *args]), timeout=timeout)
-
-    def status_code(self, path: str = "/api/jobs/", method: str = "GET") -> str:
-        """The gateway's HTTP status for this member's token (curl, the CA pinned)."""
-        return self.sh(f'curl -s -o /dev/null -w "%{{http_code}}" --max-time 5 -X {method} '
-                       '--cacert "$REQUESTS_CA_BUNDLE" '
-                       '-H "Authorization: Bearer $(cat "$RAY_AUTH_TOKEN_PATH")" '
-                       f'"$RAY_API_SERVER_ADDRESS{path}"', timeout=30).stdout.strip()
 
 
 @dataclass
@@ -117,15 +88,9 @@ def _join(shared: Shared, name: str) -> Member:
     ok(cluster.invoke("member-add", name, "--out", str(bundle)))
     home = cluster.home.parent / f"home-{name}"
     home.mkdir()
-    member = Member(name, home, shared.site_host, {
+    member = join(Member(name, home, shared.site_host, {
         "HOME": str(home), "RAYFLEET_HOME": str(home / ".rf"), "RAY_USAGE_STATS_ENABLED": "0",
-        "PATH": f"{ray_bin_dir()}:/usr/local/bin:/usr/bin:/bin"})
-    joined = member.invoke("join", str(bundle))
-    assert joined.returncode == 0, joined.stdout + joined.stderr
-    printed = member.invoke("env", "--cluster", NAME)
-    assert printed.returncode == 0 and printed.stdout.startswith("export "), printed.stderr
-    member.env.update(item.split("=", 1) for item in
-                      printed.stdout.strip().removeprefix("export ").split())
+        "PATH": f"{ray_bin_dir()}:/usr/local/bin:/usr/bin:/bin"}), bundle, NAME)
     shared.members[name] = member
     return member
 
