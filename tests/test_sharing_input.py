@@ -89,3 +89,21 @@ def test_join_refuses_a_malformed_or_foreign_bundle(tmp_path: Path, content: str
     assert done.returncode != 0 and expected in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not (home / "joined").exists()
+
+
+def test_a_provider_whose_head_gets_no_gateway_refuses_sharing_naming_its_reason() -> None:
+    """Every provider runs the gateway now; one that does not (a new provider's default) refuses
+    the block before anything is created, with its own reason first."""
+    from infra import sharing
+    from infra.errors import SpecError
+    from infra.spec import ClusterSpec, Sharing
+
+    class NoGateway(ClusterSpec):
+        SHARING_REFUSAL = "not on {provider}: no head to run it on"
+
+    spec = NoGateway(name="c", provider="nohead", source="c.yaml",
+                     sharing=Sharing())
+    with pytest.raises(SpecError) as refused:
+        sharing.check_spec(spec)
+    assert str(refused.value).startswith("c.yaml: sharing: not on nohead: no head to run it on; "
+                                         "remove the block")
