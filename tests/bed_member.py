@@ -38,12 +38,18 @@ class Member:
         done = self.ray(*args)
         return str(done.stdout + done.stderr)
 
+    def fetch(self, path: str = "/api/jobs/") -> tuple[str, str]:
+        """(the gateway's HTTP status, the body) of a GET with this member's token (curl, the CA
+        pinned): a cheap probe where Ray's CLI would take seconds to start."""
+        out = self.sh('curl -s -w "\\n%{http_code}" --max-time 5 '
+                      '--cacert "$REQUESTS_CA_BUNDLE" '
+                      '-H "Authorization: Bearer $(cat "$RAY_AUTH_TOKEN_PATH")" '
+                      f'"$RAY_API_SERVER_ADDRESS{path}"', timeout=30).stdout
+        body, _, code = out.rpartition("\n")
+        return code.strip(), body
+
     def status_code(self, path: str = "/api/jobs/") -> str:
-        """The gateway's HTTP status for this member's token (curl, the CA pinned)."""
-        return self.sh('curl -s -o /dev/null -w "%{http_code}" --max-time 5 '
-                       '--cacert "$REQUESTS_CA_BUNDLE" '
-                       '-H "Authorization: Bearer $(cat "$RAY_AUTH_TOKEN_PATH")" '
-                       f'"$RAY_API_SERVER_ADDRESS{path}"', timeout=30).stdout.strip()
+        return self.fetch(path)[0]
 
 
 def join(member: Member, bundle: Path, cluster: str) -> Member:

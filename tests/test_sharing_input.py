@@ -91,6 +91,22 @@ def test_join_refuses_a_malformed_or_foreign_bundle(tmp_path: Path, content: str
     assert not (home / "joined").exists()
 
 
+@pytest.mark.parametrize("address", ["http://localhost:8443", "https://localhost",
+                                     "https://localhost:8443/x; rm -rf ~", "localhost:8443"])
+def test_join_refuses_an_address_that_is_not_https_host_port(tmp_path: Path, address: str) -> None:
+    bundle = tmp_path / "bundle.json"
+    bundle.write_text(json.dumps({
+        "kind": "rayfleet-member-bundle/1", "cluster": "x", "address": "https://10.0.0.5:8443",
+        "member": "a", "ca_cert": "-----BEGIN CERTIFICATE-----", "token": "t"}))
+    home = tmp_path / "member"
+    done = run_invoke("join", str(bundle), "--address", address,
+                      env={"RAYFLEET_HOME": str(home)})
+    assert done.returncode != 0 and "--address" in done.stderr \
+        and "give https://HOST:PORT" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (home / "joined").exists()
+
+
 def test_a_provider_whose_head_gets_no_gateway_refuses_sharing_naming_its_reason() -> None:
     """Every provider runs the gateway now; one that does not (a new provider's default) refuses
     the block before anything is created, with its own reason first."""

@@ -30,6 +30,7 @@ import pytest
 from infra import sharing_certs
 from infra.node import rayproc
 from tests.bed_member import Member, join
+from tests.conftest import run_invoke
 from tests.slurm.conftest import LoginCluster, login_spec, ok, ray_left_on_hosts
 from tests.testbed.hosts import Host, ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
@@ -124,17 +125,20 @@ def test_a_member_on_the_site_submits_with_stock_ray_and_another_cannot_touch_it
     found = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr)
     assert submitted.returncode == 0 and found, submitted.stdout + submitted.stderr
     job = shared.jobs["alice"] = found.group(0)
-    wait_until(lambda: "succeeded" in str(alice.ray("status", job).stdout
-                                          + alice.ray("status", job).stderr),
-               "alice's job done", timeout=180, interval=1)
+
+    def finished() -> bool:
+        code, body = alice.fetch(f"/api/jobs/{job}")
+        return code == "200" and json.loads(body).get("status") == "SUCCEEDED"
+
+    wait_until(finished, "alice's job done", timeout=180, interval=0.5)
     logs = alice.ray("logs", job)
     assert f"RAN ON {shared.head.hostname}" in logs.stdout + logs.stderr, logs.stdout + logs.stderr
-    for verb in ("stop", "logs"):
-        refused = bob.ray(verb, job)
-        assert refused.returncode != 0 and "is not yours" in refused.stdout + refused.stderr, verb
-    assert bob.status_code(f"/api/jobs/{job}") == "403"
-    listed = bob.ray("list")
-    assert listed.returncode == 0 and job not in listed.stdout + listed.stderr
+    refused = bob.ray("stop", job)
+    assert refused.returncode != 0 and "is not yours" in refused.stdout + refused.stderr
+    for path in (f"/api/jobs/{job}", f"/api/jobs/{job}/logs"):
+        assert bob.status_code(path) == "403", path
+    code, listed = bob.fetch("/api/jobs/")
+    assert code == "200" and json.loads(listed) == [], listed
     # Nothing of the cluster's token in a member's home.
     token = (shared.cluster.home / "keys" / NAME / "ray-token").read_text().strip()
     leaked = alice.sh(f"grep -rlF {shlex.quote(token)} . || true").stdout.strip()
@@ -166,11 +170,23 @@ def _own_tunnel(shared: Shared) -> Iterator[int]:
 
 def test_a_member_off_site_reaches_it_through_their_own_tunnel_by_localhost(
         shared: Shared) -> None:
+    """alice on her laptop (this machine, a home of its own): `join --address` the tunnel's end,
+    then rayfleet's `status` and the stock `ray job list` through it, the certificate verified
+    by the name `localhost`."""
     alice = shared.members["alice"]
+    laptop = alice.home.parent / "alice-laptop"
+    laptop.mkdir()
+    env = {"HOME": str(laptop), "RAYFLEET_HOME": str(laptop / ".rf"),
+           "RAY_USAGE_STATS_ENABLED": "0", "PATH": f"{ray_bin_dir()}:/usr/bin:/bin"}
+    bundle = shared.cluster.home.parent / "alice.rayfleet.json"
     with _own_tunnel(shared) as local:
-        env = {**alice.env, "PATH": f"{ray_bin_dir()}:/usr/bin:/bin",
-               "RAY_API_SERVER_ADDRESS": f"https://localhost:{local}"}
-        listed = subprocess.run(["ray", "job", "list"], env=env, cwd=alice.home,
+        ok(run_invoke("join", str(bundle), "--address", f"https://localhost:{local}", env=env))
+        status = json.loads(ok(run_invoke("status", "--cluster", NAME, "--json", env=env)))
+        assert [row["job"] for row in status["jobs"]] == [shared.jobs["alice"]], status
+        exports = ok(run_invoke("env", "--cluster", NAME, env=env))
+        env.update(item.split("=", 1) for item in exports.strip().removeprefix("export ").split())
+        assert env["RAY_API_SERVER_ADDRESS"] == f"https://localhost:{local}"
+        listed = subprocess.run(["ray", "job", "list"], env=env, cwd=laptop,
                                 capture_output=True, text=True, timeout=120, check=False)
         assert listed.returncode == 0, listed.stdout + listed.stderr
         assert shared.jobs["alice"] in listed.stdout + listed.stderr
