@@ -22,9 +22,8 @@ import os
 import secrets
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from infra import paths, sharing_certs, tracking, tracking_remote, ui
 from infra.costs import NodePrices
@@ -39,36 +38,23 @@ from infra.state import State
 BUNDLE_KIND = "rayfleet-member-bundle/1"
 
 
-@dataclass(frozen=True)
-class HeadFiles:
+class HeadFiles(NamedTuple):
     """Where a remote head keeps the gateway's files: `~/`-relative (the login's home) or
-    absolute paths under `root` (`~/.rayfleet`, or the head's `HeadAccess.gateway_home`)."""
+    absolute paths."""
 
-    root: str = "~/.rayfleet"
-
-    @property
-    def config(self) -> str:
-        return f"{self.root}/{gateway.CONFIG_FILE}"
-
-    @property
-    def data(self) -> str:
-        return f"{self.root}/gateway"
-
-    @property
-    def cert(self) -> str:
-        return f"{self.root}/gateway.pem"
-
-    @property
-    def key(self) -> str:
-        return f"{self.root}/gateway.key"
-
-    @property
-    def log(self) -> str:
-        return f"{self.root}/gateway.log"
+    config: str
+    data: str
+    cert: str
+    key: str
+    log: str
 
 
 def head_files(access: HeadAccess) -> HeadFiles:
-    return HeadFiles(access.gateway_home) if access.gateway_home else HeadFiles()
+    """Under `~/.rayfleet` (a head of its own), or the head's `gateway_home` (Slurm: per cluster
+    on the shared work dir, which every shared cluster of one site account shares)."""
+    root = access.gateway_home or "~/.rayfleet"
+    return HeadFiles(f"{root}/{gateway.CONFIG_FILE}", f"{root}/gateway", f"{root}/gateway.pem",
+                     f"{root}/gateway.key", f"{root}/gateway.log")
 
 
 def _here(access: HeadAccess) -> bool:
