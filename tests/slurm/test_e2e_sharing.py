@@ -116,6 +116,9 @@ def test_up_runs_the_gateway_in_the_heads_job_with_a_certificate_for_the_site_an
         assert oct((home / name).stat().st_mode & 0o777) == "0o600", name
     token = (shared.cluster.home / "keys" / NAME / "ray-token").read_text().strip()
     assert token not in (home / "rayfleet-gateway.json").read_text()
+    planned = ok(shared.cluster.invoke("plan"))
+    assert f"sharing gateway in the head's job, on all the head node's addresses at port {PORT}" \
+        in " ".join(planned.split()), planned
 
 
 def test_a_member_on_the_site_submits_with_stock_ray_and_another_cannot_touch_it(
