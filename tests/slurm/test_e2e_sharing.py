@@ -7,9 +7,10 @@ One fixed one-node cluster serves every scenario, in file order: `up` starts the
 head's job, listening on the node's addresses with a certificate that names the node, 127.0.0.1 and
 localhost; two members join in homes of their own on the other bed host (the site's network) and
 alice submits with the stock `ray job` CLI; bob can neither stop nor read alice's job (403); from
-the owner's machine a member reaches the gateway through their own `ssh -L` via the login host,
-the CA pinned, by the name `localhost`; a removed member is refused within 5 s while the other
-keeps working; `members --json` counts from the head; `teardown` leaves no gateway listening and
+the owner's machine a member reaches the gateway through their own `ssh -L` via the login host
+(`join --address`), the CA pinned, by the name `localhost`; a removed member is refused within 5 s while the other
+keeps working; a gateway killed on the head is back within seconds with its accounting (the job's
+supervisor); `members --json` counts from the head; `teardown` leaves no gateway listening and
 keeps the usage here.
 """
 
@@ -204,6 +205,25 @@ def test_a_removed_member_is_refused_within_5s_while_the_other_keeps_working(
     wait_until(lambda: bob.status_code() == "403", "bob refused", timeout=5, interval=0.1)
     print(f"\n[slurm sharing] revoked in {time.monotonic() - started:.1f}s")
     assert alice.status_code() == "200"
+
+
+def test_a_gateway_killed_in_the_job_is_back_with_its_accounting(shared: Shared) -> None:
+    """The job's supervisor (rf_supervised) starts it again, from the copy in the private dir."""
+    temp = str(shared.cluster.job["temp_dir"])
+
+    def gateways() -> list[str]:
+        out = shared.head.run("pgrep -af '^[^ ]*python[^ ]* -m infra.node.gateway'").stdout
+        return [line.split()[0] for line in out.splitlines() if temp in line]
+
+    before = gateways()
+    assert len(before) == 1, before
+    shared.head.run(f"kill -9 {before[0]}", check=True)
+    alice = shared.members["alice"]
+    wait_until(lambda: gateways() not in ([], before) and alice.status_code() == "200",
+               "the supervisor's new gateway", timeout=30, interval=0.2)
+    home = Path(shared.cluster.slurm.jobs_dir) / "sharing" / NAME / "gateway"
+    usage = json.loads((home / "usage.json").read_text())
+    assert shared.jobs["alice"] in usage["jobs"], usage
 
 
 def test_members_json_counts_and_teardown_stops_the_gateway_and_keeps_usage(
