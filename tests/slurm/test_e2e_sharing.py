@@ -8,10 +8,10 @@ head's job, listening on the node's addresses with a certificate that names the 
 localhost; two members join in homes of their own on the other bed host (the site's network) and
 alice submits with the stock `ray job` CLI; bob can neither stop nor read alice's job (403); from
 the owner's machine a member reaches the gateway through their own `ssh -L` via the login host
-(`join --address`), the CA pinned, by the name `localhost`; a removed member is refused within 5 s while the other
-keeps working; a gateway killed on the head is back within seconds with its accounting (the job's
-supervisor); `members --json` counts from the head; `teardown` leaves no gateway listening and
-keeps the usage here.
+(`join --address`), the CA pinned, by the name `localhost`; a removed member is refused within
+5 s while the other keeps working; a gateway killed on the head is back within seconds with its
+accounting (the job's supervisor); `members --json` counts from the head; `teardown` leaves no
+gateway listening and keeps the usage here.
 """
 
 from __future__ import annotations
