@@ -154,8 +154,8 @@ def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
                f"running {costs.usd(cluster_cost.get('idle_usd'))}", markup=False)
 
 
-def join(bundle: str) -> None:
-    name = membership.join(bundle)
+def join(bundle: str, address: str | None = None) -> None:
+    name = membership.join(bundle, address)
     info = membership.describe(name)
     ui.out(f"joined {name!r} as member {info['member']!r} ({info['address']})", markup=False)
     ui.out(f'next: eval "$(invoke env --cluster {name})"; then `ray job submit -- python x.py`, '

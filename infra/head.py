@@ -45,6 +45,17 @@ class HeadAccess:
     #: its node environment (Ray's Python, with aiohttp): head daemons such as the gateway.
     python: str = "python3"
     activate: str = ""
+    #: Where the head's own batch job runs the sharing gateway (Slurm): a folder on the head's
+    #: shared filesystem (`~/`-relative or absolute) that `up` fills with the gateway's config,
+    #: certificate and data, and from which the job's supervisor starts it, so that it ends with
+    #: the job. None: `up` starts it over SSH (remote_head.install_daemon) or here.
+    gateway_home: str | None = None
+    #: More names members reach the head by, for the gateway's certificate (Slurm: the node's
+    #: name, and 127.0.0.1/localhost for a member's own SSH tunnel through a login host).
+    names: tuple[str, ...] = ()
+    #: The tracking server's password file on the head, when not where remote heads keep it
+    #: (Slurm: the job's keys dir); the gateway keeps its content out of every answer.
+    tracking_password: str | None = None
 
 
 def _ssh_base(target: ssh.SshTarget) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -86,9 +87,16 @@ def read_bundle(path: str) -> dict[str, str]:
     return data
 
 
-def join(path: str) -> str:
-    """Keep a bundle's cluster, address, CA and token; the cluster's name."""
+def join(path: str, address: str | None = None) -> str:
+    """Keep a bundle's cluster, address, CA and token; the cluster's name. `address`: where this
+    member reaches the gateway instead of the bundle's (their own SSH tunnel to a Slurm head,
+    https://localhost:PORT: the gateway's certificate names localhost and 127.0.0.1 there)."""
     data = read_bundle(path)
+    if address is not None:
+        if not re.fullmatch(r"https://[A-Za-z0-9_.:\[\]-]+:\d{1,5}", address):
+            raise MembershipError(f"--address {address!r}: give https://HOST:PORT, e.g. "
+                                  "https://localhost:8443 for your own SSH tunnel")
+        data = {**data, "address": address}
     import certifi
 
     target = folder(data["cluster"])

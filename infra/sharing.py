@@ -8,7 +8,9 @@ gateway at its next request; a remote head gets the file over SFTP (at every `up
 change), into `~/.rayfleet/gateway` (0700, the SSH user's: Ray's user cannot read it). Usage stays
 with the registry too: a remote head's copy is fetched by `members` and at `teardown`, and given
 back to a new head at `up`, so it survives teardown, autodown and the next `up` (like the tracking
-store).
+store). A head whose batch job runs the gateway itself (Slurm: `HeadAccess.gateway_home`) gets the
+same files in that folder on the site's shared filesystem; the job's supervisor starts the gateway
+once its config is there and ends it with the job.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import secrets
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from infra import paths, sharing_certs, tracking, tracking_remote, ui
 from infra.costs import NodePrices
@@ -33,10 +36,35 @@ from infra.state import State
 
 #: What a bundle says it is; `join` refuses anything else.
 BUNDLE_KIND = "rayfleet-member-bundle/1"
-#: On a remote head: the gateway's config and data, relative to the login user's home.
-HEAD_CONFIG = "~/.rayfleet/" + gateway.CONFIG_FILE
-HEAD_DATA = "~/.rayfleet/gateway"
-GATEWAY_LOG = "~/.rayfleet/gateway.log"
+
+
+class HeadFiles(NamedTuple):
+    """Where a remote head keeps the gateway's files: `~/`-relative (the login's home) or
+    absolute paths."""
+
+    config: str
+    data: str
+    cert: str
+    key: str
+    log: str
+
+
+def head_files(access: HeadAccess) -> HeadFiles:
+    """Under `~/.rayfleet` (a head of its own), or the head's `gateway_home` (Slurm: per cluster
+    on the shared work dir, which every shared cluster of one site account shares)."""
+    root = access.gateway_home or "~/.rayfleet"
+    return HeadFiles(f"{root}/{gateway.CONFIG_FILE}", f"{root}/gateway", f"{root}/gateway.pem",
+                     f"{root}/gateway.key", f"{root}/gateway.log")
+
+
+def _here(access: HeadAccess) -> bool:
+    """The gateway runs on this machine, started by us, reading the owner's folder directly."""
+    return access.target is None and access.gateway_home is None
+
+
+def _on_head(path: str) -> str:
+    """A head path as the gateway (run from its user's home) and SFTP read it: `~/x` -> `x`."""
+    return path.removeprefix("~/")
 
 
 class SharingError(RayfleetError):
@@ -119,18 +147,19 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
                     prices: NodePrices | None = None) -> tuple[gateway.Config, Path]:
     """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
     assert selected.sharing is not None
-    cert, key = sharing_certs.ensure_server_cert(selected.name, [address])
+    cert, key = sharing_certs.ensure_server_cert(selected.name, [address, *access.names])
     token = access.env.get("RAY_AUTH_TOKEN_PATH")
-    here = access.target is None
-    data = folder(selected.name) if here else Path(HEAD_DATA)
+    here = _here(access)
+    data = folder(selected.name) if here else Path(_on_head(head_files(access).data))
     # A remote gateway runs from its user's home: `~/` paths as relative ones (Python's open does
     # not expand `~`).
     mlflow = str(tracking.password_path(selected.name)) if here else \
-        tracking_remote.NODE_PASSWORD_PATH.removeprefix("~/")
+        _on_head(access.tracking_password or tracking_remote.NODE_PASSWORD_PATH)
     if token and not here:
-        token = token.removeprefix("~/")
+        token = _on_head(token)
     config = gateway.Config(
-        cluster=selected.name, host="127.0.0.1" if here else "0.0.0.0",
+        # A head job on this machine (Slurm) serves this machine only, like the local provider.
+        cluster=selected.name, host="127.0.0.1" if access.target is None else "0.0.0.0",
         port=selected.sharing.port, upstream=f"http://127.0.0.1:{access.dashboard_port}",
         token_path=token, cert=str(cert), key=str(key), data_dir=str(data),
         max_running_jobs_per_member=selected.sharing.max_running_jobs_per_member,
@@ -156,7 +185,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     config, config_path = _gateway_config(selected, access, state, address, prices)
     if not members:
         write_registry(selected.name, {})
-    if access.target is not None:
+    if not _here(access):
         read_usage(selected, access)  # the running head's accounting first, then given back
     start_gateway(access, config, config_path)
     if access.target is None:
@@ -191,7 +220,7 @@ def _wait_remote(access: HeadAccess, port: int, url: str) -> None:
         done = ssh.run(access.target, f"bash -c {shlex.quote(probe)}", timeout=90)
     if not done.ok:
         raise SharingError(f"the sharing gateway did not start on the head within 60 s; see "
-                           f"{GATEWAY_LOG} there (`invoke ssh`)")
+                           f"{head_files(access).log} there (`invoke ssh`)")
 
 
 def start_gateway(access: HeadAccess, config: gateway.Config, config_path: Path) -> None:
@@ -199,22 +228,36 @@ def start_gateway(access: HeadAccess, config: gateway.Config, config_path: Path)
 
     This machine: `python -m infra.node.gateway` supervised, replaced when its config changed.
     A remote head: remote_head.install_daemon as the SSH user, with the certificate, its key,
-    the registry (hashes only) and the last usage copy as 0600 files in its 0700 data dir."""
-    if access.target is not None:
-        from infra import remote_head
-
+    the registry (hashes only) and the last usage copy as 0600 files in its 0700 data dir.
+    A head whose job runs the gateway (`gateway_home`): the same files, the config last; the
+    job's supervisor starts the gateway from it (templates/slurm.sbatch.j2)."""
+    if not _here(access):
+        where = head_files(access)
         cert, key = Path(config.cert), Path(config.key)
-        data = HEAD_DATA.removeprefix("~/")
-        remote = {**gateway.asdict(config), "cert": ".rayfleet/gateway.pem",
-                  "key": ".rayfleet/gateway.key", "data_dir": data}
-        files = {".rayfleet/gateway.pem": cert.read_bytes(),
-                 ".rayfleet/gateway.key": key.read_bytes(),
-                 f"{data}/{gateway_state.MEMBERS_FILE}": registry_path(config.cluster).read_bytes()}
+        data = _on_head(where.data)
+        remote = {**gateway.asdict(config), "cert": _on_head(where.cert),
+                  "key": _on_head(where.key), "data_dir": data}
+        files = {where.cert: cert.read_bytes(), where.key: key.read_bytes(),
+                 f"{where.data}/{gateway_state.MEMBERS_FILE}":
+                     registry_path(config.cluster).read_bytes()}
         usage = folder(config.cluster) / gateway_state.USAGE_FILE
         if usage.exists():
-            files[f"{data}/{gateway_state.USAGE_FILE}"] = usage.read_bytes()
-        remote_head.install_daemon(access.target, "infra.node.gateway", HEAD_CONFIG,
-                                   json.dumps(remote), secrets=files, log=GATEWAY_LOG,
+            files[f"{where.data}/{gateway_state.USAGE_FILE}"] = usage.read_bytes()
+        if access.gateway_home:
+            text = json.dumps(remote, indent=2)
+            before = _read_on_head(access, where.config)
+            if before is not None and before.strip() != text:
+                ui.warn("sharing: the head's job started its gateway with the settings it had "
+                        "then; the changed ones apply from the next job (`invoke teardown`, "
+                        "then `invoke up`)")
+            # The config last: the job starts the gateway as soon as it is there.
+            _put_on_head(access, {**files, where.config: text.encode()})
+            return
+        assert access.target is not None
+        from infra import remote_head
+
+        remote_head.install_daemon(access.target, "infra.node.gateway", where.config,
+                                   json.dumps(remote), secrets=files, log=where.log,
                                    python=access.python, activate=access.activate)
         return
     wanted = json.dumps(gateway.asdict(config), indent=2)
@@ -236,42 +279,70 @@ def stop_local(config_path: Path) -> None:
 
 
 def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:
-    """At teardown: the gateway goes with the cluster (its members and usage stay)."""
-    if access is None or access.target is None:
+    """At teardown: the gateway goes with the cluster (its members and usage stay). A gateway
+    its head's job runs ends with that job, which teardown cancels next: only its usage here."""
+    if access is None or _here(access):
         stop_local(folder(selected.name) / gateway.CONFIG_FILE)
-    else:
+        return
+    if access.target is not None and not access.gateway_home:
         from infra import remote_head
 
         with contextlib.suppress(RayfleetError):
-            remote_head.stop_daemon(access.target, HEAD_CONFIG, access.python, access.activate)
-        # After it stopped (its last tick written): the head's accounting kept here.
-        with contextlib.suppress(RayfleetError, OSError):
-            read_usage(selected, access)
+            remote_head.stop_daemon(access.target, head_files(access).config, access.python,
+                                    access.activate)
+    # After it stopped (its last tick written): the head's accounting kept here.
+    with contextlib.suppress(RayfleetError, OSError):
+        read_usage(selected, access)
 
 
-def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:
-    """Put the registry where the gateway reads it (nothing to do for a head on this machine)."""
+def _put_on_head(access: HeadAccess, files: dict[str, bytes]) -> None:
+    """Write 0600 files on the head in this order, each whole or not at all (a reader never sees
+    half of one), their folders made 0700: SFTP, or this machine's own files for a head here."""
     if access.target is None:
+        for path, data in files.items():
+            local = Path(os.path.expanduser(path))
+            local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            atomic_write(local, data, mode=0o600)
         return
     from infra import shipping, ssh
 
     client = ssh.connect(access.target)
     try:
         sftp = client.open_sftp()
-        shipping.put(sftp, HEAD_DATA.removeprefix("~/") + "/" + gateway_state.MEMBERS_FILE,
-                     registry_path(selected.name).read_bytes(), 0o600)
+        for path, data in files.items():
+            _sftp_dirs(sftp, str(Path(_on_head(path)).parent))
+            shipping.put(sftp, _on_head(path), data, 0o600)
         sftp.close()
     finally:
         client.close()
 
 
+def _sftp_dirs(sftp: Any, folder: str) -> None:
+    """`folder` and its missing parents, made 0700 (nobody else's: keys, hashes, usage)."""
+    parts = folder.split("/")
+    for i in range(1, len(parts) + 1):
+        path = "/".join(parts[:i])
+        if path in ("", "."):
+            continue
+        try:
+            sftp.stat(path)
+        except OSError:
+            sftp.mkdir(path, 0o700)
+
+
+def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:
+    """Put the registry where the gateway reads it (nothing to do for a head on this machine)."""
+    if _here(access):
+        return
+    _put_on_head(access, {f"{head_files(access).data}/{gateway_state.MEMBERS_FILE}":
+                          registry_path(selected.name).read_bytes()})
+
+
 def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, Any]:
     """The gateway's usage file (a remote head's when it answers, else the last copy here)."""
     local = folder(selected.name) / gateway_state.USAGE_FILE
-    if access is not None and access.target is not None:
-        from infra import autodown_remote
-
-        text = autodown_remote.read_file(access.target, f"{HEAD_DATA}/{gateway_state.USAGE_FILE}")
+    if access is not None and not _here(access):
+        text = _read_on_head(access, f"{head_files(access).data}/{gateway_state.USAGE_FILE}")
         if text:
             atomic_write(local, text, mode=0o600)
     try:
@@ -279,6 +350,16 @@ def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, An
     except (OSError, ValueError):
         return {"jobs": {}, "members": {}}
     return data if isinstance(data, dict) else {"jobs": {}, "members": {}}
+
+
+def _read_on_head(access: HeadAccess, path: str) -> str | None:
+    if access.target is None:
+        with contextlib.suppress(OSError):
+            return Path(os.path.expanduser(path)).read_text() or None
+        return None
+    from infra import autodown_remote
+
+    return autodown_remote.read_file(access.target, path)
 
 
 def require_sharing(selected: ClusterSpec) -> None:

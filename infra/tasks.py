@@ -408,13 +408,16 @@ def members(c: Context, json: bool = False, provider: str | None = None,
     commands_sharing.members(provider, cluster, json)
 
 
-@task(positional=["bundle"], help={"bundle": "The bundle file the cluster's owner sent you."})
+@task(positional=["bundle"], help={
+    "bundle": "The bundle file the cluster's owner sent you.",
+    "address": "Reach the gateway here instead of at the bundle's address, e.g. "
+               "https://localhost:8443 through your own `ssh -L` to a Slurm head"})
 @_one_line_errors
-def join(c: Context, bundle: str) -> None:
+def join(c: Context, bundle: str, address: str = "") -> None:
     """Join a shared cluster as a member: then submit, logs, stop-job, status, dashboard, env."""
     from infra import commands_sharing
 
-    commands_sharing.join(bundle)
+    commands_sharing.join(bundle, address or None)
 
 
 @task(help={**CLUSTER_HELP, "once": "Print one frame and exit (no live refresh).",

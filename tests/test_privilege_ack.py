@@ -1,5 +1,5 @@
-"""Issue 29's acknowledgement: where rayfleet cannot give Ray a user of its own (local: the owner's
-account; slurm refuses `sharing:` before that, tests/test_sharing_input.py), a spec with `sharing:` must say
+"""Issue 29's acknowledgement: where rayfleet cannot give Ray a user of its own (local and slurm: the
+owner's account), a spec with `sharing:` must say
 `sharing.members_run_as_owner: true`; without it `plan` and `up` refuse in one line that says why,
 and with it every `up` warns in one line."""
 
@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from infra.node import rayproc
-from tests.conftest import run_invoke
+from tests.conftest import ROOT, run_invoke
+
+SLURM = (ROOT / "clusters" / "slurm.yaml").read_text()
 
 
 def _spec(folder: Path, body: str) -> Path:
@@ -21,7 +23,7 @@ def _spec(folder: Path, body: str) -> Path:
 
 
 @pytest.mark.parametrize("verb", ["plan", "up"])
-@pytest.mark.parametrize("base", ["provider: local\nnum_cpus: 1\n"])
+@pytest.mark.parametrize("base", ["provider: local\nnum_cpus: 1\n", SLURM])
 def test_sharing_without_the_acknowledgement_is_refused(tmp_path: Path, verb: str, base: str) -> None:
     spec = _spec(tmp_path, base + "\nsharing:\n  port: 28999\n")
     home = tmp_path / "home"

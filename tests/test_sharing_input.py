@@ -29,18 +29,18 @@ def test_sharing_on_a_public_head_needs_allowed_source_ranges(tmp_path: Path, ex
     assert not (tmp_path / "h").exists()
 
 
-@pytest.mark.parametrize(("example", "why"), [
-    ("slurm.yaml", "not on slurm: the head runs on a compute node, which members cannot reach")])
-def test_sharing_where_no_gateway_runs_is_refused_before_anything_exists(
-        tmp_path: Path, example: str, why: str) -> None:
-    base = (ROOT / "clusters" / example).read_text()
-    # Without `members_run_as_owner`: the provider's reason comes first, not a request to add it.
-    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/8]\n")
+def test_sharing_ranges_on_slurm_are_refused_before_anything_exists(tmp_path: Path) -> None:
+    """rayfleet opens no firewall on a Slurm site: ranges it cannot enforce are refused, not
+    silently ignored (they were refused with the whole block before the gateway ran there)."""
+    base = (ROOT / "clusters" / "slurm.yaml").read_text()
+    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/8]\n"
+                                  "  members_run_as_owner: true\n")
     for verb in ("plan", "up"):
         done = run_invoke(verb, "--cluster", str(spec), env={"RAYFLEET_HOME": str(tmp_path / "h")})
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and why in lines[0], done.stderr
+        assert len(lines) == 1 and "sharing.allowed_source_ranges" in lines[0] \
+            and "controls no firewall" in lines[0] and "remove the field" in lines[0], done.stderr
     assert not (tmp_path / "h").exists()
 
 
@@ -89,3 +89,37 @@ def test_join_refuses_a_malformed_or_foreign_bundle(tmp_path: Path, content: str
     assert done.returncode != 0 and expected in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not (home / "joined").exists()
+
+
+@pytest.mark.parametrize("address", ["http://localhost:8443", "https://localhost",
+                                     "https://localhost:8443/x; rm -rf ~", "localhost:8443"])
+def test_join_refuses_an_address_that_is_not_https_host_port(tmp_path: Path, address: str) -> None:
+    bundle = tmp_path / "bundle.json"
+    bundle.write_text(json.dumps({
+        "kind": "rayfleet-member-bundle/1", "cluster": "x", "address": "https://10.0.0.5:8443",
+        "member": "a", "ca_cert": "-----BEGIN CERTIFICATE-----", "token": "t"}))
+    home = tmp_path / "member"
+    done = run_invoke("join", str(bundle), "--address", address,
+                      env={"RAYFLEET_HOME": str(home)})
+    assert done.returncode != 0 and "--address" in done.stderr \
+        and "give https://HOST:PORT" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (home / "joined").exists()
+
+
+def test_a_provider_whose_head_gets_no_gateway_refuses_sharing_naming_its_reason() -> None:
+    """Every provider runs the gateway now; one that does not (a new provider's default) refuses
+    the block before anything is created, with its own reason first."""
+    from infra import sharing
+    from infra.errors import SpecError
+    from infra.spec import ClusterSpec, Sharing
+
+    class NoGateway(ClusterSpec):
+        SHARING_REFUSAL = "not on {provider}: no head to run it on"
+
+    spec = NoGateway(name="c", provider="nohead", source="c.yaml",
+                     sharing=Sharing())
+    with pytest.raises(SpecError) as refused:
+        sharing.check_spec(spec)
+    assert str(refused.value).startswith("c.yaml: sharing: not on nohead: no head to run it on; "
+                                         "remove the block")

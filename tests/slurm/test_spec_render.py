@@ -116,6 +116,8 @@ CASES = {
                                  "worker_types:\n  cpu: {cpus_per_node: 4, max_workers: 3}\n",
     "tracking": BASE + "tracking: mlflow\n"
                        "worker_types:\n  cpu: {cpus_per_node: 4, max_workers: 3}\n",
+    # The sharing gateway beside the head, from the config `up` puts on the shared work dir.
+    "sharing": BASE + "sharing: {port: 8443, members_run_as_owner: true}\n",
 }
 
 
@@ -162,8 +164,10 @@ def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
     zipped = shipping.node_zip_base64(slurm_script.NODE_PACKAGES)
     script = script.replace(zipped, "<node package zip, base64>")
     # No fixed waits: every sleep is a short poll interval (but the restart delay of a failed
-    # head daemon's supervisor, rf_supervised, after start-up).
+    # head daemon's supervisor, rf_supervised, and the gateway's backing-off wait for the config
+    # `up` writes, both after start-up).
     startup = re.sub(r"until PYTHONPATH=.*?\n *done\n", "", script, flags=re.S)
+    startup = re.sub(r"\nrf_gateway\(\) \{.*?\n\}\n", "\n", startup, flags=re.S)
     assert set(re.findall(r"\bsleep\s+([\d.]+)", startup)) <= {"0.1"}
     assert "export RAY_USAGE_STATS_ENABLED=0" in script
     assert "export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0" in script
@@ -197,6 +201,14 @@ def test_batch_script_invariants(tmp_path: Path, case: str) -> None:
                 assert name + "=" not in worker
     assert ("#SBATCH hetjob" in script) == (case == "hetero")
     assert ("--het-group" in script) == (case == "hetero")
+    # The gateway only with sharing:, from a copy in the head's private dir (so that the job's
+    # end stops it), never from the shared folder `up` writes, and ended by the trap.
+    assert ("infra.node.gateway" in script) == (case == "sharing")
+    if case == "sharing":
+        assert 'rf_supervised "$RF_HEAD_TEMP/rayfleet-gateway.json" infra.node.gateway' in script
+        assert 'kill -TERM "$RF_GATEWAY"' in script
+        # A previous job's config is void before this job can be ready.
+        assert script.index('rm -f "$RF_GATEWAY_SHARED"') < script.index("rf_helper prepare")
 
 
 def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(

@@ -41,6 +41,7 @@ from infra.providers.slurm.script import (
     metrics_store,
     render_script,
     render_worker_script,
+    sharing_home,
     tracking_store,
 )
 from infra.providers.slurm.spec import Spec
@@ -151,6 +152,14 @@ class Provider(BaseProvider[Spec, None]):
                 f"{rayproc.PortBlock(0).prometheus} of the block (a `prometheus` on the head's "
                 f"PATH, in its env, or /usr/bin; none: the cluster runs without metrics); history "
                 f"in {self._metrics_store()}, kept after teardown; `invoke top`, `invoke report`")
+        if self.spec.sharing is not None:
+            notes.append(
+                f"sharing gateway in the head's job, on all the head node's addresses at port "
+                f"{self.spec.sharing.port} (members on the site reach it there, others through "
+                "their own `ssh -L` via a login host; no firewall: the site's network decides "
+                "who reaches it); its certificate, members' token hashes and usage in "
+                f"{self._on_submit_host(sharing_home(self.spec.submit.workdir, self.spec.name))}"
+                ", kept after teardown")
         return Plan(resources=resources, files=files, notes=notes, extra=None)
 
     # --- up ------------------------------------------------------------------------------------
@@ -411,12 +420,20 @@ class Provider(BaseProvider[Spec, None]):
         with self._runner() as runner:
             target = runner.node_target(str(job.attrs["head_ip"]))
         client = job.attrs.get("client_port")
-        workdir = str(job.attrs.get("workdir", self.spec.submit.workdir))
-        token = f"{ours.token_dir(workdir, state.cluster_id)}/{auth.TOKEN_FILE}"
+        workdir = str(job.attrs.get("workdir", self.spec.submit.workdir)).rstrip("/")
+        # Plain `~/` or absolute paths: HeadAccess's users quote them for the shell themselves.
+        keys = f"{workdir}/keys/{state.cluster_id}"
         return HeadAccess(target, str(target) if target else "this machine",
-                          auth.head_env(state, token),
+                          auth.head_env(state, f"{keys}/{auth.TOKEN_FILE}"),
                           dashboard_port=int(job.attrs["dashboard_port"]),
-                          client_port=int(client) if client else None)
+                          client_port=int(client) if client else None,
+                          # spec: sharing: the head's job runs the gateway from this folder on
+                          # the shared work dir; members reach it by the node's address or name,
+                          # or through their own tunnel (NOTES.md "The sharing gateway").
+                          gateway_home=sharing_home(workdir, self.spec.name),
+                          names=(str(job.attrs.get("head_node") or job.attrs["head_ip"]),
+                                 "127.0.0.1", "localhost"),
+                          tracking_password=f"{keys}/{tracking.PASSWORD_FILE}")
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

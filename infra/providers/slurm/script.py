@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from infra import render, shipping, tracking
-from infra.node import metrics, rayproc
+from infra.node import gateway, metrics, rayproc
 from infra.node.slurm import autodown as slurm_autodown
 from infra.node.slurm import queue
 from infra.providers.slurm.spec import PORT_STRIDE, GpuWorkers, Spec, WorkerType
@@ -185,6 +185,13 @@ def tracking_node_env() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     return sorted(plain.items()), sorted(files.items())
 
 
+def sharing_home(workdir: str, cluster: str) -> str:
+    """Where `up` puts the sharing gateway's config, certificate, key and data (members' token
+    hashes, usage, audit log) for the head's job: the shared work dir, per cluster name like the
+    tracking store, so that usage outlives the job and the next `up` goes on with it."""
+    return f"{workdir.rstrip('/')}/sharing/{cluster}"
+
+
 def metrics_store(workdir: str, cluster: str) -> str:
     """Where the cluster's Prometheus keeps its database and log: the shared work dir, per
     cluster name like the tracking store, so that the history outlives the head's job (and its
@@ -267,6 +274,8 @@ def render_script(spec: Spec) -> str:
         tracking_offset=rayproc.PortBlock(0).tracking,
         tracking_secrets=[tracking.PASSWORD_FILE, tracking.SECRET_KEY_FILE],
         **_metrics_context(spec),
+        sharing=spec.sharing is not None,
+        gateway_config=gateway.CONFIG_FILE,
         keys_dir=keys_dir_shell(),
         worker_script=render_worker_script(spec).rstrip("\n") if autoscaling else "",
         autoscaling_config=autoscaling_config(spec) if autoscaling else "",

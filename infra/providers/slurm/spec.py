@@ -165,11 +165,10 @@ class Spec(ClusterSpec):
     #: accidental removal expensive in time. Worth setting for long time limits: an idle cluster
     #: then gives its nodes back early (the head's job runs the watcher, see autodown.py).
     AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = None
-    #: The head is a batch job on a compute node: members' laptops cannot reach it (only the
-    #: site's login hosts can), so no gateway there could serve them.
-    SHARING_REFUSAL: ClassVar[str] = ("not on slurm: the head runs on a compute node, which "
-                                      "members cannot reach from outside the site (only its "
-                                      "login hosts can)")
+    #: The head's job runs the sharing gateway on its node (templates/slurm.sbatch.j2): members
+    #: on the site reach it there, others through their own SSH tunnel via a login host. Ray
+    #: runs as the owner's site account (no second user), so `members_run_as_owner` is required.
+    SHARING_GATEWAY: ClassVar[bool] = True
 
     provider: Literal["slurm"]
     submit: Submit = Field(default_factory=Submit)
@@ -213,6 +212,15 @@ class Spec(ClusterSpec):
                 raise ValueError(f"{name!r}: a worker type name is 1-24 lowercase letters, "
                                  "digits, - or _, starting with a letter")
         return value
+
+    @model_validator(mode="after")
+    def _no_gateway_firewall(self) -> Spec:
+        # rayfleet opens no firewall on a site: ranges it cannot enforce would only look safe.
+        if self.sharing is not None and self.sharing.allowed_source_ranges:
+            raise ValueError("sharing.allowed_source_ranges: rayfleet controls no firewall on a "
+                             "Slurm site, so it cannot limit who reaches the gateway; remove the "
+                             "field (members need the site's network or an SSH login to reach it)")
+        return self
 
     @model_validator(mode="after")
     def _autoscaling_has_one_head_node(self) -> Spec:
