@@ -11,6 +11,7 @@ plus the documented knobs that make Ray's autoscaler quick.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -22,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from infra.privilege import MONITOR_PID, RAY_USER, SCALER_LOGS, SCALER_USER
 from tests.conftest import run_invoke
 from tests.lambda_cloud.bed_firewall import EnforcedFirewall
 from tests.lambda_cloud.fake_api import FakeLambda
@@ -41,6 +43,19 @@ CAPACITY = {("cpu_4x_general", "us-west-1"): 1, ("gpu_1x_a10", "us-west-1"): 2,
 #: Ray's processes on a host, zombies (already dead, waiting for the reaper) excluded.
 RAY_PROCESSES = ("ps -eo stat=,args= | awk '$1 !~ /^Z/' "
                  "| grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true")
+
+
+#: The head's part of `Scaled.explain` (as root on the host: the autoscaler's home is 0700). Ray's
+#: CLI needs the cluster's token, which Ray's user holds; Ray's legacy-field warnings (one pair
+#: per autoscaler loop) are left out of the log.
+DIAGNOSE_HEAD = (
+    f"echo '# ray status -v'; RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~{RAY_USER}/.rayfleet/ray-token"
+    " timeout 30 ray status -v --address 127.0.0.1:6379 2>&1 | tail -n 60; "
+    f"echo '# the autoscaler (pid file, process)'; cat ~{SCALER_USER}/{MONITOR_PID} 2>&1; "
+    "ps -eo pid,user:16,etime,args | grep '[a]utoscaler' | cut -c1-200; "
+    f"for f in ~{SCALER_USER}/{SCALER_LOGS}/monitor.log ~{SCALER_USER}/{SCALER_LOGS}/monitor.out; "
+    "do [ -f \"$f\" ] || continue; echo \"# $f\"; "
+    "grep -v 'legacy field' \"$f\" | cut -c1-400 | tail -n 80; done; true")
 
 
 def power_off(host: Any) -> None:
@@ -85,6 +100,49 @@ class Scaled:
 
     def wait(self, what: str, check: Callable[[], Any], timeout: float = 240) -> Any:
         return wait_until(check, what, timeout=timeout, interval=0.5)
+
+    def explain(self) -> str:
+        """What a failed scaling step needs for its post-mortem (the bed goes with the run): the
+        fake's instances and requests, the enforced firewall, on the head Ray's view (`ray status
+        -v`) and the separated autoscaler's log and process, and on every instance host its Ray
+        processes and sshd log (the autoscaler sets workers up over SSH)."""
+        inventory = self.fake.inventory()
+        parts = ["--- fake Lambda: instances ---", *(json.dumps(i, sort_keys=True) for i in inventory)]
+        with self.fake.lock:
+            log = list(self.fake.log)
+        start = log[0][0] if log else 0.0
+        lines = [f"{t - start:8.2f} {m} {p} {s}" for t, m, p, s in log]
+        # The autoscaler lists the instances every second: all but those listings, and the last few.
+        polls = {i for i, (_, m, p, s) in enumerate(log) if (m, p, s) == ("GET", "/instances", 200)}
+        shown = [line for i, line in enumerate(lines) if i not in polls or i >= len(log) - 10]
+        parts.append(f"--- fake Lambda: {len(log)} requests (s since the first), without "
+                     f"{len(polls)} plain instance listings but the last ones ---")
+        parts += shown[-120:]
+        if self.firewall is not None:
+            parts.append(f"--- bed firewall: errors {self.firewall.errors} ---")
+            parts += [f"{ip}:\n{text}" for ip, text in self.firewall.applied.items()]
+        live = {i["ip"]: i for i in inventory if i["ip"] and not i["foreign"]
+                and i["status"] != "terminated"}
+        for host in self.bed.hosts:
+            inst = live.get(host.ip)
+            if inst is None:
+                continue
+            parts.append(f"--- {host.name}: {inst['name']} ({inst['status']}) ---")
+            command = DIAGNOSE_HEAD if inst["tags"].get("ray-node-type") == "head" else RAY_PROCESSES
+            with contextlib.suppress(Exception):
+                parts.append(host.run(command, timeout=90).stdout[-15000:])
+            parts.append(host.log_tail(40))
+        return "\n".join(parts)
+
+    @contextlib.contextmanager
+    def explained(self) -> Iterator[None]:
+        """Print `explain()` when the block fails (pytest shows it with the failure)."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                print(f"\n[post-mortem]\n{self.explain()}", flush=True)
+            raise
 
 
 @contextlib.contextmanager
