@@ -17,7 +17,7 @@ import secrets
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +45,23 @@ RAY_PROCESSES = ("ps -eo stat=,args= | awk '$1 !~ /^Z/' "
                  "| grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true")
 
 
+#: Whether a host reaches the fake through its relay (401: reached, without a key).
+API_PROBE = ("echo \"# the API from here: HTTP $(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "
+             f"http://127.0.0.1:{RELAY_PORT}/api/v1/instance-types)\"")
 #: The head's part of `Scaled.explain` (as root on the host: the autoscaler's home is 0700). Ray's
-#: CLI needs the cluster's token, which Ray's user holds; Ray's legacy-field warnings (one pair
-#: per autoscaler loop) are left out of the log.
+#: CLI needs the cluster's token, which Ray's user holds. Of the autoscaler's logs: what happened to
+#: instances (and every error) since it started, then its last lines; Ray's legacy-field warnings
+#: (one pair per autoscaler loop) left out.
 DIAGNOSE_HEAD = (
     f"echo '# ray status -v'; RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~{RAY_USER}/.rayfleet/ray-token"
     " timeout 30 ray status -v --address 127.0.0.1:6379 2>&1 | tail -n 60; "
     f"echo '# the autoscaler (pid file, process)'; cat ~{SCALER_USER}/{MONITOR_PID} 2>&1; "
     "ps -eo pid,user:16,etime,args | grep '[a]utoscaler' | cut -c1-200; "
     f"for f in ~{SCALER_USER}/{SCALER_LOGS}/monitor.log ~{SCALER_USER}/{SCALER_LOGS}/monitor.out; "
-    "do [ -f \"$f\" ] || continue; echo \"# $f\"; "
-    "grep -v 'legacy field' \"$f\" | cut -c1-400 | tail -n 80; done; true")
+    "do [ -f \"$f\" ] || continue; echo \"# $f: its instances' transitions, launches and errors\"; "
+    "grep -E 'instance_manager|event_logger|node_provider|WARNING|ERROR|Error|Traceback' \"$f\" "
+    "| grep -v 'legacy field' | cut -c1-400 | tail -n 60; echo \"# $f: its end\"; "
+    "grep -v 'legacy field' \"$f\" | cut -c1-400 | tail -n 30; done; true")
 
 
 def power_off(host: Any) -> None:
@@ -75,6 +81,9 @@ class Scaled:
     env: dict[str, str]
     #: Set on a bed built with `enforce_firewall` (bed_firewall.py).
     firewall: EnforcedFirewall | None = None
+    #: The API's relays (this namespace's, then each host's) and the folder of their logs.
+    relays: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    work: Path | None = None
 
     def invoke(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """`invoke <verb> --cluster <spec> <rest>` as a user runs it."""
@@ -118,6 +127,12 @@ class Scaled:
         parts.append(f"--- fake Lambda: {len(log)} requests (s since the first), without "
                      f"{len(polls)} plain instance listings but the last ones ---")
         parts += shown[-120:]
+        # The head reaches the fake only through the relays: a dead one blinds its autoscaler
+        # while everything run from here still works.
+        parts.append("--- API relays (exit status, None: running) ---")
+        parts += [f"{name}: {proc.poll()}" for name, proc in self.relays.items()]
+        for log_file in sorted(self.work.glob("relay-*.log")) if self.work else []:
+            parts.append(f"{log_file.name}: {log_file.read_text(errors='replace')[-2000:]}")
         if self.firewall is not None:
             parts.append(f"--- bed firewall: errors {self.firewall.errors} ---")
             parts += [f"{ip}:\n{text}" for ip, text in self.firewall.applied.items()]
@@ -128,7 +143,8 @@ class Scaled:
             if inst is None:
                 continue
             parts.append(f"--- {host.name}: {inst['name']} ({inst['status']}) ---")
-            command = DIAGNOSE_HEAD if inst["tags"].get("ray-node-type") == "head" else RAY_PROCESSES
+            command = (f"{API_PROBE}; {DIAGNOSE_HEAD}" if inst["tags"].get("ray-node-type") == "head"
+                       else RAY_PROCESSES)
             with contextlib.suppress(Exception):
                 parts.append(host.run(command, timeout=90).stdout[-15000:])
             parts.append(host.log_tail(40))
@@ -171,8 +187,11 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
     fake.start()
     sock = work / "api.sock"
     port = fake.url.split(":")[2].split("/")[0]
-    relay = subprocess.Popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600", f"TCP:127.0.0.1:{port}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # socat's errors (it logs them on stderr) stay for the post-mortem, as the hosts' relays' do.
+    with open(work / "relay-root.log", "ab") as relay_log:
+        relay = subprocess.Popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600",
+                                  f"TCP:127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                                 stderr=relay_log)
     relays = []
     enforcer = None
     home = work / "rayfleet-home"
@@ -214,7 +233,9 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
         if enforce_firewall:
             assert shutil.which("nft"), "the bed's firewall needs nftables (apt-get install nftables)"
             enforcer = EnforcedFirewall(fake, bed.hosts[:instance_hosts]).start()
-        yield Scaled(bed, fake, spec, home, env, enforcer)
+        yield Scaled(bed, fake, spec, home, env, enforcer,
+                     {"root": relay, **{h.name: p for h, p in zip(bed.hosts, relays, strict=True)}},
+                     work)
     finally:
         with contextlib.suppress(Exception):
             run_invoke("teardown", "--cluster", str(spec), env=env, timeout=600)
