@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ RAY_PROCESSES = ("ps -eo stat=,args= | awk '$1 !~ /^Z/' "
                  "| grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true")
 
 
+#: The head's Ray autoscaler processes (the bracket keeps the pattern from matching itself).
+AUTOSCALER_PIDS = f"pgrep -u {SCALER_USER} -f 'ray[.]autoscaler'"
 #: Whether a host reaches the fake through its relay (401: reached, without a key).
 API_PROBE = ("echo \"# the API from here: HTTP $(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "
              f"http://127.0.0.1:{RELAY_PORT}/api/v1/instance-types)\"")
@@ -55,8 +58,10 @@ API_PROBE = ("echo \"# the API from here: HTTP $(curl -s -o /dev/null -w '%{http
 DIAGNOSE_HEAD = (
     f"echo '# ray status -v'; RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~{RAY_USER}/.rayfleet/ray-token"
     " timeout 30 ray status -v --address 127.0.0.1:6379 2>&1 | tail -n 60; "
-    f"echo '# the autoscaler (pid file, process)'; cat ~{SCALER_USER}/{MONITOR_PID} 2>&1; "
-    "ps -eo pid,user:16,etime,args | grep '[a]utoscaler' | cut -c1-200; "
+    # Nothing restarts Ray's monitor: a dead one leaves demands pending and no node ever launched.
+    f"pid=$(cat ~{SCALER_USER}/{MONITOR_PID} 2>/dev/null); "
+    f"running=$({AUTOSCALER_PIDS} | tr '\\n' ' '); "
+    "echo \"# the autoscaler: pid file says ${pid:-nothing}; running: ${running:-NONE}\"; "
     f"for f in ~{SCALER_USER}/{SCALER_LOGS}/monitor.log ~{SCALER_USER}/{SCALER_LOGS}/monitor.out; "
     "do [ -f \"$f\" ] || continue; echo \"# $f: its instances' transitions, launches and errors\"; "
     "grep -E 'instance_manager|event_logger|node_provider|WARNING|ERROR|Error|Traceback' \"$f\" "
@@ -110,6 +115,12 @@ class Scaled:
     def wait(self, what: str, check: Callable[[], Any], timeout: float = 240) -> Any:
         return wait_until(check, what, timeout=timeout, interval=0.5)
 
+    def autoscaler_pids(self) -> list[str]:
+        """The head's Ray autoscaler processes (run apart as the autoscaler's user): nothing
+        restarts one that died, and the cluster then never scales again."""
+        head = self.host(self.head()["ip"])
+        return head.run(AUTOSCALER_PIDS).stdout.split()
+
     def explain(self) -> str:
         """What a failed scaling step needs for its post-mortem (the bed goes with the run): the
         fake's instances and requests, the enforced firewall, on the head Ray's view (`ray status
@@ -124,8 +135,9 @@ class Scaled:
         # The autoscaler lists the instances every second: all but those listings, and the last few.
         polls = {i for i, (_, m, p, s) in enumerate(log) if (m, p, s) == ("GET", "/instances", 200)}
         shown = [line for i, line in enumerate(lines) if i not in polls or i >= len(log) - 10]
-        parts.append(f"--- fake Lambda: {len(log)} requests (s since the first), without "
-                     f"{len(polls)} plain instance listings but the last ones ---")
+        parts.append(f"--- fake Lambda: {len(log)} requests (s since the first; now: "
+                     f"{time.monotonic() - start:.2f}), without {len(polls)} plain instance "
+                     "listings but the last ones ---")
         parts += shown[-120:]
         # The head reaches the fake only through the relays: a dead one blinds its autoscaler
         # while everything run from here still works.

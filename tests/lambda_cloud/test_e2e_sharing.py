@@ -165,6 +165,8 @@ def test_up_opens_the_port_to_the_allowed_range_and_hides_the_gateway_from_rays_
 
 def test_two_members_jobs_run_on_the_worker_from_their_own_laptop(shared: Shared) -> None:
     alice, bob = _join(shared, "alice"), _join(shared, "bob")
+    # A dead autoscaler would leave both jobs pending until the timeout below: say so at once.
+    assert shared.scaled.autoscaler_pids(), shared.scaled.explain()
     submitted = alice.ray("submit", "--no-wait", "--entrypoint-num-gpus", "0.5", "--",
                           *shlex.split(WHERE))
     found = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr)
