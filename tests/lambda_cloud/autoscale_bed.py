@@ -11,17 +11,20 @@ plus the documented knobs that make Ray's autoscaler quick.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from infra.privilege import MONITOR_PID, RAY_USER, SCALER_LOGS, SCALER_USER
 from tests.conftest import run_invoke
 from tests.lambda_cloud.bed_firewall import EnforcedFirewall
 from tests.lambda_cloud.fake_api import FakeLambda
@@ -43,6 +46,29 @@ RAY_PROCESSES = ("ps -eo stat=,args= | awk '$1 !~ /^Z/' "
                  "| grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true")
 
 
+#: The head's Ray autoscaler processes (the bracket keeps the pattern from matching itself).
+AUTOSCALER_PIDS = f"pgrep -u {SCALER_USER} -f 'ray[.]autoscaler'"
+#: Whether a host reaches the fake through its relay (401: reached, without a key).
+API_PROBE = ("echo \"# the API from here: HTTP $(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "
+             f"http://127.0.0.1:{RELAY_PORT}/api/v1/instance-types)\"")
+#: The head's part of `Scaled.explain` (as root on the host: the autoscaler's home is 0700). Ray's
+#: CLI needs the cluster's token, which Ray's user holds. Of the autoscaler's logs: what happened to
+#: instances (and every error) since it started, then its last lines; Ray's legacy-field warnings
+#: (one pair per autoscaler loop) left out.
+DIAGNOSE_HEAD = (
+    f"echo '# ray status -v'; RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~{RAY_USER}/.rayfleet/ray-token"
+    " timeout 30 ray status -v --address 127.0.0.1:6379 2>&1 | tail -n 60; "
+    # Nothing restarts Ray's monitor: a dead one leaves demands pending and no node ever launched.
+    f"pid=$(cat ~{SCALER_USER}/{MONITOR_PID} 2>/dev/null); "
+    f"running=$({AUTOSCALER_PIDS} | tr '\\n' ' '); "
+    "echo \"# the autoscaler: pid file says ${pid:-nothing}; running: ${running:-NONE}\"; "
+    f"for f in ~{SCALER_USER}/{SCALER_LOGS}/monitor.log ~{SCALER_USER}/{SCALER_LOGS}/monitor.out; "
+    "do [ -f \"$f\" ] || continue; echo \"# $f: its instances' transitions, launches and errors\"; "
+    "grep -E 'instance_manager|event_logger|node_provider|WARNING|ERROR|Error|Traceback' \"$f\" "
+    "| grep -v 'legacy field' | cut -c1-400 | tail -n 60; echo \"# $f: its end\"; "
+    "grep -v 'legacy field' \"$f\" | cut -c1-400 | tail -n 30; done; true")
+
+
 def power_off(host: Any) -> None:
     """What terminating an instance does to its machine: Ray stops, and nothing of it is left
     (`ray stop --force` returns while the dashboard's subprocesses are still exiting)."""
@@ -60,6 +86,9 @@ class Scaled:
     env: dict[str, str]
     #: Set on a bed built with `enforce_firewall` (bed_firewall.py).
     firewall: EnforcedFirewall | None = None
+    #: The API's relays (this namespace's, then each host's) and the folder of their logs.
+    relays: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    work: Path | None = None
 
     def invoke(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """`invoke <verb> --cluster <spec> <rest>` as a user runs it."""
@@ -85,6 +114,63 @@ class Scaled:
 
     def wait(self, what: str, check: Callable[[], Any], timeout: float = 240) -> Any:
         return wait_until(check, what, timeout=timeout, interval=0.5)
+
+    def autoscaler_pids(self) -> list[str]:
+        """The head's Ray autoscaler processes (run apart as the autoscaler's user): nothing
+        restarts one that died, and the cluster then never scales again."""
+        head = self.host(self.head()["ip"])
+        return head.run(AUTOSCALER_PIDS).stdout.split()
+
+    def explain(self) -> str:
+        """What a failed scaling step needs for its post-mortem (the bed goes with the run): the
+        fake's instances and requests, the enforced firewall, on the head Ray's view (`ray status
+        -v`) and the separated autoscaler's log and process, and on every instance host its Ray
+        processes and sshd log (the autoscaler sets workers up over SSH)."""
+        inventory = self.fake.inventory()
+        parts = ["--- fake Lambda: instances ---", *(json.dumps(i, sort_keys=True) for i in inventory)]
+        with self.fake.lock:
+            log = list(self.fake.log)
+        start = log[0][0] if log else 0.0
+        lines = [f"{t - start:8.2f} {m} {p} {s}" for t, m, p, s in log]
+        # The autoscaler lists the instances every second: all but those listings, and the last few.
+        polls = {i for i, (_, m, p, s) in enumerate(log) if (m, p, s) == ("GET", "/instances", 200)}
+        shown = [line for i, line in enumerate(lines) if i not in polls or i >= len(log) - 10]
+        parts.append(f"--- fake Lambda: {len(log)} requests (s since the first; now: "
+                     f"{time.monotonic() - start:.2f}), without {len(polls)} plain instance "
+                     "listings but the last ones ---")
+        parts += shown[-120:]
+        # The head reaches the fake only through the relays: a dead one blinds its autoscaler
+        # while everything run from here still works.
+        parts.append("--- API relays (exit status, None: running) ---")
+        parts += [f"{name}: {proc.poll()}" for name, proc in self.relays.items()]
+        for log_file in sorted(self.work.glob("relay-*.log")) if self.work else []:
+            parts.append(f"{log_file.name}: {log_file.read_text(errors='replace')[-2000:]}")
+        if self.firewall is not None:
+            parts.append(f"--- bed firewall: errors {self.firewall.errors} ---")
+            parts += [f"{ip}:\n{text}" for ip, text in self.firewall.applied.items()]
+        live = {i["ip"]: i for i in inventory if i["ip"] and not i["foreign"]
+                and i["status"] != "terminated"}
+        for host in self.bed.hosts:
+            inst = live.get(host.ip)
+            if inst is None:
+                continue
+            parts.append(f"--- {host.name}: {inst['name']} ({inst['status']}) ---")
+            command = (f"{API_PROBE}; {DIAGNOSE_HEAD}" if inst["tags"].get("ray-node-type") == "head"
+                       else RAY_PROCESSES)
+            with contextlib.suppress(Exception):
+                parts.append(host.run(command, timeout=90).stdout[-15000:])
+            parts.append(host.log_tail(40))
+        return "\n".join(parts)
+
+    @contextlib.contextmanager
+    def explained(self) -> Iterator[None]:
+        """Print `explain()` when the block fails (pytest shows it with the failure)."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                print(f"\n[post-mortem]\n{self.explain()}", flush=True)
+            raise
 
 
 @contextlib.contextmanager
@@ -113,8 +199,11 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
     fake.start()
     sock = work / "api.sock"
     port = fake.url.split(":")[2].split("/")[0]
-    relay = subprocess.Popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600", f"TCP:127.0.0.1:{port}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # socat's errors (it logs them on stderr) stay for the post-mortem, as the hosts' relays' do.
+    with open(work / "relay-root.log", "ab") as relay_log:
+        relay = subprocess.Popen(["socat", f"UNIX-LISTEN:{sock},fork,mode=600",
+                                  f"TCP:127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                                 stderr=relay_log)
     relays = []
     enforcer = None
     home = work / "rayfleet-home"
@@ -156,7 +245,9 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
         if enforce_firewall:
             assert shutil.which("nft"), "the bed's firewall needs nftables (apt-get install nftables)"
             enforcer = EnforcedFirewall(fake, bed.hosts[:instance_hosts]).start()
-        yield Scaled(bed, fake, spec, home, env, enforcer)
+        yield Scaled(bed, fake, spec, home, env, enforcer,
+                     {"root": relay, **{h.name: p for h, p in zip(bed.hosts, relays, strict=True)}},
+                     work)
     finally:
         with contextlib.suppress(Exception):
             run_invoke("teardown", "--cluster", str(spec), env=env, timeout=600)

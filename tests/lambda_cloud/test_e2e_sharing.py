@@ -165,6 +165,8 @@ def test_up_opens_the_port_to_the_allowed_range_and_hides_the_gateway_from_rays_
 
 def test_two_members_jobs_run_on_the_worker_from_their_own_laptop(shared: Shared) -> None:
     alice, bob = _join(shared, "alice"), _join(shared, "bob")
+    # A dead autoscaler would leave both jobs pending until the timeout below: say so at once.
+    assert shared.scaled.autoscaler_pids(), shared.scaled.explain()
     submitted = alice.ray("submit", "--no-wait", "--entrypoint-num-gpus", "0.5", "--",
                           *shlex.split(WHERE))
     found = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr)
@@ -172,15 +174,17 @@ def test_two_members_jobs_run_on_the_worker_from_their_own_laptop(shared: Shared
     project = bob.home / "project"
     project.mkdir()
     (project / "where.py").write_text(TASK)
-    ran = bob.invoke("submit", "--cluster", CLUSTER, str(project / "where.py"), timeout=600)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    worker = shared.scaled.workers()
-    assert len(worker) == 1, worker
+    with shared.scaled.explained():
+        ran = bob.invoke("submit", "--cluster", CLUSTER, str(project / "where.py"), timeout=600)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        worker = shared.scaled.workers()
+        assert len(worker) == 1, worker
     worker_host = shared.scaled.host(worker[0]["ip"]).hostname
     assert f"RAN ON {worker_host}" in ran.stdout, ran.stdout
     job = found.group(0)
-    wait_until(lambda: f"Job '{job}' succeeded" in alice.said("status", job), "alice's job done",
-               timeout=300, interval=1)
+    with shared.scaled.explained():
+        wait_until(lambda: f"Job '{job}' succeeded" in alice.said("status", job),
+                   "alice's job done", timeout=300, interval=1)
     logs = alice.invoke("logs", "--cluster", CLUSTER, job)
     assert logs.returncode == 0 and f"RAN ON {worker_host}" in logs.stdout, logs.stdout + logs.stderr
     status = json.loads(alice.invoke("status", "--cluster", CLUSTER, "--json").stdout)
