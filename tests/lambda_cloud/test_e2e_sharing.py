@@ -18,18 +18,16 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from infra.privilege import RAY_USER
-from tests.conftest import ROOT
+from tests.bed_member import Member, join
 from tests.lambda_cloud.autoscale_bed import CLUSTER, Scaled, autoscale_bed
 from tests.lambda_cloud.conftest import assert_clean
 from tests.testbed.preflight import require
@@ -52,37 +50,6 @@ def where() -> str:
 
 print("RAN ON", ray.get(where.remote()))
 '''
-
-
-@dataclass
-class Member:
-    name: str
-    home: Path
-    host: Any
-    env: dict[str, str]
-
-    def sh(self, command: str, timeout: float = 300) -> Any:
-        """A shell line on the members' host, in this member's home, with only their variables."""
-        return self.host.run(command, env=self.env, cwd=str(self.home), timeout=timeout)
-
-    def invoke(self, *args: str, timeout: float = 300) -> Any:
-        argv = [sys.executable, "-m", "invoke", "-r", str(ROOT), *args]
-        return self.sh(shlex.join(argv), timeout=timeout)
-
-    def ray(self, *args: str, timeout: float = 300) -> Any:
-        return self.sh(shlex.join(["ray", "job", *args]), timeout=timeout)
-
-    def said(self, *args: str) -> str:
-        """What `ray job ARGS` printed (Ray's CLI logs its answers on stderr)."""
-        done = self.ray(*args)
-        return str(done.stdout + done.stderr)
-
-    def status_code(self) -> str:
-        """The gateway's HTTP status for this member's token on the job list (curl, from h3)."""
-        return self.sh('curl -s -o /dev/null -w "%{http_code}" --max-time 5 '
-                       '--cacert "$REQUESTS_CA_BUNDLE" '
-                       '-H "Authorization: Bearer $(cat "$RAY_AUTH_TOKEN_PATH")" '
-                       '"$RAY_API_SERVER_ADDRESS/api/jobs/"', timeout=30).stdout.strip()
 
 
 @dataclass
@@ -123,13 +90,7 @@ def _join(shared: Shared, name: str) -> Member:
     home = scaled.home.parent / f"home-{name}"
     home.mkdir()
     env = {"HOME": str(home), "RAYFLEET_HOME": str(home / ".rf"), "RAY_USAGE_STATS_ENABLED": "0"}
-    member = Member(name, home, scaled.bed.hosts[2], env)
-    joined = member.invoke("join", str(bundle))
-    assert joined.returncode == 0, joined.stdout + joined.stderr
-    printed = member.invoke("env", "--cluster", CLUSTER)
-    assert printed.returncode == 0 and printed.stdout.startswith("export "), printed.stderr
-    member.env.update(item.split("=", 1) for item in
-                      printed.stdout.strip().removeprefix("export ").split())
+    member = join(Member(name, home, scaled.bed.hosts[2], env), bundle, CLUSTER)
     shared.members[name] = member
     return member
 
