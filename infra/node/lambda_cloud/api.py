@@ -222,27 +222,30 @@ class _Pacer:
     lock: threading.Condition = field(default_factory=threading.Condition)
     next_any: float = 0.0
     next_launch: float = 0.0
-    #: A request is between `wait` and `done`.
-    busy: bool = False
+    #: The thread whose request is between `wait` and `done`, if any.
+    owner: int | None = None
 
     def wait(self, launch: bool) -> None:
-        """Until this thread may send; the request is then in flight until `done`."""
+        """Until this thread may send; its request is then in flight until it calls `done`."""
+        me = threading.get_ident()
         with self.lock:
             while True:
                 now = time.monotonic()
                 start = max(self.next_any, self.next_launch) if launch else self.next_any
-                if not self.busy and now >= start:
+                busy = self.owner not in (None, me)
+                if not busy and now >= start:
                     break
                 # `done` wakes us; else our slot's time does (wait() may wake early: looped).
-                self.lock.wait(None if self.busy else start - now)
-            self.busy = True
+                self.lock.wait(None if busy else start - now)
+            self.owner = me
 
     def done(self, launch: bool) -> None:
         """The request was answered (or failed): the next one waits its interval from now."""
         factor = 1 + self.limits.margin
         with self.lock:
             now = time.monotonic()
-            self.busy = False
+            if self.owner == threading.get_ident():  # a second `done` frees nobody else's turn
+                self.owner = None
             self.next_any = max(self.next_any, now + self.limits.request_interval * factor)
             if launch:
                 self.next_launch = max(self.next_launch, now + self.limits.launch_interval * factor)
