@@ -123,6 +123,26 @@ def test_a_request_the_server_sees_late_is_not_caught_up_by_the_next(fake: FakeL
     assert second_at - first_at >= fake.general.interval, fake.timeline()
 
 
+def test_a_launch_waiting_for_its_interval_holds_no_other_request_back(fake: FakeLambda) -> None:
+    """One request in flight at a time, but a launch waiting out the launch interval is not in
+    flight: the head's provider keeps listing (Ray's autoscaler loop) meanwhile."""
+    scale = 0.1  # 100 ms between requests, 1.2 s between launches
+    fake.general.interval, fake.launches.interval = 1.0 * scale, 12.0 * scale
+    client = client_for(fake, scale=scale)
+    key = add_key(client)
+    client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="w-1")
+    second = threading.Thread(target=client.launch, kwargs={
+        "region": "us-east-1", "instance_type": "gpu_1x_a10", "ssh_key_name": key, "name": "w-2"})
+    second.start()
+    for _ in range(3):
+        client.instances()
+    second.join()
+    launched = [t for t, _, p, _ in fake.log if p == LAUNCH]
+    listed = [t for t, _, p, _ in fake.log if p == "/instances"]
+    assert len(launched) == 2 and len(listed) == 3 and max(listed) < launched[1], fake.timeline()
+    assert [s for _, _, _, s in fake.log if s != 200] == [], fake.timeline()
+
+
 def test_without_pacing_the_fake_enforces_the_limits(fake: FakeLambda) -> None:
     fake.general.interval = 0.2
     client = api.LambdaClient(API_KEY, fake.url, api.Limits(0.0, 0.0, 0.01), retries=2)
