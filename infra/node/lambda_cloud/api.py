@@ -265,7 +265,8 @@ RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 class _PacedRetry(Retry):
     """urllib3's Retry, paced like every other request: it waits Retry-After when the answer has
     one (capped), else its exponential backoff but never less than one request interval; a 429
-    also quiets every other thread (`_Pacer.push_back`); then the retry takes a pacer slot."""
+    also quiets every other thread (`_Pacer.push_back`). The failed attempt gives up its turn
+    while it backs off; the retry then waits for a turn like any request."""
 
     pacer: _Pacer | None = None
     #: Retries of a launch take a launch slot.
@@ -288,7 +289,6 @@ class _PacedRetry(Retry):
             with contextlib.suppress(ValueError):
                 delay = max(delay, min(float(header), self.pacer.limits.backoff_cap * 2))
         if self.pacer is not None:
-            # The failed attempt is over: others may go while this one backs off.
             self.pacer.done(self.launch)
             if response is not None and response.status == 429:
                 self.pacer.push_back(delay)
