@@ -85,7 +85,8 @@ def test_only_our_cluster_id_is_listed(fake: FakeLambda, tmp_path: Path) -> None
 def test_concurrent_launches_keep_the_launch_limit(fake: FakeLambda, tmp_path: Path) -> None:
     """Four of Ray's launcher threads at once: four instances, launches an interval apart and not
     one 429, however the threads are scheduled (the client sends one request at a time, each an
-    interval after the previous answer). The fake's limits are half the client's share."""
+    interval after the previous answer). At 1/20 of Lambda's limits; the provider keeps to half
+    the request budget (100 ms apart), launches to all of it (600 ms)."""
     fake.general.interval, fake.launches.interval = 0.05, 0.6
     provider = make(fake, tmp_path, rate_scale=0.05)
     fake.capacity[("gpu_1x_a10", "us-east-1")] = 6
