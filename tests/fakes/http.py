@@ -150,6 +150,19 @@ class FakeHttpServer:
             return [(t, s) for t, m, p, s in self.log
                     if (method is None or m == method) and (path is None or re.fullmatch(path, p))]
 
+    def timeline(self) -> str:
+        """The request log as the rate limits saw it, one request a line: seconds since the first
+        request, gap to the previous one, method, path, status (0 = dropped). For a failing
+        assertion's message, so that a timing failure explains itself."""
+        with self.lock:
+            log = list(self.log)
+        start = previous = log[0][0] if log else 0.0
+        lines = []
+        for at, method, path, status in log:
+            lines.append(f"{at - start:8.3f}s {at - previous:+7.3f}s {method} {path} {status}")
+            previous = at
+        return "fake's requests (at, gap, method, path, status):\n" + "\n".join(lines)
+
     def take_violations(self) -> list[Violation]:
         """The violations so far, forgetting them (a test that provokes one on purpose)."""
         with self.lock:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,6 +85,62 @@ def test_pacing_keeps_the_fake_from_ever_saying_429(fake: FakeLambda) -> None:
     assert [s for _, s in fake.requests() if s != 200] == []
     launches = [t for t, _ in fake.requests("POST", LAUNCH)]
     assert min(b - a for a, b in itertools.pairwise(launches)) >= 12.0 * scale
+
+
+def test_a_request_the_server_sees_late_is_not_caught_up_by_the_next(fake: FakeLambda) -> None:
+    """Pacing spaces the moments requests leave; the server judges the moments they arrive. On a
+    loaded machine a request can take 80 ms from its slot to the server (seen in the quick tier at
+    load 9), and another thread's next request then arrived right behind it: a 429. One request
+    in flight at a time, the next one's interval counted from the answer, keeps them apart."""
+    scale = 0.25
+    fake.general.interval = 1.0 * scale
+    client = client_for(fake, scale=scale)
+    served = fake._server.app
+    first_arrived, second_served = threading.Event(), threading.Event()
+
+    def late_first(environ: dict[str, Any], start_response: Any) -> Any:
+        if not first_arrived.is_set():
+            first_arrived.set()
+            # Held until the other request has been answered (or long past its slot if it
+            # cannot be sent meanwhile): the server then sees the two back to back.
+            second_served.wait(timeout=4 * fake.general.interval)
+            return served(environ, start_response)
+        answer = served(environ, start_response)
+        second_served.set()
+        return answer
+
+    fake._server.app = late_first
+    first = threading.Thread(target=client.instances)
+    first.start()
+    assert first_arrived.wait(timeout=30)
+    second = threading.Thread(target=client.instance_types)
+    second.start()
+    first.join()
+    second.join()
+    assert [(m, p, s) for _, m, p, s in fake.log if s == 429] == [], fake.timeline()
+    [(first_at, _)] = fake.requests("GET", "/instances")
+    [(second_at, _)] = fake.requests("GET", "/instance-types")
+    assert second_at - first_at >= fake.general.interval, fake.timeline()
+
+
+def test_a_launch_waiting_for_its_interval_holds_no_other_request_back(fake: FakeLambda) -> None:
+    """One request in flight at a time, but a launch waiting out the launch interval is not in
+    flight: the head's provider keeps listing (Ray's autoscaler loop) meanwhile."""
+    scale = 0.1  # 100 ms between requests, 1.2 s between launches
+    fake.general.interval, fake.launches.interval = 1.0 * scale, 12.0 * scale
+    client = client_for(fake, scale=scale)
+    key = add_key(client)
+    client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="w-1")
+    second = threading.Thread(target=client.launch, kwargs={
+        "region": "us-east-1", "instance_type": "gpu_1x_a10", "ssh_key_name": key, "name": "w-2"})
+    second.start()
+    for _ in range(3):
+        client.instances()
+    second.join()
+    launched = [t for t, _, p, _ in fake.log if p == LAUNCH]
+    listed = [t for t, _, p, _ in fake.log if p == "/instances"]
+    assert len(launched) == 2 and len(listed) == 3 and max(listed) < launched[1], fake.timeline()
+    assert [s for _, _, _, s in fake.log if s != 200] == [], fake.timeline()
 
 
 def test_without_pacing_the_fake_enforces_the_limits(fake: FakeLambda) -> None:

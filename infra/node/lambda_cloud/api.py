@@ -1,9 +1,11 @@
 """A small client for the Lambda Cloud public REST API (https://cloud.lambda.ai/api/v1), on `requests`.
 
 What it guarantees, so callers need not think about it:
-- Pacing: at most one request per `Limits.request_interval` (1 s) and one launch per
-  `Limits.launch_interval` (12 s), shared by all threads of the process. `LAMBDA_RATE_SCALE`
-  scales both (tests and the fake run at 0.01); the defaults are Lambda's documented limits.
+- Pacing: one request in flight at a time, shared by all threads of the process, sent at least
+  `Limits.request_interval` (1 s) after the previous one was answered, a launch at least
+  `Limits.launch_interval` (12 s) after the previous launch was answered: the server sees them
+  that far apart however late each reached it. `LAMBDA_RATE_SCALE` scales both (tests and the
+  fake run at 0.01); the defaults are Lambda's documented limits.
 - Retries with backoff on 429, 409 (Lambda's documented conflict on rulesets), 5xx and network
   errors, by urllib3's `Retry` on the session (Retry-After honoured, never faster than the
   request interval), except for launches: a launch is not idempotent, so an unknown outcome
@@ -207,34 +209,47 @@ class FileSystem:
 
 @dataclass
 class _Pacer:
-    """Reservations of request slots, shared by threads: nobody sleeps while holding the lock."""
+    """One request in flight at a time, shared by threads, each sent one interval (a launch: one
+    launch interval) after the previous one was answered.
+
+    Spacing the moments requests leave is not enough: the server judges the moments they arrive,
+    and a request can take long from leaving to the server (80 ms on a loaded test machine, a slow
+    network). Another thread's request sent meanwhile could arrive right behind it and be refused
+    with a 429. Only the answer proves the server has seen a request, so the next one waits for
+    it. A launch waiting out its longer interval holds nobody back."""
 
     limits: Limits
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Condition = field(default_factory=threading.Condition)
     next_any: float = 0.0
     next_launch: float = 0.0
+    #: The thread whose request is between `wait` and `done`, if any.
+    owner: int | None = None
 
     def wait(self, launch: bool) -> None:
-        factor = 1 + self.limits.margin
+        """Until this thread may send; its request is then in flight until it calls `done`."""
+        me = threading.get_ident()
         with self.lock:
-            now = time.monotonic()
-            start = max(now, self.next_any)
-            if launch:
-                start = max(start, self.next_launch)
-                self.next_launch = start + self.limits.launch_interval * factor
-            self.next_any = start + self.limits.request_interval * factor
-        if start > now:
-            time.sleep(start - now)
+            while True:
+                now = time.monotonic()
+                start = max(self.next_any, self.next_launch) if launch else self.next_any
+                busy = self.owner not in (None, me)
+                if not busy and now >= start:
+                    break
+                # `done` wakes us; else our slot's time does (wait() may wake early: looped).
+                self.lock.wait(None if busy else start - now)
+            self.owner = me
 
     def done(self, launch: bool) -> None:
-        """Count the interval from the answer too: the server saw the request before we got its
-        answer, so the next one cannot reach it early whatever the request's latency was."""
+        """The request was answered (or failed): the next one waits its interval from now."""
         factor = 1 + self.limits.margin
         with self.lock:
             now = time.monotonic()
+            if self.owner == threading.get_ident():  # a second `done` frees nobody else's turn
+                self.owner = None
             self.next_any = max(self.next_any, now + self.limits.request_interval * factor)
             if launch:
                 self.next_launch = max(self.next_launch, now + self.limits.launch_interval * factor)
+            self.lock.notify_all()
 
     def push_back(self, seconds: float) -> None:
         """After a 429, keep every thread quiet for a while, not just the one that was told."""
@@ -250,7 +265,8 @@ RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 class _PacedRetry(Retry):
     """urllib3's Retry, paced like every other request: it waits Retry-After when the answer has
     one (capped), else its exponential backoff but never less than one request interval; a 429
-    also quiets every other thread (`_Pacer.push_back`); then the retry takes a pacer slot."""
+    also quiets every other thread (`_Pacer.push_back`). The failed attempt gives up its turn
+    while it backs off; the retry then waits for a turn like any request."""
 
     pacer: _Pacer | None = None
     #: Retries of a launch take a launch slot.
@@ -273,6 +289,7 @@ class _PacedRetry(Retry):
             with contextlib.suppress(ValueError):
                 delay = max(delay, min(float(header), self.pacer.limits.backoff_cap * 2))
         if self.pacer is not None:
+            self.pacer.done(self.launch)
             if response is not None and response.status == 429:
                 self.pacer.push_back(delay)
             time.sleep(delay)
@@ -338,11 +355,6 @@ class LambdaClient:
         self.timeout = timeout
         self.retries = retries
         self._pacer = _Pacer(self.limits)
-        #: One launch in flight at a time: a launch's slot is reserved only after the previous
-        #: launch was answered, so however late the server saw that one (a loaded machine, a slow
-        #: network), the next cannot reach it within the launch interval. Launches are one per
-        #: interval anyway, so this costs no time.
-        self._launch_gate = threading.Lock()
         headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json",
                    "User-Agent": "rayfleet"}
         #: Every call but launch: urllib3 retries 409/429/5xx and network errors.
@@ -400,21 +412,19 @@ class LambdaClient:
         what = f"{method} {path}"
         started = time.monotonic()
         session = self._launch_session if launch else self._session
-        with self._launch_gate if launch else contextlib.nullcontext():
-            self._pacer.wait(launch)
-            self.sent.append(what)
-            try:
-                response = session.request(method, f"{self.url}{path}", json=body,
-                                           timeout=self.timeout)
-            except requests.RequestException as exc:
-                if launch:
-                    raise LaunchOutcomeUnknown(
-                        f"Lambda API: {what}: no answer ({type(exc).__name__})") from None
-                raise Unavailable(f"Lambda API: {what}: no answer after {self.retries} retries "
-                                  f"in {time.monotonic() - started:.0f}s ({type(exc).__name__}); "
-                                  "try again later", status=0) from None
-            finally:
-                self._pacer.done(launch)
+        self._pacer.wait(launch)
+        self.sent.append(what)
+        try:
+            response = session.request(method, f"{self.url}{path}", json=body, timeout=self.timeout)
+        except requests.RequestException as exc:
+            if launch:
+                raise LaunchOutcomeUnknown(
+                    f"Lambda API: {what}: no answer ({type(exc).__name__})") from None
+            raise Unavailable(f"Lambda API: {what}: no answer after {self.retries} retries in "
+                              f"{time.monotonic() - started:.0f}s ({type(exc).__name__}); try "
+                              "again later", status=0) from None
+        finally:
+            self._pacer.done(launch)
         if launch and response.status_code >= 500:
             raise LaunchOutcomeUnknown(
                 f"Lambda API: {what}: HTTP {response.status_code}, the instance may exist")
