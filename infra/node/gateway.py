@@ -67,8 +67,8 @@ class Config:
     max_running_jobs_per_member: int = 2
     max_job_hours: float | None = None
     members_see_dashboard: bool = True
-    #: The cluster's $/h where Ray reports no nodes by type (no autoscaler: a fixed-size or
-    #: local cluster), split among the jobs running at each tick.
+    #: The cluster's $/h without `node_prices` (no autoscaler: a fixed-size or local cluster),
+    #: or when Ray names no nodes; split among the jobs running at each tick.
     price_per_hour: float = 0.0
     #: $/h of each node type of Ray's cluster config (the head's included): the price at a tick
     #: is that of the nodes alive then (gateway_prices.py). Empty: `price_per_hour` always.
