@@ -21,13 +21,13 @@ if TYPE_CHECKING:
 class NodePrices:
     """$/h of each node type of the cluster's Ray config, from a provider's price data
     (`Provider.node_prices`), for the sharing gateway's cost share: on the head, the price at
-    each moment is that of the nodes Ray's autoscaler reports then."""
+    each moment is that of the nodes Ray knows then (infra/node/gateway_prices.py)."""
 
     #: The head's node type (a key of `by_type`).
     head_type: str
     #: $/h by node type name, as named in the Ray cluster config; empty without an autoscaler.
     by_type: Mapping[str, float]
-    #: $/h when Ray reports no nodes by type (no autoscaler, or it is down): the minimum size's.
+    #: $/h when Ray names no nodes (its dashboard does not answer): the minimum size's.
     floor_usd: float
 
 

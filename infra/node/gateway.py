@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from infra.node import gateway_prices as gp
 from infra.node import gateway_state as gs
 from infra.node.files import atomic_write
 
@@ -66,11 +67,11 @@ class Config:
     max_running_jobs_per_member: int = 2
     max_job_hours: float | None = None
     members_see_dashboard: bool = True
-    #: The cluster's $/h where Ray reports no nodes by type (no autoscaler: a fixed-size or
-    #: local cluster), split among the jobs running at each tick.
+    #: The cluster's $/h without `node_prices` (no autoscaler: a fixed-size or local cluster),
+    #: or when Ray names no nodes; split among the jobs running at each tick.
     price_per_hour: float = 0.0
     #: $/h of each node type of Ray's cluster config (the head's included): the price at a tick
-    #: is that of the nodes Ray's autoscaler reports then. Empty: `price_per_hour` always.
+    #: is that of the nodes alive then (gateway_prices.py). Empty: `price_per_hour` always.
     node_prices: dict[str, float] = field(default_factory=dict)
     #: The head's node type in `node_prices`.
     head_type: str = ""
@@ -389,16 +390,23 @@ class Gateway:
             self.usage.save()
 
     async def hourly_price(self) -> float:
-        """The cluster's $/h now: its nodes at their types' prices, as Ray's autoscaler reports
-        them on the head; the fixed price when there are no type prices or no report."""
+        """The cluster's $/h now: its nodes at their types' prices (gateway_prices.py); the
+        fixed price when there are no type prices or Ray names no nodes."""
         if not self.config.node_prices:
             return self.config.price_per_hour
+        status = await self.answer_or_none(gp.STATUS_PATH)
+        # Ray's v2 autoscaler reports nothing there: then its GCS node table.
+        nodes = (await self.answer_or_none(gp.NODES_PATH)
+                 if gp.report_counts(status, time.time()) is None else None)
+        return gp.cluster_hourly(status, nodes, self.config.node_prices, self.config.head_type,
+                                 self.config.price_per_hour, time.time())
+
+    async def answer_or_none(self, path: str) -> Any:
         try:
-            status, answer = await self.upstream_json("GET", "/api/cluster_status")
-        except Exception:  # Ray not answering: this tick at the fixed price
-            status, answer = 0, None
-        return gs.cluster_hourly(answer if status == 200 else None, self.config.node_prices,
-                                 self.config.head_type, self.config.price_per_hour)
+            status, answer = await self.upstream_json("GET", path)
+        except Exception:  # Ray not answering: this tick without that source
+            return None
+        return answer if status == 200 else None
 
     async def enforce_hours(self, jobs: list[dict[str, Any]]) -> None:
         limit = self.config.max_job_hours

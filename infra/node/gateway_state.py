@@ -208,37 +208,6 @@ def _key(job: dict[str, Any]) -> str:
     return str(job.get("submission_id") or job.get("job_id"))
 
 
-def camel(name: str) -> str:
-    """A name as Ray's dashboard writes every key of its answers (`to_google_style`), node type
-    names included: `gpu_a100` becomes `gpuA100`."""
-    first, *rest = name.split("_")
-    return first + "".join(part.title() for part in rest)
-
-
-def cluster_hourly(answer: Any, prices: dict[str, float], head_type: str, fixed: float) -> float:
-    """The cluster's $/h from the dashboard's answer at `/api/cluster_status` (Ray's autoscaler
-    report, `data.clusterStatus.autoscalerReport`): every node it lists as active or still
-    starting (both billed) at its type's price, and the head, which the gateway runs on, whether
-    the report lists it or not; a type without a price counts 0. `fixed` where there is no
-    report (no autoscaler, or the dashboard did not answer)."""
-    data = answer.get("data") if isinstance(answer, dict) else None
-    status = data.get("clusterStatus") if isinstance(data, dict) else None
-    report = status.get("autoscalerReport") if isinstance(status, dict) else None
-    if not isinstance(report, dict):
-        return fixed
-    by_name = {**{camel(name): price for name, price in prices.items()}, **prices}
-    counts: collections.Counter[str] = collections.Counter()
-    active = report.get("activeNodes")
-    for name, count in (active.items() if isinstance(active, dict) else []):
-        counts[str(name)] += int(count)
-    for node in report.get("pendingNodes") or []:  # [ip, node type, status]
-        if isinstance(node, list) and len(node) >= 2:
-            counts[str(node[1])] += 1
-    if head_type and not counts[head_type] and not counts[camel(head_type)]:
-        counts[head_type] = 1
-    return sum(by_name.get(name, 0.0) * count for name, count in counts.items())
-
-
 def _member_of(job: dict[str, Any]) -> str | None:
     metadata = job.get("metadata") or {}
     return metadata.get("rayfleet_member") if isinstance(metadata, dict) else None

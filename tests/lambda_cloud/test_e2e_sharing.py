@@ -157,6 +157,30 @@ def test_two_members_jobs_run_on_the_worker_from_their_own_laptop(shared: Shared
     assert leaked == "", leaked
 
 
+def test_the_cost_share_counts_the_autoscaled_worker_at_its_price(shared: Shared) -> None:
+    """While the worker that ran the jobs is up, the $/h the gateway splits is the head's price
+    plus the worker's (Ray's v2 autoscaler reports no nodes at /api/cluster_status: the gateway
+    counted the head alone until it read Ray's node table)."""
+    head = shared.scaled.host(shared.head_ip)
+    config = json.loads(head.run("cat /root/.rayfleet/rayfleet-gateway.json", check=True).stdout)
+    prices = config["node_prices"]
+    assert set(prices) == {"head", "gpu"} and len(shared.scaled.workers()) == 1, prices
+    wanted = round(prices["head"] + prices["gpu"], 4)
+
+    seen: list[float] = []
+
+    def at_price() -> bool:
+        listed = shared.scaled.invoke("members", "--json")
+        assert listed.returncode == 0, listed.stderr
+        seen.append(float(json.loads(listed.stdout)["cluster_cost"]["hourly_usd"]))
+        return seen[-1] == wanted
+
+    try:
+        wait_until(at_price, f"the cluster at ${wanted}/h", timeout=30, interval=2)
+    except AssertionError as failed:
+        raise AssertionError(f"{failed}; the gateway's $/h: {seen[-3:]}") from None
+
+
 def test_hosts_outside_the_allowed_range_cannot_connect(shared: Shared) -> None:
     scaled = shared.scaled
     assert _connects(scaled.bed.hosts[2].run, shared.head_ip)  # the laptop: open

@@ -84,51 +84,6 @@ def test_cost_shares_of_overlapping_jobs_sum_to_the_accrued_cost(tmp_path: Path)
     assert cluster["hourly_usd"] == 6.0
 
 
-def _dashboard_answer(summary: Any) -> dict[str, Any]:
-    """What Ray's dashboard answers at /api/cluster_status, made by Ray's own code: the monitor
-    stores `asdict(AutoscalerSummary)` as JSON (monitor.py), the dashboard's handler answers it
-    through `rest_response`, which camel-cases every key (reporter_head.py)."""
-    from dataclasses import asdict
-
-    from ray.dashboard.routes import rest_response
-    from ray.dashboard.utils import HTTPStatusCode
-
-    stored = json.loads(json.dumps({"autoscaler_report": asdict(summary), "time": 0.0}))
-    response = rest_response(HTTPStatusCode.OK, "Got cluster status.", autoscaling_status=None,
-                             autoscaling_error=None, cluster_status=stored)
-    answer: dict[str, Any] = json.loads(response.text or "")
-    return answer
-
-
-def test_the_clusters_price_is_that_of_the_nodes_rays_autoscaler_reports() -> None:
-    from ray.autoscaler._private.autoscaler import AutoscalerSummary
-
-    prices = {"head": 0.5, "gpu_a100": 1.25, "cpu_small": 0.1}
-    answer = _dashboard_answer(AutoscalerSummary(
-        active_nodes={"head": 1, "gpu_a100": 2}, idle_nodes=None,
-        pending_nodes=[("10.0.0.9", "gpu_a100", "setting-up")],  # launched: billed already
-        pending_launches={"cpu_small": 3},  # not launched yet: not billed
-        failed_nodes=[]))
-    # What the camel-casing does to a type's name:
-    assert "gpuA100" in answer["data"]["clusterStatus"]["autoscalerReport"]["activeNodes"]
-    assert gs.cluster_hourly(answer, prices, "head", 9.0) == pytest.approx(0.5 + 3 * 1.25)
-    # A provider that does not list the head: its price counts all the same (the gateway runs
-    # on it); a type without a price counts nothing.
-    answer = _dashboard_answer(AutoscalerSummary(
-        active_nodes={"gpu_a100": 1, "mystery": 4}, idle_nodes=None, pending_nodes=[],
-        pending_launches={}, failed_nodes=[]))
-    assert gs.cluster_hourly(answer, prices, "head", 9.0) == pytest.approx(0.5 + 1.25)
-    # No autoscaler (its report absent), or no answer: the fixed price.
-    from ray.dashboard.routes import rest_response
-    from ray.dashboard.utils import HTTPStatusCode
-
-    bare = json.loads(rest_response(HTTPStatusCode.OK, "Got cluster status.",
-                                    autoscaling_status=None, autoscaling_error=None,
-                                    cluster_status=None).text or "")
-    assert gs.cluster_hourly(bare, prices, "head", 9.0) == 9.0
-    assert gs.cluster_hourly(None, prices, "head", 9.0) == 9.0
-
-
 def test_maybe_active_counts_a_members_jobs_until_ray_reports_them_finished(tmp_path: Path) -> None:
     usage = gs.Usage(tmp_path / gs.USAGE_FILE)
     usage.note("a", member="ann", submitted=gs.now_iso())  # submitted, not yet seen by a tick
