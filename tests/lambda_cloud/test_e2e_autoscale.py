@@ -4,8 +4,9 @@ the head runs our node provider against the fake Lambda API, whose instances are
 One cluster is shared by the scenarios of this module, in order (each leaves it as the next
 expects): up with only the head -> a job needing 2 workers' GPUs scales 0 -> 2 -> idle -> 0 ->
 first choice without capacity takes the second -> no capacity at all: the job waits, nothing is
-launched in a loop -> the API key is only in its 0600 file -> the autoscaler is killed right after
-it launched a worker `up` never saw, and `teardown` still removes every instance of ours.
+launched in a loop -> the API key is only in its 0600 file -> the autoscaler is stopped (with its
+supervisor) right after it launched a worker `up` never saw, and `teardown` still removes every
+instance of ours.
 
 The world (test bed, fake, relays to the API for the head, spec) is autoscale_bed.py's.
 """
@@ -27,7 +28,14 @@ import pytest
 from infra.providers.lambda_cloud.autoscale import HEAD_TYPE
 from tests.browser_metrics import check_report_page
 from tests.kept_history import check_workers_went_0_2_0
-from tests.lambda_cloud.autoscale_bed import API_KEY, CAPACITY, CLUSTER, Scaled, autoscale_bed
+from tests.lambda_cloud.autoscale_bed import (
+    API_KEY,
+    CAPACITY,
+    CLUSTER,
+    Scaled,
+    autoscale_bed,
+    stop_autoscaler,
+)
 from tests.testbed.preflight import require
 from tests.waiting import wait_until
 
@@ -212,9 +220,10 @@ def test_teardown_right_after_a_launch_with_the_autoscaler_killed(scaled: Scaled
     assert submit.returncode == 0, submit.stdout + submit.stderr
     scaled.wait("the autoscaler's launch", lambda: scaled.launches() > launches, timeout=120)
     head = scaled.host(scaled.head()["ip"])
-    pids = head.run("pgrep -u rayfleet-scaler -f 'ray.autoscaler.v2.monitor'").stdout.split()
-    assert pids, "no autoscaler process on the head"
-    head.run(f"kill -9 {' '.join(pids)}", check=True)
+    assert scaled.autoscaler_pids(), "no autoscaler process on the head"
+    # Through its supervisor: a monitor killed alone (`kill -9`) is started again within
+    # seconds, and this scenario is a head whose autoscaler is gone for good.
+    stop_autoscaler(head)
     cid = scaled.head()["tags"]["rayfleet-cluster"]
     down = scaled.invoke("teardown")
     assert down.returncode == 0, down.stdout + down.stderr

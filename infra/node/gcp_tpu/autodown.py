@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra.node import identity, rayproc
+from infra.node import identity
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, find_credentials
 from infra.node.retry import poll
@@ -57,29 +57,17 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
     api.delete_instance(zone, head)
 
 
-def stop_monitor(pidfile: Path) -> bool:
-    """Stop the Ray autoscaler whose pid `pidfile` holds (a bare pid, written by the shell that
-    started it: infra/privilege.py start_monitor), if that pid is still such a process; True
-    when one was running. A pid the kernel gave to another process since is left alone."""
-    try:
-        pid = int(pidfile.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    if "ray.autoscaler" not in rayproc.cmdline(pid):
-        return False
-    rayproc.terminate([pid])
-    return True
-
-
 def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
     """The watcher's action on a GCP head: stop Ray's autoscaler here first, then `remove`.
 
     Ray's autoscaler keeps `min_workers` running: left alive, it would launch a replacement for
     every worker `remove` deletes, and that replacement would outlive the head. Stopped, nothing
     launches; a launch request already sent shows in the listing a moment later. The watcher runs
-    as the autoscaler's user (`monitor_pidfile`: the monitor runs apart from Ray, issue 29), which
-    can stop its own monitor but not Ray, another user's; a head from before runs its monitor
-    inside Ray, so `ray stop` there.
+    as the autoscaler's user (`monitor_pidfile`: the monitor runs apart from Ray, issue 29, under
+    the head's one supervisor), which can stop its own monitor and that supervisor (by identity:
+    supervise.stop; stopped together, nothing starts the monitor again while the cluster goes)
+    but not Ray, another user's; a head from before runs its monitor inside Ray, so `ray stop`
+    there.
     """
     import subprocess
 
@@ -92,7 +80,7 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
             log(f"stopped the head's daemon {pid_file}")
     monitor = args.get("monitor_pidfile")
     ray = ray_executable(default="")
-    if monitor and stop_monitor(Path(str(monitor)).expanduser()):
+    if monitor and supervise.stop(Path(str(monitor)).expanduser()):
         log("stopped Ray's autoscaler on the head, so that it launches no more workers")
     elif ray:
         log("stopping Ray on the head, so that its autoscaler launches no more workers")

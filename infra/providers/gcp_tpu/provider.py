@@ -258,10 +258,12 @@ class Provider(BaseProvider[Spec, Preflight]):
         cluster = state.find(CLUSTER, spec.name)
         assert cluster is not None
         head = view.head(api, spec.zone, self._label_id(state), spec.name)
+        ran_ray_up = False
         if (head is not None and head.get("status") == "RUNNING"
                 and cluster.attrs.get("config_sha256") == _sha(text) and self._answers(state)):
             ui.info(f"cluster {spec.name!r} is already running with this config")
         else:
+            ran_ray_up = True
             log = paths.home() / "logs" / spec.name / "ray-up.log"
             with ui.step(f"ray up (head, then min_workers; log: {log})") as step:
                 code = self._ray(launcher.up_args(config_path),
@@ -297,6 +299,12 @@ class Provider(BaseProvider[Spec, Preflight]):
                          f"{privilege.MONITOR_LOGS} (as root)")
         recorded = state.find(CLUSTER, spec.name)
         assert recorded is not None
+        # Ray's autoscaler, supervised (the node package is on the head only now): a new Ray
+        # gets a new monitor; a running cluster keeps its own, or gets one if it had none.
+        with ui.step("starting Ray's autoscaler (supervised) on the head"):
+            remote_head.start_ray_up_monitor(self._head_target(recorded), GCS_PORT,
+                                             spec.auth == "token", users.ACTIVATE,
+                                             replace=ran_ray_up)
         tracking_setup.start(spec, state, self._head_target(recorded), internal)
         autodown_setup.install(spec, state, recorded, self._head_target(recorded))
         return remote_head.announced(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
