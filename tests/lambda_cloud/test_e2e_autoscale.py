@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import re
+import secrets
 import shlex
 import time
 from collections.abc import Iterator
@@ -99,28 +100,41 @@ def test_up_starts_only_the_head(scaled: Scaled) -> None:
 def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(scaled: Scaled) -> None:
     before = scaled.launches()
     started = time.monotonic()
-    submit = scaled.invoke("submit", str(JOB), "--", "2")
+    # The job holds the two workers' GPUs until this file exists on the head, so that `status`
+    # below sees them while the job still needs them: idle for only 6 s after a job, they may
+    # be gone by the time `status` runs on a busy machine.
+    release = f"/tmp/rayfleet-release-{secrets.token_hex(6)}"
+    submit = scaled.invoke("submit", "--no-wait", str(JOB), "--", "2", release)
     assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = submit.stdout.strip().splitlines()[-1]
+
+    def result_logged() -> str | None:
+        shown = scaled.invoke("logs", job_id)
+        return shown.stdout if shown.returncode == 0 and "RESULT " in shown.stdout else None
+
+    logged = scaled.wait("the job's tasks on two new workers", result_logged, timeout=600)
     print(f"\n[lambda autoscale] 0 -> 2 workers and the job: {time.monotonic() - started:.1f}s")
     workers = scaled.workers()
     assert len(workers) == 2 and scaled.launches() - before == 2, workers
     assert {w["type"] for w in workers} == {"gpu_1x_a10"}  # the first choice had capacity
     hosts = sorted(scaled.host(w["ip"]).hostname for w in workers)
-    assert sorted(_result(submit.stdout)["hosts"]) == hosts
+    assert sorted(_result(logged)["hosts"]) == hosts
     # Each autoscaled worker's tasks found the head's tracking server and its login.
     head_ip = scaled.head()["ip"]
-    assert _result(submit.stdout)["tracking"] == [[f"http://{head_ip}:5000", True]] * 2, \
-        submit.stdout
+    assert _result(logged)["tracking"] == [[f"http://{head_ip}:5000", True]] * 2, logged
     for w in workers:
         assert w["tags"]["rayfleet-cluster"] == scaled.head()["tags"]["rayfleet-cluster"]
         assert w["firewall_rulesets"] == scaled.head()["firewall_rulesets"]
     status = scaled.invoke("status", "--json")
     assert status.returncode == 0, status.stderr
     rows = json.loads(status.stdout)["provider_resources"]
-    # (idle for 6 s after the job, a worker may already be terminating when status runs)
     assert sorted(r["state"].split()[-1] for r in rows) == ["active", "autoscaled", "autoscaled"]
     assert {r["id"] for r in rows if "autoscaled" in r["state"]} == {w["id"][:12] for w in workers}
     assert all(r["$/h"].startswith("$") and r["uptime"] != "?" for r in rows), rows
+    # Released, the job ends well (`logs --follow` exits with the job's status).
+    scaled.host(head_ip).run(f"touch {release}", check=True)
+    done = scaled.invoke("logs", "--follow", job_id)
+    assert done.returncode == 0 and "released" in done.stdout, done.stdout + done.stderr
     # Idle for 0.1 min: the autoscaler terminates both workers; the head stays.
     started = time.monotonic()
     scaled.wait("both workers terminated", lambda: not scaled.workers(), timeout=180)
