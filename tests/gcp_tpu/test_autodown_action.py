@@ -78,9 +78,11 @@ def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:
 def test_the_supervised_autoscaler_is_stopped_for_good_and_nothing_else_is(tmp_path: Path) -> None:
     """What the action stops before deleting workers (the watcher and the separated autoscaler
     are the same node user): Ray's monitor runs under the head's one supervisor, which starts it
-    again when it dies (privilege.start_monitor); the action's stop (`supervise.stop` of the
+    again when it dies (privilege.start_monitor); the action's `stop_autoscaler` (by the
     `monitor_pidfile` that autodown_setup gives it) ends both, so nothing starts it again while
     the cluster goes, and a pid file naming another process stops nothing."""
+    from infra.node.gcp_tpu.autodown import stop_autoscaler
+
     # A stand-in with the monitor's module in its command line (`-m ray.autoscaler...`), and an
     # unrelated process of the same user whose pid a stale pid file may hold.
     sleep = "import time; time.sleep(60)"
@@ -89,7 +91,9 @@ def test_the_supervised_autoscaler_is_stopped_for_good_and_nothing_else_is(tmp_p
     try:
         # A bare pid (what a monitor from before supervision left) names nothing to stop.
         pidfile.write_text(f"{other.pid}\n")
-        assert supervise.stop(pidfile) is False
+        said: list[str] = []
+        assert stop_autoscaler({"monitor_pidfile": str(pidfile)}, said.append) is False
+        assert said == []
         assert other.poll() is None, "a process that is not the autoscaler must be left alone"
         assert supervise.ensure([sys.executable, "-c", sleep, "ray.autoscaler._private.monitor"],
                                 pidfile, tmp_path / "monitor.out", cwd=str(ROOT))
@@ -101,13 +105,16 @@ def test_the_supervised_autoscaler_is_stopped_for_good_and_nothing_else_is(tmp_p
                    "the supervisor to start the monitor again", timeout=15, interval=0.1)
         second = supervise.status(pidfile)["pid"]
         supervisor = supervise.read(pidfile)["supervisor"]
-        assert supervise.stop(pidfile) is True
+        assert stop_autoscaler({"monitor_pidfile": str(pidfile)}, said.append) is True
+        assert said == ["stopped Ray's autoscaler on the head, so that it launches no more workers"]
         wait_until(lambda: not rayproc.cmdline(second) and not supervisor.running(),
                    "the monitor and its supervisor to end", timeout=15, interval=0.1)
         # Stopped for good: longer than the supervisor's first pause, and no monitor came back.
         time.sleep(supervise.FIRST_DELAY_S * 2)
         assert not supervise.running(pidfile) and not pidfile.exists()
-        assert supervise.stop(tmp_path / "missing.pid") is False
+        assert stop_autoscaler({"monitor_pidfile": str(tmp_path / "missing.pid")}, said.append) \
+            is False
+        assert stop_autoscaler({}, said.append) is False
         assert other.poll() is None
     finally:
         supervise.stop(pidfile)
