@@ -133,12 +133,12 @@ def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(scaled: Sc
     assert all(r["$/h"].startswith("$") and r["uptime"] != "?" for r in rows), rows
     # Released, the job ends well (`logs --follow` exits with the job's status).
     scaled.host(head_ip).run(f"touch {release}", check=True)
+    released = time.monotonic()
     done = scaled.invoke("logs", "--follow", job_id)
     assert done.returncode == 0 and "released" in done.stdout, done.stdout + done.stderr
     # Idle for 0.1 min: the autoscaler terminates both workers; the head stays.
-    started = time.monotonic()
     scaled.wait("both workers terminated", lambda: not scaled.workers(), timeout=180)
-    print(f"\n[lambda autoscale] idle -> 0 workers: {time.monotonic() - started:.1f}s")
+    print(f"\n[lambda autoscale] job released -> 0 workers: {time.monotonic() - released:.1f}s")
     assert scaled.head()["status"] == "active"
     status = scaled.invoke("status", "--json")
     assert status.returncode == 0, status.stderr
