@@ -7,8 +7,8 @@ setup/users/users.sh (run once per node, with sudo), makes two system users:
 - `RAY_USER` runs Ray: head, workers, and so every job, task, actor and Serve replica. No sudo,
   no admin group, its own 0700 home holding the cluster's Ray token (and tracking password).
 - `SCALER_USER` runs Ray's autoscaler apart from the head's other processes (`ray start --head
-  --no-monitor`, then Ray's monitor as this user). Its 0700 home holds the cloud credential, the
-  cluster's SSH private key and the autoscaler's config.
+  --no-monitor`, then Ray's monitor as this user, under the head's one supervisor). Its 0700
+  home holds the cloud credential, the cluster's SSH private key and the autoscaler's config.
 
 This module spells those steps as shell for the node's SSH user; the providers put them into
 their start commands. Nothing secret is in any of them: secrets travel as 0600 files.
@@ -40,8 +40,10 @@ TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
 #: belongs to the Ray user, whom the autoscaler must not share a writable directory with).
 SCALER_LOGS = "rayfleet/logs"
 SCALER_TMP = "rayfleet/tmp"
-#: The pid of Ray's autoscaler (start_monitor), relative to its user's home: what removes the
-#: cluster stops it first, so that it launches no replacement for a worker being deleted.
+#: The pid file of Ray's autoscaler's supervisor (start_monitor; infra/node/supervise.py's JSON,
+#: supervisor and monitor by pid and start time), relative to its user's home: what removes the
+#: cluster stops both first (`supervise stop`), so that it launches no replacement for a worker
+#: being deleted and no supervisor starts the monitor again.
 MONITOR_PID = f"{SCALER_LOGS}/monitor.pid"
 #: The autoscaler's logs on a head, for a root shell (its home is 0700: `AS_ROOT sh -c ...`).
 MONITOR_LOGS = f"~{SCALER_USER}/{SCALER_LOGS}/monitor.*"
@@ -113,31 +115,45 @@ def stop_ray(activate: str = "") -> str:
     return f"if pgrep -u {RAY_USER} >/dev/null 2>&1; then {stop}; fi"
 
 
-def start_monitor(gcs_address: str, config: str, pythonpath: str, env: dict[str, str],
-                  activate: str = "", v2: bool = True) -> str:
-    """Shell that (re)starts Ray's autoscaler as SCALER_USER, detached from the SSH session.
+def start_monitor(gcs_address: str, config: str, node_zip: str, env: dict[str, str],
+                  activate: str = "", v2: bool = True, replace: bool = True) -> str:
+    """Shell that runs Ray's autoscaler as SCALER_USER under the head's one supervisor
+    (infra/node/supervise.py): a monitor that dies (Ray's exits on some startup errors and on
+    AuthenticationError; `kill -9`; the OOM killer) is back within seconds, since a dead
+    autoscaler leaves workers running (cost) or demands pending forever.
 
-    `config` and `pythonpath` are relative to that user's home. The monitor is the module that
-    `ray start --head` would run itself (ray/_private/services.py start_monitor), with the same
-    arguments bar the log directory."""
+    `replace`: stop the supervised monitor that runs (a new Ray on the head, a new config or node
+    package), then start one; otherwise only start one when none runs (`up` of a running
+    cluster: a supervisor that was itself killed comes back). One monitor per head, always.
+
+    `config` and `node_zip` (the node package, for the supervisor and, on Lambda, our node
+    provider) are relative to that user's home. The monitor is the module that `ray start
+    --head` would run itself (ray/_private/services.py start_monitor), with the same arguments
+    bar the log directory."""
     module = "ray.autoscaler.v2.monitor" if v2 else "ray.autoscaler._private.monitor"
     # Double quotes, not shlex: values may name "$HOME" (the autoscaler user's), never a secret.
     words = "".join(f'{k}="{v}" ' for k, v in env.items())
-    # The previous monitor by its pid file (a pattern would match this very command line).
     pid = f"$HOME/{MONITOR_PID}"
+    supervise = '"$rf_py" -m infra.node.supervise'
+    # A monitor from before supervision left a bare pid there (supervise reads it as nothing):
+    # stopped by it while that pid is still Ray's autoscaler.
+    bare = (f'rf_old=$(cat {pid} 2>/dev/null); case "$rf_old" in ""|*[!0-9]*) ;; '
+            '*) grep -qs ray.autoscaler "/proc/$rf_old/cmdline" && kill "$rf_old";; esac; ')
     # TMPDIR: Ray's libraries keep files under <TMPDIR>/ray (e.g. the on-prem provider's
-    # cluster state), and /tmp/ray belongs to Ray's user.
+    # cluster state), and /tmp/ray belongs to Ray's user. Exported: the supervisor and every
+    # monitor it starts inherit them.
     inner = (f'mkdir -p ~/{SCALER_LOGS} ~/{SCALER_TMP} && '
-             f'{{ [ ! -f {pid} ] || kill "$(cat {pid})" 2>/dev/null; true; }} && '
-             f"{{ TMPDIR=$HOME/{SCALER_TMP} "
-             f"{words}{f'PYTHONPATH=$HOME/{pythonpath} ' if pythonpath else ''}setsid nohup "
-             f'"$(dirname "$(command -v ray)")/python" -u -m {module} '
+             f'rf_py="$(dirname "$(command -v ray)")/python" && '
+             f"export TMPDIR=$HOME/{SCALER_TMP} {words}PYTHONPATH=$HOME/{node_zip} && "
+             f"{{ {bare}true; }} && "
+             + (f"{{ {supervise} stop --pidfile {pid} >/dev/null; true; }} && " if replace else "")
+             + f"{supervise} ensure --pidfile {pid} --log $HOME/{SCALER_LOGS}/monitor.out -- "
+             f'"$rf_py" -u -m {module} '
              f"--gcs-address={shlex.quote(gcs_address)} --autoscaling-config=$HOME/{config} "
              # As `ray start` gives it: the monitor then exports the autoscaler's metrics (nodes
              # by type, pending demand) where the head's Prometheus finds them.
              f"--monitor-ip={shlex.quote(gcs_address.rsplit(':', 1)[0])} "
-             f"--logs-dir=$HOME/{SCALER_LOGS} </dev/null >>$HOME/{SCALER_LOGS}/monitor.out 2>&1 & "
-             f"echo $! > {pid}; }}")
+             f"--logs-dir=$HOME/{SCALER_LOGS}")
     return as_user(SCALER_USER, inner, activate)
 
 
@@ -149,22 +165,32 @@ RAY_UP_SCALER_FILES = ("ray_bootstrap_config.yaml", "ray_bootstrap_key.pem")
 def ray_up_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port: int,
                       token: bool, tracking: bool, scaler_files: Sequence[str] = (),
                       before_ray: Sequence[str] = ()) -> list[str]:
-    """A head that `ray up` starts (Ray's own node provider on the head, v1 autoscaler): Ray as
-    Ray's user without a monitor, then Ray's v1 monitor as the autoscaler's user with `ray up`'s
-    config and key (and `scaler_files`, e.g. the file mounts it syncs to new workers), starting
-    and stopping the workers. `before_ray` runs as the SSH user once the users exist. GCS
-    listens on every address, loopback included."""
-    auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "$HOME/" + TOKEN_FILE}
-                if token else {"RAY_AUTH_MODE": "disabled"})
+    """A head that `ray up` starts (Ray's own node provider on the head, v1 autoscaler): the
+    users, with the autoscaler's user given `ray up`'s config and key (and `scaler_files`, e.g.
+    the file mounts it syncs to new workers), then Ray as Ray's user without a monitor.
+    `before_ray` runs as the SSH user once the users exist. GCS listens on every address,
+    loopback included.
+
+    The monitor is not started here: its supervisor needs the node package, which reaches the
+    head only after `ray up` (remote_head.start_ray_up_monitor runs `ray_up_monitor` then)."""
     return [
         setup_users(ray_files(tracking), (*RAY_UP_SCALER_FILES, *ray_files(tracking),
                                           *scaler_files, USERS_DIR)),
         *before_ray,
         stop_ray(activate),
         as_user(RAY_USER, f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
-        start_monitor(f"127.0.0.1:{gcs_port}", RAY_UP_SCALER_FILES[0], "", auth_env, activate,
-                      v2=False),
     ]
+
+
+def ray_up_monitor(gcs_port: int, token: bool, node_zip: str, activate: str = "",
+                   replace: bool = True) -> str:
+    """Shell that runs Ray's v1 monitor, supervised, as the autoscaler's user on a head that
+    `ray up` started (ray_up_head_start), with `ray up`'s config and key, starting and stopping
+    the workers."""
+    auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "$HOME/" + TOKEN_FILE}
+                if token else {"RAY_AUTH_MODE": "disabled"})
+    return start_monitor(f"127.0.0.1:{gcs_port}", RAY_UP_SCALER_FILES[0], node_zip, auth_env,
+                         activate, v2=False, replace=replace)
 
 
 def job_reach(credential: str, scaler_runs: str = "the autoscaler and the idle watcher") -> str:

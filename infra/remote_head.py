@@ -13,7 +13,8 @@ returns.
   argv supervised on the head". Every head daemon (the idle watcher, the tracking server, GCP's
   joiner, and any later one) runs under infra/node/supervise.py, which starts it again within
   seconds when it dies and keeps its pid file by process identity (pid + start time). On this
-  machine the same supervisor is `infra.node.supervise.ensure`.
+  machine the same supervisor is `infra.node.supervise.ensure`. Ray's separated autoscaler runs
+  under it too (`start_ray_up_monitor`; privilege.start_monitor).
 
 Core layer: never imports a provider, never branches on a provider's name.
 """
@@ -228,6 +229,19 @@ def stop_daemon(target: ssh.SshTarget, config_path: str, python: str = "python3"
     command = f"{stop}; rm -f {home_word(config_path)}"
     ssh.run(target, command if user is None else privilege.as_user(user, command, activate),
             timeout=30)
+
+
+def start_ray_up_monitor(target: ssh.SshTarget, gcs_port: int, token: bool, activate: str = "",
+                         replace: bool = True) -> None:
+    """Ray's v1 monitor, supervised, as the autoscaler's user on a head that `ray up` started
+    (privilege.ray_up_head_start): the node package goes up and to that user first (the
+    supervisor is in it). `replace`: a new Ray runs there (`ray up` ran), so the monitor that
+    runs is replaced; otherwise one starts only when none runs."""
+    remote_zip = put_files(target)
+    command = " && ".join([
+        privilege.hand_over(privilege.SCALER_USER, [_relative(remote_zip)]),
+        privilege.ray_up_monitor(gcs_port, token, _relative(remote_zip), activate, replace)])
+    ssh.run(target, command, timeout=60, check=True)
 
 
 #: Between a file's content and a daemon's status in one command's output.

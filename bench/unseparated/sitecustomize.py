@@ -5,15 +5,17 @@ on PYTHONPATH, which only the bench does; nothing of rayfleet imports it."""
 
 from __future__ import annotations
 
+from infra import remote_head, shipping
 from infra.providers.lambda_cloud import users
+from infra.providers.lambda_cloud.autoscale import CONFIG_FILE
 
 
 def _head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[str, ...],
-                gcs_address: str, config_file: str, node_zip: str, monitor_env: dict[str, str],
-                tracking: bool, moved: tuple[str, ...] = ()) -> str:
+                monitor: str, tracking: bool, moved: tuple[str, ...] = ()) -> str:
+    # `monitor` (the separated, supervised one) is left out: `ray start --head` runs its own.
     return (f"{activate}ray stop >/dev/null 2>&1; cd ~ && {activate}AUTOSCALER_MAX_LAUNCH_BATCH=1 "
-            f"PYTHONPATH=$HOME/{node_zip} {ray_env}ray start --head {ray_start_args} "
-            f"--autoscaling-config=$HOME/{config_file}")
+            f"PYTHONPATH=$HOME/{shipping.head_path()} {ray_env}ray start --head {ray_start_args} "
+            f"--autoscaling-config=$HOME/{CONFIG_FILE}")
 
 
 def _worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
@@ -53,5 +55,10 @@ def _gcp_worker_start(token: bool, tracking_on: bool) -> list[str]:
             "--disable-usage-stats"]
 
 
+def _no_separate_monitor(*args: object, **kwargs: object) -> None:
+    """Before issue 29 the head's `ray start --head` ran the monitor; none starts after `ray up`."""
+
+
 gcp_users.head_start = _gcp_head_start
 gcp_users.worker_start = _gcp_worker_start
+remote_head.start_ray_up_monitor = _no_separate_monitor

@@ -235,10 +235,16 @@ class FakeRay:
         self.fake = fake
         self.sshd = sshd
         self.calls: list[dict[str, Any]] = []
+        #: Each start of the head's autoscaler after `ray up` (Provider's `head_monitor`): whether
+        #: it replaced the running one. Recorded, not run: the stand-in head is this machine.
+        self.monitors: list[bool] = []
         #: Text `ray up` prints before exiting 1 (None: succeed).
         self.up_failure: str | None = None
         #: Runs during `up` after nodes exist (e.g. to inject a later failure).
         self.during_up: Callable[[], None] | None = None
+
+    def start_monitor(self, target: Any, replace: bool) -> None:
+        self.monitors.append(replace)
 
     def __call__(self, args: list[str], env: dict[str, str], log: Path,
                  progress: Callable[[str], None]) -> int:

@@ -5,7 +5,8 @@ Google does); another cluster's VM and unlabelled VMs are untouched; the marker 
 cluster. The end-to-end version, with the head's own service account and real Ray, is
 test_e2e_autodown.py.
 
-The action here is `remove` itself and the autoscaler's stop, not `stop_ray_then_remove` whole:
+The action here is `remove` itself and the supervised autoscaler's stop (`supervise.stop`), not
+`stop_ray_then_remove` whole:
 on a head from before the separated autoscaler that one runs `ray stop`, which belongs on a head,
 never on this machine.
 """
@@ -13,11 +14,14 @@ never on this machine.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from infra.node import autodown, identity, rayproc
+from infra.node import autodown, identity, rayproc, supervise
 from infra.providers.gcp_tpu import config
 from tests.conftest import ROOT
 from tests.gcp_tpu.conftest import PROJECT, ZONE, write_service_account_key
@@ -71,26 +75,48 @@ def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:
         fake.stop()
 
 
-def test_the_autoscaler_is_stopped_by_its_pid_file_and_nothing_else_is(tmp_path: Path) -> None:
+def test_the_supervised_autoscaler_is_stopped_for_good_and_nothing_else_is(tmp_path: Path) -> None:
     """What the action stops before deleting workers (the watcher and the separated autoscaler
-    are the same node user): the process its pid file names, only while that is Ray's autoscaler."""
-    from infra.node.gcp_tpu.autodown import stop_monitor
+    are the same node user): Ray's monitor runs under the head's one supervisor, which starts it
+    again when it dies (privilege.start_monitor); the action's `stop_autoscaler` (by the
+    `monitor_pidfile` that autodown_setup gives it) ends both, so nothing starts it again while
+    the cluster goes, and a pid file naming another process stops nothing."""
+    from infra.node.gcp_tpu.autodown import stop_autoscaler
 
     # A stand-in with the monitor's module in its command line (`-m ray.autoscaler...`), and an
     # unrelated process of the same user whose pid a stale pid file may hold.
     sleep = "import time; time.sleep(60)"
-    monitor = subprocess.Popen([sys.executable, "-c", sleep, "ray.autoscaler._private.monitor"])
+    pidfile = tmp_path / "monitor.pid"
     other = subprocess.Popen([sys.executable, "-c", sleep])
     try:
-        pidfile = tmp_path / "monitor.pid"
+        # A bare pid (what a monitor from before supervision left) names nothing to stop.
         pidfile.write_text(f"{other.pid}\n")
-        assert stop_monitor(pidfile) is False
+        said: list[str] = []
+        assert stop_autoscaler({"monitor_pidfile": str(pidfile)}, said.append) is False
+        assert said == []
         assert other.poll() is None, "a process that is not the autoscaler must be left alone"
-        pidfile.write_text(f"{monitor.pid}\n")
-        assert stop_monitor(pidfile) is True
-        assert monitor.wait(timeout=10) is not None
-        assert stop_monitor(tmp_path / "missing.pid") is False
+        assert supervise.ensure([sys.executable, "-c", sleep, "ray.autoscaler._private.monitor"],
+                                pidfile, tmp_path / "monitor.out", cwd=str(ROOT))
+        first = supervise.status(pidfile)["pid"]
+        assert first is not None and "ray.autoscaler" in rayproc.cmdline(first)
+        # A monitor that dies (`kill -9`, a crash) is back within seconds.
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: supervise.status(pidfile)["pid"] not in (None, first),
+                   "the supervisor to start the monitor again", timeout=15, interval=0.1)
+        second = supervise.status(pidfile)["pid"]
+        supervisor = supervise.read(pidfile)["supervisor"]
+        assert stop_autoscaler({"monitor_pidfile": str(pidfile)}, said.append) is True
+        assert said == ["stopped Ray's autoscaler on the head, so that it launches no more workers"]
+        wait_until(lambda: not rayproc.cmdline(second) and not supervisor.running(),
+                   "the monitor and its supervisor to end", timeout=15, interval=0.1)
+        # Stopped for good: longer than the supervisor's first pause, and no monitor came back.
+        time.sleep(supervise.FIRST_DELAY_S * 2)
+        assert not supervise.running(pidfile) and not pidfile.exists()
+        assert stop_autoscaler({"monitor_pidfile": str(tmp_path / "missing.pid")}, said.append) \
+            is False
+        assert stop_autoscaler({}, said.append) is False
+        assert other.poll() is None
     finally:
-        for proc in (monitor, other):
-            proc.kill()
-            proc.wait()
+        supervise.stop(pidfile)
+        other.kill()
+        other.wait()

@@ -105,8 +105,9 @@ def test_a_job_runs_through_the_ssh_tunnel(tmp_path: Path, rf_home: Path, fake: 
     port, token = local_ray
     loaded = loading.load_spec(write_spec(tmp_path, name="tunnel", dashboard={"port": port},
                                            tpu_workers={}))
-    provider = Provider(loaded, ray=FakeRay(fake, sshd), api_options=options,  # type: ignore[arg-type]
-                        ssh_port=sshd.port)
+    ray = FakeRay(fake, sshd)
+    provider = Provider(loaded, ray=ray, api_options=options,  # type: ignore[arg-type]
+                        ssh_port=sshd.port, head_monitor=ray.start_monitor)
     with state.locked("tunnel", "gcp-tpu", "up") as current:
         # The stand-in head is that local Ray: this cluster's token is its token.
         current.set_info(auth_token_path=token)

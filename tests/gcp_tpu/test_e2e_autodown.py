@@ -1,8 +1,8 @@
 """GCP autodown end to end against the offline Google (issue 15): `invoke up` starts the watcher
 beside the head; a running job keeps the cluster past its idle period; once idle, the head stops
-its Ray, deletes its workers (a CPU VM, a TPU node) and then its own VM through the fake APIs with
-the VM's own service account (metadata server), and the laptop's next `status` and `teardown` say
-it removed itself.
+Ray's autoscaler (with its supervisor), deletes its workers (a CPU VM, a TPU node) and then its
+own VM through the fake APIs with the VM's own service account (metadata server), and the
+laptop's next `status` and `teardown` say it removed itself.
 
 Real `ray up`, real Ray and autoscaler on test-bed hosts, `invoke` as a user runs it; the test bed
 is the one test_e2e_cluster.py uses (the package fixture `offline`). `idle_minutes: 0.3` keeps the
@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from infra.privilege import SCALER_USER
+from infra.privilege import MONITOR_PID, SCALER_USER
+from infra.shipping import NODE_DIR
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import PROJECT, Offline, spec_file
 from tests.waiting import read_json, wait_until, watcher_checked
@@ -99,6 +100,16 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         watcher = head_host.run("ps -eo user:20,args | grep '[i]nfra.node.autodown'").stdout
         assert "infra.node.autodown --config" in watcher, watcher
         assert {line.split()[0] for line in watcher.splitlines()} == {SCALER_USER}, watcher
+        # Ray's monitor runs under the head's supervisor, as that user too: one per head after
+        # `up` twice (the second kept it: Ray did not change), and what the watcher stops first
+        # (both, by the supervisor's pid file) so that nothing launches replacements below.
+        monitors = head_host.run(f"pgrep -u {SCALER_USER} -f '^[^ ]+ -u -m ray[.]autoscaler'")
+        assert len(monitors.stdout.split()) == 1, monitors.stdout
+        supervised = json.loads(head_host.run(
+            f"PYTHONPATH=$(ls -t {WATCHER_HOME}/{NODE_DIR}/*.zip | head -n 1) python3 -m "
+            f"infra.node.supervise status --pidfile {WATCHER_HOME}/{MONITOR_PID}").stdout)
+        assert supervised["supervisor_running"] and supervised["daemon_running"], supervised
+        assert supervised["pid"] == int(monitors.stdout.split()[0]), supervised
         timings["up"] = round(time.monotonic() - started, 1)
         wait_until(lambda: {
             "vm" if i.get("status") == "RUNNING" and "tpu_cores" not in i["labels"] else "tpu"

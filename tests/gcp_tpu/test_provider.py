@@ -48,7 +48,8 @@ class Lab:
     def make_provider(self, options: ApiOptions, ssh_port: int) -> Provider:
         made = providers.spec_class("gcp-tpu")  # the registry resolves to this package
         assert made is type(self.spec)
-        return Provider(self.spec, ray=self.ray, api_options=options, ssh_port=ssh_port)  # type: ignore[arg-type]
+        return Provider(self.spec, ray=self.ray, api_options=options, ssh_port=ssh_port,  # type: ignore[arg-type]
+                        head_monitor=self.ray.start_monitor)
 
     def up(self, keep_partial: bool = False) -> Any:
         with state.locked(self.name, "gcp-tpu", "up") as current:
@@ -118,6 +119,8 @@ def test_second_up_reports_the_running_cluster(lab: Lab) -> None:
     lab.up()
     lab.up()
     assert len(lab.ray.calls) == 1  # same config, head running, dashboard answering
+    # Ray's autoscaler: replaced after the `ray up`, then only started again if none runs.
+    assert lab.ray.monitors == [True, False]
 
 
 def test_connect_gives_each_cluster_its_own_local_port(

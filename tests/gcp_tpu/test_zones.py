@@ -45,7 +45,8 @@ def make_provider(path: Path, fake: FakeGcp, options: ApiOptions, sshd: Sshd | N
                   ssh_port: int = 22) -> tuple[Provider, FakeRay]:
     ray = FakeRay(fake, sshd)
     loaded = loading.load_spec(path)
-    return Provider(loaded, ray=ray, api_options=options, ssh_port=ssh_port), ray  # type: ignore[arg-type]
+    return Provider(loaded, ray=ray, api_options=options, ssh_port=ssh_port,  # type: ignore[arg-type]
+                    head_monitor=ray.start_monitor), ray
 
 
 def up(provider: Provider) -> Any:

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from infra.privilege import MONITOR_PID, RAY_USER, SCALER_LOGS, SCALER_USER
+from infra.shipping import NODE_DIR
 from tests.conftest import run_invoke
 from tests.lambda_cloud.bed_firewall import EnforcedFirewall
 from tests.lambda_cloud.fake_api import FakeLambda
@@ -46,8 +47,15 @@ RAY_PROCESSES = ("ps -eo stat=,args= | awk '$1 !~ /^Z/' "
                  "| grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true")
 
 
-#: The head's Ray autoscaler processes (the bracket keeps the pattern from matching itself).
-AUTOSCALER_PIDS = f"pgrep -u {SCALER_USER} -f 'ray[.]autoscaler'"
+#: The head's Ray autoscaler processes: the monitor's own command line starts with its Python and
+#: `-u -m ray.autoscaler...`; its supervisor's names it only after `run ... --` (the bracket keeps
+#: the pattern from matching itself).
+AUTOSCALER_PIDS = f"pgrep -u {SCALER_USER} -f '^[^ ]+ -u -m ray[.]autoscaler'"
+#: The head's autoscaler's supervisor (privilege.start_monitor), as root on the head: `supervise`
+#: from the node package the autoscaler's user holds, and its pid file.
+SUPERVISE = (f"PYTHONPATH=$(ls -t ~{SCALER_USER}/{NODE_DIR}/*.zip | head -n 1) "
+             f"python3 -m infra.node.supervise")
+MONITOR_PIDFILE = f"~{SCALER_USER}/{MONITOR_PID}"
 #: Whether a host reaches the fake through its relay (401: reached, without a key).
 API_PROBE = ("echo \"# the API from here: HTTP $(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "
              f"http://127.0.0.1:{RELAY_PORT}/api/v1/instance-types)\"")
@@ -58,10 +66,13 @@ API_PROBE = ("echo \"# the API from here: HTTP $(curl -s -o /dev/null -w '%{http
 DIAGNOSE_HEAD = (
     f"echo '# ray status -v'; RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~{RAY_USER}/.rayfleet/ray-token"
     " timeout 30 ray status -v --address 127.0.0.1:6379 2>&1 | tail -n 60; "
-    # Nothing restarts Ray's monitor: a dead one leaves demands pending and no node ever launched.
-    f"pid=$(cat ~{SCALER_USER}/{MONITOR_PID} 2>/dev/null); "
+    # Ray's monitor runs under the head's supervisor, which starts it again when it dies: none
+    # running with a live supervisor means it keeps dying (its log says why); none at all, that
+    # the supervisor went too. A dead one leaves demands pending and no node ever launched.
+    f"pid=$(cat {MONITOR_PIDFILE} 2>/dev/null); "
     f"running=$({AUTOSCALER_PIDS} | tr '\\n' ' '); "
     "echo \"# the autoscaler: pid file says ${pid:-nothing}; running: ${running:-NONE}\"; "
+    f"echo \"# its supervisor: $({SUPERVISE} status --pidfile {MONITOR_PIDFILE} 2>&1)\"; "
     f"for f in ~{SCALER_USER}/{SCALER_LOGS}/monitor.log ~{SCALER_USER}/{SCALER_LOGS}/monitor.out; "
     "do [ -f \"$f\" ] || continue; echo \"# $f: its instances' transitions, launches and errors\"; "
     "grep -E 'instance_manager|event_logger|node_provider|WARNING|ERROR|Error|Traceback' \"$f\" "
@@ -116,8 +127,8 @@ class Scaled:
         return wait_until(check, what, timeout=timeout, interval=0.5)
 
     def autoscaler_pids(self) -> list[str]:
-        """The head's Ray autoscaler processes (run apart as the autoscaler's user): nothing
-        restarts one that died, and the cluster then never scales again."""
+        """The head's Ray autoscaler processes (run apart as the autoscaler's user, under the
+        head's supervisor): none means the cluster never scales again."""
         head = self.host(self.head()["ip"])
         return head.run(AUTOSCALER_PIDS).stdout.split()
 
@@ -259,3 +270,11 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
         relay.wait(timeout=10)
         fake.stop()
         bed.close()
+
+
+def stop_autoscaler(head: Any) -> None:
+    """Stop the head's autoscaler for good, through its supervisor (pid file by identity), for a
+    scenario that needs no autoscaler: a monitor killed alone is back within seconds."""
+    head.run(f"{SUPERVISE} stop --pidfile {MONITOR_PIDFILE}", check=True, timeout=60)
+    wait_while(lambda: head.run(AUTOSCALER_PIDS).stdout.strip(), "the autoscaler to stop",
+               timeout=30, interval=0.2)

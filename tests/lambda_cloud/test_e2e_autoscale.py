@@ -4,8 +4,9 @@ the head runs our node provider against the fake Lambda API, whose instances are
 One cluster is shared by the scenarios of this module, in order (each leaves it as the next
 expects): up with only the head -> a job needing 2 workers' GPUs scales 0 -> 2 -> idle -> 0 ->
 first choice without capacity takes the second -> no capacity at all: the job waits, nothing is
-launched in a loop -> the API key is only in its 0600 file -> the autoscaler is killed right after
-it launched a worker `up` never saw, and `teardown` still removes every instance of ours.
+launched in a loop -> the API key is only in its 0600 file -> the autoscaler is stopped (with its
+supervisor) right after it launched a worker `up` never saw, and `teardown` still removes every
+instance of ours.
 
 The world (test bed, fake, relays to the API for the head, spec) is autoscale_bed.py's.
 """
@@ -16,6 +17,7 @@ import itertools
 import json
 import os
 import re
+import secrets
 import shlex
 import time
 from collections.abc import Iterator
@@ -27,7 +29,14 @@ import pytest
 from infra.providers.lambda_cloud.autoscale import HEAD_TYPE
 from tests.browser_metrics import check_report_page
 from tests.kept_history import check_workers_went_0_2_0
-from tests.lambda_cloud.autoscale_bed import API_KEY, CAPACITY, CLUSTER, Scaled, autoscale_bed
+from tests.lambda_cloud.autoscale_bed import (
+    API_KEY,
+    CAPACITY,
+    CLUSTER,
+    Scaled,
+    autoscale_bed,
+    stop_autoscaler,
+)
 from tests.testbed.preflight import require
 from tests.waiting import wait_until
 
@@ -91,32 +100,45 @@ def test_up_starts_only_the_head(scaled: Scaled) -> None:
 def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(scaled: Scaled) -> None:
     before = scaled.launches()
     started = time.monotonic()
-    submit = scaled.invoke("submit", str(JOB), "--", "2")
+    # The job holds the two workers' GPUs until this file exists on the head, so that `status`
+    # below sees them while the job still needs them: idle for only 6 s after a job, they may
+    # be gone by the time `status` runs on a busy machine.
+    release = f"/tmp/rayfleet-release-{secrets.token_hex(6)}"
+    submit = scaled.invoke("submit", "--no-wait", str(JOB), "--", "2", release)
     assert submit.returncode == 0, submit.stdout + submit.stderr
+    job_id = submit.stdout.strip().splitlines()[-1]
+
+    def result_logged() -> str | None:
+        shown = scaled.invoke("logs", job_id)
+        return shown.stdout if shown.returncode == 0 and "RESULT " in shown.stdout else None
+
+    logged = scaled.wait("the job's tasks on two new workers", result_logged, timeout=600)
     print(f"\n[lambda autoscale] 0 -> 2 workers and the job: {time.monotonic() - started:.1f}s")
     workers = scaled.workers()
     assert len(workers) == 2 and scaled.launches() - before == 2, workers
     assert {w["type"] for w in workers} == {"gpu_1x_a10"}  # the first choice had capacity
     hosts = sorted(scaled.host(w["ip"]).hostname for w in workers)
-    assert sorted(_result(submit.stdout)["hosts"]) == hosts
+    assert sorted(_result(logged)["hosts"]) == hosts
     # Each autoscaled worker's tasks found the head's tracking server and its login.
     head_ip = scaled.head()["ip"]
-    assert _result(submit.stdout)["tracking"] == [[f"http://{head_ip}:5000", True]] * 2, \
-        submit.stdout
+    assert _result(logged)["tracking"] == [[f"http://{head_ip}:5000", True]] * 2, logged
     for w in workers:
         assert w["tags"]["rayfleet-cluster"] == scaled.head()["tags"]["rayfleet-cluster"]
         assert w["firewall_rulesets"] == scaled.head()["firewall_rulesets"]
     status = scaled.invoke("status", "--json")
     assert status.returncode == 0, status.stderr
     rows = json.loads(status.stdout)["provider_resources"]
-    # (idle for 6 s after the job, a worker may already be terminating when status runs)
     assert sorted(r["state"].split()[-1] for r in rows) == ["active", "autoscaled", "autoscaled"]
     assert {r["id"] for r in rows if "autoscaled" in r["state"]} == {w["id"][:12] for w in workers}
     assert all(r["$/h"].startswith("$") and r["uptime"] != "?" for r in rows), rows
+    # Released, the job ends well (`logs --follow` exits with the job's status).
+    scaled.host(head_ip).run(f"touch {release}", check=True)
+    released = time.monotonic()
+    done = scaled.invoke("logs", "--follow", job_id)
+    assert done.returncode == 0 and "released" in done.stdout, done.stdout + done.stderr
     # Idle for 0.1 min: the autoscaler terminates both workers; the head stays.
-    started = time.monotonic()
     scaled.wait("both workers terminated", lambda: not scaled.workers(), timeout=180)
-    print(f"\n[lambda autoscale] idle -> 0 workers: {time.monotonic() - started:.1f}s")
+    print(f"\n[lambda autoscale] job released -> 0 workers: {time.monotonic() - released:.1f}s")
     assert scaled.head()["status"] == "active"
     status = scaled.invoke("status", "--json")
     assert status.returncode == 0, status.stderr
@@ -212,9 +234,10 @@ def test_teardown_right_after_a_launch_with_the_autoscaler_killed(scaled: Scaled
     assert submit.returncode == 0, submit.stdout + submit.stderr
     scaled.wait("the autoscaler's launch", lambda: scaled.launches() > launches, timeout=120)
     head = scaled.host(scaled.head()["ip"])
-    pids = head.run("pgrep -u rayfleet-scaler -f 'ray.autoscaler.v2.monitor'").stdout.split()
-    assert pids, "no autoscaler process on the head"
-    head.run(f"kill -9 {' '.join(pids)}", check=True)
+    assert scaled.autoscaler_pids(), "no autoscaler process on the head"
+    # Through its supervisor: a monitor killed alone (`kill -9`) is started again within
+    # seconds, and this scenario is a head whose autoscaler is gone for good.
+    stop_autoscaler(head)
     cid = scaled.head()["tags"]["rayfleet-cluster"]
     down = scaled.invoke("teardown")
     assert down.returncode == 0, down.stdout + down.stderr

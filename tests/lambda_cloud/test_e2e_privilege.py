@@ -2,10 +2,11 @@
 
 One autoscaling cluster with tracking and autodown, in order: `up` makes the head's two users
 (Ray's, the autoscaler's) in the host's own /etc and /home, Ray runs as the first and Ray's
-monitor as the second; a job on the head and one on each of two autoscaled workers try every way
-to the API key, root, the autoscaler's home and the other machines, and find none, while the
-separated autoscaler scales 0 -> 2 -> 0 for them and the tracking server answers them; then the
-idle watcher removes the whole cluster through the API.
+monitor as the second, under the head's supervisor (killed with -9, it is back within seconds);
+a job on the head and one on each of two autoscaled workers try every way to the API key, root,
+the autoscaler's home and the other machines, and find none, while the separated autoscaler
+scales 0 -> 2 -> 0 for them and the tracking server answers them; then the idle watcher removes
+the whole cluster through the API.
 
 The world (test bed hosts as instances, the fake API reached through relays) is autoscale_bed.py's.
 """
@@ -29,6 +30,8 @@ from tests.testbed.preflight import require
 
 SCALE = 0.05
 IDLE_MINUTES = 1.0
+#: The supervisor's first pause (1 s) and the monitor's start (Ray's imports) on a busy machine.
+RESTART_S = 30.0
 PROBE = Path(__file__).resolve().parents[1] / "data" / "privilege_probe.py"
 RAY_USER, SCALER_USER = "rayfleet-ray", "rayfleet-scaler"
 
@@ -91,6 +94,24 @@ def test_up_runs_ray_and_the_autoscaler_as_two_users_of_the_node(scaled: Scaled)
     assert head.run("pgrep -f '[s]leep 3600'").returncode != 0, "the SSH user's watcher runs on"
     assert head.run("ls -A /root/.rayfleet | grep autodown.json").stdout == ""
     assert _owners(head, "[i]nfra.node.autodown") == {SCALER_USER}
+
+
+@pytest.mark.slow
+def test_a_killed_autoscaler_is_back_within_seconds(scaled: Scaled) -> None:
+    """Ray's monitor runs under the head's one supervisor (a dead autoscaler leaves workers
+    running, or jobs pending forever): one killed with -9, as a crash or the OOM killer ends it,
+    runs again within seconds, alone and as the autoscaler's user; the next scenario sees that
+    one scale 0 -> 2 -> 0."""
+    head = scaled.host(scaled.head()["ip"])
+    before = scaled.autoscaler_pids()
+    assert len(before) == 1, before  # after `up` twice: one monitor per head
+    head.run(f"kill -9 {before[0]}", check=True)
+    started = time.monotonic()
+    scaled.wait("the supervisor to start the autoscaler again",
+                lambda: scaled.autoscaler_pids() not in ([], before), timeout=RESTART_S)
+    print(f"\n[lambda privilege] autoscaler back after kill -9: {time.monotonic() - started:.1f}s")
+    assert len(scaled.autoscaler_pids()) == 1, scaled.autoscaler_pids()
+    assert _owners(head, "[r]ay.autoscaler.v2.monitor") == {SCALER_USER}
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import paths, render, versions
+from infra import paths, privilege, render, versions
 from infra.errors import SpecError
 from infra.loading import load_spec
 from infra.providers.lambda_cloud import raycluster
@@ -119,8 +119,12 @@ def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
     assert config["max_workers"] == config["min_workers"] == len(workers)
     assert config["auth"].get("ssh_proxy_command") == spec.ssh_proxy_command
     # Users first, then `ray stop`, then Ray as its unprivileged user without a monitor (the
-    # autoscaler's user starts Ray's monitor last, on the head).
-    head_users, _, head_ray, monitor = config["head_start_ray_commands"]
+    # autoscaler's user starts Ray's monitor after `ray up`, supervised, once the node package
+    # that holds the supervisor is on the head: remote_head.start_ray_up_monitor).
+    head_users, _, head_ray = config["head_start_ray_commands"]
+    assert "ray.autoscaler" not in text
+    monitor = privilege.ray_up_monitor(6379, spec.auth == "token", "rayfleet/node/x.zip")
+    assert "infra.node.supervise ensure" in monitor
     worker_users, worker_ray = config["worker_start_ray_commands"]
     assert "--dashboard-host=127.0.0.1" in head_ray and "--no-monitor" in head_ray
     assert all("RAY_USAGE_STATS_ENABLED=0" in c and "runuser -u rayfleet-ray" in c

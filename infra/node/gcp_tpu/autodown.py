@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra.node import identity, rayproc
+from infra.node import identity
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, find_credentials
 from infra.node.retry import poll
@@ -57,18 +57,17 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
     api.delete_instance(zone, head)
 
 
-def stop_monitor(pidfile: Path) -> bool:
-    """Stop the Ray autoscaler whose pid `pidfile` holds (a bare pid, written by the shell that
-    started it: infra/privilege.py start_monitor), if that pid is still such a process; True
-    when one was running. A pid the kernel gave to another process since is left alone."""
-    try:
-        pid = int(pidfile.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return False
-    if "ray.autoscaler" not in rayproc.cmdline(pid):
-        return False
-    rayproc.terminate([pid])
-    return True
+def stop_autoscaler(args: dict[str, Any], log: Callable[[str], None]) -> bool:
+    """Stop Ray's separated autoscaler and its supervisor, by the supervisor's pid file
+    (`monitor_pidfile`; by pid and start time, so a recycled pid is never signalled): stopped
+    together, nothing starts the monitor again while the cluster goes. True when one ran."""
+    from infra.node import supervise
+
+    monitor = args.get("monitor_pidfile")
+    if monitor and supervise.stop(Path(str(monitor)).expanduser()):
+        log("stopped Ray's autoscaler on the head, so that it launches no more workers")
+        return True
+    return False
 
 
 def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -77,9 +76,10 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
     Ray's autoscaler keeps `min_workers` running: left alive, it would launch a replacement for
     every worker `remove` deletes, and that replacement would outlive the head. Stopped, nothing
     launches; a launch request already sent shows in the listing a moment later. The watcher runs
-    as the autoscaler's user (`monitor_pidfile`: the monitor runs apart from Ray, issue 29), which
-    can stop its own monitor but not Ray, another user's; a head from before runs its monitor
-    inside Ray, so `ray stop` there.
+    as the autoscaler's user (`monitor_pidfile`: the monitor runs apart from Ray, issue 29, under
+    the head's one supervisor), which can stop its own monitor and that supervisor
+    (`stop_autoscaler`) but not Ray, another user's; a head from before runs its monitor inside
+    Ray, so `ray stop` there.
     """
     import subprocess
 
@@ -90,19 +90,16 @@ def stop_ray_then_remove(args: dict[str, Any], log: Callable[[str], None]) -> No
         # while its requests are deleted.
         if supervise.stop(Path(pid_file).expanduser()):
             log(f"stopped the head's daemon {pid_file}")
-    monitor = args.get("monitor_pidfile")
-    ray = ray_executable(default="")
-    if monitor and stop_monitor(Path(str(monitor)).expanduser()):
-        log("stopped Ray's autoscaler on the head, so that it launches no more workers")
-    elif ray:
+    if not stop_autoscaler(args, log):
+        ray = ray_executable(default="")
+        if not ray:
+            remove(args, log)
+            return
         log("stopping Ray on the head, so that its autoscaler launches no more workers")
         done = subprocess.run([ray, "stop"], capture_output=True, text=True, timeout=300,
                               check=False)
         if done.returncode != 0:
             log(f"`ray stop` exited {done.returncode}: {done.stderr.strip()[-200:]}")
-    else:
-        remove(args, log)
-        return
     # A launch the autoscaler sent just before it stopped shows in the listing a moment later.
     time.sleep(float(args.get("settle_s", 3)))
     remove(args, log)

@@ -52,8 +52,9 @@ def watcher_config(spec: Spec, state: State, cluster: Resource) -> autodown.Conf
         action_args={"project": str(cluster.attrs["project"]), "zone": str(cluster.attrs["zone"]),
                      "labels": config.sweep_labels(label_id, cluster.id),
                      "head_name": str(cluster.attrs["head"]),
-                     # Ray's autoscaler, which would replace what is being deleted: the watcher's
-                     # user's own process, which it can stop (Ray's are another user's).
+                     # Ray's autoscaler, which would replace what is being deleted: its
+                     # supervisor's pid file (both the watcher's user's own processes, which it
+                     # can stop; Ray's are another user's).
                      "monitor_pidfile": f"~/{privilege.MONITOR_PID}",
                      **slices.autodown_args(spec, state)},
         token_path=config.NODE_TOKEN_PATH if auth.token_file(state) else None)

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from infra import ssh
 from infra.node.gcp_tpu.api import (
     GcpApiDisabledError,
     GcpCredentialsError,
@@ -25,6 +26,9 @@ from infra.node.where import ray_executable
 
 #: (arguments, environment, log file, progress callback) -> exit code.
 RayRunner = Callable[[list[str], dict[str, str], Path, Callable[[str], None]], int]
+#: (the head, replace the running one?) -> None: what starts Ray's autoscaler on a head after
+#: `ray up` (remote_head.start_ray_up_monitor; tests with a stand-in `ray` pass their own).
+MonitorStarter = Callable[[ssh.SshTarget, bool], None]
 
 #: `ray up`/`ray down` may not hang forever (a TPU slice can take ~15 minutes to come up).
 RAY_TIMEOUT_S = 3600

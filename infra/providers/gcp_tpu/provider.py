@@ -54,7 +54,7 @@ from infra.providers.gcp_tpu import (
     users,
     view,
 )
-from infra.providers.gcp_tpu.launcher import RayRunner
+from infra.providers.gcp_tpu.launcher import MonitorStarter, RayRunner
 from infra.providers.gcp_tpu.planning import Preflight
 from infra.providers.gcp_tpu.spec import Spec
 from infra.state import Resource, State
@@ -88,11 +88,16 @@ class Provider(BaseProvider[Spec, Preflight]):
     supports_metrics = True
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
-                 api_options: ApiOptions | None = None, ssh_port: int = 22) -> None:
+                 api_options: ApiOptions | None = None, ssh_port: int = 22,
+                 head_monitor: MonitorStarter | None = None) -> None:
         """`ray` runs Ray's CLI (tests pass a fake), `api_options` say how to reach Google
-        (default: RAYFLEET_GCP_API_ENDPOINT or Google itself), `ssh_port` is the head's sshd."""
+        (default: RAYFLEET_GCP_API_ENDPOINT or Google itself), `ssh_port` is the head's sshd.
+        `head_monitor` starts Ray's autoscaler on the head once `ray up` ran (the start commands
+        of a real `ray up` leave that to us): tests whose `ray` is a stand-in and whose head is
+        this machine's sshd pass the stand-in's, since ours would make the node's users here."""
         super().__init__(spec)
         self._ray: RayRunner = ray or launcher.run_ray
+        self._head_monitor: MonitorStarter = head_monitor or self._start_monitor
         self._options = api_options or ApiOptions.from_env()
         self._ssh_port = ssh_port
 
@@ -258,10 +263,12 @@ class Provider(BaseProvider[Spec, Preflight]):
         cluster = state.find(CLUSTER, spec.name)
         assert cluster is not None
         head = view.head(api, spec.zone, self._label_id(state), spec.name)
+        ran_ray_up = False
         if (head is not None and head.get("status") == "RUNNING"
                 and cluster.attrs.get("config_sha256") == _sha(text) and self._answers(state)):
             ui.info(f"cluster {spec.name!r} is already running with this config")
         else:
+            ran_ray_up = True
             log = paths.home() / "logs" / spec.name / "ray-up.log"
             with ui.step(f"ray up (head, then min_workers; log: {log})") as step:
                 code = self._ray(launcher.up_args(config_path),
@@ -297,10 +304,18 @@ class Provider(BaseProvider[Spec, Preflight]):
                          f"{privilege.MONITOR_LOGS} (as root)")
         recorded = state.find(CLUSTER, spec.name)
         assert recorded is not None
+        # Ray's autoscaler, supervised (the node package is on the head only now): a new Ray
+        # gets a new monitor; a running cluster keeps its own, or gets one if it had none.
+        with ui.step("starting Ray's autoscaler (supervised) on the head"):
+            self._head_monitor(self._head_target(recorded), ran_ray_up)
         tracking_setup.start(spec, state, self._head_target(recorded), internal)
         autodown_setup.install(spec, state, recorded, self._head_target(recorded))
         return remote_head.announced(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                                      f"{internal}:{GCS_PORT}", None)
+
+    def _start_monitor(self, target: ssh.SshTarget, replace: bool) -> None:
+        remote_head.start_ray_up_monitor(target, GCS_PORT, self.spec.auth == "token",
+                                         users.ACTIVATE, replace=replace)
 
     def _wait_min_workers(self, spec: Spec, api: Gcp, state: State, zone: str,
                           label_id: str) -> None:

@@ -139,14 +139,21 @@ def head_start_command(spec: Spec, head_id: str, head_private_ip: str | None = N
            "RAY_USAGE_STATS_ENABLED=0 ")
     args = (f"--port={raycluster.GCS_PORT} --dashboard-host=127.0.0.1 "
             f"--dashboard-port={raycluster.DASHBOARD_PORT} --disable-usage-stats{extra}")
+    tracking = spec.tracking == "mlflow"
+    # The API key's only copy on the head is then the autoscaler's user's.
+    return users.head_start(activate, env, args, scaler_files(tracking),
+                            monitor_command(spec, head_private_ip), tracking, (HEAD_API_KEY_FILE,))
+
+
+def monitor_command(spec: Spec, head_private_ip: str | None, replace: bool = True) -> str:
+    """Ray's v2 monitor with our node provider, supervised, as the autoscaler's user
+    (privilege.start_monitor; `replace`: stop the one that runs first)."""
     # One node per launch batch: v2 fails a whole batch on one error, and ours launch one by one.
     monitor_env = {"RAY_enable_autoscaler_v2": "1", "AUTOSCALER_MAX_LAUNCH_BATCH": "1",
                    **auth_env(spec)}
     gcs = f"{head_private_ip or '127.0.0.1'}:{raycluster.GCS_PORT}"
-    tracking = spec.tracking == "mlflow"
-    # The API key's only copy on the head is then the autoscaler's user's.
-    return users.head_start(activate, env, args, scaler_files(tracking), gcs, CONFIG_FILE,
-                            shipping.head_path(), monitor_env, tracking, (HEAD_API_KEY_FILE,))
+    return privilege.start_monitor(gcs, CONFIG_FILE, shipping.head_path(), monitor_env,
+                                   raycluster.activate(spec), replace=replace)
 
 
 def auth_env(spec: Spec) -> dict[str, str]:
@@ -189,10 +196,13 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
     with ui.step(f"copying the node provider, token and keys to the head {head.ip}"):
         remote_head.put_files(target, files)
     if not start:
-        # The running autoscaler reads its own user's copy of the config (v2 re-reads it).
+        # The running autoscaler reads its own user's copy of the config (v2 re-reads it); one
+        # runs, whatever ended the last (its supervisor killed too).
         mlflow = spec.tracking == "mlflow"
         ssh.run(target, privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow),
-                                              (HEAD_API_KEY_FILE,)), timeout=120, check=True)
+                                              (HEAD_API_KEY_FILE,))
+                + " && " + monitor_command(spec, raycluster.private_address(head), replace=False),
+                timeout=120, check=True)
         return
     if spec.env != "none":
         with ui.step("installing the node environment on the head"):

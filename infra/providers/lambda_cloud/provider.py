@@ -141,6 +141,11 @@ class Provider(BaseProvider[Spec, Capacity]):
             tracking.ensure_credentials(self.spec.name)  # Ray's file_mounts copy it to every node
         if not self._all_alive(head_target, expected, auth.token_file(state)):
             raycluster.ray_up(self.spec, path, auth.client_env(state))
+            # The monitor that starts the fixed workers: supervised, once the package is there.
+            with ui.step("starting Ray's autoscaler (supervised) on the head"):
+                remote_head.start_ray_up_monitor(head_target, raycluster.GCS_PORT,
+                                                 self.spec.auth == "token",
+                                                 raycluster.activate(self.spec))
             workers = {s.name: str(nodes[s.key].ip) for s in slots[1:]}
             with ui.step("checking that the head can SSH to every worker"):
                 problems = raycluster.head_reaches_workers(head_target, self.spec.ssh_user, workers)
@@ -151,6 +156,10 @@ class Provider(BaseProvider[Spec, Capacity]):
                                           auth.token_file(state))
         else:
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
+            # Its autoscaler restarts the fixed workers that stop: one runs, whatever ended it.
+            remote_head.start_ray_up_monitor(head_target, raycluster.GCS_PORT,
+                                             self.spec.auth == "token",
+                                             raycluster.activate(self.spec), replace=False)
         tracking_setup.start(self.spec, state, self.client(), head_target, head)
         autodown_setup.install(self.spec, state, head_target, head.id, self.client())
         return self._announced(head, auth.token_file(state))

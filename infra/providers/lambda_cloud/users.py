@@ -4,7 +4,8 @@ commands of an autoscaling cluster's head and workers run as them.
 The head: the SSH user receives everything over SFTP (autoscale.bootstrap), then setup/users/users.sh
 hands Ray's user the Ray token (and tracking password) and the autoscaler's user the API key, the
 cluster's SSH key, the token, the config, the node package and the setup files; `ray start --head
---no-monitor` runs as Ray's user and Ray's v2 monitor as the autoscaler's. Workers: the
+--no-monitor` runs as Ray's user and Ray's v2 monitor as the autoscaler's, under the head's one
+supervisor. Workers: the
 autoscaler sets them up over SSH as the SSH user (file mounts, setup), and their Ray runs as Ray's
 user with the token handed over the same way. NOTES.md says why.
 """
@@ -35,17 +36,17 @@ def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: 
 
 
 def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[str, ...],
-               gcs_address: str, config_file: str, node_zip: str, monitor_env: dict[str, str],
-               tracking: bool, moved: tuple[str, ...] = ()) -> str:
-    """Users and files, then Ray as Ray's user (no monitor of its own), then the autoscaler as its
-    user. `ray_env` are `VAR=value ` words for `ray start`; nothing secret is in any argument.
-    `moved`: the scaler's files whose SSH user's copy goes once handed over (the API key)."""
+               monitor: str, tracking: bool, moved: tuple[str, ...] = ()) -> str:
+    """Users and files, then Ray as Ray's user (no monitor of its own), then `monitor` (the
+    autoscaler as its user, supervised: privilege.start_monitor). `ray_env` are `VAR=value `
+    words for `ray start`; nothing secret is in any argument. `moved`: the scaler's files whose
+    SSH user's copy goes once handed over (the API key)."""
     return " && ".join([
         privilege.setup_users(ray_files(tracking), scaler, moved),
         privilege.stop_ray(activate),
         privilege.as_user(privilege.RAY_USER,
                           f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
-        privilege.start_monitor(gcs_address, config_file, node_zip, monitor_env, activate),
+        monitor,
     ])
 
 
@@ -76,7 +77,8 @@ FIXED_SCALER_FILES = privilege.RAY_UP_SCALER_FILES
 def fixed_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port: int,
                      token: bool, tracking: bool) -> list[str]:
     """A fixed-size cluster's head (`ray up` of Ray's on-prem provider): Ray as Ray's user
-    without a monitor, then Ray's v1 monitor as the autoscaler's user with `ray up`'s config and
-    key, starting the workers over SSH (privilege.ray_up_head_start, as GCP's heads)."""
+    without a monitor; after `ray up`, Ray's v1 monitor as the autoscaler's user with `ray up`'s
+    config and key, starting the workers over SSH (remote_head.start_ray_up_monitor, as GCP's
+    heads)."""
     return privilege.ray_up_head_start(activate, ray_env, ray_start_args, gcs_port, token,
                                        tracking)
