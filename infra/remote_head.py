@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,20 +108,39 @@ def _endpoint(urls: list[str], address: str, token_path: Path | None, serve: tup
 # --- files and node modules on the head --------------------------------------------------------
 
 
-def _mkdirs(sftp: Any, folders: set[str]) -> None:
-    """The private dir (0700, and every folder made inside it: a daemon's data dir is nobody
-    else's), the node package's dir and `folders` (home-relative, with their parents), as SFTP
-    creates them: no shell, no extra round trip."""
-    wanted = {PRIVATE_DIR, shipping.NODE_DIR, *folders}
-    every = sorted({"/".join(f.split("/")[:i + 1]) for f in wanted
-                    for i in range(len(f.split("/")))})
+def _make_folders(sftp: Any, folders: set[str], private: Callable[[str], bool]) -> None:
+    """`folders` and their missing parents (`~/`-relative or absolute), parents first, as SFTP
+    creates them (no shell, no extra round trip): 0700 where `private(folder)`, else 0755."""
+    every = sorted({"/".join(f.split("/")[:i + 1]) for f in folders
+                    for i in range(len(f.split("/")))} - {"", "."})
     for folder in every:
         try:
             sftp.stat(folder)
         except OSError:
-            private = folder == PRIVATE_DIR or folder.startswith(PRIVATE_DIR + "/")
-            sftp.mkdir(folder, 0o700 if private else 0o755)
+            sftp.mkdir(folder, 0o700 if private(folder) else 0o755)
+
+
+def _mkdirs(sftp: Any, folders: set[str]) -> None:
+    """The private dir (0700, and every folder made inside it: a daemon's data dir is nobody
+    else's), the node package's dir and `folders` (home-relative, with their parents)."""
+    _make_folders(sftp, {PRIVATE_DIR, shipping.NODE_DIR, *folders},
+                  lambda folder: folder == PRIVATE_DIR or folder.startswith(PRIVATE_DIR + "/"))
     sftp.chmod(PRIVATE_DIR, 0o700)
+
+
+def put_private(target: ssh.SshTarget, files: dict[str, bytes]) -> None:
+    """Write 0600 files on the head in this order, in one SFTP session, each whole or not at all
+    (shipping.put), their missing folders made 0700: `~/`-relative or absolute paths outside the
+    private dir (a Slurm site's shared work dir), for what nobody else may read."""
+    client = ssh.connect(target)
+    try:
+        sftp = client.open_sftp()
+        for path, data in files.items():
+            _make_folders(sftp, {str(Path(_relative(path)).parent)}, lambda _folder: True)
+            shipping.put(sftp, _relative(path), data, 0o600)
+        sftp.close()
+    finally:
+        client.close()
 
 
 def put_files(target: ssh.SshTarget, files: dict[str, tuple[bytes, int]] | None = None,

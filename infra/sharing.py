@@ -304,30 +304,9 @@ def _put_on_head(access: HeadAccess, files: dict[str, bytes]) -> None:
             local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             atomic_write(local, data, mode=0o600)
         return
-    from infra import shipping, ssh
+    from infra import remote_head
 
-    client = ssh.connect(access.target)
-    try:
-        sftp = client.open_sftp()
-        for path, data in files.items():
-            _sftp_dirs(sftp, str(Path(_on_head(path)).parent))
-            shipping.put(sftp, _on_head(path), data, 0o600)
-        sftp.close()
-    finally:
-        client.close()
-
-
-def _sftp_dirs(sftp: Any, folder: str) -> None:
-    """`folder` and its missing parents, made 0700 (nobody else's: keys, hashes, usage)."""
-    parts = folder.split("/")
-    for i in range(1, len(parts) + 1):
-        path = "/".join(parts[:i])
-        if path in ("", "."):
-            continue
-        try:
-            sftp.stat(path)
-        except OSError:
-            sftp.mkdir(path, 0o700)
+    remote_head.put_private(access.target, files)
 
 
 def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:

@@ -141,11 +141,8 @@ class Provider(BaseProvider[Spec, Capacity]):
             tracking.ensure_credentials(self.spec.name)  # Ray's file_mounts copy it to every node
         if not self._all_alive(head_target, expected, auth.token_file(state)):
             raycluster.ray_up(self.spec, path, auth.client_env(state))
-            # The monitor that starts the fixed workers: supervised, once the package is there.
             with ui.step("starting Ray's autoscaler (supervised) on the head"):
-                remote_head.start_ray_up_monitor(head_target, raycluster.GCS_PORT,
-                                                 self.spec.auth == "token",
-                                                 raycluster.activate(self.spec))
+                self._start_monitor(head_target, replace=True)
             workers = {s.name: str(nodes[s.key].ip) for s in slots[1:]}
             with ui.step("checking that the head can SSH to every worker"):
                 problems = raycluster.head_reaches_workers(head_target, self.spec.ssh_user, workers)
@@ -156,13 +153,18 @@ class Provider(BaseProvider[Spec, Capacity]):
                                           auth.token_file(state))
         else:
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
-            # Its autoscaler restarts the fixed workers that stop: one runs, whatever ended it.
-            remote_head.start_ray_up_monitor(head_target, raycluster.GCS_PORT,
-                                             self.spec.auth == "token",
-                                             raycluster.activate(self.spec), replace=False)
+            self._start_monitor(head_target, replace=False)
         tracking_setup.start(self.spec, state, self.client(), head_target, head)
         autodown_setup.install(self.spec, state, head_target, head.id, self.client())
         return self._announced(head, auth.token_file(state))
+
+    def _start_monitor(self, head_target: ssh.SshTarget, replace: bool) -> None:
+        """The v1 monitor that starts the fixed workers (and restarts those that stop), supervised,
+        once `ray up` put the node package there: a new Ray (`replace`) gets a new one, a running
+        cluster keeps its own, or gets one whatever ended it."""
+        remote_head.start_ray_up_monitor(head_target, raycluster.GCS_PORT,
+                                         self.spec.auth == "token", raycluster.activate(self.spec),
+                                         replace=replace)
 
     def _start_autoscaler(self, state: State, head: api.Instance) -> Endpoint:
         """Ray and the autoscaler on the head (autoscale.py); wait for min_workers to join."""
