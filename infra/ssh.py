@@ -401,7 +401,7 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
                                    stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         with contextlib.suppress(_Ended):
             wait.until(functools.partial(_answering, process, ports), timeout, 0.1, _Ended)
-        if process.poll() is None and _all_answer(ports):
+        if process.poll() is None and rayproc.listens_on(process.pid, ports):
             try:
                 yield ports
             finally:
@@ -427,13 +427,11 @@ class _Ended(Exception):
 
 
 def _answering(process: subprocess.Popen[bytes], ports: list[int]) -> bool | None:
+    """True once the ssh process itself listens on every port: another process that took one
+    between choice and bind answers there too, and ssh then exits (ExitOnForwardFailure)."""
     if process.poll() is not None:
         raise _Ended
-    return True if _all_answer(ports) else None
-
-
-def _all_answer(ports: list[int]) -> bool:
-    return all(rayproc.port_answers("127.0.0.1", p, timeout=0.3) for p in ports)
+    return True if rayproc.listens_on(process.pid, ports) else None
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -81,7 +81,7 @@ def open_tunnel(cluster: str, target: ssh.SshTarget, remote_ports: dict[str, int
                                    stderr=err, start_new_session=True)
     deadline = time.monotonic() + timeout
     while process.poll() is None and time.monotonic() < deadline:
-        if all(rayproc.port_answers("127.0.0.1", p, timeout=0.3) for p in local.values()):
+        if rayproc.listens_on(process.pid, list(local.values())):  # its own, not a squatter's
             break
         time.sleep(0.1)
     if process.poll() is not None or time.monotonic() >= deadline:

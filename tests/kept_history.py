@@ -22,7 +22,17 @@ def check_workers_went_0_2_0(kept: Path, said: str, head_type: str) -> dict[str,
             for t, v in series["values"]:
                 workers[t] = workers.get(t, 0.0) + v
     counts = [workers[t] for t in sorted(workers)]
-    assert counts and counts[0] == 0, counts
+    assert counts and counts[0] == 0, f"{counts}; the kept copy: {summary(data)}"
     two = counts.index(2.0) if 2.0 in counts else -1
     assert two > 0 and 0.0 in counts[two:], f"worker series never went 0 -> 2 -> 0: {counts}"
     return data
+
+
+def summary(data: dict[str, Any]) -> str:
+    """What a kept copy holds, for a failure message: its window, each series' labels and point
+    count, and its jobs (whose cluster it is)."""
+    series = {name: [(found.get("labels"), len(found.get("values", []))) for found in listed]
+              for name, listed in data.get("series", {}).items()}
+    jobs = [(job.get("status"), job.get("entrypoint")) for job in data.get("jobs", [])]
+    return (f"since {data.get('since')} until {data.get('until')} step {data.get('step')}; "
+            f"series {series}; jobs {jobs}")

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +125,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def listens_on(pid: int, ports: Sequence[int]) -> bool:
+    """True when process `pid` itself listens on every one of `ports`. A port chosen free, then
+    handed to a tunnel's ssh, may be taken by another process first (any bind to port 0 on this
+    machine may pick it): that port answers too, but not for us, and a tunnel must never send a
+    cluster's token there."""
+    try:
+        proc = psutil.Process(pid)
+        # net_connections since psutil 6; Ray's bundled copy may be older.
+        listing = getattr(proc, "net_connections", None) or proc.connections
+        mine = {c.laddr.port for c in listing(kind="tcp") if c.status == psutil.CONN_LISTEN}
+    except psutil.Error:
+        return False
+    return set(ports) <= mine
 
 
 def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:

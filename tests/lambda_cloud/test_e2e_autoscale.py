@@ -131,6 +131,9 @@ def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(scaled: Sc
     assert sorted(r["state"].split()[-1] for r in rows) == ["active", "autoscaled", "autoscaled"]
     assert {r["id"] for r in rows if "autoscaled" in r["state"]} == {w["id"][:12] for w in workers}
     assert all(r["$/h"].startswith("$") and r["uptime"] != "?" for r in rows), rows
+    # The head's Prometheus scrapes the autoscaler itself (what the kept history's nodes-by-type
+    # series are made of), not only the nodes' agents.
+    _wait_autoscaler_counts(scaled.host(head_ip), 2)
     # Released, the job ends well (`logs --follow` exits with the job's status).
     scaled.host(head_ip).run(f"touch {release}", check=True)
     released = time.monotonic()
@@ -252,6 +255,24 @@ def test_teardown_right_after_a_launch_with_the_autoscaler_killed(scaled: Scaled
     assert not (scaled.home / "state" / f"{CLUSTER}.json").exists()
     scaled.fake.boot_delay = 1.0
     _check_metrics_kept(scaled, down.stdout)
+
+
+def _wait_autoscaler_counts(head: Any, workers: int) -> None:
+    """Wait until the head's Prometheus, asked on the head, has the autoscaler counting
+    `workers` worker nodes; else say what it scrapes."""
+    ask = ("cd /root && curl -sS --get localhost:9090/api/v1/query --data-urlencode "
+           f"'query=sum(autoscaler_active_nodes{{NodeType!=\"{HEAD_TYPE}\"}})'")
+
+    def counted() -> bool | None:
+        found = json.loads(head.run(ask).stdout or "{}").get("data", {}).get("result", [])
+        return True if found and float(found[0]["value"][1]) == workers else None
+
+    try:
+        wait_until(counted, f"the autoscaler's metric to count {workers} workers", timeout=60,
+                   interval=1.0)
+    except AssertionError as exc:
+        targets = head.run("cd /root && curl -sS localhost:9090/api/v1/targets").stdout
+        raise AssertionError(f"{exc}; the head's Prometheus targets: {targets[:3000]}") from None
 
 
 def _check_metrics_kept(scaled: Scaled, said: str) -> None:

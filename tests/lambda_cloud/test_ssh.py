@@ -60,10 +60,40 @@ def test_probe_run_and_tunnel(open_sshd: LocalSshd, rf_home: Path, proxy: bool) 
     with pytest.raises(ssh.SshError, match="exited 1: boom"):
         ssh.run(target, "echo boom >&2; false", check=True)
 
+    server = _hello_server(b"hello")
+    remote_port = server.getsockname()[1]
+    with ssh.tunnel(target, remote_port) as local_port:
+        assert local_port != remote_port
+        with socket.create_connection(("127.0.0.1", local_port), timeout=5) as conn:
+            assert conn.recv(5) == b"hello"
+    assert not rayproc.port_answers("127.0.0.1", local_port), "the tunnel ends with the block"
+    server.close()
+
+
+def test_a_tunnel_never_hands_out_a_port_someone_else_took(
+        open_sshd: LocalSshd, rf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port chosen free is taken by another process before ssh binds it (on a busy machine
+    any bind to port 0 may pick it): that port answers, but not for us. The tunnel tries another
+    port; what it yields reaches the head's service, never the squatter."""
+    target = _target(open_sshd, rf_home, proxy=False)
+    ours, squatter = _hello_server(b"head!"), _hello_server(b"other")
+    taken = squatter.getsockname()[1]
+    chosen = iter([taken])
+    real = rayproc.free_port
+    monkeypatch.setattr(rayproc, "free_port", lambda: next(chosen, None) or real())
+    with ssh.tunnel(target, ours.getsockname()[1]) as local_port:
+        assert local_port != taken
+        with socket.create_connection(("127.0.0.1", local_port), timeout=5) as conn:
+            assert conn.recv(5) == b"head!"
+    ours.close()
+    squatter.close()
+
+
+def _hello_server(greeting: bytes) -> socket.socket:
+    """A loopback server that greets every connection, on a port the kernel chose."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
-    remote_port = server.getsockname()[1]
 
     def serve() -> None:
         while True:
@@ -71,16 +101,11 @@ def test_probe_run_and_tunnel(open_sshd: LocalSshd, rf_home: Path, proxy: bool) 
                 conn, _ = server.accept()
             except OSError:
                 return
-            conn.sendall(b"hello")
+            conn.sendall(greeting)
             conn.close()
 
     threading.Thread(target=serve, daemon=True).start()
-    with ssh.tunnel(target, remote_port) as local_port:
-        assert local_port != remote_port
-        with socket.create_connection(("127.0.0.1", local_port), timeout=5) as conn:
-            assert conn.recv(5) == b"hello"
-    assert not rayproc.port_answers("127.0.0.1", local_port), "the tunnel ends with the block"
-    server.close()
+    return server
 
 
 def test_failures_name_the_host(open_sshd: LocalSshd, rf_home: Path) -> None:
