@@ -374,8 +374,9 @@ def tunnel(target: SshTarget, remote_port: int, remote_host: str = "127.0.0.1",
            local_port: int | None = None, timeout: float = 30.0) -> Iterator[int]:
     """Forward 127.0.0.1:<free port> to `remote_host:remote_port` as seen from `target`.
 
-    Yields the local port once it accepts connections; the ssh process ends with the block (and
-    with this process). A port grabbed by someone else between choice and bind is retried.
+    Yields the local port once the tunnel's own ssh listens there; the ssh process ends with the
+    block (and with this process). A port grabbed by someone else between choice and bind is
+    never handed out (it answers, but not for us): another is tried.
     """
     with tunnels(target, [(remote_host, remote_port)],
                  [local_port] if local_port else None, timeout) as ports:
