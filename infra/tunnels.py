@@ -61,7 +61,7 @@ def open_tunnel(cluster: str, target: ssh.SshTarget, remote_ports: dict[str, int
         recorded_remote = {str(k): int(v) for k, v in dict(record["remote"]).items()}  # type: ignore[call-overload]
         ports = {str(k): int(v) for k, v in dict(record["local"]).items()}  # type: ignore[call-overload]
         if (all(recorded_remote.get(k) == v for k, v in remote_ports.items())
-                and all(rayproc.port_answers("127.0.0.1", p) for p in ports.values())):
+                and rayproc.listens_on(int(record["pid"]), list(ports.values()))):  # type: ignore[call-overload]
             return {k: ports[k] for k in remote_ports}, int(record["pid"]), True  # type: ignore[call-overload]
         kept = {k: v for k, v in recorded_remote.items() if k not in remote_ports}
         remote_ports = {**kept, **remote_ports}
