@@ -1,6 +1,9 @@
-"""N parallel CPU tasks; prints where each ran. Usage: python cpu_example.py [N]
+"""N parallel CPU tasks; prints where each ran. Usage: python cpu_example.py [N] [--hold S]
 
-Submit it with `invoke submit examples/cpu_example.py -- 8`. The last line is a machine-readable
+Submit it with `invoke submit examples/cpu_example.py -- 8`. With `--hold S` each task keeps its
+CPU for at least S seconds: short tasks all run on the first node's worker while another node's
+worker is still starting (Ray gives a queued task to whichever leased worker is free first), so a
+demonstration of several nodes needs tasks that outlast a worker's start. The last line is a machine-readable
 summary (`RESULT {...}`) that tests read.
 """
 
@@ -15,10 +18,11 @@ import ray
 
 
 @ray.remote(num_cpus=1)
-def work(i: int) -> dict[str, object]:
+def work(i: int, hold: float = 0.0) -> dict[str, object]:
     # Enough arithmetic to keep a core busy for a moment, so tasks overlap across nodes.
     started = time.time()
     total = sum(k * k for k in range(200_000))
+    time.sleep(max(0.0, hold - (time.time() - started)))
     return {
         "task": i,
         "host": socket.gethostname(),
@@ -32,10 +36,12 @@ def work(i: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("n", type=int, nargs="?", default=8, help="number of tasks (default 8)")
+    parser.add_argument("--hold", type=float, default=0.0, metavar="S",
+                        help="seconds each task keeps its CPU at least (default 0)")
     args = parser.parse_args()
     ray.init()
     started = time.time()
-    results = ray.get([work.remote(i) for i in range(args.n)])
+    results = ray.get([work.remote(i, args.hold) for i in range(args.n)])
     for r in results:
         print(f"task {r['task']:3d} ran on {r['host']} ({r['ip']}, node {r['node']}) "
               f"in {r['seconds']}s")

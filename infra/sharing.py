@@ -29,7 +29,7 @@ from infra import paths, sharing_certs, tracking, tracking_remote, ui
 from infra.costs import NodePrices
 from infra.errors import RayfleetError, SpecError, UsageError
 from infra.head import HeadAccess
-from infra.node import gateway, gateway_state, rayproc, supervise
+from infra.node import gateway_config, gateway_state, rayproc, supervise
 from infra.node.files import atomic_write
 from infra.spec import ClusterSpec
 from infra.state import State
@@ -53,7 +53,7 @@ def head_files(access: HeadAccess) -> HeadFiles:
     """Under `~/.rayfleet` (a head of its own), or the head's `gateway_home` (Slurm: per cluster
     on the shared work dir, which every shared cluster of one site account shares)."""
     root = access.gateway_home or "~/.rayfleet"
-    return HeadFiles(f"{root}/{gateway.CONFIG_FILE}", f"{root}/gateway", f"{root}/gateway.pem",
+    return HeadFiles(f"{root}/{gateway_config.CONFIG_FILE}", f"{root}/gateway", f"{root}/gateway.pem",
                      f"{root}/gateway.key", f"{root}/gateway.log")
 
 
@@ -144,7 +144,7 @@ def bundle(cluster: str, url: str, member: str, token: str) -> dict[str, str]:
 # --- the gateway on the head -------------------------------------------------------------------
 
 def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, address: str,
-                    prices: NodePrices | None = None) -> tuple[gateway.Config, Path]:
+                    prices: NodePrices | None = None) -> tuple[gateway_config.Config, Path]:
     """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
     assert selected.sharing is not None
     cert, key = sharing_certs.ensure_server_cert(selected.name, [address, *access.names])
@@ -157,7 +157,7 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         _on_head(access.tracking_password or tracking_remote.NODE_PASSWORD_PATH)
     if token and not here:
         token = _on_head(token)
-    config = gateway.Config(
+    config = gateway_config.Config(
         # A head job on this machine (Slurm) serves this machine only, like the local provider.
         cluster=selected.name, host="127.0.0.1" if access.target is None else "0.0.0.0",
         port=selected.sharing.port, upstream=f"http://127.0.0.1:{access.dashboard_port}",
@@ -169,7 +169,7 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         node_prices=dict(prices.by_type) if prices else {},
         head_type=prices.head_type if prices else "",
         secret_paths=[mlflow] if selected.tracking == "mlflow" else [])
-    return config, folder(selected.name) / gateway.CONFIG_FILE
+    return config, folder(selected.name) / gateway_config.CONFIG_FILE
 
 
 def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
@@ -223,7 +223,7 @@ def _wait_remote(access: HeadAccess, port: int, url: str) -> None:
                            f"{head_files(access).log} there (`invoke ssh`)")
 
 
-def start_gateway(access: HeadAccess, config: gateway.Config, config_path: Path) -> None:
+def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path: Path) -> None:
     """The one place that starts the gateway, under the head daemons' one supervisor.
 
     This machine: `python -m infra.node.gateway` supervised, replaced when its config changed.
@@ -235,7 +235,7 @@ def start_gateway(access: HeadAccess, config: gateway.Config, config_path: Path)
         where = head_files(access)
         cert, key = Path(config.cert), Path(config.key)
         data = _on_head(where.data)
-        remote = {**gateway.asdict(config), "cert": _on_head(where.cert),
+        remote = {**json.loads(gateway_config.config_text(config)), "cert": _on_head(where.cert),
                   "key": _on_head(where.key), "data_dir": data}
         files = {where.cert: cert.read_bytes(), where.key: key.read_bytes(),
                  f"{where.data}/{gateway_state.MEMBERS_FILE}":
@@ -260,12 +260,12 @@ def start_gateway(access: HeadAccess, config: gateway.Config, config_path: Path)
                                    json.dumps(remote), secrets=files, log=where.log,
                                    python=access.python, activate=access.activate)
         return
-    wanted = json.dumps(gateway.asdict(config), indent=2)
+    wanted = gateway_config.config_text(config)
     pidfile = Path(f"{config_path}.pid")
     if supervise.running(pidfile) and config_path.exists() and config_path.read_text() == wanted:
         return
     stop_local(config_path)
-    gateway.write_config(config_path, config)
+    gateway_config.write_config(config_path, config)
     log = paths.home() / "logs" / config.cluster / "gateway.log"
     # Supervised like every head daemon (infra/node/supervise.py): a gateway that dies is back
     # within seconds, and its pid file identifies it by pid and start time.
@@ -282,7 +282,7 @@ def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:
     """At teardown: the gateway goes with the cluster (its members and usage stay). A gateway
     its head's job runs ends with that job, which teardown cancels next: only its usage here."""
     if access is None or _here(access):
-        stop_local(folder(selected.name) / gateway.CONFIG_FILE)
+        stop_local(folder(selected.name) / gateway_config.CONFIG_FILE)
         return
     if access.target is not None and not access.gateway_home:
         from infra import remote_head

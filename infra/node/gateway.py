@@ -26,15 +26,13 @@ import re
 import ssl
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from infra.node import gateway_prices as gp
 from infra.node import gateway_state as gs
-from infra.node.files import atomic_write
+from infra.node.gateway_config import Config, read_config
 
-CONFIG_FILE = "rayfleet-gateway.json"
 #: The job's environment that tags every MLflow run it starts (MLflow's own run-context variable).
 MLFLOW_CONTEXT = "MLFLOW_RUN_CONTEXT"
 #: Read-only views of the dashboard a member may open (cluster-wide, the same for every member).
@@ -49,46 +47,6 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
         "transfer-encoding", "upgrade", "host", "content-length", "content-encoding",
         "authorization", "x-ray-authorization", "cookie", "set-cookie"}
 _ACTIVE = ("PENDING", "RUNNING")
-
-
-@dataclass(frozen=True)
-class Config:
-    cluster: str
-    host: str
-    port: int
-    #: The dashboard on the head, e.g. http://127.0.0.1:8265.
-    upstream: str
-    #: The cluster's Ray token file on the head; None when the cluster runs without auth.
-    token_path: str | None
-    cert: str
-    key: str
-    #: members.json, usage.json and audit.log (gateway_state.py).
-    data_dir: str
-    max_running_jobs_per_member: int = 2
-    max_job_hours: float | None = None
-    members_see_dashboard: bool = True
-    #: The cluster's $/h without `node_prices` (no autoscaler: a fixed-size or local cluster),
-    #: or when Ray names no nodes; split among the jobs running at each tick.
-    price_per_hour: float = 0.0
-    #: $/h of each node type of Ray's cluster config (the head's included): the price at a tick
-    #: is that of the nodes alive then (gateway_prices.py). Empty: `price_per_hour` always.
-    node_prices: dict[str, float] = field(default_factory=dict)
-    #: The head's node type in `node_prices`.
-    head_type: str = ""
-    poll_seconds: float = 5.0
-    #: The gateway exits once its dashboard has not answered for this long (the head went away).
-    upstream_grace_s: float = 120.0
-    #: Files whose content never appears in an answer to a member (the tracking password).
-    secret_paths: list[str] = field(default_factory=list)
-
-
-def write_config(path: Path, config: Config) -> None:
-    atomic_write(path, json.dumps(asdict(config), indent=2), mode=0o600)
-
-
-def read_config(path: Path) -> Config:
-    data = json.loads(path.read_text())
-    return Config(**{f.name: data[f.name] for f in fields(Config) if f.name in data})
 
 
 def _reply(status: int, text: str) -> Any:
@@ -120,6 +78,8 @@ class Gateway:
         self._rendered_for: tuple[bytes | None, int] = (None, -1)
         #: True once a tick has recorded every member job Ray lists (see `over_cap`).
         self.ticked = False
+        self._last_tick = time.monotonic()
+        self._watcher: asyncio.Task[None] | None = None
 
     # --- who is asking -------------------------------------------------------------------------
 
@@ -367,27 +327,56 @@ class Gateway:
 
     async def watch(self) -> None:
         """Account usage, stop member jobs past max_job_hours, save; exit once Ray is gone."""
-        last = time.monotonic()
+        self._last_tick = time.monotonic()
         down_since: float | None = None
         while True:
             await asyncio.sleep(self.config.poll_seconds)
             now = time.monotonic()
-            try:
-                status, jobs = await self.ray_jobs()
-            except Exception:  # any failure to reach Ray counts as Ray being away
-                status, jobs = 0, []
-            if status != 200:
+            if await self.account() != 200:
                 down_since = down_since or now
                 if now - down_since > self.config.upstream_grace_s:
                     print(f"the dashboard at {self.config.upstream} is gone; exiting", flush=True)
                     sys.exit(0)
                 continue
             down_since = None
-            self.usage.tick(jobs, now - last, await self.hourly_price())
-            self.ticked = True
-            last = now
+
+    async def account(self, enforce: bool = True) -> int:
+        """One tick: Ray's job list into the usage (each member job's times, the cost since the
+        last tick), member jobs past max_job_hours stopped (`enforce`), saved. Returns the
+        status of Ray's answer; not 200: nothing accounted, the time counts at the next tick."""
+        try:
+            status, jobs = await self.ray_jobs()
+        except Exception:  # any failure to reach Ray counts as Ray being away
+            return 0
+        if status != 200:
+            return status
+        now = time.monotonic()
+        self.usage.tick(jobs, now - self._last_tick, await self.hourly_price())
+        self.ticked = True
+        self._last_tick = now
+        if enforce:
             await self.enforce_hours(jobs)
-            self.usage.save()
+        self.usage.save()
+        return status
+
+    async def start(self) -> None:
+        from aiohttp import ClientSession, ClientTimeout
+
+        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
+        self._watcher = asyncio.create_task(self.watch())
+
+    async def shutdown(self) -> None:
+        """Stopped (teardown, the supervisor): a last tick while Ray still answers, so that a job
+        that ended since the previous one keeps its hours in the usage that outlives the head."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        with contextlib.suppress(Exception):
+            # Within the supervisor's grace before SIGKILL (supervise.stop: 5 s).
+            await asyncio.wait_for(self.account(enforce=False), timeout=3)
+        self.usage.save()
+        await self.session.close()
 
     async def hourly_price(self) -> float:
         """The cluster's $/h now: its nodes at their types' prices (gateway_prices.py); the
@@ -453,17 +442,14 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
 
 
 def serve(config: Config) -> None:
-    from aiohttp import ClientSession, ClientTimeout, web
+    from aiohttp import web
 
     gateway = Gateway(config)
 
     async def lifetime(app: web.Application) -> Any:
-        gateway.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
-        watcher = asyncio.create_task(gateway.watch())
+        await gateway.start()
         yield
-        watcher.cancel()
-        gateway.usage.save()
-        await gateway.session.close()
+        await gateway.shutdown()
 
     app = web.Application(client_max_size=1024 ** 3)  # working-dir packages go through PUT
     app.cleanup_ctx.append(lifetime)

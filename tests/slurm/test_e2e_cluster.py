@@ -181,9 +181,11 @@ def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
     assert status["running"] and status["resources"]["CPU"] == 2
     assert [n["state"] for n in status["nodes"]] == ["ALIVE", "ALIVE"]
 
-    # Enough tasks that the second node takes some while the first is busy.
+    # Each task keeps its CPU for 1 s: the first node alone would need 16 s, far longer than the
+    # second node's worker takes to start on a busy machine. (200 short tasks all ran on the first
+    # node's worker once, while the second's was still starting.)
     result = result_of(ok(invoke("submit", "--cluster", str(spec), "examples/cpu_example.py",
-                                 "--", "200")))
+                                 "--", "16", "--hold", "1")))
     assert result["hosts"] == hostnames, "tasks must run on both hosts"
     tracked = _check_tracking(tmp_path, rf_home, spec, job)
     _check_serve(tmp_path, spec)

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from infra import render, shipping, tracking
-from infra.node import gateway, metrics, rayproc
+from infra.node import gateway_config, metrics, rayproc
 from infra.node.slurm import autodown as slurm_autodown
 from infra.node.slurm import queue
 from infra.providers.slurm.spec import PORT_STRIDE, GpuWorkers, Spec, WorkerType
@@ -275,7 +275,7 @@ def render_script(spec: Spec) -> str:
         tracking_secrets=[tracking.PASSWORD_FILE, tracking.SECRET_KEY_FILE],
         **_metrics_context(spec),
         sharing=spec.sharing is not None,
-        gateway_config=gateway.CONFIG_FILE,
+        gateway_config=gateway_config.CONFIG_FILE,
         keys_dir=keys_dir_shell(),
         worker_script=render_worker_script(spec).rstrip("\n") if autoscaling else "",
         autoscaling_config=autoscaling_config(spec) if autoscaling else "",
