@@ -23,6 +23,7 @@ from infra.privilege import MONITOR_PID, SCALER_USER
 from infra.shipping import NODE_DIR
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import PROJECT, Offline, spec_file
+from tests.testbed.hosts import LIVE_PROCESSES
 from tests.waiting import read_json, wait_until, watcher_checked
 
 NAME = "gcpdown"
@@ -151,7 +152,7 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         assert any(name.endswith("-tpu") for name, _ in deletes), deletes
         assert {caller for _, caller in deletes} == {head_ip}, deletes  # the head did it itself
         offline.google.machines.wait_idle()
-        left = head_host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[i]nfra.node.autodown' "
+        left = head_host.run(f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[i]nfra.node.autodown' "
                              "|| true").stdout.strip()
         assert left == "", left
 

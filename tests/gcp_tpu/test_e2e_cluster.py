@@ -23,6 +23,7 @@ import pytest
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import CLUSTER, PROJECT, Offline, spec_file
+from tests.testbed.hosts import LIVE_PROCESSES
 from tests.waiting import wait_until
 
 
@@ -281,7 +282,7 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
     assert ray_config_caches() == []
     google.machines.wait_idle()
     for host in bed.hosts:
-        left = host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[r]ay::|[m]onitor.py' "
+        left = host.run(f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[r]ay::|[m]onitor.py' "
                         "|| true").stdout.strip()
         assert left == "", f"Ray still running on {host.name}: {left}"
     client_left = bed.client.run("ps -eo args | grep -E '[r]ay |[s]sh |[i]nvoke' || true")

@@ -25,7 +25,7 @@ from infra.privilege import SCALER_USER
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file
-from tests.testbed.hosts import Host
+from tests.testbed.hosts import LIVE_PROCESSES, Host
 from tests.testbed.preflight import require
 from tests.waiting import wait_until
 
@@ -262,7 +262,7 @@ def test_teardown_with_requests_still_waiting_deletes_them_all(cluster: Cluster)
     assert not (cluster.home / "state" / f"{NAME}.json").exists()
     cluster.offline.google.machines.wait_idle()
     for host in cluster.offline.bed.hosts:
-        left = host.run("ps -eo args | grep -E '[r]aylet|[g]cs_server|[j]oiner' || true")
+        left = host.run(f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[j]oiner' || true")
         assert left.stdout.strip() == "", f"still running on {host.name}: {left.stdout}"
 
 

@@ -30,6 +30,7 @@ from tests.conftest import run_invoke
 from tests.lambda_cloud.bed_firewall import EnforcedFirewall
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.testbed import Testbed
+from tests.testbed.hosts import LIVE_PROCESSES
 from tests.waiting import wait_until, wait_while
 
 #: Drawn per run, so that no file of the project (which a job's working_dir uploads to the
@@ -43,8 +44,7 @@ CAPACITY = {("cpu_4x_general", "us-west-1"): 1, ("gpu_1x_a10", "us-west-1"): 2,
 
 
 #: Ray's processes on a host, zombies (already dead, waiting for the reaper) excluded.
-RAY_PROCESSES = ("ps -eo stat=,args= | awk '$1 !~ /^Z/' "
-                 "| grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true")
+RAY_PROCESSES = f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true"
 
 
 #: The head's Ray autoscaler processes: the monitor's own command line starts with its Python and

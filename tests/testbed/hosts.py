@@ -29,6 +29,9 @@ from tests.testbed import net
 from tests.testbed.registry import MARKER, is_alive, proc_start_time
 
 HOSTINIT = Path(__file__).with_name("hostinit.py")
+#: A host's live processes, one `STAT ARGS` line each: zombies (already dead, their exit not yet
+#: reaped by their parent or by hostinit.py) left out, for "nothing of X still runs" checks.
+LIVE_PROCESSES = "ps -eo stat=,args= | awk '$1 !~ /^Z/'"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Ray settings every process in the test bed gets: no usage reports to a public server, and the
 #: autoscaler v1 with which a `ray up` from another machine does launch its workers (Ray 2.60).
