@@ -22,6 +22,7 @@ import os
 import secrets
 import shlex
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -235,7 +236,7 @@ def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path
         where = head_files(access)
         cert, key = Path(config.cert), Path(config.key)
         data = _on_head(where.data)
-        remote = {**json.loads(gateway_config.config_text(config)), "cert": _on_head(where.cert),
+        remote = {**asdict(config), "cert": _on_head(where.cert),
                   "key": _on_head(where.key), "data_dir": data}
         files = {where.cert: cert.read_bytes(), where.key: key.read_bytes(),
                  f"{where.data}/{gateway_state.MEMBERS_FILE}":
