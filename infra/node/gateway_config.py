@@ -30,6 +30,9 @@ class Config:
     max_running_jobs_per_member: int = 2
     max_job_hours: float | None = None
     members_see_dashboard: bool = True
+    #: One working-dir upload of a member, and all of a member's uploads together (MB).
+    max_upload_mb: float = 100.0
+    max_member_upload_mb: float = 2048.0
     #: The cluster's $/h without `node_prices` (no autoscaler: a fixed-size or local cluster),
     #: or when Ray names no nodes; split among the jobs running at each tick.
     price_per_hour: float = 0.0
