@@ -34,13 +34,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infra.node import gateway_browser as gb
 from infra.node import gateway_packages as gk
 from infra.node import gateway_prices as gp
 from infra.node import gateway_state as gs
 from infra.node import gateway_stops as stops
-from infra.node import gateway_submit as gm
 from infra.node import gateway_target as gt
 from infra.node.gateway_config import Config, read_config
+from infra.node.gateway_jobs import JobRoutes, reply
 
 #: Read-only views of the dashboard a member may open (cluster-wide, the same for every member).
 DASHBOARD_VIEWS = ("/", "/index.html", "/favicon.ico", "/logo.svg", "/timezone", "/nodes",
@@ -52,18 +53,11 @@ _JOB = re.compile(r"/api/jobs/([^/]+)(/logs|/logs/tail|/stop)?/?")
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
         "transfer-encoding", "upgrade", "host", "content-length", "content-encoding",
         "authorization", "x-ray-authorization", "cookie", "set-cookie"}
-_ACTIVE = ("PENDING", "RUNNING")
 #: No call to Ray that the gateway makes or relays takes longer (a log stream excepted).
 UPSTREAM_TIMEOUT_S = 120.0
 
 
-def _reply(status: int, text: str) -> Any:
-    from aiohttp import web
-
-    return web.Response(status=status, text=text + "\n")
-
-
-class Gateway:
+class Gateway(JobRoutes):
     def __init__(self, config: Config) -> None:
         self.config = config
         data = Path(config.data_dir)
@@ -122,34 +116,41 @@ class Gateway:
             target = gt.read(request.raw_path)
         except gt.BadTarget as exc:
             self.audit.write(**seen, path=request.raw_path[:300], status=400)
-            return _reply(400, f"{exc} (rayfleet's gateway)")
+            return reply(400, f"{exc} (rayfleet's gateway)")
         seen["path"] = target.path
+        if target.path == gb.LOGIN_PATH and request.method == "POST":
+            return await self.login(request, seen)
         token = self.presented(request)
         who = None if token is None else self.identify(token)
+        if who is None and target.path in gb.ENTRY_PAGES and gb.wants_page(request):
+            # A browser without a valid token: our login page, not Ray's token dialog.
+            self.audit.write(**seen, status=200, page="login")
+            return gb.login_page(self.config.cluster, "" if token is None else
+                                 "That token was not accepted (revoked, expired or mistyped).")
         # Only requests without a valid token are turned away: behind a campus NAT one address is
         # the whole class, and one stale script must not lock every member out.
         wait = 0.0 if who is not None else self.failures.blocked(source)
         if wait:
             self.audit.write(**seen, status=429)
-            return _reply(429, f"too many failed logins from {source}; try again in {wait:.0f} s")
+            return reply(429, f"too many failed logins from {source}; try again in {wait:.0f} s")
         if token is None:
             self.audit.write(**seen, status=401)
-            return _reply(401, "no token: present your member token (RAY_AUTH_MODE=token and "
+            return reply(401, "no token: present your member token (RAY_AUTH_MODE=token and "
                                "RAY_AUTH_TOKEN_PATH, see docs/concepts/sharing.md)")
         if who is None:
             self.failures.failed(source)
             self.audit.write(**seen, status=403)
-            return _reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
+            return reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
         seen.update(who=who.name, member_id=who.id, role=who.role)
         if gs.expired(who):
             self.audit.write(**seen, status=403)
-            return _reply(403, f"member {who.name}'s access expired on {who.expires}; ask the "
+            return reply(403, f"member {who.name}'s access expired on {who.expires}; ask the "
                                "cluster's owner to add you again")
         if who.role != "owner":
             wait = self.rate.take(who.id)
             if wait:
                 self.audit.write(**seen, status=429)
-                return _reply(429, f"member {who.name} sent more than {self.rate.RATE:g} "
+                return reply(429, f"member {who.name} sent more than {self.rate.RATE:g} "
                                    f"requests a second; try again in {wait:.1f} s")
             self.usage.seen(who.name)
         answer, job = await self.route(request, who, target)
@@ -165,7 +166,7 @@ class Gateway:
             return self.authenticate(request), None
         match = _JOB.fullmatch(path)
         if match and gt.job_id_or_none(match.group(1)) is None:
-            return _reply(400, "a job's submission id is 1 to 64 letters, digits, '_' or '-'"), None
+            return reply(400, "a job's submission id is 1 to 64 letters, digits, '_' or '-'"), None
         if who.role == "owner":
             if match and match.group(2) == "/stop" and method == "POST":
                 return await self.stop_action(who, match.group(1)), match.group(1)
@@ -186,8 +187,28 @@ class Gateway:
         if (method == "GET" and self.config.members_see_dashboard
                 and (path in DASHBOARD_VIEWS or path.startswith("/static/"))):
             return await self.forward(request, who, target), None
-        return _reply(403, f"{method} {path} is not open to members: they submit, list, read the "
-                           "logs of, stop and delete their own jobs (docs/concepts/sharing.md)"), None
+        return gb.closed_view(method, path), None
+
+    async def login(self, request: Any, seen: dict[str, Any]) -> Any:
+        """The login page's form: a good member token sets its cookie; a bad one counts as a
+        failed login from that address, like any other."""
+        source = seen["source"]
+        wait = self.failures.blocked(source)
+        if wait:
+            self.audit.write(**seen, status=429)
+            return gb.login_page(self.config.cluster, f"Too many failed sign-ins from {source}; "
+                                 f"try again in {wait:.0f} s.", status=429)
+        form = await request.post()
+        token = str(form.get("token") or "").strip()
+        who = self.identify(token) if token else None
+        if who is None or gs.expired(who):
+            self.failures.failed(source)
+            self.audit.write(**seen, status=403)
+            why = "has expired" if who is not None else "was not accepted"
+            return gb.login_page(self.config.cluster, f"That token {why}; check your bundle or "
+                                 "ask the cluster's owner.", status=403)
+        self.audit.write(**seen, who=who.name, member_id=who.id, role=who.role, status=303)
+        return gb.signed_in(token)
 
     def authenticate(self, request: Any) -> Any:
         """The dashboard's login: the cookie holds the token the browser presented (a member's
@@ -199,101 +220,6 @@ class Gateway:
         answer.set_cookie("ray-authentication-token", token, max_age=30 * 24 * 3600, path="/",
                           httponly=True, samesite="Strict", secure=True)
         return answer
-
-    async def submit(self, request: Any, who: gs.Member) -> tuple[Any, str | None]:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _reply(400, "the job submission is not JSON"), None
-        if not isinstance(body, dict):
-            return _reply(400, "the job submission is not a JSON object"), None
-        try:
-            job, body = gm.prepare(body, who, self.usage.recorded)
-        except gm.Refused as exc:
-            return _reply(400, str(exc)), None
-        lock = self.locks.setdefault(who.id, asyncio.Lock())
-        async with lock:  # two submits at once must not both slip under the cap
-            refused_answer = await self.over_cap(who)
-            if refused_answer is not None:
-                return refused_answer, None
-            answer = await self.forward(request, who, gt.Target("/api/jobs/"),
-                                        body=json.dumps(body).encode())
-            if answer.status == 200:  # under the lock: the next submit's cap check counts it
-                self.usage.note(job, member=who.name, member_id=who.id, submitted=gs.now_iso())
-        return answer, job
-
-    async def over_cap(self, who: gs.Member) -> Any:
-        """The refusal when `who` is at the running-jobs cap, else None.
-
-        Ray's job list is asked only when the gateway's own records allow `who` to be at the cap:
-        after a tick has recorded every member job, fewer possibly-active jobs there than the cap
-        is proof enough, and a submit then costs Ray one call, as it does without the gateway."""
-        cap = self.config.max_running_jobs_per_member
-        if self.ticked and self.usage.maybe_active(who.id) < cap:
-            return None
-        status, jobs = await self.ray_jobs()
-        if status != 200:
-            return _reply(502, f"the cluster's job API answered {status}; try again")
-        running = [j for j in jobs if self.usage.member_id_of(_key(j)) == who.id
-                   and j.get("status") in _ACTIVE]
-        if len(running) >= cap:
-            return _reply(429, f"member {who.name} has {len(running)} pending or running jobs, "
-                               f"the cluster's cap (sharing.max_running_jobs_per_member) is "
-                               f"{cap}; wait for one to end or stop one")
-        return None
-
-    def mine(self, who: gs.Member, job_id: str) -> bool:
-        return who.sees_all or self.usage.member_id_of(job_id) == who.id
-
-    async def list_jobs(self, request: Any, who: gs.Member) -> Any:
-        from aiohttp import web
-
-        status, jobs = await self.ray_jobs()
-        if status != 200:
-            return _reply(status, f"the cluster's job API answered {status}")
-        if self._rendered_for != (self._jobs_raw, self.usage.version):
-            self._rendered, self._rendered_for = {}, (self._jobs_raw, self.usage.version)
-        viewer = "*" if who.sees_all else who.id  # "*" is no member id
-        text = self._rendered.get(viewer)
-        if text is None:
-            visible = [self.with_reason(j) for j in jobs if self.mine(who, _key(j))]
-            text = self._rendered[viewer] = self.scrub(json.dumps(visible))
-        return web.Response(status=200, content_type="application/json", text=text)
-
-    def with_reason(self, job: dict[str, Any]) -> dict[str, Any]:
-        reason = self.usage.reason(_key(job))
-        return {**job, "message": reason} if reason else job
-
-    async def job_action(self, request: Any, who: gs.Member, job_id: str, action: str) -> Any:
-        from aiohttp import web
-
-        if not self.mine(who, job_id):
-            # As Ray answers a job that does not exist: the stock CLI then says so, instead of
-            # Ray's paragraph about an invalid token.
-            return _reply(404, f"Job {job_id} does not exist")
-        status, job = await self.upstream_json("GET", gt.job_path(job_id))
-        if status != 200 or not isinstance(job, dict):
-            return _reply(status if status != 200 else 502, f"Job {job_id} does not exist")
-        method = request.method
-        if action == "" and method == "GET":
-            return web.Response(status=200, content_type="application/json",
-                                text=self.scrub(json.dumps(self.with_reason(job))))
-        if action == "/logs/tail" and method == "GET":
-            return await self.tail(request, who, job_id)
-        if action == "/stop" and method == "POST":
-            return await self.stop_action(who, job_id)
-        if (action, method) in (("", "DELETE"), ("/logs", "GET")):
-            return await self.forward(request, who, gt.Target(gt.job_path(job_id, action)))
-        return _reply(403, f"{method} /api/jobs/{job_id}{action} is not open to members")
-
-    async def stop_action(self, who: gs.Member, job_id: str) -> Any:
-        from aiohttp import web
-
-        by = "the owner" if who.role == "owner" else f"{who.role} {who.name}"
-        status, raw = await stops.stop(self, job_id, by=who.name,
-                                       reason=f"stopped by {by} through the gateway")
-        return web.Response(status=status, body=self.scrub_bytes(raw),
-                            content_type="application/json")
 
     # --- talking to Ray ------------------------------------------------------------------------
 
@@ -487,10 +413,6 @@ class Gateway:
         except Exception:  # Ray not answering: this tick without that source
             return None
         return answer if status == 200 else None
-
-
-def _key(job: dict[str, Any]) -> str:
-    return str(job.get("submission_id") or job.get("job_id"))
 
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:

@@ -119,3 +119,50 @@ def test_metadata_a_job_sets_itself_attributes_it_to_nobody(tmp_path: Path) -> N
     assert usage.data["unattributed"]["03000000"]["status"] == "RUNNING"
     # A member re-added under the same name is another member: the old one's records stay theirs.
     assert usage.member_id_of("a") != gs.legacy_id("ann")
+
+
+def test_failed_logins_forget_quiet_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(gs.time, "monotonic", lambda: now[0])
+    failures = gs.FailedLogins()
+    for i in range(500):  # a scan from many addresses
+        failures.failed(f"192.0.2.{i % 250}")
+    assert failures.blocked("198.51.100.1") == 0 and len(failures) == 250
+    now[0] += gs.WINDOW + 1
+    failures.prune()
+    assert len(failures) == 0
+
+
+def test_a_member_past_the_request_rate_waits_and_others_do_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [50.0]
+    monkeypatch.setattr(gs.time, "monotonic", lambda: now[0])
+    rate = gs.RequestRate(rate=10, burst=5)
+    assert [rate.take("ann") for _ in range(5)] == [0.0] * 5
+    assert rate.take("ann") == pytest.approx(0.1)
+    assert rate.take("bo") == 0.0
+    now[0] += 0.1
+    assert rate.take("ann") == 0.0
+
+
+def test_the_audit_log_rotates_and_keeps_a_bounded_number_of_files(tmp_path: Path) -> None:
+    audit = gs.Audit(tmp_path / gs.AUDIT_FILE, max_bytes=300, keep=3)
+    for i in range(100):
+        audit.write(who="ann", source="192.0.2.1", status=200, n=i)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["audit.log", "audit.log.1", "audit.log.2", "audit.log.3"]
+    last = json.loads((tmp_path / "audit.log.1").read_text().splitlines()[-1])
+    assert last["source"] == "192.0.2.1" and last["n"] < 100
+    assert all(p.stat().st_size < 600 for p in tmp_path.iterdir())
+
+
+def test_a_secret_file_is_read_again_when_it_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "ray-token"
+    path.write_text("old\n")
+    secret = gs.SecretFile(str(path))
+    assert secret.read() == "old"
+    replacement = tmp_path / "new"
+    replacement.write_text("new")
+    replacement.replace(path)  # as atomic_write does
+    assert secret.read() == "new"
+    assert gs.SecretFile(None).read() is None
