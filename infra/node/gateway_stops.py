@@ -48,6 +48,7 @@ REAPER = r"""
 import os, signal, sys, ray
 from ray.util import state
 from ray.util.placement_group import PlacementGroup, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 job, submission, supervisor = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 ray.init(address="auto", log_to_driver=False)
 if supervisor:
@@ -73,8 +74,7 @@ if job:
             except ValueError:
                 pass
         if actor.pid and actor.node_id:
-            strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-                actor.node_id, soft=False)
+            strategy = NodeAffinitySchedulingStrategy(actor.node_id, soft=False)
             ray.get(end.options(scheduling_strategy=strategy).remote(actor.pid))
     for group in state.list_placement_groups(filters=[("creator_job_id", "=", job)], limit=10000):
         if group.state != "REMOVED":

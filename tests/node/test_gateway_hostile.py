@@ -144,3 +144,16 @@ def test_every_audit_line_names_its_source_address(bed: Bed) -> None:
              (Path(bed.gateway.config.data_dir) / gs.AUDIT_FILE).read_text().splitlines()]
     assert [line["status"] for line in lines] == [401, 403, 400, 200]
     assert {line["source"] for line in lines} == {"127.0.0.1"}
+
+
+def test_the_reaper_is_a_program_python_compiles() -> None:
+    """The reaper runs as a Ray job's entrypoint (`python -c`): a syntax error would only show
+    on a cluster, after a stop."""
+    import ast
+
+    from infra.node import gateway_stops
+
+    tree = ast.parse(gateway_stops.REAPER)
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                for alias in node.names}
+    assert {"PlacementGroup", "remove_placement_group", "NodeAffinitySchedulingStrategy"} <= imported
