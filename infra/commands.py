@@ -410,7 +410,16 @@ def submit(provider: str | None, cluster: str | None, script: str, args: list[st
            runtime_env_file: str | None, wait: bool, working_dir: str | None = None) -> int:
     command, env = jobs.prepare(script, args, runtime_env_file, working_dir)
     with quiet_connect(provider, cluster) as endpoint:
-        return jobs.submit(endpoint, command, env, wait)
+        return jobs.submit(endpoint, command, env, wait, _again(provider, cluster))
+
+
+def _again(provider: str | None, cluster: str | None) -> str:
+    """How a hint names a later command on a job of this cluster (jobs.submit's `again`): a
+    member's cluster by its name, with the command a member has (`rayfleet`)."""
+    if membership.joined(cluster):
+        return f"rayfleet {{verb}} {{job}} --cluster {cluster}"
+    flag = _cluster_flag(loading.resolve(provider, cluster)).replace("{", "{{").replace("}", "}}")
+    return f"invoke {{verb}} {{job}}{flag}"
 
 
 def _job_or_last(endpoint: Endpoint, job_id: str | None) -> str:

@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from infra import paths, sharing_certs, tracking, tracking_remote, ui
+from infra import paths, sharing_certs, sharing_term, tracking, tracking_remote, ui
 from infra.costs import NodePrices
 from infra.errors import RayfleetError, SpecError, UsageError
 from infra.head import HeadAccess
@@ -108,23 +108,25 @@ def warn_privilege(selected: ClusterSpec) -> None:
 # --- the registry ------------------------------------------------------------------------------
 
 def read_registry(cluster: str) -> dict[str, dict[str, Any]]:
-    path = registry_path(cluster)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except ValueError:
-        raise SharingError(f"{path} is not valid JSON; restore it from a backup or remove it "
-                           "(every member then needs a new bundle)") from None
-    members = data.get("members") if isinstance(data, dict) else None
-    return members if isinstance(members, dict) else {}
+    """The entries the gateway reads (`members`); the file's other sections: sharing_term."""
+    members: dict[str, dict[str, Any]] = sharing_term.read_book(cluster)["members"]
+    return members
 
 
 def write_registry(cluster: str, members: dict[str, dict[str, Any]]) -> None:
-    target = registry_path(cluster)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.parent.chmod(0o700)
-    atomic_write(target, json.dumps({"members": members}, indent=2, sort_keys=True), mode=0o600)
+    """Replace the `members` section, keeping every other one (the removed members, ...)."""
+    book = sharing_term.read_book(cluster) if registry_path(cluster).exists() else {}
+    sharing_term.write_book(cluster, {**book, "members": members})
+
+
+def apply_term(selected: ClusterSpec) -> bool:
+    """Write each member's effective expiry (theirs, capped by `sharing.ends`) into the registry
+    the gateway reads; whether it changed (then a remote head needs the file again)."""
+    book = sharing_term.read_book(selected.name)
+    if not sharing_term.apply_ends(book["members"], sharing_term.ends_of(selected.sharing)):
+        return False
+    sharing_term.write_book(selected.name, book)
+    return True
 
 
 def new_member(admin: bool, expires_days: float | None) -> tuple[dict[str, Any], str]:
@@ -166,6 +168,9 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         max_running_jobs_per_member=selected.sharing.max_running_jobs_per_member,
         max_job_hours=selected.sharing.max_job_hours,
         members_see_dashboard=selected.sharing.members_see_dashboard,
+        member_budget_hours=selected.sharing.member_budget_hours,
+        member_budget_usd=selected.sharing.member_budget_usd,
+        budget_usd=selected.sharing.budget_usd,
         price_per_hour=prices.floor_usd if prices else 0.0,
         node_prices=dict(prices.by_type) if prices else {},
         head_type=prices.head_type if prices else "",
@@ -186,6 +191,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     config, config_path = _gateway_config(selected, access, state, address, prices)
     if not members:
         write_registry(selected.name, {})
+    apply_term(selected)  # `sharing.ends` may have changed since the last `up`
     if not _here(access):
         read_usage(selected, access)  # the running head's accounting first, then given back
     start_gateway(access, config, config_path)

@@ -30,6 +30,12 @@ class Config:
     max_running_jobs_per_member: int = 2
     max_job_hours: float | None = None
     members_see_dashboard: bool = True
+    #: Job-hours each member may use; None: no limit (`sharing.member_budget_hours`).
+    member_budget_hours: float | None = None
+    #: Dollars of cost share each member may take; None: no limit (`sharing.member_budget_usd`).
+    member_budget_usd: float | None = None
+    #: Dollars the whole cluster may cost; None: no limit (`sharing.budget_usd`).
+    budget_usd: float | None = None
     #: The cluster's $/h without `node_prices` (no autoscaler: a fixed-size or local cluster),
     #: or when Ray names no nodes; split among the jobs running at each tick.
     price_per_hour: float = 0.0
