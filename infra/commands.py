@@ -81,6 +81,7 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     _write_rendered(selected.name, result)
     diff = _diff(selected.name, result)
     cost_range = impl.cost_range(result)
+    gateway = sharing.plan_note(selected, current)
     if as_json:
         ui.out(json.dumps({
             "cluster": selected.name,
@@ -92,6 +93,8 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
             "autodown": selected.autodown.idle_minutes if selected.autodown else None,
             "diff": diff,
             "problems": result.problems, "job_reach": impl.job_reach or None,
+            "gateway": {"port": selected.sharing.port, "note": gateway} if selected.sharing
+            else None,
         }, indent=2), soft_wrap=True, markup=False)
         _refuse_problems(result)
         return
@@ -105,6 +108,8 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     ui.out(table)
     for note in result.notes:
         ui.out(f"• {note}", markup=False)
+    if gateway:
+        ui.out(f"• {gateway}", markup=False)
     if cost_range is not None:
         ui.out(f"• {costs.describe_range(cost_range)}", markup=False)
     ui.out(f"• {costs.describe_autodown(selected)}", markup=False)
@@ -270,8 +275,11 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
                          f"({auth.scrub(reason, auth.token_file(current))[:200]}); "
                          f"`invoke up{_cluster_flag(selected)}` restarts it, "
                          f"`invoke teardown{_cluster_flag(selected)}` removes it")
-    from infra import tracking_remote
+    from infra import sharing_term, tracking_remote
 
+    # The head's usage while it runs, else the copy kept here.
+    budget = sharing.budget_status(
+        selected, _head_or_none(impl, current) if provider_view.running else None)
     # Where a remote head's tracking data is safe: None for clusters without such a store.
     copy_note = tracking_remote.copy_note(current)
     if as_json:
@@ -285,7 +293,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
             "ray_error": ray_error or None, **ray_view, **extras,
             "tracking_copy": copy_note, "tracking_copied_at": current.info.get("tracking_copied_at"),
-            "job_reach": impl.job_reach or None,
+            "job_reach": impl.job_reach or None, "sharing_budget": budget,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
     ui.out(f"{_title(selected)}: {provider_view.summary}", markup=False)
@@ -293,6 +301,8 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
     if provider_view.autodown is not None:
         ui.out(autodown_view.describe(provider_view.autodown), markup=False)
+    if budget is not None and selected.sharing is not None:
+        sharing_term.print_budget_status(selected.sharing, budget)
     if impl.job_reach:
         ui.out(impl.job_reach, markup=False)
     _table("provider resources", provider_view.rows)

@@ -26,7 +26,6 @@ from infra import (
 )
 from infra.commands import _cluster_flag, _running, _select
 from infra.errors import UsageError
-from infra.node import gateway_state
 from infra.node.files import atomic_write
 
 MEMBER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -183,61 +182,7 @@ def member_rows(selected: Any, impl: Any, current: Any) -> list[dict[str, Any]]:
                             end_time=job.end_time)
         except Exception:  # Ray not answering: counts from the head's usage file only
             pass
-    return rows_of(book, usage, jobs_seen, selected.sharing)
-
-
-def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, dict[str, Any]],
-            spec_sharing: Any) -> list[dict[str, Any]]:
-    """The rows `members` shows, from the registry's whole file and the jobs seen."""
-    people = [{**entry, "name": name} for name, entry in book["members"].items()
-              if sharing_term.is_member(entry)] + sharing_term.removed_entries(book)
-    people.sort(key=lambda e: (str(e.get("name")), str(e.get("added") or "")))
-    owned = _jobs_by_person(people, jobs_seen)
-    rows = []
-    for index, person in enumerate(people):
-        own = owned[index]
-        hours = round(sum(gateway_state.job_hours(v) for v in own), 6)
-        cost = round(sum(float(v.get("cost", 0.0)) for v in own), 4)
-        name = str(person["name"])
-        latest = not any(p["name"] == name for p in people[index + 1:])
-        used = sharing_term.member_budget(spec_sharing, hours, cost)
-        rows.append({
-            "name": name, "role": person.get("role"), "status": sharing_term.status_of(person),
-            "added": person.get("added"), "expires": person.get("expires"),
-            "removed": person.get("removed"),
-            "last_seen": usage.get("members", {}).get(name, {}).get("last_seen") if latest
-            else None,
-            "running_jobs": sum(1 for v in own if v.get("status") in ("PENDING", "RUNNING")),
-            "total_jobs": len(own), "job_hours": hours, "cost_share_usd": cost,
-            "budget_used": None if used is None else round(used, 4),
-        })
-    return rows
-
-
-def _jobs_by_person(people: list[dict[str, Any]],
-                    jobs_seen: dict[str, dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Each job to the one of its member's entries it ran under: one name may be a removed entry
-    and a later one. By the entry's id when the job records one, else by when it started: the
-    last entry added before; a job not started yet goes to the current entry."""
-    owned: list[list[dict[str, Any]]] = [[] for _ in people]
-    for job in jobs_seen.values():
-        mine = [i for i, p in enumerate(people) if p["name"] == job.get("member")]
-        if not mine:
-            continue
-        by_id = [i for i in mine if job.get("member_id") and people[i].get("id") == job["member_id"]]
-        start = job.get("start_time")
-        if by_id:
-            pick = by_id[0]
-        elif start is None:
-            current = [i for i in mine if not people[i].get("removed")]
-            pick = (current or mine)[-1]
-        else:
-            started = dt.datetime.fromtimestamp(float(start) / 1000, dt.timezone.utc)
-            before = [i for i in mine if people[i].get("added") and
-                      dt.datetime.fromisoformat(str(people[i]["added"])) <= started]
-            pick = (before or mine[:1])[-1]
-        owned[pick].append(job)
-    return owned
+    return sharing_term.rows_of(book, usage, jobs_seen, selected.sharing)
 
 
 def members(provider: str | None, cluster: str | None, as_json: bool) -> None:

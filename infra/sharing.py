@@ -352,3 +352,38 @@ def require_sharing(selected: ClusterSpec) -> None:
     if selected.sharing is None:
         raise UsageError(f"{selected.source}: sharing: this cluster is not shared; add a "
                          "`sharing:` block to its spec and run `invoke up` (docs/concepts/sharing.md)")
+
+
+def budget_status(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, Any] | None:
+    """For the owner's `status`: the cluster's budget, and each member at or past 80 % of theirs,
+    from the gateway's usage file (None when the spec sets no budget)."""
+    shared = selected.sharing
+    if shared is None or not (shared.budget_usd or shared.member_budget_hours
+                              or shared.member_budget_usd):
+        return None
+    usage = read_usage(selected, access)
+    jobs_seen = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
+    rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage, jobs_seen, shared)
+    return {"cluster": sharing_term.cluster_budget(shared, usage),
+            "members_near": [{"name": r["name"], "used": r["budget_used"],
+                              "job_hours": r["job_hours"], "cost_share_usd": r["cost_share_usd"]}
+                             for r in rows if r["status"] != "removed"
+                             and (r["budget_used"] or 0) >= sharing_term.WARN_AT]}
+
+
+def plan_note(selected: ClusterSpec, current: State | None) -> str | None:
+    """`plan`'s line on sharing: the gateway, its port, who may reach it, the term's limits."""
+    shared = selected.sharing
+    if shared is None:
+        return None
+    text = f"sharing: a gateway (HTTPS) on the head, port {shared.port}"
+    if shared.allowed_source_ranges:
+        text += f", reachable from {', '.join(shared.allowed_source_ranges)} only"
+    url = current.info.get("gateway_url") if current is not None else None
+    text += f"; now at {url}" if url else "; `invoke up` starts it"
+    limits = [f"access ends {ends}" for ends in [sharing_term.ends_of(shared)] if ends]
+    limits += [f"{label} {value:g}" for label, value in (
+        ("member budget (job-hours)", shared.member_budget_hours),
+        ("member budget ($)", shared.member_budget_usd),
+        ("cluster budget ($)", shared.budget_usd)) if value]
+    return text + (f"; the term: {', '.join(limits)}" if limits else "")

@@ -268,3 +268,74 @@ def describe_cluster_budget(found: dict[str, Any]) -> str:
     if used >= WARN_AT:
         return text + ": at 100 % the gateway takes no new jobs"
     return text
+
+
+# --- the rows of `members` ----------------------------------------------------------------------
+
+def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, dict[str, Any]],
+            spec_sharing: Sharing | None) -> list[dict[str, Any]]:
+    """The rows `members` shows, from the registry's whole file and the jobs seen."""
+    people = [{**entry, "name": name} for name, entry in book["members"].items()
+              if is_member(entry)] + removed_entries(book)
+    people.sort(key=lambda e: (str(e.get("name")), str(e.get("added") or "")))
+    owned = _jobs_by_person(people, jobs_seen)
+    rows = []
+    for index, person in enumerate(people):
+        own = owned[index]
+        hours = round(sum(gateway_state.job_hours(v) for v in own), 6)
+        cost = round(sum(float(v.get("cost", 0.0)) for v in own), 4)
+        name = str(person["name"])
+        latest = not any(p["name"] == name for p in people[index + 1:])
+        used = member_budget(spec_sharing, hours, cost)
+        rows.append({
+            "name": name, "role": person.get("role"), "status": status_of(person),
+            "added": person.get("added"), "expires": person.get("expires"),
+            "removed": person.get("removed"),
+            "last_seen": usage.get("members", {}).get(name, {}).get("last_seen") if latest
+            else None,
+            "running_jobs": sum(1 for v in own if v.get("status") in ("PENDING", "RUNNING")),
+            "total_jobs": len(own), "job_hours": hours, "cost_share_usd": cost,
+            "budget_used": None if used is None else round(used, 4),
+        })
+    return rows
+
+
+def _jobs_by_person(people: list[dict[str, Any]],
+                    jobs_seen: dict[str, dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Each job to the one of its member's entries it ran under: one name may be a removed entry
+    and a later one. By the entry's id when the job records one, else by when it started: the
+    last entry added before; a job not started yet goes to the current entry."""
+    owned: list[list[dict[str, Any]]] = [[] for _ in people]
+    for job in jobs_seen.values():
+        mine = [i for i, p in enumerate(people) if p["name"] == job.get("member")]
+        if not mine:
+            continue
+        by_id = [i for i in mine if job.get("member_id") and people[i].get("id") == job["member_id"]]
+        start = job.get("start_time")
+        if by_id:
+            pick = by_id[0]
+        elif start is None:
+            current = [i for i in mine if not people[i].get("removed")]
+            pick = (current or mine)[-1]
+        else:
+            started = dt.datetime.fromtimestamp(float(start) / 1000, dt.timezone.utc)
+            before = [i for i in mine if people[i].get("added") and
+                      dt.datetime.fromisoformat(str(people[i]["added"])) <= started]
+            pick = (before or mine[:1])[-1]
+        owned[pick].append(job)
+    return owned
+
+
+def print_budget_status(spec_sharing: Sharing, found: dict[str, Any]) -> None:
+    """`status`'s lines: the cluster's budget, and a warning per member at or past 80 %."""
+    from infra import ui
+
+    if found["cluster"] is not None:
+        line = describe_cluster_budget(found["cluster"])
+        if found["cluster"]["used"] >= WARN_AT:
+            ui.warn(line)
+        else:
+            ui.out(line, markup=False)
+    for near in found["members_near"]:
+        ui.warn(describe_member_budget(spec_sharing, near["name"], near["job_hours"],
+                                       near["cost_share_usd"]))
