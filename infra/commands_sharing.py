@@ -58,7 +58,9 @@ def member_add(provider: str | None, cluster: str | None, name: str, admin: bool
         target = member_target(out, selected.name, name)
         entry, path = issue(selected, url, name, "admin" if admin else "member", own, target)
         try:
-            sharing.write_registry(selected.name, {**members, name: entry})
+            everyone = {**members, name: entry}
+            sharing_term.apply_ends(everyone, sharing_term.ends_of(selected.sharing))
+            sharing.write_registry(selected.name, everyone)
             sharing.push_registry(selected, impl.head_access(current))
         except BaseException:
             discard(target)

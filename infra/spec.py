@@ -84,14 +84,15 @@ class Sharing(StrictModel):
     #: run as the owner's own account: the owner says so here, knowingly.
     members_run_as_owner: bool = False
     #: The end of the term: no member's access lasts past it (a date is the end of that day,
-    #: UTC; a datetime without an offset is UTC). Applied to the registry at `up` and at every
-    #: `member-*` command.
+    #: UTC; a datetime without an offset is UTC). Written into the registry at `up`,
+    #: `member-add` and `member-update`.
     ends: dt.datetime | dt.date | None = None
     #: Job-hours each member may use; past it their next submit is refused (the gateway's).
     member_budget_hours: float | None = Field(None, gt=0, le=1_000_000)
     #: Dollars of the cluster's cost each member's jobs may take (the gateway's cost share).
     member_budget_usd: float | None = Field(None, gt=0, le=10_000_000)
-    #: Dollars the whole cluster may cost: `members` and `status` warn from 80 %.
+    #: Dollars the whole cluster may cost (the gateway's estimate): `members` and `status` warn
+    #: from 80 %.
     budget_usd: float | None = Field(None, gt=0, le=10_000_000)
 
     @field_validator("ends", mode="before")
