@@ -58,6 +58,14 @@ def ensure_token(state: State, enabled: bool = True) -> Path | None:
     return path
 
 
+def rotate(state: State) -> Path:
+    """A new token in the cluster's token file (all or nothing); the old one is gone."""
+    path = ensure_token(state)
+    assert path is not None
+    atomic_write(path, secrets.token_hex(32), mode=0o600)
+    return path
+
+
 def _usable(path: Path) -> bool:
     """True when `path` holds a token Ray can use (printable, not empty)."""
     try:

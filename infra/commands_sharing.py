@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import (
+    auth,
     costs,
     jobs,
     member_folder,
@@ -130,11 +131,13 @@ def discard(target: Path) -> None:
         target.unlink(missing_ok=True)
 
 
-def member_remove(provider: str | None, cluster: str | None, name: str, stop_jobs: bool) -> None:
+def member_remove(provider: str | None, cluster: str | None, name: str, stop_jobs: bool,
+                  rotate: bool = False) -> None:
     selected, impl = _shared(provider, cluster, "member-remove")
     with state.locked(selected.name, selected.provider, "member-remove") as current:
         book = sharing_term.read_book(selected.name)
         check_member(selected, book["members"], name)
+        removed = dict(book["members"][name])
         # Kept, marked, without its token's hash: `members` still shows them and their usage.
         sharing_term.remove(book, name)
         sharing_term.write_book(selected.name, book)
@@ -142,13 +145,40 @@ def member_remove(provider: str | None, cluster: str | None, name: str, stop_job
             sharing.push_registry(selected, impl.head_access(current))
     ui.out(f"member {name!r} removed: their next request is refused", markup=False)
     if stop_jobs:
+        # Their jobs by the gateway's own record of who submitted what (Ray's metadata is not
+        # evidence: code inside the cluster can set it on jobs it starts).
+        theirs = sharing.member_job_ids(selected, impl, name, removed)
         with impl.connect(_running(selected)) as endpoint:
-            client = jobs.job_client(endpoint)
-            for job in client.list_jobs():
-                if (job.metadata or {}).get("rayfleet_member") == name and \
-                        str(job.status.value) in ("PENDING", "RUNNING"):
-                    job_id = str(job.submission_id or job.job_id)
+            for job in jobs.job_client(endpoint).list_jobs():
+                job_id = str(job.submission_id or job.job_id)
+                if job_id in theirs and str(job.status.value) in ("PENDING", "RUNNING"):
                     ui.out(f"job {job_id} {jobs.stop(endpoint, job_id)}", markup=False)
+    if rotate:
+        rotate_token(provider, cluster, yes=True)
+
+
+def rotate_token(provider: str | None, cluster: str | None, yes: bool) -> None:
+    """A new Ray token for the cluster: Ray restarts (every node reads it at start), so the old
+    token, which every job could read, is refused everywhere. Members' own tokens do not change."""
+    membership.refuse_owner_verb(cluster, "rotate-token")
+    selected, impl = _select(provider, cluster)
+    if selected.auth != "token":
+        raise UsageError(f"{selected.source}: auth: none — the cluster has no token to rotate")
+    if not yes:
+        raise UsageError("rotate-token restarts Ray on the cluster: every running job, actor and "
+                         "Serve app ends; add --yes to go on")
+    with state.locked(selected.name, selected.provider, "rotate-token") as current:
+        if current.empty:
+            raise UsageError(f"cluster {selected.name!r} is not running; its next "
+                             f"`invoke up{_cluster_flag(selected)}` makes a token")
+        ui.warn(f"rotate-token: restarting Ray on {selected.name!r} with a new token; running "
+                "jobs, actors and Serve apps end")
+        auth.rotate(current)
+        impl.restart_ray(current)
+        if selected.sharing is not None:
+            sharing.ensure_gateway(selected, impl.head_access(current), current)
+    ui.out(f"cluster {selected.name!r} has a new Ray token: the old one is refused everywhere; "
+           "members' tokens are unchanged", markup=False)
 
 
 def check_member(selected: Any, members: dict[str, dict[str, Any]], name: str) -> None:
@@ -169,19 +199,17 @@ def member_rows(selected: Any, impl: Any, current: Any) -> list[dict[str, Any]]:
         except Exception:  # a head that is gone: the last usage copied here still counts
             access = None
     usage = sharing.read_usage(selected, access)
-    # Ray's own list wins (a job submitted since the gateway's last tick counts already); the
-    # head's usage file keeps jobs Ray forgot (a new head) and the cost share.
+    # Who submitted what is the gateway's record (usage.json); Ray's own list wins for a recorded
+    # job's status and times (a job submitted since the gateway's last tick counts already).
     jobs_seen: dict[str, dict[str, Any]] = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
     if access is not None:
         try:
             with impl.connect(current) as endpoint:
                 for job in jobs.job_client(endpoint).list_jobs():
-                    who = (job.metadata or {}).get("rayfleet_member")
-                    if who:
-                        key = str(job.submission_id or job.job_id)
-                        jobs_seen.setdefault(key, {}).update(
-                            member=who, status=str(job.status.value), start_time=job.start_time,
-                            end_time=job.end_time)
+                    key = str(job.submission_id or job.job_id)
+                    if key in jobs_seen:
+                        jobs_seen[key].update(status=str(job.status.value),
+                                              start_time=job.start_time, end_time=job.end_time)
         except Exception:  # Ray not answering: counts from the head's usage file only
             pass
     return sharing_term.rows_of(book, usage, jobs_seen, selected.sharing)

@@ -113,10 +113,45 @@ def read_registry(cluster: str) -> dict[str, dict[str, Any]]:
     return members
 
 
-def write_registry(cluster: str, members: dict[str, dict[str, Any]]) -> None:
-    """Replace the `members` section, keeping every other one (the removed members, ...)."""
+def _registry_owner(cluster: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(registry_path(cluster).read_text())
+    except (OSError, ValueError):
+        return None
+    owner = data.get("owner") if isinstance(data, dict) else None
+    return owner if isinstance(owner, dict) else None
+
+
+def write_registry(cluster: str, members: dict[str, dict[str, Any]],
+                   owner: dict[str, Any] | None = None) -> None:
+    """The registry with `members`; the owner's entry kept as it is unless `owner` is given, and
+    every other section (the removed members: sharing_term) kept as it is."""
     book = sharing_term.read_book(cluster) if registry_path(cluster).exists() else {}
-    sharing_term.write_book(cluster, {**book, "members": members})
+    data: dict[str, Any] = {**book, "members": members}
+    if owner is not None:
+        data["owner"] = owner
+    sharing_term.write_book(cluster, data)
+
+
+def owner_token_path(cluster: str) -> Path:
+    """The owner's own gateway token (0600): never the cluster's Ray token, which every node
+    holds (so any member's job can read it) and which the gateway accepts from nobody."""
+    return folder(cluster) / "owner-token"
+
+
+def ensure_owner_token(cluster: str) -> Path:
+    """The owner's gateway token, made once; its hash in the registry the gateway reads."""
+    path = owner_token_path(cluster)
+    token = path.read_text().strip() if path.exists() else ""
+    if not token:
+        token = secrets.token_hex(32)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(path, token, mode=0o600)
+    digest = gateway_state.token_hash(token)
+    owner = _registry_owner(cluster)
+    if owner is None or owner.get("token_sha256") != digest:
+        write_registry(cluster, read_registry(cluster), {"token_sha256": digest})
+    return path
 
 
 def apply_term(selected: ClusterSpec) -> bool:
@@ -130,13 +165,15 @@ def apply_term(selected: ClusterSpec) -> bool:
 
 
 def new_member(admin: bool, expires_days: float | None) -> tuple[dict[str, Any], str]:
-    """The registry entry of a new member and their token (returned once, never stored here)."""
+    """The registry entry of a new member and their token (returned once, never stored here).
+    `id` is random: a name added again is another member, who sees nothing of the first's."""
     token = secrets.token_hex(32)
     now = dt.datetime.now(dt.timezone.utc)
     expires = (now + dt.timedelta(days=expires_days)).isoformat(timespec="seconds") \
         if expires_days else None
     return ({"role": "admin" if admin else "member", "added": now.isoformat(timespec="seconds"),
-             "expires": expires, "token_sha256": gateway_state.token_hash(token)}, token)
+             "expires": expires, "id": secrets.token_hex(8),
+             "token_sha256": gateway_state.token_hash(token)}, token)
 
 
 def bundle(cluster: str, url: str, member: str, token: str) -> dict[str, str]:
@@ -168,6 +205,8 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         max_running_jobs_per_member=selected.sharing.max_running_jobs_per_member,
         max_job_hours=selected.sharing.max_job_hours,
         members_see_dashboard=selected.sharing.members_see_dashboard,
+        max_upload_mb=selected.sharing.max_upload_mb,
+        max_member_upload_mb=selected.sharing.max_member_upload_mb,
         member_budget_hours=selected.sharing.member_budget_hours,
         member_budget_usd=selected.sharing.member_budget_usd,
         budget_usd=selected.sharing.budget_usd,
@@ -191,6 +230,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     config, config_path = _gateway_config(selected, access, state, address, prices)
     if not members:
         write_registry(selected.name, {})
+    ensure_owner_token(selected.name)
     apply_term(selected)  # `sharing.ends` may have changed since the last `up`
     if not _here(access):
         read_usage(selected, access)  # the running head's accounting first, then given back
@@ -346,6 +386,29 @@ def _read_on_head(access: HeadAccess, path: str) -> str | None:
     from infra import autodown_remote
 
     return autodown_remote.read_file(access.target, path)
+
+
+def recorded_for(record: dict[str, Any], name: str, entry: dict[str, Any]) -> bool:
+    """Whether a job record of the gateway's usage is member `name`'s (registry `entry`): by the
+    member id made at `member-add`; records and entries from before ids match by name."""
+    if record.get("member") != name:
+        return False
+    return record.get("member_id", gateway_state.legacy_id(name)) == \
+        entry.get("id", gateway_state.legacy_id(name))
+
+
+def member_job_ids(selected: ClusterSpec, impl: Any, name: str,
+                   entry: dict[str, Any]) -> set[str]:
+    """The ids of every job the gateway recorded as submitted by member `name`."""
+    from infra import state
+
+    current = state.read(selected.name)
+    access = None
+    with contextlib.suppress(Exception):  # a head that is gone: the usage copy kept here
+        access = impl.head_access(current) if current is not None and not current.empty else None
+    usage = read_usage(selected, access)
+    return {key for key, record in usage.get("jobs", {}).items()
+            if recorded_for(record, name, entry)}
 
 
 def require_sharing(selected: ClusterSpec) -> None:

@@ -277,7 +277,8 @@ def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, di
     """The rows `members` shows, from the registry's whole file and the jobs seen."""
     people = [{**entry, "name": name} for name, entry in book["members"].items()
               if is_member(entry)] + removed_entries(book)
-    people.sort(key=lambda e: (str(e.get("name")), str(e.get("added") or "")))
+    # One name's entries oldest first: the removed ones (by when added), then the current one.
+    people.sort(key=lambda e: (str(e.get("name")), not e.get("removed"), str(e.get("added") or "")))
     owned = _jobs_by_person(people, jobs_seen)
     rows = []
     for index, person in enumerate(people):
@@ -302,22 +303,21 @@ def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, di
 
 def _jobs_by_person(people: list[dict[str, Any]],
                     jobs_seen: dict[str, dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Each job to the one of its member's entries it ran under: one name may be a removed entry
-    and a later one. By the entry's id when the job records one, else by when it started: the
-    last entry added before; a job not started yet goes to the current entry."""
+    """Each job the gateway recorded to the entry it was submitted under: by the member id the
+    gateway wrote with it (a name added again is another entry, with another id). Entries and
+    records from before ids carry none (`legacy-<name>`): among several such entries of one name,
+    the last one added before the job started, and the newest for a job not started yet."""
     owned: list[list[dict[str, Any]]] = [[] for _ in people]
     for job in jobs_seen.values():
-        mine = [i for i, p in enumerate(people) if p["name"] == job.get("member")]
+        name = str(job.get("member") or "")
+        wanted = job.get("member_id") or gateway_state.legacy_id(name)
+        mine = [i for i, p in enumerate(people) if p["name"] == name
+                and (p.get("id") or gateway_state.legacy_id(name)) == wanted]
         if not mine:
             continue
-        by_id = [i for i in mine if job.get("member_id") and people[i].get("id") == job["member_id"]]
         start = job.get("start_time")
-        if by_id:
-            pick = by_id[0]
-        elif start is None:
-            current = [i for i in mine if not people[i].get("removed")]
-            pick = (current or mine)[-1]
-        else:
+        pick = mine[-1]
+        if len(mine) > 1 and start is not None:
             started = dt.datetime.fromtimestamp(float(start) / 1000, dt.timezone.utc)
             before = [i for i in mine if people[i].get("added") and
                       dt.datetime.fromisoformat(str(people[i]["added"])) <= started]

@@ -80,6 +80,10 @@ class Sharing(StrictModel):
     max_job_hours: float | None = Field(None, gt=0, le=24 * 31)
     #: Members may open the dashboard through the gateway (job views filtered to their own jobs).
     members_see_dashboard: bool = True
+    #: The largest working-dir package (zip) one upload of a member may be, in MB.
+    max_upload_mb: float = Field(100, gt=0, le=10 * 1024)
+    #: What all of one member's uploads may add up to, in MB.
+    max_member_upload_mb: float = Field(2048, gt=0, le=1024 * 1024)
     #: Where rayfleet cannot create a separate Unix user for Ray (slurm, local), members' jobs
     #: run as the owner's own account: the owner says so here, knowingly.
     members_run_as_owner: bool = False

@@ -419,14 +419,26 @@ def member_update(c: Context, name: str, expires: str | None = None, role: str |
 @task(name="member-remove", help={
     **CLUSTER_HELP, "name": "The member to remove.",
     "stop_jobs": "Also stop the member's pending and running jobs.",
+    "rotate": "Also give the cluster a new Ray token (rotate-token: Ray restarts).",
 })
 @_one_line_errors
-def member_remove(c: Context, name: str, stop_jobs: bool = False, provider: str | None = None,
-                  cluster: str | None = None) -> None:
+def member_remove(c: Context, name: str, stop_jobs: bool = False, rotate: bool = False,
+                  provider: str | None = None, cluster: str | None = None) -> None:
     """Remove a member: their next request to the gateway is refused."""
     from infra import commands_sharing
 
-    commands_sharing.member_remove(provider, cluster, name, stop_jobs)
+    commands_sharing.member_remove(provider, cluster, name, stop_jobs, rotate)
+
+
+@task(name="rotate-token", help={
+    **CLUSTER_HELP, "yes": "Go on although Ray restarts: every running job, actor and Serve app ends."})
+@_one_line_errors
+def rotate_token(c: Context, yes: bool = False, provider: str | None = None,
+                 cluster: str | None = None) -> None:
+    """Give the cluster a new Ray token (Ray restarts); the old one, which any job could read, is refused."""
+    from infra import commands_sharing
+
+    commands_sharing.rotate_token(provider, cluster, yes)
 
 
 @task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of a table."})

@@ -183,10 +183,10 @@ def test_removed_and_expired_members_stay_in_members_marked_with_their_usage(
     commands_sharing.member_add(None, str(spec), "bob", False, None, None)
     commands_sharing.member_add(None, str(spec), "erin", False, None, None)
     old_token = _token(tmp_path / "class-bob")
-    added = book()["members"]["bob"]["added"]
-    start = _ms(added) + 1000
-    _usage({"j1": {"member": "bob", "status": "SUCCEEDED", "start_time": start,
-                   "end_time": start + 2 * 3.6e6, "cost": 1.5}})
+    bob = book()["members"]["bob"]
+    start = _ms(bob["added"]) + 1000
+    _usage({"j1": {"member": "bob", "member_id": bob["id"], "status": "SUCCEEDED",
+                   "start_time": start, "end_time": start + 2 * 3.6e6, "cost": 1.5}})
     commands_sharing.member_remove(None, str(spec), "bob", False)
     assert _gateway_sees(old_token) is None  # the gateway reads no removed member
     assert "token_sha256" not in json.dumps(book()["removed"])
@@ -215,17 +215,13 @@ def test_a_name_added_again_gets_a_new_token_and_each_entry_keeps_its_own_jobs(
     new_token = _token(tmp_path / "again" / "class-bob")
     assert new_token != old_token and _gateway_sees(old_token) is None
     assert _gateway_sees(new_token) is not None
-    first = book()["removed"][0]
-    # Entries made in one second: the first's jobs started before the second was added.
-    first["added"] = "2026-01-01T00:00:00+00:00"
-    first["removed"] = "2026-01-02T00:00:00+00:00"
-    whole = book()
-    whole["removed"] = [first]
-    sharing_term.write_book("class", whole)
-    _usage({"old": {"member": "bob", "status": "SUCCEEDED", "cost": 2.0,
-                    "start_time": _ms("2026-01-01T01:00:00+00:00"),
+    first, second = book()["removed"][0], book()["members"]["bob"]
+    assert first["id"] != second["id"]  # another member under the same name
+    _usage({"old": {"member": "bob", "member_id": first["id"], "status": "SUCCEEDED",
+                    "cost": 2.0, "start_time": _ms("2026-01-01T01:00:00+00:00"),
                     "end_time": _ms("2026-01-01T04:00:00+00:00")},
-            "new": {"member": "bob", "status": "PENDING", "cost": 0.0}})
+            "new": {"member": "bob", "member_id": second["id"], "status": "PENDING",
+                    "cost": 0.0}})
     capfd.readouterr()
     commands_sharing.members(None, str(spec), True)
     rows = json.loads(capfd.readouterr().out)["members"]
@@ -240,7 +236,9 @@ def test_the_owners_own_entry_and_unknown_fields_are_kept_and_it_is_no_member(
     sections this version does not know: every member verb keeps them as they are."""
     spec = owner_cluster(tmp_path, monkeypatch)
     owner = {"role": "owner", "token_sha256": "ab" * 32, "id": "o-1", "added": "2026-01-01"}
-    sharing_term.write_book("class", {"members": {"prof": owner}, "gateway_notes": {"x": 1}})
+    own = {"token_sha256": "cd" * 32}  # the owner's own gateway token (sharing.py)
+    sharing_term.write_book("class", {"members": {"prof": owner}, "owner": own,
+                                      "gateway_notes": {"x": 1}})
     commands_sharing.member_add(None, str(spec), "alice", False, None, None)
     entry = book()["members"]["alice"]
     entry["id"] = "m-42"
@@ -253,6 +251,7 @@ def test_the_owners_own_entry_and_unknown_fields_are_kept_and_it_is_no_member(
     commands_sharing.member_remove(None, str(spec), "carl", False)
     after = book()
     assert after["members"]["prof"] == owner and after["gateway_notes"] == {"x": 1}
+    assert after["owner"] == own
     assert after["members"]["alice"]["id"] == "m-42" and after["members"]["alice"]["role"] == "admin"
     capfd.readouterr()
     commands_sharing.members(None, str(spec), True)
@@ -289,11 +288,12 @@ def test_budgets_show_in_members_and_status_and_warn_from_80_percent(
                                                 "  member_budget_usd: 4\n  budget_usd: 20\n")
     commands_sharing.member_add(None, str(spec), "alice", False, None, None)
     commands_sharing.member_add(None, str(spec), "bob", False, None, None)
+    ids = {name: entry["id"] for name, entry in book()["members"].items()}
     start = _ms(book()["members"]["alice"]["added"]) + 1000
-    _usage({"a": {"member": "alice", "status": "SUCCEEDED", "cost": 1.0, "start_time": start,
-                  "end_time": start + 8.5 * 3.6e6},
-            "b": {"member": "bob", "status": "SUCCEEDED", "cost": 1.0, "start_time": start,
-                  "end_time": start + 1 * 3.6e6}}, accrued=17.0)
+    _usage({"a": {"member": "alice", "member_id": ids["alice"], "status": "SUCCEEDED",
+                  "cost": 1.0, "start_time": start, "end_time": start + 8.5 * 3.6e6},
+            "b": {"member": "bob", "member_id": ids["bob"], "status": "SUCCEEDED", "cost": 1.0,
+                  "start_time": start, "end_time": start + 1 * 3.6e6}}, accrued=17.0)
     capfd.readouterr()
     commands_sharing.members(None, str(spec), True)
     answer = json.loads(capfd.readouterr().out)
@@ -351,3 +351,22 @@ def test_plan_names_the_gateway_and_its_port(tmp_path: Path, monkeypatch: pytest
     assert "access ends 2030-02-01T00:00:00+00:00" in line and "cluster budget ($) 20" in line
     commands.plan(None, str(spec), True)
     assert json.loads(capfd.readouterr().out)["gateway"]["port"] == 18443
+
+
+def test_entries_from_before_ids_split_one_names_jobs_by_when_they_started() -> None:
+    """A registry and usage from before member ids: a name removed and added again is told
+    apart by time (the later entry was added after the first one's jobs started)."""
+    book_ = {"members": {"bob": {"role": "member", "added": "2026-02-01T00:00:00+00:00"}},
+             sharing_term.REMOVED: [{"name": "bob", "role": "member",
+                                     "added": "2026-01-01T00:00:00+00:00",
+                                     "removed": "2026-01-20T00:00:00+00:00"}]}
+    jobs = {"old": {"member": "bob", "status": "SUCCEEDED", "cost": 1.0,
+                    "start_time": _ms("2026-01-05T00:00:00+00:00"),
+                    "end_time": _ms("2026-01-05T02:00:00+00:00")},
+            "new": {"member": "bob", "status": "RUNNING", "cost": 0.5,
+                    "start_time": _ms("2026-02-02T00:00:00+00:00")},
+            "queued": {"member": "bob", "status": "PENDING", "cost": 0.0}}
+    rows = sharing_term.rows_of(book_, {"members": {}}, jobs, None)
+    assert [(r["status"], r["total_jobs"], r["cost_share_usd"]) for r in rows] == \
+        [("removed", 1, 1.0), ("active", 2, 0.5)]
+    assert rows[0]["job_hours"] == pytest.approx(2.0) and rows[0]["budget_used"] is None

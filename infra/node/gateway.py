@@ -4,15 +4,21 @@
 head's dashboard (plain HTTP on the head's loopback). It takes Ray's own ways of presenting a token
 (`Authorization: Bearer`, `X-Ray-Authorization`, the dashboard's `ray-authentication-token`
 cookie), so the stock `ray job` CLI and `JobSubmissionClient` work unchanged; it strips whatever
-was presented and forwards with the cluster token, which no member holds.
+was presented and forwards with the cluster token. The cluster's Ray token is accepted from
+nobody: every node holds it, so any member's job can read it. The owner has a gateway token of
+their own (its hash in the members file), which never reaches a node.
 
-A member submits, lists, reads the logs of, stops and deletes only their own jobs (the job's
-`metadata["rayfleet_member"]`, which the gateway sets over whatever was sent); an admin member and
-the owner (the cluster token) act on all. Everything else that changes the cluster is refused to
-members; of the dashboard they get its pages and the cluster-wide views listed in DASHBOARD_VIEWS.
-Nothing a member receives carries the cluster token or another secret the config names. The state
-it keeps (members, usage, audit) is in infra/node/gateway_state.py. Ray and what Ray brings
-(aiohttp) only: it ships to heads in the node package.
+Every request's target is read once (gateway_target.py): the rules check the decoded, normal path
+and exactly that path goes upstream. A member submits, lists, reads the logs of, stops and deletes
+only their own jobs: those the gateway's own record says they submitted (by member id, made at
+submit; Ray's job metadata is not evidence, as code inside the cluster can set it); another's job
+is answered as Ray answers a job that does not exist. An admin member and the owner act on all.
+Working-dir packages are each member's own (gateway_packages.py). Every stop the cluster makes is
+followed until the job has ended, with its actors (gateway_stops.py). Everything else that changes
+the cluster is refused to members; of the dashboard they get its pages and the cluster-wide views
+listed in DASHBOARD_VIEWS. Nothing a member receives carries the cluster token or another secret
+the config names. The state it keeps (members, usage, audit) is in gateway_state.py. Ray and what
+Ray brings (aiohttp, yarl) only: it ships to heads in the node package.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hmac
 import json
 import re
 import ssl
@@ -29,33 +34,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infra.node import gateway_browser as gb
+from infra.node import gateway_packages as gk
 from infra.node import gateway_prices as gp
 from infra.node import gateway_state as gs
+from infra.node import gateway_stops as stops
+from infra.node import gateway_target as gt
 from infra.node.gateway_config import Config, read_config
+from infra.node.gateway_jobs import JobRoutes, reply
 
-#: The job's environment that tags every MLflow run it starts (MLflow's own run-context variable).
-MLFLOW_CONTEXT = "MLFLOW_RUN_CONTEXT"
 #: Read-only views of the dashboard a member may open (cluster-wide, the same for every member).
 DASHBOARD_VIEWS = ("/", "/index.html", "/favicon.ico", "/logo.svg", "/timezone", "/nodes",
                    "/api/cluster_status", "/api/grafana_health", "/api/prometheus_health",
                    "/api/v0/cluster_metadata")
 #: Answered for every member, like the job SDK's connection check.
 OPEN_VIEWS = ("/api/version", "/api/authentication_mode")
-_JOB = re.compile(r"^/api/jobs/([^/]+)(/logs|/logs/tail|/stop)?/?$")
-_PACKAGE = re.compile(r"^/api/packages/[^/]+/[^/]+$")
+_JOB = re.compile(r"/api/jobs/([^/]+)(/logs|/logs/tail|/stop)?/?")
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
         "transfer-encoding", "upgrade", "host", "content-length", "content-encoding",
         "authorization", "x-ray-authorization", "cookie", "set-cookie"}
-_ACTIVE = ("PENDING", "RUNNING")
+#: No call to Ray that the gateway makes or relays takes longer (a log stream excepted).
+UPSTREAM_TIMEOUT_S = 120.0
 
 
-def _reply(status: int, text: str) -> Any:
-    from aiohttp import web
-
-    return web.Response(status=status, text=text + "\n")
-
-
-class Gateway:
+class Gateway(JobRoutes):
     def __init__(self, config: Config) -> None:
         self.config = config
         data = Path(config.data_dir)
@@ -64,11 +66,13 @@ class Gateway:
         self.usage = gs.Usage(data / gs.USAGE_FILE)
         self.audit = gs.Audit(data / gs.AUDIT_FILE)
         self.failures = gs.FailedLogins()
-        self.cluster_token = (Path(config.token_path).read_text().strip()
-                              if config.token_path else None)
-        self.secrets = [s for s in [self.cluster_token, *(_read(p) for p in config.secret_paths)] if s]
+        self.rate = gs.RequestRate()
+        self._token_file = gs.SecretFile(config.token_path)
+        self._secret_files = [gs.SecretFile(p) for p in config.secret_paths]
         self.locks: dict[str, asyncio.Lock] = {}
         self.session: Any = None
+        #: Open log streams per member id: a removed member's are closed (`close_removed`).
+        self.tails: dict[str, set[Any]] = {}
         # Ray's job list as last answered, parsed once per distinct answer, and each viewer's
         # filtered rendering of it: a class's job history grows to thousands of entries, and
         # decoding and re-encoding them was most of a list request's time (bench/gateway.py).
@@ -81,6 +85,15 @@ class Gateway:
         self._last_tick = time.monotonic()
         self._watcher: asyncio.Task[None] | None = None
 
+    @property
+    def cluster_token(self) -> str | None:
+        """The cluster's Ray token as its file holds it now (`rotate-token` replaces it)."""
+        return self._token_file.read()
+
+    @property
+    def secrets(self) -> list[str]:
+        return [s for s in (self.cluster_token, *(f.read() for f in self._secret_files)) if s]
+
     # --- who is asking -------------------------------------------------------------------------
 
     @staticmethod
@@ -92,159 +105,121 @@ class Gateway:
         return request.cookies.get("ray-authentication-token") or None
 
     def identify(self, token: str) -> gs.Member | None:
-        if self.cluster_token and hmac.compare_digest(token.encode(), self.cluster_token.encode()):
-            return gs.OWNER
+        """Only from the members file: a member's token, or the owner's own gateway token. The
+        cluster's Ray token is nobody here (every node, so every job, holds it)."""
         return self.members.lookup(token)
 
     async def handle(self, request: Any) -> Any:
         source = request.remote or "?"
+        seen = {"source": source, "method": request.method}
+        try:
+            target = gt.read(request.raw_path)
+        except gt.BadTarget as exc:
+            self.audit.write(**seen, path=request.raw_path[:300], status=400)
+            return reply(400, f"{exc} (rayfleet's gateway)")
+        seen["path"] = target.path
+        if target.path == gb.LOGIN_PATH and request.method == "POST":
+            return await self.login(request, seen)
         token = self.presented(request)
         who = None if token is None else self.identify(token)
+        if who is None and target.path in gb.ENTRY_PAGES and gb.wants_page(request):
+            # A browser without a valid token: our login page, not Ray's token dialog.
+            self.audit.write(**seen, status=200, page="login")
+            return gb.login_page(self.config.cluster, "" if token is None else
+                                 "That token was not accepted (revoked, expired or mistyped).")
         # Only requests without a valid token are turned away: behind a campus NAT one address is
         # the whole class, and one stale script must not lock every member out.
         wait = 0.0 if who is not None else self.failures.blocked(source)
         if wait:
-            return _reply(429, f"too many failed logins from {source}; try again in {wait:.0f} s")
+            self.audit.write(**seen, status=429)
+            return reply(429, f"too many failed logins from {source}; try again in {wait:.0f} s")
         if token is None:
-            return _reply(401, "no token: present your member token (RAY_AUTH_MODE=token and "
+            self.audit.write(**seen, status=401)
+            return reply(401, "no token: present your member token (RAY_AUTH_MODE=token and "
                                "RAY_AUTH_TOKEN_PATH, see docs/concepts/sharing.md)")
         if who is None:
             self.failures.failed(source)
-            self.audit.write(who=None, source=source, method=request.method, path=request.path,
-                             status=403)
-            return _reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
+            self.audit.write(**seen, status=403)
+            return reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
+        seen.update(who=who.name, member_id=who.id, role=who.role)
         if gs.expired(who):
-            self.audit.write(who=who.name, method=request.method, path=request.path, status=403)
-            return _reply(403, f"member {who.name}'s access expired on {who.expires}; ask the "
+            self.audit.write(**seen, status=403)
+            return reply(403, f"member {who.name}'s access expired on {who.expires}; ask the "
                                "cluster's owner to add you again")
         if who.role != "owner":
+            wait = self.rate.take(who.id)
+            if wait:
+                self.audit.write(**seen, status=429)
+                return reply(429, f"member {who.name} sent more than {self.rate.RATE:g} "
+                                   f"requests a second; try again in {wait:.1f} s")
             self.usage.seen(who.name)
-        answer, job = await self.route(request, who, token)
-        self.audit.write(who=who.name, role=who.role, method=request.method, path=request.path,
-                         job=job, status=getattr(answer, "status", None))
+        answer, job = await self.route(request, who, target)
+        self.audit.write(**seen, job=job, status=getattr(answer, "status", None))
         return answer
 
     # --- what they may do ----------------------------------------------------------------------
 
-    async def route(self, request: Any, who: gs.Member, token: str) -> tuple[Any, str | None]:
-        path, method = request.path, request.method
+    async def route(self, request: Any, who: gs.Member,
+                    target: gt.Target) -> tuple[Any, str | None]:
+        path, method = target.path, request.method
         if path == "/api/authenticate" and method == "POST":
-            return self.authenticate(request, token), None
+            return self.authenticate(request), None
+        match = _JOB.fullmatch(path)
+        if match and gt.job_id_or_none(match.group(1)) is None:
+            return reply(400, "a job's submission id is 1 to 64 letters, digits, '_' or '-'"), None
         if who.role == "owner":
-            return await self.forward(request, who), None
+            if match and match.group(2) == "/stop" and method == "POST":
+                return await self.stop_action(who, match.group(1)), match.group(1)
+            return await self.forward(request, who, target), None
         if method == "GET" and path in OPEN_VIEWS:
-            return await self.forward(request, who), None
-        if _PACKAGE.match(path) and method in ("GET", "PUT", "HEAD"):
-            return await self.forward(request, who), None
+            return await self.forward(request, who, target), None
+        package = gk.PACKAGE_PATH.fullmatch(path)
+        if package and method in ("GET", "PUT", "HEAD"):
+            return await gk.handle(self, request, who, package.group(1), package.group(2)), None
         if path in ("/api/jobs", "/api/jobs/"):
             if method == "POST":
                 return await self.submit(request, who)
             if method == "GET":
                 return await self.list_jobs(request, who), None
-        match = _JOB.match(path)
         if match:
             return await self.job_action(request, who, match.group(1), match.group(2) or ""), \
                 match.group(1)
         if (method == "GET" and self.config.members_see_dashboard
                 and (path in DASHBOARD_VIEWS or path.startswith("/static/"))):
-            return await self.forward(request, who), None
-        return _reply(403, f"{method} {path} is not open to members: they submit, list, read the "
-                           "logs of, stop and delete their own jobs (docs/concepts/sharing.md)"), None
+            return await self.forward(request, who, target), None
+        return gb.closed_view(method, path), None
 
-    def authenticate(self, request: Any, token: str) -> Any:
+    async def login(self, request: Any, seen: dict[str, Any]) -> Any:
+        """The login page's form: a good member token sets its cookie; a bad one counts as a
+        failed login from that address, like any other."""
+        source = seen["source"]
+        wait = self.failures.blocked(source)
+        if wait:
+            self.audit.write(**seen, status=429)
+            return gb.login_page(self.config.cluster, f"Too many failed sign-ins from {source}; "
+                                 f"try again in {wait:.0f} s.", status=429)
+        form = await request.post()
+        token = str(form.get("token") or "").strip()
+        who = self.identify(token) if token else None
+        if who is None or gs.expired(who):
+            self.failures.failed(source)
+            self.audit.write(**seen, status=403)
+            why = "has expired" if who is not None else "was not accepted"
+            return gb.login_page(self.config.cluster, f"That token {why}; check your bundle or "
+                                 "ask the cluster's owner.", status=403)
+        self.audit.write(**seen, who=who.name, member_id=who.id, role=who.role, status=303)
+        return gb.signed_in(token)
+
+    def authenticate(self, request: Any) -> Any:
         """The dashboard's login: the cookie holds the token the browser presented (a member's
-        own), never the cluster token."""
+        own, or the owner's gateway token), never the cluster token."""
         from aiohttp import web
 
+        token = self.presented(request) or ""
         answer = web.json_response({"status": "authenticated", "message": "Token is valid"})
         answer.set_cookie("ray-authentication-token", token, max_age=30 * 24 * 3600, path="/",
                           httponly=True, samesite="Strict", secure=True)
         return answer
-
-    async def submit(self, request: Any, who: gs.Member) -> tuple[Any, str | None]:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _reply(400, "the job submission is not JSON"), None
-        if not isinstance(body, dict):
-            return _reply(400, "the job submission is not a JSON object"), None
-        lock = self.locks.setdefault(who.name, asyncio.Lock())
-        async with lock:  # two submits at once must not both slip under the cap
-            refused = await self.over_cap(who)
-            if refused is not None:
-                return refused, None
-            body["metadata"] = {**_str_dict(body.get("metadata")), "rayfleet_member": who.name}
-            given = body.get("runtime_env")
-            runtime_env: dict[str, Any] = given if isinstance(given, dict) else {}
-            env_vars = _str_dict(runtime_env.get("env_vars"))
-            env_vars[MLFLOW_CONTEXT] = json.dumps({**_json_dict(env_vars.get(MLFLOW_CONTEXT)),
-                                                   "mlflow.user": who.name,
-                                                   "rayfleet.member": who.name})
-            body["runtime_env"] = {**runtime_env, "env_vars": env_vars}
-            answer = await self.forward(request, who, body=json.dumps(body).encode())
-            job = None
-            with contextlib.suppress(ValueError, AttributeError):
-                job = json.loads(answer.body).get("submission_id")
-            if job:  # under the lock: the next submit's cap check counts this job
-                self.usage.note(job, member=who.name, submitted=gs.now_iso())
-        return answer, job
-
-    async def over_cap(self, who: gs.Member) -> Any:
-        """The refusal when `who` is at the running-jobs cap, else None.
-
-        Ray's job list is asked only when the gateway's own records allow `who` to be at the cap:
-        after a tick has recorded every member job, fewer possibly-active jobs there than the cap
-        is proof enough, and a submit then costs Ray one call, as it does without the gateway."""
-        cap = self.config.max_running_jobs_per_member
-        if self.ticked and self.usage.maybe_active(who.name) < cap:
-            return None
-        status, jobs = await self.ray_jobs()
-        if status != 200:
-            return _reply(502, f"the cluster's job API answered {status}; try again")
-        running = [j for j in jobs if gs.member_of(j) == who.name and j.get("status") in _ACTIVE]
-        if len(running) >= cap:
-            return _reply(429, f"member {who.name} has {len(running)} pending or running jobs, "
-                               f"the cluster's cap (sharing.max_running_jobs_per_member) is "
-                               f"{cap}; wait for one to end or stop one")
-        return None
-
-    async def list_jobs(self, request: Any, who: gs.Member) -> Any:
-        from aiohttp import web
-
-        status, jobs = await self.ray_jobs()
-        if status != 200:
-            return _reply(status, f"the cluster's job API answered {status}")
-        if self._rendered_for != (self._jobs_raw, self.usage.version):
-            self._rendered, self._rendered_for = {}, (self._jobs_raw, self.usage.version)
-        viewer = "*" if who.sees_all else who.name  # "*" is no member name (MEMBER_NAME)
-        text = self._rendered.get(viewer)
-        if text is None:
-            visible = [self.with_reason(j) for j in jobs
-                       if who.sees_all or gs.member_of(j) == who.name]
-            text = self._rendered[viewer] = self.scrub(json.dumps(visible))
-        return web.Response(status=200, content_type="application/json", text=text)
-
-    def with_reason(self, job: dict[str, Any]) -> dict[str, Any]:
-        reason = self.usage.reason(str(job.get("submission_id") or job.get("job_id")))
-        return {**job, "message": reason} if reason else job
-
-    async def job_action(self, request: Any, who: gs.Member, job_id: str, action: str) -> Any:
-        from aiohttp import web
-
-        status, job = await self.upstream_json("GET", f"/api/jobs/{job_id}")
-        if status != 200 or not isinstance(job, dict):
-            return _reply(status if status != 200 else 502, f"job {job_id} does not exist")
-        if not who.sees_all and gs.member_of(job) != who.name:
-            return _reply(403, f"job {job_id} is not yours; members act only on their own jobs")
-        method = request.method
-        if action == "" and method == "GET":
-            return web.Response(status=200, content_type="application/json",
-                                text=self.scrub(json.dumps(self.with_reason(job))))
-        if action == "/logs/tail" and method == "GET":
-            return await self.tail(request, job_id)
-        if (action, method) in (("", "DELETE"), ("/stop", "POST"), ("/logs", "GET")):
-            return await self.forward(request, who)
-        return _reply(403, f"{method} {request.path} is not open to members")
 
     # --- talking to Ray ------------------------------------------------------------------------
 
@@ -254,6 +229,12 @@ class Gateway:
             headers["Authorization"] = f"Bearer {self.cluster_token}"
         return headers
 
+    def upstream_url(self, target: gt.Target) -> Any:
+        """Ray's URL for an authorized target, sent as it is (yarl must not parse it again)."""
+        from yarl import URL
+
+        return URL(self.config.upstream + target.upstream(), encoded=True)
+
     async def upstream_json(self, method: str, path: str) -> tuple[int, Any]:
         status, raw = await self.upstream_raw(method, path)
         try:
@@ -261,9 +242,22 @@ class Gateway:
         except ValueError:
             return status, None
 
-    async def upstream_raw(self, method: str, path: str) -> tuple[int, bytes]:
-        async with self.session.request(method, self.config.upstream + path,
-                                        headers=self.upstream_headers()) as answer:
+    async def upstream_raw(self, method: str, path: str, query: str = "") -> tuple[int, bytes]:
+        """`path` is one the gateway built itself (ids checked and quoted)."""
+        from aiohttp import ClientTimeout
+
+        async with self.session.request(method, self.upstream_url(gt.Target(path, query)),
+                                        headers=self.upstream_headers(),
+                                        timeout=ClientTimeout(total=UPSTREAM_TIMEOUT_S)) as answer:
+            return answer.status, await answer.read()
+
+    async def upstream_post_json(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """POST `body` as JSON to `path`, one the gateway built itself (the reaper's submit)."""
+        from aiohttp import ClientTimeout
+
+        async with self.session.post(self.upstream_url(gt.Target(path)), json=body,
+                                     headers=self.upstream_headers(),
+                                     timeout=ClientTimeout(total=UPSTREAM_TIMEOUT_S)) as answer:
             return answer.status, await answer.read()
 
     async def ray_jobs(self) -> tuple[int, list[dict[str, Any]]]:
@@ -282,36 +276,56 @@ class Gateway:
             self._jobs_raw, self._jobs = raw, jobs
         return status, self._jobs
 
-    async def forward(self, request: Any, who: gs.Member, body: bytes | None = None) -> Any:
-        from aiohttp import web
+    async def forward(self, request: Any, who: gs.Member, target: gt.Target,
+                      body: bytes | None = None) -> Any:
+        """`request` sent to Ray at exactly `target` (what the rules authorized)."""
+        from aiohttp import ClientTimeout, web
 
         data = body if body is not None else await request.read()
-        url = self.config.upstream + request.rel_url.path_qs
-        async with self.session.request(request.method, url, data=data or None,
-                                        headers=self.upstream_headers(request.headers)) as answer:
+        async with self.session.request(request.method, self.upstream_url(target),
+                                        data=data or None,
+                                        headers=self.upstream_headers(request.headers),
+                                        timeout=ClientTimeout(total=UPSTREAM_TIMEOUT_S)) as answer:
             content = await answer.read()
             headers = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP}
         if who.role != "owner":
             content = self.scrub_bytes(content)
         return web.Response(status=answer.status, body=content, headers=headers)
 
-    async def tail(self, request: Any, job_id: str) -> Any:
-        """Ray's log stream (a WebSocket), relayed message by message."""
+    async def tail(self, request: Any, who: gs.Member, job_id: str) -> Any:
+        """Ray's log stream (a WebSocket), relayed message by message; closed when `who` is
+        removed (`close_removed`)."""
         from aiohttp import WSMsgType, web
 
         client = web.WebSocketResponse()
         await client.prepare(request)
-        url = self.config.upstream + f"/api/jobs/{job_id}/logs/tail"
-        async with self.session.ws_connect(url, headers=self.upstream_headers()) as ray:
-            async for message in ray:
-                if message.type == WSMsgType.TEXT:
-                    await client.send_str(self.scrub(message.data))
-                elif message.type == WSMsgType.BINARY:
-                    await client.send_bytes(self.scrub_bytes(message.data))
-                else:
-                    break
+        open_tails = self.tails.setdefault(who.id, set())
+        open_tails.add(client)
+        try:
+            async with self.session.ws_connect(self.upstream_url(
+                    gt.Target(gt.job_path(job_id, "/logs/tail"))),
+                    headers=self.upstream_headers()) as ray:
+                async for message in ray:
+                    if client.closed:
+                        break
+                    if message.type == WSMsgType.TEXT:
+                        await client.send_str(self.scrub(message.data))
+                    elif message.type == WSMsgType.BINARY:
+                        await client.send_bytes(self.scrub_bytes(message.data))
+                    else:
+                        break
+        finally:
+            open_tails.discard(client)
         await client.close()
         return client
+
+    async def close_removed(self) -> None:
+        """Close the log streams of members no longer in the members file (or expired)."""
+        current = self.members.ids()
+        for member_id in list(self.tails):
+            if member_id not in current:
+                for client in list(self.tails.pop(member_id)):
+                    await client.close()
 
     def scrub(self, text: str) -> str:
         for secret in self.secrets:
@@ -355,7 +369,10 @@ class Gateway:
         self.ticked = True
         self._last_tick = now
         if enforce:
-            await self.enforce_hours(jobs)
+            await stops.enforce_hours(self, jobs, self.config.max_job_hours)
+            await stops.follow(self, jobs)
+            await self.close_removed()
+            self.failures.prune()
         self.usage.save()
         return status
 
@@ -397,42 +414,6 @@ class Gateway:
             return None
         return answer if status == 200 else None
 
-    async def enforce_hours(self, jobs: list[dict[str, Any]]) -> None:
-        limit = self.config.max_job_hours
-        if not limit:
-            return
-        for job in jobs:
-            member, started = gs.member_of(job), job.get("start_time")
-            if not member or job.get("status") != "RUNNING" or not started:
-                continue
-            if time.time() - started / 1000 < limit * 3600:
-                continue
-            job_id = str(job.get("submission_id") or job.get("job_id"))
-            reason = (f"stopped by the cluster: it ran past sharing.max_job_hours ({limit:g} h)")
-            await self.upstream_json("POST", f"/api/jobs/{job_id}/stop")
-            self.usage.note(job_id, stopped_reason=reason)
-            self.audit.write(who="gateway", method="STOP", path=f"/api/jobs/{job_id}/stop",
-                             job=job_id, member=member, reason=reason)
-
-
-def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _str_dict(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
-
-
-def _json_dict(text: str | None) -> dict[str, Any]:
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -441,20 +422,26 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
     return context
 
 
-def serve(config: Config) -> None:
+def make_app(gateway: Gateway) -> Any:
+    """The gateway's aiohttp application: every method and path reach `Gateway.handle`."""
     from aiohttp import web
-
-    gateway = Gateway(config)
 
     async def lifetime(app: web.Application) -> Any:
         await gateway.start()
         yield
         await gateway.shutdown()
 
-    app = web.Application(client_max_size=1024 ** 3)  # working-dir packages go through PUT
+    # Packages stream through (gateway_packages.py); anything read whole is a job's JSON.
+    app = web.Application(client_max_size=8 * 1024 * 1024)
     app.cleanup_ctx.append(lifetime)
     app.router.add_route("*", "/{tail:.*}", gateway.handle)
-    web.run_app(app, host=config.host, port=config.port,
+    return app
+
+
+def serve(config: Config) -> None:
+    from aiohttp import web
+
+    web.run_app(make_app(Gateway(config)), host=config.host, port=config.port,
                 ssl_context=tls_context(config.cert, config.key), access_log=None, print=None)
 
 

@@ -30,6 +30,9 @@ class Config:
     max_running_jobs_per_member: int = 2
     max_job_hours: float | None = None
     members_see_dashboard: bool = True
+    #: One working-dir upload of a member, and all of a member's uploads together (MB).
+    max_upload_mb: float = 100.0
+    max_member_upload_mb: float = 2048.0
     #: Job-hours each member may use; None: no limit (`sharing.member_budget_hours`).
     member_budget_hours: float | None = None
     #: Dollars of cost share each member may take; None: no limit (`sharing.member_budget_usd`).

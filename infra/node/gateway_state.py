@@ -48,15 +48,25 @@ def now_iso() -> str:
 @dataclass(frozen=True)
 class Member:
     name: str
-    role: str  # "member", "admin" or "owner" (the cluster token's holder)
+    role: str  # "member", "admin" or "owner" (the holder of the owner's own gateway token)
     expires: str | None = None
+    #: Random, made when the member was added: re-adding a name makes another member, who sees
+    #: none of the first one's jobs. Registries from before ids: `legacy-<name>`.
+    id: str = ""
 
     @property
     def sees_all(self) -> bool:
         return self.role in ("admin", "owner")
 
 
-OWNER = Member("owner", "owner")
+#: The owner's id in the gateway's records (no member's id: those are random hex).
+OWNER_ID = "owner"
+OWNER = Member("owner", "owner", id=OWNER_ID)
+
+
+def legacy_id(name: str) -> str:
+    """The id of a member added before members had ids (and of their recorded jobs)."""
+    return f"legacy-{name}"
 
 
 class Members:
@@ -82,10 +92,23 @@ class Members:
             return  # half-written by hand: keep the last good view
         self._by_hash = {
             str(entry["token_sha256"]): Member(name, str(entry.get("role", "member")),
-                                               entry.get("expires"))
+                                               entry.get("expires"),
+                                               str(entry.get("id") or legacy_id(name)))
             for name, entry in (data.get("members") or {}).items()
+            if isinstance(entry, dict) and entry.get("token_sha256")
+            and entry.get("role", "member") in ("member", "admin")
         }
+        # The owner's own gateway token (sharing.py): never the cluster's Ray token, which every
+        # node holds and so every member's job can read.
+        owner = data.get("owner")
+        if isinstance(owner, dict) and owner.get("token_sha256"):
+            self._by_hash[str(owner["token_sha256"])] = OWNER
         self._stamp = stamp
+
+    def ids(self) -> set[str]:
+        """The ids of every member who may still act (the owner's too)."""
+        self._refresh()
+        return {m.id for m in self._by_hash.values() if not expired(m)}
 
     def lookup(self, token: str) -> Member | None:
         self._refresh()
@@ -114,8 +137,20 @@ class FailedLogins:
             times.popleft()
         return times
 
+    def prune(self) -> None:
+        """Forget sources with no failure within WINDOW: a scan of many addresses must not grow
+        the table for the gateway's lifetime."""
+        for source in list(self._times):
+            if not self._recent(source):
+                del self._times[source]
+
+    def __len__(self) -> int:
+        return len(self._times)
+
     def blocked(self, source: str) -> float:
         """Seconds `source` must still wait (0: it may try)."""
+        if source not in self._times:
+            return 0.0
         times = self._recent(source)
         if len(times) < MAX_FAILURES:
             return 0.0
@@ -153,10 +188,13 @@ class Usage:
         entry["last_seen"] = stamp
 
     def tick(self, jobs: list[dict[str, Any]], seconds: float, price_per_hour: float) -> None:
-        """Record every member job Ray lists (its start and end: the job-hours) and account
-        `seconds` of the cluster at `price_per_hour` (the cost share): split evenly among the
-        jobs running now, a member job's part to that job and the owner's jobs' to the owner;
-        with nothing running, it is idle cost. Member jobs, owner and idle sum to the accrued."""
+        """Update every job the gateway recorded at its submit (its start and end: the job-hours)
+        and account `seconds` of the cluster at `price_per_hour` (the cost share): split evenly
+        among the jobs running now, a member job's part to that job, and the part of every job
+        without a record of ours (the owner's through their tunnel, or started inside the
+        cluster: "unattributed") to the owner; with nothing running, it is idle cost. Member
+        jobs, owner and idle sum to the accrued. Who a job is comes only from our record: the
+        metadata Ray shows can be set by any code inside the cluster."""
         running = {_key(j) for j in jobs if j.get("status") == "RUNNING"}
         cost = price_per_hour * seconds / 3600
         share = cost / len(running) if running else 0.0
@@ -167,27 +205,57 @@ class Usage:
         cluster["accrued_usd"] += cost
         if not running:
             cluster["idle_usd"] += cost
+        unattributed = self.data.setdefault("unattributed", {})
         for job in jobs:
-            member, key = _member_of(job), _key(job)
-            if not member:
+            key = _key(job)
+            entry = self.data["jobs"].get(key)
+            times = {"status": job.get("status"), "start_time": job.get("start_time"),
+                     "end_time": job.get("end_time")}
+            if entry is None or not entry.get("member"):
                 if key in running:
                     cluster["owner_usd"] += share
+                if unattributed.get(key) != times:
+                    unattributed[key] = times
+                    self._dirty = True
                 continue
-            entry = self.data["jobs"].setdefault(key, {"member": member, "cost": 0.0})
             before = dict(entry)
-            entry.update(member=member, status=job.get("status"), start_time=job.get("start_time"),
-                         end_time=job.get("end_time"))
+            entry.update(times)
             if key in running:
                 entry["cost"] = float(entry.get("cost", 0.0)) + share
             if entry != before:
                 self._dirty = True
 
-    def maybe_active(self, member: str) -> int:
-        """How many of `member`'s recorded jobs may still be pending or running: all but those
-        last seen in a final state. Once a tick has recorded every member job Ray lists, and
-        every submit since was noted, this bounds the member's active jobs from above."""
-        return sum(1 for entry in self.data["jobs"].values()
-                   if entry.get("member") == member and entry.get("status") not in FINISHED)
+    def maybe_active(self, member_id: str) -> int:
+        """How many of the member's recorded jobs may still be pending or running: all but
+        those last seen in a final state. Once a tick has recorded every member job Ray lists,
+        and every submit since was noted, this bounds the member's active jobs from above."""
+        return sum(1 for key, entry in self.data["jobs"].items()
+                   if self.member_id_of(key) == member_id and entry.get("status") not in FINISHED)
+
+    def member_id_of(self, job_id: str) -> str | None:
+        """The id of the member who submitted `job_id` through the gateway, from its own record
+        (None: no record of ours; the owner's own jobs through the gateway: OWNER_ID)."""
+        entry = self.data["jobs"].get(job_id)
+        if not entry or not entry.get("member"):
+            return None
+        return str(entry.get("member_id") or legacy_id(str(entry["member"])))
+
+    def recorded(self, job_id: str) -> bool:
+        return job_id in self.data["jobs"]
+
+    def uploaded(self, member_id: str) -> int:
+        """Bytes of working-dir packages `member_id` has uploaded through the gateway."""
+        return int(self.data.setdefault("uploads", {}).get(member_id, 0))
+
+    def add_upload(self, member_id: str, size: int) -> None:
+        uploads = self.data.setdefault("uploads", {})
+        uploads[member_id] = int(uploads.get(member_id, 0)) + size
+        self._dirty = True
+
+    def pending_stops(self) -> list[tuple[str, dict[str, Any]]]:
+        """Jobs a stop was asked for whose end (and reaping) is not yet confirmed."""
+        return [(key, entry) for key, entry in self.data["jobs"].items()
+                if entry.get("stop_requested") and not entry.get("stop_confirmed")]
 
     def note(self, job_id: str, **fields: Any) -> None:
         self.data["jobs"].setdefault(job_id, {"cost": 0.0}).update(fields)
@@ -208,11 +276,6 @@ def _key(job: dict[str, Any]) -> str:
     return str(job.get("submission_id") or job.get("job_id"))
 
 
-def _member_of(job: dict[str, Any]) -> str | None:
-    metadata = job.get("metadata") or {}
-    return metadata.get("rayfleet_member") if isinstance(metadata, dict) else None
-
-
 def job_hours(entry: dict[str, Any], now_ms: float | None = None) -> float:
     """Hours a job has run (Ray's start and end times, in ms); 0 before it starts."""
     start = entry.get("start_time")
@@ -222,18 +285,78 @@ def job_hours(entry: dict[str, Any], now_ms: float | None = None) -> float:
     return max(0.0, (float(end) - float(start)) / 3.6e6)
 
 
-def member_of(job: dict[str, Any]) -> str | None:
-    """The member a job belongs to, as the gateway recorded it (None: the owner's)."""
-    return _member_of(job)
+class RequestRate:
+    """Per member: at most RATE requests a second on average, BURST at once (a token bucket).
+    A member's runaway script must not take the gateway (and Ray's dashboard) from the class."""
+
+    RATE, BURST = 20.0, 200.0
+
+    def __init__(self, rate: float = RATE, burst: float = BURST) -> None:
+        self.rate, self.burst = rate, burst
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def take(self, member_id: str) -> float:
+        """0 when `member_id` may go on (one request taken), else the seconds until it may."""
+        now = time.monotonic()
+        level, then = self._buckets.get(member_id, (self.burst, now))
+        level = min(self.burst, level + (now - then) * self.rate)
+        if level < 1:
+            self._buckets[member_id] = (level, now)
+            return (1 - level) / self.rate
+        self._buckets[member_id] = (level - 1, now)
+        return 0.0
 
 
 class Audit:
-    """One JSON line per request: who, what, when, which job, and the status answered."""
+    """One JSON line per request: who, from where, what, when, which job, and the status
+    answered. Rotated by size (`audit.log.1` ... `.KEEP`), so a long term cannot fill the disk."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._file = os.fdopen(fd, "a", buffering=1)
+    MAX_BYTES, KEEP = 20 * 1024 * 1024, 5
+
+    def __init__(self, path: Path, max_bytes: int = MAX_BYTES, keep: int = KEEP) -> None:
+        self.path, self.max_bytes, self.keep = path, max_bytes, keep
+        self._file = self._open()
+
+    def _open(self) -> Any:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return os.fdopen(fd, "a", buffering=1)
 
     def write(self, **fields: Any) -> None:
         self._file.write(json.dumps({"at": now_iso(), **fields}, sort_keys=True) + "\n")
+        if self._file.tell() >= self.max_bytes:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        self._file.close()
+        for n in range(self.keep - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{n}")
+            if older.exists():
+                older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
+        self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+        self._file = self._open()
+
+
+class SecretFile:
+    """A secret file's content, read again whenever the file changes (`rotate-token` replaces
+    the cluster's token file while the gateway runs)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = Path(path) if path else None
+        self._stamp: tuple[int, int] | None = None
+        self._value: str | None = None
+
+    def read(self) -> str | None:
+        if self.path is None:
+            return None
+        try:
+            info = self.path.stat()
+        except OSError:
+            return self._value
+        stamp = (info.st_mtime_ns, info.st_ino)
+        if stamp != self._stamp:
+            try:
+                self._value = self.path.read_text().strip() or None
+            except OSError:
+                return self._value
+            self._stamp = stamp
+        return self._value

@@ -282,6 +282,12 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
     #: True when the provider reaches its nodes over SSH (`invoke check` then checks ssh/rsync).
     uses_ssh: ClassVar[bool] = False
 
+    def restart_ray(self, state: State) -> Endpoint:
+        """Ray started again on the cluster, every node reading the cluster's token file anew
+        (`rotate-token` has just replaced it). Every running job, actor and Serve app ends."""
+        raise UsageError(f"rotate-token: not available on the {self.name} provider yet; "
+                         f"`invoke teardown` then `invoke up` give the cluster a new token")
+
     def readiness(self) -> list[Readiness]:
         """Whether this machine can use the provider with this spec: credentials found, APIs
         answering, Slurm reachable. Read-only (at most a listing call per API); never raises for

@@ -38,6 +38,7 @@ def test_members_file_is_reread_when_it_changes_and_holds_only_hashes(tmp_path: 
 def test_usage_survives_a_restart_and_splits_the_price(tmp_path: Path) -> None:
     path = tmp_path / gs.USAGE_FILE
     usage = gs.Usage(path)
+    _submitted(usage, a="ann", b="bo")
     jobs: list[dict[str, Any]] = [
             {"submission_id": "a", "status": "RUNNING", "metadata": {"rayfleet_member": "ann"},
              "start_time": 0, "end_time": None},
@@ -55,6 +56,12 @@ def test_usage_survives_a_restart_and_splits_the_price(tmp_path: Path) -> None:
     assert oct(path.stat().st_mode & 0o777) == "0o600"
 
 
+def _submitted(usage: gs.Usage, **members: str) -> None:
+    """What the gateway records at each member's submit (who is who comes only from here)."""
+    for key, member in members.items():
+        usage.note(key, member=member, member_id=f"id-{member}", submitted=gs.now_iso())
+
+
 def _job(key: str, status: str, member: str | None) -> dict[str, Any]:
     return {"submission_id": key, "status": status,
             "metadata": {"rayfleet_member": member} if member else {}}
@@ -63,6 +70,7 @@ def _job(key: str, status: str, member: str | None) -> dict[str, Any]:
 def test_cost_shares_of_overlapping_jobs_sum_to_the_accrued_cost(tmp_path: Path) -> None:
     path = tmp_path / gs.USAGE_FILE
     usage = gs.Usage(path)
+    _submitted(usage, a="ann", b="bo")
     usage.tick([_job("a", "RUNNING", "ann")], 1800, 2.0)  # ann alone: $1
     usage.tick([_job("a", "RUNNING", "ann"), _job("b", "RUNNING", "bo")], 3600, 2.0)  # $2 in two
     usage.save()
@@ -86,12 +94,75 @@ def test_cost_shares_of_overlapping_jobs_sum_to_the_accrued_cost(tmp_path: Path)
 
 def test_maybe_active_counts_a_members_jobs_until_ray_reports_them_finished(tmp_path: Path) -> None:
     usage = gs.Usage(tmp_path / gs.USAGE_FILE)
-    usage.note("a", member="ann", submitted=gs.now_iso())  # submitted, not yet seen by a tick
+    _submitted(usage, a="ann", b="ann", c="ann", d="bo")  # a: not yet seen by a tick
     usage.tick([{"submission_id": "b", "status": "RUNNING", "metadata": {"rayfleet_member": "ann"}},
                 {"submission_id": "c", "status": "SUCCEEDED", "metadata": {"rayfleet_member": "ann"}},
                 {"submission_id": "d", "status": "PENDING", "metadata": {"rayfleet_member": "bo"}}],
                5, 0.0)
-    assert usage.maybe_active("ann") == 2 and usage.maybe_active("bo") == 1
+    assert usage.maybe_active("id-ann") == 2 and usage.maybe_active("id-bo") == 1
     usage.tick([{"submission_id": "a", "status": "STOPPED", "metadata": {"rayfleet_member": "ann"}}],
                5, 0.0)
-    assert usage.maybe_active("ann") == 1 and usage.maybe_active("cy") == 0
+    assert usage.maybe_active("id-ann") == 1 and usage.maybe_active("id-cy") == 0
+
+
+def test_metadata_a_job_sets_itself_attributes_it_to_nobody(tmp_path: Path) -> None:
+    """Code inside the cluster can start a driver with any metadata: only a submit through the
+    gateway makes a job a member's (counted against their cap, shown to them, charged to them)."""
+    usage = gs.Usage(tmp_path / gs.USAGE_FILE)
+    _submitted(usage, a="ann")
+    forged = {"submission_id": None, "job_id": "03000000", "status": "RUNNING",
+              "metadata": {"rayfleet_member": "ann"}}
+    usage.tick([_job("a", "RUNNING", "ann"), forged], 3600, 2.0)
+    assert usage.member_id_of("03000000") is None and usage.member_id_of("a") == "id-ann"
+    assert usage.maybe_active("id-ann") == 1
+    assert usage.data["jobs"]["a"]["cost"] == 1.0 and usage.data["cluster"]["owner_usd"] == 1.0
+    assert usage.data["unattributed"]["03000000"]["status"] == "RUNNING"
+    # A member re-added under the same name is another member: the old one's records stay theirs.
+    assert usage.member_id_of("a") != gs.legacy_id("ann")
+
+
+def test_failed_logins_forget_quiet_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(gs.time, "monotonic", lambda: now[0])
+    failures = gs.FailedLogins()
+    for i in range(500):  # a scan from many addresses
+        failures.failed(f"192.0.2.{i % 250}")
+    assert failures.blocked("198.51.100.1") == 0 and len(failures) == 250
+    now[0] += gs.WINDOW + 1
+    failures.prune()
+    assert len(failures) == 0
+
+
+def test_a_member_past_the_request_rate_waits_and_others_do_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [50.0]
+    monkeypatch.setattr(gs.time, "monotonic", lambda: now[0])
+    rate = gs.RequestRate(rate=10, burst=5)
+    assert [rate.take("ann") for _ in range(5)] == [0.0] * 5
+    assert rate.take("ann") == pytest.approx(0.1)
+    assert rate.take("bo") == 0.0
+    now[0] += 0.1
+    assert rate.take("ann") == 0.0
+
+
+def test_the_audit_log_rotates_and_keeps_a_bounded_number_of_files(tmp_path: Path) -> None:
+    audit = gs.Audit(tmp_path / gs.AUDIT_FILE, max_bytes=300, keep=3)
+    for i in range(100):
+        audit.write(who="ann", source="192.0.2.1", status=200, n=i)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["audit.log", "audit.log.1", "audit.log.2", "audit.log.3"]
+    last = json.loads((tmp_path / "audit.log.1").read_text().splitlines()[-1])
+    assert last["source"] == "192.0.2.1" and last["n"] < 100
+    assert all(p.stat().st_size < 600 for p in tmp_path.iterdir())
+
+
+def test_a_secret_file_is_read_again_when_it_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "ray-token"
+    path.write_text("old\n")
+    secret = gs.SecretFile(str(path))
+    assert secret.read() == "old"
+    replacement = tmp_path / "new"
+    replacement.write_text("new")
+    replacement.replace(path)  # as atomic_write does
+    assert secret.read() == "new"
+    assert gs.SecretFile(None).read() is None

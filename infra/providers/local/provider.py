@@ -369,6 +369,11 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
                 shutil.rmtree(str(parent), ignore_errors=True)
             state.remove(HEAD, head.id)
 
+    def restart_ray(self, state: State) -> Endpoint:
+        """The head's processes stopped and started again: they read the token file at start."""
+        self._stop(state)
+        return self.up(state, self.plan(state))
+
     def status(self, state: State) -> ProviderStatus:
         heads = state.resources(HEAD)
         if not heads:

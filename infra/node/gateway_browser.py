@@ -1,0 +1,78 @@
+"""A member in a browser: the gateway's login page, and answers that keep Ray's dashboard quiet.
+
+Ray's dashboard opens its "Authentication Token Required" dialog whenever one of its background
+calls is answered 401 or 403, and a browser that opens the gateway's address holds no token yet.
+So a visitor without a valid token gets a login page of ours at `/` (one field: the token from
+their bundle), which sets the member's own cookie and leads to the dashboard; and a member's
+dashboard call that the gateway does not open is answered 404 with one line (the page shows that
+view as empty or unavailable), never 401/403. Writes stay 403. Ray and what Ray brings only.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+#: The gateway's own path for the login form (nothing of Ray's lives under /rayfleet/).
+LOGIN_PATH = "/rayfleet/login"
+COOKIE = "ray-authentication-token"
+#: The pages a browser opens first: a visitor without a valid token gets the login page there.
+ENTRY_PAGES = ("/", "/index.html")
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{cluster}: sign in</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 32rem; margin: 4rem auto; padding: 0 1rem;
+       color: #222; }}
+input {{ width: 100%; padding: .5rem; font-family: monospace; box-sizing: border-box; }}
+button {{ margin-top: 1rem; padding: .5rem 1.5rem; }}
+.error {{ color: #b00020; }} .hint {{ color: #555; font-size: .9rem; }}
+</style></head>
+<body><h1>{cluster}</h1>
+<p>This Ray cluster is shared. Sign in with your member token: the <code>token</code> in the
+bundle file your instructor sent you (<code>token</code> in your member folder).</p>
+{error}
+<form method="post" action="{action}">
+<label for="token">Member token</label>
+<input id="token" name="token" type="password" autocomplete="current-password" required autofocus>
+<button type="submit">Sign in</button>
+</form>
+<p class="hint">Your token stays in this browser as a cookie for this address only. Ask the
+cluster's owner if yours is refused.</p>
+</body></html>
+"""
+
+
+def login_page(cluster: str, error: str = "", status: int = 200) -> Any:
+    from aiohttp import web
+
+    shown = f'<p class="error" role="alert">{html.escape(error)}</p>' if error else ""
+    text = _PAGE.format(cluster=html.escape(cluster), error=shown, action=LOGIN_PATH)
+    return web.Response(status=status, text=text, content_type="text/html",
+                        headers={"Cache-Control": "no-store"})
+
+
+def signed_in(token: str) -> Any:
+    """After a good token: the member's own cookie, then the dashboard."""
+    from aiohttp import web
+
+    answer = web.HTTPSeeOther(location="/")
+    answer.set_cookie(COOKIE, token, max_age=30 * 24 * 3600, path="/", httponly=True,
+                      samesite="Strict", secure=True)
+    return answer
+
+
+def wants_page(request: Any) -> bool:
+    """A browser opening a page (not a script or Ray's client asking for JSON)."""
+    return request.method == "GET" and "text/html" in request.headers.get("Accept", "")
+
+
+def closed_view(method: str, path: str) -> Any:
+    """A member's request the gateway does not open: a read is 404 (the dashboard shows the view
+    as unavailable, no token dialog), a write 403."""
+    from aiohttp import web
+
+    text = (f"{method} {path} is not open to members: they submit, list, read the logs of, stop "
+            "and delete their own jobs (docs/concepts/sharing.md)\n")
+    return web.Response(status=404 if method in ("GET", "HEAD") else 403, text=text)

@@ -1,0 +1,166 @@
+"""The gateway's job routes: submit, list, read, stop and delete, each member only their own.
+
+Who a job is comes from the gateway's own record, made at a member's submit under their random
+member id (gateway_state.Usage): Ray's job metadata is shown, never believed, since code inside
+the cluster can set it on the jobs it starts. A job of another member is answered as Ray answers
+a job that does not exist, so the stock CLI says so instead of blaming the member's token. The
+gateway's class (gateway.py) takes these routes in; split out to keep each file one concern.
+Ray and what Ray brings only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from infra.node import gateway_state as gs
+from infra.node import gateway_stops as stops
+from infra.node import gateway_submit as gm
+from infra.node import gateway_target as gt
+
+_ACTIVE = ("PENDING", "RUNNING")
+
+
+def reply(status: int, text: str) -> Any:
+    """One line of plain text with `status`."""
+    from aiohttp import web
+
+    return web.Response(status=status, text=text + "\n")
+
+
+def job_key(job: dict[str, Any]) -> str:
+    return str(job.get("submission_id") or job.get("job_id"))
+
+
+class JobRoutes:
+    """Mixed into the gateway: what these routes read of it is declared here."""
+
+    config: Any
+    usage: gs.Usage
+    audit: gs.Audit
+    locks: dict[str, asyncio.Lock]
+    ticked: bool
+    _jobs_raw: bytes | None
+    _rendered: dict[str, str]
+    _rendered_for: tuple[bytes | None, int]
+
+    async def forward(self, request: Any, who: gs.Member, target: gt.Target,
+                      body: bytes | None = None) -> Any:
+        raise NotImplementedError
+
+    async def ray_jobs(self) -> tuple[int, list[dict[str, Any]]]:
+        raise NotImplementedError
+
+    async def upstream_json(self, method: str, path: str) -> tuple[int, Any]:
+        raise NotImplementedError
+
+    async def upstream_raw(self, method: str, path: str, query: str = "") -> tuple[int, bytes]:
+        raise NotImplementedError
+
+    async def upstream_post_json(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        raise NotImplementedError
+
+    async def tail(self, request: Any, who: gs.Member, job_id: str) -> Any:
+        raise NotImplementedError
+
+    def scrub(self, text: str) -> str:
+        raise NotImplementedError
+
+    def scrub_bytes(self, data: bytes) -> bytes:
+        raise NotImplementedError
+
+    async def submit(self, request: Any, who: gs.Member) -> tuple[Any, str | None]:
+        try:
+            body = await request.json()
+        except ValueError:
+            return reply(400, "the job submission is not JSON"), None
+        if not isinstance(body, dict):
+            return reply(400, "the job submission is not a JSON object"), None
+        try:
+            job, body = gm.prepare(body, who, self.usage.recorded)
+        except gm.Refused as exc:
+            return reply(400, str(exc)), None
+        lock = self.locks.setdefault(who.id, asyncio.Lock())
+        async with lock:  # two submits at once must not both slip under the cap
+            refused_answer = await self.over_cap(who)
+            if refused_answer is not None:
+                return refused_answer, None
+            answer = await self.forward(request, who, gt.Target("/api/jobs/"),
+                                        body=json.dumps(body).encode())
+            if answer.status == 200:  # under the lock: the next submit's cap check counts it
+                self.usage.note(job, member=who.name, member_id=who.id, submitted=gs.now_iso())
+        return answer, job
+
+    async def over_cap(self, who: gs.Member) -> Any:
+        """The refusal when `who` is at the running-jobs cap, else None.
+
+        Ray's job list is asked only when the gateway's own records allow `who` to be at the cap:
+        after a tick has recorded every member job, fewer possibly-active jobs there than the cap
+        is proof enough, and a submit then costs Ray one call, as it does without the gateway."""
+        cap = self.config.max_running_jobs_per_member
+        if self.ticked and self.usage.maybe_active(who.id) < cap:
+            return None
+        status, jobs = await self.ray_jobs()
+        if status != 200:
+            return reply(502, f"the cluster's job API answered {status}; try again")
+        running = [j for j in jobs if self.usage.member_id_of(job_key(j)) == who.id
+                   and j.get("status") in _ACTIVE]
+        if len(running) >= cap:
+            return reply(429, f"member {who.name} has {len(running)} pending or running jobs, "
+                               f"the cluster's cap (sharing.max_running_jobs_per_member) is "
+                               f"{cap}; wait for one to end or stop one")
+        return None
+
+    def mine(self, who: gs.Member, job_id: str) -> bool:
+        return who.sees_all or self.usage.member_id_of(job_id) == who.id
+
+    async def list_jobs(self, request: Any, who: gs.Member) -> Any:
+        from aiohttp import web
+
+        status, jobs = await self.ray_jobs()
+        if status != 200:
+            return reply(status, f"the cluster's job API answered {status}")
+        if self._rendered_for != (self._jobs_raw, self.usage.version):
+            self._rendered, self._rendered_for = {}, (self._jobs_raw, self.usage.version)
+        viewer = "*" if who.sees_all else who.id  # "*" is no member id
+        text = self._rendered.get(viewer)
+        if text is None:
+            visible = [self.with_reason(j) for j in jobs if self.mine(who, job_key(j))]
+            text = self._rendered[viewer] = self.scrub(json.dumps(visible))
+        return web.Response(status=200, content_type="application/json", text=text)
+
+    def with_reason(self, job: dict[str, Any]) -> dict[str, Any]:
+        reason = self.usage.reason(job_key(job))
+        return {**job, "message": reason} if reason else job
+
+    async def job_action(self, request: Any, who: gs.Member, job_id: str, action: str) -> Any:
+        from aiohttp import web
+
+        if not self.mine(who, job_id):
+            # As Ray answers a job that does not exist: the stock CLI then says so, instead of
+            # Ray's paragraph about an invalid token.
+            return reply(404, f"Job {job_id} does not exist")
+        status, job = await self.upstream_json("GET", gt.job_path(job_id))
+        if status != 200 or not isinstance(job, dict):
+            return reply(status if status != 200 else 502, f"Job {job_id} does not exist")
+        method = request.method
+        if action == "" and method == "GET":
+            return web.Response(status=200, content_type="application/json",
+                                text=self.scrub(json.dumps(self.with_reason(job))))
+        if action == "/logs/tail" and method == "GET":
+            return await self.tail(request, who, job_id)
+        if action == "/stop" and method == "POST":
+            return await self.stop_action(who, job_id)
+        if (action, method) in (("", "DELETE"), ("/logs", "GET")):
+            return await self.forward(request, who, gt.Target(gt.job_path(job_id, action)))
+        return reply(403, f"{method} /api/jobs/{job_id}{action} is not open to members")
+
+    async def stop_action(self, who: gs.Member, job_id: str) -> Any:
+        from aiohttp import web
+
+        by = "the owner" if who.role == "owner" else f"{who.role} {who.name}"
+        status, raw = await stops.stop(self, job_id, by=who.name,
+                                       reason=f"stopped by {by} through the gateway")
+        return web.Response(status=status, body=self.scrub_bytes(raw),
+                            content_type="application/json")

@@ -1,0 +1,82 @@
+"""A class in a browser: a member signs in to a shared local cluster's gateway in a real headless
+Chromium, through the gateway's login form, and opens the dashboard's Overview, Jobs and Cluster
+pages: no token dialog, none of another member's jobs (one cluster for the module)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra import sharing_certs
+from infra.node import rayproc
+from tests.browser_metrics import docs_screenshot
+from tests.browser_session import Page, browser, keep_screenshot
+from tests.conftest import ROOT, run_invoke
+from tests.local.test_e2e_sharing import Shared
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+#: What Ray's dashboard shows when one of its calls is answered 401 or 403.
+TOKEN_DIALOG = "Authentication Token Required"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    folder = tmp_path_factory.mktemp("classroom")
+    spec = folder / f"cls-{uuid.uuid4().hex[:6]}.yaml"
+    port = rayproc.free_port()
+    spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 100\n"
+                    f"sharing:\n  port: {port}\n  members_run_as_owner: true\n")
+    env = {"RAYFLEET_HOME": str(folder / "owner-home")}
+    up = run_invoke("-r", str(ROOT), "up", "--cluster", str(spec), env=env, cwd=folder)
+    cluster = Shared(spec, env, port, folder, up.stdout + up.stderr)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield cluster
+    finally:
+        down = cluster.invoke("teardown")
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def _settled(page: Page, wanted: str, seconds: float = 4.0) -> str:
+    """The page's text once it shows `wanted`, after its background calls had `seconds` more."""
+    wait_until(lambda: wanted in page.text(), f"{wanted!r} on the page", timeout=90, interval=0.5)
+    time.sleep(seconds)
+    return page.text()
+
+
+def test_a_member_signs_in_from_a_browser_and_sees_only_their_jobs_without_a_token_dialog(
+        shared: Shared, tmp_path: Path) -> None:
+    ann, bo = shared.add("ann"), shared.add("bo")
+    mine = ann.submit("python -c print(1)")
+    theirs = bo.submit("python -c print(2)")
+    token = Path(ann.env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    cert = (Path(shared.env["RAYFLEET_HOME"]) / "keys" / shared.spec.stem
+            / sharing_certs.SERVER_CERT).read_bytes()
+    gateway = f"https://127.0.0.1:{shared.port}"
+    with browser(cert) as page:
+        page.open(gateway + "/")
+        assert "Member token" in page.text() and TOKEN_DIALOG not in page.text()
+        page.submit_form({"token": "f" * 64})
+        assert "not accepted" in page.text()
+        page.submit_form({"token": token})
+        shots = {}
+        for view, wanted in (("jobs", mine), ("overview", "Cluster"), ("cluster", "Node")):
+            page.open(f"{gateway}/#/{view}")
+            text = _settled(page, wanted)
+            assert TOKEN_DIALOG not in text, view
+            assert theirs not in text, view
+            shots[view] = page.screenshot()
+        # Every answer the dashboard got from the gateway: none that raises the dialog.
+        refused = [(url, status) for url, status in page.requests
+                   if url.startswith(gateway) and status in (401, 403)]
+        assert refused == []
+    for view, png in shots.items():
+        assert png.startswith(b"\x89PNG")
+        keep_screenshot(png, tmp_path, f"{view}.png")
+    docs_screenshot("sharing-member-dashboard.png", shots["jobs"])

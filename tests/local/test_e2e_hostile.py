@@ -1,0 +1,157 @@
+"""A member who attacks a shared local cluster: with stock Ray only, from their own home, against
+the real gateway over TLS (one cluster for the module; each test stands alone).
+
+What a member's job can do inside the cluster is docs/concepts/sharing.md's to say; what is
+checked here is what the gateway and the cluster's stops guarantee from outside."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from infra.node import rayproc
+from tests.conftest import ROOT, run_invoke
+from tests.local.test_e2e_sharing import Member, Shared
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+#: 14.4 s: the hostile job is past it soon after it starts.
+MAX_JOB_HOURS = 0.004
+HOSTILE = str(ROOT / "tests" / "data" / "hostile_job.py")
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    folder = tmp_path_factory.mktemp("hostile")
+    spec = folder / f"hst-{uuid.uuid4().hex[:6]}.yaml"
+    port = rayproc.free_port()
+    spec.write_text("provider: local\nnum_cpus: 4\nobject_store_memory_mb: 100\n"
+                    f"sharing:\n  port: {port}\n  max_running_jobs_per_member: 3\n"
+                    f"  max_job_hours: {MAX_JOB_HOURS}\n  members_run_as_owner: true\n")
+    env = {"RAYFLEET_HOME": str(folder / "owner-home")}
+    up = run_invoke("-r", str(ROOT), "up", "--cluster", str(spec), env=env, cwd=folder)
+    cluster = Shared(spec, env, port, folder, up.stdout + up.stderr)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield cluster
+    finally:
+        down = cluster.invoke("teardown")
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def _member(shared: Shared, name: str) -> Member:
+    return shared.members.get(name) or shared.add(name)
+
+
+def _logs(member: Member, job: str, wanted: str) -> str:
+    said: list[str] = []
+
+    def printed() -> bool:
+        said.append(member.ray("logs", job).stdout)
+        return wanted in said[-1]
+
+    wait_until(printed, f"{wanted!r} in job {job}'s logs", timeout=120, interval=0.5)
+    return said[-1]
+
+
+def _owner_ray(shared: Shared, path: str) -> requests.Response:
+    """Ray's dashboard itself, as the owner reaches it (here: directly; elsewhere their tunnel)."""
+    address = shared.invoke("env").stdout.split("RAY_API_SERVER_ADDRESS=")[1].split()[0]
+    return requests.get(address + path, timeout=30,
+                        headers={"Authorization": f"Bearer {shared.cluster_token().strip()}"})
+
+
+def test_the_ray_token_a_job_prints_in_any_form_opens_nothing_at_the_gateway(
+        shared: Shared) -> None:
+    mallory = _member(shared, "mallory")
+    job = mallory.submit(
+        "python -c \"import os,base64; t=open(os.environ['RAY_AUTH_TOKEN_PATH']).read().strip();"
+        " print('R=' + t[::-1]); print('B=' + base64.b64encode(t.encode()).decode());"
+        " print('P=' + t[:6])\"")
+    printed = _logs(mallory, job, "B=")
+    reversed_token = re.search(r"R=(\w+)", printed).group(1)  # type: ignore[union-attr]
+    stolen = reversed_token[::-1]
+    assert base64.b64encode(stolen.encode()).decode() in printed  # the whole token got out
+    for headers in ({"Authorization": f"Bearer {stolen}"}, {"X-Ray-Authorization": stolen},
+                    {"Cookie": f"ray-authentication-token={stolen}"}):
+        answer = requests.get(mallory.env["RAY_API_SERVER_ADDRESS"] + "/api/jobs/",
+                              headers=headers, verify=mallory.env["REQUESTS_CA_BUNDLE"], timeout=30)
+        assert answer.status_code == 403 and "unknown or revoked token" in answer.text
+
+
+def test_a_job_that_will_not_stop_is_gone_past_max_job_hours_with_its_detached_actor(
+        shared: Shared) -> None:
+    oscar = _member(shared, "oscar")
+    # The supervisor's own stop timing is not a member's to set.
+    refused = oscar.ray("submit", "--no-wait", "--runtime-env-json",
+                        json.dumps({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "1000000000"}}),
+                        "--", "python", HOSTILE)
+    assert refused.returncode != 0
+    assert "RAY_JOB_STOP_WAIT_TIME_S" in refused.stdout + refused.stderr
+    job = oscar.submit(f"python {HOSTILE}")
+    printed = _logs(oscar, job, "JOBID")
+    keeper = int(re.search(r"KEEPER (\d+)", printed).group(1))  # type: ignore[union-attr]
+    job_hex = re.search(r"JOBID (\w+)", printed).group(1)  # type: ignore[union-attr]
+    started = time.monotonic()
+
+    def gone() -> bool:
+        status = oscar.get(f"/api/jobs/{job}").json()["status"]
+        actors = _owner_ray(shared, "/api/v0/actors?filter_keys=job_id&filter_predicates=%3D"
+                                    f"&filter_values={job_hex}").json()["data"]["result"]["result"]
+        return status == "STOPPED" and all(a["state"] == "DEAD" for a in actors) \
+            and not psutil.pid_exists(keeper)
+
+    wait_until(gone, "the job stopped and its detached actor dead", timeout=MAX_JOB_HOURS * 3600 + 90,
+               interval=1)
+    assert time.monotonic() - started < MAX_JOB_HOURS * 3600 + 60
+    record = oscar.get(f"/api/jobs/{job}").json()
+    assert "ran past sharing.max_job_hours" in record["message"]
+
+
+def test_a_name_added_again_is_another_member_who_sees_none_of_the_old_jobs(
+        shared: Shared) -> None:
+    first = _member(shared, "sam")
+    job = first.submit("python -c print(1)")
+    removed = shared.invoke("member-remove", "sam")
+    assert removed.returncode == 0, removed.stderr
+    del shared.members["sam"]
+    again = shared.add("sam")
+    listed = again.get("/api/jobs/")
+    assert listed.status_code == 200 and listed.json() == []
+    assert again.get(f"/api/jobs/{job}").status_code == 404
+    assert again.get(f"/api/jobs/{job}/logs").status_code == 404
+    assert again.ray("stop", job).returncode != 0
+
+
+def test_rotate_token_refuses_the_old_token_everywhere_and_members_keep_working(
+        shared: Shared) -> None:
+    pat = _member(shared, "pat")
+    old = shared.cluster_token().strip()
+    assert _owner_ray(shared, "/api/jobs/").status_code == 200
+    unconfirmed = shared.invoke("rotate-token")
+    assert unconfirmed.returncode != 0 and "--yes" in unconfirmed.stderr
+    assert shared.cluster_token().strip() == old
+    rotated = shared.invoke("rotate-token", "--yes")
+    assert rotated.returncode == 0, rotated.stdout + rotated.stderr
+    assert "old one is refused everywhere" in rotated.stdout
+    new = shared.cluster_token().strip()
+    assert new != old
+    address = shared.invoke("env").stdout.split("RAY_API_SERVER_ADDRESS=")[1].split()[0]
+    stale = requests.get(address + "/api/jobs/", headers={"Authorization": f"Bearer {old}"},
+                         timeout=30)
+    assert stale.status_code in (401, 403)
+    assert _owner_ray(shared, "/api/jobs/").status_code == 200
+    # The member's own token did not change, and reaches the restarted Ray through the gateway.
+    job = pat.submit("python -c \"print('AFTER-' + 'ROTATE')\"")
+    assert "AFTER-ROTATE" in _logs(pat, job, "AFTER-ROTATE")
+    assert Path(pat.env["RAY_AUTH_TOKEN_PATH"]).read_text().strip() not in (old, new)
