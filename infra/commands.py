@@ -269,6 +269,8 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             with impl.connect(current) as endpoint:
                 ray_view = _ray_status(endpoint)
                 extras = serve.status_extras(endpoint)
+            if selected.sharing is not None:
+                sharing.name_members(selected, impl, current, ray_view["jobs"])
         except Exception as exc:  # any failure to reach Ray is reported, never a traceback
             reason = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__
             ray_error = (f"the provider reports {selected.name!r} running, but Ray is not answering "

@@ -224,10 +224,13 @@ def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
     cluster_cost = {name: round(float(found.get(name) or 0.0), 4)
                     for name in ("hourly_usd", "accrued_usd", "owner_usd", "idle_usd")}
     budget = sharing_term.cluster_budget(selected.sharing, usage)
+    # Jobs Ray listed that no member submitted through the gateway: the owner's own, or started
+    # inside the cluster (whatever metadata they claim). They count against no member.
+    unattributed = len(usage.get("unattributed") or {})
     if as_json:
         ui.out(json.dumps({"cluster": selected.name, "members": rows,
-                           "cluster_cost": cluster_cost, "cluster_budget": budget}, indent=2),
-               markup=False, soft_wrap=True)
+                           "cluster_cost": cluster_cost, "unattributed_jobs": unattributed,
+                           "cluster_budget": budget}, indent=2), markup=False, soft_wrap=True)
         return
     if not rows:
         ui.out(f"no members on {selected.name!r}; add one with `invoke member-add NAME`")
@@ -246,6 +249,9 @@ def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
             cells["status"] = f"removed {row['removed'][:10]}"
         table.add_row(*("" if cells[c] is None else str(cells[c]) for c in shown))
     ui.out(table)
+    if unattributed:
+        ui.out(f"{unattributed} job(s) not submitted by a member through the gateway (yours, or "
+               "started inside the cluster): unattributed, counted against nobody", markup=False)
     if cluster_cost["accrued_usd"] or cluster_cost["hourly_usd"]:
         ui.out(f"cluster cost so far (estimate): {costs.usd(cluster_cost.get('accrued_usd'))} at "
                f"{costs.usd(cluster_cost.get('hourly_usd'))}/h now; each interval split among the "

@@ -411,6 +411,21 @@ def member_job_ids(selected: ClusterSpec, impl: Any, name: str,
             if recorded_for(record, name, entry)}
 
 
+def name_members(selected: ClusterSpec, impl: Any, current: State,
+                 rows: list[dict[str, str]]) -> None:
+    """Each job row of `status` with its member, by the gateway's record ("" for a job not
+    submitted through the gateway: the owner's own, or one started inside the cluster), and why
+    the cluster stopped it when it did."""
+    access = None
+    with contextlib.suppress(Exception):
+        access = impl.head_access(current)
+    records = read_usage(selected, access).get("jobs", {})
+    for row in rows:
+        record = records.get(row["job"]) or {}
+        row["member"] = str(record.get("member") or "")
+        row["stopped"] = str(record.get("stopped_reason") or "")
+
+
 def require_sharing(selected: ClusterSpec) -> None:
     if selected.sharing is None:
         raise UsageError(f"{selected.source}: sharing: this cluster is not shared; add a "

@@ -98,7 +98,6 @@ async def _visit(ws_url: str, page: str, width: int, height: int) -> PageVisit:
 
 def open_page(path: Path, width: int = 1000, height: int = 1500) -> PageVisit:
     """Open `path` in a fresh headless Chromium and report what happened."""
-    import requests
 
     port = rayproc.free_port()
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
@@ -109,18 +108,23 @@ def open_page(path: Path, width: int = 1000, height: int = 1500) -> PageVisit:
              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
         try:
-            def tab() -> str | None:
-                with contextlib.suppress(requests.RequestException):
-                    for target in requests.get(f"http://127.0.0.1:{port}/json/list",
-                                               timeout=2).json():
-                        if target.get("type") == "page":
-                            return str(target["webSocketDebuggerUrl"])
-                return None
-
-            ws_url = wait_until(tab, "Chromium's DevTools endpoint", timeout=60, interval=0.5)
-            return asyncio.run(_visit(ws_url, path.resolve().as_uri(), width, height))
+            return asyncio.run(_visit(devtools_page(port), path.resolve().as_uri(), width, height))
         finally:
             _stop_group(browser)
+
+
+def devtools_page(port: int) -> str:
+    """The WebSocket address of the first page of the Chromium listening on `port`."""
+    import requests
+
+    def tab() -> str | None:
+        with contextlib.suppress(requests.RequestException):
+            for target in requests.get(f"http://127.0.0.1:{port}/json/list", timeout=2).json():
+                if target.get("type") == "page":
+                    return str(target["webSocketDebuggerUrl"])
+        return None
+
+    return str(wait_until(tab, "Chromium's DevTools endpoint", timeout=60, interval=0.5))
 
 
 def _stop_group(browser: subprocess.Popen[bytes]) -> None:

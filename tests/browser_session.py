@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.node import rayproc
-from tests.browser_metrics import FLAGS, _stop_group, chromium
-from tests.waiting import wait_until
+from tests.browser_metrics import FLAGS, _stop_group, chromium, devtools_page
 
 
 def spki_pin(cert_pem: bytes) -> str:
@@ -126,8 +125,6 @@ class Page:
 @contextlib.contextmanager
 def browser(trusted_cert_pem: bytes) -> Iterator[Page]:
     """A fresh headless Chromium (its own profile) trusting the given server certificate."""
-    import requests
-
     port = rayproc.free_port()
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
         process = subprocess.Popen(
@@ -137,15 +134,7 @@ def browser(trusted_cert_pem: bytes) -> Iterator[Page]:
             start_new_session=True)
         page: Page | None = None
         try:
-            def tab() -> str | None:
-                with contextlib.suppress(requests.RequestException):
-                    for target in requests.get(f"http://127.0.0.1:{port}/json/list",
-                                               timeout=2).json():
-                        if target.get("type") == "page":
-                            return str(target["webSocketDebuggerUrl"])
-                return None
-
-            page = Page(wait_until(tab, "Chromium's DevTools endpoint", timeout=60, interval=0.5))
+            page = Page(devtools_page(port))
             yield page
         finally:
             if page is not None:

@@ -33,11 +33,11 @@ class Config:
     #: One working-dir upload of a member, and all of a member's uploads together (MB).
     max_upload_mb: float = 100.0
     max_member_upload_mb: float = 2048.0
-    #: Job-hours each member may use; None: no limit (`sharing.member_budget_hours`).
+    #: A member's next submit is refused once their jobs have run this many hours, or cost this
+    #: many dollars (their share, gateway_state.Usage); None: no limit.
     member_budget_hours: float | None = None
-    #: Dollars of cost share each member may take; None: no limit (`sharing.member_budget_usd`).
     member_budget_usd: float | None = None
-    #: Dollars the whole cluster may cost; None: no limit (`sharing.budget_usd`).
+    #: No new jobs once the cluster's accrued cost reaches this many dollars; None: no limit.
     budget_usd: float | None = None
     #: The cluster's $/h without `node_prices` (no autoscaler: a fixed-size or local cluster),
     #: or when Ray names no nodes; split among the jobs running at each tick.

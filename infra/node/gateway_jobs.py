@@ -83,7 +83,7 @@ class JobRoutes:
             return reply(400, str(exc)), None
         lock = self.locks.setdefault(who.id, asyncio.Lock())
         async with lock:  # two submits at once must not both slip under the cap
-            refused_answer = await self.over_cap(who)
+            refused_answer = self.over_budget(who) or await self.over_cap(who)
             if refused_answer is not None:
                 return refused_answer, None
             answer = await self.forward(request, who, gt.Target("/api/jobs/"),
@@ -91,6 +91,26 @@ class JobRoutes:
             if answer.status == 200:  # under the lock: the next submit's cap check counts it
                 self.usage.note(job, member=who.name, member_id=who.id, submitted=gs.now_iso())
         return answer, job
+
+    def over_budget(self, who: gs.Member) -> Any:
+        """The refusal when the cluster or `who` spent their budget (the gateway's own usage,
+        which outlives restarts and heads), else None."""
+        config = self.config
+        accrued = float(self.usage.data["cluster"].get("accrued_usd", 0.0))
+        if config.budget_usd is not None and accrued >= config.budget_usd:
+            return reply(429, f"the cluster has spent ${accrued:.2f} of its budget "
+                              f"(sharing.budget_usd ${config.budget_usd:g}): no new jobs; ask "
+                              "the cluster's owner")
+        hours, usd = self.usage.spent(who.id)
+        if config.member_budget_hours is not None and hours >= config.member_budget_hours:
+            return reply(429, f"member {who.name} has used {hours:.2f} job-hours of their budget "
+                              f"(sharing.member_budget_hours {config.member_budget_hours:g}); "
+                              "ask the cluster's owner for more")
+        if config.member_budget_usd is not None and usd >= config.member_budget_usd:
+            return reply(429, f"member {who.name} has used ${usd:.2f} of their budget "
+                              f"(sharing.member_budget_usd ${config.member_budget_usd:g}); "
+                              "ask the cluster's owner for more")
+        return None
 
     async def over_cap(self, who: gs.Member) -> Any:
         """The refusal when `who` is at the running-jobs cap, else None.

@@ -240,6 +240,13 @@ class Usage:
             return None
         return str(entry.get("member_id") or legacy_id(str(entry["member"])))
 
+    def spent(self, member_id: str) -> tuple[float, float]:
+        """The job-hours and dollars of every job the gateway recorded as `member_id`'s."""
+        own = [entry for key, entry in self.data["jobs"].items()
+               if self.member_id_of(key) == member_id]
+        return (sum(job_hours(entry) for entry in own),
+                sum(float(entry.get("cost", 0.0)) for entry in own))
+
     def recorded(self, job_id: str) -> bool:
         return job_id in self.data["jobs"]
 

@@ -5,18 +5,15 @@ pages: no token dialog, none of another member's jobs (one cluster for the modul
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from infra import sharing_certs
-from infra.node import rayproc
 from tests.browser_metrics import docs_screenshot
 from tests.browser_session import Page, browser, keep_screenshot
-from tests.conftest import ROOT, run_invoke
-from tests.local.test_e2e_sharing import Shared
+from tests.local.test_e2e_sharing import Shared, shared_cluster
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -27,20 +24,8 @@ TOKEN_DIALOG = "Authentication Token Required"
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
-    folder = tmp_path_factory.mktemp("classroom")
-    spec = folder / f"cls-{uuid.uuid4().hex[:6]}.yaml"
-    port = rayproc.free_port()
-    spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 100\n"
-                    f"sharing:\n  port: {port}\n  members_run_as_owner: true\n")
-    env = {"RAYFLEET_HOME": str(folder / "owner-home")}
-    up = run_invoke("-r", str(ROOT), "up", "--cluster", str(spec), env=env, cwd=folder)
-    cluster = Shared(spec, env, port, folder, up.stdout + up.stderr)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
+    with shared_cluster(tmp_path_factory, "cls", cpus=2) as cluster:
         yield cluster
-    finally:
-        down = cluster.invoke("teardown")
-        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def _settled(page: Page, wanted: str, seconds: float = 4.0) -> str:

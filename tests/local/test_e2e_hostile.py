@@ -10,7 +10,6 @@ import base64
 import json
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +17,8 @@ import psutil
 import pytest
 import requests
 
-from infra.node import rayproc
-from tests.conftest import ROOT, run_invoke
-from tests.local.test_e2e_sharing import Member, Shared
+from tests.conftest import ROOT
+from tests.local.test_e2e_sharing import Member, Shared, shared_cluster
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -32,21 +30,9 @@ HOSTILE = str(ROOT / "tests" / "data" / "hostile_job.py")
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
-    folder = tmp_path_factory.mktemp("hostile")
-    spec = folder / f"hst-{uuid.uuid4().hex[:6]}.yaml"
-    port = rayproc.free_port()
-    spec.write_text("provider: local\nnum_cpus: 4\nobject_store_memory_mb: 100\n"
-                    f"sharing:\n  port: {port}\n  max_running_jobs_per_member: 3\n"
-                    f"  max_job_hours: {MAX_JOB_HOURS}\n  members_run_as_owner: true\n")
-    env = {"RAYFLEET_HOME": str(folder / "owner-home")}
-    up = run_invoke("-r", str(ROOT), "up", "--cluster", str(spec), env=env, cwd=folder)
-    cluster = Shared(spec, env, port, folder, up.stdout + up.stderr)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
+    with shared_cluster(tmp_path_factory, "hst", "max_running_jobs_per_member: 3",
+                        f"max_job_hours: {MAX_JOB_HOURS}") as cluster:
         yield cluster
-    finally:
-        down = cluster.invoke("teardown")
-        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def _member(shared: Shared, name: str) -> Member:

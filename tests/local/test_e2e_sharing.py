@@ -8,6 +8,7 @@ member who has only Ray.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -112,12 +113,25 @@ class Shared:
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
-    folder = tmp_path_factory.mktemp("sharing")
-    spec = folder / f"shr-{uuid.uuid4().hex[:6]}.yaml"
+    with shared_cluster(tmp_path_factory, "shr", "max_running_jobs_per_member: 1",
+                        f"max_job_hours: {MAX_JOB_HOURS}") as cluster:
+        yield cluster
+        port = cluster.port
+    assert not rayproc.port_answers("127.0.0.1", port), "teardown left the gateway listening"
+
+
+@contextlib.contextmanager
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory, prefix: str,
+                   *sharing: str, cpus: int = 4) -> Iterator[Shared]:
+    """A shared local cluster for one module (`sharing`: more lines of its `sharing:` block),
+    torn down at the end; teardown must succeed."""
+    folder = tmp_path_factory.mktemp(prefix)
+    spec = folder / f"{prefix}-{uuid.uuid4().hex[:6]}.yaml"
     port = rayproc.free_port()
-    spec.write_text("provider: local\nnum_cpus: 4\nobject_store_memory_mb: 100\n"
-                    f"sharing:\n  port: {port}\n  max_running_jobs_per_member: 1\n"
-                    f"  max_job_hours: {MAX_JOB_HOURS}\n  members_run_as_owner: true\n")
+    lines = "".join(f"  {line}\n" for line in (f"port: {port}", "members_run_as_owner: true",
+                                               *sharing))
+    spec.write_text(f"provider: local\nnum_cpus: {cpus}\nobject_store_memory_mb: 100\n"
+                    f"sharing:\n{lines}")
     env = {"RAYFLEET_HOME": str(folder / "owner-home")}
     up = run_invoke("-r", str(ROOT), "up", "--cluster", str(spec), env=env, cwd=folder)
     cluster = Shared(spec, env, port, folder, up.stdout + up.stderr)
@@ -127,7 +141,6 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
     finally:
         down = cluster.invoke("teardown")
         assert down.returncode == 0, down.stdout + down.stderr
-        assert not rayproc.port_answers("127.0.0.1", port), "teardown left the gateway listening"
 
 
 def _wait_for(check: object, timeout: float, what: str) -> None:

@@ -1,0 +1,169 @@
+"""The real gateway over real TLS in front of a recording upstream that stands where Ray's
+dashboard would: what a member sends, byte for byte, and what reached "Ray"."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra import sharing_certs
+from infra.node import gateway_state as gs
+from infra.node.gateway import Gateway, make_app, tls_context
+from infra.node.gateway_config import Config
+
+ANN, BO, OWNER, RAY = "t-ann", "t-bo", "t-owner", "the-cluster-ray-token"
+IDS = {"ann": "a1a1a1a1a1a1a1a1", "bo": "b2b2b2b2b2b2b2b2"}
+#: Ray's job list: one job of each member, one started inside the cluster with forged metadata.
+JOBS: list[dict[str, Any]] = [{"submission_id": "raysubmit_ann1", "job_id": "01000000", "status": "RUNNING",
+         "metadata": {"rayfleet_member": "ann"}},
+        {"submission_id": "raysubmit_bo1", "job_id": "02000000", "status": "RUNNING",
+         "metadata": {"rayfleet_member": "bo"}},
+        {"submission_id": None, "job_id": "03000000", "status": "RUNNING",
+         "metadata": {"rayfleet_member": "ann"}}]
+
+
+@dataclass
+class Upstream:
+    """What reached "Ray": each request's method, raw path and query, and body."""
+
+    seen: list[tuple[str, str, bytes]] = field(default_factory=list)
+    packages: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class Bed:
+    port: int
+    ca: str
+    upstream: Upstream
+    gateway: Gateway
+
+    def send(self, method: str, target: str, token: str | None = ANN, body: bytes = b"",
+             headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """One request, written byte for byte; the status and body of the answer."""
+        lines = [f"{method} {target} HTTP/1.1", f"Host: 127.0.0.1:{self.port}",
+                 "Connection: close", f"Content-Length: {len(body)}"]
+        if token:
+            lines.append(f"Authorization: Bearer {token}")
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        context = ssl.create_default_context(cafile=self.ca)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as raw, \
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+            answer = b""
+            while chunk := tls.recv(65536):
+                answer += chunk
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        if b"transfer-encoding: chunked" in head.lower():
+            rest = _unchunk(rest)
+        return status, rest
+
+
+def _unchunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out, data = out + data[:size], data[size + 2:]
+    return out
+
+
+def _members(data: Path) -> None:
+    entries = {name: {"role": "member", "id": IDS[name], "token_sha256": gs.token_hash(token)}
+               for name, token in (("ann", ANN), ("bo", BO))}
+    (data / gs.MEMBERS_FILE).write_text(json.dumps(
+        {"members": entries, "owner": {"token_sha256": gs.token_hash(OWNER)}}))
+
+
+async def _upstream_app(upstream: Upstream) -> Any:
+    from aiohttp import web
+
+    async def record(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        upstream.seen.append((request.method, request.raw_path, body))
+        path = request.path
+        if path == "/api/jobs/" and request.method == "GET":
+            return web.json_response(JOBS)
+        if path == "/api/jobs/" and request.method == "POST":
+            return web.json_response({"submission_id": json.loads(body)["submission_id"]})
+        if path.startswith("/api/jobs/"):
+            job = path.split("/")[3]
+            found = [j for j in JOBS if j["submission_id"] == job]
+            if not found:
+                return web.Response(status=404, text=f"Job {job} does not exist")
+            return web.json_response(found[0] if path.count("/") == 3 else {"ok": True})
+        if path.startswith("/api/packages/"):
+            name = path.rsplit("/", 1)[1]
+            if request.method == "PUT":
+                upstream.packages[name] = body  # Ray's own PUT overwrites: the gateway must not
+                return web.Response(text="ok")
+            return web.Response(status=200 if name in upstream.packages else 404)
+        return web.Response(text=f"ray's answer to {path}")
+
+    app = web.Application(client_max_size=1024 ** 3)
+    app.router.add_route("*", "/{tail:.*}", record)
+    return app
+
+
+@contextlib.contextmanager
+def gateway_bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **overrides: Any) -> Iterator[Bed]:
+    """The bed, its gateway's Config fields overridden by `config`."""
+    from aiohttp import web
+
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "home"))
+    cert, key = sharing_certs.ensure_server_cert("class", ["127.0.0.1"])
+    token = tmp_path / "ray-token"
+    token.write_text(RAY)
+    data = tmp_path / "gateway"
+    data.mkdir()
+    _members(data)
+    upstream = Upstream()
+    loop = asyncio.new_event_loop()
+    ready: dict[str, Any] = {}
+
+    async def start() -> None:
+        runner = web.AppRunner(await _upstream_app(upstream))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        ray_port = runner.addresses[0][1]
+        config = Config(cluster="class", host="127.0.0.1", port=0,
+                        upstream=f"http://127.0.0.1:{ray_port}", token_path=str(token),
+                        cert=str(cert), key=str(key), data_dir=str(data),
+                        **{"poll_seconds": 3600, "max_upload_mb": 1, "max_member_upload_mb": 2,
+                           **overrides})
+        gateway = Gateway(config)
+        front = web.AppRunner(make_app(gateway))
+        await front.setup()
+        await web.TCPSite(front, "127.0.0.1", 0, ssl_context=tls_context(str(cert),
+                                                                         str(key))).start()
+        gateway.usage.note("raysubmit_ann1", member="ann", member_id=IDS["ann"])
+        gateway.usage.note("raysubmit_bo1", member="bo", member_id=IDS["bo"])
+        ready.update(runners=(front, runner), port=front.addresses[0][1], gateway=gateway)
+
+    loop.run_until_complete(start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield Bed(ready["port"], str(sharing_certs.ca_cert_path("class")), upstream,
+                  ready["gateway"])
+    finally:
+        async def stop() -> None:
+            for runner in ready["runners"]:
+                await runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
