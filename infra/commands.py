@@ -443,8 +443,8 @@ def _job_or_last(endpoint: Endpoint, job_id: str | None) -> str:
 
 
 def _status_command(provider: str | None, cluster: str | None) -> str:
-    if membership.joined(cluster):  # a member has the cluster's name and no spec
-        return f"invoke status --cluster={cluster}"
+    if membership.joined(cluster):  # a member's command is `rayfleet` (no tasks.py of ours)
+        return f"rayfleet status --cluster {cluster}"
     return f"invoke status{_cluster_flag(loading.resolve(provider, cluster))}"
 
 

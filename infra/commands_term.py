@@ -97,8 +97,8 @@ def _unchanged(row: sharing_term.RosterRow, entry: dict[str, Any], ends: str | N
     differs = []
     if entry.get("role") != row.role:
         differs.append(f"--role {row.role}")
-    if sharing_term.earliest(row.expires, ends) != entry.get("expires"):
-        differs.append(f"--expires {row.expires or 'never'}")
+    if row.expires_cell and sharing_term.earliest(row.expires, ends) != entry.get("expires"):
+        differs.append(f"--expires {row.expires_cell}")
     line = f"unchanged {row.name} (same token)"
     if differs:
         line += (f"; the roster's line {row.line} differs: `invoke member-update {row.name} "

@@ -174,6 +174,8 @@ class RosterRow:
     role: str
     #: The member's own expiry as stored (None: none of their own).
     expires: str | None
+    #: The row's own expires cell ("": empty, the default taken, which moves with time).
+    expires_cell: str = ""
 
 
 def read_roster(path: Path, default_expires: str | None) -> list[RosterRow]:
@@ -220,7 +222,7 @@ def read_roster(path: Path, default_expires: str | None) -> list[RosterRow]:
             raise UsageError(f"{where}: role {role!r}: give member or admin (empty: member)")
         cell = row.get("expires") or ""
         expires = parse_expires(cell, f"{where}: expires") if cell else default_expires
-        rows.append(RosterRow(number, name, role, expires))
+        rows.append(RosterRow(number, name, role, expires, cell))
     if not rows:
         raise UsageError(f"--roster {path}: no members listed (one row per member below the "
                          "header name,role,expires)")

@@ -64,10 +64,15 @@ def test_a_roster_row_that_differs_says_how_to_apply_it_and_keeps_the_member(
     spec = owner_cluster(tmp_path, monkeypatch)
     commands_sharing.member_add(None, str(spec), "alice", False, None, None)
     token = _token(tmp_path / "class-alice")
-    roster = _roster(tmp_path, "name,role\nalice,admin\n")
+    roster = _roster(tmp_path, "name,role,expires\nalice,admin,\n")
+    commands_term.member_add_roster(None, str(spec), str(roster), None, 30.0, False)
+    out = capfd.readouterr().out
+    # An empty expires cell takes the default, which is no change of theirs to report.
+    assert "unchanged alice" in out and "`invoke member-update alice --role admin` applies" in out
+    roster.write_text("name,role,expires\nalice,member,2031-01-01\n")
     commands_term.member_add_roster(None, str(spec), str(roster), None, None, False)
     out = capfd.readouterr().out
-    assert "unchanged alice" in out and "`invoke member-update alice --role admin`" in out
+    assert "`invoke member-update alice --expires 2031-01-01` applies" in out
     found = _gateway_sees(token)
     assert found is not None and found.role == "member"
 
