@@ -166,8 +166,11 @@ def live_history(impl: Provider[Any, Any], current: State) -> dict[str, Any]:
                                per_node, int(current.info.get("metrics_scrape_s") or 10))
 
 
-def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None) -> Path:
-    """Write the report page of a running cluster (live) or of a gone one (the kept copy)."""
+def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
+                 members: dict[str, Any] | None = None) -> Path:
+    """Write the report page of a running cluster (live) or of a gone one (the kept copy).
+    `members` (a shared cluster): the gateway's record, for the owner lane and the members'
+    table (`member_report`)."""
     current = state.read(cluster)
     running = current is not None and not current.empty
     kept = metrics.history_path(cluster).exists()
@@ -181,9 +184,25 @@ def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None) -> Pa
     else:
         data = metrics.load_kept(cluster)
         where = f"from the copy kept at teardown ({metrics.history_path(cluster)})"
+    if members is not None:
+        records = members["records"]
+        # Who ran a job is the gateway's record, not the metadata a job can set itself.
+        data = {**data, "members": members["rows"],
+                "jobs": [{**job, "member": str((records.get(job["job"]) or {}).get("member")
+                                               or "owner")} for job in data.get("jobs", [])]}
     path = out or Path(f"{cluster}-report.html")
     atomic_write(path, report.build(data, where))
     return path
+
+
+def member_report(selected: Any, impl: Provider[Any, Any]) -> dict[str, Any]:
+    """A shared cluster's members over its whole life, from the gateway's usage (not only the
+    Prometheus window): a row per member, and the gateway's record of every job."""
+    from infra import commands_sharing, sharing
+
+    current = state.read(selected.name)
+    rows = commands_sharing.member_rows(selected, impl, current)
+    return {"rows": rows, "records": sharing.read_usage(selected, None).get("jobs", {})}
 
 
 # --- the verbs ---------------------------------------------------------------------------------
@@ -197,7 +216,8 @@ def top_command(provider: str | None, cluster: str | None, once: bool, as_json: 
 
 def report_command(provider: str | None, cluster: str | None, out: str | None) -> None:
     selected, impl = commands._select(provider, cluster)
-    path = write_report(impl, selected.name, Path(out) if out else None)
+    members = member_report(selected, impl) if selected.sharing is not None else None
+    path = write_report(impl, selected.name, Path(out) if out else None, members)
     size = path.stat().st_size
     ui.out(f"report written to {path} ({size / 1024:.0f} KiB; opens offline in any browser)",
            markup=False, soft_wrap=True)

@@ -145,6 +145,16 @@ table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;font-
 .note{color:#666;font-size:.9em}"""
 
 
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain table (escaped); a line saying so when there are no rows."""
+    if not rows:
+        return "<p class=note>none yet</p>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table data-table=members><tr>{head}</tr>{body}</table>"
+
+
 def page(title: str, subtitle: str, sections: Sequence[tuple[str, str, str]],
          jobs: Sequence[dict[str, Any]]) -> str:
     """The whole page: (heading, chart svg, note) sections and a table of every job."""

@@ -187,7 +187,10 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
                     prices: NodePrices | None = None) -> tuple[gateway_config.Config, Path]:
     """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
     assert selected.sharing is not None
-    cert, key = sharing_certs.ensure_server_cert(selected.name, [address, *access.names])
+    names = [address, *access.names]
+    if selected.sharing.hostname:
+        names.append(selected.sharing.hostname)
+    cert, key = sharing_certs.ensure_server_cert(selected.name, names)
     token = access.env.get("RAY_AUTH_TOKEN_PATH")
     here = _here(access)
     data = folder(selected.name) if here else Path(_on_head(head_files(access).data))
@@ -224,7 +227,8 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     if selected.sharing is None:
         return None
     address = "127.0.0.1" if access.target is None else access.target.host
-    url = f"https://{address}:{selected.sharing.port}"
+    hostname = selected.sharing.hostname
+    url = f"https://{hostname or address}:{selected.sharing.port}"
     members = read_registry(selected.name)
     warn_stale_bundles(members, url, state.info.get("gateway_url"))
     config, config_path = _gateway_config(selected, access, state, address, prices)
@@ -243,6 +247,9 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
         _wait_remote(access, config.port, url)
     if state.info.get("gateway_url") != url:
         state.set_info(gateway_url=url)
+    if hostname and access.target is not None:
+        ui.info(f"sharing.hostname: point DNS for {hostname} at {address} (an A record; the "
+                "head's address now): members' bundles name it and need no change")
     return url
 
 

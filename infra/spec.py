@@ -80,6 +80,10 @@ class Sharing(StrictModel):
     max_job_hours: float | None = Field(None, gt=0, le=24 * 31)
     #: Members may open the dashboard through the gateway (job views filtered to their own jobs).
     members_see_dashboard: bool = True
+    #: A DNS name the owner controls, pointed at the head: the certificate names it and bundles
+    #: use it, so a new head (after autodown: a new address) needs a new DNS record, not new
+    #: bundles for every member. `up` prints the record to set.
+    hostname: str | None = Field(None, max_length=253)
     #: The largest working-dir package (zip) one upload of a member may be, in MB.
     max_upload_mb: float = Field(100, gt=0, le=10 * 1024)
     #: What all of one member's uploads may add up to, in MB.
@@ -111,6 +115,15 @@ class Sharing(StrictModel):
                 raise ValueError(f"{value!r} is not a date like 2026-12-18 or a datetime like "
                                  "2026-12-18T17:00:00+01:00") from None
         return value
+
+    @field_validator("hostname")
+    @classmethod
+    def _hostname(cls, name: str | None) -> str | None:
+        label = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+        if name is not None and not re.fullmatch(rf"{label}(\.{label})+", name.lower()):
+            raise ValueError(f"{name!r} is not a DNS name; give the full name you point at the "
+                             "head, e.g. ray.class.example.edu")
+        return name.lower() if name else None
 
     @field_validator("allowed_source_ranges")
     @classmethod

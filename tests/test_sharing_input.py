@@ -49,6 +49,9 @@ def test_sharing_ranges_on_slurm_are_refused_before_anything_exists(tmp_path: Pa
     ("  allowed_source_ranges: [10.0.0.1/8]", "is not a CIDR range"),
     ("  max_runing_jobs_per_member: 3", "did you mean 'max_running_jobs_per_member'"),
     ("  port: 80", "sharing.port"),
+    ("  hostname: not a name", "is not a DNS name"),
+    ("  hostname: localhost", "is not a DNS name"),
+    ("  max_upload_mb: 0", "sharing.max_upload_mb"),
 ])
 def test_sharing_block_is_strict(tmp_path: Path, block: str, expected: str) -> None:
     spec = _spec(tmp_path, f"provider: local\nsharing:\n  members_run_as_owner: true\n{block}\n")
@@ -123,3 +126,25 @@ def test_a_provider_whose_head_gets_no_gateway_refuses_sharing_naming_its_reason
         sharing.check_spec(spec)
     assert str(refused.value).startswith("c.yaml: sharing: not on nohead: no head to run it on; "
                                          "remove the block")
+
+
+def test_a_hostname_goes_into_the_certificate_and_the_bundles_address(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sharing.hostname: what members' bundles name instead of the head's address, so a new head
+    needs a new DNS record, not new bundles."""
+    from infra import sharing, sharing_certs
+    from infra.head import HeadAccess
+    from infra.loading import resolve
+    from infra.ssh import SshTarget
+
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "h"))
+    base = (ROOT / "clusters" / "lambda.yaml").read_text()
+    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/16]\n"
+                                  "  hostname: Ray.Class.Example.edu\n")
+    selected = resolve(None, str(spec))
+    assert selected.sharing is not None and selected.sharing.hostname == "ray.class.example.edu"
+    access = HeadAccess(target=SshTarget(host="192.0.2.10", user="ubuntu", key_path=tmp_path / "k"),
+                        where="ubuntu@192.0.2.10", dashboard_port=8265)
+    config, _ = sharing._gateway_config(selected, access, None, "192.0.2.10")  # type: ignore[arg-type]
+    assert sharing_certs.server_names(Path(config.cert)) == sorted(
+        ["192.0.2.10", "ray.class.example.edu"])

@@ -90,6 +90,9 @@ class JobRoutes:
                                         body=json.dumps(body).encode())
             if answer.status == 200:  # under the lock: the next submit's cap check counts it
                 self.usage.note(job, member=who.name, member_id=who.id, submitted=gs.now_iso())
+                # At once, not at the next tick: who submitted what is the one record of it, and
+                # the owner's `member-remove --stop-jobs` reads it from the file.
+                self.usage.save()
         return answer, job
 
     def over_budget(self, who: gs.Member) -> Any:

@@ -1,0 +1,57 @@
+"""The report of a shared cluster: an owner lane and a members' table over the cluster's whole life,
+from the gateway's record (not the metadata a job can set itself)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra import commands_metrics, report
+
+
+class _NoProvider:
+    """write_report reads nothing of the provider for a cluster that has no state."""
+
+
+def _kept(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra import metrics
+
+    monkeypatch.setattr(metrics, "load_kept", lambda cluster: {
+        "cluster": cluster, "since": 1000.0, "until": 5000.0, "step": 10.0, "series": {},
+        "jobs": [
+            {"job": "raysubmit_ann1", "status": "SUCCEEDED", "start": 1100.0, "end": 1900.0,
+             "entrypoint": "python a.py", "member": "ann"},
+            # Started inside the cluster, claiming to be ann's: the owner lane, not ann's.
+            {"job": "03000000", "status": "SUCCEEDED", "start": 2000.0, "end": 2500.0,
+             "entrypoint": "python x.py", "member": "ann"}]})
+    monkeypatch.setattr(metrics, "history_path", lambda cluster: tmp / "kept.json")
+    (tmp / "kept.json").write_text("{}")
+
+
+def test_the_report_has_an_owner_lane_and_every_members_hours_and_cost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rf_home: Path) -> None:
+    _kept(tmp_path, monkeypatch)
+    members: dict[str, Any] = {
+        "rows": [{"name": "ann", "role": "member", "total_jobs": 7, "job_hours": 12.25,
+                  "cost_share_usd": 31.5},
+                 {"name": "bo", "role": "admin", "total_jobs": 0, "job_hours": 0.0,
+                  "cost_share_usd": 0.0}],
+        "records": {"raysubmit_ann1": {"member": "ann"}}}
+    out = commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r.html",  # type: ignore[arg-type]
+                                        members)
+    page = out.read_text()
+    table = re.search(r"<table data-table=members>(.*?)</table>", page, re.S)
+    assert table is not None
+    assert "<td>ann</td><td>member</td><td>7</td><td>12.250</td><td>31.50</td>" in table.group(1)
+    assert "<td>bo</td><td>admin</td><td>0</td>" in table.group(1)
+    # The job table and the lanes: the forged job is the owner's lane.
+    assert "<td>03000000</td><td>owner</td>" in page
+    assert "<td>raysubmit_ann1</td><td>ann</td>" in page
+
+
+def test_a_cluster_without_sharing_has_no_members_section() -> None:
+    data = {"cluster": "c", "since": 0.0, "until": 10.0, "step": 10.0, "series": {}, "jobs": []}
+    assert "Members" not in report.build(data, "here")
