@@ -81,6 +81,7 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     _write_rendered(selected.name, result)
     diff = _diff(selected.name, result)
     cost_range = impl.cost_range(result)
+    gateway = sharing.plan_note(selected, current)
     if as_json:
         ui.out(json.dumps({
             "cluster": selected.name,
@@ -92,6 +93,8 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
             "autodown": selected.autodown.idle_minutes if selected.autodown else None,
             "diff": diff,
             "problems": result.problems, "job_reach": impl.job_reach or None,
+            "gateway": {"port": selected.sharing.port, "note": gateway} if selected.sharing
+            else None,
         }, indent=2), soft_wrap=True, markup=False)
         _refuse_problems(result)
         return
@@ -105,6 +108,8 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     ui.out(table)
     for note in result.notes:
         ui.out(f"• {note}", markup=False)
+    if gateway:
+        ui.out(f"• {gateway}", markup=False)
     if cost_range is not None:
         ui.out(f"• {costs.describe_range(cost_range)}", markup=False)
     ui.out(f"• {costs.describe_autodown(selected)}", markup=False)
@@ -272,8 +277,11 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
                          f"({auth.scrub(reason, auth.token_file(current))[:200]}); "
                          f"`invoke up{_cluster_flag(selected)}` restarts it, "
                          f"`invoke teardown{_cluster_flag(selected)}` removes it")
-    from infra import tracking_remote
+    from infra import sharing_term, tracking_remote
 
+    # The head's usage while it runs, else the copy kept here.
+    budget = sharing.budget_status(
+        selected, _head_or_none(impl, current) if provider_view.running else None)
     # Where a remote head's tracking data is safe: None for clusters without such a store.
     copy_note = tracking_remote.copy_note(current)
     if as_json:
@@ -287,7 +295,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
             "ray_error": ray_error or None, **ray_view, **extras,
             "tracking_copy": copy_note, "tracking_copied_at": current.info.get("tracking_copied_at"),
-            "job_reach": impl.job_reach or None,
+            "job_reach": impl.job_reach or None, "sharing_budget": budget,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
     ui.out(f"{_title(selected)}: {provider_view.summary}", markup=False)
@@ -295,6 +303,8 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
     if provider_view.autodown is not None:
         ui.out(autodown_view.describe(provider_view.autodown), markup=False)
+    if budget is not None and selected.sharing is not None:
+        sharing_term.print_budget_status(selected.sharing, budget)
     if impl.job_reach:
         ui.out(impl.job_reach, markup=False)
     _table("provider resources", provider_view.rows)
@@ -412,7 +422,16 @@ def submit(provider: str | None, cluster: str | None, script: str, args: list[st
            runtime_env_file: str | None, wait: bool, working_dir: str | None = None) -> int:
     command, env = jobs.prepare(script, args, runtime_env_file, working_dir)
     with quiet_connect(provider, cluster) as endpoint:
-        return jobs.submit(endpoint, command, env, wait)
+        return jobs.submit(endpoint, command, env, wait, _again(provider, cluster))
+
+
+def _again(provider: str | None, cluster: str | None) -> str:
+    """How a hint names a later command on a job of this cluster (jobs.submit's `again`): a
+    member's cluster by its name, with the command a member has (`rayfleet`)."""
+    if membership.joined(cluster):
+        return f"rayfleet {{verb}} {{job}} --cluster {cluster}"
+    flag = _cluster_flag(loading.resolve(provider, cluster)).replace("{", "{{").replace("}", "}}")
+    return f"invoke {{verb}} {{job}}{flag}"
 
 
 def _job_or_last(endpoint: Endpoint, job_id: str | None) -> str:
@@ -424,8 +443,8 @@ def _job_or_last(endpoint: Endpoint, job_id: str | None) -> str:
 
 
 def _status_command(provider: str | None, cluster: str | None) -> str:
-    if membership.joined(cluster):  # a member has the cluster's name and no spec
-        return f"invoke status --cluster={cluster}"
+    if membership.joined(cluster):  # a member's command is `rayfleet` (no tasks.py of ours)
+        return f"rayfleet status --cluster {cluster}"
     return f"invoke status{_cluster_flag(loading.resolve(provider, cluster))}"
 
 

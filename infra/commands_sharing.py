@@ -6,15 +6,27 @@ infra/sharing.py. A member's verbs read only what `join` kept (infra/membership.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
-from infra import auth, costs, jobs, membership, sharing, state, ui
+from infra import (
+    auth,
+    costs,
+    jobs,
+    member_folder,
+    membership,
+    sharing,
+    sharing_term,
+    spec,
+    state,
+    ui,
+)
 from infra.commands import _cluster_flag, _running, _select
 from infra.errors import UsageError
-from infra.node import gateway_state
 from infra.node.files import atomic_write
 
 MEMBER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -33,48 +45,102 @@ def member_add(provider: str | None, cluster: str | None, name: str, admin: bool
     if not MEMBER_NAME.fullmatch(name):
         raise UsageError(f"member name {name!r}: use 1-32 lowercase letters, digits, - or _, "
                          "starting with a letter (e.g. alice)")
-    if expires_days is not None and expires_days <= 0:
-        raise UsageError(f"--expires-days {expires_days:g}: give a positive number of days")
+    own = expiry_in_days(expires_days)
     with state.locked(selected.name, selected.provider, "member-add") as current:
-        url = current.info.get("gateway_url")
-        if not url or current.empty:
-            raise UsageError(f"cluster {selected.name!r} has no gateway yet; run "
-                             f"`invoke up{_cluster_flag(selected)}` first")
+        url = gateway_url(selected, current)
         members = sharing.read_registry(selected.name)
         if name in members:
+            if not sharing_term.is_member(members[name]):
+                raise UsageError(f"{name!r} is the owner's own entry on {selected.name!r}; pick "
+                                 "another member name")
             raise UsageError(f"member {name!r} already exists; `invoke member-remove {name}` "
-                             "first to give them a new token")
-        path = Path(out) if out else Path.cwd() / f"{selected.name}-{name}.rayfleet.json"
-        if path.exists():
-            raise UsageError(f"--out {path}: the file exists; pick another path or remove it")
-        entry, token = sharing.new_member(admin, expires_days)
-        entry["address"] = url  # what the bundle names: `up` warns when the gateway moved
-        # The bundle first: a member in the registry without a bundle could never log in.
-        atomic_write(path, json.dumps(sharing.bundle(selected.name, url, name, token), indent=2),
-                     mode=0o600)
+                             "first to give them a new token, `invoke member-update "
+                             f"{name}` to change their role or expiry")
+        target = member_target(out, selected.name, name)
+        entry, path = issue(selected, url, name, "admin" if admin else "member", own, target)
         try:
-            sharing.write_registry(selected.name, {**members, name: entry})
+            everyone = {**members, name: entry}
+            sharing_term.apply_ends(everyone, sharing_term.ends_of(selected.sharing))
+            sharing.write_registry(selected.name, everyone)
             sharing.push_registry(selected, impl.head_access(current))
         except BaseException:
-            path.unlink(missing_ok=True)
+            discard(target)
             sharing.write_registry(selected.name, members)
             raise
-    ui.out(f"member {name!r} added{' (admin)' if admin else ''}; bundle: {path}", markup=False)
-    ui.out(f"send {path.name} privately to {name} and tell them: pip install \"ray[default]\", then "
-           f"`invoke join {path.name}` (or see docs/concepts/sharing.md for plain Ray)", markup=False)
+    ui.out(f"member {name!r} added{' (admin)' if admin else ''}; "
+           f"{'bundle' if path == target else 'folder'}: {target}", markup=False)
+    if path == target:  # the bundle alone, as asked
+        ui.out(f"send {path.name} privately to {name}; they run: rayfleet join {path.name} "
+               "(rayfleet: see the README), or see docs/concepts/sharing.md for plain Ray",
+               markup=False)
+        return
+    ui.out(member_folder.send_line(target, name), markup=False)
+
+
+def expiry_in_days(expires_days: float | None) -> str | None:
+    if expires_days is None:
+        return None
+    if expires_days <= 0:
+        raise UsageError(f"--expires-days {expires_days:g}: give a positive number of days")
+    return sharing_term.iso(dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=expires_days))
+
+
+def gateway_url(selected: Any, current: Any) -> str:
+    url = current.info.get("gateway_url")
+    if not url or current.empty:
+        raise UsageError(f"cluster {selected.name!r} has no gateway yet; run "
+                         f"`invoke up{_cluster_flag(selected)}` first")
+    return str(url)
+
+
+def member_target(out: str | None, cluster: str, name: str, parent: bool = False) -> Path:
+    """Where a member's files go: `--out DIR` is their folder (with --roster: the folder of every
+    member's folder), default ./<cluster>-<name>/; `--out FILE.json` is the bundle alone."""
+    folder_name = f"{cluster}-{name}"
+    if out is None:
+        target = Path.cwd() / folder_name
+    elif out.endswith(".json") and not parent:
+        target = Path(out)
+    else:
+        target = Path(out) / folder_name if parent else Path(out)
+    if target.exists():
+        raise UsageError(f"--out {target}: it exists; pick another path or remove it "
+                         "(it may hold an earlier token of this member)")
+    return target
+
+
+def issue(selected: Any, url: str, name: str, role: str, own_expires: str | None,
+          target: Path) -> tuple[dict[str, Any], Path]:
+    """A new member's registry entry (its effective expiry capped by `sharing.ends`) and their
+    files at `target` (a folder, or a bundle file when it ends in .json); the bundle's path.
+    The files first: a member in the registry without them could never log in."""
+    entry, token = sharing.new_member(role == "admin", None)
+    sharing_term.set_expiry(entry, own_expires, sharing_term.ends_of(selected.sharing))
+    entry["address"] = url  # what the bundle names: `up` warns when the gateway moved
+    bundle = sharing.bundle(selected.name, url, name, token)
+    if target.suffix == ".json":
+        atomic_write(target, json.dumps(bundle, indent=2), mode=0o600)
+        return entry, target
+    return entry, member_folder.write(target, bundle)
+
+
+def discard(target: Path) -> None:
+    if target.is_dir():
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        target.unlink(missing_ok=True)
 
 
 def member_remove(provider: str | None, cluster: str | None, name: str, stop_jobs: bool,
                   rotate: bool = False) -> None:
     selected, impl = _shared(provider, cluster, "member-remove")
     with state.locked(selected.name, selected.provider, "member-remove") as current:
-        members = sharing.read_registry(selected.name)
-        if name not in members:
-            known = ", ".join(sorted(members)) or "none"
-            raise UsageError(f"no member {name!r} on {selected.name!r} (members: {known})")
-        removed = members[name]
-        rest = {k: v for k, v in members.items() if k != name}
-        sharing.write_registry(selected.name, rest)
+        book = sharing_term.read_book(selected.name)
+        check_member(selected, book["members"], name)
+        removed = dict(book["members"][name])
+        # Kept, marked, without its token's hash: `members` still shows them and their usage.
+        sharing_term.remove(book, name)
+        sharing_term.write_book(selected.name, book)
         if not current.empty:
             sharing.push_registry(selected, impl.head_access(current))
     ui.out(f"member {name!r} removed: their next request is refused", markup=False)
@@ -115,8 +181,17 @@ def rotate_token(provider: str | None, cluster: str | None, yes: bool) -> None:
            "members' tokens are unchanged", markup=False)
 
 
+def check_member(selected: Any, members: dict[str, dict[str, Any]], name: str) -> None:
+    """One line unless `name` is a current member (the owner's own entry is none)."""
+    if name in members and sharing_term.is_member(members[name]):
+        return
+    known = ", ".join(sorted(k for k, v in members.items() if sharing_term.is_member(v))) or "none"
+    raise UsageError(f"no member {name!r} on {selected.name!r} (members: {known})")
+
+
 def member_rows(selected: Any, impl: Any, current: Any) -> list[dict[str, Any]]:
-    members = sharing.read_registry(selected.name)
+    """One row per member, current, expired and removed (the owner's own entry is none)."""
+    book = sharing_term.read_book(selected.name)
     access = None
     if current is not None and not current.empty:
         try:
@@ -137,46 +212,42 @@ def member_rows(selected: Any, impl: Any, current: Any) -> list[dict[str, Any]]:
                                               start_time=job.start_time, end_time=job.end_time)
         except Exception:  # Ray not answering: counts from the head's usage file only
             pass
-    rows = []
-    for name, entry in sorted(members.items()):
-        own = [v for v in jobs_seen.values() if sharing.recorded_for(v, name, entry)]
-        rows.append({
-            "name": name, "role": entry.get("role"), "added": entry.get("added"),
-            "expires": entry.get("expires"),
-            "last_seen": usage.get("members", {}).get(name, {}).get("last_seen"),
-            "running_jobs": sum(1 for v in own if v.get("status") in ("PENDING", "RUNNING")),
-            "total_jobs": len(own),
-            "job_hours": round(sum(gateway_state.job_hours(v) for v in own), 6),
-            "cost_share_usd": round(sum(float(v.get("cost", 0.0)) for v in own), 4),
-        })
-    return rows
+    return sharing_term.rows_of(book, usage, jobs_seen, selected.sharing)
 
 
 def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
     selected, impl = _shared(provider, cluster, "members")
     rows = member_rows(selected, impl, state.read(selected.name))
     # The copy member_rows just read (from the head when it answers): what the shares add up to.
-    found = sharing.read_usage(selected, None).get("cluster") or {}
+    usage = sharing.read_usage(selected, None)
+    found = usage.get("cluster") or {}
     cluster_cost = {name: round(float(found.get(name) or 0.0), 4)
                     for name in ("hourly_usd", "accrued_usd", "owner_usd", "idle_usd")}
+    budget = sharing_term.cluster_budget(selected.sharing, usage)
     # Jobs Ray listed that no member submitted through the gateway: the owner's own, or started
     # inside the cluster (whatever metadata they claim). They count against no member.
-    unattributed = len(sharing.read_usage(selected, None).get("unattributed") or {})
+    unattributed = len(usage.get("unattributed") or {})
     if as_json:
         ui.out(json.dumps({"cluster": selected.name, "members": rows,
-                           "cluster_cost": cluster_cost, "unattributed_jobs": unattributed},
-                          indent=2), markup=False, soft_wrap=True)
+                           "cluster_cost": cluster_cost, "unattributed_jobs": unattributed,
+                           "cluster_budget": budget}, indent=2), markup=False, soft_wrap=True)
         return
     if not rows:
         ui.out(f"no members on {selected.name!r}; add one with `invoke member-add NAME`")
         return
     from rich.table import Table
 
+    budgets = any(row["budget_used"] is not None for row in rows)
     table = Table(title=f"members of {selected.name}")
-    for column in rows[0]:
+    shown = [c for c in rows[0] if c not in ("removed", "budget_used")] + \
+        (["budget"] if budgets else [])
+    for column in shown:
         table.add_column(column.replace("_", " "))
     for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row.values()))
+        cells = {**row, "budget": "" if row["budget_used"] is None else f"{row['budget_used']:.0%}"}
+        if row["removed"]:
+            cells["status"] = f"removed {row['removed'][:10]}"
+        table.add_row(*("" if cells[c] is None else str(cells[c]) for c in shown))
     ui.out(table)
     if unattributed:
         ui.out(f"{unattributed} job(s) not submitted by a member through the gateway (yours, or "
@@ -186,14 +257,36 @@ def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
                f"{costs.usd(cluster_cost.get('hourly_usd'))}/h now; each interval split among the "
                f"jobs running then: owner {costs.usd(cluster_cost.get('owner_usd'))}, no job "
                f"running {costs.usd(cluster_cost.get('idle_usd'))}", markup=False)
+    warn_budgets(selected.sharing, rows, budget)
+
+
+def warn_budgets(spec_sharing: Any, rows: list[dict[str, Any]],
+                 budget: dict[str, Any] | None) -> None:
+    """One line per member, and one for the cluster, at or past 80 % of a budget."""
+    for row in rows:
+        if row["status"] != "removed" and (row["budget_used"] or 0) >= sharing_term.WARN_AT:
+            ui.warn(sharing_term.describe_member_budget(spec_sharing, row["name"],
+                                                        row["job_hours"], row["cost_share_usd"]))
+    if budget is not None:
+        line = sharing_term.describe_cluster_budget(budget)
+        if budget["used"] >= sharing_term.WARN_AT:
+            ui.warn(line)
+        else:
+            ui.out(line, markup=False)
 
 
 def join(bundle: str, address: str | None = None) -> None:
     name = membership.join(bundle, address)
     info = membership.describe(name)
     ui.out(f"joined {name!r} as member {info['member']!r} ({info['address']})", markup=False)
-    ui.out(f'next: eval "$(invoke env --cluster {name})"; then `ray job submit -- python x.py`, '
-           f"or `invoke submit --cluster {name} SCRIPT`", markup=False)
+    visible = spec.spec_path(name)
+    if visible.exists():
+        # The cluster joined wins over a spec of that name (a class's repository may ship it).
+        ui.warn(f"{visible} has the same name: `--cluster {name}` now means the cluster you "
+                f"joined; give the spec's path to use the spec")
+    ui.out(f'next: eval "$(rayfleet env --cluster {name})"; then '
+           f"`ray job submit --working-dir . -- python x.py`, or "
+           f"`rayfleet submit --cluster {name} SCRIPT`", markup=False)
 
 
 def env(cluster: str) -> None:

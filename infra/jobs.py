@@ -161,8 +161,10 @@ def prepare(script: str, args: list[str], runtime_env_file: str | None,
     return entrypoint(script, args, folder), runtime_env(runtime_env_file, folder)
 
 
-def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool) -> int:
-    """Submit `command`; follow its logs when `wait`; return the exit code to leave with."""
+def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool,
+           again: str = "invoke {verb} {job}") -> int:
+    """Submit `command`; follow its logs when `wait`; return the exit code to leave with.
+    `again`: how the hints name a command on this job (`{verb}`, `{job}`), its cluster included."""
     client = job_client(endpoint)
     with ui.step(f"submitting `{command}` (uploading {Path(env['working_dir']).name}/)"):
         try:
@@ -172,12 +174,13 @@ def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool) ->
     ui.info(f"job {job_id} submitted")
     if not wait:
         ui.out(job_id)
-        ui.info(f"follow it with `invoke logs {job_id}`, stop it with `invoke stop-job {job_id}`")
+        ui.info(f"follow it with `{again.format(verb='logs', job=job_id)}`, stop it with "
+                f"`{again.format(verb='stop-job', job=job_id)}`")
         return 0
-    return follow(client, job_id)
+    return follow(client, job_id, again)
 
 
-def follow(client: Any, job_id: str) -> int:
+def follow(client: Any, job_id: str, again: str = "invoke {verb} {job}") -> int:
     """Stream a job's logs until it ends; return an exit code that reflects its status."""
     shown = 0  # characters of the log already written: a re-attached stream starts from the top
     lines = raynoise.LineFilter(colour=sys.stdout.isatty())
@@ -210,13 +213,15 @@ def follow(client: Any, job_id: str) -> int:
                     continue
                 if running:
                     raise JobError(f"lost the log stream of job {job_id} ({reason}); it keeps "
-                                   f"running: `invoke logs {job_id} --follow`") from None
+                                   f"running: `{again.format(verb='logs', job=job_id)} --follow`"
+                                   ) from None
                 break
     except KeyboardInterrupt:
         sys.stdout.write(lines.flush())
         ui.info(
             f"\nstopped following; job {job_id} keeps running on the cluster. "
-            f"Stop it with `invoke stop-job {job_id}`, follow again with `invoke logs {job_id}`"
+            f"Stop it with `{again.format(verb='stop-job', job=job_id)}`, follow again with "
+            f"`{again.format(verb='logs', job=job_id)}`"
         )
         return 130
     sys.stdout.write(lines.flush())

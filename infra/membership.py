@@ -41,10 +41,10 @@ def folder(cluster: str) -> Path:
 
 
 def joined(cluster: str | None) -> dict[str, str] | None:
-    """The joined cluster `--cluster` names, when it is one and this machine has no spec of it."""
+    """The joined cluster `--cluster` names. A name means the joined cluster even where a spec of
+    that name is visible (a class's repository that ships its cluster's spec): a spec is then
+    reached by its path (`--cluster clusters/NAME.yaml`), which never means a joined cluster."""
     if not cluster or cluster.endswith((".yaml", ".yml")) or "/" in cluster:
-        return None
-    if spec.spec_path(cluster).exists():
         return None
     try:
         info = json.loads((folder(cluster) / INFO_FILE).read_text())
@@ -57,8 +57,9 @@ def refuse_owner_verb(cluster: str | None, verb: str) -> None:
     """One line for a verb only the owner has (`up`, `teardown`, `member-*`, `ssh`, ...)."""
     info = joined(cluster)
     if info is not None:
-        raise UsageError(f"`invoke {verb}` is the owner's: you joined {cluster!r} as member "
-                         f"{info['member']!r}; ask the cluster's owner")
+        raise UsageError(f"`{verb}` is the owner's: you joined {cluster!r} as member "
+                         f"{info['member']!r}; ask the cluster's owner (a spec of that name is "
+                         f"reached by its path: --cluster clusters/{cluster}.yaml)")
 
 
 def _bad(path: str, why: str) -> MembershipError:
@@ -67,6 +68,13 @@ def _bad(path: str, why: str) -> MembershipError:
 
 
 def read_bundle(path: str) -> dict[str, str]:
+    """A bundle file, or the member folder `member-add` wrote (the one bundle in it)."""
+    if Path(path).is_dir():
+        found = sorted(Path(path).glob("*.rayfleet.json"))
+        if len(found) != 1:
+            raise _bad(path, f"a folder with {len(found)} bundles (*.rayfleet.json); give the "
+                             "bundle's own path")
+        path = str(found[0])
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -97,18 +105,24 @@ def join(path: str, address: str | None = None) -> str:
             raise MembershipError(f"--address {address!r}: give https://HOST:PORT, e.g. "
                                   "https://localhost:8443 for your own SSH tunnel")
         data = {**data, "address": address}
-    import certifi
-
     target = folder(data["cluster"])
-    target.mkdir(parents=True, exist_ok=True)
-    target.chmod(0o700)
-    atomic_write(target / TOKEN_FILE, data["token"], mode=0o600)
-    atomic_write(target / CA_FILE, data["ca_cert"], mode=0o644)
-    public = _public_cas(certifi.where())
-    atomic_write(target / CA_BUNDLE_FILE, data["ca_cert"].rstrip() + "\n" + public, mode=0o644)
+    write_credentials(target, data["ca_cert"], data["token"])
     atomic_write(target / INFO_FILE, json.dumps({k: data[k] for k in ("cluster", "address",
                                                                       "member")}, indent=2))
     return data["cluster"]
+
+
+def write_credentials(target: Path, ca_cert: str, token: str) -> None:
+    """What Ray's own clients read, in a 0700 folder: the token (0600), the cluster's CA, and a
+    CA file of the cluster's CA *and* the public CAs."""
+    import certifi
+
+    target.mkdir(parents=True, exist_ok=True)
+    target.chmod(0o700)
+    atomic_write(target / TOKEN_FILE, token, mode=0o600)
+    atomic_write(target / CA_FILE, ca_cert, mode=0o644)
+    public = _public_cas(certifi.where())
+    atomic_write(target / CA_BUNDLE_FILE, ca_cert.rstrip() + "\n" + public, mode=0o644)
 
 
 def _public_cas(certifi_file: str) -> str:

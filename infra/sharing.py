@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from infra import paths, sharing_certs, tracking, tracking_remote, ui
+from infra import paths, sharing_certs, sharing_term, tracking, tracking_remote, ui
 from infra.costs import NodePrices
 from infra.errors import RayfleetError, SpecError, UsageError
 from infra.head import HeadAccess
@@ -108,16 +108,9 @@ def warn_privilege(selected: ClusterSpec) -> None:
 # --- the registry ------------------------------------------------------------------------------
 
 def read_registry(cluster: str) -> dict[str, dict[str, Any]]:
-    path = registry_path(cluster)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except ValueError:
-        raise SharingError(f"{path} is not valid JSON; restore it from a backup or remove it "
-                           "(every member then needs a new bundle)") from None
-    members = data.get("members") if isinstance(data, dict) else None
-    return members if isinstance(members, dict) else {}
+    """The entries the gateway reads (`members`); the file's other sections: sharing_term."""
+    members: dict[str, dict[str, Any]] = sharing_term.read_book(cluster)["members"]
+    return members
 
 
 def _registry_owner(cluster: str) -> dict[str, Any] | None:
@@ -131,15 +124,13 @@ def _registry_owner(cluster: str) -> dict[str, Any] | None:
 
 def write_registry(cluster: str, members: dict[str, dict[str, Any]],
                    owner: dict[str, Any] | None = None) -> None:
-    """The registry with `members`; the owner's entry kept as it is unless `owner` is given."""
-    target = registry_path(cluster)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.parent.chmod(0o700)
-    data: dict[str, Any] = {"members": members}
-    kept = owner if owner is not None else _registry_owner(cluster)
-    if kept is not None:
-        data["owner"] = kept
-    atomic_write(target, json.dumps(data, indent=2, sort_keys=True), mode=0o600)
+    """The registry with `members`; the owner's entry kept as it is unless `owner` is given, and
+    every other section (the removed members: sharing_term) kept as it is."""
+    book = sharing_term.read_book(cluster) if registry_path(cluster).exists() else {}
+    data: dict[str, Any] = {**book, "members": members}
+    if owner is not None:
+        data["owner"] = owner
+    sharing_term.write_book(cluster, data)
 
 
 def owner_token_path(cluster: str) -> Path:
@@ -161,6 +152,16 @@ def ensure_owner_token(cluster: str) -> Path:
     if owner is None or owner.get("token_sha256") != digest:
         write_registry(cluster, read_registry(cluster), {"token_sha256": digest})
     return path
+
+
+def apply_term(selected: ClusterSpec) -> bool:
+    """Write each member's effective expiry (theirs, capped by `sharing.ends`) into the registry
+    the gateway reads; whether it changed (then a remote head needs the file again)."""
+    book = sharing_term.read_book(selected.name)
+    if not sharing_term.apply_ends(book["members"], sharing_term.ends_of(selected.sharing)):
+        return False
+    sharing_term.write_book(selected.name, book)
+    return True
 
 
 def new_member(admin: bool, expires_days: float | None) -> tuple[dict[str, Any], str]:
@@ -209,6 +210,9 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         members_see_dashboard=selected.sharing.members_see_dashboard,
         max_upload_mb=selected.sharing.max_upload_mb,
         max_member_upload_mb=selected.sharing.max_member_upload_mb,
+        member_budget_hours=selected.sharing.member_budget_hours,
+        member_budget_usd=selected.sharing.member_budget_usd,
+        budget_usd=selected.sharing.budget_usd,
         price_per_hour=prices.floor_usd if prices else 0.0,
         node_prices=dict(prices.by_type) if prices else {},
         head_type=prices.head_type if prices else "",
@@ -231,6 +235,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     if not members:
         write_registry(selected.name, {})
     ensure_owner_token(selected.name)
+    apply_term(selected)  # `sharing.ends` may have changed since the last `up`
     if not _here(access):
         read_usage(selected, access)  # the running head's accounting first, then given back
     start_gateway(access, config, config_path)
@@ -432,3 +437,38 @@ def require_sharing(selected: ClusterSpec) -> None:
     if selected.sharing is None:
         raise UsageError(f"{selected.source}: sharing: this cluster is not shared; add a "
                          "`sharing:` block to its spec and run `invoke up` (docs/concepts/sharing.md)")
+
+
+def budget_status(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, Any] | None:
+    """For the owner's `status`: the cluster's budget, and each member at or past 80 % of theirs,
+    from the gateway's usage file (None when the spec sets no budget)."""
+    shared = selected.sharing
+    if shared is None or not (shared.budget_usd or shared.member_budget_hours
+                              or shared.member_budget_usd):
+        return None
+    usage = read_usage(selected, access)
+    jobs_seen = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
+    rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage, jobs_seen, shared)
+    return {"cluster": sharing_term.cluster_budget(shared, usage),
+            "members_near": [{"name": r["name"], "used": r["budget_used"],
+                              "job_hours": r["job_hours"], "cost_share_usd": r["cost_share_usd"]}
+                             for r in rows if r["status"] != "removed"
+                             and (r["budget_used"] or 0) >= sharing_term.WARN_AT]}
+
+
+def plan_note(selected: ClusterSpec, current: State | None) -> str | None:
+    """`plan`'s line on sharing: the gateway, its port, who may reach it, the term's limits."""
+    shared = selected.sharing
+    if shared is None:
+        return None
+    text = f"sharing: a gateway (HTTPS) on the head, port {shared.port}"
+    if shared.allowed_source_ranges:
+        text += f", reachable from {', '.join(shared.allowed_source_ranges)} only"
+    url = current.info.get("gateway_url") if current is not None else None
+    text += f"; now at {url}" if url else "; `invoke up` starts it"
+    limits = [f"access ends {ends}" for ends in [sharing_term.ends_of(shared)] if ends]
+    limits += [f"{label} {value:g}" for label, value in (
+        ("member budget (job-hours)", shared.member_budget_hours),
+        ("member budget ($)", shared.member_budget_usd),
+        ("cluster budget ($)", shared.budget_usd)) if value]
+    return text + (f"; the term: {', '.join(limits)}" if limits else "")

@@ -7,6 +7,7 @@ with a did-you-mean for typos, and exit code 2 (see `SpecError`).
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import ipaddress
 import re
@@ -90,6 +91,30 @@ class Sharing(StrictModel):
     #: Where rayfleet cannot create a separate Unix user for Ray (slurm, local), members' jobs
     #: run as the owner's own account: the owner says so here, knowingly.
     members_run_as_owner: bool = False
+    #: The end of the term: no member's access lasts past it (a date is the end of that day,
+    #: UTC; a datetime without an offset is UTC). Written into the registry at `up`,
+    #: `member-add` and `member-update`.
+    ends: dt.datetime | dt.date | None = None
+    #: Job-hours each member may use; past it their next submit is refused (the gateway's).
+    member_budget_hours: float | None = Field(None, gt=0, le=1_000_000)
+    #: Dollars of the cluster's cost each member's jobs may take (the gateway's cost share).
+    member_budget_usd: float | None = Field(None, gt=0, le=10_000_000)
+    #: Dollars the whole cluster may cost (the gateway's estimate): `members` and `status` warn
+    #: from 80 %.
+    budget_usd: float | None = Field(None, gt=0, le=10_000_000)
+
+    @field_validator("ends", mode="before")
+    @classmethod
+    def _ends(cls, value: object) -> object:
+        # YAML gives a date or a datetime unquoted; a quoted one arrives as text.
+        if isinstance(value, str):
+            try:
+                return dt.datetime.fromisoformat(value) if "T" in value or " " in value.strip() \
+                    else dt.date.fromisoformat(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a date like 2026-12-18 or a datetime like "
+                                 "2026-12-18T17:00:00+01:00") from None
+        return value
 
     @field_validator("hostname")
     @classmethod

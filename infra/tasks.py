@@ -22,7 +22,8 @@ from invoke import Collection, Context, Exit, Program, task
 
 from infra import cli_help
 
-cli_help.install(optional_positionals={"logs": {"job"}, "stop-job": {"job"}})
+cli_help.install(optional_positionals={"logs": {"job"}, "stop-job": {"job"},
+                                        "member-add": {"name"}})
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
@@ -367,22 +368,52 @@ def serve_url(c: Context, name: str | None = None, provider: str | None = None,
     commands_serve.serve_url(provider, cluster, name)
 
 
-@task(name="member-add", help={
+@task(name="member-add", positional=["name"], help={
     **CLUSTER_HELP,
     "name": "The member's name (lowercase letters, digits, - or _), e.g. alice.",
     "admin": "An admin member sees and acts on every member's jobs.",
     "expires_days": "The member's access ends after this many days (fractions allowed; "
-                    "default 0: never).",
-    "out": "Where to write the member's bundle (default ./<cluster>-<name>.rayfleet.json, 0600).",
+                    "default 0: never; with --roster: for rows whose expires is empty).",
+    "out": "Where the member's folder goes (default ./<cluster>-<name>/: bundle, token, CA files, "
+           "env.sh); a path ending in .json writes the bundle alone there. With --roster: the "
+           "folder each member's folder goes in (default: here).",
+    "roster": "A CSV file with the columns name,role,expires (empty cells: member, no expiry): "
+              "adds everyone not a member yet; members already there keep their tokens.",
 })
 @_one_line_errors
-def member_add(c: Context, name: str, admin: bool = False, expires_days: float = 0.0,
-               out: str | None = None, provider: str | None = None,
-               cluster: str | None = None) -> None:
-    """Add a member to a shared cluster (`sharing:` in its spec) and write their bundle."""
+def member_add(c: Context, name: str | None = None, admin: bool = False,
+               expires_days: float = 0.0, out: str | None = None, roster: str | None = None,
+               provider: str | None = None, cluster: str | None = None) -> None:
+    """Add a member (or a roster of them) to a shared cluster (`sharing:` in its spec) and write
+    each one's folder."""
+    if roster:
+        from infra import commands_term
+
+        if name:
+            raise Exit(f"error: member-add {name} --roster {roster}: give a NAME or a roster, "
+                       "not both", code=2)
+        return commands_term.member_add_roster(provider, cluster, roster, out,
+                                               expires_days or None, admin)
+    if not name:
+        raise Exit("error: member-add: give the member's NAME, or --roster FILE.csv", code=2)
     from infra import commands_sharing
 
     commands_sharing.member_add(provider, cluster, name, admin, expires_days or None, out)
+
+
+@task(name="member-update", positional=["name"], help={
+    **CLUSTER_HELP, "name": "The member to change.",
+    "expires": "When their access ends: a date (the end of that day, UTC), an ISO datetime, or "
+               "never; sharing.ends still caps it.",
+    "role": "member, or admin (sees and acts on every member's jobs).",
+})
+@_one_line_errors
+def member_update(c: Context, name: str, expires: str | None = None, role: str | None = None,
+                  provider: str | None = None, cluster: str | None = None) -> None:
+    """Change a member's expiry or role, keeping their token (and so their folder)."""
+    from infra import commands_term
+
+    commands_term.member_update(provider, cluster, name, expires, role)
 
 
 @task(name="member-remove", help={

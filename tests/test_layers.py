@@ -15,7 +15,7 @@ from tests.import_graph import cycles, graph
 #: The commands layer: the verbs and what only they use (the registry is below them).
 COMMANDS = {"infra.commands", "infra.listing", "infra.sweep", "infra.loading", "infra.access",
             "infra.check", "infra.commands_serve", "infra.commands_sharing", "infra.commands_metrics",
-            "infra.metrics_history"}
+            "infra.metrics_history", "infra.commands_term"}
 
 
 #: The front door: the tasks of `invoke` and `rayfleet`; nothing imports it.

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import ssl
 import subprocess
@@ -290,7 +291,8 @@ def test_members_json_counts_jobs_per_member(shared: Shared) -> None:
                                       "idle_usd": 0.0}
     assert rows["ivy"]["job_hours"] > 0 and rows["ivy"]["role"] == "member"
     assert rows["ivy"]["last_seen"] is not None
-    assert "dave" not in rows
+    # Removed earlier in this module (when run with it): kept, marked, never counted as active.
+    assert "dave" not in rows or rows["dave"]["status"] == "removed"
     table = shared.invoke("members")
     assert table.returncode == 0 and "ivy" in table.stdout and "job hours" in table.stdout
 
@@ -442,3 +444,22 @@ def test_members_and_usage_survive_the_cluster_going_away_and_a_new_up(shared: S
     assert set(after) == set(before)
     assert after["pia"]["total_jobs"] == before["pia"]["total_jobs"] == 1
     assert after["pia"]["job_hours"] >= before["pia"]["job_hours"]
+
+
+def test_a_members_folder_is_all_stock_ray_needs(shared: Shared) -> None:
+    """The folder `member-add` writes, moved into a student's home: `source env.sh`, then Ray's
+    own CLI, with nothing of rayfleet (issue 37: a student's path in one step)."""
+    added = shared.invoke("member-add", "nia")
+    assert added.returncode == 0, added.stdout + added.stderr
+    folder = shared.folder / f"{shared.spec.stem}-nia"
+    assert f"source {folder.name}/env.sh" in added.stdout
+    home = shared.folder / "home-nia"
+    (home / "course").mkdir(parents=True)
+    shutil.move(str(folder), home / "course" / folder.name)
+    line = (f"source course/{folder.name}/env.sh && {RAY} job submit -- python -c "
+            f"\"print('FROM-' + 'NIA')\" && {RAY} job list")
+    done = subprocess.run(["bash", "-c", line], cwd=home, env={
+        "PATH": os.environ["PATH"], "HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0"},
+        capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0 and "FROM-NIA" in done.stdout + done.stderr, \
+        done.stdout + done.stderr

@@ -1,0 +1,137 @@
+"""A student's path, one step each way: the folder `member-add` writes (sourcing its env.sh is all
+stock Ray needs), the one line the owner sends, `join` where the class's repository ships a spec of
+the cluster's name (the shadowing case: the joined cluster wins), and the hints a member gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import certifi
+import pytest
+
+from infra import commands, commands_sharing, jobs, membership
+from infra.endpoint import Endpoint
+from infra.node import gateway_state
+from tests.classroom_owner import URL, book, owner_cluster
+from tests.conftest import ROOT, run_invoke
+
+
+def _sourced(env_sh: Path, cwd: Path) -> dict[str, str]:
+    """The variables a shell has after `source env.sh`, run from `cwd` with a relative path."""
+    line = f'source {os.path.relpath(env_sh, cwd)} && env -0'
+    done = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, check=True,
+                          env={"PATH": os.environ["PATH"], "HOME": str(cwd)})
+    return dict(item.split("=", 1) for item in done.stdout.decode().split("\0") if "=" in item)
+
+
+def test_member_add_writes_a_folder_whose_env_sh_is_all_stock_ray_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    spec = owner_cluster(tmp_path, monkeypatch)
+    commands_sharing.member_add(None, str(spec), "alice", False, None, None)
+    out = capfd.readouterr().out.strip().splitlines()
+    folder = tmp_path / "class-alice"
+    assert out[0] == f"member 'alice' added; folder: {folder}"
+    # One line to send, and every command in it exists for a student with only pip.
+    assert len(out) == 2
+    assert out[1].startswith("send the folder class-alice/ privately to alice")
+    assert 'pip install "ray[default]==' in out[1] and "source class-alice/env.sh" in out[1]
+    assert "invoke" not in out[1]
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    bundle = json.loads((folder / "class-alice.rayfleet.json").read_text())
+    token = (folder / "ray-token").read_text()
+    for private in ("ray-token", "class-alice.rayfleet.json"):
+        assert oct((folder / private).stat().st_mode & 0o777) == "0o600", private
+    assert bundle["token"] == token and bundle["address"] == URL
+    assert book()["members"]["alice"]["token_sha256"] == gateway_state.token_hash(token)
+    ca = (folder / "ca.pem").read_text()
+    assert ca == bundle["ca_cert"]
+    both = (folder / "ca-bundle.pem").read_text()
+    public = Path(certifi.where()).read_text().split("-----END CERTIFICATE-----")[0]
+    assert both.startswith(ca.rstrip()) and public.strip() in both
+
+    # The student moves the folder anywhere and sources it from elsewhere.
+    moved = tmp_path / "student" / "courses" / "class-alice"
+    moved.parent.mkdir(parents=True)
+    shutil.move(str(folder), moved)
+    env = _sourced(moved / "env.sh", tmp_path / "student")
+    expected = {"RAY_API_SERVER_ADDRESS": URL, "RAY_ADDRESS": URL, "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": str(moved / "ray-token"),
+                "REQUESTS_CA_BUNDLE": str(moved / "ca-bundle.pem"),
+                "SSL_CERT_FILE": str(moved / "ca-bundle.pem")}
+    assert {k: env.get(k) for k in expected} == expected
+    assert set(expected) == set(membership.ENV_NAMES)  # what `rayfleet env` prints, no more
+    assert "_rayfleet_dir" not in env
+
+
+def test_a_bundle_alone_is_still_written_where_out_names_a_json_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    spec = owner_cluster(tmp_path, monkeypatch)
+    commands_sharing.member_add(None, str(spec), "bob", False, None, str(tmp_path / "bob.json"))
+    assert json.loads((tmp_path / "bob.json").read_text())["member"] == "bob"
+    assert not (tmp_path / "class-bob").exists()
+    assert "rayfleet join bob.json" in capfd.readouterr().out
+
+
+def test_the_student_command_is_rayfleet_and_the_readme_says_how_to_install_it() -> None:
+    scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]", 1)[1]
+    assert re.search(r'^rayfleet = "infra.tasks:main"$', scripts, flags=re.M)
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## A student of a shared cluster", 1)[1].split("\n## ", 1)[0]
+    assert "source" in section and "env.sh" in section and "rayfleet join" in section
+    assert "pip install" in section
+
+
+def test_a_joined_cluster_wins_over_a_spec_of_the_same_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shadowing case: a class repository ships clusters/class.yaml; a student who joined
+    `class` reaches the gateway with `--cluster class`, the spec by its path."""
+    spec = owner_cluster(tmp_path, monkeypatch)
+    commands_sharing.member_add(None, str(spec), "alice", False, None, None)
+    repo = tmp_path / "class-repo"
+    (repo / "clusters").mkdir(parents=True)
+    shipped = repo / "clusters" / "class.yaml"
+    shipped.write_text("provider: local\n")
+    env = {"RAYFLEET_HOME": str(tmp_path / "student-home"),
+           "RAYFLEET_CLUSTERS": str(repo / "clusters")}
+    joined = run_invoke("-r", str(ROOT), "join", str(tmp_path / "class-alice"), env=env, cwd=repo)
+    assert joined.returncode == 0, joined.stderr
+    assert f"joined 'class' as member 'alice' ({URL})" in joined.stdout
+    assert "None" not in joined.stdout
+    said = joined.stderr.strip().splitlines()
+    assert len(said) == 1 and str(shipped) in said[0] and "now means the cluster you joined" \
+        in said[0], joined.stderr
+    printed = run_invoke("-r", str(ROOT), "env", "--cluster", "class", env=env, cwd=repo)
+    assert printed.returncode == 0, printed.stderr
+    assert f"RAY_API_SERVER_ADDRESS={URL}" in printed.stdout
+    assert str(tmp_path / "student-home" / "joined" / "class" / "ray-token") in printed.stdout
+    refused = run_invoke("-r", str(ROOT), "up", "--cluster", "class", env=env, cwd=repo)
+    assert refused.returncode != 0 and "is the owner's" in refused.stderr
+    assert "--cluster clusters/class.yaml" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
+class _Client:
+    def submit_job(self, **_: object) -> str:
+        return "raysubmit_abc"
+
+
+def test_submit_no_wait_on_a_joined_cluster_hints_rayfleet_logs_with_its_cluster(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RAYFLEET_CLUSTERS", str(tmp_path / "clusters"))
+    target = membership.folder("class")
+    target.mkdir(parents=True)
+    (target / membership.INFO_FILE).write_text(json.dumps(
+        {"cluster": "class", "address": URL, "member": "alice"}))
+    monkeypatch.setattr(jobs, "job_client", lambda endpoint: _Client())
+    (tmp_path / "train.py").write_text("print(1)\n")
+    monkeypatch.setattr(membership, "endpoint", lambda cluster: Endpoint(URL, URL))
+    assert commands.submit(None, "class", str(tmp_path / "train.py"), [], None, False) == 0
+    err = capfd.readouterr().err
+    assert "`rayfleet logs raysubmit_abc --cluster class`" in err, err
+    assert "`rayfleet stop-job raysubmit_abc --cluster class`" in err
