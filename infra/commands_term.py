@@ -23,6 +23,7 @@ from infra.commands_sharing import (
     member_target,
 )
 from infra.errors import UsageError
+from infra.node.files import atomic_write
 
 
 def member_add_roster(provider: str | None, cluster: str | None, roster: str, out: str | None,
@@ -133,3 +134,44 @@ def member_update(provider: str | None, cluster: str | None, name: str, expires:
     capped = " (sharing.ends)" if own and entry.get("expires") != own else ""
     ui.out(f"member {name!r} updated: {entry.get('role')}, access until {until}{capped}; "
            "same token, their next request sees it", markup=False)
+
+
+def member_bundles(provider: str | None, cluster: str | None, where: str | None) -> None:
+    """Bring every member's folder (or bundle file) found in `where` up to the gateway's current
+    address and certificate, with the same tokens: after a head came back elsewhere (autodown on
+    a cloud gives it a new address), the owner sends the refreshed folders; no one re-joins with
+    a new token. A file whose token is not a current member's is left alone."""
+    from infra.node import gateway_state
+
+    selected, _ = _shared(provider, cluster, "member-bundles")
+    folder = Path(where) if where else Path.cwd()
+    if not folder.is_dir():
+        raise UsageError(f"--dir {folder}: no such folder; give the folder that holds the "
+                         "members' folders (where member-add wrote them)")
+    refreshed: list[str] = []
+    with state.locked(selected.name, selected.provider, "member-bundles") as current:
+        url = gateway_url(selected, current)
+        book = sharing_term.read_book(selected.name)
+        members: dict[str, dict[str, Any]] = book["members"]
+        by_hash = {entry.get("token_sha256"): name for name, entry in members.items()
+                   if sharing_term.is_member(entry)}
+        for path in sorted(folder.glob(f"**/{member_folder.bundle_name(selected.name, '*')}")):
+            with contextlib.suppress(OSError, ValueError):
+                bundle = json.loads(path.read_text())
+                name = by_hash.get(gateway_state.token_hash(str(bundle.get("token"))))
+                if bundle.get("cluster") != selected.name or name is None:
+                    continue
+                fresh = sharing.bundle(selected.name, url, name, str(bundle["token"]))
+                if path.parent.name == f"{selected.name}-{name}":
+                    member_folder.refresh(path.parent, fresh)
+                else:
+                    atomic_write(path, json.dumps(fresh, indent=2), mode=0o600)
+                members[name]["address"] = url
+                refreshed.append(name)
+        sharing_term.write_book(selected.name, book)
+    missing = sorted(set(by_hash.values()) - set(refreshed))
+    ui.out(f"{len(refreshed)} member bundle(s) in {folder} now name {url}: "
+           f"{', '.join(sorted(refreshed)) or 'none'}; send them again (same tokens)", markup=False)
+    if missing:
+        ui.warn(f"no bundle found in {folder} for {', '.join(missing)}: give --dir where their "
+                "folders are, or `member-remove` and `member-add` them for a new token")

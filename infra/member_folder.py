@@ -83,11 +83,18 @@ With rayfleet (`pip install` a copy of the rayfleet repository; its command is `
 
 def write(target: Path, bundle: dict[str, str]) -> Path:
     """The member's folder at `target` (which must not exist yet); the bundle's path in it."""
-    cluster, member = bundle["cluster"], bundle["member"]
     target.mkdir(mode=0o700, parents=True)
+    path = refresh(target, bundle)
+    atomic_write(target / README_FILE, readme(bundle["cluster"], bundle["member"], target.name),
+                 mode=0o644)
+    return path
+
+
+def refresh(target: Path, bundle: dict[str, str]) -> Path:
+    """An existing member folder rewritten for `bundle` (a new address or CA, the same token)."""
+    cluster, member = bundle["cluster"], bundle["member"]
     membership.write_credentials(target, bundle["ca_cert"], bundle["token"])
     path = target / bundle_name(cluster, member)
     atomic_write(path, json.dumps(bundle, indent=2), mode=0o600)
     atomic_write(target / ENV_FILE, env_script(cluster, member, bundle["address"]), mode=0o644)
-    atomic_write(target / README_FILE, readme(cluster, member, target.name), mode=0o644)
     return path

@@ -401,6 +401,19 @@ def member_add(c: Context, name: str | None = None, admin: bool = False,
     commands_sharing.member_add(provider, cluster, name, admin, expires_days or None, out)
 
 
+@task(name="member-bundles", help={
+    **CLUSTER_HELP,
+    "dir": "The folder holding the members' folders or bundle files (default: here).",
+})
+@_one_line_errors
+def member_bundles(c: Context, dir: str | None = None, provider: str | None = None,
+                   cluster: str | None = None) -> None:
+    """Rewrite every member's folder found in --dir for the gateway's current address, same tokens."""
+    from infra import commands_term
+
+    commands_term.member_bundles(provider, cluster, dir)
+
+
 @task(name="member-update", positional=["name"], help={
     **CLUSTER_HELP, "name": "The member to change.",
     "expires": "When their access ends: a date (the end of that day, UTC), an ISO datetime, or "

@@ -375,3 +375,35 @@ def test_entries_from_before_ids_split_one_names_jobs_by_when_they_started() -> 
     assert [(r["status"], r["total_jobs"], r["cost_share_usd"]) for r in rows] == \
         [("removed", 1, 1.0), ("active", 2, 0.5)]
     assert rows[0]["job_hours"] == pytest.approx(2.0) and rows[0]["budget_used"] is None
+
+
+def test_member_bundles_brings_every_folder_to_the_new_address_with_the_same_tokens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """After a head came back elsewhere: one command, every member's folder names the new
+    address, every token still the same one the gateway accepts."""
+    from infra import state
+
+    spec = owner_cluster(tmp_path, monkeypatch)
+    roster = _roster(tmp_path, "name,role,expires\nalice,,\nbob,,\ncarl,,\n")
+    commands_term.member_add_roster(None, str(spec), str(roster), "term", None, False)
+    tokens = {n: _token(tmp_path / "term" / f"class-{n}") for n in ("alice", "bob", "carl")}
+    (tmp_path / "term" / "class-carl" / "class-carl.rayfleet.json").unlink()  # carl's is lost
+    moved = "https://203.0.113.9:18443"
+    current = state.read("class")
+    assert current is not None
+    current.set_info(gateway_url=moved)
+    current.save()
+    capfd.readouterr()
+    commands_term.member_bundles(None, str(spec), str(tmp_path / "term"))
+    said = capfd.readouterr()
+    assert "2 member bundle(s)" in said.out and "alice, bob" in said.out
+    assert "no bundle found" in said.err and "carl" in said.err
+    for name in ("alice", "bob"):
+        folder = tmp_path / "term" / f"class-{name}"
+        bundle = json.loads((folder / f"class-{name}.rayfleet.json").read_text())
+        assert bundle["address"] == moved and bundle["token"] == tokens[name]
+        assert f"RAY_ADDRESS={moved}" in (folder / "env.sh").read_text()
+        assert _token(folder) == tokens[name]
+        found = _gateway_sees(tokens[name])
+        assert found is not None and found.name == name
+        assert book()["members"][name]["address"] == moved
