@@ -80,8 +80,11 @@ class Page:
 
     async def _navigate(self, url: str) -> None:
         self._loaded.clear()
-        await self._call("Page.navigate", url=url)
-        await asyncio.wait_for(self._loaded.wait(), 60)
+        started = await self._call("Page.navigate", url=url)
+        # A new fragment of the same page (the dashboard's `#/jobs`) loads no new document: the
+        # answer then names no loader, and no load event follows.
+        if started.get("loaderId"):
+            await asyncio.wait_for(self._loaded.wait(), 60)
 
     def open(self, url: str) -> None:
         self._run(self._navigate(url))
