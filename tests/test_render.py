@@ -27,7 +27,9 @@ def test_local_start_script_matches_golden(tmp_path: Path, rf_home: Path, case: 
     path.write_text(CASES[case] + "port_base: 23000\n" * ("port_base" not in CASES[case]))
     plan = providers.create(loading.load_spec(path)).plan(None)
     assert_golden(f"local/{case}.start.sh", plan.files["start.sh"],
-                  {where.ray_executable(): "<ray>", str(rf_home): "<rayfleet-home>"})
+                  {where.ray_executable(): "<ray>",
+                   str(Path(where.ray_executable()).parent): "<ray-bin>",
+                   str(rf_home): "<rayfleet-home>"})
     # What we render must be a valid shell script.
     check = subprocess.run(["bash", "-n", "-c", plan.files["start.sh"]], capture_output=True)
     assert check.returncode == 0, check.stderr

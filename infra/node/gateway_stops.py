@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 import time
 from typing import Any, Protocol
 
@@ -138,9 +137,9 @@ async def leftovers(gateway: Gateway, job_hex: str) -> bool:
 async def reap(gateway: Gateway, job: dict[str, Any], supervisor: bool) -> None:
     """Start the reaper for `job` (not waited for: the next tick sees what it did)."""
     submission = str(job.get("submission_id") or "")
-    # The gateway's own interpreter: the node environment's, the one Ray itself runs from (a
-    # bare `python` is whatever the Ray user's PATH finds first).
-    argv = [sys.executable, "-c", REAPER, str(job.get("job_id") or ""), submission,
+    # A job's `python`: the Ray user's environment, the one Ray runs from (the gateway's own may
+    # be in a home that user cannot read).
+    argv = ["python", "-c", REAPER, str(job.get("job_id") or ""), submission,
             "1" if supervisor else "0"]
     body = {"entrypoint": shlex.join(argv), "metadata": {"rayfleet_reaper": submission},
             "entrypoint_num_cpus": 0}

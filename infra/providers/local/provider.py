@@ -142,6 +142,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             cluster=self.spec.name,
             address=f"127.0.0.1:{block.gcs}",
             ray=ray_executable(),
+            ray_bin=str(Path(ray_executable()).parent),
             usage_stats=_usage_stats(),
             auth_env=auth.node_env(str(token)) if token else {"RAY_AUTH_MODE": "disabled"},
             port_flags=block.flags(),

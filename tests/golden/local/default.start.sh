@@ -16,6 +16,10 @@ export RAY_ADDRESS=127.0.0.1:23000
 export RAY_AUTH_MODE=token
 export RAY_AUTH_TOKEN_PATH=<rayfleet-home>/keys/golden-default/ray-token
 
+# A job's `python` is the Python that runs this Ray (with Ray in it), whatever the PATH of the
+# shell that ran `up`: a job's entrypoint, and the gateway's reaper, find it first.
+export PATH=<ray-bin>:"$PATH"
+
 # Every port comes from this cluster's own block and the temp dir ($1: `up` creates it inside a
 # fresh 0700 folder) is private, so a Ray that the user started by hand on the default ports (and
 # its temp dir /tmp/ray) is never disturbed.
