@@ -55,3 +55,21 @@ def test_the_report_has_an_owner_lane_and_every_members_hours_and_cost(
 def test_a_cluster_without_sharing_has_no_members_section() -> None:
     data = {"cluster": "c", "since": 0.0, "until": 10.0, "step": 10.0, "series": {}, "jobs": []}
     assert "Members" not in report.build(data, "here")
+
+
+def test_the_members_table_shows_in_a_real_browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    rf_home: Path) -> None:
+    from tests.browser_metrics import docs_screenshot, open_page
+
+    _kept(tmp_path, monkeypatch)
+    members = {"rows": [{"name": "ann", "role": "member", "total_jobs": 7, "job_hours": 12.25,
+                         "cost_share_usd": 31.5},
+                        {"name": "bo", "role": "admin", "total_jobs": 2, "job_hours": 0.5,
+                         "cost_share_usd": 1.25}],
+               "records": {"raysubmit_ann1": {"member": "ann"}}}
+    out = commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r.html",  # type: ignore[arg-type]
+                                        members)
+    visit = open_page(out, 1000, 1400)
+    assert visit.console_errors == [] and visit.requests == [out.resolve().as_uri()]
+    assert visit.screenshot.startswith(b"\x89PNG")
+    docs_screenshot("report-members.png", visit.screenshot)
