@@ -157,7 +157,7 @@ def test_first_launch_keeps_the_interval_after_the_heads_launch(
     laptop.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name="rayfleet-lt-key",
                   name=f"lt-{CID}-head", tags={"rayfleet-cluster": CID,
                                                TAG_LAUNCHED_AT: str(int(time.time() - head_age_s))})
-    fake.launches.updated -= head_age_s
+    fake.launches.accepted[-1] -= head_age_s
     provider = make(fake, tmp_path, rate_scale=0.25)
     asked = time.monotonic()
     provider.create_node(NODE_CONFIG, TAGS, 1)
