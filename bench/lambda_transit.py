@@ -44,8 +44,9 @@ def burn(n: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def measure(requests: int, threads: int) -> tuple[list[float], list[float], int]:
-    """(written -> counted, turn -> counted) in seconds per request, and the 429s seen."""
+def measure(requests: int, threads: int) -> tuple[list[float], list[float], list[float], int]:
+    """(written -> counted, turn -> counted, written -> answered) in seconds per request, and the
+    429s seen."""
     # The fake without limits (the client's pacing is not what is measured here), at 1/100.
     fake = FakeLambda(KEY, scale=0.01, capacity={("gpu_1x_a10", "us-east-1"): 10 ** 6},
                       quota=10 ** 6).start()
@@ -66,7 +67,6 @@ def measure(requests: int, threads: int) -> tuple[list[float], list[float], int]
     written: dict[str, float] = {}
     turns: dict[str, float] = {}
     answered: dict[str, float] = {}
-    launches: dict[str, bool] = {}
     pacer_wait, pacer_written = client._pacer.wait, client._pacer.written
 
     def on_wait(launch: bool) -> None:
@@ -89,7 +89,6 @@ def measure(requests: int, threads: int) -> tuple[list[float], list[float], int]
                 return _send(*args, headers={SEQ: seq}, **kwargs)
             finally:
                 answered[seq] = time.monotonic()
-                launches[seq] = args[1].endswith("/launch")
 
         session.request = numbered  # type: ignore[method-assign]
 
@@ -108,18 +107,9 @@ def measure(requests: int, threads: int) -> tuple[list[float], list[float], int]
         thread.join()
     fake.stop()
     refused = len([s for _, s in fake.requests() if s == 429])
-    seqs = sorted((s for s in written if s in counted), key=written.__getitem__)
-    # The adaptive bound: the slowest answer (from written) of the last WINDOW plain requests
-    # answered before this one was written.
-    for window in (8, 16, 32):
-        late = 0
-        for s in seqs:
-            before = sorted((answered[o], answered[o] - written[o]) for o in seqs
-                            if not launches[o] and o in answered and answered[o] <= written[s])
-            bound = max((rtt for _, rtt in before[-window:]), default=float("inf"))
-            late += counted[s] - written[s] > bound
-        print(f"  bound = slowest of the last {window} answers: {late} of {len(seqs)} counted later")
-    return ([counted[s] - written[s] for s in seqs], [counted[s] - turns[s] for s in seqs], refused)
+    seqs = [s for s in written if s in counted]
+    return ([counted[s] - written[s] for s in seqs], [counted[s] - turns[s] for s in seqs],
+            [answered[s] - written[s] for s in seqs if s in answered], refused)
 
 
 def describe(name: str, values: list[float]) -> str:
@@ -143,7 +133,7 @@ def main() -> int:
         if burners:
             time.sleep(15)  # the load average follows the burners with a delay
         print(f"load before: {load()}")
-        after_write, after_turn, refused = measure(args.requests, args.threads)
+        after_write, after_turn, answers, refused = measure(args.requests, args.threads)
         print(f"load after: {load()}; {len(after_write)} requests, {args.threads} threads, "
               f"{args.burn} busy processes; 429s from the fake: {refused}")
     finally:
@@ -152,6 +142,7 @@ def main() -> int:
             proc.wait()
     print(describe("written -> counted by the fake", after_write))
     print(describe("turn taken -> counted by the fake", after_turn))
+    print(describe("written -> answered", answers))
     transit = api.Limits().transit
     late = [x for x in after_write if x > transit]
     print(f"over Limits.transit ({transit * 1000:.0f} ms): {len(late)} of {len(after_write)}")
