@@ -175,6 +175,37 @@ def test_a_launch_waiting_for_its_interval_holds_no_other_request_back(fake: Fak
     assert [s for _, _, _, s in fake.log if s != 200] == [], fake.timeline()
 
 
+def test_a_launch_goes_at_the_limit_although_another_thread_keeps_listing(fake: FakeLambda) -> None:
+    """The head's provider lists instances at every request slot while one boots: a launch that
+    is due must not lose its slot to a listing (each lost slot costs a request interval), or
+    launches drift past Lambda's limit (18.4 s instead of 12 s apart, issue 38)."""
+    scale = 0.25  # requests 0.25 s apart, launches 3 s
+    fake.general.interval, fake.launches.interval = 1.0 * scale, 12.0 * scale
+    client = client_for(fake, scale=scale)
+    key = add_key(client)
+    launched = threading.Event()
+
+    def list_until_launched() -> None:
+        while not launched.is_set():
+            client.instances()
+
+    # Ray's autoscaler loop and the other launcher thread's capacity checks, several at once.
+    listers = [threading.Thread(target=list_until_launched) for _ in range(3)]
+    client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="g-1")
+    for lister in listers:
+        lister.start()
+    client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="g-2")
+    launched.set()
+    for lister in listers:
+        lister.join()
+    first, second = [t for t, s in fake.requests("POST", LAUNCH) if s == 200]
+    factor = 1 + client.limits.margin
+    assert [s for _, s in fake.requests() if s == 429] == [], fake.timeline()
+    assert len(fake.requests("GET", "/instances")) >= 5, fake.timeline()  # it did list meanwhile
+    assert second - first < client.limits.launch_interval * factor \
+        + 0.5 * client.limits.request_interval, fake.timeline()
+
+
 def test_without_pacing_the_fake_enforces_the_limits(fake: FakeLambda) -> None:
     fake.general.interval = 0.2
     client = api.LambdaClient(API_KEY, fake.url, api.Limits(0.0, 0.0, 0.01), retries=2)

@@ -86,7 +86,8 @@ class Pacer:
     and on a loaded machine a request took 80 ms from its slot to the fake, so another thread's
     request sent 102 ms later arrived 14 ms behind it (a 429). Most of that was before the request
     was written (scheduling, building it, the connection); what remains after the last byte is
-    bounded by `transit`. A launch waiting out its longer interval holds nobody back."""
+    bounded by `transit`. A launch waiting out its longer interval holds nobody back, and nobody
+    holds it back: a plain request that would push it past its due time waits behind it."""
 
     limits: Limits
     lock: threading.Condition = field(default_factory=threading.Condition)
@@ -97,6 +98,8 @@ class Pacer:
     #: Whether the owner's request is a launch, and when its last byte was written (None: not yet).
     owner_launch: bool = False
     written_at: float | None = None
+    #: Launches waiting for their turn: a plain request that would delay one waits behind it.
+    launches_waiting: int = 0
 
     def _arrived(self, at: float) -> None:
         """The owner's request has reached the server by `at`: the next ones count from there."""
@@ -107,26 +110,42 @@ class Pacer:
         self.owner, self.written_at = None, None
         self.lock.notify_all()
 
+    def _delays_a_launch(self, now: float) -> bool:
+        """A plain request sent now would push the next launch a thread waits for past its due
+        time: launches go at Lambda's limit, listings fit in between."""
+        if not self.launches_waiting:
+            return False
+        due = max(self.next_launch, self.next_any)
+        arrived_by = max(now, self.next_any) + self.limits.transit
+        return arrived_by + self.limits.request_interval * (1 + self.limits.margin) > due
+
     def wait(self, launch: bool) -> None:
         """Until this thread may send; its request then holds the turn until it has arrived."""
         me = threading.get_ident()
         with self.lock:
-            while True:
-                now = time.monotonic()
-                if self.owner not in (None, me) and self.written_at is not None \
-                        and now >= self.written_at + self.limits.transit:
-                    self._arrived(self.written_at + self.limits.transit)
-                start = max(self.next_any, self.next_launch) if launch else self.next_any
-                if self.owner in (None, me):
-                    if now >= start:
+            self.launches_waiting += launch
+            try:
+                while True:
+                    now = time.monotonic()
+                    if self.owner not in (None, me) and self.written_at is not None \
+                            and now >= self.written_at + self.limits.transit:
+                        self._arrived(self.written_at + self.limits.transit)
+                    start = max(self.next_any, self.next_launch) if launch else self.next_any
+                    timeout: float | None
+                    if self.owner not in (None, me):
+                        # `written` or `done` wakes us, else the owner's transit bound does.
+                        timeout = None if self.written_at is None \
+                            else self.written_at + self.limits.transit - now
+                    elif now < start:
+                        timeout = start - now
+                    elif not launch and self._delays_a_launch(now):
+                        # Until the launch has taken its turn (then `written` wakes us).
+                        timeout = max(max(self.next_launch, self.next_any) - now, 0.005)
+                    else:
                         break
-                    timeout: float | None = start - now
-                elif self.written_at is None:
-                    timeout = None  # `written` or `done` wakes us
-                else:
-                    timeout = self.written_at + self.limits.transit - now
-                # wait() may wake early: looped.
-                self.lock.wait(timeout)
+                    self.lock.wait(timeout)  # may wake early: looped
+            finally:
+                self.launches_waiting -= launch
             self.owner, self.owner_launch, self.written_at = me, launch, None
 
     def written(self) -> None:
