@@ -47,11 +47,13 @@ class Limits:
     #: we believe it never happened (generous: Lambda documents nothing about it).
     lost_launch_window: float = 120.0
     #: The longest a request takes from its last byte written here to the moment the server
-    #: counts it (the network, the server's front, a loaded machine's scheduling). Never scaled:
-    #: it is the machine's and the network's, not Lambda's. Measured on the fake at load 8-12
-    #: (bench/lambda_transit.py, docs/benchmarks.md): at most 0.05 s; 0.25 s leaves room for a
-    #: slower network. A request later than that can meet a 429, which is waited out and sent
-    #: again (a launch too: a 429 created nothing).
+    #: counts it: the network's one-way time and the server's front. Never scaled: it is the
+    #: network's, not Lambda's. Measured to the fake's socket (bench/lambda_transit.py,
+    #: docs/benchmarks.md): nothing, even at load 9-10 (loopback delivers within the write); the
+    #: 80 ms of the proven flake, and up to 2.5 s at load 10, were spent before the write or in
+    #: the fake's own starved threads. 0.25 s is room for a real network's one-way time (tens of
+    #: ms within a region); a request later than that can meet a 429, which is waited out and
+    #: sent again (a launch too: a 429 created nothing).
     transit: float = 0.25
 
     @classmethod
@@ -84,10 +86,11 @@ class Pacer:
 
     Spacing the moments requests leave is not enough: the server judges the moments they arrive,
     and on a loaded machine a request took 80 ms from its slot to the fake, so another thread's
-    request sent 102 ms later arrived 14 ms behind it (a 429). Most of that was before the request
-    was written (scheduling, building it, the connection); what remains after the last byte is
-    bounded by `transit`. A launch waiting out its longer interval holds nobody back, and nobody
-    holds it back: a plain request that would push it past its due time waits behind it."""
+    request sent 102 ms later arrived 14 ms behind it (a 429). That time was spent before the
+    request was written (scheduling, building it, the connection) and in the fake's own threads;
+    what remains after the last byte is the network's, bounded by `transit`. A launch waiting out
+    its longer interval holds nobody back, and nobody holds it back: a plain request that would
+    push it past its due time waits behind it."""
 
     limits: Limits
     lock: threading.Condition = field(default_factory=threading.Condition)
