@@ -23,6 +23,7 @@ Usage: python bench/lambda_autoscale.py [--boot 120] [--workers 2] [--pairs 1] [
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import signal
@@ -38,7 +39,13 @@ sys.path.insert(0, str(ROOT))
 
 from infra import jobs, privilege  # noqa: E402
 from infra.providers.base import Endpoint  # noqa: E402
-from tests.lambda_cloud.autoscale_bed import CLUSTER, Scaled, autoscale_bed  # noqa: E402
+from tests.lambda_cloud.autoscale_bed import (  # noqa: E402
+    CLUSTER,
+    LAUNCH,
+    Scaled,
+    autoscale_bed,
+    capacity_for,
+)
 
 JOB = ROOT / "tests" / "data" / "lambda_gpu_job.py"
 
@@ -101,7 +108,8 @@ def measure(args: argparse.Namespace, mode: str) -> float | None:
         p for p in (str(UNSEPARATED), os.environ.get("PYTHONPATH", "")) if p)}
     with tempfile.TemporaryDirectory(prefix="rf-bench-autoscale-") as tmp, \
             autoscale_bed(Path(tmp), scale=1.0, boot_delay=args.boot, hosts=args.workers + 1,
-                          idle_minutes=5, max_workers=args.workers) as cluster:
+                          idle_minutes=5, max_workers=args.workers,
+                          capacity=capacity_for(args.workers)) as cluster:
         cluster.env.update(extra_env)
         started = time.monotonic()
         # The head boots for --boot seconds too: `up` itself is not what is measured.
@@ -144,7 +152,11 @@ def measure(args: argparse.Namespace, mode: str) -> float | None:
                 if len(alive) >= args.workers:
                     break
                 if time.monotonic() - submitted > args.boot + 12 * args.workers + 600:
-                    print("workers did not join", file=sys.stderr)
+                    launches(cluster, submitted)
+                    workers = cluster.workers()
+                    active = [w for w in workers if w["status"] == "active"]
+                    print(f"workers did not join: {len(workers)} of {args.workers} launched, "
+                          f"{len(active)} active, {len(alive)} joined Ray", file=sys.stderr)
                     return None
                 time.sleep(0.5)
             joined = time.monotonic() - submitted
@@ -159,6 +171,7 @@ def measure(args: argparse.Namespace, mode: str) -> float | None:
             launched = inst.launched - submitted
             print(f"  {inst.name}: launched at +{launched:.1f}s, active at "
                   f"+{launched + args.boot:.1f}s, joined Ray at +{seen.get(str(inst.ip), -1):.1f}s")
+        launches(cluster, submitted)
         phases(cluster, submitted_wall)
         floor = 12 * (args.workers - 1) + args.boot
         print(f"submission -> {args.workers} workers joined: {joined:.1f}s; floor {floor:.0f}s "
@@ -166,6 +179,24 @@ def measure(args: argparse.Namespace, mode: str) -> float | None:
               f"{100 * (joined - floor) / floor:+.1f}% over the floor; "
               f"launch calls {cluster.launches() - 1}")
     return joined
+
+
+def launches(cluster: Scaled, submitted: float) -> None:
+    """The fake's view of the launches: when each reached it, the spacing (Lambda's limit is
+    12 s), the 429s, and the requests the head sent before its first launch (what it waited
+    for)."""
+    with cluster.fake.lock:
+        log = [entry for entry in cluster.fake.log if entry[0] >= submitted]
+    launched = [t for t, method, path, status in log if path == LAUNCH and status == 200]
+    refused = [(method, path) for _, method, path, status in log if status == 429]
+    gaps = [f"{b - a:.2f}" for a, b in itertools.pairwise(launched)]
+    print(f"  launches (fake): at {', '.join(f'+{t - submitted:.1f}s' for t in launched) or '-'}; "
+          f"spacing {', '.join(gaps) or '-'} s (limit 12 s); 429s: {len(refused)} "
+          f"({sum(1 for _, p in refused if p == LAUNCH)} on launch)")
+    first = launched[0] if launched else float("inf")
+    before = [f"+{t - submitted:.1f}s {method} {path} {status}" for t, method, path, status in log
+              if t <= first]
+    print(f"  requests up to the first launch: {'; '.join(before[-6:])}")
 
 
 #: Where Ray's monitor logs on the head: as the autoscaler's user (separated), or in Ray's session.

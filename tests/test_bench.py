@@ -31,6 +31,7 @@ BENCHES: dict[str, tuple[str | None, str]] = {
     "local_up": (None, rf"median ratio invoke up / raw ray start: {NUMBER}"),
     "gateway": (None, r"targets: list (met|MISSED), submit (met|MISSED), load errors met \(load average"),
     "lambda_up": (None, rf"worst overhead over the floor: -?{NUMBER}%"),
+    "lambda_transit": (None, rf"over Limits.transit \({NUMBER} ms\): {NUMBER} of {NUMBER}"),
     "lambda_autoscale": ("testbed", rf"submission -> 1 workers joined: {NUMBER}s; floor {NUMBER}s"),
     "slurm_up": ("slurm", rf"1 node\(s\): rayfleet {NUMBER} +recipe {NUMBER} +ratio {NUMBER}"),
     "slurm_autoscale": ("slurm", rf"median seconds: rayfleet {NUMBER}, bare {NUMBER}; ratio {NUMBER}"),

@@ -12,9 +12,12 @@ it, naming the field and the rule. Only 127.0.0.1 is ever bound.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import json
 import re
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -84,9 +87,45 @@ class Validator(Protocol):
     def check_response(self, method: str, path: str, status: int, body: Any) -> list[Violation]: ...
 
 
+#: The environ key of the moment a request reached the fake's socket (monotonic), see _QuietHandler.
+ARRIVED = "rayfleet.arrived"
+#: Linux's SO_TIMESTAMPNS (Python names it only on some builds).
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+
+
 class _QuietHandler(WSGIRequestHandler):
+    """Also stamps each request with the moment its first byte reached the socket (the kernel's
+    receive time): a real API's limits count a request when it reaches its front door, not when
+    the server's code gets round to it. The fake runs in the tests' own process; on a loaded
+    machine its threads wait seconds for a CPU and the GIL (measured: up to 2.5 s at load 10,
+    bench/lambda_transit.py), a delay no real server would add to a client's request."""
+
+    arrived: float | None = None
+
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         pass
+
+    def handle_one_request(self) -> None:
+        # Peeked before the request line is read: the clients here (requests) never pipeline,
+        # so the reader's buffer is empty between requests and the next byte is still queued.
+        self.arrived = self._first_byte_received()
+        super().handle_one_request()
+
+    def _first_byte_received(self) -> float | None:
+        try:
+            _, ancillary, _, _ = self.connection.recvmsg(1, socket.CMSG_SPACE(16), socket.MSG_PEEK)
+        except (OSError, ValueError):
+            return None
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= 16:
+                seconds, nanoseconds = struct.unpack("qq", raw[:16])
+                return seconds + nanoseconds / 1e9 - (time.time() - time.monotonic())
+        return None
+
+    def make_environ(self) -> Any:
+        environ = super().make_environ()
+        environ[ARRIVED] = self.arrived
+        return environ
 
 
 class _Dropped(ConnectionResetError):
@@ -105,11 +144,15 @@ class FakeHttpServer:
         self.validator = validator
         self.lock = threading.RLock()
         self.faults: list[Fault] = []
-        #: (monotonic time, method, path, HTTP status; 0 = dropped) of every request.
+        #: (monotonic time it arrived, method, path, HTTP status; 0 = dropped) of every request,
+        #: in the order they arrived.
         self.log: list[tuple[float, str, str, int]] = []
         self.violations: list[Violation] = []
         self._server: BaseWSGIServer = make_server("127.0.0.1", port, self._wsgi, threaded=True,
                                                    request_handler=_QuietHandler)
+        # Accepted connections inherit it: even a new connection's first request is stamped.
+        with contextlib.suppress(OSError):
+            self._server.socket.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         self._thread: threading.Thread | None = None
         FakeHttpServer.live.add(self)
 
@@ -212,17 +255,17 @@ class FakeHttpServer:
         request = Request(environ)
         method, full = request.method, request.path
         with self.lock:
-            # One time per request, taken once it holds the lock: the rate limits judge it by
-            # this time and the log records it, so gaps in the log are the gaps the limits saw
-            # (a time taken after answering would add the answer's own, load-dependent, work).
-            now = time.monotonic()
+            # One time per request: the rate limits judge it by this time and the log records
+            # it, so gaps in the log are the gaps the limits saw. It is the moment the request
+            # reached the socket (_QuietHandler), else the moment it got the lock.
+            now = environ.get(ARRIVED) or time.monotonic()
             if not full.startswith(self.prefix + "/"):
                 return self._send(self.not_found_answer(method, full), method, full, False, now)(
                     environ, start_response)
             path = full[len(self.prefix):]
             answer, validate, fault = self._answer(request, method, path, now)
             if fault is not None and fault.drop:
-                self.log.append((now, method, path, 0))
+                self._log(now, method, path, 0)
                 sock = environ.get("werkzeug.socket")
                 if isinstance(sock, socket.socket):
                     sock.shutdown(socket.SHUT_RDWR)
@@ -257,8 +300,12 @@ class FakeHttpServer:
                 return self.invalid_answer(problems), False, fault
         return self.handle(method, path, body, request), True, fault
 
+    def _log(self, now: float, method: str, path: str, status: int) -> None:
+        # In the order requests arrived, which is not always the order they were served in.
+        bisect.insort(self.log, (now, method, path, status))
+
     def _send(self, answer: Answer, method: str, path: str, validate: bool, now: float) -> Response:
-        self.log.append((now, method, path, answer.status))
+        self._log(now, method, path, answer.status)
         if answer.raw is not None:
             return Response(answer.raw, answer.status, headers=answer.headers,
                             content_type="text/plain")

@@ -43,6 +43,11 @@ CAPACITY = {("cpu_4x_general", "us-west-1"): 1, ("gpu_1x_a10", "us-west-1"): 2,
             ("gpu_1x_a100_sxm4", "us-west-1"): 2}
 
 
+def capacity_for(workers: int) -> dict[tuple[str, str], int]:
+    """CAPACITY with room for `workers` GPU instances of the first choice (a bench's scale-up)."""
+    return {**CAPACITY, ("gpu_1x_a10", "us-west-1"): max(workers, CAPACITY[("gpu_1x_a10", "us-west-1")])}
+
+
 #: Ray's processes on a host, zombies (already dead, waiting for the reaper) excluded.
 RAY_PROCESSES = f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard' || true"
 

@@ -6,9 +6,10 @@ limits, errors as Lambda's reference defines them, and the contract check agains
 from __future__ import annotations
 
 import base64
+import bisect
+import contextlib
 import functools
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,24 +52,29 @@ class Reject(Exception):
 
 @dataclass
 class Bucket:
-    """Token bucket: `interval` seconds per token, at most `burst` tokens."""
+    """At most one request per `interval`, judged by the moments requests arrived, in whatever
+    order the fake gets round to them (a request that arrived first may be served second)."""
 
     interval: float
-    burst: float = 1.0
-    tokens: float = 1.0
-    updated: float = field(default_factory=time.monotonic)
+    #: Arrival times of the requests accepted lately, sorted.
+    accepted: list[float] = field(default_factory=list)
     #: Accept a request this much (fraction of interval) early: clocks differ a little.
     tolerance: float = 0.01
 
     def take(self, now: float) -> bool:
         if self.interval <= 0:
             return True
-        self.tokens = min(self.burst, self.tokens + (now - self.updated) / self.interval)
-        self.updated = now
-        if self.tokens >= 1.0 - self.tolerance:
-            self.tokens -= 1.0
-            return True
-        return False
+        gap = self.interval * (1 - self.tolerance)
+        if any(abs(now - at) < gap for at in self.accepted):
+            return False
+        bisect.insort(self.accepted, now)
+        del self.accepted[:-64]
+        return True
+
+    def give_back(self, now: float) -> None:
+        """A request accepted at `now` does not count after all (refused for another reason)."""
+        with contextlib.suppress(ValueError):
+            self.accepted.remove(now)
 
 
 def error_answer(method: str, path: str, code: str, message: str | None = None,
@@ -136,7 +142,7 @@ class LambdaHttp(FakeHttpServer):
         if not self.general.take(now):
             return Answer(429, raw=b"Too Many Requests")
         if method == "POST" and path == "/instance-operations/launch" and not self.launches.take(now):
-            self.general.tokens += 1  # refused requests do not count
+            self.general.give_back(now)  # refused requests do not count
             return Answer(429, raw=b"Too Many Requests")
         return None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from infra.errors import UsageError
 from infra.node.lambda_cloud import api
 from tests.lambda_cloud.conftest import API_KEY, SCALE
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
+from tests.lambda_cloud.slow_link import SlowLink
 from tests.waiting import wait_until
 
 LAUNCH = "/instance-operations/launch"
@@ -87,40 +89,70 @@ def test_pacing_keeps_the_fake_from_ever_saying_429(fake: FakeLambda) -> None:
     assert min(b - a for a, b in itertools.pairwise(launches)) >= 12.0 * scale
 
 
-def test_a_request_the_server_sees_late_is_not_caught_up_by_the_next(fake: FakeLambda) -> None:
-    """Pacing spaces the moments requests leave; the server judges the moments they arrive. On a
-    loaded machine a request can take 80 ms from its slot to the server (seen in the quick tier at
-    load 9), and another thread's next request then arrived right behind it: a 429. One request
-    in flight at a time, the next one's interval counted from the answer, keeps them apart."""
-    scale = 0.25
+def test_a_request_slow_to_reach_the_server_is_not_caught_up_by_the_next(fake: FakeLambda) -> None:
+    """Pacing chooses the moments requests leave; the server judges the moments they arrive. A
+    request that takes long from its last byte written to the server (here 0.8 x
+    `Limits.transit`, on the network between them) must not be overtaken by another thread's
+    next request: each is spaced from the moment the previous one surely arrived (its answer, or
+    its transit bound), never from the moment it left."""
+    scale = 0.1
     fake.general.interval = 1.0 * scale
-    client = client_for(fake, scale=scale)
-    served = fake._server.app
-    first_arrived, second_served = threading.Event(), threading.Event()
+    held = threading.Event()
+    transit = api.Limits().transit
 
-    def late_first(environ: dict[str, Any], start_response: Any) -> Any:
-        if not first_arrived.is_set():
-            first_arrived.set()
-            # Held until the other request has been answered (or long past its slot if it
-            # cannot be sent meanwhile): the server then sees the two back to back.
-            second_served.wait(timeout=4 * fake.general.interval)
-            return served(environ, start_response)
-        answer = served(environ, start_response)
-        second_served.set()
-        return answer
+    def hold(request: bytes) -> float:
+        if request.startswith(b"GET /api/v1/instances ") and not held.is_set():
+            held.set()
+            return 0.8 * transit
+        return 0.0
 
-    fake._server.app = late_first
+    link = SlowLink(fake._server.server_port, hold)
+    client = api.LambdaClient(API_KEY, link.url(fake.url), api.Limits.scaled(scale),
+                              timeout=(2.0, 5.0))
     first = threading.Thread(target=client.instances)
     first.start()
-    assert first_arrived.wait(timeout=30)
+    assert wait_until(lambda: client.written, "the first request to be written", timeout=30,
+                      interval=0.01)
     second = threading.Thread(target=client.instance_types)
     second.start()
     first.join()
     second.join()
+    link.close()
+    assert held.is_set()
     assert [(m, p, s) for _, m, p, s in fake.log if s == 429] == [], fake.timeline()
     [(first_at, _)] = fake.requests("GET", "/instances")
     [(second_at, _)] = fake.requests("GET", "/instance-types")
     assert second_at - first_at >= fake.general.interval, fake.timeline()
+
+
+def test_a_slow_answer_is_not_paid_again_before_the_next_launch(fake: FakeLambda) -> None:
+    """Lambda counts a launch when it arrives and answers it seconds later (it creates the
+    instance meanwhile). The next launch waits one launch interval from the arrival's bound
+    (`Limits.transit` after the last byte was written), not from the answer: counting from the
+    answer paid its time again on every launch (issue 38)."""
+    scale = 0.1  # launches 1.2 s apart
+    fake.general.interval, fake.launches.interval = 1.0 * scale, 12.0 * scale
+    client = client_for(fake, scale=scale)
+    key = add_key(client)
+    answer_s = 1.0
+    served = fake._server.app
+
+    def slow_launch_answer(environ: dict[str, Any], start_response: Any) -> Any:
+        answer = served(environ, start_response)  # counted (and logged) on arrival
+        if environ["PATH_INFO"].endswith(LAUNCH):
+            time.sleep(answer_s)
+        return answer
+
+    fake._server.app = slow_launch_answer
+    for i in range(2):
+        client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key,
+                      name=f"s-{i}")
+    first, second = [t for t, s in fake.requests("POST", LAUNCH) if s == 200]
+    interval = client.limits.launch_interval * (1 + client.limits.margin)
+    assert [s for _, s in fake.requests() if s == 429] == [], fake.timeline()
+    assert second - first >= fake.launches.interval, fake.timeline()
+    # From the answer it would be at least interval + answer_s.
+    assert second - first < interval + answer_s, fake.timeline()
 
 
 def test_a_launch_waiting_for_its_interval_holds_no_other_request_back(fake: FakeLambda) -> None:
@@ -141,6 +173,37 @@ def test_a_launch_waiting_for_its_interval_holds_no_other_request_back(fake: Fak
     listed = [t for t, _, p, _ in fake.log if p == "/instances"]
     assert len(launched) == 2 and len(listed) == 3 and max(listed) < launched[1], fake.timeline()
     assert [s for _, _, _, s in fake.log if s != 200] == [], fake.timeline()
+
+
+def test_a_launch_goes_at_the_limit_although_another_thread_keeps_listing(fake: FakeLambda) -> None:
+    """The head's provider lists instances at every request slot while one boots: a launch that
+    is due must not lose its slot to a listing (each lost slot costs a request interval), or
+    launches drift past Lambda's limit (18.4 s instead of 12 s apart, issue 38)."""
+    scale = 0.25  # requests 0.25 s apart, launches 3 s
+    fake.general.interval, fake.launches.interval = 1.0 * scale, 12.0 * scale
+    client = client_for(fake, scale=scale)
+    key = add_key(client)
+    launched = threading.Event()
+
+    def list_until_launched() -> None:
+        while not launched.is_set():
+            client.instances()
+
+    # Ray's autoscaler loop and the other launcher thread's capacity checks, several at once.
+    listers = [threading.Thread(target=list_until_launched) for _ in range(3)]
+    client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="g-1")
+    for lister in listers:
+        lister.start()
+    client.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name=key, name="g-2")
+    launched.set()
+    for lister in listers:
+        lister.join()
+    first, second = [t for t, s in fake.requests("POST", LAUNCH) if s == 200]
+    factor = 1 + client.limits.margin
+    assert [s for _, s in fake.requests() if s == 429] == [], fake.timeline()
+    assert len(fake.requests("GET", "/instances")) >= 5, fake.timeline()  # it did list meanwhile
+    assert second - first < client.limits.launch_interval * factor \
+        + 0.5 * client.limits.request_interval, fake.timeline()
 
 
 def test_without_pacing_the_fake_enforces_the_limits(fake: FakeLambda) -> None:

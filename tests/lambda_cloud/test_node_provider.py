@@ -21,6 +21,7 @@ from infra.node.lambda_cloud.node_provider import LambdaNodeProvider, NoCapacity
 from infra.node.lambda_cloud.tags import TAG_LAUNCHED_AT
 from tests.lambda_cloud.conftest import API_KEY
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
+from tests.lambda_cloud.slow_link import SlowLink
 
 LAUNCH = "/instance-operations/launch"
 CID = "0badcafe"
@@ -111,30 +112,30 @@ def test_concurrent_launches_keep_the_launch_limit(fake: FakeLambda, tmp_path: P
     assert sorted(provider.non_terminated_nodes({})) == sorted(made)
 
 
-def test_a_launch_the_server_sees_late_still_keeps_the_launch_limit(
+def test_a_launch_slow_to_reach_the_server_still_keeps_the_launch_limit(
         fake: FakeLambda, tmp_path: Path) -> None:
-    """A loaded machine or a slow network can deliver a launch to the server long after it was
-    sent: the next launch must not overtake it (it would be refused with a 429, or the late one
-    would)."""
+    """A slow network can deliver a launch to the server well after its last byte left (here
+    0.8 x `Limits.transit`): the next launch, from another of Ray's launcher threads, must not
+    overtake it (it would be refused with a 429, or the late one would)."""
     fake.general.interval, fake.launches.interval = 0.05, 0.6
-    provider = make(fake, tmp_path, rate_scale=0.05)
     fake.capacity[("gpu_1x_a10", "us-east-1")] = 2
-    served = fake._server.app
     delayed = threading.Event()
 
-    def late_first_launch(environ: dict[str, Any], start_response: Any) -> Any:
-        if environ["PATH_INFO"].endswith(LAUNCH) and not delayed.is_set():
+    def hold(request: bytes) -> float:
+        if request.startswith(f"POST /api/v1{LAUNCH} ".encode()) and not delayed.is_set():
             delayed.set()
-            time.sleep(1.0)  # longer than the launch interval: the other launch is sent meanwhile
-        return served(environ, start_response)
+            return 0.8 * api.Limits().transit
+        return 0.0
 
-    fake._server.app = late_first_launch
+    link = SlowLink(fake._server.server_port, hold)
+    provider = make(fake, tmp_path, rate_scale=0.05, api_url=link.url(fake.url))
     threads = [threading.Thread(target=provider.create_node, args=(NODE_CONFIG, TAGS, 1))
                for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    link.close()
     assert delayed.is_set()
     assert [(m, p) for _, m, p, s in fake.log if s == 429] == [], fake.timeline()
     times = launches(fake)
@@ -157,7 +158,7 @@ def test_first_launch_keeps_the_interval_after_the_heads_launch(
     laptop.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name="rayfleet-lt-key",
                   name=f"lt-{CID}-head", tags={"rayfleet-cluster": CID,
                                                TAG_LAUNCHED_AT: str(int(time.time() - head_age_s))})
-    fake.launches.updated -= head_age_s
+    fake.launches.accepted[-1] -= head_age_s
     provider = make(fake, tmp_path, rate_scale=0.25)
     asked = time.monotonic()
     provider.create_node(NODE_CONFIG, TAGS, 1)

@@ -1,11 +1,12 @@
 """A small client for the Lambda Cloud public REST API (https://cloud.lambda.ai/api/v1), on `requests`.
 
 What it guarantees, so callers need not think about it:
-- Pacing: one request in flight at a time, shared by all threads of the process, sent at least
-  `Limits.request_interval` (1 s) after the previous one was answered, a launch at least
-  `Limits.launch_interval` (12 s) after the previous launch was answered: the server sees them
-  that far apart however late each reached it. `LAMBDA_RATE_SCALE` scales both (tests and the
-  fake run at 0.01); the defaults are Lambda's documented limits.
+- Pacing (pacing.py): one request at a time, shared by all threads of the process, each sent at
+  least `Limits.request_interval` (1 s), a launch at least `Limits.launch_interval` (12 s), after
+  the latest moment the previous one (launch) can have reached Lambda: its answer, or
+  `Limits.transit` after its last byte was written, whichever comes first. `LAMBDA_RATE_SCALE`
+  scales the intervals (tests and the fake run at 0.01); the defaults are Lambda's documented
+  limits.
 - Retries with backoff on 429, 409 (Lambda's documented conflict on rulesets), 5xx and network
   errors, by urllib3's `Retry` on the session (Retry-After honoured, never faster than the
   request interval), except for launches: a launch is not idempotent, so an unknown outcome
@@ -17,25 +18,32 @@ What it guarantees, so callers need not think about it:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from urllib3.util.retry import Retry
-
 from infra.node.errors import ProviderError, UsageError
+from infra.node.lambda_cloud.pacing import (
+    RETRY_STATUSES,
+    Limits,
+    PacedRetry,
+    Pacer,
+    paced_adapter,
+    sending,
+)
 from infra.node.net import is_loopback
 from infra.node.retry import PollTimeout, poll
 
 DEFAULT_URL = "https://cloud.lambda.ai/api/v1"
 #: The user's Lambda key file (as Lambda's own CLI keeps it), relative to their home.
 LAMBDA_KEYS_FILE = Path(".lambda_cloud") / "lambda_keys"
+#: How many of its latest requests a client remembers (`LambdaClient.sent`, `.written`).
+HISTORY = 10_000
 #: Statuses after which an instance never comes back.
 GONE = frozenset({"terminated", "preempted"})
 #: Statuses that end a wait for `active` with a failure.
@@ -117,44 +125,6 @@ _ERRORS: dict[str, type[LambdaError]] = {
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Lambda's documented rate limits, optionally scaled (tests, the fake)."""
-
-    #: Seconds between any two requests ("generally one request per second").
-    request_interval: float = 1.0
-    #: Seconds between two launches ("one request per 12 seconds").
-    launch_interval: float = 12.0
-    #: Longest single backoff sleep after a 429/5xx.
-    backoff_cap: float = 30.0
-    #: Safety margin over the intervals: the server's clock is not ours.
-    margin: float = 0.02
-    #: How long a launch whose answer was lost may take to show up in the instance list before
-    #: we believe it never happened (generous: Lambda documents nothing about it).
-    lost_launch_window: float = 120.0
-
-    @classmethod
-    def scaled(cls, scale: float, share: float = 1.0) -> Limits:
-        """Lambda's limits times `scale`; `share` < 1 takes only that part of the request budget
-        (the head's node provider and the user's machine share one account's budget)."""
-        return cls(1.0 * scale / share, 12.0 * scale, 30.0 * scale, lost_launch_window=120.0 * scale)
-
-    @property
-    def scale(self) -> float:
-        return self.launch_interval / 12.0
-
-    @classmethod
-    def from_env(cls, share: float = 1.0) -> Limits:
-        raw = os.environ.get("LAMBDA_RATE_SCALE", "1")
-        try:
-            scale = float(raw)
-        except ValueError:
-            raise UsageError(f"LAMBDA_RATE_SCALE={raw!r}: expected a number such as 1 or 0.01") from None
-        if not 0 < scale <= 100:
-            raise UsageError(f"LAMBDA_RATE_SCALE={raw!r}: must be > 0 and <= 100")
-        return cls.scaled(scale, share)
-
-
-@dataclass(frozen=True)
 class InstanceType:
     name: str
     description: str
@@ -207,97 +177,6 @@ class FileSystem:
     mount_point: str
 
 
-@dataclass
-class _Pacer:
-    """One request in flight at a time, shared by threads, each sent one interval (a launch: one
-    launch interval) after the previous one was answered.
-
-    Spacing the moments requests leave is not enough: the server judges the moments they arrive,
-    and a request can take long from leaving to the server (80 ms on a loaded test machine, a slow
-    network). Another thread's request sent meanwhile could arrive right behind it and be refused
-    with a 429. Only the answer proves the server has seen a request, so the next one waits for
-    it. A launch waiting out its longer interval holds nobody back."""
-
-    limits: Limits
-    lock: threading.Condition = field(default_factory=threading.Condition)
-    next_any: float = 0.0
-    next_launch: float = 0.0
-    #: The thread whose request is between `wait` and `done`, if any.
-    owner: int | None = None
-
-    def wait(self, launch: bool) -> None:
-        """Until this thread may send; its request is then in flight until it calls `done`."""
-        me = threading.get_ident()
-        with self.lock:
-            while True:
-                now = time.monotonic()
-                start = max(self.next_any, self.next_launch) if launch else self.next_any
-                busy = self.owner not in (None, me)
-                if not busy and now >= start:
-                    break
-                # `done` wakes us; else our slot's time does (wait() may wake early: looped).
-                self.lock.wait(None if busy else start - now)
-            self.owner = me
-
-    def done(self, launch: bool) -> None:
-        """The request was answered (or failed): the next one waits its interval from now."""
-        factor = 1 + self.limits.margin
-        with self.lock:
-            now = time.monotonic()
-            if self.owner == threading.get_ident():  # a second `done` frees nobody else's turn
-                self.owner = None
-            self.next_any = max(self.next_any, now + self.limits.request_interval * factor)
-            if launch:
-                self.next_launch = max(self.next_launch, now + self.limits.launch_interval * factor)
-            self.lock.notify_all()
-
-    def push_back(self, seconds: float) -> None:
-        """After a 429, keep every thread quiet for a while, not just the one that was told."""
-        with self.lock:
-            self.next_any = max(self.next_any, time.monotonic() + seconds)
-
-
-#: Answers worth the same request again: rate limit, Lambda's 409 on rulesets ("conflict", sent
-#: with the internal-error body), and server or gateway failures.
-RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
-
-
-class _PacedRetry(Retry):
-    """urllib3's Retry, paced like every other request: it waits Retry-After when the answer has
-    one (capped), else its exponential backoff but never less than one request interval; a 429
-    also quiets every other thread (`_Pacer.push_back`). The failed attempt gives up its turn
-    while it backs off; the retry then waits for a turn like any request."""
-
-    pacer: _Pacer | None = None
-    #: Retries of a launch take a launch slot.
-    launch: bool = False
-
-    def new(self, **kw: Any) -> _PacedRetry:
-        retry = super().new(**kw)
-        retry.pacer, retry.launch = self.pacer, self.launch
-        return retry
-
-    def get_backoff_time(self) -> float:
-        limits = self.pacer.limits if self.pacer else Limits()
-        floor = limits.request_interval * (1 + limits.margin)
-        return max(floor, super().get_backoff_time())
-
-    def sleep(self, response: Any = None) -> None:
-        delay = self.get_backoff_time()
-        header = response.headers.get("Retry-After") if response is not None else None
-        if header and self.pacer is not None:
-            with contextlib.suppress(ValueError):
-                delay = max(delay, min(float(header), self.pacer.limits.backoff_cap * 2))
-        if self.pacer is not None:
-            self.pacer.done(self.launch)
-            if response is not None and response.status == 429:
-                self.pacer.push_back(delay)
-            time.sleep(delay)
-            self.pacer.wait(self.launch)
-        else:
-            time.sleep(delay)
-
-
 #: Where the API key is read from, in this order: ours, then the variable of the proof of concept
 #: rayfleet started from (its users have it set), then lambda-cli's file (`LAMBDA_KEYS_FILE`).
 KEY_VARIABLES = ("LAMBDA_API_KEY", "LAMBDALABS_API_KEY")
@@ -347,14 +226,13 @@ class LambdaClient:
     def __init__(self, api_key: str, url: str = DEFAULT_URL, limits: Limits | None = None,
                  timeout: tuple[float, float] = (5.0, 30.0), retries: int = 12) -> None:
         import requests
-        from requests.adapters import HTTPAdapter
 
         self._key = api_key
         self.url = url.rstrip("/")
         self.limits = limits or Limits()
         self.timeout = timeout
         self.retries = retries
-        self._pacer = _Pacer(self.limits)
+        self._pacer = Pacer(self.limits)
         headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json",
                    "User-Agent": "rayfleet"}
         #: Every call but launch: urllib3 retries 409/429/5xx and network errors.
@@ -363,30 +241,33 @@ class LambdaClient:
         #: a connection never made); a lost answer or 5xx is the caller's to reconcile.
         self._launch_session = requests.Session()
         for session in (self._session, self._launch_session):
-            adapter = HTTPAdapter(max_retries=self._retry(launch=session is self._launch_session))
+            adapter = paced_adapter(self._retry(launch=session is self._launch_session))
             session.headers.update(headers)
             session.mount("http://", adapter)
             session.mount("https://", adapter)
-        #: Requests sent, by "METHOD path", for benches and tests (a retry counts once).
-        self.sent: list[str] = []
+        #: Requests sent, by "METHOD path", for benches and tests (a retry counts once); the
+        #: latest only, as a head's provider lists instances for as long as the cluster lives.
+        self.sent: deque[str] = deque(maxlen=HISTORY)
+        #: ("METHOD path", monotonic time its last byte was written) of each attempt, for benches
+        #: and tests that compare it with when the server counted it (bench/lambda_transit.py).
+        self.written: deque[tuple[str, float]] = deque(maxlen=HISTORY)
 
     def __repr__(self) -> str:
         return f"LambdaClient(url={self.url!r})"
 
-    def _retry(self, launch: bool) -> _PacedRetry:
-        retry = _PacedRetry(
+    def _retry(self, launch: bool) -> PacedRetry:
+        retry = PacedRetry(
             total=self.retries, backoff_factor=self.limits.request_interval,
             backoff_max=self.limits.backoff_cap, backoff_jitter=self.limits.request_interval,
             status_forcelist={429} if launch else RETRY_STATUSES, allowed_methods=None,
             read=0 if launch else None, other=0 if launch else None, raise_on_status=False,
-            respect_retry_after_header=False)  # _PacedRetry.sleep reads it, capped
+            respect_retry_after_header=False)  # PacedRetry.sleep reads it, capped
         retry.pacer, retry.launch = self._pacer, launch
         return retry
 
     def defer_launches(self, seconds: float) -> None:
         """No launch from this client before `seconds` from now (another process just launched)."""
-        with self._pacer.lock:
-            self._pacer.next_launch = max(self._pacer.next_launch, time.monotonic() + seconds)
+        self._pacer.defer_launches(seconds)
 
     @classmethod
     def from_env(cls, share: float = 1.0) -> LambdaClient:
@@ -412,10 +293,17 @@ class LambdaClient:
         what = f"{method} {path}"
         started = time.monotonic()
         session = self._launch_session if launch else self._session
+
+        def written() -> None:
+            self.written.append((what, time.monotonic()))
+            self._pacer.written()
+
         self._pacer.wait(launch)
         self.sent.append(what)
         try:
-            response = session.request(method, f"{self.url}{path}", json=body, timeout=self.timeout)
+            with sending(written):
+                response = session.request(method, f"{self.url}{path}", json=body,
+                                           timeout=self.timeout)
         except requests.RequestException as exc:
             if launch:
                 raise LaunchOutcomeUnknown(
@@ -424,7 +312,7 @@ class LambdaClient:
                               f"{time.monotonic() - started:.0f}s ({type(exc).__name__}); try "
                               "again later", status=0) from None
         finally:
-            self._pacer.done(launch)
+            self._pacer.done()
         if launch and response.status_code >= 500:
             raise LaunchOutcomeUnknown(
                 f"Lambda API: {what}: HTTP {response.status_code}, the instance may exist")

@@ -1,0 +1,284 @@
+"""How the Lambda client keeps to Lambda's rate limits: the limits, the pacer every request waits
+for, urllib3's retry paced by it, and the transport hook that tells the pacer when a request has
+left.
+
+Lambda judges the moment a request *reaches* it; we can only choose the moment it leaves. The
+next request is therefore spaced from the latest moment the previous one can have reached Lambda:
+its answer (it has surely arrived by then), or, earlier, the moment its last byte was written to
+the socket plus `Limits.transit`, the longest a written request takes to be counted. The written
+moment is taken in the connection itself (`PacedAdapter`), after the TCP and TLS handshakes: a
+new connection's setup is never counted as transit. Counting from the answer alone was safe but
+paid each answer's time again on every interval (a launch answer takes seconds at Lambda).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from urllib3 import connection, connectionpool, poolmanager
+from urllib3.util.retry import Retry
+
+from infra.node.errors import UsageError
+
+#: Answers worth the same request again: rate limit, Lambda's 409 on rulesets ("conflict", sent
+#: with the internal-error body), and server or gateway failures.
+RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Lambda's documented rate limits, optionally scaled (tests, the fake)."""
+
+    #: Seconds between any two requests ("generally one request per second").
+    request_interval: float = 1.0
+    #: Seconds between two launches ("one request per 12 seconds").
+    launch_interval: float = 12.0
+    #: Longest single backoff sleep after a 429/5xx.
+    backoff_cap: float = 30.0
+    #: Safety margin over the intervals: the server's clock is not ours.
+    margin: float = 0.02
+    #: How long a launch whose answer was lost may take to show up in the instance list before
+    #: we believe it never happened (generous: Lambda documents nothing about it).
+    lost_launch_window: float = 120.0
+    #: The longest a request takes from its last byte written here to the moment the server
+    #: counts it: the network's one-way time and the server's front. Never scaled: it is the
+    #: network's, not Lambda's. Measured to the fake's socket (bench/lambda_transit.py,
+    #: docs/benchmarks.md): nothing, even at load 9-10 (loopback delivers within the write); the
+    #: 80 ms of the proven flake, and up to 2.5 s at load 10, were spent before the write or in
+    #: the fake's own starved threads. 0.25 s is room for a real network's one-way time (tens of
+    #: ms within a region); a request later than that can meet a 429, which is waited out and
+    #: sent again (a launch too: a 429 created nothing).
+    transit: float = 0.25
+
+    @classmethod
+    def scaled(cls, scale: float, share: float = 1.0) -> Limits:
+        """Lambda's limits times `scale`; `share` < 1 takes only that part of the request budget
+        (the head's node provider and the user's machine share one account's budget)."""
+        return cls(1.0 * scale / share, 12.0 * scale, 30.0 * scale, lost_launch_window=120.0 * scale)
+
+    @property
+    def scale(self) -> float:
+        return self.launch_interval / 12.0
+
+    @classmethod
+    def from_env(cls, share: float = 1.0) -> Limits:
+        raw = os.environ.get("LAMBDA_RATE_SCALE", "1")
+        try:
+            scale = float(raw)
+        except ValueError:
+            raise UsageError(f"LAMBDA_RATE_SCALE={raw!r}: expected a number such as 1 or 0.01") from None
+        if not 0 < scale <= 100:
+            raise UsageError(f"LAMBDA_RATE_SCALE={raw!r}: must be > 0 and <= 100")
+        return cls.scaled(scale, share)
+
+
+@dataclass
+class Pacer:
+    """The turn to send, shared by threads: a request holds it from `wait` until it has surely
+    reached the server (`done` on its answer, or `Limits.transit` after `written`), and the next
+    one is sent one interval (a launch: one launch interval) after that moment.
+
+    Spacing the moments requests leave is not enough: the server judges the moments they arrive,
+    and on a loaded machine a request took 80 ms from its slot to the fake, so another thread's
+    request sent 102 ms later arrived 14 ms behind it (a 429). That time was spent before the
+    request was written (scheduling, building it, the connection) and in the fake's own threads;
+    what remains after the last byte is the network's, bounded by `transit`. A launch waiting out
+    its longer interval holds nobody back, and nobody holds it back: a plain request that would
+    push it past its due time waits behind it."""
+
+    limits: Limits
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    next_any: float = 0.0
+    next_launch: float = 0.0
+    #: The thread whose request has the turn (between `wait` and its arrival), if any.
+    owner: int | None = None
+    #: Whether the owner's request is a launch, and when its last byte was written (None: not yet).
+    owner_launch: bool = False
+    written_at: float | None = None
+    #: Launches waiting for their turn: a plain request that would delay one waits behind it.
+    launches_waiting: int = 0
+
+    def _arrived(self, at: float) -> None:
+        """The owner's request has reached the server by `at`: the next ones count from there."""
+        factor = 1 + self.limits.margin
+        self.next_any = max(self.next_any, at + self.limits.request_interval * factor)
+        if self.owner_launch:
+            self.next_launch = max(self.next_launch, at + self.limits.launch_interval * factor)
+        self.owner, self.written_at = None, None
+        self.lock.notify_all()
+
+    def _delays_a_launch(self, now: float) -> bool:
+        """A plain request sent now would push the next launch a thread waits for past its due
+        time: launches go at Lambda's limit, listings fit in between."""
+        if not self.launches_waiting:
+            return False
+        due = max(self.next_launch, self.next_any)
+        arrived_by = max(now, self.next_any) + self.limits.transit
+        return arrived_by + self.limits.request_interval * (1 + self.limits.margin) > due
+
+    def wait(self, launch: bool) -> None:
+        """Until this thread may send; its request then holds the turn until it has arrived."""
+        me = threading.get_ident()
+        with self.lock:
+            self.launches_waiting += launch
+            try:
+                while True:
+                    now = time.monotonic()
+                    if self.owner not in (None, me) and self.written_at is not None \
+                            and now >= self.written_at + self.limits.transit:
+                        self._arrived(self.written_at + self.limits.transit)
+                    start = max(self.next_any, self.next_launch) if launch else self.next_any
+                    timeout: float | None
+                    if self.owner not in (None, me):
+                        # `written` or `done` wakes us, else the owner's transit bound does.
+                        timeout = None if self.written_at is None \
+                            else self.written_at + self.limits.transit - now
+                    elif now < start:
+                        timeout = start - now
+                    elif not launch and self._delays_a_launch(now):
+                        # Until the launch has taken its turn (then `written` wakes us).
+                        timeout = max(max(self.next_launch, self.next_any) - now, 0.005)
+                    else:
+                        break
+                    self.lock.wait(timeout)  # may wake early: looped
+            finally:
+                self.launches_waiting -= launch
+            self.owner, self.owner_launch, self.written_at = me, launch, None
+
+    def written(self) -> None:
+        """This thread's request has been written whole: it reaches the server within `transit`."""
+        with self.lock:
+            if self.owner == threading.get_ident() and self.written_at is None:
+                self.written_at = time.monotonic()
+                self.lock.notify_all()
+
+    def done(self) -> None:
+        """This thread's request was answered (or failed): it has arrived, if at all, by now or by
+        `transit` after it was written, whichever was first. A second `done` (an interrupted retry
+        backoff), or one after another thread took the turn, changes nothing."""
+        with self.lock:
+            if self.owner != threading.get_ident():
+                return
+            now = time.monotonic()
+            written = self.written_at
+            self._arrived(now if written is None else min(now, written + self.limits.transit))
+
+    def push_back(self, seconds: float) -> None:
+        """After a 429, keep every thread quiet for a while, not just the one that was told."""
+        with self.lock:
+            self.next_any = max(self.next_any, time.monotonic() + seconds)
+
+    def defer_launches(self, seconds: float) -> None:
+        """No launch before `seconds` from now (another process just launched)."""
+        with self.lock:
+            self.next_launch = max(self.next_launch, time.monotonic() + seconds)
+
+
+class PacedRetry(Retry):
+    """urllib3's Retry, paced like every other request: it waits Retry-After when the answer has
+    one (capped), else its exponential backoff but never less than one request interval; a 429
+    also quiets every other thread (`Pacer.push_back`). The failed attempt gives up its turn
+    while it backs off; the retry then waits for a turn like any request."""
+
+    pacer: Pacer | None = None
+    #: Retries of a launch take a launch slot.
+    launch: bool = False
+
+    def new(self, **kw: Any) -> PacedRetry:
+        retry = super().new(**kw)
+        retry.pacer, retry.launch = self.pacer, self.launch
+        return retry
+
+    def get_backoff_time(self) -> float:
+        limits = self.pacer.limits if self.pacer else Limits()
+        floor = limits.request_interval * (1 + limits.margin)
+        return max(floor, super().get_backoff_time())
+
+    def sleep(self, response: Any = None) -> None:
+        delay = self.get_backoff_time()
+        header = response.headers.get("Retry-After") if response is not None else None
+        if header and self.pacer is not None:
+            with contextlib.suppress(ValueError):
+                delay = max(delay, min(float(header), self.pacer.limits.backoff_cap * 2))
+        if self.pacer is not None:
+            self.pacer.done()
+            if response is not None and response.status == 429:
+                self.pacer.push_back(delay)
+            time.sleep(delay)
+            self.pacer.wait(self.launch)
+        else:
+            time.sleep(delay)
+
+
+#: What the current thread's request in flight calls once it is written whole (`sending`).
+_on_written = threading.local()
+
+
+@contextlib.contextmanager
+def sending(hook: Callable[[], None]) -> Iterator[None]:
+    """While this block sends a request (retries included), `hook` runs each time one attempt
+    has been written whole."""
+    _on_written.hook = hook
+    try:
+        yield
+    finally:
+        _on_written.hook = None
+
+
+class _Stamped:
+    """A connection that reports when a request has been written whole: urllib3 (1.26 and 2.x)
+    calls `getresponse` right after the request's headers and body went out, and only then."""
+
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        hook = getattr(_on_written, "hook", None)
+        if hook is not None:
+            hook()
+        return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+
+
+class _StampedHTTPConnection(_Stamped, connection.HTTPConnection):
+    pass
+
+
+class _StampedHTTPSConnection(_Stamped, connection.HTTPSConnection):
+    pass
+
+
+class _StampedHTTPPool(connectionpool.HTTPConnectionPool):
+    ConnectionCls = _StampedHTTPConnection
+
+
+class _StampedHTTPSPool(connectionpool.HTTPSConnectionPool):
+    ConnectionCls = _StampedHTTPSConnection
+
+
+_STAMPED = {"http": _StampedHTTPPool, "https": _StampedHTTPSPool}
+
+
+def _stamp(manager: Any) -> Any:
+    # Only urllib3's own pools are swapped (a SOCKS proxy's manager has its own): a request sent
+    # through anything else is never stamped and keeps its turn until its answer, the safe side.
+    if getattr(manager, "pool_classes_by_scheme", None) is poolmanager.pool_classes_by_scheme:
+        manager.pool_classes_by_scheme = _STAMPED
+    return manager
+
+
+def paced_adapter(retry: PacedRetry) -> Any:
+    """requests' HTTPAdapter with `retry`, on connections that stamp the written moment."""
+    from requests.adapters import HTTPAdapter
+
+    class PacedAdapter(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            _stamp(self.poolmanager)
+
+        def proxy_manager_for(self, *args: Any, **kwargs: Any) -> Any:
+            return _stamp(super().proxy_manager_for(*args, **kwargs))
+
+    return PacedAdapter(max_retries=retry)
