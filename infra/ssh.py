@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from infra import paths
 from infra.errors import RayfleetError
-from infra.node import rayproc
+from infra.node import rayproc, wait
 from infra.node.files import atomic_write, write_error
 
 if TYPE_CHECKING:
@@ -276,8 +276,6 @@ def wait_until_ready(targets: Sequence[SshTarget], timeout: float, interval: flo
 
     `on_progress` gets {target: None if ready else last reason} after every round.
     """
-    from infra import wait
-
     pending = {str(t): t for t in targets}
     last: dict[str, str | None] = dict.fromkeys(pending, "not tried yet")
 
@@ -297,7 +295,7 @@ def wait_until_ready(targets: Sequence[SshTarget], timeout: float, interval: flo
     if not pending:
         return
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(targets)))) as pool:
-        wait.until(all_ready, timeout, interval, refused)
+        wait.until(all_ready, timeout, interval, on_timeout=refused)
 
 
 def execute(client: paramiko.SSHClient, command: str, timeout: float,
@@ -388,8 +386,6 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
             local_ports: list[int] | None = None, timeout: float = 30.0) -> Iterator[list[int]]:
     """Like `tunnel`, for several (host, port) at once through ONE ssh process (one login): the
     local ports, in the order of `remotes`."""
-    from infra import wait
-
     attempts = 1 if local_ports else 3
     last_error = ""
     for _ in range(attempts):
@@ -401,7 +397,7 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
         with contextlib.suppress(_Ended):
-            wait.until(functools.partial(_answering, process, ports), timeout, 0.1, _Ended)
+            wait.until(functools.partial(_answering, process, ports), timeout, 0.1, on_timeout=_Ended)
         if process.poll() is None and rayproc.listens_on(process.pid, ports):
             try:
                 yield ports

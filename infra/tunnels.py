@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from infra import paths, ssh
-from infra.node import rayproc
+from infra.node import rayproc, wait
 from infra.node.files import atomic_write
 
 
@@ -101,11 +101,10 @@ def open_tunnel(cluster: str, target: ssh.SshTarget, remote_ports: dict[str, int
 def _reusable(port: int | None) -> int:
     """`port` again when nothing listens on it (the tunnel it belonged to has just ended), else a
     free one."""
-    deadline = time.monotonic() + 2.0
-    while port is not None and time.monotonic() < deadline:
-        if not rayproc.port_answers("127.0.0.1", port, timeout=0.2):
-            return port
-        time.sleep(0.1)
+    if port is not None:
+        with contextlib.suppress(wait.WaitTimeout):
+            return wait.until(lambda: None if rayproc.port_answers("127.0.0.1", port, timeout=0.2)
+                              else port, 2.0, 0.1, f"port {port} to be free")
     return rayproc.free_port()
 
 

@@ -31,7 +31,7 @@ from urllib3.util.retry import Retry
 
 from infra.node.errors import ProviderError, UsageError
 from infra.node.net import is_loopback
-from infra.node.retry import PollTimeout, poll
+from infra.node.wait import WaitTimeout, until
 
 DEFAULT_URL = "https://cloud.lambda.ai/api/v1"
 #: The user's Lambda key file (as Lambda's own CLI keeps it), relative to their home.
@@ -479,9 +479,9 @@ class LambdaClient:
             return next((i for i in self.instances() if i.tags.get(key) == value), None)
 
         try:
-            return poll(tagged, self.limits.lost_launch_window if window is None else window,
-                        self.limits.request_interval, f"an instance tagged {key}={value}")
-        except PollTimeout:
+            return until(tagged, self.limits.lost_launch_window if window is None else window,
+                         self.limits.request_interval, f"an instance tagged {key}={value}")
+        except WaitTimeout:
             return None
 
     def instance(self, instance_id: str) -> Instance:
