@@ -165,7 +165,6 @@ KNOWN_LOOPS = {
     ("infra/node/wait.py", "until"): "the one wait itself",
     ("infra/node/wait.py", "retry"): "the one retry itself",
     ("infra/node/gateway.py", "watch"): "the gateway's periodic tick (asyncio), not a wait",
-    ("infra/tunnels.py", "open_tunnel"): "its own start of a tunnel, to become ssh.tunnels's",
     # Job scripts: they run on a cluster's nodes, where nothing of rayfleet is importable.
     ("tests/data/lambda_gpu_job.py", "<module>"): "a job script run where rayfleet is not",
     ("tests/data/privilege_probe.py", "tracking"): "a job script run where rayfleet is not",
