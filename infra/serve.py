@@ -20,7 +20,7 @@ from infra.errors import RayfleetError, UsageError
 from infra.node import wait
 
 if TYPE_CHECKING:
-    from infra.providers.base import Endpoint
+    from infra.endpoint import Endpoint
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _DONE = {"RUNNING", "DEPLOY_FAILED", "UNHEALTHY"}

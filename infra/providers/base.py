@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from infra import autodown_view, ui
 from infra.autodown_view import AutodownView
-from infra.costs import NodePrices
+from infra.costs import Cost, CostRange, NodePrices
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError, UsageError
 from infra.head import HeadAccess
@@ -67,41 +67,6 @@ class Plan(Generic[ExtraT]):
         object.__setattr__(self, "resources", tuple(self.resources))
         object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
         object.__setattr__(self, "notes", tuple(self.notes))
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What a cluster costs right now, as the provider knows it. Unknown figures are None."""
-
-    #: Nodes that count now (instances, VMs, TPU hosts, Slurm nodes), head included.
-    nodes: int
-    #: Dollars per hour now; None where the provider bills no money (Slurm) or knows no price.
-    hourly_usd: float | None = None
-    #: Seconds since the cluster's oldest running node started.
-    uptime_s: float | None = None
-    #: Dollars spent so far by the nodes running now (each node's price times its uptime).
-    accrued_usd: float | None = None
-    #: Node-hours used so far, for providers that account in time rather than money (Slurm).
-    node_hours: float | None = None
-    #: Where the prices come from, e.g. "Lambda /instance-types" or "estimate: rayfleet's GCP
-    #: price table of 2026-11-01"; shown next to every figure.
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class CostRange:
-    """What an autoscaling cluster costs per hour at its smallest and at its largest."""
-
-    min_nodes: int
-    max_nodes: int
-    #: $/h at min and at max size; None when there is no price (Slurm) or it is unknown.
-    min_hourly_usd: float | None = None
-    max_hourly_usd: float | None = None
-    #: As `Cost.source`.
-    source: str = ""
-    #: True when the provider bills node-hours, not money (Slurm): the range is shown in
-    #: node-hours per hour, one per node.
-    node_hours: bool = False
 
 
 @dataclass
