@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from infra import autodown_view, ui
 from infra.autodown_view import AutodownView
+from infra.capabilities import Capabilities
 from infra.costs import Cost, CostRange, NodePrices
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError, UsageError
@@ -244,8 +245,6 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
 
         raise ProviderError(f"the {self.name} provider gives no access to its head")
 
-    #: True when the provider reaches its nodes over SSH (`invoke check` then checks ssh/rsync).
-    uses_ssh: ClassVar[bool] = False
 
     def readiness(self) -> list[Readiness]:
         """Whether this machine can use the provider with this spec: credentials found, APIs
@@ -256,16 +255,11 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
     #: How long `invoke list` waits for this provider's `status` before it reports the provider
     #: unreachable (the call keeps running in a daemon thread and is abandoned).
     status_timeout_s: ClassVar[float] = 20.0
-    #: True when a head that removes itself may be gone before this machine read its last marker
-    #: (it deletes its own VM/instance): nothing left after a countdown then counts as a
-    #: self-removal at the end of that countdown (see `autodown_view.decide`).
-    autodown_last_word_may_be_lost: ClassVar[bool] = False
-    #: True when `up` starts an MLflow tracking server (infra/tracking.py) for `tracking: mlflow`
-    #: and its endpoints carry `tracking_url`.
-    supports_tracking: ClassVar[bool] = False
-    #: True when `up` starts a Prometheus on the head for `metrics: prometheus` (infra/metrics.py)
-    #: and its endpoints carry `metrics_url`; elsewhere `up` says in one line that it has none.
-    supports_metrics: ClassVar[bool] = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this provider does: its spec class's table (infra/capabilities.py)."""
+        return type(self.spec).CAPABILITIES
 
     def copy_tracking(self, state: State) -> Path:
         """Copy the tracking store from the head to `.rayfleet/tracking/<cluster>/` now, while the
@@ -323,7 +317,8 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
             if left is False and not fetch:
                 marker = self._fetched(state, False) or marker
         minutes = self.spec.autodown.idle_minutes if self.spec.autodown else 0.0
-        return autodown_view.decide(marker, minutes, left, self.autodown_last_word_may_be_lost)
+        return autodown_view.decide(marker, minutes, left,
+                                     self.capabilities.autodown_last_word_may_be_lost)
 
     def with_autodown(self, status: ProviderStatus, report: AutodownView | None,
                       gone: str) -> ProviderStatus:
@@ -346,7 +341,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
             return True
         # A head that leaves its last word behind (a record, this machine's own copy) can be
         # asked any time; one that may not is presumed removed only after a countdown.
-        return not self.autodown_last_word_may_be_lost or bool(marker.get("idle_since"))
+        return not self.capabilities.autodown_last_word_may_be_lost or bool(marker.get("idle_since"))
 
     @abc.abstractmethod
     def teardown(self, state: State) -> None:
