@@ -12,10 +12,8 @@ import json
 from infra import autodown_view, remote_head, ssh
 from infra.node import autodown
 
-#: Kept for callers written against this module's earlier name for the mechanism: the one home
-#: of "run this daemon supervised on the head" is `remote_head.install_daemon`.
-install_daemon = remote_head.install_daemon
-stop_daemon = remote_head.stop_daemon
+#: infra/sharing.py still reads the gateway's files through this name; the one home of reading a
+#: file on a head is `remote_head.read_file` (this goes once sharing reads there).
 read_file = remote_head.read_file
 
 

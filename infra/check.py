@@ -34,7 +34,7 @@ def provider_readiness(name: str) -> list[Readiness]:
     except Exception as exc:  # any failure of one provider is its row, never the whole table's
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         rows = [Readiness("provider", False, message[:200], "see the message")]
-    if impl.uses_ssh:
+    if impl.capabilities.ssh:
         for what, tool, fix in _SSH_TOOLS:
             found = shutil.which(tool)
             rows.append(Readiness(what, found is not None, found or "not installed",

@@ -75,7 +75,7 @@ def _diff(name: str, plan: Plan[Any]) -> str:
 def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     membership.refuse_owner_verb(cluster, "plan")
     selected, impl = _select(provider, cluster)
-    sharing.check_spec(selected)
+    refuse_what_the_provider_lacks(selected)
     current = state.read(selected.name)
     result = impl.plan(current)
     _write_rendered(selected.name, result)
@@ -142,16 +142,24 @@ def _refuse_problems(result: Plan) -> None:
                                 "fix them before `invoke up`")
 
 
-def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
-    membership.refuse_owner_verb(cluster, "up")
-    selected, impl = _select(provider, cluster)
+def refuse_what_the_provider_lacks(selected: spec.ClusterSpec) -> None:
+    """The one check of a spec against its provider's table (infra/capabilities.py), before
+    `plan` or `up` does anything: a key the provider cannot honour is a SpecError in one line
+    naming it (sharing's own part, its gateway and its users, is `sharing.check_spec`). Metrics
+    alone are not refused: `up` warns and the cluster runs without them."""
     sharing.check_spec(selected)
-    sharing.warn_privilege(selected)
-    if selected.tracking != "none" and not impl.supports_tracking:
+    if selected.tracking != "none" and not type(selected).CAPABILITIES.tracking:
         raise SpecError(f"{selected.source}: tracking: {selected.tracking} is not available on the "
                         f"{selected.provider} provider yet; remove the key (see "
                         "docs/train-track-serve.md)")
-    if selected.metrics != "none" and not impl.supports_metrics:
+
+
+def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
+    membership.refuse_owner_verb(cluster, "up")
+    selected, impl = _select(provider, cluster)
+    refuse_what_the_provider_lacks(selected)
+    sharing.warn_privilege(selected)
+    if selected.metrics != "none" and not type(selected).CAPABILITIES.metrics:
         ui.warn(f"{selected.source}: metrics: {selected.metrics} is not available on the "
                 f"{selected.provider} provider yet; the cluster runs without metrics")
     with state.locked(selected.name, selected.provider, "up") as current:
@@ -195,7 +203,7 @@ def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any, Any], curr
     """Say that the cluster removed itself (if it did), and warn when nothing will remove it."""
     if current.path.exists():
         _say_if_removed(selected, impl, current)
-    if selected.autodown_turned_off and type(selected).AUTODOWN_DEFAULT_MINUTES:
+    if selected.autodown_turned_off and type(selected).CAPABILITIES.autodown_default_minutes:
         ui.warn(f"{selected.source}: autodown: null — this cluster never removes itself; it costs "
                 f"money until `invoke teardown{_cluster_flag(selected)}`")
 

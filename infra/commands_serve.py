@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from infra import access, commands, serve, state, tracking, ui, wait
+from infra import access, commands, serve, state, tracking, ui
 from infra.endpoint import Endpoint
 from infra.errors import ClusterNotRunningError, UsageError
+from infra.node import wait
 
 #: How long `invoke mlflow` waits for a tracking server that may still be starting.
 STARTUP_GRACE_S = 30.0
@@ -27,8 +28,8 @@ def mlflow(provider: str | None, cluster: str | None) -> None:
     with commands.connect(provider, cluster) as endpoint:
         url, password = _tracking(endpoint)
         # `up` does not wait for the server, which may still be starting right after it.
-        wait.until(lambda: True if tracking.answering(url) else None, STARTUP_GRACE_S, 0.5,
-                   lambda: tracking.TrackingError(
+        wait.until(lambda: tracking.answering(url), STARTUP_GRACE_S, 0.5,
+                   on_timeout=lambda: tracking.TrackingError(
                        f"the tracking server at {url} is not answering; `invoke up` restarts it "
                        "(its data is kept)"))
         ui.out(url, markup=False)

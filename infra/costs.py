@@ -13,8 +13,42 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from infra.providers.base import Cost, CostRange
     from infra.spec import ClusterSpec
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a cluster costs right now, as the provider knows it. Unknown figures are None."""
+
+    #: Nodes that count now (instances, VMs, TPU hosts, Slurm nodes), head included.
+    nodes: int
+    #: Dollars per hour now; None where the provider bills no money (Slurm) or knows no price.
+    hourly_usd: float | None = None
+    #: Seconds since the cluster's oldest running node started.
+    uptime_s: float | None = None
+    #: Dollars spent so far by the nodes running now (each node's price times its uptime).
+    accrued_usd: float | None = None
+    #: Node-hours used so far, for providers that account in time rather than money (Slurm).
+    node_hours: float | None = None
+    #: Where the prices come from, e.g. "Lambda /instance-types" or "estimate: rayfleet's GCP
+    #: price table of 2026-11-01"; shown next to every figure.
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class CostRange:
+    """What an autoscaling cluster costs per hour at its smallest and at its largest."""
+
+    min_nodes: int
+    max_nodes: int
+    #: $/h at min and at max size; None when there is no price (Slurm) or it is unknown.
+    min_hourly_usd: float | None = None
+    max_hourly_usd: float | None = None
+    #: As `Cost.source`.
+    source: str = ""
+    #: True when the provider bills node-hours, not money (Slurm): the range is shown in
+    #: node-hours per hour, one per node.
+    node_hours: bool = False
 
 
 @dataclass(frozen=True)

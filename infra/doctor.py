@@ -20,6 +20,7 @@ from infra import ui, versions
 from infra.endpoint import Endpoint
 from infra.errors import JobError
 from infra.jobs import job_client
+from infra.node import wait
 
 PROBE = Path(__file__).with_name("doctor_probe.py")
 _RESULT = "RESULT "
@@ -101,7 +102,7 @@ def probe(endpoint: Endpoint, timeout_s: float = 120.0) -> dict[str, Any]:
 
     try:
         status = ui.wait_for(ended, f"job {job_id} to report every node", timeout=timeout_s)
-    except ui.WaitTimeout:
+    except wait.WaitTimeout:
         client.stop_job(job_id)
         raise
     logs = client.get_job_logs(job_id)

@@ -8,7 +8,9 @@ in a daemon thread that is abandoned, so one dead endpoint never holds up the ot
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from infra import paths, ui
 from infra.costs import duration, usd
 from infra.errors import RayfleetError
+from infra.node import wait
 
 if TYPE_CHECKING:
     from infra.providers.base import ProviderStatus
@@ -116,13 +119,18 @@ def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
         checks.append((row, thread, result))
     started = time.monotonic()
     failed: dict[str, str] = {}
+
+    def budget(result: dict[str, Any]) -> float:
+        # Each provider's own (known once its check has read the spec), counted from the common
+        # start: the checks run side by side.
+        return timeout if timeout is not None else float(result.get("timeout", 20.0))
+
+    def ended(thread: threading.Thread, result: dict[str, Any]) -> bool:
+        return not thread.is_alive() or time.monotonic() - started >= budget(result)
+
     for row, thread, result in checks:
-        # Each provider's own budget, counted from the common start: the checks run side by side.
-        limit = timeout if timeout is not None else 20.0
-        while thread.is_alive() and time.monotonic() - started < limit:
-            thread.join(0.05)
-            if timeout is None and "timeout" in result:
-                limit = float(result["timeout"])
+        wait.until(functools.partial(ended, thread, result), math.inf, 0.05)
+        limit = budget(result)
         spec_ = result.get("spec")
         if spec_ is not None:
             row.autodown_minutes = spec_.autodown.idle_minutes if spec_.autodown else None

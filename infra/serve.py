@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, jobs, tracking, ui, wait
+from infra import auth, jobs, tracking, ui
 from infra.errors import RayfleetError, UsageError
+from infra.node import wait
 
 if TYPE_CHECKING:
-    from infra.providers.base import Endpoint
+    from infra.endpoint import Endpoint
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _DONE = {"RUNNING", "DEPLOY_FAILED", "UNHEALTHY"}
@@ -169,7 +169,7 @@ def _put(client: Any, endpoint: Endpoint, apps: list[dict[str, Any]]) -> None:
     try:
         # A PUT is declarative (the whole wanted set), so sending it again is safe; a 500 is
         # what the dashboard answers when Serve's controller is slow to start on a busy head.
-        wait.retry(send, (Exception,), math.inf, 2.0, attempts=3, increment=3.0,
+        wait.retry(send, (Exception,), attempts=3, backoff=lambda attempt: 2.0 + 3.0 * attempt,
                    passing=lambda exc: "status code 500" in str(exc),
                    on_retry=lambda exc: ui.warn(f"Serve's API failed ({reason(exc)[:200]}); "
                                                 "trying again"))

@@ -88,11 +88,11 @@ def check_spec(selected: ClusterSpec) -> None:
     sharing = selected.sharing
     if sharing is None:
         return
-    if not type(selected).SHARING_GATEWAY:
-        why = type(selected).SHARING_REFUSAL.format(provider=selected.provider)
+    if not type(selected).CAPABILITIES.sharing_gateway:
+        why = type(selected).CAPABILITIES.sharing_refusal.format(provider=selected.provider)
         raise SpecError(f"{selected.source}: sharing: {why}; remove the block "
                         "(docs/concepts/sharing.md)")
-    if not (type(selected).SEPARATE_RAY_USER or sharing.members_run_as_owner):
+    if not (type(selected).CAPABILITIES.separate_ray_user or sharing.members_run_as_owner):
         raise SpecError(f"{selected.source}: sharing.members_run_as_owner: required on "
                         f"{selected.provider}: rayfleet cannot create a user for Ray there, so "
                         "members' jobs run as your own account and can read your files; add "

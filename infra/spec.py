@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from infra import paths
+from infra.capabilities import Capabilities
 from infra.errors import SpecError, UsageError
 
 #: The provider of `invoke` without --provider/--cluster: a real Ray cluster on this machine, no account.
@@ -72,7 +73,7 @@ class Sharing(StrictModel):
     #: The gateway's TLS port on the head.
     port: int = Field(8443, ge=1024, le=65535)
     #: Networks (CIDR) allowed to reach the gateway: a firewall rule for this port only. Required
-    #: on providers whose head has a public address (SHARING_NEEDS_RANGES).
+    #: on providers whose head has a public address (`Capabilities.sharing_needs_ranges`).
     allowed_source_ranges: list[str] = Field(default_factory=list, max_length=64)
     #: A member's next submit is refused while this many of their jobs are pending or running.
     max_running_jobs_per_member: int = Field(2, ge=1, le=1000)
@@ -146,21 +147,9 @@ class MetricsHistory(StrictModel):
 class ClusterSpec(StrictModel):
     """What every cluster spec has. `name` is the file's stem, not a key in the file."""
 
-    #: Minutes of idleness after which a cluster of this provider removes itself when its spec
-    #: says nothing about `autodown` (paid providers set it); None: off unless the spec turns it on.
-    AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = None
-    #: The head has a public address: `sharing:` must name `allowed_source_ranges`.
-    SHARING_NEEDS_RANGES: ClassVar[bool] = False
-    #: Ray runs as a Unix user of its own that setup creates (not the owner's account); where it
-    #: does not, `sharing:` must say `members_run_as_owner: true`.
-    SEPARATE_RAY_USER: ClassVar[bool] = False
-    #: `up` starts the sharing gateway on this provider's head (infra/sharing.py); where not yet,
-    #: `plan` and `up` refuse a `sharing:` block in one line.
-    SHARING_GATEWAY: ClassVar[bool] = False
-    #: Why `sharing:` is refused where SHARING_GATEWAY is False (`{provider}`: the provider's name).
-    SHARING_REFUSAL: ClassVar[str] = "the gateway does not run on {provider} heads yet"
-    #: `metrics` when the spec says nothing (local turns it off: a laptop rarely wants it).
-    METRICS_DEFAULT: ClassVar[str] = "prometheus"
+    #: What the provider does: its one table (infra/capabilities.py); each provider's spec sets its
+    #: own, and a new provider starts with nothing but the defaults.
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities()
 
     name: str
     provider: str
@@ -187,7 +176,8 @@ class ClusterSpec(StrictModel):
     @field_validator("sharing")
     @classmethod
     def _sharing_ranges(cls, value: Sharing | None) -> Sharing | None:
-        if value is not None and cls.SHARING_NEEDS_RANGES and not value.allowed_source_ranges:
+        if (value is not None and cls.CAPABILITIES.sharing_needs_ranges
+                and not value.allowed_source_ranges):
             raise ValueError("allowed_source_ranges is required on this provider (the gateway's "
                              "port is opened to exactly these networks); add e.g. "
                              "`allowed_source_ranges: [10.0.0.0/8]` under sharing:")
@@ -196,15 +186,16 @@ class ClusterSpec(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _default_autodown(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "autodown" not in data and cls.AUTODOWN_DEFAULT_MINUTES:
-            return {**data, "autodown": {"idle_minutes": cls.AUTODOWN_DEFAULT_MINUTES}}
+        minutes = cls.CAPABILITIES.autodown_default_minutes
+        if isinstance(data, dict) and "autodown" not in data and minutes:
+            return {**data, "autodown": {"idle_minutes": minutes}}
         return data
 
     @model_validator(mode="before")
     @classmethod
     def _default_metrics(cls, data: Any) -> Any:
         if isinstance(data, dict) and "metrics" not in data:
-            return {**data, "metrics": cls.METRICS_DEFAULT}
+            return {**data, "metrics": cls.CAPABILITIES.metrics_default}
         return data
 
     @field_validator("metrics_history")

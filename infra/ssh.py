@@ -9,7 +9,8 @@ Four small tools, all generic (no provider knowledge):
 - `run(target, command)`: one remote command through paramiko, with exit code and output.
 - `tunnel(target, remote_port)`: an OpenSSH `ssh -N -L` subprocess forwarding a free local port,
   for as long as the `with` block lasts (`invoke dashboard`, `invoke submit`); `tunnels` forwards
-  several ports through one such process (one login).
+  several ports through one such process (one login). Both, and the detached tunnel of
+  infra/tunnels.py, start it through `start_tunnel`.
 
 Every function takes an `SshTarget`, which carries an optional ProxyCommand (`%h`/`%p` expanded as
 OpenSSH does), so users behind a bastion and the test bed (hosts reached through a network
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from infra import paths
 from infra.errors import RayfleetError
-from infra.node import rayproc
+from infra.node import rayproc, wait
 from infra.node.files import atomic_write, write_error
 
 if TYPE_CHECKING:
@@ -276,8 +277,6 @@ def wait_until_ready(targets: Sequence[SshTarget], timeout: float, interval: flo
 
     `on_progress` gets {target: None if ready else last reason} after every round.
     """
-    from infra import wait
-
     pending = {str(t): t for t in targets}
     last: dict[str, str | None] = dict.fromkeys(pending, "not tried yet")
 
@@ -297,7 +296,7 @@ def wait_until_ready(targets: Sequence[SshTarget], timeout: float, interval: flo
     if not pending:
         return
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(targets)))) as pool:
-        wait.until(all_ready, timeout, interval, refused)
+        wait.until(all_ready, timeout, interval, on_timeout=refused)
 
 
 def execute(client: paramiko.SSHClient, command: str, timeout: float,
@@ -388,28 +387,41 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
             local_ports: list[int] | None = None, timeout: float = 30.0) -> Iterator[list[int]]:
     """Like `tunnel`, for several (host, port) at once through ONE ssh process (one login): the
     local ports, in the order of `remotes`."""
-    from infra import wait
+    process, ports = start_tunnel(target, remotes, local_ports, timeout, fixed=bool(local_ports))
+    try:
+        yield ports
+    finally:
+        _stop(process)
 
-    attempts = 1 if local_ports else 3
+
+def start_tunnel(target: SshTarget, remotes: list[tuple[str, int]], local_ports: list[int] | None,
+                 timeout: float, *, fixed: bool = False,
+                 detached_log: Path | None = None) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """rayfleet's one start of an `ssh -N -L` tunnel: (its ssh process, the local ports in the order
+    of `remotes`), once that process itself listens on every port.
+
+    `local_ports` are tried first (free ones otherwise). Unless `fixed`, a port someone else took
+    between choice and bind is replaced by another free one, twice at most. A host key that
+    changed is a HostKeyError naming the known_hosts file. Without `detached_log` the process
+    ends with this one (`tunnels`); with it, it lives on in a session of its own, writing its
+    errors there (`infra/tunnels.py`: a shell's `invoke env`)."""
+    attempts = 1 if fixed else 3
     last_error = ""
-    for _ in range(attempts):
-        ports = list(local_ports) if local_ports else [rayproc.free_port() for _ in remotes]
+    for attempt in range(attempts):
+        ports = (list(local_ports) if local_ports and attempt == 0
+                 else [rayproc.free_port() for _ in remotes])
         forwards = [arg for (host, remote), port in zip(remotes, ports, strict=True)
                     for arg in ("-L", f"127.0.0.1:{port}:{host}:{remote}")]
         command = ["ssh", "-N", *openssh_options(target), "-o", "ExitOnForwardFailure=yes",
                    *forwards, f"{target.user}@{target.host}"]
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        process = _popen(command, detached_log)
         with contextlib.suppress(_Ended):
-            wait.until(functools.partial(_answering, process, ports), timeout, 0.1, _Ended)
+            wait.until(functools.partial(_answering, process, ports), timeout, 0.1, on_timeout=_Ended)
         if process.poll() is None and rayproc.listens_on(process.pid, ports):
-            try:
-                yield ports
-            finally:
-                _stop(process)
-            return
+            return process, ports
         _stop(process)
-        stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+        stderr = (detached_log.read_text(errors="replace") if detached_log is not None
+                  else process.stderr.read().decode(errors="replace") if process.stderr else "")
         if "IDENTIFICATION HAS CHANGED" in stderr or "Host key verification failed" in stderr:
             raise HostKeyError(_changed(target, target.host, _known_hosts_path(target))
                                if "CHANGED" in stderr else
@@ -421,6 +433,18 @@ def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
     where = ", ".join(f"{host}:{remote}" for host, remote in remotes)
     raise SshError(f"tunnel to {where} via {target} failed: {last_error}; "
                    f"try `ssh {shlex.join(openssh_options(target))} {target.user}@{target.host}`")
+
+
+def _popen(command: list[str], detached_log: Path | None) -> subprocess.Popen[bytes]:
+    if detached_log is None:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+    detached_log.parent.mkdir(parents=True, exist_ok=True)
+    # A file, not a pipe: the process outlives this one, and a write to a pipe nobody reads
+    # any more would end it.
+    with detached_log.open("w") as err:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
 
 
 class _Ended(Exception):

@@ -13,16 +13,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from infra.errors import RayfleetError
+from infra.node import wait
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 T = TypeVar("T")
-
-
-class WaitTimeout(RayfleetError):
-    """A readiness poll ran out of time."""
 
 
 _consoles: dict[str, Console] = {}
@@ -108,17 +104,12 @@ def wait_for(
     interval: float = 0.2,
     hint: str = "",
 ) -> T:
-    """Poll `check` until it returns something other than None, showing progress.
+    """Poll `check` until it answers (infra/node/wait.py: None or False is "not yet"), showing
+    progress; WaitTimeout naming `what` (and `hint`) once `timeout` seconds have passed.
 
     Polling instead of fixed sleeps: a fast machine is not slowed down and a slow one does not
     fail. `check` may call `step.detail(...)` to say what it sees, and may raise to give up early
     (an instance that turned unhealthy is not worth waiting for).
     """
-    from infra import wait
-
-    def timed_out() -> WaitTimeout:
-        suffix = f"; {hint}" if hint else ""
-        return WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}{suffix}")
-
     with step(what) as handle:
-        return wait.until(lambda: check(handle), timeout, interval, timed_out)
+        return wait.until(lambda: check(handle), timeout, interval, what, hint=hint)

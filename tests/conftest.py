@@ -218,3 +218,24 @@ def run_invoke(*args: str, env: dict[str, str] | None = None, timeout: float = 3
         cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
         timeout=timeout, input=input, check=False,
     )
+
+
+def assert_spec_keeps_the_file(spec: Any, path: Path) -> None:
+    """`spec` (a loaded spec model) says what the YAML file at `path` says, key for key: its name
+    is the file's, and no value of the file was dropped, renamed or replaced by a default."""
+    import yaml
+
+    def given(value: Any) -> Any:
+        if hasattr(value, "model_dump"):
+            return value.model_dump(exclude_unset=True)
+        if isinstance(value, list):
+            return [given(v) for v in value]
+        if isinstance(value, dict):
+            return {k: given(v) for k, v in value.items()}
+        return value
+
+    assert spec.name == path.stem
+    written = yaml.safe_load(path.read_text())
+    differ = {key: (value, given(getattr(spec, key, None))) for key, value in written.items()
+              if given(getattr(spec, key, None)) != value}
+    assert differ == {}, f"{path.name}: (file, loaded) differ: {differ}"

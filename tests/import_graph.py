@@ -1,5 +1,6 @@
-"""The import graph of `infra/` read from the source (AST), lazy imports included; imports under
-`if TYPE_CHECKING:` are left out (they never run). Used by tests/test_layers.py."""
+"""The import graph of `infra/` read from the source (AST), lazy imports and imports under
+`if TYPE_CHECKING:` included: a type a module names belongs to a layer it may import, so a circle
+hidden from the interpreter is still a circle. Used by tests/test_layers.py."""
 
 from __future__ import annotations
 
@@ -30,15 +31,9 @@ def _owner(name: str, known: dict[str, Path]) -> str | None:
 def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The modules of ours that `module` imports anywhere in its file."""
     tree = ast.parse(path.read_text())
-    typing_only = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            typing_only |= {id(inner) for part in node.body for inner in ast.walk(part)}
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from infra import costs, jobs
-from infra.providers.base import Cost
+from infra.costs import Cost
 from tests.conftest import ROOT, run_invoke
 
 

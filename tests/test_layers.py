@@ -3,10 +3,13 @@
     infra/tasks.py (the front door; tasks.py re-exports it) -> commands -> providers -> core -> node
 
 No module imports one above its layer, none of them import each other round, and a provider
-imports no other provider. (Imports under `if TYPE_CHECKING:` do not run and do not count.)
+imports no other provider. Imports under `if TYPE_CHECKING:` count as any other: they do not run,
+but a circle of types is a circle of layers all the same.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +57,18 @@ def test_the_graph_is_read() -> None:
 
 def test_no_import_cycle() -> None:
     assert cycles(EDGES) == []
+
+
+def test_imports_for_the_type_checker_count(tmp_path: Path) -> None:
+    package = tmp_path / "infra"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from infra import b\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                  "    from infra.a import A\n")
+    edges = graph(package)
+    assert edges["infra.b"] == {"infra.a"}
+    assert cycles(edges) == [["infra.a", "infra.b"]]
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

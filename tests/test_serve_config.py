@@ -5,6 +5,7 @@ The end-to-end side (real MLflow, real Serve) is in tests/test_examples.py.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -67,10 +68,10 @@ def test_up_refuses_tracking_where_the_provider_has_none_and_creates_nothing(
         tmp_path: Path, rf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from infra import commands
     from infra.errors import SpecError
-    from infra.providers.slurm.provider import Provider
+    from infra.providers.slurm.spec import Spec
 
     # Every provider of the test bed may start a server by now: take it away from one.
-    monkeypatch.setattr(Provider, "supports_tracking", False)
+    monkeypatch.setattr(Spec, "CAPABILITIES", dataclasses.replace(Spec.CAPABILITIES, tracking=False))
     path = tmp_path / "trk.yaml"
     path.write_text((ROOT / "clusters/slurm-minimal.yaml").read_text() + "\ntracking: mlflow\n")
     with pytest.raises(SpecError) as caught:

@@ -114,11 +114,12 @@ def test_a_provider_whose_head_gets_no_gateway_refuses_sharing_naming_its_reason
     """Every provider runs the gateway now; one that does not (a new provider's default) refuses
     the block before anything is created, with its own reason first."""
     from infra import sharing
+    from infra.capabilities import Capabilities
     from infra.errors import SpecError
     from infra.spec import ClusterSpec, Sharing
 
     class NoGateway(ClusterSpec):
-        SHARING_REFUSAL = "not on {provider}: no head to run it on"
+        CAPABILITIES = Capabilities(sharing_refusal="not on {provider}: no head to run it on")
 
     spec = NoGateway(name="c", provider="nohead", source="c.yaml",
                      sharing=Sharing())

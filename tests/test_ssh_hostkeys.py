@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import ssh
+from infra import ssh, tunnels
 from tests.lambda_cloud.sshd import LocalSshd
 
 # Never dialled: every connection goes through a proxy command to a loopback sshd. Two servers
@@ -57,6 +57,11 @@ def test_first_contact_pins_then_a_changed_key_is_refused(
     with pytest.raises(ssh.HostKeyError) as caught, ssh.tunnel(impostor, 22, timeout=10):
         pass
     assert "\n" not in str(caught.value) and HOST in str(caught.value)
+    # The detached tunnel of `invoke env` starts the same way, so it says the same.
+    with pytest.raises(ssh.HostKeyError) as caught:
+        tunnels.open_tunnel("hostkeys", impostor, {"ssh": 22}, timeout=10)
+    assert "\n" not in str(caught.value) and HOST in str(caught.value)
+    assert not tunnels.record_path("hostkeys").exists()
 
 
 def test_strict_hosts_must_be_known_already(servers: tuple[LocalSshd, LocalSshd],

@@ -12,8 +12,13 @@ import pytest
 from tests.waiting import read_json, wait_until, wait_while, watcher_checked
 
 
-def test_wait_until_returns_the_first_truthy_answer() -> None:
-    answers = iter([None, 0, [], "found"])
+def test_wait_until_returns_the_first_answer_as_rayfleet_s_own_wait_does() -> None:
+    # The one meaning (infra/node/wait.py): None and False are "not yet"; 0 and [] are answers.
+    answers = iter([None, False, 0, "found"])
+    assert wait_until(lambda: next(answers), "an answer", timeout=5, interval=0.01) == 0
+    answers = iter([None, [], "found"])
+    assert wait_until(lambda: next(answers), "an answer", timeout=5, interval=0.01) == []
+    answers = iter([None, False, "found"])
     assert wait_until(lambda: next(answers), "an answer", timeout=5, interval=0.01) == "found"
 
 

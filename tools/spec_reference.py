@@ -165,10 +165,10 @@ def render() -> str:
         first = (spec.__doc__ or "").strip().splitlines()
         if first and spec.__doc__ != ClusterSpec.__doc__:
             out.append(" ".join(line.strip() for line in first if line.strip()) + "\n")
-        default = spec.AUTODOWN_DEFAULT_MINUTES
+        default = spec.CAPABILITIES.autodown_default_minutes
         out.append(f"Autodown default: {f'{default:g} idle minutes' if default else 'off'}. "
                    f"Metrics default (when `metrics:` is not set): "
-                   f"`{spec.METRICS_DEFAULT}`.\n")
+                   f"`{spec.CAPABILITIES.metrics_default}`.\n")
         out += _table(spec, {"name", "source"})
         for model in own:
             out.append(f"\n### {model.__name__} {{#{ANCHORS[model]}}}\n")

@@ -9,13 +9,13 @@ The standard library and psutil only (Ray's own copy of it on Slurm's nodes, see
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import re
 import signal
 import socket
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,8 @@ except ModuleNotFoundError:
         raise
     sys.path.append(os.path.join(next(iter(_ray.submodule_search_locations)), "thirdparty_files"))
     import psutil
+
+from infra.node.wait import WaitTimeout, until
 
 #: The port flags of `ray start`, in block order: a cluster that must not collide with another
 #: Ray on the same machine sets every one of them.
@@ -325,13 +327,17 @@ def terminate(pids: list[int] | list[Identity], grace: float = 3.0) -> list[int]
         for proc in procs:
             with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
                 proc.send_signal(sig)
-        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 2.0)
-        while time.monotonic() < deadline and any(_lives(p) for p in procs):
-            time.sleep(0.05)
+        with contextlib.suppress(WaitTimeout):  # the survivors are counted below
+            until(functools.partial(_all_ended, procs), grace if sig == signal.SIGTERM else 2.0,
+                  0.05, "the processes to end")
         procs = [p for p in procs if _lives(p)]
         if not procs:
             break
     return [p.pid for p in procs]
+
+
+def _all_ended(procs: list[psutil.Process]) -> bool:
+    return not any(_lives(p) for p in procs)
 
 
 def _lives(proc: psutil.Process) -> bool:

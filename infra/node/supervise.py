@@ -36,6 +36,7 @@ from typing import Any
 
 from infra.node.files import atomic_write
 from infra.node.rayproc import Identity, terminate
+from infra.node.wait import WaitTimeout, until
 
 #: The first pause before a restart; it doubles while the daemon keeps dying young.
 FIRST_DELAY_S = 1.0
@@ -118,10 +119,10 @@ def ensure(argv: Sequence[str], pidfile: Path, log: Path, cwd: str | None = None
                           "--", *argv], cwd=cwd, env=child_env, stdout=out,
                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                          start_new_session=True)
-    # A failing start leaves the log to say why.
-    deadline = time.monotonic() + (10 if wait else 0)
-    while time.monotonic() < deadline and not running(pidfile):
-        time.sleep(0.05)
+    if wait:
+        # A failing start leaves the log to say why.
+        with contextlib.suppress(WaitTimeout):
+            until(lambda: running(pidfile), 10, 0.05, "the supervisor to start")
     return True
 
 

@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from infra import autodown_view, ui
 from infra.autodown_view import AutodownView
-from infra.costs import NodePrices
+from infra.capabilities import Capabilities
+from infra.costs import Cost, CostRange, NodePrices
 from infra.endpoint import Endpoint
 from infra.errors import RayfleetError, UsageError
 from infra.head import HeadAccess
@@ -67,41 +68,6 @@ class Plan(Generic[ExtraT]):
         object.__setattr__(self, "resources", tuple(self.resources))
         object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
         object.__setattr__(self, "notes", tuple(self.notes))
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What a cluster costs right now, as the provider knows it. Unknown figures are None."""
-
-    #: Nodes that count now (instances, VMs, TPU hosts, Slurm nodes), head included.
-    nodes: int
-    #: Dollars per hour now; None where the provider bills no money (Slurm) or knows no price.
-    hourly_usd: float | None = None
-    #: Seconds since the cluster's oldest running node started.
-    uptime_s: float | None = None
-    #: Dollars spent so far by the nodes running now (each node's price times its uptime).
-    accrued_usd: float | None = None
-    #: Node-hours used so far, for providers that account in time rather than money (Slurm).
-    node_hours: float | None = None
-    #: Where the prices come from, e.g. "Lambda /instance-types" or "estimate: rayfleet's GCP
-    #: price table of 2026-11-01"; shown next to every figure.
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class CostRange:
-    """What an autoscaling cluster costs per hour at its smallest and at its largest."""
-
-    min_nodes: int
-    max_nodes: int
-    #: $/h at min and at max size; None when there is no price (Slurm) or it is unknown.
-    min_hourly_usd: float | None = None
-    max_hourly_usd: float | None = None
-    #: As `Cost.source`.
-    source: str = ""
-    #: True when the provider bills node-hours, not money (Slurm): the range is shown in
-    #: node-hours per hour, one per node.
-    node_hours: bool = False
 
 
 @dataclass
@@ -279,8 +245,6 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
 
         raise ProviderError(f"the {self.name} provider gives no access to its head")
 
-    #: True when the provider reaches its nodes over SSH (`invoke check` then checks ssh/rsync).
-    uses_ssh: ClassVar[bool] = False
 
     def restart_ray(self, state: State) -> Endpoint:
         """Ray started again on the cluster, every node reading the cluster's token file anew
@@ -297,16 +261,11 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
     #: How long `invoke list` waits for this provider's `status` before it reports the provider
     #: unreachable (the call keeps running in a daemon thread and is abandoned).
     status_timeout_s: ClassVar[float] = 20.0
-    #: True when a head that removes itself may be gone before this machine read its last marker
-    #: (it deletes its own VM/instance): nothing left after a countdown then counts as a
-    #: self-removal at the end of that countdown (see `autodown_view.decide`).
-    autodown_last_word_may_be_lost: ClassVar[bool] = False
-    #: True when `up` starts an MLflow tracking server (infra/tracking.py) for `tracking: mlflow`
-    #: and its endpoints carry `tracking_url`.
-    supports_tracking: ClassVar[bool] = False
-    #: True when `up` starts a Prometheus on the head for `metrics: prometheus` (infra/metrics.py)
-    #: and its endpoints carry `metrics_url`; elsewhere `up` says in one line that it has none.
-    supports_metrics: ClassVar[bool] = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this provider does: its spec class's table (infra/capabilities.py)."""
+        return type(self.spec).CAPABILITIES
 
     def copy_tracking(self, state: State) -> Path:
         """Copy the tracking store from the head to `.rayfleet/tracking/<cluster>/` now, while the
@@ -364,7 +323,8 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
             if left is False and not fetch:
                 marker = self._fetched(state, False) or marker
         minutes = self.spec.autodown.idle_minutes if self.spec.autodown else 0.0
-        return autodown_view.decide(marker, minutes, left, self.autodown_last_word_may_be_lost)
+        return autodown_view.decide(marker, minutes, left,
+                                     self.capabilities.autodown_last_word_may_be_lost)
 
     def with_autodown(self, status: ProviderStatus, report: AutodownView | None,
                       gone: str) -> ProviderStatus:
@@ -387,7 +347,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
             return True
         # A head that leaves its last word behind (a record, this machine's own copy) can be
         # asked any time; one that may not is presumed removed only after a countdown.
-        return not self.autodown_last_word_may_be_lost or bool(marker.get("idle_since"))
+        return not self.capabilities.autodown_last_word_may_be_lost or bool(marker.get("idle_since"))
 
     @abc.abstractmethod
     def teardown(self, state: State) -> None:

@@ -302,7 +302,15 @@ def test_preflight_warns_when_full_scale_out_exceeds_quota(tmp_path: Path, api: 
 
 def test_preflight_accepts_our_own_cluster_name(tmp_path: Path, api: Gcp, fake: FakeGcp) -> None:
     fake.add_instance(ZONE, "ray-lab-head-1-compute", {"ray-cluster-name": "lab"})
-    assert _run(tmp_path, api, ours=True).passed
+    # Someone else's nodes by that name are refused, naming them...
+    with pytest.raises(GcpError, match=r"already has nodes of a Ray cluster named 'lab' in "
+                                       r"us-central2-b \(ray-lab-head-1-compute\)"):
+        _run(tmp_path, api, ours=False)
+    # ...while ours (state lists them) pass every check, the name's left out.
+    report = _run(tmp_path, api, ours=True)
+    assert "project test-project reachable" in "\n".join(report.passed)
+    assert not [line for line in report.passed if "no other Ray cluster named" in line]
+    assert report.zones == [ZONE] and report.warnings == []
 
 
 def test_tpu_quota_error_reads_as_quota(api: Gcp, fake: FakeGcp) -> None:

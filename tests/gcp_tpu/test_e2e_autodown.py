@@ -138,7 +138,7 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         idle_since = time.monotonic()
         # The job is stopped a moment after stop-job returns; the watcher notices within 1 s.
         wait_until(lambda: json.loads(head_host.run(
-            f"cat {WATCHER_HOME}/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since"),
+            f"cat {WATCHER_HOME}/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since") or None,
             "the watcher to count idle time", timeout=15, interval=0.5)
         status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
         assert "autodown: idle " in status.stdout and " of 0.3 min" in status.stdout, status.stdout

@@ -89,7 +89,8 @@ def test_ctrl_c_during_up_removes_what_this_run_created(offline: Offline, tmp_pa
         # (the terminal sends SIGINT to the whole foreground group: invoke and `ray up`).
         wait_until(lambda: [
             i for i in offline.fake.instances.values()
-            if i["labels"].get("rayfleet-name") == "gcpint" and i["status"] == "RUNNING"], "the head VM",
+            if i["labels"].get("rayfleet-name") == "gcpint" and i["status"] == "RUNNING"] or None,
+            "the head VM",
             timeout=180, interval=0.5)
         os.killpg(up.pid, signal.SIGINT)
         out, err = up.communicate(timeout=300)

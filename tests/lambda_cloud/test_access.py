@@ -17,6 +17,7 @@ import yaml
 
 from tests.conftest import run_invoke
 from tests.lambda_cloud.sshd import LocalSshd
+from tests.waiting import wait_until
 
 CLUSTER = "lacc"
 HEAD_IP = "198.51.100.23"  # TEST-NET-2: never dialled, the proxy command goes to loopback
@@ -144,13 +145,9 @@ def test_env_opens_one_tunnel_for_the_job_api_and_ray_client(
 
 
 def _gone(pid: int) -> bool:
-    import time
-
-    for _ in range(50):
-        if not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid):
-            return True
-        time.sleep(0.1)
-    return False
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid),
+               f"process {pid} to end", timeout=5, interval=0.1)
+    return True
 
 
 def _proc_state(pid: int) -> str:

@@ -14,7 +14,7 @@ from infra.errors import SpecError
 from infra.loading import load_spec
 from infra.providers.lambda_cloud import raycluster
 from infra.providers.lambda_cloud.spec import Spec
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT, assert_spec_keeps_the_file, run_invoke
 from tests.golden import assert_golden
 
 BASE: dict[str, Any] = {
@@ -73,9 +73,17 @@ def test_cli_rejects_a_bad_spec_with_exit_2_and_creates_nothing(tmp_path: Path, 
 def test_example_specs_load_and_render(name: str, rf_home: Path) -> None:
     spec = load_spec(ROOT / "clusters" / f"{name}.yaml")
     assert isinstance(spec, Spec)
+    assert_spec_keeps_the_file(spec, ROOT / "clusters" / f"{name}.yaml")
     text = raycluster.render_config(spec, "198.51.100.10", ["198.51.100.11"], Path("/k/id"),
                                     "0123abcd")
     render.validate_ray_cluster_config(text, name)
+    # The render is this spec's Ray config on these machines: its name, addresses and key.
+    config = yaml.safe_load(text)
+    assert config["cluster_name"] == f"{name}-0123abcd"
+    assert config["provider"] == {"type": "local", "head_ip": "198.51.100.10",
+                                  "worker_ips": ["198.51.100.11"]}
+    assert config["min_workers"] == config["max_workers"] == 1
+    assert config["auth"] == {"ssh_user": spec.ssh_user, "ssh_private_key": "/k/id"}
 
 
 def test_every_key_of_the_full_example_is_commented() -> None:

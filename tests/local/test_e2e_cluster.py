@@ -164,7 +164,7 @@ def test_kill_9_during_up_leaves_state_teardown_can_finish(cluster: Path, rf_hom
     state_file = rf_home / "state" / f"{cluster.stem}.json"
     wait_until(state_file.exists, "up to write its state", timeout=60, interval=0.02)
     # Let `ray start` get going so there are processes to find, then kill rayfleet mid-step.
-    wait_until(lambda: _processes(cluster.stem), "`ray start`'s processes", timeout=60,
+    wait_until(lambda: _processes(cluster.stem) or None, "`ray start`'s processes", timeout=60,
                interval=0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

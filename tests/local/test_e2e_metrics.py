@@ -1,6 +1,8 @@
 """`metrics: prometheus` on a real local Ray head with the distribution's real Prometheus: the
 targets, `invoke top`, `invoke report` in a real headless Chromium, a killed Prometheus, and the
-history kept at teardown. One cluster for the module; the tests follow each other in order.
+history kept at teardown. One cluster for the module, brought up again for the next test when one
+tore it down, and one busy job on it that the tests needing it share: each test runs alone, or in
+any order.
 
 Assertions are on what Prometheus, Ray and the browser report.
 """
@@ -39,6 +41,8 @@ class Cluster:
     spec: Path
     home: Path
     work: Path
+    #: `top`'s frame while this cluster's busy job ran (the `busy` fixture); None until then.
+    busy: dict | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -65,20 +69,51 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     work = tmp_path_factory.mktemp("metrics")
     name = f"m{uuid.uuid4().hex[:8]}"
     spec = work / f"{name}.yaml"
     spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 100\n"
                     "metrics: prometheus\nmetrics_history: {scrape_interval_s: 2}\n")
     found = Cluster(spec, work / "home", work)
-    up = found.invoke("up")
-    assert up.returncode == 0, up.stdout + up.stderr
     yield found
     found.invoke("teardown")
     leftovers = rayproc.cluster_processes([f"/tmp/rayfleet/{name}-"])
     rayproc.terminate(leftovers)
     assert not leftovers, f"test left processes behind: {leftovers}"
+
+
+@pytest.fixture
+def cluster(module_cluster: Cluster) -> Cluster:
+    """The module's cluster, up: built by the first test that needs it, and again after a test
+    that tore it down (so a test never depends on which ran before it)."""
+    if not (module_cluster.home / "state" / f"{module_cluster.spec.stem}.json").exists():
+        up = module_cluster.invoke("up")
+        assert up.returncode == 0, up.stdout + up.stderr
+        module_cluster.busy = None
+    return module_cluster
+
+
+@pytest.fixture
+def busy(cluster: Cluster) -> dict:
+    """`top`'s frame while a job keeps both CPUs of the cluster busy for 45 s
+    (tests/data/burn_cpus.py), submitted once per cluster and shared by the tests that need it."""
+    if cluster.busy is None:
+        # Scraped from the start: a job that ran before Prometheus saw the node is no history.
+        _all_scraped(cluster)
+        submitted = cluster.invoke("submit", "--no-wait", "tests/data/burn_cpus.py", "--", "2", "45")
+        assert submitted.returncode == 0, submitted.stderr
+
+        def seen() -> dict | None:
+            shown = cluster.invoke("top", "--once", "--json", timeout=120)
+            assert shown.returncode == 0, shown.stderr
+            frame = json.loads(shown.stdout)
+            head = frame["nodes"][0]
+            return frame if head["cpu_used"] >= 1.5 and head["cpu_reserved"] >= 2 and frame["jobs"] \
+                else None
+
+        cluster.busy = wait_until(seen, "2 busy CPUs in `top --once --json`", timeout=150, interval=3)
+    return cluster.busy
 
 
 def _targets(cluster: Cluster) -> list[dict]:
@@ -87,9 +122,10 @@ def _targets(cluster: Cluster) -> list[dict]:
     return list(answer.json()["data"]["activeTargets"])
 
 
-def test_prometheus_scrapes_every_node_and_the_dashboard_knows_it(cluster: Cluster) -> None:
+def _all_scraped(cluster: Cluster) -> list[dict]:
+    """Prometheus's targets once every one is up: Ray's own discovery file names the node's agent
+    and the head's autoscaler and dashboard."""
     block = cluster.block
-    # Ray's own discovery file names the node's agent and the head's autoscaler and dashboard.
     wanted = {block.base + rayproc.PORT_NAMES.index("metrics-export-port"),
               block.autoscaler_metrics, block.dashboard_metrics}
 
@@ -101,7 +137,12 @@ def test_prometheus_scrapes_every_node_and_the_dashboard_knows_it(cluster: Clust
         ports = {int(t["labels"]["instance"].rsplit(":", 1)[1]) for t in found}
         return found if ports == wanted and all(t["health"] == "up" for t in found) else None
 
-    wait_until(all_up, f"Prometheus targets on ports {sorted(wanted)} all up", timeout=120)
+    return wait_until(all_up, f"Prometheus targets on ports {sorted(wanted)} all up", timeout=120)
+
+
+def test_prometheus_scrapes_every_node_and_the_dashboard_knows_it(cluster: Cluster) -> None:
+    block = cluster.block
+    _all_scraped(cluster)
     # Listens on loopback only, like the dashboard.
     assert not rayproc.port_answers(_non_loopback_address(), block.prometheus)
     # Ray's dashboard was told where Prometheus is (RAY_PROMETHEUS_HOST): its health check passes.
@@ -151,19 +192,8 @@ def _ray_status(cluster: Cluster) -> tuple[int, float]:
     return nodes, float(cpu_line.split("/")[1].split()[0])
 
 
-def test_top_shows_a_busy_job_and_agrees_with_ray_status(cluster: Cluster) -> None:
-    submitted = cluster.invoke("submit", "--no-wait", "tests/data/burn_cpus.py", "--", "2", "45")
-    assert submitted.returncode == 0, submitted.stderr
-
-    def busy() -> dict | None:
-        shown = cluster.invoke("top", "--once", "--json", timeout=120)
-        assert shown.returncode == 0, shown.stderr
-        frame = json.loads(shown.stdout)
-        head = frame["nodes"][0]
-        return frame if head["cpu_used"] >= 1.5 and head["cpu_reserved"] >= 2 and frame["jobs"] \
-            else None
-
-    frame = wait_until(busy, "2 busy CPUs in `top --once --json`", timeout=150, interval=3)
+def test_top_shows_a_busy_job_and_agrees_with_ray_status(cluster: Cluster, busy: dict) -> None:
+    frame = busy
     nodes, cpus = _ray_status(cluster)
     assert sum(t["count"] for t in frame["nodes"]) == nodes == 1
     assert sum(t["cpu_total"] for t in frame["nodes"]) == cpus == 2
@@ -211,7 +241,7 @@ def test_killed_prometheus_is_said_in_one_line_and_up_brings_it_back(cluster: Cl
                "`top` to answer after `up`", timeout=120, interval=2)
 
 
-def test_teardown_keeps_the_history_and_the_report_draws_it(cluster: Cluster) -> None:
+def test_teardown_keeps_the_history_and_the_report_draws_it(cluster: Cluster, busy: dict) -> None:
     def finished() -> bool:
         shown = cluster.invoke("top", "--once", "--json", timeout=120)
         return shown.returncode == 0 and not json.loads(shown.stdout)["jobs"]

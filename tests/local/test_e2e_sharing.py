@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,7 @@ import requests
 
 from infra.node import rayproc, supervise
 from tests.conftest import ROOT, run_invoke
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -143,13 +144,8 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory, prefix: str,
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-def _wait_for(check: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s: {what}")
+def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    wait_until(check, what, timeout=timeout, interval=0.2)
 
 
 def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:

@@ -3,11 +3,13 @@ job runs the distribution's real Prometheus under the head daemons' supervisor, 
 discovery file brings in the workers Ray's autoscaler submits, `invoke top` and `invoke report`
 reach it through the cluster's SSH tunnel, and teardown keeps its history before the job goes.
 
-One autoscaling cluster serves every scenario, in file order: a head (1 CPU) and worker type
-`cpu` (1 CPU, 0..2); a job wanting 3 nodes scales it 0 -> 2 -> 0 workers; Prometheus killed
-comes back; teardown keeps the history, whose worker series shows the 0 -> 2 -> 0, and the report
-drawn from it opens in a real headless Chromium. Assertions are on what Prometheus, Ray, Slurm
-and the browser report.
+One autoscaling cluster serves every scenario: a head (1 CPU) and worker type `cpu` (1 CPU,
+0..2); a job wanting 3 nodes scales it 0 -> 2 -> 0 workers (the `scaled` fixture, once per
+cluster, for the tests that need it); Prometheus killed comes back; teardown keeps the history,
+whose worker series shows the 0 -> 2 -> 0, and the report drawn from it opens in a real headless
+Chromium. A test that tore the cluster down leaves it to be brought up again for the next, so
+each test runs alone or in any order. Assertions are on what Prometheus, Ray, Slurm and the
+browser report.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -45,7 +48,25 @@ environment:
 """
 
 
+@dataclass(frozen=True)
+class Round:
+    """What one 0 -> 2 -> 0 round of the autoscaler showed, each figure taken as it happened."""
+
+    #: Prometheus's node targets once the two workers were scraped.
+    nodes: list[dict[str, Any]]
+    #: `top`'s frame once it showed the job's bundles reserved, and Ray's alive nodes then.
+    frame: dict[str, Any]
+    alive: int
+    #: `top`'s frame once the workers' targets had gone, and Ray's alive nodes then.
+    after: dict[str, Any]
+    after_alive: int
+
+
+@dataclass
 class Gauged(LoginCluster):
+    #: This cluster's 0 -> 2 -> 0 round (the `scaled` fixture); None until it ran.
+    scaled: Round | None = None
+
     @property
     def block(self) -> rayproc.PortBlock:
         return rayproc.PortBlock(int(self.job["port_base"]))
@@ -73,20 +94,68 @@ class Gauged(LoginCluster):
 
 
 @pytest.fixture(scope="module")
-def gauged(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[Gauged]:
+def module_gauged(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[Gauged]:
     work = tmp_path_factory.mktemp("gauged")
     cluster = Gauged(login_spec(work, slurm_cluster, NAME, SPEC), work / "home", slurm_cluster)
     try:
-        started = time.monotonic()
-        up = cluster.invoke("up")
-        ok(up)
-        print(f"\n[slurm metrics] up in {time.monotonic() - started:.1f}s")
-        assert "metrics: Prometheus starting in the head's job" in up.stderr, up.stderr
         yield cluster
     finally:
         if (cluster.home / "state" / f"{NAME}.json").exists():
             cluster.invoke("teardown")
+
+
+@pytest.fixture
+def gauged(module_gauged: Gauged) -> Gauged:
+    """The module's cluster, up: built by the first test that needs it, and again after a test
+    that tore it down (so a test never depends on which ran before it)."""
+    if not (module_gauged.home / "state" / f"{NAME}.json").exists():
+        started = time.monotonic()
+        up = module_gauged.invoke("up")
+        ok(up)
+        print(f"\n[slurm metrics] up in {time.monotonic() - started:.1f}s")
+        assert "metrics: Prometheus starting in the head's job" in up.stderr, up.stderr
+        module_gauged.scaled = None
+    return module_gauged
+
+
+@pytest.fixture
+def scaled(gauged: Gauged) -> Round:
+    """The cluster's 0 -> 2 -> 0 round, run once per cluster: three nodes wanted (one CPU each,
+    STRICT_SPREAD, held 40 s), the head alone, so two workers from zero, which the autoscaler
+    cancels once done and idle for 0.1 min."""
+    if gauged.scaled is None:
+        gauged.scaled = _scale_0_2_0(gauged)
+    return gauged.scaled
+
+
+def _scale_0_2_0(gauged: Gauged) -> Round:
+    ok(gauged.invoke("submit", "--no-wait", "tests/data/spread_job.py", "--", "3", "40"))
+    started = time.monotonic()
+
+    def three() -> list[dict[str, Any]] | None:
+        found = _node_targets(gauged)
+        return found if found is not None and len(found) == 3 else None
+
+    nodes = wait_until(three, "3 Ray nodes' targets up in Prometheus", timeout=240, interval=1)
+    print(f"\n[slurm metrics] 2 workers scraped {time.monotonic() - started:.1f}s after the demand")
+
+    def reserved() -> dict[str, Any] | None:
+        """A frame once it shows the job's bundles reserved: a raylet reports its resources
+        every few seconds, behind its node's joining."""
+        frame = gauged.top()
+        got = {t["type"]: t["cpu_reserved"] for t in frame["nodes"]}
+        return frame if got == {HEAD_TYPE: 1, "cpu": 2} else None
+
+    frame = wait_until(reserved, "top to show 1 CPU reserved on the head, 2 on the workers",
+                       timeout=120, interval=1)
+    alive = gauged.alive_nodes()
+    # Prometheus follows Ray's file as the workers go.
+    wait_until(lambda: (found := _node_targets(gauged)) is not None and len(found) == 1,
+               "the workers' targets gone from Prometheus", timeout=240, interval=1)
+    after = gauged.top()
+    return Round(nodes=nodes, frame=frame, alive=alive, after=after,
+                 after_alive=gauged.alive_nodes())
 
 
 def _node_targets(gauged: Gauged) -> list[dict[str, Any]] | None:
@@ -132,31 +201,11 @@ def test_prometheus_scrapes_every_node_and_top_agrees_with_ray(gauged: Gauged) -
     assert sum(t["cpu_total"] for t in frame["nodes"]) == 1
 
 
-def test_autoscaled_workers_appear_in_prometheus_and_top_then_go(gauged: Gauged) -> None:
-    # Three nodes wanted (one CPU each, STRICT_SPREAD, held 40 s), the head alone: two workers
-    # from zero.
-    ok(gauged.invoke("submit", "--no-wait", "tests/data/spread_job.py", "--", "3", "40"))
-    started = time.monotonic()
-
-    def three() -> list[dict[str, Any]] | None:
-        found = _node_targets(gauged)
-        return found if found is not None and len(found) == 3 else None
-
-    nodes = wait_until(three, "3 Ray nodes' targets up in Prometheus", timeout=240, interval=1)
-    print(f"\n[slurm metrics] 2 workers scraped {time.monotonic() - started:.1f}s after the demand")
-    assert len({t["labels"]["instance"] for t in nodes}) == 3
-
-    def reserved() -> dict[str, Any] | None:
-        """A frame once it shows the job's bundles reserved: a raylet reports its resources
-        every few seconds, behind its node's joining."""
-        frame = gauged.top()
-        got = {t["type"]: t["cpu_reserved"] for t in frame["nodes"]}
-        return frame if got == {HEAD_TYPE: 1, "cpu": 2} else None
-
-    frame = wait_until(reserved, "top to show 1 CPU reserved on the head, 2 on the workers",
-                       timeout=120, interval=1)
-    alive = gauged.alive_nodes()
-    assert sum(t["count"] for t in frame["nodes"]) == alive == 3, (frame, alive)
+def test_autoscaled_workers_appear_in_prometheus_and_top_then_go(scaled: Round,
+                                                                  gauged: Gauged) -> None:
+    assert len({t["labels"]["instance"] for t in scaled.nodes}) == 3
+    frame = scaled.frame
+    assert sum(t["count"] for t in frame["nodes"]) == scaled.alive == 3, (frame, scaled.alive)
     # Three Ray nodes on the two hosts (the head's has one CPU left), each agent measuring its
     # whole host (here: this machine): every host's memory counted once, not once per agent.
     hosts = 2 * psutil.virtual_memory().total
@@ -172,11 +221,9 @@ def test_autoscaled_workers_appear_in_prometheus_and_top_then_go(gauged: Gauged)
         console.print(render_frame(frame))
         docs_screenshot("top-slurm.png",
                         terminal_screenshot(console.export_text(), gauged.home, 330))
-    # Done and idle for 0.1 min: the autoscaler cancels both; Prometheus follows Ray's file.
-    wait_until(lambda: (found := _node_targets(gauged)) is not None and len(found) == 1,
-               "the workers' targets gone from Prometheus", timeout=240, interval=1)
-    after = gauged.top()
-    assert sum(t["count"] for t in after["nodes"]) == gauged.alive_nodes() == 1
+    # Done and idle for 0.1 min: the autoscaler cancelled both; Prometheus followed Ray's file.
+    after = scaled.after
+    assert sum(t["count"] for t in after["nodes"]) == scaled.after_alive == 1
     # Nothing is launching any more: no resources shown as pending (Ray's gauge keeps the last
     # launch's value; top counts it only while a node is pending).
     assert after["pending"] == {"resources": {}, "launching": {},
@@ -212,7 +259,7 @@ def test_killed_prometheus_is_said_in_one_line_and_comes_back(gauged: Gauged) ->
 
 
 def test_teardown_keeps_the_history_with_the_workers_0_2_0_and_the_report_draws_it(
-        gauged: Gauged) -> None:
+        gauged: Gauged, scaled: Round) -> None:
     job = gauged.job
     down = ok(gauged.invoke("teardown"))
     data = check_workers_went_0_2_0(gauged.home / "metrics" / NAME / "history.json.gz", down,

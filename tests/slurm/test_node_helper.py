@@ -118,7 +118,7 @@ def marked() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
 def test_stop_ends_only_this_jobs_processes_and_their_children(
         marked: tuple[str, list[subprocess.Popen[bytes]]]) -> None:
     ours, (parent, neighbour) = marked
-    targets = wait_until(lambda: (found := rayproc.cluster_processes([ours]))[1:] and found,
+    targets = wait_until(lambda: found if (found := rayproc.cluster_processes([ours]))[1:] else None,
                          "the job's process and its child", timeout=10, interval=0.05)
     assert parent.pid in targets and len(targets) == 2
     started = time.monotonic()

@@ -18,7 +18,7 @@ from infra.node.slurm import node_helper
 from infra.providers.slurm import script as slurm_script
 from infra.providers.slurm.script import autoscaling_config, render_script
 from infra.providers.slurm.spec import Spec
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT, assert_spec_keeps_the_file, run_invoke
 from tests.golden import assert_golden
 from tests.slurm import nodezip
 
@@ -77,6 +77,7 @@ def test_zero_cpus_through_invoke_exits_2_and_creates_nothing(tmp_path: Path,
 def test_example_specs_load(name: str) -> None:
     loaded = loading.load_spec(ROOT / "clusters" / name)
     assert isinstance(loaded, Spec)
+    assert_spec_keeps_the_file(loaded, ROOT / "clusters" / name)
 
 
 def test_full_example_has_a_comment_for_every_key() -> None:

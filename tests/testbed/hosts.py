@@ -25,6 +25,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from infra.node import wait
 from tests.testbed import net
 from tests.testbed.registry import MARKER, is_alive, proc_start_time
 
@@ -213,19 +214,20 @@ class Node:
     def wait_started(self, deadline: float) -> None:
         """Wait until the init has done its setup; fail with the node's log if it died."""
         assert self._proc is not None, "start() first"
-        children = Path(f"/proc/{self._proc.pid}/task/{self._proc.pid}/children")
-        while True:
-            if self._proc.poll() is not None:
+        process = self._proc
+        children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+
+        def ready() -> bool:
+            if process.poll() is not None:
                 raise RuntimeError(f"node {self.name} exited: {self.log_tail()}")
             if not self.pid1:
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     self.pid1 = int(children.read_text().split()[0])
                     self._pid1_start = proc_start_time(self.pid1)
-            if self.pid1 and b"hostinit: ready" in self.log_path.read_bytes():
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"node {self.name} not ready: {self.log_tail()}")
-            time.sleep(0.01)
+            return bool(self.pid1) and b"hostinit: ready" in self.log_path.read_bytes()
+
+        wait.until(ready, max(0.0, deadline - time.monotonic()), 0.01,
+                   on_timeout=lambda: TimeoutError(f"node {self.name} not ready: {self.log_tail()}"))
 
     def log_tail(self, lines: int = 20) -> str:
         try:

@@ -17,11 +17,11 @@ import os
 import re
 import secrets
 import signal
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from infra.node import wait
 from tests.testbed import net
 
 DEFAULT_STATE_ROOT = Path("/tmp/rayfleet-testbed")
@@ -81,18 +81,20 @@ def marked_pids(run_ids: set[str] | None = None) -> dict[int, str]:
 def kill_marked(run_ids: set[str], timeout: float = 5.0) -> list[int]:
     """SIGKILL every process marked with one of `run_ids`, until none is left; return their PIDs."""
     killed: list[int] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        pids = [pid for pid in marked_pids(run_ids) if proc_start_time(pid) is not None]
+    pids: list[int] = []
+
+    def none_left() -> list[int] | None:
+        pids[:] = [pid for pid in marked_pids(run_ids) if proc_start_time(pid) is not None]
         if not pids:
             return killed
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"processes of test-bed run(s) {sorted(run_ids)} survive SIGKILL: {pids}")
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         killed.extend(pids)
-        time.sleep(0.05)
+        return None
+
+    return wait.until(none_left, timeout, 0.05, on_timeout=lambda: RuntimeError(
+        f"processes of test-bed run(s) {sorted(run_ids)} survive SIGKILL: {pids}"))
 
 
 @dataclass

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from infra.node import wait
 from tests.testbed import hosts
 from tests.testbed.core import Testbed
 from tests.testbed.hosts import Host, Node
@@ -136,10 +137,8 @@ class _Slurm:
                 f"--seed-file={w / 'munged.seed'}", f"--log-file={w / 'munged.log'}"]
 
     def _wait_munge(self, deadline: float) -> None:
-        while not self.munge_socket.exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"munged did not create {self.munge_socket}")
-            time.sleep(0.02)
+        wait.until(self.munge_socket.exists, max(0.0, deadline - time.monotonic()), 0.02,
+                   on_timeout=lambda: TimeoutError(f"munged did not create {self.munge_socket}"))
 
     def run(self, cmd: str, *, check: bool = False, timeout: float = 60,
             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -169,26 +168,27 @@ class _Slurm:
 
     def wait_job(self, job_id: str, states: set[str] | None = None, timeout: float = 60) -> None:
         """Wait until the job is in one of `states`, or (states=None) has left the queue."""
-        deadline = time.monotonic() + timeout
-        while True:
-            state = self.job_state(job_id)
-            if (state is None) if states is None else (state in states):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {state} after {timeout} s")
-            time.sleep(0.2)
+        state: list[str | None] = []
+
+        def there() -> bool:
+            state[:] = [self.job_state(job_id)]
+            return (state[0] is None) if states is None else (state[0] in states)
+
+        wait.until(there, timeout, 0.2, on_timeout=lambda: TimeoutError(
+            f"job {job_id} still {state[0]} after {timeout} s"))
 
     def wait_idle(self, timeout: float = 30) -> None:
         """Wait until every node registered and is idle."""
-        deadline = time.monotonic() + timeout
-        while True:
+        states: dict[str, str] = {}
+
+        def idle() -> bool:
             out = self.run("sinfo -h -N -o '%N %t'", timeout=30).stdout.split()
-            states = dict(zip(out[::2], out[1::2], strict=False))
-            if states and all(states.get(n) == "idle" for n in self.node_names):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Slurm nodes not idle: {states}; see {self.workdir}/*.log")
-            time.sleep(0.1)
+            states.clear()
+            states.update(zip(out[::2], out[1::2], strict=False))
+            return bool(states) and all(states.get(n) == "idle" for n in self.node_names)
+
+        wait.until(idle, timeout, 0.1, on_timeout=lambda: TimeoutError(
+            f"Slurm nodes not idle: {states}; see {self.workdir}/*.log"))
 
 
 class SlurmCluster(_Slurm):

@@ -18,7 +18,7 @@ from typing import Any
 from infra.node import identity
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, find_credentials
-from infra.node.retry import poll
+from infra.node.wait import until
 from infra.node.where import ray_executable
 
 
@@ -52,7 +52,7 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
         return not pending
 
     if pending:
-        poll(all_deleted, wait_s, api.options.poll_interval, "workers still being deleted")
+        until(all_deleted, wait_s, api.options.poll_interval, "the workers to be deleted")
     log(f"deleting the head VM {head}")
     api.delete_instance(zone, head)
 

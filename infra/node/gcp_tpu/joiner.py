@@ -41,7 +41,7 @@ from infra.node.gcp_tpu.api import (
     GcpError,
     find_credentials,
 )
-from infra.node.retry import poll
+from infra.node.wait import until
 
 #: On the head, `~/`-relative (the 0700 folder that holds the token).
 HEAD_CONFIG = "~/.rayfleet/queued.json"
@@ -246,9 +246,9 @@ class Joiner:
         """Set one TPU host up and start Ray there, joined to this head."""
         ssh = self._ssh(qr_id, ip)
         started = time.monotonic()
-        poll(lambda: subprocess.run([*ssh, "true"], stdin=subprocess.DEVNULL, capture_output=True,
-                                    timeout=60, check=False).returncode == 0,
-             SSH_TIMEOUT_S, 5, f"no SSH to {ip}")
+        until(lambda: subprocess.run([*ssh, "true"], stdin=subprocess.DEVNULL, capture_output=True,
+                                     timeout=60, check=False).returncode == 0,
+              SSH_TIMEOUT_S, 5, f"SSH to {ip}")
         # The node installer and the node users' scripts, as Ray's file_mounts put them on the
         # head (a head from before the users has no users/: its hosts start Ray as before).
         folders = [f for f in ("setup", "users") if _home(f"~/rayfleet/{f}").is_dir()]

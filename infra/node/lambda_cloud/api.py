@@ -37,7 +37,7 @@ from infra.node.lambda_cloud.pacing import (
     sending,
 )
 from infra.node.net import is_loopback
-from infra.node.retry import PollTimeout, poll
+from infra.node.wait import WaitTimeout, until
 
 DEFAULT_URL = "https://cloud.lambda.ai/api/v1"
 #: The user's Lambda key file (as Lambda's own CLI keeps it), relative to their home.
@@ -367,9 +367,9 @@ class LambdaClient:
             return next((i for i in self.instances() if i.tags.get(key) == value), None)
 
         try:
-            return poll(tagged, self.limits.lost_launch_window if window is None else window,
-                        self.limits.request_interval, f"an instance tagged {key}={value}")
-        except PollTimeout:
+            return until(tagged, self.limits.lost_launch_window if window is None else window,
+                         self.limits.request_interval, f"an instance tagged {key}={value}")
+        except WaitTimeout:
             return None
 
     def instance(self, instance_id: str) -> Instance:

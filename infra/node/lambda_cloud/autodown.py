@@ -17,7 +17,7 @@ from typing import Any
 from infra.node import identity
 from infra.node.lambda_cloud import api
 from infra.node.lambda_cloud.tags import TAG_NODE
-from infra.node.retry import poll
+from infra.node.wait import until
 
 
 def tags_of(raw: dict[str, Any]) -> dict[str, str]:
@@ -58,8 +58,8 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
     if workers:
         log(f"terminating {len(workers)} worker(s): " + ", ".join(str(i["name"]) for i in workers))
         client.terminate([str(i["id"]) for i in workers])
-        poll(lambda: all(_is_head(i, head_id) for i in _ours(client, cluster_id)), wait_s,
-             max(client.limits.request_interval, 0.05), "workers still listed")
+        until(lambda: all(_is_head(i, head_id) for i in _ours(client, cluster_id)), wait_s,
+              max(client.limits.request_interval, 0.05), "the workers to leave the list")
     heads = [i for i in _ours(client, cluster_id) if _is_head(i, head_id)]
     if heads:
         log("terminating the head: " + ", ".join(str(i["name"]) for i in heads))

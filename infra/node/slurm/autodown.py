@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from infra.node.files import atomic_write
-from infra.node.retry import poll
 from infra.node.slurm import queue
+from infra.node.wait import until
 
 #: The record's name next to the job's other files in the work dir: <job name><RECORD_SUFFIX>.
 RECORD_SUFFIX = ".autodown.json"
@@ -63,8 +63,8 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
     if workers:
         log(f"cancelling {len(workers)} worker job(s): {', '.join(workers)}")
         subprocess.run(["scancel", *workers], check=False, timeout=60)
-        poll(lambda: not [row for row in _ours(cluster_id) if row.base_id in workers], wait_s, 1,
-             "worker jobs still queued")
+        until(lambda: not [row for row in _ours(cluster_id) if row.base_id in workers], wait_s, 1,
+              "the worker jobs to leave the queue")
     # A worker Ray's autoscaler submits after this point (min_workers) is cancelled by the head
     # job's own exit (the batch script's rf_finish), once its autoscaler is stopped.
     log(f"cancelling the head's job {head}")

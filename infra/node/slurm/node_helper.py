@@ -45,7 +45,7 @@ from infra.node.rayproc import (
     port_answers,
     terminate,
 )
-from infra.node.retry import PollTimeout, poll
+from infra.node.wait import WaitTimeout, until
 
 
 def _env(name: str) -> str:
@@ -139,9 +139,9 @@ def watch(path: str, want: int, timeout: float) -> None:
     # listening, the head node registered, the last node registered.
     timeline: dict[str, float] = {"setup_done": float(_env("RF_SETUP_DONE") or 0)}
     try:
-        poll(lambda: port_answers(head_ip, gcs_port, timeout=0.2),
-             max(0.0, deadline - time.monotonic()), 0.1, "the head's GCS listening")
-    except PollTimeout:
+        until(lambda: port_answers(head_ip, gcs_port, timeout=0.2),
+              max(0.0, deadline - time.monotonic()), 0.1, "the head's GCS to listen")
+    except WaitTimeout:
         return  # `await` reports the timeout
     timeline["gcs_listening"] = time.time()
     import ray
@@ -189,8 +189,8 @@ def watch(path: str, want: int, timeout: float) -> None:
                                python_version=sys.version.split()[0]))
         return True
 
-    with contextlib.suppress(PollTimeout):  # `await` reports the timeout
-        poll(settled, max(0.0, deadline - time.monotonic()), 0.1, f"{want} Ray nodes alive")
+    with contextlib.suppress(WaitTimeout):  # `await` reports the timeout
+        until(settled, max(0.0, deadline - time.monotonic()), 0.1, f"{want} Ray nodes alive")
 
 
 def _phase(path: str) -> str:
@@ -221,8 +221,8 @@ def await_ready(path: str, want: int, timeout: float, steps: list[str]) -> int:
         return "failed"
 
     try:
-        phase = poll(verdict, timeout, 0.1, "the info file to say ready")
-    except PollTimeout:
+        phase = until(verdict, timeout, 0.1, "the info file to say ready")
+    except WaitTimeout:
         phase = fail(f"not all {want} Ray nodes alive after {timeout:.0f}s")
     return 0 if phase == "ready" else 1
 
@@ -247,8 +247,8 @@ def _head_registered(timeout: float) -> bool:
             return False
 
     try:
-        return poll(registered, timeout, 0.1, "the head registered")
-    except PollTimeout:
+        return until(registered, timeout, 0.1, "the head to register")
+    except WaitTimeout:
         print(f"rayfleet: the head {head_ip}:{gcs_port} did not come up in {timeout:.0f}s",
               file=sys.stderr)
         return False

@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from infra.node.errors import ProviderError
 from infra.node.identity import TAG_CLUSTER, TAG_NAME, TAG_OWNER
-from infra.node.retry import retry
+from infra.node.wait import retry
 
 #: squeue's fields, fixed with -o so that a site's SQUEUE_FORMAT cannot change them. The comment
 #: comes last; ours never contains "|".

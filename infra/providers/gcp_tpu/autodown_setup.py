@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from infra import auth, autodown_remote, autodown_view, privilege, ui
 from infra.errors import RayfleetError
 from infra.node import autodown
-from infra.node.retry import PollTimeout, poll
+from infra.node.wait import WaitTimeout, until
 from infra.providers.gcp_tpu import config, slices, users
 
 if TYPE_CHECKING:
@@ -74,10 +74,10 @@ def install(spec: Spec, state: State, cluster: Resource, target: ssh.SshTarget) 
         autodown_remote.install(target, watcher_config(spec, state, cluster), python=users.PYTHON,
                                 activate=users.ACTIVATE, user=users.DAEMON_USER)
         try:
-            poll(lambda: autodown_view.cache_marker(spec.name, marker(target) or "",
-                                                    state.cluster_id),
-                 FIRST_MARKER_S, 1, "no marker")
-        except PollTimeout:
+            until(lambda: autodown_view.cache_marker(spec.name, marker(target) or "",
+                                                     state.cluster_id),
+                  FIRST_MARKER_S, 1, "the watcher's first marker")
+        except WaitTimeout:
             ui.warn(f"the autodown watcher on {cluster.attrs['head']} has not reported yet; "
                     f"see ~{users.DAEMON_USER}/{autodown.HEAD_LOG.removeprefix('~/')} there")
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from infra import privilege, ssh, ui
 from infra.errors import RayfleetError
+from infra.node import wait
 from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import CAPACITY_REASON
 
@@ -69,6 +70,6 @@ def wait_min_workers(api: Gcp, spec: Spec, zone: str, labels: dict[str, str],
     try:
         ui.wait_for(check, f"min_workers in {zone} ({', '.join(sorted(wanted))})",
                     timeout=spec.ready_timeout_s, interval=3)
-    except ui.WaitTimeout:
+    except wait.WaitTimeout:
         ui.warn(f"min_workers are not all up in {zone} after {spec.ready_timeout_s} s and no "
                 "stockout was logged; the autoscaler keeps trying there (`invoke status`)")

@@ -84,8 +84,6 @@ class Provider(BaseProvider[Spec, Preflight]):
     job_reach = users.JOB_REACH
     #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store goes
     #: with the head, and `teardown` copies it here first.
-    supports_tracking = True
-    supports_metrics = True
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,
                  api_options: ApiOptions | None = None, ssh_port: int = 22,
@@ -375,7 +373,6 @@ class Provider(BaseProvider[Spec, Preflight]):
         return self.with_autodown(status, report, f"no VM or TPU of the cluster is left in {where}")
 
     # The head deletes its own VM: its last marker may never reach this machine.
-    autodown_last_word_may_be_lost = True
 
     def autodown_fetch(self, state: State, left: bool | None) -> str | None:
         clusters = state.resources(CLUSTER)
@@ -392,7 +389,6 @@ class Provider(BaseProvider[Spec, Preflight]):
                         or self.spec.credentials_file)[0]
         return any(autodown_setup.nodes_left(api, cluster) for cluster in clusters)
 
-    uses_ssh = True
 
     def readiness(self) -> list[Readiness]:
         return view.readiness(self.spec, self._options)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ClassVar
 
-from infra import paths, wait
+from infra import paths
 from infra.errors import ProviderError, RayfleetError
-from infra.node import identity
+from infra.node import identity, wait
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError, find_credentials
 from infra.providers.base import Marked
 from infra.providers.base import Sweeper as BaseSweeper
@@ -167,5 +167,5 @@ class Sweeper(BaseSweeper):
 
         if pending:
             wait.until(all_deleted, self.wait_s, pending[0][0].options.poll_interval,
-                       lambda: ProviderError(f"{pending[0][1].name} is still being deleted after "
+                       on_timeout=lambda: ProviderError(f"{pending[0][1].name} is still being deleted after "
                                              f"{self.wait_s:g}s; run `invoke sweep --delete` again"))

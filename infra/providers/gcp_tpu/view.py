@@ -9,9 +9,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from infra import ui
+from infra.costs import Cost
 from infra.node import identity
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
-from infra.providers.base import Cost, ProviderStatus, Readiness
+from infra.providers.base import ProviderStatus, Readiness
 from infra.providers.gcp_tpu import config, slices
 from infra.providers.gcp_tpu.firewall import FIREWALL
 

@@ -15,7 +15,7 @@ from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import fleet
 
 if TYPE_CHECKING:
-    from infra.providers.base import Cost
+    from infra.costs import Cost
     from infra.state import State
 
 SOURCE = "Lambda /instance-types prices"
@@ -24,7 +24,7 @@ SOURCE = "Lambda /instance-types prices"
 def cost(hourly_cents: float, accrued_cents: float, nodes: int,
          launched_at: list[str | None]) -> Cost:
     """`nodes` billing `hourly_cents` now, `accrued_cents` so far; uptime from the oldest launch."""
-    from infra.providers.base import Cost
+    from infra.costs import Cost
 
     now = dt.datetime.now(dt.timezone.utc)
     ages = []

@@ -16,7 +16,8 @@ import contextlib
 import functools
 from typing import Any
 
-from infra import ui, wait
+from infra import ui
+from infra.node import wait
 from infra.node.lambda_cloud import api
 from infra.spec import ClusterSpec
 from infra.state import State
@@ -184,7 +185,7 @@ def delete(client: api.LambdaClient, state: State, timeout: float = 120) -> None
         with contextlib.suppress(api.NotFound):
             # Lambda refuses while an instance just terminated still holds the ruleset.
             wait.retry(functools.partial(client.delete_firewall_ruleset, ruleset_id), (api.RulesetInUse,),
-                       timeout, max(client.limits.request_interval, 0.05))
+                       backoff=lambda _: max(client.limits.request_interval, 0.05), patience=timeout)
         with contextlib.suppress(KeyError):
             state.remove(FIREWALL, ruleset_id)
         ui.info(f"deleted firewall ruleset {name} ({ruleset_id})")

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import ssh, ui, wait
+from infra import ssh, ui
 from infra.errors import ProviderError
-from infra.node import identity
+from infra.node import identity, wait
 from infra.node.lambda_cloud import api
 from infra.node.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE
 from infra.state import State
@@ -485,5 +485,4 @@ def terminate_until_quiet(client: api.LambdaClient, state: State, autoscaling: b
         return None
 
     # No deadline: every round either terminates something or counts toward the quiet period.
-    wait.until(quiet, math.inf, client.limits.request_interval,
-               lambda: ProviderError("unreachable: teardown waits without a deadline"))
+    wait.until(quiet, math.inf, client.limits.request_interval, "every instance gone")

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra import render
+from infra.costs import CostRange
 from infra.errors import RayfleetError
 from infra.node import identity
 from infra.node.lambda_cloud import api
-from infra.providers.base import CostRange, PlannedResource
+from infra.providers.base import PlannedResource
 from infra.providers.lambda_cloud import autoscale, costs, firewall, fleet, raycluster
 from infra.providers.lambda_cloud.spec import Choice, Spec
 from infra.state import State

@@ -56,8 +56,6 @@ class Provider(BaseProvider[Spec, Capacity]):
     job_reach = users.JOB_REACH
     #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store on
     #: the spec's `file_system` when named, else on the head, copied here by `teardown`.
-    supports_tracking = True
-    supports_metrics = True
 
     def __init__(self, spec: Spec, client: api.LambdaClient | None = None) -> None:
         super().__init__(spec)
@@ -284,7 +282,6 @@ class Provider(BaseProvider[Spec, Capacity]):
         return NodePrices(autoscale.HEAD_TYPE, by_type, cost.min_hourly_usd)
 
     # The head terminates its own instance: its last marker may never reach this machine.
-    autodown_last_word_may_be_lost = True
 
     def autodown_fetch(self, state: State, left: bool | None) -> str | None:
         head_ip = state.info.get("head_ip")
@@ -300,7 +297,6 @@ class Provider(BaseProvider[Spec, Capacity]):
         return any(r.id in listed and listed[r.id].status not in api.GONE
                    for r in state.resources(fleet.INSTANCE))
 
-    uses_ssh = True
 
     def readiness(self) -> list[Readiness]:
         found = api.api_key_source()

@@ -11,9 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import ClassVar
 
-from infra import wait
 from infra.errors import ProviderError
-from infra.node import identity
+from infra.node import identity, wait
 from infra.node.lambda_cloud import api
 from infra.node.lambda_cloud.autodown import listed, tags_of
 from infra.providers.base import Marked
@@ -71,6 +70,6 @@ class Sweeper(BaseSweeper):
             return True if not left else None
 
         wait.until(all_gone, self.wait_s, max(client.limits.request_interval, 0.05),
-                   lambda: ProviderError("Lambda still lists " + ", ".join(
+                   on_timeout=lambda: ProviderError("Lambda still lists " + ", ".join(
                        f"{i.name} ({i.id}, {i.status})" for i in left) + f" after {self.wait_s:g}s; "
                        "run `invoke sweep --delete` again"))

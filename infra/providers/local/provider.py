@@ -21,6 +21,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from infra import auth, autodown_view, jobs, metrics, paths, remote_head, render, tracking, ui
+from infra.capabilities import Capabilities
 from infra.errors import ClusterNotRunningError, ProviderError
 from infra.head import HeadAccess
 from infra.node import autodown, rayproc, supervise
@@ -51,10 +52,12 @@ class LocalError(ProviderError):
 
 
 class Spec(ClusterSpec):
-    #: The head is this machine: `up` starts the sharing gateway beside it.
-    SHARING_GATEWAY: ClassVar[bool] = True
-    #: A laptop's cluster runs no Prometheus unless its spec says `metrics: prometheus`.
-    METRICS_DEFAULT = "none"
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        tracking=True, metrics=True,
+        # The head is this machine: `up` starts the sharing gateway beside it.
+        sharing_gateway=True,
+        # A laptop's cluster runs no Prometheus unless its spec says `metrics: prometheus`.
+        metrics_default="none")
 
     provider: Literal["local"]
     #: CPUs Ray may schedule on; None lets Ray count the machine's cores.
@@ -113,8 +116,6 @@ def _usage_stats() -> str:
 
 class Provider(BaseProvider[Spec, rayproc.PortBlock]):
     name = "local"
-    supports_tracking = True
-    supports_metrics = True
 
     def _block(self, state: State | None) -> rayproc.PortBlock:
         head = state.resources(HEAD) if state else []

@@ -65,8 +65,6 @@ def _ordinal_position(job_id: str, pending: list[str]) -> str:
 
 class Provider(BaseProvider[Spec, None]):
     name = "slurm"
-    supports_tracking = True
-    supports_metrics = True
 
     def __init__(self, spec: Spec) -> None:
         super().__init__(spec)
@@ -371,7 +369,6 @@ class Provider(BaseProvider[Spec, None]):
         return CostRange(low, high, source="node-hours of your allocation; Slurm bills no money",
                          node_hours=True)
 
-    uses_ssh = True
 
     def readiness(self) -> list[Readiness]:
         """Slurm's client commands and configuration where the spec runs them (this machine or

@@ -12,6 +12,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
+from infra.capabilities import Capabilities
 from infra.node.slurm.queue import time_limit_seconds
 from infra.spec import ClusterSpec, StrictModel
 
@@ -160,15 +161,19 @@ class Environment(StrictModel):
 
 
 class Spec(ClusterSpec):
-    #: Autodown is opt-in on Slurm (`autodown: {idle_minutes: N}`): a job ends at its time limit
-    #: anyway and is billed in node-hours of an allocation, not money, and a queue wait makes an
-    #: accidental removal expensive in time. Worth setting for long time limits: an idle cluster
-    #: then gives its nodes back early (the head's job runs the watcher, see autodown.py).
-    AUTODOWN_DEFAULT_MINUTES: ClassVar[float | None] = None
-    #: The head's job runs the sharing gateway on its node (templates/slurm.sbatch.j2): members
-    #: on the site reach it there, others through their own SSH tunnel via a login host. Ray
-    #: runs as the owner's site account (no second user), so `members_run_as_owner` is required.
-    SHARING_GATEWAY: ClassVar[bool] = True
+    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
+        ssh=True, tracking=True, metrics=True,
+        # The head's job runs the sharing gateway on its node (templates/slurm.sbatch.j2):
+        # members on the site reach it there, others through their own SSH tunnel via a login
+        # host. Ray runs as the owner's site account (no second user: separate_ray_user stays
+        # False), so `members_run_as_owner` is required.
+        sharing_gateway=True,
+        # Autodown is opt-in on Slurm (`autodown: {idle_minutes: N}`, no default): a job ends at
+        # its time limit anyway and is billed in node-hours of an allocation, not money, and a
+        # queue wait makes an accidental removal expensive in time. Worth setting for long time
+        # limits: an idle cluster then gives its nodes back early (the head's job runs the
+        # watcher, see autodown.py).
+        autodown_default_minutes=None)
 
     provider: Literal["slurm"]
     submit: Submit = Field(default_factory=Submit)
