@@ -111,7 +111,7 @@ def test_a_request_slow_to_reach_the_server_is_not_caught_up_by_the_next(fake: F
                               timeout=(2.0, 5.0))
     first = threading.Thread(target=client.instances)
     first.start()
-    assert wait_until(lambda: client.written, "the first request to be written", timeout=30,
+    assert wait_until(lambda: client.written or None, "the first request to be written", timeout=30,
                       interval=0.01)
     second = threading.Thread(target=client.instance_types)
     second.start()
