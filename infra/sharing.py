@@ -188,9 +188,14 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
     """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
     assert selected.sharing is not None
     names = [address, *access.names]
-    if selected.sharing.hostname:
-        names.append(selected.sharing.hostname)
-    cert, key = sharing_certs.ensure_server_cert(selected.name, names)
+    hostname = selected.sharing.hostname
+    if hostname:
+        names.append(hostname)
+    # The CA signs only for these kinds of names (sharing_certs); one that no member's bundle
+    # holds yet may be made again to fit them.
+    cert, key = sharing_certs.ensure_server_cert(
+        selected.name, names, type(selected).SHARING_CA_RANGES,
+        replaceable=not read_registry(selected.name), dns=(hostname,) if hostname else ())
     token = access.env.get("RAY_AUTH_TOKEN_PATH")
     here = _here(access)
     data = folder(selected.name) if here else Path(_on_head(head_files(access).data))

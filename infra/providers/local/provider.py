@@ -53,6 +53,8 @@ class LocalError(ProviderError):
 class Spec(ClusterSpec):
     #: The head is this machine: `up` starts the sharing gateway beside it.
     SHARING_GATEWAY: ClassVar[bool] = True
+    #: The gateway listens on this machine's loopback only: its CA signs for nothing else.
+    SHARING_CA_RANGES: ClassVar[tuple[str, ...]] = ("127.0.0.0/8",)
     #: A laptop's cluster runs no Prometheus unless its spec says `metrics: prometheus`.
     METRICS_DEFAULT = "none"
 
