@@ -112,7 +112,7 @@ def test_the_gateways_user_has_no_sudo_no_shell_no_key_and_a_private_home(tmp_pa
         # An image's same-named user with a shell, an SSH key and sudo: setup takes them away.
         f"usermod -s /bin/bash -aG sudo {gw} 2>/dev/null || (groupadd -f sudo && usermod -aG sudo {gw})",
         f"mkdir -p /home/{gw}/.ssh && echo key > /home/{gw}/.ssh/authorized_keys",
-        f"cp -p $HOME/.rayfleet/ray-token $HOME/.rayfleet/gateway.key",
+        "cp -p $HOME/.rayfleet/ray-token $HOME/.rayfleet/gateway.key",
         hand,
         f"stat -c '%U %a %n' /home/{gw} /home/{gw}/.rayfleet /home/{gw}/.rayfleet/gateway "
         f"/home/{gw}/.rayfleet/gateway/members.json /home/{gw}/.rayfleet/gateway.key "
