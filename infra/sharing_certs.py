@@ -8,10 +8,12 @@ member's bundle keeps verifying (its address line may need updating: `up` says s
 
 Members trust the CA for every HTTPS connection of a shell that points REQUESTS_CA_BUNDLE or
 SSL_CERT_FILE at their bundle's CA file, so the CA carries a critical NameConstraints extension:
-it may sign for `localhost` and the IPv4 ranges its provider's heads are reached in
-(`ClusterSpec.SHARING_CA_RANGES`), and for no other DNS name and no IPv6 address. Whoever got its
-key could not pass off a certificate for any public site by name. A CA made before it had
-constraints is replaced at the next `up` while the cluster has no members; otherwise `up` warns.
+it may sign for `localhost`, the spec's `sharing.hostname` and the IPv4 ranges its provider's
+heads are reached in (`ClusterSpec.SHARING_CA_RANGES`), and for no other DNS name and no IPv6
+address. Whoever got its key could not pass off a certificate for any public site by name. A CA
+made before it had constraints, or whose constraints leave out a hostname set since, is made
+again at the next `up` while the cluster has no members; otherwise `up` warns (no constraints)
+or stops in one line (a name it may not sign for).
 """
 
 from __future__ import annotations

@@ -173,3 +173,33 @@ def test_an_old_ca_without_constraints_is_replaced_only_while_no_member_holds_it
     assert _handshake(old, *_served(CLUSTER), HEAD, tmp_path) == "ok"
     refused = _handshake(old, *_forge(old.parent, dns=["github.com"]), "github.com", tmp_path)
     assert "permitted subtree violation" in refused, refused
+
+
+@pytest.mark.usefixtures("rf_home")
+def test_the_spec_hostname_is_the_one_dns_name_besides_localhost(tmp_path: Path) -> None:
+    """`sharing.hostname`: the CA signs for that name (and names under it, which only its owner's
+    DNS can point anywhere) and for no other."""
+    name = "ray.class.example.edu"
+    sharing_certs.ensure_server_cert(CLUSTER, [HEAD, name], dns=(name,))
+    ca = sharing_certs.ca_cert_path(CLUSTER)
+    assert _handshake(ca, *_served(CLUSTER), name, tmp_path) == "ok"
+    refused = _handshake(ca, *_forge(ca.parent, dns=["example.edu"]), "example.edu", tmp_path)
+    assert refused == "permitted subtree violation", refused
+
+
+@pytest.mark.usefixtures("rf_home")
+def test_a_hostname_added_later_gets_a_new_ca_only_while_no_member_holds_the_old(
+        tmp_path: Path) -> None:
+    name = "ray.class.example.edu"
+    sharing_certs.ensure_server_cert(CLUSTER, [HEAD])
+    ca = sharing_certs.ca_cert_path(CLUSTER)
+    first = ca.read_bytes()
+    # Members hold the first CA: one line saying what to do, nothing changed.
+    with pytest.raises(sharing_certs.CertificateError) as refused:
+        sharing_certs.ensure_server_cert(CLUSTER, [HEAD, name], dns=(name,), replaceable=False)
+    assert name in str(refused.value) and "member-remove" in str(refused.value)
+    assert "\n" not in str(refused.value) and ca.read_bytes() == first
+    # No member: a new CA that signs for it.
+    sharing_certs.ensure_server_cert(CLUSTER, [HEAD, name], dns=(name,), replaceable=True)
+    assert ca.read_bytes() != first
+    assert _handshake(ca, *_served(CLUSTER), name, tmp_path) == "ok"
