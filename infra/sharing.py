@@ -399,8 +399,13 @@ def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, An
     """The gateway's usage file (a remote head's when it answers, else the last copy here)."""
     local = folder(selected.name) / gateway_state.USAGE_FILE
     if access is not None and not _here(access):
-        text = _read_on_head(access, f"{head_files(access).data}/{gateway_state.USAGE_FILE}",
-                             gateway_user(selected, access))
+        path = f"{head_files(access).data}/{gateway_state.USAGE_FILE}"
+        user = gateway_user(selected, access)
+        text = _read_on_head(access, path, user)
+        if not text and user is not None:
+            # A head whose gateway ran as the SSH user (before its own user): its last usage,
+            # which the first `up` since hands over to the new user (and so away from here).
+            text = _read_on_head(access, path)
         if text:
             atomic_write(local, text, mode=0o600)
     try:
