@@ -29,6 +29,11 @@ class Capabilities:
     sharing_refusal: str = "the gateway does not run on {provider} heads yet"
     #: The head has a public address: `sharing:` must name `allowed_source_ranges`.
     sharing_needs_ranges: bool = False
+    #: The IPv4 ranges members reach this provider's heads in: all that the cluster's sharing CA
+    #: may sign for besides `localhost` and `sharing.hostname` (infra/sharing_certs.py's name
+    #: constraints). A cloud head made again after autodown has a new public address, anywhere:
+    #: every IPv4 address.
+    sharing_ca_ranges: tuple[str, ...] = ("0.0.0.0/0",)
     #: Ray runs as a Unix user of its own that setup creates (not the owner's account); where it
     #: does not, `sharing:` must say `members_run_as_owner: true`.
     separate_ray_user: bool = False

@@ -2,13 +2,18 @@
 
 On Lambda's and Google's images the SSH user has passwordless sudo, so whatever runs as it can
 become root. rayfleet therefore keeps the SSH user for its own control steps only and, through
-setup/users/users.sh (run once per node, with sudo), makes two system users:
+setup/users/users.sh (run once per node, with sudo), makes system users of its own:
 
 - `RAY_USER` runs Ray: head, workers, and so every job, task, actor and Serve replica. No sudo,
   no admin group, its own 0700 home holding the cluster's Ray token (and tracking password).
 - `SCALER_USER` runs Ray's autoscaler apart from the head's other processes (`ray start --head
   --no-monitor`, then Ray's monitor as this user, under the head's one supervisor). Its 0700
   home holds the cloud credential, the cluster's SSH private key and the autoscaler's config.
+- `GATEWAY_USER` runs a shared cluster's sharing gateway on a cloud head: no sudo, no login shell,
+  no SSH key, in no group but its own. Its 0700 home holds the gateway's certificate, key and
+  data, and its own copy of the Ray token (the gateway forwards with it), which neither Ray's user
+  nor any job can read or change. The SSH user reaches those files only through sudo (users.sh
+  writes them as this user; `as_user` reads them).
 
 This module spells those steps as shell for the node's SSH user; the providers put them into
 their start commands. Nothing secret is in any of them: secrets travel as 0600 files.
@@ -25,6 +30,9 @@ from infra.node import tracking as node_tracking
 
 RAY_USER = "rayfleet-ray"
 SCALER_USER = "rayfleet-scaler"
+GATEWAY_USER = "rayfleet-gateway"
+#: Each node user as users.sh names it in its `USER:PATH` arguments.
+_USERS_SH_NAMES = {RAY_USER: "ray", SCALER_USER: "scaler", GATEWAY_USER: "gateway"}
 #: setup/users/ on a node, relative to the SSH user's home (a folder: Ray's file mounts of single
 #: files print a warning on stdout, which would break `invoke plan --json`).
 USERS_DIR = "rayfleet/users"
@@ -92,12 +100,15 @@ def setup_users(ray_files: Sequence[str], scaler_files: Sequence[str] = (),
 
 
 def hand_over(user: str, paths: Sequence[str], moved: Sequence[str] = ()) -> str:
-    """Shell that gives `user` (RAY_USER or SCALER_USER) its own copies of the SSH user's files
-    `paths` (relative to both homes), as setup_users does; secrets keep their 0600."""
-    if user not in (RAY_USER, SCALER_USER):
-        raise ValueError(f"no node user {user!r}: expected {RAY_USER} or {SCALER_USER}")
-    return setup_users(paths if user == RAY_USER else (), paths if user == SCALER_USER else (),
-                       moved)
+    """Shell that gives `user` (RAY_USER, SCALER_USER or GATEWAY_USER) its own copies of the SSH
+    user's files `paths` (relative to both homes), as setup_users does; secrets keep their 0600.
+    `moved`: those whose SSH user's copy then goes."""
+    name = _USERS_SH_NAMES.get(user)
+    if name is None:
+        raise ValueError(f"no node user {user!r}: expected one of {', '.join(_USERS_SH_NAMES)}")
+    args = [f"{name}:{p}" for p in paths]
+    handed = f'{AS_ROOT}bash "$HOME/{USERS_SCRIPT}" "$HOME" {shlex.join(args)}'
+    return handed + "".join(f' && rm -f "$HOME/{p}"' for p in moved)
 
 
 def guard(*addresses: str) -> str:

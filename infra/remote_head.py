@@ -128,19 +128,36 @@ def _mkdirs(sftp: Any, folders: set[str]) -> None:
     sftp.chmod(PRIVATE_DIR, 0o700)
 
 
-def put_private(target: ssh.SshTarget, files: dict[str, bytes]) -> None:
+def _installer() -> dict[str, bytes]:
+    """setup/users/users.sh where hand_over runs it: a head that an older rayfleet set up may
+    have one that knows fewer users."""
+    return {privilege.USERS_SCRIPT: (privilege.SCRIPTS_SOURCE / "users.sh").read_bytes()}
+
+
+def put_private(target: ssh.SshTarget, files: dict[str, bytes], user: str | None = None) -> None:
     """Write 0600 files on the head in this order, in one SFTP session, each whole or not at all
     (shipping.put), their missing folders made 0700: `~/`-relative or absolute paths outside the
-    private dir (a Slurm site's shared work dir), for what nobody else may read."""
+    private dir (a Slurm site's shared work dir), for what nobody else may read.
+
+    `user` (a node user of infra/privilege.py): the files are that user's, at the same
+    `~/`-relative paths in its home; the SSH user's copies go once handed over (users.sh writes
+    each through one rename: a daemon reading it never sees it missing)."""
     client = ssh.connect(target)
     try:
         sftp = client.open_sftp()
+        if user is not None:
+            _make_folders(sftp, {privilege.USERS_DIR}, lambda _folder: False)
+            for path, data in _installer().items():
+                shipping.put(sftp, path, data, 0o644)
         for path, data in files.items():
             _make_folders(sftp, {str(Path(_relative(path)).parent)}, lambda _folder: True)
             shipping.put(sftp, _relative(path), data, 0o600)
         sftp.close()
     finally:
         client.close()
+    if user is not None:
+        paths = [_relative(p) for p in files]
+        ssh.run(target, privilege.hand_over(user, paths, paths), timeout=60, check=True)
 
 
 def put_files(target: ssh.SshTarget, files: dict[str, tuple[bytes, int]] | None = None,
@@ -196,7 +213,8 @@ def pidfile(config_path: str) -> str:
 
 def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_text: str,
                    secrets: dict[str, bytes] | None = None, python: str = "python3",
-                   activate: str = "", log: str = "", user: str | None = None) -> None:
+                   activate: str = "", log: str = "", user: str | None = None,
+                   copies: tuple[str, ...] = ()) -> None:
     """Run `python -m <module> --config <config_path>` (a module of the node package) on the
     head, supervised: started again within seconds whenever it dies, until it exits 0.
 
@@ -211,11 +229,15 @@ def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_
     that user, and every `~/` path is in that user's home. The files go up as above, are handed
     to the user (the secrets then leave the SSH user's home, so that the user's 0600 copy is the
     only one), and a supervisor the SSH user ran for this config before is stopped first.
+    `copies`: files of the SSH user's (`~/`-relative, e.g. the Ray token) that the user gets a
+    copy of, the SSH user keeping its own; a missing one is skipped.
     """
     wanted = {**json.loads(config_text), "node_package": shipping.zip_name()}
     staged = f"{config_path}.new"
     files = {remote: (data, 0o600) for remote, data in (secrets or {}).items()}
     files[staged] = ((json.dumps(wanted, indent=2) + "\n").encode(), 0o600)
+    if user is not None:
+        files.update({path: (data, 0o644) for path, data in _installer().items()})
     remote_zip = put_files(target, files)
     daemon = f'"{python}" -m {module} --config {home_word(config_path)}'
     args = (f"ensure --pidfile {home_word(pidfile(config_path))} "
@@ -228,7 +250,7 @@ def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_
         before = node_command("infra.node.supervise",
                               f"stop --pidfile {home_word(pidfile(config_path))}", python,
                               activate, remote_zip)
-        handed = [_relative(p) for p in (staged, *(secrets or {}), remote_zip)]
+        handed = [_relative(p) for p in (staged, *(secrets or {}), remote_zip, *copies)]
         command = " && ".join([
             f"{{ [ ! -e {home_word(pidfile(config_path))} ] || "
             f"{{ {before}; rm -f {home_word(config_path)}; }}; }}",

@@ -5,7 +5,9 @@ SHA-256 of each token; never a token). A member's token exists in exactly one pl
 machine: the bundle file `member-add` writes (0600), which the owner sends. For a head on this
 machine (the local provider) that folder is also the gateway's data dir, so a change reaches the
 gateway at its next request; a remote head gets the file over SFTP (at every `up` and every
-change), into `~/.rayfleet/gateway` (0700, the SSH user's: Ray's user cannot read it). Usage stays
+change), handed with sudo to the gateway's own user (`rayfleet-gateway`: no sudo, no key, not
+Ray's user), into its `~/.rayfleet/gateway` (0700: neither Ray's user nor any job can read it;
+the SSH user reaches it only through sudo, as it reads usage back). Usage stays
 with the registry too: a remote head's copy is fetched by `members` and at `teardown`, and given
 back to a new head at `up`, so it survives teardown, autodown and the next `up` (like the tracking
 store). A head whose batch job runs the gateway itself (Slurm: `HeadAccess.gateway_home`) gets the
@@ -26,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from infra import paths, sharing_certs, sharing_term, tracking, tracking_remote, ui
+from infra import paths, privilege, sharing_certs, sharing_term, tracking, tracking_remote, ui
 from infra.costs import NodePrices
 from infra.errors import RayfleetError, SpecError, UsageError
 from infra.head import HeadAccess
@@ -56,6 +58,15 @@ def head_files(access: HeadAccess) -> HeadFiles:
     root = access.gateway_home or "~/.rayfleet"
     return HeadFiles(f"{root}/{gateway_config.CONFIG_FILE}", f"{root}/gateway", f"{root}/gateway.pem",
                      f"{root}/gateway.key", f"{root}/gateway.log")
+
+
+def gateway_user(selected: ClusterSpec, access: HeadAccess) -> str | None:
+    """The node user a remote head runs the gateway as (privilege.GATEWAY_USER: no sudo, no key,
+    not Ray's user), where setup makes the node's users (`Capabilities.separate_ray_user`); None: the SSH user
+    (no such head today), this machine's owner, or the head's own job (Slurm)."""
+    if access.target is None or access.gateway_home or not type(selected).CAPABILITIES.separate_ray_user:
+        return None
+    return privilege.GATEWAY_USER
 
 
 def _here(access: HeadAccess) -> bool:
@@ -188,9 +199,14 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
     """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
     assert selected.sharing is not None
     names = [address, *access.names]
-    if selected.sharing.hostname:
-        names.append(selected.sharing.hostname)
-    cert, key = sharing_certs.ensure_server_cert(selected.name, names)
+    hostname = selected.sharing.hostname
+    if hostname:
+        names.append(hostname)
+    # The CA signs only for these kinds of names (sharing_certs); one that no member's bundle
+    # holds yet may be made again to fit them.
+    cert, key = sharing_certs.ensure_server_cert(
+        selected.name, names, type(selected).CAPABILITIES.sharing_ca_ranges,
+        replaceable=not read_registry(selected.name), dns=(hostname,) if hostname else ())
     token = access.env.get("RAY_AUTH_TOKEN_PATH")
     here = _here(access)
     data = folder(selected.name) if here else Path(_on_head(head_files(access).data))
@@ -238,7 +254,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     apply_term(selected)  # `sharing.ends` may have changed since the last `up`
     if not _here(access):
         read_usage(selected, access)  # the running head's accounting first, then given back
-    start_gateway(access, config, config_path)
+    start_gateway(access, config, config_path, gateway_user(selected, access))
     if access.target is None:
         ui.wait_for(lambda _: True if rayproc.port_answers("127.0.0.1", config.port) else None,
                     f"the sharing gateway on {url}", timeout=60,
@@ -277,12 +293,14 @@ def _wait_remote(access: HeadAccess, port: int, url: str) -> None:
                            f"{head_files(access).log} there (`invoke ssh`)")
 
 
-def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path: Path) -> None:
+def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path: Path,
+                  user: str | None = None) -> None:
     """The one place that starts the gateway, under the head daemons' one supervisor.
 
     This machine: `python -m infra.node.gateway` supervised, replaced when its config changed.
-    A remote head: remote_head.install_daemon as the SSH user, with the certificate, its key,
-    the registry (hashes only) and the last usage copy as 0600 files in its 0700 data dir.
+    A remote head: remote_head.install_daemon as `user` (gateway_user), with the certificate, its
+    key, the registry (hashes only) and the last usage copy as 0600 files in its 0700 data dir,
+    and its own copies of the Ray token and the tracking password, all in that user's home.
     A head whose job runs the gateway (`gateway_home`): the same files, the config last; the
     job's supervisor starts the gateway from it (templates/slurm.sbatch.j2)."""
     if not _here(access):
@@ -310,9 +328,13 @@ def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path
         assert access.target is not None
         from infra import remote_head
 
+        # What it reads of the SSH user's (home-relative paths): its copies, the SSH user's kept.
+        copies = tuple(p for p in (config.token_path, *config.secret_paths)
+                       if p and not p.startswith("/")) if user else ()
         remote_head.install_daemon(access.target, "infra.node.gateway", where.config,
                                    json.dumps(remote), secrets=files, log=where.log,
-                                   python=access.python, activate=access.activate)
+                                   python=access.python, activate=access.activate, user=user,
+                                   copies=copies)
         return
     wanted = gateway_config.config_text(config)
     pidfile = Path(f"{config_path}.pid")
@@ -343,15 +365,16 @@ def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:
 
         with contextlib.suppress(RayfleetError):
             remote_head.stop_daemon(access.target, head_files(access).config, access.python,
-                                    access.activate)
+                                    access.activate, gateway_user(selected, access))
     # After it stopped (its last tick written): the head's accounting kept here.
     with contextlib.suppress(RayfleetError, OSError):
         read_usage(selected, access)
 
 
-def _put_on_head(access: HeadAccess, files: dict[str, bytes]) -> None:
+def _put_on_head(access: HeadAccess, files: dict[str, bytes], user: str | None = None) -> None:
     """Write 0600 files on the head in this order, each whole or not at all (a reader never sees
-    half of one), their folders made 0700: SFTP, or this machine's own files for a head here."""
+    half of one), their folders made 0700: SFTP (into node user `user`'s home when given), or
+    this machine's own files for a head here."""
     if access.target is None:
         for path, data in files.items():
             local = Path(os.path.expanduser(path))
@@ -360,7 +383,7 @@ def _put_on_head(access: HeadAccess, files: dict[str, bytes]) -> None:
         return
     from infra import remote_head
 
-    remote_head.put_private(access.target, files)
+    remote_head.put_private(access.target, files, user)
 
 
 def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:
@@ -368,14 +391,21 @@ def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:
     if _here(access):
         return
     _put_on_head(access, {f"{head_files(access).data}/{gateway_state.MEMBERS_FILE}":
-                          registry_path(selected.name).read_bytes()})
+                          registry_path(selected.name).read_bytes()},
+                 gateway_user(selected, access))
 
 
 def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, Any]:
     """The gateway's usage file (a remote head's when it answers, else the last copy here)."""
     local = folder(selected.name) / gateway_state.USAGE_FILE
     if access is not None and not _here(access):
-        text = _read_on_head(access, f"{head_files(access).data}/{gateway_state.USAGE_FILE}")
+        path = f"{head_files(access).data}/{gateway_state.USAGE_FILE}"
+        user = gateway_user(selected, access)
+        text = _read_on_head(access, path, user)
+        if not text and user is not None:
+            # A head whose gateway ran as the SSH user (before its own user): its last usage,
+            # which the first `up` since hands over to the new user (and so away from here).
+            text = _read_on_head(access, path)
         if text:
             atomic_write(local, text, mode=0o600)
     try:
@@ -385,14 +415,14 @@ def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, An
     return data if isinstance(data, dict) else {"jobs": {}, "members": {}}
 
 
-def _read_on_head(access: HeadAccess, path: str) -> str | None:
+def _read_on_head(access: HeadAccess, path: str, user: str | None = None) -> str | None:
     if access.target is None:
         with contextlib.suppress(OSError):
             return Path(os.path.expanduser(path)).read_text() or None
         return None
-    from infra import autodown_remote
+    from infra import remote_head
 
-    return autodown_remote.read_file(access.target, path)
+    return remote_head.read_file(access.target, path, user)
 
 
 def recorded_for(record: dict[str, Any], name: str, entry: dict[str, Any]) -> bool:

@@ -66,6 +66,30 @@ def source_ranges(ranges: list[str], what: str, fix: str) -> list[str]:
     return ranges
 
 
+#: The most addresses a site's ranges cover, per IP version, before the spec must acknowledge them
+#: (`sharing.allowed_source_ranges_ack_wide`): a /16 of IPv4 (a large campus), a /48 of IPv6 (one
+#: site's prefix). Two /1s are not a site: they are the internet.
+SITE_ADDRESSES = {4: 2 ** 16, 6: 2 ** 80}
+
+
+def too_wide(ranges: list[str]) -> str | None:
+    """What the union of `ranges` covers beyond SITE_ADDRESSES of either IP version, in words, or
+    None (overlapping ranges count once)."""
+    networks = [ipaddress.ip_network(r) for r in ranges]
+    unions: dict[int, list[ipaddress.IPv4Network] | list[ipaddress.IPv6Network]] = {
+        4: list(ipaddress.collapse_addresses(
+            n for n in networks if isinstance(n, ipaddress.IPv4Network))),
+        6: list(ipaddress.collapse_addresses(
+            n for n in networks if isinstance(n, ipaddress.IPv6Network)))}
+    for version, limit in SITE_ADDRESSES.items():
+        total = sum(n.num_addresses for n in unions[version])
+        if total > limit:
+            site = "/16" if version == 4 else "/48"
+            return (f"together cover {total:,} IPv{version} addresses, more than a site's {site} "
+                    f"({limit:,})")
+    return None
+
+
 class Sharing(StrictModel):
     """`sharing:`: members with their own credentials reach the cluster through a TLS gateway on
     the head (infra/node/gateway.py); see docs/concepts/sharing.md."""
@@ -74,7 +98,12 @@ class Sharing(StrictModel):
     port: int = Field(8443, ge=1024, le=65535)
     #: Networks (CIDR) allowed to reach the gateway: a firewall rule for this port only. Required
     #: on providers whose head has a public address (`Capabilities.sharing_needs_ranges`).
+    #: Together at most a /16 of IPv4 addresses and a /48 of IPv6 (a campus or a VPN) unless
+    #: `allowed_source_ranges_ack_wide` says otherwise.
     allowed_source_ranges: list[str] = Field(default_factory=list, max_length=64)
+    #: `true`: open the gateway's port to `allowed_source_ranges` even where together they cover
+    #: more than a /16 of IPv4 or a /48 of IPv6 addresses (the whole internet stays refused).
+    allowed_source_ranges_ack_wide: bool = False
     #: A member's next submit is refused while this many of their jobs are pending or running.
     max_running_jobs_per_member: int = Field(2, ge=1, le=1000)
     #: The head stops a member's job that has run longer than this (hours); None: no limit.
@@ -131,6 +160,13 @@ class Sharing(StrictModel):
     def _cidrs(cls, ranges: list[str]) -> list[str]:
         return source_ranges(ranges, "the gateway", "list the class's VPN or campus range")
 
+    def wide_ranges(self) -> str | None:
+        """Why `allowed_source_ranges` is wider than a site (None: it is not, or the spec said
+        `allowed_source_ranges_ack_wide`)."""
+        if self.allowed_source_ranges_ack_wide:
+            return None
+        return too_wide(self.allowed_source_ranges)
+
 
 class MetricsHistory(StrictModel):
     """`metrics_history:` how much the head's Prometheus keeps and how often it scrapes; both
@@ -176,11 +212,19 @@ class ClusterSpec(StrictModel):
     @field_validator("sharing")
     @classmethod
     def _sharing_ranges(cls, value: Sharing | None) -> Sharing | None:
-        if (value is not None and cls.CAPABILITIES.sharing_needs_ranges
-                and not value.allowed_source_ranges):
+        if value is None or not cls.CAPABILITIES.sharing_needs_ranges:
+            return value
+        if not value.allowed_source_ranges:
             raise ValueError("allowed_source_ranges is required on this provider (the gateway's "
                              "port is opened to exactly these networks); add e.g. "
-                             "`allowed_source_ranges: [10.0.0.0/8]` under sharing:")
+                             "`allowed_source_ranges: [198.51.100.0/24]` (your class's range) "
+                             "under sharing:")
+        wide = value.wide_ranges()
+        if wide:
+            # Only where the ranges open a firewall: elsewhere they are refused or unused.
+            raise ValueError(f"allowed_source_ranges {wide}: list the class's campus or VPN "
+                             "ranges, or add `allowed_source_ranges_ack_wide: true` under "
+                             "sharing: to open the gateway's port that widely on purpose")
         return value
 
     @model_validator(mode="before")

@@ -95,3 +95,49 @@ def test_guard_sh_refuses_a_non_root_caller_and_no_address(tmp_path: Path) -> No
                           capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 1, done.stderr
     assert "none of no-such-name.invalid has an address here" in done.stderr, done.stderr
+
+
+def test_the_gcp_metadata_guard_covers_the_servers_ipv6_address_too(tmp_path: Path) -> None:
+    """Google's metadata server answers at fd20:ce::254 besides 169.254.169.254 (dual-stack
+    subnets) and no name resolves to it: a job that dials the number must be refused there too.
+    Both addresses are on the private node's loopback, each with a server; the guard gets the
+    gcp-tpu setup's own address list."""
+    from infra.providers.gcp_tpu import users as gcp_users
+
+    home = tmp_path / "ssh-home"
+    (home / privilege.USERS_DIR).mkdir(parents=True)
+    for script in ("users.sh", "guard.sh"):
+        shutil.copy(paths.setup_dir() / "users" / script, home / privilege.USERS_DIR / script)
+    (home / "scaler-file").write_text("x")
+    v4, v6 = "169.254.169.254", "fd20:ce::254"
+    assert {v4, v6} <= set(gcp_users.METADATA), gcp_users.METADATA
+
+    def connect(user: str, target: str) -> str:
+        run = f"python3 -c {shlex.quote(CONNECT)} {target} 8080 ''"
+        return run if user == "root" else f"runuser -u {user} -- {run}"
+
+    script = "; ".join([
+        "set -e", "ip link set lo up", f"ip addr add {v4}/32 dev lo", f"ip -6 addr add {v6}/128 dev lo nodad",
+        privilege.setup_users([], ["scaler-file"]),
+        privilege.guard(*gcp_users.METADATA),
+        f"python3 -m http.server 8080 --directory / --bind {v4} >/dev/null 2>&1 & a=$!",
+        f"python3 -m http.server 8080 --directory / --bind {v6} >/dev/null 2>&1 & b=$!",
+        *[f"for i in $(seq 300); do (exec 3<>/dev/tcp/{ip}/8080) 2>/dev/null && break; "
+          "sleep 0.1; done" for ip in (v4, v6)],
+        "set +e",
+        *[f"echo {user}-{target} $({connect(user, target)})"
+          for user in ("root", privilege.SCALER_USER, privilege.RAY_USER) for target in (v4, v6)],
+        "nft list table inet rayfleet_guard",
+        "kill $a $b",
+    ])
+    done = in_private_node(tmp_path, f"unshare --net bash -c {shlex.quote(script)}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    answers = dict(line.split(" ", 1) for line in done.stdout.splitlines()
+                   if line.startswith(("root-", "rayfleet-")))
+    http = json.dumps("HTTP/1.0 200")
+    for target in (v4, v6):
+        assert answers[f"root-{target}"] == http, answers
+        assert answers[f"{privilege.SCALER_USER}-{target}"] == http, answers
+        assert answers[f"{privilege.RAY_USER}-{target}"] == '"ConnectionRefusedError"', answers
+    table = done.stdout
+    assert f"ip daddr {v4}" in table and f"ip6 daddr {v6}" in table, table

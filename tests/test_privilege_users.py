@@ -88,3 +88,92 @@ def test_users_sh_refuses_a_non_root_caller(tmp_path: Path) -> None:
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash",
                            "-c", f"bash {script} /tmp"], capture_output=True, text=True, check=False)
     assert done.returncode != 0 and "run as root" in done.stderr, done.stderr
+
+
+def test_the_gateways_user_has_no_sudo_no_shell_no_key_and_a_private_home(tmp_path: Path) -> None:
+    """rayfleet-gateway (issue 35): its files in 0700 folders of its own home, where Ray's user
+    (every job) cannot look; a members file replaced while it is read is never missing; the SSH
+    user's copy of a moved file is gone, of a copied one (the Ray token) kept."""
+    home = tmp_path / "ssh-home"
+    (home / ".rayfleet" / "gateway").mkdir(parents=True)
+    for name, text in ((".rayfleet/ray-token", "TOKEN"), (".rayfleet/gateway.key", "KEY"),
+                       (".rayfleet/gateway/members.json", '{"members": {}}')):
+        (home / name).write_text(text)
+        (home / name).chmod(0o600)
+    (home / privilege.USERS_DIR).mkdir(parents=True)
+    shutil.copy(paths.setup_dir() / "users" / "users.sh", home / privilege.USERS_SCRIPT)
+    gw, ray = privilege.GATEWAY_USER, privilege.RAY_USER
+    moved = [".rayfleet/gateway.key", ".rayfleet/gateway/members.json"]
+    hand = privilege.hand_over(gw, [*moved, ".rayfleet/ray-token"], moved)
+    again = privilege.hand_over(gw, [".rayfleet/gateway/members.json"],
+                                [".rayfleet/gateway/members.json"])
+    script = "; ".join([
+        "set -e", privilege.setup_users([".rayfleet/ray-token"]), hand,
+        # An image's same-named user with a shell, an SSH key and sudo: setup takes them away.
+        f"usermod -s /bin/bash -aG sudo {gw} 2>/dev/null || (groupadd -f sudo && usermod -aG sudo {gw})",
+        f"mkdir -p /home/{gw}/.ssh && echo key > /home/{gw}/.ssh/authorized_keys",
+        "cp -p $HOME/.rayfleet/ray-token $HOME/.rayfleet/gateway.key",
+        hand,
+        f"stat -c '%U %a %n' /home/{gw} /home/{gw}/.rayfleet /home/{gw}/.rayfleet/gateway "
+        f"/home/{gw}/.rayfleet/gateway/members.json /home/{gw}/.rayfleet/gateway.key "
+        f"/home/{gw}/.rayfleet/ray-token",
+        f"echo shell $(getent passwd {gw} | cut -d: -f7)",
+        f"echo groups $(id -Gn {gw})",
+        f"echo ssh $(ls -A /home/{gw} | grep -c '^.ssh$' || true)",
+        'echo ssh-user-has $(ls "$HOME/.rayfleet" | tr "\\n" " ")',
+        f"runuser -u {gw} -- sudo -n true 2>/dev/null && echo GW-SUDO || echo gw-no-sudo",
+        f"runuser -u {ray} -- cat /home/{gw}/.rayfleet/gateway/members.json 2>/dev/null "
+        "&& echo RAY-READ || echo ray-refused",
+        f"runuser -u {ray} -- ls /home/{gw}/.rayfleet 2>/dev/null && echo RAY-LIST || echo ray-no-list",
+        # The members file replaced 20 times while its user reads it in a loop: never missing.
+        f"runuser -u {gw} -- bash -c 'while :; do [ -s ~/.rayfleet/gateway/members.json ] "
+        "|| echo MISSING; done' > $HOME/watch.out 2>&1 & w=$!",
+        *[f"echo '{{\"members\": {{\"m{i}\": {{}}}}}}' > $HOME/.rayfleet/gateway/members.json && "
+          f"chmod 600 $HOME/.rayfleet/gateway/members.json && {again}" for i in range(20)],
+        "kill $w; wait $w 2>/dev/null || true",
+        "echo missing $(grep -c MISSING $HOME/watch.out || true)",
+        f"echo members $(cat /home/{gw}/.rayfleet/gateway/members.json)",
+    ])
+    done = in_private_node(tmp_path, script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:6] == [f"{gw} 700 /home/{gw}", f"{gw} 700 /home/{gw}/.rayfleet",
+                         f"{gw} 700 /home/{gw}/.rayfleet/gateway",
+                         f"{gw} 600 /home/{gw}/.rayfleet/gateway/members.json",
+                         f"{gw} 600 /home/{gw}/.rayfleet/gateway.key",
+                         f"{gw} 600 /home/{gw}/.rayfleet/ray-token"], lines
+    assert "shell /usr/sbin/nologin" in lines and f"groups {gw}" in lines, lines
+    assert "ssh 0" in lines, lines
+    # The key and the members file left the SSH user's home; its token stays (Ray needs it).
+    assert "ssh-user-has gateway ray-token" in [" ".join(x.split()) for x in lines], lines
+    assert {"gw-no-sudo", "ray-refused", "ray-no-list", "missing 0"} <= set(lines), lines
+    assert 'members {"members": {"m19": {}}}' in lines, lines
+
+
+def test_a_user_that_swapped_a_folder_for_a_symlink_cannot_turn_setup_onto_another_file(
+        tmp_path: Path) -> None:
+    """users.sh runs again at every `up` (Ray re-runs start commands) while jobs have run as Ray's
+    user, who owns its home: a `~/.rayfleet` made a symlink to a root-owned folder must not make
+    root write there or hand that folder to the user."""
+    home = tmp_path / "ssh-home"
+    (home / ".rayfleet").mkdir(parents=True)
+    (home / ".rayfleet" / "ray-token").write_text("TOKEN")
+    (home / ".rayfleet" / "ray-token").chmod(0o600)
+    (home / privilege.USERS_DIR).mkdir(parents=True)
+    shutil.copy(paths.setup_dir() / "users" / "users.sh", home / privilege.USERS_SCRIPT)
+    ray = privilege.RAY_USER
+    setup = privilege.setup_users([".rayfleet/ray-token"])
+    script = "; ".join([
+        "set -e", setup, "mkdir -p /etc/rayfleet-victim && chmod 755 /etc/rayfleet-victim",
+        # What a job could do as Ray's user: its own folder swapped for a link to root's.
+        f"runuser -u {ray} -- bash -c 'cd ~ && mv .rayfleet .old && ln -s /etc/rayfleet-victim "
+        ".rayfleet'",
+        f"{setup} || echo setup-failed",
+        "stat -c '%U %a' /etc/rayfleet-victim",
+        "ls -A /etc/rayfleet-victim | tr '\\n' ' '; echo listed",
+    ])
+    done = in_private_node(tmp_path, script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    # Still root's, and empty: the setup refused (the user's own home is the user's problem).
+    assert lines[-2:] == ["root 755", "listed"], lines

@@ -29,6 +29,60 @@ def test_sharing_on_a_public_head_needs_allowed_source_ranges(tmp_path: Path, ex
     assert not (tmp_path / "h").exists()
 
 
+def test_two_halves_of_the_internet_are_refused_in_one_line_naming_the_acknowledgement(
+        tmp_path: Path) -> None:
+    """`/0` alone was refused; two `/1`s opened the gateway to every address all the same."""
+    base = (ROOT / "clusters" / "lambda.yaml").read_text()
+    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [0.0.0.0/1, 128.0.0.0/1]\n")
+    done = run_invoke("plan", "--cluster", str(spec), env={"RAYFLEET_HOME": str(tmp_path / "h")})
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sharing: allowed_source_ranges together cover 4,294,967,296 IPv4" \
+        in lines[0] and "allowed_source_ranges_ack_wide: true" in lines[0], done.stderr
+    assert not (tmp_path / "h").exists()
+
+
+@pytest.mark.parametrize(("ranges", "wide"), [
+    (["198.51.100.0/24"], False),
+    (["10.8.0.0/16"], False),
+    # Overlaps count once: a /16 and a /24 inside it are a /16.
+    (["10.8.0.0/16", "10.8.3.0/24"], False),
+    (["10.8.0.0/16", "10.9.0.0/32"], True),
+    (["10.0.0.0/15"], True),
+    (["0.0.0.0/1", "128.0.0.0/1"], True),
+    (["2001:db8::/48", "198.51.100.0/24"], False),
+    (["2001:db8::/47"], True),
+    (["2001:db8::/48", "2001:db9::/48"], True),
+])
+@pytest.mark.parametrize("example", ["lambda.yaml", "gcp-tpu.yaml"])
+def test_ranges_wider_than_a_site_need_the_acknowledgement(
+        tmp_path: Path, example: str, ranges: list[str], wide: bool) -> None:
+    from infra import loading
+    from infra.errors import SpecError
+
+    base = (ROOT / "clusters" / example).read_text()
+    for ack in (False, True):
+        block = f"\nsharing:\n  allowed_source_ranges: {json.dumps(ranges)}\n" \
+                f"  allowed_source_ranges_ack_wide: {'true' if ack else 'false'}\n"
+        path = tmp_path / f"wide{int(ack)}.yaml"
+        path.write_text(base + block)
+        if wide and not ack:
+            with pytest.raises(SpecError, match="allowed_source_ranges_ack_wide: true"):
+                loading.load_spec(path)
+        else:
+            loaded = loading.load_spec(path)
+            assert loaded.sharing is not None and loaded.sharing.allowed_source_ranges == ranges
+
+
+def test_the_acknowledgement_never_opens_the_whole_internet(tmp_path: Path) -> None:
+    base = (ROOT / "clusters" / "gcp-tpu.yaml").read_text()
+    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [0.0.0.0/0]\n"
+                                  "  allowed_source_ranges_ack_wide: true\n")
+    done = run_invoke("plan", "--cluster", str(spec), env={"RAYFLEET_HOME": str(tmp_path / "h")})
+    assert done.returncode == 2 and "opens the gateway to the whole internet" in done.stderr, \
+        done.stderr
+
+
 def test_sharing_ranges_on_slurm_are_refused_before_anything_exists(tmp_path: Path) -> None:
     """rayfleet opens no firewall on a Slurm site: ranges it cannot enforce are refused, not
     silently ignored (they were refused with the whole block before the gateway ran there)."""

@@ -126,6 +126,10 @@ def test_ray_and_its_autoscaler_run_as_two_users_and_only_one_reaches_the_token(
                for line in table.splitlines() if "skuid != {" in line}
     scaler_uid = head.run(f"id -u {SCALER_USER}", check=True).stdout.strip()
     assert allowed == {f"0,{scaler_uid}"}, table
+    # Google's metadata server answers at its IPv6 address too (no name resolves to it).
+    v4 = [line for line in table.splitlines() if " ip daddr " in f" {line.strip()}"]
+    assert v4 and all("169.254.169.254" in line for line in v4), table
+    assert "ip6 daddr fd20:ce::254 " in table, table
     plan = cluster.invoke("plan")
     assert f"jobs run as {RAY_USER} (no sudo)" in plan.stdout, plan.stdout
     assert "the metadata server" in plan.stdout, plan.stdout

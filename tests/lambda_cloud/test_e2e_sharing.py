@@ -5,7 +5,8 @@ The bed's four hosts: h1 and h2 are what the fake Lambda hands out as instances 
 autoscaled worker); h3 is the members' laptop, the only address in `sharing.allowed_source_ranges`;
 h4 is someone outside. The owner works from the bed's client namespace (its address alone in
 `ssh_source_ranges`). In order: `up` opens the gateway's port in the ruleset to h3 only and runs
-the gateway on the head out of Ray's user's reach; two members join in homes of their own on h3
+the gateway on the head as a user of its own (no sudo, no shell, no key), out of Ray's user's
+reach; two members join in homes of their own on h3
 and both their jobs run on the autoscaled worker (one with the stock `ray job` CLI, one with
 `invoke submit` from their own folder); h4 and the owner's machine cannot even connect; a removed
 member is refused within 5 s while the other keeps working; a gateway killed on the head is back
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.privilege import RAY_USER
+from infra.privilege import GATEWAY_USER, RAY_USER
 from tests.bed_member import Member, join
 from tests.lambda_cloud.autoscale_bed import CLUSTER, Scaled, autoscale_bed
 from tests.lambda_cloud.conftest import assert_clean
@@ -37,7 +38,9 @@ pytestmark = pytest.mark.slow
 
 SCALE = 0.05
 PORT = 8443
-HEAD_DATA = "/root/.rayfleet/gateway"  # the bed's SSH user is root
+#: The gateway's user's home on the head, and its data dir there.
+GATEWAY_HOME = f"/home/{GATEWAY_USER}/.rayfleet"
+HEAD_DATA = f"{GATEWAY_HOME}/gateway"
 #: A job's whole entrypoint on the worker (it asks for half of the worker's one GPU).
 WHERE = "python -c \"import socket; print('RAN ON', socket.gethostname())\""
 #: A member's own project: its driver on the head, its task on the worker.
@@ -113,15 +116,34 @@ def test_up_opens_the_port_to_the_allowed_range_and_hides_the_gateway_from_rays_
     plan = scaled.invoke("plan")
     assert f"sharing gateway port {PORT} from {scaled.bed.hosts[2].ip}/32" in plan.stdout, plan.stdout
     head = scaled.host(shared.head_ip)
-    owners = head.run("pgrep -f '[i]nfra.node.gateway' | xargs -r ps -o user:20= -p").stdout.split()
-    assert owners and RAY_USER not in owners, owners
-    modes = head.run(f"stat -c '%a %n' {HEAD_DATA} {HEAD_DATA}/members.json "
-                     "/root/.rayfleet/gateway.key", check=True).stdout.split("\n")
-    assert [m.split()[0] for m in modes if m] == ["700", "600", "600"], modes
-    # Ray's user (every job) can read nothing of the gateway's: not its data, key or config.
-    for path in (f"{HEAD_DATA}/members.json", "/root/.rayfleet/gateway.key",
-                 "/root/.rayfleet/rayfleet-gateway.json"):
+    # The gateway and its supervisor run as the gateway's own user: not Ray's, not the SSH user.
+    owners = head.run("pgrep -f '^[^ ]*python[^ ]* -m [i]nfra.node.gateway' "
+                      "| xargs -r ps -o user:20= -p").stdout.split()
+    assert owners == [GATEWAY_USER], owners
+    supervisor = head.run("pgrep -f '[i]nfra.node.supervise run .*rayfleet-gateway.json.pid' "
+                          "| xargs -r ps -o user:20= -p").stdout.split()
+    assert supervisor == [GATEWAY_USER], supervisor
+    # That user has no sudo, no shell to log in with, no SSH key, no group but its own.
+    assert head.run(f"runuser -u {GATEWAY_USER} -- sudo -n true").returncode == 1
+    assert head.run(f"getent passwd {GATEWAY_USER} | cut -d: -f7", check=True).stdout.strip() \
+        == "/usr/sbin/nologin"
+    assert head.run(f"id -Gn {GATEWAY_USER}", check=True).stdout.split() == [GATEWAY_USER]
+    assert head.run(f"test -e /home/{GATEWAY_USER}/.ssh").returncode != 0
+    modes = head.run(f"stat -c '%U %a' /home/{GATEWAY_USER} {GATEWAY_HOME} {HEAD_DATA} "
+                     f"{HEAD_DATA}/members.json {GATEWAY_HOME}/gateway.key "
+                     f"{GATEWAY_HOME}/ray-token", check=True).stdout.split("\n")
+    assert [m for m in modes if m] == [f"{GATEWAY_USER} {mode}" for mode in
+                                       ("700", "700", "700", "600", "600", "600")], modes
+    # The SSH user keeps no copy of the gateway's key or members file.
+    left = head.run("ls -A /root/.rayfleet /root/.rayfleet/gateway 2>/dev/null").stdout.split()
+    assert "gateway.key" not in left and "members.json" not in left, left
+    # Ray's user (every job) can read nothing of the gateway's: not its data, key, config or
+    # token copy, and cannot even list its folders.
+    for path in (f"{HEAD_DATA}/members.json", f"{GATEWAY_HOME}/gateway.key",
+                 f"{GATEWAY_HOME}/rayfleet-gateway.json", f"{GATEWAY_HOME}/ray-token"):
         assert head.run(f"runuser -u {RAY_USER} -- cat {path}").returncode != 0, path
+    for folder in (f"/home/{GATEWAY_USER}", HEAD_DATA):
+        assert head.run(f"runuser -u {RAY_USER} -- ls {folder}").returncode != 0, folder
 
 
 def test_two_members_jobs_run_on_the_worker_from_their_own_laptop(shared: Shared) -> None:
@@ -162,7 +184,7 @@ def test_the_cost_share_counts_the_autoscaled_worker_at_its_price(shared: Shared
     plus the worker's (Ray's v2 autoscaler reports no nodes at /api/cluster_status: the gateway
     counted the head alone until it read Ray's node table)."""
     head = shared.scaled.host(shared.head_ip)
-    config = json.loads(head.run("cat /root/.rayfleet/rayfleet-gateway.json", check=True).stdout)
+    config = json.loads(head.run(f"cat {GATEWAY_HOME}/rayfleet-gateway.json", check=True).stdout)
     prices = config["node_prices"]
     assert set(prices) == {"head", "gpu"} and len(shared.scaled.workers()) == 1, prices
     wanted = round(prices["head"] + prices["gpu"], 4)

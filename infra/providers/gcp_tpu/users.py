@@ -21,8 +21,10 @@ JOB_REACH = privilege.job_reach(
     f"the metadata server (the VM's service-account token: it answers root and "
     f"{privilege.SCALER_USER} only)", "the autoscaler, the idle watcher and the slice joiner")
 #: The metadata server by address and by name (guard.sh resolves the name on the node: Google's
-#: resolver answers 169.254.169.254; a test bed's answers with its offline server).
-METADATA = ("169.254.169.254", "metadata.google.internal")
+#: resolver answers 169.254.169.254; a test bed's answers with its offline server), and by its
+#: IPv6 address, which it answers on dual-stack subnets and which no name resolves to (a job
+#: could connect to it by number).
+METADATA = ("169.254.169.254", "fd20:ce::254", "metadata.google.internal")
 #: Ray's GCS port on the head (the template's `ray start --head --port`).
 GCS_PORT = 6379
 #: setup/ on a node, home-relative: a file mount the autoscaler syncs to every new worker.

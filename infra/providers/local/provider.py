@@ -54,8 +54,9 @@ class LocalError(ProviderError):
 class Spec(ClusterSpec):
     CAPABILITIES: ClassVar[Capabilities] = Capabilities(
         tracking=True, metrics=True,
-        # The head is this machine: `up` starts the sharing gateway beside it.
-        sharing_gateway=True,
+        # The head is this machine: `up` starts the sharing gateway beside it, on the loopback
+        # only, so the sharing CA signs for nothing else.
+        sharing_gateway=True, sharing_ca_ranges=("127.0.0.0/8",),
         # A laptop's cluster runs no Prometheus unless its spec says `metrics: prometheus`.
         metrics_default="none")
 

@@ -425,11 +425,12 @@ class Provider(BaseProvider[Spec, None]):
                           dashboard_port=int(job.attrs["dashboard_port"]),
                           client_port=int(client) if client else None,
                           # spec: sharing: the head's job runs the gateway from this folder on
-                          # the shared work dir; members reach it by the node's address or name,
-                          # or through their own tunnel (NOTES.md "The sharing gateway").
+                          # the shared work dir; members reach it by the node's address, or
+                          # through their own tunnel (NOTES.md "The sharing gateway"). Not by
+                          # the node's name: the cluster's CA signs for no DNS name but
+                          # localhost (infra/sharing_certs.py).
                           gateway_home=sharing_home(workdir, self.spec.name),
-                          names=(str(job.attrs.get("head_node") or job.attrs["head_ip"]),
-                                 "127.0.0.1", "localhost"),
+                          names=("127.0.0.1", "localhost"),
                           tracking_password=f"{keys}/{tracking.PASSWORD_FILE}")
 
     @contextlib.contextmanager
