@@ -243,9 +243,12 @@ class Gateway(JobRoutes):
             return status, None
 
     async def upstream_raw(self, method: str, path: str, query: str = "") -> tuple[int, bytes]:
-        """`path` is one the gateway built itself (ids checked and quoted)."""
+        """`path` is one the gateway built itself (ids checked and quoted), with its query after
+        a `?` or in `query`."""
         from aiohttp import ClientTimeout
 
+        path, _, inline = path.partition("?")
+        query = query or inline
         async with self.session.request(method, self.upstream_url(gt.Target(path, query)),
                                         headers=self.upstream_headers(),
                                         timeout=ClientTimeout(total=UPSTREAM_TIMEOUT_S)) as answer:

@@ -46,6 +46,11 @@ class Bed:
     ca: str
     upstream: Upstream
     gateway: Gateway
+    loop: asyncio.AbstractEventLoop
+
+    def on_gateway(self, coroutine: Any) -> Any:
+        """Run `coroutine` (a gateway call of its own, as its tick makes) on the gateway's loop."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
 
     def send(self, method: str, target: str, token: str | None = ANN, body: bytes = b"",
              headers: dict[str, str] | None = None) -> tuple[int, bytes]:
@@ -157,7 +162,7 @@ def gateway_bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **overrides: An
     thread.start()
     try:
         yield Bed(ready["port"], str(sharing_certs.ca_cert_path("class")), upstream,
-                  ready["gateway"])
+                  ready["gateway"], loop)
     finally:
         async def stop() -> None:
             for runner in ready["runners"]:

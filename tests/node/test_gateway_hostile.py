@@ -157,3 +157,13 @@ def test_the_reaper_is_a_program_python_compiles() -> None:
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                 for alias in node.names}
     assert {"PlacementGroup", "remove_placement_group", "NodeAffinitySchedulingStrategy"} <= imported
+
+
+def test_the_gateways_own_calls_keep_their_query(bed: Bed) -> None:
+    """A path the gateway builds with a query (Ray's node table for the cost share) reaches Ray
+    with that query, not with its `?` encoded into the path (the cost share then saw no node)."""
+    from infra.node import gateway_prices as gp
+
+    status, _ = bed.on_gateway(bed.gateway.upstream_raw("GET", gp.NODES_PATH))
+    assert status == 200
+    assert bed.upstream.seen[-1][1] == gp.NODES_PATH
