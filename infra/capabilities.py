@@ -46,3 +46,13 @@ class Capabilities:
     autodown_default_minutes: float | None = None
     #: `metrics` when the spec says nothing.
     metrics_default: str = "prometheus"
+
+
+#: A paid cloud's head (lambda, gcp-tpu): reached over SSH; tracking and metrics beside Ray; the
+#: sharing gateway on the head as a user of its own, its port opened by a firewall rule to
+#: `sharing.allowed_source_ranges` (the head has a public address); Ray as `rayfleet-ray`, with
+#: no sudo and no credential; the head removes its own VM or instance last; paid by the hour, so
+#: an idle cluster removes itself after an hour unless its spec says otherwise.
+CLOUD_HEAD = Capabilities(ssh=True, tracking=True, metrics=True, sharing_gateway=True,
+                          sharing_needs_ranges=True, separate_ray_user=True,
+                          autodown_last_word_may_be_lost=True, autodown_default_minutes=60)

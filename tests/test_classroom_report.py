@@ -31,17 +31,22 @@ def _kept(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp / "kept.json").write_text("{}")
 
 
-def test_the_report_has_an_owner_lane_and_every_members_hours_and_cost(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rf_home: Path) -> None:
-    _kept(tmp_path, monkeypatch)
+def _report(tmp: Path, bo_jobs: int, bo_hours: float, bo_usd: float) -> Path:
+    """The report of the kept history with ann's and bo's rows, as the gateway's usage gives them."""
     members: dict[str, Any] = {
         "rows": [{"name": "ann", "role": "member", "total_jobs": 7, "job_hours": 12.25,
                   "cost_share_usd": 31.5},
-                 {"name": "bo", "role": "admin", "total_jobs": 0, "job_hours": 0.0,
-                  "cost_share_usd": 0.0}],
+                 {"name": "bo", "role": "admin", "total_jobs": bo_jobs, "job_hours": bo_hours,
+                  "cost_share_usd": bo_usd}],
         "records": {"raysubmit_ann1": {"member": "ann"}}}
-    out = commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r.html",  # type: ignore[arg-type]
-                                        members)
+    return commands_metrics.write_report(_NoProvider(), "class", tmp / "r.html",  # type: ignore[arg-type]
+                                         members)
+
+
+def test_the_report_has_an_owner_lane_and_every_members_hours_and_cost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rf_home: Path) -> None:
+    _kept(tmp_path, monkeypatch)
+    out = _report(tmp_path, bo_jobs=0, bo_hours=0.0, bo_usd=0.0)
     page = out.read_text()
     table = re.search(r"<table data-table=members>(.*?)</table>", page, re.S)
     assert table is not None
@@ -62,13 +67,7 @@ def test_the_members_table_shows_in_a_real_browser(tmp_path: Path, monkeypatch: 
     from tests.browser_metrics import docs_screenshot, open_page
 
     _kept(tmp_path, monkeypatch)
-    members = {"rows": [{"name": "ann", "role": "member", "total_jobs": 7, "job_hours": 12.25,
-                         "cost_share_usd": 31.5},
-                        {"name": "bo", "role": "admin", "total_jobs": 2, "job_hours": 0.5,
-                         "cost_share_usd": 1.25}],
-               "records": {"raysubmit_ann1": {"member": "ann"}}}
-    out = commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r.html",  # type: ignore[arg-type]
-                                        members)
+    out = _report(tmp_path, bo_jobs=2, bo_hours=0.5, bo_usd=1.25)
     visit = open_page(out, 1000, 1400)
     assert visit.console_errors == [] and visit.requests == [out.resolve().as_uri()]
     assert visit.screenshot.startswith(b"\x89PNG")

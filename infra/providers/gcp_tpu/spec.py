@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from infra.capabilities import Capabilities
+from infra.capabilities import CLOUD_HEAD, Capabilities
 from infra.providers.gcp_tpu import tpu
 from infra.spec import ClusterSpec, StrictModel, source_ranges
 
@@ -201,21 +201,8 @@ class NodeEnvSpec(StrictModel):
 
 
 class Spec(ClusterSpec):
-    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
-        ssh=True, tracking=True, metrics=True,
-        # `up` starts the sharing gateway on the head (infra/sharing.py through remote_head) and
-        # a firewall rule opens its port to the head only (firewall.py)...
-        sharing_gateway=True,
-        # ...to `sharing.allowed_source_ranges`: the head has a public address.
-        sharing_needs_ranges=True,
-        # Ray runs as `rayfleet-ray` on every VM and TPU host (users.py), with no sudo and no
-        # connection to the metadata server (setup/users/guard.sh).
-        separate_ray_user=True,
-        # The head deletes its own VM last.
-        autodown_last_word_may_be_lost=True,
-        # Paid by the hour: an idle cluster removes itself after an hour unless the spec says
-        # otherwise.
-        autodown_default_minutes=60)
+    #: Ray's user on every VM and TPU host is refused the metadata server (setup/users/guard.sh).
+    CAPABILITIES: ClassVar[Capabilities] = CLOUD_HEAD
 
     provider: Literal["gcp-tpu"]
     project: str

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from infra.capabilities import Capabilities
+from infra.capabilities import CLOUD_HEAD, Capabilities
 from infra.spec import ClusterSpec, StrictModel
 
 #: Regions where Lambda applies no firewall rule (firewall.UNFILTERED_REGIONS; kept here too so
@@ -86,21 +86,8 @@ def _distinct(choices: list[Choice]) -> list[Choice]:
 
 
 class Spec(ClusterSpec):
-    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
-        ssh=True, tracking=True, metrics=True,
-        # `up` starts the sharing gateway on the head (infra/sharing.py through remote_head), as
-        # the SSH user, out of Ray's user's reach (NOTES.md "The sharing gateway")...
-        sharing_gateway=True,
-        # ...its port open to `sharing.allowed_source_ranges`: the head has a public address.
-        sharing_needs_ranges=True,
-        # Ray runs as `rayfleet-ray` on every node (users.py), so members' jobs never run as the
-        # SSH user (who has sudo) nor as the autoscaler's user (who holds the API key).
-        separate_ray_user=True,
-        # The head terminates its own instance last.
-        autodown_last_word_may_be_lost=True,
-        # Paid by the hour: an idle cluster removes itself after an hour unless the spec says
-        # otherwise.
-        autodown_default_minutes=60)
+    #: The autoscaler's user alone holds the API key (users.py).
+    CAPABILITIES: ClassVar[Capabilities] = CLOUD_HEAD
 
     provider: Literal["lambda"]
     head: Head
