@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import costs, jobs
-from infra.costs import Cost
+from infra.core import costs, jobs
+from infra.core.costs import Cost
 from tests.conftest import ROOT, run_invoke
 
 
@@ -79,7 +79,7 @@ def test_a_hydra_sweeps_multirun_folder_is_ignored_and_never_uploaded(tmp_path: 
 
 @pytest.mark.parametrize("colour", [False, True])
 def test_job_log_filter_drops_ray_internals_and_colour_off_a_terminal(colour: bool) -> None:
-    from infra import raynoise
+    from infra.core import raynoise
 
     lines = raynoise.LineFilter(colour=colour)
     chunks = ["\x1b[36m(pid=7)\x1b[0m step 1\n\x1b[36m(pid=7)\x1b[0m [mutex.cc : 4",
@@ -101,7 +101,7 @@ def test_tables_fold_long_cells_in_a_narrow_terminal_never_cut_them() -> None:
     # A real terminal's width (COLUMNS=80, as rich reads it) with a job whose entrypoint is wider.
     # One word wider than the column: rich's default cuts it with "…".
     entrypoint = "python " + "/".join(f"folder-{i}" for i in range(12)) + "/train.py --lr=0.1"
-    code = ("from infra import commands; commands._table('jobs', [{'job': 'raysubmit_x', "
+    code = ("from infra.cli import commands; commands._table('jobs', [{'job': 'raysubmit_x', "
             f"'status': 'RUNNING', 'entrypoint': {entrypoint!r}}}])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "80"}, check=False, cwd=ROOT)

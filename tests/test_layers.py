@@ -1,6 +1,6 @@
 """The import graph of infra/ is layers (see ARCHITECTURE.md), lazy imports included:
 
-    infra/tasks.py (the front door; tasks.py re-exports it) -> commands -> providers -> core -> node
+    infra/cli/tasks.py (the front door; tasks.py re-exports it) -> commands -> providers -> core -> node
 
 No module imports one above its layer, none of them import each other round, and a provider
 imports no other provider. Imports under `if TYPE_CHECKING:` count as any other: they do not run,
@@ -15,24 +15,24 @@ import pytest
 
 from tests.import_graph import cycles, graph
 
-#: The commands layer: the verbs and what only they use (the registry is below them).
-COMMANDS = {"infra.commands", "infra.listing", "infra.sweep", "infra.loading", "infra.access",
-            "infra.check", "infra.commands_serve", "infra.commands_sharing", "infra.commands_metrics",
-            "infra.metrics_history", "infra.commands_term"}
+#: The front door: the tasks of `invoke` and `rayfleet`; nothing imports it. It sits in the cli
+#: folder with the verbs it calls.
+FRONT = {"infra.cli.tasks", "infra.__main__"}
 
-
-#: The front door: the tasks of `invoke` and `rayfleet`; nothing imports it.
-FRONT = {"infra.tasks", "infra.__main__"}
+#: Each layer is a folder of infra/ (the package's own `__init__` ships with the node code).
+FOLDERS = {"infra.cli": "commands", "infra.providers": "providers", "infra.core": "core",
+           "infra.node": "node"}
 
 
 def _layer(module: str) -> str:
     if module in FRONT:
         return "front"
-    if module == "infra" or module.startswith("infra.node"):
+    if module == "infra":
         return "node"
-    if module.startswith("infra.providers"):
-        return "providers"
-    return "commands" if module in COMMANDS else "core"
+    for folder, layer in FOLDERS.items():
+        if module == folder or module.startswith(folder + "."):
+            return layer
+    return "outside"
 
 
 #: Which layers each layer may import.
@@ -49,10 +49,16 @@ EDGES = graph()
 
 def test_the_graph_is_read() -> None:
     # The check below would pass on an empty graph: make sure it sees the imports it must.
-    assert "infra.providers" in EDGES["infra.loading"]
-    assert "infra.node.autodown" in EDGES["infra.autodown_remote"]
+    assert "infra.providers" in EDGES["infra.cli.loading"]
+    assert "infra.node.autodown" in EDGES["infra.core.autodown.remote"]
     assert "infra.node.files" in EDGES["infra.node.autodown"]  # a lazy or top-level import
     assert len(EDGES) > 60
+
+
+def test_every_module_is_in_a_layers_folder() -> None:
+    outside = sorted(m for m in EDGES if _layer(m) == "outside")
+    assert outside == [], f"modules outside infra/cli, core, providers, node: {outside}"
+    assert _layer("infra.cli.commands") == "commands" and _layer("infra.core.spec") == "core"
 
 
 def test_no_import_cycle() -> None:
@@ -85,7 +91,7 @@ def test_layers_import_only_downward(layer: str) -> None:
 
 def test_core_imports_no_provider_module() -> None:
     core = [m for m in EDGES if _layer(m) == "core"]
-    assert "infra.spec" in core and "infra.jobs" in core and "infra.autodown_view" in core
+    assert "infra.core.spec" in core and "infra.core.jobs" in core and "infra.core.autodown.view" in core
     wrong = sorted(f"{m} -> {t}" for m in core for t in EDGES[m] if t.startswith("infra.providers"))
     assert wrong == []
 

@@ -1,8 +1,8 @@
 """The head's side of queued TPU slices: join ACTIVE ones to the cluster, replace lost spot ones.
 
 A queue can take hours, so the head does this, not the laptop: `up` installs this daemon on the head
-(through infra/remote_head.py, which ships the node package whole and supervises it) and it runs there with
-only Ray, requests, Google's client and this package. Every `poll_s` it lists the cluster's
+(through infra/core/remote_head.py, which ships the node package whole and supervises it) and it
+runs there with only Ray, requests, Google's client and this package. Every `poll_s` it lists the cluster's
 queued resources (queued.py) in every zone the slices may use, and:
 
 - an ACTIVE request's hosts are set up over SSH from the head (Ray's `~/ray_bootstrap_key.pem`, a
