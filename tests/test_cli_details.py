@@ -101,7 +101,7 @@ def test_tables_fold_long_cells_in_a_narrow_terminal_never_cut_them() -> None:
     # A real terminal's width (COLUMNS=80, as rich reads it) with a job whose entrypoint is wider.
     # One word wider than the column: rich's default cuts it with "…".
     entrypoint = "python " + "/".join(f"folder-{i}" for i in range(12)) + "/train.py --lr=0.1"
-    code = ("from infra.cli import commands; commands._table('jobs', [{'job': 'raysubmit_x', "
+    code = ("from infra.cli import common; common.table('jobs', [{'job': 'raysubmit_x', "
             f"'status': 'RUNNING', 'entrypoint': {entrypoint!r}}}])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "80"}, check=False, cwd=ROOT)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from infra.cli.commands import _cluster_flag, _running, _select
+from infra.cli import common
 from infra.core import auth, head, tunnels, ui
 from infra.core.head import Direction, HeadAccess
 from infra.core.sharing import membership
@@ -19,8 +19,8 @@ ENV_NAMES = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH
 
 def _access(provider: str | None, cluster: str | None) -> tuple[str, HeadAccess]:
     membership.refuse_owner_verb(cluster, "ssh/exec/sync")
-    selected, impl = _select(provider, cluster)
-    return selected.name, impl.head_access(_running(selected))
+    selected, impl = common.select(provider, cluster)
+    return selected.name, impl.head_access(common.running(selected))
 
 
 def exports(env: dict[str, str]) -> str:
@@ -30,15 +30,15 @@ def exports(env: dict[str, str]) -> str:
 
 def env(provider: str | None, cluster: str | None, close: bool) -> None:
     """Print the `export` line that points Ray's own CLI and drivers at the cluster."""
-    selected, impl = _select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     if close:
         closed = tunnels.close(selected.name)
         ui.out("unset " + " ".join(ENV_NAMES), markup=False)
         ui.info(f"tunnel to {selected.name!r} closed" if closed else "no tunnel was open")
         return
-    current = _running(selected)
+    current = common.running(selected)
     access = impl.head_access(current)
-    flag = _cluster_flag(selected)
+    flag = common.cluster_flag(selected)
     if access.target is None:
         ui.out(exports(access.env), markup=False)
         ui.info(f"# after eval: `ray status`, `ray job submit -- python x.py` and `ray.init()` in a "
@@ -65,13 +65,13 @@ def forward(provider: str | None, cluster: str | None, name: str, port: int) -> 
     """The local port of the cluster's detached tunnel (the one `invoke env` opens) that reaches
     `port` on the head's loopback, opening or growing that tunnel; for URLs printed for other
     programs, which must outlive this command (`invoke serve-url`)."""
-    selected, impl = _select(provider, cluster)
-    access = impl.head_access(_running(selected))
+    selected, impl = common.select(provider, cluster)
+    access = impl.head_access(common.running(selected))
     if access.target is None:
         return port  # the head is this machine
     local, pid, reused = tunnels.open_tunnel(selected.name, access.target, {name: port})
     ui.info(f"tunnel to {access.where} {'still open' if reused else 'opened'} (pid {pid}; "
-            f"`invoke env{_cluster_flag(selected)} --close` or `invoke teardown` ends it)")
+            f"`invoke env{common.cluster_flag(selected)} --close` or `invoke teardown` ends it)")
     return local[name]
 
 

@@ -13,21 +13,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from infra import providers
-from infra.cli import loading
+from infra.cli import common, loading
 from infra.core import auth, costs, jobs, paths, raynoise, spec, ssh, state, tunnels, ui
 from infra.core.autodown import view as autodown_view
-from infra.core.errors import ClusterNotRunningError, RayfleetError, SpecError
+from infra.core.errors import RayfleetError, SpecError
 from infra.core.sharing import membership
 from infra.core.sharing import owner as sharing
 from infra.core.state import State
 from infra.node.files import atomic_write
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
-
-
-def _select(provider: str | None, cluster: str | None) -> tuple[spec.ClusterSpec, Provider[Any, Any]]:
-    selected = loading.resolve(provider, cluster)
-    return selected, providers.create(selected)
 
 
 def _write_rendered(name: str, plan: Plan[Any]) -> None:
@@ -63,7 +57,7 @@ def _diff(name: str, plan: Plan[Any]) -> str:
 
 def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     membership.refuse_owner_verb(cluster, "plan")
-    selected, impl = _select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     refuse_what_the_provider_lacks(selected)
     current = state.read(selected.name)
     result = impl.plan(current)
@@ -145,7 +139,7 @@ def refuse_what_the_provider_lacks(selected: spec.ClusterSpec) -> None:
 
 def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
     membership.refuse_owner_verb(cluster, "up")
-    selected, impl = _select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     refuse_what_the_provider_lacks(selected)
     sharing.warn_privilege(selected)
     if selected.metrics != "none" and not type(selected).CAPABILITIES.metrics:
@@ -175,7 +169,7 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
                                              impl.node_prices(result)) \
             if selected.sharing else None
         _keep_applied(selected.name)
-    flag = _cluster_flag(selected)
+    flag = common.cluster_flag(selected)
     ui.out(f"cluster {selected.name!r} ({selected.provider}) is up")
     ui.out(f"  Ray address:  {endpoint.address}", markup=False)
     ui.out(f'  Ray\'s tools:  eval "$(invoke env{flag})"   (ray status, ray job submit, '
@@ -194,7 +188,7 @@ def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any, Any], curr
         _say_if_removed(selected, impl, current)
     if selected.autodown_turned_off and type(selected).CAPABILITIES.autodown_default_minutes:
         ui.warn(f"{selected.source}: autodown: null — this cluster never removes itself; it costs "
-                f"money until `invoke teardown{_cluster_flag(selected)}`")
+                f"money until `invoke teardown{common.cluster_flag(selected)}`")
 
 
 def _say_if_removed(selected: spec.ClusterSpec, impl: Provider[Any, Any], current: State) -> bool:
@@ -215,25 +209,6 @@ def _forget_if_nothing_created(current: State) -> None:
         auth.token_path(current.cluster).unlink(missing_ok=True)
 
 
-def _cluster_flag(selected: spec.ClusterSpec) -> str:
-    default = paths.clusters_dir() / f"{selected.provider}.yaml"
-    if spec.spec_path(selected.name) == default and selected.provider == spec.DEFAULT_PROVIDER:
-        return ""
-    if spec.spec_path(selected.name) == default:
-        return f" --provider={selected.provider}"
-    return f" --cluster={selected.source}"
-
-
-def _running(selected: spec.ClusterSpec) -> State:
-    current = state.read(selected.name)
-    if current is None or current.empty:
-        raise ClusterNotRunningError(
-            f"cluster {selected.name!r} has no state; start it with "
-            f"`invoke up{_cluster_flag(selected)}`"
-        )
-    return current
-
-
 @contextmanager
 def connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
     """The running cluster's endpoint for the length of a `with` block (a tunnel if remote);
@@ -242,8 +217,8 @@ def connect(provider: str | None, cluster: str | None) -> Iterator[Endpoint]:
     if membership.joined(cluster):
         yield membership.endpoint(str(cluster))
         return
-    selected, impl = _select(provider, cluster)
-    with impl.connect(_running(selected)) as endpoint:
+    selected, impl = common.select(provider, cluster)
+    with impl.connect(common.running(selected)) as endpoint:
         yield endpoint
 
 
@@ -252,7 +227,7 @@ class RayNotAnsweringError(RayfleetError):
 
 
 def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
-    selected, impl = _select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     current = state.read(selected.name) or State.new(state.state_path(selected.name),
                                                      selected.name, selected.provider)
     provider_view = impl.status(current)
@@ -272,8 +247,8 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             reason = str(exc).splitlines()[0].split(". ")[0] if str(exc) else type(exc).__name__
             ray_error = (f"the provider reports {selected.name!r} running, but Ray is not answering "
                          f"({auth.scrub(reason, auth.token_file(current))[:200]}); "
-                         f"`invoke up{_cluster_flag(selected)}` restarts it, "
-                         f"`invoke teardown{_cluster_flag(selected)}` removes it")
+                         f"`invoke up{common.cluster_flag(selected)}` restarts it, "
+                         f"`invoke teardown{common.cluster_flag(selected)}` removes it")
     from infra.core.sharing import term as sharing_term
     from infra.core.tracking import remote as tracking_remote
 
@@ -305,14 +280,14 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         sharing_term.print_budget_status(selected.sharing, budget)
     if impl.job_reach:
         ui.out(impl.job_reach, markup=False)
-    _table("provider resources", provider_view.rows)
+    common.table("provider resources", provider_view.rows)
     for warning in provider_view.warnings:
         ui.warn(warning)
     if ray_view:
-        _table("Ray nodes", ray_view["nodes"])
+        common.table("Ray nodes", ray_view["nodes"])
         totals = ", ".join(f"{k} {_amount(k, v)}" for k, v in sorted(ray_view["resources"].items()))
         ui.out(f"Ray resources (alive nodes): {totals}", markup=False)
-        _table("jobs", ray_view["jobs"])
+        common.table("jobs", ray_view["jobs"])
     if extras:
         from infra.core import serve
 
@@ -334,20 +309,6 @@ def _title(selected: spec.ClusterSpec) -> str:
 def _amount(key: str, value: float) -> str:
     # Ray counts memory resources in bytes.
     return f"{value / 2**30:.1f} GiB" if "memory" in key else f"{value:g}"
-
-
-def _table(title: str, rows: list[dict[str, str]]) -> None:
-    if not rows:
-        return
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in rows[0]:
-        # In a narrow terminal a long cell (an entrypoint, a URL) folds onto more lines: never "…".
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*(str(row.get(c, "")) for c in rows[0]))
-    ui.out(table)
 
 
 def _ray_status(endpoint: Endpoint) -> dict[str, Any]:
@@ -410,9 +371,9 @@ def quiet_connect(provider: str | None, cluster: str | None) -> Iterator[Endpoin
         with raynoise.to_log(log):
             yield membership.endpoint(str(cluster))
         return
-    selected, impl = _select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     log = paths.home() / "logs" / selected.name / "ray-client.log"
-    with impl.connect(_running(selected)) as endpoint, raynoise.to_log(log):
+    with impl.connect(common.running(selected)) as endpoint, raynoise.to_log(log):
         yield endpoint
 
 
@@ -428,7 +389,7 @@ def _again(provider: str | None, cluster: str | None) -> str:
     member's cluster by its name, with the command a member has (`rayfleet`)."""
     if membership.joined(cluster):
         return f"rayfleet {{verb}} {{job}} --cluster {cluster}"
-    flag = _cluster_flag(loading.resolve(provider, cluster)).replace("{", "{{").replace("}", "}}")
+    flag = common.cluster_flag(loading.resolve(provider, cluster)).replace("{", "{{").replace("}", "}}")
     return f"invoke {{verb}} {{job}}{flag}"
 
 
@@ -443,7 +404,7 @@ def _job_or_last(endpoint: Endpoint, job_id: str | None) -> str:
 def _status_command(provider: str | None, cluster: str | None) -> str:
     if membership.joined(cluster):  # a member's command is `rayfleet` (no tasks.py of ours)
         return f"rayfleet status --cluster {cluster}"
-    return f"invoke status{_cluster_flag(loading.resolve(provider, cluster))}"
+    return f"invoke status{common.cluster_flag(loading.resolve(provider, cluster))}"
 
 
 def logs(provider: str | None, cluster: str | None, job_id: str | None, follow: bool) -> int:
@@ -467,7 +428,7 @@ def doctor(provider: str | None, cluster: str | None, as_json: bool) -> int:
 
 def teardown(provider: str | None, cluster: str | None) -> None:
     membership.refuse_owner_verb(cluster, "teardown")
-    selected, impl = _select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     if not state.lock_path_of(selected.name).exists() and not state.state_path(selected.name).exists():
         # Never created here (no `up` ever took its lock): nothing to ask a provider about, no
         # credentials needed, and no lock file left behind.

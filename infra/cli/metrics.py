@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.cli import commands, metrics_history
+from infra.cli import common, metrics_history
 from infra.core import jobs, state, ui
 from infra.core.endpoint import Endpoint
 from infra.core.metrics import prometheus as metrics
@@ -212,14 +212,14 @@ def member_report(selected: Any, impl: Provider[Any, Any]) -> dict[str, Any]:
 # --- the verbs ---------------------------------------------------------------------------------
 
 def top_command(provider: str | None, cluster: str | None, once: bool, as_json: bool) -> None:
-    selected, impl = commands._select(provider, cluster)
-    current = commands._running(selected)
+    selected, impl = common.select(provider, cluster)
+    current = common.running(selected)
     with impl.connect(current) as endpoint:
         top(impl, current, endpoint, once, as_json)
 
 
 def report_command(provider: str | None, cluster: str | None, out: str | None) -> None:
-    selected, impl = commands._select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     members = member_report(selected, impl) if selected.sharing is not None else None
     path = write_report(impl, selected.name, Path(out) if out else None, members)
     size = path.stat().st_size

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from infra.cli import access, commands
+from infra.cli import access, commands, common
 from infra.core import serve, state, ui
 from infra.core.endpoint import Endpoint
 from infra.core.errors import ClusterNotRunningError, UsageError
@@ -45,7 +45,7 @@ def mlflow(provider: str | None, cluster: str | None) -> None:
 def copy_tracking(provider: str | None, cluster: str | None) -> None:
     """A copy of a cloud head's tracking store on this machine, now (`invoke mlflow --copy`): the
     store goes with the cluster at autodown, which cannot copy to a closed laptop."""
-    selected, impl = commands._select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     if selected.tracking == "none":
         raise UsageError("this cluster has no tracking server; add `tracking: mlflow` to its spec "
                          "and run `invoke up` again")
@@ -75,7 +75,7 @@ def serve_status(provider: str | None, cluster: str | None, as_json: bool) -> No
     if as_json:
         ui.out(json.dumps(rows, indent=2), soft_wrap=True, markup=False)
     elif rows:
-        commands._table("Serve applications", rows)
+        common.table("Serve applications", rows)
     else:
         ui.out("no Serve applications")
 

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from infra.cli.commands import _cluster_flag, _running, _select
+from infra.cli import common
 from infra.core import auth, costs, jobs, spec, state, ui
 from infra.core.errors import UsageError
 from infra.core.sharing import member_folder, membership
@@ -26,7 +26,7 @@ MEMBER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 def _shared(provider: str | None, cluster: str | None, verb: str) -> Any:
     membership.refuse_owner_verb(cluster, verb)
-    selected, impl = _select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     sharing.require_sharing(selected)
     return selected, impl
 
@@ -81,7 +81,7 @@ def gateway_url(selected: Any, current: Any) -> str:
     url = current.info.get("gateway_url")
     if not url or current.empty:
         raise UsageError(f"cluster {selected.name!r} has no gateway yet; run "
-                         f"`invoke up{_cluster_flag(selected)}` first")
+                         f"`invoke up{common.cluster_flag(selected)}` first")
     return str(url)
 
 
@@ -140,7 +140,7 @@ def member_remove(provider: str | None, cluster: str | None, name: str, stop_job
         # Their jobs by the gateway's own record of who submitted what (Ray's metadata is not
         # evidence: code inside the cluster can set it on jobs it starts).
         theirs = sharing.member_job_ids(selected, impl, name, removed)
-        with impl.connect(_running(selected)) as endpoint:
+        with impl.connect(common.running(selected)) as endpoint:
             for job in jobs.job_client(endpoint).list_jobs():
                 job_id = str(job.submission_id or job.job_id)
                 if job_id in theirs and str(job.status.value) in ("PENDING", "RUNNING"):
@@ -153,7 +153,7 @@ def rotate_token(provider: str | None, cluster: str | None, yes: bool) -> None:
     """A new Ray token for the cluster: Ray restarts (every node reads it at start), so the old
     token, which every job could read, is refused everywhere. Members' own tokens do not change."""
     membership.refuse_owner_verb(cluster, "rotate-token")
-    selected, impl = _select(provider, cluster)
+    selected, impl = common.select(provider, cluster)
     if selected.auth != "token":
         raise UsageError(f"{selected.source}: auth: none — the cluster has no token to rotate")
     if not yes:
@@ -162,7 +162,7 @@ def rotate_token(provider: str | None, cluster: str | None, yes: bool) -> None:
     with state.locked(selected.name, selected.provider, "rotate-token") as current:
         if current.empty:
             raise UsageError(f"cluster {selected.name!r} is not running; its next "
-                             f"`invoke up{_cluster_flag(selected)}` makes a token")
+                             f"`invoke up{common.cluster_flag(selected)}` makes a token")
         ui.warn(f"rotate-token: restarting Ray on {selected.name!r} with a new token; running "
                 "jobs, actors and Serve apps end")
         auth.rotate(current)
