@@ -18,14 +18,15 @@ URL = "https://127.0.0.1:18443"
 
 
 def owner_cluster(folder: Path, monkeypatch: pytest.MonkeyPatch, extra: str = "",
-                  name: str = "class") -> Path:
+                  name: str = "class", top: str = "") -> Path:
     """A spec `<folder>/<name>.yaml` with `sharing:` (plus `extra` lines under it), recorded as
-    up in a RAYFLEET_HOME of its own; the spec's path. The working folder is `folder`."""
+    up in a RAYFLEET_HOME of its own; the spec's path. The working folder is `folder`. `top`:
+    more top-level lines (a budget needs `autodown:`)."""
     monkeypatch.setenv("RAYFLEET_HOME", str(folder / "owner-home"))
     monkeypatch.chdir(folder)
     spec = folder / f"{name}.yaml"
-    spec.write_text("provider: local\nsharing:\n  port: 18443\n  members_run_as_owner: true\n"
-                    + extra)
+    spec.write_text("provider: local\n" + top + "sharing:\n  port: 18443\n"
+                    "  members_run_as_owner: true\n" + extra)
     current = State.new(state.state_path(name), name, "local")
     current.add("ray-head", "head", port_base=26000)
     current.set_info(gateway_url=URL)

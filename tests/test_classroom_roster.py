@@ -274,6 +274,22 @@ def test_the_owners_own_entry_and_unknown_fields_are_kept_and_it_is_no_member(
     assert book()["members"]["prof"] == owner
 
 
+#: What takes a cluster down at its budget.
+AUTODOWN = "autodown: {idle_minutes: 30}\n"
+
+
+def test_a_cluster_budget_without_autodown_is_refused_naming_both(tmp_path: Path) -> None:
+    spec = tmp_path / "term.yaml"
+    spec.write_text("provider: local\nsharing:\n  members_run_as_owner: true\n  budget_usd: 5\n")
+    with pytest.raises(SpecError) as refused:
+        loading.resolve(None, str(spec))
+    said = str(refused.value)
+    assert "sharing.budget_usd" in said and "add `autodown: {idle_minutes:" in said, said
+    assert "\n" not in said
+    spec.write_text(AUTODOWN + spec.read_text())
+    assert loading.resolve(None, str(spec)).sharing.budget_usd == 5  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(("block", "expected"), [
     ("  member_budget_hours: 0", "sharing.member_budget_hours"),
     ("  member_budget_usd: -5", "sharing.member_budget_usd"),
@@ -294,7 +310,8 @@ def test_budgets_show_in_members_and_status_and_warn_from_80_percent(
     from infra.cli import commands
 
     spec = owner_cluster(tmp_path, monkeypatch, "  member_budget_hours: 10\n"
-                                                "  member_budget_usd: 4\n  budget_usd: 20\n")
+                                                "  member_budget_usd: 4\n  budget_usd: 20\n",
+                         top=AUTODOWN)
     commands_sharing.member_add(None, str(spec), "alice", False, None, None)
     commands_sharing.member_add(None, str(spec), "bob", False, None, None)
     ids = {name: entry["id"] for name, entry in book()["members"].items()}
@@ -309,7 +326,8 @@ def test_budgets_show_in_members_and_status_and_warn_from_80_percent(
     rows = {r["name"]: r for r in answer["members"]}
     assert rows["alice"]["budget_used"] == pytest.approx(0.85)  # hours: the larger share
     assert rows["bob"]["budget_used"] == pytest.approx(0.25)  # dollars: $1 of $4
-    assert answer["cluster_budget"] == {"budget_usd": 20.0, "accrued_usd": 17.0, "used": 0.85}
+    assert answer["cluster_budget"] == {"budget_usd": 20.0, "accrued_usd": 17.0, "used": 0.85,
+                                        "reached_at": None}
     commands_sharing.members(None, str(spec), False)
     shown = capfd.readouterr()
     assert "85%" in shown.out
@@ -324,12 +342,22 @@ def test_budgets_show_in_members_and_status_and_warn_from_80_percent(
     status = capfd.readouterr()
     assert "cluster budget: $17.00 of $20" in status.err and "member alice has used 85%" in status.err
     assert "bob" not in status.err
+    # At 100 % (the gateway recorded the moment and stopped every job): said as such.
+    path = sharing.folder("class") / gateway_state.USAGE_FILE
+    spent = json.loads(path.read_text())
+    spent["cluster"].update(accrued_usd=20.5, budget_reached_at="2026-11-27T10:00:00+00:00")
+    path.write_text(json.dumps(spent))
+    commands_sharing.members(None, str(spec), False)
+    said = capfd.readouterr().err
+    assert ("cluster budget: $20.50 of $20 (102%, estimate): spent; the gateway stopped every "
+            "job and takes no new one, and autodown takes the idle cluster down") in said, said
 
 
 def test_the_gateway_config_carries_the_budgets(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     spec = owner_cluster(tmp_path, monkeypatch, "  member_budget_hours: 10\n"
-                                                "  member_budget_usd: 4\n  budget_usd: 20\n")
+                                                "  member_budget_usd: 4\n  budget_usd: 20\n",
+                         top=AUTODOWN)
     from infra import providers
     from infra.core import state
 
@@ -353,7 +381,8 @@ def test_plan_names_the_gateway_and_its_port(tmp_path: Path, monkeypatch: pytest
                                             capfd: pytest.CaptureFixture[str]) -> None:
     from infra.cli import commands
 
-    spec = owner_cluster(tmp_path, monkeypatch, "  ends: 2030-01-31\n  budget_usd: 20\n")
+    spec = owner_cluster(tmp_path, monkeypatch, "  ends: 2030-01-31\n  budget_usd: 20\n",
+                         top=AUTODOWN)
     commands.plan(None, str(spec), False)
     out = capfd.readouterr().out
     line = next(line for line in out.splitlines() if "sharing:" in line)

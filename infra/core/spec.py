@@ -130,7 +130,7 @@ class Sharing(StrictModel):
     #: Dollars of the cluster's cost each member's jobs may take (the gateway's cost share).
     member_budget_usd: float | None = Field(None, gt=0, le=10_000_000)
     #: Dollars the whole cluster may cost (the gateway's estimate): `members` and `status` warn
-    #: from 80 %.
+    #: from 80 %; at 100 % the gateway stops every job and autodown (required) takes it down.
     budget_usd: float | None = Field(None, gt=0, le=10_000_000)
 
     @field_validator("ends", mode="before")
@@ -250,6 +250,16 @@ class ClusterSpec(StrictModel):
             raise ValueError("set while metrics is none; remove metrics_history or set "
                              "`metrics: prometheus`")
         return value
+
+    @model_validator(mode="after")
+    def _budget_needs_autodown(self) -> ClusterSpec:
+        # At its budget the gateway stops every job; autodown is what then takes the idle
+        # cluster down. Without a watcher the cluster would bill on, idle, until a teardown.
+        if self.sharing is not None and self.sharing.budget_usd and self.autodown is None:
+            raise ValueError("sharing.budget_usd takes the cluster down through autodown, which "
+                             "is off: add `autodown: {idle_minutes: 10}` (any period), or remove "
+                             "budget_usd")
+        return self
 
     @property
     def autodown_turned_off(self) -> bool:

@@ -343,7 +343,8 @@ class Gateway(JobRoutes):
     # --- on the head, every few seconds ---------------------------------------------------------
 
     async def watch(self) -> None:
-        """Account usage, stop member jobs past max_job_hours, save; exit once Ray is gone."""
+        """Account usage, stop member jobs past max_job_hours and every job past the cluster's
+        budget, save; exit once Ray is gone."""
         self._last_tick = time.monotonic()
         down_since: float | None = None
         while True:
@@ -373,6 +374,7 @@ class Gateway(JobRoutes):
         self._last_tick = now
         if enforce:
             await stops.enforce_hours(self, jobs, self.config.max_job_hours)
+            await stops.enforce_budget(self, jobs, self.config.budget_usd)
             await stops.follow(self, jobs)
             await self.close_removed()
             self.failures.prune()

@@ -259,6 +259,16 @@ class Usage:
         uploads[member_id] = int(uploads.get(member_id, 0)) + size
         self._dirty = True
 
+    def reach_budget(self) -> bool:
+        """Record the first moment the cluster's budget was reached (kept with the usage, so a
+        restarted gateway knows it); True only that first time."""
+        cluster = self.data["cluster"]
+        if cluster.get("budget_reached_at"):
+            return False
+        cluster["budget_reached_at"] = now_iso()
+        self._dirty = True
+        return True
+
     def pending_stops(self) -> list[tuple[str, dict[str, Any]]]:
         """Jobs a stop was asked for whose end (and reaping) is not yet confirmed."""
         return [(key, entry) for key, entry in self.data["jobs"].items()

@@ -161,3 +161,30 @@ async def enforce_hours(gateway: Gateway, jobs: list[dict[str, Any]], limit: flo
             continue  # asked already: `follow` makes sure of it
         await stop(gateway, key, by="gateway", reason=(
             f"stopped by the cluster: it ran past sharing.max_job_hours ({limit:g} h)"))
+
+
+async def enforce_budget(gateway: Gateway, jobs: list[dict[str, Any]], budget: float | None) -> None:
+    """Once the cluster's accrued cost reaches `budget`: the moment is recorded (it outlives
+    restarts in the usage), and every submitted job still pending or running is stopped,
+    whoever's, and followed like any stop. New jobs are refused at submit; the cluster then is idle, and its
+    autodown watcher takes it down as it does any idle cluster, keeping every record."""
+    if not budget:
+        return
+    accrued = float(gateway.usage.data["cluster"].get("accrued_usd", 0.0))
+    if accrued < budget:
+        return
+    if gateway.usage.reach_budget():
+        gateway.audit.write(who="gateway", method="BUDGET", path="-", status=0,
+                            reason=f"the cluster spent ${accrued:.2f} of sharing.budget_usd "
+                                   f"${budget:g}")
+    for job in jobs:
+        # Ray's job API stops submitted jobs only: a driver started inside the cluster (no
+        # submission id) is beyond its reach, and asking again at every tick would not change it.
+        key = job.get("submission_id")
+        if job.get("status") not in ACTIVE or not key:
+            continue
+        if (gateway.usage.data["jobs"].get(key) or {}).get("stop_requested"):
+            continue  # asked already: `follow` makes sure of it
+        await stop(gateway, key, by="gateway", reason=(
+            f"stopped by the cluster: it spent its budget (sharing.budget_usd ${budget:g})"))
+

@@ -256,19 +256,23 @@ def cluster_budget(sharing: Sharing | None, usage: dict[str, Any]) -> dict[str, 
     """The cluster's budget against its accrued cost (the gateway's usage), None without one."""
     if sharing is None or not sharing.budget_usd:
         return None
-    accrued = float((usage.get("cluster") or {}).get("accrued_usd") or 0.0)
+    cluster = usage.get("cluster") or {}
+    accrued = float(cluster.get("accrued_usd") or 0.0)
     return {"budget_usd": sharing.budget_usd, "accrued_usd": round(accrued, 4),
-            "used": round(accrued / sharing.budget_usd, 4)}
+            "used": round(accrued / sharing.budget_usd, 4),
+            "reached_at": cluster.get("budget_reached_at")}
 
 
 def describe_cluster_budget(found: dict[str, Any]) -> str:
     used = found["used"]
     text = (f"cluster budget: ${found['accrued_usd']:.2f} of ${found['budget_usd']:g} "
             f"({used:.0%}, estimate)")
-    if used >= 1:
-        return text + ": spent; the gateway takes no new jobs"
+    if used >= 1 or found.get("reached_at"):
+        return text + (": spent; the gateway stopped every job and takes no new one, and "
+                       "autodown takes the idle cluster down")
     if used >= WARN_AT:
-        return text + ": at 100 % the gateway takes no new jobs"
+        return text + (": at 100 % the gateway stops every job and takes no new one, and "
+                       "autodown takes the cluster down")
     return text
 
 
