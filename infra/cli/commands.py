@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.cli import common, loading
-from infra.core import auth, costs, jobs, paths, raynoise, spec, ssh, state, tunnels, ui
+from infra.core import auth, costs, drift, jobs, paths, raynoise, spec, ssh, state, tunnels, ui
 from infra.core.autodown import view as autodown_view
 from infra.core.errors import RayfleetError, SpecError
 from infra.core.sharing import membership
@@ -63,6 +63,8 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     result = impl.plan(current)
     _write_rendered(selected.name, result)
     diff = _diff(selected.name, result)
+    running = current is not None and not current.empty
+    spec_changes = drift.changes(drift.read_applied(selected.name), selected) if running else []
     cost_range = impl.cost_range(result)
     gateway = sharing.plan_note(selected, current)
     if as_json:
@@ -75,6 +77,7 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
             "cost_range": cost_range.__dict__ if cost_range else None,
             "autodown": selected.autodown.idle_minutes if selected.autodown else None,
             "diff": diff,
+            "spec_changes": [dict(c.__dict__) for c in spec_changes],
             "problems": result.problems, "job_reach": impl.job_reach or None,
             "gateway": {"port": selected.sharing.port, "note": gateway} if selected.sharing
             else None,
@@ -98,6 +101,10 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     ui.out(f"• {costs.describe_autodown(selected)}", markup=False)
     if impl.job_reach:
         ui.out(f"• {impl.job_reach}", markup=False)
+    if spec_changes:
+        ui.out("the spec changed since the last `invoke up` of this running cluster:")
+        for change in spec_changes:
+            ui.out(f"  {change.describe()}", markup=False)
     folder = paths.rendered_dir(selected.name)
     ui.out(f"rendered: {', '.join(str(folder / f) for f in sorted(result.files)) or 'nothing'}")
     if diff:
@@ -147,6 +154,10 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
                 f"{selected.provider} provider yet; the cluster runs without metrics")
     with state.locked(selected.name, selected.provider, "up") as current:
         _autodown_notices(selected, impl, current)
+        running_before = not current.empty
+        applied_spec = drift.read_applied(selected.name)
+        pending = [c for c in drift.changes(applied_spec, selected) if not c.applied] \
+            if running_before else []
         result = impl.plan(current)
         # After the plan's checks: a spec the target cannot run leaves no state behind.
         if auth.ensure_token(current, enabled=selected.auth == "token") is None:
@@ -169,7 +180,12 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
                                              impl.node_prices(result)) \
             if selected.sharing else None
         _keep_applied(selected.name)
+        drift.keep(selected, applied_spec, running_before)
     flag = common.cluster_flag(selected)
+    for change in pending:
+        ui.warn(f"{selected.source}: {change.field} changed to {json.dumps(change.after)}, but "
+                f"the running cluster keeps {json.dumps(change.before)}: it needs a new cluster "
+                f"(`invoke teardown{flag}`, then `invoke up{flag}`)")
     ui.out(f"cluster {selected.name!r} ({selected.provider}) is up")
     ui.out(f"  Ray address:  {endpoint.address}", markup=False)
     ui.out(f'  Ray\'s tools:  eval "$(invoke env{flag})"   (ray status, ray job submit, '

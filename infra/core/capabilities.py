@@ -47,6 +47,9 @@ class Capabilities:
     autodown_default_minutes: float | None = None
     #: `metrics` when the spec says nothing.
     metrics_default: str = "prometheus"
+    #: Top-level spec keys that `up` on a running cluster puts in effect there (a head daemon it
+    #: restarts with its new config); any other change needs a new cluster (infra/core/drift.py).
+    applied_by_up: frozenset[str] = frozenset()
 
 
 #: A paid cloud's head (lambda, gcp-tpu): reached over SSH; tracking and metrics beside Ray; the
@@ -56,4 +59,7 @@ class Capabilities:
 #: an idle cluster removes itself after an hour unless its spec says otherwise.
 CLOUD_HEAD = Capabilities(ssh=True, tracking=True, metrics=True, sharing_gateway=True,
                           sharing_needs_ranges=True, separate_ray_user=True,
-                          autodown_last_word_may_be_lost=True, autodown_default_minutes=60)
+                          autodown_last_word_may_be_lost=True, autodown_default_minutes=60,
+                          # The watcher, the tracking server and the gateway: each a supervised
+                          # daemon that `up` restarts when its config differs.
+                          applied_by_up=frozenset({"autodown", "sharing"}))

@@ -61,7 +61,9 @@ class Spec(ClusterSpec):
         # only, so the sharing CA signs for nothing else.
         sharing_gateway=True, sharing_ca_ranges=("127.0.0.0/8",),
         # A laptop's cluster runs no Prometheus unless its spec says `metrics: prometheus`.
-        metrics_default="none")
+        metrics_default="none",
+        # `up` replaces the gateway whose config changed; the watcher keeps the one it started.
+        applied_by_up=frozenset({"sharing"}))
 
     provider: Literal["local"]
     #: CPUs Ray may schedule on; None lets Ray count the machine's cores.

@@ -1,0 +1,52 @@
+"""A running cluster's spec changed since its last `up` (issue 37): `plan` names each changed field
+and whether `up` applies it in place; what `up` did not apply stays pending in the kept spec."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infra.cli import commands, loading
+from infra.core import drift
+from tests.classroom_owner import owner_cluster
+
+
+def test_plan_shows_each_changed_field_and_whether_up_applies_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    spec = owner_cluster(tmp_path, monkeypatch, "  max_job_hours: 2\n")
+    drift.keep(loading.resolve(None, str(spec)), None, running_before=False)
+    commands.plan(None, str(spec), False)
+    assert "the spec changed" not in capfd.readouterr().out
+
+    spec.write_text(spec.read_text().replace("max_job_hours: 2", "max_job_hours: 3")
+                    + "metrics: prometheus\n")
+    commands.plan(None, str(spec), False)
+    out = capfd.readouterr().out
+    assert "the spec changed since the last `invoke up` of this running cluster:" in out, out
+    assert "sharing.max_job_hours: 2.0 -> 3.0 (up applies it)" in out, out
+    assert ('metrics: "none" -> "prometheus" (needs a new cluster: `invoke teardown`, then '
+            "`invoke up`)") in out, out
+    commands.plan(None, str(spec), True)
+    shown = json.loads(capfd.readouterr().out)["spec_changes"]
+    assert {(c["field"], c["applied"]) for c in shown} == {("sharing.max_job_hours", True),
+                                                           ("metrics", False)}
+
+
+def test_what_up_did_not_apply_stays_pending(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = owner_cluster(tmp_path, monkeypatch, "  max_job_hours: 2\n")
+    drift.keep(loading.resolve(None, str(spec)), None, running_before=False)
+    before = drift.read_applied("class")
+    spec.write_text(spec.read_text().replace("max_job_hours: 2", "max_job_hours: 3")
+                    + "metrics: prometheus\n")
+    changed = loading.resolve(None, str(spec))
+    # `up` on the running cluster: the gateway's new config is in effect, metrics are not.
+    drift.keep(changed, before, running_before=True)
+    assert [(c.field, c.applied) for c in drift.changes(drift.read_applied("class"), changed)] == \
+        [("metrics", False)]
+    # A new cluster (`teardown`, then `up`): everything is in effect.
+    drift.keep(changed, drift.read_applied("class"), running_before=False)
+    assert drift.changes(drift.read_applied("class"), changed) == []
+
