@@ -19,7 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from infra import auth, paths, privilege, remote_head, shipping, ssh, tracking, tracking_remote, ui, versions
+from infra import (
+    auth,
+    paths,
+    privilege,
+    remote_head,
+    render,
+    shipping,
+    ssh,
+    tracking,
+    tracking_remote,
+    ui,
+    versions,
+)
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster, users
 
@@ -115,6 +127,45 @@ def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
             activate, raycluster.node_env_prefix(spec, head_private_ip), raycluster.GCS_PORT,
             extra, spec.tracking == "mlflow"),
     }
+
+
+def render_config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
+                  rulesets: list[str], types: dict[str, api.InstanceType] | None,
+                  rate_scale: float, head_private_ip: str | None = None) -> str:
+    """The autoscaler's cluster config (templates/lambda.autoscaler.yaml.j2), as Ray wants it for
+    an external provider. Paths only; no secret."""
+    worker_types = spec.worker_types or {}
+    resources = worker_resources(spec, types)
+    extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
+        if spec.object_store_memory_mb else ""
+    mounts = {auth.NODE_TOKEN_PATH: auth.NODE_TOKEN_PATH} if spec.auth == "token" else {}
+    if spec.tracking == "mlflow":
+        # The head's 0600 copy (bootstrap puts it there) goes to each worker like the token.
+        mounts[tracking_remote.NODE_PASSWORD_PATH] = tracking_remote.NODE_PASSWORD_PATH
+    # The installer of the node's users (users.py), from the autoscaler's home to each worker.
+    mounts.update(users.script_mount())
+    setup: list[str] = []
+    if spec.env != "none":
+        mounts[raycluster.REMOTE_SETUP] = raycluster.REMOTE_SETUP
+        setup = [install_command(spec)]
+    return render.render(
+        "lambda.autoscaler.yaml.j2",
+        cluster=spec.name, max_workers=sum(k.max_workers for k in worker_types.values()),
+        idle_timeout_minutes=spec.idle_timeout_minutes, module=NODE_PROVIDER,
+        cluster_id=cluster_id, owner=owner, region=region, ssh_key_name=key_name,
+        firewall_rulesets=rulesets, api_key_file=f"~/{HEAD_API_KEY_FILE}",
+        state_file="~/.rayfleet/lambda-nodes.json", rate_scale=rate_scale,
+        ssh_user=spec.ssh_user, ssh_private_key=f"~/{BOOTSTRAP_KEY}", head_type=HEAD_TYPE,
+        worker_types=[{"name": name, "choices": [c.model_dump() for c in kind.choices],
+                       "resources": resources[name], "min_workers": kind.min_workers,
+                       "max_workers": kind.max_workers} for name, kind in worker_types.items()],
+        file_mounts=mounts,
+        # Shell built here from our own words (install_command, users.py): printed as is.
+        worker_setup_commands=[render.Shell(c) for c in setup],
+        worker_start_commands=[render.Shell(c) for c in users.worker_start(
+            raycluster.activate(spec), raycluster.node_env_prefix(spec, head_private_ip),
+            raycluster.GCS_PORT, extra, spec.tracking == "mlflow")],
+    )
 
 
 def install_command(spec: Spec, head: bool = False) -> str:
@@ -233,7 +284,7 @@ def versions_line(root: Path) -> str:
     return f"rayfleet {commit or 'unknown commit'}\n"
 
 
-def render(config_data: dict[str, Any]) -> str:
+def legacy_render(config_data: dict[str, Any]) -> str:
     header = ("# Ray autoscaler config of a rayfleet Lambda cluster (infra/providers/lambda_cloud/"
               "autoscale.py).\n# No secret in here: the API key and the Ray token are 0600 files "
               "on the head.\n")

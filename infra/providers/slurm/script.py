@@ -96,7 +96,7 @@ def _ray_resources(cpus: int, gpus: int, custom: dict[str, float]) -> dict[str, 
     return {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **custom}
 
 
-def autoscaling_config(spec: Spec) -> str:
+def legacy_autoscaling_config(spec: Spec) -> str:
     """Ray's cluster config for the head's autoscaler (v2, external provider, no SSH updater).
 
     JSON (which is YAML); the head's helper adds what only the running job knows. No secret: Ray
@@ -145,6 +145,27 @@ def autoscaling_config(spec: Spec) -> str:
         "head_start_ray_commands": [], "worker_start_ray_commands": [],
     }
     return json.dumps(config, indent=1, sort_keys=True)
+
+
+def autoscaling_config(spec: Spec) -> str:
+    """Ray's cluster config for the head's autoscaler (templates/slurm.autoscaler.yaml.j2); the
+    head's helper adds what only the running job knows."""
+    return render.render(
+        "slurm.autoscaler.yaml.j2", cluster=spec.name,
+        max_workers=sum(w.max_workers for w in spec.worker_types.values()),
+        idle_timeout_minutes=spec.idle_timeout_minutes, module=NODE_PROVIDER, head_type=HEAD_TYPE,
+        head_resources=_ray_resources(spec.cpus_per_node, spec.gpus_per_node, spec.resources),
+        worker_types=[{
+            "name": name,
+            "resources": _ray_resources(worker.cpus_per_node, worker.gpus_per_node,
+                                        worker.resources),
+            "labels": dict(worker.labels),
+            "min_workers": worker.min_workers, "max_workers": worker.max_workers,
+            "sbatch": worker_sbatch_options(spec, worker),
+            "time_limit_s": queue.time_limit_seconds(worker.time_limit or spec.time_limit),
+            "object_store": _object_store(spec, worker.memory_per_node_mb),
+        } for name, worker in spec.worker_types.items()],
+    )
 
 
 def autoscaler_env(spec: Spec) -> list[tuple[str, str]]:
