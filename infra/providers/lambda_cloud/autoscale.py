@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import yaml
+from typing import TYPE_CHECKING
 
 from infra import (
     auth,
@@ -73,60 +71,6 @@ def worker_resources(spec: Spec, types: dict[str, api.InstanceType] | None) -> d
             resources["GPU"] = float(specs["gpus"])
         out[name] = resources
     return out
-
-
-def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
-           rulesets: list[str], types: dict[str, api.InstanceType] | None,
-           rate_scale: float, head_private_ip: str | None = None) -> dict[str, Any]:
-    """The autoscaler's cluster config, as Ray wants it for an external provider (every list key
-    written out: external providers get no defaults). Paths only; no secret."""
-    worker_types = spec.worker_types or {}
-    resources = worker_resources(spec, types)
-    activate = raycluster.activate(spec)
-    extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
-        if spec.object_store_memory_mb else ""
-    mounts = {auth.NODE_TOKEN_PATH: auth.NODE_TOKEN_PATH} if spec.auth == "token" else {}
-    if spec.tracking == "mlflow":
-        # The head's 0600 copy (bootstrap puts it there) goes to each worker like the token.
-        mounts[tracking_remote.NODE_PASSWORD_PATH] = tracking_remote.NODE_PASSWORD_PATH
-    # The installer of the node's users (users.py), from the autoscaler's home to each worker.
-    mounts.update(users.script_mount())
-    setup: list[str] = []
-    if spec.env != "none":
-        mounts[raycluster.REMOTE_SETUP] = raycluster.REMOTE_SETUP
-        setup = [install_command(spec)]
-    provider: dict[str, Any] = {
-        "type": "external", "module": NODE_PROVIDER,
-        "cluster": spec.name, "cluster_id": cluster_id, "owner": owner,
-        "region": region, "ssh_key_name": key_name, "firewall_rulesets": rulesets,
-        "api_key_file": f"~/{HEAD_API_KEY_FILE}", "state_file": "~/.rayfleet/lambda-nodes.json",
-        "rate_scale": rate_scale, "request_share": 0.5,
-    }
-    return {
-        "cluster_name": spec.name,
-        "max_workers": sum(k.max_workers for k in worker_types.values()),
-        "upscaling_speed": 1.0,
-        "idle_timeout_minutes": spec.idle_timeout_minutes,
-        "provider": provider,
-        "auth": {"ssh_user": spec.ssh_user, "ssh_private_key": f"~/{BOOTSTRAP_KEY}"},
-        "available_node_types": {
-            HEAD_TYPE: {"node_config": {}, "resources": {}, "min_workers": 0, "max_workers": 0},
-            **{name: {"node_config": {"choices": [c.model_dump() for c in kind.choices],
-                                      "type_name": name},
-                      "resources": resources[name], "min_workers": kind.min_workers,
-                      "max_workers": kind.max_workers}
-               for name, kind in worker_types.items()},
-        },
-        "head_node_type": HEAD_TYPE,
-        "file_mounts": mounts, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
-        "rsync_exclude": [], "rsync_filter": [], "initialization_commands": [],
-        "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": setup,
-        "head_start_ray_commands": [],
-        # Ray runs as its unprivileged user (users.py).
-        "worker_start_ray_commands": users.worker_start(
-            activate, raycluster.node_env_prefix(spec, head_private_ip), raycluster.GCS_PORT,
-            extra, spec.tracking == "mlflow"),
-    }
 
 
 def render_config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
@@ -282,13 +226,6 @@ def versions_line(root: Path) -> str:
     except OSError:
         commit = ""
     return f"rayfleet {commit or 'unknown commit'}\n"
-
-
-def legacy_render(config_data: dict[str, Any]) -> str:
-    header = ("# Ray autoscaler config of a rayfleet Lambda cluster (infra/providers/lambda_cloud/"
-              "autoscale.py).\n# No secret in here: the API key and the Ray token are 0600 files "
-              "on the head.\n")
-    return header + yaml.safe_dump(config_data, sort_keys=False)
 
 
 def hourly_range(spec: Spec, types: dict[str, api.InstanceType] | None) -> tuple[int, int] | None:
