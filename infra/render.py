@@ -27,6 +27,7 @@ from typing import Any
 
 from infra import paths
 from infra.errors import RayfleetError
+from infra.node.shell import Shell as Shell  # the one mark of shell text (infra/node/shell.py)
 from infra.node.where import home_path
 
 
@@ -34,8 +35,6 @@ class RenderError(RayfleetError):
     """A template failed to render or its output failed Ray's validation."""
 
 
-class Shell(str):
-    """Text that is already shell syntax (quoted, or checked): shell templates print it as is."""
 
 
 def _tojson(value: Any) -> str:

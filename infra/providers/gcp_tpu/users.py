@@ -15,6 +15,7 @@ its own variables (setup/users/gcp_tpu_env.sh), then Ray as Ray's user. NOTES.md
 from __future__ import annotations
 
 from infra import metrics_remote, privilege, tracking, tracking_remote
+from infra.node import shell
 
 #: What `plan` and `status` print about a job on a gcp-tpu cluster.
 JOB_REACH = privilege.job_reach(
@@ -36,7 +37,7 @@ TPU_ENV_FILE = ".rayfleet/tpu-env"
 #: The node env (setup/install.sh's prefix, in the SSH user's home, traversable by the node
 #: users: setup/users/users.sh) first on the PATH: a prefix for the SSH user's shell, so that a
 #: daemon it starts as another node user (`privilege.as_user`) finds that env's Python.
-ACTIVATE = 'export PATH="$HOME/rayfleet/env/bin:$PATH" && '
+ACTIVATE = shell.before(shell.export({"PATH": shell.Shell('"$HOME/rayfleet/env/bin:$PATH"')}))
 #: That env's Python, for a command after ACTIVATE, as any node user: it has Ray, requests and
 #: Google's client library (installed there for the autoscaler).
 PYTHON = "python"
@@ -46,7 +47,8 @@ PYTHON = "python"
 DAEMON_USER = privilege.SCALER_USER
 #: Ray's file mounts keep modes; this keeps the SSH user's copies of the token and password
 #: private even if they came without (users.sh copies them with the mode they have).
-_PRIVATE = "{ chmod -R go-rwx ~/.rayfleet 2>/dev/null || true; }"
+_PRIVATE = shell.group(shell.first_of(
+    shell.argv("chmod", "-R", "go-rwx", shell.home("~/.rayfleet")) + " 2>/dev/null", "true"))
 
 
 def _node_env(head_ip: str, token: bool, tracking_on: bool) -> str:
@@ -71,7 +73,7 @@ def head_start(token: bool, tracking_on: bool, metrics: bool, dashboard_host: st
                dashboard_port: int) -> list[str]:
     """The head's start commands (run by `ray up` over SSH as the SSH user)."""
     # The head's own address: Ray's updater sets RAY_HEAD_IP for workers only.
-    env = ('rf_ip="$(hostname -I | awk \'{print $1}\')" && '
+    env = (shell.before(shell.Shell('rf_ip="$(hostname -I | awk \'{print $1}\')"'))
            + _node_env("$rf_ip", token, tracking_on)
            + (metrics_remote.node_env_words() if metrics else "") + "RAY_USAGE_STATS_ENABLED=0 ")
     args = (f"--port={GCS_PORT} --object-manager-port=8076 --dashboard-host={dashboard_host} "
@@ -87,16 +89,17 @@ def worker_start(token: bool, tracking_on: bool) -> list[str]:
     user; Ray's updater opens one session per command, so what the second needs is in it)."""
     env = _node_env("$RAY_HEAD_IP", token, tracking_on)
     return [
-        " && ".join([_PRIVATE, privilege.setup_users(privilege.ray_files(tracking_on)),
-                     privilege.guard(*METADATA), privilege.stop_ray()]),
+        shell.all_of(_PRIVATE, privilege.setup_users(privilege.ray_files(tracking_on)),
+                     privilege.guard(*METADATA), privilege.stop_ray()),
         # Ray's TPU attributes, read as root (the guard lets root through), into Ray's user's
         # home as Ray's own variables, which its `ray start` then reads before the server.
-        f'{privilege.AS_ROOT}bash "$HOME/{TPU_ENV_SCRIPT}" | '
-        + privilege.as_user(privilege.RAY_USER, f"cat > {TPU_ENV_FILE}") + " && "
-        + privilege.as_user(privilege.RAY_USER,
-                            f". ./{TPU_ENV_FILE} && {env}RAY_USAGE_STATS_ENABLED=0 ray start "
-                            f"--address=$RAY_HEAD_IP:{GCS_PORT} --object-manager-port=8076 "
-                            "--disable-usage-stats"),
+        shell.all_of(
+            privilege.AS_ROOT + shell.argv("bash", shell.home(f"~/{TPU_ENV_SCRIPT}")) + " | "
+            + privilege.as_user(privilege.RAY_USER, f"cat > {shell.word(TPU_ENV_FILE)}"),
+            privilege.as_user(privilege.RAY_USER, shell.all_of(
+                shell.argv(".", f"./{TPU_ENV_FILE}"),
+                f"{env}RAY_USAGE_STATS_ENABLED=0 ray start --address=$RAY_HEAD_IP:{GCS_PORT} "
+                "--object-manager-port=8076 --disable-usage-stats"))),
     ]
 
 

@@ -30,6 +30,7 @@ from infra import (
     ui,
     versions,
 )
+from infra.node import shell
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster, users
 
@@ -155,7 +156,7 @@ def auth_env(spec: Spec) -> dict[str, str]:
     """How the autoscaler's user reaches GCS: with its own copy of the token, or none."""
     if spec.auth != "token":
         return {"RAY_AUTH_MODE": "disabled"}
-    return auth.node_env("$HOME/" + TOKEN_FILE)
+    return auth.node_env(shell.home(f"~/{TOKEN_FILE}"))
 
 
 def scaler_files(tracking: bool) -> tuple[str, ...]:
@@ -194,9 +195,10 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         # The running autoscaler reads its own user's copy of the config (v2 re-reads it); one
         # runs, whatever ended the last (its supervisor killed too).
         mlflow = spec.tracking == "mlflow"
-        ssh.run(target, privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow),
-                                              (HEAD_API_KEY_FILE,))
-                + " && " + monitor_command(spec, raycluster.private_address(head), replace=False),
+        ssh.run(target, shell.all_of(
+                    privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow),
+                                          (HEAD_API_KEY_FILE,)),
+                    monitor_command(spec, raycluster.private_address(head), replace=False)),
                 timeout=120, check=True)
         return
     if spec.env != "none":

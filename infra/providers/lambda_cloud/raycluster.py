@@ -30,6 +30,7 @@ from infra import (
     versions,
 )
 from infra.errors import ProviderError
+from infra.node import shell
 from infra.node.where import home_path, ray_executable
 from infra.providers.lambda_cloud import users
 
@@ -60,7 +61,8 @@ class RayClusterError(ProviderError):
 
 def activate(spec: Spec) -> str:
     """Shell prefix that puts the node env's `ray` and `python` first on the PATH."""
-    return "" if spec.env == "none" else f'. "{ENV_PREFIX}/rayfleet-activate.sh" && '
+    return "" if spec.env == "none" else shell.before(
+        shell.argv(".", shell.home(f"{ENV_PREFIX}/rayfleet-activate.sh")))
 
 
 #: Where nodes keep the cluster's Ray token (auth.NODE_TOKEN_PATH, spelled for a shell).
