@@ -17,6 +17,9 @@ from collections.abc import Iterable, Mapping
 from infra.node.where import home_path
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: What `expanding` lets through: plain characters, and `$` only as $NAME, ${NAME}, $((NAME + 12)).
+EXPANDABLE = re.compile(r"(?:[^$\\`\"\x00-\x1f\x7f]|\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\}"
+                        r"|\$\(\([A-Za-z_][A-Za-z0-9_]* \+ [0-9]+\)\))*")
 
 
 class Shell(str):
@@ -36,6 +39,15 @@ def quoted(text: object) -> Shell:
 def argv(*words: object) -> Shell:
     """A simple command from its words, each quoted unless `Shell`."""
     return Shell(" ".join(word(w) for w in words))
+
+
+def expanding(text: str) -> Shell:
+    """Our own text as one double-quoted word whose `$NAME` parts expand on the node (e.g.
+    `http://$rf_ip:5000`); refused if anything else in it would (`$(...)`, a backquote, a quote)."""
+    if not EXPANDABLE.fullmatch(text):
+        raise ValueError(f"{text!r} cannot go inside double quotes (only $NAME, ${{NAME}} and "
+                         "$((NAME + N)) may expand there)")
+    return Shell(f'"{text}"')
 
 
 def home(path: str) -> Shell:

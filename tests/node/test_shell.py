@@ -76,3 +76,12 @@ def test_joins_run_as_their_names_say(tmp_path: Path) -> None:
     inner = shell.argv("printf", "%s", f"$(touch {marker}) it's")
     assert run(shell.argv("bash", "-c", shell.quoted(inner))) == f"$(touch {marker}) it's"
     assert not marker.exists()
+
+
+def test_expanding_lets_variables_expand_and_nothing_else(tmp_path: Path) -> None:
+    done = _bash(shell.all_of("rf_ip=10.0.0.5", shell.argv(
+        "printf", "%s", shell.expanding("http://$rf_ip:5000/${rf_ip} x"))), tmp_path)
+    assert done.stdout == "http://10.0.0.5:5000/10.0.0.5 x"
+    for bad in ("$(touch x)", "`touch x`", 'a" ; touch x; "', "a\\", "a\nb"):
+        with pytest.raises(ValueError, match="cannot go inside double quotes"):
+            shell.expanding(bad)

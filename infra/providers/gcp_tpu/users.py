@@ -55,18 +55,20 @@ def _node_env(head_ip: str, token: bool, tracking_on: bool) -> str:
     """`VAR=value ` words for a node's `ray start` as Ray's user (`$HOME` is that user's; the
     password is read from its 0600 copy by that shell: on no command line)."""
     # The cluster's own address: Ray's tools in jobs find the cluster by it, not by a scan.
-    words = f'ulimit -n 65536 2>/dev/null; RAY_ADDRESS="{head_ip}:{GCS_PORT}" '
+    env: dict[str, str] = {"RAY_ADDRESS": shell.expanding(f"{head_ip}:{GCS_PORT}")}
     if token:
-        words += f'RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$HOME/{privilege.TOKEN_FILE}" '
+        env.update(RAY_AUTH_MODE="token",
+                   RAY_AUTH_TOKEN_PATH=shell.expanding(f"$HOME/{privilege.TOKEN_FILE}"))
     else:
-        words += "RAY_AUTH_MODE=disabled "
+        env["RAY_AUTH_MODE"] = "disabled"
     if tracking_on:
         plain, from_files = tracking.node_env(
             tracking_remote.node_url(head_ip), tracking_remote.NODE_PASSWORD_PATH)
-        words += "".join(f'{key}="{value}" ' for key, value in plain.items())
-        words += "".join(f'{key}="$(cat "$HOME/{path.removeprefix("~/")}")" '
-                         for key, path in from_files.items())
-    return words
+        env.update({key: shell.expanding(value) for key, value in plain.items()})
+        # Read from the file by the shell that starts Ray: on no command line.
+        env.update({key: shell.Shell(f'"$(cat {shell.expanding("$HOME/" + path.removeprefix("~/"))})"')
+                    for key, path in from_files.items()})
+    return "ulimit -n 65536 2>/dev/null; " + shell.prefix(env)
 
 
 def head_start(token: bool, tracking_on: bool, metrics: bool, dashboard_host: str,
