@@ -51,7 +51,11 @@ def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         # "--help": the task's help instead, as the `rayfleet` command shows it (cli_help.py).
         if any(value in ("-h", "--help") for value in (*args[1:], *kwargs.values())):
             name = func.__name__.replace("_", "-")
-            os.execv(sys.executable, [sys.executable, "-m", "infra", "--help", name])
+            # This checkout's infra, from whatever directory `invoke -r` ran in.
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+            os.execve(sys.executable, [sys.executable, "-m", "infra", "--help", name],
+                      {**os.environ, "PYTHONPATH": path})
 
         try:
             code = func(*args, **kwargs)
