@@ -1,7 +1,7 @@
 """Build hook, beside pyproject.toml (which holds everything else): ship templates/ and setup/.
 
 They stay at the top of the checkout, where contributors edit them; a wheel carries copies as
-package data in infra/_shipped/, where infra/paths.py (`shipped`) finds them once rayfleet is
+package data in infra/_shipped/, where infra/core/paths.py (`shipped`) finds them once rayfleet is
 installed without its checkout. An editable install reads the checkout itself. MANIFEST.in puts
 both folders in the sdist, so a wheel built from it has them too.
 """

@@ -2,7 +2,7 @@
 their own token and the gateway's checks.
 
 One local cluster with `sharing:`; members are registered with the owner's own functions
-(infra/sharing.py, what `invoke member-add` calls). Measured through Ray's own job SDK
+(infra/core/sharing/owner.py, what `invoke member-add` calls). Measured through Ray's own job SDK
 (`JobSubmissionClient`, one client per side, made once):
 - `list_jobs`: median latency, gateway vs direct (target: <= +20 ms);
 - submit-to-running: `submit_job` until Ray reports the job RUNNING, median ratio gateway / direct
@@ -95,7 +95,7 @@ def main() -> int:
         args.reps, args.members, args.requests = 3, 5, 4
     from ray.job_submission import JobSubmissionClient
 
-    from infra import sharing
+    from infra.core.sharing import owner as sharing
     from infra.node import rayproc
 
     folder = Path(tempfile.mkdtemp(prefix="bench-gateway-"))

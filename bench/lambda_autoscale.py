@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra import jobs, privilege  # noqa: E402
+from infra.core import jobs, privilege  # noqa: E402
 from infra.providers.base import Endpoint  # noqa: E402
 from tests.lambda_cloud.autoscale_bed import (  # noqa: E402
     CLUSTER,

@@ -44,8 +44,9 @@ def spec_text(proxy: str, workers: int) -> str:
 
 
 def one_run(nodes: int, boot: float, work: Path, sshd: LocalSshd) -> dict[str, float]:
-    from infra import providers, ssh, state
-    from infra.loading import load_spec
+    from infra import providers
+    from infra.cli.loading import load_spec
+    from infra.core import ssh, state
 
     name = f"bench{nodes}"
     fake = FakeLambda(KEY, scale=1.0, boot_delay=boot, terminate_delay=1.0,
@@ -64,7 +65,7 @@ def one_run(nodes: int, boot: float, work: Path, sshd: LocalSshd) -> dict[str, f
             provider.provision(current, capacity=plan.extra)  # type: ignore[attr-defined]
         took = time.monotonic() - started
         teardown_started = time.monotonic()
-        from infra import commands
+        from infra.cli import commands
 
         commands.teardown(None, str(path))
         teardown_took = time.monotonic() - teardown_started
@@ -87,7 +88,7 @@ def main() -> int:
         work = Path(tmp)
         os.environ["RAYFLEET_HOME"] = str(work / "home")
         os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-        from infra import render
+        from infra.core import render
 
         # Warm Ray's config validation (a one-off import cost of ~2 s, not a rate-limit effect).
         render.validate_ray_cluster_config(

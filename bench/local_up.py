@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra import jobs  # noqa: E402
+from infra.core import jobs  # noqa: E402
 from infra.node import rayproc  # noqa: E402
 
 

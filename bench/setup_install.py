@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.versions import node_pins  # noqa: E402  (after the path: run as a plain script)
+from infra.core.versions import node_pins  # noqa: E402  (after the path: run as a plain script)
 
 
 def main() -> None:

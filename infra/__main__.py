@@ -1,5 +1,5 @@
 """`python -m infra` is the `rayfleet` command (what `invoke --help TASK` re-runs as, too)."""
 
-from infra.tasks import main
+from infra.cli.tasks import main
 
 main()

@@ -7,7 +7,7 @@
 #                         [--metrics-from any|conda-forge]
 #   bash setup/install.sh --detect          # print the accelerator: cpu, gpu or tpu
 #
-# Callers (cluster templates, the Slurm batch script) take the pins from infra/versions.py, so every
+# Callers (cluster templates, the Slurm batch script) take the pins from infra/core/versions.py, so every
 # node runs the Ray and Python minor of the machine that ran `invoke up`.
 #
 # Backends: conda (conda or mamba on PATH or in a usual place; Miniforge is installed when neither

@@ -153,7 +153,7 @@ def _stop_group(browser: subprocess.Popen[bytes]) -> None:
 def check_report_page(out: Path) -> PageVisit:
     """`invoke report`'s page in a real browser: small, no request leaves it, no console error,
     every chart drawn."""
-    from infra.report import CHARTS
+    from infra.core.metrics.report import CHARTS
 
     assert out.stat().st_size < 2 * 1024 * 1024
     visit = open_page(out)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import sharing, sharing_certs, state
-from infra.state import State
+from infra.core import state
+from infra.core.sharing import certs as sharing_certs
+from infra.core.sharing import owner as sharing
+from infra.core.state import State
 
 URL = "https://127.0.0.1:18443"
 
@@ -33,7 +35,7 @@ def owner_cluster(folder: Path, monkeypatch: pytest.MonkeyPatch, extra: str = ""
 
 
 def book(cluster: str = "class") -> dict:
-    from infra import sharing_term
+    from infra.core.sharing import term as sharing_term
 
     return sharing_term.read_book(cluster)
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import render, versions
-from infra.loading import load_spec
+from infra.cli.loading import load_spec
+from infra.core import render, versions
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import autoscale
 from infra.providers.lambda_cloud.spec import Spec as LambdaSpec

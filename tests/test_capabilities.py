@@ -1,4 +1,4 @@
-"""One capability table per provider (infra/capabilities.py): on its spec class, read through the
+"""One capability table per provider (infra/core/capabilities.py): on its spec class, read through the
 provider too, holding every "does this provider do X", and one check that refuses a spec asking
 for what its provider lacks, at `plan` as at `up`."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from infra import commands, providers
-from infra.capabilities import Capabilities
-from infra.errors import SpecError
-from infra.loading import load_spec
+from infra import providers
+from infra.cli import commands
+from infra.cli.loading import load_spec
+from infra.core.capabilities import Capabilities
+from infra.core.errors import SpecError
 from tests.conftest import ROOT
 
 EXAMPLES = {"local": "local.yaml", "lambda": "lambda-minimal.yaml",

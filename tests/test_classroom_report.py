@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from infra import commands_metrics, report
+from infra.cli import metrics as commands_metrics
+from infra.core.metrics import report
 
 
 class _NoProvider:
@@ -17,7 +18,7 @@ class _NoProvider:
 
 
 def _kept(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra import metrics
+    from infra.core.metrics import prometheus as metrics
 
     monkeypatch.setattr(metrics, "load_kept", lambda cluster: {
         "cluster": cluster, "since": 1000.0, "until": 5000.0, "step": 10.0, "series": {},

@@ -11,8 +11,12 @@ from typing import Any
 
 import pytest
 
-from infra import commands_sharing, commands_term, loading, sharing, sharing_term
-from infra.errors import SpecError, UsageError
+from infra.cli import loading
+from infra.cli import sharing as commands_sharing
+from infra.cli import term as commands_term
+from infra.core.errors import SpecError, UsageError
+from infra.core.sharing import owner as sharing
+from infra.core.sharing import term as sharing_term
 from infra.node import gateway_config, gateway_state
 from tests.classroom_owner import book, owner_cluster, registry
 
@@ -287,7 +291,7 @@ def test_term_fields_are_validated(tmp_path: Path, block: str, expected: str) ->
 
 def test_budgets_show_in_members_and_status_and_warn_from_80_percent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    from infra import commands
+    from infra.cli import commands
 
     spec = owner_cluster(tmp_path, monkeypatch, "  member_budget_hours: 10\n"
                                                 "  member_budget_usd: 4\n  budget_usd: 20\n")
@@ -326,7 +330,8 @@ def test_the_gateway_config_carries_the_budgets(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     spec = owner_cluster(tmp_path, monkeypatch, "  member_budget_hours: 10\n"
                                                 "  member_budget_usd: 4\n  budget_usd: 20\n")
-    from infra import providers, state
+    from infra import providers
+    from infra.core import state
 
     selected = loading.resolve(None, str(spec))
     current = state.read("class")
@@ -346,7 +351,7 @@ def test_the_gateway_config_carries_the_budgets(tmp_path: Path,
 
 def test_plan_names_the_gateway_and_its_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capfd: pytest.CaptureFixture[str]) -> None:
-    from infra import commands
+    from infra.cli import commands
 
     spec = owner_cluster(tmp_path, monkeypatch, "  ends: 2030-01-31\n  budget_usd: 20\n")
     commands.plan(None, str(spec), False)
@@ -381,7 +386,7 @@ def test_member_bundles_brings_every_folder_to_the_new_address_with_the_same_tok
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     """After a head came back elsewhere: one command, every member's folder names the new
     address, every token still the same one the gateway accepts."""
-    from infra import state
+    from infra.core import state
 
     spec = owner_cluster(tmp_path, monkeypatch)
     roster = _roster(tmp_path, "name,role,expires\nalice,,\nbob,,\ncarl,,\n")

@@ -14,8 +14,11 @@ from pathlib import Path
 import certifi
 import pytest
 
-from infra import commands, commands_sharing, jobs, membership
-from infra.endpoint import Endpoint
+from infra.cli import commands
+from infra.cli import sharing as commands_sharing
+from infra.core import jobs
+from infra.core.endpoint import Endpoint
+from infra.core.sharing import membership
 from infra.node import gateway_state
 from tests.classroom_owner import URL, book, owner_cluster
 from tests.conftest import ROOT, run_invoke
@@ -79,7 +82,7 @@ def test_a_bundle_alone_is_still_written_where_out_names_a_json_file(
 
 def test_the_student_command_is_rayfleet_and_the_readme_says_how_to_install_it() -> None:
     scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]", 1)[1]
-    assert re.search(r'^rayfleet = "infra.tasks:main"$', scripts, flags=re.M)
+    assert re.search(r'^rayfleet = "infra.cli.tasks:main"$', scripts, flags=re.M)
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## A student of a shared cluster", 1)[1].split("\n## ", 1)[0]
     assert "source" in section and "env.sh" in section and "rayfleet join" in section

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import costs, jobs
-from infra.costs import Cost
+from infra.core import costs, jobs
+from infra.core.costs import Cost
 from tests.conftest import ROOT, run_invoke, run_rayfleet
 
 
@@ -94,7 +94,7 @@ def test_a_hydra_sweeps_multirun_folder_is_ignored_and_never_uploaded(tmp_path: 
 
 @pytest.mark.parametrize("colour", [False, True])
 def test_job_log_filter_drops_ray_internals_and_colour_off_a_terminal(colour: bool) -> None:
-    from infra import raynoise
+    from infra.core import raynoise
 
     lines = raynoise.LineFilter(colour=colour)
     chunks = ["\x1b[36m(pid=7)\x1b[0m step 1\n\x1b[36m(pid=7)\x1b[0m [mutex.cc : 4",

@@ -3,7 +3,7 @@
 What counts as a repository path, in backticks (`like/this.py`) outside fenced code blocks of
 README.md, ARCHITECTURE.md and docs/**/*.md:
 
-- a span without spaces whose first part is a top-level entry of the checkout (`infra/ssh.py`,
+- a span without spaces whose first part is a top-level entry of the checkout (`infra/core/ssh.py`,
   `tests/testbed/`, `README.md`, `.ci/run`): it must exist as written;
 - a relative tail whose first folder is a folder of the repository (`gcp_tpu/joiner.py`,
   `lambda_cloud/node_provider.py`): some tracked path must end with it;
@@ -93,7 +93,7 @@ def page_problems(page: Path) -> list[str]:
 
 
 def test_rules_tell_paths_from_the_rest() -> None:
-    assert problem("infra/ssh.py") is None and problem("tests/testbed/") is None
+    assert problem("infra/core/ssh.py") is None and problem("tests/testbed/") is None
     assert problem("infra/nothing_here.py") is not None
     assert problem("gcp_tpu/joiner.py") is None and problem("gcp_tpu/gone.py") is not None
     assert problem("NOTES.md") is None and problem("gone_module.py") is not None

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from infra import doctor, versions
+from infra.core import doctor, versions
 from tests.conftest import ROOT, run_invoke
 from tests.waiting import wait_until
 
@@ -327,7 +327,7 @@ def test_serve_delete_removes_the_app(cluster: Cluster) -> None:
 
 def test_a_dead_tracking_server_is_one_line_and_up_brings_it_back_with_its_runs(
         cluster: Cluster, trained: dict[str, Any]) -> None:
-    from infra import tracking
+    from infra.core.tracking import client as tracking
     from infra.node import rayproc
 
     url, session = _tracking(cluster)

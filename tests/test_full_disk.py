@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import auth, state
-from infra.errors import WriteError
+from infra.core import auth, state
+from infra.core.errors import WriteError
 from infra.node.files import atomic_write
 from tests.conftest import run_invoke
 

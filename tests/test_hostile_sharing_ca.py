@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from infra import sharing_certs
+from infra.core.sharing import certs as sharing_certs
 
 CLUSTER = "classroom"
 HEAD = "203.0.113.7"

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from infra import jobs
-from infra.errors import JobError
+from infra.core import jobs
+from infra.core.errors import JobError
 
 
 class _Status:

@@ -1,6 +1,6 @@
 """The import graph of infra/ is layers (see ARCHITECTURE.md), lazy imports included:
 
-    infra/tasks.py (the front door; tasks.py re-exports it) -> commands -> providers -> core -> node
+    infra/cli/tasks.py (the front door; tasks.py re-exports it) -> commands -> providers -> core -> node
 
 No module imports one above its layer, none of them import each other round, and a provider
 imports no other provider. Imports under `if TYPE_CHECKING:` count as any other: they do not run,
@@ -16,13 +16,13 @@ import pytest
 from tests.import_graph import cycles, graph
 
 #: The commands layer: the verbs and what only they use (the registry is below them).
-COMMANDS = {"infra.commands", "infra.listing", "infra.sweep", "infra.loading", "infra.access",
-            "infra.check", "infra.commands_serve", "infra.commands_sharing", "infra.commands_metrics",
-            "infra.metrics_history", "infra.commands_term"}
+COMMANDS = {"infra.cli.commands", "infra.cli.listing", "infra.cli.sweep", "infra.cli.loading", "infra.cli.access",
+            "infra.cli.check", "infra.cli.serve", "infra.cli.sharing", "infra.cli.metrics",
+            "infra.cli.metrics_history", "infra.cli.term"}
 
 
 #: The front door: the tasks of `invoke` and `rayfleet`; nothing imports it.
-FRONT = {"infra.tasks", "infra.__main__"}
+FRONT = {"infra.cli.tasks", "infra.__main__"}
 
 
 def _layer(module: str) -> str:
@@ -49,8 +49,8 @@ EDGES = graph()
 
 def test_the_graph_is_read() -> None:
     # The check below would pass on an empty graph: make sure it sees the imports it must.
-    assert "infra.providers" in EDGES["infra.loading"]
-    assert "infra.node.autodown" in EDGES["infra.autodown_remote"]
+    assert "infra.providers" in EDGES["infra.cli.loading"]
+    assert "infra.node.autodown" in EDGES["infra.core.autodown.remote"]
     assert "infra.node.files" in EDGES["infra.node.autodown"]  # a lazy or top-level import
     assert len(EDGES) > 60
 
@@ -85,7 +85,7 @@ def test_layers_import_only_downward(layer: str) -> None:
 
 def test_core_imports_no_provider_module() -> None:
     core = [m for m in EDGES if _layer(m) == "core"]
-    assert "infra.spec" in core and "infra.jobs" in core and "infra.autodown_view" in core
+    assert "infra.core.spec" in core and "infra.core.jobs" in core and "infra.core.autodown.view" in core
     wrong = sorted(f"{m} -> {t}" for m in core for t in EDGES[m] if t.startswith("infra.providers"))
     assert wrong == []
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.core.state import State
 from infra.node import rayproc
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import fleet
-from infra.state import State
 from tests.conftest import run_invoke
 from tests.gcp_tpu.conftest import write_service_account_key
 from tests.lambda_cloud.fake_api import FakeLambda

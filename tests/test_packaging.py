@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import paths
+from infra.core import paths
 
 pytestmark = pytest.mark.slow  # builds a wheel and a venv (about 20 s)
 
@@ -76,7 +76,9 @@ def test_an_installed_wheel_finds_its_files_and_plans_outside_the_checkout(
     probe = textwrap.dedent("""
         import json, sys
         from pathlib import Path
-        from infra import loading, paths, providers
+        from infra import providers
+        from infra.cli import loading
+        from infra.core import paths
         from infra.providers.slurm import script
         local_plan = providers.create(loading.load_spec(Path("mine.yaml"))).plan(None)
         batch = script.render_script(loading.load_spec(Path("hpc.yaml")))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import paths, privilege
+from infra.core import paths, privilege
 from tests.test_privilege_users import in_private_node
 
 pytestmark = [pytest.mark.usefixtures("needs_root"),

@@ -1,4 +1,4 @@
-"""setup/users/users.sh and infra/privilege.py's commands for real, in a private mount namespace whose
+"""setup/users/users.sh and infra/core/privilege.py's commands for real, in a private mount namespace whose
 /etc and /home are copy-on-write layers over this machine's (as every test-bed host has): the users
 are made there and vanish with it. Needs root (useradd, mounts); seconds, no daemons."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import paths, privilege
+from infra.core import paths, privilege
 
 pytestmark = [pytest.mark.usefixtures("needs_root"),
               pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading, spec, state
-from infra.errors import RayfleetError
+from infra.cli import loading
+from infra.core import spec, state
+from infra.core.errors import RayfleetError
+from infra.core.state import Resource, State
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
-from infra.state import Resource, State
 
 THING = "toy-thing"
 

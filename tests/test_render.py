@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import loading, providers, render
+from infra import providers
+from infra.cli import loading
+from infra.core import render
+from infra.core.render import RenderError
 from infra.node import where
-from infra.render import RenderError
 from tests.golden import assert_golden
 
 CASES = {

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading, serve
-from infra.errors import SpecError, UsageError
+from infra.cli import loading
+from infra.core import serve
+from infra.core.errors import SpecError, UsageError
 from tests.conftest import ROOT
 
 
@@ -66,8 +67,8 @@ def test_a_target_that_is_neither_file_nor_import_path_is_refused() -> None:
 
 def test_up_refuses_tracking_where_the_provider_has_none_and_creates_nothing(
         tmp_path: Path, rf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra import commands
-    from infra.errors import SpecError
+    from infra.cli import commands
+    from infra.core.errors import SpecError
     from infra.providers.slurm.spec import Spec
 
     # Every provider of the test bed may start a server by now: take it away from one.

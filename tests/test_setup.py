@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra import jobs, versions
+from infra.core import jobs, versions
 from tests.conftest import ROOT
 from tests.testbed.core import Testbed
 

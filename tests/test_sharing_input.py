@@ -57,8 +57,8 @@ def test_two_halves_of_the_internet_are_refused_in_one_line_naming_the_acknowled
 @pytest.mark.parametrize("example", ["lambda.yaml", "gcp-tpu.yaml"])
 def test_ranges_wider_than_a_site_need_the_acknowledgement(
         tmp_path: Path, example: str, ranges: list[str], wide: bool) -> None:
-    from infra import loading
-    from infra.errors import SpecError
+    from infra.cli import loading
+    from infra.core.errors import SpecError
 
     base = (ROOT / "clusters" / example).read_text()
     for ack in (False, True):
@@ -167,10 +167,10 @@ def test_join_refuses_an_address_that_is_not_https_host_port(tmp_path: Path, add
 def test_a_provider_whose_head_gets_no_gateway_refuses_sharing_naming_its_reason() -> None:
     """Every provider runs the gateway now; one that does not (a new provider's default) refuses
     the block before anything is created, with its own reason first."""
-    from infra import sharing
-    from infra.capabilities import Capabilities
-    from infra.errors import SpecError
-    from infra.spec import ClusterSpec, Sharing
+    from infra.core.capabilities import Capabilities
+    from infra.core.errors import SpecError
+    from infra.core.sharing import owner as sharing
+    from infra.core.spec import ClusterSpec, Sharing
 
     class NoGateway(ClusterSpec):
         CAPABILITIES = Capabilities(sharing_refusal="not on {provider}: no head to run it on")
@@ -187,10 +187,11 @@ def test_a_hostname_goes_into_the_certificate_and_the_bundles_address(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """sharing.hostname: what members' bundles name instead of the head's address, so a new head
     needs a new DNS record, not new bundles."""
-    from infra import sharing, sharing_certs
-    from infra.head import HeadAccess
-    from infra.loading import resolve
-    from infra.ssh import SshTarget
+    from infra.cli.loading import resolve
+    from infra.core.head import HeadAccess
+    from infra.core.sharing import certs as sharing_certs
+    from infra.core.sharing import owner as sharing
+    from infra.core.ssh import SshTarget
 
     monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "h"))
     base = (ROOT / "clusters" / "lambda.yaml").read_text()

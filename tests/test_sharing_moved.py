@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import sharing
+from infra.core.sharing import owner as sharing
 
 
 def test_up_names_the_members_whose_bundle_names_another_address(

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading
-from infra.errors import SpecError, UsageError
+from infra.cli import loading
+from infra.core.errors import SpecError, UsageError
 from tests.conftest import run_invoke
 
 # (file name, YAML text, text the one-line error must contain)
@@ -127,7 +127,7 @@ def test_cli_cluster_naming_a_directory_is_one_line(tmp_path: Path, rf_home: Pat
 
 
 def test_cli_lock_held_by_another_run_is_one_line(tmp_path: Path, rf_home: Path) -> None:
-    from infra import state
+    from infra.core import state
 
     path = tmp_path / "busy.yaml"
     path.write_text("provider: local\n")

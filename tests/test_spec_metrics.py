@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading
-from infra.errors import SpecError
+from infra.cli import loading
+from infra.core.errors import SpecError
 from tests.conftest import ROOT, run_invoke
 
 

@@ -1,4 +1,4 @@
-"""Host keys (infra/ssh.py): instances pinned on first contact, configured hosts checked strictly,
+"""Host keys (infra/core/ssh.py): instances pinned on first contact, configured hosts checked strictly,
 a changed key refused in one line by paramiko and OpenSSH alike. Real sshd servers on loopback."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import ssh, tunnels
+from infra.core import ssh, tunnels
 from tests.lambda_cloud.sshd import LocalSshd
 
 # Never dialled: every connection goes through a proxy command to a loopback sshd. Two servers

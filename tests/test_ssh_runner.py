@@ -1,4 +1,4 @@
-"""The one SSH command runner (`infra.ssh.execute`) reads stdout and stderr together: a command
+"""The one SSH command runner (`infra.core.ssh.execute`) reads stdout and stderr together: a command
 that writes more than a channel window to stderr before its stdout ends must not stall until its
 timeout. Both callers (`ssh.run`, Slurm's `SshRunner`) go through it. Real sshd on loopback."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import ssh
+from infra.core import ssh
 from infra.providers.slurm.remote import SshRunner
 from infra.providers.slurm.spec import Submit
 from tests.lambda_cloud.sshd import LocalSshd

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import state
-from infra.errors import StateError, StateLockedError
+from infra.core import state
+from infra.core.errors import StateError, StateLockedError
 from tests.waiting import wait_until
 
 
@@ -34,7 +34,7 @@ def test_second_run_is_told_who_holds_the_lock(rf_home: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
             import sys, time
-            from infra import state
+            from infra.core import state
             with state.locked("lab", "local", "up"):
                 print("locked", flush=True)
                 time.sleep(60)
@@ -101,7 +101,7 @@ def test_kill_9_during_writes_never_leaves_a_torn_file(rf_home: Path) -> None:
     """A writer killed at a random instant leaves a parseable file listing a prefix of its adds."""
     writer = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
-            from infra import state
+            from infra.core import state
             with state.locked("lab", "local", "up") as current:
                 for i in range(100000):
                     current.add("thing", str(i), payload="x" * 2000)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import jobs
-from infra.errors import UsageError
+from infra.core import jobs
+from infra.core.errors import UsageError
 
 
 def _git_project(root: Path) -> Path:

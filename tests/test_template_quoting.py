@@ -28,7 +28,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import loading, paths, providers, render
+from infra import providers
+from infra.cli import loading
+from infra.core import paths, render
 from infra.providers.lambda_cloud import autoscale, raycluster
 from infra.providers.lambda_cloud.spec import Spec as LambdaSpec
 from infra.providers.slurm import script
@@ -52,7 +54,7 @@ STUBS = {
     "module": "",
     "base64": "cat >/dev/null",
     "scontrol": 'case "$2" in hostnames) echo n1 ;; *) echo NodeAddr=127.0.0.1 ;; esac',
-    # Lambda's nodes run Ray as its own user (infra/privilege.py): here, as whoever runs the test.
+    # Lambda's nodes run Ray as its own user (infra/core/privilege.py): here, as whoever runs the test.
     "runuser": 'while [ "$#" -gt 0 ] && [ "$1" != -- ]; do shift; done; shift; exec "$@"',
     "sudo": 'while [ "${1#-}" != "$1" ]; do shift; done; exec "$@"',
 }

@@ -1,4 +1,4 @@
-"""The detached tunnel's record (infra/tunnels.py): typed, and a file an earlier rayfleet wrote
+"""The detached tunnel's record (infra/core/tunnels.py): typed, and a file an earlier rayfleet wrote
 still reads. (Starting and reusing the tunnel: tests/lambda_cloud/test_access.py, on a real sshd.)"""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra import tunnels
+from infra.core import tunnels
 from infra.node import rayproc
 
 #: A record as rayfleet wrote it before `Record` (39c8648), field for field.

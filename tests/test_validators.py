@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading, serve
-from infra.errors import SpecError, UsageError
+from infra.cli import loading
+from infra.core import serve
+from infra.core.errors import SpecError, UsageError
 from infra.node import identity
 from infra.node.lambda_cloud import tags
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import ui
+from infra.core import ui
 from infra.node import wait
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from infra import providers  # noqa: E402
-from infra.spec import ClusterSpec  # noqa: E402
+from infra.core.spec import ClusterSpec  # noqa: E402
 
 PAGE = ROOT / "docs" / "reference" / "spec.md"
 HEADER = """# Spec reference

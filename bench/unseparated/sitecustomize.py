@@ -5,7 +5,7 @@ on PYTHONPATH, which only the bench does; nothing of rayfleet imports it."""
 
 from __future__ import annotations
 
-from infra import remote_head, shipping
+from infra.core import remote_head, shipping
 from infra.providers.lambda_cloud import users
 from infra.providers.lambda_cloud.autoscale import CONFIG_FILE
 

@@ -17,7 +17,7 @@ If Ray does not answer at all, that counts as idle: a head whose Ray is gone can
 Runs as `python -m infra.node.autodown --config FILE` with only Ray, requests and this package
 importable (the head of a remote cluster has nothing more); it never connects to Ray as a driver,
 which would keep the cluster busy itself. The laptop's side (the marker's cached copy and what
-`status` makes of it) is infra/autodown_view.py.
+`status` makes of it) is infra/core/autodown/view.py.
 """
 
 from __future__ import annotations

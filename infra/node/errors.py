@@ -1,4 +1,4 @@
-"""The base of rayfleet's error tree (the rest is in infra/errors.py, on the laptop).
+"""The base of rayfleet's error tree (the rest is in infra/core/errors.py, on the laptop).
 
 Every error carries the exit code the CLI leaves with, and its message is a single line that says
 what is wrong and how to fix it. They live here, in the node package, because head-side modules

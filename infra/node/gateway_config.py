@@ -1,4 +1,4 @@
-"""The sharing gateway's config: what `up` writes beside it (infra/sharing.py) and the gateway
+"""The sharing gateway's config: what `up` writes beside it (infra/core/sharing/owner.py) and the gateway
 reads at its start (infra/node/gateway.py). Standard library only: it ships to heads in the node
 package, and the laptop's side imports it without the server.
 """

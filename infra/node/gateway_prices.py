@@ -1,5 +1,5 @@
 """The cluster's $/h for the sharing gateway's cost share (infra/node/gateway.py): the nodes alive
-now, each at its node type's price (`Config.node_prices`, from infra/costs.py NodePrices).
+now, each at its node type's price (`Config.node_prices`, from infra/core/costs.py NodePrices).
 
 Ray names a node's type in two places, and neither is there in every setup:
 - Ray's v1 autoscaler writes its report (`autoscaler_report`: active and launching nodes by type)

@@ -2,7 +2,7 @@
 
 All of it lives in the gateway's data dir, outside the cluster's temp dir, so that it outlives a
 gateway restart (and, on the owner's machine, a teardown):
-- `members.json`, written by the owner's `member-add`/`member-remove` (infra/sharing.py): names,
+- `members.json`, written by the owner's `member-add`/`member-remove` (infra/core/sharing/owner.py): names,
   roles, expiry and the SHA-256 of each member's token, never a token. The gateway stats it at
   every request and re-reads it when it changed, so a removal holds from the next request on.
 - `usage.json`, written by the gateway: every member job it has seen, its hours and cost share,

@@ -6,7 +6,7 @@ come and go, so autoscaled nodes appear by themselves), then runs the distributi
 in the foreground with a bounded history (days and size, whichever is reached first). Everything
 it writes stays in the directories the config names: the config's own dir and the storage dir.
 It ships in the node package like the tracking supervisor (infra/node/tracking.py); the laptop's
-side is infra/metrics.py.
+side is infra/core/metrics/prometheus.py.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ here, and only here, from Python values: `argv` quotes each word (shlex), `assig
 words (the name checked, the value quoted), and `all_of`/`first_of` join whole commands with `&&`
 and `||`. A word that must stay shell syntax (a `"$HOME"/path` that expands on the node, a `$(...)`
 of our own) is marked `Shell`: it is printed as is, so every unquoted spot is a deliberate one.
-The same `Shell` marks text that templates print as is (infra/render.py).
+The same `Shell` marks text that templates print as is (infra/core/render.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The pid file P (JSON) names the supervisor and its current child, each by pid *a
 daemon, so it never stops a restart and is never signalled.
 
 Who restarts the supervisor: `ensure` (what every `up` runs on the head, through
-infra/remote_head.py or directly on this machine) starts one unless P names a supervisor or a
+infra/core/remote_head.py or directly on this machine) starts one unless P names a supervisor or a
 daemon that still runs; on Slurm the batch script's loop starts it again (see ARCHITECTURE.md).
 A supervisor that starts while its predecessor's child still runs (the predecessor was killed
 with -9) stops that child first: one daemon per pid file, always.

@@ -3,9 +3,9 @@
 `python -m infra.node.tracking --config FILE` runs `mlflow server` in the foreground (a SQLite
 backend store, artifacts served by the server itself, MLflow's own basic auth) with the admin
 password and Flask secret read from 0600 files into its environment, never onto a command line.
-It lives in the node package so it ships whole to any head (infra/shipping.py): on this machine for
+It lives in the node package so it ships whole to any head (infra/core/shipping.py): on this machine for
 a local cluster, over SFTP to a cloud head, in the batch script on Slurm. The laptop's side
-(credentials, the client calls) is infra/tracking.py.
+(credentials, the client calls) is infra/core/tracking/client.py.
 """
 
 from __future__ import annotations

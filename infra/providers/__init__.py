@@ -3,7 +3,7 @@
 Each entry names its classes by import path ("module:Class") and is imported only when that
 provider is used, so `invoke --list` and the other providers' users pay nothing for it (Google's
 SDK, paramiko). A new provider is one row here and one package (see ARCHITECTURE.md). Spec loading
-(infra/loading.py) sits above this table; the core (infra/*.py) never imports it.
+(infra/cli/loading.py) sits above this table; the core (infra/*.py) never imports it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from infra.core.spec import ClusterSpec
     from infra.providers.base import Provider, Sweeper
-    from infra.spec import ClusterSpec
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,16 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
-from infra import autodown_view, ui
-from infra.autodown_view import AutodownView
-from infra.capabilities import Capabilities
-from infra.costs import Cost, CostRange, NodePrices
-from infra.endpoint import Endpoint
-from infra.errors import RayfleetError, UsageError
-from infra.head import HeadAccess
-from infra.spec import ClusterSpec
-from infra.state import Resource, State
+from infra.core import ui
+from infra.core.autodown import view as autodown_view
+from infra.core.autodown.view import AutodownView
+from infra.core.capabilities import Capabilities
+from infra.core.costs import Cost, CostRange, NodePrices
+from infra.core.endpoint import Endpoint
+from infra.core.errors import RayfleetError, UsageError
+from infra.core.head import HeadAccess
+from infra.core.spec import ClusterSpec
+from infra.core.state import Resource, State
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
 
         Raises ClusterNotRunningError when there is no head to reach.
         """
-        from infra.errors import ProviderError
+        from infra.core.errors import ProviderError
 
         raise ProviderError(f"the {self.name} provider gives no access to its head")
 
@@ -264,7 +265,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
 
     @property
     def capabilities(self) -> Capabilities:
-        """What this provider does: its spec class's table (infra/capabilities.py)."""
+        """What this provider does: its spec class's table (infra/core/capabilities.py)."""
         return type(self.spec).CAPABILITIES
 
     def copy_tracking(self, state: State) -> Path:

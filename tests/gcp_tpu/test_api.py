@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading
+from infra.cli import loading
 from infra.node.gcp_tpu.api import (
     ApiOptions,
     Gcp,

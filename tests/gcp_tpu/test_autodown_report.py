@@ -10,12 +10,13 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from infra import autodown_view, loading
+from infra.cli import loading
+from infra.core.autodown import view as autodown_view
+from infra.core.state import State
 from infra.node import identity
 from infra.node.gcp_tpu.api import ApiOptions
 from infra.providers.gcp_tpu import config
 from infra.providers.gcp_tpu.provider import CLUSTER, Provider
-from infra.state import State
 from tests.gcp_tpu.conftest import ZONE, write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading, state
+from infra.cli import loading
+from infra.core import state
 from infra.providers.gcp_tpu import config
 from tests.conftest import run_invoke
 from tests.gcp_tpu.conftest import FakeRay, Sshd, assert_nothing_created, write_spec
@@ -98,7 +99,7 @@ def local_ray(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[tupl
 def test_a_job_runs_through_the_ssh_tunnel(tmp_path: Path, rf_home: Path, fake: FakeGcp,
                                           options: object, sshd: Sshd, key_file: Path,
                                           local_ray: tuple[int, str]) -> None:
-    from infra import jobs
+    from infra.core import jobs
     from infra.providers.base import UpOptions
     from infra.providers.gcp_tpu.provider import Provider
 

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import loading, paths, providers
-from infra.errors import SpecError
+from infra import providers
+from infra.cli import loading
+from infra.core import paths
+from infra.core.errors import SpecError
 from infra.providers.gcp_tpu import config, tpu
 from tests.conftest import ROOT
 from tests.gcp_tpu.conftest import write_spec
@@ -285,7 +287,7 @@ def test_importing_the_provider_imports_no_cloud_sdk_ray_or_paramiko() -> None:
 
 def test_tracking_password_reaches_every_node_as_a_file_never_in_the_config(
         tmp_path: Path, rf_home: Path) -> None:
-    from infra import tracking
+    from infra.core.tracking import client as tracking
 
     secret = tracking.ensure_credentials("tracked").read_text().strip()
     result, prepared = _plan(write_spec(tmp_path, name="tracked", tracking="mlflow"))

@@ -120,7 +120,7 @@ def test_a_429_quota_refusal_is_one_quota_error_sent_once(api: Gcp, fake: FakeGc
 
 def test_preflight_refuses_a_zone_without_tpu_quota(api: Gcp, fake: FakeGcp,
                                                     tmp_path: Path) -> None:
-    from infra.loading import load_spec as load
+    from infra.cli.loading import load_spec as load
     from infra.providers.gcp_tpu import preflight
     from tests.gcp_tpu.conftest import write_spec
 
@@ -236,7 +236,7 @@ def test_longest_names_and_labels_reach_google_intact(api: Gcp, fake: FakeGcp,
     import yaml
     from googleapiclient import discovery
 
-    from infra.loading import load_spec as load
+    from infra.cli.loading import load_spec as load
     from infra.node import identity
     from infra.providers.gcp_tpu import config
     from tests.gcp_tpu.conftest import write_spec
@@ -307,7 +307,7 @@ def test_every_zone_the_fake_offers_passes_preflight(api: Gcp, fake: FakeGcp, tm
                                                      zone: str) -> None:
     """rayfleet lists no zones of its own (the spec names them); each zone the fake models
     (one per TPU region it offers) goes through pre-flight, TPU quota included."""
-    from infra.loading import load_spec as load
+    from infra.cli.loading import load_spec as load
     from infra.providers.gcp_tpu import preflight
     from tests.gcp_tpu.conftest import write_spec
 

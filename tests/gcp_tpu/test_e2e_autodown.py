@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from infra.privilege import MONITOR_PID, SCALER_USER
-from infra.shipping import NODE_DIR
+from infra.core.privilege import MONITOR_PID, SCALER_USER
+from infra.core.shipping import NODE_DIR
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import PROJECT, Offline, spec_file
 from tests.testbed.hosts import LIVE_PROCESSES
 from tests.waiting import read_json, wait_until, watcher_checked
 
 NAME = "gcpdown"
-#: The watcher's user and home on the head (the autoscaler's: infra/privilege.py).
+#: The watcher's user and home on the head (the autoscaler's: infra/core/privilege.py).
 WATCHER_HOME = f"/home/{SCALER_USER}"
 IDLE_MINUTES = 0.3
 

@@ -116,7 +116,7 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
     home = tmp_path / "rayfleet-home"
     key = write_service_account_key(tmp_path / "sa-key.json", google.identity,
                                     f"student@{PROJECT}.iam.gserviceaccount.com")
-    # With the cluster's MLflow tracking server on the head (infra/tracking_remote.py).
+    # With the cluster's MLflow tracking server on the head (infra/core/tracking/remote.py).
     spec = spec_file(tmp_path, key, tracking="mlflow")
     timings = offline.timings
     lap = time.monotonic()

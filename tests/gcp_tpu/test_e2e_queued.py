@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from infra.privilege import SCALER_USER
+from infra.core.privilege import SCALER_USER
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file

@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from infra.core.state import State
 from infra.node import identity
 from infra.providers.gcp_tpu import config
-from infra.state import State
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import PROJECT, ZONE, Offline, spec_file
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from infra import loading, providers, spec
+from infra import providers
+from infra.cli import loading
+from infra.core import spec
 from infra.providers.gcp_tpu import config, prices
 from infra.providers.gcp_tpu.spec import Spec
 

@@ -18,8 +18,10 @@ import pytest
 import requests
 import yaml
 
-from infra import loading, paths, providers, state
-from infra.errors import ClusterNotRunningError
+from infra import providers
+from infra.cli import loading
+from infra.core import paths, state
+from infra.core.errors import ClusterNotRunningError
 from infra.node import where
 from infra.node.gcp_tpu.api import ApiOptions, GcpCredentialsError, GcpError, GcpQuotaError
 from infra.providers.base import UpOptions

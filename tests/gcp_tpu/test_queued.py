@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from infra import loading, state
-from infra.errors import SpecError
+from infra.cli import loading
+from infra.core import state
+from infra.core.errors import SpecError
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import ApiOptions, Credentials, Gcp, GcpError
 from infra.providers.gcp_tpu import slices

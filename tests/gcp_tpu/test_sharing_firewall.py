@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra import state
+from infra.core import state
 from infra.node.gcp_tpu.api import ApiOptions
 from tests.gcp_tpu.conftest import Dashboard, Sshd
 from tests.gcp_tpu.fake_gcp import FakeGcp

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import loading, state
-from infra.errors import SpecError
+from infra.cli import loading
+from infra.core import state
+from infra.core.errors import SpecError
 from infra.node.gcp_tpu.api import ApiOptions, GcpError
 from infra.providers.base import UpOptions
 from infra.providers.gcp_tpu import config

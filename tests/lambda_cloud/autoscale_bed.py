@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from infra.privilege import MONITOR_PID, RAY_USER, SCALER_LOGS, SCALER_USER
-from infra.shipping import NODE_DIR
+from infra.core.privilege import MONITOR_PID, RAY_USER, SCALER_LOGS, SCALER_USER
+from infra.core.shipping import NODE_DIR
 from tests.conftest import run_invoke
 from tests.lambda_cloud.bed_firewall import EnforcedFirewall
 from tests.lambda_cloud.fake_api import FakeLambda
@@ -250,7 +250,7 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
         saved = os.environ.get("RAYFLEET_HOME")
         os.environ["RAYFLEET_HOME"] = str(home)
         try:
-            from infra import ssh
+            from infra.core import ssh
 
             bed.authorize_key(ssh.ensure_keypair(CLUSTER).public_key)
         finally:

@@ -54,7 +54,7 @@ SpecFactory = Callable[..., Path]
 def make_spec(rf_home: Path, tmp_path: Path, sshd: LocalSshd) -> SpecFactory:
     """Write `<tmp>/<name>.yaml` (default cluster `lt`) reaching the loopback sshd; authorize the
     cluster's key there (generated now, exactly as `up` would)."""
-    from infra import ssh
+    from infra.core import ssh
 
     def make(name: str = "lt", **overrides: Any) -> Path:
         data: dict[str, Any] = {

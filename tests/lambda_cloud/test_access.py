@@ -33,7 +33,7 @@ def head(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 @pytest.fixture
 def spec(head: LocalSshd, rf_home: Path, tmp_path: Path) -> Path:
     """A Lambda cluster that is "up": its state names a head instance, its key is authorized."""
-    from infra import auth, ssh, state
+    from infra.core import auth, ssh, state
 
     path = tmp_path / f"{CLUSTER}.yaml"
     path.write_text(yaml.safe_dump({
@@ -106,7 +106,8 @@ class _Dashboard(http.server.BaseHTTPRequestHandler):
 
 def test_env_opens_one_tunnel_for_the_job_api_and_ray_client(
         spec: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from infra import access, tunnels
+    from infra.cli import access
+    from infra.core import tunnels
     from infra.providers.lambda_cloud import raycluster
 
     # The "head" is this machine: stand-ins for its dashboard and Ray Client server on loopback.
@@ -161,7 +162,8 @@ def test_a_serve_forward_joins_the_env_tunnel_on_the_same_local_ports(
         spec: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """`invoke serve-url` prints a URL for other programs: it needs the detached tunnel, and adding
     Serve's port to it must not move the ports a shell got from `invoke env` earlier."""
-    from infra import access, tunnels
+    from infra.cli import access
+    from infra.core import tunnels
     from infra.providers.lambda_cloud import raycluster
 
     servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Dashboard) for _ in range(3)]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from infra.errors import UsageError
+from infra.core.errors import UsageError
 from infra.node.lambda_cloud import api
 from tests.lambda_cloud.conftest import API_KEY, SCALE
 from tests.lambda_cloud.fake_api import FakeLambda, Fault

@@ -46,7 +46,7 @@ def _row(entry: dict[str, Any], what: str) -> dict[str, Any]:
 
 def test_check_says_what_each_provider_needs(fake: FakeLambda, sshd: LocalSshd, rf_home: Path,
                                              tmp_path: Path) -> None:
-    from infra import ssh
+    from infra.core import ssh
 
     key = ssh.ensure_keypair("checker").private_path  # not authorized on the login host yet
     clusters = _clusters(tmp_path, sshd, key)

@@ -26,7 +26,7 @@ CLUSTER = "lte2e"
 def test_up_submit_status_teardown_on_the_testbed(
         make_testbed: Callable[[int], Testbed], rf_home: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra import ssh
+    from infra.core import ssh
 
     bed = make_testbed(2)
     fake = FakeLambda(API_KEY, scale=SCALE, boot_delay=0.5, terminate_delay=0.2,

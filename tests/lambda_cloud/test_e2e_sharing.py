@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.privilege import GATEWAY_USER, RAY_USER
+from infra.core.privilege import GATEWAY_USER, RAY_USER
 from tests.bed_member import Member, join
 from tests.lambda_cloud.autoscale_bed import CLUSTER, Scaled, autoscale_bed
 from tests.lambda_cloud.conftest import assert_clean

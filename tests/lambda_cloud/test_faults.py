@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import commands, providers, state
-from infra.loading import load_spec
+from infra import providers
+from infra.cli import commands
+from infra.cli.loading import load_spec
+from infra.core import state
 from tests.conftest import ROOT, run_invoke
 from tests.lambda_cloud.conftest import API_KEY, SpecFactory, assert_clean, ours, read_state
 from tests.lambda_cloud.fake_api import FakeLambda, Fault

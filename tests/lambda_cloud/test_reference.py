@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import state
-from infra.loading import load_spec
+from infra.cli.loading import load_spec
+from infra.core import state
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import firewall
 from tests.fakes.http import Fault
@@ -262,7 +262,7 @@ def test_us_south_1_is_refused_unless_accepted_then_warned_and_shown_open(
 ])
 def test_accept_open_regions_is_strict(make_spec: SpecFactory, extra: dict[str, Any],
                                        message: str) -> None:
-    from infra.errors import SpecError
+    from infra.core.errors import SpecError
 
     with pytest.raises(SpecError) as err:
         load_spec(make_spec(**extra))

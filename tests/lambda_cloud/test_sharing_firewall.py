@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra import state
+from infra.core import state
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import firewall
 from tests.lambda_cloud.conftest import API_KEY, SCALE

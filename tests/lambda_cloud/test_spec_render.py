@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import paths, privilege, render, versions
-from infra.errors import SpecError
-from infra.loading import load_spec
+from infra.cli.loading import load_spec
+from infra.core import paths, privilege, render, versions
+from infra.core.errors import SpecError
 from infra.providers.lambda_cloud import raycluster
 from infra.providers.lambda_cloud.spec import Spec
 from tests.conftest import ROOT, assert_spec_keeps_the_file, run_invoke

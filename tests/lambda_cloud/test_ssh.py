@@ -1,4 +1,4 @@
-"""infra/ssh.py (shared by the Lambda, GCP and Slurm providers) against a real loopback sshd."""
+"""infra/core/ssh.py (shared by the Lambda, GCP and Slurm providers) against a real loopback sshd."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import ssh
+from infra.core import ssh
 from infra.node import rayproc
 from tests.lambda_cloud.sshd import LocalSshd
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from infra.core.state import State
 from infra.node import identity
 from infra.node.lambda_cloud import api
-from infra.state import State
 from tests.conftest import run_invoke
 from tests.lambda_cloud.conftest import API_KEY, SCALE
 from tests.lambda_cloud.fake_api import FakeLambda

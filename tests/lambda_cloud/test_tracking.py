@@ -10,8 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from infra import state, tracking, tracking_remote
-from infra.loading import load_spec
+from infra.cli.loading import load_spec
+from infra.core import state
+from infra.core.tracking import client as tracking
+from infra.core.tracking import remote as tracking_remote
 from infra.node import tracking_snapshot
 from infra.providers.lambda_cloud import autoscale, raycluster
 from infra.providers.lambda_cloud.spec import Spec

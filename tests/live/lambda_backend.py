@@ -104,7 +104,7 @@ class LambdaBackend(Backend):
     def prepare(self, name: str) -> None:
         if self.fake:
             # The fake's instances "boot" with the cluster's key authorized, as Lambda's would.
-            from infra import ssh
+            from infra.core import ssh
 
             with self._with_home():
                 self.bed.authorize_key(ssh.ensure_keypair(name).public_key)

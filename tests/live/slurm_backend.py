@@ -54,7 +54,7 @@ class SlurmBackend(Backend):
 
     def leftovers(self, cluster_ids: set[str]) -> list[str]:
         """Jobs in the queue carrying one of the run's cluster ids (Slurm has no `sweep`)."""
-        from infra import loading
+        from infra.cli import loading
         from infra.providers.slurm import remote
 
         path = self.work / "leftovers.yaml"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import sharing_certs
+from infra.core.sharing import certs as sharing_certs
 from tests.browser_metrics import docs_screenshot
 from tests.browser_session import Page, browser, keep_screenshot
 from tests.local.test_e2e_sharing import Shared, shared_cluster

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from infra import sharing_certs
+from infra.core.sharing import certs as sharing_certs
 from infra.node import gateway_state as gs
 from infra.node.gateway import Gateway, make_app, tls_context
 from infra.node.gateway_config import Config

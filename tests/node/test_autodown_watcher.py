@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from infra import autodown_view
+from infra.core.autodown import view as autodown_view
 from infra.node import autodown
 
 

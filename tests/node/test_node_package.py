@@ -1,6 +1,6 @@
 """The node package (infra/node/): what runs on a cluster's nodes imports only the standard
 library, Ray (with what Ray itself imports, e.g. filelock), requests and the package itself, and
-it reaches a head whole, as the zip `infra.shipping` builds.
+it reaches a head whole, as the zip `infra.core.shipping` builds.
 
 Each module is imported in a fresh interpreter from that zip alone (the checkout off the path),
 under an import hook that refuses any other module our code asks for; that one rule replaces the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import shipping
+from infra.core import shipping
 from tests.conftest import ROOT
 from tests.import_graph import modules
 
@@ -98,8 +98,8 @@ def test_the_rule_refuses_what_it_must(node_zip: Path, tmp_path: Path) -> None:
         for item in source.infolist():
             target.writestr(item, source.read(item))
         target.writestr("infra/node/heavy.py", "import pydantic\n")
-        target.writestr("infra/node/laptop.py", "import infra.spec\n")
-    for module, word in (("infra.node.heavy", "pydantic"), ("infra.node.laptop", "infra.spec")):
+        target.writestr("infra/node/laptop.py", "import infra.core.spec\n")
+    for module, word in (("infra.node.heavy", "pydantic"), ("infra.node.laptop", "infra.core.spec")):
         done = subprocess.run([sys.executable, "-c", PROBE, module, ",".join(ALLOWED)],
                               cwd=tmp_path, capture_output=True, text=True, timeout=120,
                               env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(bad)})

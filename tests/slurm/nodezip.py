@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from infra import shipping
+from infra.core import shipping
 from infra.providers.slurm import script
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from infra import autodown_view, loading
+from infra.cli import loading
+from infra.core.autodown import view as autodown_view
+from infra.core.state import State
 from infra.providers.slurm.provider import Provider
 from infra.providers.slurm.spec import Spec
-from infra.state import State
 
 
 def _setup(tmp_path: Path, extra: str = "autodown: {idle_minutes: 0.5}\n") -> tuple[Spec, State]:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading
-from infra.errors import SpecError
+from infra.cli import loading
+from infra.core.errors import SpecError
+from infra.core.ssh import Result
 from infra.providers.slurm import cluster
 from infra.providers.slurm.remote import LocalRunner, Runner, SlurmError
 from infra.providers.slurm.spec import Spec, time_limit_seconds
-from infra.ssh import Result
 
 SCONTROL = (
     "PartitionName=cpu AllowGroups=ALL AllowAccounts=ALL Default=YES DefaultTime=01:00:00 "

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading
-from infra.costs import describe_range
+from infra.cli import loading
+from infra.core.costs import describe_range
 from infra.providers.slurm import costs
 from infra.providers.slurm.provider import Provider
 from infra.providers.slurm.spec import Spec

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import requests
 
-from infra import auth
+from infra.core import auth
 from tests.conftest import ROOT, held_url, run_invoke
 from tests.slurm.conftest import (
     Register,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from infra import auth
+from infra.core import auth
+from infra.core.state import State
 from infra.node import rayproc
-from infra.state import State
 from tests.slurm.conftest import (
     Register,
     invoke,

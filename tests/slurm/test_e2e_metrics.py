@@ -215,7 +215,7 @@ def test_autoscaled_workers_appear_in_prometheus_and_top_then_go(scaled: Round,
         # runs).
         from rich.console import Console
 
-        from infra.commands_metrics import render_frame
+        from infra.cli.metrics import render_frame
 
         console = Console(width=130, record=True, file=io.StringIO())
         console.print(render_frame(frame))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import sharing_certs
+from infra.core.sharing import certs as sharing_certs
 from infra.node import rayproc
 from tests.bed_member import Member, join
 from tests.conftest import run_invoke

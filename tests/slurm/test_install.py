@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading, versions
+from infra.cli import loading
+from infra.core import versions
 from infra.providers.slurm import install
 from infra.providers.slurm.remote import LocalRunner, SlurmError
 from infra.providers.slurm.spec import Spec

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading
+from infra.cli import loading
+from infra.core.state import State
 from infra.providers.slurm.provider import Provider
 from infra.providers.slurm.spec import Spec
-from infra.state import State
 
 INFO = {"head_node": "node7", "head_ip": "10.0.0.7", "port_base": 20128}
 

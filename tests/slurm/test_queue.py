@@ -60,7 +60,7 @@ def test_slurm_times(text: str, seconds: int) -> None:
 
 
 def test_a_tunnel_into_a_compute_node_nests_the_login_hosts_proxy(tmp_path: Path) -> None:
-    from infra import ssh
+    from infra.core import ssh
     from infra.providers.slurm import remote
 
     key = tmp_path / "id"

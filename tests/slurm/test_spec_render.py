@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from infra import loading, render, shipping
-from infra.errors import SpecError
+from infra.cli import loading
+from infra.core import render, shipping
+from infra.core.errors import SpecError
 from infra.node import rayproc
 from infra.node.slurm import node_helper
 from infra.providers.slurm import script as slurm_script

@@ -139,7 +139,8 @@ class RayfleetLauncher(Launcher):
         import ray.cloudpickle as cloudpickle
         from ray.job_submission import JobSubmissionClient
 
-        from infra import auth, commands, jobs
+        from infra.cli import commands
+        from infra.core import auth, jobs
 
         staging = Path(tempfile.mkdtemp(prefix="rayfleet-hydra-"))
         try:

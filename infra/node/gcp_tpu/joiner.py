@@ -1,7 +1,7 @@
 """The head's side of queued TPU slices: join ACTIVE ones to the cluster, replace lost spot ones.
 
 A queue can take hours, so the head does this, not the laptop: `up` installs this daemon on the head
-(through infra/remote_head.py, which ships the node package whole and supervises it) and it runs there with
+(through infra/core/remote_head.py, which ships the node package whole and supervises it) and it runs there with
 only Ray, requests, Google's client and this package. Every `poll_s` it lists the cluster's
 queued resources (queued.py) in every zone the slices may use, and:
 

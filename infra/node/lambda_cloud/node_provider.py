@@ -3,7 +3,7 @@
 Loaded by the head's monitor as `provider: {type: external, module:
 infra.node.lambda_cloud.node_provider.LambdaNodeProvider}`. It imports only Ray (filelock is
 Ray's dependency), requests and the node package, which `up` copies to the head as one zip
-(infra/shipping.py) from the checkout that runs `up`.
+(infra/core/shipping.py) from the checkout that runs `up`.
 
 What it guarantees (Ray's contract, autoscaling.md section 1):
 - Identity lives on the instance: launch tags carry the cluster id, owner mark, cluster name,

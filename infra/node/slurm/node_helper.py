@@ -1,7 +1,7 @@
 """The part of the Slurm provider that runs on the compute nodes, inside the batch script.
 
 The nodes do not have rayfleet installed: the batch script carries the node package as one zip
-(infra/shipping.py), each node unpacks it into its private dir and runs this module from it with
+(infra/core/shipping.py), each node unpacks it into its private dir and runs this module from it with
 the Python that runs Ray (`rf_helper` in templates/slurm.environment.j2):
 
     PYTHONPATH=ZIP python -m infra.node.slurm.node_helper COMMAND ARGS...

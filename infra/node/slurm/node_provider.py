@@ -1,7 +1,7 @@
 """Ray's autoscaler on Slurm: each worker node is one sbatch job that this provider submits and
 cancels. Ray's monitor on the head imports it (`provider: {type: external, module:
 infra.node.slurm.node_provider.SlurmNodeProvider}`), so it needs Ray and the standard
-library only (plus queue.py, infra.errors, infra.node.identity, shipped with it into the head's dir).
+library only (plus queue.py, infra.core.errors, infra.node.identity, shipped with it into the head's dir).
 
 - State comes from Slurm: one `squeue` per refresh (at most one a second), filtered by the
   cluster id in the jobs' comments. A failed squeue is retried; if it keeps failing, the last

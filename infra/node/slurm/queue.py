@@ -1,6 +1,6 @@
 """Our jobs in Slurm's queue: how they are named and marked, and squeue's answers, parsed.
 
-Standard library only (plus infra.errors and infra.node.identity): both this machine (through a
+Standard library only (plus infra.core.errors and infra.node.identity): both this machine (through a
 `Runner`) and the head's autoscaler (node_provider.py, on a compute node without rayfleet's
 dependencies) read the queue with these functions.
 

@@ -19,17 +19,19 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from infra import auth, autodown_remote, autodown_view, privilege, ui
-from infra.errors import RayfleetError
+from infra.core import auth, privilege, ui
+from infra.core.autodown import remote as autodown_remote
+from infra.core.autodown import view as autodown_view
+from infra.core.errors import RayfleetError
 from infra.node import autodown
 from infra.node.wait import WaitTimeout, until
 from infra.providers.gcp_tpu import config, slices, users
 
 if TYPE_CHECKING:
-    from infra import ssh
+    from infra.core import ssh
+    from infra.core.state import Resource, State
     from infra.node.gcp_tpu.api import Gcp
     from infra.providers.gcp_tpu.spec import Spec
-    from infra.state import Resource, State
 
 #: The head's node env's Python as the SSH user reaches it: for what runs as that user (the
 #: tracking server, the head's Prometheus), not the watcher (users.PYTHON, as its user).

@@ -14,8 +14,8 @@ import shlex
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from infra import privilege, ssh, ui
-from infra.errors import RayfleetError
+from infra.core import privilege, ssh, ui
+from infra.core.errors import RayfleetError
 from infra.node import wait
 from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import CAPACITY_REASON

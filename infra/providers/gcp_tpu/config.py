@@ -11,11 +11,14 @@ from __future__ import annotations
 import importlib.metadata
 from typing import Any
 
-from infra import auth, metrics_remote, paths, render, tracking, tracking_remote, versions
+from infra.core import auth, paths, render, versions
+from infra.core.metrics import remote as metrics_remote
+from infra.core.render import RenderError
+from infra.core.tracking import client as tracking
+from infra.core.tracking import remote as tracking_remote
 from infra.node import identity
 from infra.providers.gcp_tpu import users
 from infra.providers.gcp_tpu.spec import Spec
-from infra.render import RenderError
 
 TEMPLATE = "gcp-tpu.yaml.j2"
 FILE_NAME = "ray-cluster.yaml"

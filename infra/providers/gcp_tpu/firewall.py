@@ -12,8 +12,8 @@ from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu import config
 
 if TYPE_CHECKING:
+    from infra.core.state import Resource, State
     from infra.providers.gcp_tpu.spec import Spec
-    from infra.state import Resource, State
 
 #: State kind of the rules (provider.FIREWALL).
 FIREWALL = "gcp-firewall"

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from infra import ssh
+from infra.core import ssh
 from infra.node.gcp_tpu.api import (
     GcpApiDisabledError,
     GcpCredentialsError,

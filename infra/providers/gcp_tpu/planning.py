@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infra.core.state import State
 from infra.providers.base import PlannedResource
 from infra.providers.gcp_tpu import config, firewall, preflight, slices, tracking_setup, view
 from infra.providers.gcp_tpu.spec import Spec
-from infra.state import State
 
 #: A pre-flight line that makes `invoke plan` exit 1 (and `up` refuse to start).
 FAILED = "pre-flight ✗ "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from infra.costs import Cost, CostRange, NodePrices
+    from infra.core.costs import Cost, CostRange, NodePrices
     from infra.providers.gcp_tpu.spec import Spec
 
 AS_OF = "2026-11-01"
@@ -67,7 +67,7 @@ def cost_range(spec: Spec) -> CostRange:
     """$/h of the head plus min_workers of each type, and of the largest cluster the spec allows:
     the head plus `max_total` workers (max_workers caps the sum of the types' maxima), the most
     expensive types filling the slots above the minimum, so the maximum is one reachable size."""
-    from infra.costs import CostRange
+    from infra.core.costs import CostRange
 
     head = machine_hourly(spec.head.machine_type)
     pools: list[tuple[float | None, int, int]] = []
@@ -94,7 +94,7 @@ def cost_range(spec: Spec) -> CostRange:
 def node_prices(spec: Spec) -> NodePrices | None:
     """$/h of each node type of the rendered Ray config (`head` and the spec's worker type names),
     for the sharing gateway's cost share; None when a type is not in the table."""
-    from infra.costs import NodePrices
+    from infra.core.costs import NodePrices
 
     by_type: dict[str, float | None] = {"head": machine_hourly(spec.head.machine_type)}
     for name, cpu in spec.cpu_workers.items():
@@ -111,7 +111,7 @@ def current_cost(vms: list[dict[str, Any]], tpu_nodes: list[dict[str, Any]]) -> 
     """Nodes, estimated $/h now, uptime and accrued cost of a cluster's listed VMs and TPU nodes."""
     import datetime as dt
 
-    from infra.costs import Cost
+    from infra.core.costs import Cost
 
     now = dt.datetime.now(dt.timezone.utc)
 

@@ -16,20 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from infra import (
-    auth,
-    jobs,
-    paths,
-    privilege,
-    remote_head,
-    ssh,
-    tracking,
-    tracking_remote,
-    ui,
-)
-from infra.costs import NodePrices
-from infra.errors import ClusterNotRunningError, UsageError
-from infra.head import HeadAccess
+from infra.core import auth, jobs, paths, privilege, remote_head, ssh, ui
+from infra.core.costs import NodePrices
+from infra.core.errors import ClusterNotRunningError, UsageError
+from infra.core.head import HeadAccess
+from infra.core.state import Resource, State
+from infra.core.tracking import client as tracking
+from infra.core.tracking import remote as tracking_remote
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.base import (
@@ -57,7 +50,6 @@ from infra.providers.gcp_tpu import (
 from infra.providers.gcp_tpu.launcher import MonitorStarter, RayRunner
 from infra.providers.gcp_tpu.planning import Preflight
 from infra.providers.gcp_tpu.spec import Spec
-from infra.state import Resource, State
 
 #: The Ray cluster `ray up` made: head plus whatever its autoscaler launched (found by labels).
 CLUSTER = view.CLUSTER
@@ -82,7 +74,7 @@ def _sha(text: str) -> str:
 class Provider(BaseProvider[Spec, Preflight]):
     name = "gcp-tpu"
     job_reach = users.JOB_REACH
-    #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store goes
+    #: `tracking: mlflow`: the server runs on the head (infra/core/tracking/remote.py); its store goes
     #: with the head, and `teardown` copies it here first.
 
     def __init__(self, spec: Spec, *, ray: RayRunner | None = None,

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infra import auth, paths, ui
-from infra.errors import RayfleetError
+from infra.core import auth, paths, ui
+from infra.core.errors import RayfleetError
+from infra.core.state import Resource, State
 from infra.node.gcp_tpu.api import Gcp
 from infra.providers.gcp_tpu import config, launcher, view
 from infra.providers.gcp_tpu.launcher import RayRunner
-from infra.state import Resource, State
 
 #: How long teardown waits for the APIs to show no node of the cluster.
 SWEEP_TIMEOUT_S = 1200

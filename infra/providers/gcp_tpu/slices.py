@@ -15,17 +15,19 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from infra import auth, paths, remote_head, tracking, tracking_remote, ui, versions
-from infra.errors import RayfleetError
+from infra.core import auth, paths, remote_head, ui, versions
+from infra.core.errors import RayfleetError
+from infra.core.tracking import client as tracking
+from infra.core.tracking import remote as tracking_remote
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu import joiner, queued
 from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu import config, users
 
 if TYPE_CHECKING:
-    from infra import ssh
+    from infra.core import ssh
+    from infra.core.state import State
     from infra.providers.gcp_tpu.spec import Spec
-    from infra.state import State
 
 #: State kind of one queued-resource request (id = the request id).
 QUEUED = "gcp-queued-resource"

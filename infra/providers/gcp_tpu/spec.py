@@ -13,9 +13,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from infra.capabilities import CLOUD_HEAD, Capabilities
+from infra.core.capabilities import CLOUD_HEAD, Capabilities
+from infra.core.spec import ClusterSpec, StrictModel, source_ranges
 from infra.providers.gcp_tpu import tpu
-from infra.spec import ClusterSpec, StrictModel, source_ranges
 
 #: GCP label keys and values (keys also must start with a letter); node type names become labels.
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")

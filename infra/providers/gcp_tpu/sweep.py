@@ -1,4 +1,4 @@
-"""GCP's side of `invoke sweep` (infra/sweep.py): Compute VMs and TPU nodes labelled with a cluster id.
+"""GCP's side of `invoke sweep` (infra/cli/sweep.py): Compute VMs and TPU nodes labelled with a cluster id.
 
 Labels `rayfleet-cluster` / `rayfleet-owner` (infra/node/identity.py) mark what rayfleet created. GCP has
 no account-wide listing that is cheap to ask, so the sweep looks where this checkout could have
@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, ClassVar
 
-from infra import paths
-from infra.errors import ProviderError, RayfleetError
+from infra.core import paths
+from infra.core.errors import ProviderError, RayfleetError
 from infra.node import identity, wait
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError, find_credentials
 from infra.providers.base import Marked
@@ -24,9 +24,9 @@ PROVIDER = "gcp-tpu"
 
 def _places() -> set[tuple[str, str, str | None]]:
     """(project, zone, credentials file) of every gcp-tpu spec and state of this checkout."""
-    from infra import spec as spec_mod
+    from infra.core import spec as spec_mod
+    from infra.core.state import State
     from infra.providers.gcp_tpu.spec import Spec
-    from infra.state import State
 
     places = set()
     for path in sorted(paths.clusters_dir().glob("*.yaml")):

@@ -1,5 +1,5 @@
 """This machine's side of `tracking: mlflow` on GCP: starting the server on the head at `up` and
-the copy before `teardown` (the mechanism is infra/tracking_remote.py, shared with Lambda; see
+the copy before `teardown` (the mechanism is infra/core/tracking/remote.py, shared with Lambda; see
 NOTES.md "MLflow tracking"). The store lives on the head: this provider has no durable storage in
 its spec yet."""
 
@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from infra import metrics_remote, tracking_remote
+from infra.core.metrics import remote as metrics_remote
+from infra.core.tracking import remote as tracking_remote
 from infra.providers.gcp_tpu import autodown_setup
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from infra import ssh
+    from infra.core import ssh
+    from infra.core.state import Resource, State
     from infra.node.gcp_tpu.api import Gcp
     from infra.providers.gcp_tpu.spec import Spec
-    from infra.state import Resource, State
 
 
 def plan_note(spec: Spec) -> str:

@@ -1,4 +1,4 @@
-"""The two users of a gcp-tpu node (infra/privilege.py), and the start commands that run Ray and
+"""The two users of a gcp-tpu node (infra/core/privilege.py), and the start commands that run Ray and
 its autoscaler as them; what a job there can reach (issue 29), as `plan` and `status` say it.
 
 The head (`ray up` with Ray's unpatched GCP provider): Ray's file mounts and `ray up` leave the
@@ -14,7 +14,10 @@ its own variables (setup/users/gcp_tpu_env.sh), then Ray as Ray's user. NOTES.md
 
 from __future__ import annotations
 
-from infra import metrics_remote, privilege, tracking, tracking_remote
+from infra.core import privilege
+from infra.core.metrics import remote as metrics_remote
+from infra.core.tracking import client as tracking
+from infra.core.tracking import remote as tracking_remote
 from infra.node import shell
 
 #: What `plan` and `status` print about a job on a gcp-tpu cluster.

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from infra import ui
-from infra.costs import Cost
+from infra.core import ui
+from infra.core.costs import Cost
 from infra.node import identity
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.base import ProviderStatus, Readiness
@@ -17,9 +17,9 @@ from infra.providers.gcp_tpu import config, slices
 from infra.providers.gcp_tpu.firewall import FIREWALL
 
 if TYPE_CHECKING:
-    from infra import ssh
+    from infra.core import ssh
+    from infra.core.state import Resource, State
     from infra.providers.gcp_tpu.spec import Spec
-    from infra.state import Resource, State
 
 #: State kind of the Ray cluster (provider.CLUSTER is this one).
 CLUSTER = "gcp-ray-cluster"

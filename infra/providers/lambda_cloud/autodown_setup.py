@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from infra import auth, autodown_remote, privilege, ui
-from infra.errors import RayfleetError
+from infra.core import auth, privilege, ui
+from infra.core.autodown import remote as autodown_remote
+from infra.core.errors import RayfleetError
 from infra.node import autodown
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster
@@ -23,9 +24,9 @@ from infra.providers.lambda_cloud import raycluster
 from infra.providers.lambda_cloud.autoscale import HEAD_API_KEY_FILE
 
 if TYPE_CHECKING:
-    from infra import ssh
+    from infra.core import ssh
+    from infra.core.state import State
     from infra.providers.lambda_cloud.spec import Spec
-    from infra.state import State
 
 #: The Python next to the `ray` the head runs: it has requests (Ray depends on it).
 HEAD_PYTHON = '$(dirname "$(command -v ray)")/python'

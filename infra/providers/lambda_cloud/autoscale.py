@@ -17,26 +17,16 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import (
-    auth,
-    paths,
-    privilege,
-    remote_head,
-    render,
-    shipping,
-    ssh,
-    tracking,
-    tracking_remote,
-    ui,
-    versions,
-)
+from infra.core import auth, paths, privilege, remote_head, render, shipping, ssh, ui, versions
+from infra.core.tracking import client as tracking
+from infra.core.tracking import remote as tracking_remote
 from infra.node import shell
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster, users
 
 if TYPE_CHECKING:
+    from infra.core.state import State
     from infra.providers.lambda_cloud.spec import Spec
-    from infra.state import State
 
 NODE_PROVIDER = "infra.node.lambda_cloud.node_provider.LambdaNodeProvider"
 HEAD_TYPE = "head"

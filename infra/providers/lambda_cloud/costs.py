@@ -10,13 +10,13 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from infra.costs import usd
+from infra.core.costs import usd
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import fleet
 
 if TYPE_CHECKING:
-    from infra.costs import Cost
-    from infra.state import State
+    from infra.core.costs import Cost
+    from infra.core.state import State
 
 SOURCE = "Lambda /instance-types prices"
 
@@ -24,7 +24,7 @@ SOURCE = "Lambda /instance-types prices"
 def cost(hourly_cents: float, accrued_cents: float, nodes: int,
          launched_at: list[str | None]) -> Cost:
     """`nodes` billing `hourly_cents` now, `accrued_cents` so far; uptime from the oldest launch."""
-    from infra.costs import Cost
+    from infra.core.costs import Cost
 
     now = dt.datetime.now(dt.timezone.utc)
     ages = []
@@ -38,7 +38,7 @@ def cost(hourly_cents: float, accrued_cents: float, nodes: int,
 
 
 def usd_from_cents(cents: float) -> str:
-    """Lambda's prices are cents per hour; shown in dollars, the one way (infra.costs.usd)."""
+    """Lambda's prices are cents per hour; shown in dollars, the one way (infra.core.costs.usd)."""
     return usd(cents / 100)
 
 

@@ -16,11 +16,11 @@ import contextlib
 import functools
 from typing import Any
 
-from infra import ui
+from infra.core import ui
+from infra.core.spec import ClusterSpec
+from infra.core.state import State
 from infra.node import wait
 from infra.node.lambda_cloud import api
-from infra.spec import ClusterSpec
-from infra.state import State
 
 FIREWALL = "lambda-firewall-ruleset"
 ANYWHERE = "0.0.0.0/0"

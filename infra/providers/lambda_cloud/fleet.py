@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra import ssh, ui
-from infra.errors import ProviderError
+from infra.core import ssh, ui
+from infra.core.errors import ProviderError
+from infra.core.state import State
 from infra.node import identity, wait
 from infra.node.lambda_cloud import api
 from infra.node.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE
-from infra.state import State
 
 if TYPE_CHECKING:
     from infra.providers.lambda_cloud.spec import Choice, Spec
@@ -164,7 +164,7 @@ def delete_ssh_keys(client: api.LambdaClient, spec: Spec, state: State) -> None:
 
 
 def _local_key_exists(spec: Spec) -> bool:
-    from infra import paths
+    from infra.core import paths
 
     return (paths.keys_dir(spec.name) / ssh.KEY_NAME).exists()
 

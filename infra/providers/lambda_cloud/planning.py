@@ -11,15 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import render
-from infra.costs import CostRange
-from infra.errors import RayfleetError
+from infra.core import render
+from infra.core.costs import CostRange
+from infra.core.errors import RayfleetError
+from infra.core.state import State
 from infra.node import identity
 from infra.node.lambda_cloud import api
 from infra.providers.base import PlannedResource
 from infra.providers.lambda_cloud import autoscale, costs, firewall, fleet, raycluster
 from infra.providers.lambda_cloud.spec import Choice, Spec
-from infra.state import State
 
 
 def place(spec: Spec, types: dict[str, api.InstanceType]) -> tuple[Choice | None, Choice | None]:

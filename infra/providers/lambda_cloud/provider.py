@@ -17,10 +17,13 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from infra import auth, paths, remote_head, ssh, tracking, tracking_remote, ui
-from infra.costs import NodePrices
-from infra.errors import ClusterNotRunningError, RayfleetError
-from infra.head import HeadAccess
+from infra.core import auth, paths, remote_head, ssh, ui
+from infra.core.costs import NodePrices
+from infra.core.errors import ClusterNotRunningError, RayfleetError
+from infra.core.head import HeadAccess
+from infra.core.state import Resource, State
+from infra.core.tracking import client as tracking
+from infra.core.tracking import remote as tracking_remote
 from infra.node import identity
 from infra.node.files import atomic_write
 from infra.node.lambda_cloud import api
@@ -46,7 +49,6 @@ from infra.providers.lambda_cloud import (
 )
 from infra.providers.lambda_cloud.planning import Capacity, place
 from infra.providers.lambda_cloud.spec import Spec
-from infra.state import Resource, State
 
 __all__ = ["Capacity", "Provider", "Spec", "place"]  # Provider, Spec: re-exported by __init__.py
 
@@ -54,7 +56,7 @@ __all__ = ["Capacity", "Provider", "Spec", "place"]  # Provider, Spec: re-export
 class Provider(BaseProvider[Spec, Capacity]):
     name = "lambda"
     job_reach = users.JOB_REACH
-    #: `tracking: mlflow`: the server runs on the head (infra/tracking_remote.py); its store on
+    #: `tracking: mlflow`: the server runs on the head (infra/core/tracking/remote.py); its store on
     #: the spec's `file_system` when named, else on the head, copied here by `teardown`.
 
     def __init__(self, spec: Spec, client: api.LambdaClient | None = None) -> None:

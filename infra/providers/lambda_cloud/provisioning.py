@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from infra import ssh, ui
+from infra.core import ssh, ui
+from infra.core.state import State
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import autoscale, firewall, fleet
 from infra.providers.lambda_cloud.planning import Capacity
 from infra.providers.lambda_cloud.spec import Spec
-from infra.state import State
 
 
 def provision(client: api.LambdaClient, spec: Spec, state: State, slots: list[fleet.Slot],

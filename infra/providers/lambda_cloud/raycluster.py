@@ -16,20 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import (
-    auth,
-    jobs,
-    metrics_remote,
-    paths,
-    privilege,
-    render,
-    ssh,
-    tracking,
-    tracking_remote,
-    ui,
-    versions,
-)
-from infra.errors import ProviderError
+from infra.core import auth, jobs, paths, privilege, render, ssh, ui, versions
+from infra.core.errors import ProviderError
+from infra.core.metrics import remote as metrics_remote
+from infra.core.tracking import client as tracking
+from infra.core.tracking import remote as tracking_remote
 from infra.node import shell
 from infra.node.where import ray_executable
 from infra.providers.lambda_cloud import users
@@ -203,7 +194,7 @@ def head_reaches_workers(head: ssh.SshTarget, user: str, workers: dict[str, str]
 
 
 def alive_nodes(dashboard_url: str, token_path: Path | None) -> list[dict[str, Any]]:
-    from infra.endpoint import Endpoint
+    from infra.core.endpoint import Endpoint
 
     nodes = jobs.list_nodes(Endpoint(dashboard_url, "", tunneled=True, token_path=token_path))
     return [{"ip": n.node_ip, "head": n.is_head_node, "resources": dict(n.resources_total or {})}

@@ -8,8 +8,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from infra.capabilities import CLOUD_HEAD, Capabilities
-from infra.spec import ClusterSpec, StrictModel
+from infra.core.capabilities import CLOUD_HEAD, Capabilities
+from infra.core.spec import ClusterSpec, StrictModel
 
 #: Regions where Lambda applies no firewall rule (firewall.UNFILTERED_REGIONS; kept here too so
 #: the spec module imports nothing of the provider's).

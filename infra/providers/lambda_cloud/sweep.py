@@ -1,4 +1,4 @@
-"""Lambda's side of `invoke sweep` (infra/sweep.py): instances whose launch tags carry a cluster id.
+"""Lambda's side of `invoke sweep` (infra/cli/sweep.py): instances whose launch tags carry a cluster id.
 
 Tags are set at launch and cannot change, so an instance's `rayfleet-cluster` / `rayfleet-owner` tags
 (infra/node/identity.py) say for its whole life whose cluster it belongs to. Instances without them are
@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from typing import ClassVar
 
-from infra.errors import ProviderError
+from infra.core.errors import ProviderError
 from infra.node import identity, wait
 from infra.node.lambda_cloud import api
 from infra.node.lambda_cloud.autodown import listed, tags_of

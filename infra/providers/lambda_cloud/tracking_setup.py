@@ -1,21 +1,22 @@
 """This machine's side of `tracking: mlflow` on Lambda: where the store goes, starting the server on
-the head at `up`, and the copy before `teardown` (the mechanism is infra/tracking_remote.py, shared
+the head at `up`, and the copy before `teardown` (the mechanism is infra/core/tracking/remote.py, shared
 with GCP; see NOTES.md "MLflow tracking")."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from infra import metrics_remote, tracking_remote
+from infra.core.metrics import remote as metrics_remote
+from infra.core.tracking import remote as tracking_remote
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import autodown_setup, raycluster
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from infra import ssh
+    from infra.core import ssh
+    from infra.core.state import State
     from infra.providers.lambda_cloud.spec import Spec
-    from infra.state import State
 
 
 def durable(spec: Spec) -> str:

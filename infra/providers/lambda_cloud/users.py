@@ -1,4 +1,4 @@
-"""The two users of a Lambda node (infra/privilege.py): which files each gets, and the start
+"""The two users of a Lambda node (infra/core/privilege.py): which files each gets, and the start
 commands of an autoscaling cluster's head and workers run as them.
 
 The head: the SSH user receives everything over SFTP (autoscale.bootstrap), then setup/users/users.sh
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra import paths, privilege
+from infra.core import paths, privilege
 from infra.node import shell
 
 #: What `plan` and `status` print about a job on a Lambda cluster.

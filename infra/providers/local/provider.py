@@ -20,10 +20,15 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from infra import auth, autodown_view, jobs, metrics, paths, remote_head, render, tracking, ui
-from infra.capabilities import Capabilities
-from infra.errors import ClusterNotRunningError, ProviderError
-from infra.head import HeadAccess
+from infra.core import auth, jobs, paths, remote_head, render, ui
+from infra.core.autodown import view as autodown_view
+from infra.core.capabilities import Capabilities
+from infra.core.errors import ClusterNotRunningError, ProviderError
+from infra.core.head import HeadAccess
+from infra.core.metrics import prometheus as metrics
+from infra.core.spec import ClusterSpec
+from infra.core.state import State
+from infra.core.tracking import client as tracking
 from infra.node import autodown, rayproc, supervise
 from infra.node.local import autodown as local_autodown
 from infra.node.where import ray_executable
@@ -36,8 +41,6 @@ from infra.providers.base import (
     Readiness,
 )
 from infra.providers.base import Provider as BaseProvider
-from infra.spec import ClusterSpec
-from infra.state import State
 
 HEAD = "ray-head"
 #: Where the cost of a local cluster comes from (it has none).

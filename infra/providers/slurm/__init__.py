@@ -18,5 +18,5 @@ infra/node/slurm/: `infra.node.slurm.node_helper` (the batch script's helper),
 `infra.node.slurm.node_provider` (Ray's autoscaler's side), `infra.node.slurm.queue` (our jobs
 in the queue, read on both sides) and `infra.node.slurm.autodown` (the head's removal action, run
 by the idle watcher in the head's job); what the laptop makes of that watcher is
-`infra.autodown_view`.
+`infra.core.autodown.view`.
 """

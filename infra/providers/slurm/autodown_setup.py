@@ -14,15 +14,16 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from infra import autodown_view, remote_head
-from infra.errors import RayfleetError
+from infra.core import remote_head
+from infra.core.autodown import view as autodown_view
+from infra.core.errors import RayfleetError
 from infra.node.slurm.autodown import CONFIG_FILE, MARKER_FILE, RECORD_SUFFIX
 from infra.providers.slurm import cluster
 
 if TYPE_CHECKING:
+    from infra.core.state import Resource
     from infra.providers.slurm.remote import Runner
     from infra.providers.slurm.spec import Spec
-    from infra.state import Resource
 
 
 def live_marker(runner: Runner, job: Resource) -> str | None:

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.errors import SpecError
+from infra.core.errors import SpecError
 from infra.node import shell
 from infra.node.slurm import queue
 from infra.node.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable, patiently

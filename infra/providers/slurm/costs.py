@@ -11,7 +11,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from infra.costs import Cost
+    from infra.core.costs import Cost
 
 SOURCE = "node-hours from squeue (Slurm bills no money)"
 
@@ -47,7 +47,7 @@ def count_nodes(nodelist: str) -> int:
 
 def cost(rows: list[tuple[str, str, str]]) -> Cost:
     """Node-hours so far of (state, nodelist, elapsed) rows of the cluster's jobs."""
-    from infra.costs import Cost
+    from infra.core.costs import Cost
 
     nodes, node_hours, uptime = 0, 0.0, 0.0
     for state, nodelist, elapsed in rows:

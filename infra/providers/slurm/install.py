@@ -3,14 +3,14 @@
 It runs on the submit host (a login node usually has the network that compute nodes lack) into
 `environment.activate`, which must be on the file system the compute nodes share. The installer
 is idempotent (a second run checks its marker and returns in under a second) and takes its pins
-from infra/versions.py, so nodes get this machine's Ray and Python versions.
+from infra/core/versions.py, so nodes get this machine's Ray and Python versions.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from infra import paths, ui, versions
+from infra.core import paths, ui, versions
 from infra.node.where import home_path
 from infra.providers.slurm.remote import Runner, SlurmError
 from infra.providers.slurm.spec import Spec

@@ -11,7 +11,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from infra import paths, ui
+from infra.core import paths, ui
+from infra.core.state import Resource, State
 from infra.node.files import atomic_write
 from infra.node.slurm import queue
 from infra.node.slurm.queue import JobRow, QueueUnavailable
@@ -21,7 +22,6 @@ from infra.providers.base import ProviderStatus
 from infra.providers.slurm import cluster, costs
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.spec import Spec
-from infra.state import Resource, State
 
 JOB = "slurm-job"
 #: Facts of the info file worth keeping in state: enough to tunnel, show and verify teardown.

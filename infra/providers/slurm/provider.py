@@ -19,9 +19,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from infra import auth, autodown_view, jobs, metrics, remote_head, tracking, ui, versions
-from infra.errors import ClusterNotRunningError, RayfleetError
-from infra.head import HeadAccess
+from infra.core import auth, jobs, remote_head, ui, versions
+from infra.core.autodown import view as autodown_view
+from infra.core.errors import ClusterNotRunningError, RayfleetError
+from infra.core.head import HeadAccess
+from infra.core.metrics import prometheus as metrics
+from infra.core.state import Resource, State
+from infra.core.tracking import client as tracking
 from infra.node import identity, rayproc
 from infra.node.slurm import queue
 from infra.node.slurm.queue import QueueUnavailable, SlurmError
@@ -45,7 +49,6 @@ from infra.providers.slurm.script import (
     tracking_store,
 )
 from infra.providers.slurm.spec import Spec
-from infra.state import Resource, State
 
 __all__ = ["Provider", "SlurmError", "Spec"]
 
@@ -428,7 +431,7 @@ class Provider(BaseProvider[Spec, None]):
                           # the shared work dir; members reach it by the node's address, or
                           # through their own tunnel (NOTES.md "The sharing gateway"). Not by
                           # the node's name: the cluster's CA signs for no DNS name but
-                          # localhost (infra/sharing_certs.py).
+                          # localhost (infra/core/sharing/certs.py).
                           gateway_home=sharing_home(workdir, self.spec.name),
                           names=("127.0.0.1", "localhost"),
                           tracking_password=f"{keys}/{tracking.PASSWORD_FILE}")

@@ -1,8 +1,8 @@
 """Running Slurm's commands where the spec says: on this machine, or on a login host over SSH.
 
-Both runners take one shell command line and return `infra.ssh.Result`. The SSH runner keeps one
+Both runners take one shell command line and return `infra.core.ssh.Result`. The SSH runner keeps one
 paramiko connection for all commands of a verb (polling `squeue` every fraction of a second must
-not pay a handshake each time) and tunnels with `infra.ssh.tunnel`.
+not pay a handshake each time) and tunnels with `infra.core.ssh.tunnel`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra import ssh
-from infra.errors import UsageError
+from infra.core import ssh
+from infra.core.errors import UsageError
 from infra.node import net
 from infra.node.slurm.queue import SlurmError
 from infra.providers.slurm.spec import Submit

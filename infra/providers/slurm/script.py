@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra import render, shipping, tracking
+from infra.core import render, shipping
+from infra.core.tracking import client as tracking
 from infra.node import gateway_config, metrics, rayproc
 from infra.node.slurm import autodown as slurm_autodown
 from infra.node.slurm import queue

@@ -12,9 +12,9 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from infra.capabilities import Capabilities
+from infra.core.capabilities import Capabilities
+from infra.core.spec import ClusterSpec, StrictModel
 from infra.node.slurm.queue import time_limit_seconds
-from infra.spec import ClusterSpec, StrictModel
 
 # A word Slurm accepts as a partition, account, QOS, module or GPU type: no spaces, no quotes.
 _WORD = r"^[A-Za-z0-9_.+/:@%-]+$"

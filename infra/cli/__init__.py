@@ -1,0 +1,1 @@
+"""The commands layer: the verbs of `invoke`/`rayfleet` and what only they use."""

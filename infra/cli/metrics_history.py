@@ -1,0 +1,59 @@
+"""The history of a cluster's metrics that teardown keeps, and what its nodes cost per hour.
+
+Commands layer (it takes a provider): `commands.teardown` calls `keep_before_teardown` before any
+machine goes; `invoke top` and `invoke report` (infra/cli/metrics.py) read the same prices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra.core import ui
+from infra.core.errors import RayfleetError
+from infra.core.metrics import prometheus as metrics
+from infra.core.state import State
+from infra.providers.base import Provider, ProviderStatus
+
+
+def rate_per_node(impl: Provider[Any, Any], current: State,
+                  status: ProviderStatus | None = None) -> tuple[float | None, float | None, str]:
+    """($/h per node now, $ accrued, where the prices come from), as the provider knows them."""
+    try:
+        cost = (status or impl.status(current)).cost
+    except RayfleetError:
+        return None, None, ""
+    if cost is None:
+        return None, None, ""
+    per_node = cost.hourly_usd / cost.nodes if cost.hourly_usd is not None and cost.nodes else (
+        0.0 if cost.hourly_usd == 0 else None)
+    return per_node, cost.accrued_usd, cost.source
+
+
+def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
+    """Copy the cluster's metrics history here before any machine goes, or say why not."""
+    since = current.info.get("metrics_since")
+    if not since:
+        return
+    kept = metrics.history_path(current.cluster)
+    earlier = f"; an earlier copy is in {kept}" if kept.exists() else ""
+    try:
+        status = impl.status(current)
+    except RayfleetError:
+        status = None
+    if status is not None and not status.running:
+        # A head that removed itself (autodown) took the history along: nothing to reach.
+        ui.warn(f"metrics history NOT kept: the cluster's head is not running{earlier}")
+        return
+    try:
+        with ui.step("keeping the cluster's metrics history"):
+            per_node, _, _ = rate_per_node(impl, current, status)
+            with impl.connect(current) as endpoint:
+                data = metrics.history(endpoint, current.cluster, float(since), per_node,
+                                       int(current.info.get("metrics_scrape_s") or 10))
+            path = metrics.keep(current.cluster, data)
+    except (RayfleetError, OSError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        ui.warn(f"metrics history NOT kept ({reason}){earlier}")
+        return
+    ui.out(f"metrics history kept in {path} (`invoke report` draws it)", markup=False,
+           soft_wrap=True)

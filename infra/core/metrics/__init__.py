@@ -1,0 +1,1 @@
+"""The cluster's Prometheus from this machine, and the report built on it."""

@@ -1,0 +1,1 @@
+"""Sharing a cluster, the owner's side: registry, certificates, a term, bundles."""

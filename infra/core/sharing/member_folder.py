@@ -1,0 +1,103 @@
+"""The folder `member-add` writes for each member: everything their shell needs, nothing to run.
+
+    <cluster>-<name>/                 0700
+      <cluster>-<name>.rayfleet.json  the bundle (0600): what `rayfleet join` reads
+      ray-token                       the member's token (0600): RAY_AUTH_TOKEN_PATH
+      ca.pem                          the cluster's CA certificate
+      ca-bundle.pem                   the cluster's CA and the public CAs (certifi's list and the
+                                      system's): REQUESTS_CA_BUNDLE and SSL_CERT_FILE each
+                                      *replace* the default list, so other HTTPS keeps working
+      env.sh                          `source` it (bash or zsh): the variables stock Ray reads,
+                                      its paths resolved from where the folder is at that moment
+      README.txt                      the same steps in words
+
+The token is in the bundle and in `ray-token`, both 0600 in the one folder that is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from infra.core import versions
+from infra.core.sharing import membership
+from infra.node import shell
+from infra.node.files import atomic_write
+
+ENV_FILE = "env.sh"
+README_FILE = "README.txt"
+
+
+def bundle_name(cluster: str, member: str) -> str:
+    return f"{cluster}-{member}.rayfleet.json"
+
+
+def ray_install() -> str:
+    """What a member installs: the cluster's own Ray (the head runs this machine's version)."""
+    return f'pip install "ray[default]=={versions.node_pins()["ray_version"]}"'
+
+
+def env_script(cluster: str, member: str, address: str) -> str:
+    """env.sh: the six variables `invoke env` prints for a joined cluster, with the folder's files
+    found relative to the script itself when it is sourced (the folder may have moved)."""
+    here = '"$_rayfleet_dir"'
+    lines = [
+        f"# Source this file (bash or zsh): `source {cluster}-{member}/env.sh`. Then Ray's own",
+        f"# `ray job submit | list | logs | stop` and JobSubmissionClient() reach cluster {cluster!r}",
+        f"# as {member}, through its gateway, with the cluster's CA pinned. Keep ray-token private.",
+        '_rayfleet_dir="$(CDPATH= cd -- "$(dirname -- "${BASH_SOURCE[0]:-$0}")" && pwd)" || '
+        "return 1",
+        f"export RAY_API_SERVER_ADDRESS={shlex.quote(address)}",
+        f"export RAY_ADDRESS={shlex.quote(address)}",
+        "export RAY_AUTH_MODE=token",
+        f"export RAY_AUTH_TOKEN_PATH={here}/{membership.TOKEN_FILE}",
+        f"export REQUESTS_CA_BUNDLE={here}/{membership.CA_BUNDLE_FILE}",
+        f"export SSL_CERT_FILE={here}/{membership.CA_BUNDLE_FILE}",
+        "unset _rayfleet_dir",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def send_line(folder: Path, member: str) -> str:
+    """The one line the owner sends with the folder."""
+    return (f"send the folder {folder.name}/ privately to {member} (it holds their token); they "
+            "run: " + shell.all_of(ray_install(), shell.argv("source", f"{folder.name}/env.sh"),
+                                   shell.argv("ray", "job", "submit", "--working-dir", ".", "--",
+                                              "python", "train.py")))
+
+
+def readme(cluster: str, member: str, folder: str) -> str:
+    return f"""You are member {member!r} of the Ray cluster {cluster!r}. This folder is your access:
+keep it private (ray-token and the .rayfleet.json file hold your token).
+
+With only Ray:
+    {ray_install()}
+    source {folder}/env.sh
+    ray job submit --working-dir . -- python train.py
+    ray job list; ray job logs JOB_ID; ray job stop JOB_ID
+
+With rayfleet (`pip install` a copy of the rayfleet repository; its command is `rayfleet`):
+    rayfleet join {folder}
+    rayfleet submit --cluster {cluster} train.py
+    rayfleet logs JOB_ID --cluster {cluster}
+"""
+
+
+def write(target: Path, bundle: dict[str, str]) -> Path:
+    """The member's folder at `target` (which must not exist yet); the bundle's path in it."""
+    target.mkdir(mode=0o700, parents=True)
+    path = refresh(target, bundle)
+    atomic_write(target / README_FILE, readme(bundle["cluster"], bundle["member"], target.name),
+                 mode=0o644)
+    return path
+
+
+def refresh(target: Path, bundle: dict[str, str]) -> Path:
+    """An existing member folder rewritten for `bundle` (a new address or CA, the same token)."""
+    cluster, member = bundle["cluster"], bundle["member"]
+    membership.write_credentials(target, bundle["ca_cert"], bundle["token"])
+    path = target / bundle_name(cluster, member)
+    atomic_write(path, json.dumps(bundle, indent=2), mode=0o600)
+    atomic_write(target / ENV_FILE, env_script(cluster, member, bundle["address"]), mode=0o644)
+    return path

@@ -1,0 +1,508 @@
+"""Sharing a cluster, the owner's side: the gateway at `up`, the member registry, bundles, usage.
+
+The owner's registry is `.rayfleet/sharing/<cluster>/members.json` (names, roles, expiry, the
+SHA-256 of each token; never a token). A member's token exists in exactly one place on the owner's
+machine: the bundle file `member-add` writes (0600), which the owner sends. For a head on this
+machine (the local provider) that folder is also the gateway's data dir, so a change reaches the
+gateway at its next request; a remote head gets the file over SFTP (at every `up` and every
+change), handed with sudo to the gateway's own user (`rayfleet-gateway`: no sudo, no key, not
+Ray's user), into its `~/.rayfleet/gateway` (0700: neither Ray's user nor any job can read it;
+the SSH user reaches it only through sudo, as it reads usage back). Usage stays
+with the registry too: a remote head's copy is fetched by `members` and at `teardown`, and given
+back to a new head at `up`, so it survives teardown, autodown and the next `up` (like the tracking
+store). A head whose batch job runs the gateway itself (Slurm: `HeadAccess.gateway_home`) gets the
+same files in that folder on the site's shared filesystem; the job's supervisor starts the gateway
+once its config is there and ends it with the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import secrets
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from infra.core import paths, privilege, ui
+from infra.core.costs import NodePrices
+from infra.core.errors import RayfleetError, SpecError, UsageError
+from infra.core.head import HeadAccess
+from infra.core.sharing import certs as sharing_certs
+from infra.core.sharing import term as sharing_term
+from infra.core.spec import ClusterSpec
+from infra.core.state import State
+from infra.core.tracking import client as tracking
+from infra.core.tracking import remote as tracking_remote
+from infra.node import gateway_config, gateway_state, rayproc, supervise
+from infra.node.files import atomic_write
+
+#: What a bundle says it is; `join` refuses anything else.
+BUNDLE_KIND = "rayfleet-member-bundle/1"
+
+
+class HeadFiles(NamedTuple):
+    """Where a remote head keeps the gateway's files: `~/`-relative (the login's home) or
+    absolute paths."""
+
+    config: str
+    data: str
+    cert: str
+    key: str
+    log: str
+
+
+def head_files(access: HeadAccess) -> HeadFiles:
+    """Under `~/.rayfleet` (a head of its own), or the head's `gateway_home` (Slurm: per cluster
+    on the shared work dir, which every shared cluster of one site account shares)."""
+    root = access.gateway_home or "~/.rayfleet"
+    return HeadFiles(f"{root}/{gateway_config.CONFIG_FILE}", f"{root}/gateway", f"{root}/gateway.pem",
+                     f"{root}/gateway.key", f"{root}/gateway.log")
+
+
+def gateway_user(selected: ClusterSpec, access: HeadAccess) -> str | None:
+    """The node user a remote head runs the gateway as (privilege.GATEWAY_USER: no sudo, no key,
+    not Ray's user), where setup makes the node's users (`Capabilities.separate_ray_user`); None: the SSH user
+    (no such head today), this machine's owner, or the head's own job (Slurm)."""
+    if access.target is None or access.gateway_home or not type(selected).CAPABILITIES.separate_ray_user:
+        return None
+    return privilege.GATEWAY_USER
+
+
+def _here(access: HeadAccess) -> bool:
+    """The gateway runs on this machine, started by us, reading the owner's folder directly."""
+    return access.target is None and access.gateway_home is None
+
+
+def _on_head(path: str) -> str:
+    """A head path as the gateway (run from its user's home) and SFTP read it: `~/x` -> `x`."""
+    return path.removeprefix("~/")
+
+
+class SharingError(RayfleetError):
+    """A sharing verb cannot do what was asked (no `sharing:`, unknown member, ...)."""
+
+
+def folder(cluster: str) -> Path:
+    return paths.home() / "sharing" / cluster
+
+
+def registry_path(cluster: str) -> Path:
+    return folder(cluster) / gateway_state.MEMBERS_FILE
+
+
+def check_spec(selected: ClusterSpec) -> None:
+    """What `plan` and `up` refuse about `sharing:` before anything is created: a provider whose
+    head gets no gateway (first: its reason stands whatever else the block says), and (issue 29)
+    where Ray runs as the owner's own account, members' jobs do too, so the owner must say they
+    accept that."""
+    sharing = selected.sharing
+    if sharing is None:
+        return
+    if not type(selected).CAPABILITIES.sharing_gateway:
+        why = type(selected).CAPABILITIES.sharing_refusal.format(provider=selected.provider)
+        raise SpecError(f"{selected.source}: sharing: {why}; remove the block "
+                        "(docs/concepts/sharing.md)")
+    if not (type(selected).CAPABILITIES.separate_ray_user or sharing.members_run_as_owner):
+        raise SpecError(f"{selected.source}: sharing.members_run_as_owner: required on "
+                        f"{selected.provider}: rayfleet cannot create a user for Ray there, so "
+                        "members' jobs run as your own account and can read your files; add "
+                        "`members_run_as_owner: true` under sharing: to accept that")
+
+
+def warn_privilege(selected: ClusterSpec) -> None:
+    if selected.sharing is not None and selected.sharing.members_run_as_owner:
+        ui.warn(f"{selected.source}: sharing.members_run_as_owner: members' jobs run as your own "
+                f"account on this {selected.provider} cluster and can read whatever you can")
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+def read_registry(cluster: str) -> dict[str, dict[str, Any]]:
+    """The entries the gateway reads (`members`); the file's other sections: sharing_term."""
+    members: dict[str, dict[str, Any]] = sharing_term.read_book(cluster)["members"]
+    return members
+
+
+def _registry_owner(cluster: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(registry_path(cluster).read_text())
+    except (OSError, ValueError):
+        return None
+    owner = data.get("owner") if isinstance(data, dict) else None
+    return owner if isinstance(owner, dict) else None
+
+
+def write_registry(cluster: str, members: dict[str, dict[str, Any]],
+                   owner: dict[str, Any] | None = None) -> None:
+    """The registry with `members`; the owner's entry kept as it is unless `owner` is given, and
+    every other section (the removed members: sharing_term) kept as it is."""
+    book = sharing_term.read_book(cluster) if registry_path(cluster).exists() else {}
+    data: dict[str, Any] = {**book, "members": members}
+    if owner is not None:
+        data["owner"] = owner
+    sharing_term.write_book(cluster, data)
+
+
+def owner_token_path(cluster: str) -> Path:
+    """The owner's own gateway token (0600): never the cluster's Ray token, which every node
+    holds (so any member's job can read it) and which the gateway accepts from nobody."""
+    return folder(cluster) / "owner-token"
+
+
+def ensure_owner_token(cluster: str) -> Path:
+    """The owner's gateway token, made once; its hash in the registry the gateway reads."""
+    path = owner_token_path(cluster)
+    token = path.read_text().strip() if path.exists() else ""
+    if not token:
+        token = secrets.token_hex(32)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(path, token, mode=0o600)
+    digest = gateway_state.token_hash(token)
+    owner = _registry_owner(cluster)
+    if owner is None or owner.get("token_sha256") != digest:
+        write_registry(cluster, read_registry(cluster), {"token_sha256": digest})
+    return path
+
+
+def apply_term(selected: ClusterSpec) -> bool:
+    """Write each member's effective expiry (theirs, capped by `sharing.ends`) into the registry
+    the gateway reads; whether it changed (then a remote head needs the file again)."""
+    book = sharing_term.read_book(selected.name)
+    if not sharing_term.apply_ends(book["members"], sharing_term.ends_of(selected.sharing)):
+        return False
+    sharing_term.write_book(selected.name, book)
+    return True
+
+
+def new_member(admin: bool, expires_days: float | None) -> tuple[dict[str, Any], str]:
+    """The registry entry of a new member and their token (returned once, never stored here).
+    `id` is random: a name added again is another member, who sees nothing of the first's."""
+    token = secrets.token_hex(32)
+    now = dt.datetime.now(dt.timezone.utc)
+    expires = (now + dt.timedelta(days=expires_days)).isoformat(timespec="seconds") \
+        if expires_days else None
+    return ({"role": "admin" if admin else "member", "added": now.isoformat(timespec="seconds"),
+             "expires": expires, "id": secrets.token_hex(8),
+             "token_sha256": gateway_state.token_hash(token)}, token)
+
+
+def bundle(cluster: str, url: str, member: str, token: str) -> dict[str, str]:
+    return {"kind": BUNDLE_KIND, "cluster": cluster, "address": url, "member": member,
+            "ca_cert": sharing_certs.ca_cert_path(cluster).read_text(), "token": token}
+
+
+# --- the gateway on the head -------------------------------------------------------------------
+
+def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, address: str,
+                    prices: NodePrices | None = None) -> tuple[gateway_config.Config, Path]:
+    """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
+    assert selected.sharing is not None
+    names = [address, *access.names]
+    hostname = selected.sharing.hostname
+    if hostname:
+        names.append(hostname)
+    # The CA signs only for these kinds of names (sharing_certs); one that no member's bundle
+    # holds yet may be made again to fit them.
+    cert, key = sharing_certs.ensure_server_cert(
+        selected.name, names, type(selected).CAPABILITIES.sharing_ca_ranges,
+        replaceable=not read_registry(selected.name), dns=(hostname,) if hostname else ())
+    token = access.env.get("RAY_AUTH_TOKEN_PATH")
+    here = _here(access)
+    data = folder(selected.name) if here else Path(_on_head(head_files(access).data))
+    # A remote gateway runs from its user's home: `~/` paths as relative ones (Python's open does
+    # not expand `~`).
+    mlflow = str(tracking.password_path(selected.name)) if here else \
+        _on_head(access.tracking_password or tracking_remote.NODE_PASSWORD_PATH)
+    if token and not here:
+        token = _on_head(token)
+    config = gateway_config.Config(
+        # A head job on this machine (Slurm) serves this machine only, like the local provider.
+        cluster=selected.name, host="127.0.0.1" if access.target is None else "0.0.0.0",
+        port=selected.sharing.port, upstream=f"http://127.0.0.1:{access.dashboard_port}",
+        token_path=token, cert=str(cert), key=str(key), data_dir=str(data),
+        max_running_jobs_per_member=selected.sharing.max_running_jobs_per_member,
+        max_job_hours=selected.sharing.max_job_hours,
+        members_see_dashboard=selected.sharing.members_see_dashboard,
+        max_upload_mb=selected.sharing.max_upload_mb,
+        max_member_upload_mb=selected.sharing.max_member_upload_mb,
+        member_budget_hours=selected.sharing.member_budget_hours,
+        member_budget_usd=selected.sharing.member_budget_usd,
+        budget_usd=selected.sharing.budget_usd,
+        price_per_hour=prices.floor_usd if prices else 0.0,
+        node_prices=dict(prices.by_type) if prices else {},
+        head_type=prices.head_type if prices else "",
+        secret_paths=[mlflow] if selected.tracking == "mlflow" else [])
+    return config, folder(selected.name) / gateway_config.CONFIG_FILE
+
+
+def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
+                   prices: NodePrices | None = None) -> str | None:
+    """Start the cluster's gateway unless it runs with this config; its https:// address.
+    `prices`: the provider's node prices, for the cost share (None: the cluster costs $0)."""
+    if selected.sharing is None:
+        return None
+    address = "127.0.0.1" if access.target is None else access.target.host
+    hostname = selected.sharing.hostname
+    url = f"https://{hostname or address}:{selected.sharing.port}"
+    members = read_registry(selected.name)
+    warn_stale_bundles(members, url, state.info.get("gateway_url"))
+    config, config_path = _gateway_config(selected, access, state, address, prices)
+    if not members:
+        write_registry(selected.name, {})
+    ensure_owner_token(selected.name)
+    apply_term(selected)  # `sharing.ends` may have changed since the last `up`
+    if not _here(access):
+        read_usage(selected, access)  # the running head's accounting first, then given back
+    start_gateway(access, config, config_path, gateway_user(selected, access))
+    if access.target is None:
+        ui.wait_for(lambda _: True if rayproc.port_answers("127.0.0.1", config.port) else None,
+                    f"the sharing gateway on {url}", timeout=60,
+                    hint=f"see {paths.home() / 'logs' / selected.name / 'gateway.log'}")
+    else:
+        _wait_remote(access, config.port, url)
+    if state.info.get("gateway_url") != url:
+        state.set_info(gateway_url=url)
+    if hostname and access.target is not None:
+        ui.info(f"sharing.hostname: point DNS for {hostname} at {address} (an A record; the "
+                "head's address now): members' bundles name it and need no change")
+    return url
+
+
+def warn_stale_bundles(members: dict[str, dict[str, Any]], url: str, previous: str | None) -> None:
+    """One line when members hold bundles naming another address (the head came back on a new
+    one: Lambda gives a new instance a new IP); each entry records the address its bundle names."""
+    stale = sorted(name for name, entry in members.items()
+                   if (entry.get("address") or previous) not in (None, url))
+    if stale:
+        ui.warn(f"the gateway is now at {url}: members {', '.join(stale)} need a new bundle "
+                "(`invoke member-remove NAME` then `invoke member-add NAME`; their usage is kept)")
+
+
+def _wait_remote(access: HeadAccess, port: int, url: str) -> None:
+    """Until the gateway accepts connections on the head (bash's /dev/tcp: nothing to install)."""
+    from infra.core import ssh
+
+    assert access.target is not None
+    probe = (f"for i in $(seq 1 200); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null "
+             "&& exit 0; sleep 0.3; done; exit 1")
+    with ui.step(f"waiting for the sharing gateway on {url}"):
+        done = ssh.run(access.target, f"bash -c {shlex.quote(probe)}", timeout=90)
+    if not done.ok:
+        raise SharingError(f"the sharing gateway did not start on the head within 60 s; see "
+                           f"{head_files(access).log} there (`invoke ssh`)")
+
+
+def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path: Path,
+                  user: str | None = None) -> None:
+    """The one place that starts the gateway, under the head daemons' one supervisor.
+
+    This machine: `python -m infra.node.gateway` supervised, replaced when its config changed.
+    A remote head: remote_head.install_daemon as `user` (gateway_user), with the certificate, its
+    key, the registry (hashes only) and the last usage copy as 0600 files in its 0700 data dir,
+    and its own copies of the Ray token and the tracking password, all in that user's home.
+    A head whose job runs the gateway (`gateway_home`): the same files, the config last; the
+    job's supervisor starts the gateway from it (templates/slurm.sbatch.j2)."""
+    if not _here(access):
+        where = head_files(access)
+        cert, key = Path(config.cert), Path(config.key)
+        data = _on_head(where.data)
+        remote = {**asdict(config), "cert": _on_head(where.cert),
+                  "key": _on_head(where.key), "data_dir": data}
+        files = {where.cert: cert.read_bytes(), where.key: key.read_bytes(),
+                 f"{where.data}/{gateway_state.MEMBERS_FILE}":
+                     registry_path(config.cluster).read_bytes()}
+        usage = folder(config.cluster) / gateway_state.USAGE_FILE
+        if usage.exists():
+            files[f"{where.data}/{gateway_state.USAGE_FILE}"] = usage.read_bytes()
+        if access.gateway_home:
+            text = json.dumps(remote, indent=2)
+            before = _read_on_head(access, where.config)
+            if before is not None and before.strip() != text:
+                ui.warn("sharing: the head's job started its gateway with the settings it had "
+                        "then; the changed ones apply from the next job (`invoke teardown`, "
+                        "then `invoke up`)")
+            # The config last: the job starts the gateway as soon as it is there.
+            _put_on_head(access, {**files, where.config: text.encode()})
+            return
+        assert access.target is not None
+        from infra.core import remote_head
+
+        # What it reads of the SSH user's (home-relative paths): its copies, the SSH user's kept.
+        copies = tuple(p for p in (config.token_path, *config.secret_paths)
+                       if p and not p.startswith("/")) if user else ()
+        remote_head.install_daemon(access.target, "infra.node.gateway", where.config,
+                                   json.dumps(remote), secrets=files, log=where.log,
+                                   python=access.python, activate=access.activate, user=user,
+                                   copies=copies)
+        return
+    wanted = gateway_config.config_text(config)
+    pidfile = Path(f"{config_path}.pid")
+    if supervise.running(pidfile) and config_path.exists() and config_path.read_text() == wanted:
+        return
+    stop_local(config_path)
+    gateway_config.write_config(config_path, config)
+    log = paths.home() / "logs" / config.cluster / "gateway.log"
+    # Supervised like every head daemon (infra/node/supervise.py): a gateway that dies is back
+    # within seconds, and its pid file identifies it by pid and start time.
+    supervise.ensure([sys.executable, "-m", "infra.node.gateway", "--config", str(config_path)],
+                     pidfile, log, cwd=str(paths.PROJECT_ROOT))
+
+
+def stop_local(config_path: Path) -> None:
+    """Stop the gateway started here with `config_path` and its supervisor, if they run."""
+    supervise.stop(Path(f"{config_path}.pid"))
+
+
+def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:
+    """At teardown: the gateway goes with the cluster (its members and usage stay). A gateway
+    its head's job runs ends with that job, which teardown cancels next: only its usage here."""
+    if access is None or _here(access):
+        stop_local(folder(selected.name) / gateway_config.CONFIG_FILE)
+        return
+    if access.target is not None and not access.gateway_home:
+        from infra.core import remote_head
+
+        with contextlib.suppress(RayfleetError):
+            remote_head.stop_daemon(access.target, head_files(access).config, access.python,
+                                    access.activate, gateway_user(selected, access))
+    # After it stopped (its last tick written): the head's accounting kept here.
+    with contextlib.suppress(RayfleetError, OSError):
+        read_usage(selected, access)
+
+
+def _put_on_head(access: HeadAccess, files: dict[str, bytes], user: str | None = None) -> None:
+    """Write 0600 files on the head in this order, each whole or not at all (a reader never sees
+    half of one), their folders made 0700: SFTP (into node user `user`'s home when given), or
+    this machine's own files for a head here."""
+    if access.target is None:
+        for path, data in files.items():
+            local = Path(os.path.expanduser(path))
+            local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            atomic_write(local, data, mode=0o600)
+        return
+    from infra.core import remote_head
+
+    remote_head.put_private(access.target, files, user)
+
+
+def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:
+    """Put the registry where the gateway reads it (nothing to do for a head on this machine)."""
+    if _here(access):
+        return
+    _put_on_head(access, {f"{head_files(access).data}/{gateway_state.MEMBERS_FILE}":
+                          registry_path(selected.name).read_bytes()},
+                 gateway_user(selected, access))
+
+
+def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, Any]:
+    """The gateway's usage file (a remote head's when it answers, else the last copy here)."""
+    local = folder(selected.name) / gateway_state.USAGE_FILE
+    if access is not None and not _here(access):
+        path = f"{head_files(access).data}/{gateway_state.USAGE_FILE}"
+        user = gateway_user(selected, access)
+        text = _read_on_head(access, path, user)
+        if not text and user is not None:
+            # A head whose gateway ran as the SSH user (before its own user): its last usage,
+            # which the first `up` since hands over to the new user (and so away from here).
+            text = _read_on_head(access, path)
+        if text:
+            atomic_write(local, text, mode=0o600)
+    try:
+        data = json.loads(local.read_text())
+    except (OSError, ValueError):
+        return {"jobs": {}, "members": {}}
+    return data if isinstance(data, dict) else {"jobs": {}, "members": {}}
+
+
+def _read_on_head(access: HeadAccess, path: str, user: str | None = None) -> str | None:
+    if access.target is None:
+        with contextlib.suppress(OSError):
+            return Path(os.path.expanduser(path)).read_text() or None
+        return None
+    from infra.core import remote_head
+
+    return remote_head.read_file(access.target, path, user)
+
+
+def recorded_for(record: dict[str, Any], name: str, entry: dict[str, Any]) -> bool:
+    """Whether a job record of the gateway's usage is member `name`'s (registry `entry`): by the
+    member id made at `member-add`; records and entries from before ids match by name."""
+    if record.get("member") != name:
+        return False
+    return record.get("member_id", gateway_state.legacy_id(name)) == \
+        entry.get("id", gateway_state.legacy_id(name))
+
+
+def member_job_ids(selected: ClusterSpec, impl: Any, name: str,
+                   entry: dict[str, Any]) -> set[str]:
+    """The ids of every job the gateway recorded as submitted by member `name`."""
+    from infra.core import state
+
+    current = state.read(selected.name)
+    access = None
+    with contextlib.suppress(Exception):  # a head that is gone: the usage copy kept here
+        access = impl.head_access(current) if current is not None and not current.empty else None
+    usage = read_usage(selected, access)
+    return {key for key, record in usage.get("jobs", {}).items()
+            if recorded_for(record, name, entry)}
+
+
+def name_members(selected: ClusterSpec, impl: Any, current: State,
+                 rows: list[dict[str, str]]) -> None:
+    """Each job row of `status` with its member, by the gateway's record ("" for a job not
+    submitted through the gateway: the owner's own, or one started inside the cluster), and why
+    the cluster stopped it when it did."""
+    access = None
+    with contextlib.suppress(Exception):
+        access = impl.head_access(current)
+    records = read_usage(selected, access).get("jobs", {})
+    for row in rows:
+        record = records.get(row["job"]) or {}
+        row["member"] = str(record.get("member") or "")
+        row["stopped"] = str(record.get("stopped_reason") or "")
+
+
+def require_sharing(selected: ClusterSpec) -> None:
+    if selected.sharing is None:
+        raise UsageError(f"{selected.source}: sharing: this cluster is not shared; add a "
+                         "`sharing:` block to its spec and run `invoke up` (docs/concepts/sharing.md)")
+
+
+def budget_status(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, Any] | None:
+    """For the owner's `status`: the cluster's budget, and each member at or past 80 % of theirs,
+    from the gateway's usage file (None when the spec sets no budget)."""
+    shared = selected.sharing
+    if shared is None or not (shared.budget_usd or shared.member_budget_hours
+                              or shared.member_budget_usd):
+        return None
+    usage = read_usage(selected, access)
+    jobs_seen = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
+    rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage, jobs_seen, shared)
+    return {"cluster": sharing_term.cluster_budget(shared, usage),
+            "members_near": [{"name": r["name"], "used": r["budget_used"],
+                              "job_hours": r["job_hours"], "cost_share_usd": r["cost_share_usd"]}
+                             for r in rows if r["status"] != "removed"
+                             and (r["budget_used"] or 0) >= sharing_term.WARN_AT]}
+
+
+def plan_note(selected: ClusterSpec, current: State | None) -> str | None:
+    """`plan`'s line on sharing: the gateway, its port, who may reach it, the term's limits."""
+    shared = selected.sharing
+    if shared is None:
+        return None
+    text = f"sharing: a gateway (HTTPS) on the head, port {shared.port}"
+    if shared.allowed_source_ranges:
+        text += f", reachable from {', '.join(shared.allowed_source_ranges)} only"
+    url = current.info.get("gateway_url") if current is not None else None
+    text += f"; now at {url}" if url else "; `invoke up` starts it"
+    limits = [f"access ends {ends}" for ends in [sharing_term.ends_of(shared)] if ends]
+    limits += [f"{label} {value:g}" for label, value in (
+        ("member budget (job-hours)", shared.member_budget_hours),
+        ("member budget ($)", shared.member_budget_usd),
+        ("cluster budget ($)", shared.budget_usd)) if value]
+    return text + (f"; the term: {', '.join(limits)}" if limits else "")

@@ -1,0 +1,1 @@
+"""The cluster's MLflow tracking server, from this machine."""

@@ -1,0 +1,234 @@
+"""`tracking: mlflow` on a head this machine reaches over SSH (Lambda, GCP): one mechanism for all.
+
+- **The server**: `start` puts the tracking server (infra/node/tracking.py) on the head with
+  `remote_head.install_daemon`, supervised like every head daemon: the password and Flask
+  secret go over SFTP as 0600 files, the config names only paths, and the server listens on the
+  head's private address at `TRACKING_PORT`, where the other nodes reach it (never on a port
+  the cluster's firewall opens).
+- **The nodes**: `node_env_prefix` is the shell prefix of every node's `ray start`: the URL and
+  user as words, the password read from the node's 0600 copy (`NODE_PASSWORD_PATH`, which the
+  provider's file mounts deliver like the Ray token) when the node starts. Every driver, worker
+  and Serve replica inherits them; the rendered file and `ps` show only the file's path.
+- **The data**: the store lives on the head (or on durable storage the provider mounts there).
+  `copy_back` takes a consistent snapshot on the head (infra/node/tracking_snapshot.py) and
+  unpacks it into `.rayfleet/tracking/<cluster>/`; `save_before_teardown` does so before any
+  instance goes, or says in one line why it could not. `copy_note` is what `status` says of it.
+- **From here**: `connect` opens the tunnels (dashboard, tracking, Serve) to the head
+  (`remote_head.endpoint`).
+
+Core layer: never imports a provider, never branches on a provider's name. A provider passes its
+head's SSH target, addresses and the shell that activates its node env.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import shlex
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from infra.core import remote_head, ssh, ui
+from infra.core.endpoint import Endpoint
+from infra.core.errors import RayfleetError
+from infra.core.metrics import prometheus as metrics
+from infra.core.state import State
+from infra.core.tracking import client as tracking
+from infra.node import tracking as node_tracking
+from infra.node.tracking import ServerConfig
+
+#: The tracking server's port on the head's private address (MLflow's usual port).
+TRACKING_PORT = 5000
+#: Ray Serve's HTTP port; its proxies bind the node's loopback, reached from here by a tunnel.
+SERVE_PORT = 8000
+#: The nodes' copy of the tracking password (0600), relative to the login user's home.
+NODE_PASSWORD_PATH = node_tracking.NODE_PASSWORD_PATH
+NODE_SECRET_KEY_PATH = "~/.rayfleet/mlflow-flask-secret"
+#: The supervisor's config (and pid file beside it) on the head.
+HEAD_CONFIG = "~/.rayfleet/tracking.json"
+HEAD_LOG = "~/rayfleet/tracking.log"
+#: The store on the head when the spec names no durable storage: it goes with the head.
+HEAD_STORE = "rayfleet/tracking"
+#: Where the snapshot tar lands on the head before this machine fetches it.
+HEAD_SNAPSHOT = "rayfleet/tracking-snapshot.tar"
+
+
+def node_url(head_private_ip: str) -> str:
+    return f"http://{head_private_ip}:{TRACKING_PORT}"
+
+
+def node_env_prefix(head_private_ip: str) -> str:
+    """`VAR=value ` words for a node's `ray start`: the password is read from the node's 0600
+    file by the shell that starts Ray, so it is in no command line and no rendered file."""
+    plain, _ = tracking.node_env(node_url(head_private_ip), NODE_PASSWORD_PATH)
+    words = "".join(f"{key}={shlex.quote(value)} " for key, value in plain.items())
+    return words + f'MLFLOW_TRACKING_PASSWORD="$(cat {remote_head.home_word(NODE_PASSWORD_PATH)})" '
+
+
+@dataclass(frozen=True)
+class HeadStore:
+    """Where the store lives on the head; `durable` names the storage that outlives the cluster
+    (e.g. "Lambda file system 'shared'"), empty when it goes with the head."""
+
+    path: str
+    durable: str = ""
+
+
+def start(state: State, target: ssh.SshTarget, bind_host: str, store: HeadStore,
+          python: str = "python3", activate: str = "") -> None:
+    """Start (or keep) the tracking server on the head; record where its store lives."""
+    password = tracking.ensure_credentials(state.cluster)
+    secret = password.with_name(tracking.SECRET_KEY_FILE)
+    home = ssh.run(target, 'printf %s "$HOME"', timeout=30, check=True).stdout.strip()
+    store_dir = store.path if store.path.startswith("/") else f"{home}/{store.path}"
+    config = ServerConfig(
+        host=bind_host, port=TRACKING_PORT, store_dir=store_dir,
+        password_path=f"{home}/{NODE_PASSWORD_PATH.removeprefix('~/')}",
+        secret_key_path=f"{home}/{NODE_SECRET_KEY_PATH.removeprefix('~/')}",
+        log_path=f"{home}/rayfleet/mlflow.log")
+    secrets = {NODE_PASSWORD_PATH.removeprefix("~/"): password.read_bytes(),
+               NODE_SECRET_KEY_PATH.removeprefix("~/"): secret.read_bytes()}
+    state.set_info(tracking_head_store=store_dir, tracking_durable=store.durable or None,
+                   tracking_bind=bind_host)
+    with ui.step(f"starting the MLflow tracking server on the head ({bind_host}:{TRACKING_PORT})"):
+        remote_head.install_daemon(target, "infra.node.tracking", HEAD_CONFIG,
+                                   json.dumps(asdict(config)), secrets, python=python,
+                                   activate=activate, log=HEAD_LOG)
+    if store.durable:
+        ui.info(f"tracking data lives on {store.durable} ({store_dir}) and survives teardown and "
+                "autodown")
+    else:
+        ui.info("tracking data lives on the head and goes with the cluster at autodown; "
+                f"`invoke teardown` first copies it to {tracking.local_store(state.cluster)}/ "
+                "(name durable storage in the spec to keep it)")
+
+
+def plan_note(cluster: str, address: str, durable: str = "") -> str:
+    """`plan`'s line about a cluster's tracking server on its head (`address`: which of the
+    head's addresses it listens on, in the provider's words)."""
+    where = (f"its store on {durable}, which outlives the cluster" if durable else
+             "its store on the head: it goes with the cluster at autodown, and `invoke teardown` "
+             f"copies it to {tracking.local_store(cluster)}/ first")
+    return (f"MLflow tracking server on the head's {address} address, port {TRACKING_PORT} (no "
+            f"firewall rule opens it; `invoke mlflow` tunnels to it), {where}")
+
+
+def copy_back(target: ssh.SshTarget, state: State, python: str = "python3",
+              activate: str = "") -> Path:
+    """A consistent copy of the head's store in `.rayfleet/tracking/<cluster>/`; records
+    `tracking_copied_at`. The previous copy is replaced only once the new one is complete."""
+    store = state.info.get("tracking_head_store")
+    if not store:
+        raise RayfleetError("no tracking store recorded for this cluster")
+    final = tracking.local_store(state.cluster)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # One SSH login for the node package going up and the snapshot coming down.
+    client = ssh.connect(target)
+    try:
+        remote_zip = remote_head.put_files(target, client=client)
+        args = (f"--store {shlex.quote(store)} --out {remote_head.home_word(HEAD_SNAPSHOT)}")
+        ssh.run(target, remote_head.node_command("infra.node.tracking_snapshot", args, python,
+                                                 activate, remote_zip), timeout=600, check=True)
+        sftp = client.open_sftp()
+        with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{state.cluster}-") as tmp:
+            tar_path = Path(tmp) / "snapshot.tar"
+            sftp.get(HEAD_SNAPSHOT, str(tar_path))
+            with contextlib.suppress(OSError):
+                sftp.remove(HEAD_SNAPSHOT)
+            unpacked = Path(tmp) / "store"
+            unpacked.mkdir()
+            with tarfile.open(tar_path) as tar:
+                tar.extractall(unpacked, filter="data")
+            if final.exists():
+                final.rename(Path(tmp) / "old")
+            unpacked.rename(final)
+        sftp.close()
+    finally:
+        client.close()
+    state.set_info(tracking_copied_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    return final
+
+
+def save_before_teardown(state: State, target: ssh.SshTarget | None, why_not: str = "",
+                         python: str = "python3", activate: str = "") -> None:
+    """Before any instance goes: copy the head's store here, or say in one line why not.
+    `target` is None when the provider knows the head is gone (`why_not` says why)."""
+    if not state.info.get("tracking_head_store"):
+        return
+    if target is None:
+        ui.warn(f"tracking data NOT copied: {why_not or 'no head'}; "
+                + _lost_or_kept(state))
+        return
+    try:
+        with ui.step("copying the head's MLflow store to this machine"):
+            path = copy_back(target, state, python, activate)
+    except (RayfleetError, OSError, tarfile.TarError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        ui.warn(f"tracking data NOT copied from the head ({reason}); "
+                + _lost_or_kept(state))
+        return
+    ui.out(f"tracking data copied to {path} (runs, metrics, models, artifacts)", markup=False,
+           soft_wrap=True)
+
+
+def _lost_or_kept(state: State) -> str:
+    durable = state.info.get("tracking_durable")
+    if durable:
+        return f"it stays on {durable} ({state.info.get('tracking_head_store')})"
+    copied = state.info.get("tracking_copied_at")
+    return ("it goes with the cluster" + (f"; the last copy ({copied}) is in "
+                                          f"{tracking.local_store(state.cluster)}" if copied else ""))
+
+
+def copy_note(state: State) -> str | None:
+    """What `status` says about where the tracking data is safe; None without a remote store."""
+    if not state.info.get("tracking_head_store"):
+        return None
+    durable = state.info.get("tracking_durable")
+    if durable:
+        return f"tracking data on {durable} ({state.info['tracking_head_store']}): survives teardown"
+    copied = state.info.get("tracking_copied_at")
+    if copied:
+        return (f"tracking data last copied at {copied} to {tracking.local_store(state.cluster)} "
+                "(`invoke mlflow --copy` copies it again)")
+    return ("tracking data never copied to this machine: it goes with the cluster at autodown; "
+            "`invoke mlflow --copy` copies it now, `invoke teardown` first")
+
+
+@contextlib.contextmanager
+def connect(state: State, target: ssh.SshTarget, dashboard_port: int, address: str,
+            token_path: Path | None) -> Iterator[Endpoint]:
+    """The cluster's endpoint through SSH tunnels to the head (`remote_head.endpoint`): the
+    dashboard, Serve's HTTP proxy and, when the cluster has one, the tracking server."""
+    bind = state.info.get("tracking_bind")
+    tracked = bool(bind and state.info.get("tracking_head_store"))
+    measured = bool(state.info.get("metrics_since"))
+    with remote_head.endpoint(target, address, token_path, ("127.0.0.1", dashboard_port),
+                              ("127.0.0.1", SERVE_PORT),
+                              (str(bind), TRACKING_PORT) if tracked else None,
+                              tracking.password_path(state.cluster) if tracked else None,
+                              # the head's Prometheus (infra/core/metrics/remote.py), on its loopback
+                              ("127.0.0.1", metrics.HEAD_PORT) if measured else None) as found:
+        yield found
+
+
+def remove_keys(state: State, folder: Path) -> None:
+    """Teardown's removal of the cluster's key folder. A durable store keeps its users database,
+    whose admin password MLflow sets once, so the tracking secrets then stay for the next `up`."""
+    keep = {tracking.PASSWORD_FILE, tracking.SECRET_KEY_FILE} if state.info.get(
+        "tracking_durable") else set()
+    if not keep:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for path in folder.glob("*"):
+        if path.name in keep:
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
