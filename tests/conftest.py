@@ -220,6 +220,16 @@ def run_invoke(*args: str, env: dict[str, str] | None = None, timeout: float = 3
     )
 
 
+def run_rayfleet(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+                 cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run `rayfleet ARGS` (`python -m infra`, the installed command) as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "infra", *args],
+        cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True,
+        text=True, timeout=timeout, check=False,
+    )
+
+
 def assert_spec_keeps_the_file(spec: Any, path: Path) -> None:
     """`spec` (a loaded spec model) says what the YAML file at `path` says, key for key: its name
     is the file's, and no value of the file was dropped, renamed or replaced by a default."""

@@ -13,26 +13,41 @@ import pytest
 
 from infra.core import costs, jobs
 from infra.core.costs import Cost
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT, run_invoke, run_rayfleet
 
 
 def test_help_shows_positionals_and_value_placeholders() -> None:
-    submit = run_invoke("submit", "--help")
+    submit = run_rayfleet("submit", "--help")
     assert submit.returncode == 0
     assert "SCRIPT " in submit.stdout and "--script" not in submit.stdout
     assert "invoke submit [OPTIONS] SCRIPT [-- ARGS...]" in submit.stdout
-    assert "-t NUMBER, --timeout=NUMBER" in run_invoke("list", "--help").stdout
-    assert "-o VALUE, --only=VALUE" in run_invoke("sweep", "--help").stdout
-    sync = run_invoke("sync", "--help")
+    assert "-t NUMBER, --timeout=NUMBER" in run_rayfleet("list", "--help").stdout
+    assert "-o VALUE, --only=VALUE" in run_rayfleet("sweep", "--help").stdout
+    sync = run_rayfleet("sync", "--help")
     assert sync.returncode == 0 and "DIRECTION" in sync.stdout and "REMOTE" in sync.stdout
-    assert "JOB " in run_invoke("logs", "--help").stdout
+    assert "JOB " in run_rayfleet("logs", "--help").stdout
+    assert "-w, --[no-]wait" in submit.stdout
+    # Invoke's own program in a checkout: `TASK --help` of a task with one positional argument
+    # shows the same help (the task re-runs it); `--help TASK` is Invoke's own.
+    assert run_invoke("submit", "--help").stdout == submit.stdout
+    listed = run_invoke("--help", "list")
+    assert listed.returncode == 0 and "--timeout" in listed.stdout
 
 
 def test_an_option_without_its_value_is_one_line_naming_it() -> None:
-    done = run_invoke("list", "--timeout")
+    done = run_rayfleet("list", "--timeout")
     assert done.returncode != 0
     assert done.stderr.strip() == \
-        "--timeout needs a value, e.g. --timeout=NUMBER (see `invoke --help list`)"
+        "--timeout needs a value, e.g. --timeout=NUMBER (see `rayfleet --help list`)"
+
+
+def test_optional_positionals_may_be_left_out_and_required_ones_may_not() -> None:
+    # Parsed (the job is "": the last one), then refused for its unknown provider.
+    for task in ("logs", "stop-job"):
+        done = run_rayfleet(task, "--provider", "nosuch")
+        assert done.stderr.strip().startswith("error: --provider: unknown provider"), done.stderr
+    sync = run_rayfleet("sync", "up")
+    assert sync.returncode != 0 and "'local', 'remote'" in sync.stderr
 
 
 def test_teardown_of_a_never_created_lambda_cluster_needs_no_key(rf_home: Path,

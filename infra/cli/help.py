@@ -1,71 +1,123 @@
-"""Corrections to Invoke's option parsing and help, installed by tasks.py.
+"""rayfleet's command line: Invoke's `Program`, with help that says what to type, built through
+Invoke's public API only (a `Program` subclass overriding its documented `parse_tasks` and
+`print_task_help`; the parser's contexts and arguments read, never patched).
 
-Invoke shows a value placeholder only for str and int options (so `--timeout` (float) and `--only`
-(a list) looked like switches), shows positional arguments as `-s STRING, --script=STRING`, and
-reports a missing value as `Flag <Argument: timeout (t) [float]> needed value`; and `--help`
-after a task with several positional arguments is a parse error instead of the task's help.
-rayfleet's help must say what to type, and errors name the option and the fix, so these are
-adjusted here, in one place.
+What it adds to Invoke's own:
+
+- a value placeholder for number and list options (Invoke shows one for str and int only, so
+  `--timeout` (float) and `--only` (a list) looked like switches); positional arguments shown as
+  their NAME, not as `-s STRING, --script=STRING`;
+- a missing value is one line naming the option and the fix, not `Flag <Argument: timeout (t)
+  [float]> needed value`;
+- `TASK --help` is the task's help whatever positional arguments it takes (Invoke eats `--help`
+  as the first positional, then fails on the others);
+- positional arguments that may be left out (`rayfleet logs [JOB]`; Invoke knows only required
+  ones), then "".
+
+This is the `rayfleet` command (and `python -m infra`). `invoke` in a checkout is Invoke's own
+program, which a tasks.py cannot replace: there help is Invoke's (`invoke --help TASK` works),
+and every positional argument must be given.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
-_PLACEHOLDERS = {float: "NUMBER", list: "VALUE"}
+from invoke import Program
+from invoke.exceptions import ParseError
+from invoke.parser import Argument, ParserContext
+
+_PLACEHOLDERS = {float: "NUMBER", list: "VALUE", str: "STRING", int: "INT"}
+_HELP = ("-h", "--help")
 
 
-def install(optional_positionals: dict[str, set[str]] | None = None) -> None:
-    """Patch Invoke's parser once. `optional_positionals` names, per task, positional arguments
-    that may be left out (`invoke logs [JOB]`): they are then "" (Invoke knows only required
-    ones)."""
-    optional = optional_positionals or {}
+def placeholder(arg: Argument) -> str:
+    """What an option's value looks like in help and errors."""
+    return _PLACEHOLDERS.get(arg.kind, "VALUE")
 
-    from invoke.exceptions import ParseError
-    from invoke.parser.context import ParserContext
-    from invoke.parser.parser import ParseMachine
 
-    if getattr(ParserContext, "_rayfleet_help", False):
-        return
-    original_help_for = ParserContext.help_for
-    original_complete = ParseMachine.complete_flag
-    original_context = ParseMachine.complete_context
+def option_names(arg: Argument) -> str:
+    """`-t NUMBER, --timeout=NUMBER` for a value, `--[no-]wait` for a switch that defaults on,
+    `SCRIPT` for a positional argument."""
+    if arg.positional:
+        return str(arg.name).upper().replace("_", "-")
+    flags = sorted((("-" if len(n) == 1 else "--") + n.replace("_", "-") for n in arg.names),
+                   key=len)
+    if not arg.takes_value:
+        if arg.kind is bool and arg.default is True:
+            return ", ".join(f"--[no-]{f[2:]}" if f.startswith("--") else f for f in flags)
+        return ", ".join(flags)
+    value = placeholder(arg)
+    return ", ".join(f"{f} {value}" if len(f) == 2 else f"{f}={value}" for f in flags)
 
-    def help_for(self: ParserContext, flag: str) -> tuple[str, str]:
-        names, text = original_help_for(self, flag)
-        arg = self.flags[flag]
-        if arg.positional:
-            return arg.name.upper().replace("_", "-"), text
-        value = _PLACEHOLDERS.get(arg.kind)
-        if value is not None:
-            names = ", ".join(f"{n} {value}" if len(n.lstrip("-")) == 1 else f"{n}={value}"
-                              for n in names.split(", "))
-        return names, text
 
-    def complete_flag(self: Any) -> None:
-        flag = self.flag
+class RayfleetProgram(Program):
+    """Invoke's Program, with the help and errors above. `optional_positionals` names, per
+    task, positional arguments that may be left out."""
+
+    def __init__(self, *, optional_positionals: Mapping[str, set[str]] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.optional_positionals = dict(optional_positionals or {})
+
+    def parse_tasks(self) -> None:
+        argv = list(self.core.unparsed)
+        if argv and argv[0] in self.collection.task_names and any(a in _HELP for a in argv[1:]):
+            # `TASK ... --help`: Invoke's own `--help TASK`, before any positional eats it.
+            self.core.unparsed = []
+            super().parse_tasks()
+            self.args.help.value = argv[0]
+            return
+        for _ in range(len(self.optional_positionals.get(argv[0], ())) if argv else 0):
+            try:
+                super().parse_tasks()
+                return
+            except ParseError as error:
+                context = self.parser.contexts.get(argv[0])
+                missing = {a.name for a in context.missing_positional_args} if context else set()
+                if not missing or not missing <= self.optional_positionals[argv[0]]:
+                    raise self._explained(error, argv) from None
+                # The left-out ones are "" (the task takes that as "not given").
+                self.core.unparsed = [*self.core.unparsed, ""]
         try:
-            original_complete(self)
-        except ParseError:
-            if flag is None or not flag.takes_value or flag.raw_value is not None:
-                raise
-            name = flag.name.replace("_", "-")
-            raise ParseError(f"--{name} needs a value, e.g. --{name}="
-                             f"{_PLACEHOLDERS.get(flag.kind, 'VALUE')} (see `invoke --help "
-                             f"{getattr(self.context, 'name', 'TASK')}`)") from None
+            super().parse_tasks()
+        except ParseError as error:
+            raise self._explained(error, argv) from None
 
-    def complete_context(self: Any) -> None:
-        # `invoke sync --help` is eaten as sync's first positional argument; fill the others so
-        # that the task's wrapper sees the request and shows the help, not a parse error.
-        context = self.context
-        if context is not None:
-            asked_help = any(a.value in ("-h", "--help") for a in context.positional_args)
-            for missing in context.missing_positional_args:
-                if asked_help or missing.name in optional.get(context.name, set()):
-                    missing.set_value("")
-        original_context(self)
+    def _explained(self, error: ParseError, argv: list[str]) -> ParseError:
+        """`error`, or for an option given last without its value, one line naming it."""
+        context = error.context
+        flag = context.flags.get(argv[-1]) if context is not None and argv else None
+        if context is None or flag is None or not flag.takes_value:
+            return error
+        name = flag.name.replace("_", "-")
+        return ParseError(f"--{name} needs a value, e.g. --{name}={placeholder(flag)} (see "
+                          f"`{self.binary} --help {context.name}`)", context)
 
-    ParserContext.help_for = help_for  # type: ignore[method-assign]
-    ParseMachine.complete_flag = complete_flag  # type: ignore[method-assign]
-    ParseMachine.complete_context = complete_context  # type: ignore[method-assign]
-    ParserContext._rayfleet_help = True  # type: ignore[attr-defined]
+    def print_task_help(self, name: str) -> None:
+        """Invoke's per-task help, with `option_names` for each option."""
+        context: ParserContext = self.parser.contexts[name]
+        print(f"Usage: {self.binary} [--core-opts] {name} [--options] [other tasks here ...]")
+        print("")
+        print("Docstring:")
+        docstring = inspect.getdoc(self.collection[name])
+        for line in (docstring or "none").splitlines():
+            print(self.leading_indent + line if line.strip() else "")
+        print("")
+        print("Options:")
+        # Invoke's own order (help_tuples), each row renamed from its argument.
+        rows = [(option_names(self._argument(context, names)), text)
+                for names, text in context.help_tuples()]
+        if rows:
+            self.print_columns(rows)
+        else:
+            print(self.leading_indent + "none")
+            print("")
+
+    @staticmethod
+    def _argument(context: ParserContext, names: str) -> Argument:
+        """The argument behind one of Invoke's help rows (`-t, --timeout`, `--[no-]wait`)."""
+        first = names.split(", ")[-1].split("=")[0].split(" ")[0].replace("[no-]", "")
+        return context.flags[first]

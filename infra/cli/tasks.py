@@ -18,12 +18,10 @@ from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from invoke import Collection, Context, Exit, Program, task
+from invoke import Collection, Context, Exit, task
 
-from infra.cli import help as cli_help
+from infra.cli.help import RayfleetProgram
 
-cli_help.install(optional_positionals={"logs": {"job"}, "stop-job": {"job"},
-                                        "member-add": {"name"}})
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
@@ -41,11 +39,6 @@ CLUSTER_HELP = {
 }
 
 
-#: How the task's help is shown again (see `_one_line_errors`): `python -m invoke` finds tasks.py in
-#: the checkout; `main` switches it to `python -m infra`, the `rayfleet` command, which needs none.
-_HELP_PROGRAM = ["invoke"]
-
-
 def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Turn rayfleet's errors into one line on stderr and the error's exit code."""
 
@@ -53,11 +46,16 @@ def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from infra.core.errors import RayfleetError
 
-        # Invoke hands a flag that follows a task to its positional argument, so
-        # `invoke submit --help` would try to submit a script named "--help".
+        # Invoke's own program (`invoke` in a checkout) hands a flag that follows a task to its
+        # positional argument, so `invoke submit --help` would try to submit a script named
+        # "--help": the task's help instead, as the `rayfleet` command shows it (cli_help.py).
         if any(value in ("-h", "--help") for value in (*args[1:], *kwargs.values())):
             name = func.__name__.replace("_", "-")
-            os.execv(sys.executable, [sys.executable, "-m", *_HELP_PROGRAM, "--help", name])
+            # This checkout's infra, from whatever directory `invoke -r` ran in.
+            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+            os.execve(sys.executable, [sys.executable, "-m", "infra", "--help", name],
+                      {**os.environ, "PYTHONPATH": path})
 
         try:
             code = func(*args, **kwargs)
@@ -505,9 +503,11 @@ def report(c: Context, provider: str | None = None, cluster: str | None = None,
 def main() -> None:
     """The `rayfleet` command: every task above, from any directory (specs by name come from the
     checkout's clusters/, or give a path), and no tasks.py to look for."""
-    _HELP_PROGRAM[:] = ["infra"]
     program.run()
 
 
-program = Program(namespace=Collection.from_module(sys.modules[__name__]), name="rayfleet",
-                  binary="rayfleet", version=_version())
+program = RayfleetProgram(namespace=Collection.from_module(sys.modules[__name__]), name="rayfleet",
+                          binary="rayfleet", version=_version(),
+                          # May be left out: the last job; a roster instead of one member.
+                          optional_positionals={"logs": {"job"}, "stop-job": {"job"},
+                                                "member-add": {"name"}})

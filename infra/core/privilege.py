@@ -21,11 +21,11 @@ their start commands. Nothing secret is in any of them: secrets travel as 0600 f
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 from infra.core import auth, paths
+from infra.node import shell
 from infra.node import tracking as node_tracking
 
 RAY_USER = "rayfleet-ray"
@@ -75,9 +75,11 @@ def as_user(user: str, command: str, activate: str = "") -> str:
     `runuser` keeps the caller's environment (root's case); under sudo only PATH and PASSED_ON
     survive. The command is one quoted argument to the user's bash, so values it reads from files
     (`$(cat ...)`) appear in no process's argv."""
-    passed = " ".join(f'${{{name}+{name}="${name}"}}' for name in PASSED_ON)
-    return (f"{activate}{AS_ROOT}runuser -u {user} -- env PATH=\"$PATH\" {passed} "
-            f"bash -c {shlex.quote('cd ~ && ' + command)}")
+    # ${NAME+NAME="$NAME"}: passed on only when set, as it was.
+    passed = shell.Shell(" ".join(f'${{{name}+{name}="${name}"}}' for name in PASSED_ON))
+    return activate + AS_ROOT + shell.argv(
+        "runuser", "-u", user, "--", "env", shell.Shell('PATH="$PATH"'), passed,
+        "bash", "-c", shell.quoted(shell.all_of("cd ~", command)))
 
 
 def ray_files(tracking: bool) -> tuple[str, ...]:
@@ -94,9 +96,13 @@ def setup_users(ray_files: Sequence[str], scaler_files: Sequence[str] = (),
     files handed over that then leave the SSH user's home (a credential whose only copy on the
     node must be its user's)."""
     args = [f"ray:{p}" for p in ray_files] + [f"scaler:{p}" for p in scaler_files]
-    handed = f'{AS_ROOT}bash "$HOME/{USERS_SCRIPT}" "$HOME" {shlex.join(args)}'
-    # Double quotes: "$HOME" must expand; the paths are ours, shell-safe.
-    return handed + "".join(f' && rm -f "$HOME/{p}"' for p in moved)
+    return _users_sh(args, moved)
+
+
+def _users_sh(args: Sequence[str], moved: Sequence[str]) -> str:
+    """setup/users/users.sh with its `USER:PATH` arguments, then the `moved` files removed."""
+    handed = AS_ROOT + shell.argv("bash", shell.home(f"~/{USERS_SCRIPT}"), shell.home("~"), *args)
+    return shell.all_of(handed, *(shell.argv("rm", "-f", shell.home(f"~/{p}")) for p in moved))
 
 
 def hand_over(user: str, paths: Sequence[str], moved: Sequence[str] = ()) -> str:
@@ -106,16 +112,14 @@ def hand_over(user: str, paths: Sequence[str], moved: Sequence[str] = ()) -> str
     name = _USERS_SH_NAMES.get(user)
     if name is None:
         raise ValueError(f"no node user {user!r}: expected one of {', '.join(_USERS_SH_NAMES)}")
-    args = [f"{name}:{p}" for p in paths]
-    handed = f'{AS_ROOT}bash "$HOME/{USERS_SCRIPT}" "$HOME" {shlex.join(args)}'
-    return handed + "".join(f' && rm -f "$HOME/{p}"' for p in moved)
+    return _users_sh([f"{name}:{p}" for p in paths], moved)
 
 
 def guard(*addresses: str) -> str:
     """Shell that lets only root and the autoscaler's user open connections to `addresses` (IPs
     or names, resolved on the node), from now on (setup/users/guard.sh; idempotent). The SSH
     user is refused too: whatever of ours needs those addresses runs as the autoscaler's user."""
-    return f'{AS_ROOT}bash "$HOME/{GUARD_SCRIPT}" {shlex.join(addresses)}'
+    return AS_ROOT + shell.argv("bash", shell.home(f"~/{GUARD_SCRIPT}"), *addresses)
 
 
 def stop_ray(activate: str = "") -> str:
@@ -123,7 +127,7 @@ def stop_ray(activate: str = "") -> str:
     runs anything: on a fresh node (every autoscaled worker) there is nothing to stop, and `ray
     stop` imports Ray, seconds of CPU on the worker's way to joining (the scale-up bench)."""
     stop = as_user(RAY_USER, "ray stop >/dev/null 2>&1; true", activate)
-    return f"if pgrep -u {RAY_USER} >/dev/null 2>&1; then {stop}; fi"
+    return f"if {shell.argv('pgrep', '-u', RAY_USER)} >/dev/null 2>&1; then {stop}; fi"
 
 
 def start_monitor(gcs_address: str, config: str, node_zip: str, env: dict[str, str],
@@ -142,29 +146,32 @@ def start_monitor(gcs_address: str, config: str, node_zip: str, env: dict[str, s
     --head` would run itself (ray/_private/services.py start_monitor), with the same arguments
     bar the log directory."""
     module = "ray.autoscaler.v2.monitor" if v2 else "ray.autoscaler._private.monitor"
-    # Double quotes, not shlex: values may name "$HOME" (the autoscaler user's), never a secret.
-    words = "".join(f'{k}="{v}" ' for k, v in env.items())
-    pid = f"$HOME/{MONITOR_PID}"
-    supervise = '"$rf_py" -m infra.node.supervise'
+    pid = shell.home(f"~/{MONITOR_PID}")
+    python = shell.Shell('"$rf_py"')
     # A monitor from before supervision left a bare pid there (supervise reads it as nothing):
     # stopped by it while that pid is still Ray's autoscaler.
     bare = (f'rf_old=$(cat {pid} 2>/dev/null); case "$rf_old" in ""|*[!0-9]*) ;; '
-            '*) grep -qs ray.autoscaler "/proc/$rf_old/cmdline" && kill "$rf_old";; esac; ')
+            '*) grep -qs ray.autoscaler "/proc/$rf_old/cmdline" && kill "$rf_old";; esac; true')
+    supervise = (python, "-m", "infra.node.supervise")
     # TMPDIR: Ray's libraries keep files under <TMPDIR>/ray (e.g. the on-prem provider's
     # cluster state), and /tmp/ray belongs to Ray's user. Exported: the supervisor and every
-    # monitor it starts inherit them.
-    inner = (f'mkdir -p ~/{SCALER_LOGS} ~/{SCALER_TMP} && '
-             f'rf_py="$(dirname "$(command -v ray)")/python" && '
-             f"export TMPDIR=$HOME/{SCALER_TMP} {words}PYTHONPATH=$HOME/{node_zip} && "
-             f"{{ {bare}true; }} && "
-             + (f"{{ {supervise} stop --pidfile {pid} >/dev/null; true; }} && " if replace else "")
-             + f"{supervise} ensure --pidfile {pid} --log $HOME/{SCALER_LOGS}/monitor.out -- "
-             f'"$rf_py" -u -m {module} '
-             f"--gcs-address={shlex.quote(gcs_address)} --autoscaling-config=$HOME/{config} "
-             # As `ray start` gives it: the monitor then exports the autoscaler's metrics (nodes
-             # by type, pending demand) where the head's Prometheus finds them.
-             f"--monitor-ip={shlex.quote(gcs_address.rsplit(':', 1)[0])} "
-             f"--logs-dir=$HOME/{SCALER_LOGS}")
+    # monitor it starts inherit them. `env`'s values are words (shell.home for one in $HOME).
+    inner = shell.all_of(
+        shell.argv("mkdir", "-p", shell.home(f"~/{SCALER_LOGS}"), shell.home(f"~/{SCALER_TMP}")),
+        shell.Shell('rf_py="$(dirname "$(command -v ray)")/python"'),
+        shell.export({"TMPDIR": shell.home(f"~/{SCALER_TMP}"), **env,
+                      "PYTHONPATH": shell.home(f"~/{node_zip}")}),
+        shell.group(bare),
+        shell.group(f"{shell.argv(*supervise, 'stop', '--pidfile', pid)} >/dev/null; true")
+        if replace else None,
+        shell.argv(*supervise, "ensure", "--pidfile", pid,
+                   "--log", shell.home(f"~/{SCALER_LOGS}/monitor.out"), "--",
+                   python, "-u", "-m", module, f"--gcs-address={gcs_address}",
+                   shell.Shell("--autoscaling-config=" + shell.home(f"~/{config}")),
+                   # As `ray start` gives it: the monitor then exports the autoscaler's metrics
+                   # (nodes by type, pending demand) where the head's Prometheus finds them.
+                   f"--monitor-ip={gcs_address.rsplit(':', 1)[0]}",
+                   shell.Shell("--logs-dir=" + shell.home(f"~/{SCALER_LOGS}"))))
     return as_user(SCALER_USER, inner, activate)
 
 
@@ -198,7 +205,7 @@ def ray_up_monitor(gcs_port: int, token: bool, node_zip: str, activate: str = ""
     """Shell that runs Ray's v1 monitor, supervised, as the autoscaler's user on a head that
     `ray up` started (ray_up_head_start), with `ray up`'s config and key, starting and stopping
     the workers."""
-    auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "$HOME/" + TOKEN_FILE}
+    auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": shell.home(f"~/{TOKEN_FILE}")}
                 if token else {"RAY_AUTH_MODE": "disabled"})
     return start_monitor(f"127.0.0.1:{gcs_port}", RAY_UP_SCALER_FILES[0], node_zip, auth_env,
                          activate, v2=False, replace=replace)

@@ -27,6 +27,8 @@ from typing import Any
 
 from infra.core import paths
 from infra.core.errors import RayfleetError
+from infra.node import shell
+from infra.node.shell import Shell as Shell  # the one mark of shell text (infra/node/shell.py)
 from infra.node.where import home_path
 
 
@@ -34,8 +36,6 @@ class RenderError(RayfleetError):
     """A template failed to render or its output failed Ray's validation."""
 
 
-class Shell(str):
-    """Text that is already shell syntax (quoted, or checked): shell templates print it as is."""
 
 
 def _tojson(value: Any) -> str:
@@ -57,8 +57,7 @@ def shell_path(path: Any) -> Shell:
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: What `expand` lets through: plain characters, and `$` only as $NAME, ${NAME}, $((NAME + 12)).
-_EXPANDABLE = re.compile(r"(?:[^$\\`\"\x00-\x1f\x7f]|\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\}"
-                         r"|\$\(\([A-Za-z_][A-Za-z0-9_]* \+ [0-9]+\)\))*")
+_EXPANDABLE = shell.EXPANDABLE
 
 
 def _varname(value: Any) -> Shell:

@@ -29,7 +29,7 @@ import pytest
 import requests
 
 from infra.node import rayproc, supervise
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT, run_invoke, run_rayfleet
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -367,7 +367,10 @@ def test_a_joined_member_uses_rayfleets_own_verbs_from_their_own_folder(shared: 
 
     submitted = invoke("submit", "--cluster", shared.spec.stem, "hello.py")
     assert submitted.returncode == 0 and "FROM-LEE" in submitted.stdout, submitted.stderr
-    logs = invoke("logs", "--cluster", shared.spec.stem)  # the last job: lee's own
+    # The last job, lee's own: the job may be left out with the `rayfleet` command.
+    logs = run_rayfleet("logs", "--cluster", shared.spec.stem, env=lee.env, cwd=project,
+                        timeout=180)
+    lee.answers.append(logs.stdout + logs.stderr)
     assert logs.returncode == 0 and "FROM-LEE" in logs.stdout, logs.stderr
     status = invoke("status", "--cluster", shared.spec.stem, "--json")
     assert status.returncode == 0, status.stderr

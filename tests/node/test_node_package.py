@@ -25,8 +25,8 @@ NODE_MODULES = sorted(m for m in modules() if m.startswith("infra.node"))
 
 #: Top-level modules the node package may import itself (besides the standard library). psutil and
 #: filelock come with Ray (psutil in ray/thirdparty_files, which infra.node.rayproc finds without
-#: importing Ray); urllib3 comes with requests.
-ALLOWED = ("ray", "requests", "filelock", "psutil", "urllib3")
+#: importing Ray), and so does PyYAML (one of Ray's own requirements); urllib3 comes with requests.
+ALLOWED = ("ray", "requests", "filelock", "psutil", "urllib3", "yaml")
 
 # Runs first in the child: a meta-path hook that refuses what our code (a module named infra...)
 # imports beyond the rule, and any module of rayfleet outside the node package, whoever asks.

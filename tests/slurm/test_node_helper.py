@@ -144,8 +144,9 @@ def test_each_node_takes_its_own_free_block_from_the_heads(tmp_path: Path) -> No
 
 
 def test_autoscaling_config_gets_what_only_the_running_head_knows(tmp_path: Path) -> None:
-    source = tmp_path / "autoscaling.json"
-    source.write_text(json.dumps({"provider": {"type": "external", "cluster": "c"}}))
+    source = tmp_path / "autoscaling.source.yaml"
+    source.write_text("# as templates/slurm.autoscaler.yaml.j2 writes it\n"
+                      "provider:\n  type: external\n  cluster: \"c\"\n")
     target = tmp_path / "autoscaling.yaml"
     env = {"RF_BASE": "20128", "RF_HEAD_IP": "10.0.0.5", "RF_JOB_ID": "42",
            "RF_CLUSTER_ID": "0a1b2c3d", "RF_OWNER": "abcdefabcdef", "SLURM_SUBMIT_DIR": "/w",

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from infra.core import versions
 from infra.core.sharing import membership
+from infra.node import shell
 from infra.node.files import atomic_write
 
 ENV_FILE = "env.sh"
@@ -61,8 +62,9 @@ def env_script(cluster: str, member: str, address: str) -> str:
 def send_line(folder: Path, member: str) -> str:
     """The one line the owner sends with the folder."""
     return (f"send the folder {folder.name}/ privately to {member} (it holds their token); they "
-            f"run: {ray_install()} && source {folder.name}/env.sh && ray job submit "
-            "--working-dir . -- python train.py")
+            "run: " + shell.all_of(ray_install(), shell.argv("source", f"{folder.name}/env.sh"),
+                                   shell.argv("ray", "job", "submit", "--working-dir", ".", "--",
+                                              "python", "train.py")))
 
 
 def readme(cluster: str, member: str, folder: str) -> str:

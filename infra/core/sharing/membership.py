@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from infra.core import paths, spec
 from infra.core.endpoint import Endpoint
 from infra.core.errors import RayfleetError, UsageError
+from infra.node import shell
 from infra.node.files import atomic_write
 
 BUNDLE_KIND = "rayfleet-member-bundle/1"
@@ -150,7 +150,7 @@ def env_values(cluster: str) -> dict[str, str]:
 
 def exports(cluster: str) -> str:
     values = env_values(cluster)
-    return "export " + " ".join(f"{k}={shlex.quote(values[k])}" for k in ENV_NAMES)
+    return shell.export({k: values[k] for k in ENV_NAMES})
 
 
 def endpoint(cluster: str) -> Endpoint:

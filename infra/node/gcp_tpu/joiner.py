@@ -24,13 +24,13 @@ import contextlib
 import datetime as dt
 import json
 import os
-import shlex
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from infra.node import shell
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import (
@@ -238,9 +238,11 @@ class Joiner:
         """The head's copy of a secret into the host's ~/.rayfleet/<name> (0600) through the
         session's stdin: never on a command line, never half-written."""
         with _home(local).open("rb") as handle:
-            self._run([*ssh, "umask 077 && mkdir -p ~/.rayfleet && chmod 700 ~/.rayfleet && "
-                             f"cat > ~/.rayfleet/{name}.tmp && "
-                             f"mv ~/.rayfleet/{name}.tmp ~/.rayfleet/{name}"], what, stdin=handle)
+            folder, tmp = shell.home("~/.rayfleet"), shell.home(f"~/.rayfleet/{name}.tmp")
+            self._run([*ssh, shell.all_of(
+                "umask 077", shell.argv("mkdir", "-p", folder), shell.argv("chmod", "700", folder),
+                f"cat > {tmp}", shell.argv("mv", tmp, shell.home(f"~/.rayfleet/{name}")))],
+                what, stdin=handle)
 
     def join_host(self, qr_id: str, request: queued.SliceRequest, ip: str, worker: int) -> None:
         """Set one TPU host up and start Ray there, joined to this head."""
@@ -254,36 +256,43 @@ class Joiner:
         folders = [f for f in ("setup", "users") if _home(f"~/rayfleet/{f}").is_dir()]
         with subprocess.Popen(["tar", "-C", str(_home("~/rayfleet")), "-cf", "-", *folders],
                               stdout=subprocess.PIPE) as tar:
-            self._run([*ssh, "mkdir -p ~/rayfleet && tar -C ~/rayfleet -xf -"],
+            home = shell.home("~/rayfleet")
+            self._run([*ssh, shell.all_of(shell.argv("mkdir", "-p", home),
+                                          shell.argv("tar", "-C", home, "-xf", "-"))],
                       f"copying the installer to {ip}", stdin=tar.stdout)
         reached = time.monotonic()
         # Ray's own tools in jobs and actors (the state API, e.g. Ray Train's placement group
         # cleaner) find the cluster by RAY_ADDRESS, not by a scan for "the" Ray on the machine.
-        env = f"RAY_USAGE_STATS_ENABLED=0 RAY_ADDRESS={shlex.quote(str(self.config['head_address']))}"
+        env: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0",
+                               "RAY_ADDRESS": str(self.config["head_address"])}
         token = self.config.get("token_path")
         if token:
             # Through the session's stdin: the token is never on a command line or in a file
             # other than this 0600 one.
             self._send_secret(ssh, str(token), "ray-token", f"sending the Ray token to {ip}")
-            env += ' RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$HOME/.rayfleet/ray-token"'
+            env.update(RAY_AUTH_MODE="token",
+                       RAY_AUTH_TOKEN_PATH=shell.home("~/.rayfleet/ray-token"))
         tracking = self.config.get("tracking_url")
         if tracking:
             # `tracking: mlflow`: the login the same way as the token; the start script reads it
             # from the host's 0600 copy, so it is on no command line.
             self._send_secret(ssh, str(self.config["tracking_password_path"]), "mlflow-password",
                               f"sending the tracking login to {ip}")
-            env += (f" MLFLOW_TRACKING_URI={shlex.quote(str(tracking))}"
-                    f" MLFLOW_TRACKING_USERNAME={shlex.quote(str(self.config['tracking_user']))}"
-                    ' MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")"')
+            env.update(MLFLOW_TRACKING_URI=str(tracking),
+                       MLFLOW_TRACKING_USERNAME=str(self.config["tracking_user"]),
+                       MLFLOW_TRACKING_PASSWORD=shell.Shell(
+                           '"$(cat "$HOME/.rayfleet/mlflow-password")"'))
         resources: dict[str, float] = {"TPU": request.chips_per_host}
         if worker == 0:
             resources[f"TPU-{request.accelerator_type}-head"] = 1
         labels = f"rayfleet-queued={qr_id}"
+        bashrc, activate = shell.home("~/.bashrc"), shell.home("~/rayfleet/env/rayfleet-activate.sh")
         prepare = [
             str(self.config["install_command"]),
-            "(grep -qsF rayfleet-activate.sh ~/.bashrc || echo '. "
-            "\"$HOME/rayfleet/env/rayfleet-activate.sh\"' >> ~/.bashrc)",
-            '. "$HOME/rayfleet/env/rayfleet-activate.sh"']
+            shell.subshell(shell.first_of(
+                shell.argv("grep", "-qsF", "rayfleet-activate.sh", bashrc),
+                f"{shell.argv('echo', f'. {activate}')} >> {bashrc}")),
+            shell.argv(".", activate)]
         start = self.config.get("start_commands")
         if start:
             # The autoscaled TPU hosts' own start commands (users, guard, Ray as Ray's user: the
@@ -292,21 +301,18 @@ class Joiner:
             overrides = {"RAY_HEAD_IP": str(self.config["head_address"]).rsplit(":", 1)[0],
                          "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": request.cpus, **resources}),
                          "RAY_OVERRIDE_LABELS": json.dumps({"rayfleet-queued": qr_id})}
-            script = " && ".join([
-                *prepare,
-                "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in overrides.items()),
-                *[str(c) for c in start]])
+            script = shell.all_of(*prepare, shell.export(overrides), *[str(c) for c in start])
         else:
-            script = " && ".join([
+            script = shell.all_of(
                 *prepare,
-                "(ray stop >/dev/null 2>&1 || true)",
-                f"ulimit -n 65536; export {env}; ray start "
-                f"--address={shlex.quote(str(self.config['head_address']))} "
-                f"--object-manager-port=8076 --num-cpus={request.cpus} "
-                f"--resources={shlex.quote(json.dumps(resources))} --labels={shlex.quote(labels)} "
-                "--disable-usage-stats"])
-        self._run([*ssh, f"bash -c {shlex.quote(script)}"], f"setting up {ip} and starting Ray",
-                  timeout=3600)
+                shell.subshell(shell.first_of("ray stop >/dev/null 2>&1", "true")),
+                shell.lines(["ulimit -n 65536", shell.export(env), shell.argv(
+                    "ray", "start", f"--address={self.config['head_address']}",
+                    "--object-manager-port=8076", f"--num-cpus={request.cpus}",
+                    f"--resources={json.dumps(resources)}", f"--labels={labels}",
+                    "--disable-usage-stats")]))
+        self._run([*ssh, shell.argv("bash", "-c", shell.quoted(script))],
+                  f"setting up {ip} and starting Ray", timeout=3600)
         log(f"{qr_id}: host {ip} joined (SSH after {reached - started:.1f} s, installer and "
             f"ray start {time.monotonic() - reached:.1f} s)")
 

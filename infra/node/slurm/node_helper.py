@@ -286,10 +286,13 @@ def prepare(path: str, first: int, stride: int, blocks: int) -> int:
 
 
 def autoscaling_config(source: str, target: str) -> int:
-    """Ray's autoscaling config (JSON, which is YAML) plus what only the running head knows:
-    its address, job id, private dir, submit dir. Nothing secret: Ray copies it into logs."""
+    """Ray's autoscaling config (templates/slurm.autoscaler.yaml.j2) plus what only the running
+    head knows: its address, job id, private dir, submit dir. Nothing secret: Ray copies it into
+    logs. Written back as JSON, which is YAML."""
+    import yaml  # PyYAML comes with Ray; only this command needs it.
+
     with open(source) as handle:
-        config = json.load(handle)
+        config = yaml.safe_load(handle)
     base = int(_env("RF_BASE"))
     config["provider"].update({
         "cluster_id": _env("RF_CLUSTER_ID"),

@@ -18,6 +18,7 @@ from infra.core import privilege
 from infra.core.metrics import remote as metrics_remote
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
+from infra.node import shell
 
 #: What `plan` and `status` print about a job on a gcp-tpu cluster.
 JOB_REACH = privilege.job_reach(
@@ -39,7 +40,7 @@ TPU_ENV_FILE = ".rayfleet/tpu-env"
 #: The node env (setup/install.sh's prefix, in the SSH user's home, traversable by the node
 #: users: setup/users/users.sh) first on the PATH: a prefix for the SSH user's shell, so that a
 #: daemon it starts as another node user (`privilege.as_user`) finds that env's Python.
-ACTIVATE = 'export PATH="$HOME/rayfleet/env/bin:$PATH" && '
+ACTIVATE = shell.before(shell.export({"PATH": shell.Shell('"$HOME/rayfleet/env/bin:$PATH"')}))
 #: That env's Python, for a command after ACTIVATE, as any node user: it has Ray, requests and
 #: Google's client library (installed there for the autoscaler).
 PYTHON = "python"
@@ -49,32 +50,35 @@ PYTHON = "python"
 DAEMON_USER = privilege.SCALER_USER
 #: Ray's file mounts keep modes; this keeps the SSH user's copies of the token and password
 #: private even if they came without (users.sh copies them with the mode they have).
-_PRIVATE = "{ chmod -R go-rwx ~/.rayfleet 2>/dev/null || true; }"
+_PRIVATE = shell.group(shell.first_of(
+    shell.argv("chmod", "-R", "go-rwx", shell.home("~/.rayfleet")) + " 2>/dev/null", "true"))
 
 
 def _node_env(head_ip: str, token: bool, tracking_on: bool) -> str:
     """`VAR=value ` words for a node's `ray start` as Ray's user (`$HOME` is that user's; the
     password is read from its 0600 copy by that shell: on no command line)."""
     # The cluster's own address: Ray's tools in jobs find the cluster by it, not by a scan.
-    words = f'ulimit -n 65536 2>/dev/null; RAY_ADDRESS="{head_ip}:{GCS_PORT}" '
+    env: dict[str, str] = {"RAY_ADDRESS": shell.expanding(f"{head_ip}:{GCS_PORT}")}
     if token:
-        words += f'RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$HOME/{privilege.TOKEN_FILE}" '
+        env.update(RAY_AUTH_MODE="token",
+                   RAY_AUTH_TOKEN_PATH=shell.expanding(f"$HOME/{privilege.TOKEN_FILE}"))
     else:
-        words += "RAY_AUTH_MODE=disabled "
+        env["RAY_AUTH_MODE"] = "disabled"
     if tracking_on:
         plain, from_files = tracking.node_env(
             tracking_remote.node_url(head_ip), tracking_remote.NODE_PASSWORD_PATH)
-        words += "".join(f'{key}="{value}" ' for key, value in plain.items())
-        words += "".join(f'{key}="$(cat "$HOME/{path.removeprefix("~/")}")" '
-                         for key, path in from_files.items())
-    return words
+        env.update({key: shell.expanding(value) for key, value in plain.items()})
+        # Read from the file by the shell that starts Ray: on no command line.
+        env.update({key: shell.Shell(f'"$(cat {shell.expanding("$HOME/" + path.removeprefix("~/"))})"')
+                    for key, path in from_files.items()})
+    return "ulimit -n 65536 2>/dev/null; " + shell.prefix(env)
 
 
 def head_start(token: bool, tracking_on: bool, metrics: bool, dashboard_host: str,
                dashboard_port: int) -> list[str]:
     """The head's start commands (run by `ray up` over SSH as the SSH user)."""
     # The head's own address: Ray's updater sets RAY_HEAD_IP for workers only.
-    env = ('rf_ip="$(hostname -I | awk \'{print $1}\')" && '
+    env = (shell.before(shell.Shell('rf_ip="$(hostname -I | awk \'{print $1}\')"'))
            + _node_env("$rf_ip", token, tracking_on)
            + (metrics_remote.node_env_words() if metrics else "") + "RAY_USAGE_STATS_ENABLED=0 ")
     args = (f"--port={GCS_PORT} --object-manager-port=8076 --dashboard-host={dashboard_host} "
@@ -90,16 +94,17 @@ def worker_start(token: bool, tracking_on: bool) -> list[str]:
     user; Ray's updater opens one session per command, so what the second needs is in it)."""
     env = _node_env("$RAY_HEAD_IP", token, tracking_on)
     return [
-        " && ".join([_PRIVATE, privilege.setup_users(privilege.ray_files(tracking_on)),
-                     privilege.guard(*METADATA), privilege.stop_ray()]),
+        shell.all_of(_PRIVATE, privilege.setup_users(privilege.ray_files(tracking_on)),
+                     privilege.guard(*METADATA), privilege.stop_ray()),
         # Ray's TPU attributes, read as root (the guard lets root through), into Ray's user's
         # home as Ray's own variables, which its `ray start` then reads before the server.
-        f'{privilege.AS_ROOT}bash "$HOME/{TPU_ENV_SCRIPT}" | '
-        + privilege.as_user(privilege.RAY_USER, f"cat > {TPU_ENV_FILE}") + " && "
-        + privilege.as_user(privilege.RAY_USER,
-                            f". ./{TPU_ENV_FILE} && {env}RAY_USAGE_STATS_ENABLED=0 ray start "
-                            f"--address=$RAY_HEAD_IP:{GCS_PORT} --object-manager-port=8076 "
-                            "--disable-usage-stats"),
+        shell.all_of(
+            privilege.AS_ROOT + shell.argv("bash", shell.home(f"~/{TPU_ENV_SCRIPT}")) + " | "
+            + privilege.as_user(privilege.RAY_USER, f"cat > {shell.word(TPU_ENV_FILE)}"),
+            privilege.as_user(privilege.RAY_USER, shell.all_of(
+                shell.argv(".", f"./{TPU_ENV_FILE}"),
+                f"{env}RAY_USAGE_STATS_ENABLED=0 ray start --address=$RAY_HEAD_IP:{GCS_PORT} "
+                "--object-manager-port=8076 --disable-usage-stats"))),
     ]
 
 

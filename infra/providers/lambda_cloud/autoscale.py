@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import yaml
-
-from infra.core import auth, paths, privilege, remote_head, shipping, ssh, ui, versions
+from infra.core import auth, paths, privilege, remote_head, render, shipping, ssh, ui, versions
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
+from infra.node import shell
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster, users
 
@@ -65,14 +64,13 @@ def worker_resources(spec: Spec, types: dict[str, api.InstanceType] | None) -> d
     return out
 
 
-def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
-           rulesets: list[str], types: dict[str, api.InstanceType] | None,
-           rate_scale: float, head_private_ip: str | None = None) -> dict[str, Any]:
-    """The autoscaler's cluster config, as Ray wants it for an external provider (every list key
-    written out: external providers get no defaults). Paths only; no secret."""
+def render_config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
+                  rulesets: list[str], types: dict[str, api.InstanceType] | None,
+                  rate_scale: float, head_private_ip: str | None = None) -> str:
+    """The autoscaler's cluster config (templates/lambda.autoscaler.yaml.j2), as Ray wants it for
+    an external provider. Paths only; no secret."""
     worker_types = spec.worker_types or {}
     resources = worker_resources(spec, types)
-    activate = raycluster.activate(spec)
     extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
         if spec.object_store_memory_mb else ""
     mounts = {auth.NODE_TOKEN_PATH: auth.NODE_TOKEN_PATH} if spec.auth == "token" else {}
@@ -85,38 +83,24 @@ def config(spec: Spec, cluster_id: str, owner: str, region: str, key_name: str,
     if spec.env != "none":
         mounts[raycluster.REMOTE_SETUP] = raycluster.REMOTE_SETUP
         setup = [install_command(spec)]
-    provider: dict[str, Any] = {
-        "type": "external", "module": NODE_PROVIDER,
-        "cluster": spec.name, "cluster_id": cluster_id, "owner": owner,
-        "region": region, "ssh_key_name": key_name, "firewall_rulesets": rulesets,
-        "api_key_file": f"~/{HEAD_API_KEY_FILE}", "state_file": "~/.rayfleet/lambda-nodes.json",
-        "rate_scale": rate_scale, "request_share": 0.5,
-    }
-    return {
-        "cluster_name": spec.name,
-        "max_workers": sum(k.max_workers for k in worker_types.values()),
-        "upscaling_speed": 1.0,
-        "idle_timeout_minutes": spec.idle_timeout_minutes,
-        "provider": provider,
-        "auth": {"ssh_user": spec.ssh_user, "ssh_private_key": f"~/{BOOTSTRAP_KEY}"},
-        "available_node_types": {
-            HEAD_TYPE: {"node_config": {}, "resources": {}, "min_workers": 0, "max_workers": 0},
-            **{name: {"node_config": {"choices": [c.model_dump() for c in kind.choices],
-                                      "type_name": name},
-                      "resources": resources[name], "min_workers": kind.min_workers,
-                      "max_workers": kind.max_workers}
-               for name, kind in worker_types.items()},
-        },
-        "head_node_type": HEAD_TYPE,
-        "file_mounts": mounts, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
-        "rsync_exclude": [], "rsync_filter": [], "initialization_commands": [],
-        "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": setup,
-        "head_start_ray_commands": [],
-        # Ray runs as its unprivileged user (users.py).
-        "worker_start_ray_commands": users.worker_start(
-            activate, raycluster.node_env_prefix(spec, head_private_ip), raycluster.GCS_PORT,
-            extra, spec.tracking == "mlflow"),
-    }
+    return render.render(
+        "lambda.autoscaler.yaml.j2",
+        cluster=spec.name, max_workers=sum(k.max_workers for k in worker_types.values()),
+        idle_timeout_minutes=spec.idle_timeout_minutes, module=NODE_PROVIDER,
+        cluster_id=cluster_id, owner=owner, region=region, ssh_key_name=key_name,
+        firewall_rulesets=rulesets, api_key_file=f"~/{HEAD_API_KEY_FILE}",
+        state_file="~/.rayfleet/lambda-nodes.json", rate_scale=rate_scale,
+        ssh_user=spec.ssh_user, ssh_private_key=f"~/{BOOTSTRAP_KEY}", head_type=HEAD_TYPE,
+        worker_types=[{"name": name, "choices": [c.model_dump() for c in kind.choices],
+                       "resources": resources[name], "min_workers": kind.min_workers,
+                       "max_workers": kind.max_workers} for name, kind in worker_types.items()],
+        file_mounts=mounts,
+        # Shell built here from our own words (install_command, users.py): printed as is.
+        worker_setup_commands=[render.Shell(c) for c in setup],
+        worker_start_commands=[render.Shell(c) for c in users.worker_start(
+            raycluster.activate(spec), raycluster.node_env_prefix(spec, head_private_ip),
+            raycluster.GCS_PORT, extra, spec.tracking == "mlflow")],
+    )
 
 
 def install_command(spec: Spec, head: bool = False) -> str:
@@ -162,7 +146,7 @@ def auth_env(spec: Spec) -> dict[str, str]:
     """How the autoscaler's user reaches GCS: with its own copy of the token, or none."""
     if spec.auth != "token":
         return {"RAY_AUTH_MODE": "disabled"}
-    return auth.node_env("$HOME/" + TOKEN_FILE)
+    return auth.node_env(shell.home(f"~/{TOKEN_FILE}"))
 
 
 def scaler_files(tracking: bool) -> tuple[str, ...]:
@@ -201,9 +185,10 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         # The running autoscaler reads its own user's copy of the config (v2 re-reads it); one
         # runs, whatever ended the last (its supervisor killed too).
         mlflow = spec.tracking == "mlflow"
-        ssh.run(target, privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow),
-                                              (HEAD_API_KEY_FILE,))
-                + " && " + monitor_command(spec, raycluster.private_address(head), replace=False),
+        ssh.run(target, shell.all_of(
+                    privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow),
+                                          (HEAD_API_KEY_FILE,)),
+                    monitor_command(spec, raycluster.private_address(head), replace=False)),
                 timeout=120, check=True)
         return
     if spec.env != "none":
@@ -233,13 +218,6 @@ def versions_line(root: Path) -> str:
     except OSError:
         commit = ""
     return f"rayfleet {commit or 'unknown commit'}\n"
-
-
-def render(config_data: dict[str, Any]) -> str:
-    header = ("# Ray autoscaler config of a rayfleet Lambda cluster (infra/providers/lambda_cloud/"
-              "autoscale.py).\n# No secret in here: the API key and the Ray token are 0600 files "
-              "on the head.\n")
-    return header + yaml.safe_dump(config_data, sort_keys=False)
 
 
 def hourly_range(spec: Spec, types: dict[str, api.InstanceType] | None) -> tuple[int, int] | None:

@@ -166,10 +166,9 @@ def render_autoscaler(spec: Spec, state: State | None, head: api.Instance | None
     region = head.region if head else spec.head.choices[0].region
     rulesets = [r.id for r in (state.resources(firewall.FIREWALL) if state else [])
                 if r.attrs.get("region") == region] or ["<ruleset id>"]
-    data = autoscale.config(spec, state.cluster_id if state else identity.ID_PLACEHOLDER,
-                            state.owner if state else "<owner>", region, key, rulesets, types,
-                            scale, raycluster.private_address(head) if head else None)
-    text = autoscale.render(data)
+    text = autoscale.render_config(spec, state.cluster_id if state else identity.ID_PLACEHOLDER,
+                                   state.owner if state else "<owner>", region, key, rulesets,
+                                   types, scale, raycluster.private_address(head) if head else None)
     # Ray's defaults for external providers bring empty legacy keys it then warns about.
     logging.getLogger("ray.autoscaler._private.util").setLevel(logging.ERROR)
     render.validate_ray_cluster_config(text, f"autoscaler config for {spec.name}")

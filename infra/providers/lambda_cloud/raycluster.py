@@ -21,7 +21,8 @@ from infra.core.errors import ProviderError
 from infra.core.metrics import remote as metrics_remote
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
-from infra.node.where import home_path, ray_executable
+from infra.node import shell
+from infra.node.where import ray_executable
 from infra.providers.lambda_cloud import users
 
 if TYPE_CHECKING:
@@ -51,11 +52,12 @@ class RayClusterError(ProviderError):
 
 def activate(spec: Spec) -> str:
     """Shell prefix that puts the node env's `ray` and `python` first on the PATH."""
-    return "" if spec.env == "none" else f'. "{ENV_PREFIX}/rayfleet-activate.sh" && '
+    return "" if spec.env == "none" else shell.before(
+        shell.argv(".", shell.home(f"{ENV_PREFIX}/rayfleet-activate.sh")))
 
 
 #: Where nodes keep the cluster's Ray token (auth.NODE_TOKEN_PATH, spelled for a shell).
-NODE_TOKEN = home_path(auth.NODE_TOKEN_PATH)
+NODE_TOKEN = shell.home(auth.NODE_TOKEN_PATH)
 
 
 def private_address(instance: api.Instance) -> str:
@@ -75,12 +77,12 @@ def node_env_prefix(spec: Spec, head_private_ip: str | None = None) -> str:
     head = head_private_ip or HEAD_PRIVATE_IP_PLACEHOLDER
     # The cluster's own address: Ray's tools in jobs and actors (the state API, e.g. Ray Train's
     # placement group cleaner) then never scan the machine for "the" Ray.
-    words = f"RAY_ADDRESS={head}:{GCS_PORT} "
+    words: str = shell.prefix({"RAY_ADDRESS": f"{head}:{GCS_PORT}"})
     if spec.tracking == "mlflow":
         words += tracking_remote.node_env_prefix(head)
     if spec.auth != "token":
-        return words + "RAY_AUTH_MODE=disabled "
-    return words + "".join(f"{key}={value} " for key, value in auth.node_env(NODE_TOKEN).items())
+        return words + shell.prefix({"RAY_AUTH_MODE": "disabled"})
+    return words + shell.prefix(auth.node_env(NODE_TOKEN))
 
 
 def head_env(spec: Spec) -> str:

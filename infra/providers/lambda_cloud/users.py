@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra.core import paths, privilege
+from infra.node import shell
 
 #: What `plan` and `status` print about a job on a Lambda cluster.
 JOB_REACH = privilege.job_reach("the Lambda API key")
@@ -41,13 +42,13 @@ def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[s
     autoscaler as its user, supervised: privilege.start_monitor). `ray_env` are `VAR=value `
     words for `ray start`; nothing secret is in any argument. `moved`: the scaler's files whose
     SSH user's copy goes once handed over (the API key)."""
-    return " && ".join([
+    return shell.all_of(
         privilege.setup_users(ray_files(tracking), scaler, moved),
         privilege.stop_ray(activate),
         privilege.as_user(privilege.RAY_USER,
                           f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
         monitor,
-    ])
+    )
 
 
 def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
@@ -57,7 +58,7 @@ def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
     address = f"$RAY_HEAD_IP:{gcs_port}"
     # Two commands, as before the users: Ray's updater opens one SSH session per command.
     return [
-        f"{privilege.setup_users(ray_files(tracking))} && {privilege.stop_ray(activate)}",
+        shell.all_of(privilege.setup_users(ray_files(tracking)), privilege.stop_ray(activate)),
         privilege.as_user(privilege.RAY_USER,
                           f"{ray_env}RAY_USAGE_STATS_ENABLED=0 ray start "
                           f"--address={address} --disable-usage-stats{extra}", activate),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.core.errors import SpecError
+from infra.node import shell
 from infra.node.slurm import queue
 from infra.node.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable, patiently
 from infra.node.where import home_path
@@ -72,8 +73,9 @@ def _int(text: str, default: int = 0) -> int:
 
 def partitions(runner: Runner) -> dict[str, Partition]:
     """Every partition with its limits and nodes (one command line, one round trip)."""
-    out = patiently(lambda: runner.check(f"scontrol show partition --oneliner && echo {_SPLIT} && "
-                       "sinfo -h -N -o '%R|%N|%c|%m|%G|%t'"), "reading the partitions")
+    out = patiently(lambda: runner.check(shell.all_of(
+        shell.argv("scontrol", "show", "partition", "--oneliner"), shell.argv("echo", _SPLIT),
+        shell.argv("sinfo", "-h", "-N", "-o", "%R|%N|%c|%m|%G|%t"))), "reading the partitions")
     part_text, _, node_text = out.partition(_SPLIT)
     found: dict[str, Partition] = {}
     for line in part_text.splitlines():
@@ -229,10 +231,14 @@ def _write_secret(folder: str, name: str, size: int) -> str:
     renamed into place. `read -N` on a pipe takes exactly those bytes (bash reads pipes a byte at
     a time), so the rest of stdin is left for the next command; the secret is never on a command
     line (printf is a builtin). In a subshell: the umask must not reach sbatch and the job."""
-    tmp, final = f"{folder}/{name}.tmp", f"{folder}/{name}"
-    return (f"( umask 077 && mkdir -p {folder} && chmod 700 {folder} && "
-            f"IFS= read -r -N {size} rf_secret && printf '%s' \"$rf_secret\" > {tmp} && "
-            f"chmod 600 {tmp} && mv -f {tmp} {final} )")
+    # `folder` is already one shell word (ours.token_dir, "$HOME"/... kept expanding).
+    where = shell.Shell(folder)
+    tmp = shell.Shell(f"{where}/{shell.word(name + '.tmp')}")
+    final = shell.Shell(f"{where}/{shell.word(name)}")
+    return shell.subshell(shell.all_of(
+        "umask 077", shell.argv("mkdir", "-p", where), shell.argv("chmod", "700", where),
+        f"IFS= read -r -N {int(size)} rf_secret", f"printf '%s' \"$rf_secret\" > {tmp}",
+        shell.argv("chmod", "600", tmp), shell.argv("mv", "-f", tmp, final)))
 
 
 def sbatch(runner: Runner, workdir: str, job_name: str, script: str, comment: str,
@@ -243,18 +249,18 @@ def sbatch(runner: Runner, workdir: str, job_name: str, script: str, comment: st
     to every user in `scontrol show job`). `secrets`: (folder, name -> content) of the files the
     nodes read (the Ray token, the MLflow login), written first in the same round trip (ahead of
     the script on stdin)."""
-    folder = home_path(workdir)
+    folder = shell.Shell(home_path(workdir))
     exports = "".join(f",{k}={v}" for k, v in (export or {}).items())
-    first, stdin = "", script
+    writes: list[str] = []
+    stdin = script
     if secrets is not None and secrets[1]:
         names = sorted(secrets[1])
-        first = " && ".join(_write_secret(secrets[0], name, len(secrets[1][name]))
-                            for name in names) + " && "
+        writes = [_write_secret(secrets[0], name, len(secrets[1][name])) for name in names]
         stdin = "".join(secrets[1][name] for name in names) + script
-    out = runner.check(f"{first}mkdir -p {folder} && cd {folder} && "
-                       f"sbatch --parsable --job-name={shlex.quote(job_name)} "
-                       f"--comment={shlex.quote(comment)} --export={shlex.quote('ALL' + exports)}",
-                       input=stdin)
+    out = runner.check(shell.all_of(
+        *writes, shell.argv("mkdir", "-p", folder), shell.argv("cd", folder),
+        shell.argv("sbatch", "--parsable", f"--job-name={job_name}", f"--comment={comment}",
+                   f"--export=ALL{exports}")), input=stdin)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SlurmError(f"sbatch on {runner.where} printed {out.strip()!r}, not a job id")
@@ -304,7 +310,7 @@ def open_ports(runner: Runner, targets: list[tuple[str, int]]) -> list[tuple[str
     """Which of these ip:port still accept TCP connections, tested from where Slurm runs."""
     if not targets:
         return []
-    words = " ".join(f"{ip}/{port}" for ip, port in targets)
+    words = shell.argv(*(f"{ip}/{port}" for ip, port in targets))
     out = runner.run(
         f"for t in {words}; do timeout 1 bash -c \"exec 3<>/dev/tcp/$t\" 2>/dev/null "
         "&& echo \"$t\"; done; true", timeout=10 + 2 * len(targets)).stdout

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from infra.core import render, shipping
@@ -98,54 +97,24 @@ def _ray_resources(cpus: int, gpus: int, custom: dict[str, float]) -> dict[str, 
 
 
 def autoscaling_config(spec: Spec) -> str:
-    """Ray's cluster config for the head's autoscaler (v2, external provider, no SSH updater).
-
-    JSON (which is YAML); the head's helper adds what only the running job knows. No secret: Ray
-    copies it to the head's logs. Every list key is written out: an external provider gets no
-    defaults and v2's monitor fails on a missing one.
-    """
-    types: dict[str, Any] = {
-        HEAD_TYPE: {"resources": _ray_resources(spec.cpus_per_node, spec.gpus_per_node,
-                                                spec.resources),
-                    "node_config": {}, "min_workers": 0, "max_workers": 0},
-    }
-    provider_types = {}
-    for name, worker in spec.worker_types.items():
-        types[name] = {
+    """Ray's cluster config for the head's autoscaler (templates/slurm.autoscaler.yaml.j2); the
+    head's helper adds what only the running job knows."""
+    return render.render(
+        "slurm.autoscaler.yaml.j2", cluster=spec.name,
+        max_workers=sum(w.max_workers for w in spec.worker_types.values()),
+        idle_timeout_minutes=spec.idle_timeout_minutes, module=NODE_PROVIDER, head_type=HEAD_TYPE,
+        head_resources=_ray_resources(spec.cpus_per_node, spec.gpus_per_node, spec.resources),
+        worker_types=[{
+            "name": name,
             "resources": _ray_resources(worker.cpus_per_node, worker.gpus_per_node,
                                         worker.resources),
             "labels": dict(worker.labels),
-            "node_config": {"worker_type": name},
-            "min_workers": worker.min_workers,
-            "max_workers": worker.max_workers,
-        }
-        provider_types[name] = {
+            "min_workers": worker.min_workers, "max_workers": worker.max_workers,
             "sbatch": worker_sbatch_options(spec, worker),
             "time_limit_s": queue.time_limit_seconds(worker.time_limit or spec.time_limit),
             "object_store": _object_store(spec, worker.memory_per_node_mb),
-        }
-    config = {
-        "cluster_name": spec.name,
-        "max_workers": sum(w.max_workers for w in spec.worker_types.values()),
-        "upscaling_speed": 1.0,
-        "idle_timeout_minutes": spec.idle_timeout_minutes,
-        "provider": {
-            "type": "external",
-            "module": NODE_PROVIDER,
-            "disable_node_updaters": True,
-            "disable_launch_config_check": True,
-            "cluster": spec.name,
-            "worker_types": provider_types,
-        },
-        "auth": {"ssh_user": "unused"},
-        "available_node_types": types,
-        "head_node_type": HEAD_TYPE,
-        "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
-        "rsync_exclude": [], "rsync_filter": [], "initialization_commands": [],
-        "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
-        "head_start_ray_commands": [], "worker_start_ray_commands": [],
-    }
-    return json.dumps(config, indent=1, sort_keys=True)
+        } for name, worker in spec.worker_types.items()],
+    )
 
 
 def autoscaler_env(spec: Spec) -> list[tuple[str, str]]:
