@@ -104,8 +104,15 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     assert [j["status"] for j in reported["jobs"]] == ["SUCCEEDED"]
 
     pids = _processes(cluster.stem)
+    # A changed spec of the running cluster: `plan` names the field, `up` says it needs a new one.
+    cluster.write_text(cluster.read_text().replace("num_cpus: 2", "num_cpus: 3"))
+    planned = run_invoke("plan", "--cluster", str(cluster))
+    assert "num_cpus: 2 -> 3 (needs a new cluster: `invoke teardown`, then `invoke up`)" in \
+        planned.stdout, planned.stdout
     again = run_invoke("up", "--cluster", str(cluster))
     assert again.returncode == 0 and "already running" in again.stderr
+    assert "num_cpus changed to 3, but the running cluster keeps 2: it needs a new cluster" in \
+        again.stderr, again.stderr
     assert set(pids) <= set(_processes(cluster.stem)), "a second up must not restart the cluster"
 
     port_base = _state(rf_home, cluster.stem)["resources"][0]["attrs"]["port_base"]
