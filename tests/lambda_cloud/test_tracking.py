@@ -52,7 +52,7 @@ def test_every_ray_start_reads_the_password_from_the_nodes_file(rf_home: Path,
     # An autoscaled worker gets the head's copy of the file and the same words.
     data = autoscale.config(spec, "abc", "me", "us-east-1", "key", ["rs"], None, 1.0, "10.0.0.5")
     assert data["file_mounts"]["~/.rayfleet/mlflow-password"] == "~/.rayfleet/mlflow-password"
-    assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in data["worker_start_ray_commands"][1]
+    assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in data["worker_start_ray_commands"][-1]
     head = autoscale.head_start_command(spec, "i-1", "10.0.0.5")
     assert 'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")"' in head
     assert secret not in yaml.safe_dump(data) + head
