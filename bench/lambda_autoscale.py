@@ -193,6 +193,11 @@ def launches(cluster: Scaled, submitted: float) -> None:
     print(f"  launches (fake): at {', '.join(f'+{t - submitted:.1f}s' for t in launched) or '-'}; "
           f"spacing {', '.join(gaps) or '-'} s (limit 12 s); 429s: {len(refused)} "
           f"({sum(1 for _, p in refused if p == LAUNCH)} on launch)")
+    # Each launch's capacity check (the provider reads /instance-types first): for all but the
+    # first it should fall inside the launch interval, costing nothing.
+    checks = [t for t, method, path, status in log if path == "/instance-types" and status == 200]
+    leads = [f"{t - max((c for c in checks if c <= t), default=t):.2f}" for t in launched]
+    print(f"  capacity check -> launch, per launch: {', '.join(leads) or '-'} s")
     first = launched[0] if launched else float("inf")
     before = [f"+{t - submitted:.1f}s {method} {path} {status}" for t, method, path, status in log
               if t <= first]

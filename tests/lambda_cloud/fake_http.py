@@ -58,8 +58,10 @@ class Bucket:
     interval: float
     #: Arrival times of the requests accepted lately, sorted.
     accepted: list[float] = field(default_factory=list)
-    #: Accept a request this much (fraction of interval) early: clocks differ a little.
-    tolerance: float = 0.01
+    #: Accept a request this much (fraction of interval) early: clocks differ a little (NTP:
+    #: within 500 ppm). Kept under the client's margin (pacing.Limits.margin, 0.5 %), so that a
+    #: client spaced too tightly meets a 429 here rather than passing on the fake's leniency.
+    tolerance: float = 0.001
 
     def take(self, now: float) -> bool:
         if self.interval <= 0:

@@ -133,7 +133,10 @@ def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
     assert "ray.autoscaler" not in text
     monitor = privilege.ray_up_monitor(6379, spec.auth == "token", "rayfleet/node/x.zip")
     assert "infra.node.supervise ensure" in monitor
-    worker_users, worker_ray = config["worker_start_ray_commands"]
+    # A worker's users, `ray stop` and Ray in one command (one SSH session of Ray's updater).
+    (worker,) = config["worker_start_ray_commands"]
+    worker_users, worker_ray = worker.split(" && ", 1)[0], worker[worker.rindex("runuser"):]
+    assert "ray start" in worker_ray and "ray start" not in worker_users
     assert "--dashboard-host=127.0.0.1" in head_ray and "--no-monitor" in head_ray
     assert all("RAY_USAGE_STATS_ENABLED=0" in c and "runuser -u rayfleet-ray" in c
                for c in (head_ray, worker_ray))

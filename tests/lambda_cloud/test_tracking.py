@@ -56,7 +56,7 @@ def test_every_ray_start_reads_the_password_from_the_nodes_file(rf_home: Path,
                                          "10.0.0.5")
     data = yaml.safe_load(autoscaler)
     assert data["file_mounts"]["~/.rayfleet/mlflow-password"] == "~/.rayfleet/mlflow-password"
-    assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in data["worker_start_ray_commands"][1]
+    assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in data["worker_start_ray_commands"][-1]
     head = autoscale.head_start_command(spec, "i-1", "10.0.0.5")
     assert 'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")"' in head
     assert secret not in autoscaler + head

@@ -280,8 +280,12 @@ class LambdaNodeProvider(NodeProvider):
                       if n.tags.get(TAG_LAUNCHED_AT, "").isdigit()]
             self._paced_after_others = True
         if stamps:
-            # +1 s: the tag has whole seconds. The pacer adds its own margin to the interval.
-            wait = max(stamps) + 1 + self.client.limits.launch_interval - time.time()
+            # +1 s: the tag has whole seconds. The tag was stamped before that launch was sent:
+            # it reached Lambda later by its sending and `transit` (what the pacer allows its own
+            # requests); one later still can meet a 429, which is waited out (no second instance).
+            limits = self.client.limits
+            wait = (max(stamps) + 1 + limits.launch_interval * (1 + limits.margin) + limits.transit
+                    - time.time())
             if wait > 0:
                 self.client.defer_launches(wait)
 

@@ -41,8 +41,13 @@ class Limits:
     launch_interval: float = 12.0
     #: Longest single backoff sleep after a 429/5xx.
     backoff_cap: float = 30.0
-    #: Safety margin over the intervals: the server's clock is not ours.
-    margin: float = 0.02
+    #: Safety margin over the intervals: the server's clock is not ours. What it must cover is
+    #: the two clocks' rates (NTP keeps them within 500 ppm) and the server's rounding: the
+    #: moments themselves are already the latest the request can have arrived (`transit`), so
+    #: the margin is no cushion for the network or a loaded client. 0.5 % is 60 ms of a launch
+    #: interval, ten times the clocks' worst; 2 % cost 0.24 s on every launch, 1.7 s of an
+    #: 8-worker scale-up (docs/benchmarks.md, issue 38).
+    margin: float = 0.005
     #: How long a launch whose answer was lost may take to show up in the instance list before
     #: we believe it never happened (generous: Lambda documents nothing about it).
     lost_launch_window: float = 120.0

@@ -56,13 +56,15 @@ def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
     """A worker's start commands (run by the autoscaler over SSH as the SSH user): its Ray user
     with the token and password that the file mounts brought, then Ray as that user."""
     address = f"$RAY_HEAD_IP:{gcs_port}"
-    # Two commands, as before the users: Ray's updater opens one SSH session per command.
-    return [
-        shell.all_of(privilege.setup_users(ray_files(tracking)), privilege.stop_ray(activate)),
+    # One command: Ray's updater opens an SSH session and a login shell per command, all on a
+    # new worker's way to joining (issue 38's scale-up).
+    return [shell.all_of(
+        privilege.setup_users(ray_files(tracking)),
+        privilege.stop_ray(activate),
         privilege.as_user(privilege.RAY_USER,
                           f"{ray_env}RAY_USAGE_STATS_ENABLED=0 ray start "
                           f"--address={address} --disable-usage-stats{extra}", activate),
-    ]
+    )]
 
 
 def script_mount() -> dict[str, str]:
