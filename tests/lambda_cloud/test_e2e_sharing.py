@@ -4,16 +4,15 @@ real TLS and the cluster's firewall ruleset enforced on the instances' hosts (be
 The bed's four hosts: h1 and h2 are what the fake Lambda hands out as instances (the head, the one
 autoscaled worker); h3 is the members' laptop, the only address in `sharing.allowed_source_ranges`;
 h4 is someone outside. The owner works from the bed's client namespace (its address alone in
-`ssh_source_ranges`). The module shares one cluster; each test arranges what it needs of it
-(a member joined, the two members' jobs run: `_member`, `_jobs_ran`, each done once), so any test
-runs alone. `up` opens the gateway's port in the ruleset to h3 only and runs
-the gateway on the head as a user of its own (no sudo, no shell, no key), out of Ray's user's
-reach; two members join in homes of their own on h3
-and both their jobs run on the autoscaled worker (one with the stock `ray job` CLI, one with
-`invoke submit` from their own folder); h4 and the owner's machine cannot even connect; a removed
-member is refused within 5 s while the other keeps working; a gateway killed on the head is back
-within seconds with its accounting; `members --json` counts from the head; `teardown` (the
-module's fixture, at its end) leaves nothing and keeps the usage here.
+`ssh_source_ranges`). The module shares one cluster; each test arranges what it needs of it (a
+member joined, the two members' jobs run: `_member`, `_jobs_ran`, each done once), so any test runs
+alone. `up` opens the gateway's port in the ruleset to h3 only and runs the gateway on the head as
+a user of its own (no sudo, no shell, no key), out of Ray's user's reach; two members join in homes
+of their own on h3 and both their jobs run on the autoscaled worker (one with the stock `ray job`
+CLI, one with `invoke submit` from their own folder); h4 and the owner's machine cannot even
+connect; a removed member is refused within 5 s while the other keeps working; a gateway killed on
+the head is back within seconds with its accounting; `members --json` counts from the head;
+`teardown` (the module's fixture, at its end) leaves nothing and keeps the usage here.
 """
 
 from __future__ import annotations

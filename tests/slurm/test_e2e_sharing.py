@@ -5,15 +5,14 @@ work dir.
 
 One fixed one-node cluster serves every scenario; each test arranges what it needs of it (a member
 joined, alice's job run: `_member`, `_alices_job`, each done once), so any test runs alone. `up`
-starts the gateway in the
-head's job, listening on the node's addresses with a certificate that names the node, 127.0.0.1 and
-localhost; two members join in homes of their own on the other bed host (the site's network) and
-alice submits with the stock `ray job` CLI; bob can neither stop nor read alice's job (403); from
-the owner's machine a member reaches the gateway through their own `ssh -L` via the login host
-(`join --address`), the CA pinned, by the name `localhost`; a removed member is refused within
-5 s while the other keeps working; a gateway killed on the head is back within seconds with its
-accounting (the job's supervisor); `members --json` counts from the head; `teardown` (the
-module's fixture, at its end) leaves no gateway listening and keeps the usage here.
+starts the gateway in the head's job, listening on the node's addresses with a certificate that
+names the node, 127.0.0.1 and localhost; two members join in homes of their own on the other bed
+host (the site's network) and alice submits with the stock `ray job` CLI; bob can neither stop nor
+read alice's job (403); from the owner's machine a member reaches the gateway through their own
+`ssh -L` via the login host (`join --address`), the CA pinned, by the name `localhost`; a removed
+member is refused within 5 s while the other keeps working; a gateway killed on the head is back
+within seconds with its accounting (the job's supervisor); `members --json` counts from the head;
+`teardown` (the module's fixture, at its end) leaves no gateway listening and keeps the usage here.
 """
 
 from __future__ import annotations
