@@ -81,21 +81,25 @@ def needs_root() -> None:
     namespace): it puts every test that uses it in the slow tier, like `real_daemon`."""
 
 
-#: Packages whose modules share a package-scoped bed (built once per worker that runs them):
-#: their tests stay on one pytest-xdist worker.
-_PACKAGE_GROUPS = {"gcp_tpu"}
-
-
 def _group(path: Path) -> str:
-    """The pytest-xdist group of a test file: its package for `_PACKAGE_GROUPS`, else the module."""
-    rel = path.relative_to(ROOT / "tests")
-    return rel.parts[0] if rel.parts[0] in _PACKAGE_GROUPS else rel.as_posix()
+    """The pytest-xdist group of a test file (tests/durations.py: a module, or a package sharing
+    a bed)."""
+    from tests.durations import group_of
+
+    return group_of(path)
+
+
+def start_order(groups: list[str], seconds: dict[str, float]) -> list[str]:
+    """`groups` in the order their first tests go to the workers: those `seconds` (the recorded
+    times, tests/durations.json) lacks first (a new module might be long: not left for last),
+    then the recorded ones longest first; ties keep the given order."""
+    return sorted(groups, key=lambda g: -seconds[g] if g in seconds else float("-inf"))
 
 
 # tryfirst: pytest-xdist turns the `xdist_group` mark into the node id's `@group` suffix in its own
 # pytest_collection_modifyitems, registered after this conftest and so called before it; a mark
 # added later is never seen, and every test became its own group (a module's cluster built on each
-# worker its tests landed on, scenarios meant to follow each other run on fresh clusters).
+# worker its tests landed on).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the slow tier by fixtures, and run the suite's independent groups side by side (`-n`
@@ -105,26 +109,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gets the `slow` mark here, before `-m "not slow"` deselects (see `real_daemon`).
 
     Each group (a module, or a package sharing a bed) runs whole on one worker, so module- and
-    package-scoped clusters are built once. The slowest groups are handed out first: with groups
-    sent in collection order, a long group started last would decide the whole run's length.
+    package-scoped clusters are built once. The slowest groups are handed out first (`start_order`
+    on the times pytest recorded, tests/durations.json): with groups sent in collection order, a
+    long group started last would decide the whole run's length.
     """
-    slow = {group: rank for rank, group in enumerate(SLOWEST_FIRST)}
+    from tests.durations import load
+
+    groups = {item: _group(Path(str(item.path))) for item in items}
+    order = start_order(list(dict.fromkeys(groups.values())), load())
+    rank = {group: n for n, group in enumerate(order)}
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("slow") is None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(QUICK_TIMEOUT_S))
-        item.add_marker(pytest.mark.xdist_group(_group(Path(str(item.path)))))
-    items.sort(key=lambda item: slow.get(_group(Path(str(item.path))), len(slow)))
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+    items.sort(key=lambda item: rank[groups[item]])
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     """Stop a run whose groups did not reach pytest-xdist, instead of splitting modules.
 
-    A module's tests share one module-scoped cluster and build on each other (deploy, then
-    delete); spread over workers they fail far from the cause. A worker hands back a grouped
-    test's node id suffixed with `@group`.
+    A module's tests share one module-scoped cluster; spread over workers, each worker would build
+    its own (CI's time multiplied). A worker hands back a grouped test's node id suffixed with
+    `@group`.
     """
     if node.config.getvalue("dist") != "loadgroup":
         return
@@ -135,24 +144,6 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
             "(pip install -e '.[dev]'), or run with -n 0",
             returncode=4,
         )
-
-
-#: Groups by their duration in CI, longest first (from `pytest --durations=60` of a full -n 3 run:
-#: gcp_tpu ~10 min, the bench quick runs ~6, the examples ~6, the live suite ~3); the rest follow
-#: in collection order.
-SLOWEST_FIRST: list[str] = [
-    "gcp_tpu",
-    "test_bench.py",
-    "test_examples.py",
-    "test_live_suite.py",
-    "local/test_e2e_sharing.py",
-    "slurm/test_e2e_identity.py",
-    "lambda_cloud/test_e2e_autodown.py",
-    "slurm/test_e2e_autodown.py",
-    "lambda_cloud/test_e2e_autoscale.py",
-    "lambda_cloud/test_e2e_cluster.py",
-    "local/test_e2e_cluster.py",
-]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,15 @@ def _ours(offline: Offline, cluster_id: str) -> list[dict[str, Any]]:
     return found
 
 
+@dataclass
+class Head:
+    """The cluster's head as the fake Google lists it, and its test-bed host."""
+    cluster_id: str
+    vm: dict[str, Any]
+    ip: str
+    host: Any
+
+
 @pytest.mark.slow
 def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         offline: Offline, tmp_path: Path) -> None:
@@ -58,104 +68,19 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
                                           "max_workers": 1, "cpus": 1, "provisioning": "spot"}})
     started = time.monotonic()
     timings: dict[str, float] = {}
-    cluster_id = ""
     try:
-        up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
-        assert up.returncode == 0, up.stdout + up.stderr
-        assert "starting the autodown watcher on the head (5 idle minutes)" in up.stderr, up.stderr
-        assert "not enforced" not in up.stderr
-        # 1. A job keeps the cluster past its idle period (while the workers come up). Submitted
-        # before the second `up`: a replaced watcher takes the countdown over from its marker
-        # (a restart buys no idle period), so a job sent only after the 0.3-minute watcher took
-        # over raced the idle time the first one had counted since the first `up`.
-        job = offline.invoke(home, "submit", "--cluster", str(spec), "--no-wait",
-                             "tests/data/sleeper.py", timeout=120)
-        assert job.returncode == 0, job.stdout + job.stderr
-        job_id = job.stdout.strip().splitlines()[-1]
-        busy_since, busy_at = time.monotonic(), dt.datetime.now(dt.timezone.utc)
-        # A second `up` with another idle period replaces the running watcher (the countdown
-        # below shows its 0.3 minutes); Ray's config is unchanged, so Ray and the job go on.
-        spec.write_text(spec.read_text().replace("idle_minutes: 5", f"idle_minutes: {IDLE_MINUTES}"))
-        up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
-        assert up.returncode == 0, up.stdout + up.stderr
-        assert "is already running with this config" in up.stderr, up.stderr
-        assert "starting the autodown watcher on the head (0.3 idle minutes)" in up.stderr, up.stderr
-        # The cost range (issue 15): head + its two workers, at min and max size alike.
-        assert "cost: $" in up.stderr and "(3 nodes), fixed size" in up.stderr, up.stderr
-        cluster_id = json.loads((home / "state" / f"{NAME}.json").read_text())["cluster_id"]
-        head = next(i for i in _ours(offline, cluster_id)
-                    if i["labels"].get("ray-node-type") == "head")
-        head_ip = head["networkInterfaces"][0]["networkIP"]
-        head_host = next(h for h in offline.bed.hosts if h.ip == head_ip)
-        # The watcher runs as the autoscaler's user (issue 29), with its files in that user's
-        # home and no key file of ours: the VM's own identity only, through the metadata server.
-        files = head_host.run(f"ls {WATCHER_HOME}/.rayfleet").stdout.split()
-        assert set(files) <= {"autodown.json", "autodown.json.pid", "autodown-marker.json",
-                              "autodown.log", "ray-token"}, files
-        assert "autodown.json" in files, files
-        # The SSH user's home keeps none of them (beside the head's Prometheus, `metrics:
-        # prometheus` by default, with its config and its supervisor's pid file; no credential).
-        files = head_host.run("ls ~/.rayfleet").stdout.split()
-        assert set(files) <= {"metrics.json", "metrics.json.pid", "metrics.yml", "metrics.log",
-                              "ray-token"}, files
-        watcher = head_host.run("ps -eo user:20,args | grep '[i]nfra.node.autodown'").stdout
-        assert "infra.node.autodown --config" in watcher, watcher
-        assert {line.split()[0] for line in watcher.splitlines()} == {SCALER_USER}, watcher
-        # Ray's monitor runs under the head's supervisor, as that user too: one per head after
-        # `up` twice (the second kept it: Ray did not change), and what the watcher stops first
-        # (both, by the supervisor's pid file) so that nothing launches replacements below.
-        monitors = head_host.run(f"pgrep -u {SCALER_USER} -f '^[^ ]+ -u -m ray[.]autoscaler'")
-        assert len(monitors.stdout.split()) == 1, monitors.stdout
-        supervised = json.loads(head_host.run(
-            f"PYTHONPATH=$(ls -t {WATCHER_HOME}/{NODE_DIR}/*.zip | head -n 1) python3 -m "
-            f"infra.node.supervise status --pidfile {WATCHER_HOME}/{MONITOR_PID}").stdout)
-        assert supervised["supervisor_running"] and supervised["daemon_running"], supervised
-        assert supervised["pid"] == int(monitors.stdout.split()[0]), supervised
+        # 1. A job keeps the cluster past its idle period (while the workers come up).
+        job_id, busy_at = _up_then_a_job_then_up_with_a_short_idle_period(offline, home, spec)
+        busy_since = time.monotonic()
+        head = _head(offline, home)
+        _the_watcher_and_the_monitor_run_as_the_scalers_user(head.host)
         timings["up"] = round(time.monotonic() - started, 1)
-        wait_until(lambda: {
-            "vm" if i.get("status") == "RUNNING" and "tpu_cores" not in i["labels"] else "tpu"
-            for i in _ours(offline, cluster_id) if i["labels"].get("ray-node-type") == "worker"
-            and (i.get("status") == "RUNNING" or i.get("state") == "READY")} == {"vm", "tpu"},
-            "the autoscaler's worker VM and TPU node",
-            timeout=240, interval=0.5)
-        # The watcher looked once a whole idle period had passed since the submit, the job
-        # running all along (`status` fetches its marker from the head and keeps a copy).
-        def marker() -> dict[str, Any] | None:
-            offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
-            return read_json(home / "autodown" / f"{spec.stem}.json")
-
-        watcher_checked(marker, IDLE_MINUTES, since=busy_at, interval=2)
-        assert any(i["name"] == head["name"] for i in _ours(offline, cluster_id)), \
-            "a head running a job must not remove itself"
-        status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
-        assert status.returncode == 0, status.stdout + status.stderr
-        assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
+        _a_running_job_keeps_the_cluster(offline, home, spec, head, busy_at)
         timings["busy, kept"] = round(time.monotonic() - busy_since, 1)
-
         # 2. Idle: the countdown, then the head deletes its worker and its own VM.
-        stopped = offline.invoke(home, "stop-job", "--cluster", str(spec), job_id, timeout=120)
-        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         idle_since = time.monotonic()
-        # The job is stopped a moment after stop-job returns; the watcher notices within 1 s.
-        wait_until(lambda: json.loads(head_host.run(
-            f"cat {WATCHER_HOME}/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since") or None,
-            "the watcher to count idle time", timeout=15, interval=0.5)
-        status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
-        assert "autodown: idle " in status.stdout and " of 0.3 min" in status.stdout, status.stdout
-        wait_until(lambda: not _ours(offline, cluster_id), "nothing of the cluster left at the fake",
-                 timeout=300, interval=1)
+        _idle_the_head_deletes_its_workers_then_itself(offline, home, spec, head, job_id)
         timings["idle -> removed itself"] = round(time.monotonic() - idle_since, 1)
-        deletes = [(path.rsplit("/", 1)[-1], caller) for host, method, path, caller in google.log
-                   if method == "DELETE" and NAME in path]
-        assert [name for name, _ in deletes if "head" in name] == [head["name"]], deletes
-        assert deletes[-1][0] == head["name"] and len(deletes) == 3, deletes  # the head last
-        assert any(name.endswith("-tpu") for name, _ in deletes), deletes
-        assert {caller for _, caller in deletes} == {head_ip}, deletes  # the head did it itself
-        offline.google.machines.wait_idle()
-        left = head_host.run(f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[i]nfra.node.autodown' "
-                             "|| true").stdout.strip()
-        assert left == "", left
-
         # 3. The laptop's next status and teardown say so; teardown only verifies.
         report = offline.invoke(home, "status", "--cluster", str(spec), "--json", timeout=120)
         assert report.returncode == 0, report.stdout + report.stderr
@@ -173,3 +98,111 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
     assert "ray down" not in down.stderr  # nothing to stop: teardown only verified
     assert not (home / "state" / f"{NAME}.json").exists()
     assert fake.nodes_with({"rayfleet-name": NAME}) == []
+
+
+def _up_then_a_job_then_up_with_a_short_idle_period(
+        offline: Offline, home: Path, spec: Path) -> tuple[str, dt.datetime]:
+    """The job's id and when it was submitted.
+
+    The job is submitted before the second `up`: a replaced watcher takes the countdown over from
+    its marker (a restart buys no idle period), so a job sent only after the 0.3-minute watcher
+    took over raced the idle time the first one had counted since the first `up`."""
+    up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "starting the autodown watcher on the head (5 idle minutes)" in up.stderr, up.stderr
+    assert "not enforced" not in up.stderr
+    job = offline.invoke(home, "submit", "--cluster", str(spec), "--no-wait",
+                         "tests/data/sleeper.py", timeout=120)
+    assert job.returncode == 0, job.stdout + job.stderr
+    job_id = job.stdout.strip().splitlines()[-1]
+    busy_at = dt.datetime.now(dt.timezone.utc)
+    # A second `up` with another idle period replaces the running watcher (the countdown
+    # below shows its 0.3 minutes); Ray's config is unchanged, so Ray and the job go on.
+    spec.write_text(spec.read_text().replace("idle_minutes: 5", f"idle_minutes: {IDLE_MINUTES}"))
+    up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "is already running with this config" in up.stderr, up.stderr
+    assert "starting the autodown watcher on the head (0.3 idle minutes)" in up.stderr, up.stderr
+    # The cost range (issue 15): head + its two workers, at min and max size alike.
+    assert "cost: $" in up.stderr and "(3 nodes), fixed size" in up.stderr, up.stderr
+    return job_id, busy_at
+
+
+def _head(offline: Offline, home: Path) -> Head:
+    cluster_id = json.loads((home / "state" / f"{NAME}.json").read_text())["cluster_id"]
+    vm = next(i for i in _ours(offline, cluster_id) if i["labels"].get("ray-node-type") == "head")
+    ip = vm["networkInterfaces"][0]["networkIP"]
+    return Head(cluster_id, vm, ip, next(h for h in offline.bed.hosts if h.ip == ip))
+
+
+def _the_watcher_and_the_monitor_run_as_the_scalers_user(head_host: Any) -> None:
+    # The watcher runs as the autoscaler's user (issue 29), with its files in that user's
+    # home and no key file of ours: the VM's own identity only, through the metadata server.
+    files = head_host.run(f"ls {WATCHER_HOME}/.rayfleet").stdout.split()
+    assert set(files) <= {"autodown.json", "autodown.json.pid", "autodown-marker.json",
+                          "autodown.log", "ray-token"}, files
+    assert "autodown.json" in files, files
+    # The SSH user's home keeps none of them (beside the head's Prometheus, `metrics:
+    # prometheus` by default, with its config and its supervisor's pid file; no credential).
+    files = head_host.run("ls ~/.rayfleet").stdout.split()
+    assert set(files) <= {"metrics.json", "metrics.json.pid", "metrics.yml", "metrics.log",
+                          "ray-token"}, files
+    watcher = head_host.run("ps -eo user:20,args | grep '[i]nfra.node.autodown'").stdout
+    assert "infra.node.autodown --config" in watcher, watcher
+    assert {line.split()[0] for line in watcher.splitlines()} == {SCALER_USER}, watcher
+    # Ray's monitor runs under the head's supervisor, as that user too: one per head after
+    # `up` twice (the second kept it: Ray did not change), and what the watcher stops first
+    # (both, by the supervisor's pid file) so that nothing launches replacements below.
+    monitors = head_host.run(f"pgrep -u {SCALER_USER} -f '^[^ ]+ -u -m ray[.]autoscaler'")
+    assert len(monitors.stdout.split()) == 1, monitors.stdout
+    supervised = json.loads(head_host.run(
+        f"PYTHONPATH=$(ls -t {WATCHER_HOME}/{NODE_DIR}/*.zip | head -n 1) python3 -m "
+        f"infra.node.supervise status --pidfile {WATCHER_HOME}/{MONITOR_PID}").stdout)
+    assert supervised["supervisor_running"] and supervised["daemon_running"], supervised
+    assert supervised["pid"] == int(monitors.stdout.split()[0]), supervised
+
+
+def _a_running_job_keeps_the_cluster(offline: Offline, home: Path, spec: Path, head: Head,
+                                     busy_at: dt.datetime) -> None:
+    wait_until(lambda: {
+        "vm" if i.get("status") == "RUNNING" and "tpu_cores" not in i["labels"] else "tpu"
+        for i in _ours(offline, head.cluster_id) if i["labels"].get("ray-node-type") == "worker"
+        and (i.get("status") == "RUNNING" or i.get("state") == "READY")} == {"vm", "tpu"},
+        "the autoscaler's worker VM and TPU node",
+        timeout=240, interval=0.5)
+    # The watcher looked once a whole idle period had passed since the submit, the job
+    # running all along (`status` fetches its marker from the head and keeps a copy).
+    def marker() -> dict[str, Any] | None:
+        offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
+        return read_json(home / "autodown" / f"{spec.stem}.json")
+
+    watcher_checked(marker, IDLE_MINUTES, since=busy_at, interval=2)
+    assert any(i["name"] == head.vm["name"] for i in _ours(offline, head.cluster_id)), \
+        "a head running a job must not remove itself"
+    status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
+
+
+def _idle_the_head_deletes_its_workers_then_itself(offline: Offline, home: Path, spec: Path,
+                                                   head: Head, job_id: str) -> None:
+    stopped = offline.invoke(home, "stop-job", "--cluster", str(spec), job_id, timeout=120)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    # The job is stopped a moment after stop-job returns; the watcher notices within 1 s.
+    wait_until(lambda: json.loads(head.host.run(
+        f"cat {WATCHER_HOME}/.rayfleet/autodown-marker.json").stdout or "{}").get("idle_since") or None,
+        "the watcher to count idle time", timeout=15, interval=0.5)
+    status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
+    assert "autodown: idle " in status.stdout and " of 0.3 min" in status.stdout, status.stdout
+    wait_until(lambda: not _ours(offline, head.cluster_id), "nothing of the cluster left at the fake",
+             timeout=300, interval=1)
+    deletes = [(path.rsplit("/", 1)[-1], caller) for host, method, path, caller in offline.google.log
+               if method == "DELETE" and NAME in path]
+    assert [name for name, _ in deletes if "head" in name] == [head.vm["name"]], deletes
+    assert deletes[-1][0] == head.vm["name"] and len(deletes) == 3, deletes  # the head last
+    assert any(name.endswith("-tpu") for name, _ in deletes), deletes
+    assert {caller for _, caller in deletes} == {head.ip}, deletes  # the head did it itself
+    offline.google.machines.wait_idle()
+    left = head.host.run(f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[i]nfra.node.autodown' "
+                         "|| true").stdout.strip()
+    assert left == "", left

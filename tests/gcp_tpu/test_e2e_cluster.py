@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,8 @@ def test_ctrl_c_during_up_removes_what_this_run_created(offline: Offline, tmp_pa
 
 @pytest.mark.slow
 def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_path: Path) -> None:
-    bed, fake, google = offline.bed, offline.fake, offline.google
+    """A cluster's life in phases (each helper below checks its phase), timed."""
+    google = offline.google
     home = tmp_path / "rayfleet-home"
     key = write_service_account_key(tmp_path / "sa-key.json", google.identity,
                                     f"student@{PROJECT}.iam.gserviceaccount.com")
@@ -130,142 +132,23 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
 
     try:
         # 1. up: the head VM with our labels, Ray answering through the dashboard tunnel, no TPU.
-        up = offline.invoke(home, "up", "--provider", "gcp-tpu", "--cluster", str(spec),
-                            timeout=600)
-        assert up.returncode == 0, up.stdout + up.stderr
-        assert "tracking data lives on the head and goes with the cluster at autodown" in up.stderr
-        heads = [i for i in fake.instances.values()
-                 if i["labels"].get("ray-node-type") == "head"]
-        assert len(heads) == 1, heads
-        labels = heads[0]["labels"]
-        state = json.loads((home / "state" / f"{CLUSTER}.json").read_text())
-        cluster_id = state["cluster_id"]
-        assert labels["rayfleet-cluster"] == cluster_id and labels["ray-cluster-name"] == CLUSTER
-        assert labels["rayfleet-name"] == CLUSTER and labels["rayfleet-owner"] == state["owner"]
-        assert labels["course"] == "offline-test"
-        nat_ip = heads[0]["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
-        head_host = next(h for h in bed.hosts if h.ip == nat_ip)
-        assert tpu_nodes(fake) == []
-        # The head's autoscaler got its credentials from the metadata server, the client never.
-        assert any(path.endswith("/token") for ip, path in google.identity.metadata_requests
-                   if ip == head_host.ip), google.identity.metadata_requests[-5:]
-        assert not [r for r in google.identity.metadata_requests if r[0] == bed.client.ip]
-        tunnel = subprocess.Popen(offline.argv("dashboard", "--cluster", str(spec)),
-                                  env=offline.env(home), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            assert tunnel.stdout is not None
-            url = tunnel.stdout.readline().strip()
-            assert url.startswith("http://127.0.0.1:"), url + (tunnel.stderr.read() if
-                                                               tunnel.poll() is not None else "")
-            # Token auth: the job API refuses a request without the token, accepts ours.
-            token_file = home / "keys" / CLUSTER / "ray-token"
-            refused = bed.client_run(f"curl -s -o /dev/null -w '%{{http_code}}' {url}/api/jobs/",
-                                     timeout=30)
-            assert refused.stdout.strip() == "401", refused
-            version = bed.client_run(
-                f"curl -sf -H \"Authorization: Bearer $(cat {token_file})\" {url}/api/jobs/",
-                timeout=30)
-            assert version.returncode == 0, version
-        finally:
-            # nsenter does not forward signals: Ctrl+C goes to the whole process group, as in a
-            # terminal, so `invoke dashboard` inside the namespace gets it too.
-            os.killpg(tunnel.pid, signal.SIGINT)
-            tunnel.wait(timeout=30)
-        token = token_file.read_text().strip()
-        on_head = head_host.run(
-            "stat -c %a ~/.rayfleet/ray-token; grep -rlF \"$(cat ~/.rayfleet/ray-token)\" "
-            "~/ray_bootstrap_config.yaml /tmp/ray/session_latest/logs 2>/dev/null; true")
-        assert on_head.stdout.split() == ["600"], on_head.stdout  # 0600, and in no config or log
-        # ... and on no command line of the head's processes (the pattern comes from the file).
-        cmdlines = head_host.run("grep -lFf ~/.rayfleet/ray-token /proc/[0-9]*/cmdline "
-                                 "2>/dev/null; grep -lFf ~/.rayfleet/mlflow-password "
-                                 "/proc/[0-9]*/cmdline 2>/dev/null; true")
-        assert cmdlines.stdout.strip() == "", cmdlines.stdout
-        # The tracking server listens on the head's internal address, not on every interface.
-        # (`up` does not wait for it: it comes up beside Ray.)
-        listening = wait_until(lambda: (lambda out: out if ":5000" in out else None)(
-            head_host.run("ss -ltn 'sport = :5000'").stdout), "the tracking server on the head",
-            timeout=120, interval=1)
-        assert f"{head_host.ip}:5000" in listening and "0.0.0.0:5000" not in listening, listening
-        assert not [p for p in home.rglob("*") if p.is_file() and p != token_file
-                    and token in p.read_text(errors="replace")]
+        cluster_id, head_host = _up_labels_the_head_and_creates_no_tpu(offline, home, spec)
+        token_file = _the_dashboard_tunnel_needs_the_token(offline, home, spec)
+        _the_token_and_the_password_are_nowhere_else(home, head_host, token_file)
         phase("up (head VM, Ray, tunnel)")
-
         # 2. A job that needs TPU: 4 makes the autoscaler create a TPU node, which runs it.
-        submit = offline.invoke(home, "submit", "--cluster", str(spec), "examples/tpu_example.py",
-                                "--", "--wait-for-tpu", "240", "--placement-only", timeout=360)
-        assert submit.returncode == 0, submit.stdout + submit.stderr
-        nodes = tpu_nodes(fake)
-        assert len(nodes) == 1 and nodes[0]["state"] == "READY", nodes
-        node_name = nodes[0]["name"].rsplit("/", 1)[-1]
-        assert nodes[0]["labels"]["rayfleet-cluster"] == cluster_id
-        assert nodes[0]["acceleratorType"] == "v4-8" and nodes[0]["schedulingConfig"] == {
-            "spot": True}
-        tpu_host = google.machines.host_of(node_name)[0]
-        result = result_of(submit.stdout)
-        assert [r["host"] for r in result["results"]] == [tpu_host.hostname], result
-        assert len(result["results"][0]["tpu_ids"]) == 4, result
+        _demand_creates_a_tpu_node_that_runs_the_job(offline, home, spec, cluster_id)
         phase("demand -> TPU node created, joined, job done")
-
         # 3. Idle: the autoscaler deletes the TPU node; status shows only the head.
-        wait_until(lambda: not tpu_nodes(fake), "the idle TPU node to be deleted", timeout=180, interval=0.5)
+        wait_until(lambda: not tpu_nodes(offline.fake), "the idle TPU node to be deleted",
+                   timeout=180, interval=0.5)
         phase("idle -> TPU node deleted")
-        status = offline.invoke(home, "status", "--cluster", str(spec), "--json", timeout=120)
-        assert status.returncode == 0, status.stdout + status.stderr
-        report = json.loads(status.stdout)
-        assert report["running"], report
-        assert [r["kind"] for r in report["provider_resources"]] == ["Compute VM"], report
-        assert report["tracking"]["url"].startswith("http://127.0.0.1:"), report["tracking"]
-        assert report["tracking"]["runs"] == 0 and "never copied" in report["tracking_copy"], report
-        assert [n for n in report["nodes"] if n.get("state") == "ALIVE"] and all(
-            n.get("ip") == head_host.ip for n in report["nodes"] if n.get("state") == "ALIVE"), report
-
+        _status_shows_the_head_alone(offline, home, spec, head_host)
         # 4. A spot TPU node preempted mid-job: a new node takes over, the job still succeeds,
         #    and the autoscaler keeps working (it scales the new node down again).
-        job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec),
-                                            "examples/tpu_example.py", "--", "--wait-for-tpu",
-                                            "300", "--placement-only", "--hold", "25"),
-                               env=offline.env(home), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            first = wait_until(lambda: next(
-                (n for n in tpu_nodes(fake, "READY") if any(
-                    "placement_on_local_chips" in h.run("ps -eo args").stdout
-                    for h in google.machines.host_of(n["name"].rsplit("/", 1)[-1]))), None),
-                "a TPU node holding the job's task",
-                timeout=240, interval=1)
-            first_name = first["name"].rsplit("/", 1)[-1]
-            phase("demand -> TPU node running the task")
-            fake.preempt(first_name)
-            out, err = job.communicate(timeout=360)
-        finally:
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait()
-        assert job.returncode == 0, out + err
-        replacement = [n for n in tpu_nodes(fake) if n["name"].rsplit("/", 1)[-1] != first_name]
-        assert [n["state"] for n in replacement] == ["READY"], tpu_nodes(fake)
-        second_host = google.machines.host_of(replacement[0]["name"].rsplit("/", 1)[-1])[0]
-        assert [r["host"] for r in result_of(out)["results"]] == [second_host.hostname], out
-        phase("preempted -> replacement node ran the job")
-        # Google then removes the preempted node (404 from now on): Ray's provider must not wedge
-        # on it (ray-project/ray#29698); the autoscaler still scales the replacement down.
-        fake.preempt(first_name, delete=True)
-        wait_until(lambda: not tpu_nodes(fake), "the idle replacement node to be deleted",
-                 timeout=180, interval=0.5)
-        phase("idle -> replacement deleted")
+        _a_preempted_node_is_replaced_and_scaled_down(offline, home, spec, phase)
     except BaseException:
-        # For the post-mortem: what the head's Ray logged last (the test bed goes with the run).
-        for host in bed.hosts:
-            print(f"--- {host.name} ---\n" + host.run(
-                "cd /tmp/ray/session_latest/logs 2>/dev/null && tail -n 25 dashboard.log "
-                "dashboard_agent.log monitor.log 2>/dev/null | cut -c1-300; "
-                "tail -n 15 ~/rayfleet/mlflow.log ~/rayfleet/tracking.log 2>/dev/null").stdout,
-                flush=True)
-            sshd_log = host.log_path.read_text(errors="replace").splitlines()
-            print("\n".join(line for line in sshd_log[-400:] if "logout" not in line
-                            and "session" not in line.lower())[-3000:], flush=True)
+        _print_post_mortem(offline)
         raise
     finally:
         # 5. teardown: nothing of ours left at the fake, in /tmp, or running.
@@ -274,8 +157,172 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         phase("teardown")
         print(f"[gcp e2e] phases (s): {timings}", flush=True)
     assert down.returncode == 0, down.stdout + down.stderr
+    _teardown_left_nothing(offline, home, down.stdout, cluster_id)
+
+
+def _up_labels_the_head_and_creates_no_tpu(offline: Offline, home: Path,
+                                           spec: Path) -> tuple[str, Any]:
+    """The cluster's id and the head's test-bed host."""
+    bed, fake, google = offline.bed, offline.fake, offline.google
+    up = offline.invoke(home, "up", "--provider", "gcp-tpu", "--cluster", str(spec),
+                        timeout=600)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "tracking data lives on the head and goes with the cluster at autodown" in up.stderr
+    heads = [i for i in fake.instances.values()
+             if i["labels"].get("ray-node-type") == "head"]
+    assert len(heads) == 1, heads
+    labels = heads[0]["labels"]
+    state = json.loads((home / "state" / f"{CLUSTER}.json").read_text())
+    cluster_id = str(state["cluster_id"])
+    assert labels["rayfleet-cluster"] == cluster_id and labels["ray-cluster-name"] == CLUSTER
+    assert labels["rayfleet-name"] == CLUSTER and labels["rayfleet-owner"] == state["owner"]
+    assert labels["course"] == "offline-test"
+    nat_ip = heads[0]["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
+    head_host = next(h for h in bed.hosts if h.ip == nat_ip)
+    assert tpu_nodes(fake) == []
+    # The head's autoscaler got its credentials from the metadata server, the client never.
+    assert any(path.endswith("/token") for ip, path in google.identity.metadata_requests
+               if ip == head_host.ip), google.identity.metadata_requests[-5:]
+    assert not [r for r in google.identity.metadata_requests if r[0] == bed.client.ip]
+    return cluster_id, head_host
+
+
+def _the_dashboard_tunnel_needs_the_token(offline: Offline, home: Path, spec: Path) -> Path:
+    """The cluster's token file (the job API behind `invoke dashboard` refuses a request
+    without it, accepts ours)."""
+    bed = offline.bed
+    tunnel = subprocess.Popen(offline.argv("dashboard", "--cluster", str(spec)),
+                              env=offline.env(home), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert tunnel.stdout is not None
+        url = tunnel.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url + (tunnel.stderr.read() if
+                                                           tunnel.poll() is not None else "")
+        # Token auth: the job API refuses a request without the token, accepts ours.
+        token_file = home / "keys" / CLUSTER / "ray-token"
+        refused = bed.client_run(f"curl -s -o /dev/null -w '%{{http_code}}' {url}/api/jobs/",
+                                 timeout=30)
+        assert refused.stdout.strip() == "401", refused
+        version = bed.client_run(
+            f"curl -sf -H \"Authorization: Bearer $(cat {token_file})\" {url}/api/jobs/",
+            timeout=30)
+        assert version.returncode == 0, version
+    finally:
+        # nsenter does not forward signals: Ctrl+C goes to the whole process group, as in a
+        # terminal, so `invoke dashboard` inside the namespace gets it too.
+        os.killpg(tunnel.pid, signal.SIGINT)
+        tunnel.wait(timeout=30)
+    return token_file
+
+
+def _the_token_and_the_password_are_nowhere_else(home: Path, head_host: Any,
+                                                 token_file: Path) -> None:
+    token = token_file.read_text().strip()
+    on_head = head_host.run(
+        "stat -c %a ~/.rayfleet/ray-token; grep -rlF \"$(cat ~/.rayfleet/ray-token)\" "
+        "~/ray_bootstrap_config.yaml /tmp/ray/session_latest/logs 2>/dev/null; true")
+    assert on_head.stdout.split() == ["600"], on_head.stdout  # 0600, and in no config or log
+    # ... and on no command line of the head's processes (the pattern comes from the file).
+    cmdlines = head_host.run("grep -lFf ~/.rayfleet/ray-token /proc/[0-9]*/cmdline "
+                             "2>/dev/null; grep -lFf ~/.rayfleet/mlflow-password "
+                             "/proc/[0-9]*/cmdline 2>/dev/null; true")
+    assert cmdlines.stdout.strip() == "", cmdlines.stdout
+    # The tracking server listens on the head's internal address, not on every interface.
+    # (`up` does not wait for it: it comes up beside Ray.)
+    listening = wait_until(lambda: (lambda out: out if ":5000" in out else None)(
+        head_host.run("ss -ltn 'sport = :5000'").stdout), "the tracking server on the head",
+        timeout=120, interval=1)
+    assert f"{head_host.ip}:5000" in listening and "0.0.0.0:5000" not in listening, listening
+    assert not [p for p in home.rglob("*") if p.is_file() and p != token_file
+                and token in p.read_text(errors="replace")]
+
+
+def _demand_creates_a_tpu_node_that_runs_the_job(offline: Offline, home: Path, spec: Path,
+                                                 cluster_id: str) -> None:
+    fake = offline.fake
+    submit = offline.invoke(home, "submit", "--cluster", str(spec), "examples/tpu_example.py",
+                            "--", "--wait-for-tpu", "240", "--placement-only", timeout=360)
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    nodes = tpu_nodes(fake)
+    assert len(nodes) == 1 and nodes[0]["state"] == "READY", nodes
+    node_name = nodes[0]["name"].rsplit("/", 1)[-1]
+    assert nodes[0]["labels"]["rayfleet-cluster"] == cluster_id
+    assert nodes[0]["acceleratorType"] == "v4-8" and nodes[0]["schedulingConfig"] == {
+        "spot": True}
+    tpu_host = offline.google.machines.host_of(node_name)[0]
+    result = result_of(submit.stdout)
+    assert [r["host"] for r in result["results"]] == [tpu_host.hostname], result
+    assert len(result["results"][0]["tpu_ids"]) == 4, result
+
+
+def _status_shows_the_head_alone(offline: Offline, home: Path, spec: Path,
+                                 head_host: Any) -> None:
+    status = offline.invoke(home, "status", "--cluster", str(spec), "--json", timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    report = json.loads(status.stdout)
+    assert report["running"], report
+    assert [r["kind"] for r in report["provider_resources"]] == ["Compute VM"], report
+    assert report["tracking"]["url"].startswith("http://127.0.0.1:"), report["tracking"]
+    assert report["tracking"]["runs"] == 0 and "never copied" in report["tracking_copy"], report
+    assert [n for n in report["nodes"] if n.get("state") == "ALIVE"] and all(
+        n.get("ip") == head_host.ip for n in report["nodes"] if n.get("state") == "ALIVE"), report
+
+
+def _a_preempted_node_is_replaced_and_scaled_down(offline: Offline, home: Path, spec: Path,
+                                                  phase: Callable[[str], None]) -> None:
+    fake, google = offline.fake, offline.google
+    job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec),
+                                        "examples/tpu_example.py", "--", "--wait-for-tpu",
+                                        "300", "--placement-only", "--hold", "25"),
+                           env=offline.env(home), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        first = wait_until(lambda: next(
+            (n for n in tpu_nodes(fake, "READY") if any(
+                "placement_on_local_chips" in h.run("ps -eo args").stdout
+                for h in google.machines.host_of(n["name"].rsplit("/", 1)[-1]))), None),
+            "a TPU node holding the job's task",
+            timeout=240, interval=1)
+        first_name = first["name"].rsplit("/", 1)[-1]
+        phase("demand -> TPU node running the task")
+        fake.preempt(first_name)
+        out, err = job.communicate(timeout=360)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 0, out + err
+    replacement = [n for n in tpu_nodes(fake) if n["name"].rsplit("/", 1)[-1] != first_name]
+    assert [n["state"] for n in replacement] == ["READY"], tpu_nodes(fake)
+    second_host = google.machines.host_of(replacement[0]["name"].rsplit("/", 1)[-1])[0]
+    assert [r["host"] for r in result_of(out)["results"]] == [second_host.hostname], out
+    phase("preempted -> replacement node ran the job")
+    # Google then removes the preempted node (404 from now on): Ray's provider must not wedge
+    # on it (ray-project/ray#29698); the autoscaler still scales the replacement down.
+    fake.preempt(first_name, delete=True)
+    wait_until(lambda: not tpu_nodes(fake), "the idle replacement node to be deleted",
+             timeout=180, interval=0.5)
+    phase("idle -> replacement deleted")
+
+
+def _print_post_mortem(offline: Offline) -> None:
+    """What the head's Ray logged last (the test bed goes with the run)."""
+    for host in offline.bed.hosts:
+        print(f"--- {host.name} ---\n" + host.run(
+            "cd /tmp/ray/session_latest/logs 2>/dev/null && tail -n 25 dashboard.log "
+            "dashboard_agent.log monitor.log 2>/dev/null | cut -c1-300; "
+            "tail -n 15 ~/rayfleet/mlflow.log ~/rayfleet/tracking.log 2>/dev/null").stdout,
+            flush=True)
+        sshd_log = host.log_path.read_text(errors="replace").splitlines()
+        print("\n".join(line for line in sshd_log[-400:] if "logout" not in line
+                        and "session" not in line.lower())[-3000:], flush=True)
+
+
+def _teardown_left_nothing(offline: Offline, home: Path, said: str, cluster_id: str) -> None:
+    bed, fake, google = offline.bed, offline.fake, offline.google
     # The tracking store was copied here before anything was deleted.
-    assert f"tracking data copied to {home / 'tracking' / CLUSTER}" in down.stdout, down.stdout
+    assert f"tracking data copied to {home / 'tracking' / CLUSTER}" in said, said
     assert (home / "tracking" / CLUSTER / "mlflow.db").stat().st_size > 0
     assert fake.nodes_with({"rayfleet-cluster": cluster_id}) == []
     assert fake.nodes_with({"ray-cluster-name": CLUSTER}) == []

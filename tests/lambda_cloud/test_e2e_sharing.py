@@ -4,14 +4,15 @@ real TLS and the cluster's firewall ruleset enforced on the instances' hosts (be
 The bed's four hosts: h1 and h2 are what the fake Lambda hands out as instances (the head, the one
 autoscaled worker); h3 is the members' laptop, the only address in `sharing.allowed_source_ranges`;
 h4 is someone outside. The owner works from the bed's client namespace (its address alone in
-`ssh_source_ranges`). In order: `up` opens the gateway's port in the ruleset to h3 only and runs
-the gateway on the head as a user of its own (no sudo, no shell, no key), out of Ray's user's
-reach; two members join in homes of their own on h3
-and both their jobs run on the autoscaled worker (one with the stock `ray job` CLI, one with
-`invoke submit` from their own folder); h4 and the owner's machine cannot even connect; a removed
-member is refused within 5 s while the other keeps working; a gateway killed on the head is back
-within seconds with its accounting; `members --json` counts from the head; `teardown` leaves
-nothing and keeps the usage here.
+`ssh_source_ranges`). The module shares one cluster; each test arranges what it needs of it (a
+member joined, the two members' jobs run: `_member`, `_jobs_ran`, each done once), so any test runs
+alone. `up` opens the gateway's port in the ruleset to h3 only and runs the gateway on the head as
+a user of its own (no sudo, no shell, no key), out of Ray's user's reach; two members join in homes
+of their own on h3 and both their jobs run on the autoscaled worker (one with the stock `ray job`
+CLI, one with `invoke submit` from their own folder); h4 and the owner's machine cannot even
+connect; a removed member is refused within 5 s while the other keeps working; a gateway killed on
+the head is back within seconds with its accounting; `members --json` counts from the head;
+`teardown` (the module's fixture, at its end) leaves nothing and keeps the usage here.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import re
 import shlex
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -56,11 +57,23 @@ print("RAN ON", ray.get(where.remote()))
 
 
 @dataclass
+class Ran:
+    """The two members' jobs on the autoscaled worker, run once for the module."""
+    #: alice's job (the stock `ray job` CLI, `--no-wait`).
+    job: str = ""
+    #: What bob's `invoke submit` of his project printed, and the worker both ran on.
+    bob_said: str = ""
+    worker_host: str = ""
+    done: bool = False
+
+
+@dataclass
 class Shared:
     scaled: Scaled
     head_ip: str
     up_output: str
     members: dict[str, Member]
+    ran: Ran = field(default_factory=Ran)
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +94,23 @@ def shared(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Itera
         up = scaled.invoke("up")
         assert up.returncode == 0, up.stdout + up.stderr
         print(f"\n[lambda sharing] up: {time.monotonic() - started:.1f}s")
-        yield Shared(scaled, scaled.head()["ip"], up.stdout + up.stderr, {})
+        cluster = Shared(scaled, scaled.head()["ip"], up.stdout + up.stderr, {})
+        yield cluster
         assert scaled.firewall is not None and scaled.firewall.errors == []
+        # `teardown` leaves nothing and keeps the usage here: checked on the module's own cluster
+        # at its end, so that no test has to run last.
+        down = scaled.invoke("teardown")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert_clean(scaled.fake, CLUSTER)
+        if cluster.ran.done:
+            usage = json.loads((scaled.home / "sharing" / CLUSTER / "usage.json").read_text())
+            assert {j.get("member") for j in usage["jobs"].values()} >= {"alice", "bob"}, usage
 
 
-def _join(shared: Shared, name: str) -> Member:
+def _member(shared: Shared, name: str) -> Member:
+    """The member NAME, joined on the laptop (h3) the first time a test asks for them."""
+    if name in shared.members:
+        return shared.members[name]
     scaled = shared.scaled
     bundle = scaled.home.parent / f"{name}.rayfleet.json"
     added = scaled.invoke("member-add", name, "--out", str(bundle))
@@ -96,6 +121,41 @@ def _join(shared: Shared, name: str) -> Member:
     member = join(Member(name, home, scaled.bed.hosts[2], env), bundle, CLUSTER)
     shared.members[name] = member
     return member
+
+
+def _jobs_ran(shared: Shared) -> Ran:
+    """alice's job (stock `ray job submit --no-wait`) and bob's project (`invoke submit` from his
+    own folder) run on the one autoscaled worker, both done; each step once for the module (a
+    failed step is tried again by the next test that needs it, the done ones are not)."""
+    ran = shared.ran
+    if ran.done:
+        return ran
+    alice, bob = _member(shared, "alice"), _member(shared, "bob")
+    if not ran.job:
+        # A dead autoscaler would leave both jobs pending until the timeout below: say so at once.
+        assert shared.scaled.autoscaler_pids(), shared.scaled.explain()
+        submitted = alice.ray("submit", "--no-wait", "--entrypoint-num-gpus", "0.5", "--",
+                              *shlex.split(WHERE))
+        found = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr)
+        assert submitted.returncode == 0 and found, submitted.stdout + submitted.stderr
+        ran.job = found.group(0)
+    if not ran.bob_said:
+        project = bob.home / "project"
+        project.mkdir(exist_ok=True)
+        (project / "where.py").write_text(TASK)
+        with shared.scaled.explained():
+            done = bob.invoke("submit", "--cluster", CLUSTER, str(project / "where.py"),
+                              timeout=600)
+            assert done.returncode == 0, done.stdout + done.stderr
+            worker = shared.scaled.workers()
+            assert len(worker) == 1, worker
+        ran.bob_said = done.stdout
+        ran.worker_host = shared.scaled.host(worker[0]["ip"]).hostname
+    with shared.scaled.explained():
+        wait_until(lambda: f"Job '{ran.job}' succeeded" in alice.said("status", ran.job),
+                   "alice's job done", timeout=300, interval=1)
+    ran.done = True
+    return ran
 
 
 def _connects(run: Any, ip: str) -> bool:
@@ -147,27 +207,9 @@ def test_up_opens_the_port_to_the_allowed_range_and_hides_the_gateway_from_rays_
 
 
 def test_two_members_jobs_run_on_the_worker_from_their_own_laptop(shared: Shared) -> None:
-    alice, bob = _join(shared, "alice"), _join(shared, "bob")
-    # A dead autoscaler would leave both jobs pending until the timeout below: say so at once.
-    assert shared.scaled.autoscaler_pids(), shared.scaled.explain()
-    submitted = alice.ray("submit", "--no-wait", "--entrypoint-num-gpus", "0.5", "--",
-                          *shlex.split(WHERE))
-    found = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr)
-    assert submitted.returncode == 0 and found, submitted.stdout + submitted.stderr
-    project = bob.home / "project"
-    project.mkdir()
-    (project / "where.py").write_text(TASK)
-    with shared.scaled.explained():
-        ran = bob.invoke("submit", "--cluster", CLUSTER, str(project / "where.py"), timeout=600)
-        assert ran.returncode == 0, ran.stdout + ran.stderr
-        worker = shared.scaled.workers()
-        assert len(worker) == 1, worker
-    worker_host = shared.scaled.host(worker[0]["ip"]).hostname
-    assert f"RAN ON {worker_host}" in ran.stdout, ran.stdout
-    job = found.group(0)
-    with shared.scaled.explained():
-        wait_until(lambda: f"Job '{job}' succeeded" in alice.said("status", job),
-                   "alice's job done", timeout=300, interval=1)
+    ran = _jobs_ran(shared)
+    alice, job, worker_host = shared.members["alice"], ran.job, ran.worker_host
+    assert f"RAN ON {worker_host}" in ran.bob_said, ran.bob_said
     logs = alice.invoke("logs", "--cluster", CLUSTER, job)
     assert logs.returncode == 0 and f"RAN ON {worker_host}" in logs.stdout, logs.stdout + logs.stderr
     status = json.loads(alice.invoke("status", "--cluster", CLUSTER, "--json").stdout)
@@ -183,6 +225,7 @@ def test_the_cost_share_counts_the_autoscaled_worker_at_its_price(shared: Shared
     """While the worker that ran the jobs is up, the $/h the gateway splits is the head's price
     plus the worker's (Ray's v2 autoscaler reports no nodes at /api/cluster_status: the gateway
     counted the head alone until it read Ray's node table)."""
+    _jobs_ran(shared)  # the worker they ran on idles 2 min before it goes
     head = shared.scaled.host(shared.head_ip)
     config = json.loads(head.run(f"cat {GATEWAY_HOME}/rayfleet-gateway.json", check=True).stdout)
     prices = config["node_prices"]
@@ -209,25 +252,27 @@ def test_hosts_outside_the_allowed_range_cannot_connect(shared: Shared) -> None:
     assert not _connects(scaled.bed.hosts[3].run, shared.head_ip)  # someone outside
     assert not _connects(scaled.bed.client_run, shared.head_ip)  # the owner's machine too
     # ...not even with a member's bundle: the address is unreachable from there.
-    outside = Member("alice", shared.members["alice"].home, scaled.bed.hosts[3],
-                     shared.members["alice"].env)
+    alice = _member(shared, "alice")
+    outside = Member("alice", alice.home, scaled.bed.hosts[3], alice.env)
     assert outside.status_code() == "000"
 
 
 def test_a_removed_member_is_refused_within_5s_while_the_other_keeps_working(
         shared: Shared) -> None:
-    alice, bob = shared.members["alice"], shared.members["bob"]
-    assert bob.status_code() == "200"
-    removed = shared.scaled.invoke("member-remove", "bob")
+    # dora joins to be removed: alice and bob stay members for the module's other tests.
+    alice, dora = _member(shared, "alice"), _member(shared, "dora")
+    assert dora.status_code() == "200"
+    removed = shared.scaled.invoke("member-remove", "dora")
     assert removed.returncode == 0, removed.stdout + removed.stderr
     started = time.monotonic()
-    wait_until(lambda: bob.status_code() == "403", "bob refused", timeout=5, interval=0.1)
+    wait_until(lambda: dora.status_code() == "403", "dora refused", timeout=5, interval=0.1)
     print(f"\n[lambda sharing] revoked in {time.monotonic() - started:.1f}s")
     assert alice.status_code() == "200"
     assert alice.ray("list").returncode == 0
 
 
 def test_a_gateway_killed_on_the_head_is_back_and_keeps_its_accounting(shared: Shared) -> None:
+    _jobs_ran(shared)  # the accounting it must keep
     head = shared.scaled.host(shared.head_ip)
     find = "pgrep -f '^[^ ]*python[^ ]* -m infra.node.gateway'"
     before = head.run(find).stdout.split()
@@ -243,17 +288,20 @@ def test_a_gateway_killed_on_the_head_is_back_and_keeps_its_accounting(shared: S
     assert {j.get("member") for j in usage["jobs"].values()} >= {"alice", "bob"}, usage
 
 
-def test_members_json_counts_from_the_head_and_teardown_keeps_the_usage(shared: Shared) -> None:
+def test_members_json_counts_from_the_head(shared: Shared) -> None:
+    """One job each for alice and bob; a removed member (one of this test's own: never joined)
+    stays listed, marked. `teardown` keeping the usage is checked by the module's fixture."""
     scaled = shared.scaled
+    _jobs_ran(shared)
+    bundle = scaled.home.parent / "gone.rayfleet.json"
+    added = scaled.invoke("member-add", "gone", "--out", str(bundle))
+    assert added.returncode == 0, added.stdout + added.stderr
+    removed = scaled.invoke("member-remove", "gone")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
     listed = scaled.invoke("members", "--json")
     assert listed.returncode == 0, listed.stderr
-    every = json.loads(listed.stdout)["members"]
-    rows = {r["name"]: r for r in every if r["status"] != "removed"}
-    assert set(rows) == {"alice"} and rows["alice"]["total_jobs"] == 1, rows
-    # bob, removed earlier in this module (when run with it), stays listed, marked.
-    assert {r["name"] for r in every if r["status"] == "removed"} <= {"bob"}, every
-    down = scaled.invoke("teardown")
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert_clean(scaled.fake, CLUSTER)
-    usage = json.loads((scaled.home / "sharing" / CLUSTER / "usage.json").read_text())
-    assert {j.get("member") for j in usage["jobs"].values()} >= {"alice", "bob"}, usage
+    every = {r["name"]: r for r in json.loads(listed.stdout)["members"]}
+    active = {name for name, r in every.items() if r["status"] != "removed"}
+    assert {"alice", "bob"} <= active and "gone" not in active, every
+    assert every["alice"]["total_jobs"] == 1 and every["bob"]["total_jobs"] == 1, every
+    assert every["gone"]["status"] == "removed" and every["gone"]["total_jobs"] == 0, every

@@ -3,15 +3,16 @@ real TLS. The owner works from this machine through the login host; the head's b
 gateway on its compute node (templates/slurm.sbatch.j2), from the files `up` puts on the shared
 work dir.
 
-One fixed one-node cluster serves every scenario, in file order: `up` starts the gateway in the
-head's job, listening on the node's addresses with a certificate that names the node, 127.0.0.1 and
-localhost; two members join in homes of their own on the other bed host (the site's network) and
-alice submits with the stock `ray job` CLI; bob can neither stop nor read alice's job (403); from
-the owner's machine a member reaches the gateway through their own `ssh -L` via the login host
-(`join --address`), the CA pinned, by the name `localhost`; a removed member is refused within
-5 s while the other keeps working; a gateway killed on the head is back within seconds with its
-accounting (the job's supervisor); `members --json` counts from the head; `teardown` leaves no
-gateway listening and keeps the usage here.
+One fixed one-node cluster serves every scenario; each test arranges what it needs of it (a member
+joined, alice's job run: `_member`, `_alices_job`, each done once), so any test runs alone. `up`
+starts the gateway in the head's job, listening on the node's addresses with a certificate that
+names the node, 127.0.0.1 and localhost; two members join in homes of their own on the other bed
+host (the site's network) and alice submits with the stock `ray job` CLI; bob can neither stop nor
+read alice's job (403); from the owner's machine a member reaches the gateway through their own
+`ssh -L` via the login host (`join --address`), the CA pinned, by the name `localhost`; a removed
+member is refused within 5 s while the other keeps working; a gateway killed on the head is back
+within seconds with its accounting (the job's supervisor); `members --json` counts from the head;
+`teardown` (the module's fixture, at its end) leaves no gateway listening and keeps the usage here.
 """
 
 from __future__ import annotations
@@ -78,13 +79,33 @@ def shared(slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
         up = cluster.invoke("up")
         assert up.returncode == 0, up.stdout + up.stderr
         print(f"\n[slurm sharing] up: {time.monotonic() - started:.1f}s")
-        yield Shared(cluster, up.stdout + up.stderr)
+        shared = Shared(cluster, up.stdout + up.stderr)
+        yield shared
+        _teardown_stops_the_gateway_and_keeps_usage(shared)
     finally:
         if (cluster.home / "state" / f"{NAME}.json").exists():
             cluster.invoke("teardown")
 
 
-def _join(shared: Shared, name: str) -> Member:
+def _teardown_stops_the_gateway_and_keeps_usage(shared: Shared) -> None:
+    """`teardown`, checked on the module's own cluster at its end (so that no test runs last)."""
+    cluster = shared.cluster
+    job, site = cluster.job, shared.site_host
+    ok(cluster.invoke("teardown"))
+    probe = f"timeout 3 bash -c 'exec 3<>/dev/tcp/{job['head_ip']}/{PORT}'"
+    assert site.run(probe).returncode != 0, "the gateway still answers after teardown"
+    # Nothing of the job's is left on its nodes, the gateway's supervisor included (its config
+    # named the head's private dir; the machine's other gateways are other clusters').
+    assert ray_left_on_hosts(cluster.slurm, job) == {}
+    if shared.jobs:
+        usage = json.loads((cluster.home / "sharing" / NAME / "usage.json").read_text())
+        assert {j.get("member") for j in usage["jobs"].values()} == set(shared.jobs), usage
+
+
+def _member(shared: Shared, name: str) -> Member:
+    """The member NAME, joined on the site's other host the first time a test asks for them."""
+    if name in shared.members:
+        return shared.members[name]
     cluster = shared.cluster
     bundle = cluster.home.parent / f"{name}.rayfleet.json"
     ok(cluster.invoke("member-add", name, "--out", str(bundle)))
@@ -95,6 +116,24 @@ def _join(shared: Shared, name: str) -> Member:
         "PATH": f"{ray_bin_dir()}:/usr/local/bin:/usr/bin:/bin"}), bundle, NAME)
     shared.members[name] = member
     return member
+
+
+def _alices_job(shared: Shared) -> str:
+    """alice's job, submitted with the stock `ray job` CLI and done: once for the module."""
+    alice = _member(shared, "alice")
+    if "alice" not in shared.jobs:
+        submitted = alice.ray("submit", "--no-wait", "--", *shlex.split(WHERE))
+        found = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr)
+        assert submitted.returncode == 0 and found, submitted.stdout + submitted.stderr
+        shared.jobs["alice"] = found.group(0)
+    job = shared.jobs["alice"]
+
+    def finished() -> bool:
+        code, body = alice.fetch(f"/api/jobs/{job}")
+        return code == "200" and json.loads(body).get("status") == "SUCCEEDED"
+
+    wait_until(finished, "alice's job done", timeout=180, interval=0.5)
+    return job
 
 
 def test_up_runs_the_gateway_in_the_heads_job_with_a_certificate_for_the_site_and_tunnels(
@@ -124,17 +163,8 @@ def test_up_runs_the_gateway_in_the_heads_job_with_a_certificate_for_the_site_an
 
 def test_a_member_on_the_site_submits_with_stock_ray_and_another_cannot_touch_it(
         shared: Shared) -> None:
-    alice, bob = _join(shared, "alice"), _join(shared, "bob")
-    submitted = alice.ray("submit", "--no-wait", "--", *shlex.split(WHERE))
-    found = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr)
-    assert submitted.returncode == 0 and found, submitted.stdout + submitted.stderr
-    job = shared.jobs["alice"] = found.group(0)
-
-    def finished() -> bool:
-        code, body = alice.fetch(f"/api/jobs/{job}")
-        return code == "200" and json.loads(body).get("status") == "SUCCEEDED"
-
-    wait_until(finished, "alice's job done", timeout=180, interval=0.5)
+    job = _alices_job(shared)
+    alice, bob = _member(shared, "alice"), _member(shared, "bob")
     logs = alice.ray("logs", job)
     assert f"RAN ON {shared.head.hostname}" in logs.stdout + logs.stderr, logs.stdout + logs.stderr
     refused = bob.ray("stop", job)
@@ -178,6 +208,7 @@ def test_a_member_off_site_reaches_it_through_their_own_tunnel_by_localhost(
     """alice on her laptop (this machine, a home of its own): `join --address` the tunnel's end,
     then rayfleet's `status` and the stock `ray job list` through it, the certificate verified
     by the name `localhost`."""
+    job = _alices_job(shared)
     alice = shared.members["alice"]
     laptop = alice.home.parent / "alice-laptop"
     laptop.mkdir()
@@ -187,29 +218,31 @@ def test_a_member_off_site_reaches_it_through_their_own_tunnel_by_localhost(
     with _own_tunnel(shared) as local:
         ok(run_invoke("join", str(bundle), "--address", f"https://localhost:{local}", env=env))
         status = json.loads(ok(run_invoke("status", "--cluster", NAME, "--json", env=env)))
-        assert [row["job"] for row in status["jobs"]] == [shared.jobs["alice"]], status
+        assert [row["job"] for row in status["jobs"]] == [job], status
         exports = ok(run_invoke("env", "--cluster", NAME, env=env))
         env.update(item.split("=", 1) for item in exports.strip().removeprefix("export ").split())
         assert env["RAY_API_SERVER_ADDRESS"] == f"https://localhost:{local}"
         listed = subprocess.run(["ray", "job", "list"], env=env, cwd=laptop,
                                 capture_output=True, text=True, timeout=120, check=False)
         assert listed.returncode == 0, listed.stdout + listed.stderr
-        assert shared.jobs["alice"] in listed.stdout + listed.stderr
+        assert job in listed.stdout + listed.stderr
 
 
 def test_a_removed_member_is_refused_within_5s_while_the_other_keeps_working(
         shared: Shared) -> None:
-    alice, bob = shared.members["alice"], shared.members["bob"]
-    assert bob.status_code() == "200"
-    ok(shared.cluster.invoke("member-remove", "bob"))
+    # dora joins to be removed: alice and bob stay members for the module's other tests.
+    alice, dora = _member(shared, "alice"), _member(shared, "dora")
+    assert dora.status_code() == "200"
+    ok(shared.cluster.invoke("member-remove", "dora"))
     started = time.monotonic()
-    wait_until(lambda: bob.status_code() == "403", "bob refused", timeout=5, interval=0.1)
+    wait_until(lambda: dora.status_code() == "403", "dora refused", timeout=5, interval=0.1)
     print(f"\n[slurm sharing] revoked in {time.monotonic() - started:.1f}s")
     assert alice.status_code() == "200"
 
 
 def test_a_gateway_killed_in_the_job_is_back_with_its_accounting(shared: Shared) -> None:
     """The job's supervisor (rf_supervised) starts it again, from the copy in the private dir."""
+    job = _alices_job(shared)  # the accounting it must keep
     temp = str(shared.cluster.job["temp_dir"])
 
     def gateways() -> list[str]:
@@ -224,23 +257,17 @@ def test_a_gateway_killed_in_the_job_is_back_with_its_accounting(shared: Shared)
                "the supervisor's new gateway", timeout=30, interval=0.2)
     home = Path(shared.cluster.slurm.jobs_dir) / "sharing" / NAME / "gateway"
     usage = json.loads((home / "usage.json").read_text())
-    assert shared.jobs["alice"] in usage["jobs"], usage
+    assert job in usage["jobs"], usage
 
 
-def test_members_json_counts_and_teardown_stops_the_gateway_and_keeps_usage(
-        shared: Shared) -> None:
+def test_members_json_counts_from_the_head(shared: Shared) -> None:
+    """alice's one job; a removed member (one of this test's own: never joined) stays listed,
+    marked. `teardown` is checked by the module's fixture."""
     cluster = shared.cluster
-    every = json.loads(ok(cluster.invoke("members", "--json")))["members"]
-    rows = {r["name"]: r for r in every if r["status"] != "removed"}
-    assert set(rows) == {"alice"} and rows["alice"]["total_jobs"] == 1, rows
-    # bob, removed earlier in this module (when run with it), stays listed, marked.
-    assert {r["name"] for r in every if r["status"] == "removed"} <= {"bob"}, every
-    job, site = cluster.job, shared.site_host
-    ok(cluster.invoke("teardown"))
-    probe = f"timeout 3 bash -c 'exec 3<>/dev/tcp/{job['head_ip']}/{PORT}'"
-    assert site.run(probe).returncode != 0, "the gateway still answers after teardown"
-    # Nothing of the job's is left on its nodes, the gateway's supervisor included (its config
-    # named the head's private dir; the machine's other gateways are other clusters').
-    assert ray_left_on_hosts(cluster.slurm, job) == {}
-    usage = json.loads((cluster.home / "sharing" / NAME / "usage.json").read_text())
-    assert {j.get("member") for j in usage["jobs"].values()} == {"alice"}, usage
+    _alices_job(shared)
+    ok(cluster.invoke("member-add", "gone", "--out", str(cluster.home.parent / "gone.json")))
+    ok(cluster.invoke("member-remove", "gone"))
+    every = {r["name"]: r for r in json.loads(ok(cluster.invoke("members", "--json")))["members"]}
+    assert every["alice"]["status"] != "removed" and every["alice"]["total_jobs"] == 1, every
+    assert all(r["total_jobs"] == 0 for name, r in every.items() if name != "alice"), every
+    assert every["gone"]["status"] == "removed", every
