@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from infra import auth, head, membership, tunnels, ui
+from infra import auth, membership, tunnels, ui
 from infra.commands import _cluster_flag, _running, _select
 from infra.head import Direction, HeadAccess
 
@@ -38,15 +38,15 @@ def env(provider: str | None, cluster: str | None, close: bool) -> None:
     current = _running(selected)
     access = impl.head_access(current)
     flag = _cluster_flag(selected)
-    if access.target is None:
+    remote = {"dashboard": access.dashboard_port or 0}
+    if access.client_port:
+        remote["client"] = access.client_port
+    local, pid, reused = access.forward(selected.name, remote)
+    if pid is None:  # the head's ports are this machine's: its own environment reaches it
         ui.out(exports(access.env), markup=False)
         ui.info(f"# after eval: `ray status`, `ray job submit -- python x.py` and `ray.init()` in a "
                 f"driver all reach {selected.name!r}")
         return
-    remote = {"dashboard": access.dashboard_port or 0}
-    if access.client_port:
-        remote["client"] = access.client_port
-    local, pid, reused = tunnels.open_tunnel(selected.name, access.target, remote)
     values = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{local['dashboard']}",
               **auth.client_env(current)}
     if "client" in local:
@@ -66,9 +66,9 @@ def forward(provider: str | None, cluster: str | None, name: str, port: int) -> 
     programs, which must outlive this command (`invoke serve-url`)."""
     selected, impl = _select(provider, cluster)
     access = impl.head_access(_running(selected))
-    if access.target is None:
-        return port  # the head is this machine
-    local, pid, reused = tunnels.open_tunnel(selected.name, access.target, {name: port})
+    local, pid, reused = access.forward(selected.name, {name: port})
+    if pid is None:
+        return local[name]  # the head's port is this machine's own
     ui.info(f"tunnel to {access.where} {'still open' if reused else 'opened'} (pid {pid}; "
             f"`invoke env{_cluster_flag(selected)} --close` or `invoke teardown` ends it)")
     return local[name]
@@ -77,9 +77,7 @@ def forward(provider: str | None, cluster: str | None, name: str, port: int) -> 
 def shell(provider: str | None, cluster: str | None) -> int:
     """A shell on the head (local: here, in the cluster's Ray environment)."""
     name, access = _access(provider, cluster)
-    if access.target is None:
-        ui.info(f"a shell in cluster {name!r}'s Ray environment (exit to leave)")
-    return head.run(access)
+    return access.attach(cluster=name)
 
 
 def exec_(provider: str | None, cluster: str | None, command: str) -> int:
@@ -89,7 +87,7 @@ def exec_(provider: str | None, cluster: str | None, command: str) -> int:
 
         raise UsageError("exec: no command; put it after `--`, e.g. `invoke exec -- nproc`")
     _, access = _access(provider, cluster)
-    return head.run(access, command)
+    return access.attach(command)
 
 
 def sync(provider: str | None, cluster: str | None, direction: str, local: str,
@@ -102,4 +100,4 @@ def sync(provider: str | None, cluster: str | None, direction: str, local: str,
                          "`down` (from it)")
     way: Direction = "up" if direction == "up" else "down"
     _, access = _access(provider, cluster)
-    return head.sync(access, way, local, remote)
+    return access.sync(way, local, remote)

@@ -188,7 +188,7 @@ def test_a_hostname_goes_into_the_certificate_and_the_bundles_address(
     """sharing.hostname: what members' bundles name instead of the head's address, so a new head
     needs a new DNS record, not new bundles."""
     from infra import sharing, sharing_certs
-    from infra.head import HeadAccess
+    from infra.head import SshHead
     from infra.loading import resolve
     from infra.ssh import SshTarget
 
@@ -198,8 +198,8 @@ def test_a_hostname_goes_into_the_certificate_and_the_bundles_address(
                                   "  hostname: Ray.Class.Example.edu\n")
     selected = resolve(None, str(spec))
     assert selected.sharing is not None and selected.sharing.hostname == "ray.class.example.edu"
-    access = HeadAccess(target=SshTarget(host="192.0.2.10", user="ubuntu", key_path=tmp_path / "k"),
-                        where="ubuntu@192.0.2.10", dashboard_port=8265)
+    access = SshHead(target=SshTarget(host="192.0.2.10", user="ubuntu", key_path=tmp_path / "k"),
+                     where="ubuntu@192.0.2.10", dashboard_port=8265)
     config, _ = sharing._gateway_config(selected, access, None, "192.0.2.10")  # type: ignore[arg-type]
     assert sharing_certs.server_names(Path(config.cert)) == sorted(
         ["192.0.2.10", "ray.class.example.edu"])

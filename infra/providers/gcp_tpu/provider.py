@@ -29,7 +29,7 @@ from infra import (
 )
 from infra.costs import NodePrices
 from infra.errors import ClusterNotRunningError, UsageError
-from infra.head import HeadAccess
+from infra.head import HeadAccess, SshHead, ssh_head
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.base import (
@@ -414,15 +414,16 @@ class Provider(BaseProvider[Spec, Preflight]):
         cluster = self._reachable_head(state)
         target = self._head_target(cluster)
         # `ray start --head` without --ray-client-server-port opens Ray's default, 10001.
-        return HeadAccess(target, str(target), auth.head_env(state, config.NODE_TOKEN_PATH),
-                          dashboard_port=int(cluster.attrs["dashboard_port"]), client_port=10001,
-                          python=autodown_setup.HEAD_PYTHON)
+        return SshHead(target=target, where=str(target),
+                       env=auth.head_env(state, config.NODE_TOKEN_PATH),
+                       dashboard_port=int(cluster.attrs["dashboard_port"]), client_port=10001,
+                       python=autodown_setup.HEAD_PYTHON)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
         cluster = self._reachable_head(state)
         target = self._head_target(cluster)
-        with tracking_remote.connect(state, target, int(cluster.attrs["dashboard_port"]),
+        with tracking_remote.connect(state, ssh_head(target), int(cluster.attrs["dashboard_port"]),
                                      f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}",
                                      auth.token_file(state)) as endpoint:
             yield endpoint

@@ -20,7 +20,7 @@ from pathlib import Path
 from infra import auth, paths, remote_head, ssh, tracking, tracking_remote, ui
 from infra.costs import NodePrices
 from infra.errors import ClusterNotRunningError, RayfleetError
-from infra.head import HeadAccess
+from infra.head import HeadAccess, SshHead, ssh_head
 from infra.node import identity
 from infra.node.files import atomic_write
 from infra.node.lambda_cloud import api
@@ -327,16 +327,18 @@ class Provider(BaseProvider[Spec, Capacity]):
 
     def head_access(self, state: State) -> HeadAccess:
         target = self._target(self._head_ip(state))
-        return HeadAccess(target, str(target), auth.head_env(state, auth.NODE_TOKEN_PATH),
-                          dashboard_port=raycluster.DASHBOARD_PORT,
-                          client_port=raycluster.CLIENT_PORT, python=autodown_setup.HEAD_PYTHON,
-                          activate=raycluster.activate(self.spec))
+        return SshHead(target=target, where=str(target),
+                       env=auth.head_env(state, auth.NODE_TOKEN_PATH),
+                       dashboard_port=raycluster.DASHBOARD_PORT,
+                       client_port=raycluster.CLIENT_PORT, python=autodown_setup.HEAD_PYTHON,
+                       activate=raycluster.activate(self.spec))
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
         """Tunnels to the head: dashboard, tracking server, Serve (tracking_remote.connect)."""
         head_ip = self._head_ip(state)
-        with tracking_remote.connect(state, self._target(head_ip), raycluster.DASHBOARD_PORT,
+        with tracking_remote.connect(state, ssh_head(self._target(head_ip)),
+                                     raycluster.DASHBOARD_PORT,
                                      f"{head_ip}:{raycluster.GCS_PORT}",
                                      auth.token_file(state)) as endpoint:
             yield endpoint

@@ -23,7 +23,7 @@ from pydantic import Field
 from infra import auth, autodown_view, jobs, metrics, paths, remote_head, render, tracking, ui
 from infra.capabilities import Capabilities
 from infra.errors import ClusterNotRunningError, ProviderError
-from infra.head import HeadAccess
+from infra.head import HeadAccess, LocalHead
 from infra.node import autodown, rayproc, supervise
 from infra.node.local import autodown as local_autodown
 from infra.node.where import ray_executable
@@ -425,8 +425,9 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         endpoint = self._endpoint(block, state)
         env = {"RAY_ADDRESS": endpoint.address, "RAY_API_SERVER_ADDRESS": endpoint.dashboard_url,
                **auth.client_env(state)}
-        return HeadAccess(None, "this machine", env, dashboard_port=block.dashboard,
-                          client_port=None)
+        return LocalHead(where="this machine", env=env, dashboard_port=block.dashboard,
+                         client_port=None,
+                         tracking_password=str(tracking.password_path(self.spec.name)))
 
     def readiness(self) -> list[Readiness]:
         ray = ray_executable()

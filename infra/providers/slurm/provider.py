@@ -21,7 +21,7 @@ from typing import Any
 
 from infra import auth, autodown_view, jobs, metrics, remote_head, tracking, ui, versions
 from infra.errors import ClusterNotRunningError, RayfleetError
-from infra.head import HeadAccess
+from infra.head import HeadAccess, LocalHead, SharedFsHead, SshHead
 from infra.node import identity, rayproc
 from infra.node.slurm import queue
 from infra.node.slurm.queue import QueueUnavailable, SlurmError
@@ -420,18 +420,20 @@ class Provider(BaseProvider[Spec, None]):
         workdir = str(job.attrs.get("workdir", self.spec.submit.workdir)).rstrip("/")
         # Plain `~/` or absolute paths: HeadAccess's users quote them for the shell themselves.
         keys = f"{workdir}/keys/{state.cluster_id}"
-        return HeadAccess(target, str(target) if target else "this machine",
-                          auth.head_env(state, f"{keys}/{auth.TOKEN_FILE}"),
-                          dashboard_port=int(job.attrs["dashboard_port"]),
-                          client_port=int(client) if client else None,
-                          # spec: sharing: the head's job runs the gateway from this folder on
-                          # the shared work dir; members reach it by the node's address, or
-                          # through their own tunnel (NOTES.md "The sharing gateway"). Not by
-                          # the node's name: the cluster's CA signs for no DNS name but
-                          # localhost (infra/sharing_certs.py).
-                          gateway_home=sharing_home(workdir, self.spec.name),
-                          names=("127.0.0.1", "localhost"),
-                          tracking_password=f"{keys}/{tracking.PASSWORD_FILE}")
+        record: dict[str, Any] = dict(
+            env=auth.head_env(state, f"{keys}/{auth.TOKEN_FILE}"),
+            dashboard_port=int(job.attrs["dashboard_port"]),
+            client_port=int(client) if client else None,
+            # Members reach the gateway by the node's address, or through their own tunnel
+            # (NOTES.md "The sharing gateway"). Not by the node's name: the cluster's CA signs
+            # for no DNS name but localhost (infra/sharing_certs.py).
+            names=("127.0.0.1", "localhost"),
+            tracking_password=f"{keys}/{tracking.PASSWORD_FILE}")
+        node: HeadAccess = LocalHead(where="this machine", **record) if target is None else \
+            SshHead(target=target, where=str(target), **record)
+        # spec: sharing: the head's job runs the gateway from this folder on the shared work dir.
+        return SharedFsHead(node=node, where=node.where,
+                            private_root=sharing_home(workdir, self.spec.name), **record)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
