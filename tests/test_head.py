@@ -16,7 +16,8 @@ import pytest
 
 from infra import ssh
 from infra.errors import RayfleetError
-from infra.head import LocalHead, SharedFsHead, SshHead
+from infra.head import LocalHead, SharedFsHead
+from infra.head_ssh import SshHead
 from infra.node import supervise
 from tests.waiting import wait_until
 

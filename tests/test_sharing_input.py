@@ -188,7 +188,7 @@ def test_a_hostname_goes_into_the_certificate_and_the_bundles_address(
     """sharing.hostname: what members' bundles name instead of the head's address, so a new head
     needs a new DNS record, not new bundles."""
     from infra import sharing, sharing_certs
-    from infra.head import SshHead
+    from infra.head_ssh import SshHead
     from infra.loading import resolve
     from infra.ssh import SshTarget
 

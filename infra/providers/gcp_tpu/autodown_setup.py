@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from infra import auth, autodown_remote, autodown_view, privilege, ui
 from infra.errors import RayfleetError
-from infra.head import SshHead, ssh_head
+from infra.head_ssh import SshHead, ssh_head
 from infra.node import autodown
 from infra.node.wait import WaitTimeout, until
 from infra.providers.gcp_tpu import config, slices, users

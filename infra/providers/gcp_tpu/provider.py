@@ -29,7 +29,8 @@ from infra import (
 )
 from infra.costs import NodePrices
 from infra.errors import ClusterNotRunningError, UsageError
-from infra.head import HeadAccess, SshHead, ssh_head
+from infra.head import HeadAccess
+from infra.head_ssh import SshHead, ssh_head
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.base import (

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra import auth, paths, tracking, tracking_remote, ui, versions
 from infra.errors import RayfleetError
-from infra.head import SshHead, ssh_head
+from infra.head_ssh import SshHead, ssh_head
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu import joiner, queued
 from infra.node.gcp_tpu.api import Gcp, GcpError

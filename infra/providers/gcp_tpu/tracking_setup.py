@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from infra import metrics_remote, tracking_remote
-from infra.head import SshHead, ssh_head
+from infra.head_ssh import SshHead, ssh_head
 from infra.providers.gcp_tpu import autodown_setup
 
 if TYPE_CHECKING:

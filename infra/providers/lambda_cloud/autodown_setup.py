@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from infra import auth, autodown_remote, privilege, ui
 from infra.errors import RayfleetError
-from infra.head import SshHead, ssh_head
+from infra.head_ssh import SshHead, ssh_head
 from infra.node import autodown
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster

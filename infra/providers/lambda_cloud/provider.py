@@ -20,7 +20,8 @@ from pathlib import Path
 from infra import auth, paths, remote_head, ssh, tracking, tracking_remote, ui
 from infra.costs import NodePrices
 from infra.errors import ClusterNotRunningError, RayfleetError
-from infra.head import HeadAccess, SshHead, ssh_head
+from infra.head import HeadAccess
+from infra.head_ssh import SshHead, ssh_head
 from infra.node import identity
 from infra.node.files import atomic_write
 from infra.node.lambda_cloud import api

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from infra import metrics_remote, tracking_remote
-from infra.head import SshHead, ssh_head
+from infra.head_ssh import SshHead, ssh_head
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import autodown_setup, raycluster
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from infra import auth, autodown_view, jobs, metrics, remote_head, tracking, ui, versions
 from infra.errors import ClusterNotRunningError, RayfleetError
-from infra.head import HeadAccess, LocalHead, SharedFsHead, SshHead
+from infra.head import HeadAccess, LocalHead, SharedFsHead
+from infra.head_ssh import SshHead
 from infra.node import identity, rayproc
 from infra.node.slurm import queue
 from infra.node.slurm.queue import QueueUnavailable, SlurmError
