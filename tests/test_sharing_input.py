@@ -188,7 +188,7 @@ def test_a_hostname_goes_into_the_certificate_and_the_bundles_address(
     """sharing.hostname: what members' bundles name instead of the head's address, so a new head
     needs a new DNS record, not new bundles."""
     from infra.cli.loading import resolve
-    from infra.core.head import HeadAccess
+    from infra.core.head_ssh import SshHead
     from infra.core.sharing import certs as sharing_certs
     from infra.core.sharing import owner as sharing
     from infra.core.ssh import SshTarget
@@ -199,8 +199,8 @@ def test_a_hostname_goes_into_the_certificate_and_the_bundles_address(
                                   "  hostname: Ray.Class.Example.edu\n")
     selected = resolve(None, str(spec))
     assert selected.sharing is not None and selected.sharing.hostname == "ray.class.example.edu"
-    access = HeadAccess(target=SshTarget(host="192.0.2.10", user="ubuntu", key_path=tmp_path / "k"),
-                        where="ubuntu@192.0.2.10", dashboard_port=8265)
+    access = SshHead(target=SshTarget(host="192.0.2.10", user="ubuntu", key_path=tmp_path / "k"),
+                     where="ubuntu@192.0.2.10", dashboard_port=8265)
     config, _ = sharing._gateway_config(selected, access, None, "192.0.2.10")  # type: ignore[arg-type]
     assert sharing_certs.server_names(Path(config.cert)) == sorted(
         ["192.0.2.10", "ray.class.example.edu"])

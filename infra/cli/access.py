@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 
 from infra.cli import common
-from infra.core import auth, head, tunnels, ui
+from infra.core import auth, tunnels, ui
 from infra.core.head import Direction, HeadAccess
 from infra.core.sharing import membership
 
@@ -39,15 +39,15 @@ def env(provider: str | None, cluster: str | None, close: bool) -> None:
     current = common.running(selected)
     access = impl.head_access(current)
     flag = common.cluster_flag(selected)
-    if access.target is None:
+    remote = {"dashboard": access.dashboard_port or 0}
+    if access.client_port:
+        remote["client"] = access.client_port
+    local, pid, reused = access.forward(selected.name, remote)
+    if pid is None:  # the head's ports are this machine's: its own environment reaches it
         ui.out(exports(access.env), markup=False)
         ui.info(f"# after eval: `ray status`, `ray job submit -- python x.py` and `ray.init()` in a "
                 f"driver all reach {selected.name!r}")
         return
-    remote = {"dashboard": access.dashboard_port or 0}
-    if access.client_port:
-        remote["client"] = access.client_port
-    local, pid, reused = tunnels.open_tunnel(selected.name, access.target, remote)
     values = {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{local['dashboard']}",
               **auth.client_env(current)}
     if "client" in local:
@@ -67,9 +67,9 @@ def forward(provider: str | None, cluster: str | None, name: str, port: int) -> 
     programs, which must outlive this command (`invoke serve-url`)."""
     selected, impl = common.select(provider, cluster)
     access = impl.head_access(common.running(selected))
-    if access.target is None:
-        return port  # the head is this machine
-    local, pid, reused = tunnels.open_tunnel(selected.name, access.target, {name: port})
+    local, pid, reused = access.forward(selected.name, {name: port})
+    if pid is None:
+        return local[name]  # the head's port is this machine's own
     ui.info(f"tunnel to {access.where} {'still open' if reused else 'opened'} (pid {pid}; "
             f"`invoke env{common.cluster_flag(selected)} --close` or `invoke teardown` ends it)")
     return local[name]
@@ -78,9 +78,7 @@ def forward(provider: str | None, cluster: str | None, name: str, port: int) -> 
 def shell(provider: str | None, cluster: str | None) -> int:
     """A shell on the head (local: here, in the cluster's Ray environment)."""
     name, access = _access(provider, cluster)
-    if access.target is None:
-        ui.info(f"a shell in cluster {name!r}'s Ray environment (exit to leave)")
-    return head.run(access)
+    return access.attach(cluster=name)
 
 
 def exec_(provider: str | None, cluster: str | None, command: str) -> int:
@@ -90,7 +88,7 @@ def exec_(provider: str | None, cluster: str | None, command: str) -> int:
 
         raise UsageError("exec: no command; put it after `--`, e.g. `invoke exec -- nproc`")
     _, access = _access(provider, cluster)
-    return head.run(access, command)
+    return access.attach(command)
 
 
 def sync(provider: str | None, cluster: str | None, direction: str, local: str,
@@ -103,4 +101,4 @@ def sync(provider: str | None, cluster: str | None, direction: str, local: str,
                          "`down` (from it)")
     way: Direction = "up" if direction == "up" else "down"
     _, access = _access(provider, cluster)
-    return head.sync(access, way, local, remote)
+    return access.sync(way, local, remote)

@@ -1,37 +1,72 @@
-"""Hands on a cluster's head: a shell, one command, files to and from it (`invoke ssh|exec|sync`).
+"""A cluster's head, one interface for every way this machine reaches it (`HeadAccess`).
 
-Each provider says how its head is reached (`Provider.head_access`): over SSH, with the same target,
-key, proxy and host-key rules as every other SSH rayfleet does there; or, for a head on this
-machine, directly, with the cluster's Ray environment set. This module turns that into `ssh` and
-`rsync` command lines and runs them; it knows no provider.
+Each provider says how its head is reached (`Provider.head_access`) by returning one of three
+implementations, and nothing above it asks again where the head is:
+
+- `LocalHead`: the head is this machine (the local provider): commands run here in the cluster's
+  environment, files are this machine's, daemons start under `infra.node.supervise.ensure`.
+- `SshHead` (infra/core/head_ssh.py): the head is behind an SSH login (Lambda, GCP, a Slurm compute
+  node): commands over SSH, files over SFTP (infra/core/remote_head.py), daemons through
+  `remote_head.install_daemon`, tunnels through `ssh.start_tunnel`, with the same target, key,
+  proxy and host-key rules as every other SSH rayfleet does there.
+- `SharedFsHead`: the head's daemons are started by the head's own batch job from files on the
+  site's shared file system (Slurm): files go there through the node (one of the two above),
+  and "ensure a daemon" means putting its config where the job's supervisor starts it.
+
+Every path given to these methods is `~/`-relative (the head user's home) or absolute. This module
+also turns an access into `ssh`/`rsync` command lines for `invoke ssh|exec|sync`; it knows no
+provider.
 """
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import os
 import shlex
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
-from infra.core import ssh
+from infra.core import paths, remote_head, ssh, ui
 from infra.core.errors import UsageError
+from infra.core.sharing import certs as sharing_certs
+from infra.node import gateway_config, rayproc, supervise
 from infra.node.files import atomic_write
-from infra.node.where import home_path
+from infra.node.tracking import NODE_PASSWORD_PATH
+from infra.node.wait import WaitTimeout, until
+
+Direction = Literal["up", "down"]
 
 
-@dataclass(frozen=True)
-class HeadAccess:
-    """How this machine reaches a cluster's head, for a shell, a command or rsync."""
+class GatewayFiles(NamedTuple):
+    """Where a head keeps the sharing gateway's files (paths as `HeadAccess` methods take them)."""
 
-    #: The head's SSH login; None when the head is this machine (the local provider, a Slurm head
-    #: on this host): commands then run here, in the cluster's environment.
-    target: ssh.SshTarget | None
+    config: str
+    data: str
+    cert: str
+    key: str
+    log: str
+
+
+class Forward(NamedTuple):
+    """A detached forward of the head's ports (`HeadAccess.forward`)."""
+
+    #: name -> the port on this machine that reaches it.
+    local: dict[str, int]
+    #: The tunnel's ssh process and whether an earlier command opened it; pid None: no tunnel
+    #: was needed (the ports are this machine's own).
+    pid: int | None = None
+    reused: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadAccess(abc.ABC):
+    """How this machine reaches a cluster's head, and what it does there."""
+
     #: For messages: "user@host via ..." or "this machine".
     where: str
     #: Environment that makes Ray's own tools reach the cluster where `ssh`/`exec` commands run
@@ -45,104 +80,362 @@ class HeadAccess:
     #: its node environment (Ray's Python, with aiohttp): head daemons such as the gateway.
     python: str = "python3"
     activate: str = ""
-    #: Where the head's own batch job runs the sharing gateway (Slurm): a folder on the head's
-    #: shared filesystem (`~/`-relative or absolute) that `up` fills with the gateway's config,
-    #: certificate and data, and from which the job's supervisor starts it, so that it ends with
-    #: the job. None: `up` starts it over SSH (remote_head.install_daemon) or here.
-    gateway_home: str | None = None
     #: More names members reach the head by, for the gateway's certificate (Slurm: the node's
     #: name, and 127.0.0.1/localhost for a member's own SSH tunnel through a login host).
     names: tuple[str, ...] = ()
-    #: The tracking server's password file on the head, when not where remote heads keep it
-    #: (Slurm: the job's keys dir); the gateway keeps its content out of every answer.
-    tracking_password: str | None = None
+    #: The tracking server's password file on the head (the gateway keeps its content out of
+    #: every answer).
+    tracking_password: str = NODE_PASSWORD_PATH
+
+    # --- what the head is, for those who configure its daemons -------------------------------
+
+    @property
+    @abc.abstractmethod
+    def address(self) -> str:
+        """The head's address as members and messages name it."""
+
+    @property
+    @abc.abstractmethod
+    def listen_host(self) -> str:
+        """Where a service for others listens there (a head that is this machine serves this
+        machine only)."""
+
+    @property
+    @abc.abstractmethod
+    def node_users(self) -> bool:
+        """Whether its daemons may run as the node's own users of infra/core/privilege.py (a head
+        rayfleet set up, with sudo)."""
+
+    @abc.abstractmethod
+    def head_path(self, path: str) -> str:
+        """`path` as a daemon on the head opens it (Python's open does not expand `~`)."""
+
+    @abc.abstractmethod
+    def gateway_files(self, cluster: str) -> GatewayFiles:
+        """Where the sharing gateway's config, data, certificate, key and log live there."""
+
+    # --- the interface -----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def run(self, command: str, timeout: float = 60.0, check: bool = False) -> ssh.Result:
+        """Run a shell command line on the head, in its node environment; its output. `check`:
+        a non-zero exit raises (RayfleetError naming the command's last line)."""
+
+    @abc.abstractmethod
+    def run_node(self, module: str, args: str, timeout: float = 60.0,
+                 check: bool = False) -> ssh.Result:
+        """`run` of `python -m <module> <args>` (a module of the node package, this checkout's;
+        `args` is shell, already quoted)."""
+
+    @abc.abstractmethod
+    def fetch(self, path: str, local: Path) -> None:
+        """Copy the head's file `path` to `local` on this machine, then remove it from the head
+        (a snapshot made for this copy); OSError or RayfleetError when it cannot."""
+
+    @abc.abstractmethod
+    def put_private(self, files: dict[str, bytes], user: str | None = None) -> None:
+        """Write 0600 files on the head in this order, each whole or not at all (a reader never
+        sees half of one), their missing folders made 0700. `user`: a node user of
+        infra/core/privilege.py whose home holds them (only where `node_users`)."""
+
+    @abc.abstractmethod
+    def read(self, path: str, user: str | None = None) -> str | None:
+        """A small file on the head (in node user `user`'s home when given); None when it is
+        absent, empty or the head cannot say."""
+
+    @abc.abstractmethod
+    def tunnels(self, remotes: list[tuple[str, int]]) -> contextlib.AbstractContextManager[list[int]]:
+        """Ports on this machine that reach each (host, port) as the head sees it, while the block
+        runs: one SSH login's forwards (`ssh.start_tunnel`), or the ports themselves."""
+
+    @contextlib.contextmanager
+    def tunnel(self, port: int, host: str = "127.0.0.1") -> Iterator[int]:
+        """One local port that reaches `host:port` as the head sees it, while the block runs."""
+        with self.tunnels([(host, port)]) as ports:
+            yield ports[0]
+
+    @abc.abstractmethod
+    def forward(self, cluster: str, remote: dict[str, int]) -> Forward:
+        """Like `tunnels`, for ports on the head's loopback, outliving this command (a shell's
+        `eval "$(invoke env)"`): the cluster's one detached tunnel (infra/core/tunnels.py)."""
+
+    @abc.abstractmethod
+    def ensure_daemon(self, module: str, config_path: str, config_text: str,
+                      secrets: dict[str, bytes] | None = None, log: str = "",
+                      user: str | None = None, copies: tuple[str, ...] = ()) -> None:
+        """Run `python -m <module> --config <config_path>` (a module of the node package) on the
+        head, supervised (infra/node/supervise.py: started again within seconds whenever it dies,
+        until it exits 0), unless it runs with this config; one whose config differs is started
+        again with the new one. `secrets` (path -> content) go first as 0600 files; no secret is
+        ever on a command line. `user`, `copies`: as `remote_head.install_daemon`."""
+
+    @abc.abstractmethod
+    def stop_daemon(self, config_path: str, user: str | None = None) -> None:
+        """Stop a daemon `ensure_daemon` started (exactly the processes its pid file names)."""
+
+    @abc.abstractmethod
+    def read_with_status(self, path: str, config_path: str, user: str | None = None,
+                         ) -> tuple[str | None, dict[str, Any] | None]:
+        """A small file on the head and the status (`supervise status`) of the daemon configured
+        by `config_path`, in one round trip; (None, None) when the head cannot say."""
+
+    @abc.abstractmethod
+    def answers(self, port: int, timeout: float) -> bool:
+        """Whether something accepts connections on the head's loopback `port` within `timeout`."""
+
+    # --- a user's hands on the head (`invoke ssh|exec|sync`) ---------------------------------
+
+    @abc.abstractmethod
+    def shell_argv(self, command: str | None = None) -> list[str]:
+        """The command line of `invoke ssh` (command None: a login shell) and `invoke exec`."""
+
+    def shell_env(self) -> dict[str, str]:
+        """The environment `shell_argv` runs in on this machine."""
+        return dict(os.environ)
+
+    def attach(self, command: str | None = None, cluster: str = "") -> int:
+        """Run a shell (or `command`) on the head, attached to this terminal; its exit code."""
+        try:
+            return subprocess.run(self.shell_argv(command), env=self.shell_env(),
+                                  check=False).returncode
+        except FileNotFoundError as exc:
+            raise UsageError(f"{exc.filename} is not installed here; install it "
+                             "(Debian: apt-get install openssh-client)") from None
+
+    @abc.abstractmethod
+    def rsync_target(self) -> contextlib.AbstractContextManager[tuple[list[str], str]]:
+        """(rsync options, the prefix of a path on the head) while the block runs."""
+
+    def rsync_argv(self, direction: Direction, local: str, remote: str, options: list[str],
+                   prefix: str) -> list[str]:
+        """rsync from this machine to the head (`up`) or back (`down`), archive mode, compressed."""
+        if direction not in ("up", "down"):
+            raise UsageError(f"sync {direction}: the direction is `up` (to the head) or `down`")
+        far = prefix + remote
+        return ["rsync", "-az", *options] + ([local, far] if direction == "up" else [far, local])
+
+    def sync(self, direction: Direction, local: str, remote: str) -> int:
+        """Copy files between this machine and the head with rsync over the head's SSH path."""
+        if direction == "up" and not Path(local).exists():
+            raise UsageError(f"sync up {local}: no such file or folder here")
+        try:
+            with self.rsync_target() as (options, prefix):
+                argv = self.rsync_argv(direction, local, remote, options, prefix)
+                return subprocess.run(argv, check=False).returncode
+        except FileNotFoundError as exc:
+            raise UsageError(f"{exc.filename} is not installed here; install it "
+                             "(Debian: apt-get install rsync openssh-client)") from None
 
 
-def _ssh_base(target: ssh.SshTarget) -> list[str]:
-    return ["ssh", *ssh.openssh_options(target)]
+def _checked(result: ssh.Result, command: str, where: str) -> ssh.Result:
+    if not result.ok:
+        from infra.core.errors import RayfleetError
+
+        last = (result.stderr.strip() or result.stdout.strip()).splitlines() or ["no output"]
+        raise RayfleetError(f"`{command.split()[0] if command.split() else command}` on {where} "
+                            f"exited {result.exit_code}: {last[-1].strip()}")
+    return result
 
 
-def shell_argv(access: HeadAccess, command: str | None = None) -> list[str]:
-    """The command line of `invoke ssh` (command None: a login shell) and `invoke exec`."""
-    if access.target is None:
+@dataclass(frozen=True, kw_only=True)
+class LocalHead(HeadAccess):
+    """The head is this machine: its files are ours, its daemons our supervised processes."""
+
+    address = "127.0.0.1"
+    listen_host = "127.0.0.1"
+    node_users = False
+
+    def head_path(self, path: str) -> str:
+        return os.path.expanduser(path)
+
+    def gateway_files(self, cluster: str) -> GatewayFiles:
+        """The owner's own sharing folder is the gateway's data dir (a registry change reaches it
+        at its next request), its certificate the one `sharing_certs` keeps here."""
+        folder = paths.home() / "sharing" / cluster
+        cert, key = sharing_certs.server_paths(cluster)
+        return GatewayFiles(str(folder / gateway_config.CONFIG_FILE), str(folder), str(cert),
+                            str(key), str(paths.home() / "logs" / cluster / "gateway.log"))
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, **{k: os.path.expanduser(v) for k, v in self.env.items()}}
+
+    def run(self, command: str, timeout: float = 60.0, check: bool = False) -> ssh.Result:
+        try:
+            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                                  timeout=timeout, env=self._env(), check=False)
+        except subprocess.TimeoutExpired:
+            result = ssh.Result(124, "", f"timed out after {timeout:.0f}s")
+        else:
+            result = ssh.Result(done.returncode, done.stdout, done.stderr)
+        return _checked(result, command, self.where) if check else result
+
+    def run_node(self, module: str, args: str, timeout: float = 60.0,
+                 check: bool = False) -> ssh.Result:
+        return self.run(f"cd {shlex.quote(str(paths.PROJECT_ROOT))} && "
+                        f"{shlex.quote(sys.executable)} -m {module} {args}", timeout, check)
+
+    def fetch(self, path: str, local: Path) -> None:
+        os.replace(self.head_path(path), local)
+
+    def put_private(self, files: dict[str, bytes], user: str | None = None) -> None:
+        """A file that already holds these bytes is left alone: here the owner's own copy (the
+        registry, the certificate) may be the very file the head's daemon reads."""
+        for path, data in files.items():
+            local = Path(self.head_path(path))
+            with contextlib.suppress(OSError):
+                if local.read_bytes() == data:
+                    continue
+            local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            atomic_write(local, data, mode=0o600)
+
+    def read(self, path: str, user: str | None = None) -> str | None:
+        with contextlib.suppress(OSError):
+            return Path(self.head_path(path)).read_text() or None
+        return None
+
+    @contextlib.contextmanager
+    def tunnels(self, remotes: list[tuple[str, int]]) -> Iterator[list[int]]:
+        yield [port for _host, port in remotes]
+
+    def forward(self, cluster: str, remote: dict[str, int]) -> Forward:
+        return Forward(dict(remote))
+
+    def ensure_daemon(self, module: str, config_path: str, config_text: str,
+                      secrets: dict[str, bytes] | None = None, log: str = "",
+                      user: str | None = None, copies: tuple[str, ...] = ()) -> None:
+        config = Path(self.head_path(config_path))
+        pidfile = Path(remote_head.pidfile(str(config)))
+        self.put_private(secrets or {})
+        with contextlib.suppress(OSError):
+            if supervise.running(pidfile) and config.read_text() == config_text:
+                return
+        supervise.stop(pidfile)  # a daemon keeps the config it started with
+        config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        atomic_write(config, config_text, mode=0o600)
+        supervise.ensure([sys.executable, "-m", module, "--config", str(config)], pidfile,
+                         Path(self.head_path(log or f"{config_path}.log")),
+                         cwd=str(paths.PROJECT_ROOT))
+
+    def stop_daemon(self, config_path: str, user: str | None = None) -> None:
+        """Its config stays: the next `ensure_daemon` compares against it."""
+        supervise.stop(Path(remote_head.pidfile(self.head_path(config_path))))
+
+    def read_with_status(self, path: str, config_path: str, user: str | None = None,
+                         ) -> tuple[str | None, dict[str, Any] | None]:
+        pidfile = Path(remote_head.pidfile(self.head_path(config_path)))
+        return self.read(path), supervise.status(pidfile)
+
+    def answers(self, port: int, timeout: float) -> bool:
+        try:
+            return until(lambda: rayproc.port_answers("127.0.0.1", port) or None, timeout, 0.3,
+                         f"port {port}")
+        except WaitTimeout:
+            return False
+
+    def shell_argv(self, command: str | None = None) -> list[str]:
         if command is None:
             return [os.environ.get("SHELL") or "bash"]
         return ["bash", "-c", command]
-    tty = ["-t"] if command is None and sys.stdin.isatty() else []
-    argv = [*_ssh_base(access.target), *tty, f"{access.target.user}@{access.target.host}"]
-    # A leading ~/ is left to the remote shell's $HOME (the head's home, not ours).
-    exports = " ".join(f"{k}={home_path(v)}" for k, v in access.env.items())
-    line = 'exec "${SHELL:-bash}" -l' if command is None else command
-    # ssh hands the rest to the remote user's shell as one line, the command exactly as typed.
-    return [*argv, "--", f"export {exports}; {line}" if exports else line]
+
+    def shell_env(self) -> dict[str, str]:
+        return self._env()
+
+    def attach(self, command: str | None = None, cluster: str = "") -> int:
+        if command is None:
+            ui.info(f"a shell in cluster {cluster!r}'s Ray environment (exit to leave)")
+        return super().attach(command, cluster)
+
+    @contextlib.contextmanager
+    def rsync_target(self) -> Iterator[tuple[list[str], str]]:
+        yield [], ""
 
 
-def run(access: HeadAccess, command: str | None = None) -> int:
-    """Run a shell (or `command`) on the head, attached to this terminal; its exit code."""
-    env = dict(os.environ)
-    if access.target is None:
-        env.update({k: os.path.expanduser(v) for k, v in access.env.items()})
-    try:
-        return subprocess.run(shell_argv(access, command), env=env, check=False).returncode
-    except FileNotFoundError as exc:
-        raise UsageError(f"{exc.filename} is not installed here; install it "
-                         "(Debian: apt-get install openssh-client)") from None
+def rooted(root: str) -> GatewayFiles:
+    return GatewayFiles(f"{root}/{gateway_config.CONFIG_FILE}", f"{root}/gateway",
+                        f"{root}/gateway.pem", f"{root}/gateway.key", f"{root}/gateway.log")
 
 
-def ssh_config(target: ssh.SshTarget) -> str:
-    """An ssh_config that makes plain `ssh` behave like `ssh.openssh_options(target)`: for tools
-    that take an ssh command as one string (rsync -e), where a ProxyCommand with quotes or spaces
-    would not survive their word splitting."""
-    options = ssh.openssh_options(target)
-    lines = ["Host *", f"  User {target.user}"]
-    names = {"-i": "IdentityFile", "-p": "Port"}
-    for flag, value in zip(options[::2], options[1::2], strict=True):
-        if flag == "-o":
-            key, _, rest = value.partition("=")
-            lines.append(f"  {key} {rest}")
-        else:
-            lines.append(f"  {names[flag]} {value}")
-    return "\n".join(lines) + "\n"
+@dataclass(frozen=True, kw_only=True)
+class SharedFsHead(HeadAccess):
+    """A head whose own batch job runs its daemons from files on the site's shared file system:
+    `private_root` there holds them, `node` (the head's node: this machine or an SSH login) is
+    how anything else reaches it. The job starts a daemon once its config is there and ends it
+    with the job: nothing is started or stopped from here."""
 
+    node: HeadAccess
+    private_root: str
 
-@contextmanager
-def _config_file(target: ssh.SshTarget) -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="rayfleet-ssh-") as folder:
-        path = Path(folder) / "config"
-        atomic_write(path, ssh_config(target), mode=0o600)  # ssh refuses one others can write
-        yield path
+    @property
+    def address(self) -> str:
+        return self.node.address
 
+    @property
+    def listen_host(self) -> str:
+        return self.node.listen_host
 
-Direction = Literal["up", "down"]
+    @property
+    def node_users(self) -> bool:
+        return False
 
+    def head_path(self, path: str) -> str:
+        # The job runs its daemons from its user's home.
+        return path.removeprefix("~/")
 
-def rsync_argv(access: HeadAccess, direction: Direction, local: str, remote: str,
-               config: Path | None) -> list[str]:
-    """rsync from this machine to the head (`up`) or back (`down`), archive mode, compressed."""
-    if direction not in ("up", "down"):
-        raise UsageError(f"sync {direction}: the direction is `up` (to the head) or `down`")
-    argv = ["rsync", "-az"]
-    if access.target is None:
-        far = remote
-    else:
-        if config is None:
-            raise ValueError("a remote head needs an ssh config")
-        argv += ["-e", f"ssh -F {shlex.quote(str(config))}"]
-        far = f"{access.target.host}:{remote}"
-    return argv + ([local, far] if direction == "up" else [far, local])
+    def gateway_files(self, cluster: str) -> GatewayFiles:
+        return rooted(self.private_root)
 
+    def run(self, command: str, timeout: float = 60.0, check: bool = False) -> ssh.Result:
+        return self.node.run(command, timeout, check)
 
-def sync(access: HeadAccess, direction: Direction, local: str, remote: str) -> int:
-    """Copy files between this machine and the head with rsync over the head's SSH path."""
-    if direction == "up" and not Path(local).exists():
-        raise UsageError(f"sync up {local}: no such file or folder here")
-    try:
-        if access.target is None:
-            argv = rsync_argv(access, direction, local, remote, None)
-            return subprocess.run(argv, check=False).returncode
-        with _config_file(access.target) as config:
-            argv = rsync_argv(access, direction, local, remote, config)
-            return subprocess.run(argv, check=False).returncode
-    except FileNotFoundError as exc:
-        raise UsageError(f"{exc.filename} is not installed here; install it "
-                         "(Debian: apt-get install rsync openssh-client)") from None
+    def run_node(self, module: str, args: str, timeout: float = 60.0,
+                 check: bool = False) -> ssh.Result:
+        return self.node.run_node(module, args, timeout, check)
+
+    def fetch(self, path: str, local: Path) -> None:
+        self.node.fetch(path, local)
+
+    def put_private(self, files: dict[str, bytes], user: str | None = None) -> None:
+        self.node.put_private(files, user)
+
+    def read(self, path: str, user: str | None = None) -> str | None:
+        return self.node.read(path, user)
+
+    def tunnels(self, remotes: list[tuple[str, int]]) -> contextlib.AbstractContextManager[list[int]]:
+        return self.node.tunnels(remotes)
+
+    def forward(self, cluster: str, remote: dict[str, int]) -> Forward:
+        return self.node.forward(cluster, remote)
+
+    def ensure_daemon(self, module: str, config_path: str, config_text: str,
+                      secrets: dict[str, bytes] | None = None, log: str = "",
+                      user: str | None = None, copies: tuple[str, ...] = ()) -> None:
+        """The secrets, then the config last: the job starts the daemon as soon as it is there.
+        A daemon the job already started keeps its settings until the next job."""
+        before = self.read(config_path)
+        if before is not None and before.strip() != config_text.strip():
+            ui.warn(f"{module.rsplit('.', 1)[-1]}: the head's job started it with the settings "
+                    "it had then; the changed ones apply from the next job (`invoke teardown`, "
+                    "then `invoke up`)")
+        self.put_private({**(secrets or {}), config_path: config_text.encode()}, user)
+
+    def stop_daemon(self, config_path: str, user: str | None = None) -> None:
+        """Nothing to do: it ends with the head's job, which teardown cancels."""
+
+    def read_with_status(self, path: str, config_path: str, user: str | None = None,
+                         ) -> tuple[str | None, dict[str, Any] | None]:
+        return self.node.read_with_status(path, config_path, user)
+
+    def answers(self, port: int, timeout: float) -> bool:
+        return self.node.answers(port, timeout)
+
+    def shell_argv(self, command: str | None = None) -> list[str]:
+        return self.node.shell_argv(command)
+
+    def shell_env(self) -> dict[str, str]:
+        return self.node.shell_env()
+
+    def attach(self, command: str | None = None, cluster: str = "") -> int:
+        return self.node.attach(command, cluster)
+
+    def rsync_target(self) -> contextlib.AbstractContextManager[tuple[list[str], str]]:
+        return self.node.rsync_target()

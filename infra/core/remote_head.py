@@ -55,7 +55,7 @@ def direct(address: str, token_path: Path | None, dashboard: tuple[str, int],
            metrics: tuple[str, int] | None = None) -> Endpoint:
     """The endpoint of a head this machine reaches directly (the local provider, a Slurm head on
     this host): each (host, port) as is."""
-    remotes = _remotes(dashboard, serve, tracking, metrics)
+    remotes = services(dashboard, serve, tracking, metrics)
     return _endpoint([f"http://{host}:{port}" for host, port in remotes], address, token_path,
                      serve, tracking_password, tracking is not None, metrics is not None,
                      tunneled=False)
@@ -73,10 +73,16 @@ def endpoint(target: ssh.SshTarget | None, address: str, token_path: Path | None
     if target is None:
         yield direct(address, token_path, dashboard, serve, tracking, tracking_password, metrics)
         return
-    with ssh.tunnels(target, _remotes(dashboard, serve, tracking, metrics)) as ports:
-        yield _endpoint([f"http://127.0.0.1:{port}" for port in ports], address, token_path,
-                        serve, tracking_password, tracking is not None, metrics is not None,
-                        tunneled=True)
+    with ssh.tunnels(target, services(dashboard, serve, tracking, metrics)) as ports:
+        yield tunneled(ports, address, token_path, serve, tracking_password, tracking is not None,
+                       metrics is not None)
+
+
+def tunneled(ports: list[int], address: str, token_path: Path | None, serve: tuple[str, int],
+             tracking_password: Path | None, tracked: bool, measured: bool) -> Endpoint:
+    """The endpoint through local `ports` that forward to the head's `services`, in their order."""
+    return _endpoint([f"http://127.0.0.1:{port}" for port in ports], address, token_path, serve,
+                     tracking_password, tracked, measured, tunneled=True)
 
 
 def announced(dashboard: str, address: str, token_path: Path | None,
@@ -87,7 +93,7 @@ def announced(dashboard: str, address: str, token_path: Path | None,
     return Endpoint(dashboard, address, tunneled=tunneled, token_path=token_path)
 
 
-def _remotes(dashboard: tuple[str, int], serve: tuple[str, int], tracking: tuple[str, int] | None,
+def services(dashboard: tuple[str, int], serve: tuple[str, int], tracking: tuple[str, int] | None,
              metrics: tuple[str, int] | None) -> list[tuple[str, int]]:
     """The head's services in the one order `_endpoint` reads: dashboard, serve, tracking?,
     metrics?"""

@@ -237,8 +237,10 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         """
 
     def head_access(self, state: State) -> HeadAccess:
-        """How to log into the cluster's head (`invoke ssh`, `exec`, `sync`, remote `env`), with the
-        same key, proxy and host-key rules as the provider's own SSH; read-only.
+        """The cluster's head (infra/core/head.py: `LocalHead`, `SshHead` or `SharedFsHead`), through
+        which sharing, `invoke ssh|exec|sync|env` and the rest run commands, put and read files,
+        tunnel and supervise daemons there, with the same key, proxy and host-key rules as the
+        provider's own SSH; read-only.
 
         Raises ClusterNotRunningError when there is no head to reach.
         """

@@ -1,7 +1,7 @@
 """`metrics: prometheus` on a head this machine reaches over SSH (Lambda, GCP): starting it.
 
 The Prometheus supervisor (infra/node/metrics.py) goes on the head like the tracking server's,
-through `remote_head.install_daemon`, the head daemons' one supervisor. It
+through `HeadAccess.ensure_daemon`, the head daemons' one supervisor. It
 listens on the head's loopback, where the dashboard listens: the cluster's SSH tunnel reaches it
 (`tracking_remote.connect`), no firewall rule opens it. Its database lives in the head's own
 `~/rayfleet/metrics/`, bounded by the spec's `metrics_history`, and goes with the head; teardown
@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from infra.core import remote_head, ssh, ui
+from infra.core import ui
+from infra.core.head import HeadAccess
 from infra.core.metrics import prometheus as metrics
 from infra.core.spec import MetricsHistory
 from infra.core.state import State
@@ -35,10 +36,9 @@ def node_env_words() -> str:
     return "".join(f"{key}={value} " for key, value in NODE_ENV.items())
 
 
-def start(state: State, target: ssh.SshTarget, history: MetricsHistory,
-          python: str = "python3", activate: str = "") -> None:
+def start(state: State, head: HeadAccess, history: MetricsHistory) -> None:
     """Start (or keep) the head's Prometheus; not waited for (it needs nothing from `up`)."""
-    home = ssh.run(target, 'printf %s "$HOME"', timeout=30, check=True).stdout.strip()
+    home = head.run('printf %s "$HOME"', timeout=30, check=True).stdout.strip()
     config = PrometheusConfig(
         host="127.0.0.1", port=metrics.HEAD_PORT,
         discovery_file=f"{RAY_TEMP_DIR}/{DISCOVERY_FILE}",
@@ -46,7 +46,6 @@ def start(state: State, target: ssh.SshTarget, history: MetricsHistory,
         retention_size_mb=history.size_mb, scrape_interval_s=history.scrape_interval_s,
         log_path=f"{home}/rayfleet/prometheus.log")
     with ui.step(f"starting Prometheus on the head (127.0.0.1:{metrics.HEAD_PORT})"):
-        remote_head.install_daemon(target, "infra.node.metrics", HEAD_CONFIG,
-                                       json.dumps(asdict(config)), python=python,
-                                       activate=activate, log=HEAD_LOG)
+        head.ensure_daemon("infra.node.metrics", HEAD_CONFIG, json.dumps(asdict(config)),
+                           log=HEAD_LOG)
     metrics.note_started(state, history.scrape_interval_s)

@@ -10,9 +10,12 @@ Ray's user), into its `~/.rayfleet/gateway` (0700: neither Ray's user nor any jo
 the SSH user reaches it only through sudo, as it reads usage back). Usage stays
 with the registry too: a remote head's copy is fetched by `members` and at `teardown`, and given
 back to a new head at `up`, so it survives teardown, autodown and the next `up` (like the tracking
-store). A head whose batch job runs the gateway itself (Slurm: `HeadAccess.gateway_home`) gets the
-same files in that folder on the site's shared filesystem; the job's supervisor starts the gateway
+store). A head whose batch job runs the gateway itself (`head.SharedFsHead`, Slurm) gets the
+same files in its folder on the site's shared filesystem; the job's supervisor starts the gateway
 once its config is there and ends it with the job.
+
+Where the head is and how files and daemons get there is the head's (`HeadAccess`): this module
+writes the same files and asks for the same daemon whatever the head.
 """
 
 from __future__ import annotations
@@ -20,67 +23,45 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import os
 import secrets
-import shlex
-import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from infra.core import paths, privilege, ui
 from infra.core.costs import NodePrices
 from infra.core.errors import RayfleetError, SpecError, UsageError
-from infra.core.head import HeadAccess
+from infra.core.head import GatewayFiles, HeadAccess
 from infra.core.sharing import certs as sharing_certs
 from infra.core.sharing import term as sharing_term
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
-from infra.core.tracking import client as tracking
-from infra.core.tracking import remote as tracking_remote
-from infra.node import gateway_config, gateway_state, rayproc, supervise
+from infra.node import gateway_config, gateway_state, net, supervise
 from infra.node.files import atomic_write
 
 #: What a bundle says it is; `join` refuses anything else.
 BUNDLE_KIND = "rayfleet-member-bundle/1"
 
 
-class HeadFiles(NamedTuple):
-    """Where a remote head keeps the gateway's files: `~/`-relative (the login's home) or
-    absolute paths."""
-
-    config: str
-    data: str
-    cert: str
-    key: str
-    log: str
+#: Where a head keeps the gateway's files (`HeadAccess.gateway_files`).
+HeadFiles = GatewayFiles
 
 
-def head_files(access: HeadAccess) -> HeadFiles:
-    """Under `~/.rayfleet` (a head of its own), or the head's `gateway_home` (Slurm: per cluster
-    on the shared work dir, which every shared cluster of one site account shares)."""
-    root = access.gateway_home or "~/.rayfleet"
-    return HeadFiles(f"{root}/{gateway_config.CONFIG_FILE}", f"{root}/gateway", f"{root}/gateway.pem",
-                     f"{root}/gateway.key", f"{root}/gateway.log")
+def head_files(access: HeadAccess, cluster: str) -> GatewayFiles:
+    """Where this head keeps cluster `cluster`'s gateway files: on a head of its own under
+    `~/.rayfleet`; on a head whose job runs the gateway, in its folder on the shared work dir;
+    on this machine, the owner's sharing folder itself."""
+    return access.gateway_files(cluster)
 
 
 def gateway_user(selected: ClusterSpec, access: HeadAccess) -> str | None:
-    """The node user a remote head runs the gateway as (privilege.GATEWAY_USER: no sudo, no key,
-    not Ray's user), where setup makes the node's users (`Capabilities.separate_ray_user`); None: the SSH user
-    (no such head today), this machine's owner, or the head's own job (Slurm)."""
-    if access.target is None or access.gateway_home or not type(selected).CAPABILITIES.separate_ray_user:
+    """The node user a head runs the gateway as (privilege.GATEWAY_USER: no sudo, no key, not
+    Ray's user), where setup makes the node's users (`Capabilities.separate_ray_user`) and the
+    head's daemons may run as them; None: the SSH user (no such head today), this machine's
+    owner, or the head's own job (Slurm)."""
+    if not (access.node_users and type(selected).CAPABILITIES.separate_ray_user):
         return None
     return privilege.GATEWAY_USER
-
-
-def _here(access: HeadAccess) -> bool:
-    """The gateway runs on this machine, started by us, reading the owner's folder directly."""
-    return access.target is None and access.gateway_home is None
-
-
-def _on_head(path: str) -> str:
-    """A head path as the gateway (run from its user's home) and SFTP read it: `~/x` -> `x`."""
-    return path.removeprefix("~/")
 
 
 class SharingError(RayfleetError):
@@ -212,19 +193,13 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         selected.name, names, type(selected).CAPABILITIES.sharing_ca_ranges,
         replaceable=not read_registry(selected.name), dns=(hostname,) if hostname else ())
     token = access.env.get("RAY_AUTH_TOKEN_PATH")
-    here = _here(access)
-    data = folder(selected.name) if here else Path(_on_head(head_files(access).data))
-    # A remote gateway runs from its user's home: `~/` paths as relative ones (Python's open does
-    # not expand `~`).
-    mlflow = str(tracking.password_path(selected.name)) if here else \
-        _on_head(access.tracking_password or tracking_remote.NODE_PASSWORD_PATH)
-    if token and not here:
-        token = _on_head(token)
+    where = head_files(access, selected.name)
     config = gateway_config.Config(
-        # A head job on this machine (Slurm) serves this machine only, like the local provider.
-        cluster=selected.name, host="127.0.0.1" if access.target is None else "0.0.0.0",
+        cluster=selected.name, host=access.listen_host,
         port=selected.sharing.port, upstream=f"http://127.0.0.1:{access.dashboard_port}",
-        token_path=token, cert=str(cert), key=str(key), data_dir=str(data),
+        # Every path as the gateway on the head opens it.
+        token_path=access.head_path(token) if token else token, cert=str(cert), key=str(key),
+        data_dir=access.head_path(where.data),
         max_running_jobs_per_member=selected.sharing.max_running_jobs_per_member,
         max_job_hours=selected.sharing.max_job_hours,
         members_see_dashboard=selected.sharing.members_see_dashboard,
@@ -236,7 +211,8 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         price_per_hour=prices.floor_usd if prices else 0.0,
         node_prices=dict(prices.by_type) if prices else {},
         head_type=prices.head_type if prices else "",
-        secret_paths=[mlflow] if selected.tracking == "mlflow" else [])
+        secret_paths=[access.head_path(access.tracking_password)]
+        if selected.tracking == "mlflow" else [])
     return config, folder(selected.name) / gateway_config.CONFIG_FILE
 
 
@@ -246,7 +222,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     `prices`: the provider's node prices, for the cost share (None: the cluster costs $0)."""
     if selected.sharing is None:
         return None
-    address = "127.0.0.1" if access.target is None else access.target.host
+    address = access.address
     hostname = selected.sharing.hostname
     url = f"https://{hostname or address}:{selected.sharing.port}"
     members = read_registry(selected.name)
@@ -256,18 +232,17 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
         write_registry(selected.name, {})
     ensure_owner_token(selected.name)
     apply_term(selected)  # `sharing.ends` may have changed since the last `up`
-    if not _here(access):
-        read_usage(selected, access)  # the running head's accounting first, then given back
+    read_usage(selected, access)  # the running head's accounting first, then given back
     start_gateway(access, config, config_path, gateway_user(selected, access))
-    if access.target is None:
-        ui.wait_for(lambda _: True if rayproc.port_answers("127.0.0.1", config.port) else None,
-                    f"the sharing gateway on {url}", timeout=60,
-                    hint=f"see {paths.home() / 'logs' / selected.name / 'gateway.log'}")
-    else:
-        _wait_remote(access, config.port, url)
+    with ui.step(f"waiting for the sharing gateway on {url}"):
+        started = access.answers(config.port, timeout=60)
+    if not started:
+        raise SharingError(f"the sharing gateway did not start on the head within 60 s; see "
+                           f"{head_files(access, selected.name).log} there (`invoke ssh`)")
     if state.info.get("gateway_url") != url:
         state.set_info(gateway_url=url)
-    if hostname and access.target is not None:
+    # A loopback address is this machine's own: nobody points DNS at it.
+    if hostname and not net.is_loopback(address):
         ui.info(f"sharing.hostname: point DNS for {hostname} at {address} (an A record; the "
                 "head's address now): members' bundles name it and need no change")
     return url
@@ -283,74 +258,31 @@ def warn_stale_bundles(members: dict[str, dict[str, Any]], url: str, previous: s
                 "(`invoke member-remove NAME` then `invoke member-add NAME`; their usage is kept)")
 
 
-def _wait_remote(access: HeadAccess, port: int, url: str) -> None:
-    """Until the gateway accepts connections on the head (bash's /dev/tcp: nothing to install)."""
-    from infra.core import ssh
-
-    assert access.target is not None
-    probe = (f"for i in $(seq 1 200); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null "
-             "&& exit 0; sleep 0.3; done; exit 1")
-    with ui.step(f"waiting for the sharing gateway on {url}"):
-        done = ssh.run(access.target, f"bash -c {shlex.quote(probe)}", timeout=90)
-    if not done.ok:
-        raise SharingError(f"the sharing gateway did not start on the head within 60 s; see "
-                           f"{head_files(access).log} there (`invoke ssh`)")
-
-
 def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path: Path,
                   user: str | None = None) -> None:
-    """The one place that starts the gateway, under the head daemons' one supervisor.
-
-    This machine: `python -m infra.node.gateway` supervised, replaced when its config changed.
-    A remote head: remote_head.install_daemon as `user` (gateway_user), with the certificate, its
-    key, the registry (hashes only) and the last usage copy as 0600 files in its 0700 data dir,
-    and its own copies of the Ray token and the tracking password, all in that user's home.
-    A head whose job runs the gateway (`gateway_home`): the same files, the config last; the
-    job's supervisor starts the gateway from it (templates/slurm.sbatch.j2)."""
-    if not _here(access):
-        where = head_files(access)
-        cert, key = Path(config.cert), Path(config.key)
-        data = _on_head(where.data)
-        remote = {**asdict(config), "cert": _on_head(where.cert),
-                  "key": _on_head(where.key), "data_dir": data}
-        files = {where.cert: cert.read_bytes(), where.key: key.read_bytes(),
-                 f"{where.data}/{gateway_state.MEMBERS_FILE}":
-                     registry_path(config.cluster).read_bytes()}
-        usage = folder(config.cluster) / gateway_state.USAGE_FILE
-        if usage.exists():
-            files[f"{where.data}/{gateway_state.USAGE_FILE}"] = usage.read_bytes()
-        if access.gateway_home:
-            text = json.dumps(remote, indent=2)
-            before = _read_on_head(access, where.config)
-            if before is not None and before.strip() != text:
-                ui.warn("sharing: the head's job started its gateway with the settings it had "
-                        "then; the changed ones apply from the next job (`invoke teardown`, "
-                        "then `invoke up`)")
-            # The config last: the job starts the gateway as soon as it is there.
-            _put_on_head(access, {**files, where.config: text.encode()})
-            return
-        assert access.target is not None
-        from infra.core import remote_head
-
-        # What it reads of the SSH user's (home-relative paths): its copies, the SSH user's kept.
-        copies = tuple(p for p in (config.token_path, *config.secret_paths)
-                       if p and not p.startswith("/")) if user else ()
-        remote_head.install_daemon(access.target, "infra.node.gateway", where.config,
-                                   json.dumps(remote), secrets=files, log=where.log,
-                                   python=access.python, activate=access.activate, user=user,
-                                   copies=copies)
-        return
-    wanted = gateway_config.config_text(config)
-    pidfile = Path(f"{config_path}.pid")
-    if supervise.running(pidfile) and config_path.exists() and config_path.read_text() == wanted:
-        return
-    stop_local(config_path)
-    gateway_config.write_config(config_path, config)
-    log = paths.home() / "logs" / config.cluster / "gateway.log"
-    # Supervised like every head daemon (infra/node/supervise.py): a gateway that dies is back
-    # within seconds, and its pid file identifies it by pid and start time.
-    supervise.ensure([sys.executable, "-m", "infra.node.gateway", "--config", str(config_path)],
-                     pidfile, log, cwd=str(paths.PROJECT_ROOT))
+    """The one place that starts the gateway, under the head daemons' one supervisor
+    (`HeadAccess.ensure_daemon`), with the certificate, its key, the registry (hashes only) and
+    the last usage copy as 0600 files in its 0700 data dir, all where the head keeps them
+    (`head_files`), and, for a node `user` (gateway_user), its own copies of the Ray token and the
+    tracking password in that user's home. On this machine those files are the owner's own; a
+    head whose job runs the gateway gets them on the shared file system, the config last.
+    `config_path`: the owner's copy of a gateway config here (the sharing folder)."""
+    where = head_files(access, config.cluster)
+    cert, key = Path(config.cert), Path(config.key)
+    on_head = {**asdict(config), "cert": access.head_path(where.cert),
+               "key": access.head_path(where.key)}
+    files = {where.cert: cert.read_bytes(), where.key: key.read_bytes(),
+             f"{where.data}/{gateway_state.MEMBERS_FILE}":
+                 registry_path(config.cluster).read_bytes()}
+    usage = folder(config.cluster) / gateway_state.USAGE_FILE
+    if usage.exists():
+        files[f"{where.data}/{gateway_state.USAGE_FILE}"] = usage.read_bytes()
+    # What it reads of the SSH user's (home-relative paths): its copies, the SSH user's kept.
+    copies = tuple(p for p in (config.token_path, *config.secret_paths)
+                   if p and not p.startswith("/")) if user else ()
+    access.ensure_daemon("infra.node.gateway", where.config,
+                         gateway_config.config_text(gateway_config.Config(**on_head)),
+                         secrets=files, log=where.log, user=user, copies=copies)
 
 
 def stop_local(config_path: Path) -> None:
@@ -361,56 +293,36 @@ def stop_local(config_path: Path) -> None:
 def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:
     """At teardown: the gateway goes with the cluster (its members and usage stay). A gateway
     its head's job runs ends with that job, which teardown cancels next: only its usage here."""
-    if access is None or _here(access):
+    if access is None:  # the head is gone; a gateway started here goes too
         stop_local(folder(selected.name) / gateway_config.CONFIG_FILE)
         return
-    if access.target is not None and not access.gateway_home:
-        from infra.core import remote_head
-
-        with contextlib.suppress(RayfleetError):
-            remote_head.stop_daemon(access.target, head_files(access).config, access.python,
-                                    access.activate, gateway_user(selected, access))
+    with contextlib.suppress(RayfleetError):
+        access.stop_daemon(head_files(access, selected.name).config,
+                           gateway_user(selected, access))
     # After it stopped (its last tick written): the head's accounting kept here.
     with contextlib.suppress(RayfleetError, OSError):
         read_usage(selected, access)
 
 
-def _put_on_head(access: HeadAccess, files: dict[str, bytes], user: str | None = None) -> None:
-    """Write 0600 files on the head in this order, each whole or not at all (a reader never sees
-    half of one), their folders made 0700: SFTP (into node user `user`'s home when given), or
-    this machine's own files for a head here."""
-    if access.target is None:
-        for path, data in files.items():
-            local = Path(os.path.expanduser(path))
-            local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            atomic_write(local, data, mode=0o600)
-        return
-    from infra.core import remote_head
-
-    remote_head.put_private(access.target, files, user)
-
-
 def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:
-    """Put the registry where the gateway reads it (nothing to do for a head on this machine)."""
-    if _here(access):
-        return
-    _put_on_head(access, {f"{head_files(access).data}/{gateway_state.MEMBERS_FILE}":
-                          registry_path(selected.name).read_bytes()},
-                 gateway_user(selected, access))
+    """Put the registry where the gateway reads it (on this machine it reads the owner's own)."""
+    access.put_private({f"{head_files(access, selected.name).data}/{gateway_state.MEMBERS_FILE}":
+                        registry_path(selected.name).read_bytes()},
+                       gateway_user(selected, access))
 
 
 def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, Any]:
     """The gateway's usage file (a remote head's when it answers, else the last copy here)."""
     local = folder(selected.name) / gateway_state.USAGE_FILE
-    if access is not None and not _here(access):
-        path = f"{head_files(access).data}/{gateway_state.USAGE_FILE}"
+    if access is not None:
+        path = f"{head_files(access, selected.name).data}/{gateway_state.USAGE_FILE}"
         user = gateway_user(selected, access)
-        text = _read_on_head(access, path, user)
+        text = access.read(path, user)
         if not text and user is not None:
             # A head whose gateway ran as the SSH user (before its own user): its last usage,
             # which the first `up` since hands over to the new user (and so away from here).
-            text = _read_on_head(access, path)
-        if text:
+            text = access.read(path)
+        if text and text != _text(local):  # on this machine the head's file is this one
             atomic_write(local, text, mode=0o600)
     try:
         data = json.loads(local.read_text())
@@ -419,14 +331,10 @@ def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, An
     return data if isinstance(data, dict) else {"jobs": {}, "members": {}}
 
 
-def _read_on_head(access: HeadAccess, path: str, user: str | None = None) -> str | None:
-    if access.target is None:
-        with contextlib.suppress(OSError):
-            return Path(os.path.expanduser(path)).read_text() or None
-        return None
-    from infra.core import remote_head
-
-    return remote_head.read_file(access.target, path, user)
+def _text(path: Path) -> str | None:
+    with contextlib.suppress(OSError):
+        return path.read_text()
+    return None
 
 
 def recorded_for(record: dict[str, Any], name: str, entry: dict[str, Any]) -> bool:

@@ -1,7 +1,7 @@
 """`tracking: mlflow` on a head this machine reaches over SSH (Lambda, GCP): one mechanism for all.
 
 - **The server**: `start` puts the tracking server (infra/node/tracking.py) on the head with
-  `remote_head.install_daemon`, supervised like every head daemon: the password and Flask
+  `HeadAccess.ensure_daemon`, supervised like every head daemon: the password and Flask
   secret go over SFTP as 0600 files, the config names only paths, and the server listens on the
   head's private address at `TRACKING_PORT`, where the other nodes reach it (never on a port
   the cluster's firewall opens).
@@ -14,10 +14,10 @@
   unpacks it into `.rayfleet/tracking/<cluster>/`; `save_before_teardown` does so before any
   instance goes, or says in one line why it could not. `copy_note` is what `status` says of it.
 - **From here**: `connect` opens the tunnels (dashboard, tracking, Serve) to the head
-  (`remote_head.endpoint`).
+  (`HeadAccess.tunnels`, one login).
 
 Core layer: never imports a provider, never branches on a provider's name. A provider passes its
-head's SSH target, addresses and the shell that activates its node env.
+head (`infra.core.head.HeadAccess`: how commands, files, daemons and tunnels get there) and addresses.
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from infra.core import remote_head, ssh, ui
+from infra.core import remote_head, ui
 from infra.core.endpoint import Endpoint
 from infra.core.errors import RayfleetError
+from infra.core.head import HeadAccess
 from infra.core.metrics import prometheus as metrics
 from infra.core.state import State
 from infra.core.tracking import client as tracking
@@ -79,12 +80,11 @@ class HeadStore:
     durable: str = ""
 
 
-def start(state: State, target: ssh.SshTarget, bind_host: str, store: HeadStore,
-          python: str = "python3", activate: str = "") -> None:
+def start(state: State, head: HeadAccess, bind_host: str, store: HeadStore) -> None:
     """Start (or keep) the tracking server on the head; record where its store lives."""
     password = tracking.ensure_credentials(state.cluster)
     secret = password.with_name(tracking.SECRET_KEY_FILE)
-    home = ssh.run(target, 'printf %s "$HOME"', timeout=30, check=True).stdout.strip()
+    home = head.run('printf %s "$HOME"', timeout=30, check=True).stdout.strip()
     store_dir = store.path if store.path.startswith("/") else f"{home}/{store.path}"
     config = ServerConfig(
         host=bind_host, port=TRACKING_PORT, store_dir=store_dir,
@@ -96,9 +96,8 @@ def start(state: State, target: ssh.SshTarget, bind_host: str, store: HeadStore,
     state.set_info(tracking_head_store=store_dir, tracking_durable=store.durable or None,
                    tracking_bind=bind_host)
     with ui.step(f"starting the MLflow tracking server on the head ({bind_host}:{TRACKING_PORT})"):
-        remote_head.install_daemon(target, "infra.node.tracking", HEAD_CONFIG,
-                                   json.dumps(asdict(config)), secrets, python=python,
-                                   activate=activate, log=HEAD_LOG)
+        head.ensure_daemon("infra.node.tracking", HEAD_CONFIG, json.dumps(asdict(config)), secrets,
+                           log=HEAD_LOG)
     if store.durable:
         ui.info(f"tracking data lives on {store.durable} ({store_dir}) and survives teardown and "
                 "autodown")
@@ -118,8 +117,7 @@ def plan_note(cluster: str, address: str, durable: str = "") -> str:
             f"firewall rule opens it; `invoke mlflow` tunnels to it), {where}")
 
 
-def copy_back(target: ssh.SshTarget, state: State, python: str = "python3",
-              activate: str = "") -> Path:
+def copy_back(head: HeadAccess, state: State) -> Path:
     """A consistent copy of the head's store in `.rayfleet/tracking/<cluster>/`; records
     `tracking_copied_at`. The previous copy is replaced only once the new one is complete."""
     store = state.info.get("tracking_head_store")
@@ -127,46 +125,34 @@ def copy_back(target: ssh.SshTarget, state: State, python: str = "python3",
         raise RayfleetError("no tracking store recorded for this cluster")
     final = tracking.local_store(state.cluster)
     final.parent.mkdir(parents=True, exist_ok=True)
-    # One SSH login for the node package going up and the snapshot coming down.
-    client = ssh.connect(target)
-    try:
-        remote_zip = remote_head.put_files(target, client=client)
-        args = (f"--store {shlex.quote(store)} --out {remote_head.home_word(HEAD_SNAPSHOT)}")
-        ssh.run(target, remote_head.node_command("infra.node.tracking_snapshot", args, python,
-                                                 activate, remote_zip), timeout=600, check=True)
-        sftp = client.open_sftp()
-        with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{state.cluster}-") as tmp:
-            tar_path = Path(tmp) / "snapshot.tar"
-            sftp.get(HEAD_SNAPSHOT, str(tar_path))
-            with contextlib.suppress(OSError):
-                sftp.remove(HEAD_SNAPSHOT)
-            unpacked = Path(tmp) / "store"
-            unpacked.mkdir()
-            with tarfile.open(tar_path) as tar:
-                tar.extractall(unpacked, filter="data")
-            if final.exists():
-                final.rename(Path(tmp) / "old")
-            unpacked.rename(final)
-        sftp.close()
-    finally:
-        client.close()
+    args = (f"--store {shlex.quote(store)} --out {remote_head.home_word(HEAD_SNAPSHOT)}")
+    head.run_node("infra.node.tracking_snapshot", args, timeout=600, check=True)
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{state.cluster}-") as tmp:
+        tar_path = Path(tmp) / "snapshot.tar"
+        head.fetch(HEAD_SNAPSHOT, tar_path)
+        unpacked = Path(tmp) / "store"
+        unpacked.mkdir()
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(unpacked, filter="data")
+        if final.exists():
+            final.rename(Path(tmp) / "old")
+        unpacked.rename(final)
     state.set_info(tracking_copied_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     return final
 
 
-def save_before_teardown(state: State, target: ssh.SshTarget | None, why_not: str = "",
-                         python: str = "python3", activate: str = "") -> None:
+def save_before_teardown(state: State, head: HeadAccess | None, why_not: str = "") -> None:
     """Before any instance goes: copy the head's store here, or say in one line why not.
-    `target` is None when the provider knows the head is gone (`why_not` says why)."""
+    `head` is None when the provider knows the head is gone (`why_not` says why)."""
     if not state.info.get("tracking_head_store"):
         return
-    if target is None:
+    if head is None:
         ui.warn(f"tracking data NOT copied: {why_not or 'no head'}; "
                 + _lost_or_kept(state))
         return
     try:
         with ui.step("copying the head's MLflow store to this machine"):
-            path = copy_back(target, state, python, activate)
+            path = copy_back(head, state)
     except (RayfleetError, OSError, tarfile.TarError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         ui.warn(f"tracking data NOT copied from the head ({reason}); "
@@ -201,20 +187,22 @@ def copy_note(state: State) -> str | None:
 
 
 @contextlib.contextmanager
-def connect(state: State, target: ssh.SshTarget, dashboard_port: int, address: str,
+def connect(state: State, head: HeadAccess, dashboard_port: int, address: str,
             token_path: Path | None) -> Iterator[Endpoint]:
-    """The cluster's endpoint through SSH tunnels to the head (`remote_head.endpoint`): the
-    dashboard, Serve's HTTP proxy and, when the cluster has one, the tracking server."""
+    """The cluster's endpoint through the head's tunnels (one login): the dashboard, Serve's
+    HTTP proxy and, when the cluster has them, the tracking server and Prometheus."""
     bind = state.info.get("tracking_bind")
     tracked = bool(bind and state.info.get("tracking_head_store"))
     measured = bool(state.info.get("metrics_since"))
-    with remote_head.endpoint(target, address, token_path, ("127.0.0.1", dashboard_port),
-                              ("127.0.0.1", SERVE_PORT),
-                              (str(bind), TRACKING_PORT) if tracked else None,
-                              tracking.password_path(state.cluster) if tracked else None,
-                              # the head's Prometheus (infra/core/metrics/remote.py), on its loopback
-                              ("127.0.0.1", metrics.HEAD_PORT) if measured else None) as found:
-        yield found
+    serve = ("127.0.0.1", SERVE_PORT)
+    remotes = remote_head.services(("127.0.0.1", dashboard_port), serve,
+                                   (str(bind), TRACKING_PORT) if tracked else None,
+                                   # the head's Prometheus (infra/core/metrics/remote.py), on its loopback
+                                   ("127.0.0.1", metrics.HEAD_PORT) if measured else None)
+    with head.tunnels(remotes) as ports:
+        yield remote_head.tunneled(ports, address, token_path, serve,
+                                   tracking.password_path(state.cluster) if tracked else None,
+                                   tracked, measured)
 
 
 def remove_keys(state: State, folder: Path) -> None:

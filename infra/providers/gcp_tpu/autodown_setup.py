@@ -23,6 +23,7 @@ from infra.core import auth, privilege, ui
 from infra.core.autodown import remote as autodown_remote
 from infra.core.autodown import view as autodown_view
 from infra.core.errors import RayfleetError
+from infra.core.head_ssh import SshHead, ssh_head
 from infra.node import autodown
 from infra.node.wait import WaitTimeout, until
 from infra.providers.gcp_tpu import config, slices, users
@@ -68,13 +69,13 @@ def install(spec: Spec, state: State, cluster: Resource, target: ssh.SshTarget) 
     if spec.autodown is None:
         if autodown_view.read_marker(autodown_view.marker_path(spec.name)) is not None:
             with contextlib.suppress(RayfleetError):
-                autodown_remote.stop(target, users.PYTHON, users.ACTIVATE, users.DAEMON_USER)
+                autodown_remote.stop(_head(target), users.DAEMON_USER)
             autodown_view.forget(spec.name)
         return
     with ui.step(f"starting the autodown watcher on the head ({spec.autodown.idle_minutes:g} "
                  "idle minutes)"):
-        autodown_remote.install(target, watcher_config(spec, state, cluster), python=users.PYTHON,
-                                activate=users.ACTIVATE, user=users.DAEMON_USER)
+        autodown_remote.install(_head(target), watcher_config(spec, state, cluster),
+                                user=users.DAEMON_USER)
         try:
             until(lambda: autodown_view.cache_marker(spec.name, marker(target) or "",
                                                      state.cluster_id),
@@ -86,7 +87,12 @@ def install(spec: Spec, state: State, cluster: Resource, target: ssh.SshTarget) 
 
 def marker(target: ssh.SshTarget) -> str | None:
     """The watcher's marker and whether it runs, read as the user it runs as (`status`)."""
-    return autodown_remote.head_marker(target, users.PYTHON, users.ACTIVATE, users.DAEMON_USER)
+    return autodown_remote.head_marker(_head(target), users.DAEMON_USER)
+
+
+def _head(target: ssh.SshTarget) -> SshHead:
+    """The head as its daemons run there: the node env's Python, activated."""
+    return ssh_head(target, users.PYTHON, users.ACTIVATE)
 
 
 def nodes_left(api: Gcp, cluster: Resource) -> int:

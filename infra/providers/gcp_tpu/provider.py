@@ -20,6 +20,7 @@ from infra.core import auth, jobs, paths, privilege, remote_head, ssh, ui
 from infra.core.costs import NodePrices
 from infra.core.errors import ClusterNotRunningError, UsageError
 from infra.core.head import HeadAccess
+from infra.core.head_ssh import SshHead, ssh_head
 from infra.core.state import Resource, State
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
@@ -406,15 +407,16 @@ class Provider(BaseProvider[Spec, Preflight]):
         cluster = self._reachable_head(state)
         target = self._head_target(cluster)
         # `ray start --head` without --ray-client-server-port opens Ray's default, 10001.
-        return HeadAccess(target, str(target), auth.head_env(state, config.NODE_TOKEN_PATH),
-                          dashboard_port=int(cluster.attrs["dashboard_port"]), client_port=10001,
-                          python=autodown_setup.HEAD_PYTHON)
+        return SshHead(target=target, where=str(target),
+                       env=auth.head_env(state, config.NODE_TOKEN_PATH),
+                       dashboard_port=int(cluster.attrs["dashboard_port"]), client_port=10001,
+                       python=autodown_setup.HEAD_PYTHON)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
         cluster = self._reachable_head(state)
         target = self._head_target(cluster)
-        with tracking_remote.connect(state, target, int(cluster.attrs["dashboard_port"]),
+        with tracking_remote.connect(state, ssh_head(target), int(cluster.attrs["dashboard_port"]),
                                      f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}",
                                      auth.token_file(state)) as endpoint:
             yield endpoint

@@ -15,8 +15,9 @@ import json
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from infra.core import auth, paths, remote_head, ui, versions
+from infra.core import auth, paths, ui, versions
 from infra.core.errors import RayfleetError
+from infra.core.head_ssh import SshHead, ssh_head
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node.files import atomic_write
@@ -118,24 +119,26 @@ def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
     with ui.step(f"starting the queued-slice joiner on the head ({len(requests)} slice type(s))"):
         # A joiner from an earlier `up` would keep its old config: restart it (its marker stays).
         stop_joiner(target)
-        remote_head.install_daemon(
-            target, "infra.node.gcp_tpu.joiner", joiner.HEAD_CONFIG,
-            json.dumps(settings, indent=2) + "\n",
-            python=users.PYTHON, activate=users.ACTIVATE, log=joiner.HEAD_LOG,
-            user=users.DAEMON_USER)
+        _head(target).ensure_daemon("infra.node.gcp_tpu.joiner", joiner.HEAD_CONFIG,
+                                    json.dumps(settings, indent=2) + "\n", log=joiner.HEAD_LOG,
+                                    user=users.DAEMON_USER)
+
+
+def _head(target: ssh.SshTarget) -> SshHead:
+    """The head as the joiner runs there: the node env's Python, activated."""
+    return ssh_head(target, users.PYTHON, users.ACTIVATE)
 
 
 def stop_joiner(target: ssh.SshTarget) -> None:
     with contextlib.suppress(RayfleetError):
-        remote_head.stop_daemon(target, joiner.HEAD_CONFIG, users.PYTHON, users.ACTIVATE,
-                                users.DAEMON_USER)
+        _head(target).stop_daemon(joiner.HEAD_CONFIG, users.DAEMON_USER)
 
 
 def read_marker(target: ssh.SshTarget | None, cluster: str) -> dict[str, Any]:
     """The head's marker (cached here for when the head cannot answer); {} when none."""
     cache = paths.home() / "gcp-tpu" / cluster / MARKER_FILE
     if target is not None:
-        text = remote_head.read_file(target, joiner.HEAD_MARKER, users.DAEMON_USER)
+        text = _head(target).read(joiner.HEAD_MARKER, users.DAEMON_USER)
         if text:
             atomic_write(cache, text)
     try:

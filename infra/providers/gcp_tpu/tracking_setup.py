@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from infra.core.head_ssh import SshHead, ssh_head
 from infra.core.metrics import remote as metrics_remote
 from infra.core.tracking import remote as tracking_remote
 from infra.providers.gcp_tpu import autodown_setup
@@ -28,13 +29,11 @@ def start(spec: Spec, state: State, target: ssh.SshTarget, internal_ip: str) -> 
     """On the head's internal address: the nodes reach it there; no firewall rule opens it. The
     head's Prometheus (`metrics: prometheus`) beside it, on its loopback."""
     if spec.tracking == "mlflow":
-        tracking_remote.start(state, target, internal_ip,
-                              tracking_remote.HeadStore(tracking_remote.HEAD_STORE),
-                              python=autodown_setup.HEAD_PYTHON)
+        tracking_remote.start(state, _head(target), internal_ip,
+                              tracking_remote.HeadStore(tracking_remote.HEAD_STORE))
     # After the tracking server: its start (seconds of imports) goes first.
     if spec.metrics == "prometheus":
-        metrics_remote.start(state, target, spec.metrics_history,
-                             python=autodown_setup.HEAD_PYTHON)
+        metrics_remote.start(state, _head(target), spec.metrics_history)
 
 
 def save(state: State, api: Gcp, head: Resource | None, target: ssh.SshTarget | None) -> None:
@@ -45,9 +44,14 @@ def save(state: State, api: Gcp, head: Resource | None, target: ssh.SshTarget | 
         tracking_remote.save_before_teardown(
             state, None, "the head is already gone (autodown, or removed by hand)")
         return
-    tracking_remote.save_before_teardown(state, target, python=autodown_setup.HEAD_PYTHON)
+    tracking_remote.save_before_teardown(state, _head(target))
 
 
 def copy_now(state: State, target: ssh.SshTarget) -> Path:
     """`invoke mlflow --copy`: the head's store copied here while the cluster runs."""
-    return tracking_remote.copy_back(target, state, python=autodown_setup.HEAD_PYTHON)
+    return tracking_remote.copy_back(_head(target), state)
+
+
+def _head(target: ssh.SshTarget) -> SshHead:
+    """The head as its daemons run there: Ray's Python."""
+    return ssh_head(target, autodown_setup.HEAD_PYTHON)

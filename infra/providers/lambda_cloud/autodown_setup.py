@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from infra.core import auth, privilege, ui
 from infra.core.autodown import remote as autodown_remote
 from infra.core.errors import RayfleetError
+from infra.core.head_ssh import SshHead, ssh_head
 from infra.node import autodown
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster
@@ -56,7 +57,7 @@ def install(spec: Spec, state: State, target: ssh.SshTarget, head_id: str,
     """Start (or keep) the head's watcher; stop it when the spec turned autodown off."""
     if spec.autodown is None:
         with contextlib.suppress(RayfleetError):
-            autodown_remote.stop(target, HEAD_PYTHON, raycluster.activate(spec), WATCHER_USER)
+            autodown_remote.stop(_head(spec, target), WATCHER_USER)
         return
     key = api.read_api_key()
     if not key:
@@ -67,10 +68,15 @@ def install(spec: Spec, state: State, target: ssh.SshTarget, head_id: str,
                                    client.limits.scale)
     with ui.step(f"starting the autodown watcher on the head ({spec.autodown.idle_minutes:g} "
                  "idle minutes)"):
-        autodown_remote.install(target, config, {HEAD_API_KEY_FILE: key.encode()}, python=HEAD_PYTHON,
-                                activate=raycluster.activate(spec), user=WATCHER_USER)
+        autodown_remote.install(_head(spec, target), config, {HEAD_API_KEY_FILE: key.encode()},
+                                user=WATCHER_USER)
 
 
 def marker(spec: Spec, target: ssh.SshTarget) -> str | None:
     """The watcher's marker and whether it runs, read as the user it runs as (`status`)."""
-    return autodown_remote.head_marker(target, HEAD_PYTHON, raycluster.activate(spec), WATCHER_USER)
+    return autodown_remote.head_marker(_head(spec, target), WATCHER_USER)
+
+
+def _head(spec: Spec, target: ssh.SshTarget) -> SshHead:
+    """The head as its daemons run there: Ray's Python, the node env activated."""
+    return ssh_head(target, HEAD_PYTHON, raycluster.activate(spec))

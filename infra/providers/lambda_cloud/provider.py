@@ -21,6 +21,7 @@ from infra.core import auth, paths, remote_head, ssh, ui
 from infra.core.costs import NodePrices
 from infra.core.errors import ClusterNotRunningError, RayfleetError
 from infra.core.head import HeadAccess
+from infra.core.head_ssh import SshHead, ssh_head
 from infra.core.state import Resource, State
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
@@ -329,16 +330,18 @@ class Provider(BaseProvider[Spec, Capacity]):
 
     def head_access(self, state: State) -> HeadAccess:
         target = self._target(self._head_ip(state))
-        return HeadAccess(target, str(target), auth.head_env(state, auth.NODE_TOKEN_PATH),
-                          dashboard_port=raycluster.DASHBOARD_PORT,
-                          client_port=raycluster.CLIENT_PORT, python=autodown_setup.HEAD_PYTHON,
-                          activate=raycluster.activate(self.spec))
+        return SshHead(target=target, where=str(target),
+                       env=auth.head_env(state, auth.NODE_TOKEN_PATH),
+                       dashboard_port=raycluster.DASHBOARD_PORT,
+                       client_port=raycluster.CLIENT_PORT, python=autodown_setup.HEAD_PYTHON,
+                       activate=raycluster.activate(self.spec))
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
         """Tunnels to the head: dashboard, tracking server, Serve (tracking_remote.connect)."""
         head_ip = self._head_ip(state)
-        with tracking_remote.connect(state, self._target(head_ip), raycluster.DASHBOARD_PORT,
+        with tracking_remote.connect(state, ssh_head(self._target(head_ip)),
+                                     raycluster.DASHBOARD_PORT,
                                      f"{head_ip}:{raycluster.GCS_PORT}",
                                      auth.token_file(state)) as endpoint:
             yield endpoint

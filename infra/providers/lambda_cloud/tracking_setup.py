@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from infra.core.head_ssh import SshHead, ssh_head
 from infra.core.metrics import remote as metrics_remote
 from infra.core.tracking import remote as tracking_remote
 from infra.node.lambda_cloud import api
@@ -43,12 +44,11 @@ def start(spec: Spec, state: State, client: api.LambdaClient, target: ssh.SshTar
     """The tracking server on the head's private address (its public one where none is listed);
     the head's Prometheus (`metrics: prometheus`) beside it."""
     if spec.tracking == "mlflow":
-        tracking_remote.start(state, target, raycluster.private_address(head), store(spec, client),
-                              python=autodown_setup.HEAD_PYTHON, activate=raycluster.activate(spec))
+        tracking_remote.start(state, _head(spec, target), raycluster.private_address(head),
+                              store(spec, client))
     # After the tracking server: its start (seconds of imports) goes first.
     if spec.metrics == "prometheus":
-        metrics_remote.start(state, target, spec.metrics_history, python=autodown_setup.HEAD_PYTHON,
-                             activate=raycluster.activate(spec))
+        metrics_remote.start(state, _head(spec, target), spec.metrics_history)
 
 
 def save(spec: Spec, state: State, client: api.LambdaClient, heads: list[str],
@@ -62,11 +62,14 @@ def save(spec: Spec, state: State, client: api.LambdaClient, heads: list[str],
         tracking_remote.save_before_teardown(
             state, None, "the head is already terminated (autodown, or removed by hand)")
         return
-    tracking_remote.save_before_teardown(state, target, python=autodown_setup.HEAD_PYTHON,
-                                         activate=raycluster.activate(spec))
+    tracking_remote.save_before_teardown(state, _head(spec, target))
 
 
 def copy_now(spec: Spec, state: State, target: ssh.SshTarget) -> Path:
     """`invoke mlflow --copy`: the head's store copied here while the cluster runs."""
-    return tracking_remote.copy_back(target, state, python=autodown_setup.HEAD_PYTHON,
-                                     activate=raycluster.activate(spec))
+    return tracking_remote.copy_back(_head(spec, target), state)
+
+
+def _head(spec: Spec, target: ssh.SshTarget) -> SshHead:
+    """The head as its daemons run there: Ray's Python, the node env activated."""
+    return ssh_head(target, autodown_setup.HEAD_PYTHON, raycluster.activate(spec))

@@ -24,7 +24,7 @@ from infra.core import auth, jobs, paths, remote_head, render, ui
 from infra.core.autodown import view as autodown_view
 from infra.core.capabilities import Capabilities
 from infra.core.errors import ClusterNotRunningError, ProviderError
-from infra.core.head import HeadAccess
+from infra.core.head import HeadAccess, LocalHead
 from infra.core.metrics import prometheus as metrics
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
@@ -430,8 +430,9 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         endpoint = self._endpoint(block, state)
         env = {"RAY_ADDRESS": endpoint.address, "RAY_API_SERVER_ADDRESS": endpoint.dashboard_url,
                **auth.client_env(state)}
-        return HeadAccess(None, "this machine", env, dashboard_port=block.dashboard,
-                          client_port=None)
+        return LocalHead(where="this machine", env=env, dashboard_port=block.dashboard,
+                         client_port=None,
+                         tracking_password=str(tracking.password_path(self.spec.name)))
 
     def readiness(self) -> list[Readiness]:
         ray = ray_executable()

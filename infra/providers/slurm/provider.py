@@ -22,7 +22,8 @@ from typing import Any
 from infra.core import auth, jobs, remote_head, ui, versions
 from infra.core.autodown import view as autodown_view
 from infra.core.errors import ClusterNotRunningError, RayfleetError
-from infra.core.head import HeadAccess
+from infra.core.head import HeadAccess, LocalHead, SharedFsHead
+from infra.core.head_ssh import SshHead
 from infra.core.metrics import prometheus as metrics
 from infra.core.state import Resource, State
 from infra.core.tracking import client as tracking
@@ -423,18 +424,20 @@ class Provider(BaseProvider[Spec, None]):
         workdir = str(job.attrs.get("workdir", self.spec.submit.workdir)).rstrip("/")
         # Plain `~/` or absolute paths: HeadAccess's users quote them for the shell themselves.
         keys = f"{workdir}/keys/{state.cluster_id}"
-        return HeadAccess(target, str(target) if target else "this machine",
-                          auth.head_env(state, f"{keys}/{auth.TOKEN_FILE}"),
-                          dashboard_port=int(job.attrs["dashboard_port"]),
-                          client_port=int(client) if client else None,
-                          # spec: sharing: the head's job runs the gateway from this folder on
-                          # the shared work dir; members reach it by the node's address, or
-                          # through their own tunnel (NOTES.md "The sharing gateway"). Not by
-                          # the node's name: the cluster's CA signs for no DNS name but
-                          # localhost (infra/core/sharing/certs.py).
-                          gateway_home=sharing_home(workdir, self.spec.name),
-                          names=("127.0.0.1", "localhost"),
-                          tracking_password=f"{keys}/{tracking.PASSWORD_FILE}")
+        record: dict[str, Any] = dict(
+            env=auth.head_env(state, f"{keys}/{auth.TOKEN_FILE}"),
+            dashboard_port=int(job.attrs["dashboard_port"]),
+            client_port=int(client) if client else None,
+            # Members reach the gateway by the node's address, or through their own tunnel
+            # (NOTES.md "The sharing gateway"). Not by the node's name: the cluster's CA signs
+            # for no DNS name but localhost (infra/core/sharing/certs.py).
+            names=("127.0.0.1", "localhost"),
+            tracking_password=f"{keys}/{tracking.PASSWORD_FILE}")
+        node: HeadAccess = LocalHead(where="this machine", **record) if target is None else \
+            SshHead(target=target, where=str(target), **record)
+        # spec: sharing: the head's job runs the gateway from this folder on the shared work dir.
+        return SharedFsHead(node=node, where=node.where,
+                            private_root=sharing_home(workdir, self.spec.name), **record)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
