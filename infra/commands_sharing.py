@@ -86,7 +86,7 @@ def expiry_in_days(expires_days: float | None) -> str | None:
 
 
 def gateway_url(selected: Any, current: Any) -> str:
-    url = current.info.get("gateway_url")
+    url = current.info.gateway_url
     if not url or current.empty:
         raise UsageError(f"cluster {selected.name!r} has no gateway yet; run "
                          f"`invoke up{_cluster_flag(selected)}` first")

@@ -246,7 +246,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     hostname = selected.sharing.hostname
     url = f"https://{hostname or address}:{selected.sharing.port}"
     members = read_registry(selected.name)
-    warn_stale_bundles(members, url, state.info.get("gateway_url"))
+    warn_stale_bundles(members, url, state.info.gateway_url)
     config, config_path = _gateway_config(selected, access, state, address, prices)
     if not members:
         write_registry(selected.name, {})
@@ -261,7 +261,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
                     hint=f"see {paths.home() / 'logs' / selected.name / 'gateway.log'}")
     else:
         _wait_remote(access, config.port, url)
-    if state.info.get("gateway_url") != url:
+    if state.info.gateway_url != url:
         state.set_info(gateway_url=url)
     if hostname and access.target is not None:
         ui.info(f"sharing.hostname: point DNS for {hostname} at {address} (an A record; the "
@@ -494,7 +494,7 @@ def plan_note(selected: ClusterSpec, current: State | None) -> str | None:
     text = f"sharing: a gateway (HTTPS) on the head, port {shared.port}"
     if shared.allowed_source_ranges:
         text += f", reachable from {', '.join(shared.allowed_source_ranges)} only"
-    url = current.info.get("gateway_url") if current is not None else None
+    url = current.info.gateway_url if current is not None else None
     text += f"; now at {url}" if url else "; `invoke up` starts it"
     limits = [f"access ends {ends}" for ends in [sharing_term.ends_of(shared)] if ends]
     limits += [f"{label} {value:g}" for label, value in (

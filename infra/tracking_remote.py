@@ -120,7 +120,7 @@ def copy_back(target: ssh.SshTarget, state: State, python: str = "python3",
               activate: str = "") -> Path:
     """A consistent copy of the head's store in `.rayfleet/tracking/<cluster>/`; records
     `tracking_copied_at`. The previous copy is replaced only once the new one is complete."""
-    store = state.info.get("tracking_head_store")
+    store = state.info.tracking_head_store
     if not store:
         raise RayfleetError("no tracking store recorded for this cluster")
     final = tracking.local_store(state.cluster)
@@ -156,7 +156,7 @@ def save_before_teardown(state: State, target: ssh.SshTarget | None, why_not: st
                          python: str = "python3", activate: str = "") -> None:
     """Before any instance goes: copy the head's store here, or say in one line why not.
     `target` is None when the provider knows the head is gone (`why_not` says why)."""
-    if not state.info.get("tracking_head_store"):
+    if not state.info.tracking_head_store:
         return
     if target is None:
         ui.warn(f"tracking data NOT copied: {why_not or 'no head'}; "
@@ -175,22 +175,22 @@ def save_before_teardown(state: State, target: ssh.SshTarget | None, why_not: st
 
 
 def _lost_or_kept(state: State) -> str:
-    durable = state.info.get("tracking_durable")
+    durable = state.info.tracking_durable
     if durable:
-        return f"it stays on {durable} ({state.info.get('tracking_head_store')})"
-    copied = state.info.get("tracking_copied_at")
+        return f"it stays on {durable} ({state.info.tracking_head_store})"
+    copied = state.info.tracking_copied_at
     return ("it goes with the cluster" + (f"; the last copy ({copied}) is in "
                                           f"{tracking.local_store(state.cluster)}" if copied else ""))
 
 
 def copy_note(state: State) -> str | None:
     """What `status` says about where the tracking data is safe; None without a remote store."""
-    if not state.info.get("tracking_head_store"):
+    if not state.info.tracking_head_store:
         return None
-    durable = state.info.get("tracking_durable")
+    durable = state.info.tracking_durable
     if durable:
-        return f"tracking data on {durable} ({state.info['tracking_head_store']}): survives teardown"
-    copied = state.info.get("tracking_copied_at")
+        return f"tracking data on {durable} ({state.info.tracking_head_store}): survives teardown"
+    copied = state.info.tracking_copied_at
     if copied:
         return (f"tracking data last copied at {copied} to {tracking.local_store(state.cluster)} "
                 "(`invoke mlflow --copy` copies it again)")
@@ -203,9 +203,9 @@ def connect(state: State, target: ssh.SshTarget, dashboard_port: int, address: s
             token_path: Path | None) -> Iterator[Endpoint]:
     """The cluster's endpoint through SSH tunnels to the head (`remote_head.endpoint`): the
     dashboard, Serve's HTTP proxy and, when the cluster has one, the tracking server."""
-    bind = state.info.get("tracking_bind")
-    tracked = bool(bind and state.info.get("tracking_head_store"))
-    measured = bool(state.info.get("metrics_since"))
+    bind = state.info.tracking_bind
+    tracked = bool(bind and state.info.tracking_head_store)
+    measured = bool(state.info.metrics_since)
     with remote_head.endpoint(target, address, token_path, ("127.0.0.1", dashboard_port),
                               ("127.0.0.1", SERVE_PORT),
                               (str(bind), TRACKING_PORT) if tracked else None,
@@ -218,8 +218,8 @@ def connect(state: State, target: ssh.SshTarget, dashboard_port: int, address: s
 def remove_keys(state: State, folder: Path) -> None:
     """Teardown's removal of the cluster's key folder. A durable store keeps its users database,
     whose admin password MLflow sets once, so the tracking secrets then stay for the next `up`."""
-    keep = {tracking.PASSWORD_FILE, tracking.SECRET_KEY_FILE} if state.info.get(
-        "tracking_durable") else set()
+    keep = {tracking.PASSWORD_FILE, tracking.SECRET_KEY_FILE} if state.info.tracking_durable \
+        else set()
     if not keep:
         shutil.rmtree(folder, ignore_errors=True)
         return

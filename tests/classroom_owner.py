@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from infra import sharing, sharing_certs, state
+from infra.providers.local.records import Head
 from infra.state import State
 
 URL = "https://127.0.0.1:18443"
@@ -25,7 +26,7 @@ def owner_cluster(folder: Path, monkeypatch: pytest.MonkeyPatch, extra: str = ""
     spec.write_text("provider: local\nsharing:\n  port: 18443\n  members_run_as_owner: true\n"
                     + extra)
     current = State.new(state.state_path(name), name, "local")
-    current.add("ray-head", "head", port_base=26000)
+    current.add("head", Head(port_base=26000))
     current.set_info(gateway_url=URL)
     current.save()
     sharing_certs.ensure_ca(name)

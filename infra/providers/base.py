@@ -25,7 +25,7 @@ from infra.endpoint import Endpoint
 from infra.errors import RayfleetError, UsageError
 from infra.head import HeadAccess
 from infra.spec import ClusterSpec
-from infra.state import Resource, State
+from infra.state import Attrs, Resource, State
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,8 @@ class UpOptions:
 SpecT = TypeVar("SpecT", bound=ClusterSpec)
 
 
-def _label(resource: Resource) -> str:
-    return str(resource.attrs.get("name") or resource.id)
+def _label(resource: Resource[Attrs]) -> str:
+    return resource.attrs.name or resource.id
 
 
 class Provider(abc.ABC, Generic[SpecT, ExtraT]):
@@ -179,7 +179,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         Records `address` and `dashboard_url` (as nodes see it) in `state.info`.
         """
 
-    def created(self, state: State, before: frozenset[tuple[str, str]]) -> list[Resource]:
+    def created(self, state: State, before: frozenset[tuple[str, str]]) -> list[Resource[Attrs]]:
         """What this run of `up` created and a rollback removes, in removal order. `before` holds
         (kind, id) of every resource in state when the run began.
 
@@ -188,7 +188,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         """
         return [r for r in state.resources() if (r.kind, r.id) not in before]
 
-    def remove_created(self, state: State, created: list[Resource]) -> None:
+    def remove_created(self, state: State, created: list[Resource[Attrs]]) -> None:
         """Remove exactly `created` (from `created`) and forget each in state; raise a
         RayfleetError naming what is left when that cannot be done.
 
@@ -272,7 +272,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         cluster runs (`invoke mlflow --copy`), and return where it is. Only a provider whose store
         lives on a machine that goes with the cluster has a copy to make; the others keep it
         where this machine or a shared file system already holds it."""
-        where = state.info.get("tracking_store") or state.info.get("tracking_head_store")
+        where = state.info.tracking_store or state.info.tracking_head_store
         raise UsageError(f"cluster {state.cluster!r} keeps its tracking data in {where or 'its store'}"
                          ", which outlives the cluster: there is nothing to copy")
 
