@@ -117,7 +117,7 @@ class ClusterInfo(BaseModel):
     gateway_url: str | None = None
     #: When metrics history began (epoch seconds) and the scrape interval.
     metrics_since: float | None = None
-    metrics_scrape_s: float | None = None
+    metrics_scrape_s: int | None = None
     #: Tracking: the store this machine keeps (kept by teardown) ...
     tracking_store: str | None = None
     #: ... or the store on the head, whether it outlives the cluster, and its last copy here.

@@ -83,7 +83,6 @@ def _gcp_cluster(specs: Path, home: Path, tmp_path: Path) -> None:
         "credentials_file": str(key)}))
     current = State.new(home / "state" / "tpus.json", "tpus", "gcp-tpu")
     current.add("tpus", Cluster(project="test-project", zone="us-central2-b",
-                                config=str(tmp_path / "never-rendered.yaml"),
                                 credentials_file=str(key), ssh_user="ubuntu", dashboard_port=8265))
     current.set_info(spec_path=str(specs / "tpus.yaml"))
 

@@ -29,8 +29,7 @@ def _setup(tmp_path: Path, rf_home: Path, options: ApiOptions,
     provider = Provider(spec, api_options=options)  # type: ignore[arg-type]
     state = State.new(rf_home / "state" / "gone.json", "gone", "gcp-tpu")
     state.add("gone", Cluster(project="test-project", zone=ZONE, label_id=state.cluster_id,
-                              config=str(tmp_path / "never-rendered.yaml"), ssh_user="root",
-                              dashboard_port=8265, head="ray-gone-head"))
+                              ssh_user="root", dashboard_port=8265, head="ray-gone-head"))
     if marker is not None:
         path = autodown_view.marker_path("gone")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -332,8 +332,6 @@ def test_the_heads_autodown_config_covers_queued_slices(tmp_path: Path) -> None:
     # A request the joiner moved to a zone the spec no longer lists still counts.
     current.add("rf-x-one-0-1", Queued(zone="us-central2-c"))
     head = current.add("qcls", Cluster(project="test-project", zone="us-central2-b",
-                                       config=str(tmp_path / "never-rendered.yaml"),
-                                       ssh_user="ubuntu", dashboard_port=8265,
                                        head="ray-qcls-head", label_id=current.cluster_id))
     args = autodown_setup.watcher_config(cluster, current, head).action_args
     assert args["queued_zones"] == ["us-central2-a", "us-central2-b", "us-central2-c"]

@@ -335,7 +335,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         if not cluster.attrs.head_ip:
             raise ClusterNotRunningError(f"cluster {cluster.id!r} has no head recorded yet; "
                                          "`invoke up` finishes it")
-        return ssh.SshTarget(host=cluster.attrs.head_ip, user=cluster.attrs.ssh_user,
+        return ssh.SshTarget(host=cluster.attrs.head_ip, user=cluster.attrs.ssh_user or self.spec.ssh_user,
                              key_path=paths.keys_dir(self.spec.name) / ssh.KEY_NAME,
                              port=self._ssh_port,
                              known_hosts=ssh.cluster_known_hosts(self.spec.name),
@@ -423,14 +423,16 @@ class Provider(BaseProvider[Spec, Preflight]):
         target = self._head_target(cluster)
         # `ray start --head` without --ray-client-server-port opens Ray's default, 10001.
         return HeadAccess(target, str(target), auth.head_env(state, config.NODE_TOKEN_PATH),
-                          dashboard_port=cluster.attrs.dashboard_port, client_port=10001,
+                          dashboard_port=cluster.attrs.dashboard_port or self.spec.dashboard.port,
+                          client_port=10001,
                           python=autodown_setup.HEAD_PYTHON)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
         cluster = self._reachable_head(state)
         target = self._head_target(cluster)
-        with tracking_remote.connect(state, target, cluster.attrs.dashboard_port,
+        with tracking_remote.connect(state, target,
+                                     cluster.attrs.dashboard_port or self.spec.dashboard.port,
                                      f"{(cluster.attrs.head_internal_ip or '')}:{GCS_PORT}",
                                      auth.token_file(state)) as endpoint:
             yield endpoint

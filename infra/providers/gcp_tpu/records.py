@@ -21,12 +21,14 @@ class Cluster(Attrs):
 
     project: str
     zone: str
-    #: The rendered Ray cluster config, and the hash of what `ray up` last ran with.
-    config: str
+    #: The rendered Ray cluster config (`ray down` runs with it; without one, the label sweep
+    #: alone removes the nodes), and the hash of what `ray up` last ran with.
+    config: str | None = None
     config_sha256: str | None = None
     credentials_file: str | None = None
-    ssh_user: str
-    dashboard_port: int
+    #: The head's SSH user and dashboard port (the spec's when a record lacks them).
+    ssh_user: str | None = None
+    dashboard_port: int | None = None
     #: The label value its VMs and TPUs carry (the state's cluster id); older files lack it and
     #: used the cluster's name.
     label_id: str | None = None

@@ -23,8 +23,8 @@ SWEEP_TIMEOUT_S = 1200
 def ray_down(ray: RayRunner, name: str, state: State, cluster: Resource[Cluster],
              key_file: str | None) -> None:
     """Ray's own teardown first (it stops Ray cleanly); the label sweep after it is the proof."""
-    config_path = Path(cluster.attrs.config)
-    if not config_path.exists():
+    config_path = Path(cluster.attrs.config or "")
+    if not cluster.attrs.config or not config_path.exists():
         ui.warn(f"{config_path} is gone; skipping `ray down`, the API sweep removes the nodes")
         return
     log = paths.home() / "logs" / name / "ray-down.log"
