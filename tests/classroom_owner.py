@@ -13,6 +13,7 @@ from infra.core import state
 from infra.core.sharing import certs as sharing_certs
 from infra.core.sharing import owner as sharing
 from infra.core.state import State
+from infra.providers.local.records import Head
 
 URL = "https://127.0.0.1:18443"
 
@@ -28,7 +29,7 @@ def owner_cluster(folder: Path, monkeypatch: pytest.MonkeyPatch, extra: str = ""
     spec.write_text("provider: local\n" + top + "sharing:\n  port: 18443\n"
                     "  members_run_as_owner: true\n" + extra)
     current = State.new(state.state_path(name), name, "local")
-    current.add("ray-head", "head", port_base=26000)
+    current.add("head", Head(port_base=26000))
     current.set_info(gateway_url=URL)
     current.save()
     sharing_certs.ensure_ca(name)

@@ -21,7 +21,8 @@ import yaml
 from infra.core.state import State
 from infra.node import rayproc
 from infra.node.lambda_cloud import api
-from infra.providers.lambda_cloud import fleet
+from infra.providers.gcp_tpu.records import Cluster
+from infra.providers.lambda_cloud.records import Instance
 from tests.conftest import run_invoke
 from tests.gcp_tpu.conftest import write_service_account_key
 from tests.lambda_cloud.fake_api import FakeLambda
@@ -66,9 +67,9 @@ def _lambda_cluster(fake: FakeLambda, specs: Path, home: Path) -> None:
         "region_name": "us-east-1", "instance_type_name": "gpu_1x_a10",
         "ssh_key_names": ["lam-key"], "name": "lam-head", "tags": tags}, launch=True)
     an_hour_ago = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
-    current.add(fleet.INSTANCE, launched["instance_ids"][0], name="lam-head",
-                instance_type="gpu_1x_a10", region="us-east-1", price_cents_per_hour=75,
-                launched_at=an_hour_ago.isoformat(timespec="seconds"), slot="head", run="test")
+    current.add(launched["instance_ids"][0], Instance(
+        name="lam-head", instance_type="gpu_1x_a10", region="us-east-1", price_cents_per_hour=75,
+        launched_at=an_hour_ago.isoformat(timespec="seconds"), slot="head", run="test"))
     current.set_info(spec_path=str(specs / "lam.yaml"))
     wait_until(lambda: all(i["status"] == "active" for i in fake.inventory()),
                "every instance to be active", timeout=30, interval=0.05)
@@ -81,8 +82,8 @@ def _gcp_cluster(specs: Path, home: Path, tmp_path: Path) -> None:
         "provider": "gcp-tpu", "project": "test-project", "zone": "us-central2-b",
         "credentials_file": str(key)}))
     current = State.new(home / "state" / "tpus.json", "tpus", "gcp-tpu")
-    current.add("gcp-ray-cluster", "tpus", project="test-project", zone="us-central2-b",
-                credentials_file=str(key), ssh_user="ubuntu", dashboard_port=8265)
+    current.add("tpus", Cluster(project="test-project", zone="us-central2-b",
+                                credentials_file=str(key), ssh_user="ubuntu", dashboard_port=8265))
     current.set_info(spec_path=str(specs / "tpus.yaml"))
 
 

@@ -16,11 +16,15 @@ import pytest
 from infra.cli import loading
 from infra.core import spec, state
 from infra.core.errors import RayfleetError
-from infra.core.state import Resource, State
+from infra.core.state import Attrs, Resource, State
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
 
-THING = "toy-thing"
+
+class Thing(Attrs):
+    """A toy resource: shared code reads only its kind, id and name."""
+
+    KIND = "toy-thing"
 
 
 class Toy(BaseProvider[spec.ClusterSpec, tuple[str, ...]]):
@@ -37,16 +41,16 @@ class Toy(BaseProvider[spec.ClusterSpec, tuple[str, ...]]):
         self.torn_down = False
 
     def plan(self, state: State | None) -> Plan[tuple[str, ...]]:
-        return Plan(resources=[PlannedResource(THING, "a")], files={"f": "text"}, extra=("a", "b"))
+        return Plan(resources=[PlannedResource(Thing.KIND, "a")], files={"f": "text"}, extra=("a", "b"))
 
     def create(self, state: State, plan: Plan[tuple[str, ...]]) -> Endpoint:
         for thing in plan.extra:
-            state.add(THING, thing, name=f"thing-{thing}")
+            state.add(thing, Thing(name=f"thing-{thing}"))
         if self.failure is not None:
             raise self.failure
         return Endpoint("http://127.0.0.1:1", "127.0.0.1:2")
 
-    def remove_created(self, state: State, created: list[Resource]) -> None:
+    def remove_created(self, state: State, created: list[Resource[Attrs]]) -> None:
         if self.remove_fails:
             raise RayfleetError("the API is down")
         for r in created:
@@ -75,7 +79,7 @@ def loaded(tmp_path: Path) -> spec.ClusterSpec:
 @pytest.fixture
 def current(rf_home: Path) -> Iterator[State]:
     with state.locked("toy", "local", "up") as locked:
-        locked.add(THING, "old", name="thing-old")  # there before this run
+        locked.add("old", Thing(name="thing-old"))  # there before this run
         yield locked
 
 
@@ -142,7 +146,7 @@ def test_a_run_that_created_everything_is_torn_down_whole_by_default(
     # With something from before in state, the default refuses rather than touch it.
     toy = Plain(loaded, failure=RayfleetError("boom"))
     with state.locked("plain", "local", "up") as fresh, pytest.raises(RayfleetError):
-        fresh.add(THING, "old")
+        fresh.add("old", Thing())
         toy.up(fresh, toy.plan(fresh))
     assert not toy.torn_down and ids(fresh) == ["old", "a", "b"]
 

@@ -17,9 +17,23 @@ from infra.core.errors import StateError, StateLockedError
 from tests.waiting import wait_until
 
 
+class Head(state.Attrs):
+    """A resource kind of this test's own (shared code names no provider's)."""
+
+    KIND = "ray-head"
+
+    port_base: int | None = None
+
+
+class Key(state.Attrs):
+    KIND = "key"
+
+    blob: str
+
+
 def test_add_saves_immediately_and_round_trips(rf_home: Path) -> None:
     with state.locked("lab", "local", "up") as current:
-        current.add("ray-head", "/tmp/rayfleet/lab", port_base=21000)
+        current.add("/tmp/rayfleet/lab", Head(port_base=21000))
         on_disk = json.loads(current.path.read_text())
     assert on_disk["version"] == state.VERSION
     assert on_disk["resources"] == [
@@ -27,7 +41,7 @@ def test_add_saves_immediately_and_round_trips(rf_home: Path) -> None:
     ]
     loaded = state.read("lab")
     assert loaded is not None
-    assert loaded.find("ray-head", "/tmp/rayfleet/lab") is not None
+    assert loaded.find(Head, "/tmp/rayfleet/lab") is not None
 
 
 def test_second_run_is_told_who_holds_the_lock(rf_home: Path) -> None:
@@ -75,13 +89,13 @@ def test_torn_file_is_reported_not_ignored(rf_home: Path) -> None:
 
 def test_key_material_is_never_written(rf_home: Path) -> None:
     with state.locked("lab", "local", "up") as current, pytest.raises(StateError):
-        current.add("key", "k1", blob="-----BEGIN OPENSSH PRIVATE KEY-----")
+        current.add("k1", Key(blob="-----BEGIN OPENSSH PRIVATE KEY-----"))
     assert state.read("lab") is None or "PRIVATE" not in state.state_path("lab").read_text()
 
 
 def test_state_of_another_provider_is_not_reused(rf_home: Path) -> None:
     with state.locked("lab", "local", "up") as current:
-        current.add("ray-head", "x")
+        current.add("x", Head())
     with pytest.raises(StateError, match="belongs to a local cluster"), \
             state.locked("lab", "slurm", "up"):
         pass
@@ -89,7 +103,7 @@ def test_state_of_another_provider_is_not_reused(rf_home: Path) -> None:
 
 def test_delete_refuses_while_resources_remain(rf_home: Path) -> None:
     with state.locked("lab", "local", "up") as current:
-        current.add("ray-head", "x")
+        current.add("x", Head())
         with pytest.raises(StateError, match="still lists ray-head"):
             current.delete()
         current.remove("ray-head", "x")
@@ -102,9 +116,14 @@ def test_kill_9_during_writes_never_leaves_a_torn_file(rf_home: Path) -> None:
     writer = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
             from infra.core import state
+
+            class Thing(state.Attrs):
+                KIND = "thing"
+                payload: str
+
             with state.locked("lab", "local", "up") as current:
                 for i in range(100000):
-                    current.add("thing", str(i), payload="x" * 2000)
+                    current.add(str(i), Thing(payload="x" * 2000))
         """)],
         env={**os.environ}, cwd=Path(__file__).parent.parent,
     )

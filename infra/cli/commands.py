@@ -165,7 +165,7 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
                     "accept anyone who can reach them; remove `auth: none` to turn token auth on")
         # `invoke list` finds every cluster by its state file, and its spec by this path.
         spec_file = str(Path(selected.source).resolve())
-        if current.info.get("spec_path") != spec_file:
+        if current.info.spec_path != spec_file:
             current.set_info(spec_path=spec_file)
         cost_range = impl.cost_range(result)
         if cost_range is not None:
@@ -220,7 +220,7 @@ def _say_if_removed(selected: spec.ClusterSpec, impl: Provider[Any, Any], curren
 
 def _forget_if_nothing_created(current: State) -> None:
     """A refused first `up` leaves no trace: no state file, no token (nothing to tear down)."""
-    if current.empty and not current.info.get("dashboard_url"):
+    if current.empty and not current.info.dashboard_url:
         current.delete()
         auth.token_path(current.cluster).unlink(missing_ok=True)
 
@@ -283,7 +283,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "cost": provider_view.cost.__dict__ if provider_view.cost else None,
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
             "ray_error": ray_error or None, **ray_view, **extras,
-            "tracking_copy": copy_note, "tracking_copied_at": current.info.get("tracking_copied_at"),
+            "tracking_copy": copy_note, "tracking_copied_at": current.info.tracking_copied_at,
             "job_reach": impl.job_reach or None, "sharing_budget": budget,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
@@ -452,7 +452,7 @@ def teardown(provider: str | None, cluster: str | None) -> None:
         return
     with state.locked(selected.name, selected.provider, "teardown") as current:
         had_state = current.path.exists()
-        kept_store = current.info.get("tracking_store")
+        kept_store = current.info.tracking_store
         if had_state and _say_if_removed(selected, impl, current):
             ui.info("verifying that nothing of it is left, then clearing its state")
         if had_state:  # without state nothing was recorded, so nothing was created

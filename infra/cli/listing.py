@@ -57,7 +57,7 @@ def _spec_for(current: State) -> ClusterSpec:
     from infra.cli import loading
     from infra.core import spec
 
-    recorded = current.info.get("spec_path")
+    recorded = current.info.spec_path
     path = Path(recorded) if recorded else spec.spec_path(current.cluster)
     return loading.load_spec(path)
 
@@ -111,7 +111,7 @@ def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
         if current is None:
             continue
         row = Row(current.cluster, current.provider, current.cluster_id,
-                  spec=str(current.info.get("spec_path") or ""))
+                  spec=str(current.info.spec_path or ""))
         result: dict[str, Any] = {}
         thread = threading.Thread(target=_check, args=(row, current, result), daemon=True,
                                   name=f"list-{current.cluster}")

@@ -165,8 +165,8 @@ def top(impl: Provider[Any, Any], current: State, endpoint: Endpoint, once: bool
 def live_history(impl: Provider[Any, Any], current: State) -> dict[str, Any]:
     per_node, _, _ = metrics_history.rate_per_node(impl, current)
     with impl.connect(current) as endpoint:
-        return metrics.history(endpoint, current.cluster, float(current.info["metrics_since"]),
-                               per_node, int(current.info.get("metrics_scrape_s") or 10))
+        return metrics.history(endpoint, current.cluster, current.info.metrics_since or 0.0,
+                               per_node, int(current.info.metrics_scrape_s or 10))
 
 
 def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
@@ -177,7 +177,7 @@ def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
     current = state.read(cluster)
     running = current is not None and not current.empty
     kept = metrics.history_path(cluster).exists()
-    if running and current is not None and current.info.get("metrics_since"):
+    if running and current is not None and current.info.metrics_since:
         data = live_history(impl, current)
         where = "live from the cluster's Prometheus"
     elif running and not kept:

@@ -31,7 +31,7 @@ def rate_per_node(impl: Provider[Any, Any], current: State,
 
 def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
     """Copy the cluster's metrics history here before any machine goes, or say why not."""
-    since = current.info.get("metrics_since")
+    since = current.info.metrics_since
     if not since:
         return
     kept = metrics.history_path(current.cluster)
@@ -49,7 +49,7 @@ def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
             per_node, _, _ = rate_per_node(impl, current, status)
             with impl.connect(current) as endpoint:
                 data = metrics.history(endpoint, current.cluster, float(since), per_node,
-                                       int(current.info.get("metrics_scrape_s") or 10))
+                                       int(current.info.metrics_scrape_s or 10))
             path = metrics.keep(current.cluster, data)
     except (RayfleetError, OSError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]

@@ -78,7 +78,7 @@ def expiry_in_days(expires_days: float | None) -> str | None:
 
 
 def gateway_url(selected: Any, current: Any) -> str:
-    url = current.info.get("gateway_url")
+    url = current.info.gateway_url
     if not url or current.empty:
         raise UsageError(f"cluster {selected.name!r} has no gateway yet; run "
                          f"`invoke up{common.cluster_flag(selected)}` first")

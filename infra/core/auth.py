@@ -38,7 +38,7 @@ def ensure_token(state: State, enabled: bool = True) -> Path | None:
     The path (never the token) goes into state, so every later command finds it.
     """
     if not enabled:
-        if state.info.get("auth_token_path") is not None:
+        if state.info.auth_token_path is not None:
             state.set_info(auth_token_path=None)
         return None
     path = token_path(state.cluster)
@@ -53,7 +53,7 @@ def ensure_token(state: State, enabled: bool = True) -> Path | None:
         # what its own generator makes.
         atomic_write(path, secrets.token_hex(32), mode=0o600)
     os.chmod(path, 0o600)
-    if state.info.get("auth_token_path") != str(path):
+    if state.info.auth_token_path != str(path):
         state.set_info(auth_token_path=str(path))
     return path
 
@@ -77,7 +77,7 @@ def _usable(path: Path) -> bool:
 
 def token_file(state: State) -> Path | None:
     """The token file recorded in state, or None when the cluster runs without auth."""
-    recorded = state.info.get("auth_token_path")
+    recorded = state.info.auth_token_path
     return Path(recorded) if recorded else None
 
 
@@ -116,7 +116,7 @@ def client_env(state: State) -> dict[str, str]:
 def head_env(state: State, node_token_path: str) -> dict[str, str]:
     """Environment for Ray's own tools run ON the cluster's head (`invoke exec -- ray status`, a
     driver started in `invoke ssh`): the GCS address and the head's copy of the token."""
-    env = {"RAY_ADDRESS": str(state.info["address"])} if state.info.get("address") else {}
+    env = {"RAY_ADDRESS": str(state.info.address)} if state.info.address else {}
     return {**env, **(node_env(node_token_path) if token_file(state)
                       else {"RAY_AUTH_MODE": "disabled"})}
 

@@ -5,6 +5,15 @@ file, fsync, rename, fsync of the folder), so a crash at any instant leaves eith
 new file, never a torn one, and `teardown` can always finish what `up` began. A lock file (flock)
 keeps two `up`/`teardown` runs on one cluster from interleaving; the lock dies with its process, so
 it can never go stale.
+
+What is recorded is typed: each resource kind's facts are an `Attrs` model declared next to its
+provider (shared code never names one), the cluster's facts one `ClusterInfo`; both are read by
+attribute. The JSON on disk is the same as before the types (tests/state_files/ holds files that
+older code wrote, and they load). Keys this code does not know (written by a newer rayfleet, or by
+hand) are kept and written back unchanged rather than refused or dropped: refusing would leave a
+cluster that nobody can tear down with this version, dropping would forget what a newer version
+needs to tear it down. Code of this version can never write an unknown key: `add`, `update` and
+`set_info` refuse one (a typo in a field name fails the first test that reaches it).
 """
 
 from __future__ import annotations
@@ -16,9 +25,11 @@ import os
 import socket
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from infra.core import paths
 from infra.core.errors import StateError, StateLockedError
@@ -37,16 +48,105 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-@dataclass
-class Resource:
+class Attrs(BaseModel):
+    """Facts needed to show or remove one resource (name, region, ip, ...); never secrets.
+
+    Subclassed per kind, next to its provider, with `KIND` set; this base is the untyped view of a
+    resource of any kind (its facts in `model_extra`). Frozen: a changed fact goes through
+    `State.update`, which saves it.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    #: The resource kind these facts belong to, e.g. "ray-head", "lambda-instance".
+    KIND: ClassVar[str] = ""
+
+    #: The provider's own name for it, when it has one besides its id (listings show it).
+    name: str | None = None
+
+
+A = TypeVar("A", bound=Attrs)
+B = TypeVar("B", bound=Attrs)
+
+
+@dataclass(frozen=True)
+class Resource(Generic[A]):
     """Something rayfleet created and must remove at teardown."""
 
     #: What it is, e.g. "ray-head", "lambda-instance", "gcp-firewall", "slurm-job".
     kind: str
     #: The provider's identifier (instance id, job id, rule name, temp dir).
     id: str
-    #: Facts needed to show or remove it (name, region, ip, ...); never secrets.
-    attrs: dict[str, Any] = field(default_factory=dict)
+    #: Its facts, typed by kind.
+    attrs: A
+
+    def typed(self, model: type[B]) -> Resource[B]:
+        """This resource with its facts read as `model` (its kind must be `model.KIND`)."""
+        if self.kind != model.KIND:
+            raise ValueError(f"{self.kind} {self.id} is not a {model.KIND}")
+        return Resource(self.kind, self.id, _parse(model, self.kind, self.id,
+                                                   self.attrs.model_dump(exclude_unset=True)))
+
+
+class ClusterInfo(BaseModel):
+    """Facts about the running cluster, each set by the step that learns it; None until then.
+
+    Unknown keys are kept (see the module's docstring); `State.set_info` refuses them.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    #: The GCS address as the cluster's nodes see it (host:port).
+    address: str | None = None
+    #: The dashboard as the head sees it, or how to reach it.
+    dashboard_url: str | None = None
+    #: How the dashboard can be reached from outside (for `status`).
+    dashboard_access: str | None = None
+    #: The head machine's name, external IP and (batch systems) node name and job id.
+    head: str | None = None
+    head_ip: str | None = None
+    head_node: str | None = None
+    job_id: str | None = None
+    #: Ray's autoscaler runs on the head.
+    autoscaling: bool | None = None
+    #: The spec file `up` was run with (for `list` and later commands).
+    spec_path: str | None = None
+    #: The cluster's token file, when it runs with token auth.
+    auth_token_path: str | None = None
+    #: The sharing gateway's URL that members' bundles point at.
+    gateway_url: str | None = None
+    #: When metrics history began (epoch seconds) and the scrape interval.
+    metrics_since: float | None = None
+    metrics_scrape_s: int | None = None
+    #: Tracking: the store this machine keeps (kept by teardown) ...
+    tracking_store: str | None = None
+    #: ... or the store on the head, whether it outlives the cluster, and its last copy here.
+    tracking_head_store: str | None = None
+    tracking_durable: str | None = None
+    tracking_bind: str | None = None
+    tracking_copied_at: str | None = None
+
+
+def _parse(model: type[A], kind: str, id: str, attrs: dict[str, Any]) -> A:
+    try:
+        return model.model_validate(attrs)
+    except ValidationError as exc:
+        raise StateError(f"{kind} {id}: {_problem(exc)}") from None
+
+
+def _problem(exc: ValidationError) -> str:
+    """One line for a validation error: the field and what is wrong with it."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(whole record)"
+    return (f"{where}: {first['msg']} (got {first.get('input')!r}); fix the state file by hand "
+            "or restore it from a backup")
+
+
+def _written(model: type[BaseModel], what: str, values: dict[str, Any]) -> None:
+    """Refuse a field the model does not declare: code of this version never writes one."""
+    unknown = sorted(set(values) - set(model.model_fields))
+    if unknown:
+        raise TypeError(f"{what} has no field {', '.join(unknown)}")
 
 
 class State:
@@ -113,53 +213,83 @@ class State:
         return str(self._data["provider"])
 
     @property
-    def info(self) -> dict[str, Any]:
-        """Facts about the running cluster (address, dashboard, head ip); a copy."""
-        return dict(self._data["info"])
+    def info(self) -> ClusterInfo:
+        """Facts about the running cluster (address, dashboard, head ip)."""
+        try:
+            return ClusterInfo.model_validate(self._data["info"])
+        except ValidationError as exc:
+            raise StateError(f"{self.path}: info.{_problem(exc)}") from None
 
     @property
     def empty(self) -> bool:
         return not self._data["resources"]
 
-    def resources(self, kind: str | None = None) -> list[Resource]:
+    @overload
+    def resources(self) -> list[Resource[Attrs]]: ...
+    @overload
+    def resources(self, model: type[A]) -> list[Resource[A]]: ...
+
+    def resources(self, model: type[Attrs] = Attrs) -> list[Resource[Any]]:
+        """The resources of `model`'s kind with their facts typed, or every resource untyped."""
         return [
-            Resource(r["kind"], r["id"], dict(r["attrs"]))
+            Resource(r["kind"], r["id"], self._parsed(model, r))
             for r in self._data["resources"]
-            if kind is None or r["kind"] == kind
+            if model is Attrs or r["kind"] == model.KIND
         ]
 
-    def find(self, kind: str, id: str) -> Resource | None:
-        return next((r for r in self.resources(kind) if r.id == id), None)
+    def find(self, model: type[A], id: str) -> Resource[A] | None:
+        return next((r for r in self.resources(model) if r.id == id), None)
 
-    def add(self, kind: str, id: str, **attrs: Any) -> Resource:
-        """Record a created resource and save before returning (the caller's next step may fail)."""
-        if self.find(kind, id) is not None:
-            return self.update(kind, id, **attrs)
-        self._data["resources"].append({"kind": kind, "id": id, "attrs": attrs})
+    def add(self, id: str, attrs: A) -> Resource[A]:
+        """Record a created resource and save before returning (the caller's next step may fail).
+        A resource already recorded gets `attrs`' fields that were set."""
+        model = type(attrs)
+        _written(model, model.KIND, attrs.model_extra or {})
+        values = attrs.model_dump(mode="json", exclude_unset=True)
+        if self.find(model, id) is not None:
+            return self.update(model, id, **values)
+        self._data["resources"].append({"kind": model.KIND, "id": id, "attrs": values})
         self.save()
-        return Resource(kind, id, attrs)
+        return Resource(model.KIND, id, attrs)
 
-    def update(self, kind: str, id: str, **attrs: Any) -> Resource:
+    def update(self, model: type[A], id: str, **changes: Any) -> Resource[A]:
+        """Change some facts of a recorded resource (the rest, known or not, stay) and save."""
+        _written(model, model.KIND, changes)
         for r in self._data["resources"]:
-            if r["kind"] == kind and r["id"] == id:
-                r["attrs"].update(attrs)
+            if r["kind"] == model.KIND and r["id"] == id:
+                attrs = _parse(model, model.KIND, id, {**r["attrs"], **changes})
+                r["attrs"] = attrs.model_dump(mode="json", exclude_unset=True)
                 self.save()
-                return Resource(kind, id, dict(r["attrs"]))
-        raise KeyError(f"{kind} {id} is not in the state of {self.cluster}")
+                return Resource(model.KIND, id, attrs)
+        raise KeyError(f"{model.KIND} {id} is not in the state of {self.cluster}")
 
-    def remove(self, kind: str, id: str) -> None:
+    def remove(self, kind: str | type[Attrs], id: str) -> None:
+        """Forget a resource (by its kind, or the model of its kind) and save."""
+        kind = kind if isinstance(kind, str) else kind.KIND
         self._data["resources"] = [
             r for r in self._data["resources"] if not (r["kind"] == kind and r["id"] == id)
         ]
         self.save()
 
     def set_info(self, **values: Any) -> None:
-        self._data["info"].update(values)
+        """Set some facts of the cluster (ClusterInfo's fields; the rest stay) and save."""
+        _written(ClusterInfo, "the cluster's info", values)
+        try:
+            info = ClusterInfo.model_validate({**self._data["info"], **values})
+        except ValidationError as exc:
+            raise StateError(f"{self.path}: info.{_problem(exc)}") from None
+        self._data["info"] = info.model_dump(mode="json", exclude_unset=True)
         self.save()
 
     def clear_info(self) -> None:
         self._data["info"] = {}
         self.save()
+
+    def _parsed(self, model: type[A], record: dict[str, Any]) -> A:
+        try:
+            return _parse(model, record["kind"], record["id"], record["attrs"])
+        except StateError as exc:
+            raise StateError(f"{self.path}: {exc}") from None
 
     def save(self) -> None:
         self._data["updated_at"] = _now()

@@ -26,7 +26,7 @@ from infra.core.endpoint import Endpoint
 from infra.core.errors import RayfleetError, UsageError
 from infra.core.head import HeadAccess
 from infra.core.spec import ClusterSpec
-from infra.core.state import Resource, State
+from infra.core.state import Attrs, Resource, State
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,8 @@ class UpOptions:
 SpecT = TypeVar("SpecT", bound=ClusterSpec)
 
 
-def _label(resource: Resource) -> str:
-    return str(resource.attrs.get("name") or resource.id)
+def _label(resource: Resource[Attrs]) -> str:
+    return resource.attrs.name or resource.id
 
 
 class Provider(abc.ABC, Generic[SpecT, ExtraT]):
@@ -180,7 +180,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         Records `address` and `dashboard_url` (as nodes see it) in `state.info`.
         """
 
-    def created(self, state: State, before: frozenset[tuple[str, str]]) -> list[Resource]:
+    def created(self, state: State, before: frozenset[tuple[str, str]]) -> list[Resource[Attrs]]:
         """What this run of `up` created and a rollback removes, in removal order. `before` holds
         (kind, id) of every resource in state when the run began.
 
@@ -189,7 +189,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         """
         return [r for r in state.resources() if (r.kind, r.id) not in before]
 
-    def remove_created(self, state: State, created: list[Resource]) -> None:
+    def remove_created(self, state: State, created: list[Resource[Attrs]]) -> None:
         """Remove exactly `created` (from `created`) and forget each in state; raise a
         RayfleetError naming what is left when that cannot be done.
 
@@ -275,7 +275,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         cluster runs (`invoke mlflow --copy`), and return where it is. Only a provider whose store
         lives on a machine that goes with the cluster has a copy to make; the others keep it
         where this machine or a shared file system already holds it."""
-        where = state.info.get("tracking_store") or state.info.get("tracking_head_store")
+        where = state.info.tracking_store or state.info.tracking_head_store
         raise UsageError(f"cluster {state.cluster!r} keeps its tracking data in {where or 'its store'}"
                          ", which outlives the cluster: there is nothing to copy")
 

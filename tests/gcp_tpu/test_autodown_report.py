@@ -16,7 +16,8 @@ from infra.core.state import State
 from infra.node import identity
 from infra.node.gcp_tpu.api import ApiOptions
 from infra.providers.gcp_tpu import config
-from infra.providers.gcp_tpu.provider import CLUSTER, Provider
+from infra.providers.gcp_tpu.provider import Provider
+from infra.providers.gcp_tpu.records import Cluster
 from tests.gcp_tpu.conftest import ZONE, write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp
 
@@ -28,8 +29,8 @@ def _setup(tmp_path: Path, rf_home: Path, options: ApiOptions,
     spec = loading.load_spec(write_spec(tmp_path, name="gone", autodown={"idle_minutes": 5}))
     provider = Provider(spec, api_options=options)  # type: ignore[arg-type]
     state = State.new(rf_home / "state" / "gone.json", "gone", "gcp-tpu")
-    state.add(CLUSTER, "gone", project="test-project", zone=ZONE, label_id=state.cluster_id,
-              ssh_user="root", dashboard_port=8265, head="ray-gone-head")
+    state.add("gone", Cluster(project="test-project", zone=ZONE, label_id=state.cluster_id,
+                              ssh_user="root", dashboard_port=8265, head="ray-gone-head"))
     if marker is not None:
         path = autodown_view.marker_path("gone")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -90,7 +90,7 @@ def local_ray(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[tupl
         assert result.returncode == 0, result.stderr
         head = state.read(path.stem)
         assert head is not None
-        yield int(head.info["dashboard_url"].rsplit(":", 1)[1]), head.info["auth_token_path"]
+        yield int(str(head.info.dashboard_url).rsplit(":", 1)[1]), head.info.auth_token_path
     finally:
         run_invoke("teardown", "--cluster", str(path))
 

@@ -26,7 +26,8 @@ from infra.node import where
 from infra.node.gcp_tpu.api import ApiOptions, GcpCredentialsError, GcpError, GcpQuotaError
 from infra.providers.base import UpOptions
 from infra.providers.gcp_tpu import config
-from infra.providers.gcp_tpu.provider import CLUSTER, FIREWALL, SSH_KEY, Provider
+from infra.providers.gcp_tpu.provider import Provider
+from infra.providers.gcp_tpu.records import Cluster, Firewall, SshKey
 from tests.gcp_tpu.conftest import ZONE, Dashboard, FakeRay, Sshd, assert_nothing_created, write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp, rate_limited
 from tests.gcp_tpu.test_google_errors import ERRORS
@@ -106,11 +107,11 @@ def test_up_runs_ray_up_with_a_validated_config_and_records_the_head(
     # The applied copy (for `plan`'s diff) is the file ray got.
     assert (paths.rendered_dir("lab") / config.FILE_NAME).read_text() == call["config"]
     current = lab.state()
-    cluster = current.find(CLUSTER, "lab")
-    assert cluster is not None and cluster.attrs["head_ip"] == "127.0.0.1"
-    assert cluster.attrs["head_internal_ip"] == "10.128.0.2"
-    assert current.info["address"] == "10.128.0.2:6379"
-    assert current.info["dashboard_access"] == "SSH tunnel only"
+    cluster = current.find(Cluster, "lab")
+    assert cluster is not None and cluster.attrs.head_ip == "127.0.0.1"
+    assert cluster.attrs.head_internal_ip == "10.128.0.2"
+    assert current.info.address == "10.128.0.2:6379"
+    assert current.info.dashboard_access == "SSH tunnel only"
     assert endpoint.address == "10.128.0.2:6379" and not endpoint.tunneled
     assert "/api/jobs/" in dashboard.hits  # answered through a real SSH tunnel
     state_text = current.path.read_text()
@@ -178,7 +179,7 @@ def test_dashboard_firewall_rule_lifecycle(tmp_path: Path, rf_home: Path, fake: 
     assert rule["sourceRanges"] == ranges and rule["direction"] == "INGRESS"
     assert rule["targetTags"] == ["rayfleet-lab-head"]
     assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": [str(dashboard.port)]}]
-    assert lab.state().find(FIREWALL, "rayfleet-lab-dashboard").attrs["ranges"] == ranges
+    assert lab.state().find(Firewall, "rayfleet-lab-dashboard").attrs.ranges == ranges
     assert endpoint.dashboard_url == f"http://127.0.0.1:{dashboard.port}"
     assert "--dashboard-host=0.0.0.0" in lab.ray.calls[0]["config"]
     # Changed ranges: the same rule is updated, not a second one made.
@@ -200,7 +201,7 @@ def test_removing_the_ranges_removes_the_rule_at_the_next_up(
         dashboard={"port": dashboard.port, "allowed_source_ranges": ["10.8.0.0/16"]}).up()
     closed = Lab(tmp_path, fake, options, sshd, dashboard)
     closed.up()
-    assert fake.firewalls == {} and closed.state().resources(FIREWALL) == []
+    assert fake.firewalls == {} and closed.state().resources(Firewall) == []
     closed.teardown()
 
 
@@ -230,7 +231,7 @@ def test_keep_partial_keeps_everything_in_state_for_teardown(
     lab.ray.up_failure = "ZONE_RESOURCE_POOL_EXHAUSTED: The zone does not have enough resources"
     with pytest.raises(GcpError, match="no capacity for it now; try another zone"):
         lab.up(keep_partial=True)
-    assert lab.kinds() == sorted([CLUSTER, FIREWALL, SSH_KEY])
+    assert lab.kinds() == sorted([Cluster.KIND, Firewall.KIND, SshKey.KIND])
     assert lab.left() == ["ray-lab-head-0a1b2c3d-compute"]
     lab.teardown()
     assert lab.left() == [] and fake.firewalls == {} and state.read("lab") is None
@@ -260,7 +261,7 @@ def test_teardown_that_cannot_finish_keeps_state_then_finishes(lab: Lab, fake: F
     fake.fail("DELETE", "/nodes/", 429, rate_limited("tpu"), times=100)
     with pytest.raises(GcpError, match="rate limit"):
         lab.teardown()
-    assert CLUSTER in lab.kinds()  # the TPU is still there, so the state still says so
+    assert Cluster.KIND in lab.kinds()  # the TPU is still there, so the state still says so
     assert any(n.endswith("-tpu") for n in lab.left())
     fake.failures.clear()
     lab.teardown()
@@ -283,7 +284,7 @@ def test_status_lists_nodes_by_label(lab: Lab) -> None:
 def test_state_lists_only_what_teardown_needs(lab: Lab) -> None:
     lab.up()
     data = json.loads(lab.state().path.read_text())
-    cluster = next(r for r in data["resources"] if r["kind"] == CLUSTER)
+    cluster = next(r for r in data["resources"] if r["kind"] == Cluster.KIND)
     assert {"project", "zone", "config", "credentials_file", "head_ip"} <= set(cluster["attrs"])
     assert yaml.safe_load(Path(cluster["attrs"]["config"]).read_text())["cluster_name"] == "lab"
 

@@ -16,6 +16,7 @@ from infra.core.errors import SpecError
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import ApiOptions, Credentials, Gcp, GcpError
 from infra.providers.gcp_tpu import slices
+from infra.providers.gcp_tpu.records import Cluster, Queued
 from tests.gcp_tpu.conftest import write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.waiting import wait_until
@@ -170,7 +171,7 @@ def test_status_and_teardown_find_every_request_of_the_cluster(
     with state.locked("qcls", "gcp-tpu", "up") as current:
         requests = slices.slice_requests(cluster, current.cluster_id, current.owner, "ssh-ed25519 K")
         slices.queue_all(api, current, requests, 0.01)
-        assert sorted(r.id for r in current.resources(slices.QUEUED)) == [
+        assert sorted(r.id for r in current.resources(Queued)) == [
             queued.request_id(current.cluster_id, "a", i, 0) for i in range(2)]
         slices.queue_all(api, current, requests, 0.01)  # a second `up` queues nothing new
         assert len(fake.queued) == 2
@@ -191,7 +192,7 @@ def test_status_and_teardown_find_every_request_of_the_cluster(
             (extra, "WAITING_FOR_RESOURCES", SECOND_ZONE)])
         assert len(warnings) == 1 and "SUSPENDED" in warnings[0], warnings
         slices.teardown(api, cluster, current)
-        assert current.resources(slices.QUEUED) == []
+        assert current.resources(Queued) == []
     assert list(fake.queued_states()) == [other]  # only the other cluster's request is left
     assert [n["name"].rsplit("/", 1)[-1] for n in fake.tpu_nodes.values()] == []
 
@@ -298,7 +299,7 @@ def test_sweep_lists_and_deletes_queued_requests_by_their_cluster_id(
 
     api = api_for(options)
     with state.locked("qcls", "gcp-tpu", "up") as current:  # where this checkout created things
-        current.add(slices.QUEUED, "rf-x", project=api.project, zone="us-central2-b")
+        current.add("rf-x", Queued(project=api.project, zone="us-central2-b"))
     request = queued.SliceRequest("a", "v4-8", None, "tpu-ubuntu2204-base", 1, 4, 8, "spot",
                                   ["us-central2-b"], 1, labels={"rayfleet-cluster": CLUSTER_ID,
                                                                 "rayfleet-queued-slice": "a"})
@@ -330,9 +331,9 @@ def test_the_heads_autodown_config_covers_queued_slices(tmp_path: Path) -> None:
                    zone=None, zones=["us-central2-b", "us-central2-a"], autodown={"idle_minutes": 5})
     current = state.State.new(tmp_path / "s.json", "qcls", "gcp-tpu")
     # A request the joiner moved to a zone the spec no longer lists still counts.
-    current.add(slices.QUEUED, "rf-x-one-0-1", zone="us-central2-c")
-    head = current.add("gcp-ray-cluster", "qcls", project="test-project", zone="us-central2-b",
-                       head="ray-qcls-head", label_id=current.cluster_id)
+    current.add("rf-x-one-0-1", Queued(zone="us-central2-c"))
+    head = current.add("qcls", Cluster(project="test-project", zone="us-central2-b",
+                                       head="ray-qcls-head", label_id=current.cluster_id))
     args = autodown_setup.watcher_config(cluster, current, head).action_args
     assert args["queued_zones"] == ["us-central2-a", "us-central2-b", "us-central2-c"]
     assert args["stop_first"] == ["~/.rayfleet/queued.json.pid"]

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from infra.core import state
 from infra.node.gcp_tpu.api import ApiOptions
+from infra.providers.gcp_tpu.records import Firewall
 from tests.gcp_tpu.conftest import Dashboard, Sshd
 from tests.gcp_tpu.fake_gcp import FakeGcp
-from tests.gcp_tpu.test_provider import FIREWALL, Lab
+from tests.gcp_tpu.test_provider import Lab
 
 GATEWAY = "rayfleet-lab-gateway"
 
@@ -44,7 +45,7 @@ def test_the_gateway_rule_opens_its_port_to_the_head_from_the_allowed_ranges(
     assert fake.firewalls[GATEWAY]["sourceRanges"] == ["203.0.113.0/24"]
     closed = Lab(tmp_path, fake, options, sshd, dashboard)
     closed.up()
-    assert fake.firewalls == {} and closed.state().resources(FIREWALL) == []
+    assert fake.firewalls == {} and closed.state().resources(Firewall) == []
     closed.teardown()
     assert state.read("lab") is None
 

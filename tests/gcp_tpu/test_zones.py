@@ -20,7 +20,8 @@ from infra.core.errors import SpecError
 from infra.node.gcp_tpu.api import ApiOptions, GcpError
 from infra.providers.base import UpOptions
 from infra.providers.gcp_tpu import config
-from infra.providers.gcp_tpu.provider import CLUSTER, Provider
+from infra.providers.gcp_tpu.provider import Provider
+from infra.providers.gcp_tpu.records import Cluster
 from tests.gcp_tpu.conftest import Dashboard, FakeRay, Sshd, write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp
 
@@ -157,8 +158,8 @@ def test_head_refused_for_capacity_moves_to_the_next_zone(
     assert len(lines) == 1 and f"trying zone {SECOND}" in lines[0]
     current = state.read("zoned")
     assert current is not None
-    cluster = current.find(CLUSTER, "zoned")
-    assert cluster is not None and cluster.attrs["zone"] == SECOND
+    cluster = current.find(Cluster, "zoned")
+    assert cluster is not None and cluster.attrs.zone == SECOND
     assert endpoint.address == "10.128.0.2:6379"
     # Teardown sweeps the zone the cluster ended up in.
     with state.locked("zoned", "gcp-tpu", "teardown") as locked:

@@ -34,6 +34,7 @@ def head(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def spec(head: LocalSshd, rf_home: Path, tmp_path: Path) -> Path:
     """A Lambda cluster that is "up": its state names a head instance, its key is authorized."""
     from infra.core import auth, ssh, state
+    from infra.providers.lambda_cloud.records import Instance
 
     path = tmp_path / f"{CLUSTER}.yaml"
     path.write_text(yaml.safe_dump({
@@ -43,7 +44,7 @@ def spec(head: LocalSshd, rf_home: Path, tmp_path: Path) -> Path:
                                              "region": "us-west-1"}]}}))
     head.authorize(ssh.ensure_keypair(CLUSTER).public_key, restrict=False)
     current = state.State.new(state.state_path(CLUSTER), CLUSTER, "lambda")
-    current.add("lambda-instance", "i-head", name=f"{CLUSTER}-head", ip=HEAD_IP)
+    current.add("i-head", Instance(name=f"{CLUSTER}-head", ip=HEAD_IP))
     current.set_info(head_ip=HEAD_IP, address=f"{HEAD_IP}:6379")
     auth.ensure_token(current)
     return path

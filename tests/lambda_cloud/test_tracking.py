@@ -16,6 +16,7 @@ from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node import tracking_snapshot
 from infra.providers.lambda_cloud import autoscale, raycluster
+from infra.providers.lambda_cloud.records import Instance
 from infra.providers.lambda_cloud.spec import Spec
 from tests.conftest import run_invoke
 from tests.lambda_cloud.conftest import SpecFactory, assert_clean, read_state
@@ -125,8 +126,8 @@ def test_teardown_with_an_unreachable_head_says_so_in_one_line_and_removes_every
     path = make_spec("lt", tracking="mlflow")
     provision(path)
     with state.locked("lt", "lambda", "up") as current:
-        head = next(r for r in current.resources("lambda-instance") if r.attrs["name"].endswith("head"))
-        current.set_info(head_ip=head.attrs["ip"], tracking_head_store="/root/rayfleet/tracking")
+        head = next(r for r in current.resources(Instance) if r.attrs.name.endswith("head"))
+        current.set_info(head_ip=head.attrs.ip, tracking_head_store="/root/rayfleet/tracking")
     # The head stops answering SSH (nothing listens where the proxy command now points).
     data = yaml.safe_load(path.read_text())
     data["ssh_proxy_command"] = "nc 127.0.0.1 9"

@@ -16,6 +16,7 @@ import requests
 from infra.core import auth
 from infra.core.state import State
 from infra.node import rayproc
+from infra.providers.slurm.records import Job
 from tests.slurm.conftest import (
     Register,
     invoke,
@@ -124,7 +125,7 @@ def test_teardown_finds_a_job_whose_id_was_never_recorded(
     # What a crash between sbatch and reading its answer leaves: the job name, no job id.
     spec = torn_down(local_spec(tmp_path, slurm_local, "crashed"))
     state = State.new(rf_home / "state" / "crashed.json", "crashed", "slurm")
-    state.add("slurm-job", "rf-crashed-0a1b2c", workdir=str(slurm_local.jobs_dir))
+    state.add("rf-crashed-0a1b2c", Job(workdir=str(slurm_local.jobs_dir)))
     job_id = slurm_local.sbatch("#!/bin/bash\nsleep 600\n", "--job-name=rf-crashed-0a1b2c",
                                 "--output=/dev/null")
     slurm_local.wait_job(job_id, {"RUNNING"})

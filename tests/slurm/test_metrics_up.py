@@ -32,7 +32,7 @@ def test_a_head_without_prometheus_is_one_line_and_up_goes_on(
     assert len(said) == 1 and "no `prometheus` on the head's node node7" in said[0], said
     assert "runs without metrics" in said[0]
     # Nothing says it has metrics: `top` and `report` then say in one line that it runs none.
-    assert "metrics_since" not in state.info
+    assert state.info.metrics_since is None
 
 
 def test_a_head_with_prometheus_is_said_and_its_history_starts(
@@ -41,8 +41,8 @@ def test_a_head_with_prometheus_is_said_and_its_history_starts(
     provider._note_metrics(state, {**INFO, "prometheus": "/usr/bin/prometheus"})
     said = capsys.readouterr().err
     assert "Prometheus starting in the head's job on node7's loopback, port 20139" in said, said
-    assert state.info["metrics_scrape_s"] == 3 and state.info["metrics_since"] > 0
+    assert state.info.metrics_scrape_s == 3 and (state.info.metrics_since or 0) > 0
     # metrics: none: nothing said, nothing noted.
     quiet, none_state = _setup(tmp_path, "metrics: none\n")
     quiet._note_metrics(none_state, {**INFO, "prometheus": ""})
-    assert capsys.readouterr().err == "" and "metrics_since" not in none_state.info
+    assert capsys.readouterr().err == "" and none_state.info.metrics_since is None

@@ -111,8 +111,8 @@ def program_here() -> bool:
 def note_started(state: State, scrape_interval_s: int) -> None:
     """Record that the cluster has metrics, since when (the first start: the history's origin)
     and how often it scrapes."""
-    since = state.info.get("metrics_since") or time.time()
-    if (state.info.get("metrics_since"), state.info.get("metrics_scrape_s")) != (
+    since = state.info.metrics_since or time.time()
+    if (state.info.metrics_since, state.info.metrics_scrape_s) != (
             since, scrape_interval_s):
         state.set_info(metrics_since=since, metrics_scrape_s=scrape_interval_s)
 

@@ -226,7 +226,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     hostname = selected.sharing.hostname
     url = f"https://{hostname or address}:{selected.sharing.port}"
     members = read_registry(selected.name)
-    warn_stale_bundles(members, url, state.info.get("gateway_url"))
+    warn_stale_bundles(members, url, state.info.gateway_url)
     config, config_path = _gateway_config(selected, access, state, address, prices)
     if not members:
         write_registry(selected.name, {})
@@ -239,7 +239,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     if not started:
         raise SharingError(f"the sharing gateway did not start on the head within 60 s; see "
                            f"{head_files(access, selected.name).log} there (`invoke ssh`)")
-    if state.info.get("gateway_url") != url:
+    if state.info.gateway_url != url:
         state.set_info(gateway_url=url)
     # A loopback address is this machine's own: nobody points DNS at it.
     if hostname and not net.is_loopback(address):
@@ -406,7 +406,7 @@ def plan_note(selected: ClusterSpec, current: State | None) -> str | None:
     text = f"sharing: a gateway (HTTPS) on the head, port {shared.port}"
     if shared.allowed_source_ranges:
         text += f", reachable from {', '.join(shared.allowed_source_ranges)} only"
-    url = current.info.get("gateway_url") if current is not None else None
+    url = current.info.gateway_url if current is not None else None
     text += f"; now at {url}" if url else "; `invoke up` starts it"
     limits = [f"access ends {ends}" for ends in [sharing_term.ends_of(shared)] if ends]
     limits += [f"{label} {value:g}" for label, value in (

@@ -120,7 +120,7 @@ def plan_note(cluster: str, address: str, durable: str = "") -> str:
 def copy_back(head: HeadAccess, state: State) -> Path:
     """A consistent copy of the head's store in `.rayfleet/tracking/<cluster>/`; records
     `tracking_copied_at`. The previous copy is replaced only once the new one is complete."""
-    store = state.info.get("tracking_head_store")
+    store = state.info.tracking_head_store
     if not store:
         raise RayfleetError("no tracking store recorded for this cluster")
     final = tracking.local_store(state.cluster)
@@ -144,7 +144,7 @@ def copy_back(head: HeadAccess, state: State) -> Path:
 def save_before_teardown(state: State, head: HeadAccess | None, why_not: str = "") -> None:
     """Before any instance goes: copy the head's store here, or say in one line why not.
     `head` is None when the provider knows the head is gone (`why_not` says why)."""
-    if not state.info.get("tracking_head_store"):
+    if not state.info.tracking_head_store:
         return
     if head is None:
         ui.warn(f"tracking data NOT copied: {why_not or 'no head'}; "
@@ -163,22 +163,22 @@ def save_before_teardown(state: State, head: HeadAccess | None, why_not: str = "
 
 
 def _lost_or_kept(state: State) -> str:
-    durable = state.info.get("tracking_durable")
+    durable = state.info.tracking_durable
     if durable:
-        return f"it stays on {durable} ({state.info.get('tracking_head_store')})"
-    copied = state.info.get("tracking_copied_at")
+        return f"it stays on {durable} ({state.info.tracking_head_store})"
+    copied = state.info.tracking_copied_at
     return ("it goes with the cluster" + (f"; the last copy ({copied}) is in "
                                           f"{tracking.local_store(state.cluster)}" if copied else ""))
 
 
 def copy_note(state: State) -> str | None:
     """What `status` says about where the tracking data is safe; None without a remote store."""
-    if not state.info.get("tracking_head_store"):
+    if not state.info.tracking_head_store:
         return None
-    durable = state.info.get("tracking_durable")
+    durable = state.info.tracking_durable
     if durable:
-        return f"tracking data on {durable} ({state.info['tracking_head_store']}): survives teardown"
-    copied = state.info.get("tracking_copied_at")
+        return f"tracking data on {durable} ({state.info.tracking_head_store}): survives teardown"
+    copied = state.info.tracking_copied_at
     if copied:
         return (f"tracking data last copied at {copied} to {tracking.local_store(state.cluster)} "
                 "(`invoke mlflow --copy` copies it again)")
@@ -191,9 +191,9 @@ def connect(state: State, head: HeadAccess, dashboard_port: int, address: str,
             token_path: Path | None) -> Iterator[Endpoint]:
     """The cluster's endpoint through the head's tunnels (one login): the dashboard, Serve's
     HTTP proxy and, when the cluster has them, the tracking server and Prometheus."""
-    bind = state.info.get("tracking_bind")
-    tracked = bool(bind and state.info.get("tracking_head_store"))
-    measured = bool(state.info.get("metrics_since"))
+    bind = state.info.tracking_bind
+    tracked = bool(bind and state.info.tracking_head_store)
+    measured = bool(state.info.metrics_since)
     serve = ("127.0.0.1", SERVE_PORT)
     remotes = remote_head.services(("127.0.0.1", dashboard_port), serve,
                                    (str(bind), TRACKING_PORT) if tracked else None,
@@ -208,8 +208,8 @@ def connect(state: State, head: HeadAccess, dashboard_port: int, address: str,
 def remove_keys(state: State, folder: Path) -> None:
     """Teardown's removal of the cluster's key folder. A durable store keeps its users database,
     whose admin password MLflow sets once, so the tracking secrets then stay for the next `up`."""
-    keep = {tracking.PASSWORD_FILE, tracking.SECRET_KEY_FILE} if state.info.get(
-        "tracking_durable") else set()
+    keep = {tracking.PASSWORD_FILE, tracking.SECRET_KEY_FILE} if state.info.tracking_durable \
+        else set()
     if not keep:
         shutil.rmtree(folder, ignore_errors=True)
         return

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from infra.core import ssh
     from infra.core.state import Resource, State
     from infra.node.gcp_tpu.api import Gcp
+    from infra.providers.gcp_tpu.records import Cluster
     from infra.providers.gcp_tpu.spec import Spec
 
 #: The head's node env's Python as the SSH user reaches it: for what runs as that user (the
@@ -43,18 +44,18 @@ FIRST_MARKER_S = 30.0
 ACTION = "infra.node.gcp_tpu.autodown:stop_ray_then_remove"
 
 
-def watcher_config(spec: Spec, state: State, cluster: Resource) -> autodown.Config:
+def watcher_config(spec: Spec, state: State, cluster: Resource[Cluster]) -> autodown.Config:
     """The head's watcher config: Ray on the head's loopback, the label sweep of teardown as the
     removal action, the head's own VM last; no secret inside."""
     assert spec.autodown is not None
-    label_id = str(cluster.attrs.get("label_id", cluster.id))
+    label_id = (cluster.attrs.label_id or cluster.id)
     return autodown.Config(
         cluster=spec.name, cluster_id=state.cluster_id, idle_minutes=spec.autodown.idle_minutes,
         dashboard_url=f"http://127.0.0.1:{spec.dashboard.port}", marker=autodown.HEAD_MARKER,
         action=ACTION,
-        action_args={"project": str(cluster.attrs["project"]), "zone": str(cluster.attrs["zone"]),
+        action_args={"project": cluster.attrs.project, "zone": cluster.attrs.zone,
                      "labels": config.sweep_labels(label_id, cluster.id),
-                     "head_name": str(cluster.attrs["head"]),
+                     "head_name": cluster.attrs.head,
                      # Ray's autoscaler, which would replace what is being deleted: its
                      # supervisor's pid file (both the watcher's user's own processes, which it
                      # can stop; Ray's are another user's).
@@ -63,7 +64,7 @@ def watcher_config(spec: Spec, state: State, cluster: Resource) -> autodown.Conf
         token_path=config.NODE_TOKEN_PATH if auth.token_file(state) else None)
 
 
-def install(spec: Spec, state: State, cluster: Resource, target: ssh.SshTarget) -> None:
+def install(spec: Spec, state: State, cluster: Resource[Cluster], target: ssh.SshTarget) -> None:
     """Start (or keep) the head's watcher and keep a copy of its first marker; stop the one an
     earlier `up` started (this machine holds its marker) when the spec turned autodown off."""
     if spec.autodown is None:
@@ -81,7 +82,7 @@ def install(spec: Spec, state: State, cluster: Resource, target: ssh.SshTarget) 
                                                      state.cluster_id),
                   FIRST_MARKER_S, 1, "the watcher's first marker")
         except WaitTimeout:
-            ui.warn(f"the autodown watcher on {cluster.attrs['head']} has not reported yet; "
+            ui.warn(f"the autodown watcher on {cluster.attrs.head} has not reported yet; "
                     f"see ~{users.DAEMON_USER}/{autodown.HEAD_LOG.removeprefix('~/')} there")
 
 
@@ -95,10 +96,10 @@ def _head(target: ssh.SshTarget) -> SshHead:
     return ssh_head(target, users.PYTHON, users.ACTIVATE)
 
 
-def nodes_left(api: Gcp, cluster: Resource) -> int:
+def nodes_left(api: Gcp, cluster: Resource[Cluster]) -> int:
     """VMs and TPU nodes the APIs list with the cluster's labels (TPU VMs' own instances go with
     their TPU node, as in teardown's sweep)."""
-    labels = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
-    zone = str(cluster.attrs["zone"])
+    labels = config.sweep_labels((cluster.attrs.label_id or cluster.id), cluster.id)
+    zone = cluster.attrs.zone
     vms = [i for i in api.instances(zone, labels) if "tpu_cores" not in (i.get("labels") or {})]
     return len(vms) + len(api.tpu_nodes(zone, labels))

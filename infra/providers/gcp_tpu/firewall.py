@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu import config
+from infra.providers.gcp_tpu.records import Firewall
 
 if TYPE_CHECKING:
     from infra.core.state import Resource, State
+    from infra.providers.gcp_tpu.records import Firewall
     from infra.providers.gcp_tpu.spec import Spec
 
-#: State kind of the rules (provider.FIREWALL).
-FIREWALL = "gcp-firewall"
 #: (operations, what, api) -> None: waits until the operations are done (provider._wait).
 Wait = Callable[[list[dict[str, Any]], str, Gcp], None]
 
@@ -57,7 +57,7 @@ def reconcile(api: Gcp, state: State, spec: Spec, wait: Wait) -> None:
     """Create, update or delete the cluster's rules to match the spec."""
     wanted = bodies(spec)
     names = {rule["name"] for rule in wanted}
-    for recorded in state.resources(FIREWALL):
+    for recorded in state.resources(Firewall):
         if recorded.id not in names:
             delete(api, state, recorded, wait)
     for rule in wanted:
@@ -67,12 +67,12 @@ def reconcile(api: Gcp, state: State, spec: Spec, wait: Wait) -> None:
 def _ensure(api: Gcp, state: State, spec: Spec, wanted: dict[str, Any], wait: Wait) -> None:
     name = wanted["name"]
     current = api.get_firewall(name)
-    if current is not None and state.find(FIREWALL, name) is None and (
+    if current is not None and state.find(Firewall, name) is None and (
             current.get("description") != wanted["description"]):
         raise GcpError(f"gcp-tpu: a firewall rule named {name} exists and is not this "
                        "cluster's; rename the spec file (the cluster name) or delete that rule")
     port = int(wanted["allowed"][0]["ports"][0])
-    state.add(FIREWALL, name, project=spec.project, ranges=wanted["sourceRanges"], port=port)
+    state.add(name, Firewall(project=spec.project, ranges=wanted["sourceRanges"], port=port))
     keys = ("sourceRanges", "targetTags", "allowed")
     if current is None:
         operation = api.insert_firewall(wanted)
@@ -85,11 +85,11 @@ def _ensure(api: Gcp, state: State, spec: Spec, wanted: dict[str, Any], wait: Wa
                       f"{', '.join(wanted['sourceRanges'])})", api)
 
 
-def delete(api: Gcp, state: State, rule: Resource, wait: Wait) -> None:
+def delete(api: Gcp, state: State, rule: Resource[Firewall], wait: Wait) -> None:
     operation = api.delete_firewall(rule.id)
     if operation is not None:
         wait([operation], f"deleting firewall rule {rule.id}", api)
     if api.get_firewall(rule.id) is not None:
         raise GcpError(f"gcp-tpu: firewall rule {rule.id} still exists after deletion; "
                        "run `invoke teardown` again")
-    state.remove(FIREWALL, rule.id)
+    state.remove(Firewall, rule.id)

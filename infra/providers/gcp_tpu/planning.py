@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from infra.core.state import State
 from infra.providers.base import PlannedResource
-from infra.providers.gcp_tpu import config, firewall, preflight, slices, tracking_setup, view
+from infra.providers.gcp_tpu import config, firewall, preflight, tracking_setup
+from infra.providers.gcp_tpu.records import Cluster, Firewall, Queued
 from infra.providers.gcp_tpu.spec import Spec
 
 #: A pre-flight line that makes `invoke plan` exit 1 (and `up` refuse to start).
@@ -34,7 +35,7 @@ def zone_order(spec: Spec, report: preflight.Report | None) -> tuple[str, ...]:
 def rows(spec: Spec, state: State | None,
          report: preflight.Report | None) -> tuple[list[PlannedResource], list[str]]:
     """What `up` would create in `spec`'s zone (existing ones marked), and the plan's notes."""
-    running = bool(state and state.resources(view.CLUSTER))
+    running = bool(state and state.resources(Cluster))
     resources = [PlannedResource(
         "Compute VM: Ray head (runs no tasks)", f"ray-{spec.name}-head",
         f"{spec.head.machine_type}, {spec.head.disk_size_gb} GB disk, {spec.zone}", running)]
@@ -61,13 +62,13 @@ def rows(spec: Spec, state: State | None,
             f"{queued_slice.count} × {shape.accelerator_type} ({shape.chips} chips, "
             f"{shape.hosts} host(s)), {queued_slice.runtime}, {queued_slice.provisioning}, "
             f"zones {', '.join(spec.slice_zones(name))}",
-            bool(state and state.resources(slices.QUEUED))))
+            bool(state and state.resources(Queued))))
     ranges = spec.dashboard.allowed_source_ranges
     if ranges:
         resources.append(PlannedResource(
             "firewall rule: dashboard", config.firewall_name(spec.name),
             f"tcp:{spec.dashboard.port} from {', '.join(ranges)} to the head only",
-            bool(state and state.resources(firewall.FIREWALL))))
+            bool(state and state.resources(Firewall))))
         notes.append(f"dashboard: http://<head ip>:{spec.dashboard.port} from "
                      f"{', '.join(ranges)}, and `invoke dashboard` (SSH tunnel)")
     else:
@@ -77,7 +78,7 @@ def rows(spec: Spec, state: State | None,
             "firewall rule: sharing gateway", firewall.gateway_name(spec.name),
             f"tcp:{spec.sharing.port} from {', '.join(spec.sharing.allowed_source_ranges)} "
             "to the head only",
-            bool(state and state.find(firewall.FIREWALL, firewall.gateway_name(spec.name)))))
+            bool(state and state.find(Firewall, firewall.gateway_name(spec.name)))))
     if spec.tracking == "mlflow":
         notes.append(tracking_setup.plan_note(spec))
     notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "

@@ -21,7 +21,7 @@ from infra.core.costs import NodePrices
 from infra.core.errors import ClusterNotRunningError, UsageError
 from infra.core.head import HeadAccess
 from infra.core.head_ssh import SshHead, ssh_head
-from infra.core.state import Resource, State
+from infra.core.state import Attrs, Resource, State
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node.files import atomic_write
@@ -50,14 +50,9 @@ from infra.providers.gcp_tpu import (
 )
 from infra.providers.gcp_tpu.launcher import MonitorStarter, RayRunner
 from infra.providers.gcp_tpu.planning import Preflight
+from infra.providers.gcp_tpu.records import Cluster, Firewall, Queued, SshKey
 from infra.providers.gcp_tpu.spec import Spec
 
-#: The Ray cluster `ray up` made: head plus whatever its autoscaler launched (found by labels).
-CLUSTER = view.CLUSTER
-#: The dashboard's firewall rule (only with dashboard.allowed_source_ranges); see firewall.py.
-FIREWALL = firewall.FIREWALL
-#: The cluster's SSH key pair on this machine (not billed, but removed with the cluster).
-SSH_KEY = "ssh-key"
 GCS_PORT = 6379
 #: How long teardown waits for the APIs to show no node of the cluster.
 SWEEP_TIMEOUT_S = removal.SWEEP_TIMEOUT_S
@@ -106,9 +101,9 @@ class Provider(BaseProvider[Spec, Preflight]):
         clusters from before ids), else the state's id once the state exists."""
         if state is None:
             return config.ID_PLACEHOLDER
-        recorded = state.find(CLUSTER, self.spec.name)
+        recorded = state.find(Cluster, self.spec.name)
         if recorded is not None:
-            return str(recorded.attrs.get("label_id", recorded.id))
+            return (recorded.attrs.label_id or recorded.id)
         return state.cluster_id if state.path.exists() else config.ID_PLACEHOLDER
 
     def _render(self, spec: Spec, public_key: str, private_key: Path, state: State | None) -> str:
@@ -130,9 +125,9 @@ class Provider(BaseProvider[Spec, Preflight]):
 
     def _zone_for(self, state: State | None, report: preflight.Report | None) -> str:
         """A running cluster stays in its recorded zone; else pre-flight's choice, else `zone`."""
-        recorded = state.find(CLUSTER, self.spec.name) if state is not None else None
-        if recorded is not None and recorded.attrs.get("zone") in self.spec.candidate_zones:
-            return str(recorded.attrs["zone"])
+        recorded = state.find(Cluster, self.spec.name) if state is not None else None
+        if recorded is not None and recorded.attrs.zone in self.spec.candidate_zones:
+            return recorded.attrs.zone
         return planning.zone_order(self.spec, report)[0]
 
     # --- plan ---------------------------------------------------------------------------------
@@ -155,7 +150,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         """Pre-flight and its notes: `invoke plan` reports problems, `up` refuses to start on them."""
         try:
             api, _ = self._api(self.spec.project, self.spec.credentials_file)
-            report = preflight.run(self.spec, api, bool(state and state.resources(CLUSTER)))
+            report = preflight.run(self.spec, api, bool(state and state.resources(Cluster)))
         except GcpError as exc:
             return None, [f"{planning.FAILED}{exc}"]
         return report, [f"pre-flight ✓ {line}" for line in report.passed] + [
@@ -166,11 +161,11 @@ class Provider(BaseProvider[Spec, Preflight]):
     def create(self, state: State, plan: Plan[Preflight]) -> Endpoint:
         spec = self.spec
         api, key_file = self._api(spec.project, spec.credentials_file)  # first: creates nothing
-        existing = state.resources(CLUSTER)
+        existing = state.resources(Cluster)
         for r in existing:
-            if r.attrs["project"] != spec.project or r.attrs["zone"] not in spec.candidate_zones:
+            if r.attrs.project != spec.project or r.attrs.zone not in spec.candidate_zones:
                 raise UsageError(
-                    f"{spec.source}: the cluster runs in {r.attrs['project']}/{r.attrs['zone']}; "
+                    f"{spec.source}: the cluster runs in {r.attrs.project}/{r.attrs.zone}; "
                     "run `invoke teardown` before moving it to another project or zone")
         report = plan.extra.report
         zones = list(plan.extra.zones)
@@ -179,13 +174,13 @@ class Provider(BaseProvider[Spec, Preflight]):
             zones = list(planning.zone_order(spec, report))
         # A running cluster stays where it is; a new one tries the usable zones in order.
         if existing:
-            zones = [str(existing[0].attrs["zone"])]
+            zones = [existing[0].attrs.zone]
         for line in report.passed:
             ui.info(f"✓ {line}")
         for warning in report.warnings:
             ui.warn(warning)
         keypair = ssh.ensure_keypair(spec.name)
-        state.add(SSH_KEY, str(keypair.private_path.parent))
+        state.add(str(keypair.private_path.parent), SshKey())
         if spec.tracking == "mlflow":
             tracking.ensure_credentials(spec.name)  # Ray's file_mounts copy it to every node
         firewall.reconcile(api, state, self._in_zone(zones[0]), self._wait)
@@ -195,10 +190,10 @@ class Provider(BaseProvider[Spec, Preflight]):
             # Recorded before `ray up`: from here on, anything Ray creates is teardown's to
             # find, in this zone.
             label_id = self._label_id(state)
-            state.add(CLUSTER, spec.name, project=spec.project, zone=zone,
-                      config=str(config_path), credentials_file=key_file,
-                      ssh_user=spec.ssh_user, dashboard_port=spec.dashboard.port,
-                      label_id=label_id)
+            state.add(spec.name, Cluster(project=spec.project, zone=zone,
+                                         config=str(config_path), credentials_file=key_file,
+                                         ssh_user=spec.ssh_user,
+                                         dashboard_port=spec.dashboard.port, label_id=label_id))
             try:
                 endpoint = self._launch(spec, api, state, text, config_path, key_file)
                 if not existing and len(zones) > 1:
@@ -221,16 +216,17 @@ class Provider(BaseProvider[Spec, Preflight]):
                         f"what it left there; trying zone {zones[index + 1]}")
         raise AssertionError("unreachable: the zone loop returns or raises")
 
-    def remove_created(self, state: State, created: list[Resource]) -> None:
+    def remove_created(self, state: State, created: list[Resource[Attrs]]) -> None:
         """All of the state: teardown. Else (`up` of a running cluster) its new firewall rule."""
         mine = {(r.kind, r.id) for r in created}
         if all((r.kind, r.id) in mine for r in state.resources()):
             self.teardown(state)
             return
-        if any(r.kind != FIREWALL for r in created):
+        if any(r.kind != Firewall.KIND for r in created):
             super().remove_created(state, created)  # refuses: these stay for `invoke teardown`
-        api, _ = self._api(created[0].attrs["project"], self.spec.credentials_file)
-        for rule in created:
+        rules = [r.typed(Firewall) for r in created]
+        api, _ = self._api(rules[0].attrs.project, self.spec.credentials_file)
+        for rule in rules:
             firewall.delete(api, state, rule, self._wait)
 
     def _write_config(self, spec: Spec, keypair: ssh.KeyPair, state: State) -> tuple[str, Path]:
@@ -244,19 +240,19 @@ class Provider(BaseProvider[Spec, Preflight]):
     def _leave_zone(self, api: Gcp, state: State, key_file: str | None) -> None:
         """Remove whatever a zone that refused the head left (ray down, then the label sweep,
         which forgets the cluster's record only once the APIs list nothing there)."""
-        cluster = state.find(CLUSTER, self.spec.name)
+        cluster = state.find(Cluster, self.spec.name)
         assert cluster is not None
         self._ray_down(state, cluster, key_file)
         self._sweep(api, state, cluster)
 
     def _launch(self, spec: Spec, api: Gcp, state: State, text: str, config_path: Path,
                 key_file: str | None) -> Endpoint:
-        cluster = state.find(CLUSTER, spec.name)
+        cluster = state.find(Cluster, spec.name)
         assert cluster is not None
         head = view.head(api, spec.zone, self._label_id(state), spec.name)
         ran_ray_up = False
         if (head is not None and head.get("status") == "RUNNING"
-                and cluster.attrs.get("config_sha256") == _sha(text) and self._answers(state)):
+                and cluster.attrs.config_sha256 == _sha(text) and self._answers(state)):
             ui.info(f"cluster {spec.name!r} is already running with this config")
         else:
             ran_ray_up = True
@@ -267,7 +263,7 @@ class Provider(BaseProvider[Spec, Preflight]):
                                  step.detail)
                 if code != 0:
                     raise launcher.failure("up", code, log)
-            state.update(CLUSTER, spec.name, config_sha256=_sha(text))
+            state.update(Cluster, spec.name, config_sha256=_sha(text))
             head = view.head(api, spec.zone, self._label_id(state), spec.name)
         if head is None:
             raise GcpError(f"gcp-tpu: `ray up` succeeded but no head VM labelled "
@@ -277,7 +273,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         if not external:
             raise GcpError(f"gcp-tpu: head {head['name']} has no external IP; rayfleet reaches "
                            "it over SSH, so its network interface needs an access config")
-        state.update(CLUSTER, spec.name, head=head["name"], head_ip=external,
+        state.update(Cluster, spec.name, head=head["name"], head_ip=external,
                      head_internal_ip=internal)
         ranges = spec.dashboard.allowed_source_ranges
         direct = f"http://{external}:{spec.dashboard.port}" if ranges else ""
@@ -293,7 +289,7 @@ class Provider(BaseProvider[Spec, Preflight]):
                     timeout=spec.ready_timeout_s, interval=2,
                     hint=f"see the head's logs: ray attach {config_path}, /tmp/ray/session_latest, "
                          f"{privilege.MONITOR_LOGS} (as root)")
-        recorded = state.find(CLUSTER, spec.name)
+        recorded = state.find(Cluster, spec.name)
         assert recorded is not None
         # Ray's autoscaler, supervised (the node package is on the head only now): a new Ray
         # gets a new monitor; a running cluster keeps its own, or gets one if it had none.
@@ -310,7 +306,7 @@ class Provider(BaseProvider[Spec, Preflight]):
 
     def _wait_min_workers(self, spec: Spec, api: Gcp, state: State, zone: str,
                           label_id: str) -> None:
-        cluster = state.find(CLUSTER, spec.name)
+        cluster = state.find(Cluster, spec.name)
         assert cluster is not None
         capacity.wait_min_workers(api, spec, zone, config.sweep_labels(label_id, spec.name),
                                   self._head_target(cluster))
@@ -319,17 +315,20 @@ class Provider(BaseProvider[Spec, Preflight]):
         """Queue the spec's TPU slices (each recorded first) and start the head's joiner."""
         if not spec.queued_slices:
             return
-        cluster = state.find(CLUSTER, spec.name)
+        cluster = state.find(Cluster, spec.name)
         assert cluster is not None
         requests = slices.slice_requests(spec, state.cluster_id, state.owner, keypair.public_key)
         slices.queue_all(api, state, requests, api.options.poll_interval)
         slices.install_joiner(self._head_target(cluster), spec, state, requests,
-                              f"{cluster.attrs['head_internal_ip']}:{GCS_PORT}")
+                              f"{cluster.attrs.head_internal_ip}:{GCS_PORT}")
 
-    def _head_target(self, cluster: Resource) -> ssh.SshTarget:
+    def _head_target(self, cluster: Resource[Cluster]) -> ssh.SshTarget:
         # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
         # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
-        return ssh.SshTarget(host=cluster.attrs["head_ip"], user=cluster.attrs["ssh_user"],
+        if not cluster.attrs.head_ip:
+            raise ClusterNotRunningError(f"cluster {cluster.id!r} has no head recorded yet; "
+                                         "`invoke up` finishes it")
+        return ssh.SshTarget(host=cluster.attrs.head_ip, user=cluster.attrs.ssh_user or self.spec.ssh_user,
                              key_path=paths.keys_dir(self.spec.name) / ssh.KEY_NAME,
                              port=self._ssh_port,
                              known_hosts=ssh.cluster_known_hosts(self.spec.name),
@@ -351,34 +350,32 @@ class Provider(BaseProvider[Spec, Preflight]):
     # --- status and connect --------------------------------------------------------------------
 
     def status(self, state: State) -> ProviderStatus:
-        clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
+        clusters, rules = state.resources(Cluster), state.resources(Firewall)
         if not clusters and not rules:
             return ProviderStatus(False, "not up")
-        first = (clusters or rules)[0]
-        api, _ = self._api(first.attrs["project"], first.attrs.get("credentials_file")
-                           or self.spec.credentials_file)
+        api, _ = self._api(self._project(clusters, rules), self._credentials(clusters))
         status = view.status(self.spec, state, api, self._head_target)
         if not clusters:
             return status
         listed = [r for r in status.rows if r.get("kind") != "firewall rule"]
         report = self.autodown_report(state, fetch=status.running, left=bool(listed))
-        where = f"{clusters[0].attrs['project']}/{clusters[0].attrs['zone']}"
+        where = f"{clusters[0].attrs.project}/{clusters[0].attrs.zone}"
         return self.with_autodown(status, report, f"no VM or TPU of the cluster is left in {where}")
 
     # The head deletes its own VM: its last marker may never reach this machine.
 
     def autodown_fetch(self, state: State, left: bool | None) -> str | None:
-        clusters = state.resources(CLUSTER)
+        clusters = state.resources(Cluster)
         if left is False or not clusters:
             return None  # a deleted head leaves nothing to read
         return autodown_setup.marker(self._head_target(clusters[0]))
 
     def autodown_left(self, state: State) -> bool | None:
         """Whether the APIs list any VM or TPU node with the recorded clusters' labels."""
-        clusters = state.resources(CLUSTER)
+        clusters = state.resources(Cluster)
         if not clusters:
             return None
-        api = self._api(clusters[0].attrs["project"], clusters[0].attrs.get("credentials_file")
+        api = self._api(clusters[0].attrs.project, clusters[0].attrs.credentials_file
                         or self.spec.credentials_file)[0]
         return any(autodown_setup.nodes_left(api, cluster) for cluster in clusters)
 
@@ -386,8 +383,19 @@ class Provider(BaseProvider[Spec, Preflight]):
     def readiness(self) -> list[Readiness]:
         return view.readiness(self.spec, self._options)
 
-    def _reachable_head(self, state: State) -> Resource:
-        cluster = next((c for c in state.resources(CLUSTER) if c.attrs.get("head_ip")), None)
+    def _project(self, clusters: list[Resource[Cluster]], rules: list[Resource[Firewall]],
+                 requests: list[Resource[Queued]] = []) -> str:  # noqa: B006 (never changed)
+        """The project the cluster's first recorded resource is in (the spec's when none says)."""
+        found = [r.attrs.project for r in clusters] + [r.attrs.project for r in rules] + [
+            r.attrs.project for r in requests]
+        return next((p for p in found if p), self.spec.project)
+
+    def _credentials(self, clusters: list[Resource[Cluster]]) -> str | None:
+        recorded = clusters[0].attrs.credentials_file if clusters else None
+        return recorded or self.spec.credentials_file
+
+    def _reachable_head(self, state: State) -> Resource[Cluster]:
+        cluster = next((c for c in state.resources(Cluster) if c.attrs.head_ip), None)
         if cluster is None:
             raise ClusterNotRunningError(
                 f"gcp-tpu cluster {self.spec.name!r} has no head yet; start it with `invoke up "
@@ -399,7 +407,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         return cluster
 
     def copy_tracking(self, state: State) -> Path:
-        if not state.info.get("tracking_head_store"):
+        if not state.info.tracking_head_store:
             return super().copy_tracking(state)
         return tracking_setup.copy_now(state, self._head_target(self._reachable_head(state)))
 
@@ -409,28 +417,29 @@ class Provider(BaseProvider[Spec, Preflight]):
         # `ray start --head` without --ray-client-server-port opens Ray's default, 10001.
         return SshHead(target=target, where=str(target),
                        env=auth.head_env(state, config.NODE_TOKEN_PATH),
-                       dashboard_port=int(cluster.attrs["dashboard_port"]), client_port=10001,
+                       dashboard_port=cluster.attrs.dashboard_port or self.spec.dashboard.port,
+                       client_port=10001,
                        python=autodown_setup.HEAD_PYTHON)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
         cluster = self._reachable_head(state)
         target = self._head_target(cluster)
-        with tracking_remote.connect(state, ssh_head(target), int(cluster.attrs["dashboard_port"]),
-                                     f"{cluster.attrs.get('head_internal_ip', '')}:{GCS_PORT}",
+        with tracking_remote.connect(state, ssh_head(target),
+                                     cluster.attrs.dashboard_port or self.spec.dashboard.port,
+                                     f"{(cluster.attrs.head_internal_ip or '')}:{GCS_PORT}",
                                      auth.token_file(state)) as endpoint:
             yield endpoint
 
     # --- teardown -----------------------------------------------------------------------------
 
     def teardown(self, state: State) -> None:
-        clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
-        requests = state.resources(slices.QUEUED)
+        clusters, rules = state.resources(Cluster), state.resources(Firewall)
+        requests = state.resources(Queued)
         if clusters or rules or requests:
-            first = (clusters or rules or requests)[0]
-            api, key_file = self._api(first.attrs["project"], first.attrs.get("credentials_file")
-                                      or self.spec.credentials_file)
-            head = next((c for c in clusters if c.attrs.get("head_ip")), None)
+            api, key_file = self._api(self._project(clusters, rules, requests),
+                                      self._credentials(clusters))
+            head = next((c for c in clusters if c.attrs.head_ip), None)
             tracking_setup.save(state, api, head, self._head_target(head) if head else None)
             if head is not None and (requests or self.spec.queued_slices):
                 # First the joiner, so it queues nothing new while its requests go.
@@ -441,20 +450,20 @@ class Provider(BaseProvider[Spec, Preflight]):
                 if autodown_setup.nodes_left(api, cluster):
                     self._ray_down(state, cluster, key_file)
                 else:  # e.g. the cluster removed itself: nothing for `ray down` to stop
-                    launcher.remove_config_caches(self.spec.name, str(cluster.attrs.get("project")))
+                    launcher.remove_config_caches(self.spec.name, str(cluster.attrs.project))
                 self._sweep(api, state, cluster)
             for rule in rules:
                 firewall.delete(api, state, rule, self._wait)
-        for key in state.resources(SSH_KEY):
+        for key in state.resources(SshKey):
             shutil.rmtree(key.id, ignore_errors=True)
-            state.remove(SSH_KEY, key.id)
+            state.remove(SshKey, key.id)
         shutil.rmtree(data_dir(self.spec.name), ignore_errors=True)
         state.clear_info()
 
-    def _ray_down(self, state: State, cluster: Resource, key_file: str | None) -> None:
+    def _ray_down(self, state: State, cluster: Resource[Cluster], key_file: str | None) -> None:
         removal.ray_down(self._ray, self.spec.name, state, cluster, key_file)
 
-    def _sweep(self, api: Gcp, state: State, cluster: Resource) -> None:
+    def _sweep(self, api: Gcp, state: State, cluster: Resource[Cluster]) -> None:
         removal.sweep(api, state, cluster)
 
     # --- cost (issue 15) -------------------------------------------------------------------

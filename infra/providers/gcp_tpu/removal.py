@@ -12,17 +12,19 @@ from infra.core import auth, paths, ui
 from infra.core.errors import RayfleetError
 from infra.core.state import Resource, State
 from infra.node.gcp_tpu.api import Gcp
-from infra.providers.gcp_tpu import config, launcher, view
+from infra.providers.gcp_tpu import config, launcher
 from infra.providers.gcp_tpu.launcher import RayRunner
+from infra.providers.gcp_tpu.records import Cluster
 
 #: How long teardown waits for the APIs to show no node of the cluster.
 SWEEP_TIMEOUT_S = 1200
 
 
-def ray_down(ray: RayRunner, name: str, state: State, cluster: Resource, key_file: str | None) -> None:
+def ray_down(ray: RayRunner, name: str, state: State, cluster: Resource[Cluster],
+             key_file: str | None) -> None:
     """Ray's own teardown first (it stops Ray cleanly); the label sweep after it is the proof."""
-    config_path = Path(cluster.attrs["config"])
-    if not config_path.exists():
+    config_path = Path(cluster.attrs.config or "")
+    if not cluster.attrs.config or not config_path.exists():
         ui.warn(f"{config_path} is gone; skipping `ray down`, the API sweep removes the nodes")
         return
     log = paths.home() / "logs" / name / "ray-down.log"
@@ -36,15 +38,15 @@ def ray_down(ray: RayRunner, name: str, state: State, cluster: Resource, key_fil
     except RayfleetError as exc:
         ui.warn(f"{exc}; continuing with the API sweep")
     finally:
-        launcher.remove_config_caches(name, str(cluster.attrs.get("project")))
+        launcher.remove_config_caches(name, str(cluster.attrs.project))
 
 
 
-def sweep(api: Gcp, state: State, cluster: Resource) -> None:
+def sweep(api: Gcp, state: State, cluster: Resource[Cluster]) -> None:
     """Delete every Compute instance and TPU node with the cluster's labels, until the APIs
     list none; only then forget the cluster."""
-    zone = cluster.attrs["zone"]
-    labels = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
+    zone = cluster.attrs.zone
+    labels = config.sweep_labels((cluster.attrs.label_id or cluster.id), cluster.id)
     pending: dict[str, dict[str, Any]] = {}
 
     def check(step: ui.Step) -> bool | None:
@@ -76,6 +78,6 @@ def sweep(api: Gcp, state: State, cluster: Resource) -> None:
         step.detail(f"{len(left)} left: {', '.join(sorted(left)[:4])}")
         return None
 
-    ui.wait_for(check, f"no VM or TPU of {cluster.id!r} left in {cluster.attrs['project']}/"
+    ui.wait_for(check, f"no VM or TPU of {cluster.id!r} left in {cluster.attrs.project}/"
                        f"{zone}", timeout=SWEEP_TIMEOUT_S, interval=api.options.poll_interval)
-    state.remove(view.CLUSTER, cluster.id)
+    state.remove(Cluster, cluster.id)

@@ -1,7 +1,7 @@
 """This machine's side of queued TPU slices (`queued_slices:`): queue the requests at `up`, put the
 joiner on the head, show the requests in `status`, delete them at `teardown`.
 
-Each request is recorded in state (`QUEUED`, by its id) before the call that creates it. The head's
+Each request is recorded in state (`Queued`, by its id) before the call that creates it. The head's
 joiner (joiner.py) may queue replacements that state does not list, so `status` and `teardown`
 list every zone the slices may use and take what carries the cluster id (queued.ours); teardown
 deletes with `force` (the TPU nodes go with their request) and ends only when the API lists none.
@@ -24,14 +24,13 @@ from infra.node.files import atomic_write
 from infra.node.gcp_tpu import joiner, queued
 from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu import config, users
+from infra.providers.gcp_tpu.records import Queued
 
 if TYPE_CHECKING:
     from infra.core import ssh
     from infra.core.state import State
     from infra.providers.gcp_tpu.spec import Spec
 
-#: State kind of one queued-resource request (id = the request id).
-QUEUED = "gcp-queued-resource"
 #: How long teardown waits for the API to list no request of the cluster.
 TEARDOWN_TIMEOUT_S = 900
 #: Where `status` keeps the last marker read from the head.
@@ -62,14 +61,14 @@ def queue_all(api: Gcp, state: State, requests: list[queued.SliceRequest],
     """Queue every slice not requested yet: recorded in state, then created (in its first zone)."""
     for request in requests:
         for index in range(request.count):
-            known = [r for r in state.resources(QUEUED)
-                     if r.attrs.get("slice") == request.name and r.attrs.get("index") == index]
+            known = [r for r in state.resources(Queued)
+                     if r.attrs.slice == request.name and r.attrs.index == index]
             if known:
                 continue  # requested by an earlier `up`; the head's joiner replaces lost ones
             zone = request.zones[0]
             qr_id = queued.request_id(state.cluster_id, request.name, index, 0)
-            state.add(QUEUED, qr_id, project=api.project, zone=zone, slice=request.name,
-                      index=index)
+            state.add(qr_id, Queued(project=api.project, zone=zone, slice=request.name,
+                                    index=index))
             try:
                 operation = queued.create(api, zone, qr_id,
                                           queued.body(request, api.project, zone, qr_id))
@@ -152,7 +151,7 @@ def read_marker(target: ssh.SshTarget | None, cluster: str) -> dict[str, Any]:
 def autodown_args(spec: Spec, state: State) -> dict[str, Any]:
     """What the head's autodown action needs for the cluster's queued slices: the zones their
     requests may be in, and the joiner to stop first (it would re-queue what is being deleted)."""
-    if not spec.queued_slices and not state.resources(QUEUED):
+    if not spec.queued_slices and not state.resources(Queued):
         return {}
     return {"queued_zones": zones_of(spec, state), "stop_first": [f"{joiner.HEAD_CONFIG}.pid"]}
 
@@ -162,8 +161,8 @@ def zones_of(spec: Spec, state: State) -> list[str]:
     found: list[str] = []
     for name in spec.queued_slices:
         found += [z for z in spec.slice_zones(name) if z not in found]
-    for record in state.resources(QUEUED):
-        zone = str(record.attrs.get("zone"))
+    for record in state.resources(Queued):
+        zone = str(record.attrs.zone)
         if zone not in found:
             found.append(zone)
     return found
@@ -236,5 +235,5 @@ def teardown(api: Gcp, spec: Spec, state: State) -> None:
 
     ui.wait_for(check, f"no queued TPU request of {state.cluster_id} left in {', '.join(zones)}",
                 timeout=TEARDOWN_TIMEOUT_S, interval=api.options.poll_interval)
-    for record in state.resources(QUEUED):
-        state.remove(QUEUED, record.id)
+    for record in state.resources(Queued):
+        state.remove(Queued, record.id)

@@ -26,6 +26,7 @@ def _places() -> set[tuple[str, str, str | None]]:
     """(project, zone, credentials file) of every gcp-tpu spec and state of this checkout."""
     from infra.core import spec as spec_mod
     from infra.core.state import State
+    from infra.providers.gcp_tpu.records import Cluster, Queued
     from infra.providers.gcp_tpu.spec import Spec
 
     places = set()
@@ -43,10 +44,12 @@ def _places() -> set[tuple[str, str, str | None]]:
             current = State.load(path)
             if current is None or current.provider != PROVIDER:
                 continue
-            for r in current.resources():
-                if "project" in r.attrs and "zone" in r.attrs:
-                    places.add((str(r.attrs["project"]), str(r.attrs["zone"]),
-                                r.attrs.get("credentials_file")))
+            for cluster in current.resources(Cluster):
+                places.add((cluster.attrs.project, cluster.attrs.zone,
+                            cluster.attrs.credentials_file))
+            for request in current.resources(Queued):
+                if request.attrs.project:
+                    places.add((request.attrs.project, request.attrs.zone, None))
     return places
 
 

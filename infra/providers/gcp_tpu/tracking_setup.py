@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from infra.core import ssh
     from infra.core.state import Resource, State
     from infra.node.gcp_tpu.api import Gcp
+    from infra.providers.gcp_tpu.records import Cluster
     from infra.providers.gcp_tpu.spec import Spec
 
 
@@ -36,9 +37,9 @@ def start(spec: Spec, state: State, target: ssh.SshTarget, internal_ip: str) -> 
         metrics_remote.start(state, _head(target), spec.metrics_history)
 
 
-def save(state: State, api: Gcp, head: Resource | None, target: ssh.SshTarget | None) -> None:
+def save(state: State, api: Gcp, head: Resource[Cluster] | None, target: ssh.SshTarget | None) -> None:
     """Before any node goes: the head's store copied here, or one line why not."""
-    if not state.info.get("tracking_head_store"):
+    if not state.info.tracking_head_store:
         return
     if head is None or target is None or not autodown_setup.nodes_left(api, head):
         tracking_remote.save_before_teardown(

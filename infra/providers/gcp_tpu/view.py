@@ -14,15 +14,13 @@ from infra.node import identity
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers.base import ProviderStatus, Readiness
 from infra.providers.gcp_tpu import config, slices
-from infra.providers.gcp_tpu.firewall import FIREWALL
+from infra.providers.gcp_tpu.records import Cluster, Firewall, Queued
 
 if TYPE_CHECKING:
     from infra.core import ssh
     from infra.core.state import Resource, State
     from infra.providers.gcp_tpu.spec import Spec
 
-#: State kind of the Ray cluster (provider.CLUSTER is this one).
-CLUSTER = "gcp-ray-cluster"
 
 
 def ips(instance: dict[str, Any]) -> tuple[str, str]:
@@ -33,15 +31,15 @@ def ips(instance: dict[str, Any]) -> tuple[str, str]:
 
 
 def status(spec: Spec, state: State, api: Gcp,
-           head_target: Callable[[Resource], ssh.SshTarget]) -> ProviderStatus:
-    clusters, rules = state.resources(CLUSTER), state.resources(FIREWALL)
+           head_target: Callable[[Resource[Cluster]], ssh.SshTarget]) -> ProviderStatus:
+    clusters, rules = state.resources(Cluster), state.resources(Firewall)
     first = (clusters or rules)[0]
     rows: list[dict[str, str]] = []
     warnings: list[str] = []
     running = False
     for cluster in clusters:
-        zone = cluster.attrs["zone"]
-        ours = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
+        zone = cluster.attrs.zone
+        ours = config.sweep_labels((cluster.attrs.label_id or cluster.id), cluster.id)
         for i in api.instances(zone, ours):
             labels = i.get("labels", {})
             if "tpu_cores" in labels:
@@ -66,25 +64,25 @@ def status(spec: Spec, state: State, api: Gcp,
                          "name": n["name"].rsplit("/", 1)[-1], "role": "worker",
                          "type": n.get("labels", {}).get("ray-user-node-type", ""),
                          "status": str(n.get("state")), "ip": str(ip)})
-    if spec.queued_slices or state.resources(slices.QUEUED):
-        head = next((c for c in clusters if c.attrs.get("head_ip")), None)
+    if spec.queued_slices or state.resources(Queued):
+        head = next((c for c in clusters if c.attrs.head_ip), None)
         marker = slices.read_marker(head_target(head) if head else None, spec.name)
         queued_rows, queued_warnings = slices.status_rows(api, spec, state, marker)
         rows += queued_rows
         warnings += queued_warnings
     for rule in rules:
         rows.append({"kind": "firewall rule", "name": rule.id, "role": "dashboard",
-                     "type": f"tcp:{rule.attrs.get('port')}",
-                     "status": ", ".join(rule.attrs.get("ranges", [])), "ip": ""})
-    zone = clusters[0].attrs["zone"] if clusters else spec.zone
+                     "type": f"tcp:{rule.attrs.port}",
+                     "status": ", ".join(rule.attrs.ranges), "ip": ""})
+    zone = clusters[0].attrs.zone if clusters else spec.zone
     nodes = sum(1 for r in rows if r["kind"] not in ("firewall rule", "queued TPU request"))
     summary = (f"{'head RUNNING' if running else 'head NOT running'}, {nodes} node(s) in "
-               f"{first.attrs['project']}/{zone}")
+               f"{first.attrs.project}/{zone}")
     return ProviderStatus(running, summary, rows, warnings,
                           cost=current_cost(api, spec, state, clusters))
 
 
-def current_cost(api: Gcp, spec: Spec, state: State, clusters: list[Resource]) -> Cost:
+def current_cost(api: Gcp, spec: Spec, state: State, clusters: list[Resource[Cluster]]) -> Cost:
     """What the cluster's VMs, TPU nodes and queued slices' nodes cost now (estimate), from a
     listing of their own: kept apart from `status`'s table so that each can change alone."""
     from infra.providers.gcp_tpu import prices
@@ -92,10 +90,10 @@ def current_cost(api: Gcp, spec: Spec, state: State, clusters: list[Resource]) -
     vms: list[dict[str, Any]] = []
     tpus: list[dict[str, Any]] = []
     for cluster in clusters:
-        labels = config.sweep_labels(str(cluster.attrs.get("label_id", cluster.id)), cluster.id)
-        vms += api.instances(cluster.attrs["zone"], labels)
-        tpus += api.tpu_nodes(cluster.attrs["zone"], labels)
-    if spec.queued_slices or state.resources(slices.QUEUED):
+        labels = config.sweep_labels((cluster.attrs.label_id or cluster.id), cluster.id)
+        vms += api.instances(cluster.attrs.zone, labels)
+        tpus += api.tpu_nodes(cluster.attrs.zone, labels)
+    if spec.queued_slices or state.resources(Queued):
         # Queued slices' nodes carry the cluster id but not Ray's cluster label.
         for zone in slices.zones_of(spec, state):
             tpus += [n for n in api.tpu_nodes(zone, {identity.TAG_CLUSTER: state.cluster_id})

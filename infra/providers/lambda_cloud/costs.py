@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from infra.core.costs import usd
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import fleet
+from infra.providers.lambda_cloud.records import Instance
 
 if TYPE_CHECKING:
     from infra.core.costs import Cost
@@ -71,15 +72,15 @@ def tally(state: State, listed: list[api.Instance]) -> Bill:
     tracked, strays, lookalikes = fleet.ours(state, listed)
     bill = Bill(tracked, [i for i in strays if fleet.autoscaled(i)],
                 [i for i in strays if not fleet.autoscaled(i)], lookalikes)
-    for r in state.resources(fleet.INSTANCE):
+    for r in state.resources(Instance):
         inst = tracked.get(r.id)
-        price = inst.price_cents_per_hour if inst else int(r.attrs.get("price_cents_per_hour") or 0)
-        up_s = uptime(r.attrs.get("launched_at"))
+        price = inst.price_cents_per_hour if inst else (r.attrs.price_cents_per_hour or 0)
+        up_s = uptime(r.attrs.launched_at)
         if inst is not None and inst.status not in api.GONE:
             bill.hourly_cents += price
             bill.accrued_cents += price * (up_s or 0) / 3600
         bill.active += bool(inst and inst.status == "active")
-        bill.rows.append(_row(r.attrs.get("name"), r.id,
+        bill.rows.append(_row(r.attrs.name, r.id,
                               inst.status if inst else "not listed (terminated?)",
                               inst, r.attrs, price, up_s))
     for inst in bill.scaled + bill.orphans:
@@ -88,18 +89,18 @@ def tally(state: State, listed: list[api.Instance]) -> Bill:
         bill.accrued_cents += inst.price_cents_per_hour * (up_s or 0) / 3600
         bill.active += inst.status == "active"
         label = "autoscaled" if fleet.autoscaled(inst) else "ORPHAN"
-        bill.rows.append(_row(inst.name, inst.id, f"{inst.status} {label}", inst, {},
+        bill.rows.append(_row(inst.name, inst.id, f"{inst.status} {label}", inst, None,
                               inst.price_cents_per_hour, up_s))
     return bill
 
 
 def _row(name: object, instance_id: str, status: str, inst: api.Instance | None,
-         attrs: dict[str, object], price: int, up_s: float | None) -> dict[str, str]:
+         attrs: Instance | None, price: int, up_s: float | None) -> dict[str, str]:
     return {
         "instance": str(name), "id": instance_id[:12], "state": status,
-        "ip": str((inst.ip if inst else None) or attrs.get("ip") or "-"),
-        "type": str(inst.type_name if inst else attrs.get("instance_type", "?")),
-        "region": str(inst.region if inst else attrs.get("region", "?")),
+        "ip": str((inst.ip if inst else None) or (attrs and attrs.ip) or "-"),
+        "type": str(inst.type_name if inst else (attrs and attrs.instance_type) or "?"),
+        "region": str(inst.region if inst else (attrs and attrs.region) or "?"),
         "$/h": usd_from_cents(price),
         "uptime": "?" if up_s is None else str(dt.timedelta(seconds=int(up_s))),
         "accrued": "?" if up_s is None else usd_from_cents(price * up_s / 3600),

@@ -21,8 +21,8 @@ from infra.core.spec import ClusterSpec
 from infra.core.state import State
 from infra.node import wait
 from infra.node.lambda_cloud import api
+from infra.providers.lambda_cloud.records import Firewall
 
-FIREWALL = "lambda-firewall-ruleset"
 ANYWHERE = "0.0.0.0/0"
 #: "Firewall rules do not apply to the us-south-1 region" (Lambda's API description, 1.8.3, on
 #: /firewall-rules): nodes there are reachable on every port from anywhere.
@@ -90,9 +90,8 @@ def _normal(rule_list: Any) -> set[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def _recorded_gateway(attrs: dict[str, Any]) -> Gateway | None:
-    found = attrs.get("gateway")
-    return (int(found[0]), list(found[1])) if isinstance(found, list) and len(found) == 2 else None
+def _recorded_gateway(attrs: Firewall) -> Gateway | None:
+    return (attrs.gateway[0], list(attrs.gateway[1])) if attrs.gateway else None
 
 
 def describe_gateway(gateway: Gateway | None) -> str:
@@ -103,9 +102,9 @@ def pending_change(state: State | None, source_ranges: list[str] | None,
                    gateway: Gateway | None = None) -> str | None:
     """What the next `up` changes in the recorded ruleset's rules ("SSH from A -> B", "sharing
     gateway: ... -> ..."), or None."""
-    for resource in state.resources(FIREWALL) if state else []:
-        recorded = resource.attrs.get("sources")
-        if not isinstance(recorded, list):
+    for resource in state.resources(Firewall) if state else []:
+        recorded = resource.attrs.sources
+        if recorded is None:
             continue
         changes = []
         if _normal(rules(recorded)) != _normal(rules(source_ranges)):
@@ -123,12 +122,12 @@ def ensure(client: api.LambdaClient, state: State, region: str,
            source_ranges: list[str] | None, gateway: Gateway | None = None) -> str:
     """The id of this cluster's ruleset in `region`, created (and recorded) if missing; its
     rules replaced (PATCH) when the spec's source ranges or sharing gateway changed since."""
-    for resource in state.resources(FIREWALL):
-        if resource.attrs.get("region") == region:
+    for resource in state.resources(Firewall):
+        if resource.attrs.region == region:
             try:
                 _sync(client, state, resource.id, source_ranges, gateway)
             except api.NotFound:  # deleted outside rayfleet: make a new one
-                state.remove(FIREWALL, resource.id)
+                state.remove(Firewall, resource.id)
                 break
             return resource.id
     name = ruleset_name(state.cluster, state.cluster_id)
@@ -144,8 +143,8 @@ def ensure(client: api.LambdaClient, state: State, region: str,
                 existing = _find(client, name, region)
                 if existing is None:
                     raise
-    state.add(FIREWALL, existing.id, name=name, region=region, sources=sources(source_ranges),
-              gateway=list(gateway) if gateway else None)
+    state.add(existing.id, Firewall(name=name, region=region, sources=sources(source_ranges),
+                                    gateway=gateway or None))
     _sync(client, state, existing.id, source_ranges, gateway, existing)
     return existing.id
 
@@ -153,8 +152,8 @@ def ensure(client: api.LambdaClient, state: State, region: str,
 def sync_recorded(client: api.LambdaClient, state: State, source_ranges: list[str] | None,
                   gateway: Gateway | None = None) -> None:
     """Apply changed source ranges to every ruleset this cluster has (called at each `up`)."""
-    for resource in list(state.resources(FIREWALL)):
-        ensure(client, state, str(resource.attrs.get("region")), source_ranges, gateway)
+    for resource in list(state.resources(Firewall)):
+        ensure(client, state, resource.attrs.region, source_ranges, gateway)
 
 
 def _sync(client: api.LambdaClient, state: State, ruleset_id: str, source_ranges: list[str] | None,
@@ -166,8 +165,7 @@ def _sync(client: api.LambdaClient, state: State, ruleset_id: str, source_ranges
                      f"{', '.join(sources(source_ranges))}, sharing gateway "
                      f"{describe_gateway(gateway)}"):
             client.update_firewall_ruleset(ruleset_id, wanted)
-    state.update(FIREWALL, ruleset_id, sources=sources(source_ranges),
-                 gateway=list(gateway) if gateway else None)
+    state.update(Firewall, ruleset_id, sources=sources(source_ranges), gateway=gateway or None)
 
 
 def _find(client: api.LambdaClient, name: str, region: str) -> api.FirewallRuleset | None:
@@ -179,7 +177,7 @@ def delete(client: api.LambdaClient, state: State, timeout: float = 120) -> None
     """Delete this cluster's ruleset(s): those in state, and any named with our id (a lost
     answer). Instances must be terminated first; Lambda refuses to delete a ruleset in use."""
     name = ruleset_name(state.cluster, state.cluster_id)
-    ids = {r.id for r in state.resources(FIREWALL)}
+    ids = {r.id for r in state.resources(Firewall)}
     ids |= {r.id for r in client.firewall_rulesets() if r.name == name}
     for ruleset_id in sorted(ids):
         with contextlib.suppress(api.NotFound):
@@ -187,5 +185,5 @@ def delete(client: api.LambdaClient, state: State, timeout: float = 120) -> None
             wait.retry(functools.partial(client.delete_firewall_ruleset, ruleset_id), (api.RulesetInUse,),
                        backoff=lambda _: max(client.limits.request_interval, 0.05), patience=timeout)
         with contextlib.suppress(KeyError):
-            state.remove(FIREWALL, ruleset_id)
+            state.remove(Firewall, ruleset_id)
         ui.info(f"deleted firewall ruleset {name} ({ruleset_id})")

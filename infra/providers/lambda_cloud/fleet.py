@@ -28,12 +28,11 @@ from infra.core.state import State
 from infra.node import identity, wait
 from infra.node.lambda_cloud import api
 from infra.node.lambda_cloud.tags import TAG_LAUNCH, TAG_LAUNCHED_AT, TAG_NODE
+from infra.providers.lambda_cloud.records import Instance, SshKey
 
 if TYPE_CHECKING:
     from infra.providers.lambda_cloud.spec import Choice, Spec
 
-INSTANCE = "lambda-instance"
-SSH_KEY = "lambda-ssh-key"
 __all__ = ["TAG_LAUNCH", "TAG_LAUNCHED_AT", "TAG_NODE"]  # launch-tag keys live in tags.py
 
 
@@ -76,11 +75,11 @@ def slots(cluster: str, workers: int, cluster_id: str) -> list[Slot]:
 _SLOT_SUFFIX = re.compile(r"-(head|worker-[1-9][0-9]*)$")
 
 
-def slot_key(name: str, attrs: dict[str, object] | None = None) -> str | None:
+def slot_key(name: str, attrs: Instance | None = None) -> str | None:
     """Which slot an instance fills: recorded at launch, else read from its name (states
     written before cluster ids recorded names like `<cluster>-worker-2` only)."""
-    if attrs and attrs.get("slot"):
-        return str(attrs["slot"])
+    if attrs and attrs.slot:
+        return attrs.slot
     match = _SLOT_SUFFIX.search(name)
     return match.group(1) if match else None
 
@@ -127,8 +126,8 @@ def ensure_ssh_key(client: api.LambdaClient, spec: Spec, state: State) -> tuple[
         return spec.ssh_key_name, path
     pair = ssh.ensure_keypair(spec.name)
     name = generated_key_name(spec.name, state.cluster_id, pair.public_key)
-    for resource in state.resources(SSH_KEY):
-        if resource.attrs.get("name") == name:
+    for resource in state.resources(SshKey):
+        if resource.attrs.name == name:
             return name, pair.private_path
     try:
         key = client.add_ssh_key(name, pair.public_key)
@@ -142,13 +141,13 @@ def ensure_ssh_key(client: api.LambdaClient, spec: Spec, state: State) -> tuple[
             raise LambdaProvisionError(
                 f"SSH key {name!r} in the account is not {pair.private_path}.pub; delete it in "
                 "the Lambda console and run again") from None
-    state.add(SSH_KEY, key.id, name=key.name, registered=True)
+    state.add(key.id, SshKey(name=key.name, registered=True))
     return name, pair.private_path
 
 
 def delete_ssh_keys(client: api.LambdaClient, spec: Spec, state: State) -> None:
     """Delete the key(s) we registered: those in state, and our deterministic name if present."""
-    names = {str(r.attrs.get("name")) for r in state.resources(SSH_KEY)}
+    names = {r.attrs.name for r in state.resources(SshKey)}
     public = ssh.ensure_keypair(spec.name).public_key if _local_key_exists(spec) else None
     if public and not spec.ssh_key_name:
         names.add(generated_key_name(spec.name, state.cluster_id, public))
@@ -159,8 +158,8 @@ def delete_ssh_keys(client: api.LambdaClient, spec: Spec, state: State) -> None:
             with contextlib.suppress(api.NotFound, api.InvalidParameters):  # already gone
                 client.delete_ssh_key(key.id)
             ui.info(f"deleted SSH key {key.name} from the account")
-    for resource in state.resources(SSH_KEY):
-        state.remove(SSH_KEY, resource.id)
+    for resource in state.resources(SshKey):
+        state.remove(SshKey, resource.id)
 
 
 def _local_key_exists(spec: Spec) -> bool:
@@ -173,19 +172,18 @@ def _local_key_exists(spec: Spec) -> bool:
 
 
 def record(state: State, instance_id: str, slot_name: str, choice: Choice | None, price: int,
-           run: str, **extra: object) -> None:
-    attrs: dict[str, object] = {"name": slot_name, "launched_at": now_iso(), "run": run,
-                                "price_cents_per_hour": price, **extra}
-    if choice is not None:
-        attrs.update(instance_type=choice.instance_type, region=choice.region)
-    state.add(INSTANCE, instance_id, **attrs)
+           run: str, role: str | None = None, slot: str | None = None) -> None:
+    state.add(instance_id, Instance(
+        name=slot_name, launched_at=now_iso(), run=run, price_cents_per_hour=price, role=role,
+        slot=slot, **({"instance_type": choice.instance_type, "region": choice.region}
+                      if choice is not None else {})))
 
 
 def ours(state: State, listed: Iterable[api.Instance]) -> tuple[
         dict[str, api.Instance], list[api.Instance], list[api.Instance]]:
     """(instances in state by id, orphans: tagged with our cluster id but not in state,
     look-alikes: named like this cluster but without our id, never touched), excluding gone."""
-    known = {r.id for r in state.resources(INSTANCE)}
+    known = {r.id for r in state.resources(Instance)}
     pattern = lookalike_pattern(state.cluster)
     tracked, orphans, lookalikes = {}, [], []
     for inst in listed:
@@ -224,13 +222,15 @@ def adopt_orphans(client: api.LambdaClient, state: State, run: str,
     for inst in orphans:
         ui.warn(f"found {inst.name} ({inst.id}, {inst.status}) of this cluster (tagged with its "
                 "id) from an interrupted run or the autoscaler; adopting it")
-        state.add(INSTANCE, inst.id, name=inst.name, instance_type=inst.type_name,
-                  region=inst.region, price_cents_per_hour=inst.price_cents_per_hour,
-                  launched_at=tag_time(inst), run="adopted", slot=inst.tags.get(TAG_NODE))
-    for resource in state.resources(INSTANCE):
+        state.add(inst.id, Instance(name=inst.name, instance_type=inst.type_name,
+                                    region=inst.region,
+                                    price_cents_per_hour=inst.price_cents_per_hour,
+                                    launched_at=tag_time(inst), run="adopted",
+                                    slot=inst.tags.get(TAG_NODE)))
+    for resource in state.resources(Instance):
         if resource.id not in tracked and resource.id not in {o.id for o in orphans}:
             _forget_if_gone(client, state, resource.id)
-    return [i for i in listed if state.find(INSTANCE, i.id)
+    return [i for i in listed if state.find(Instance, i.id)
             and not (skip_autoscaled and autoscaled(i))]
 
 
@@ -247,7 +247,7 @@ def _forget_if_gone(client: api.LambdaClient, state: State, instance_id: str) ->
     except api.NotFound:
         status = "terminated"
     if status in api.GONE:
-        state.remove(INSTANCE, instance_id)
+        state.remove(Instance, instance_id)
         return True
     return False
 
@@ -382,7 +382,7 @@ def wait_ready(client: api.LambdaClient, state: State, targets: Callable[[api.In
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    wanted = {r.id: str(r.attrs["name"]) for r in state.resources(INSTANCE)}
+    wanted = {r.id: r.attrs.name for r in state.resources(Instance)}
     ready: dict[str, api.Instance] = {}
     reasons: dict[str, str] = {}
 
@@ -441,7 +441,7 @@ def terminate(client: api.LambdaClient, state: State, ids: list[str], timeout: f
             for instance_id in live:  # one vanished meanwhile; the batch is refused as a whole
                 with contextlib.suppress(api.NotFound):
                     client.terminate([instance_id])
-    pending = {i for i in ids if state.find(INSTANCE, i)}
+    pending = {i for i in ids if state.find(Instance, i)}
 
     def check(step: ui.Step) -> bool | None:
         now = {i.id: i for i in client.instances()}
@@ -450,7 +450,7 @@ def terminate(client: api.LambdaClient, state: State, ids: list[str], timeout: f
             gone = _forget_if_gone(client, state, instance_id) if inst is None \
                 else inst.status in api.GONE
             if gone:
-                state.remove(INSTANCE, instance_id)
+                state.remove(Instance, instance_id)
                 pending.discard(instance_id)
             elif inst is not None and inst.status not in ("terminating", *api.GONE):
                 with contextlib.suppress(api.NotFound):  # the call was lost, or it was restarted
@@ -471,7 +471,7 @@ def terminate_until_quiet(client: api.LambdaClient, state: State, autoscaling: b
     def quiet() -> bool | None:
         nonlocal quiet_since
         adopt_orphans(client, state, "teardown")
-        left = [r.id for r in state.resources(INSTANCE)]
+        left = [r.id for r in state.resources(Instance)]
         if left:
             terminate(client, state, left)
             quiet_since = None

@@ -19,6 +19,7 @@ from infra.node import identity
 from infra.node.lambda_cloud import api
 from infra.providers.base import PlannedResource
 from infra.providers.lambda_cloud import autoscale, costs, firewall, fleet, raycluster
+from infra.providers.lambda_cloud.records import Firewall, Instance, SshKey
 from infra.providers.lambda_cloud.spec import Choice, Spec
 
 
@@ -68,17 +69,17 @@ def listing(client: Callable[[], api.LambdaClient]) -> tuple[Capacity, list[str]
 def instance_rows(spec: Spec, state: State | None, slots: list[fleet.Slot],
                   types: dict[str, api.InstanceType] | None) -> tuple[list[PlannedResource], int]:
     """One row per instance slot (what exists, or where it would go) and the cents per hour."""
-    existing = {fleet.slot_key(str(r.attrs.get("name")), r.attrs): r
-                for r in (state.resources(fleet.INSTANCE) if state else [])}
+    existing = {fleet.slot_key(r.attrs.name, r.attrs): r
+                for r in (state.resources(Instance) if state else [])}
     head_choice, worker_choice = place(spec, types) if types else (None, None)
     resources, hourly = [], 0
     for slot in slots:
         if slot.key in existing:
             attrs = existing[slot.key].attrs
             resources.append(PlannedResource(
-                "Lambda instance", slot.name, f"{existing[slot.key].id}: {attrs.get('instance_type')} "
-                f"in {attrs.get('region')}, {attrs.get('ip') or 'no IP yet'}", exists=True))
-            hourly += int(attrs.get("price_cents_per_hour") or 0)
+                "Lambda instance", slot.name, f"{existing[slot.key].id}: {attrs.instance_type} "
+                f"in {attrs.region}, {attrs.ip or 'no IP yet'}", exists=True))
+            hourly += attrs.price_cents_per_hour or 0
             continue
         choice = head_choice if slot.role == "head" else worker_choice
         if choice is not None and types:
@@ -107,7 +108,7 @@ def access_rows(spec: Spec, state: State | None, key_path: Path, notes: list[str
         keys.append(PlannedResource(
             "Lambda SSH key", f"rayfleet-{spec.name}-{identity.ID_PLACEHOLDER}-<fingerprint>",
             f"public half of {key_path} (generated here, 0600; the private key stays "
-            "here and on the head)", exists=bool(state and state.resources(fleet.SSH_KEY))))
+            "here and on the head)", exists=bool(state and state.resources(SshKey))))
     ruleset = firewall.ruleset_name(spec.name, state.cluster_id if state else identity.ID_PLACEHOLDER)
     sources = ", ".join(spec.ssh_source_ranges or ["anywhere"])
     gateway = firewall.gateway_of(spec)
@@ -116,7 +117,7 @@ def access_rows(spec: Spec, state: State | None, key_path: Path, notes: list[str
     rows.append(PlannedResource(
         "Lambda firewall ruleset", ruleset, f"SSH from {sources}{opened}; no Ray port"
         + (f" (changes at `up`: {change})" if change else ""),
-        exists=bool(state and state.resources(firewall.FIREWALL))))
+        exists=bool(state and state.resources(Firewall))))
     for region in firewall.unfiltered([c.region for _, c in spec.all_choices()]):
         notes.append(f"{region} (accepted by accept_open_regions): Lambda applies no firewall "
                      f"rules there; nodes placed in {region} are open on every port")
@@ -161,11 +162,11 @@ def capacity_notes(spec: Spec, types: dict[str, api.InstanceType]) -> list[str]:
 def render_autoscaler(spec: Spec, state: State | None, head: api.Instance | None,
                       types: dict[str, api.InstanceType] | None, scale: float) -> str:
     """The autoscaler config; before the head exists, with the first head choice's region."""
-    key = next((str(r.attrs["name"]) for r in (state.resources(fleet.SSH_KEY) if state else [])),
+    key = next((r.attrs.name for r in (state.resources(SshKey) if state else [])),
                f"rayfleet-{spec.name}-{identity.ID_PLACEHOLDER}-<fingerprint>")
     region = head.region if head else spec.head.choices[0].region
-    rulesets = [r.id for r in (state.resources(firewall.FIREWALL) if state else [])
-                if r.attrs.get("region") == region] or ["<ruleset id>"]
+    rulesets = [r.id for r in (state.resources(Firewall) if state else [])
+                if r.attrs.region == region] or ["<ruleset id>"]
     text = autoscale.render_config(spec, state.cluster_id if state else identity.ID_PLACEHOLDER,
                                    state.owner if state else "<owner>", region, key, rulesets,
                                    types, scale, raycluster.private_address(head) if head else None)
@@ -180,11 +181,11 @@ def render_fixed(spec: Spec, state: State | None, slots: list[fleet.Slot], key_p
     """The Ray config: real addresses when known, else placeholders that say so."""
     ips: dict[str, str] = {}
     private: dict[str, str] = {}
-    for r in state.resources(fleet.INSTANCE) if state else []:
-        key = fleet.slot_key(str(r.attrs.get("name")), r.attrs)
-        if r.attrs.get("ip") and key:
-            ips[key] = str(r.attrs["ip"])
-            private[key] = str(r.attrs.get("private_ip") or r.attrs["ip"])
+    for r in state.resources(Instance) if state else []:
+        key = fleet.slot_key(r.attrs.name, r.attrs)
+        if r.attrs.ip and key:
+            ips[key] = r.attrs.ip
+            private[key] = r.attrs.private_ip or r.attrs.ip
     for key, inst in (nodes or {}).items():
         ips[key] = str(inst.ip)
         private[key] = raycluster.private_address(inst)

@@ -22,7 +22,7 @@ from infra.core.costs import NodePrices
 from infra.core.errors import ClusterNotRunningError, RayfleetError
 from infra.core.head import HeadAccess
 from infra.core.head_ssh import SshHead, ssh_head
-from infra.core.state import Resource, State
+from infra.core.state import Attrs, Resource, State
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node import identity
@@ -49,6 +49,7 @@ from infra.providers.lambda_cloud import (
     users,
 )
 from infra.providers.lambda_cloud.planning import Capacity, place
+from infra.providers.lambda_cloud.records import Firewall, Instance
 from infra.providers.lambda_cloud.spec import Spec
 
 __all__ = ["Capacity", "Provider", "Spec", "place"]  # Provider, Spec: re-exported by __init__.py
@@ -207,20 +208,21 @@ class Provider(BaseProvider[Spec, Capacity]):
             return False
         return all(addrs & ips for addrs in expected.values())
 
-    def created(self, state: State, before: frozenset[tuple[str, str]]) -> list[Resource]:
+    def created(self, state: State, before: frozenset[tuple[str, str]]) -> list[Resource[Attrs]]:
         """The instances this run launched (not those it adopted from an interrupted run: they
         stay in state for teardown), then its rulesets. Not its SSH key: free, and reused by the
         next `up`; teardown deletes it."""
         new = super().created(state, before)
-        return ([r for r in new if r.kind == fleet.INSTANCE and r.attrs.get("run") != "adopted"]
-                + [r for r in new if r.kind == firewall.FIREWALL])
+        return ([r for r in new
+                 if r.kind == Instance.KIND and r.typed(Instance).attrs.run != "adopted"]
+                + [r for r in new if r.kind == Firewall.KIND])
 
-    def remove_created(self, state: State, created: list[Resource]) -> None:
+    def remove_created(self, state: State, created: list[Resource[Attrs]]) -> None:
         """Terminate the run's instances; its rulesets go once no instance is left to use them."""
-        fleet.terminate(self.client(), state, [r.id for r in created if r.kind == fleet.INSTANCE])
-        if state.resources(fleet.INSTANCE):
+        fleet.terminate(self.client(), state, [r.id for r in created if r.kind == Instance.KIND])
+        if state.resources(Instance):
             return
-        rulesets = {r.id for r in state.resources(firewall.FIREWALL)}
+        rulesets = {r.id for r in state.resources(Firewall)}
         if rulesets and rulesets <= {r.id for r in created}:
             with contextlib.suppress(RayfleetError):  # else teardown deletes it
                 firewall.delete(self.client(), state)
@@ -237,24 +239,24 @@ class Provider(BaseProvider[Spec, Capacity]):
                     "`invoke up` adopts it" for i in orphans]
         warnings += [f"{i.name} ({i.id}) is named like this cluster but is not ours (no tag with "
                      "its id): left alone" for i in bill.lookalikes]
-        regions = [str(r.attrs.get("region")) for r in state.resources(firewall.FIREWALL)]
+        regions = [r.attrs.region for r in state.resources(Firewall)]
         regions += [i.region for i in tracked.values()]
         warnings += [f"SSH exposure: open: {region} applies no firewall rules (every port of every "
                      "node is reachable from anywhere)" for region in firewall.unfiltered(regions)]
-        in_state = len(state.resources(fleet.INSTANCE))
+        in_state = len(state.resources(Instance))
         total = in_state + len(scaled) + len(orphans)
         running = bool(in_state) and all(tracked.get(r.id) is not None and
                                          tracked[r.id].status == "active"
-                                         for r in state.resources(fleet.INSTANCE)) \
-            and "head_ip" in state.info
+                                         for r in state.resources(Instance)) \
+            and state.info.head_ip is not None
         summary = (f"{active}/{total} instance(s) active"
                    + (f" ({len(scaled)} autoscaled worker(s))" if self.spec.autoscaling else "")
                    + f", {costs.usd_from_cents(hourly)}/h, accrued {costs.usd_from_cents(accrued)} so far"
                    if total else "no instances")
-        paying = [r for r in state.resources(fleet.INSTANCE)
+        paying = [r for r in state.resources(Instance)
                   if r.id in tracked and tracked[r.id].status not in api.GONE]
         billed_now = len(paying) + len(scaled) + len(orphans)
-        launched = [r.attrs.get("launched_at") for r in paying]
+        launched = [r.attrs.launched_at for r in paying]
         launched += [fleet.tag_time(i) for i in scaled + orphans]
         cost = costs.cost(hourly, accrued, billed_now, launched)
         status = ProviderStatus(running, summary, bill.rows, warnings, cost=cost)
@@ -287,18 +289,18 @@ class Provider(BaseProvider[Spec, Capacity]):
     # The head terminates its own instance: its last marker may never reach this machine.
 
     def autodown_fetch(self, state: State, left: bool | None) -> str | None:
-        head_ip = state.info.get("head_ip")
+        head_ip = state.info.head_ip
         if left is False or not head_ip:
             return None  # a terminated head leaves nothing to read
         return autodown_setup.marker(self.spec, self._target(str(head_ip)))
 
     def autodown_left(self, state: State) -> bool | None:
         """Whether the API lists any instance of the state as not terminated."""
-        if not state.resources(fleet.INSTANCE):
+        if not state.resources(Instance):
             return None
         listed = {i.id: i for i in self.client().instances()}
         return any(r.id in listed and listed[r.id].status not in api.GONE
-                   for r in state.resources(fleet.INSTANCE))
+                   for r in state.resources(Instance))
 
 
     def readiness(self) -> list[Readiness]:
@@ -317,14 +319,14 @@ class Provider(BaseProvider[Spec, Capacity]):
                                  f"{api.base_url()} answers ({len(types)} instance types)")]
 
     def _head_ip(self, state: State) -> str:
-        head_ip = state.info.get("head_ip")
-        if not head_ip or not state.resources(fleet.INSTANCE):
+        head_ip = state.info.head_ip
+        if not head_ip or not state.resources(Instance):
             raise ClusterNotRunningError(f"Lambda cluster {self.spec.name!r} has no running head; "
                                          "start it with `invoke up`")
         return str(head_ip)
 
     def copy_tracking(self, state: State) -> Path:
-        if not state.info.get("tracking_head_store"):
+        if not state.info.tracking_head_store:
             return super().copy_tracking(state)
         return tracking_setup.copy_now(self.spec, state, self._target(self._head_ip(state)))
 
@@ -358,9 +360,9 @@ class Provider(BaseProvider[Spec, Capacity]):
         died may still appear)."""
         client = self.client()
         fleet.adopt_orphans(client, state, "teardown")
-        heads = [r.id for r in state.resources(fleet.INSTANCE)
-                 if fleet.slot_key(str(r.attrs.get("name")), r.attrs) == "head"]
-        head_ip = state.info.get("head_ip")
+        heads = [r.id for r in state.resources(Instance)
+                 if fleet.slot_key(r.attrs.name, r.attrs) == "head"]
+        head_ip = state.info.head_ip
         tracking_setup.save(self.spec, state, client, heads,
                             self._target(str(head_ip)) if head_ip else None)
         if self.spec.autoscaling and heads:

@@ -12,6 +12,7 @@ from infra.core.state import State
 from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import autoscale, firewall, fleet
 from infra.providers.lambda_cloud.planning import Capacity
+from infra.providers.lambda_cloud.records import Instance
 from infra.providers.lambda_cloud.spec import Spec
 
 
@@ -41,7 +42,7 @@ def provision(client: api.LambdaClient, spec: Spec, state: State, slots: list[fl
     nodes = fleet.wait_ready(client, state, lambda i: target(str(i.ip)), spec.boot_timeout_s)
     by_key = {}
     for inst in nodes.values():
-        resource = state.update(fleet.INSTANCE, inst.id, ip=inst.ip, private_ip=inst.private_ip,
+        resource = state.update(Instance, inst.id, ip=inst.ip, private_ip=inst.private_ip,
                                 status=inst.status)
         by_key[fleet.slot_key(inst.name, resource.attrs) or inst.name] = inst
     return by_key
@@ -52,7 +53,7 @@ def _reconcile(client: api.LambdaClient, state: State, wanted: set[str], run: st
     """The live instances by slot, after adopting this cluster's orphans and terminating what
     no slot wants (gone from the spec, duplicates, failed)."""
     listed = fleet.adopt_orphans(client, state, run, skip_autoscaled=autoscaling)
-    attrs = {r.id: r.attrs for r in state.resources(fleet.INSTANCE)}
+    attrs = {r.id: r.attrs for r in state.resources(Instance)}
     live: dict[str, api.Instance] = {}
     drop = []
     for inst in sorted(listed, key=lambda i: i.status != "active"):

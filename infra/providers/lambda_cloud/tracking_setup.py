@@ -55,7 +55,7 @@ def save(spec: Spec, state: State, client: api.LambdaClient, heads: list[str],
          target: ssh.SshTarget | None) -> None:
     """Before any instance goes: the head's store copied here, or one line why not. A head the API
     no longer lists as running is not asked."""
-    if not state.info.get("tracking_head_store"):
+    if not state.info.tracking_head_store:
         return
     listed = {i.id: i.status for i in client.instances()}
     if target is None or not heads or all(listed.get(h) in (None, *api.GONE) for h in heads):

@@ -41,8 +41,8 @@ from infra.providers.base import (
     Readiness,
 )
 from infra.providers.base import Provider as BaseProvider
+from infra.providers.local.records import Head
 
-HEAD = "ray-head"
 #: Where the cost of a local cluster comes from (it has none).
 FREE = "runs on this machine"
 # Port blocks are derived from the cluster name inside this range, away from Ray's defaults
@@ -124,9 +124,9 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
     name = "local"
 
     def _block(self, state: State | None) -> rayproc.PortBlock:
-        head = state.resources(HEAD) if state else []
+        head = state.resources(Head) if state else []
         if head:
-            return rayproc.PortBlock(int(head[0].attrs["port_base"]))
+            return rayproc.PortBlock(head[0].attrs.port_base)
         if self.spec.port_base is not None:
             return rayproc.PortBlock(self.spec.port_base)
         first = zlib.crc32(self.spec.name.encode()) % _BLOCKS
@@ -170,7 +170,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
                 "DASHBOARD_METRIC_PORT": str(block.dashboard_metrics)}
 
     def _temp_dir(self, state: State | None) -> str:
-        heads = state.resources(HEAD) if state else []
+        heads = state.resources(Head) if state else []
         if heads:
             return heads[0].id
         # `plan` before `up` shows a placeholder; `up` makes the folder (new_temp_dir).
@@ -178,7 +178,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
 
     def plan(self, state: State | None) -> Plan[rayproc.PortBlock]:
         block = self._block(state)
-        exists = bool(state and state.resources(HEAD))
+        exists = bool(state and state.resources(Head))
         cpus = self.spec.num_cpus or os.cpu_count()
         tmp = self._temp_dir(state)
         detail = (
@@ -211,7 +211,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         block = plan.extra
         endpoint = self._endpoint(block, state)
         token = endpoint.token_path
-        if state.resources(HEAD):
+        if state.resources(Head):
             if jobs.dashboard_ready(endpoint.dashboard_url, token):
                 ui.info(f"cluster {self.spec.name!r} is already running")
                 self._ensure_tracking(state, block)
@@ -227,8 +227,8 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             )
         parent, tmp = new_temp_dir(self.spec.name)
         # Recorded before the start: a crash from here on leaves processes teardown can find.
-        state.add(HEAD, tmp, port_base=block.base, temp_parent=parent,
-                  started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        state.add(tmp, Head(port_base=block.base, temp_parent=parent,
+                            started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")))
         if self.spec.tracking == "mlflow":
             tracking.ensure_credentials(self.spec.name)  # start.sh reads the password file
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
@@ -271,7 +271,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         tmp = Path(self._temp_dir(state))
         config_path = tmp / tracking.CONFIG_FILE
         store = tracking.local_store(self.spec.name)
-        if state.info.get("tracking_store") != str(store):
+        if state.info.tracking_store != str(store):
             state.set_info(tracking_store=str(store))
         if not new_head and supervise.running(tracking.pid_path(config_path)):
             return
@@ -346,7 +346,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
 
     def autodown_fetch(self, state: State, left: bool | None) -> str | None:
         """The marker the watcher writes here itself, with whether it (or its supervisor) runs."""
-        heads = state.resources(HEAD)
+        heads = state.resources(Head)
         marker = autodown_view.marker_path(self.spec.name)
         if not heads or self.spec.autodown is None or not marker.exists():
             return None
@@ -355,8 +355,8 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
 
     def _markers(self, state: State) -> list[str | re.Pattern[str]]:
         markers: list[str | re.Pattern[str]] = []
-        for head in state.resources(HEAD):
-            markers += local_autodown.markers(head.id, int(head.attrs["port_base"]))
+        for head in state.resources(Head):
+            markers += local_autodown.markers(head.id, head.attrs.port_base)
         return markers
 
     def _stop(self, state: State) -> None:
@@ -370,12 +370,12 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
                     "user; rayfleet signals only its own processes: ask their owner to stop them"
                 ) from None
             raise LocalError(f"processes {exc.pids} of {self.spec.name!r} {exc.why}") from None
-        for head in state.resources(HEAD):
+        for head in state.resources(Head):
             shutil.rmtree(head.id, ignore_errors=True)
-            parent = head.attrs.get("temp_parent")
+            parent = head.attrs.temp_parent
             if parent:  # clusters started before the private parent have none
                 shutil.rmtree(str(parent), ignore_errors=True)
-            state.remove(HEAD, head.id)
+            state.remove(Head, head.id)
 
     def restart_ray(self, state: State) -> Endpoint:
         """The head's processes stopped and started again: they read the token file at start."""
@@ -383,7 +383,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         return self.up(state, self.plan(state))
 
     def status(self, state: State) -> ProviderStatus:
-        heads = state.resources(HEAD)
+        heads = state.resources(Head)
         if not heads:
             return ProviderStatus(False, "not running")
         pids = rayproc.cluster_processes(self._markers(state))
@@ -392,7 +392,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             return self.with_autodown(ProviderStatus(False, "", cost=Cost(0, 0.0, source=FREE)),
                                       report, f"no process of local cluster {self.spec.name!r} "
                                       "is left")
-        block = rayproc.PortBlock(int(heads[0].attrs["port_base"]))
+        block = rayproc.PortBlock(heads[0].attrs.port_base)
         endpoint = self._endpoint(block, state)
         answering = jobs.dashboard_ready(endpoint.dashboard_url, endpoint.token_path)
         # The state says a head was started, so the provider's view is "running"; whether Ray
@@ -402,9 +402,9 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             f"local Ray head {'running' if answering else 'NOT answering'}: "
             f"{len(pids)} processes, ports {block.base}-{block.base + rayproc.BLOCK_SIZE - 1}"
         )
-        rows = [{"resource": h.kind, "temp dir": h.id, "port base": str(h.attrs["port_base"]),
+        rows = [{"resource": h.kind, "temp dir": h.id, "port base": str(h.attrs.port_base),
                  "processes": str(len(pids))} for h in heads]
-        started = heads[0].attrs.get("started_at")
+        started = heads[0].attrs.started_at
         uptime = ((dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(started))
                   .total_seconds() if started else None)
         cost = Cost(1 if pids else 0, 0.0, uptime, 0.0, source=FREE)
@@ -412,12 +412,12 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
                               "NOT answering", cost=cost, autodown=report)
 
     def _running_block(self, state: State) -> rayproc.PortBlock:
-        heads = state.resources(HEAD)
+        heads = state.resources(Head)
         if not heads:
             raise ClusterNotRunningError(
                 f"local cluster {self.spec.name!r} is not running; start it with `invoke up`"
             )
-        return rayproc.PortBlock(int(heads[0].attrs["port_base"]))
+        return rayproc.PortBlock(heads[0].attrs.port_base)
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

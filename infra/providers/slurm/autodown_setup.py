@@ -22,14 +22,15 @@ from infra.providers.slurm import cluster
 
 if TYPE_CHECKING:
     from infra.core.state import Resource
+    from infra.providers.slurm.records import Job
     from infra.providers.slurm.remote import Runner
     from infra.providers.slurm.spec import Spec
 
 
-def live_marker(runner: Runner, job: Resource) -> str | None:
+def live_marker(runner: Runner, job: Resource[Job]) -> str | None:
     """The watcher's marker on the head's node, with whether the watcher (or its supervisor)
     runs; quietly None when the node does not let us in."""
-    head_ip, temp = job.attrs.get("head_ip"), job.attrs.get("temp_dir")
+    head_ip, temp = job.attrs.head_ip, job.attrs.temp_dir
     if not head_ip or not temp:
         return None
     folder = shlex.quote(str(temp))
@@ -47,9 +48,9 @@ def live_marker(runner: Runner, job: Resource) -> str | None:
     return autodown_view.with_watcher_status(*remote_head.split_status(result.stdout))
 
 
-def record(runner: Runner, spec: Spec, job: Resource) -> str | None:
+def record(runner: Runner, spec: Spec, job: Resource[Job]) -> str | None:
     """The removal record the head left in the work dir, if any."""
-    workdir = str(job.attrs.get("workdir", spec.submit.workdir))
+    workdir = job.attrs.workdir or spec.submit.workdir
     text = runner.run(f"cat {cluster.job_file(workdir, job.id, RECORD_SUFFIX)} 2>/dev/null",
                       timeout=30).stdout
     return text if text.strip() else None

@@ -20,10 +20,10 @@ from infra.node.where import home_path
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.base import ProviderStatus
 from infra.providers.slurm import cluster, costs
+from infra.providers.slurm.records import Job
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.spec import Spec
 
-JOB = "slurm-job"
 #: Facts of the info file worth keeping in state: enough to tunnel, show and verify teardown.
 KEPT = ("head_node", "head_ip", "port_base", "gcs_port", "dashboard_port", "client_port",
         "node_manager_port", "object_manager_port", "nodes", "temp_dir", "ray_version",
@@ -37,7 +37,7 @@ def token_dir(workdir: str, cluster_id: str) -> str:
     return home_path(f"{workdir.rstrip('/')}/keys/{cluster_id}")
 
 
-def expected_id(spec: Spec, state: State, job: Resource) -> str | None:
+def expected_id(spec: Spec, state: State, job: Resource[Job]) -> str | None:
     """The id a job recorded in state must carry; None for a job named before ids existed (its
     name, recorded by us, is then the only proof)."""
     prefix = queue.job_prefix(spec.name, state.cluster_id)
@@ -67,27 +67,28 @@ def _scancel(runner: Runner, job_id: str) -> None:
     cluster.patiently(lambda: cluster.scancel(runner, job_id), f"cancelling job {job_id}")
 
 
-def cancel(spec: Spec, runner: Runner, state: State, job: Resource) -> None:
+def cancel(spec: Spec, runner: Runner, state: State, job: Resource[Job]) -> None:
     """scancel a recorded job, wait until it left the queue, verify its Ray answers nowhere,
     keep its output, forget it."""
-    ids = [str(job.attrs["job_id"])] if job.attrs.get("job_id") else cluster.patiently(
+    ids = [job.attrs.job_id] if job.attrs.job_id else cluster.patiently(
         lambda: cluster.find_by_name(runner, job.id, expected_id(spec, state, job)),
         "looking for the job by name")
-    workdir = str(job.attrs.get("workdir", spec.submit.workdir))
+    workdir = job.attrs.workdir or spec.submit.workdir
     for job_id in ids:
         info = cluster.read_info(runner, cluster.job_file(workdir, job.id, ".json"))
-        attrs = {**job.attrs, **{k: v for k, v in (info or {}).items() if k in KEPT}}
+        attrs = Job.model_validate({**job.attrs.model_dump(exclude_unset=True),
+                                    **{k: v for k, v in (info or {}).items() if k in KEPT}})
         _scancel(runner, job_id)
         _wait_gone(runner, [job_id], f"Slurm job {job_id} to leave the queue")
         _verify_stopped(runner, job_id, attrs)
         _keep_output(spec, runner, workdir, job.id, job_id)
-    state.remove(JOB, job.id)
+    state.remove(Job, job.id)
 
 
 def teardown(spec: Spec, runner: Runner, state: State) -> None:
     """The head first (its autoscaler then submits nothing more), then every other job carrying
     the cluster id, until squeue lists none; then the token on the submit host."""
-    for job in state.resources(JOB):
+    for job in state.resources(Job):
         cancel(spec, runner, state, job)
     if not state.path.exists():
         return  # never up: nothing can carry its id
@@ -118,15 +119,15 @@ def teardown(spec: Spec, runner: Runner, state: State) -> None:
     state.clear_info()
 
 
-def _verify_stopped(runner: Runner, job_id: str, attrs: dict[str, Any]) -> None:
+def _verify_stopped(runner: Runner, job_id: str, attrs: Job) -> None:
     """No Ray process of the job may remain: none of its ports may answer on any node."""
     targets: list[tuple[str, int]] = []
-    if attrs.get("head_ip") and attrs.get("gcs_port"):
-        targets += [(attrs["head_ip"], int(attrs["gcs_port"]))]
+    if attrs.head_ip and attrs.gcs_port:
+        targets += [(attrs.head_ip, attrs.gcs_port)]
     # Each node's own ports (a worker may have taken another block than the head), and the head
     # by the address we know it by: Ray may report another one of the same node.
-    for node in attrs.get("nodes", []):
-        ip = attrs["head_ip"] if node.get("head") and attrs.get("head_ip") else node["ip"]
+    for node in attrs.nodes or []:
+        ip = attrs.head_ip if node.get("head") and attrs.head_ip else node["ip"]
         for key in ("node_manager_port", "object_manager_port"):
             if node.get(key):
                 targets.append((ip, int(node[key])))
@@ -140,7 +141,7 @@ def _verify_stopped(runner: Runner, job_id: str, attrs: dict[str, Any]) -> None:
         return True if not still else None
 
     ui.wait_for(closed, f"no Ray process of job {job_id} to answer", timeout=20, interval=0.5,
-                hint=f"stop them on the node with `pkill -f {attrs.get('temp_dir', '')}`")
+                hint=f"stop them on the node with `pkill -f {attrs.temp_dir or ''}`")
 
 
 def _keep_output(spec: Spec, runner: Runner, workdir: str, job_name: str, job_id: str) -> None:
@@ -163,12 +164,12 @@ def status(impl: BaseProvider[Spec, Any],
     """The head job and every worker job carrying the cluster id, from one squeue each, with the
     autodown report (`impl.autodown_report`)."""
     spec = impl.spec
-    recorded = state.resources(JOB)
+    recorded = state.resources(Job)
     if not recorded:
         return ProviderStatus(False, "no Slurm job; start one with `invoke up`")
     job = recorded[-1]
     with runner_of() as runner:
-        ids = ([str(job.attrs["job_id"])] if job.attrs.get("job_id") else
+        ids = ([job.attrs.job_id] if job.attrs.job_id else
                cluster.patiently(lambda: cluster.find_by_name(
                    runner, job.id, expected_id(spec, state, job)), "looking for the job"))
         job_id = ids[0] if ids else job.id
@@ -191,7 +192,7 @@ def status(impl: BaseProvider[Spec, Any],
                               warnings=[f"job {job_id} ended; `invoke teardown` verifies "
                                         "and forgets it, `invoke up` starts a new one"])
     first = rows[0]
-    ready = first.state == "RUNNING" and bool(state.info.get("dashboard_url"))
+    ready = first.state == "RUNNING" and bool(state.info.dashboard_url)
     summary = (f"Slurm job {job_id} {first.state} on {first.nodes or '(none yet)'}, "
                f"{first.elapsed} of {first.limit}")
     if first.state == "PENDING":

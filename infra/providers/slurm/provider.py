@@ -40,6 +40,7 @@ from infra.providers.base import (
 )
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.slurm import autodown_setup, cluster, install, ours, remote
+from infra.providers.slurm.records import Job
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.script import (
     autoscaling_config,
@@ -53,7 +54,6 @@ from infra.providers.slurm.spec import Spec
 
 __all__ = ["Provider", "SlurmError", "Spec"]
 
-JOB = ours.JOB
 SCRIPT = "ray.sbatch"
 WORKER_SCRIPT = "worker.sbatch"
 AUTOSCALING = "autoscaling.yaml"
@@ -83,8 +83,8 @@ class Provider(BaseProvider[Spec, None]):
             self._open_runner = remote.make_runner(self.spec.submit)
         return contextlib.nullcontext(self._open_runner)
 
-    def _job(self, state: State) -> Resource | None:
-        found = state.resources(JOB)
+    def _job(self, state: State) -> Resource[Job] | None:
+        found = state.resources(Job)
         return found[-1] if found else None
 
     def _summary(self) -> str:
@@ -103,8 +103,8 @@ class Provider(BaseProvider[Spec, None]):
         return (f"{text}; partition {spec.partition or '(default)'}, time limit "
                 f"{spec.time_limit}, submitted on {remote.describe(spec.submit)}")
 
-    def _tail(self, runner: Runner, job: Resource, lines: int = 3) -> str:
-        workdir = str(job.attrs.get("workdir", self.spec.submit.workdir))
+    def _tail(self, runner: Runner, job: Resource[Job], lines: int = 3) -> str:
+        workdir = job.attrs.workdir or self.spec.submit.workdir
         out = cluster.read_output(runner, cluster.job_file(workdir, job.id, ".out"))
         tail = [line for line in out.strip().splitlines() if line.strip()][-lines:]
         return " | ".join(tail) if tail else "no output yet"
@@ -122,7 +122,7 @@ class Provider(BaseProvider[Spec, None]):
         job = self._job(state) if state else None
         cluster_id = state.cluster_id if state else identity.ID_PLACEHOLDER
         name = job.id if job else f"rf-{self.spec.name}-{cluster_id}-h<token>"
-        detail = self._summary() + (f", job {job.attrs.get('job_id')}" if job else "")
+        detail = self._summary() + (f", job {job.attrs.job_id}" if job else "")
         resources = [PlannedResource("Slurm job (sbatch)", name, detail, bool(job))]
         for type_name, worker in self.spec.worker_types.items():
             resources.append(PlannedResource(
@@ -248,9 +248,9 @@ class Provider(BaseProvider[Spec, None]):
         submit = self.spec.submit
         return path if submit.is_local else f"{submit.user or getpass.getuser()}@{submit.host}:{path}"
 
-    def _resume(self, runner: Runner, state: State, job: Resource) -> dict[str, Any] | None:
+    def _resume(self, runner: Runner, state: State, job: Resource[Job]) -> dict[str, Any] | None:
         """Reuse the job in state if it is still queued or running; forget it otherwise."""
-        job_id = job.attrs.get("job_id")
+        job_id = job.attrs.job_id
         ids = [job_id] if job_id else cluster.patiently(
             lambda: cluster.find_by_name(runner, job.id, ours.expected_id(self.spec, state,
                                                                                job)),
@@ -259,7 +259,7 @@ class Provider(BaseProvider[Spec, None]):
                                  f"reading job {ids[0]}") if ids else None
         if rows and rows[0].state in ("PENDING", "CONFIGURING", "RUNNING"):
             if not job_id:
-                job = state.update(JOB, job.id, job_id=ids[0])
+                job = state.update(Job, job.id, job_id=ids[0])
             ui.info(f"Slurm job {ids[0]} of {self.spec.name!r} is {rows[0].state}; reusing it")
             return self._wait_ready(runner, state, job)
         ui.info(f"Slurm job {job_id or job.id} has ended; submitting a new one")
@@ -267,11 +267,11 @@ class Provider(BaseProvider[Spec, None]):
         return None
 
     def _submit(self, runner: Runner, state: State, script: str,
-                keys: tuple[str, dict[str, str]]) -> Resource:
+                keys: tuple[str, dict[str, str]]) -> Resource[Job]:
         job_name = f"{queue.job_prefix(self.spec.name, state.cluster_id)}h{secrets.token_hex(3)}"
         # Recorded before sbatch: if we die before reading the id, teardown finds it by name.
-        state.add(JOB, job_name, submitted_on=runner.where, workdir=self.spec.submit.workdir,
-                  submitted_at=time.time())
+        state.add(job_name, Job(submitted_on=runner.where, workdir=self.spec.submit.workdir,
+                                submitted_at=time.time()))
         autodown_view.forget(state.cluster)  # a new head, a new watcher: the last one's word is void
         comment = queue.comment(state.cluster_id, state.owner, self.spec.name, "head")
         with ui.step(f"submitting {SCRIPT} on {runner.where}") as step:
@@ -279,11 +279,11 @@ class Provider(BaseProvider[Spec, None]):
                                     export={"RF_CLUSTER_ID": state.cluster_id,
                                             "RF_OWNER": state.owner}, secrets=keys)
             step.detail(f"job {job_id}")
-        return state.update(JOB, job_name, job_id=job_id)
+        return state.update(Job, job_name, job_id=job_id)
 
-    def _wait_ready(self, runner: Runner, state: State, job: Resource) -> dict[str, Any]:
-        job_id = str(job.attrs["job_id"])
-        info_file = cluster.job_file(str(job.attrs["workdir"]), job.id, ".json")
+    def _wait_ready(self, runner: Runner, state: State, job: Resource[Job]) -> dict[str, Any]:
+        job_id = str(job.attrs.job_id)
+        info_file = cluster.job_file(str(job.attrs.workdir), job.id, ".json")
         seen: dict[str, Any] = {}
         last_state = ["PENDING"]
 
@@ -298,7 +298,7 @@ class Provider(BaseProvider[Spec, None]):
             info = polled.info or {}
             if info.get("head_ip") and not seen:
                 seen.update(info)  # head and ports known: record them for a teardown that verifies
-                state.update(JOB, job.id, **{k: info[k] for k in _KEPT if k in info})
+                state.update(Job, job.id, **{k: info[k] for k in _KEPT if k in info})
             if polled.rows is None or polled.rows[0].state not in queue.LIVE_STATES - {
                     "COMPLETING"}:
                 last = polled.rows[0].state if polled.rows else "left the queue"
@@ -327,7 +327,7 @@ class Provider(BaseProvider[Spec, None]):
             # slurmctld CPU; the job's own readiness does not wait for it.
             interval=0.5,
             hint="raise queue_timeout_s or ready_timeout_s in the spec if that is normal here")
-        state.update(JOB, job.id, **{k: info[k] for k in _KEPT if k in info})
+        state.update(Job, job.id, **{k: info[k] for k in _KEPT if k in info})
         if info.get("ray_version"):
             for mismatch in versions.mismatches(info):
                 ui.warn(f"the nodes run {mismatch}; jobs may fail to (de)serialise. Set "
@@ -405,29 +405,29 @@ class Provider(BaseProvider[Spec, None]):
                                  "" if partitions else "slurmctld lists no partition; ask your "
                                  "site's admins")]
 
-    def _head_job(self, state: State) -> Resource:
+    def _head_job(self, state: State) -> tuple[Resource[Job], str, int]:
+        """The head's job, its node's address and the dashboard's port there."""
         job = self._job(state)
-        head_ip, port = (job.attrs.get("head_ip"), job.attrs.get("dashboard_port")) if job else (
-            None, None)
-        if job is None or not head_ip or not port or not state.info.get("dashboard_url"):
+        head_ip, port = (job.attrs.head_ip, job.attrs.dashboard_port) if job else (None, None)
+        if job is None or not head_ip or not port or not state.info.dashboard_url:
             raise ClusterNotRunningError(
                 f"Slurm cluster {self.spec.name!r} is not running; start it with `invoke up`")
-        return job
+        return job, head_ip, port
 
     def head_access(self, state: State) -> HeadAccess:
         """The head's compute node: through the login host when Slurm is remote, directly when
         this machine submits, and this machine itself when the head runs here."""
-        job = self._head_job(state)
+        job, head_ip, port = self._head_job(state)
         with self._runner() as runner:
-            target = runner.node_target(str(job.attrs["head_ip"]))
-        client = job.attrs.get("client_port")
-        workdir = str(job.attrs.get("workdir", self.spec.submit.workdir)).rstrip("/")
+            target = runner.node_target(head_ip)
+        client = job.attrs.client_port
+        workdir = (job.attrs.workdir or self.spec.submit.workdir).rstrip("/")
         # Plain `~/` or absolute paths: HeadAccess's users quote them for the shell themselves.
         keys = f"{workdir}/keys/{state.cluster_id}"
         record: dict[str, Any] = dict(
             env=auth.head_env(state, f"{keys}/{auth.TOKEN_FILE}"),
-            dashboard_port=int(job.attrs["dashboard_port"]),
-            client_port=int(client) if client else None,
+            dashboard_port=port,
+            client_port=client or None,
             # Members reach the gateway by the node's address, or through their own tunnel
             # (NOTES.md "The sharing gateway"). Not by the node's name: the cluster's CA signs
             # for no DNS name but localhost (infra/core/sharing/certs.py).
@@ -441,30 +441,29 @@ class Provider(BaseProvider[Spec, None]):
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
-        job = self._head_job(state)
-        head_ip, port = job.attrs["head_ip"], job.attrs["dashboard_port"]
+        job, head_ip, port = self._head_job(state)
         with self._runner() as runner:
-            rows = cluster.patiently(lambda: cluster.job_rows(runner, str(job.attrs["job_id"])),
+            rows = cluster.patiently(lambda: cluster.job_rows(runner, str(job.attrs.job_id)),
                                      "reading the head's job")
             if not rows or rows[0].state != "RUNNING":
                 raise ClusterNotRunningError(
-                    f"Slurm job {job.attrs['job_id']} is "
+                    f"Slurm job {job.attrs.job_id} is "
                     f"{rows[0].state if rows else 'no longer in the queue'}; "
                     "`invoke teardown`, then `invoke up` for a new cluster")
-            block = rayproc.PortBlock(int(job.attrs.get("port_base") or
-                                          int(port) - rayproc.PortBlock(0).dashboard))
+            block = rayproc.PortBlock(job.attrs.port_base or
+                                      port - rayproc.PortBlock(0).dashboard)
             mlflow = self.spec.tracking == "mlflow"
             # The head's job found a `prometheus` to run (older jobs did not say: none).
-            measured = self.spec.metrics == "prometheus" and bool(job.attrs.get("prometheus"))
+            measured = self.spec.metrics == "prometheus" and bool(job.attrs.prometheus)
             # One SSH connection into the head's node (through the login host if remote; none
             # when it is this machine): the dashboard and Serve's proxy on its loopback, the
             # tracking server on the head's address (where the nodes reach it), Prometheus on
             # the loopback again.
             with remote_head.endpoint(
-                    runner.node_target(str(head_ip)), f"{head_ip}:{job.attrs['gcs_port']}",
-                    auth.token_file(state), ("127.0.0.1", int(port)),
+                    runner.node_target(head_ip), f"{head_ip}:{job.attrs.gcs_port}",
+                    auth.token_file(state), ("127.0.0.1", port),
                     ("127.0.0.1", block.serve_http),
-                    (str(head_ip), block.tracking) if mlflow else None,
+                    (head_ip, block.tracking) if mlflow else None,
                     tracking.password_path(self.spec.name) if mlflow else None,
                     ("127.0.0.1", block.prometheus) if measured else None) as endpoint:
                 yield endpoint
