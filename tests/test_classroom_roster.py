@@ -387,7 +387,7 @@ def test_plan_names_the_gateway_and_its_port(tmp_path: Path, monkeypatch: pytest
     out = capfd.readouterr().out
     line = next(line for line in out.splitlines() if "sharing:" in line)
     assert "gateway (HTTPS) on the head, port 18443" in line and "https://127.0.0.1:18443" in line
-    assert "access ends 2030-02-01T00:00:00+00:00" in line and "cluster budget ($) 20" in line
+    assert "access ends 2030-01-31 24:00 UTC" in line and "cluster budget ($) 20" in line
     commands.plan(None, str(spec), True)
     assert json.loads(capfd.readouterr().out)["gateway"]["port"] == 18443
 
@@ -441,3 +441,23 @@ def test_member_bundles_brings_every_folder_to_the_new_address_with_the_same_tok
         found = _gateway_sees(tokens[name])
         assert found is not None and found.name == name
         assert book()["members"][name]["address"] == moved
+
+
+def test_a_date_the_owner_gave_reads_as_that_day_not_the_next_midnight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Access ends at the end of the day given, stored as the next midnight (UTC): what the owner
+    reads back names the day they typed (`2026-12-05 24:00 UTC`), not 2026-12-06T00:00:00."""
+    spec = owner_cluster(tmp_path, monkeypatch)
+    commands_sharing.member_add(None, str(spec), "alice", False, None, None)
+    commands_sharing.member_add(None, str(spec), "bob", False, None, None)
+    capfd.readouterr()
+    commands_term.member_update(None, str(spec), "alice", "2026-12-05", None)
+    commands_term.member_update(None, str(spec), "bob", "2026-12-05T17:00:00+01:00", None)
+    said = capfd.readouterr().out
+    assert "access until 2026-12-05 24:00 UTC;" in said, said
+    assert "access until 2026-12-05T16:00:00+00:00;" in said, said  # an instant stays as given
+    assert book()["members"]["alice"]["expires"] == "2026-12-06T00:00:00+00:00"  # as stored
+    monkeypatch.setenv("COLUMNS", "250")
+    commands_sharing.members(None, str(spec), False)
+    table = capfd.readouterr().out
+    assert "2026-12-05 24:00 UTC" in table and "2026-12-06T00:00:00" not in table, table

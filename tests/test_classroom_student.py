@@ -138,3 +138,36 @@ def test_submit_no_wait_on_a_joined_cluster_hints_rayfleet_logs_with_its_cluster
     err = capfd.readouterr().err
     assert "`rayfleet logs raysubmit_abc --cluster class`" in err, err
     assert "`rayfleet stop-job raysubmit_abc --cluster class`" in err
+
+
+def test_the_members_folder_stays_out_of_the_working_dir_the_sent_line_uploads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The line sent with the folder is `source class-alice/env.sh && ray job submit --working-dir
+    . -- ...`: the folder lies in the uploaded project. Ray's own packing (what stock `ray job
+    submit` runs) must leave it out, token and bundle included, and so must rayfleet's submit."""
+    from zipfile import ZipFile
+
+    from ray._private.runtime_env.packaging import create_package
+
+    spec = owner_cluster(tmp_path, monkeypatch)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print(1)\n")
+    commands_sharing.member_add(None, str(spec), "alice", False, None,
+                                str(project / "class-alice"))
+    commands_sharing.member_add(None, str(spec), "bob", False, None,
+                                str(project / "bob.rayfleet.json"))
+    assert (project / "class-alice" / "ray-token").is_file()
+    for gitignore in (True, False):  # RAY_RUNTIME_ENV_IGNORE_GITIGNORE either way
+        package = tmp_path / f"pkg-{gitignore}.zip"
+        create_package(str(project), package, include_gitignore=gitignore)
+        shipped = {name for name in ZipFile(package).namelist() if not name.endswith("/")}
+        assert not any(n.startswith("class-alice/") for n in shipped), shipped
+        assert "train.py" in shipped
+    from pathspec import PathSpec  # what Ray reads `excludes` with
+
+    _, env = jobs.prepare(str(project / "train.py"), [], None)
+    excluded = PathSpec.from_lines("gitwildmatch", env["excludes"])
+    for private in ("bob.rayfleet.json", "class-alice/ray-token",
+                    "class-alice/class-alice.rayfleet.json"):
+        assert excluded.match_file(private), private

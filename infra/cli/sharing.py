@@ -236,7 +236,8 @@ def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
     for column in shown:
         table.add_column(column.replace("_", " "))
     for row in rows:
-        cells = {**row, "budget": "" if row["budget_used"] is None else f"{row['budget_used']:.0%}"}
+        cells = {**row, "budget": "" if row["budget_used"] is None else f"{row['budget_used']:.0%}",
+                 "expires": sharing_term.shown(row["expires"])}
         if row["removed"]:
             cells["status"] = f"removed {row['removed'][:10]}"
         table.add_row(*("" if cells[c] is None else str(cells[c]) for c in shown))

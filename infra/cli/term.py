@@ -133,7 +133,7 @@ def member_update(provider: str | None, cluster: str | None, name: str, expires:
         sharing_term.write_book(selected.name, book)
         if not current.empty:
             sharing.push_registry(selected, impl.head_access(current))
-    until = entry.get("expires") or "no end"
+    until = sharing_term.shown(entry.get("expires")) or "no end"
     capped = " (sharing.ends)" if own and entry.get("expires") != own else ""
     ui.out(f"member {name!r} updated: {entry.get('role')}, access until {until}{capped}; "
            "same token, their next request sees it", markup=False)

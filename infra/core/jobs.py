@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from infra.core.endpoint import Endpoint
 
 # multirun/: what a Hydra sweep leaves behind (outputs and logs of every run), never job input.
+# ray-token, *.rayfleet.json: a member's token (their folder, a bundle) in the project they submit.
 _ALWAYS_EXCLUDED = [".rayfleet/", ".git/", "**/__pycache__/", ".venv/", "*.pem", "id_*",
-                    "multirun/"]
+                    "multirun/", "ray-token", "*.rayfleet.json"]
 #: What never travels with a working dir (jobs and Serve applications alike).
 ALWAYS_EXCLUDED = _ALWAYS_EXCLUDED
 _EXIT = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 3}

@@ -431,3 +431,21 @@ def test_cost_range_and_launch_read_the_plan_alone(fake: FakeLambda, make_spec: 
     prices = providers.create(scaling).node_prices(providers.create(scaling).plan(None))
     assert prices is not None and prices.head_type == "head"
     assert dict(prices.by_type) == {"head": pytest.approx(0.75), "gpu": pytest.approx(0.75)}
+
+
+def test_a_lookalike_is_named_once_per_command(capfd: pytest.CaptureFixture[str]) -> None:
+    """teardown lists the account at each step and poll: a colleague's instance named like the
+    cluster was reported ten times in one teardown; once says it."""
+    from infra.node.lambda_cloud import api
+    from infra.providers.lambda_cloud import fleet
+
+    theirs = api.Instance("i-colleague-1", "lt-head", "active", "198.51.100.7", None,
+                          "gpu_1x_a10", "us-east-1", 75)
+    other = api.Instance("i-colleague-2", "lt-worker-1", "active", "198.51.100.8", None,
+                         "gpu_1x_a10", "us-east-1", 75)
+    for _ in range(3):
+        fleet.mention_lookalikes([theirs])
+    fleet.mention_lookalikes([theirs, other])
+    said = capfd.readouterr().err
+    assert said.count("lt-head (i-colleague-1) is named like this cluster") == 1, said
+    assert said.count("lt-worker-1 (i-colleague-2) is named like this cluster") == 1, said

@@ -151,3 +151,33 @@ def test_hostile_values_stay_values(tmp_path: Path) -> None:
     config = yaml.safe_load(raycluster.render_config(spec, "h", [], Path("/k"), "0123abcd"))
     assert config["auth"]["ssh_proxy_command"] == spec.ssh_proxy_command
     assert config["provider"]["type"] == "local"
+
+
+def test_plan_renders_a_running_clusters_autoscaler_config_as_up_did(rf_home: Path) -> None:
+    """`plan` passes no head: it renders from the state, which records the head, so that for a
+    running cluster whose spec did not change its config equals what `up` rendered (with the
+    head's address and region, not a placeholder) and plan reports no change."""
+    from infra.core import state as state_mod
+    from infra.node.lambda_cloud import api
+    from infra.providers.lambda_cloud import planning
+    from infra.providers.lambda_cloud.records import Firewall, Instance, SshKey
+
+    spec = load_spec(ROOT / "clusters" / "lambda-autoscale.yaml")
+    assert isinstance(spec, Spec) and spec.autoscaling
+    region = "us-west-1"  # where the head landed: not the first choice's region
+    current = state_mod.State.new(state_mod.state_path(spec.name), spec.name, "lambda")
+    current.add("k1", SshKey(name=f"rayfleet-{spec.name}-0123abcd-ff00"))
+    current.add("fw1", Firewall(name="rs", region=region))
+    head = api.Instance("i-head", f"{spec.name}-0123abcd-head", "active", "198.51.100.10",
+                        "10.0.0.5", spec.head.choices[-1].instance_type, region, 110)
+    current.add(head.id, Instance(name=head.name, instance_type=head.type_name,
+                                  region=region, price_cents_per_hour=110, slot="head",
+                                  ip=head.ip, private_ip=head.private_ip, status="active"))
+    at_up = planning.render_autoscaler(spec, current, head, None, 1.0)
+    at_plan = planning.render_autoscaler(spec, current, None, None, 1.0)
+    assert "RAY_ADDRESS=10.0.0.5:" in at_up
+    assert at_plan == at_up
+    # Before any head exists: the placeholder, as before.
+    fresh = state_mod.State.new(state_mod.state_path("other"), "other", "lambda")
+    assert raycluster.HEAD_PRIVATE_IP_PLACEHOLDER in planning.render_autoscaler(
+        spec, fresh, None, None, 1.0)

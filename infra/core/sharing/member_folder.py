@@ -10,6 +10,9 @@
       env.sh                          `source` it (bash or zsh): the variables stock Ray reads,
                                       its paths resolved from where the folder is at that moment
       README.txt                      the same steps in words
+      .rayignore, .gitignore          `*`: the folder stays out of every working-dir upload
+                                      (`ray job submit --working-dir .` from where it lies, as
+                                      the line sent with it says) and out of the student's git
 
 The token is in the bundle and in `ray-token`, both 0600 in the one folder that is sent.
 """
@@ -27,6 +30,11 @@ from infra.node.files import atomic_write
 
 ENV_FILE = "env.sh"
 README_FILE = "README.txt"
+#: Ray's upload honours a .rayignore in any folder it packs (and .gitignore, unless told not to):
+#: without them the folder, token included, travels with `--working-dir .` to the head, where
+#: every member's job runs as the same user and could read it.
+IGNORE_FILES = (".rayignore", ".gitignore")
+IGNORE_ALL = "# Your access to the cluster: never upload or commit it.\n*\n"
 
 
 def bundle_name(cluster: str, member: str) -> str:
@@ -100,4 +108,6 @@ def refresh(target: Path, bundle: dict[str, str]) -> Path:
     path = target / bundle_name(cluster, member)
     atomic_write(path, json.dumps(bundle, indent=2), mode=0o600)
     atomic_write(target / ENV_FILE, env_script(cluster, member, bundle["address"]), mode=0o644)
+    for name in IGNORE_FILES:
+        atomic_write(target / name, IGNORE_ALL, mode=0o644)
     return path

@@ -408,7 +408,8 @@ def plan_note(selected: ClusterSpec, current: State | None) -> str | None:
         text += f", reachable from {', '.join(shared.allowed_source_ranges)} only"
     url = current.info.gateway_url if current is not None else None
     text += f"; now at {url}" if url else "; `invoke up` starts it"
-    limits = [f"access ends {ends}" for ends in [sharing_term.ends_of(shared)] if ends]
+    limits = [f"access ends {sharing_term.shown(ends)}"
+              for ends in [sharing_term.ends_of(shared)] if ends]
     limits += [f"{label} {value:g}" for label, value in (
         ("member budget (job-hours)", shared.member_budget_hours),
         ("member budget ($)", shared.member_budget_usd),

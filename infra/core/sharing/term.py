@@ -104,6 +104,19 @@ def iso(value: dt.datetime) -> str:
     return value.astimezone(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def shown(instant: str | None) -> str | None:
+    """A stored expiry as a person reads it: the instant that ends a day the owner gave as a date
+    is stored as the next midnight (UTC), which read raw says a day too late (`--expires
+    2026-12-05` printed as 2026-12-06T00:00:00); it reads `2026-12-05 24:00 UTC`, ISO 8601's end
+    of that day. Any other instant: unchanged."""
+    if not instant:
+        return instant
+    value = dt.datetime.fromisoformat(instant).astimezone(dt.timezone.utc)
+    if value.time() != dt.time():
+        return instant
+    return f"{(value - dt.timedelta(days=1)).date().isoformat()} 24:00 UTC"
+
+
 def parse_expires(text: str, what: str) -> str | None:
     """`--expires` or a roster cell: a date (the end of that day, UTC), an ISO datetime, or
     `never`; the instant as stored. `what` names the field in the error."""

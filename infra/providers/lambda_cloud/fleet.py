@@ -198,8 +198,17 @@ def ours(state: State, listed: Iterable[api.Instance]) -> tuple[
     return tracked, orphans, lookalikes
 
 
+#: Look-alikes already named in this process: `teardown` lists the account's instances again
+#: at each step and poll (the same colleague's instance was named ten times in one teardown).
+_MENTIONED: set[str] = set()
+
+
 def mention_lookalikes(lookalikes: list[api.Instance]) -> None:
+    """Say once per command that an instance named like this cluster is not ours."""
     for inst in lookalikes:
+        if inst.id in _MENTIONED:
+            continue
+        _MENTIONED.add(inst.id)
         ui.info(f"{inst.name} ({inst.id}) is named like this cluster but is not ours (no "
                 f"{identity.TAG_CLUSTER} tag of this cluster): left alone")
 

@@ -161,10 +161,13 @@ def capacity_notes(spec: Spec, types: dict[str, api.InstanceType]) -> list[str]:
 
 def render_autoscaler(spec: Spec, state: State | None, head: api.Instance | None,
                       types: dict[str, api.InstanceType] | None, scale: float) -> str:
-    """The autoscaler config; before the head exists, with the first head choice's region."""
+    """The autoscaler config; before the head exists, with the first head choice's region. With
+    no `head` given (`plan`), the head the state records, so that plan renders for a running
+    cluster what `up` rendered and its diff shows only what changed."""
     key = next((r.attrs.name for r in (state.resources(SshKey) if state else [])),
                f"rayfleet-{spec.name}-{identity.ID_PLACEHOLDER}-<fingerprint>")
-    region = head.region if head else spec.head.choices[0].region
+    head = head or _recorded_head(state)
+    region = head.region if head and head.region else spec.head.choices[0].region
     rulesets = [r.id for r in (state.resources(Firewall) if state else [])
                 if r.attrs.region == region] or ["<ruleset id>"]
     text = autoscale.render_config(spec, state.cluster_id if state else identity.ID_PLACEHOLDER,
@@ -174,6 +177,18 @@ def render_autoscaler(spec: Spec, state: State | None, head: api.Instance | None
     logging.getLogger("ray.autoscaler._private.util").setLevel(logging.ERROR)
     render.validate_ray_cluster_config(text, f"autoscaler config for {spec.name}")
     return text
+
+
+def _recorded_head(state: State | None) -> api.Instance | None:
+    """The head as the state last saw it (its slot, region and addresses), or None."""
+    for r in state.resources(Instance) if state else []:
+        attrs = r.attrs
+        if fleet.slot_key(attrs.name, attrs) == "head" and attrs.ip:
+            return api.Instance(
+                id=r.id, name=attrs.name, status=attrs.status or "", ip=attrs.ip,
+                private_ip=attrs.private_ip or None, type_name=attrs.instance_type or "",
+                region=attrs.region or "", price_cents_per_hour=attrs.price_cents_per_hour or 0)
+    return None
 
 
 def render_fixed(spec: Spec, state: State | None, slots: list[fleet.Slot], key_path: Path,
