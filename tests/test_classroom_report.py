@@ -73,3 +73,28 @@ def test_the_members_table_shows_in_a_real_browser(tmp_path: Path, monkeypatch: 
     assert visit.console_errors == [] and visit.requests == [out.resolve().as_uri()]
     assert visit.screenshot.startswith(b"\x89PNG")
     docs_screenshot("report-members.png", visit.screenshot)
+
+
+def test_a_shared_cluster_without_prometheus_still_reports_its_members_and_jobs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`metrics: none`: no charts, but the members' table and the jobs from the gateway's record
+    (a running cluster with no Prometheus and no kept copy refused the report before)."""
+    from tests.classroom_owner import owner_cluster
+
+    owner_cluster(tmp_path, monkeypatch)
+    members: dict[str, Any] = {
+        "rows": [{"name": "ann", "role": "member", "total_jobs": 1, "job_hours": 0.5,
+                  "cost_share_usd": 0.1}],
+        "records": {"raysubmit_ann1": {"member": "ann", "status": "SUCCEEDED",
+                                       "start_time": 1.7e12, "end_time": 1.7e12 + 1.8e6,
+                                       "entrypoint": "python a.py"}}}
+    out = commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r.html",  # type: ignore[arg-type]
+                                        members)
+    page = out.read_text()
+    table = re.search(r"<table data-table=members>(.*?)</table>", page, re.S)
+    assert table is not None and "<td>ann</td><td>member</td><td>1</td>" in table.group(1)
+    assert "<td>raysubmit_ann1</td><td>ann</td>" in page
+    assert "no charts: the cluster runs no Prometheus" in page
+    # Without sharing there is nothing to show: the one-line refusal stays.
+    with pytest.raises(commands_metrics.MetricsError, match="runs no Prometheus"):
+        commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r2.html")  # type: ignore[arg-type]

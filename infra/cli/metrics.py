@@ -8,6 +8,7 @@ is gone. Commands layer: never branches on a provider's name.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import json
 import time
 from pathlib import Path
@@ -180,6 +181,12 @@ def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
     if running and current is not None and current.info.metrics_since:
         data = live_history(impl, current)
         where = "live from the cluster's Prometheus"
+    elif running and not kept and members is not None:
+        # A shared cluster without Prometheus still has the gateway's record: the members' table
+        # and their jobs over the cluster's whole life, with no charts.
+        data = _gateway_only(cluster, members["records"])
+        where = ("no charts: the cluster runs no Prometheus (`metrics: prometheus` in its spec "
+                 "adds them); members and jobs from the gateway's record")
     elif running and not kept:
         raise MetricsError(f"cluster {cluster!r} runs no Prometheus (metrics: none in its spec, "
                            "or none could be installed); set `metrics: prometheus` and run "
@@ -196,6 +203,23 @@ def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
     path = out or Path(f"{cluster}-report.html")
     atomic_write(path, report.build(data, where))
     return path
+
+
+def _gateway_only(cluster: str, records: dict[str, Any]) -> dict[str, Any]:
+    """A report's data from the gateway's job records alone (times in Ray's milliseconds)."""
+    now = time.time()
+    jobs = [{"job": job, "status": str(entry.get("status") or "?"),
+             "start": float(entry["start_time"]) / 1000,
+             "end": float(entry["end_time"]) / 1000 if entry.get("end_time") else now,
+             "entrypoint": str(entry.get("entrypoint") or "")}
+            for job, entry in records.items() if entry.get("start_time")]
+    since = min((j["start"] for j in jobs), default=now - 3600)
+    return {"cluster": cluster, "since": since, "until": now, "step": 60.0, "series": {},
+            "jobs": sorted(jobs, key=lambda j: j["start"]), "taken_at": _utc_iso(now)}
+
+
+def _utc_iso(when: float) -> str:
+    return dt.datetime.fromtimestamp(when, dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def member_report(selected: Any, impl: Provider[Any, Any]) -> dict[str, Any]:
