@@ -23,7 +23,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
-import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from typing import Any, Literal, NamedTuple
 from infra.core import paths, remote_head, ssh, ui
 from infra.core.errors import UsageError
 from infra.core.sharing import certs as sharing_certs
-from infra.node import gateway_config, rayproc, supervise
+from infra.node import gateway_config, rayproc, shell, supervise
 from infra.node.files import atomic_write
 from infra.node.tracking import NODE_PASSWORD_PATH
 from infra.node.wait import WaitTimeout, until
@@ -271,8 +270,9 @@ class LocalHead(HeadAccess):
 
     def run_node(self, module: str, args: str, timeout: float = 60.0,
                  check: bool = False) -> ssh.Result:
-        return self.run(f"cd {shlex.quote(str(paths.PROJECT_ROOT))} && "
-                        f"{shlex.quote(sys.executable)} -m {module} {args}", timeout, check)
+        return self.run(shell.all_of(shell.argv("cd", str(paths.PROJECT_ROOT)),
+                                     f"{shell.argv(sys.executable, '-m', module)} {args}"),
+                        timeout, check)
 
     def fetch(self, path: str, local: Path) -> None:
         os.replace(self.head_path(path), local)

@@ -31,6 +31,7 @@ from typing import Any
 from infra.core import privilege, shipping, ssh
 from infra.core.endpoint import Endpoint
 from infra.core.errors import RayfleetError
+from infra.node import shell
 
 #: Where head daemons keep their configs and pid files (0700, as the token's folder).
 PRIVATE_DIR = ".rayfleet"
@@ -257,13 +258,13 @@ def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_
                               f"stop --pidfile {home_word(pidfile(config_path))}", python,
                               activate, remote_zip)
         handed = [_relative(p) for p in (staged, *(secrets or {}), remote_zip, *copies)]
-        command = " && ".join([
+        command = shell.all_of(
             f"{{ [ ! -e {home_word(pidfile(config_path))} ] || "
             f"{{ {before}; rm -f {home_word(config_path)}; }}; }}",
             # The secrets' and the staged config's SSH user's copies go: nothing left behind.
             privilege.hand_over(user, handed, [_relative(p) for p in (staged, *(secrets or {}))]),
             privilege.as_user(user, node_command("infra.node.supervise", args, python, "",
-                                                 remote_zip), activate)])
+                                                 remote_zip), activate))
     ssh.run(target, command, timeout=60, check=True)
 
 
@@ -285,9 +286,9 @@ def start_ray_up_monitor(target: ssh.SshTarget, gcs_port: int, token: bool, acti
     supervisor is in it). `replace`: a new Ray runs there (`ray up` ran), so the monitor that
     runs is replaced; otherwise one starts only when none runs."""
     remote_zip = put_files(target)
-    command = " && ".join([
+    command = shell.all_of(
         privilege.hand_over(privilege.SCALER_USER, [_relative(remote_zip)]),
-        privilege.ray_up_monitor(gcs_port, token, _relative(remote_zip), activate, replace)])
+        privilege.ray_up_monitor(gcs_port, token, _relative(remote_zip), activate, replace))
     ssh.run(target, command, timeout=60, check=True)
 
 
