@@ -83,7 +83,8 @@ def test_an_installed_wheel_finds_its_files_and_plans_outside_the_checkout(
         local_plan = providers.create(loading.load_spec(Path("mine.yaml"))).plan(None)
         batch = script.render_script(loading.load_spec(Path("hpc.yaml")))
         print(json.dumps({
-            "package": str(Path(paths.__file__).resolve().parent),
+            # infra/, two folders above infra/core/paths.py
+            "package": str(Path(paths.__file__).resolve().parents[1]),
             "templates": str(paths.templates_dir()), "setup": str(paths.setup_dir()),
             "installer": (paths.setup_dir() / "install.sh").is_file(),
             "start": local_plan.files["start.sh"], "batch": batch[:200],
