@@ -208,12 +208,12 @@ def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
 def _gateway_only(cluster: str, records: dict[str, Any]) -> dict[str, Any]:
     """A report's data from the gateway's job records alone (times in Ray's milliseconds)."""
     now = time.time()
-    jobs = [{"job": job, "status": str(entry.get("status") or "?"),
+    jobs: list[dict[str, Any]] = [{"job": job, "status": str(entry.get("status") or "?"),
              "start": float(entry["start_time"]) / 1000,
              "end": float(entry["end_time"]) / 1000 if entry.get("end_time") else now,
              "entrypoint": str(entry.get("entrypoint") or "")}
             for job, entry in records.items() if entry.get("start_time")]
-    since = min((j["start"] for j in jobs), default=now - 3600)
+    since = min((float(j["start"]) for j in jobs), default=now - 3600)
     return {"cluster": cluster, "since": since, "until": now, "step": 60.0, "series": {},
             "jobs": sorted(jobs, key=lambda j: j["start"]), "taken_at": _utc_iso(now)}
 
