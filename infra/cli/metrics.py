@@ -8,7 +8,6 @@ is gone. Commands layer: never branches on a provider's name.
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import json
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from infra.core.metrics import report
 from infra.core.metrics.prometheus import MetricsError
 from infra.core.state import State
 from infra.node.files import atomic_write
+from infra.node.gateway_state import now_iso
 from infra.providers.base import Provider
 
 # --- top ---------------------------------------------------------------------------------------
@@ -215,11 +215,7 @@ def _gateway_only(cluster: str, records: dict[str, Any]) -> dict[str, Any]:
             for job, entry in records.items() if entry.get("start_time")]
     since = min((float(j["start"]) for j in jobs), default=now - 3600)
     return {"cluster": cluster, "since": since, "until": now, "step": 60.0, "series": {},
-            "jobs": sorted(jobs, key=lambda j: j["start"]), "taken_at": _utc_iso(now)}
-
-
-def _utc_iso(when: float) -> str:
-    return dt.datetime.fromtimestamp(when, dt.timezone.utc).isoformat(timespec="seconds")
+            "jobs": sorted(jobs, key=lambda j: j["start"]), "taken_at": now_iso()}
 
 
 def member_report(selected: Any, impl: Provider[Any, Any]) -> dict[str, Any]:
