@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +68,19 @@ def _env(offline: Offline, home: Path, before: bool) -> dict[str, str]:
     return env
 
 
-def one_round(offline: Offline, home: Path, spec: Path, env: dict[str, str]) -> dict[str, float]:
+@dataclass
+class Demand:
+    """One round's scale-up: seconds from the submit, and what the job printed."""
+    started: float
+    create: float
+    joined: float
+    job: float
+    out: str
+
+
+def demand(offline: Offline, home: Path, spec: Path, env: dict[str, str]) -> Demand:
+    """Submit one task needing `TPU: 4` to a cluster without a TPU node and time its scale-up
+    (tests/gcp_tpu/test_e2e_cluster.py measures its own cluster's scale-up with this too)."""
     started = time.time()
     job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec), "examples/tpu_example.py",
                                         "--", "--wait-for-tpu", "300", "--placement-only"),
@@ -87,15 +100,30 @@ def one_round(offline: Offline, home: Path, spec: Path, env: dict[str, str]) -> 
         raise SystemExit(f"job failed:\n{out}\n{err}")
     created = _first(offline, "create", started)
     assert created is not None
-    ended = float(json.loads(out.split("RESULT ", 1)[1].splitlines()[0])["results"][0]["ended_at"])
+    return Demand(started, created[0] - started, (joined or done) - started, done - started, out)
+
+
+def idle_deleted(offline: Offline, scaled: Demand) -> float:
+    """Seconds from the end of the job's task on the TPU node until the node was deleted."""
+    ended = float(json.loads(scaled.out.split("RESULT ", 1)[1].splitlines()[0])
+                  ["results"][0]["ended_at"])
     while (deleted := _first(offline, "deleted", ended)) is None:
-        if time.time() - done > 300:
+        if time.time() - scaled.started - scaled.job > 300:
             raise SystemExit("the idle TPU node was not deleted within 300 s")
         time.sleep(0.2)
     # The deleted node's host powers off before the next round may have it.
     offline.google.machines.wait_idle()
-    return {"create": created[0] - started, "joined": (joined or done) - started,
-            "job": done - started, "idle_deleted": deleted[0] - ended}
+    return deleted[0] - ended
+
+
+HEADER = (f"{'round':>5} {'cluster':>10} {'create s':>9} {'joined s':>9} {'job done s':>11} "
+          f"{'idle->deleted s':>16} {'idle floor s':>13} {'load':>5}")
+
+
+def row(n: int, name: str, scaled: Demand, idle: float) -> str:
+    """One round's line under HEADER."""
+    return (f"{n:>5} {name:>10} {scaled.create:>9.1f} {scaled.joined:>9.1f} {scaled.job:>11.1f} "
+            f"{idle:>16.1f} {IDLE_TIMEOUT_MINUTES * 60:>13.1f} {os.getloadavg()[0]:>5.2f}")
 
 
 def main() -> int:
@@ -112,7 +140,6 @@ def main() -> int:
     compare = args.compare if args.compare is not None else not args.quick
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     interval = float(RAY_FAST["AUTOSCALER_UPDATE_INTERVAL_S"])
-    idle_floor = IDLE_TIMEOUT_MINUTES * 60  # plus up to one update interval
     kinds = [False, True] if compare else [False]  # before issue 29?
     with tempfile.TemporaryDirectory(prefix="gcp-bench-") as tmp:
         work = Path(tmp)
@@ -133,18 +160,15 @@ def main() -> int:
                         raise SystemExit(up.stdout + up.stderr)
                     print(f"invoke up (head VM + Ray + tunnel check): "
                           f"{time.monotonic() - started:.1f} s, {_name(before)}")
-                print(f"{'round':>5} {'cluster':>10} {'create s':>9} {'joined s':>9} "
-                      f"{'job done s':>11} {'idle->deleted s':>16} {'idle floor s':>13} "
-                      f"{'load':>5}")
+                print(HEADER)
                 for n in range(1, args.rounds + 1):
                     # Alternate which goes first, so neither always follows the other's teardown.
                     for before in (kinds if n % 2 else kinds[::-1]):
                         home, spec = clusters[before]
-                        r = one_round(offline, home, spec, _env(offline, home, before))
-                        joined[before].append(r["joined"])
-                        print(f"{n:>5} {_name(before):>10} {r['create']:>9.1f} "
-                              f"{r['joined']:>9.1f} {r['job']:>11.1f} {r['idle_deleted']:>16.1f} "
-                              f"{idle_floor:>13.1f} {os.getloadavg()[0]:>5.2f}", flush=True)
+                        scaled = demand(offline, home, spec, _env(offline, home, before))
+                        idle = idle_deleted(offline, scaled)
+                        joined[before].append(scaled.joined)
+                        print(row(n, _name(before), scaled, idle), flush=True)
                 print(f"floor for demand->create: {interval:g} s (one autoscaler update)")
             finally:
                 for before, (home, spec) in clusters.items():

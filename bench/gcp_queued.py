@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.gcp_tpu.offline import write_service_account_key  # noqa: E402
 from tests.gcp_tpu.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file  # noqa: E402
+from tests.testbed.hosts import Host  # noqa: E402
 
 POLL_S = 5.0
 
@@ -42,6 +43,36 @@ SLICES = {"one": {"accelerator_type": "v4-8", "cpus": 1},
 SLICE_HOSTS = {"one": 1, "two": 2}
 
 
+def hosts_up(offline: Offline, names: tuple[str, ...], after: float) -> dict[str, float]:
+    """For each queued slice named: seconds from the fake's ACTIVE (after `after`, a time.time())
+    until a raylet runs on every host of the slice. tests/gcp_tpu/test_e2e_queued.py measures
+    its own cluster's 2-host slice with this too (so CI runs it there, not on a bed of its own)."""
+    result: dict[str, float] = {}
+    deadline = time.monotonic() + 600
+    while any(f"{name}: ACTIVE -> hosts up" not in result for name in names):
+        for name in names:
+            if f"{name}: ACTIVE -> hosts up" in result:
+                continue
+            active = _event(offline, "queued-active", f"-{name}-0-0", after)
+            if active is None:
+                continue
+            qr_id = next(k for k in offline.fake.queued_states() if k.endswith(f"-{name}-0-0"))
+            hosts = offline.google.machines.host_of(qr_id)
+            if hosts and all(h.run("pgrep -x raylet || true").stdout.strip() for h in hosts):
+                result[f"{name}: ACTIVE -> hosts up"] = time.time() - active
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the slices did not join within 600 s: {result}")
+        time.sleep(0.5)
+    return result
+
+
+def print_joiner(head: Host) -> None:
+    """The joiner's own account of each host (on the head), once the last `ray start` returned."""
+    time.sleep(2)  # the joiner logs a host once its `ray start` has returned
+    for line in head.run("grep -hE 'joined|failed' ~/.rayfleet/queued.log").stdout.splitlines():
+        print("   joiner: " + line.split(" queued: ", 1)[-1], flush=True)
+
+
 def one_round(offline: Offline, work: Path, n: int, names: tuple[str, ...]) -> dict[str, float]:
     home = work / f"home-{n}"
     key = write_service_account_key(work / f"sa-{n}.json", offline.google.identity,
@@ -54,30 +85,13 @@ def one_round(offline: Offline, work: Path, n: int, names: tuple[str, ...]) -> d
         raise SystemExit(up.stdout + up.stderr)
     result = {"up": time.time() - started}
     try:
-        deadline = time.monotonic() + 600
-        while any(f"{name}: ACTIVE -> hosts up" not in result for name in names):
-            for name in names:
-                if f"{name}: ACTIVE -> hosts up" in result:
-                    continue
-                active = _event(offline, "queued-active", f"-{name}-0-0", started)
-                if active is None:
-                    continue
-                qr_id = next(k for k in offline.fake.queued_states() if k.endswith(f"-{name}-0-0"))
-                hosts = offline.google.machines.host_of(qr_id)
-                if hosts and all(h.run("pgrep -x raylet || true").stdout.strip() for h in hosts):
-                    result[f"{name}: ACTIVE -> hosts up"] = time.time() - active
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the slices did not join within 600 s: {result}")
-            time.sleep(0.5)
+        result.update(hosts_up(offline, names, started))
         # Where the time went, as the joiner logged it on the head.
         heads = [i for i in offline.fake.instances.values()
                  if i["labels"].get("ray-node-type") == "head"
                  and i["labels"].get("rayfleet-name") == f"gcpqbench{n}"]
         head_ip = heads[0]["networkInterfaces"][0]["accessConfigs"][0]["natIP"]
-        head = next(h for h in offline.bed.hosts if h.ip == head_ip)
-        time.sleep(2)  # the joiner logs a host once its `ray start` has returned
-        for line in head.run("grep -hE 'joined|failed' ~/.rayfleet/queued.log").stdout.splitlines():
-            print("   joiner: " + line.split(" queued: ", 1)[-1], flush=True)
+        print_joiner(next(h for h in offline.bed.hosts if h.ip == head_ip))
     finally:
         down_started = time.time()
         down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=900)

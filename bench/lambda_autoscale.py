@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,67 +119,86 @@ def measure(args: argparse.Namespace, mode: str) -> float | None:
             print(up.stdout + up.stderr, file=sys.stderr)
             return None
         print(f"up (head only): {time.monotonic() - started:.1f}s")
-        tunnel = subprocess.Popen([sys.executable, "-m", "invoke", "dashboard", "--cluster",
-                                   str(cluster.spec)], cwd=ROOT, env={**os.environ, **cluster.env},
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                  # Ctrl+C closes it; a bench started in the background of a
-                                  # script inherits SIGINT ignored, and the tunnel would stay.
-                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        try:
-            assert tunnel.stdout is not None
-            url = tunnel.stdout.readline().strip()
-            token = cluster.home / "keys" / CLUSTER / "ray-token"
-            endpoint = Endpoint(url, "", tunneled=True, token_path=token)
-            asked = time.monotonic()
-            submit = cluster.invoke("submit", "--no-wait", str(JOB), "--", str(args.workers))
-            if submit.returncode != 0:
-                print(submit.stdout + submit.stderr, file=sys.stderr)
-                return None
-            # The job exists from here on (the CLI's start, tunnel and upload are not the cluster's
-            # reaction time; they are printed separately).
-            submitted = time.monotonic()
-            submitted_wall = time.time()
-            print(f"`invoke submit --no-wait` took {submitted - asked:.1f}s")
-            seen: dict[str, float] = {}
-            while True:
-                try:
-                    listed = jobs.list_nodes(endpoint)
-                except Exception:  # the dashboard of a busy head may miss an answer; ask again
-                    time.sleep(0.5)
-                    continue
-                alive = [n for n in listed if n.state == "ALIVE" and not n.is_head_node]
-                for node in alive:
-                    seen.setdefault(node.node_ip, time.monotonic() - submitted)
-                if len(alive) >= args.workers:
-                    break
-                if time.monotonic() - submitted > args.boot + 12 * args.workers + 600:
-                    launches(cluster, submitted)
-                    workers = cluster.workers()
-                    active = [w for w in workers if w["status"] == "active"]
-                    print(f"workers did not join: {len(workers)} of {args.workers} launched, "
-                          f"{len(active)} active, {len(alive)} joined Ray", file=sys.stderr)
-                    return None
+        done = scale_up(cluster, args.workers, args.boot)
+        return done.joined if done else None
+
+
+@dataclass(frozen=True)
+class ScaleUp:
+    job_id: str
+    #: Seconds from the job's submission until its workers had joined Ray.
+    joined: float
+
+
+def scale_up(cluster: Scaled, workers: int, boot: float, *job_args: str) -> ScaleUp | None:
+    """On a cluster that is up with no worker: submit a job needing `workers` GPU workers and
+    time it until they joined Ray, printing where the time went and the summary line; None
+    after a failure. tests/lambda_cloud/test_e2e_autoscale.py measures its own cluster's
+    scale-up with this too (so CI runs this measurement there, not on a bed of its own)."""
+    tunnel = subprocess.Popen([sys.executable, "-m", "invoke", "dashboard", "--cluster",
+                               str(cluster.spec)], cwd=ROOT, env={**os.environ, **cluster.env},
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              # Ctrl+C closes it; a bench started in the background of a
+                              # script inherits SIGINT ignored, and the tunnel would stay.
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    before = cluster.launches()
+    try:
+        assert tunnel.stdout is not None
+        url = tunnel.stdout.readline().strip()
+        token = cluster.home / "keys" / CLUSTER / "ray-token"
+        endpoint = Endpoint(url, "", tunneled=True, token_path=token)
+        asked = time.monotonic()
+        submit = cluster.invoke("submit", "--no-wait", str(JOB), "--", str(workers), *job_args)
+        if submit.returncode != 0:
+            print(submit.stdout + submit.stderr, file=sys.stderr)
+            return None
+        # The job exists from here on (the CLI's start, tunnel and upload are not the cluster's
+        # reaction time; they are printed separately).
+        submitted = time.monotonic()
+        submitted_wall = time.time()
+        print(f"`invoke submit --no-wait` took {submitted - asked:.1f}s")
+        seen: dict[str, float] = {}
+        while True:
+            try:
+                listed = jobs.list_nodes(endpoint)
+            except Exception:  # the dashboard of a busy head may miss an answer; ask again
                 time.sleep(0.5)
-            joined = time.monotonic() - submitted
-        finally:
-            tunnel.send_signal(signal.SIGINT)
-            tunnel.wait(timeout=30)
-        # Where the time went: each launch (the fake's log) and when that machine joined Ray.
-        workers = [i for i in cluster.fake.instances.values()
-                   if not i.foreign and dict((t["key"], t["value"]) for t in i.tags)
-                   .get("ray-node-type") == "worker"]
-        for inst in sorted(workers, key=lambda i: i.launched):
-            launched = inst.launched - submitted
-            print(f"  {inst.name}: launched at +{launched:.1f}s, active at "
-                  f"+{launched + args.boot:.1f}s, joined Ray at +{seen.get(str(inst.ip), -1):.1f}s")
-        launches(cluster, submitted)
-        phases(cluster, submitted_wall)
-        floor = 12 * (args.workers - 1) + args.boot
-        print(f"submission -> {args.workers} workers joined: {joined:.1f}s; floor {floor:.0f}s "
-              f"(12 s x {args.workers - 1} + boot {args.boot:.0f}s); "
-              f"{100 * (joined - floor) / floor:+.1f}% over the floor; "
-              f"launch calls {cluster.launches() - 1}")
-    return joined
+                continue
+            alive = [n for n in listed if n.state == "ALIVE" and not n.is_head_node]
+            for node in alive:
+                seen.setdefault(node.node_ip, time.monotonic() - submitted)
+            if len(alive) >= workers:
+                break
+            if time.monotonic() - submitted > boot + 12 * workers + 600:
+                launches(cluster, submitted)
+                started = cluster.workers()
+                active = [w for w in started if w["status"] == "active"]
+                print(f"workers did not join: {len(started)} of {workers} launched, "
+                      f"{len(active)} active, {len(alive)} joined Ray", file=sys.stderr)
+                return None
+            time.sleep(0.5)
+        joined = time.monotonic() - submitted
+    finally:
+        tunnel.send_signal(signal.SIGINT)
+        tunnel.wait(timeout=30)
+    # Where the time went: each launch (the fake's log) and when that machine joined Ray.
+    instances = [i for i in cluster.fake.instances.values()
+                 if not i.foreign and dict((t["key"], t["value"]) for t in i.tags)
+                 .get("ray-node-type") == "worker"]
+    for inst in sorted(instances, key=lambda i: i.launched):
+        launched = inst.launched - submitted
+        print(f"  {inst.name}: launched at +{launched:.1f}s, active at "
+              f"+{launched + boot:.1f}s, joined Ray at +{seen.get(str(inst.ip), -1):.1f}s")
+    launches(cluster, submitted)
+    phases(cluster, submitted_wall)
+    # Lambda's launch limit, as the fake enforces it (12 s, or less on a bed scaled down).
+    limit = cluster.fake.launches.interval
+    floor = limit * (workers - 1) + boot
+    print(f"submission -> {workers} workers joined: {joined:.1f}s; floor {floor:.0f}s "
+          f"({limit:g} s x {workers - 1} + boot {boot:g}s); "
+          f"{100 * (joined - floor) / floor:+.1f}% over the floor; "
+          f"launch calls {cluster.launches() - before}")
+    return ScaleUp(submit.stdout.strip().splitlines()[-1], joined)
 
 
 def launches(cluster: Scaled, submitted: float) -> None:

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -86,13 +87,18 @@ def wait(what: str, check: object, timeout: float = 300) -> None:
         time.sleep(0.5)
 
 
-def run_ours(env: dict[str, str], spec: Path) -> float:
+def run_ours(env: dict[str, str], spec: Path) -> tuple[float, dict[str, Any]]:
+    """A job asking for a 2-node placement group on the cluster with its head alone: seconds
+    from its demand to the group placed (the job's own clock), and what the job printed.
+    tests/slurm/test_e2e_autoscale.py runs both arms on its own cluster (so CI measures there,
+    not on a bed of its own)."""
     out = invoke(env, "submit", "--cluster", str(spec), "tests/data/spread_job.py", "--", "2")
     result = json.loads([line for line in out.splitlines() if line.startswith("RESULT ")][-1][7:])
-    return float(result["ready_at"] - result["demand_at"])
+    return float(result["ready_at"] - result["demand_at"]), result
 
 
 def run_bare(cluster: SlurmCluster, address: str, token: Path) -> float:
+    """Seconds from `sbatch` of a plain `ray start` on the free host to Ray's start there."""
     started = time.time()
     job_id = cluster.sbatch(BARE.format(address=address, token=token))
     marker = cluster.jobs_dir / f"bare-{job_id}.started"
@@ -139,7 +145,7 @@ def main() -> None:
             token = cluster.jobs_dir / "keys" / cluster_id / "ray-token"
             for rep in range(args.reps):
                 wait("no worker job", lambda: not worker_jobs(cluster, cluster_id))
-                ours.append(run_ours(env, spec))
+                ours.append(run_ours(env, spec)[0])
                 wait("the idle worker's job to be cancelled",
                      lambda: not worker_jobs(cluster, cluster_id))
                 bare.append(run_bare(cluster, address, token))

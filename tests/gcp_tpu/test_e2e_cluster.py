@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from bench import gcp_autoscale
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import CLUSTER, PROJECT, Offline, spec_file
@@ -137,12 +138,14 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
         _the_token_and_the_password_are_nowhere_else(home, head_host, token_file)
         phase("up (head VM, Ray, tunnel)")
         # 2. A job that needs TPU: 4 makes the autoscaler create a TPU node, which runs it.
-        _demand_creates_a_tpu_node_that_runs_the_job(offline, home, spec, cluster_id)
+        scaled = _demand_creates_a_tpu_node_that_runs_the_job(offline, home, spec, cluster_id)
         phase("demand -> TPU node created, joined, job done")
         # 3. Idle: the autoscaler deletes the TPU node; status shows only the head.
-        wait_until(lambda: not tpu_nodes(offline.fake), "the idle TPU node to be deleted",
-                   timeout=180, interval=0.5)
+        idle = gcp_autoscale.idle_deleted(offline, scaled)
+        assert not tpu_nodes(offline.fake)
         phase("idle -> TPU node deleted")
+        print(f"[gcp e2e] bench/gcp_autoscale.py's round on this cluster:\n{gcp_autoscale.HEADER}"
+              f"\n{gcp_autoscale.row(1, 'e2e', scaled, idle)}", flush=True)
         _status_shows_the_head_alone(offline, home, spec, head_host)
         # 4. A spot TPU node preempted mid-job: a new node takes over, the job still succeeds,
         #    and the autoscaler keeps working (it scales the new node down again).
@@ -239,11 +242,11 @@ def _the_token_and_the_password_are_nowhere_else(home: Path, head_host: Any,
 
 
 def _demand_creates_a_tpu_node_that_runs_the_job(offline: Offline, home: Path, spec: Path,
-                                                 cluster_id: str) -> None:
+                                                 cluster_id: str) -> gcp_autoscale.Demand:
+    """The scale-up, timed by bench/gcp_autoscale.py's own round (so CI runs that bench's
+    measurement on this cluster instead of on one of its own)."""
     fake = offline.fake
-    submit = offline.invoke(home, "submit", "--cluster", str(spec), "examples/tpu_example.py",
-                            "--", "--wait-for-tpu", "240", "--placement-only", timeout=360)
-    assert submit.returncode == 0, submit.stdout + submit.stderr
+    scaled = gcp_autoscale.demand(offline, home, spec, offline.env(home))
     nodes = tpu_nodes(fake)
     assert len(nodes) == 1 and nodes[0]["state"] == "READY", nodes
     node_name = nodes[0]["name"].rsplit("/", 1)[-1]
@@ -251,9 +254,11 @@ def _demand_creates_a_tpu_node_that_runs_the_job(offline: Offline, home: Path, s
     assert nodes[0]["acceleratorType"] == "v4-8" and nodes[0]["schedulingConfig"] == {
         "spot": True}
     tpu_host = offline.google.machines.host_of(node_name)[0]
-    result = result_of(submit.stdout)
+    result = result_of(scaled.out)
     assert [r["host"] for r in result["results"]] == [tpu_host.hostname], result
     assert len(result["results"][0]["tpu_ids"]) == 4, result
+    assert 0 < scaled.create <= scaled.joined <= scaled.job, scaled
+    return scaled
 
 
 def _status_shows_the_head_alone(offline: Offline, home: Path, spec: Path,
