@@ -103,6 +103,10 @@ def test_a_job_that_will_not_stop_is_gone_past_max_job_hours_with_its_detached_a
     assert time.monotonic() - started < MAX_JOB_HOURS * 3600 + 60
     record = oscar.get(f"/api/jobs/{job}").json()
     assert "ran past sharing.max_job_hours" in record["message"]
+    # The gateway's audit log says who stopped it (the gateway, not a member or the owner).
+    audit = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "audit.log"
+    assert any(json.loads(line).get("job") == job and json.loads(line).get("who") == "gateway"
+               for line in audit.read_text().splitlines())
 
 
 def test_a_name_added_again_is_another_member_who_sees_none_of_the_old_jobs(

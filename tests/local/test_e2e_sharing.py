@@ -316,19 +316,6 @@ def test_duplicate_and_unknown_member_refused_in_one_line(shared: Shared) -> Non
     assert owner_only.returncode != 0 and "is the owner's" in owner_only.stderr
 
 
-def test_the_head_stops_a_member_job_past_max_job_hours_and_says_why(shared: Shared) -> None:
-    kim = shared.add("kim")
-    job = kim.submit(SLEEPER)
-    _wait_for(lambda: kim.get(f"/api/jobs/{job}").json()["status"] == "STOPPED",
-              MAX_JOB_HOURS * 3600 + 60,
-              "the head stops the job")
-    listed = kim.get(f"/api/jobs/{job}").json()
-    assert "ran past sharing.max_job_hours" in listed["message"]
-    audit = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "audit.log"
-    assert any(json.loads(line).get("job") == job and json.loads(line).get("who") == "gateway"
-               for line in audit.read_text().splitlines())
-
-
 def test_members_see_the_dashboard_but_no_unfiltered_view_and_change_nothing(shared: Shared) -> None:
     lou = shared.add("lou")
     page = lou.get("/")
