@@ -5,8 +5,8 @@ One autoscaling cluster with tracking and autodown, in order: `up` makes the hea
 monitor as the second, under the head's supervisor (killed with -9, it is back within seconds);
 a job on the head and one on each of two autoscaled workers try every way to the API key, root,
 the autoscaler's home and the other machines, and find none, while the separated autoscaler
-scales 0 -> 2 -> 0 for them and the tracking server answers them; then the idle watcher removes
-the whole cluster through the API.
+scales 0 -> 2 -> 0 for them and the tracking server answers them; `status` sees the idle watcher
+run as the autoscaler's user (its removing the cluster is test_e2e_autodown.py's).
 
 The world (test bed hosts as instances, the fake API reached through relays) is autoscale_bed.py's.
 """
@@ -29,7 +29,9 @@ from tests.lambda_cloud.autoscale_bed import API_KEY, CLUSTER, Scaled, autoscale
 from tests.testbed.preflight import require
 
 SCALE = 0.05
-IDLE_MINUTES = 1.0
+#: Long enough that the watcher never removes this cluster between its scenarios (on a loaded
+#: machine the key scan alone may take minutes); its removal is test_e2e_autodown.py's.
+IDLE_MINUTES = 10.0
 #: The supervisor's first pause (1 s) and the monitor's start (Ray's imports) on a busy machine.
 RESTART_S = 30.0
 PROBE = Path(__file__).resolve().parents[1] / "data" / "privilege_probe.py"
@@ -179,18 +181,15 @@ def test_the_api_key_on_the_head_is_only_the_autoscalers(scaled: Scaled) -> None
 
 
 @pytest.mark.slow
-def test_the_watcher_still_removes_the_whole_cluster(scaled: Scaled) -> None:
+def test_status_sees_the_watcher_run_as_the_autoscalers_user(scaled: Scaled) -> None:
+    """The watcher runs as the autoscaler's user; that it then removes the whole cluster through
+    the API, from that user's key, is test_e2e_autodown.py's scenario on the same separated head
+    (this module's cluster would only repeat it: its idle period is long enough never to end it)."""
     status = scaled.invoke("status")
     assert status.returncode == 0, status.stderr
     assert f"jobs run as {RAY_USER} (no sudo)" in status.stdout, status.stdout
     # `status` asks the head as the watcher's user: it sees the watcher run.
     assert "autodown: " in status.stdout and "watcher not running" not in status.stdout, \
         status.stdout
-    started = time.monotonic()
-    scaled.wait("every instance of the cluster terminated by its own head",
-                lambda: all(i["status"] == "terminated" for i in scaled.fake.inventory()
-                            if not i["foreign"]) or None, timeout=IDLE_MINUTES * 60 + 180)
-    print(f"\n[lambda privilege] cluster removed by its watcher {time.monotonic() - started:.1f}s "
-          "after the workers went")
     down = scaled.invoke("teardown")
     assert down.returncode == 0, down.stdout + down.stderr
