@@ -17,6 +17,7 @@ import collections
 import datetime as dt
 import hashlib
 import hmac
+import itertools
 import json
 import os
 import time
@@ -187,24 +188,27 @@ class Usage:
             self._dirty = True
         entry["last_seen"] = stamp
 
-    def tick(self, jobs: list[dict[str, Any]], seconds: float, price_per_hour: float) -> None:
+    def tick(self, jobs: list[dict[str, Any]], seconds: float, price_per_hour: float,
+             now: float | None = None) -> None:
         """Update every job the gateway recorded at its submit (its start and end: the job-hours)
-        and account `seconds` of the cluster at `price_per_hour` (the cost share): split evenly
-        among the jobs running now, a member job's part to that job, and the part of every job
-        without a record of ours (the owner's through their tunnel, or started inside the
-        cluster: "unattributed") to the owner; with nothing running, it is idle cost. Member
-        jobs, owner and idle sum to the accrued. Who a job is comes only from our record: the
-        metadata Ray shows can be set by any code inside the cluster."""
-        running = {_key(j) for j in jobs if j.get("status") == "RUNNING"}
+        and account the last `seconds` of the cluster (until `now`, epoch seconds; the head's
+        clock, Ray's too) at `price_per_hour` (the cost share): at every moment, split evenly among
+        the jobs running then (`presence`), a member job's part to that job, and the part of every
+        job without a record of ours (the owner's through their tunnel, or started inside the
+        cluster: "unattributed") to the owner; with nothing running, it is idle cost. A job that
+        started and ended between two ticks pays for its time too. Member jobs, owner and idle
+        sum to the accrued. Who a job is comes only from our record: the metadata Ray shows can
+        be set by any code inside the cluster."""
+        until = time.time() if now is None else now
+        shares, idle = split_cost(presence(jobs, until - seconds, until), until - seconds, until,
+                                  price_per_hour)
         cost = price_per_hour * seconds / 3600
-        share = cost / len(running) if running else 0.0
         cluster = self.data["cluster"]
         if cost or cluster["hourly_usd"] != price_per_hour:
             self._dirty = True
         cluster["hourly_usd"] = price_per_hour
         cluster["accrued_usd"] += cost
-        if not running:
-            cluster["idle_usd"] += cost
+        cluster["idle_usd"] += idle
         unattributed = self.data.setdefault("unattributed", {})
         for job in jobs:
             key = _key(job)
@@ -212,16 +216,15 @@ class Usage:
             times = {"status": job.get("status"), "start_time": job.get("start_time"),
                      "end_time": job.get("end_time")}
             if entry is None or not entry.get("member"):
-                if key in running:
-                    cluster["owner_usd"] += share
+                cluster["owner_usd"] += shares.get(key, 0.0)
                 if unattributed.get(key) != times:
                     unattributed[key] = times
                     self._dirty = True
                 continue
             before = dict(entry)
             entry.update(times)
-            if key in running:
-                entry["cost"] = float(entry.get("cost", 0.0)) + share
+            if key in shares:
+                entry["cost"] = float(entry.get("cost", 0.0)) + shares[key]
             if entry != before:
                 self._dirty = True
 
@@ -287,6 +290,44 @@ class Usage:
         if self._dirty:
             atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=True), mode=0o600)
             self._dirty = False
+
+
+def presence(jobs: list[dict[str, Any]], since: float, until: float
+             ) -> dict[str, tuple[float, float]]:
+    """When each job ran within [since, until] (epoch seconds), from Ray's own record: a job
+    running now, from its start (Ray's `start_time`, ms) or `since`; a finished one, from its
+    start to its `end_time` when that falls inside. A running job without times ran throughout;
+    a pending one, and a finished one without times, not at all."""
+    found: dict[str, tuple[float, float]] = {}
+    for job in jobs:
+        start, end = job.get("start_time"), job.get("end_time")
+        begin = max(since, start / 1000) if isinstance(start, int | float) else since
+        if job.get("status") == "RUNNING":
+            stop = until
+        elif job.get("status") in FINISHED and isinstance(end, int | float) and start is not None:
+            stop = min(until, end / 1000)
+        else:
+            continue
+        if stop > begin:
+            found[_key(job)] = (begin, stop)
+    return found
+
+
+def split_cost(present: dict[str, tuple[float, float]], since: float, until: float,
+               price_per_hour: float) -> tuple[dict[str, float], float]:
+    """Each job's share of [since, until] at `price_per_hour` (every stretch of time split evenly
+    among the jobs present in it), and the idle part (no job present); together the whole."""
+    edges = sorted({since, until, *(t for span in present.values() for t in span)})
+    shares = dict.fromkeys(present, 0.0)
+    idle = 0.0
+    for left, right in itertools.pairwise(edges):
+        cost = price_per_hour * (right - left) / 3600
+        here = [key for key, (begin, stop) in present.items() if begin <= left and stop >= right]
+        if not here:
+            idle += cost
+        for key in here:
+            shares[key] += cost / len(here)
+    return shares, idle
 
 
 def _key(job: dict[str, Any]) -> str:

@@ -92,6 +92,33 @@ def test_cost_shares_of_overlapping_jobs_sum_to_the_accrued_cost(tmp_path: Path)
     assert cluster["hourly_usd"] == 6.0
 
 
+def test_a_job_that_starts_and_ends_between_two_ticks_pays_for_its_time(tmp_path: Path) -> None:
+    """Ray's own start and end times place a job inside the tick: a 10-minute job that ran and
+    finished between two ticks an hour apart pays its 10 minutes, alone for the first 5 and
+    sharing the next 5 with the owner's job still running; the rest of the hour is the owner's
+    and idle. A pending job, and one that ended before the tick's window, pay nothing."""
+    usage = gs.Usage(tmp_path / gs.USAGE_FILE)
+    _submitted(usage, a="ann", p="bo", old="bo")
+    now = 1_800_000_000.0
+    ms = 1000
+
+    def at(minutes: float) -> float:  # Ray's milliseconds, `minutes` into the window
+        return (now - 3600 + minutes * 60) * ms
+
+    jobs = [{**_job("a", "SUCCEEDED", "ann"), "start_time": at(20), "end_time": at(30)},
+            {**_job("o", "RUNNING", None), "start_time": at(25), "end_time": None},
+            {**_job("p", "PENDING", "bo"), "start_time": at(50), "end_time": None},
+            {**_job("old", "STOPPED", "bo"), "start_time": at(-30), "end_time": at(-10)}]
+    usage.tick(jobs, 3600, 6.0, now=now)  # $0.10 a minute
+    cluster = usage.data["cluster"]
+    assert usage.data["jobs"]["a"]["cost"] == pytest.approx(0.5 + 0.25)
+    assert cluster["owner_usd"] == pytest.approx(0.25 + 3.0)  # 5 min shared, then 30 alone
+    assert cluster["idle_usd"] == pytest.approx(2.0)  # the first 20 minutes
+    assert usage.data["jobs"]["p"]["cost"] == usage.data["jobs"]["old"]["cost"] == 0.0
+    assert usage.data["jobs"]["a"]["cost"] + cluster["owner_usd"] + cluster["idle_usd"] == \
+        pytest.approx(cluster["accrued_usd"]) == pytest.approx(6.0)
+
+
 def test_maybe_active_counts_a_members_jobs_until_ray_reports_them_finished(tmp_path: Path) -> None:
     usage = gs.Usage(tmp_path / gs.USAGE_FILE)
     _submitted(usage, a="ann", b="ann", c="ann", d="bo")  # a: not yet seen by a tick
