@@ -103,7 +103,13 @@ def answering(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def count_runs(url: str, password_file: Path, timeout: float = 10.0) -> int:
+#: What `count_runs` gives each request: MLflow's first search after the server's start loads its
+#: store's code (seconds of CPU); on a busy 2-core head that took longer than 10 s once (a CI run
+#: at load 13), and `status` then said the server did not answer while it was only slow.
+SEARCH_TIMEOUT_S = 30.0
+
+
+def count_runs(url: str, password_file: Path, timeout: float = SEARCH_TIMEOUT_S) -> int:
     """Runs in every experiment of the server (MLflow's REST API, authenticated)."""
     import requests
 
