@@ -51,17 +51,19 @@ class Run:
     load: float
 
 
-def _up(spec: Path, env: dict[str, str]) -> Run:
-    """`invoke up` of a fresh cluster, timed; torn down after."""
+def _up(spec: Path, env: dict[str, str], keep: bool = False) -> Run:
+    """`invoke up` of a fresh cluster, timed; torn down after unless `keep`."""
     load = os.getloadavg()[0]
     cluster = ["--cluster", str(spec)]
     started = time.monotonic()
     done = _invoke(["up", *cluster], env, check=False)
     took = time.monotonic() - started
-    _invoke(["teardown", *cluster], env, check=False)
+    if done.returncode or not keep:
+        _invoke(["teardown", *cluster], env, check=False)
     if done.returncode:
         raise SystemExit(f"invoke up failed: {done.stderr.strip().splitlines()[-1:]}")
-    time.sleep(PAUSE_S)
+    if not keep:
+        time.sleep(PAUSE_S)
     return Run(took, load)
 
 
@@ -137,7 +139,11 @@ def main() -> None:
     try:
         for pair in range(first, reps):
             order = ("none", "prometheus") if pair % 2 == 0 else ("prometheus", "none")
-            ups = {metrics: _up(specs[metrics], env) for metrics in order}
+            # The job pairs below want a fresh `prometheus` cluster: the last pair's is kept when
+            # it came second (nothing else then ran beside either timed `up`).
+            kept = pair == reps - 1 and order[-1] == "prometheus"
+            ups = {metrics: _up(specs[metrics], env, keep=kept and metrics == "prometheus")
+                   for metrics in order}
             off, on = ups["none"], ups["prometheus"]
             print(_pair("warm-up" if pair < 0 else f"up pair {pair + 1}", off, on,
                         "with" if order[0] == "prometheus" else "without", "up"), flush=True)
@@ -145,7 +151,8 @@ def main() -> None:
                 up_ratios.append(on.seconds / off.seconds)
                 loads += [off.load, on.load]
         measured = specs["prometheus"]
-        _invoke(["up", "--cluster", str(measured)], env)
+        if not kept:
+            _invoke(["up", "--cluster", str(measured)], env)
         try:
             program = _prometheus(home, measured)
             if args.quick:
