@@ -1,7 +1,8 @@
 """What a job can reach on a gcp-tpu cluster (issue 29), end to end on the offline Google.
 
-One cluster, one `up` (the module's fixture), two scenarios that each run alone: the head's setup makes its two users (Ray's, the autoscaler's)
-in the host's own /etc and /home, Ray runs as the first and Ray's monitor, with Ray's unpatched
+One cluster, one `up` (the module's fixture), two scenarios that each run alone: the head's setup
+makes its two users (Ray's, the autoscaler's) in the host's own /etc and /home, Ray runs as the
+first and Ray's monitor, with Ray's unpatched
 GCP provider, as the second, as do the idle watcher and its supervisor; the node's firewall lets
 only root and the autoscaler's user reach the metadata server. A job on the head and its task on
 an autoscaled TPU host ask the metadata server for the VM's token (with Google's header) and are
