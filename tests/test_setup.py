@@ -375,7 +375,7 @@ def test_conda_backend_downloads_miniforge_when_no_conda_exists(tmp_path: Path) 
         "FAKE_CONDA_CALLS": str(calls),
         # No conda anywhere on PATH, whatever this machine has.
         "PATH": ":".join(p for p in os.environ["PATH"].split(":")
-                         if not (Path(p) / "conda").exists() and not (Path(p) / "mamba").exists()),
+                         if not shutil.which("conda", path=p) and not shutil.which("mamba", path=p)),
     }
     env.pop("CONDA_EXE", None)
     prefix = tmp_path / "env"
