@@ -110,6 +110,10 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     if diff:
         ui.out("changes since the last `invoke up`:")
         ui.out(diff, markup=False, highlight=False)
+    elif paths.applied_dir(selected.name).exists() and any(not c.applied for c in spec_changes):
+        # `up` keeps what it rendered even when the running cluster could not take all of it.
+        ui.out("the rendered files are those of the last `invoke up`, but the running cluster "
+               "does not have the changes above that need a new cluster")
     elif paths.applied_dir(selected.name).exists():
         ui.out("no changes since the last `invoke up`")
     else:
