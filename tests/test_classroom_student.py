@@ -171,3 +171,39 @@ def test_the_members_folder_stays_out_of_the_working_dir_the_sent_line_uploads(
     for private in ("bob.rayfleet.json", "class-alice/ray-token",
                     "class-alice/class-alice.rayfleet.json"):
         assert excluded.match_file(private), private
+
+
+class _Listing:
+    """Ray's JobSubmissionClient.list_jobs as the gateway answers a member: their jobs, a stopped
+    one carrying the gateway's reason in its message."""
+
+    def list_jobs(self) -> list[object]:
+        from ray.job_submission import JobDetails, JobStatus, JobType
+        reason = "stopped by the cluster: it ran past sharing.max_job_hours (0.01 h)"
+        return [JobDetails(type=JobType.SUBMISSION, submission_id="raysubmit_long",
+                           entrypoint="python train.py 120", status=JobStatus.STOPPED,
+                           message=reason),
+                JobDetails(type=JobType.SUBMISSION, submission_id="raysubmit_ok",
+                           entrypoint="python train.py", status=JobStatus.SUCCEEDED,
+                           message="Job finished successfully.")]
+
+
+def test_a_members_status_says_who_stopped_their_job_and_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Stock `ray job status` prints only "was stopped"; the member's `rayfleet status` names why."""
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RAYFLEET_CLUSTERS", str(tmp_path / "clusters"))
+    target = membership.folder("class")
+    target.mkdir(parents=True)
+    (target / membership.INFO_FILE).write_text(json.dumps(
+        {"cluster": "class", "address": URL, "member": "alice"}))
+    monkeypatch.setattr(jobs, "job_client", lambda endpoint: _Listing())
+    monkeypatch.setattr(membership, "endpoint", lambda cluster: Endpoint(URL, URL))
+    assert commands_sharing.status("class", False) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert ("  raysubmit_long  STOPPED  python train.py 120  (stopped by the cluster: it ran past "
+            "sharing.max_job_hours (0.01 h))") in lines, lines
+    assert "  raysubmit_ok  SUCCEEDED  python train.py" in lines, lines
+    assert commands_sharing.status("class", True) == 0
+    shown = json.loads(capfd.readouterr().out)["jobs"]
+    assert shown[0]["stopped"].endswith("(0.01 h)") and shown[1]["stopped"] == ""

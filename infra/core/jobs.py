@@ -280,12 +280,15 @@ def last_job(endpoint: Endpoint) -> str:
     return str(last.submission_id or last.job_id)
 
 
-def list_jobs(endpoint: Endpoint) -> list[dict[str, str]]:
+def list_jobs(endpoint: Endpoint, why_stopped: bool = False) -> list[dict[str, str]]:
+    """One row per job; `why_stopped` adds Ray's message of each stopped job as "stopped" (through a
+    gateway: who stopped it and why, which stock `ray job status` does not print)."""
     rows = []
     for job in job_client(endpoint).list_jobs():
-        rows.append({
-            "job": str(job.submission_id or job.job_id),
-            "status": str(job.status.value if hasattr(job.status, "value") else job.status),
-            "entrypoint": str(job.entrypoint),
-        })
+        status = str(job.status.value if hasattr(job.status, "value") else job.status)
+        row = {"job": str(job.submission_id or job.job_id), "status": status,
+               "entrypoint": str(job.entrypoint)}
+        if why_stopped:
+            row["stopped"] = str(job.message or "") if status == "STOPPED" else ""
+        rows.append(row)
     return rows
