@@ -207,3 +207,33 @@ def test_a_members_status_says_who_stopped_their_job_and_why(
     assert commands_sharing.status("class", True) == 0
     shown = json.loads(capfd.readouterr().out)["jobs"]
     assert shown[0]["stopped"].endswith("(0.01 h)") and shown[1]["stopped"] == ""
+
+
+def test_an_installed_rayfleet_keeps_a_students_files_in_their_home_not_in_site_packages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install ./rayfleet` (the README's line for a student) puts the package in
+    site-packages: `join` must keep the token under ~/.rayfleet, and specs come from the folder
+    the student works in; a checkout keeps its own .rayfleet/ and clusters/."""
+    import importlib.util
+
+    from infra.core import paths
+
+    package = tmp_path / "site-packages" / "infra"
+    (package / "core").mkdir(parents=True)
+    (package / "_shipped" / "templates").mkdir(parents=True)  # what only a wheel carries
+    shutil.copy2(paths.__file__, package / "core" / "paths.py")
+    loaded = importlib.util.spec_from_file_location("installed_paths", package / "core" / "paths.py")
+    assert loaded is not None and loaded.loader is not None
+    installed = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(installed)
+    monkeypatch.delenv("RAYFLEET_HOME", raising=False)
+    monkeypatch.delenv("RAYFLEET_CLUSTERS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "student"))
+    work = tmp_path / "class-repo"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert installed.home() == tmp_path / "student" / ".rayfleet"
+    assert installed.clusters_dir() == work / "clusters"
+    assert paths.home() == ROOT / ".rayfleet" and paths.clusters_dir() == ROOT / "clusters"
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "chosen"))
+    assert installed.home() == tmp_path / "chosen"
