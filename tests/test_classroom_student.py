@@ -237,3 +237,37 @@ def test_an_installed_rayfleet_keeps_a_students_files_in_their_home_not_in_site_
     assert paths.home() == ROOT / ".rayfleet" and paths.clusters_dir() == ROOT / "clusters"
     monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "chosen"))
     assert installed.home() == tmp_path / "chosen"
+
+
+def test_a_refused_member_reads_the_gateways_words_not_cannot_reach(tmp_path: Path) -> None:
+    """An expired or removed member's `rayfleet status`/`submit`: the gateway answers 403 with its
+    reason, which Ray's SDK wraps as "Authentication failed: ..."; we reached it, it refused."""
+    import http.server
+    import threading
+
+    from infra.core.errors import JobError
+
+    said = b"member bob's access expired on 2026-11-27T00:00:00+00:00; ask the cluster's owner"
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(403)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(said)))
+            self.end_headers()
+            self.wfile.write(said)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        token = tmp_path / "ray-token"
+        token.write_text("t" * 64)
+        with pytest.raises(JobError) as refused:
+            jobs.job_client(Endpoint(url, url, token_path=token))
+    finally:
+        server.shutdown()
+    assert str(refused.value) == f"{url} refused: {said.decode()}", refused.value

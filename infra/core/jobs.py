@@ -51,6 +51,11 @@ def job_client(endpoint: Endpoint) -> Any:
         return JobSubmissionClient(url, headers=auth.headers(endpoint.token_path))
     except Exception as exc:
         message = auth.scrub(str(exc), endpoint.token_path).splitlines()[0]
+        # Ray words a 401/403 "Authentication failed: <the answer>" and adds a paragraph on its own
+        # tokens; the answer is what a gateway says (expired, removed, ...): that, as refused.
+        for ray_words in ("Authentication failed: ", "Authentication required: "):
+            if message.startswith(ray_words):
+                raise JobError(f"{url} refused: {message.removeprefix(ray_words)}") from None
         raise JobError(f"cannot reach the job API at {url}: {message}") from None
 
 
