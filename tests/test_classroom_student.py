@@ -271,3 +271,26 @@ def test_a_refused_member_reads_the_gateways_words_not_cannot_reach(tmp_path: Pa
     finally:
         server.shutdown()
     assert str(refused.value) == f"{url} refused: {said.decode()}", refused.value
+
+
+class _Refusing:
+    """Ray's JobSubmissionClient.submit_job as a gateway's 429 reaches it (Ray's own words first)."""
+
+    def submit_job(self, **_: object) -> str:
+        raise RuntimeError("Request failed with status code 429: member bob has used 0.02 "
+                           "job-hours of their budget (sharing.member_budget_hours 0.01); ask the "
+                           "cluster's owner for more\n.")
+
+
+def test_a_refused_submit_is_one_line_in_the_gateways_words(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.core.errors import JobError
+
+    monkeypatch.setattr(jobs, "job_client", lambda endpoint: _Refusing())
+    (tmp_path / "train.py").write_text("print(1)\n")
+    command, env = jobs.prepare(str(tmp_path / "train.py"), [], None, None)
+    with pytest.raises(JobError) as refused:
+        jobs.submit(Endpoint(URL, URL), command, env, False)
+    assert str(refused.value) == (
+        "submit refused: member bob has used 0.02 job-hours of their budget "
+        "(sharing.member_budget_hours 0.01); ask the cluster's owner for more"), refused.value

@@ -8,6 +8,7 @@ excluded from it: a private key must never travel with a job.
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -167,6 +168,10 @@ def prepare(script: str, args: list[str], runtime_env_file: str | None,
     return entrypoint(script, args, folder), runtime_env(runtime_env_file, folder)
 
 
+#: How Ray's job SDK words an HTTP answer it did not expect, before the answer's own text.
+_RAY_HTTP_WORDS = re.compile(r"Request failed with status code (\d{3}): ")
+
+
 def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool,
            again: str = "invoke {verb} {job}") -> int:
     """Submit `command`; follow its logs when `wait`; return the exit code to leave with.
@@ -176,7 +181,12 @@ def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool,
         try:
             job_id = client.submit_job(entrypoint=command, runtime_env=env)
         except Exception as exc:
-            raise JobError(f"submission failed: {str(exc).splitlines()[0]}") from None
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            answer = _RAY_HTTP_WORDS.match(said)
+            if answer and 400 <= int(answer.group(1)) < 500:
+                # The job API (a gateway: a cap, a budget) refused it, in its own words.
+                raise JobError(f"submit refused: {said[answer.end():]}") from None
+            raise JobError(f"submission failed: {said}") from None
     ui.info(f"job {job_id} submitted")
     if not wait:
         ui.out(job_id)
