@@ -98,3 +98,29 @@ def test_a_shared_cluster_without_prometheus_still_reports_its_members_and_jobs(
     # Without sharing there is nothing to show: the one-line refusal stays.
     with pytest.raises(commands_metrics.MetricsError, match="runs no Prometheus"):
         commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r2.html")  # type: ignore[arg-type]
+
+
+def test_a_shared_cluster_gone_with_no_history_still_reports_its_members_and_jobs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After `teardown` of a shared cluster that kept no metrics history (metrics: none), the
+    gateway's record (its copy here, which `members` reads) still gives the term's report."""
+    from infra.core import state
+    from tests.classroom_owner import owner_cluster
+
+    owner_cluster(tmp_path, monkeypatch)
+    state.state_path("class").unlink()  # torn down
+    members: dict[str, Any] = {
+        "rows": [{"name": "ann", "role": "member", "total_jobs": 1, "job_hours": 0.5,
+                  "cost_share_usd": 0.0}],
+        "records": {"raysubmit_ann1": {"member": "ann", "status": "STOPPED",
+                                       "start_time": 1.7e12, "end_time": 1.7e12 + 1.8e6,
+                                       "entrypoint": "python a.py"}}}
+    out = commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r.html",  # type: ignore[arg-type]
+                                        members)
+    page = out.read_text()
+    table = re.search(r"<table data-table=members>(.*?)</table>", page, re.S)
+    assert table is not None and "<td>ann</td><td>member</td><td>1</td>" in table.group(1)
+    assert "<td>raysubmit_ann1</td><td>ann</td>" in page
+    assert "no charts: the cluster is gone and no metrics history of it was kept" in page
+    with pytest.raises(commands_metrics.MetricsError, match="has no metrics history"):
+        commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r2.html")  # type: ignore[arg-type]

@@ -461,3 +461,24 @@ def test_a_date_the_owner_gave_reads_as_that_day_not_the_next_midnight(
     commands_sharing.members(None, str(spec), False)
     table = capfd.readouterr().out
     assert "2026-12-05 24:00 UTC" in table and "2026-12-06T00:00:00" not in table, table
+
+
+def test_plan_says_a_dollar_budget_is_never_reached_on_a_cluster_that_costs_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """A local (or Slurm) cluster's nodes have no price: the gateway counts $0, so an instructor's
+    `member_budget_usd`/`budget_usd` there would silently never refuse anyone."""
+    from infra.cli import commands
+
+    spec = owner_cluster(tmp_path, monkeypatch, "  member_budget_hours: 10\n"
+                                                "  member_budget_usd: 4\n  budget_usd: 20\n",
+                         top=AUTODOWN)
+    capfd.readouterr()
+    commands.plan(None, str(spec), False)
+    said = [line for line in capfd.readouterr().err.splitlines() if "never reached" in line]
+    assert len(said) == 1 and "sharing.member_budget_usd and sharing.budget_usd" in said[0], said
+    commands.plan(None, str(spec), True)
+    assert json.loads(capfd.readouterr().out)["gateway"]["unpriced_budgets"] == [
+        "member_budget_usd", "budget_usd"]
+    spec.write_text(spec.read_text().replace("  member_budget_usd: 4\n  budget_usd: 20\n", ""))
+    commands.plan(None, str(spec), False)
+    assert "never reached" not in capfd.readouterr().err

@@ -171,3 +171,126 @@ def test_the_members_folder_stays_out_of_the_working_dir_the_sent_line_uploads(
     for private in ("bob.rayfleet.json", "class-alice/ray-token",
                     "class-alice/class-alice.rayfleet.json"):
         assert excluded.match_file(private), private
+
+
+class _Listing:
+    """Ray's JobSubmissionClient.list_jobs as the gateway answers a member: their jobs, a stopped
+    one carrying the gateway's reason in its message."""
+
+    def list_jobs(self) -> list[object]:
+        from ray.job_submission import JobDetails, JobStatus, JobType
+        reason = "stopped by the cluster: it ran past sharing.max_job_hours (0.01 h)"
+        return [JobDetails(type=JobType.SUBMISSION, submission_id="raysubmit_long",
+                           entrypoint="python train.py 120", status=JobStatus.STOPPED,
+                           message=reason),
+                JobDetails(type=JobType.SUBMISSION, submission_id="raysubmit_ok",
+                           entrypoint="python train.py", status=JobStatus.SUCCEEDED,
+                           message="Job finished successfully.")]
+
+
+def test_a_members_status_says_who_stopped_their_job_and_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Stock `ray job status` prints only "was stopped"; the member's `rayfleet status` names why."""
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RAYFLEET_CLUSTERS", str(tmp_path / "clusters"))
+    target = membership.folder("class")
+    target.mkdir(parents=True)
+    (target / membership.INFO_FILE).write_text(json.dumps(
+        {"cluster": "class", "address": URL, "member": "alice"}))
+    monkeypatch.setattr(jobs, "job_client", lambda endpoint: _Listing())
+    monkeypatch.setattr(membership, "endpoint", lambda cluster: Endpoint(URL, URL))
+    assert commands_sharing.status("class", False) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert ("  raysubmit_long  STOPPED  python train.py 120  (stopped by the cluster: it ran past "
+            "sharing.max_job_hours (0.01 h))") in lines, lines
+    assert "  raysubmit_ok  SUCCEEDED  python train.py" in lines, lines
+    assert commands_sharing.status("class", True) == 0
+    shown = json.loads(capfd.readouterr().out)["jobs"]
+    assert shown[0]["stopped"].endswith("(0.01 h)") and shown[1]["stopped"] == ""
+
+
+def test_an_installed_rayfleet_keeps_a_students_files_in_their_home_not_in_site_packages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install ./rayfleet` (the README's line for a student) puts the package in
+    site-packages: `join` must keep the token under ~/.rayfleet, and specs come from the folder
+    the student works in; a checkout keeps its own .rayfleet/ and clusters/."""
+    import importlib.util
+
+    from infra.core import paths
+
+    package = tmp_path / "site-packages" / "infra"
+    (package / "core").mkdir(parents=True)
+    (package / "_shipped" / "templates").mkdir(parents=True)  # what only a wheel carries
+    shutil.copy2(paths.__file__, package / "core" / "paths.py")
+    loaded = importlib.util.spec_from_file_location("installed_paths", package / "core" / "paths.py")
+    assert loaded is not None and loaded.loader is not None
+    installed = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(installed)
+    monkeypatch.delenv("RAYFLEET_HOME", raising=False)
+    monkeypatch.delenv("RAYFLEET_CLUSTERS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "student"))
+    work = tmp_path / "class-repo"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert installed.home() == tmp_path / "student" / ".rayfleet"
+    assert installed.clusters_dir() == work / "clusters"
+    assert paths.home() == ROOT / ".rayfleet" and paths.clusters_dir() == ROOT / "clusters"
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "chosen"))
+    assert installed.home() == tmp_path / "chosen"
+
+
+def test_a_refused_member_reads_the_gateways_words_not_cannot_reach(tmp_path: Path) -> None:
+    """An expired or removed member's `rayfleet status`/`submit`: the gateway answers 403 with its
+    reason, which Ray's SDK wraps as "Authentication failed: ..."; we reached it, it refused."""
+    import http.server
+    import threading
+
+    from infra.core.errors import JobError
+
+    said = b"member bob's access expired on 2026-11-27T00:00:00+00:00; ask the cluster's owner"
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(403)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(said)))
+            self.end_headers()
+            self.wfile.write(said)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        token = tmp_path / "ray-token"
+        token.write_text("t" * 64)
+        with pytest.raises(JobError) as refused:
+            jobs.job_client(Endpoint(url, url, token_path=token))
+    finally:
+        server.shutdown()
+    assert str(refused.value) == f"{url} refused: {said.decode()}", refused.value
+
+
+class _Refusing:
+    """Ray's JobSubmissionClient.submit_job as a gateway's 429 reaches it (Ray's own words first)."""
+
+    def submit_job(self, **_: object) -> str:
+        raise RuntimeError("Request failed with status code 429: member bob has used 0.02 "
+                           "job-hours of their budget (sharing.member_budget_hours 0.01); ask the "
+                           "cluster's owner for more\n.")
+
+
+def test_a_refused_submit_is_one_line_in_the_gateways_words(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.core.errors import JobError
+
+    monkeypatch.setattr(jobs, "job_client", lambda endpoint: _Refusing())
+    (tmp_path / "train.py").write_text("print(1)\n")
+    command, env = jobs.prepare(str(tmp_path / "train.py"), [], None, None)
+    with pytest.raises(JobError) as refused:
+        jobs.submit(Endpoint(URL, URL), command, env, False)
+    assert str(refused.value) == (
+        "submit refused: member bob has used 0.02 job-hours of their budget "
+        "(sharing.member_budget_hours 0.01); ask the cluster's owner for more"), refused.value

@@ -133,3 +133,19 @@ def test_check_prints_every_fix_whole_in_a_narrow_terminal(rf_home: Path, tmp_pa
     assert done.returncode == 0, done.stderr
     fix = "set LAMBDA_API_KEY or put `api_key = ...` in ~/.lambda_cloud/lambda_keys"
     assert fix in done.stdout and "…" not in done.stdout
+
+
+def test_every_verbs_one_line_in_the_list_is_a_whole_sentence() -> None:
+    """`rayfleet --list` shows each docstring's first line only: one that runs on ("... and
+    write") reads cut off; the details go after a blank line."""
+    from invoke import Collection
+
+    from infra.cli import tasks
+
+    verbs = Collection.from_module(tasks)
+    cut = {}
+    for name in verbs.task_names:
+        lines = (verbs[name].__doc__ or "").strip().splitlines()
+        if not lines or (len(lines) > 1 and lines[1].strip()):
+            cut[name] = lines[0] if lines else ""
+    assert not cut, cut

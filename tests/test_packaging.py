@@ -102,6 +102,15 @@ def test_an_installed_wheel_finds_its_files_and_plans_outside_the_checkout(
     assert Path(found["setup"]) == package / "_shipped" / "setup" and found["installer"]
     assert "ray" in found["start"] and "--head" in found["start"]
     assert found["batch"].startswith("#!/bin/bash")
+    # Without RAYFLEET_HOME (a student after `pip install ./rayfleet`): the state under their
+    # home, specs from the folder they work in; never inside site-packages.
+    where = subprocess.run(
+        [str(python), "-c", "from infra.core import paths; print(paths.home()); "
+                            "print(paths.clusters_dir())"],
+        cwd=elsewhere, env={k: v for k, v in env.items() if k != "RAYFLEET_HOME"},
+        capture_output=True, text=True, timeout=300)
+    assert where.returncode == 0, where.stderr[-3000:]
+    assert where.stdout.split() == [str(tmp_path / ".rayfleet"), str(elsewhere / "clusters")]
     # The console program, once the package has one, runs from here too.
     program = venv / "bin" / "rayfleet"
     if program.exists():

@@ -97,6 +97,10 @@ def test_provider_picks_its_default_spec(tmp_path: Path, monkeypatch: pytest.Mon
         loading.resolve("slurm", None)
     with pytest.raises(UsageError, match="unknown provider 'gpc'"):
         loading.resolve("gpc", None)
+    (tmp_path / "local.yaml").unlink()
+    # An owner who forgot --cluster (`member-bundles --dir folders`) is not told "--provider None".
+    with pytest.raises(UsageError, match=r"^no --cluster or --provider given: no default spec "):
+        loading.resolve(None, None)
 
 
 def test_example_specs_in_clusters_are_valid() -> None:

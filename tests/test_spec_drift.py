@@ -50,3 +50,37 @@ def test_what_up_did_not_apply_stays_pending(tmp_path: Path,
     drift.keep(changed, drift.read_applied("class"), running_before=False)
     assert drift.changes(drift.read_applied("class"), changed) == []
 
+
+
+def test_plan_does_not_call_a_change_up_left_pending_no_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """`up` on a running cluster keeps what it rendered, `metrics` lines included, though the
+    running head has none: the rendered files then match, and plan must not end "no changes"."""
+    spec = owner_cluster(tmp_path, monkeypatch, "  max_job_hours: 2\n")
+    drift.keep(loading.resolve(None, str(spec)), None, running_before=False)
+    spec.write_text(spec.read_text() + "metrics: prometheus\n")
+    commands.plan(None, str(spec), False)
+    commands._keep_applied("class")  # what `up` does after it ran, whatever it could not apply
+    capfd.readouterr()
+    commands.plan(None, str(spec), False)
+    out = capfd.readouterr().out
+    assert 'metrics: "none" -> "prometheus" (needs a new cluster' in out, out
+    assert "no changes since the last `invoke up`" not in out, out
+    assert "does not have the changes above that need a new cluster" in out, out
+
+
+def test_up_on_a_running_local_cluster_starts_no_daemon_the_spec_added_since(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`metrics: prometheus` added to a running local cluster: `up` says it needs a new cluster,
+    so it must not start Prometheus beside a head that was started without it (the report then
+    read it while plan said metrics were "none"); a daemon the head had comes back if it died."""
+    from infra import providers
+
+    spec = owner_cluster(tmp_path, monkeypatch, "  max_job_hours: 2\n")
+    drift.keep(loading.resolve(None, str(spec)), None, running_before=False)
+    spec.write_text(spec.read_text() + "metrics: prometheus\ntracking: mlflow\n")
+    added = providers.create(loading.resolve(None, str(spec)))
+    assert not added._as_started("metrics") and not added._as_started("tracking")
+    assert added._as_started("sharing")
+    drift.keep(loading.resolve(None, str(spec)), None, running_before=False)  # a new head
+    assert added._as_started("metrics") and added._as_started("tracking")

@@ -67,6 +67,7 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     spec_changes = drift.changes(drift.read_applied(selected.name), selected) if running else []
     cost_range = impl.cost_range(result)
     gateway = sharing.plan_note(selected, current)
+    unpriced = _unpriced_budgets(selected, impl, result)
     if as_json:
         ui.out(json.dumps({
             "cluster": selected.name,
@@ -79,8 +80,8 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
             "diff": diff,
             "spec_changes": [dict(c.__dict__) for c in spec_changes],
             "problems": result.problems, "job_reach": impl.job_reach or None,
-            "gateway": {"port": selected.sharing.port, "note": gateway} if selected.sharing
-            else None,
+            "gateway": {"port": selected.sharing.port, "note": gateway,
+                        "unpriced_budgets": unpriced} if selected.sharing else None,
         }, indent=2), soft_wrap=True, markup=False)
         _refuse_problems(result)
         return
@@ -96,6 +97,11 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
         ui.out(f"• {note}", markup=False)
     if gateway:
         ui.out(f"• {gateway}", markup=False)
+    if unpriced:
+        ui.warn(f"{selected.source}: {' and '.join(f'sharing.{k}' for k in unpriced)}: this "
+                "cluster's nodes have no price here (a local or Slurm cluster costs no money), so "
+                "its cost share stays $0 and a dollar budget is never reached; "
+                "sharing.member_budget_hours limits job-hours")
     if cost_range is not None:
         ui.out(f"• {costs.describe_range(cost_range)}", markup=False)
     ui.out(f"• {costs.describe_autodown(selected)}", markup=False)
@@ -110,6 +116,10 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     if diff:
         ui.out("changes since the last `invoke up`:")
         ui.out(diff, markup=False, highlight=False)
+    elif paths.applied_dir(selected.name).exists() and any(not c.applied for c in spec_changes):
+        # `up` keeps what it rendered even when the running cluster could not take all of it.
+        ui.out("the rendered files are those of the last `invoke up`, but the running cluster "
+               "does not have the changes above that need a new cluster")
     elif paths.applied_dir(selected.name).exists():
         ui.out("no changes since the last `invoke up`")
     else:
@@ -119,6 +129,16 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     for problem in result.problems:
         ui.info(f"[red]✗[/red] {escape(problem)}")
     _refuse_problems(result)
+
+
+def _unpriced_budgets(selected: spec.ClusterSpec, impl: Provider[Any, Any],
+                      result: Plan[Any]) -> list[str]:
+    """The dollar budgets of `sharing:` that the gateway cannot reach: it counts $0 for a cluster
+    whose nodes have no price (`node_prices` None)."""
+    shared = selected.sharing
+    if shared is None or impl.node_prices(result) is not None:
+        return []
+    return [k for k in ("member_budget_usd", "budget_usd") if getattr(shared, k)]
 
 
 class PlanProblemsError(RayfleetError):

@@ -181,12 +181,15 @@ def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
     if running and current is not None and current.info.metrics_since:
         data = live_history(impl, current)
         where = "live from the cluster's Prometheus"
-    elif running and not kept and members is not None:
-        # A shared cluster without Prometheus still has the gateway's record: the members' table
-        # and their jobs over the cluster's whole life, with no charts.
+    elif not kept and members is not None:
+        # A shared cluster without Prometheus (or gone with no history kept) still has the
+        # gateway's record, kept here too: the members' table and their jobs over the cluster's
+        # whole life, with no charts.
         data = _gateway_only(cluster, members["records"])
-        where = ("no charts: the cluster runs no Prometheus (`metrics: prometheus` in its spec "
-                 "adds them); members and jobs from the gateway's record")
+        why = ("the cluster runs no Prometheus" if running
+               else "the cluster is gone and no metrics history of it was kept")
+        where = (f"no charts: {why} (`metrics: prometheus` in its spec adds them); members and "
+                 "jobs from the gateway's record")
     elif running and not kept:
         raise MetricsError(f"cluster {cluster!r} runs no Prometheus (metrics: none in its spec, "
                            "or none could be installed); set `metrics: prometheus` and run "

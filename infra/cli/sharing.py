@@ -292,13 +292,14 @@ def status(cluster: str, as_json: bool) -> int:
     """A member's status: the gateway's address and their own jobs."""
     info = membership.describe(cluster)
     endpoint = membership.endpoint(cluster)
-    rows = jobs.list_jobs(endpoint)
+    rows = jobs.list_jobs(endpoint, why_stopped=True)
     if as_json:
         ui.out(json.dumps({**info, "jobs": rows}, indent=2), markup=False, soft_wrap=True)
         return 0
     ui.out(f"{cluster}: member {info['member']} via {info['address']}", markup=False)
     for row in rows:
-        ui.out(f"  {row['job']}  {row['status']}  {row['entrypoint']}", markup=False)
+        why = f"  ({row['stopped']})" if row["stopped"] else ""
+        ui.out(f"  {row['job']}  {row['status']}  {row['entrypoint']}{why}", markup=False)
     if not rows:
         ui.out("  no jobs of yours yet", markup=False)
     return 0

@@ -299,8 +299,10 @@ def sync(c: Context, direction: str, local: str, remote: str, provider: str | No
             "timeout": "Seconds to wait for each provider's checks (default 30)."})
 @_one_line_errors
 def check(c: Context, json: bool = False, timeout: float = 30.0) -> int:
-    """Show which providers this machine can use (credentials, APIs, Slurm, ssh/rsync) and how
-    to fix what is missing. Uses each provider's default spec, clusters/<provider>.yaml."""
+    """Show which providers this machine can use, and how to fix what is missing.
+
+    Credentials, APIs, Slurm, ssh/rsync; from each provider's default spec, clusters/<provider>.yaml.
+    """
     from infra.cli import check as checking
 
     return checking.run(json, timeout)
@@ -385,8 +387,10 @@ def serve_url(c: Context, name: str | None = None, provider: str | None = None,
 def member_add(c: Context, name: str | None = None, admin: bool = False,
                expires_days: float = 0.0, out: str | None = None, roster: str | None = None,
                provider: str | None = None, cluster: str | None = None) -> None:
-    """Add a member (or a roster of them) to a shared cluster (`sharing:` in its spec) and write
-    each one's folder."""
+    """Add a member (or a roster: --roster) to a shared cluster and write each one's folder.
+
+    The cluster's spec has a `sharing:` block; the folder holds the bundle, token, CA and env.sh.
+    """
     if roster:
         from infra.cli import term as commands_term
 
@@ -482,8 +486,10 @@ def join(c: Context, bundle: str, address: str = "") -> None:
 @_one_line_errors
 def top(c: Context, provider: str | None = None, cluster: str | None = None, once: bool = False,
         json: bool = False) -> None:
-    """Live view of a cluster: nodes by type, CPU/GPU/TPU/memory in use, pending demand, the
-    autoscaler, running jobs, $/h (needs `metrics: prometheus`; Ctrl+C quits)."""
+    """Live view of a cluster (needs `metrics: prometheus`; Ctrl+C quits).
+
+    Nodes by type, CPU/GPU/TPU/memory in use, pending demand, the autoscaler, running jobs, $/h.
+    """
     from infra.cli import metrics as commands_metrics
 
     commands_metrics.top_command(provider, cluster, once, json)
@@ -493,8 +499,11 @@ def top(c: Context, provider: str | None = None, cluster: str | None = None, onc
 @_one_line_errors
 def report(c: Context, provider: str | None = None, cluster: str | None = None,
            out: str | None = None) -> None:
-    """One self-contained HTML page of the cluster's life: nodes against demand, utilization,
-    jobs, cost; from its Prometheus while it runs, from the copy kept at teardown after."""
+    """One self-contained HTML page of the cluster's life: nodes, use, jobs, members, cost.
+
+    From its Prometheus while it runs, from the copy kept at teardown after; a shared cluster's
+    members' table and jobs from the gateway's record over the cluster's whole life.
+    """
     from infra.cli import metrics as commands_metrics
 
     commands_metrics.report_command(provider, cluster, out)

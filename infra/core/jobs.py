@@ -8,6 +8,7 @@ excluded from it: a private key must never travel with a job.
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -51,6 +52,11 @@ def job_client(endpoint: Endpoint) -> Any:
         return JobSubmissionClient(url, headers=auth.headers(endpoint.token_path))
     except Exception as exc:
         message = auth.scrub(str(exc), endpoint.token_path).splitlines()[0]
+        # Ray words a 401/403 "Authentication failed: <the answer>" and adds a paragraph on its own
+        # tokens; the answer is what a gateway says (expired, removed, ...): that, as refused.
+        for ray_words in ("Authentication failed: ", "Authentication required: "):
+            if message.startswith(ray_words):
+                raise JobError(f"{url} refused: {message.removeprefix(ray_words)}") from None
         raise JobError(f"cannot reach the job API at {url}: {message}") from None
 
 
@@ -162,6 +168,10 @@ def prepare(script: str, args: list[str], runtime_env_file: str | None,
     return entrypoint(script, args, folder), runtime_env(runtime_env_file, folder)
 
 
+#: How Ray's job SDK words an HTTP answer it did not expect, before the answer's own text.
+_RAY_HTTP_WORDS = re.compile(r"Request failed with status code (\d{3}): ")
+
+
 def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool,
            again: str = "invoke {verb} {job}") -> int:
     """Submit `command`; follow its logs when `wait`; return the exit code to leave with.
@@ -171,7 +181,12 @@ def submit(endpoint: Endpoint, command: str, env: dict[str, Any], wait: bool,
         try:
             job_id = client.submit_job(entrypoint=command, runtime_env=env)
         except Exception as exc:
-            raise JobError(f"submission failed: {str(exc).splitlines()[0]}") from None
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            answer = _RAY_HTTP_WORDS.match(said)
+            if answer and 400 <= int(answer.group(1)) < 500:
+                # The job API (a gateway: a cap, a budget) refused it, in its own words.
+                raise JobError(f"submit refused: {said[answer.end():]}") from None
+            raise JobError(f"submission failed: {said}") from None
     ui.info(f"job {job_id} submitted")
     if not wait:
         ui.out(job_id)
@@ -280,12 +295,15 @@ def last_job(endpoint: Endpoint) -> str:
     return str(last.submission_id or last.job_id)
 
 
-def list_jobs(endpoint: Endpoint) -> list[dict[str, str]]:
+def list_jobs(endpoint: Endpoint, why_stopped: bool = False) -> list[dict[str, str]]:
+    """One row per job; `why_stopped` adds Ray's message of each stopped job as "stopped" (through a
+    gateway: who stopped it and why, which stock `ray job status` does not print)."""
     rows = []
     for job in job_client(endpoint).list_jobs():
-        rows.append({
-            "job": str(job.submission_id or job.job_id),
-            "status": str(job.status.value if hasattr(job.status, "value") else job.status),
-            "entrypoint": str(job.entrypoint),
-        })
+        status = str(job.status.value if hasattr(job.status, "value") else job.status)
+        row = {"job": str(job.submission_id or job.job_id), "status": status,
+               "entrypoint": str(job.entrypoint)}
+        if why_stopped:
+            row["stopped"] = str(job.message or "") if status == "STOPPED" else ""
+        rows.append(row)
     return rows

@@ -14,14 +14,28 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
+def installed() -> bool:
+    """rayfleet runs from an installed wheel (`pip install ./rayfleet`), not from its checkout (an
+    editable install reads the checkout): the wheel alone carries infra/_shipped/."""
+    return (Path(__file__).resolve().parents[1] / "_shipped").is_dir()
+
+
 def home() -> Path:
-    """The folder for state, rendered configs, applied copies and keys."""
-    return Path(os.environ.get("RAYFLEET_HOME") or PROJECT_ROOT / ".rayfleet")
+    """The folder for state, rendered configs, applied copies and keys: `.rayfleet/` in the
+    checkout; for an installed rayfleet `~/.rayfleet/`, never inside site-packages (a joined
+    member's token would sit in a folder every user of that Python may read, or none may write)."""
+    if os.environ.get("RAYFLEET_HOME"):
+        return Path(os.environ["RAYFLEET_HOME"])
+    return Path.home() / ".rayfleet" if installed() else PROJECT_ROOT / ".rayfleet"
 
 
 def clusters_dir() -> Path:
-    """The folder of user specs, `clusters/` unless RAYFLEET_CLUSTERS points elsewhere."""
-    return Path(os.environ.get("RAYFLEET_CLUSTERS") or PROJECT_ROOT / "clusters")
+    """The folder of user specs, `clusters/` unless RAYFLEET_CLUSTERS points elsewhere: the
+    checkout's, or for an installed rayfleet the one in the folder it runs in (a class's
+    repository, say)."""
+    if os.environ.get("RAYFLEET_CLUSTERS"):
+        return Path(os.environ["RAYFLEET_CLUSTERS"])
+    return Path.cwd() / "clusters" if installed() else PROJECT_ROOT / "clusters"
 
 
 def shipped(name: str) -> Path:

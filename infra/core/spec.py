@@ -452,8 +452,9 @@ def selected_path(provider: str | None, cluster: str | None,
         return spec_path(cluster)
     path = paths.clusters_dir() / f"{provider or DEFAULT_PROVIDER}.yaml"
     if not path.exists():
+        said = f"--provider {provider}" if provider else "no --cluster or --provider given"
         raise UsageError(
-            f"--provider {provider}: no default spec {_display(path)}; "
+            f"{said}: no default spec {_display(path)}; "
             f"create it (see clusters/*.yaml for examples) or pass --cluster"
         )
     return path

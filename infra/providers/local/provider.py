@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from infra.core import auth, jobs, paths, remote_head, render, ui
+from infra.core import auth, drift, jobs, paths, remote_head, render, ui
 from infra.core.autodown import view as autodown_view
 from infra.core.capabilities import Capabilities
 from infra.core.errors import ClusterNotRunningError, ProviderError
@@ -214,8 +214,13 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         if state.resources(Head):
             if jobs.dashboard_ready(endpoint.dashboard_url, token):
                 ui.info(f"cluster {self.spec.name!r} is already running")
-                self._ensure_tracking(state, block)
-                self._ensure_metrics(state, block)
+                # A daemon the running head was started with comes back if it died; one the spec
+                # added since needs a new head (Ray's own settings for it are in start.sh), as
+                # `up` then says: starting it alone would give half of it.
+                if self._as_started("tracking"):
+                    self._ensure_tracking(state, block)
+                if self._as_started("metrics"):
+                    self._ensure_metrics(state, block)
                 self._ensure_watcher(state, block, endpoint)
                 return endpoint
             ui.info(f"cluster {self.spec.name!r} is in state but not answering; restarting it")
@@ -255,6 +260,13 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         self._ensure_metrics(state, block, new_head=True)
         self._ensure_watcher(state, block, endpoint, new_head=True)
         return endpoint
+
+    def _as_started(self, field: str) -> bool:
+        """The running cluster has `field` as the spec has it now (per the spec its last `up` put
+        in effect; a cluster from before that record is taken to match)."""
+        applied = drift.read_applied(self.spec.name)
+        now = drift.snapshot(self.spec)
+        return applied is None or applied.get(field) == now.get(field)
 
     def _ensure_tracking(self, state: State, block: rayproc.PortBlock,
                          new_head: bool = False) -> None:
