@@ -193,7 +193,10 @@ class Gateway(JobRoutes, gd.DashboardViews):
                 return answer, None
         if (method == "GET" and self.config.members_see_dashboard
                 and (path in DASHBOARD_VIEWS or path.startswith("/static/"))):
-            return await self.forward(request, who, target), None
+            answer = await self.forward(request, who, target)
+            if path in gb.ENTRY_PAGES and answer.status == 200:
+                answer.body = gb.with_banner(answer.body, who.name, who.sees_all)
+            return answer, None
         return gb.closed_view(method, path), None
 
     async def login(self, request: Any, seen: dict[str, Any]) -> Any:

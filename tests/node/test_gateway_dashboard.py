@@ -149,3 +149,12 @@ def test_without_members_see_dashboard_the_views_stay_closed(
             status, text = closed.send("GET", target)
             assert status == 404 and b"not open to members" in text, target
         assert closed.upstream.seen == []
+
+
+def test_a_members_dashboard_page_says_which_tabs_show_them_nothing(bed: Bed) -> None:
+    status, page = bed.send("GET", "/")
+    assert status == 200 and page.startswith(b"ray's answer to /")
+    assert b"Signed in as ann" in page and b"Serve, Metrics and profiling are not open" in page
+    assert b"your own jobs" in page
+    status, page = bed.send("GET", "/", token=OWNER)
+    assert status == 200 and b"rayfleet-member" not in page
