@@ -107,8 +107,11 @@ class DashboardViews:
     async def viewer(self, who: gs.Member) -> Viewer:
         if who.sees_all:
             return Viewer(sees_all=True)
-        _, jobs = await self.ray_jobs()
         viewer = Viewer(sees_all=False)
+        try:
+            _, jobs = await self.ray_jobs()
+        except Exception:  # Ray not answering: no job is known to be theirs, so nothing shows
+            return viewer
         for job in jobs:
             submission = job.get("submission_id")
             if isinstance(submission, str) and self.mine(who, submission):
@@ -120,7 +123,10 @@ class DashboardViews:
     async def ray_json(self, path: str, query: list[tuple[str, str]] | None = None) -> Any:
         """Ray's JSON answer at `path` with the query the gateway built, or None (Ray answered
         otherwise: the caller then answers empty)."""
-        status, raw = await self.upstream_raw("GET", path, urlencode(query or []))
+        try:
+            status, raw = await self.upstream_raw("GET", path, urlencode(query or []))
+        except Exception:  # any failure to reach Ray: the page gets the empty answer
+            return None
         if status != 200:
             return None
         try:
@@ -147,8 +153,9 @@ class DashboardViews:
         answer = await handler(self, who, path, query, multi)
         if request.method == "HEAD":
             return web.Response(status=200, content_type="application/json")
-        if isinstance(answer, str):
-            return web.Response(status=200, text=answer, content_type="text/plain")
+        if isinstance(answer, str):  # a log file: what a job printed may hold a secret
+            return web.Response(status=200, body=self.scrub_bytes(answer.encode()),
+                                content_type="text/plain", charset="utf-8")
         return web.Response(status=200, content_type="application/json",
                             body=self.scrub_bytes(json.dumps(answer).encode()))
 
@@ -317,7 +324,10 @@ class DashboardViews:
                 asked = [("task_id", query["task_id"])]
         if asked is None:
             return f"This log is {_CLOSED}: members read the logs of their own jobs only.\n"
-        status, raw = await self.upstream_raw("GET", path, urlencode(asked + shown))
+        try:
+            status, raw = await self.upstream_raw("GET", path, urlencode(asked + shown))
+        except Exception:  # any failure to reach Ray, said in place of the log
+            return "Ray did not answer for this log; try again.\n"
         if status != 200:
             return f"Ray answered {status} for this log.\n"
         return raw.decode("utf-8", "replace")

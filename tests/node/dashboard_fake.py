@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The cluster's Ray token (tests/node/gateway_bed.py): ann's worker printed it.
+CLUSTER_TOKEN = "the-cluster-ray-token"
 #: Ray's job ids of the bed's jobs (tests/node/gateway_bed.py JOBS).
 ANN_JOB, BO_JOB, INSIDE_JOB = "01000000", "02000000", "03000000"
 NODE = "ab" * 28
@@ -115,7 +117,8 @@ def answer(path: str, query: Any) -> tuple[int, Any] | None:
             "gcs_server": ["gcs_server.out"], "raylet": ["raylet.out"]})
     if path == "/api/v0/logs/file":
         named = query.get("filename") or query.get("actor_id") or query.get("task_id")
-        return 200, f"the log {named}\n"
+        printed = f"RAY_AUTH_TOKEN={CLUSTER_TOKEN}\n" if named == ANN_LOGS[1] else ""
+        return 200, f"the log {named}\n{printed}"
     if path == "/api/serve/applications/":
         return 200, {"controller_info": {"node_id": NODE}, "proxies": {},
                      "applications": {"bo_app": {"route_prefix": "/bo"}}, "target_capacity": None}

@@ -22,7 +22,7 @@ from infra.node.gateway import Gateway, make_app, tls_context
 from infra.node.gateway_config import Config
 from tests.node import dashboard_fake
 
-ANN, BO, OWNER, RAY = "t-ann", "t-bo", "t-owner", "the-cluster-ray-token"
+ANN, BO, OWNER, RAY = "t-ann", "t-bo", "t-owner", dashboard_fake.CLUSTER_TOKEN
 IDS = {"ann": "a1a1a1a1a1a1a1a1", "bo": "b2b2b2b2b2b2b2b2"}
 #: Ray's job list: one job of each member, one started inside the cluster with forged metadata.
 JOBS: list[dict[str, Any]] = [{"submission_id": "raysubmit_ann1", "job_id": "01000000", "status": "RUNNING",

@@ -136,6 +136,11 @@ def test_what_reaches_ray_is_the_query_the_gateway_built(bed: Bed) -> None:
     assert not [p for _, p, _ in bed.upstream.seen[before:] if "x=1" in p or "node_ip" in p]
 
 
+def test_a_log_file_shows_no_secret(bed: Bed) -> None:
+    status, text = bed.send("GET", DRIVER_LOG.format(node=ray.NODE, name=ray.ANN_LOGS[1]))
+    assert status == 200 and text == b"the log " + ray.ANN_LOGS[1].encode() + b"\nRAY_AUTH_TOKEN=<secret>\n"
+
+
 def test_the_owner_gets_rays_own_answers(bed: Bed) -> None:
     status, body = bed.send("GET", "/api/serve/applications/", token=OWNER)
     assert status == 200 and b"bo_app" in body
