@@ -16,7 +16,8 @@ is answered as Ray answers a job that does not exist. An admin member and the ow
 Working-dir packages are each member's own (gateway_packages.py). Every stop the cluster makes is
 followed until the job has ended, with its actors (gateway_stops.py). Everything else that changes
 the cluster is refused to members; of the dashboard they get its pages and the cluster-wide views
-listed in DASHBOARD_VIEWS. Nothing a member receives carries the cluster token or another secret
+listed in DASHBOARD_VIEWS, and the page's own calls get their jobs' data or a quiet empty answer
+(gateway_dashboard.py). Nothing a member receives carries the cluster token or another secret
 the config names. The state it keeps (members, usage, audit) is in gateway_state.py. Ray and what
 Ray brings (aiohttp, yarl) only: it ships to heads in the node package.
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.node import gateway_browser as gb
+from infra.node import gateway_dashboard as gd
 from infra.node import gateway_packages as gk
 from infra.node import gateway_prices as gp
 from infra.node import gateway_state as gs
@@ -43,10 +45,11 @@ from infra.node import gateway_target as gt
 from infra.node.gateway_config import Config, read_config
 from infra.node.gateway_jobs import JobRoutes, reply
 
-#: Read-only views of the dashboard a member may open (cluster-wide, the same for every member).
-DASHBOARD_VIEWS = ("/", "/index.html", "/favicon.ico", "/logo.svg", "/timezone", "/nodes",
-                   "/api/cluster_status", "/api/grafana_health", "/api/prometheus_health",
-                   "/api/v0/cluster_metadata")
+#: Read-only views of the dashboard a member may open as Ray answers them (cluster-wide, the same
+#: for every member); the dashboard's other calls are answered in gateway_dashboard.py.
+DASHBOARD_VIEWS = ("/", "/index.html", "/favicon.ico", "/logo.svg", "/timezone",
+                   "/api/cluster_status", "/api/v0/cluster_metadata", "/usage_stats_enabled",
+                   "/api/v0/runtime_env_redaction")
 #: Answered for every member, like the job SDK's connection check.
 OPEN_VIEWS = ("/api/version", "/api/authentication_mode")
 _JOB = re.compile(r"/api/jobs/([^/]+)(/logs|/logs/tail|/stop)?/?")
@@ -57,7 +60,7 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
 UPSTREAM_TIMEOUT_S = 120.0
 
 
-class Gateway(JobRoutes):
+class Gateway(JobRoutes, gd.DashboardViews):
     def __init__(self, config: Config) -> None:
         self.config = config
         data = Path(config.data_dir)
@@ -184,9 +187,16 @@ class Gateway(JobRoutes):
         if match:
             return await self.job_action(request, who, match.group(1), match.group(2) or ""), \
                 match.group(1)
+        if method in ("GET", "HEAD") and self.config.members_see_dashboard:
+            answer = await self.dashboard_view(request, who, target)
+            if answer is not None:
+                return answer, None
         if (method == "GET" and self.config.members_see_dashboard
                 and (path in DASHBOARD_VIEWS or path.startswith("/static/"))):
-            return await self.forward(request, who, target), None
+            answer = await self.forward(request, who, target)
+            if path in gb.ENTRY_PAGES and answer.status == 200:
+                answer.body = gb.with_banner(answer.body, who.name, who.sees_all)
+            return answer, None
         return gb.closed_view(method, path), None
 
     async def login(self, request: Any, seen: dict[str, Any]) -> Any:

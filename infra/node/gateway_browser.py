@@ -4,8 +4,9 @@ Ray's dashboard opens its "Authentication Token Required" dialog whenever one of
 calls is answered 401 or 403, and a browser that opens the gateway's address holds no token yet.
 So a visitor without a valid token gets a login page of ours at `/` (one field: the token from
 their bundle), which sets the member's own cookie and leads to the dashboard; and a member's
-dashboard call that the gateway does not open is answered 404 with one line (the page shows that
-view as empty or unavailable), never 401/403. Writes stay 403. Ray and what Ray brings only.
+dashboard page carries a note saying which tabs show them nothing (gateway_dashboard.py answers
+the page's own calls); a request the gateway does not open is answered 404 with one line, never
+401/403. Writes stay 403. Ray and what Ray brings only.
 """
 
 from __future__ import annotations
@@ -66,6 +67,24 @@ def signed_in(token: str) -> Any:
 def wants_page(request: Any) -> bool:
     """A browser opening a page (not a script or Ray's client asking for JSON)."""
     return request.method == "GET" and "text/html" in request.headers.get("Accept", "")
+
+
+#: Said at the foot of every dashboard page a member opens: which tabs show them nothing and why.
+_BANNER = ('<div id="rayfleet-member" role="note" style="position:fixed;bottom:0;left:0;right:0;'
+           'z-index:2000;padding:4px 12px;font:13px system-ui,sans-serif;background:#fff8e1;'
+           'border-top:1px solid #e0c060;color:#333">Signed in as {name}, a member of this shared '
+           'cluster: Jobs, Actors and Logs show {scope}; Cluster shows every node, but only the '
+           'workers of {scope}. Serve, Metrics and profiling are not open to members (they cannot be '
+           'split by member).</div>')
+
+
+def with_banner(page: bytes, name: str, sees_all: bool) -> bytes:
+    """The dashboard's page with the member's note before `</body>` (outside the element the
+    dashboard renders into, so it stays on every tab)."""
+    scope = "every member's jobs" if sees_all else "your own jobs"
+    note = _BANNER.format(name=html.escape(name), scope=scope).encode()
+    head, found, tail = page.rpartition(b"</body>")
+    return head + note + found + tail if found else page + note
 
 
 def closed_view(method: str, path: str) -> Any:

@@ -1,10 +1,13 @@
 """A class in a browser: a member signs in to a shared local cluster's gateway in a real headless
 Chromium, through the gateway's login form, and opens the dashboard's Overview, Jobs and Cluster
-pages: no token dialog, none of another member's jobs (one cluster for the module)."""
+pages, their own job's page and the Actors, Serve, Logs and Metrics tabs: no token dialog, none of
+another member's jobs, no answer of the gateway that leaves an error on a page (one cluster for
+the module)."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,11 +62,35 @@ def test_a_member_signs_in_from_a_browser_and_sees_only_their_jobs_without_a_tok
             assert TOKEN_DIALOG not in text, view
             assert theirs not in text, view
             shots[view] = page.screenshot()
+        # The member's own job (its driver's log shown: the gateway passed that file on) and the
+        # other tabs: their background calls fire on opening, so a shorter wait covers them (the
+        # module's cost stays about the same).
+        for view, wanted in ((f"jobs/{mine}", "Running entrypoint for job"), ("actors", "Actor ID"),
+                             ("serve", "Serve not started"), ("logs", "Logs Viewer"),
+                             ("metrics", "Grafana")):
+            page.open(f"{gateway}/#/{view}")
+            text = _settled(page, wanted, seconds=1.0)
+            assert TOKEN_DIALOG not in text and theirs not in text, view
+            assert "AxiosError" not in text and "Request failed" not in text, view
+            # Which tabs show a member nothing is said on the page itself.
+            assert "Serve, Metrics and profiling are not open to members" in text, view
+            if view == "logs":
+                # A node's log files: the member's own job's only (not Ray's, not bo's).
+                node = re.search(r"Node ID: ([0-9a-f]{56})", text)
+                assert node, text
+                page.open(f"{gateway}/#/logs?nodeId={node.group(1)}")
+                files = _settled(page, f"job-driver-{mine}.log", seconds=1.0)
+                assert theirs not in files and "gcs_server" not in files, files
         # Every answer the dashboard got from the gateway once signed in: none that raises the
-        # dialog (before, the login page's own favicon and the wrong token were refused).
+        # dialog (before, the login page's own favicon and the wrong token were refused), and
+        # none that leaves an error on a page (Ray's own calls answered 404 or 500 did).
         refused = [(url, status) for url, status in page.requests[signed_in:]
                    if url.startswith(gateway) and status in (401, 403)]
         assert refused == []
+        failed = sorted({(url.removeprefix(gateway), status)
+                         for url, status in page.requests[signed_in:]
+                         if url.startswith(gateway) and status in (404, 500, 502, 503)})
+        assert failed == []
     for view, png in shots.items():
         assert png.startswith(b"\x89PNG")
         kept = Path(os.environ.get("RAYFLEET_SCREENSHOTS") or tmp_path)

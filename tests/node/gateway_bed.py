@@ -20,8 +20,9 @@ from infra.core.sharing import certs as sharing_certs
 from infra.node import gateway_state as gs
 from infra.node.gateway import Gateway, make_app, tls_context
 from infra.node.gateway_config import Config
+from tests.node import dashboard_fake
 
-ANN, BO, OWNER, RAY = "t-ann", "t-bo", "t-owner", "the-cluster-ray-token"
+ANN, BO, OWNER, RAY = "t-ann", "t-bo", "t-owner", dashboard_fake.CLUSTER_TOKEN
 IDS = {"ann": "a1a1a1a1a1a1a1a1", "bo": "b2b2b2b2b2b2b2b2"}
 #: Ray's job list: one job of each member, one started inside the cluster with forged metadata.
 JOBS: list[dict[str, Any]] = [{"submission_id": "raysubmit_ann1", "job_id": "01000000", "status": "RUNNING",
@@ -115,6 +116,12 @@ async def _upstream_app(upstream: Upstream) -> Any:
                 upstream.packages[name] = body  # Ray's own PUT overwrites: the gateway must not
                 return web.Response(text="ok")
             return web.Response(status=200 if name in upstream.packages else 404)
+        found = dashboard_fake.answer(path, request.query)
+        if found is not None:
+            status, answer = found
+            if isinstance(answer, str):
+                return web.Response(status=status, text=answer)
+            return web.json_response(answer, status=status)
         return web.Response(text=f"ray's answer to {path}")
 
     app = web.Application(client_max_size=1024 ** 3)

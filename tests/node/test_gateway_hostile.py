@@ -30,8 +30,12 @@ ALLOWED = re.compile(
     r"/api/jobs/(?:[A-Za-z0-9_-]{1,64}(?:/logs|/stop)?)?"
     rf"|/api/packages/gcs/_ray_pkg_rf(?:{_OWN})_[0-9a-f]{{16,64}}\.zip"
     r"|/api/version|/api/authentication_mode|/|/index\.html|/favicon\.ico|/logo\.svg|/timezone"
-      r"|/nodes|/api/cluster_status|/api/grafana_health|/api/prometheus_health"
-      r"|/api/v0/cluster_metadata|/static/[A-Za-z0-9_.~/-]+")
+      r"|/api/cluster_status|/api/v0/cluster_metadata|/usage_stats_enabled"
+      r"|/api/v0/runtime_env_redaction|/static/[A-Za-z0-9_.~/-]+"
+    # The dashboard's own calls (gateway_dashboard.py), each id in Ray's hex form.
+    r"|/nodes|/nodes/[0-9a-f]{56}|/logical/actors|/logical/actors/[0-9a-f]{32}|/events"
+    r"|/api/v0/(?:tasks|tasks/summarize|tasks/timeline|actors|placement_groups|logs|logs/file)"
+    r"|/api/data/datasets/[0-9a-f]{8}")
 #: Every way of writing a dot segment, a separator or an escape that a path may carry.
 TRICKS = ["..", ".", "%2E%2E", "%2e%2e", ".%2E", "%2E.", "%252E%252E", "%2E", "..%2F..", "%2F",
           "%2f", "", ";", "..;", "\\..", "%5C..", "%5c", "%3F", "%3f", "%23", "%25", "%00",
@@ -40,7 +44,9 @@ TRICKS = ["..", ".", "%2E%2E", "%2e%2e", ".%2E", "%2E.", "%252E%252E", "%2E", ".
 BASES = ["/static/{t}/api/jobs/", "/static/js/{t}/{t}/api/v0/tasks", "/api/jobs/{t}/logs",
          "/api/jobs/raysubmit_ann1/{t}/{t}/raysubmit_bo1/logs", "/api/packages/gcs/{t}/x.zip",
          "/api/packages/gcs/_ray_pkg_0123456789abcdef{t}.zip", "/nodes/{t}/api/jobs/", "/{t}/api/jobs/",
-         "/api/jobs/{t}", "/api/jobs/{t}?x=1", "/api/version/{t}/api/jobs/"]
+         "/api/jobs/{t}", "/api/jobs/{t}?x=1", "/api/version/{t}/api/jobs/",
+         "/logical/actors/{t}", "/api/data/datasets/{t}", "/nodes/{t}",
+         "/api/data/datasets/01000000/{t}/api/jobs/"]
 
 
 def _fuzz_targets() -> list[str]:
