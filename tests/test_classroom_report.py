@@ -95,6 +95,8 @@ def test_a_shared_cluster_without_prometheus_still_reports_its_members_and_jobs(
     assert table is not None and "<td>ann</td><td>member</td><td>1</td>" in table.group(1)
     assert "<td>raysubmit_ann1</td><td>ann</td>" in page
     assert "no charts: the cluster runs no Prometheus" in page
+    # No owner lane here (the gateway records only what came through it), and the caption says so.
+    assert "owner lane above" not in page and "are not in this report" in page
     # Without sharing there is nothing to show: the one-line refusal stays.
     with pytest.raises(commands_metrics.MetricsError, match="runs no Prometheus"):
         commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r2.html")  # type: ignore[arg-type]

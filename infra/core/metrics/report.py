@@ -93,13 +93,16 @@ def build(data: dict[str, Any], where: str) -> str:
         ("Cost accrued", cost_chart, cost_note),
     ]
     if data.get("members") is not None:
+        owner_lane = any(job.get("member") == "owner" for job in data.get("jobs", []))
         sections.append(("Members", report_html.table(
             ["member", "role", "jobs", "job-hours", "cost share ($)"],
             [[m["name"], m.get("role") or "", str(m.get("total_jobs", 0)),
               f"{float(m.get('job_hours') or 0):.3f}", f"{float(m.get('cost_share_usd') or 0):.2f}"]
              for m in data["members"]]),
             "every member's jobs over the cluster's whole life, from the gateway's record (removed "
-            "members' jobs stay theirs); the owner's own jobs are in the owner lane above"))
+            "members' jobs stay theirs); " + ("the owner's own jobs are in the owner lane above"
+                                              if owner_lane else "the owner's own jobs, which "
+                                              "only Ray's record holds, are not in this report")))
     span = dt.timedelta(seconds=round(end - start))
     subtitle = (f"{_utc(start)} to {_utc(end)} UTC ({span}), one point every {data['step']:g} s; "
                 f"{where}; taken at {data.get('taken_at', '?')}")
