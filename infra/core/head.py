@@ -265,13 +265,19 @@ class LocalHead(HeadAccess):
 
     def run(self, command: str, timeout: float = 60.0, check: bool = False) -> ssh.Result:
         try:
-            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                                  timeout=timeout, env=self._env(), check=False)
+            result = self.bash(command, timeout)
         except subprocess.TimeoutExpired:
             result = ssh.Result(124, "", f"timed out after {timeout:.0f}s")
-        else:
-            result = ssh.Result(done.returncode, done.stdout, done.stderr)
         return _checked(result, command, self.where) if check else result
+
+    def bash(self, command: str, timeout: float, input: str | None = None) -> ssh.Result:
+        """`command` in bash here, in the head's environment, `input` on its stdin: every shell
+        command rayfleet runs on this machine (Slurm's client commands too). Raises
+        subprocess.TimeoutExpired when it takes longer than `timeout`; the caller says what that
+        means."""
+        done = subprocess.run(["bash", "-c", command], input=input, capture_output=True,
+                              text=True, timeout=timeout, env=self._env(), check=False)
+        return ssh.Result(done.returncode, done.stdout, done.stderr)
 
     def run_node(self, module: str, args: str, timeout: float = 60.0,
                  check: bool = False) -> ssh.Result:
