@@ -1,8 +1,10 @@
 """Running Slurm's commands where the spec says: on this machine, or on a login host over SSH.
 
-Both runners take one shell command line and return `infra.core.ssh.Result`. The SSH runner keeps one
-paramiko connection for all commands of a verb (polling `squeue` every fraction of a second must
-not pay a handshake each time) and tunnels with `infra.core.ssh.tunnel`.
+Both runners take one shell command line and return `infra.core.ssh.Result`: the local one runs it
+in bash here through `LocalHead.bash` (infra/core/head.py), the SSH one keeps one paramiko
+connection for all commands of a verb (polling `squeue` every fraction of a second must not pay a
+handshake each time; `ssh.execute`, as `ssh.run`). A compute node is reached as a head is
+(`Runner.node`: a `LocalHead` or an `SshHead`, through the login host when it is remote).
 """
 
 from __future__ import annotations
