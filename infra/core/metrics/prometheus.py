@@ -29,10 +29,9 @@ from infra.node.metrics import (
     DISCOVERY_FILE,
     PrometheusConfig,
     find_program,
-    write_config,
 )
 
-__all__ = ["CONFIG_FILE", "DISCOVERY_FILE", "PrometheusConfig", "write_config"]
+__all__ = ["CONFIG_FILE", "DISCOVERY_FILE", "PrometheusConfig"]
 
 #: Where a remote head's Prometheus listens: its loopback, like the dashboard (the cluster's
 #: tunnel reaches it; no firewall rule opens it).

@@ -28,10 +28,9 @@ from infra.node.tracking import (
     TrackingError,
     node_env,
     read_secret,
-    write_config,
 )
 
-__all__ = ["CONFIG_FILE", "USERNAME", "ServerConfig", "TrackingError", "node_env", "write_config"]
+__all__ = ["CONFIG_FILE", "USERNAME", "ServerConfig", "TrackingError", "node_env"]
 
 PASSWORD_FILE = "mlflow-password"
 SECRET_KEY_FILE = "mlflow-flask-secret"

@@ -251,7 +251,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         # Started once Ray answers and not waited for: its start (a few CPU-seconds of imports,
         # below Ray's priority, see infra/node/tracking.py) would otherwise compete with Ray's and
         # slow `up` (bench/tracking_up.py). Nodes know its URL already; MLflow's client retries
-        # while it comes up. The head is new, so no server of it runs yet: no process scan.
+        # while it comes up.
         self._ensure_tracking(state, block)
         self._ensure_metrics(state, block)
         self._ensure_watcher(state, block, endpoint, new_head=True)
@@ -444,8 +444,9 @@ def _here() -> LocalHead:
 
 def _daemon(module: str, config_path: Path, config_text: str, log: Path,
             wait: bool = True) -> bool:
-    """Start a daemon of the cluster beside its head unless one runs (`LocalHead.ensure_daemon`);
-    True when this call started it. One that runs keeps the config it started with: a changed
-    spec reaches it with a new head (`teardown`, then `up`; `Capabilities.applied_by_up`)."""
+    """Start a daemon of the cluster beside its head unless one runs (`LocalHead.ensure_daemon`:
+    supervised, one that dies is back within seconds); True when this call started it. One that
+    runs keeps the config it started with: a changed spec reaches it with a new head
+    (`teardown`, then `up`; `Capabilities.applied_by_up`)."""
     return _here().ensure_daemon(module, str(config_path), config_text, log=str(log),
-                               replace=False, wait=wait)
+                                 replace=False, wait=wait)
