@@ -259,7 +259,10 @@ def test_metrics_from_ray_train_workers_and_the_model_version_are_on_the_server(
     assert version.json()["model_version"]["run_id"] == trained["run_id"]
 
 
-def test_tracking_server_refuses_requests_without_the_login(cluster: Cluster) -> None:
+def test_tracking_server_refuses_requests_without_the_login(
+        cluster: Cluster, trained: dict[str, Any]) -> None:
+    """`trained`: a job that logged to the server, whose runtime env the dashboard shows (and
+    the server up: `up` does not wait for it), also when this test runs first or alone."""
     import requests
 
     url, session = _tracking(cluster)

@@ -104,14 +104,17 @@ def test_ensure_daemon_supervises_once_and_restarts_on_a_new_config(
     config = "~/.rayfleet/sleeper.json"
     pidfile = tmp_path / "home" / ".rayfleet" / "sleeper.json.pid"
     try:
-        head.ensure_daemon(daemon_module, config, '{"v": 1}', secrets={"~/.rayfleet/key": b"k"},
-                           log="~/sleeper.log")
+        assert head.ensure_daemon(daemon_module, config, '{"v": 1}',
+                                  secrets={"~/.rayfleet/key": b"k"}, log="~/sleeper.log")
         assert (tmp_path / "home" / ".rayfleet" / "key").read_bytes() == b"k"
         assert stat.S_IMODE((tmp_path / "home" / ".rayfleet" / "sleeper.json").stat().st_mode) \
             == 0o600
         first = wait_until(lambda: supervise.read(pidfile)["child"], "the daemon", timeout=20)
-        head.ensure_daemon(daemon_module, config, '{"v": 1}')  # the same config: kept
+        assert not head.ensure_daemon(daemon_module, config, '{"v": 1}')  # the same: kept
         assert supervise.read(pidfile)["child"] == first
+        # replace=False: one that runs keeps the config it started with, another waits.
+        assert not head.ensure_daemon(daemon_module, config, '{"v": 9}', replace=False)
+        assert supervise.read(pidfile)["child"] == first and head.read(config) == '{"v": 1}'
         text, status = head.read_with_status(config, config)
         assert status is not None and status["running"] and text == '{"v": 1}'
         # Another config: started again with it.
@@ -161,13 +164,15 @@ def test_a_shared_fs_head_puts_the_config_last_and_starts_nothing(
 
     job = SharedFsHead(node=Watching(where="this machine"), where=head.where,
                        private_root=f"{tmp_path}/work/sharing/c")
-    job.ensure_daemon("infra.node.gateway", files.config, '{"v": 1}',
-                      secrets={files.cert: b"pem"})
+    assert job.ensure_daemon("infra.node.gateway", files.config, '{"v": 1}',
+                             secrets={files.cert: b"pem"})
     assert seen == [[files.cert, files.config]]
     assert Path(files.config).read_text() == '{"v": 1}'
     assert not supervise.running(Path(f"{files.config}.pid"))
-    job.ensure_daemon("infra.node.gateway", files.config, '{"v": 2}')
+    assert not job.ensure_daemon("infra.node.gateway", files.config, '{"v": 2}')
     assert "started it with the settings it had then" in capfd.readouterr().err
+    job.ensure_daemon("infra.node.gateway", files.config, '{"v": 3}', replace=False)
+    assert "settings" not in capfd.readouterr().err
     job.stop_daemon(files.config)  # the job's end ends it: nothing to do, nothing raised
 
 

@@ -1,8 +1,12 @@
 """State files that earlier rayfleet wrote still load, typed, and survive a rewrite unchanged.
 
 tests/state_files/ holds files captured from the code before state was typed (from its quick and
-e2e tests, one or more per provider); they are never regenerated, so a model that stops accepting
-what older code wrote fails here. Keys no model knows are kept, not dropped (infra/core/state.py).
+e2e tests, one or more per provider), and `gcp-tpu-e2e-running.json` from the typed code's GCP e2e
+test (`test_ray_autoscales_tpu_nodes_against_offline_google` with `--basetemp`, every version of
+its state file copied while it ran; this is the last, the running cluster with its tracking copy
+recorded, just before teardown forgot it). They are never regenerated, so a model that stops
+accepting what earlier code wrote fails here. Keys no model knows are kept, not dropped
+(infra/core/state.py).
 """
 
 from __future__ import annotations

@@ -161,12 +161,17 @@ class HeadAccess(abc.ABC):
     @abc.abstractmethod
     def ensure_daemon(self, module: str, config_path: str, config_text: str,
                       secrets: dict[str, bytes] | None = None, log: str = "",
-                      user: str | None = None, copies: tuple[str, ...] = ()) -> None:
+                      user: str | None = None, copies: tuple[str, ...] = (),
+                      replace: bool = True, wait: bool = True) -> bool:
         """Run `python -m <module> --config <config_path>` (a module of the node package) on the
         head, supervised (infra/node/supervise.py: started again within seconds whenever it dies,
         until it exits 0), unless it runs with this config; one whose config differs is started
-        again with the new one. `secrets` (path -> content) go first as 0600 files; no secret is
-        ever on a command line. `user`, `copies`: as `remote_head.install_daemon`."""
+        again with the new one (`replace` False: one that runs keeps the config it started with,
+        for a daemon whose change waits for a new head). True when this call started it. `secrets`
+        (path -> content) go first as 0600 files; no secret is ever on a command line. `user`,
+        `copies`: as `remote_head.install_daemon`. `wait` False: return before its supervisor has
+        started, where that start is this command's own (a head on this machine, beside a Ray
+        that is starting); a remote head's start is one SSH command either way."""
 
     @abc.abstractmethod
     def stop_daemon(self, config_path: str, user: str | None = None) -> None:
@@ -260,13 +265,19 @@ class LocalHead(HeadAccess):
 
     def run(self, command: str, timeout: float = 60.0, check: bool = False) -> ssh.Result:
         try:
-            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
-                                  timeout=timeout, env=self._env(), check=False)
+            result = self.bash(command, timeout)
         except subprocess.TimeoutExpired:
             result = ssh.Result(124, "", f"timed out after {timeout:.0f}s")
-        else:
-            result = ssh.Result(done.returncode, done.stdout, done.stderr)
         return _checked(result, command, self.where) if check else result
+
+    def bash(self, command: str, timeout: float, input: str | None = None) -> ssh.Result:
+        """`command` in bash here, in the head's environment, `input` on its stdin: every shell
+        command rayfleet runs on this machine (Slurm's client commands too). Raises
+        subprocess.TimeoutExpired when it takes longer than `timeout`; the caller says what that
+        means."""
+        done = subprocess.run(["bash", "-c", command], input=input, capture_output=True,
+                              text=True, timeout=timeout, env=self._env(), check=False)
+        return ssh.Result(done.returncode, done.stdout, done.stderr)
 
     def run_node(self, module: str, args: str, timeout: float = 60.0,
                  check: bool = False) -> ssh.Result:
@@ -302,19 +313,21 @@ class LocalHead(HeadAccess):
 
     def ensure_daemon(self, module: str, config_path: str, config_text: str,
                       secrets: dict[str, bytes] | None = None, log: str = "",
-                      user: str | None = None, copies: tuple[str, ...] = ()) -> None:
+                      user: str | None = None, copies: tuple[str, ...] = (),
+                      replace: bool = True, wait: bool = True) -> bool:
+        """The supervisor is `infra.node.supervise.ensure`, run from this checkout."""
         config = Path(self.head_path(config_path))
         pidfile = Path(remote_head.pidfile(str(config)))
         self.put_private(secrets or {})
         with contextlib.suppress(OSError):
-            if supervise.running(pidfile) and config.read_text() == config_text:
-                return
+            if supervise.running(pidfile) and (not replace or config.read_text() == config_text):
+                return False
         supervise.stop(pidfile)  # a daemon keeps the config it started with
         config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic_write(config, config_text, mode=0o600)
-        supervise.ensure([sys.executable, "-m", module, "--config", str(config)], pidfile,
-                         Path(self.head_path(log or f"{config_path}.log")),
-                         cwd=str(paths.PROJECT_ROOT))
+        return supervise.ensure([sys.executable, "-m", module, "--config", str(config)], pidfile,
+                                Path(self.head_path(log or f"{config_path}.log")),
+                                cwd=str(paths.PROJECT_ROOT), wait=wait)
 
     def stop_daemon(self, config_path: str, user: str | None = None) -> None:
         """Its config stays: the next `ensure_daemon` compares against it."""
@@ -408,15 +421,18 @@ class SharedFsHead(HeadAccess):
 
     def ensure_daemon(self, module: str, config_path: str, config_text: str,
                       secrets: dict[str, bytes] | None = None, log: str = "",
-                      user: str | None = None, copies: tuple[str, ...] = ()) -> None:
-        """The secrets, then the config last: the job starts the daemon as soon as it is there.
-        A daemon the job already started keeps its settings until the next job."""
+                      user: str | None = None, copies: tuple[str, ...] = (),
+                      replace: bool = True, wait: bool = True) -> bool:
+        """The secrets, then the config last: the job starts the daemon as soon as it is there
+        (True: no config was there before). A daemon the job already started keeps its settings
+        until the next job, whatever `replace` says (said in one line when they changed)."""
         before = self.read(config_path)
-        if before is not None and before.strip() != config_text.strip():
+        if before is not None and before.strip() != config_text.strip() and replace:
             ui.warn(f"{module.rsplit('.', 1)[-1]}: the head's job started it with the settings "
                     "it had then; the changed ones apply from the next job (`invoke teardown`, "
                     "then `invoke up`)")
         self.put_private({**(secrets or {}), config_path: config_text.encode()}, user)
+        return before is None
 
     def stop_daemon(self, config_path: str, user: str | None = None) -> None:
         """Nothing to do: it ends with the head's job, which teardown cancels."""

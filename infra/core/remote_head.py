@@ -221,9 +221,10 @@ def pidfile(config_path: str) -> str:
 def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_text: str,
                    secrets: dict[str, bytes] | None = None, python: str = "python3",
                    activate: str = "", log: str = "", user: str | None = None,
-                   copies: tuple[str, ...] = ()) -> None:
+                   copies: tuple[str, ...] = ()) -> bool:
     """Run `python -m <module> --config <config_path>` (a module of the node package) on the
-    head, supervised: started again within seconds whenever it dies, until it exits 0.
+    head, supervised: started again within seconds whenever it dies, until it exits 0; True when
+    this call started it.
 
     The public "run this daemon supervised on the head". Puts the package's zip, `config_text`
     (0600) and `secrets` (`~/`-relative path -> content, 0600) on the head through SFTP, then, in
@@ -265,7 +266,9 @@ def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_
             privilege.hand_over(user, handed, [_relative(p) for p in (staged, *(secrets or {}))]),
             privilege.as_user(user, node_command("infra.node.supervise", args, python, "",
                                                  remote_zip), activate))
-    ssh.run(target, command, timeout=60, check=True)
+    # `supervise ensure` says last whether it started one or one was running.
+    said = ssh.run(target, command, timeout=60, check=True).stdout.split()
+    return bool(said) and said[-1] == "started"
 
 
 def stop_daemon(target: ssh.SshTarget, config_path: str, python: str = "python3",

@@ -53,9 +53,6 @@ class Recorded(Runner):
         raise AssertionError("validation never tunnels")
         yield []
 
-    def on_node(self, node: str, command: str, timeout: float = 30) -> Result:
-        raise AssertionError("validation never logs into a compute node")
-
     def node_target(self, node: str) -> None:
         raise AssertionError("validation never logs into a compute node")
 

@@ -15,7 +15,6 @@ import datetime as dt
 import gzip
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,15 @@ from infra.core import auth, paths
 from infra.core.endpoint import Endpoint
 from infra.core.errors import RayfleetError
 from infra.core.state import State
-from infra.node import supervise
 from infra.node.files import atomic_write
 from infra.node.metrics import (
     CONFIG_FILE,
     DISCOVERY_FILE,
     PrometheusConfig,
     find_program,
-    write_config,
 )
 
-__all__ = ["CONFIG_FILE", "DISCOVERY_FILE", "PrometheusConfig", "write_config"]
+__all__ = ["CONFIG_FILE", "DISCOVERY_FILE", "PrometheusConfig"]
 
 #: Where a remote head's Prometheus listens: its loopback, like the dashboard (the cluster's
 #: tunnel reaches it; no firewall rule opens it).
@@ -88,19 +85,6 @@ def local_storage(cluster: str) -> Path:
     """A local head's time-series database: in the cluster's own dir under .rayfleet, bounded by
     the spec's `metrics_history`, removed by teardown once the history is kept."""
     return history_dir(cluster) / "tsdb"
-
-
-def start_supervised(config_path: Path, cwd: Path, log_path: Path) -> None:
-    """Start Prometheus's runner (infra/node/metrics.py) under the head daemons' one supervisor
-    (infra/node/supervise.py), detached and not waited for, unless it runs: the one place a
-    local head starts it. Killed, it is back within seconds."""
-    supervise.ensure([sys.executable, "-m", "infra.node.metrics", "--config", str(config_path)],
-                     pid_path(config_path), log_path, cwd=str(cwd), wait=False)
-
-
-def pid_path(config_path: Path) -> Path:
-    """The supervisor's pid file of the Prometheus configured by `config_path`."""
-    return Path(f"{config_path}.pid")
 
 
 def program_here() -> bool:

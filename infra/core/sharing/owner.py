@@ -31,12 +31,12 @@ from typing import Any
 from infra.core import paths, privilege, ui
 from infra.core.costs import NodePrices
 from infra.core.errors import RayfleetError, SpecError, UsageError
-from infra.core.head import GatewayFiles, HeadAccess
+from infra.core.head import GatewayFiles, HeadAccess, LocalHead
 from infra.core.sharing import certs as sharing_certs
 from infra.core.sharing import term as sharing_term
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
-from infra.node import gateway_config, gateway_state, net, supervise
+from infra.node import gateway_config, gateway_state, net
 from infra.node.files import atomic_write
 
 #: What a bundle says it is; `join` refuses anything else.
@@ -287,7 +287,7 @@ def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path
 
 def stop_local(config_path: Path) -> None:
     """Stop the gateway started here with `config_path` and its supervisor, if they run."""
-    supervise.stop(Path(f"{config_path}.pid"))
+    LocalHead(where="this machine").stop_daemon(str(config_path))
 
 
 def stop_gateway(selected: ClusterSpec, access: HeadAccess | None) -> None:

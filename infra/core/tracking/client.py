@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 from pathlib import Path
 from typing import Any
 
 from infra.core import paths
-from infra.node import supervise
 from infra.node.tracking import (
     CONFIG_FILE,
     USERNAME,
@@ -30,10 +28,9 @@ from infra.node.tracking import (
     TrackingError,
     node_env,
     read_secret,
-    write_config,
 )
 
-__all__ = ["CONFIG_FILE", "USERNAME", "ServerConfig", "TrackingError", "node_env", "write_config"]
+__all__ = ["CONFIG_FILE", "USERNAME", "ServerConfig", "TrackingError", "node_env"]
 
 PASSWORD_FILE = "mlflow-password"
 SECRET_KEY_FILE = "mlflow-flask-secret"
@@ -74,18 +71,6 @@ def ensure_credentials(cluster: str) -> Path:
 
 def read_password(path: Path) -> str:
     return read_secret(path)
-
-
-def start_detached(config_path: Path, cwd: Path, log_path: Path) -> None:
-    """Start the server on this machine under the head daemons' supervisor
-    (infra/node/supervise.py), detached from this terminal, unless it runs; not waited for."""
-    supervise.ensure([sys.executable, "-m", "infra.node.tracking", "--config", str(config_path)],
-                     pid_path(config_path), log_path, cwd=str(cwd), wait=False)
-
-
-def pid_path(config_path: Path) -> Path:
-    """The supervisor's pid file of the server configured by `config_path`."""
-    return Path(f"{config_path}.pid")
 
 
 # --- client side -------------------------------------------------------------------------------

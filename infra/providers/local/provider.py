@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import zlib
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -29,7 +30,7 @@ from infra.core.metrics import prometheus as metrics
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
 from infra.core.tracking import client as tracking
-from infra.node import autodown, rayproc, supervise
+from infra.node import autodown, rayproc
 from infra.node.local import autodown as local_autodown
 from infra.node.where import ray_executable
 from infra.providers.base import (
@@ -255,9 +256,9 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         # Started once Ray answers and not waited for: its start (a few CPU-seconds of imports,
         # below Ray's priority, see infra/node/tracking.py) would otherwise compete with Ray's and
         # slow `up` (bench/tracking_up.py). Nodes know its URL already; MLflow's client retries
-        # while it comes up. The head is new, so no server of it runs yet: no process scan.
-        self._ensure_tracking(state, block, new_head=True)
-        self._ensure_metrics(state, block, new_head=True)
+        # while it comes up.
+        self._ensure_tracking(state, block)
+        self._ensure_metrics(state, block)
         self._ensure_watcher(state, block, endpoint, new_head=True)
         return endpoint
 
@@ -268,59 +269,51 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         now = drift.snapshot(self.spec)
         return applied is None or applied.get(field) == now.get(field)
 
-    def _ensure_tracking(self, state: State, block: rayproc.PortBlock,
-                         new_head: bool = False) -> None:
+    def _ensure_tracking(self, state: State, block: rayproc.PortBlock) -> None:
         """Start the MLflow tracking server (infra/node/tracking.py) unless it runs already.
 
         Its supervisor's config lives in the cluster's temp dir, which makes it one of the
         cluster's processes for teardown and autodown; the store lives in
-        `.rayfleet/tracking/<cluster>/` and outlives both. `new_head`: this run just started the
-        head, and a server of an earlier head went with that head's processes (`_stop`), so the
-        scan of every process on the machine (tens of ms on a busy one) is skipped.
+        `.rayfleet/tracking/<cluster>/` and outlives both.
         """
         if self.spec.tracking != "mlflow":
             return
-        tmp = Path(self._temp_dir(state))
-        config_path = tmp / tracking.CONFIG_FILE
+        config_path = Path(self._temp_dir(state)) / tracking.CONFIG_FILE
         store = tracking.local_store(self.spec.name)
         if state.info.tracking_store != str(store):
             state.set_info(tracking_store=str(store))
-        if not new_head and supervise.running(tracking.pid_path(config_path)):
-            return
         password = tracking.ensure_credentials(self.spec.name)
         log = paths.home() / "logs" / self.spec.name / "mlflow.log"
-        tracking.write_config(config_path, tracking.ServerConfig(
+        config = tracking.ServerConfig(
             host="127.0.0.1", port=block.tracking, store_dir=str(store),
             password_path=str(password),
             secret_key_path=str(password.with_name(tracking.SECRET_KEY_FILE)),
-            log_path=str(log)))
-        tracking.start_detached(config_path, paths.PROJECT_ROOT, log)
+            log_path=str(log))
+        _daemon("infra.node.tracking", config_path, json.dumps(asdict(config), indent=2), log,
+                wait=False)
 
-    def _ensure_metrics(self, state: State, block: rayproc.PortBlock,
-                        new_head: bool = False) -> None:
+    def _ensure_metrics(self, state: State, block: rayproc.PortBlock) -> None:
         """Start the cluster's Prometheus (infra/node/metrics.py) unless it runs already; never
         waited for. Its config lives in the cluster's temp dir (a process of the cluster for
         teardown and autodown), its bounded database in `.rayfleet/metrics/<cluster>/tsdb`."""
         if self.spec.metrics != "prometheus":
             return
         tmp = Path(self._temp_dir(state))
-        config_path = tmp / metrics.CONFIG_FILE
-        if not new_head and rayproc.cluster_processes([str(config_path)]):
-            return
         if not metrics.program_here():
             ui.warn("metrics: no `prometheus` on this machine (apt-get install prometheus); the "
                     "cluster runs without metrics")
             return
         history = self.spec.metrics_history
         log = paths.home() / "logs" / self.spec.name / "prometheus.log"
-        metrics.write_config(config_path, metrics.PrometheusConfig(
+        config = metrics.PrometheusConfig(
             host="127.0.0.1", port=block.prometheus,
             discovery_file=str(tmp / metrics.DISCOVERY_FILE),
             storage_dir=str(metrics.local_storage(self.spec.name)),
             retention_days=history.days, retention_size_mb=history.size_mb,
-            scrape_interval_s=history.scrape_interval_s, log_path=str(log)))
-        metrics.start_supervised(config_path, paths.PROJECT_ROOT, log)
-        metrics.note_started(state, history.scrape_interval_s)
+            scrape_interval_s=history.scrape_interval_s, log_path=str(log))
+        if _daemon("infra.node.metrics", tmp / metrics.CONFIG_FILE,
+                   json.dumps(asdict(config), indent=2), log, wait=False):
+            metrics.note_started(state, history.scrape_interval_s)
 
     def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint,
                         new_head: bool = False) -> None:
@@ -334,36 +327,32 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         if self.spec.autodown is None:
             marker.unlink(missing_ok=True)
             return
-        tmp = self._temp_dir(state)
-        config_path = Path(tmp) / local_autodown.CONFIG_FILE
-        pidfile = Path(f"{config_path}.pid")
-        if supervise.running(pidfile):
-            return
         if new_head:
             # A watcher that died on a head that lives on keeps its countdown (it resumes from
             # the marker); a new head starts a new one.
             marker.unlink(missing_ok=True)
-        autodown.write_config(config_path, autodown.Config(
+        tmp = self._temp_dir(state)
+        config = autodown.Config(
             cluster=self.spec.name, cluster_id=state.cluster_id,
             idle_minutes=self.spec.autodown.idle_minutes, dashboard_url=endpoint.dashboard_url,
             marker=str(marker), action=local_autodown.ACTION,
             action_args={"temp_dir": tmp, "port_base": block.base},
-            token_path=str(endpoint.token_path) if endpoint.token_path else None))
+            token_path=str(endpoint.token_path) if endpoint.token_path else None)
         log = paths.home() / "logs" / self.spec.name / "autodown.log"
-        # Supervised (infra/node/supervise.py): a watcher that dies is back within seconds.
-        supervise.ensure([sys.executable, "-m", "infra.node.autodown", "--config", str(config_path)],
-                         pidfile, log, cwd=str(paths.PROJECT_ROOT))
-        ui.info(f"autodown: the cluster stops itself after {self.spec.autodown.idle_minutes:g} "
-                f"idle minutes (watcher log {log})")
+        if _daemon("infra.node.autodown", Path(tmp) / local_autodown.CONFIG_FILE,
+                   json.dumps(config.__dict__, indent=2) + "\n", log):
+            ui.info(f"autodown: the cluster stops itself after "
+                    f"{self.spec.autodown.idle_minutes:g} idle minutes (watcher log {log})")
 
     def autodown_fetch(self, state: State, left: bool | None) -> str | None:
         """The marker the watcher writes here itself, with whether it (or its supervisor) runs."""
         heads = state.resources(Head)
-        marker = autodown_view.marker_path(self.spec.name)
-        if not heads or self.spec.autodown is None or not marker.exists():
+        if not heads or self.spec.autodown is None:
             return None
-        pidfile = Path(heads[0].id) / f"{local_autodown.CONFIG_FILE}.pid"
-        return autodown_view.with_watcher_status(marker.read_text(), supervise.status(pidfile))
+        text, status = _here().read_with_status(
+            str(autodown_view.marker_path(self.spec.name)),
+            str(Path(heads[0].id) / local_autodown.CONFIG_FILE))
+        return autodown_view.with_watcher_status(text, status)
 
     def _markers(self, state: State) -> list[str | re.Pattern[str]]:
         markers: list[str | re.Pattern[str]] = []
@@ -457,3 +446,19 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
 
     def teardown(self, state: State) -> None:
         self._stop(state)
+
+
+def _here() -> LocalHead:
+    """The head as its daemons see it: this machine (their start, stop and status need none of
+    the Ray environment that `head_access` adds for `invoke ssh|exec`)."""
+    return LocalHead(where="this machine")
+
+
+def _daemon(module: str, config_path: Path, config_text: str, log: Path,
+            wait: bool = True) -> bool:
+    """Start a daemon of the cluster beside its head unless one runs (`LocalHead.ensure_daemon`:
+    supervised, one that dies is back within seconds); True when this call started it. One that
+    runs keeps the config it started with: a changed spec reaches it with a new head
+    (`teardown`, then `up`; `Capabilities.applied_by_up`)."""
+    return _here().ensure_daemon(module, str(config_path), config_text, log=str(log),
+                                 replace=False, wait=wait)

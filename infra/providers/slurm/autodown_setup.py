@@ -42,7 +42,7 @@ def live_marker(runner: Runner, job: Resource[Job]) -> str | None:
     command = remote_head.with_status_command(f"cat {shlex.quote(f'{temp}/{MARKER_FILE}')}",
                                               status)
     try:
-        result = runner.on_node(str(head_ip), command, timeout=20)
+        result = runner.node(str(head_ip)).run(command, timeout=20)
     except RayfleetError:
         return None
     return autodown_view.with_watcher_status(*remote_head.split_status(result.stdout))

@@ -22,8 +22,7 @@ from typing import Any
 from infra.core import auth, jobs, remote_head, ui, versions
 from infra.core.autodown import view as autodown_view
 from infra.core.errors import ClusterNotRunningError, RayfleetError
-from infra.core.head import HeadAccess, LocalHead, SharedFsHead
-from infra.core.head_ssh import SshHead
+from infra.core.head import HeadAccess, SharedFsHead
 from infra.core.metrics import prometheus as metrics
 from infra.core.state import Resource, State
 from infra.core.tracking import client as tracking
@@ -418,8 +417,6 @@ class Provider(BaseProvider[Spec, None]):
         """The head's compute node: through the login host when Slurm is remote, directly when
         this machine submits, and this machine itself when the head runs here."""
         job, head_ip, port = self._head_job(state)
-        with self._runner() as runner:
-            target = runner.node_target(head_ip)
         client = job.attrs.client_port
         workdir = (job.attrs.workdir or self.spec.submit.workdir).rstrip("/")
         # Plain `~/` or absolute paths: HeadAccess's users quote them for the shell themselves.
@@ -433,8 +430,8 @@ class Provider(BaseProvider[Spec, None]):
             # for no DNS name but localhost (infra/core/sharing/certs.py).
             names=("127.0.0.1", "localhost"),
             tracking_password=f"{keys}/{tracking.PASSWORD_FILE}")
-        node: HeadAccess = LocalHead(where="this machine", **record) if target is None else \
-            SshHead(target=target, where=str(target), **record)
+        with self._runner() as runner:
+            node = runner.node(head_ip, **record)
         # spec: sharing: the head's job runs the gateway from this folder on the shared work dir.
         return SharedFsHead(node=node, where=node.where,
                             private_root=sharing_home(workdir, self.spec.name), **record)

@@ -1,8 +1,10 @@
 """Running Slurm's commands where the spec says: on this machine, or on a login host over SSH.
 
-Both runners take one shell command line and return `infra.core.ssh.Result`. The SSH runner keeps one
-paramiko connection for all commands of a verb (polling `squeue` every fraction of a second must
-not pay a handshake each time) and tunnels with `infra.core.ssh.tunnel`.
+Both runners take one shell command line and return `infra.core.ssh.Result`: the local one runs it
+in bash here through `LocalHead.bash` (infra/core/head.py), the SSH one keeps one paramiko
+connection for all commands of a verb (polling `squeue` every fraction of a second must not pay a
+handshake each time; `ssh.execute`, as `ssh.run`). A compute node is reached as a head is
+(`Runner.node`: a `LocalHead` or an `SshHead`, through the login host when it is remote).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from infra.core import ssh
 from infra.core.errors import UsageError
+from infra.core.head import HeadAccess, LocalHead
+from infra.core.head_ssh import SshHead
 from infra.node import net
 from infra.node.slurm.queue import SlurmError
 from infra.providers.slurm.spec import Submit
@@ -57,14 +61,18 @@ class Runner(abc.ABC):
         return ""
 
     @abc.abstractmethod
-    def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
-        """Run `command` on the compute node `node` (SSH into it, through the login host if
-        remote, as the endpoint's tunnels do): for files in a job's private dir on that node."""
-
-    @abc.abstractmethod
     def node_target(self, node: str) -> ssh.SshTarget | None:
-        """How to log into the compute node `node` (the endpoint's tunnels, `on_node`); None when
+        """How to log into the compute node `node` (the endpoint's tunnels, `node`); None when
         the node is this machine."""
+
+    def node(self, node: str, **record: Any) -> HeadAccess:
+        """The compute node `node` as infra/core/head.py reaches a head: this machine
+        (`LocalHead`) or an SSH login into it, through the login host if remote (`SshHead`), as
+        the endpoint's tunnels go. `record`: the access's fields (its environment, ports...)."""
+        target = self.node_target(node)
+        if target is None:
+            return LocalHead(where="this machine", **record)
+        return SshHead(target=target, where=str(target), **record)
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -75,18 +83,16 @@ class LocalRunner(Runner):
     def __init__(self, slurm_conf: str | None, submit: Submit | None = None) -> None:
         self.where = "this machine"
         self._submit = submit or Submit()
-        self._env = dict(os.environ)
-        if slurm_conf:
-            self._env["SLURM_CONF"] = os.path.expanduser(slurm_conf)
+        # Slurm's commands run where a head on this machine runs its own (LocalHead).
+        self._here = LocalHead(where=self.where,
+                               env={"SLURM_CONF": slurm_conf} if slurm_conf else {})
 
     def run(self, command: str, input: str | None = None, timeout: float = 60) -> ssh.Result:
         try:
-            done = subprocess.run(["bash", "-c", command], input=input, capture_output=True,
-                                  text=True, timeout=timeout, env=self._env, check=False)
+            return self._here.bash(command, timeout, input)
         except subprocess.TimeoutExpired:
             raise SlurmError(f"`{command.split()[0]}` on {self.where} took over {timeout:.0f}s; "
                              "is slurmctld answering? (try `sinfo`)") from None
-        return ssh.Result(done.returncode, done.stdout, done.stderr)
 
     def node_target(self, node: str) -> ssh.SshTarget | None:
         if net.is_loopback(node) or node in _own_addresses():
@@ -94,12 +100,6 @@ class LocalRunner(Runner):
         # This machine submits, so it is on the cluster's network: SSH into the node directly.
         return ssh.SshTarget(host=node, user=getpass.getuser(), key_path=_default_key(),
                              **_host_keys(self._submit))
-
-    def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
-        target = self.node_target(node)
-        if target is None:
-            return self.run(command, timeout=timeout)
-        return ssh.run(target, command, timeout=timeout)
 
     def close(self) -> None:
         """Nothing to release: every command is its own process."""
@@ -144,9 +144,6 @@ class SshRunner(Runner):
         # the login host's user and key.
         return ssh.SshTarget(host=node, user=self.target.user, key_path=self.target.key_path,
                              proxy_command=via(self.target), **_host_keys(self._submit))
-
-    def on_node(self, node: str, command: str, timeout: float = 30) -> ssh.Result:
-        return ssh.run(self.node_target(node), command, timeout=timeout)
 
     def close(self) -> None:
         if self._client is not None:
