@@ -5,7 +5,8 @@ workers, log files, Serve, Grafana's health); any answer but 200 leaves an error
 401/403 raise its token dialog. For a member each such call is answered here, in the shape the
 page expects: filtered to their own jobs where Ray's answer names a job for each item (tasks,
 actors, workers, placement groups, events, per-job log files, datasets), else a well-formed empty
-answer (Serve, Grafana and Prometheus, profiling, platform events, another member's job). Which
+answer (Serve, Grafana and Prometheus, profiling, another member's job). Platform events are
+answered 404, as Ray answers them when none are configured: the page then hides that tab. Which
 jobs are a member's comes only from the gateway's own record (`JobRoutes.mine`, by submission id,
 then Ray's job list for their Ray job ids); an item Ray names no job for is nobody's, so it is
 left out. What goes to Ray is a query the gateway rebuilt from the few parameters it reads, ids
@@ -343,8 +344,6 @@ class DashboardViews:
     async def _profiling(self, *_: Any) -> Any:
         return envelope(f"profiling is {_CLOSED}", profilingEnabled=False)
 
-    async def _platform_events(self, *_: Any) -> Any:
-        return envelope(f"platform events are {_CLOSED}", events=[])
 
 
 _Handler = Callable[[DashboardViews, gs.Member, str, dict[str, str], list[tuple[str, str]]],
@@ -359,7 +358,7 @@ _EXACT: dict[str, _Handler] = {
     "/api/v0/logs": _V._log_list, "/api/v0/logs/file": _V._log_file,
     "/api/serve/applications/": _V._serve, "/api/serve/applications": _V._serve,
     "/api/grafana_health": _V._metrics_health, "/api/prometheus_health": _V._metrics_health,
-    "/api/profiling_enabled": _V._profiling, "/api/v0/platform_events": _V._platform_events,
+    "/api/profiling_enabled": _V._profiling,
 }
 _PREFIXED: tuple[tuple[str, _Handler], ...] = (
     ("/nodes/", _V._node), ("/logical/actors/", _V._actor),

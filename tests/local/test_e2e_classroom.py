@@ -87,9 +87,12 @@ def test_a_member_signs_in_from_a_browser_and_sees_only_their_jobs_without_a_tok
         refused = [(url, status) for url, status in page.requests[signed_in:]
                    if url.startswith(gateway) and status in (401, 403)]
         assert refused == []
+        # (Platform events excepted: 404 is Ray's own answer without any configured, and the
+        # dashboard looks for them with HEAD to hide that tab, the owner's page included.)
         failed = sorted({(url.removeprefix(gateway), status)
                          for url, status in page.requests[signed_in:]
-                         if url.startswith(gateway) and status in (404, 500, 502, 503)})
+                         if url.startswith(gateway) and status in (404, 500, 502, 503)
+                         and not url.startswith(f"{gateway}/api/v0/platform_events")})
         assert failed == []
     for view, png in shots.items():
         assert png.startswith(b"\x89PNG")
