@@ -32,7 +32,8 @@ from typing import Any
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.fake_identity import TOKEN_URI, Identity
 from tests.testbed import Testbed
-from tests.testbed.hosts import Host, ray_bin_dir
+from tests.testbed.hosts import LIVE_PROCESSES, Host, ray_bin_dir
+from tests.waiting import wait_while
 
 GOOGLE_NAMES = ["compute.googleapis.com", "tpu.googleapis.com", "serviceusage.googleapis.com",
                 "iam.googleapis.com",
@@ -162,6 +163,11 @@ def fresh_image(host: Host) -> None:
              "rm -f /root/.pyenv/shims/.pyenv-shim", check=True, timeout=30)
 
 
+#: What of a node's own may still run on a host: Ray, its workers and dashboard, our daemons.
+NODE_PROCESSES = (f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[r]ay::|[d]ashboard|"
+                  "[i]nfra[.]node|[p]rometheus|[m]lflow' || true")
+
+
 class BedMachines:
     """The fake's machines are test-bed hosts, handed out in order and given back when deleted."""
 
@@ -214,6 +220,11 @@ rm -rf /root/rayfleet /root/ray_bootstrap_config.yaml /root/ray_bootstrap_key.pe
 for user in rayfleet-ray rayfleet-scaler; do userdel -r "$user" >/dev/null 2>&1; done
 nft delete table inet rayfleet_guard 2>/dev/null
 true""", timeout=60)
+                # `kill -9` returns before a big process has finished exiting (a CI run at load
+                # 8 found Ray's GCS still there, `R [gcs_server]`, after the head deleted its
+                # own VM): a VM that went away runs nothing, and the host's next node meets none.
+                wait_while(lambda machine=host: machine.run(NODE_PROCESSES).stdout.strip(),
+                           "the powered-off machine's processes to exit", timeout=30, interval=0.2)
             with self.lock:
                 for host in hosts:
                     self.attributes.pop(host.ip, None)
