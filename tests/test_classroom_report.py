@@ -75,17 +75,13 @@ def test_the_members_table_shows_in_a_real_browser(tmp_path: Path, monkeypatch: 
     docs_screenshot("report-members.png", visit.screenshot)
 
 
-def test_a_shared_cluster_without_prometheus_still_reports_its_members_and_jobs(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`metrics: none`: no charts, but the members' table and the jobs from the gateway's record
-    (a running cluster with no Prometheus and no kept copy refused the report before)."""
-    from tests.classroom_owner import owner_cluster
-
-    owner_cluster(tmp_path, monkeypatch)
+def _ann_report(tmp_path: Path, status: str, cost: float) -> str:
+    """The report of cluster `class` from the gateway's record alone (member ann, one job of
+    `status`), checked for ann's row and job; the page."""
     members: dict[str, Any] = {
         "rows": [{"name": "ann", "role": "member", "total_jobs": 1, "job_hours": 0.5,
-                  "cost_share_usd": 0.1}],
-        "records": {"raysubmit_ann1": {"member": "ann", "status": "SUCCEEDED",
+                  "cost_share_usd": cost}],
+        "records": {"raysubmit_ann1": {"member": "ann", "status": status,
                                        "start_time": 1.7e12, "end_time": 1.7e12 + 1.8e6,
                                        "entrypoint": "python a.py"}}}
     out = commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r.html",  # type: ignore[arg-type]
@@ -94,6 +90,17 @@ def test_a_shared_cluster_without_prometheus_still_reports_its_members_and_jobs(
     table = re.search(r"<table data-table=members>(.*?)</table>", page, re.S)
     assert table is not None and "<td>ann</td><td>member</td><td>1</td>" in table.group(1)
     assert "<td>raysubmit_ann1</td><td>ann</td>" in page
+    return page
+
+
+def test_a_shared_cluster_without_prometheus_still_reports_its_members_and_jobs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`metrics: none`: no charts, but the members' table and the jobs from the gateway's record
+    (a running cluster with no Prometheus and no kept copy refused the report before)."""
+    from tests.classroom_owner import owner_cluster
+
+    owner_cluster(tmp_path, monkeypatch)
+    page = _ann_report(tmp_path, "SUCCEEDED", 0.1)
     assert "no charts: the cluster runs no Prometheus" in page
     # No owner lane here (the gateway records only what came through it), and the caption says so.
     assert "owner lane above" not in page and "are not in this report" in page
@@ -111,18 +118,7 @@ def test_a_shared_cluster_gone_with_no_history_still_reports_its_members_and_job
 
     owner_cluster(tmp_path, monkeypatch)
     state.state_path("class").unlink()  # torn down
-    members: dict[str, Any] = {
-        "rows": [{"name": "ann", "role": "member", "total_jobs": 1, "job_hours": 0.5,
-                  "cost_share_usd": 0.0}],
-        "records": {"raysubmit_ann1": {"member": "ann", "status": "STOPPED",
-                                       "start_time": 1.7e12, "end_time": 1.7e12 + 1.8e6,
-                                       "entrypoint": "python a.py"}}}
-    out = commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r.html",  # type: ignore[arg-type]
-                                        members)
-    page = out.read_text()
-    table = re.search(r"<table data-table=members>(.*?)</table>", page, re.S)
-    assert table is not None and "<td>ann</td><td>member</td><td>1</td>" in table.group(1)
-    assert "<td>raysubmit_ann1</td><td>ann</td>" in page
+    page = _ann_report(tmp_path, "STOPPED", 0.0)
     assert "no charts: the cluster is gone and no metrics history of it was kept" in page
     with pytest.raises(commands_metrics.MetricsError, match="has no metrics history"):
         commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r2.html")  # type: ignore[arg-type]

@@ -118,6 +118,16 @@ def test_a_joined_cluster_wins_over_a_spec_of_the_same_name(
     assert len(refused.stderr.strip().splitlines()) == 1
 
 
+def _joined_as_alice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine joined cluster `class` as member alice (what `join` leaves), nothing else."""
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RAYFLEET_CLUSTERS", str(tmp_path / "clusters"))
+    target = membership.folder("class")
+    target.mkdir(parents=True)
+    (target / membership.INFO_FILE).write_text(json.dumps(
+        {"cluster": "class", "address": URL, "member": "alice"}))
+
+
 class _Client:
     def submit_job(self, **_: object) -> str:
         return "raysubmit_abc"
@@ -125,12 +135,7 @@ class _Client:
 
 def test_submit_no_wait_on_a_joined_cluster_hints_rayfleet_logs_with_its_cluster(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("RAYFLEET_CLUSTERS", str(tmp_path / "clusters"))
-    target = membership.folder("class")
-    target.mkdir(parents=True)
-    (target / membership.INFO_FILE).write_text(json.dumps(
-        {"cluster": "class", "address": URL, "member": "alice"}))
+    _joined_as_alice(tmp_path, monkeypatch)
     monkeypatch.setattr(jobs, "job_client", lambda endpoint: _Client())
     (tmp_path / "train.py").write_text("print(1)\n")
     monkeypatch.setattr(membership, "endpoint", lambda cluster: Endpoint(URL, URL))
@@ -191,12 +196,7 @@ class _Listing:
 def test_a_members_status_says_who_stopped_their_job_and_why(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     """Stock `ray job status` prints only "was stopped"; the member's `rayfleet status` names why."""
-    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("RAYFLEET_CLUSTERS", str(tmp_path / "clusters"))
-    target = membership.folder("class")
-    target.mkdir(parents=True)
-    (target / membership.INFO_FILE).write_text(json.dumps(
-        {"cluster": "class", "address": URL, "member": "alice"}))
+    _joined_as_alice(tmp_path, monkeypatch)
     monkeypatch.setattr(jobs, "job_client", lambda endpoint: _Listing())
     monkeypatch.setattr(membership, "endpoint", lambda cluster: Endpoint(URL, URL))
     assert commands_sharing.status("class", False) == 0

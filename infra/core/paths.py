@@ -7,6 +7,7 @@ nothing is decided at import time.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -14,10 +15,15 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
+#: What a wheel installs inside the package (setup.py puts templates/ and setup/ there).
+SHIPPED = Path(__file__).resolve().parents[1] / "_shipped"
+
+
+@functools.cache
 def installed() -> bool:
     """rayfleet runs from an installed wheel (`pip install ./rayfleet`), not from its checkout (an
     editable install reads the checkout): the wheel alone carries infra/_shipped/."""
-    return (Path(__file__).resolve().parents[1] / "_shipped").is_dir()
+    return SHIPPED.is_dir()
 
 
 def home() -> Path:
@@ -41,8 +47,7 @@ def clusters_dir() -> Path:
 def shipped(name: str) -> Path:
     """`templates` or `setup`: the copy a wheel installs inside the package (infra/_shipped/, put
     there by setup.py), else the checkout's own folder (a source checkout, an editable install)."""
-    installed = Path(__file__).resolve().parents[1] / "_shipped" / name
-    return installed if installed.is_dir() else PROJECT_ROOT / name
+    return SHIPPED / name if installed() else PROJECT_ROOT / name
 
 
 def templates_dir() -> Path:
