@@ -2,7 +2,8 @@
 
 What it guarantees, so callers need not think about it:
 - Pacing (pacing.py): one request at a time, shared by all threads of the process, each sent at
-  least `Limits.request_interval` (1 s), a launch at least `Limits.launch_interval` (12 s), after
+  least `Limits.request_interval` (1 s; routine ones at this process's share of the budget,
+  `Limits.routine_interval`), a launch at least `Limits.launch_interval` (12 s), after
   the latest moment the previous one (launch) can have reached Lambda: its answer, or
   `Limits.transit` after its last byte was written, whichever comes first. `LAMBDA_RATE_SCALE`
   scales the intervals (tests and the fake run at 0.01); the defaults are Lambda's documented
@@ -284,10 +285,10 @@ class LambdaClient:
         return text.replace(self._key, "<api key>") if self._key else text
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None,
-                launch: bool = False) -> Any:
+                launch: bool = False, prompt: bool = False) -> Any:
         """Send one API request and return its `data`, or raise a typed LambdaError. The session's
         urllib3 `Retry` does the retries; a launch's session resends only what was never created
-        (429, or a connection never made)."""
+        (429, or a connection never made). `prompt`: on a launch's way (Pacer.wait)."""
         import requests
 
         what = f"{method} {path}"
@@ -298,7 +299,7 @@ class LambdaClient:
             self.written.append((what, time.monotonic()))
             self._pacer.written()
 
-        self._pacer.wait(launch)
+        self._pacer.wait(launch, prompt)
         self.sent.append(what)
         try:
             with sending(written):
@@ -342,8 +343,10 @@ class LambdaClient:
 
     # --- endpoints ------------------------------------------------------------------------------
 
-    def instance_types(self) -> dict[str, InstanceType]:
-        data = self.request("GET", "/instance-types")
+    def instance_types(self, prompt: bool = False) -> dict[str, InstanceType]:
+        """Types and the regions with capacity now. `prompt`: read right before a launch, so
+        spaced by Lambda's limit rather than this process's share (pacing.Limits.share)."""
+        data = self.request("GET", "/instance-types", prompt=prompt)
         types = {}
         for name, item in data.items():
             spec = item["instance_type"]
@@ -368,7 +371,7 @@ class LambdaClient:
 
         try:
             return until(tagged, self.limits.lost_launch_window if window is None else window,
-                         self.limits.request_interval, f"an instance tagged {key}={value}")
+                         self.limits.routine_interval, f"an instance tagged {key}={value}")
         except WaitTimeout:
             return None
 

@@ -59,7 +59,7 @@ def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:
         log(f"terminating {len(workers)} worker(s): " + ", ".join(str(i["name"]) for i in workers))
         client.terminate([str(i["id"]) for i in workers])
         until(lambda: all(_is_head(i, head_id) for i in _ours(client, cluster_id)), wait_s,
-              max(client.limits.request_interval, 0.05), "the workers to leave the list")
+              max(client.limits.routine_interval, 0.05), "the workers to leave the list")
     heads = [i for i in _ours(client, cluster_id) if _is_head(i, head_id)]
     if heads:
         log("terminating the head: " + ", ".join(str(i["name"]) for i in heads))

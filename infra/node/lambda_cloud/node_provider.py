@@ -163,7 +163,7 @@ class LambdaNodeProvider(NodeProvider):
             # the autoscaler starts setting it up the moment it is listed active.
             booting = any(n.status == "booting" for i, n in self._nodes.items()
                           if i not in self._terminated)
-            interval = self.client.limits.request_interval if booting else self.list_interval
+            interval = self.client.limits.routine_interval if booting else self.list_interval
             if not force and time.monotonic() - self._listed_at < interval:
                 return
         listed = self.client.instances()  # outside the lock: pacing may sleep
@@ -241,7 +241,7 @@ class LambdaNodeProvider(NodeProvider):
                              f"{until - time.monotonic():.0f}s")
         self._pace_after_other_launches()
         choices = [c for c in node_config.get("choices", []) if c.get("region") == self.region]
-        types = self.client.instance_types()
+        types = self.client.instance_types(prompt=True)
         tried = []
         for choice in choices:
             info = types.get(choice["instance_type"])

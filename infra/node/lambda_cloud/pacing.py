@@ -61,11 +61,24 @@ class Limits:
     #: sent again (a launch too: a 429 created nothing).
     transit: float = 0.25
 
+    #: The part of the request budget this process's routine requests (listings, polls) keep to:
+    #: the head's node provider and the user's machine share one account's budget. A launch and
+    #: the capacity read right before it are not routine: they go at Lambda's own limit, since
+    #: nothing else forces them apart, and each second there delays a worker (issue 38).
+    share: float = 1.0
+
     @classmethod
     def scaled(cls, scale: float, share: float = 1.0) -> Limits:
-        """Lambda's limits times `scale`; `share` < 1 takes only that part of the request budget
-        (the head's node provider and the user's machine share one account's budget)."""
-        return cls(1.0 * scale / share, 12.0 * scale, 30.0 * scale, lost_launch_window=120.0 * scale)
+        """Lambda's limits times `scale`, this process keeping to `share` of the request budget
+        for its routine requests."""
+        return cls(1.0 * scale, 12.0 * scale, 30.0 * scale, lost_launch_window=120.0 * scale,
+                   share=share)
+
+    @property
+    def routine_interval(self) -> float:
+        """Seconds between this process's routine requests (listings, polls): Lambda's request
+        interval over this process's share of it."""
+        return self.request_interval / self.share
 
     @property
     def scale(self) -> float:
@@ -99,7 +112,11 @@ class Pacer:
 
     limits: Limits
     lock: threading.Condition = field(default_factory=threading.Condition)
+    #: When the next routine request may go (this process's share of the budget), the next
+    #: prompt one (Lambda's own request limit: a launch and the capacity read before it), and the
+    #: next launch.
     next_any: float = 0.0
+    next_prompt: float = 0.0
     next_launch: float = 0.0
     #: The thread whose request has the turn (between `wait` and its arrival), if any.
     owner: int | None = None
@@ -112,23 +129,27 @@ class Pacer:
     def _arrived(self, at: float) -> None:
         """The owner's request has reached the server by `at`: the next ones count from there."""
         factor = 1 + self.limits.margin
-        self.next_any = max(self.next_any, at + self.limits.request_interval * factor)
+        self.next_any = max(self.next_any, at + self.limits.routine_interval * factor)
+        self.next_prompt = max(self.next_prompt, at + self.limits.request_interval * factor)
         if self.owner_launch:
             self.next_launch = max(self.next_launch, at + self.limits.launch_interval * factor)
         self.owner, self.written_at = None, None
         self.lock.notify_all()
 
-    def _delays_a_launch(self, now: float) -> bool:
-        """A plain request sent now would push the next launch a thread waits for past its due
-        time: launches go at Lambda's limit, listings fit in between."""
+    def _delays_a_launch(self, now: float, start: float) -> bool:
+        """A plain request sent now (at the earliest at `start`) would push the next launch a
+        thread waits for past its due time: launches go at Lambda's limit, listings fit in
+        between."""
         if not self.launches_waiting:
             return False
-        due = max(self.next_launch, self.next_any)
-        arrived_by = max(now, self.next_any) + self.limits.transit
+        due = max(self.next_launch, self.next_prompt)
+        arrived_by = max(now, start) + self.limits.transit
         return arrived_by + self.limits.request_interval * (1 + self.limits.margin) > due
 
-    def wait(self, launch: bool) -> None:
-        """Until this thread may send; its request then holds the turn until it has arrived."""
+    def wait(self, launch: bool, prompt: bool = False) -> None:
+        """Until this thread may send; its request then holds the turn until it has arrived.
+        `prompt`: a request on a launch's way (the capacity read before it), spaced by Lambda's
+        own limit rather than this process's share; a launch always is."""
         me = threading.get_ident()
         with self.lock:
             self.launches_waiting += launch
@@ -138,7 +159,8 @@ class Pacer:
                     if self.owner not in (None, me) and self.written_at is not None \
                             and now >= self.written_at + self.limits.transit:
                         self._arrived(self.written_at + self.limits.transit)
-                    start = max(self.next_any, self.next_launch) if launch else self.next_any
+                    start = max(self.next_prompt, self.next_launch) if launch \
+                        else self.next_prompt if prompt else self.next_any
                     timeout: float | None
                     if self.owner not in (None, me):
                         # `written` or `done` wakes us, else the owner's transit bound does.
@@ -146,9 +168,9 @@ class Pacer:
                             else self.written_at + self.limits.transit - now
                     elif now < start:
                         timeout = start - now
-                    elif not launch and self._delays_a_launch(now):
+                    elif not launch and self._delays_a_launch(now, start):
                         # Until the launch has taken its turn (then `written` wakes us).
-                        timeout = max(max(self.next_launch, self.next_any) - now, 0.005)
+                        timeout = max(max(self.next_launch, self.next_prompt) - now, 0.005)
                     else:
                         break
                     self.lock.wait(timeout)  # may wake early: looped
@@ -177,7 +199,8 @@ class Pacer:
     def push_back(self, seconds: float) -> None:
         """After a 429, keep every thread quiet for a while, not just the one that was told."""
         with self.lock:
-            self.next_any = max(self.next_any, time.monotonic() + seconds)
+            until = time.monotonic() + seconds
+            self.next_any, self.next_prompt = max(self.next_any, until), max(self.next_prompt, until)
 
     def defer_launches(self, seconds: float) -> None:
         """No launch before `seconds` from now (another process just launched)."""

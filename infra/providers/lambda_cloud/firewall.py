@@ -183,7 +183,7 @@ def delete(client: api.LambdaClient, state: State, timeout: float = 120) -> None
         with contextlib.suppress(api.NotFound):
             # Lambda refuses while an instance just terminated still holds the ruleset.
             wait.retry(functools.partial(client.delete_firewall_ruleset, ruleset_id), (api.RulesetInUse,),
-                       backoff=lambda _: max(client.limits.request_interval, 0.05), patience=timeout)
+                       backoff=lambda _: max(client.limits.routine_interval, 0.05), patience=timeout)
         with contextlib.suppress(KeyError):
             state.remove(Firewall, ruleset_id)
         ui.info(f"deleted firewall ruleset {name} ({ruleset_id})")

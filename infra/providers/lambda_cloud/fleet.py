@@ -290,7 +290,7 @@ class Launcher:
             region = self._launch_slot(slot, region)
 
     def _candidates(self, slot: Slot, region: str | None) -> list[Choice]:
-        types = self.types if self.types is not None else self.client.instance_types()
+        types = self.types if self.types is not None else self.client.instance_types(prompt=True)
         self.types = None  # later slots look again: capacity changes while we launch
         self._seen = types
 
@@ -494,4 +494,4 @@ def terminate_until_quiet(client: api.LambdaClient, state: State, autoscaling: b
         return None
 
     # No deadline: every round either terminates something or counts toward the quiet period.
-    wait.until(quiet, math.inf, client.limits.request_interval, "every instance gone")
+    wait.until(quiet, math.inf, client.limits.routine_interval, "every instance gone")

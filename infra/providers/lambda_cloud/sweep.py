@@ -69,7 +69,7 @@ class Sweeper(BaseSweeper):
             left[:] = [i for i in client.instances() if i.id in ids and i.status not in api.GONE]
             return True if not left else None
 
-        wait.until(all_gone, self.wait_s, max(client.limits.request_interval, 0.05),
+        wait.until(all_gone, self.wait_s, max(client.limits.routine_interval, 0.05),
                    on_timeout=lambda: ProviderError("Lambda still lists " + ", ".join(
                        f"{i.name} ({i.id}, {i.status})" for i in left) + f" after {self.wait_s:g}s; "
                        "run `invoke sweep --delete` again"))
