@@ -44,6 +44,8 @@ GUARD_SCRIPT = f"{USERS_DIR}/guard.sh"
 SCRIPTS_SOURCE = Path(paths.setup_dir()) / "users"
 #: The Ray token, relative to a node's SSH user's home: Ray's user needs it for `ray start`.
 TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
+#: The tracking server's password, relative to a node's SSH user's home (`tracking: mlflow`).
+PASSWORD_FILE = node_tracking.NODE_PASSWORD_PATH.removeprefix("~/")
 #: Where the autoscaler writes its logs, relative to its user's home (Ray's session log dir
 #: belongs to the Ray user, whom the autoscaler must not share a writable directory with).
 SCALER_LOGS = "rayfleet/logs"
@@ -85,24 +87,26 @@ def as_user(user: str, command: str, activate: str = "") -> str:
 def ray_files(tracking: bool) -> tuple[str, ...]:
     """What Ray's user needs of the SSH user's files: the token, and the tracking password when
     the cluster has a tracking server (`ray start` reads both)."""
-    password = node_tracking.NODE_PASSWORD_PATH.removeprefix("~/")
-    return (TOKEN_FILE, password) if tracking else (TOKEN_FILE,)
+    return (TOKEN_FILE, PASSWORD_FILE) if tracking else (TOKEN_FILE,)
 
 
 def setup_users(ray_files: Sequence[str], scaler_files: Sequence[str] = (),
-                moved: Sequence[str] = ()) -> str:
-    """Shell that makes the node's users and hands each its files (paths relative to the SSH
-    user's home; setup/users.sh copies them into the user's home with their modes). `moved`:
-    files handed over that then leave the SSH user's home (a credential whose only copy on the
+                moved: Sequence[str] = (), source: str = "~") -> str:
+    """Shell that makes the node's users and hands each its files (paths relative to `source`,
+    the SSH user's home unless a folder in it is given; setup/users.sh copies them to the same
+    places in the user's home with their modes, and is itself `USERS_SCRIPT` under `source`).
+    `moved`: files handed over that then leave `source` (a credential whose only copy on the
     node must be its user's)."""
     args = [f"ray:{p}" for p in ray_files] + [f"scaler:{p}" for p in scaler_files]
-    return _users_sh(args, moved)
+    return _users_sh(args, moved, source)
 
 
-def _users_sh(args: Sequence[str], moved: Sequence[str]) -> str:
+def _users_sh(args: Sequence[str], moved: Sequence[str], source: str = "~") -> str:
     """setup/users/users.sh with its `USER:PATH` arguments, then the `moved` files removed."""
-    handed = AS_ROOT + shell.argv("bash", shell.home(f"~/{USERS_SCRIPT}"), shell.home("~"), *args)
-    return shell.all_of(handed, *(shell.argv("rm", "-f", shell.home(f"~/{p}")) for p in moved))
+    handed = AS_ROOT + shell.argv("bash", shell.home(f"{source}/{USERS_SCRIPT}"),
+                                  shell.home(source), *args)
+    return shell.all_of(handed,
+                        *(shell.argv("rm", "-f", shell.home(f"{source}/{p}")) for p in moved))
 
 
 def hand_over(user: str, paths: Sequence[str], moved: Sequence[str] = ()) -> str:

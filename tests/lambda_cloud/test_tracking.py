@@ -15,7 +15,7 @@ from infra.core import state
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node import tracking_snapshot
-from infra.providers.lambda_cloud import autoscale, raycluster
+from infra.providers.lambda_cloud import autoscale, raycluster, users
 from infra.providers.lambda_cloud.records import Instance
 from infra.providers.lambda_cloud.spec import Spec
 from tests.conftest import run_invoke
@@ -52,11 +52,18 @@ def test_every_ray_start_reads_the_password_from_the_nodes_file(rf_home: Path,
         assert "MLFLOW_TRACKING_USERNAME=rayfleet " in command, command
         assert 'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")" ' in command
     assert secret not in text
-    # An autoscaled worker gets the head's copy of the file and the same words.
+    # An autoscaled worker gets the head's copy of the file (in the worker kit, its one file
+    # mount besides the node env's installer) and the same words.
     autoscaler = autoscale.render_config(spec, "abc", "me", "us-east-1", "key", ["rs"], None, 1.0,
                                          "10.0.0.5")
     data = yaml.safe_load(autoscaler)
-    assert data["file_mounts"]["~/.rayfleet/mlflow-password"] == "~/.rayfleet/mlflow-password"
+    kit = f"~/{users.WORKER_KIT}"
+    assert data["file_mounts"][kit] == kit
+    assert set(data["file_mounts"]) <= {kit, raycluster.REMOTE_SETUP}, data["file_mounts"]
+    files = users.kit_files(b"t0ken", secret.encode())
+    assert files[f"{users.WORKER_KIT}/.rayfleet/mlflow-password"] == (secret.encode(), 0o600)
+    assert f'users.sh "$HOME"/{users.WORKER_KIT} ray:.rayfleet/ray-token ' \
+           "ray:.rayfleet/mlflow-password" in data["worker_start_ray_commands"][-1]
     assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in data["worker_start_ray_commands"][-1]
     head = autoscale.head_start_command(spec, "i-1", "10.0.0.5")
     assert 'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")"' in head

@@ -73,12 +73,9 @@ def render_config(spec: Spec, cluster_id: str, owner: str, region: str, key_name
     resources = worker_resources(spec, types)
     extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
         if spec.object_store_memory_mb else ""
-    mounts = {auth.NODE_TOKEN_PATH: auth.NODE_TOKEN_PATH} if spec.auth == "token" else {}
-    if spec.tracking == "mlflow":
-        # The head's 0600 copy (bootstrap puts it there) goes to each worker like the token.
-        mounts[tracking_remote.NODE_PASSWORD_PATH] = tracking_remote.NODE_PASSWORD_PATH
-    # The installer of the node's users (users.py), from the autoscaler's home to each worker.
-    mounts.update(users.script_mount())
+    # The installer of the node's users, the token and the tracking password (users.py), from
+    # the autoscaler's home to each worker in one mount.
+    mounts = users.kit_mount()
     setup: list[str] = []
     if spec.env != "none":
         mounts[raycluster.REMOTE_SETUP] = raycluster.REMOTE_SETUP
@@ -99,7 +96,7 @@ def render_config(spec: Spec, cluster_id: str, owner: str, region: str, key_name
         worker_setup_commands=[render.Shell(c) for c in setup],
         worker_start_commands=[render.Shell(c) for c in users.worker_start(
             raycluster.activate(spec), raycluster.node_env_prefix(spec, head_private_ip),
-            raycluster.GCS_PORT, extra, spec.tracking == "mlflow")],
+            raycluster.GCS_PORT, extra, spec.tracking == "mlflow", kit=True)],
     )
 
 
@@ -170,10 +167,12 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         # Run at each node's setup: makes the two users (Ray's, the autoscaler's), hands over files.
         privilege.USERS_SCRIPT: (users.SCRIPT_SOURCE.read_bytes(), 0o755),
         **({TOKEN_FILE: (token.read_bytes(), 0o600)} if token is not None else {})}
+    password = None
     if spec.tracking == "mlflow":
-        # Before Ray starts: the head's `ray start` reads it, workers get it from here.
-        password = tracking.ensure_credentials(spec.name)
-        files[tracking_remote.NODE_PASSWORD_PATH] = (password.read_bytes(), 0o600)
+        # Before Ray starts: the head's `ray start` reads it, workers get it from their kit.
+        password = tracking.ensure_credentials(spec.name).read_bytes()
+        files[tracking_remote.NODE_PASSWORD_PATH] = (password, 0o600)
+    files.update(users.kit_files(token.read_bytes() if token is not None else None, password))
     if spec.env != "none":
         setup = paths.setup_dir()
         for file in sorted(p for p in setup.rglob("*") if p.is_file()):
