@@ -33,14 +33,20 @@ def dashboard_ready(url: str, token_path: Path | None = None, timeout: float = 2
     """True when the dashboard at `url` accepts job API calls (what `submit` needs).
 
     A token-auth cluster answers 401 without the token, so it is presented whenever there is one.
+    The standard library's client, not requests: `up` asks this the moment `ray start` returns,
+    and importing requests there cost every local `up` ~55 ms (bench/local_up.py).
     """
-    import requests
+    import http.client
+    import urllib.request
 
     try:
-        answer = requests.get(f"{url}/api/jobs/", headers=auth.headers(token_path), timeout=timeout)
-    except requests.RequestException:
+        request = urllib.request.Request(f"{url}/api/jobs/", headers=auth.headers(token_path))
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return bool(answer.status == 200)
+    # Refused, timed out, an error status (urllib raises it: HTTPError is an OSError), a reset
+    # mid-answer, or a malformed URL: not ready.
+    except (OSError, http.client.HTTPException, ValueError):
         return False
-    return answer.status_code == 200
 
 
 def job_client(endpoint: Endpoint) -> Any:

@@ -239,11 +239,22 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             tracking.ensure_credentials(self.spec.name)  # start.sh reads the password file
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with ui.step(f"starting Ray head (ports {block.base}+, log {log})"), log.open("w") as out:
+        with log.open("w") as out:
             # The temp dir is start.sh's argument: `plan` renders it before the folder exists.
-            started = subprocess.run(["bash", "-c", plan.files["start.sh"], "start.sh", tmp], stdout=out,
-                                     stderr=subprocess.STDOUT, check=False)
-        if started.returncode != 0:
+            # Started before the step's line is printed: that first output loads the terminal
+            # library, which then runs beside `ray start` instead of before it (bench/local_up.py).
+            starting = subprocess.Popen(["bash", "-c", plan.files["start.sh"], "start.sh", tmp],
+                                        stdout=out, stderr=subprocess.STDOUT)
+            try:
+                with ui.step(f"starting Ray head (ports {block.base}+, log {log})"):
+                    returncode = starting.wait()
+            except BaseException:
+                # As subprocess.run does: a start given up on (Ctrl+C) does not run on; what it
+                # started already is in state (the head above), for teardown.
+                starting.kill()
+                starting.wait()
+                raise
+        if returncode != 0:
             tail = log.read_text().strip().splitlines()[-3:]
             raise LocalError(f"`ray start` failed ({' | '.join(tail)}); full log: {log}")
         ui.wait_for(
