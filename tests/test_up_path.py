@@ -18,10 +18,12 @@ import pytest
 from infra.core import jobs
 from tests.conftest import ROOT
 
-#: Libraries no verb needs to start a local head; each one cost `up` tens of milliseconds when
-#: it was loaded on the way (the terminal library and requests, ~20 and ~55 ms).
-NOT_BEFORE_RAY = ("requests", "urllib3", "rich", "paramiko", "googleapiclient", "google",
-                  "cryptography", "aiohttp", "ray")
+#: Libraries `up` does not need before a local head's `ray start`; those it loaded on the way
+#: cost it ~55 ms (requests), ~20 ms (rich) and ~10 ms (filelock) on a 2-core machine.
+NOT_BEFORE_RAY = ("requests", "urllib3", "rich", "filelock", "paramiko", "googleapiclient",
+                  "google", "cryptography", "aiohttp", "ray")
+#: What only a feature the probe's spec leaves off needs (local defaults: no metrics, no autodown).
+FEATURES_OFF = ("infra.core.metrics.prometheus", "infra.node.metrics", "infra.node.autodown")
 #: The front door loads no verb and none of what a verb needs: `--list` and `--help` stay fast.
 NOT_AT_THE_DOOR = ("infra.cli.commands", "infra.providers.base", "pydantic", "jinja2",
                    *NOT_BEFORE_RAY)
@@ -75,6 +77,7 @@ def test_a_local_up_reaches_ray_start_without_libraries_it_does_not_need(
     probed = json.loads(loaded.read_text())
     assert "infra.providers.local.provider" in probed["modules"]  # it stopped the real `up`
     assert _modules_in(probed["modules"], NOT_BEFORE_RAY) == []
+    assert _modules_in(probed["modules"], FEATURES_OFF) == []
     # The failed start was recorded before it ran, and taken down again: nothing is left.
     assert probed["temp_dir"].endswith("/probe")
     assert not Path(probed["temp_dir"]).parent.exists()
