@@ -37,14 +37,18 @@ def dashboard_ready(url: str, token_path: Path | None = None, timeout: float = 2
     and importing requests there cost every local `up` ~55 ms (bench/local_up.py).
     """
     import http.client
+    import urllib.error
     import urllib.request
 
+    headers = auth.headers(token_path)  # an unreadable token is its own error, not "not ready"
     try:
-        request = urllib.request.Request(f"{url}/api/jobs/", headers=auth.headers(token_path))
+        request = urllib.request.Request(f"{url}/api/jobs/", headers=headers)
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return bool(answer.status == 200)
-    # Refused, timed out, an error status (urllib raises it: HTTPError is an OSError), a reset
-    # mid-answer, or a malformed URL: not ready.
+    except urllib.error.HTTPError as refused:  # an error status, e.g. 401 without the token
+        refused.close()
+        return False
+    # Refused, timed out, reset mid-answer, or a malformed URL: not ready.
     except (OSError, http.client.HTTPException, ValueError):
         return False
 
