@@ -33,14 +33,24 @@ def dashboard_ready(url: str, token_path: Path | None = None, timeout: float = 2
     """True when the dashboard at `url` accepts job API calls (what `submit` needs).
 
     A token-auth cluster answers 401 without the token, so it is presented whenever there is one.
+    The standard library's client, not requests: `up` asks this the moment `ray start` returns,
+    and importing requests there cost every local `up` ~55 ms (bench/local_up.py).
     """
-    import requests
+    import http.client
+    import urllib.error
+    import urllib.request
 
+    headers = auth.headers(token_path)  # an unreadable token is its own error, not "not ready"
     try:
-        answer = requests.get(f"{url}/api/jobs/", headers=auth.headers(token_path), timeout=timeout)
-    except requests.RequestException:
+        request = urllib.request.Request(f"{url}/api/jobs/", headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return bool(answer.status == 200)
+    except urllib.error.HTTPError as refused:  # an error status, e.g. 401 without the token
+        refused.close()
         return False
-    return answer.status_code == 200
+    # Refused, timed out, reset mid-answer, or a malformed URL: not ready.
+    except (OSError, http.client.HTTPException, ValueError):
+        return False
 
 
 def job_client(endpoint: Endpoint) -> Any:

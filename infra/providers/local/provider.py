@@ -26,11 +26,10 @@ from infra.core.autodown import view as autodown_view
 from infra.core.capabilities import Capabilities
 from infra.core.errors import ClusterNotRunningError, ProviderError
 from infra.core.head import HeadAccess, LocalHead
-from infra.core.metrics import prometheus as metrics
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
 from infra.core.tracking import client as tracking
-from infra.node import autodown, rayproc
+from infra.node import rayproc
 from infra.node.local import autodown as local_autodown
 from infra.node.where import ray_executable
 from infra.providers.base import (
@@ -239,11 +238,22 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             tracking.ensure_credentials(self.spec.name)  # start.sh reads the password file
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with ui.step(f"starting Ray head (ports {block.base}+, log {log})"), log.open("w") as out:
+        with log.open("w") as out:
             # The temp dir is start.sh's argument: `plan` renders it before the folder exists.
-            started = subprocess.run(["bash", "-c", plan.files["start.sh"], "start.sh", tmp], stdout=out,
-                                     stderr=subprocess.STDOUT, check=False)
-        if started.returncode != 0:
+            # Started before the step's line is printed: that first output loads the terminal
+            # library, which then runs beside `ray start` instead of before it (bench/local_up.py).
+            starting = subprocess.Popen(["bash", "-c", plan.files["start.sh"], "start.sh", tmp],
+                                        stdout=out, stderr=subprocess.STDOUT)
+            try:
+                with ui.step(f"starting Ray head (ports {block.base}+, log {log})"):
+                    returncode = starting.wait()
+            except BaseException:
+                # As subprocess.run does: a start given up on (Ctrl+C) does not run on; what it
+                # started already is in state (the head above), for teardown.
+                starting.kill()
+                starting.wait()
+                raise
+        if returncode != 0:
             tail = log.read_text().strip().splitlines()[-3:]
             raise LocalError(f"`ray start` failed ({' | '.join(tail)}); full log: {log}")
         ui.wait_for(
@@ -298,6 +308,10 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         teardown and autodown), its bounded database in `.rayfleet/metrics/<cluster>/tsdb`."""
         if self.spec.metrics != "prometheus":
             return
+        # Here, not at the top: a cluster without metrics (the local default) does not load
+        # them on its way to `ray start` (bench/local_up.py).
+        from infra.core.metrics import prometheus as metrics
+
         tmp = Path(self._temp_dir(state))
         if not metrics.program_here():
             ui.warn("metrics: no `prometheus` on this machine (apt-get install prometheus); the "
@@ -327,6 +341,10 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         if self.spec.autodown is None:
             marker.unlink(missing_ok=True)
             return
+        # Here, not at the top: a cluster without autodown (the local default) does not load
+        # the watcher's module on its way to `ray start`.
+        from infra.node import autodown
+
         if new_head:
             # A watcher that died on a head that lives on keeps its countdown (it resumes from
             # the marker); a new head starts a new one.
