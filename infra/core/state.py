@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
 import socket
@@ -334,37 +333,31 @@ def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
     The holder's pid, host and command are written beside the lock file so that a second run can say
     who it is waiting for.
     """
+    from filelock import FileLock, Timeout
+
     lock_path = lock_path_of(cluster)
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise write_error(lock_path.parent, exc) from None
-    try:
-        # Not inheritable (Python's default): `ray start` and the daemons `up` leaves running
-        # must not hold the lock on after it.
-        lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise write_error(lock_path, exc) from None
     # Not blocking: a second run says who holds the lock instead of waiting behind it. The lock
-    # is the kernel's (flock), so it dies with its holder: no stale lock after a crash. Called
-    # directly, not through filelock, whose import (~10 ms) was on every `up`'s way to Ray.
+    # is the kernel's (flock), so it dies with its holder: no stale lock after a crash.
+    lock = FileLock(lock_path, timeout=0)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(lock)
+        lock.acquire()
+    except Timeout:
         raise StateLockedError(
             f"cluster {cluster!r} is busy: {_holder(holder_path_of(cluster))}; wait for it to "
             "finish (or stop it)"
         ) from None
     except OSError as exc:
-        os.close(lock)
         raise write_error(lock_path, exc) from None
     try:
         holder_info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
                        "since": _now(), "argv": " ".join(sys.argv[1:])[:200]}
-        # Who holds the lock, for a second run's message, in a file of its own (written whole,
-        # atomically, never half-read); only that: on a full disk the lock still works without
-        # it (the next write that matters fails with one clear line).
+        # Who holds the lock, for a second run's message, in a file of its own (filelock
+        # truncates the lock file on every attempt); only that: on a full disk the lock still
+        # works without it (the next write that matters fails with one clear line).
         with contextlib.suppress(WriteError):
             atomic_write(holder_path_of(cluster), json.dumps(holder_info))
         state = State.load(state_path(cluster)) or State.new(state_path(cluster), cluster, provider)
@@ -375,7 +368,7 @@ def locked(cluster: str, provider: str, command: str) -> Iterator[State]:
             )
         yield state
     finally:
-        os.close(lock)  # its only descriptor: closing it releases the lock
+        lock.release()
 
 
 def _holder(lock_path: Path) -> str:
