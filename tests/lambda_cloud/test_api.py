@@ -157,8 +157,10 @@ def test_a_slow_answer_is_not_paid_again_before_the_next_launch(fake: FakeLambda
 
 def test_a_launch_waiting_for_its_interval_holds_no_other_request_back(fake: FakeLambda) -> None:
     """One request in flight at a time, but a launch waiting out the launch interval is not in
-    flight: the head's provider keeps listing (Ray's autoscaler loop) meanwhile."""
-    scale = 0.1  # 100 ms between requests, 1.2 s between launches
+    flight: the head's provider keeps listing (Ray's autoscaler loop) meanwhile. At a quarter of
+    the limits: three listings must fit in the launch interval, and one (the client, the fake
+    checking it against Lambda's schemas) took 0.46-0.63 s at load 11, so 1.2 s did not hold them."""
+    scale = 0.25  # 250 ms between requests, 3 s between launches
     fake.general.interval, fake.launches.interval = 1.0 * scale, 12.0 * scale
     client = client_for(fake, scale=scale)
     key = add_key(client)
