@@ -90,7 +90,7 @@ def main() -> None:
               f"ratio {ours / raw:.3f}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     print(f"median ratio invoke up / raw ray start: {statistics.median(ratios):.3f} "
-          f"(target <= 1.10, {args.reps} reps)")
+          f"(target <= 1.05, {args.reps} reps)")
 
 
 if __name__ == "__main__":
