@@ -69,8 +69,8 @@ def measure(requests: int, threads: int) -> tuple[list[float], list[float], list
     answered: dict[str, float] = {}
     pacer_wait, pacer_written = client._pacer.wait, client._pacer.written
 
-    def on_wait(launch: bool) -> None:
-        pacer_wait(launch)
+    def on_wait(launch: bool, prompt: bool = False) -> None:
+        pacer_wait(launch, prompt)
         local.turn = time.monotonic()
 
     def on_written() -> None:

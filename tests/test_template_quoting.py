@@ -33,6 +33,7 @@ from infra.cli import loading
 from infra.core import paths, render
 from infra.providers.lambda_cloud import autoscale, raycluster
 from infra.providers.lambda_cloud.spec import Spec as LambdaSpec
+from infra.providers.lambda_cloud.users import WORKER_KIT
 from infra.providers.slurm import script
 from infra.providers.slurm.spec import Spec as SlurmSpec
 from tests.gcp_tpu.conftest import write_spec as write_gcp_spec
@@ -111,10 +112,12 @@ class Bed:
         # The node env a setup command made (Lambda's commands source it before `ray`).
         (self.home / "rayfleet" / "env").mkdir(parents=True)
         (self.home / "rayfleet" / "env" / "rayfleet-activate.sh").write_text("")
-        # The users installer the head received (setup/users/users.sh): recorded, never run here.
-        (self.home / "rayfleet" / "users").mkdir()
-        (self.home / "rayfleet" / "users" / "users.sh").write_text(
-            f'echo "users.sh $*" >> "{root}/calls.log"\n')
+        # The users installer the head received (setup/users/users.sh), and the one in the kit an
+        # autoscaled Lambda worker receives (users.WORKER_KIT): recorded, never run here.
+        for folder in (self.home, self.home / WORKER_KIT):
+            (folder / "rayfleet" / "users").mkdir(parents=True)
+            (folder / "rayfleet" / "users" / "users.sh").write_text(
+                f'echo "users.sh $*" >> "{root}/calls.log"\n')
         self.work = root / "work"
         self.work.mkdir()
         self.cluster_id = secrets.token_hex(4)
