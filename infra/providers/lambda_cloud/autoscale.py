@@ -158,7 +158,8 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
 
     With `start` False (Ray already runs), only the files are replaced: v2 re-reads the config
     every loop."""
-    token = auth.token_file(state)
+    token_file = auth.token_file(state)
+    token = token_file.read_bytes() if token_file is not None else None
     files: dict[str, tuple[bytes, int]] = {
         VERSION_FILE: (versions_line(paths.PROJECT_ROOT).encode(), 0o644),
         HEAD_API_KEY_FILE: (api_key.encode(), 0o600),
@@ -166,13 +167,13 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         CONFIG_FILE: (config_text.encode(), 0o644),
         # Run at each node's setup: makes the two users (Ray's, the autoscaler's), hands over files.
         privilege.USERS_SCRIPT: (users.SCRIPT_SOURCE.read_bytes(), 0o755),
-        **({TOKEN_FILE: (token.read_bytes(), 0o600)} if token is not None else {})}
+        **({TOKEN_FILE: (token, 0o600)} if token is not None else {})}
     password = None
     if spec.tracking == "mlflow":
         # Before Ray starts: the head's `ray start` reads it, workers get it from their kit.
         password = tracking.ensure_credentials(spec.name).read_bytes()
         files[tracking_remote.NODE_PASSWORD_PATH] = (password, 0o600)
-    files.update(users.kit_files(token.read_bytes() if token is not None else None, password))
+    files.update(users.kit_files(token, password))
     if spec.env != "none":
         setup = paths.setup_dir()
         for file in sorted(p for p in setup.rglob("*") if p.is_file()):

@@ -80,9 +80,9 @@ def kit_files(token: bytes | None, password: bytes | None) -> dict[str, tuple[by
     """`WORKER_KIT`'s files (home-relative path -> (content, mode)), as `up` puts them on the
     head: the installer, the token and the tracking password (0600) when the cluster has them."""
     files = {f"{WORKER_KIT}/{privilege.USERS_SCRIPT}": (SCRIPT_SOURCE.read_bytes(), 0o755)}
-    secrets = {TOKEN_FILE: token, privilege.PASSWORD_FILE: password}
+    private = {TOKEN_FILE: token, privilege.PASSWORD_FILE: password}
     files.update({f"{WORKER_KIT}/{path}": (data, 0o600)
-                  for path, data in secrets.items() if data is not None})
+                  for path, data in private.items() if data is not None})
     return files
 
 
