@@ -233,6 +233,14 @@ MONITOR_LOGS = (f"/home/{privilege.SCALER_USER}/{privilege.SCALER_LOGS}",
 PHASE = re.compile(r"Update instance|Launched|LogTimer")
 
 
+def log_time(line: str) -> float | None:
+    """The wall-clock time (s) a line of Ray's monitor log starts with, if it does."""
+    stamp = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})", line)
+    if not stamp:
+        return None
+    return time.mktime(time.strptime(stamp[1], "%Y-%m-%d %H:%M:%S")) + int(stamp[2]) / 1000
+
+
 def phases(cluster: Scaled, submitted: float) -> None:
     """The head's monitor log from the submission on, each line at its offset (s): which step of
     the scale-up took the time."""
@@ -241,10 +249,9 @@ def phases(cluster: Scaled, submitted: float) -> None:
     text = head.run(f"cat {logs} 2>/dev/null; true", timeout=60).stdout
     print("  the monitor's log (seconds after the submission):")
     for line in sorted(text.splitlines()):
-        stamp = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})", line)
-        if not stamp or not PHASE.search(line):
+        at = log_time(line)
+        if at is None or not PHASE.search(line):
             continue
-        at = time.mktime(time.strptime(stamp[1], "%Y-%m-%d %H:%M:%S")) + int(stamp[2]) / 1000
         if at >= submitted - 1:
             message = line.split(" -- ", 1)[-1] if " -- " in line else line[24:]
             print(f"    +{at - submitted:6.1f}  {message[:150]}")

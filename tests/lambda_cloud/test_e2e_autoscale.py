@@ -222,24 +222,30 @@ def test_no_capacity_anywhere_waits_without_a_launch_loop(scaled: Scaled) -> Non
     assert submit.returncode == 0, submit.stdout + submit.stderr
     job_id = re.search(r"raysubmit_\w+", submit.stdout + submit.stderr)
     assert job_id, submit.stdout + submit.stderr
-    submitted = time.monotonic()
+    submitted = time.time()
+    head = scaled.host(scaled.head()["ip"])
 
-    def capacity_checks() -> list[float] | None:
-        """The head's capacity checks since the submit (the fake's times), once there are
-        three: three refused launches, two backoffs between them."""
-        times = [t for t, _ in scaled.fake.requests("GET", "/instance-types") if t > submitted]
+    def attempts() -> list[float] | None:
+        """The head provider's refused launch attempts since the submit, at the times its log
+        gives (Ray's monitor runs apart as the autoscaler's user and logs into that user's
+        home), once there are three: three attempts, two backoffs between them. The fake's
+        capacity reads no longer tell them apart: while idle, the provider also reads every
+        half launch interval."""
+        said = head.run("grep -h 'cannot launch gpu' /home/rayfleet-scaler/rayfleet/logs/"
+                        "monitor.* || true").stdout
+        stamps = map(lambda_autoscale.log_time, said.splitlines())
+        times = sorted(t for t in stamps if t and t >= submitted - 1)
         return times if len(times) >= 3 else None
 
-    times = wait_until(capacity_checks, "three capacity checks by the head's node provider",
+    times = wait_until(attempts, "three launch attempts by the head's node provider",
                        timeout=120, interval=0.5)
     assert scaled.launches() == launches, "no capacity listed: nothing may be launched"
-    # One capacity check per failure_backoff_s (3 s here) at most, not one per autoscaler loop:
-    # measured between the checks themselves, not against a guessed window.
+    # One attempt per failure_backoff_s (3 s here) at most, not one per autoscaler loop:
+    # measured between the attempts themselves, not against a guessed window (the log's times
+    # are whole milliseconds).
     gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     assert min(gaps) >= 60 * SCALE * 0.95, gaps
     assert scaled.workers() == []
-    head = scaled.host(scaled.head()["ip"])
-    # Ray's monitor runs apart as the autoscaler's user and logs into that user's home.
     said = head.run("grep -h 'cannot launch gpu' /home/rayfleet-scaler/rayfleet/logs/monitor.* "
                     "| head -1")
     assert "no capacity listed" in said.stdout, said.stdout

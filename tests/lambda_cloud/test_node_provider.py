@@ -22,6 +22,7 @@ from infra.node.lambda_cloud.tags import TAG_LAUNCHED_AT
 from tests.lambda_cloud.conftest import API_KEY
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
 from tests.lambda_cloud.slow_link import SlowLink
+from tests.waiting import wait_until
 
 LAUNCH = "/instance-operations/launch"
 CID = "0badcafe"
@@ -178,10 +179,10 @@ def test_a_launch_and_its_capacity_read_go_at_lambdas_limit_listings_at_the_shar
     by Lambda's own limit only: spaced by the share, the first worker waited two intervals more
     after the autoscaler asked (issue 38: launched 3.0 s after the request instead of 1.0 s).
     At Lambda's limits: requests 1 s apart, the provider's listings 2 s (1 s of room for a
-    loaded machine's late wake-ups)."""
+    loaded machine's late wake-ups). No idle read here: the provider's first call is the launch,
+    which lists first (the head's launch time) and then reads the capacity."""
     fake.general.interval, fake.launches.interval = 1.0, 12.0
     provider = make(fake, tmp_path, rate_scale=1.0)  # the head's share: 0.5 (its config's default)
-    provider.non_terminated_nodes({})  # Ray's loop lists first
     provider.create_node(NODE_CONFIG, TAGS, 1)
     provider.non_terminated_nodes({})  # a worker boots: listed as often as the share allows
     listed, relisted = (t for t, _ in fake.requests("GET", "/instances"))
@@ -194,6 +195,68 @@ def test_a_launch_and_its_capacity_read_go_at_lambdas_limit_listings_at_the_shar
     assert interval <= launched - read < routine, fake.timeline()
     # Routine requests keep to the share, counted from the launch.
     assert relisted - launched >= routine * 0.99, fake.timeline()
+
+
+def idle_read(provider: LambdaNodeProvider) -> None:
+    """Ray's loop lists while nothing boots: the provider reads the capacity in the background;
+    wait until it has it (what Ray's loop, 1 s later, would find)."""
+    provider.non_terminated_nodes({})
+    wait_until(lambda: provider._types_at > float("-inf") or None, "the idle capacity read",
+               timeout=10, interval=0.01)
+
+
+def test_a_scale_up_from_idle_launches_on_the_idle_capacity_read(
+        fake: FakeLambda, tmp_path: Path) -> None:
+    """Issue 38: while idle, the provider keeps a capacity listing younger than one launch
+    interval, so the first launch of a scale-up goes without a read on its way (one request
+    interval sooner). A launch that waits out the launch interval reads again while it waits
+    (its listing would be older than an interval when it goes); nothing is read in the
+    background while a worker boots. At a quarter of Lambda's limits."""
+    fake.general.interval, fake.launches.interval = 0.25, 3.0
+    fake.capacity[("gpu_1x_a10", "us-east-1")] = 2
+    fake.boot_delay = 60.0  # booting throughout the test
+    provider = make(fake, tmp_path, rate_scale=0.25)
+    idle_read(provider)
+    asked = time.monotonic()
+    provider.create_node(NODE_CONFIG, TAGS, 2)
+    reads = [t for t, _ in fake.requests("GET", "/instance-types")]
+    first, second = launches(fake)
+    assert [s for _, s in fake.requests() if s != 200] == [], fake.timeline()
+    # The idle read before the autoscaler asked, and one read between the two launches only.
+    assert len(reads) == 2 and reads[0] < asked and first < reads[1] < second, fake.timeline()
+    # Booting: Ray's loop lists as often as the share allows, and reads no capacity.
+    until = time.monotonic() + fake.launches.interval
+    while time.monotonic() < until:
+        provider.non_terminated_nodes({})
+        time.sleep(0.05)
+    assert len(fake.requests("GET", "/instance-types")) == 2, fake.timeline()
+
+
+def test_an_idle_read_without_capacity_is_read_again_before_its_choice_is_passed_over(
+        fake: FakeLambda, tmp_path: Path) -> None:
+    """A listed "yes" may be stale and Lambda's insufficient-capacity answer checks it; a listed
+    "no" would pass over the first choice for the second unchecked, so it is read again."""
+    fake.capacity = {("gpu_1x_a10", "us-east-1"): 0, ("gpu_1x_h100_pcie", "us-east-1"): 1}
+    provider = make(fake, tmp_path, rate_scale=0.25)
+    idle_read(provider)
+    fake.capacity[("gpu_1x_a10", "us-east-1")] = 1
+    node_id = next(iter(provider.create_node(NODE_CONFIG, TAGS, 1)))
+    assert fake.instances[node_id].type_name == "gpu_1x_a10"
+    assert len(fake.requests("GET", "/instance-types")) == 2, fake.timeline()
+
+
+def test_an_idle_read_older_than_a_launch_interval_is_read_again(
+        fake: FakeLambda, tmp_path: Path) -> None:
+    fake.capacity = {("gpu_1x_a10", "us-east-1"): 1, ("gpu_1x_h100_pcie", "us-east-1"): 1}
+    provider = make(fake, tmp_path)  # 1/100 of Lambda's limits: the launch interval is 0.12 s
+    idle_read(provider)
+    fake.capacity[("gpu_1x_a10", "us-east-1")] = 0  # the idle read's "yes" is now wrong
+    time.sleep(0.15)
+    node_id = next(iter(provider.create_node(NODE_CONFIG, TAGS, 1)))
+    assert fake.instances[node_id].type_name == "gpu_1x_h100_pcie"
+    # Read again rather than launched on the old listing (refused, a launch slot lost).
+    assert [s for _, s in fake.requests("POST", LAUNCH)] == [200], fake.timeline()
+    assert len(fake.requests("GET", "/instance-types")) == 2, fake.timeline()
 
 
 def test_next_choice_on_insufficient_capacity(fake: FakeLambda, tmp_path: Path) -> None:

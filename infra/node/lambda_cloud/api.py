@@ -270,6 +270,10 @@ class LambdaClient:
         """No launch from this client before `seconds` from now (another process just launched)."""
         self._pacer.defer_launches(seconds)
 
+    def launch_wait(self) -> float:
+        """Seconds until this client's next launch may go by Lambda's launch interval."""
+        return self._pacer.launch_wait()
+
     @classmethod
     def from_env(cls, share: float = 1.0) -> LambdaClient:
         key = read_api_key()

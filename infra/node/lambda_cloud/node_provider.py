@@ -15,10 +15,13 @@ What it guarantees (Ray's contract, autoscaling.md section 1):
 - `create_node` writes the instance id to that file before it returns; a booting instance is
   listed at once, a terminated one is dropped at once (the instance list is cached between
   refreshes so the reconcile loop does not spend the API's request budget).
-- Capacity is read from /instance-types before a launch; choices are tried in order, moving on
-  at insufficient-capacity; when every choice of a type fails, that type is not retried for
-  `failure_backoff_s` (no tight relaunch loop). Pacing (one launch per 12 s, half the account's
-  1 request/s: the user's machine has the other half) and 429/5xx backoff are api.LambdaClient's.
+- Capacity is read from /instance-types before a launch, unless an idle-time read is younger
+  than one launch interval (`up` trusts its plan's listing as long); only a listed "yes" is
+  trusted that way (Lambda's insufficient-capacity answer checks it), a listed "no" is read again.
+  Choices are tried in order, moving on at insufficient-capacity; when every choice of a type
+  fails, that type is not retried for `failure_backoff_s` (no tight relaunch loop).
+- Pacing (one launch per 12 s; routine requests at half the account's 1 request/s, the user's
+  machine having the other half) and 429/5xx backoff are api.LambdaClient's.
 - The API key is read from a 0600 file (`api_key_file`), never from this config, which Ray copies
   around and logs.
 """
@@ -154,6 +157,14 @@ class LambdaNodeProvider(NodeProvider):
         self._backoff: dict[str, float] = {}
         #: Set once the launches of other processes (the head's, by `up`) have been accounted for.
         self._paced_after_others = False
+        #: Lambda's instance types as last read, when (monotonic), and whether a read is under way
+        #: in the background. While idle, Ray's loop keeps this younger than one launch interval,
+        #: so that a scale-up from idle launches without first waiting a request interval for a
+        #: read (issue 38: 1 s of every first worker).
+        self._types: dict[str, api.InstanceType] = {}
+        self._types_at = float("-inf")
+        self._types_reading = False
+        self._launching = 0
 
     # --- listing --------------------------------------------------------------------------------
 
@@ -184,6 +195,7 @@ class LambdaNodeProvider(NodeProvider):
         self._refresh()
         with self._lock:
             live = self._live()
+        self._read_capacity_while_idle(live)
         return [i for i in live if all(self.node_tags(i).get(k) == v for k, v in tag_filters.items())]
 
     def _get(self, node_id: str) -> api.Instance | None:
@@ -222,6 +234,52 @@ class LambdaNodeProvider(NodeProvider):
     def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
         self.store.update(node_id, {k: str(v) for k, v in tags.items()})
 
+    # --- capacity -------------------------------------------------------------------------------
+
+    def _read_capacity_while_idle(self, live: dict[str, api.Instance]) -> None:
+        """Called from Ray's loop: while nothing of ours boots or launches, keep a capacity
+        listing younger than one launch interval, read in the background (Ray's loop must not
+        wait on the pacer). Half an interval apart: at real rates one request per 6 s, which with
+        the idle listings (one per `list_interval_s`) stays within the head's share."""
+        with self._lock:
+            idle = not self._launching and all(n.status != "booting" for n in live.values())
+            due = time.monotonic() - self._types_at >= self.client.limits.launch_interval / 2
+            if not (idle and due) or self._types_reading:
+                return
+            self._types_reading = True
+        threading.Thread(target=self._read_capacity, name="rayfleet-lambda-capacity",
+                         daemon=True).start()
+
+    def _read_capacity(self, prompt: bool = False) -> dict[str, api.InstanceType]:
+        try:
+            at = time.monotonic()
+            types = self.client.instance_types(prompt=prompt)
+        except api.LambdaError as exc:
+            if prompt:
+                raise
+            logger.info("rayfleet Lambda provider: idle capacity read failed: %s", exc)
+            return {}
+        finally:
+            if not prompt:
+                with self._lock:
+                    self._types_reading = False
+        with self._lock:
+            if at > self._types_at:
+                self._types, self._types_at = types, at
+        return types
+
+    def _capacity(self, fresh_only: bool) -> tuple[dict[str, api.InstanceType], bool]:
+        """Lambda's instance types for a launch, and whether they were read just now: the idle
+        read if it will still be younger than one launch interval (counted from when it was
+        sent) when the launch may go, else a read now at Lambda's own limit. A launch that waits
+        out the interval after another one reads again, as it always did: while it waits."""
+        limit = self.client.limits.launch_interval - self.client.launch_wait()
+        with self._lock:
+            young = time.monotonic() - self._types_at < limit
+            if young and not fresh_only:
+                return self._types, False
+        return self._read_capacity(prompt=True), True
+
     # --- launching ------------------------------------------------------------------------------
 
     def create_node(self, node_config: dict[str, Any], tags: dict[str, str],
@@ -239,12 +297,26 @@ class LambdaNodeProvider(NodeProvider):
         if time.monotonic() < until:
             raise NoCapacity(f"{node_type}: no capacity at the last try; next try in "
                              f"{until - time.monotonic():.0f}s")
+        with self._lock:
+            self._launching += 1
+        try:
+            return self._launch_a_choice(node_type, node_config, tags)
+        finally:
+            with self._lock:
+                self._launching -= 1
+
+    def _launch_a_choice(self, node_type: str, node_config: dict[str, Any],
+                         tags: dict[str, str]) -> api.Instance:
         self._pace_after_other_launches()
         choices = [c for c in node_config.get("choices", []) if c.get("region") == self.region]
-        types = self.client.instance_types(prompt=True)
+        types, read_now = self._capacity(fresh_only=False)
         tried = []
         for choice in choices:
             info = types.get(choice["instance_type"])
+            if (info is None or self.region not in info.regions_with_capacity) and not read_now:
+                # A "no" as old as a launch interval may be stale, and nothing would check it.
+                types, read_now = self._capacity(fresh_only=True)
+                info = types.get(choice["instance_type"])
             if info is None or self.region not in info.regions_with_capacity:
                 tried.append(f"{choice['instance_type']}@{self.region}: no capacity listed")
                 continue

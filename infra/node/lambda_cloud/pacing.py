@@ -207,6 +207,11 @@ class Pacer:
         with self.lock:
             self.next_launch = max(self.next_launch, time.monotonic() + seconds)
 
+    def launch_wait(self) -> float:
+        """Seconds from now until a launch may go by the launch interval (0: now)."""
+        with self.lock:
+            return max(0.0, self.next_launch - time.monotonic())
+
 
 class PacedRetry(Retry):
     """urllib3's Retry, paced like every other request: it waits Retry-After when the answer has
