@@ -132,8 +132,10 @@ def monitor_command(spec: Spec, head_private_ip: str | None, replace: bool = Tru
     """Ray's v2 monitor with our node provider, supervised, as the autoscaler's user
     (privilege.start_monitor; `replace`: stop the one that runs first)."""
     # One node per launch batch: v2 fails a whole batch on one error, and ours launch one by one.
+    # A loop a second (Ray's default is 5 s): demand reaches create_node within ~1 s, and the
+    # provider answers Ray's per-loop calls from its cache, so the API sees no more requests.
     monitor_env = {"RAY_enable_autoscaler_v2": "1", "AUTOSCALER_MAX_LAUNCH_BATCH": "1",
-                   **auth_env(spec)}
+                   "AUTOSCALER_UPDATE_INTERVAL_S": "1", **auth_env(spec)}
     gcs = f"{head_private_ip or '127.0.0.1'}:{raycluster.GCS_PORT}"
     return privilege.start_monitor(gcs, CONFIG_FILE, shipping.head_path(), monitor_env,
                                    raycluster.activate(spec), replace=replace)
