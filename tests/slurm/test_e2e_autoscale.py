@@ -57,6 +57,24 @@ class Elastic(LoginCluster):
     def workers(self) -> list[dict[str, str]]:
         return [r for r in self.jobs() if "role=worker" in r["comment"]]
 
+    def post_mortem(self) -> str:
+        """For a wait that timed out: the queue, the Ray jobs' states, and the tail of the head's
+        autoscaler logs (Ray's monitor in the head job's private temp dir)."""
+        queue_now = self.slurm.run("squeue -h -o '%i %T %r %j %k'").stdout
+        status = self.invoke("status", "--json")
+        head = next(h for h in self.slurm.nodes if h.hostname == self.job["head_node"])
+        logs = head.run(f"tail -n 25 {temp_marker(self.job)}*/ray/session_latest/logs/monitor.* "
+                        "2>&1 | cut -c1-300; true", timeout=60).stdout
+        return (f"the queue now:\n{queue_now}\n`status --json` (exit {status.returncode}): "
+                f"{status.stdout[-1500:]}\nthe head's monitor logs:\n{logs}")
+
+    def wait(self, check: Any, what: str, timeout: float = 180) -> Any:
+        """wait_until, with the post mortem in the message of a timeout."""
+        try:
+            return wait_until(check, what, timeout=timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.post_mortem()}") from None
+
     def other_host(self) -> Host:
         """The test-bed host that is not the head's."""
         return next(h for h in self.slurm.nodes if h.hostname != self.job["head_node"])
@@ -242,11 +260,9 @@ def test_a_pending_worker_is_shown_and_cancelled_when_nobody_needs_it(elastic: E
         return states == ["PENDING", "RUNNING"] or None
 
     try:
-        wait_until(one_running_one_pending, "one running and one pending worker job")
+        elastic.wait(one_running_one_pending, "one running and one pending worker job")
     except AssertionError as exc:
-        queue_now = elastic.slurm.run("squeue -h -o '%i %T %r %j %k'").stdout
-        raise AssertionError(f"{exc}; the worker jobs' states, in order: {seen}; the queue now:\n"
-                             f"{queue_now}") from None
+        raise AssertionError(f"the worker jobs' states, in order: {seen}; {exc}") from None
     rows = elastic.status()["provider_resources"]
     pending = [r for r in rows if r["state"] == "PENDING"]
     assert len(pending) == 1 and pending[0]["role"] == "worker (cpu)", rows
@@ -262,8 +278,8 @@ def test_a_worker_cancelled_outside_is_replaced_and_teardown_leaves_nothing(
         elastic: Elastic) -> None:
     job_id = ok(elastic.invoke("submit", "--no-wait", "tests/data/spread_job.py", "--", "2",
                                "600")).strip().splitlines()[-1]
-    first = wait_until(lambda: [w for w in elastic.workers() if w["state"] == "RUNNING"] or None,
-                       "a running worker")[0]
+    first = elastic.wait(lambda: [w for w in elastic.workers() if w["state"] == "RUNNING"] or None,
+                         "a running worker")[0]
     wait_until(lambda: elastic.alive_nodes() == 2 or None, "the worker to join")
     elastic.slurm.run(f"scancel {first['id']}", check=True)
     started = time.monotonic()
