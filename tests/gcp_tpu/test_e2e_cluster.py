@@ -280,9 +280,14 @@ def _status_shows_the_head_alone(offline: Offline, home: Path, spec: Path,
 def _a_preempted_node_is_replaced_and_scaled_down(offline: Offline, home: Path, spec: Path,
                                                   phase: Callable[[str], None]) -> None:
     fake, google = offline.fake, offline.google
+    # The hold only has to outlast, on the first node, the time from the task's start to the
+    # preemption's kill: the poll below (1 s apart, one `ps` in the host per round) sees the task,
+    # then `preempt` kills the host's processes from a thread (one more command in the host).
+    # That is a few seconds even at load; 12 s leaves twice that. The replacement node holds as
+    # long again, for nothing, so a longer hold (it was 25 s) only costs CI time.
     job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec),
                                         "examples/tpu_example.py", "--", "--wait-for-tpu",
-                                        "300", "--placement-only", "--hold", "25"),
+                                        "300", "--placement-only", "--hold", "12"),
                            env=offline.env(home), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -61,61 +61,55 @@ def test_specs_the_cluster_cannot_run_fail_in_one_line_before_sbatch(
     assert state_empty(rf_home, "bad")
 
 
-def test_single_node_up_submit_status_teardown(tmp_path: Path, rf_home: Path,
-                                               slurm_local: LocalSlurm, torn_down: Register) -> None:
-    spec = torn_down(local_spec(tmp_path, slurm_local, "solo"))
-    out = ok(invoke("up", "--cluster", str(spec)))
-    job = job_of(rf_home, "solo")
+def test_up_submit_status_teardown_and_two_clusters_share_a_node(
+        tmp_path: Path, rf_home: Path, slurm_local: LocalSlurm, torn_down: Register) -> None:
+    """A single-node cluster's whole life (alpha), with a second one (beta) on the same node that
+    alpha's teardown must not touch: one `up` fewer than a test of each (~35 s of CI)."""
+    first, second = (torn_down(local_spec(tmp_path, slurm_local, name))
+                     for name in ("alpha", "beta"))
+    out = ok(invoke("up", "--cluster", str(first)))
+    a = job_of(rf_home, "alpha")
     assert re.search(r"dashboard:\s+http://127\.0\.0\.1:\d+", out), out
-    assert slurm_local.job_state(job["job_id"]) == "RUNNING"
-    assert ray_processes(job), "Ray of the job is not running"
+    assert slurm_local.job_state(a["job_id"]) == "RUNNING"
+    assert ray_processes(a), "Ray of the job is not running"
 
     # A second `up` finds the running job instead of submitting another.
-    ok(invoke("up", "--cluster", str(spec)))
-    assert job_of(rf_home, "solo")["job_id"] == job["job_id"]
+    ok(invoke("up", "--cluster", str(first)))
+    assert job_of(rf_home, "alpha")["job_id"] == a["job_id"]
 
-    status = json.loads(ok(invoke("status", "--cluster", str(spec), "--json")))
-    assert status["running"] and f"Slurm job {job['job_id']} RUNNING" in status["summary"]
+    ok(invoke("up", "--cluster", str(second)))
+    b = job_of(rf_home, "beta")
+    assert a["port_base"] != b["port_base"] and a["temp_dir"] != b["temp_dir"]
+
+    # With beta on the same node, alpha's status still shows alpha's job and Ray alone.
+    status = json.loads(ok(invoke("status", "--cluster", str(first), "--json")))
+    assert status["running"] and f"Slurm job {a['job_id']} RUNNING" in status["summary"]
     assert "of 1:00:00" in status["summary"], "elapsed of the time limit"
     assert status["resources"]["CPU"] == 1 and [n["state"] for n in status["nodes"]] == ["ALIVE"]
 
-    result = result_of(ok(invoke("submit", "--cluster", str(spec), "examples/cpu_example.py",
+    result = result_of(ok(invoke("submit", "--cluster", str(first), "examples/cpu_example.py",
                                  "--", "4")))
     assert result["tasks"] == 4 and len(result["nodes"]) == 1
-
-    ok(invoke("teardown", "--cluster", str(spec)))
-    assert slurm_local.job_state(job["job_id"]) is None, "the job is still in the queue"
-    assert ray_processes(job) == [], "Ray processes of the job survived"
-    assert not Path(str(job["temp_dir"])).exists()
-    assert state_empty(rf_home, "solo")
-    assert not list(slurm_local.jobs_dir.glob(f"{job['name']}.*")), "job files left behind"
-    assert "Ray nodes alive" in (rf_home / "logs" / "solo" / f"slurm-{job['job_id']}.out").read_text()
-    # Safe twice.
-    assert "nothing to tear down" in ok(invoke("teardown", "--cluster", str(spec)))
-
-
-def test_two_clusters_share_a_node_and_teardown_touches_only_one(
-        tmp_path: Path, rf_home: Path, slurm_local: LocalSlurm, torn_down: Register) -> None:
-    first, second = (torn_down(local_spec(tmp_path, slurm_local, name))
-                     for name in ("alpha", "beta"))
-    ok(invoke("up", "--cluster", str(first)))
-    ok(invoke("up", "--cluster", str(second)))
-    a, b = job_of(rf_home, "alpha"), job_of(rf_home, "beta")
-    assert a["port_base"] != b["port_base"] and a["temp_dir"] != b["temp_dir"]
-    for spec in (first, second):
-        assert result_of(ok(invoke("submit", "--cluster", str(spec), "examples/cpu_example.py",
-                                   "--", "2")))["tasks"] == 2
+    assert result_of(ok(invoke("submit", "--cluster", str(second), "examples/cpu_example.py",
+                               "--", "2")))["tasks"] == 2
     b_pids = ray_processes(b)
     assert b_pids
 
     ok(invoke("teardown", "--cluster", str(first)))
-    assert ray_processes(a) == []
+    assert slurm_local.job_state(a["job_id"]) is None, "the job is still in the queue"
+    assert ray_processes(a) == [], "Ray processes of the job survived"
+    assert not Path(str(a["temp_dir"])).exists()
+    assert state_empty(rf_home, "alpha")
+    assert not list(slurm_local.jobs_dir.glob(f"{a['name']}.*")), "job files left behind"
+    assert "Ray nodes alive" in (rf_home / "logs" / "alpha" / f"slurm-{a['job_id']}.out").read_text()
     assert slurm_local.job_state(b["job_id"]) == "RUNNING"
     assert all(rayproc.alive(pid) for pid in b_pids), "tearing down alpha hurt beta"
     url = f"http://127.0.0.1:{b['dashboard_port']}/api/jobs/"
     assert requests.get(url, timeout=5).status_code == 401, "token auth is on"
     token = auth.headers(rf_home / "keys" / "beta" / "ray-token")
     assert requests.get(url, headers=token, timeout=5).ok
+    # Safe twice.
+    assert "nothing to tear down" in ok(invoke("teardown", "--cluster", str(first)))
     ok(invoke("teardown", "--cluster", str(second)))
     assert ray_processes(b) == []
 
