@@ -21,7 +21,7 @@ import pytest
 
 from infra.node import rayproc
 from tests.conftest import ROOT, run_invoke
-from tests.local.temp_dirs import temp_dir_pattern
+from tests.local.cluster_info import cluster_pids, dashboard_client, read_state
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -34,37 +34,13 @@ def _spec(tmp_path: Path, extra: str = "") -> Path:
     return path
 
 
-def _state(home: Path, name: str) -> dict:
-    return json.loads((home / "state" / f"{name}.json").read_text())
-
-
-def _temp_dirs(name: str) -> re.Pattern[str]:
-    """Any temp dir of a cluster with this name, in whatever private parent (a crashed `up`
-    included): `<TMPDIR>/rf-<8 random characters>/<name>`."""
-    return temp_dir_pattern(name)
-
-
-def _client(home: Path, name: str) -> tuple[str, dict[str, str]]:
-    """The cluster's dashboard URL and the headers that authenticate to it (its token)."""
-    info = _state(home, name)["info"]
-    token = Path(info["auth_token_path"]).read_text().strip()
-    return info["dashboard_url"], {"Authorization": f"Bearer {token}"}
-
-
-def _processes(name: str, port_base: int | None = None) -> list[int]:
-    markers: list[str | re.Pattern[str]] = [_temp_dirs(name)]
-    if port_base is not None:
-        markers.append(rayproc.gcs_marker(port_base))
-    return rayproc.cluster_processes(markers)
-
-
 @pytest.fixture
 def cluster(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[Path]:
     """A spec for a fresh local cluster; whatever happens, nothing of it outlives the test."""
     path = _spec(tmp_path)
     yield path
     run_invoke("teardown", "--cluster", str(path))
-    leftovers = _processes(path.stem)
+    leftovers = cluster_pids(path.stem)
     rayproc.terminate(leftovers)
     assert not leftovers, f"test left processes behind: {leftovers}"
 
@@ -76,11 +52,11 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
 
     up = run_invoke("up", "--cluster", str(cluster))
     assert up.returncode == 0, up.stderr
-    info = _state(rf_home, cluster.stem)["info"]
-    url, headers = _client(rf_home, cluster.stem)
+    info = read_state(rf_home, cluster.stem)["info"]
+    url, headers = dashboard_client(rf_home, cluster.stem)
     assert url.startswith("http://127.0.0.1:") and url in up.stdout
     assert info["address"] in up.stdout and "invoke submit" in up.stdout
-    temp_dir = _state(rf_home, cluster.stem)["resources"][0]["id"]
+    temp_dir = read_state(rf_home, cluster.stem)["resources"][0]["id"]
 
     nodes = StateApiClient(address=url, headers=headers).list(
         StateResource.NODES, options=ListApiOptions(), raise_on_missing_output=False)
@@ -103,7 +79,7 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     assert reported["resources"]["CPU"] == 2.0
     assert [j["status"] for j in reported["jobs"]] == ["SUCCEEDED"]
 
-    pids = _processes(cluster.stem)
+    pids = cluster_pids(cluster.stem)
     # A changed spec of the running cluster: `plan` names the field, `up` says it needs a new one.
     cluster.write_text(cluster.read_text().replace("num_cpus: 2", "num_cpus: 3"))
     planned = run_invoke("plan", "--cluster", str(cluster))
@@ -113,27 +89,18 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     assert again.returncode == 0 and "already running" in again.stderr
     assert "num_cpus changed to 3, but the running cluster keeps 2: it needs a new cluster" in \
         again.stderr, again.stderr
-    assert set(pids) <= set(_processes(cluster.stem)), "a second up must not restart the cluster"
+    assert set(pids) <= set(cluster_pids(cluster.stem)), "a second up must not restart the cluster"
 
-    port_base = _state(rf_home, cluster.stem)["resources"][0]["attrs"]["port_base"]
+    port_base = read_state(rf_home, cluster.stem)["resources"][0]["attrs"]["port_base"]
     down = run_invoke("teardown", "--cluster", str(cluster))
     assert down.returncode == 0, down.stderr
-    assert _processes(cluster.stem, port_base) == []
+    assert cluster_pids(cluster.stem, port_base) == []
     assert not rayproc.port_answers("127.0.0.1", port_base)
     assert not (rf_home / "state" / f"{cluster.stem}.json").exists()
     assert not Path(temp_dir).exists()
 
     twice = run_invoke("teardown", "--cluster", str(cluster))
     assert twice.returncode == 0 and "nothing to tear down" in twice.stdout
-
-
-def test_failed_job_gives_nonzero_exit(cluster: Path, tmp_path: Path) -> None:
-    assert run_invoke("up", "--cluster", str(cluster)).returncode == 0
-    script = ROOT / "tests" / "data" / "failing_job.py"
-    failed = run_invoke("submit", "--cluster", str(cluster), str(script.relative_to(ROOT)))
-    assert failed.returncode == 1
-    assert "deliberate failure" in failed.stdout + failed.stderr
-    assert "FAILED" in failed.stderr
 
 
 @pytest.fixture
@@ -171,18 +138,18 @@ def test_kill_9_during_up_leaves_state_teardown_can_finish(cluster: Path, rf_hom
     state_file = rf_home / "state" / f"{cluster.stem}.json"
     wait_until(state_file.exists, "up to write its state", timeout=60, interval=0.02)
     # Let `ray start` get going so there are processes to find, then kill rayfleet mid-step.
-    wait_until(lambda: _processes(cluster.stem) or None, "`ray start`'s processes", timeout=60,
+    wait_until(lambda: cluster_pids(cluster.stem) or None, "`ray start`'s processes", timeout=60,
                interval=0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    recorded = _state(rf_home, cluster.stem)
+    recorded = read_state(rf_home, cluster.stem)
     assert [r["kind"] for r in recorded["resources"]] == ["ray-head"]
     assert "dashboard_url" not in recorded["info"], "up was killed before it finished"
 
     down = run_invoke("teardown", "--cluster", str(cluster))
     assert down.returncode == 0, down.stderr
     time.sleep(1)  # a `ray start` killed mid-flight must not resurrect anything
-    assert _processes(cluster.stem, recorded["resources"][0]["attrs"]["port_base"]) == []
+    assert cluster_pids(cluster.stem, recorded["resources"][0]["attrs"]["port_base"]) == []
     assert not state_file.exists()
 
 
@@ -195,7 +162,7 @@ def test_plan_creates_nothing_and_diffs_against_last_up(cluster: Path, rf_home: 
     assert planned["diff"] == "" and planned["problems"] == []
     text = run_invoke("plan", "--cluster", str(cluster))
     assert "changes since" not in text.stdout and "nothing applied yet" in text.stdout
-    assert _processes(cluster.stem) == [] and not (rf_home / "state" / f"{cluster.stem}.json").exists()
+    assert cluster_pids(cluster.stem) == [] and not (rf_home / "state" / f"{cluster.stem}.json").exists()
 
     assert run_invoke("up", "--cluster", str(cluster)).returncode == 0
     unchanged = json.loads(run_invoke("plan", "--cluster", str(cluster), "--json").stdout)
@@ -218,111 +185,6 @@ def test_commands_on_a_cluster_that_is_not_up(cluster: Path) -> None:
             assert "Traceback" not in result.stderr
 
 
-def test_no_wait_logs_stop_job_and_runtime_env(cluster: Path, tmp_path: Path, rf_home: Path) -> None:
-    from ray.job_submission import JobSubmissionClient
-
-    assert run_invoke("up", "--cluster", str(cluster)).returncode == 0
-    env_file = tmp_path / "runtime.yaml"
-    env_file.write_text("env_vars: {GREETING: hello-from-runtime-env}\n")
-    submitted = run_invoke("submit", "--cluster", str(cluster), "--runtime-env", str(env_file),
-                           "--no-wait", "tests/data/sleeper.py")
-    assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.strip().splitlines()[-1]
-    assert f"invoke stop-job {job}" in submitted.stderr
-
-    url, headers = _client(rf_home, cluster.stem)
-    client = JobSubmissionClient(url, headers=headers)
-    wait_until(lambda: "GREETING=" in client.get_job_logs(job), "the job's greeting in its log",
-               timeout=60, interval=0.2)
-    logs = run_invoke("logs", "--cluster", str(cluster), job)
-    assert logs.returncode == 0 and "GREETING=hello-from-runtime-env" in logs.stdout
-
-    stopped = run_invoke("stop-job", "--cluster", str(cluster), job)
-    assert stopped.returncode == 0, stopped.stderr
-    assert client.get_job_status(job).value == "STOPPED"
-
-    missing = run_invoke("submit", "--cluster", str(cluster), "--runtime-env", "nope.yaml",
-                         "tests/data/sleeper.py")
-    assert missing.returncode == 2 and "--runtime-env nope.yaml: no such file" in missing.stderr
-
-
-
-def _listeners(pids: list[int]) -> list[tuple[str, int]]:
-    """(address, port) of every TCP socket in LISTEN state owned by `pids` (from `ss -ltnp`)."""
-    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
-    found = []
-    for line in out.splitlines():
-        owners = {int(pid) for pid in re.findall(r"pid=(\d+)", line)}
-        if owners & set(pids):
-            local_address = line.split()[3]
-            host, port = local_address.rsplit(":", 1)
-            found.append((host.strip("[]").removeprefix("::ffff:"), int(port)))
-    return found
-
-
-def test_token_auth_listeners_and_no_secret_leaks(cluster: Path, rf_home: Path) -> None:
-    """Token on, job API on loopback, anything on other interfaces refuses requests without the
-    token, and the token shows up nowhere but its 0600 file."""
-    import requests
-    from ray.job_submission import JobSubmissionClient
-
-    up = run_invoke("up", "--cluster", str(cluster))
-    assert up.returncode == 0, up.stderr
-    url, headers = _client(rf_home, cluster.stem)
-    token_file = Path(_state(rf_home, cluster.stem)["info"]["auth_token_path"])
-    token = token_file.read_text().strip()
-    assert len(token) >= 32 and token_file.stat().st_mode & 0o777 == 0o600
-
-    assert requests.get(f"{url}/api/jobs/", timeout=5).status_code == 401
-    assert requests.get(f"{url}/api/jobs/", headers={"Authorization": "Bearer wrong"},
-                        timeout=5).status_code == 403
-    assert requests.get(f"{url}/api/jobs/", headers=headers, timeout=5).status_code == 200
-    with pytest.raises(Exception, match="Authentication"):
-        JobSubmissionClient(url).list_jobs()
-
-    port_base = _state(rf_home, cluster.stem)["resources"][0]["attrs"]["port_base"]
-    pids = _processes(cluster.stem)
-    listeners = _listeners(pids)
-    dashboard = port_base + 1
-    assert {h for h, p in listeners if p == dashboard} == {"127.0.0.1"}, listeners
-    # Whatever Ray binds beyond loopback must not serve anyone without the token: an HTTP request
-    # to each such port without it is refused or not understood (gRPC), never served.
-    for host, port in listeners:
-        if host in ("127.0.0.1", "::1"):
-            continue
-        target = "127.0.0.1" if host in ("*", "0.0.0.0", "::") else host
-        try:
-            answer = requests.get(f"http://{target}:{port}/api/jobs/", timeout=3)
-        except requests.RequestException:
-            continue
-        assert answer.status_code != 200 or "submission_id" not in answer.text, (host, port)
-
-    # Ray's own client, on the address Ray advertises (not loopback): refused without the token.
-    node_ip = json.loads(run_invoke("status", "--cluster", str(cluster), "--json").stdout)["nodes"][0]["ip"]
-    probe = ("import ray, sys\ntry:\n    ray.init(address=sys.argv[1], log_to_driver=False)\n"
-             "except ConnectionError:\n    sys.exit(3)\nprint(ray.cluster_resources()['CPU'])\n")
-    for env, expected in (({"RAY_AUTH_MODE": "disabled"}, 3),
-                          ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}, 0)):
-        driver = subprocess.run([sys.executable, "-c", probe, f"{node_ip}:{port_base}"],
-                                env={**os.environ, **env}, capture_output=True, text=True,
-                                timeout=120, cwd="/tmp")
-        assert driver.returncode == expected, (env, driver.stderr[-500:])
-
-    submitted = run_invoke("submit", "--cluster", str(cluster), "examples/cpu_example.py", "--", "2")
-    assert submitted.returncode == 0, submitted.stderr
-    status = run_invoke("status", "--cluster", str(cluster))
-    dashboard_out = run_invoke("dashboard", "--cluster", str(cluster))
-    assert str(token_file) in dashboard_out.stderr and "RAY_AUTH_TOKEN_PATH=" in dashboard_out.stderr
-    outputs = [up.stdout, up.stderr, submitted.stdout, submitted.stderr, status.stdout,
-               status.stderr, dashboard_out.stdout, dashboard_out.stderr]
-    assert not [o for o in outputs if token in o]
-    leaks = [f for f in rf_home.rglob("*") if f.is_file() and f != token_file
-             and token in f.read_text(errors="replace")]
-    assert leaks == []
-    cmdlines = [rayproc.cmdline(pid) for pid in _processes(cluster.stem)]
-    assert cmdlines and not [c for c in cmdlines if token in c]
-
-
 def test_two_checkouts_with_the_same_cluster_name(tmp_path: Path) -> None:
     """Two RAYFLEET_HOMEs (two clones, or CI beside a developer), one cluster name: each teardown
     stops only its own Ray; the other keeps running jobs."""
@@ -333,7 +195,7 @@ def test_two_checkouts_with_the_same_cluster_name(tmp_path: Path) -> None:
         for home in homes:
             up = run_invoke("up", "--cluster", str(spec), env={"RAYFLEET_HOME": str(home)})
             assert up.returncode == 0, up.stderr
-        dirs = [_state(home, "twin")["resources"][0]["id"] for home in homes]
+        dirs = [read_state(home, "twin")["resources"][0]["id"] for home in homes]
         assert dirs[0] != dirs[1]
         b_pids = rayproc.cluster_processes([dirs[1]])
         assert b_pids
@@ -348,14 +210,14 @@ def test_two_checkouts_with_the_same_cluster_name(tmp_path: Path) -> None:
     finally:
         for home in homes:
             run_invoke("teardown", "--cluster", str(spec), env={"RAYFLEET_HOME": str(home)})
-    assert _processes("twin") == []
+    assert cluster_pids("twin") == []
 
 
 def test_status_when_ray_died(cluster: Path, rf_home: Path) -> None:
     """The provider still believes in the cluster but Ray is dead: one line, the provider view
     still shown, exit 1."""
     assert run_invoke("up", "--cluster", str(cluster)).returncode == 0
-    rayproc.terminate(_processes(cluster.stem), grace=0.5)
+    rayproc.terminate(cluster_pids(cluster.stem), grace=0.5)
     status = run_invoke("status", "--cluster", str(cluster))
     assert status.returncode == 1
     assert "Traceback" not in status.stderr

@@ -76,6 +76,8 @@ class Shared:
     port: int
     folder: Path
     up_output: str
+    #: `up`'s stderr alone: where issue 29's one-line warning goes.
+    up_stderr: str
     members: dict[str, Member] = field(default_factory=dict)
 
     def invoke(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -135,7 +137,7 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory, prefix: str,
                     f"sharing:\n{lines}")
     env = {"RAYFLEET_HOME": str(folder / "owner-home")}
     up = run_invoke("-r", str(ROOT), "up", "--cluster", str(spec), env=env, cwd=folder)
-    cluster = Shared(spec, env, port, folder, up.stdout + up.stderr)
+    cluster = Shared(spec, env, port, folder, up.stdout + up.stderr, up.stderr)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         yield cluster
@@ -146,6 +148,22 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory, prefix: str,
 
 def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
     wait_until(check, what, timeout=timeout, interval=0.2)
+
+
+def _warns_once(stderr: str) -> None:
+    """Issue 29's warning (`members_run_as_owner`), in one line of an `up`'s stderr."""
+    warnings = [line for line in stderr.splitlines() if "members_run_as_owner" in line]
+    assert len(warnings) == 1 and "run as your own account" in warnings[0], stderr
+
+
+def test_with_the_acknowledgement_every_up_warns_in_one_line(shared: Shared) -> None:
+    """The module's spec says `members_run_as_owner: true`: its first `up` warns in one line and
+    starts the gateway. The next `up`s, on the running cluster and after a teardown, are checked
+    where the module's tests run them (test_usage_survives_a_gateway_restart,
+    test_members_and_usage_survive_the_cluster_going_away_and_a_new_up); the gateway's port is
+    closed after the teardown (there and in the `shared` fixture)."""
+    _warns_once(shared.up_stderr)
+    assert rayproc.port_answers("127.0.0.1", shared.port)
 
 
 def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
@@ -412,6 +430,8 @@ def test_usage_survives_a_gateway_restart(shared: Shared) -> None:
     _wait_for(restarted, 30, "the gateway started again by its supervisor")
     again = shared.invoke("up")
     assert again.returncode == 0, again.stdout + again.stderr
+    _warns_once(again.stderr)  # issue 29's warning, at an `up` on the running cluster too
+    assert rayproc.port_answers("127.0.0.1", shared.port)
     assert mo.get("/api/jobs/").status_code == 200
     rows = {row["name"]: row for row in json.loads(shared.invoke("members", "--json").stdout)["members"]}
     assert rows["mo"]["total_jobs"] == 1
@@ -446,6 +466,7 @@ def test_members_and_usage_survive_the_cluster_going_away_and_a_new_up(shared: S
     assert down.returncode == 0, down.stdout + down.stderr
     assert not answered, "teardown left the gateway listening"
     assert up.returncode == 0, up.stdout + up.stderr
+    _warns_once(up.stderr)
     assert "need a new bundle" not in up.stdout + up.stderr, up.stdout + up.stderr
     assert pia.get("/api/jobs/").status_code == 200  # the same bundle, the same address
     after = rows()
