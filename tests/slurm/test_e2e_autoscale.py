@@ -63,10 +63,22 @@ class Elastic(LoginCluster):
         queue_now = self.slurm.run("squeue -h -o '%i %T %r %j %k'").stdout
         status = self.invoke("status", "--json")
         head = next(h for h in self.slurm.nodes if h.hostname == self.job["head_node"])
-        logs = head.run(f"tail -n 25 {temp_marker(self.job)}*/ray/session_latest/logs/monitor.* "
+        session = f"{temp_marker(self.job)}*/ray/session_latest/logs"
+        logs = head.run(f"tail -n 8 {session}/monitor.* 2>&1 | cut -c1-300; true",
+                        timeout=60).stdout
+        # A failed Ray job's reason (a driver's error, or its runtime env's) is in the job API's
+        # `message`, on the head's loopback dashboard, and in the runtime env's logs.
+        token = self.slurm.jobs_dir / "keys" / self.job["cluster_id"] / "ray-token"
+        jobs = head.run(f"curl -s --max-time 10 -H \"Authorization: Bearer $(cat {token})\" "
+                        f"http://127.0.0.1:{self.job['dashboard_port']}/api/jobs/ | "
+                        "python3 -c 'import json,sys; [print(j.get(\"submission_id\"), "
+                        "j.get(\"status\"), (j.get(\"message\") or \"\")[-600:]) "
+                        "for j in json.load(sys.stdin)]'; "
+                        f"tail -n 15 {session}/runtime_env_setup-*.log {session}/job-driver-*.log "
                         "2>&1 | cut -c1-300; true", timeout=60).stdout
         return (f"the queue now:\n{queue_now}\n`status --json` (exit {status.returncode}): "
-                f"{status.stdout[-1500:]}\nthe head's monitor logs:\n{logs}")
+                f"{status.stdout[-1200:]}\nthe Ray jobs' messages and logs:\n{jobs}\n"
+                f"the head's monitor logs:\n{logs}")
 
     def wait(self, check: Any, what: str, timeout: float = 180) -> Any:
         """wait_until, with the post mortem in the message of a timeout."""
