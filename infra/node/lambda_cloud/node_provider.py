@@ -247,36 +247,35 @@ class LambdaNodeProvider(NodeProvider):
             if not (idle and due) or self._types_reading:
                 return
             self._types_reading = True
-        threading.Thread(target=self._read_capacity, name="rayfleet-lambda-capacity",
+        threading.Thread(target=self._read_capacity_in_background, name="rayfleet-lambda-capacity",
                          daemon=True).start()
 
-    def _read_capacity(self, prompt: bool = False) -> dict[str, api.InstanceType]:
+    def _read_capacity_in_background(self) -> None:
         try:
-            at = time.monotonic()
-            types = self.client.instance_types(prompt=prompt)
+            self._read_capacity(prompt=False)
         except api.LambdaError as exc:
-            if prompt:
-                raise
             logger.info("rayfleet Lambda provider: idle capacity read failed: %s", exc)
-            return {}
         finally:
-            if not prompt:
-                with self._lock:
-                    self._types_reading = False
+            with self._lock:
+                self._types_reading = False
+
+    def _read_capacity(self, prompt: bool) -> dict[str, api.InstanceType]:
+        """Lambda's instance types now, kept as the latest read (`prompt`: on a launch's way)."""
+        at = time.monotonic()
+        types = self.client.instance_types(prompt=prompt)
         with self._lock:
             if at > self._types_at:
                 self._types, self._types_at = types, at
         return types
 
-    def _capacity(self, fresh_only: bool) -> tuple[dict[str, api.InstanceType], bool]:
+    def _capacity(self) -> tuple[dict[str, api.InstanceType], bool]:
         """Lambda's instance types for a launch, and whether they were read just now: the idle
         read if it will still be younger than one launch interval (counted from when it was
         sent) when the launch may go, else a read now at Lambda's own limit. A launch that waits
         out the interval after another one reads again, as it always did: while it waits."""
         limit = self.client.limits.launch_interval - self.client.launch_wait()
         with self._lock:
-            young = time.monotonic() - self._types_at < limit
-            if young and not fresh_only:
+            if time.monotonic() - self._types_at < limit:
                 return self._types, False
         return self._read_capacity(prompt=True), True
 
@@ -309,13 +308,13 @@ class LambdaNodeProvider(NodeProvider):
                          tags: dict[str, str]) -> api.Instance:
         self._pace_after_other_launches()
         choices = [c for c in node_config.get("choices", []) if c.get("region") == self.region]
-        types, read_now = self._capacity(fresh_only=False)
+        types, read_now = self._capacity()
         tried = []
         for choice in choices:
             info = types.get(choice["instance_type"])
             if (info is None or self.region not in info.regions_with_capacity) and not read_now:
                 # A "no" as old as a launch interval may be stale, and nothing would check it.
-                types, read_now = self._capacity(fresh_only=True)
+                types, read_now = self._read_capacity(prompt=True), True
                 info = types.get(choice["instance_type"])
             if info is None or self.region not in info.regions_with_capacity:
                 tried.append(f"{choice['instance_type']}@{self.region}: no capacity listed")
