@@ -58,7 +58,12 @@ BARE = """#!/bin/bash
 #SBATCH --output=bare-%j.out
 export RAY_USAGE_STATS_ENABLED=0 RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={token}
-ray start --address={address} --num-cpus=1 --object-store-memory=100000000 --block 2>&1 |
+# Without --temp-dir a worker's Ray uses the head's temp path. On a site that path is on this
+# node's own disk; the test bed's hosts share /tmp (only /tmp/ray is each host's own), so the
+# default would put this node's runtime-env agent in the head's folder, where it deletes and
+# re-downloads the head's unpacked working_dir packages, and the scancel below can leave them gone.
+ray start --address={address} --temp-dir=/tmp/ray --num-cpus=1 --object-store-memory=100000000 \
+  --block 2>&1 |
   while IFS= read -r line; do
     case $line in *"Ray runtime started"*) date +%s.%N > bare-$SLURM_JOB_ID.started;; esac
   done
