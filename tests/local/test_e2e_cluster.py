@@ -185,34 +185,6 @@ def test_commands_on_a_cluster_that_is_not_up(cluster: Path) -> None:
             assert "Traceback" not in result.stderr
 
 
-def test_two_checkouts_with_the_same_cluster_name(tmp_path: Path) -> None:
-    """Two RAYFLEET_HOMEs (two clones, or CI beside a developer), one cluster name: each teardown
-    stops only its own Ray; the other keeps running jobs."""
-    spec = tmp_path / "twin.yaml"
-    spec.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")
-    homes = [tmp_path / "checkout-a", tmp_path / "checkout-b"]
-    try:
-        for home in homes:
-            up = run_invoke("up", "--cluster", str(spec), env={"RAYFLEET_HOME": str(home)})
-            assert up.returncode == 0, up.stderr
-        dirs = [read_state(home, "twin")["resources"][0]["id"] for home in homes]
-        assert dirs[0] != dirs[1]
-        b_pids = rayproc.cluster_processes([dirs[1]])
-        assert b_pids
-
-        down = run_invoke("teardown", "--cluster", str(spec), env={"RAYFLEET_HOME": str(homes[0])})
-        assert down.returncode == 0, down.stderr
-        assert rayproc.cluster_processes([dirs[0]]) == []
-        assert set(b_pids) <= set(rayproc.cluster_processes([dirs[1]]))
-        job = run_invoke("submit", "--cluster", str(spec), "examples/cpu_example.py", "--", "2",
-                         env={"RAYFLEET_HOME": str(homes[1])})
-        assert job.returncode == 0, job.stderr
-    finally:
-        for home in homes:
-            run_invoke("teardown", "--cluster", str(spec), env={"RAYFLEET_HOME": str(home)})
-    assert cluster_pids("twin") == []
-
-
 def test_status_when_ray_died(cluster: Path, rf_home: Path) -> None:
     """The provider still believes in the cluster but Ray is dead: one line, the provider view
     still shown, exit 1."""

@@ -1,4 +1,5 @@
-"""Two local clusters on one machine, driven by `rayfleet` from a user's own project.
+"""Two local clusters of one name on one machine (two checkouts), driven by `rayfleet` from a
+user's own project.
 
 Each cluster's jobs reach their own cluster, Ray's tools inside jobs included (every node's Ray
 knows its cluster's address); the project, not rayfleet's checkout, is uploaded, without what its
@@ -8,6 +9,7 @@ knows its cluster's address); the project, not rayfleet's checkout, is uploaded,
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -25,11 +27,11 @@ from tests.local.temp_dirs import temp_dir_pattern
 pytestmark = pytest.mark.slow
 
 
-def rayfleet(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def rayfleet(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
     """The installed `rayfleet` command (the venv's console script), run as a user would."""
     command = Path(sys.executable).with_name("rayfleet")
     return subprocess.run([str(command), *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          env={**os.environ, "RAYFLEET_HOME": str(home)}, timeout=300, check=False)
 
 
 @pytest.fixture
@@ -51,59 +53,83 @@ def project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def two_specs(tmp_path: Path, rf_home: Path) -> Iterator[list[Path]]:
-    specs = []
-    for _ in range(2):
-        path = tmp_path / f"s{uuid.uuid4().hex[:8]}.yaml"
-        path.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")
-        specs.append(path)
-    yield specs
-    for path in specs:
-        rayfleet("teardown", "--cluster", str(path), cwd=tmp_path)
-        leftovers = rayproc.cluster_processes([temp_dir_pattern(path.stem)])
-        rayproc.terminate(leftovers)
-        assert not leftovers, f"test left processes behind: {leftovers}"
+def twins(tmp_path: Path) -> Iterator[tuple[Path, list[Path]]]:
+    """One spec, and two RAYFLEET_HOMEs (two clones, or CI beside a developer) that each bring up
+    a cluster of that one name."""
+    spec = tmp_path / f"t{uuid.uuid4().hex[:8]}.yaml"
+    spec.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")
+    homes = [tmp_path / "checkout-a", tmp_path / "checkout-b"]
+    yield spec, homes
+    for home in homes:
+        rayfleet("teardown", "--cluster", str(spec), cwd=tmp_path, home=home)
+    leftovers = rayproc.cluster_processes([temp_dir_pattern(spec.stem)])
+    rayproc.terminate(leftovers)
+    assert not leftovers, f"test left processes behind: {leftovers}"
 
 
-def test_two_clusters_side_by_side_run_jobs_of_a_users_project(
-        two_specs: list[Path], project: Path, rf_home: Path) -> None:
+def _submit(spec: Path, project: Path, home: Path, args: list[str]) -> None:
+    """The project's job on the cluster of `home`, which lists it as its only job of this kind."""
+    done = rayfleet("submit", "--cluster", str(spec), "jobs/state_api_job.py", *args, cwd=project,
+                    home=home)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Traceback" not in output and "multiple active Ray instances" not in output
+    result = json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["nodes"] == 1
+    # The project's git root was uploaded, without what git ignores.
+    assert set(result["files"]) == {".gitignore", "helper.py", "jobs/state_api_job.py"}
+
+
+def _entrypoints(spec: Path, project: Path, home: Path) -> list[str]:
+    status = rayfleet("status", "--cluster", str(spec), "--json", cwd=project, home=home)
+    assert status.returncode == 0, status.stderr
+    return [job["entrypoint"] for job in json.loads(status.stdout)["jobs"]]
+
+
+def test_two_checkouts_run_same_named_clusters_side_by_side_for_a_users_project(
+        twins: tuple[Path, list[Path]], project: Path) -> None:
+    """Each cluster's jobs reach their own cluster; each teardown stops only its own Ray, and the
+    other keeps running jobs."""
+    spec, homes = twins
     temp_dirs = []
-    for spec in two_specs:
+    for home in homes:
         # By path, from the project's folder: no tasks.py there.
-        up = rayfleet("up", "--cluster", str(spec), cwd=project)
+        up = rayfleet("up", "--cluster", str(spec), cwd=project, home=home)
         assert up.returncode == 0, up.stderr
-        state = json.loads((rf_home / "state" / f"{spec.stem}.json").read_text())
+        state = json.loads((home / "state" / f"{spec.stem}.json").read_text())
         head = state["resources"][0]
         temp_dirs.append(Path(head["id"]))
         parent = Path(head["attrs"]["temp_parent"])
         assert Path(head["id"]).parent == parent and parent.name.startswith("rf-")
         assert stat.S_IMODE(parent.stat().st_mode) == 0o700
         assert not str(parent).startswith(str(ROOT))
+    assert temp_dirs[0] != temp_dirs[1]
+    b_pids = rayproc.cluster_processes([str(temp_dirs[1])])
+    assert b_pids
 
     # Arguments the job ignores, long enough that a cut entrypoint would show.
     args = ["--", *(f"--unused-argument-{i}" for i in range(6))]
-    for spec in two_specs:
-        done = rayfleet("submit", "--cluster", str(spec), "jobs/state_api_job.py", *args, cwd=project)
-        output = done.stdout + done.stderr
-        assert done.returncode == 0, output
-        assert "Traceback" not in output and "multiple active Ray instances" not in output
-        result = json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
-        assert result["nodes"] == 1
-        # The project's git root was uploaded, without what git ignores.
-        assert set(result["files"]) == {".gitignore", "helper.py", "jobs/state_api_job.py"}
-        status = rayfleet("status", "--cluster", str(spec), "--json", cwd=project)
-        assert status.returncode == 0, status.stderr
-        assert [job["entrypoint"] for job in json.loads(status.stdout)["jobs"]] == [
-            "python jobs/state_api_job.py " + " ".join(args[1:])]
+    entrypoint = "python jobs/state_api_job.py " + " ".join(args[1:])
+    for home in homes:
+        _submit(spec, project, home, args)
+        assert _entrypoints(spec, project, home) == [entrypoint]
 
     for follow in ([], ["--follow"]):
-        bogus = rayfleet("logs", "raysubmit_bogus", *follow, "--cluster", str(two_specs[0]),
-                         cwd=project)
+        bogus = rayfleet("logs", "raysubmit_bogus", *follow, "--cluster", str(spec), cwd=project,
+                         home=homes[0])
         assert bogus.returncode != 0 and "Traceback" not in bogus.stderr
         assert bogus.stderr.strip() == (f"error: job raysubmit_bogus: no such job on this cluster; "
-                                        f"`invoke status --cluster={two_specs[0]}` lists its jobs")
+                                        f"`invoke status --cluster={spec}` lists its jobs")
 
-    for spec, temp_dir in zip(two_specs, temp_dirs, strict=True):
-        down = rayfleet("teardown", "--cluster", str(spec), cwd=project)
-        assert down.returncode == 0, down.stderr
-        assert not temp_dir.parent.exists()
+    down = rayfleet("teardown", "--cluster", str(spec), cwd=project, home=homes[0])
+    assert down.returncode == 0, down.stderr
+    assert not temp_dirs[0].parent.exists()
+    assert rayproc.cluster_processes([str(temp_dirs[0])]) == []
+    assert set(b_pids) <= set(rayproc.cluster_processes([str(temp_dirs[1])]))
+    _submit(spec, project, homes[1], args)
+    assert _entrypoints(spec, project, homes[1]) == [entrypoint, entrypoint]
+
+    down = rayfleet("teardown", "--cluster", str(spec), cwd=project, home=homes[1])
+    assert down.returncode == 0, down.stderr
+    assert not temp_dirs[1].parent.exists()
+    assert rayproc.cluster_processes([temp_dir_pattern(spec.stem)]) == []

@@ -220,7 +220,7 @@ def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
     assert not list(slurm_cluster.jobs_dir.glob(f"{job['name']}.*"))
 
 
-def test_heterogeneous_job_joins_both_groups_in_one_ray_cluster(
+def test_heterogeneous_job_joins_both_groups_and_scancel_stops_ray_on_both_quickly(
         tmp_path: Path, rf_home: Path, slurm_cluster: SlurmCluster, torn_down: Register) -> None:
     spec = torn_down(login_spec(
         tmp_path, slurm_cluster, "hetero",
@@ -231,9 +231,19 @@ def test_heterogeneous_job_joins_both_groups_in_one_ray_cluster(
     assert rows == [f"{job['job_id']}+0", "RUNNING", f"{job['job_id']}+1", "RUNNING"]
     status = json.loads(ok(invoke("status", "--cluster", str(spec), "--json")))
     assert status["resources"]["CPU"] == 2 and status["resources"]["gpu_node"] == 1
+    # What the batch script does on scancel (not only what `invoke teardown` checks afterwards):
+    # every node's Ray is gone within Slurm's KillWait. Both groups run the same node script.
+    assert set(ray_left_on_hosts(slurm_cluster, job)) == {h.name for h in slurm_cluster.nodes}
+    started = time.monotonic()
+    slurm_cluster.run(f"scancel {job['job_id']}", check=True)
+    slurm_cluster.wait_job(job["job_id"], timeout=60)
+    gone_after = time.monotonic() - started
+    assert ray_left_on_hosts(slurm_cluster, job) == {}
+    assert gone_after < 5, f"the job took {gone_after:.1f}s to stop (KillWait is 5 s)"
+    # A cluster cancelled outside rayfleet still tears down cleanly.
     ok(invoke("teardown", "--cluster", str(spec)))
     assert slurm_cluster.job_state(job["job_id"]) is None
-    assert ray_left_on_hosts(slurm_cluster, job) == {}
+    assert not list((rf_home / "state").glob("hetero*.json"))
 
 
 def test_more_nodes_than_the_partition_has_is_one_line(tmp_path: Path, rf_home: Path,
@@ -242,19 +252,3 @@ def test_more_nodes_than_the_partition_has_is_one_line(tmp_path: Path, rf_home: 
     line = one_line_error(invoke("up", "--cluster", str(spec)), 2)
     assert line.endswith("nodes: 3 nodes requested but partition 'debug' has 2; lower it or pick "
                          "a bigger partition"), line
-
-
-def test_cancelling_the_job_stops_its_ray_on_every_node_quickly(
-        tmp_path: Path, rf_home: Path, slurm_cluster: SlurmCluster, torn_down: Register) -> None:
-    # What the batch script does on scancel (not only what `invoke teardown` checks afterwards).
-    spec = torn_down(login_spec(tmp_path, slurm_cluster, "quick", "nodes: 2\n"))
-    ok(invoke("up", "--cluster", str(spec)))
-    job = job_of(rf_home, "quick")
-    assert set(ray_left_on_hosts(slurm_cluster, job)) == {h.name for h in slurm_cluster.nodes}
-    started = time.monotonic()
-    slurm_cluster.run(f"scancel {job['job_id']}", check=True)
-    slurm_cluster.wait_job(job["job_id"], timeout=60)
-    gone_after = time.monotonic() - started
-    assert ray_left_on_hosts(slurm_cluster, job) == {}
-    assert gone_after < 5, f"the job took {gone_after:.1f}s to stop (KillWait is 5 s)"
-    ok(invoke("teardown", "--cluster", str(spec)))
