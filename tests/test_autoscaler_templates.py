@@ -7,6 +7,7 @@ The golden files were first checked equal, parsed, to what the code before the t
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,28 @@ def test_lambda_autoscaler_config(tmp_path: Path, rf_home: Path, case: str) -> N
     assert prepared["provider"]["type"] == "external"
     assert set(config["available_node_types"]) == {"head", *(spec.worker_types or {})}
     assert_golden(f"lambda/autoscaler-{case}.yaml", text, _versions())
+
+
+@pytest.mark.parametrize("case", sorted(LAMBDA_CASES))
+def test_a_lambda_worker_gets_everything_its_commands_run_in_one_file_mount(
+        tmp_path: Path, rf_home: Path, case: str) -> None:
+    """Ray's updater pays an SSH `mkdir` and an rsync per mount on every worker's way to joining
+    (issue 38): the worker kit is the only one, and it holds each script the worker's setup and
+    start commands run, as `up` puts the kit on the head."""
+    from infra.providers.lambda_cloud import users
+
+    spec = _lambda_spec(tmp_path, case)
+    config = yaml.safe_load(autoscale.render_config(spec, *_lambda_args(case)))
+    assert config["file_mounts"] == {f"~/{users.WORKER_KIT}": f"~/{users.WORKER_KIT}"}
+    kit = {f"~/{path}" for path in users.kit_files(b"token", b"password")}
+    if spec.env != "none":
+        kit |= {f"~/{path}" for path in autoscale.setup_files(autoscale.KIT_SETUP)}
+    # What they run with `bash` (the environment's activate script, sourced, is made by setup).
+    words = " ".join(config["worker_setup_commands"] + config["worker_start_ray_commands"]).split()
+    scripts = {after.replace('"$HOME"', "~").strip('"')
+               for word, after in itertools.pairwise(words) if word == "bash" and ".sh" in after}
+    assert scripts and scripts <= kit, scripts - kit
+    assert bool(config["worker_setup_commands"]) == (spec.env != "none")
 
 
 @pytest.mark.parametrize("case", sorted(SLURM_CASES))

@@ -41,6 +41,10 @@ BOOTSTRAP_KEY = "ray_bootstrap_key.pem"
 TOKEN_FILE = auth.NODE_TOKEN_PATH.removeprefix("~/")
 #: Which commit the head's node package came from, beside the zips.
 VERSION_FILE = f"{shipping.NODE_DIR}/VERSION"
+#: The node environments' installer (setup/) in the worker kit: it reaches each worker with the
+#: kit's one file mount, not a second one (Ray's updater pays an SSH `mkdir` and an rsync per
+#: mount on every worker's way to joining: issue 38).
+KIT_SETUP = f"{users.WORKER_KIT}/setup"
 
 
 def head_tags(spec: Spec) -> dict[str, str]:
@@ -73,13 +77,10 @@ def render_config(spec: Spec, cluster_id: str, owner: str, region: str, key_name
     resources = worker_resources(spec, types)
     extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
         if spec.object_store_memory_mb else ""
-    # The installer of the node's users, the token and the tracking password (users.py), from
-    # the autoscaler's home to each worker in one mount.
+    # The installer of the node's users, the token, the tracking password (users.py) and the
+    # node environments' installer, from the autoscaler's home to each worker in one mount.
     mounts = users.kit_mount()
-    setup: list[str] = []
-    if spec.env != "none":
-        mounts[raycluster.REMOTE_SETUP] = raycluster.REMOTE_SETUP
-        setup = [install_command(spec)]
+    setup = [install_command(spec)] if spec.env != "none" else []
     return render.render(
         "lambda.autoscaler.yaml.j2",
         cluster=spec.name, max_workers=sum(k.max_workers for k in worker_types.values()),
@@ -101,10 +102,13 @@ def render_config(spec: Spec, cluster_id: str, owner: str, region: str, key_name
 
 
 def install_command(spec: Spec, head: bool = False) -> str:
+    """The node environment's install on the head (from its own copy of setup/) or on a worker
+    (from the worker kit)."""
     args = versions.install_args(spec.env, backend=spec.env_backend)
     # Only the head runs Prometheus (`metrics: prometheus`).
     metrics = " --metrics" if head and spec.metrics == "prometheus" else ""
-    return (f"bash {raycluster.REMOTE_SETUP}/install.sh {shlex.join(args)} "
+    source = raycluster.REMOTE_SETUP if head else f"~/{KIT_SETUP}"
+    return (f"bash {source}/install.sh {shlex.join(args)} "
             f'--prefix "{raycluster.ENV_PREFIX}" --log "$HOME/rayfleet/install.log"{metrics}')
 
 
@@ -150,7 +154,14 @@ def auth_env(spec: Spec) -> dict[str, str]:
 
 def scaler_files(tracking: bool) -> tuple[str, ...]:
     return users.scaler_files(HEAD_API_KEY_FILE, BOOTSTRAP_KEY, CONFIG_FILE, shipping.NODE_DIR,
-                              raycluster.REMOTE_SETUP.removeprefix("~/"), tracking)
+                              tracking)
+
+
+def setup_files(prefix: str) -> dict[str, tuple[bytes, int]]:
+    """setup/ as shipped (home-relative path under `prefix` -> (content, mode))."""
+    setup = paths.setup_dir()
+    return {f"{prefix}/{file.relative_to(setup)}": (file.read_bytes(), file.stat().st_mode & 0o755)
+            for file in sorted(p for p in setup.rglob("*") if p.is_file())}
 
 
 def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instance,
@@ -177,10 +188,9 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         files[tracking_remote.NODE_PASSWORD_PATH] = (password, 0o600)
     files.update(users.kit_files(token, password))
     if spec.env != "none":
-        setup = paths.setup_dir()
-        for file in sorted(p for p in setup.rglob("*") if p.is_file()):
-            files[f"rayfleet/setup/{file.relative_to(setup)}"] = (file.read_bytes(),
-                                                                  file.stat().st_mode & 0o755)
+        # The head's own install, and the workers' in their kit.
+        files.update(setup_files(raycluster.REMOTE_SETUP.removeprefix("~/")))
+        files.update(setup_files(KIT_SETUP))
     with ui.step(f"copying the node provider, token and keys to the head {head.ip}"):
         remote_head.put_files(target, files)
     if not start:

@@ -3,7 +3,7 @@ commands of an autoscaling cluster's head and workers run as them.
 
 The head: the SSH user receives everything over SFTP (autoscale.bootstrap), then setup/users/users.sh
 hands Ray's user the Ray token (and tracking password) and the autoscaler's user the API key, the
-cluster's SSH key, the token, the config, the node package and the setup files; `ray start --head
+cluster's SSH key, the token, the config, the node package and the worker kit; `ray start --head
 --no-monitor` runs as Ray's user and Ray's v2 monitor as the autoscaler's, under the head's one
 supervisor. Workers: the
 autoscaler sets them up over SSH as the SSH user (file mounts, setup), and their Ray runs as Ray's
@@ -28,13 +28,12 @@ SCRIPT_SOURCE = Path(paths.setup_dir()) / "users" / "users.sh"
 
 
 def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: str,
-                 setup_dir: str, tracking: bool) -> tuple[str, ...]:
+                 tracking: bool) -> tuple[str, ...]:
     """The head's files that the autoscaler's user gets: the credential, the cluster's private
-    key, the Ray token (to talk to GCS), the tracking password, the worker kit and the setup
-    files (file mounts for new workers), its config, the node package with our node provider,
-    and the installer."""
+    key, the Ray token (to talk to GCS), the tracking password, the worker kit (the file mount
+    for new workers), its config, the node package with our node provider, and the installer."""
     return (key_file, bootstrap_key, *ray_files(tracking), WORKER_KIT, config_file, node_dir,
-            setup_dir, privilege.USERS_DIR)
+            privilege.USERS_DIR)
 
 
 def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[str, ...],
@@ -54,8 +53,9 @@ def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[s
 
 #: A worker's files, in one folder of the autoscaler's home that reaches each worker as one file
 #: mount: the users' installer at `privilege.USERS_SCRIPT` under it, the Ray token and tracking
-#: password at their places in a home. Ray's updater pays an SSH `mkdir` and an rsync per mount
-#: (0.6 s each at load 0.5) on every worker's way to joining (issue 38's scale-up).
+#: password at their places in a home, and the node environments' installer (autoscale.KIT_SETUP).
+#: Ray's updater pays an SSH `mkdir` and an rsync per mount (0.6 s each at load 0.5) on every
+#: worker's way to joining (issue 38's scale-up).
 WORKER_KIT = "rayfleet/worker"
 
 
