@@ -68,7 +68,8 @@ def twins(tmp_path: Path) -> Iterator[tuple[Path, list[Path]]]:
 
 
 def _submit(spec: Path, project: Path, home: Path, args: list[str]) -> None:
-    """The project's job on the cluster of `home`, which lists it as its only job of this kind."""
+    """The project's job on the cluster of `home`: it succeeds there, on that cluster's one node,
+    with the project's files."""
     done = rayfleet("submit", "--cluster", str(spec), "jobs/state_api_job.py", *args, cwd=project,
                     home=home)
     output = done.stdout + done.stderr
