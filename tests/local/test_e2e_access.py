@@ -203,7 +203,7 @@ def _listeners(pids: list[int]) -> list[tuple[str, int]]:
     return found
 
 
-def test_token_auth_listeners_and_no_secret_leaks(local: Local) -> None:
+def test_token_auth_listeners_and_no_secret_leaks(local: Local, tmp_path: Path) -> None:
     """Token on, job API on loopback, anything on other interfaces refuses requests without the
     token, and the token shows up nowhere but its 0600 file (the module's `up` included)."""
     import requests
@@ -243,11 +243,13 @@ def test_token_auth_listeners_and_no_secret_leaks(local: Local) -> None:
     node_ip = json.loads(local.invoke("status", "--json").stdout)["nodes"][0]["ip"]
     probe = ("import ray, sys\ntry:\n    ray.init(address=sys.argv[1], log_to_driver=False)\n"
              "except ConnectionError:\n    sys.exit(3)\nprint(ray.cluster_resources()['CPU'])\n")
+    # In an empty folder of its own: `python -c` puts its working directory first on sys.path, and
+    # a stray grp.py in the machine's /tmp once shadowed the standard library's module here.
     for env, expected in (({"RAY_AUTH_MODE": "disabled"}, 3),
                           ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}, 0)):
         driver = subprocess.run([sys.executable, "-c", probe, f"{node_ip}:{port_base}"],
                                 env={**os.environ, **env}, capture_output=True, text=True,
-                                timeout=120, cwd="/tmp")
+                                timeout=120, cwd=tmp_path)
         assert driver.returncode == expected, (env, driver.stderr[-500:])
 
     submitted = local.invoke("submit", "examples/cpu_example.py", "--", "2", timeout=300)
