@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -46,6 +47,16 @@ environment:
 """
 
 
+#: Each Ray job's id, state and message from the head's job API (argv: token file, URL).
+JOB_MESSAGES = """\
+import json, sys, urllib.request
+token = open(sys.argv[1]).read().strip()
+request = urllib.request.Request(sys.argv[2], headers={"Authorization": f"Bearer {token}"})
+for job in json.load(urllib.request.urlopen(request, timeout=10)):
+    print(job.get("submission_id"), job.get("status"), (job.get("message") or "")[-600:])
+"""
+
+
 class Elastic(LoginCluster):
     def jobs(self) -> list[dict[str, str]]:
         """Every job in the queue carrying the cluster id (what ownership is decided by)."""
@@ -68,12 +79,10 @@ class Elastic(LoginCluster):
                         timeout=60).stdout
         # A failed Ray job's reason (a driver's error, or its runtime env's) is in the job API's
         # `message`, on the head's loopback dashboard, and in the runtime env's logs.
+        # The token is read from its file inside Python: never on a command line.
         token = self.slurm.jobs_dir / "keys" / self.job["cluster_id"] / "ray-token"
-        jobs = head.run(f"curl -s --max-time 10 -H \"Authorization: Bearer $(cat {token})\" "
-                        f"http://127.0.0.1:{self.job['dashboard_port']}/api/jobs/ | "
-                        "python3 -c 'import json,sys; [print(j.get(\"submission_id\"), "
-                        "j.get(\"status\"), (j.get(\"message\") or \"\")[-600:]) "
-                        "for j in json.load(sys.stdin)]'; "
+        url = f"http://127.0.0.1:{self.job['dashboard_port']}/api/jobs/"
+        jobs = head.run(f"python3 - {shlex.quote(str(token))} {url} <<'EOF'\n{JOB_MESSAGES}EOF\n"
                         f"tail -n 15 {session}/runtime_env_setup-*.log {session}/job-driver-*.log "
                         "2>&1 | cut -c1-300; true", timeout=60).stdout
         return (f"the queue now:\n{queue_now}\n`status --json` (exit {status.returncode}): "

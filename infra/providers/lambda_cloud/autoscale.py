@@ -157,11 +157,13 @@ def scaler_files(tracking: bool) -> tuple[str, ...]:
                               tracking)
 
 
-def setup_files(prefix: str) -> dict[str, tuple[bytes, int]]:
-    """setup/ as shipped (home-relative path under `prefix` -> (content, mode))."""
+def setup_files(*prefixes: str) -> dict[str, tuple[bytes, int]]:
+    """setup/ as shipped, once under each of `prefixes` (home-relative path -> (content, mode));
+    each file is read once."""
     setup = paths.setup_dir()
-    return {f"{prefix}/{file.relative_to(setup)}": (file.read_bytes(), file.stat().st_mode & 0o755)
+    tree = {str(file.relative_to(setup)): (file.read_bytes(), file.stat().st_mode & 0o755)
             for file in sorted(p for p in setup.rglob("*") if p.is_file())}
+    return {f"{prefix}/{path}": entry for prefix in prefixes for path, entry in tree.items()}
 
 
 def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instance,
@@ -189,8 +191,7 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
     files.update(users.kit_files(token, password))
     if spec.env != "none":
         # The head's own install, and the workers' in their kit.
-        files.update(setup_files(raycluster.REMOTE_SETUP.removeprefix("~/")))
-        files.update(setup_files(KIT_SETUP))
+        files.update(setup_files(raycluster.REMOTE_SETUP.removeprefix("~/"), KIT_SETUP))
     with ui.step(f"copying the node provider, token and keys to the head {head.ip}"):
         remote_head.put_files(target, files)
     if not start:
