@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: What a node's command line that starts Ray carries: Ray's CLI as infra/node/raycli.py loads it.
+STARTS_RAY = "from ray.scripts.scripts import main"
 
 # The multi-host test bed (sshd hosts in namespaces, real Slurm): fixtures for every test module.
 pytest_plugins = ["tests.testbed.fixtures"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,8 @@ def test_local_start_script_matches_golden(tmp_path: Path, rf_home: Path, case: 
     path.write_text(CASES[case] + "port_base: 23000\n" * ("port_base" not in CASES[case]))
     plan = providers.create(loading.load_spec(path)).plan(None)
     assert_golden(f"local/{case}.start.sh", plan.files["start.sh"],
-                  {where.ray_executable(): "<ray>",
+                  {sys.executable: "<python>",
+                   where.ray_executable(): "<ray>",
                    str(Path(where.ray_executable()).parent): "<ray-bin>",
                    str(rf_home): "<rayfleet-home>"})
     # What we render must be a valid shell script.

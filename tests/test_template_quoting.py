@@ -238,10 +238,10 @@ def _renders(tmp_path: Path, bed: Bed) -> list[tuple[str, dict[str, Any]]]:
         providers.create(loading.load_spec(gcp)).plan(None)
     finally:
         mp.undo()
-    # The local start script's `ray` is the real one: never run it.
+    # The local start script's `ray` (the real Python, raycli.argv_here) is real: never run it.
     for template, context in calls:
         if template == "local.start.sh.j2":
-            context["ray"] = str(bed.stubs / "ray")
+            context["ray_cli"] = [str(bed.stubs / "ray")]
             for secret in context["tracking_files"].values():  # `up` writes it before the start
                 Path(secret).parent.mkdir(parents=True, exist_ok=True)
                 Path(secret).write_text("x")

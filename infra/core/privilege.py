@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from infra.core import auth, paths
-from infra.node import shell
+from infra.node import raycli, shell
 from infra.node import tracking as node_tracking
 
 RAY_USER = "rayfleet-ray"
@@ -162,7 +162,7 @@ def start_monitor(gcs_address: str, config: str, node_zip: str, env: dict[str, s
     # monitor it starts inherit them. `env`'s values are words (shell.home for one in $HOME).
     inner = shell.all_of(
         shell.argv("mkdir", "-p", shell.home(f"~/{SCALER_LOGS}"), shell.home(f"~/{SCALER_TMP}")),
-        shell.Shell('rf_py="$(dirname "$(command -v ray)")/python"'),
+        shell.Shell(f"rf_py={raycli.PYTHON}"),
         shell.export({"TMPDIR": shell.home(f"~/{SCALER_TMP}"), **env,
                       "PYTHONPATH": shell.home(f"~/{node_zip}")}),
         shell.group(bare),
@@ -200,7 +200,8 @@ def ray_up_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port
                                           *scaler_files, USERS_DIR)),
         *before_ray,
         stop_ray(activate),
-        as_user(RAY_USER, f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
+        as_user(RAY_USER, f"{ray_env}{raycli.RAY} start --head --no-monitor {ray_start_args}",
+                activate),
     ]
 
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.node import shell
+from infra.node import raycli, shell
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu import queued
 from infra.node.gcp_tpu.api import (
@@ -307,7 +307,7 @@ class Joiner:
                 *prepare,
                 shell.subshell(shell.first_of("ray stop >/dev/null 2>&1", "true")),
                 shell.lines(["ulimit -n 65536", shell.export(env), shell.argv(
-                    "ray", "start", f"--address={self.config['head_address']}",
+                    shell.Shell(raycli.RAY), "start", f"--address={self.config['head_address']}",
                     "--object-manager-port=8076", f"--num-cpus={request.cpus}",
                     f"--resources={json.dumps(resources)}", f"--labels={labels}",
                     "--disable-usage-stats")]))

@@ -18,7 +18,7 @@ the Python that runs Ray (`rf_helper` in templates/slurm.environment.j2):
 
 It imports the standard library, the node package (rayproc: port block layout, scoped process
 stop, with psutil, which Ray ships; files; retry; metrics: where Prometheus is, its config) and
-Ray for `start`.
+Ray for `start` (raycli: Ray's CLI without the command groups a start never uses).
 Everything about the job comes from the RF_* variables the batch script exports.
 """
 
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.node import metrics
+from infra.node import metrics, raycli
 from infra.node.files import atomic_write
 from infra.node.rayproc import (
     PORT_NAMES,
@@ -261,7 +261,7 @@ def start(args: list[str]) -> int:
     node to be registered: `ray start` itself looks the head up in 2-second steps (and gives up
     after 20), so started early it loses up to 2 s, started late it pays for the import.
     """
-    from ray.scripts.scripts import main as ray_cli
+    ray_cli = raycli.main()
 
     timeout = float(_env("RF_READY_TIMEOUT") or 300)
     if "--head" in args:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra.core import paths, privilege
-from infra.node import shell
+from infra.node import raycli, shell
 
 #: What `plan` and `status` print about a job on a Lambda cluster.
 JOB_REACH = privilege.job_reach("the Lambda API key")
@@ -46,7 +46,8 @@ def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[s
         privilege.setup_users(ray_files(tracking), scaler, moved),
         privilege.stop_ray(activate),
         privilege.as_user(privilege.RAY_USER,
-                          f"{ray_env}ray start --head --no-monitor {ray_start_args}", activate),
+                          f"{ray_env}{raycli.RAY} start --head --no-monitor {ray_start_args}",
+                          activate),
         monitor,
     )
 
@@ -71,7 +72,7 @@ def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
         privilege.setup_users(ray_files(tracking), source=f"~/{WORKER_KIT}" if kit else "~"),
         privilege.stop_ray(activate),
         privilege.as_user(privilege.RAY_USER,
-                          f"{ray_env}RAY_USAGE_STATS_ENABLED=0 ray start "
+                          f"{ray_env}RAY_USAGE_STATS_ENABLED=0 {raycli.RAY} start "
                           f"--address={address} --disable-usage-stats{extra}", activate),
     )]
 

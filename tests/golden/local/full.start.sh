@@ -22,9 +22,10 @@ export PATH=<ray-bin>:"$PATH"
 
 # Every port comes from this cluster's own block and the temp dir ($1: `up` creates it inside a
 # fresh 0700 folder) is private, so a Ray that the user started by hand on the default ports (and
-# its temp dir /tmp/ray) is never disturbed.
+# its temp dir /tmp/ray) is never disturbed. Ray's own `ray start`, loaded without the command
+# groups a start never uses (infra/node/raycli.py).
 temp_dir=${1:?usage: start.sh TEMP_DIR}
-exec <ray> start --head \
+exec <python> -c 'import sys; rf_skip = [n for n in ("ray.serve.scripts", "ray.util.state.state_cli", "ray.dashboard.modules.job.cli") if n not in sys.modules]; sys.modules.update(dict.fromkeys(rf_skip)); from ray.scripts.scripts import main; [sys.modules.pop(n) for n in rf_skip if sys.modules.get(n, 0) is None]; sys.argv[0] = "ray"; sys.exit(main())' start --head \
   --dashboard-host=127.0.0.1 \
   --port=23000 \
   --dashboard-port=23001 \

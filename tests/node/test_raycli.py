@@ -1,0 +1,82 @@
+"""Ray's CLI as every node's `ray start` loads it (infra/node/raycli.py): Ray's own commands, without
+the optional command groups, which stay importable afterwards."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from infra.node import raycli
+from tests.conftest import STARTS_RAY
+
+PROBE = """
+import json
+loaded = sorted(m for m in sys.modules if m.split(".")[:2] in (["ray", "serve"], ["pandas"])
+                or m.startswith(("ray.util.state.state_cli", "ray.dashboard.modules.job.cli")))
+cli = sys.modules["ray.scripts.scripts"].cli
+import ray.util.state.state_cli  # the marks are gone: a later import works as usual
+print(json.dumps({"loaded": loaded, "commands": sorted(cli.commands), "main": main.__module__}))
+"""
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+
+
+def test_the_import_skips_only_the_optional_groups_and_leaves_them_importable() -> None:
+    run = _python(raycli.IMPORT + "\n" + PROBE)
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout.splitlines()[-1])
+    assert found["loaded"] == [], "Serve's, the job and the state CLI were imported"
+    assert found["main"] == "ray.scripts.scripts"
+    # Ray's own commands, `start` among them; only the three optional groups are missing.
+    assert {"start", "stop", "status"} <= set(found["commands"])
+    assert not {"serve", "job", "list"} & set(found["commands"])
+
+
+def test_the_groups_are_the_ones_rays_cli_imports_only_if_it_can() -> None:
+    """Each skipped module is imported by Ray's scripts.py inside a try whose handler catches
+    the ImportError a missing module raises: after a Ray upgrade moves one, this says so."""
+    spec = importlib.util.find_spec("ray.scripts.scripts")
+    assert spec is not None and spec.origin
+    tree = ast.parse(Path(spec.origin).read_text())
+    optional = {node.module for block in ast.walk(tree) if isinstance(block, ast.Try)
+                for node in block.body if isinstance(node, ast.ImportFrom)
+                if any(isinstance(h.type, ast.Name) and h.type.id in ("Exception", "ImportError")
+                       for h in block.handlers)}
+    assert set(raycli.OPTIONAL_GROUPS) <= optional, optional
+
+
+def test_ray_start_help_runs_in_process_and_in_a_node_shell(tmp_path: Path) -> None:
+    direct = _python(raycli.RUN, "start", "--help")
+    assert direct.returncode == 0, direct.stderr
+    assert "Usage: ray start" in direct.stdout and "--address" in direct.stdout
+    # As a node's command line has it: the Python beside the `ray` on PATH.
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "ray").exists()
+    shell = subprocess.run(["bash", "-c", f"{raycli.RAY} start --help"], capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path,
+                           env={**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert shell.returncode == 0, shell.stderr
+    assert "Usage: ray start" in shell.stdout
+    assert STARTS_RAY in raycli.RAY and STARTS_RAY in raycli.RUN
+
+
+def test_main_is_rays_entry_point() -> None:
+    run = _python("from infra.node import raycli; import sys; entry = raycli.main(); "
+                  "print(entry.__module__, entry.__name__, 'ray.serve' in sys.modules)")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ray.scripts.scripts", "main", "False"]
+
+
+def test_local_start_uses_this_python_only_beside_its_ray(tmp_path: Path) -> None:
+    beside = str(Path(sys.executable).parent / "ray")
+    assert raycli.argv_here(beside) == [sys.executable, "-c", raycli.RUN]
+    elsewhere = str(tmp_path / "bin" / "ray")
+    assert raycli.argv_here(elsewhere) == [elsewhere]
