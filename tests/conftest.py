@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,8 +22,13 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-#: What a node's command line that starts Ray carries: Ray's CLI as infra/node/raycli.py loads it.
+#: What a node's command line that runs Ray's CLI carries: the CLI as infra/node/raycli.py loads it.
 STARTS_RAY = "from ray.scripts.scripts import main"
+
+
+def starts_ray(command: str) -> bool:
+    """Whether a node's command line runs `ray start` (through raycli, however it is quoted)."""
+    return re.search(r"sys\.exit\(main\(\)\)\W* start ", command) is not None
 
 # The multi-host test bed (sshd hosts in namespaces, real Slurm): fixtures for every test module.
 pytest_plugins = ["tests.testbed.fixtures"]

@@ -130,7 +130,7 @@ def stop_ray(activate: str = "") -> str:
     """`ray stop` as Ray's user (only root or Ray's user can stop its processes), when that user
     runs anything: on a fresh node (every autoscaled worker) there is nothing to stop, and `ray
     stop` imports Ray, seconds of CPU on the worker's way to joining (the scale-up bench)."""
-    stop = as_user(RAY_USER, "ray stop >/dev/null 2>&1; true", activate)
+    stop = as_user(RAY_USER, f"{raycli.RAY} stop >/dev/null 2>&1; true", activate)
     return f"if {shell.argv('pgrep', '-u', RAY_USER)} >/dev/null 2>&1; then {stop}; fi"
 
 

@@ -1,10 +1,10 @@
-"""Ray's own command line (`ray start`), loaded without the command groups a node never uses.
+"""Ray's own command line (`ray start`, `ray stop`), loaded without the groups a node never uses.
 
 Ray's `ray.scripts.scripts` ends by importing three optional command groups, each inside its own
 try/except so that Ray works without them: Serve's CLI (which loads Ray Serve, FastAPI and
 pandas), the job CLI and the state CLI. With ray[serve] installed they are ~0.9 s of the 1.2 s
 that `ray` spends importing before it does anything (`python -X importtime`, this project's test
-machine), paid by every `ray start` on every node: the scale-up floor of issue 38 counts it on
+machine), paid by every `ray start` (and `ray stop`) on every node: the scale-up floor of issue 38 counts it on
 each new worker's way to joining. Here the same module is imported with those three marked
 absent for the length of that import, as an install without them would be; `start`, `stop` and
 every other command are Ray's own, unchanged. The marks are taken away right after, so anything

@@ -16,7 +16,7 @@ from infra.cli import loading
 from infra.core import paths
 from infra.core.errors import SpecError
 from infra.providers.gcp_tpu import config, tpu
-from tests.conftest import ROOT, STARTS_RAY
+from tests.conftest import ROOT, STARTS_RAY, starts_ray
 from tests.gcp_tpu.conftest import write_spec
 from tests.golden import assert_golden
 
@@ -295,8 +295,8 @@ def test_tracking_password_reaches_every_node_as_a_file_never_in_the_config(
     assert secret not in text
     assert prepared["file_mounts"]["~/.rayfleet/mlflow-password"] == \
         str(tracking.password_path("tracked"))
-    head = next(c for c in prepared["head_start_ray_commands"] if STARTS_RAY in c and "start --head" in c)
-    worker = next(c for c in prepared["worker_start_ray_commands"] if STARTS_RAY in c)
+    head = next(c for c in prepared["head_start_ray_commands"] if starts_ray(c) and "start --head" in c)
+    worker = next(c for c in prepared["worker_start_ray_commands"] if starts_ray(c))
     # As Ray's user, from that user's 0600 copy ($HOME is that user's inside the quoted command).
     for command, url in ((head, "http://$rf_ip:5000"), (worker, "http://$RAY_HEAD_IP:5000")):
         assert f'MLFLOW_TRACKING_URI="{url}" MLFLOW_TRACKING_USERNAME="rayfleet" ' \

@@ -18,7 +18,7 @@ from infra.node import tracking_snapshot
 from infra.providers.lambda_cloud import autoscale, raycluster, users
 from infra.providers.lambda_cloud.records import Instance
 from infra.providers.lambda_cloud.spec import Spec
-from tests.conftest import STARTS_RAY, run_invoke
+from tests.conftest import run_invoke, starts_ray
 from tests.lambda_cloud.conftest import SpecFactory, assert_clean, read_state
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.lambda_cloud.test_faults import provision
@@ -45,7 +45,7 @@ def test_every_ray_start_reads_the_password_from_the_nodes_file(rf_home: Path,
     config = yaml.safe_load(text)
     assert config["file_mounts"]["~/.rayfleet/mlflow-password"] == str(tracking.password_path("tr"))
     starts = [command for command in config["head_start_ray_commands"]
-              + config["worker_start_ray_commands"] if STARTS_RAY in command]
+              + config["worker_start_ray_commands"] if starts_ray(command)]
     assert len(starts) == 2, starts
     for command in starts:
         assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in command, command

@@ -305,7 +305,7 @@ class Joiner:
         else:
             script = shell.all_of(
                 *prepare,
-                shell.subshell(shell.first_of("ray stop >/dev/null 2>&1", "true")),
+                shell.subshell(shell.first_of(f"{raycli.RAY} stop >/dev/null 2>&1", "true")),
                 shell.lines(["ulimit -n 65536", shell.export(env), shell.argv(
                     shell.Shell(raycli.RAY), "start", f"--address={self.config['head_address']}",
                     "--object-manager-port=8076", f"--num-cpus={request.cpus}",
