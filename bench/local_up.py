@@ -93,8 +93,8 @@ def main() -> None:
               f"ratio {ours / raw:.3f}   stock `ray start` {stock:.2f}s   ratio "
               f"{ours / stock:.3f}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
-    print(f"median ratio invoke up / raw ray start (the same command line): "
-          f"{statistics.median(ratios):.3f} (target <= 1.05, {args.reps} reps)")
+    print(f"median ratio invoke up / raw ray start: {statistics.median(ratios):.3f} "
+          f"(the same command line; target <= 1.05, {args.reps} reps)")
     print(f"median ratio invoke up / stock `ray start` (Ray's `ray` script, same flags): "
           f"{statistics.median(stock_ratios):.3f}")
 
