@@ -4,11 +4,11 @@ Ray's `ray.scripts.scripts` ends by importing three optional command groups, eac
 try/except so that Ray works without them: Serve's CLI (which loads Ray Serve, FastAPI and
 pandas), the job CLI and the state CLI. With ray[serve] installed they are ~0.9 s of the 1.2 s
 that `ray` spends importing before it does anything (`python -X importtime`, this project's test
-machine), paid by every `ray start` (and `ray stop`) on every node: the scale-up floor of issue 38 counts it on
-each new worker's way to joining. Here the same module is imported with those three marked
-absent for the length of that import, as an install without them would be; `start`, `stop` and
-every other command are Ray's own, unchanged. The marks are taken away right after, so anything
-that imports those modules later (a command that needs them) gets them as usual.
+machine), paid by every `ray start` and `ray stop` on every node: the scale-up floor of issue 38
+counts it on each new worker's way to joining. Here the same module is imported with those three
+marked absent for the length of that import, as an install without them would be; `start`,
+`stop` and every other command are Ray's own, unchanged. The marks are taken away right after,
+so anything that imports those modules later (a command that needs them) gets them as usual.
 
 - `RAY`: shell words to use in place of `ray` in a node's command line (`{RAY} start ...`):
   `PYTHON`, the Python beside the `ray` on PATH (the head's monitor runs with it too).
