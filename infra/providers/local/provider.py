@@ -144,12 +144,13 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         if self.spec.tracking == "mlflow":
             tracking_env, tracking_files = tracking.node_env(
                 f"http://127.0.0.1:{block.tracking}", str(tracking.password_path(self.spec.name)))
+        ray = ray_executable()
         return render.render(
             "local.start.sh.j2",
             cluster=self.spec.name,
             address=f"127.0.0.1:{block.gcs}",
-            ray_cli=raycli.argv_here(ray_executable()),
-            ray_bin=str(Path(ray_executable()).parent),
+            ray_cli=raycli.argv_here(ray),
+            ray_bin=str(Path(ray).parent),
             usage_stats=_usage_stats(),
             auth_env=auth.node_env(str(token)) if token else {"RAY_AUTH_MODE": "disabled"},
             port_flags=block.flags(),
