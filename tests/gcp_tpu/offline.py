@@ -231,11 +231,16 @@ true""", timeout=60)
                 self.free.extend(hosts)
 
         thread = threading.Thread(target=power_off, daemon=True)
-        self.shutdowns.append(thread)
-        thread.start()
+        # Started before it is listed, both under the lock: `wait_idle` runs on another thread and
+        # joins what it finds listed, and joining a thread not yet started raises.
+        with self.lock:
+            thread.start()
+            self.shutdowns.append(thread)
 
     def wait_idle(self, timeout: float = 60) -> None:
-        for thread in list(self.shutdowns):
+        with self.lock:
+            started = list(self.shutdowns)
+        for thread in started:
             thread.join(timeout)
 
 
