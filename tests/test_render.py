@@ -56,7 +56,7 @@ HOSTILE = "x'; touch /tmp/pwned #\nkey: injected"
 
 
 def test_shell_and_yaml_filters_neutralise_hostile_values(tmp_path: Path) -> None:
-    env = render._environment()
+    env = render.environment()
     as_yaml = env.from_string("name: {{ value | tojson }}\nother: 1\n").render(value=HOSTILE)
     assert yaml.safe_load(as_yaml) == {"name": HOSTILE, "other": 1}
     as_shell = env.from_string("echo {{ value | shq }}").render(value=HOSTILE)

@@ -60,7 +60,7 @@ def test_plan_does_not_call_a_change_up_left_pending_no_change(
     drift.keep(loading.resolve(None, str(spec)), None, running_before=False)
     spec.write_text(spec.read_text() + "metrics: prometheus\n")
     commands.plan(None, str(spec), False)
-    commands._keep_applied("class")  # what `up` does after it ran, whatever it could not apply
+    commands.keep_applied("class")  # what `up` does after it ran, whatever it could not apply
     capfd.readouterr()
     commands.plan(None, str(spec), False)
     out = capfd.readouterr().out
@@ -80,7 +80,7 @@ def test_up_on_a_running_local_cluster_starts_no_daemon_the_spec_added_since(
     drift.keep(loading.resolve(None, str(spec)), None, running_before=False)
     spec.write_text(spec.read_text() + "metrics: prometheus\ntracking: mlflow\n")
     added = providers.create(loading.resolve(None, str(spec)))
-    assert not added._as_started("metrics") and not added._as_started("tracking")
-    assert added._as_started("sharing")
+    assert not added.as_started("metrics") and not added.as_started("tracking")
+    assert added.as_started("sharing")
     drift.keep(loading.resolve(None, str(spec)), None, running_before=False)  # a new head
-    assert added._as_started("metrics") and added._as_started("tracking")
+    assert added.as_started("metrics") and added.as_started("tracking")

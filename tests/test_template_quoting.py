@@ -287,7 +287,7 @@ def test_every_template_withstands_hostile_values(tmp_path: Path, rf_home: Path,
 
 
 def test_the_checking_filters_refuse_what_would_break_out(tmp_path: Path) -> None:
-    env = render._environment()
+    env = render.environment()
     bad = {
         "{{ v | varname }}=1": "A;touch x",
         "echo $((1 + {{ v | integer }}))": "a[$(touch x)]",

@@ -21,7 +21,7 @@ def test_a_record_written_today_reads_as_a_record(rf_home: Path) -> None:
     path = tunnels.record_path("old")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(TODAY) + "\n")
-    record = tunnels._read("old")
+    record = tunnels.read_record("old")
     assert record == tunnels.Record(pid=4242, argv=TODAY["argv"], target="root@10.0.0.2:22",
                                     create_time=1764240000.25,
                                     remote={"dashboard": 8265, "client": 10001},
@@ -33,7 +33,7 @@ def test_a_broken_record_is_no_tunnel(rf_home: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     for text in ("not json", "[]", '{"pid": "x"}', json.dumps({**TODAY, "local": ["a"]})):
         path.write_text(text)
-        assert tunnels._read("broken") is None, text
+        assert tunnels.read_record("broken") is None, text
     assert tunnels.close("broken") is False and not path.exists()
 
 

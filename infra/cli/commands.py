@@ -31,7 +31,7 @@ def _write_rendered(name: str, plan: Plan[Any]) -> None:
         atomic_write(folder / file_name, text)
 
 
-def _keep_applied(name: str) -> None:
+def keep_applied(name: str) -> None:
     """What `up` just applied (the rendered files, and any a provider wrote there during `up`),
     for the next `plan`'s diff; each file through the one atomic write."""
     applied = paths.applied_dir(name)
@@ -199,7 +199,7 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         gateway_url = sharing.ensure_gateway(selected, impl.head_access(current), current,
                                              impl.node_prices(result)) \
             if selected.sharing else None
-        _keep_applied(selected.name)
+        keep_applied(selected.name)
         drift.keep(selected, applied_spec, running_before)
     flag = common.cluster_flag(selected)
     for change in pending:

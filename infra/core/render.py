@@ -126,7 +126,7 @@ def _finalize(context: Any, value: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def _environment() -> Any:
+def environment() -> Any:
     import jinja2
 
     env = jinja2.Environment(
@@ -149,7 +149,7 @@ def render(template: str, **context: Any) -> str:
     import jinja2
 
     try:
-        return str(_environment().get_template(template).render(**context))
+        return str(environment().get_template(template).render(**context))
     except jinja2.UndefinedError as exc:
         raise RenderError(f"templates/{template}: {exc.message}; pass it from the provider") from None
     except RenderError as exc:

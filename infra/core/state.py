@@ -157,12 +157,14 @@ class State:
         self._data = data
 
     @classmethod
-    def new(cls, path: Path, cluster: str, provider: str) -> State:
+    def new(cls, path: Path, cluster: str, provider: str, cluster_id: str | None = None) -> State:
+        """A state for a new cluster, with a new random id unless `cluster_id` names one (a
+        cluster whose resources already carry it)."""
         data = {
             "version": VERSION,
             "cluster": cluster,
             "provider": provider,
-            "cluster_id": identity.new_cluster_id(),
+            "cluster_id": cluster_id or identity.new_cluster_id(),
             "owner": identity.owner_mark(),
             "created_at": _now(),
             "updated_at": _now(),

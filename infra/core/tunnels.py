@@ -60,7 +60,7 @@ def _process(record: Record) -> rayproc.psutil.Process | None:
         return None
 
 
-def _read(cluster: str) -> Record | None:
+def read_record(cluster: str) -> Record | None:
     try:
         return Record.from_dict(json.loads(record_path(cluster).read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -76,7 +76,7 @@ def open_tunnel(cluster: str, target: ssh.SshTarget, remote_ports: dict[str, int
     is reused; one that lacks some is replaced by one forwarding both sets, on the same local
     ports where they are still free, so a shell that evaluated `invoke env` keeps working after
     `invoke serve-url` added Serve's port."""
-    record = _read(cluster)
+    record = read_record(cluster)
     previous: dict[str, int] = {}
     if record is not None and _process(record) is not None and record.target == str(target):
         if (all(record.remote.get(k) == v for k, v in remote_ports.items())
@@ -114,7 +114,7 @@ def _reusable(port: int | None) -> int:
 
 def close(cluster: str) -> bool:
     """End the cluster's tunnel if it runs; True when there was one."""
-    record = _read(cluster)
+    record = read_record(cluster)
     record_path(cluster).unlink(missing_ok=True)
     proc = _process(record) if record is not None else None
     if proc is None:

@@ -187,7 +187,7 @@ def cluster_processes(markers: list[str | re.Pattern[str]]) -> list[int]:
     found: set[int] = set()
     for proc in psutil.process_iter(["cmdline"]):
         line = " ".join(proc.info["cmdline"] or [])
-        if not ours(proc) or not any(_contains(line, m) for m in markers):
+        if not ours(proc) or not any(contains(line, m) for m in markers):
             continue
         found.add(proc.pid)
         with contextlib.suppress(psutil.Error):  # it ended meanwhile: no descendants either
@@ -195,7 +195,7 @@ def cluster_processes(markers: list[str | re.Pattern[str]]) -> list[int]:
     return sorted(found)
 
 
-def _contains(line: str, marker: str | re.Pattern[str]) -> bool:
+def contains(line: str, marker: str | re.Pattern[str]) -> bool:
     """Marker match that respects boundaries: /tmp/x must not match /tmp/x2."""
     if isinstance(marker, re.Pattern):
         return marker.search(line) is not None

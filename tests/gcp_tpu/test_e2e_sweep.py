@@ -71,8 +71,8 @@ def test_sweep_finds_and_deletes_only_our_leaks(offline: Offline, tmp_path: Path
     fake.add_instance(ZONE, planted[2], _labels(colleague, "theirs", COLLEAGUE))
     fake.add_instance(ZONE, planted[3], _labels(kept, "kept", ME))
     fake.add_instance(ZONE, planted[4], {"ray-cluster-name": "leaky", "team": "data"})
-    kept_state = State.new(home / "state" / "kept.json", "kept", "gcp-tpu")
-    kept_state._data["cluster_id"] = kept  # the id its VMs were labelled with
+    # (with the id its VMs were labelled with)
+    kept_state = State.new(home / "state" / "kept.json", "kept", "gcp-tpu", cluster_id=kept)
     kept_state.save()
     try:
         before = _inventory(offline)

@@ -80,7 +80,7 @@ def test_only_our_cluster_id_is_listed(fake: FakeLambda, tmp_path: Path) -> None
     other = make(fake, tmp_path / "b", cluster_id="feedf00d")
     mine = next(iter(ours.create_node(NODE_CONFIG, TAGS, 1)))
     theirs = next(iter(other.create_node(NODE_CONFIG, TAGS, 1)))
-    ours._refresh(force=True)
+    ours.refresh(force=True)
     assert ours.non_terminated_nodes({}) == [mine] and theirs not in ours.non_terminated_nodes({})
 
 
@@ -201,7 +201,7 @@ def idle_read(provider: LambdaNodeProvider) -> None:
     """Ray's loop lists while nothing boots: the provider reads the capacity in the background;
     wait until it has it (what Ray's loop, 1 s later, would find)."""
     provider.non_terminated_nodes({})
-    wait_until(lambda: provider._types_at > float("-inf") or None, "the idle capacity read",
+    wait_until(lambda: provider.capacity_read_at > float("-inf") or None, "the idle capacity read",
                timeout=10, interval=0.01)
 
 

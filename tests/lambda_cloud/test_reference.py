@@ -90,7 +90,7 @@ def test_every_documented_error(fake: FakeLambda, method: str, template: str, re
         call(client, ids)
         assert [s for _, s in fake.requests(method, regex)][-3:] == [status, status, 200]
         return
-    expected = api._ERRORS.get(code, api.LambdaError)
+    expected = api.ERRORS.get(code, api.LambdaError)
     with pytest.raises(api.LambdaError) as err:
         call(client, ids)
     assert type(err.value) is expected, (type(err.value), expected)

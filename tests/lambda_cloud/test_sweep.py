@@ -59,8 +59,8 @@ def test_sweep_finds_and_deletes_only_our_leaks(fake: FakeLambda, rf_home: Path,
     _launch(client, "kept-head", {identity.TAG_CLUSTER: kept_id, identity.TAG_OWNER: _mark(ME),
                                   identity.TAG_NAME: "kept"})
     # An instance of ours whose cluster has a state file here: teardown's business, not a leak.
-    kept_state = State.new(rf_home / "state" / "kept.json", "kept", "lambda")
-    kept_state._data["cluster_id"] = kept_id  # the id the instance was launched with
+    # (with the id the instance was launched with)
+    kept_state = State.new(rf_home / "state" / "kept.json", "kept", "lambda", cluster_id=kept_id)
     kept_state.save()
     wait_until(lambda: "booting" not in _status(fake).values(), "every instance to boot",
                timeout=30, interval=0.05)

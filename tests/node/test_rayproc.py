@@ -13,20 +13,20 @@ from tests.waiting import wait_until
 
 
 def test_temp_dir_marker_respects_boundaries() -> None:
-    assert rayproc._contains("raylet --socket=/tmp/rayfleet/lab/session_1/s", "/tmp/rayfleet/lab")
-    assert rayproc._contains("dashboard --temp-dir=/tmp/rayfleet/lab", "/tmp/rayfleet/lab")
-    assert not rayproc._contains("raylet --socket=/tmp/rayfleet/lab2/s", "/tmp/rayfleet/lab")
-    assert not rayproc._contains("raylet --socket=/tmp/rayfleet/lab-b/s", "/tmp/rayfleet/lab")
+    assert rayproc.contains("raylet --socket=/tmp/rayfleet/lab/session_1/s", "/tmp/rayfleet/lab")
+    assert rayproc.contains("dashboard --temp-dir=/tmp/rayfleet/lab", "/tmp/rayfleet/lab")
+    assert not rayproc.contains("raylet --socket=/tmp/rayfleet/lab2/s", "/tmp/rayfleet/lab")
+    assert not rayproc.contains("raylet --socket=/tmp/rayfleet/lab-b/s", "/tmp/rayfleet/lab")
     # A hand-started Ray uses /tmp/ray: our marker must not match it, nor its marker ours.
-    assert not rayproc._contains("raylet --socket=/tmp/ray/session_1/s", "/tmp/rayfleet/lab")
-    assert not rayproc._contains("raylet --socket=/tmp/rayfleet/lab/s", "/tmp/ray")
+    assert not rayproc.contains("raylet --socket=/tmp/ray/session_1/s", "/tmp/rayfleet/lab")
+    assert not rayproc.contains("raylet --socket=/tmp/rayfleet/lab/s", "/tmp/ray")
 
 
 def test_gcs_marker_matches_only_its_port() -> None:
     marker = rayproc.gcs_marker(21000)
-    assert rayproc._contains("ray.util.client.server --address=192.0.2.2:21000 --x", marker)
-    assert not rayproc._contains("--address=192.0.2.2:210001", marker)
-    assert not rayproc._contains("--address=192.0.2.2:6379", marker)
+    assert rayproc.contains("ray.util.client.server --address=192.0.2.2:21000 --x", marker)
+    assert not rayproc.contains("--address=192.0.2.2:210001", marker)
+    assert not rayproc.contains("--address=192.0.2.2:6379", marker)
 
 
 def test_descendants_are_found_and_terminated() -> None:

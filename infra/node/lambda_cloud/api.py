@@ -12,7 +12,7 @@ What it guarantees, so callers need not think about it:
   errors, by urllib3's `Retry` on the session (Retry-After honoured, never faster than the
   request interval), except for launches: a launch is not idempotent, so an unknown outcome
   raises `LaunchOutcomeUnknown` and the caller reconciles (only a 429 launch is sent again).
-- Typed errors chosen by the `error.code` field (never by message text), see `_ERRORS`.
+- Typed errors chosen by the `error.code` field (never by message text), see `ERRORS`.
 - The API key lives in one private attribute and the session's header. It is never in a message,
   a repr or an exception (and `_redact` scrubs it from anything the server echoes back).
 """
@@ -111,7 +111,7 @@ class MissingApiKey(UsageError):
     """No API key in LAMBDA_API_KEY or ~/.lambda_cloud/lambda_keys."""
 
 
-_ERRORS: dict[str, type[LambdaError]] = {
+ERRORS: dict[str, type[LambdaError]] = {
     "global/invalid-api-key": InvalidApiKey,
     "global/account-inactive": AccountInactive,
     "global/invalid-address": AccountInactive,
@@ -343,7 +343,7 @@ class LambdaClient:
         suggestion = " ".join(str(error.get("suggestion") or "").split())[:200]
         text = self._redact(f"Lambda API: {what}: {code}: {message}"
                             + (f" ({suggestion})" if suggestion else ""))
-        raise _ERRORS.get(code, LambdaError)(text, code=code, status=response.status_code)
+        raise ERRORS.get(code, LambdaError)(text, code=code, status=response.status_code)
 
     # --- endpoints ------------------------------------------------------------------------------
 

@@ -168,7 +168,14 @@ class LambdaNodeProvider(NodeProvider):
 
     # --- listing --------------------------------------------------------------------------------
 
-    def _refresh(self, force: bool = False) -> None:
+    @property
+    def capacity_read_at(self) -> float:
+        """When (monotonic) the instance types were last read; -inf before the first read."""
+        return self._types_at
+
+    def refresh(self, force: bool = False) -> None:
+        """List our instances again, unless the last listing is younger than the interval
+        (`force`: list now)."""
         with self._lock:
             # While an instance of ours boots, look as often as our share of the budget allows:
             # the autoscaler starts setting it up the moment it is listed active.
@@ -192,7 +199,7 @@ class LambdaNodeProvider(NodeProvider):
         return {i: n for i, n in self._nodes.items() if n.status not in _ENDED and i not in self._terminated}
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
-        self._refresh()
+        self.refresh()
         with self._lock:
             live = self._live()
         self._read_capacity_while_idle(live)
@@ -203,7 +210,7 @@ class LambdaNodeProvider(NodeProvider):
             inst = self._nodes.get(node_id)
             if inst is not None or node_id in self._terminated:
                 return inst
-        self._refresh()  # an id we do not know: look again, but not more often than the cache
+        self.refresh()  # an id we do not know: look again, but not more often than the cache
         with self._lock:
             return self._nodes.get(node_id)
 
@@ -345,7 +352,7 @@ class LambdaNodeProvider(NodeProvider):
         worker of a cluster whose head came up minutes ago."""
         if self._paced_after_others:
             return
-        self._refresh(force=not self._listed_at)
+        self.refresh(force=not self._listed_at)
         with self._lock:
             stamps = [int(n.tags[TAG_LAUNCHED_AT]) for n in self._nodes.values()
                       if n.tags.get(TAG_LAUNCHED_AT, "").isdigit()]

@@ -63,7 +63,9 @@ class Spec(ClusterSpec):
         # A laptop's cluster runs no Prometheus unless its spec says `metrics: prometheus`.
         metrics_default="none",
         # `up` replaces the gateway whose config changed; the watcher keeps the one it started.
-        applied_by_up=frozenset({"sharing"}))
+        applied_by_up=frozenset({"sharing"}),
+        # `sharing.isolation: cluster`: member users and their heads on this machine (root).
+        member_clusters=True, member_clusters_need_local_root=True)
 
     provider: Literal["local"]
     #: CPUs Ray may schedule on; None lets Ray count the machine's cores.
@@ -218,9 +220,9 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
                 # A daemon the running head was started with comes back if it died; one the spec
                 # added since needs a new head (Ray's own settings for it are in start.sh), as
                 # `up` then says: starting it alone would give half of it.
-                if self._as_started("tracking"):
+                if self.as_started("tracking"):
                     self._ensure_tracking(state, block)
-                if self._as_started("metrics"):
+                if self.as_started("metrics"):
                     self._ensure_metrics(state, block)
                 self._ensure_watcher(state, block, endpoint)
                 return endpoint
@@ -273,7 +275,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         self._ensure_watcher(state, block, endpoint, new_head=True)
         return endpoint
 
-    def _as_started(self, field: str) -> bool:
+    def as_started(self, field: str) -> bool:
         """The running cluster has `field` as the spec has it now (per the spec its last `up` put
         in effect; a cluster from before that record is taken to match)."""
         applied = drift.read_applied(self.spec.name)
