@@ -72,11 +72,12 @@ def test_a_roster_row_that_differs_says_how_to_apply_it_and_keeps_the_member(
     commands_term.member_add_roster(None, str(spec), str(roster), None, 30.0, False)
     out = capfd.readouterr().out
     # An empty expires cell takes the default, which is no change of theirs to report.
-    assert "unchanged alice" in out and "`invoke member-update alice --role admin` applies" in out
+    assert "unchanged alice" in out
+    assert "`invoke member-update alice --role admin --cluster=class.yaml` applies" in out
     roster.write_text("name,role,expires\nalice,member,2031-01-01\n")
     commands_term.member_add_roster(None, str(spec), str(roster), None, None, False)
     out = capfd.readouterr().out
-    assert "`invoke member-update alice --expires 2031-01-01` applies" in out
+    assert "`invoke member-update alice --expires 2031-01-01 --cluster=class.yaml` applies" in out
     found = _gateway_sees(token)
     assert found is not None and found.role == "member"
 
@@ -219,7 +220,7 @@ def test_a_name_added_again_gets_a_new_token_and_each_entry_keeps_its_own_jobs(
     commands_sharing.member_remove(None, str(spec), "bob", False)
     # The roster brings bob back: a new token, the old one still refused.
     commands_term.member_add_roster(None, str(spec), str(_roster(tmp_path, "name\nbob\n")),
-                                    "again", None, False)
+                                    "again", None, False, readd=True)
     assert "re-added bob" in capfd.readouterr().out
     new_token = _token(tmp_path / "again" / "class-bob")
     assert new_token != old_token and _gateway_sees(old_token) is None
@@ -234,9 +235,14 @@ def test_a_name_added_again_gets_a_new_token_and_each_entry_keeps_its_own_jobs(
     capfd.readouterr()
     commands_sharing.members(None, str(spec), True)
     rows = json.loads(capfd.readouterr().out)["members"]
-    assert [(r["name"], r["status"], r["total_jobs"]) for r in rows] == \
-        [("bob", "removed", 1), ("bob", "active", 1)]
+    # One person, one row: both entries' jobs, the history nested (tests/test_term_record_*).
+    assert [(r["name"], r["status"], r["total_jobs"]) for r in rows] == [("bob", "active", 2)]
+    assert [e["event"] for e in rows[0]["history"]] == ["added", "removed", "re-added"]
     assert rows[0]["job_hours"] == pytest.approx(3.0) and rows[0]["cost_share_usd"] == 2.0
+    # Each entry keeps its own jobs (the gateway's ids): the rows per entry tell them apart.
+    entries = sharing_term.rows_of(book(), {}, {k: dict(v) for k, v in json.loads(
+        (sharing.folder("class") / gateway_state.USAGE_FILE).read_text())["jobs"].items()}, None)
+    assert [(r["status"], r["total_jobs"]) for r in entries] == [("removed", 1), ("active", 1)]
 
 
 def test_the_owners_own_entry_and_unknown_fields_are_kept_and_it_is_no_member(
@@ -387,7 +393,7 @@ def test_plan_names_the_gateway_and_its_port(tmp_path: Path, monkeypatch: pytest
     out = capfd.readouterr().out
     line = next(line for line in out.splitlines() if "sharing:" in line)
     assert "gateway (HTTPS) on the head, port 18443" in line and "https://127.0.0.1:18443" in line
-    assert "access ends 2030-01-31 24:00 UTC" in line and "cluster budget ($) 20" in line
+    assert "access ends 2030-01-31 23:59 UTC" in line and "cluster budget ($) 20" in line
     commands.plan(None, str(spec), True)
     assert json.loads(capfd.readouterr().out)["gateway"]["port"] == 18443
 
@@ -446,7 +452,7 @@ def test_member_bundles_brings_every_folder_to_the_new_address_with_the_same_tok
 def test_a_date_the_owner_gave_reads_as_that_day_not_the_next_midnight(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     """Access ends at the end of the day given, stored as the next midnight (UTC): what the owner
-    reads back names the day they typed (`2026-12-05 24:00 UTC`), not 2026-12-06T00:00:00."""
+    reads back names the day they typed (`2026-12-05 23:59 UTC`), not 2026-12-06T00:00:00."""
     spec = owner_cluster(tmp_path, monkeypatch)
     commands_sharing.member_add(None, str(spec), "alice", False, None, None)
     commands_sharing.member_add(None, str(spec), "bob", False, None, None)
@@ -454,13 +460,13 @@ def test_a_date_the_owner_gave_reads_as_that_day_not_the_next_midnight(
     commands_term.member_update(None, str(spec), "alice", "2026-12-05", None)
     commands_term.member_update(None, str(spec), "bob", "2026-12-05T17:00:00+01:00", None)
     said = capfd.readouterr().out
-    assert "access until 2026-12-05 24:00 UTC;" in said, said
-    assert "access until 2026-12-05T16:00:00+00:00;" in said, said  # an instant stays as given
+    assert "access until 2026-12-05 23:59 UTC;" in said, said
+    assert "access until 2026-12-05 16:00 UTC;" in said, said  # an instant, to the minute
     assert book()["members"]["alice"]["expires"] == "2026-12-06T00:00:00+00:00"  # as stored
     monkeypatch.setenv("COLUMNS", "250")
     commands_sharing.members(None, str(spec), False)
     table = capfd.readouterr().out
-    assert "2026-12-05 24:00 UTC" in table and "2026-12-06T00:00:00" not in table, table
+    assert "2026-12-05 23:59 UTC" in table and "2026-12-06T00:00:00" not in table, table
 
 
 def test_plan_says_a_dollar_budget_is_never_reached_on_a_cluster_that_costs_nothing(

@@ -16,7 +16,7 @@ from typing import Any
 from infra.cli import common
 from infra.core import auth, costs, jobs, spec, state, ui
 from infra.core.errors import UsageError
-from infra.core.sharing import member_folder, membership
+from infra.core.sharing import member_folder, membership, term_people
 from infra.core.sharing import owner as sharing
 from infra.core.sharing import term as sharing_term
 from infra.node.files import atomic_write
@@ -49,6 +49,7 @@ def member_add(provider: str | None, cluster: str | None, name: str, admin: bool
                              "first to give them a new token, `invoke member-update "
                              f"{name}` to change their role or expiry")
         target = member_target(out, selected.name, name)
+        fresh = not target.exists()  # an earlier folder of theirs is refreshed, never discarded
         entry, path = issue(selected, url, name, "admin" if admin else "member", own, target)
         try:
             everyone = {**members, name: entry}
@@ -56,7 +57,8 @@ def member_add(provider: str | None, cluster: str | None, name: str, admin: bool
             sharing.write_registry(selected.name, everyone)
             sharing.push_registry(selected, impl.head_access(current))
         except BaseException:
-            discard(target)
+            if fresh:
+                discard(target)
             sharing.write_registry(selected.name, members)
             raise
     ui.out(f"member {name!r} added{' (admin)' if admin else ''}; "
@@ -95,9 +97,8 @@ def member_target(out: str | None, cluster: str, name: str, parent: bool = False
         target = Path(out)
     else:
         target = Path(out) / folder_name if parent else Path(out)
-    if target.exists():
-        raise UsageError(f"--out {target}: it exists; pick another path or remove it "
-                         "(it may hold an earlier token of this member)")
+    # That person's earlier folder is refreshed (their files in it kept); anything else: refused.
+    member_folder.same_person(target, cluster, name)
     return target
 
 
@@ -219,29 +220,20 @@ def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
     # Jobs Ray listed that no member submitted through the gateway: the owner's own, or started
     # inside the cluster (whatever metadata they claim). They count against no member.
     unattributed = len(usage.get("unattributed") or {})
+    # One row per person: a name removed and added again is one person, their history nested.
+    persons = term_people.people(rows, selected.sharing)
     if as_json:
-        ui.out(json.dumps({"cluster": selected.name, "members": rows,
+        ui.out(json.dumps({"cluster": selected.name, "members": persons,
                            "cluster_cost": cluster_cost, "unattributed_jobs": unattributed,
                            "cluster_budget": budget}, indent=2), markup=False, soft_wrap=True)
         return
     if not rows:
-        ui.out(f"no members on {selected.name!r}; add one with `invoke member-add NAME`")
+        ui.out(f"no members on {selected.name!r}; add one with "
+               f"`invoke member-add NAME{common.cluster_flag(selected)}`")
         return
-    from rich.table import Table
-
-    budgets = any(row["budget_used"] is not None for row in rows)
-    table = Table(title=f"members of {selected.name}")
-    shown = [c for c in rows[0] if c not in ("removed", "budget_used")] + \
-        (["budget"] if budgets else [])
-    for column in shown:
-        table.add_column(column.replace("_", " "))
-    for row in rows:
-        cells = {**row, "budget": "" if row["budget_used"] is None else f"{row['budget_used']:.0%}",
-                 "expires": sharing_term.shown(row["expires"])}
-        if row["removed"]:
-            cells["status"] = f"removed {row['removed'][:10]}"
-        table.add_row(*("" if cells[c] is None else str(cells[c]) for c in shown))
-    ui.out(table)
+    ui.out(f"members of {selected.name}", markup=False)
+    for line in term_people.table_lines(persons, selected.sharing):
+        ui.out(line, markup=False, soft_wrap=True)
     if unattributed:
         ui.out(f"{unattributed} job(s) not submitted by a member through the gateway (yours, or "
                "started inside the cluster): unattributed, counted against nobody", markup=False)
@@ -250,7 +242,7 @@ def members(provider: str | None, cluster: str | None, as_json: bool) -> None:
                f"{costs.usd(cluster_cost.get('hourly_usd'))}/h now; each interval split among the "
                f"jobs running then: owner {costs.usd(cluster_cost.get('owner_usd'))}, no job "
                f"running {costs.usd(cluster_cost.get('idle_usd'))}", markup=False)
-    warn_budgets(selected.sharing, rows, budget)
+    warn_budgets(selected.sharing, persons, budget)
 
 
 def warn_budgets(spec_sharing: Any, rows: list[dict[str, Any]],

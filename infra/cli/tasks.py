@@ -163,7 +163,7 @@ def logs(c: Context, job: str | None = None, follow: bool = False, provider: str
     """Print a job's logs."""
     from infra.cli import commands
 
-    return commands.logs(provider, cluster, job, follow)
+    return commands.logs(provider, cluster, job or None, follow)
 
 
 @task(name="stop-job", positional=["job"], help={**CLUSTER_HELP,
@@ -174,7 +174,7 @@ def stop_job(c: Context, job: str | None = None, provider: str | None = None,
     """Stop a running job and wait until Ray reports it stopped."""
     from infra.cli import commands
 
-    commands.stop_job(provider, cluster, job)
+    commands.stop_job(provider, cluster, job or None)
 
 
 @task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of a table."})
@@ -381,12 +381,15 @@ def serve_url(c: Context, name: str | None = None, provider: str | None = None,
            "env.sh); a path ending in .json writes the bundle alone there. With --roster: the "
            "folder each member's folder goes in (default: here).",
     "roster": "A CSV file with the columns name,role,expires (empty cells: member, no expiry): "
-              "adds everyone not a member yet; members already there keep their tokens.",
+              "adds everyone not a member yet; members already there keep their tokens; "
+              "removed members are skipped (--readd brings them back), expired ones named.",
+    "readd": "With --roster: add again the removed members it lists (each gets a new token).",
 })
 @_one_line_errors
 def member_add(c: Context, name: str | None = None, admin: bool = False,
                expires_days: float = 0.0, out: str | None = None, roster: str | None = None,
-               provider: str | None = None, cluster: str | None = None) -> None:
+               readd: bool = False, provider: str | None = None,
+               cluster: str | None = None) -> None:
     """Add a member (or a roster: --roster) to a shared cluster and write each one's folder.
 
     The cluster's spec has a `sharing:` block; the folder holds the bundle, token, CA and env.sh.
@@ -398,7 +401,7 @@ def member_add(c: Context, name: str | None = None, admin: bool = False,
             raise Exit(f"error: member-add {name} --roster {roster}: give a NAME or a roster, "
                        "not both", code=2)
         return commands_term.member_add_roster(provider, cluster, roster, out,
-                                               expires_days or None, admin)
+                                               expires_days or None, admin, readd)
     if not name:
         raise Exit("error: member-add: give the member's NAME, or --roster FILE.csv", code=2)
     from infra.cli import sharing as commands_sharing

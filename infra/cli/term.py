@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from infra.cli import common
 from infra.cli.sharing import (
     _shared,
     check_member,
@@ -30,9 +31,11 @@ from infra.node.files import atomic_write
 
 
 def member_add_roster(provider: str | None, cluster: str | None, roster: str, out: str | None,
-                      expires_days: float | None, admin: bool) -> None:
+                      expires_days: float | None, admin: bool, readd: bool = False) -> None:
     """Add every member of the roster who is not a member yet, each with a folder of their own
-    in `out`; members already there keep their token and are reported unchanged."""
+    in `out`; members already there keep their token and are reported unchanged. The roster
+    never undoes the owner: a removed member is skipped and named (`readd`, or `member-add
+    NAME`, brings them back), an expired one is named and not renewed."""
     selected, impl = _shared(provider, cluster, "member-add")
     if admin:
         raise UsageError("--admin with --roster: write admin in the roster's role column of each "
@@ -42,7 +45,7 @@ def member_add_roster(provider: str | None, cluster: str | None, roster: str, ou
                          f"({selected.name}-NAME/) goes in it")
     rows = sharing_term.read_roster(Path(roster), expiry_in_days(expires_days))
     ends = sharing_term.ends_of(selected.sharing)
-    said: list[str] = []
+    flag = common.cluster_flag(selected)
     with state.locked(selected.name, selected.provider, "member-add") as current:
         url = gateway_url(selected, current)
         book = sharing_term.read_book(selected.name)
@@ -51,44 +54,31 @@ def member_add_roster(provider: str | None, cluster: str | None, roster: str, ou
             if row.name in members and not sharing_term.is_member(members[row.name]):
                 raise UsageError(f"--roster {roster}, line {row.line}: {row.name!r} is the owner's "
                                  "own entry; pick another member name")
-        new = [row for row in rows if row.name not in members]
+        removed = {str(e.get("name")): e for e in sharing_term.removed_entries(book)}
+        skipped = [row for row in rows if row.name not in members and row.name in removed
+                   and not readd]
+        new = [row for row in rows if row.name not in members and row not in skipped]
         # Every folder's place checked before anything is written.
         targets = {row.name: member_target(out, selected.name, row.name, parent=True)
                    for row in new}
-        path = sharing_term.registry_path(selected.name)
-        before = path.read_bytes() if path.exists() else None
-        written: list[Path] = []
-        try:
-            for row in new:
-                entry, _ = issue(selected, url, row.name, row.role, row.expires, targets[row.name])
-                written.append(targets[row.name])
-                members[row.name] = entry
-                again = any(e.get("name") == row.name for e in sharing_term.removed_entries(book))
-                said.append(f"{'re-added' if again else 'added'} {row.name} ({row.role}): "
-                            f"{targets[row.name]}")
-            sharing_term.apply_ends(members, ends)
-            sharing_term.write_book(selected.name, book)
-            sharing.push_registry(selected, impl.head_access(current))
-        except BaseException:
-            for target in written:
-                discard(target)
-            if before is None:
-                path.unlink(missing_ok=True)
-            else:
-                with contextlib.suppress(OSError):
-                    sharing_term.write_book(selected.name, json.loads(before))
-            raise
+        said = _add_rows(selected, impl, current, url, book, new, targets, set(removed))
+    said += [_skipped(row, removed[row.name], roster, flag) for row in skipped]
     for row in rows:
-        if row.name not in targets:
-            said.append(_unchanged(row, members[row.name], ends))
+        if row.name in members and row.name not in targets:
+            said.append(_unchanged(row, members[row.name], ends, flag))
     for line in said:
         ui.out(line, markup=False)
+    for row in new:
+        if sharing_term.in_past(members[row.name].get("expires")):
+            ui.warn(f"--roster {roster}, line {row.line}: {row.name}'s access ended already "
+                    f"({sharing_term.shown(members[row.name]['expires'])}): they are refused")
     listed = {row.name for row in rows}
     others = sorted(n for n, e in members.items() if sharing_term.is_member(e) and n not in listed)
     if others:
         ui.info(f"members not on the roster, kept: {', '.join(others)} "
-                "(`invoke member-remove NAME` removes one)")
-    ui.out(f"roster: {len(new)} added, {len(rows) - len(new)} unchanged", markup=False)
+                f"(`invoke member-remove NAME{flag}` removes one)")
+    ui.out(f"roster: {len(new)} added, {len(rows) - len(new) - len(skipped)} unchanged, "
+           f"{len(skipped)} removed and skipped", markup=False)
     if new:
         example = targets[new[0].name]
         ui.out(member_folder.send_line(example, new[0].name).replace(
@@ -96,17 +86,68 @@ def member_add_roster(provider: str | None, cluster: str | None, roster: str, ou
             f"to {new[0].name} ", "to its member "), markup=False)
 
 
-def _unchanged(row: sharing_term.RosterRow, entry: dict[str, Any], ends: str | None) -> str:
-    """`unchanged NAME`, and what the roster says otherwise (a change is member-update's)."""
+def _add_rows(selected: Any, impl: Any, current: Any, url: str, book: dict[str, Any],
+              new: list[sharing_term.RosterRow], targets: dict[str, Path],
+              removed: set[str]) -> list[str]:
+    """Issue each new row's token and folder, write and push the registry; all or nothing (a
+    folder made here is discarded on failure, an earlier folder of the person is kept)."""
+    members: dict[str, dict[str, Any]] = book["members"]
+    path = sharing_term.registry_path(selected.name)
+    before = path.read_bytes() if path.exists() else None
+    created: list[Path] = []
+    said: list[str] = []
+    try:
+        for row in new:
+            target = targets[row.name]
+            refreshed = target.exists()
+            if not refreshed:
+                created.append(target)
+            entry, _ = issue(selected, url, row.name, row.role, row.expires, target)
+            members[row.name] = entry
+            verb = "re-added" if row.name in removed else "added"
+            said.append(f"{verb} {row.name} ({row.role}): {target}"
+                        + (" (their earlier folder: bundle, token, env.sh replaced, other files "
+                           "kept)" if refreshed else ""))
+        sharing_term.apply_ends(members, sharing_term.ends_of(selected.sharing))
+        sharing_term.write_book(selected.name, book)
+        sharing.push_registry(selected, impl.head_access(current))
+    except BaseException:
+        for target in created:
+            discard(target)
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            with contextlib.suppress(OSError):
+                sharing_term.write_book(selected.name, json.loads(before))
+        raise
+    return said
+
+
+def _skipped(row: sharing_term.RosterRow, entry: dict[str, Any], roster: str, flag: str) -> str:
+    return (f"skipped {row.name}: removed {sharing_term.shown(entry.get('removed'))}; "
+            f"`invoke member-add {row.name}{flag}` or `invoke member-add --roster {roster} "
+            f"--readd{flag}` brings them back with a new token")
+
+
+def _unchanged(row: sharing_term.RosterRow, entry: dict[str, Any], ends: str | None,
+               flag: str = "") -> str:
+    """`unchanged NAME`, and what the roster says otherwise (a change is member-update's); an
+    expired member is named, not renewed."""
     differs = []
     if entry.get("role") != row.role:
         differs.append(f"--role {row.role}")
     if row.expires_cell and sharing_term.earliest(row.expires, ends) != entry.get("expires"):
         differs.append(f"--expires {row.expires_cell}")
+    if sharing_term.expired(entry):
+        line = (f"expired {row.name} (on {sharing_term.shown(entry.get('expires'))}), not "
+                f"renewed: `invoke member-update {row.name} --expires DATE{flag}` renews them")
+        return line + (f"; the roster's line {row.line} also differs: "
+                       f"{' '.join(d for d in differs if d.startswith('--role'))}"
+                       if any(d.startswith("--role") for d in differs) else "")
     line = f"unchanged {row.name} (same token)"
     if differs:
         line += (f"; the roster's line {row.line} differs: `invoke member-update {row.name} "
-                 f"{' '.join(differs)}` applies it")
+                 f"{' '.join(differs)}{flag}` applies it")
     return line
 
 
@@ -137,6 +178,10 @@ def member_update(provider: str | None, cluster: str | None, name: str, expires:
     capped = " (sharing.ends)" if own and entry.get("expires") != own else ""
     ui.out(f"member {name!r} updated: {entry.get('role')}, access until {until}{capped}; "
            "same token, their next request sees it", markup=False)
+    if expires is not None and sharing_term.in_past(entry.get("expires")):
+        ui.warn(f"--expires {expires}: that is in the past; {name} is refused from now on "
+                f"(`invoke member-update {name} --expires DATE{common.cluster_flag(selected)}` "
+                "with a later date lets them in again)")
 
 
 def member_bundles(provider: str | None, cluster: str | None, where: str | None) -> None:

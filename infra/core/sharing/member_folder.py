@@ -24,6 +24,7 @@ import shlex
 from pathlib import Path
 
 from infra.core import versions
+from infra.core.errors import UsageError
 from infra.core.sharing import membership
 from infra.node import shell
 from infra.node.files import atomic_write
@@ -92,9 +93,40 @@ With rayfleet (`pip install` a copy of the rayfleet repository; its command is `
 """
 
 
+def same_person(target: Path, cluster: str, member: str) -> bool:
+    """Whether `target` may be written for `member` of `cluster`: it does not exist, or it is that
+    person's earlier folder or bundle file (then refreshed: bundle, token, env.sh and README
+    replaced, every other file kept). Anything else there is refused in one line: it may be
+    another person's access, or files of the owner's own."""
+    if not target.exists():
+        return False
+    if target.is_dir():
+        found = sorted(target.glob("*.rayfleet.json"))
+        bundle_file = found[0] if len(found) == 1 else None
+    else:
+        bundle_file = target
+    held = None
+    if bundle_file is not None:
+        try:
+            held = json.loads(bundle_file.read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            held = None
+    if isinstance(held, dict) and held.get("cluster") == cluster and held.get("member") == member:
+        return True
+    whose = (f"{held.get('member')!r} of cluster {held.get('cluster')!r}"
+             if isinstance(held, dict) and held.get("member") else "no member bundle of "
+             f"{member!r}")
+    raise UsageError(f"--out {target}: it exists and holds {whose}; pick another --out or move "
+                     "it away (rayfleet replaces only a folder of the same person)")
+
+
 def write(target: Path, bundle: dict[str, str]) -> Path:
-    """The member's folder at `target` (which must not exist yet); the bundle's path in it."""
-    target.mkdir(mode=0o700, parents=True)
+    """The member's folder at `target` (new, or that person's earlier folder: its bundle, token,
+    env.sh and README replaced, other files kept); the bundle's path in it."""
+    target.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for old in target.glob("*.rayfleet.json"):
+        if old.name != bundle_name(bundle["cluster"], bundle["member"]):
+            old.unlink()
     path = refresh(target, bundle)
     atomic_write(target / README_FILE, readme(bundle["cluster"], bundle["member"], target.name),
                  mode=0o644)

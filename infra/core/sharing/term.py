@@ -105,16 +105,28 @@ def iso(value: dt.datetime) -> str:
 
 
 def shown(instant: str | None) -> str | None:
-    """A stored expiry as a person reads it: the instant that ends a day the owner gave as a date
-    is stored as the next midnight (UTC), which read raw says a day too late (`--expires
-    2026-12-05` printed as 2026-12-06T00:00:00); it reads `2026-12-05 24:00 UTC`, ISO 8601's end
-    of that day. Any other instant: unchanged."""
+    """A stored instant as a person reads it, in UTC to the minute: `2026-11-27 23:59 UTC`. The
+    instant that ends a day the owner gave as a date is stored as the next midnight, which read
+    raw says a day too late (`--expires 2026-11-27` stored as 2026-11-28T00:00:00): it reads as
+    the last minute of the day typed. JSON keeps the stored ISO 8601 instant."""
     if not instant:
         return instant
-    value = dt.datetime.fromisoformat(instant).astimezone(dt.timezone.utc)
-    if value.time() != dt.time():
+    try:
+        value = dt.datetime.fromisoformat(instant)
+    except ValueError:
         return instant
-    return f"{(value - dt.timedelta(days=1)).date().isoformat()} 24:00 UTC"
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    value = value.astimezone(dt.timezone.utc)
+    if value.time() == dt.time():
+        value -= dt.timedelta(minutes=1)
+    return value.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def in_past(instant: str | None) -> bool:
+    """Whether a stored expiry is already over (the member is refused from now on)."""
+    return bool(instant) and dt.datetime.fromisoformat(str(instant)) <= \
+        dt.datetime.now(dt.timezone.utc)
 
 
 def parse_expires(text: str, what: str) -> str | None:
