@@ -442,7 +442,7 @@ def test_member_bundles_brings_every_folder_to_the_new_address_with_the_same_tok
         folder = tmp_path / "term" / f"class-{name}"
         bundle = json.loads((folder / f"class-{name}.rayfleet.json").read_text())
         assert bundle["address"] == moved and bundle["token"] == tokens[name]
-        assert f"RAY_ADDRESS={moved}" in (folder / "env.sh").read_text()
+        assert f"RAY_API_SERVER_ADDRESS={moved}" in (folder / "env.sh").read_text()
         assert _token(folder) == tokens[name]
         found = _gateway_sees(tokens[name])
         assert found is not None and found.name == name

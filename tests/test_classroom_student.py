@@ -62,7 +62,7 @@ def test_member_add_writes_a_folder_whose_env_sh_is_all_stock_ray_needs(
     moved.parent.mkdir(parents=True)
     shutil.move(str(folder), moved)
     env = _sourced(moved / "env.sh", tmp_path / "student")
-    expected = {"RAY_API_SERVER_ADDRESS": URL, "RAY_ADDRESS": URL, "RAY_AUTH_MODE": "token",
+    expected = {"RAY_API_SERVER_ADDRESS": URL, "RAY_AUTH_MODE": "token",
                 "RAY_AUTH_TOKEN_PATH": str(moved / "ray-token"),
                 "REQUESTS_CA_BUNDLE": str(moved / "ca-bundle.pem"),
                 "SSL_CERT_FILE": str(moved / "ca-bundle.pem")}

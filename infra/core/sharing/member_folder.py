@@ -10,9 +10,9 @@
       env.sh                          `source` it (bash or zsh): the variables stock Ray reads,
                                       its paths resolved from where the folder is at that moment
       README.txt                      the same steps in words
-      .rayignore, .gitignore          `*`: the folder stays out of every working-dir upload
-                                      (`ray job submit --working-dir .` from where it lies, as
-                                      the line sent with it says) and out of the student's git
+      .rayignore, .gitignore          the access files above: they stay out of every working-dir
+                                      upload and out of the student's git; code kept in the
+                                      folder itself still uploads
 
 The token is in the bundle and in `ray-token`, both 0600 in the one folder that is sent.
 """
@@ -32,10 +32,14 @@ from infra.node.files import atomic_write
 ENV_FILE = "env.sh"
 README_FILE = "README.txt"
 #: Ray's upload honours a .rayignore in any folder it packs (and .gitignore, unless told not to):
-#: without them the folder, token included, travels with `--working-dir .` to the head, where
-#: every member's job runs as the same user and could read it.
+#: without them the token travels with `--working-dir .` to the head, where every member's job
+#: runs as the same user and could read it.
 IGNORE_FILES = (".rayignore", ".gitignore")
-IGNORE_ALL = "# Your access to the cluster: never upload or commit it.\n*\n"
+#: The access files only, not `*`: a member who keeps their code in this folder and runs
+#: `--working-dir .` from it uploads their code (with `*` the upload was empty: "can't open file").
+IGNORE_ALL = ("# Your access to the cluster: never upload or commit it.\n"
+              f"{membership.TOKEN_FILE}\n*.rayfleet.json\n{membership.CA_FILE}\n"
+              f"{membership.CA_BUNDLE_FILE}\nenv.sh\nREADME.txt\n.rayignore\n.gitignore\n")
 
 
 def bundle_name(cluster: str, member: str) -> str:
@@ -47,23 +51,36 @@ def ray_install() -> str:
     return f'pip install "ray[default]=={versions.node_pins()["ray_version"]}"'
 
 
+#: env.sh's first lines: where the script lies, in bash or zsh, and one line (a non-zero
+#: return) from any other shell. The shell-specific expansions run through `eval`, so that dash
+#: or sh never expand them (theirs would be "Bad substitution" and a wrong token path).
+SHELL_CHECK = """if [ -n "${BASH_VERSION:-}" ]; then eval '_rayfleet_src="${BASH_SOURCE[0]}"'
+elif [ -n "${ZSH_VERSION:-}" ]; then eval '_rayfleet_src="${(%):-%x}"'
+else
+  echo "env.sh: source it from bash or zsh (this shell is neither): run bash, then source env.sh" >&2
+  return 1 2>/dev/null || exit 1
+fi"""
+
+
 def env_script(cluster: str, member: str, address: str) -> str:
-    """env.sh: the six variables `invoke env` prints for a joined cluster, with the folder's files
-    found relative to the script itself when it is sourced (the folder may have moved)."""
+    """env.sh: the variables Ray's job CLI and JobSubmissionClient read for a joined cluster,
+    with the folder's files found relative to the script itself when it is sourced (the folder
+    may have moved). RAY_ADDRESS is left alone: an https address there makes a plain
+    `python script.py` (ray.init()) fail with "Invalid Ray address"; the job CLI reads
+    RAY_API_SERVER_ADDRESS first."""
     here = '"$_rayfleet_dir"'
     lines = [
         f"# Source this file (bash or zsh): `source {cluster}-{member}/env.sh`. Then Ray's own",
         f"# `ray job submit | list | logs | stop` and JobSubmissionClient() reach cluster {cluster!r}",
         f"# as {member}, through its gateway, with the cluster's CA pinned. Keep ray-token private.",
-        '_rayfleet_dir="$(CDPATH= cd -- "$(dirname -- "${BASH_SOURCE[0]:-$0}")" && pwd)" || '
-        "return 1",
+        SHELL_CHECK,
+        '_rayfleet_dir="$(CDPATH= cd -- "$(dirname -- "$_rayfleet_src")" && pwd)" || return 1',
         f"export RAY_API_SERVER_ADDRESS={shlex.quote(address)}",
-        f"export RAY_ADDRESS={shlex.quote(address)}",
         "export RAY_AUTH_MODE=token",
         f"export RAY_AUTH_TOKEN_PATH={here}/{membership.TOKEN_FILE}",
         f"export REQUESTS_CA_BUNDLE={here}/{membership.CA_BUNDLE_FILE}",
         f"export SSL_CERT_FILE={here}/{membership.CA_BUNDLE_FILE}",
-        "unset _rayfleet_dir",
+        "unset _rayfleet_dir _rayfleet_src",
     ]
     return "\n".join(lines) + "\n"
 
@@ -76,20 +93,35 @@ def send_line(folder: Path, member: str) -> str:
                                               "python", "train.py")))
 
 
-def readme(cluster: str, member: str, folder: str) -> str:
+def readme(cluster: str, member: str, folder: str, address: str = "") -> str:
+    dashboard = address or "the address in env.sh (RAY_API_SERVER_ADDRESS)"
     return f"""You are member {member!r} of the Ray cluster {cluster!r}. This folder is your access:
 keep it private (ray-token and the .rayfleet.json file hold your token).
 
-With only Ray:
+With only Ray (bash or zsh):
     {ray_install()}
     source {folder}/env.sh
     ray job submit --working-dir . -- python train.py
     ray job list; ray job logs JOB_ID; ray job stop JOB_ID
 
+Your code may live in this folder or anywhere else: --working-dir . uploads the folder you run
+it from, never ray-token, the bundle or the CA files (.rayignore keeps them out).
+
+The dashboard: open {dashboard} in a browser and sign in with the contents of the file
+ray-token. Your browser must trust the cluster's certificate: import ca.pem (this folder) as a
+trusted authority (Firefox: Settings > Certificates > Authorities > Import; macOS: Keychain
+Access; Windows: certmgr), or accept the warning once for that address.
+
+When the cluster refuses something (a budget spent, access ended, a job that is not yours),
+`ray job submit` prints a long Python traceback: the cluster's one-line reason is its LAST line
+(a 429, 400 or 404), or for 401/403 the line that starts "Response:" or ends in "(rayfleet's
+gateway)" in the middle of it. Look there first.
+
 With rayfleet (`pip install` a copy of the rayfleet repository; its command is `rayfleet`):
     rayfleet join {folder}
     rayfleet submit --cluster {cluster} train.py
     rayfleet logs JOB_ID --cluster {cluster}
+    rayfleet usage --cluster {cluster}      your hours, cost and budget left
 """
 
 
@@ -128,8 +160,8 @@ def write(target: Path, bundle: dict[str, str]) -> Path:
         if old.name != bundle_name(bundle["cluster"], bundle["member"]):
             old.unlink()
     path = refresh(target, bundle)
-    atomic_write(target / README_FILE, readme(bundle["cluster"], bundle["member"], target.name),
-                 mode=0o644)
+    atomic_write(target / README_FILE, readme(bundle["cluster"], bundle["member"], target.name,
+                                               bundle["address"]), mode=0o644)
     return path
 
 

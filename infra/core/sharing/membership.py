@@ -27,8 +27,10 @@ TOKEN_FILE = "ray-token"
 CA_FILE = "ca.pem"
 CA_BUNDLE_FILE = "ca-bundle.pem"
 INFO_FILE = "cluster.json"
-#: What a member's `env` sets, in the order printed.
-ENV_NAMES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
+#: What a member's `env` sets, in the order printed. Not RAY_ADDRESS: an https address there
+#: makes `python script.py` (ray.init()) fail with "Invalid Ray address"; Ray's job CLI and
+#: JobSubmissionClient read RAY_API_SERVER_ADDRESS first.
+ENV_NAMES = ("RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
              "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
 
 
@@ -142,7 +144,7 @@ def env_values(cluster: str) -> dict[str, str]:
     if info is None:
         raise MembershipError(f"cluster {cluster!r} is not joined here; `invoke join BUNDLE` first")
     where = folder(cluster)
-    return {"RAY_API_SERVER_ADDRESS": info["address"], "RAY_ADDRESS": info["address"],
+    return {"RAY_API_SERVER_ADDRESS": info["address"],
             "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(where / TOKEN_FILE),
             "REQUESTS_CA_BUNDLE": str(where / CA_BUNDLE_FILE),
             "SSL_CERT_FILE": str(where / CA_BUNDLE_FILE)}
