@@ -143,23 +143,6 @@ def test_each_node_takes_its_own_free_block_from_the_heads(tmp_path: Path) -> No
     assert int(done.stdout) == base + PORT_STRIDE
 
 
-def test_autoscaling_config_gets_what_only_the_running_head_knows(tmp_path: Path) -> None:
-    source = tmp_path / "autoscaling.source.yaml"
-    source.write_text("# as templates/slurm.autoscaler.yaml.j2 writes it\n"
-                      "provider:\n  type: external\n  cluster: \"c\"\n")
-    target = tmp_path / "autoscaling.yaml"
-    env = {"RF_BASE": "20128", "RF_HEAD_IP": "10.0.0.5", "RF_JOB_ID": "42",
-           "RF_CLUSTER_ID": "0a1b2c3d", "RF_OWNER": "abcdefabcdef", "SLURM_SUBMIT_DIR": "/w",
-           "RF_HEAD_TEMP": "/tmp/rf-0a1b2c3d.0.XYZ"}
-    done = helper("autoscaling-config", str(source), str(target), env=env)
-    assert done.returncode == 0, done.stderr
-    provider = json.loads(target.read_text())["provider"]
-    assert provider == {"type": "external", "cluster": "c", "cluster_id": "0a1b2c3d",
-                        "owner": "abcdefabcdef", "head_job_id": "42",
-                        "head_address": "10.0.0.5:20128", "port_base": 20128,
-                        "submit_dir": "/w", "worker_script": "/tmp/rf-0a1b2c3d.0.XYZ/worker.sbatch"}
-
-
 def test_the_nodes_find_psutil_in_rays_own_copy(tmp_path: Path) -> None:
     """A node's Python has Ray (which ships psutil in ray/thirdparty_files) but maybe no psutil of
     its own: the helper finds Ray's copy without importing Ray. Here: no site-packages (-S), only

@@ -234,6 +234,40 @@ def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
     # Slurm's part of the node package, node provider included.
     assert shipping.node_zip_base64(slurm_script.NODE_PACKAGES) in script
     assert "RAY_enable_autoscaler_v2=1" in script and "--autoscaling-config=" in script
+    # The head writes the config as rendered here: nothing on the head changes it.
+    assert text.strip() in script and "autoscaling.source" not in script
+
+
+def test_the_node_provider_takes_the_running_jobs_facts_from_its_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's monitor builds our node provider from the config rendered on the laptop, unchanged;
+    what only the head's job knows comes from the environment the batch script exports."""
+    import yaml
+
+    from infra.node.slurm.node_provider import Runtime, SlurmNodeProvider
+    from infra.node.slurm.queue import SlurmError
+
+    path = tmp_path / "autoscale.yaml"
+    path.write_text(CASES["autoscale"])
+    loaded = loading.load_spec(path)
+    assert isinstance(loaded, Spec)
+    config = yaml.safe_load(autoscaling_config(loaded))
+    env = {"RF_BASE": "20128", "RF_GCS_PORT": "20129", "RF_HEAD_IP": "10.0.0.5",
+           "RF_JOB_ID": "42", "RF_CLUSTER_ID": "0a1b2c3d", "RF_OWNER": "abcdefabcdef",
+           "SLURM_SUBMIT_DIR": "/w", "RF_HEAD_TEMP": "/tmp/rf-0a1b2c3d.0.XYZ"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    provider = SlurmNodeProvider(config["provider"], config["cluster_name"])
+    assert provider.runtime == Runtime(
+        cluster_id="0a1b2c3d", owner="abcdefabcdef", head_job_id="42", head_ip="10.0.0.5",
+        gcs_port=20129, port_base=20128, submit_dir="/w",
+        worker_script="/tmp/rf-0a1b2c3d.0.XYZ/worker.sbatch")
+    assert provider.internal_ip("42") == "10.0.0.5"
+    # Started other than by the batch script: one line naming what is missing.
+    monkeypatch.delenv("RF_JOB_ID")
+    monkeypatch.delenv("RF_GCS_PORT")
+    with pytest.raises(SlurmError, match=r"lacks RF_JOB_ID, RF_GCS_PORT: .*invoke up"):
+        SlurmNodeProvider(config["provider"], config["cluster_name"])
 
 
 @pytest.mark.parametrize(("case", "modules"), [

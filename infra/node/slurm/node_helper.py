@@ -8,7 +8,6 @@ the Python that runs Ray (`rf_helper` in templates/slurm.environment.j2):
 
     prepare INFO_FILE FIRST STRIDE BLOCKS    # print a free port base, write the first info file
     block BASE                               # this node's free base
-    autoscaling-config IN OUT                # Ray's config + job facts
     autodown-config OUT IDLE_MINUTES CLUSTER # the idle watcher's config
     tracking-config OUT STORE PASSWORD SECRET# the MLflow server's config
     metrics-config OUT STORE DAYS MB SECONDS # Prometheus's config (metrics: prometheus)
@@ -285,28 +284,6 @@ def prepare(path: str, first: int, stride: int, blocks: int) -> int:
     return base
 
 
-def autoscaling_config(source: str, target: str) -> int:
-    """Ray's autoscaling config (templates/slurm.autoscaler.yaml.j2) plus what only the running
-    head knows: its address, job id, private dir, submit dir. Nothing secret: Ray copies it into
-    logs. Written back as JSON, which is YAML."""
-    import yaml  # PyYAML comes with Ray; only this command needs it.
-
-    with open(source) as handle:
-        config = yaml.safe_load(handle)
-    base = int(_env("RF_BASE"))
-    config["provider"].update({
-        "cluster_id": _env("RF_CLUSTER_ID"),
-        "owner": _env("RF_OWNER"),
-        "head_job_id": _env("RF_JOB_ID"),
-        "head_address": f"{_env('RF_HEAD_IP')}:{PortBlock(base).gcs}",
-        "port_base": base,
-        "submit_dir": _env("SLURM_SUBMIT_DIR"),
-        "worker_script": os.path.join(_env("RF_HEAD_TEMP"), "worker.sbatch"),
-    })
-    atomic_write(target, json.dumps(config, indent=1))
-    return 0
-
-
 def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
     """The idle watcher's config (infra/node/autodown.py `Config`), 0600 in the head's private dir:
     Ray's dashboard on the head's loopback, the marker beside it, Slurm's removal action, which
@@ -396,8 +373,6 @@ def main(argv: list[str]) -> int:
     if command == "block":
         print(node_block(int(args[0])))
         return 0
-    if command == "autoscaling-config":
-        return autoscaling_config(args[0], args[1])
     if command == "autodown-config":
         return autodown_config(args[0], float(args[1]), args[2])
     if command == "tracking-config":

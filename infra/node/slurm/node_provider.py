@@ -30,6 +30,8 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ray.autoscaler.node_provider import NodeProvider
@@ -74,22 +76,49 @@ def _run(argv: list[str], env: dict[str, str] | None = None, cwd: str | None = N
         return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]} took over {timeout:.0f}s")
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """What only the running head's job knows, read from the environment the batch script gives
+    the head's `ray start` (and so Ray's monitor, which imports this provider): the cluster
+    config the laptop rendered stays as it was rendered."""
+    cluster_id: str
+    owner: str
+    head_job_id: str
+    head_ip: str
+    gcs_port: int
+    port_base: int
+    submit_dir: str
+    worker_script: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Runtime:
+        names = ("RF_CLUSTER_ID", "RF_JOB_ID", "RF_HEAD_IP", "RF_GCS_PORT", "RF_BASE",
+                 "SLURM_SUBMIT_DIR", "RF_HEAD_TEMP")
+        missing = [name for name in names if not env.get(name)]
+        if missing:
+            raise SlurmError(f"the head's environment lacks {', '.join(missing)}: Ray's monitor "
+                             "must be started by the cluster's batch script (invoke up)")
+        return cls(env["RF_CLUSTER_ID"], env.get("RF_OWNER", ""), env["RF_JOB_ID"],
+                   env["RF_HEAD_IP"], int(env["RF_GCS_PORT"]), int(env["RF_BASE"]),
+                   env["SLURM_SUBMIT_DIR"], os.path.join(env["RF_HEAD_TEMP"], "worker.sbatch"))
+
+
 class SlurmNodeProvider(NodeProvider):
     """Worker nodes as Slurm jobs of one rayfleet cluster (see the module docstring)."""
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         super().__init__(provider_config, cluster_name)
-        config = provider_config
-        self._cluster_id = str(config["cluster_id"])
-        self._owner = str(config.get("owner", ""))
-        self._cluster = str(config.get("cluster", cluster_name))
+        self.runtime = runtime = Runtime.from_env(os.environ)
+        self._cluster_id = runtime.cluster_id
+        self._owner = runtime.owner
+        self._cluster = str(provider_config.get("cluster", cluster_name))
         self._prefix = queue.job_prefix(self._cluster, self._cluster_id)
-        self._head_job = str(config["head_job_id"])
-        self._head_address = str(config["head_address"])
-        self._port_base = int(config["port_base"])
-        self._submit_dir = str(config["submit_dir"])
-        self._script = str(config["worker_script"])
-        self._types: dict[str, dict[str, Any]] = dict(config.get("worker_types", {}))
+        self._head_job = runtime.head_job_id
+        self._head_address = f"{runtime.head_ip}:{runtime.gcs_port}"
+        self._port_base = runtime.port_base
+        self._submit_dir = runtime.submit_dir
+        self._script = runtime.worker_script
+        self._types: dict[str, dict[str, Any]] = dict(provider_config.get("worker_types", {}))
         self._lock = threading.RLock()
         self._rows: dict[str, JobRow] = {}
         self._refreshed_at = 0.0
