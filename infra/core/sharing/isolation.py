@@ -1,0 +1,89 @@
+"""`sharing.isolation: cluster`, the owner's side: what `plan` says and refuses, what `up` writes.
+
+The head runs the member clusters (infra/node/member_clusters.py, in the gateway) through the
+privileged starter (infra/node/member_starter.py); here, before anything is created, a spec whose
+head cannot hold the walls is refused in one line (the provider's table, capabilities.py, and
+root where member users are made on this machine), and at `up` the starter's config is written,
+root's own 0600 file beside the gateway's config, and named in the gateway's config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from infra.core.errors import SpecError
+from infra.core.head import HeadAccess
+from infra.core.spec import ClusterSpec
+from infra.node import gateway_config
+from infra.node import member_clusters as mc
+
+#: The head machine's memory per active member cluster: one Ray head (GCS, raylet, dashboard and
+#: its agents, the autoscaler monitor), idle, measured by bench/isolation.py on the local provider.
+HEAD_MB_PER_MEMBER = 700
+
+
+def isolated(selected: ClusterSpec) -> bool:
+    return selected.sharing is not None and selected.sharing.isolation == "cluster"
+
+
+def check(selected: ClusterSpec) -> None:
+    """What `plan` and `up` refuse beyond the spec's own validation (which refuses providers
+    without member clusters): member users made on this machine need root."""
+    if not isolated(selected):
+        return
+    if type(selected).CAPABILITIES.member_clusters_need_local_root and os.geteuid() != 0:
+        raise SpecError(f"{selected.source}: sharing.isolation: cluster needs root to create "
+                        "member users on this machine; run `invoke up` as root or use "
+                        "`isolation: shared`")
+
+
+def plan_note(selected: ClusterSpec) -> str:
+    """`plan`'s words on the choice and its cost ('' for `isolation: shared`)."""
+    if not isolated(selected):
+        return ""
+    assert selected.sharing is not None
+    most = selected.sharing.max_active_members
+    return (f"; isolation: cluster — each member gets a Ray cluster of their own (a Unix user of "
+            f"its own) at their first request, stopped after "
+            f"{selected.sharing.member_idle_minutes:g} idle minutes; cost: one Ray head per "
+            f"active member on the head machine (at most {most} at once, about "
+            f"{HEAD_MB_PER_MEMBER} MB each, {most * HEAD_MB_PER_MEMBER / 1024:.1f} GB at most), "
+            "no packing across members")
+
+
+def member_limits(selected: ClusterSpec) -> tuple[int, int]:
+    """(CPUs, memory MB) of one member's cluster on the head machine: the spec's CPUs (else the
+    machine's), and the machine's memory shared among `max_active_members`."""
+    assert selected.sharing is not None
+    cpus = int(getattr(selected, "num_cpus", None) or os.cpu_count() or 1)
+    try:
+        total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):
+        total_mb = 8192
+    return cpus, max(1024, int(total_mb * 0.8) // selected.sharing.max_active_members)
+
+
+def with_member_clusters(selected: ClusterSpec, access: HeadAccess,
+                         config: gateway_config.Config, folder: Path) -> gateway_config.Config:
+    """The gateway's config, with the starter's config written beside it for `isolation:
+    cluster` (unchanged otherwise). Only for a head on this machine in this pass (the table
+    refuses the others): the gateway runs as this user, root, and calls the starter directly."""
+    if not isolated(selected):
+        return config
+    assert selected.sharing is not None
+    cpus, memory_mb = member_limits(selected)
+    starter = mc.StarterConfig(
+        cluster=selected.name, tmp_root="/tmp", token_dir=str(folder / "member-tokens"),
+        gateway_uid=os.getuid(), gateway_gid=os.getgid(),
+        python_bin=str(Path(sys.executable).parent), num_cpus=cpus, cpus=float(cpus),
+        memory_mb=memory_mb, max_active_members=selected.sharing.max_active_members,
+        member_idle_minutes=selected.sharing.member_idle_minutes,
+        sudo=[] if os.geteuid() == 0 else ["sudo", "-n"])
+    path = folder / mc.CONFIG_FILE
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mc.write_starter_config(path, starter)
+    return dataclasses.replace(config, isolation="cluster",
+                               member_clusters_config=access.head_path(str(path)))

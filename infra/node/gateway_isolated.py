@@ -1,0 +1,171 @@
+"""The gateway with `sharing.isolation: cluster`: each member reaches a Ray cluster of their own.
+
+The gateway has already said who is asking (their own member token; `Gateway.handle`). Here a
+member's request goes, unfiltered, to their own cluster's dashboard (member_clusters.py starts it
+on their first request) with that cluster's token in place of theirs: every tab of Ray's dashboard
+and every stock `ray job` command work as on a cluster of their own, because it is one. Nothing of
+another member's is reachable through it: the cluster holds only their jobs.
+
+The owner's own requests go to the base cluster as before (`None`: the gateway's usual route).
+The owner and admins reach a member's cluster with the header `X-Rayfleet-Member: NAME`
+(e.g. `ray job list --headers '{"X-Rayfleet-Member": "alice"}'`); an admin without it reaches
+their own. Ray's standard library and aiohttp only (node rule).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from infra.node import gateway_browser as gb
+from infra.node import gateway_state as gs
+from infra.node import gateway_target as gt
+from infra.node import member_clusters as mc
+from infra.node.gateway_jobs import reply
+
+MEMBER_HEADER = "X-Rayfleet-Member"
+#: Headers never sent on to a member cluster (hop-by-hop, and every credential the client sent).
+_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+        "transfer-encoding", "upgrade", "host", "content-length", "authorization",
+        "x-ray-authorization", "cookie", MEMBER_HEADER.lower(), "sec-websocket-key",
+        "sec-websocket-version", "sec-websocket-extensions"}
+_BACK_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "set-cookie",
+             "content-encoding"}
+
+
+def member_named(gateway: Any, name: str) -> gs.Member | None:
+    """The member of that name in the gateway's members file (None: none, expired or removed)."""
+    try:
+        data = json.loads(Path(gateway.members.path).read_text())
+    except (OSError, ValueError):
+        return None
+    entry = (data.get("members") or {}).get(name)
+    if not isinstance(entry, dict) or entry.get("role", "member") not in ("member", "admin"):
+        return None
+    member = gs.Member(name, str(entry.get("role", "member")), entry.get("expires"),
+                       str(entry.get("id") or gs.legacy_id(name)))
+    return None if gs.expired(member) else member
+
+
+def whose(gateway: Any, request: Any, who: gs.Member) -> gs.Member | str | None:
+    """Whose cluster `who` reaches: a member, None for the base cluster, or a refusal line."""
+    named = request.headers.get(MEMBER_HEADER, "").strip()
+    if named:
+        if not who.sees_all:
+            return f"{MEMBER_HEADER} is for the cluster's owner and admins"
+        return member_named(gateway, named) or f"no member named {named[:64]!r}"
+    return None if who.role == "owner" else who
+
+
+async def route(gateway: Any, request: Any, who: gs.Member,
+                target: gt.Target) -> tuple[Any, str | None] | None:
+    """The answer for `who`, or None: the gateway's usual route (the owner's base cluster)."""
+    if target.path == "/api/authenticate" and request.method == "POST":
+        return None  # the dashboard's login: the cookie holds the member's own token
+    member = whose(gateway, request, who)
+    if member is None:
+        return None
+    if isinstance(member, str):
+        return reply(403, member), None
+    clusters = member_clusters(gateway)
+    try:
+        running = await clusters.reach(member.id)
+    except mc.Full as exc:
+        return reply(503, str(exc)), None
+    except mc.Starting as exc:
+        if gb.wants_page(request):
+            return starting_page(), None
+        return reply(503, str(exc)), None
+    except RuntimeError as exc:
+        return reply(503, f"your cluster could not start: {exc}"), None
+    token = clusters.token(member.id) or ""
+    url = f"http://127.0.0.1:{running.dashboard_port}"
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return await relay_socket(gateway, request, url, token, target), None
+    return await relay(gateway, request, url, token, target), None
+
+
+def _headers(request: Any, token: str) -> dict[str, str]:
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+    headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+async def relay(gateway: Any, request: Any, url: str, token: str, target: gt.Target) -> Any:
+    """`request` to the member's cluster at exactly `target`, its body streamed both ways."""
+    from aiohttp import ClientTimeout, web
+    from yarl import URL
+
+    async with gateway.session.request(
+            request.method, URL(url + target.upstream(), encoded=True),
+            data=request.content if request.body_exists else None,
+            headers=_headers(request, token), allow_redirects=False,
+            timeout=ClientTimeout(total=None, sock_read=600)) as answer:
+        headers = {k: v for k, v in answer.headers.items() if k.lower() not in _BACK_HOP}
+        response = web.StreamResponse(status=answer.status, headers=headers)
+        await response.prepare(request)
+        async for chunk in answer.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+async def relay_socket(gateway: Any, request: Any, url: str, token: str,
+                       target: gt.Target) -> Any:
+    """A WebSocket (`ray job logs -f`) relayed message by message both ways."""
+    import asyncio
+
+    from aiohttp import WSMsgType, web
+    from yarl import URL
+
+    client = web.WebSocketResponse()
+    await client.prepare(request)
+    async with gateway.session.ws_connect(URL(url + target.upstream(), encoded=True),
+                                          headers={"Authorization": f"Bearer {token}"}) as ray:
+        async def upstream() -> None:
+            async for message in client:
+                if message.type == WSMsgType.TEXT:
+                    await ray.send_str(message.data)
+                elif message.type == WSMsgType.BINARY:
+                    await ray.send_bytes(message.data)
+        sender = asyncio.create_task(upstream())
+        try:
+            async for message in ray:
+                if client.closed:
+                    break
+                if message.type == WSMsgType.TEXT:
+                    await client.send_str(message.data)
+                elif message.type == WSMsgType.BINARY:
+                    await client.send_bytes(message.data)
+                else:
+                    break
+        finally:
+            sender.cancel()
+    await client.close()
+    return client
+
+
+def starting_page() -> Any:
+    """The browser's answer while the member's cluster starts: it asks again in 5 s."""
+    from aiohttp import web
+
+    return web.Response(status=503, content_type="text/html", headers={"Retry-After": "5"},
+                        text="<!doctype html><meta http-equiv=refresh content=5><title>Starting"
+                             "</title><p>Your cluster is starting; this page reloads by itself.")
+
+
+def member_clusters(gateway: Any) -> mc.MemberClusters:
+    """The gateway's member clusters, made at its first member request, with their idle watch."""
+    clusters: mc.MemberClusters | None = getattr(gateway, "member_clusters", None)
+    if clusters is None:
+        clusters = mc.MemberClusters(gateway.config.member_clusters_config)
+        clusters.start_watch(gateway.members.ids)
+        gateway.member_clusters = clusters
+    return clusters
+
+
+async def shutdown(gateway: Any) -> None:
+    clusters = getattr(gateway, "member_clusters", None)
+    if clusters is not None:
+        await clusters.shutdown()

@@ -1,0 +1,169 @@
+"""`sharing.isolation: cluster` end to end on a real local cluster: two members, each with a Ray
+cluster of their own behind the one gateway, with Ray's stock `ray job` CLI.
+
+Runs as root (member users are made), in a mount namespace of its own for the module: /etc and
+/home copy-on-write (the users made never reach this machine's files) and /root enterable by
+others (0711, as the test bed's hosts: the tests' Python lives under /root/.pyenv, where a real
+head has /usr; a member's user must run it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pwd
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.local.test_e2e_sharing import Member, Shared, shared_cluster
+from tests.testbed import hosts
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+ATTACK = Path(__file__).with_name("isolation_attack.py")
+CLONE_NEWNS = 0x00020000
+IDLE_MINUTES = 0.25
+
+
+@pytest.fixture(scope="module")
+def private_machine(tmp_path_factory: pytest.TempPathFactory, needs_root: None) -> Iterator[None]:
+    """This process in a mount namespace of its own for the module, then back in its own."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+    assert libc.unshare(CLONE_NEWNS) == 0, os.strerror(ctypes.get_errno())
+    try:
+        subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+        for argv in hosts.host_setup(tmp_path_factory.mktemp("machine")):
+            subprocess.run(argv, check=True)
+        yield
+    finally:
+        assert libc.setns(own, CLONE_NEWNS) == 0, os.strerror(ctypes.get_errno())
+        os.close(own)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, private_machine: None,
+           real_daemon: None) -> Iterator[Shared]:
+    with shared_cluster(tmp_path_factory, "iso", "isolation: cluster",
+                        f"member_idle_minutes: {IDLE_MINUTES}", cpus=1) as cluster:
+        yield cluster
+
+
+def member_id(shared: Shared, name: str) -> str:
+    book = json.loads((Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem
+                       / "members.json").read_text())
+    return str(book["members"][name]["id"])
+
+
+def processes_of(user: str) -> list[int]:
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return []
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()
+            and _owner(p) == uid]
+
+
+def _owner(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def dashboard_port(shared: Shared, name: str) -> int:
+    """The member's own dashboard, as its raylet's command line names it."""
+    uid = pwd.getpwnam(f"rf-m-{member_id(shared, name)}").pw_uid
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and _owner(pid) == uid:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read()
+            found = re.search(rb"\x00--port=(\d+)", line) if b"dashboard.py" in line else None
+            if found:
+                return int(found.group(1))
+    raise AssertionError(f"no dashboard process of {name}'s user")
+
+
+def logs_of(member: Member, job: str, wanted: str) -> str:
+    def done() -> str | None:
+        out = member.ray("logs", job).stdout
+        return out if wanted in out else None
+    return wait_until(done, f"{member.name}'s job prints {wanted}", timeout=120, interval=1)
+
+
+def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path: Path) -> None:
+    alice, bob = shared.add("alice"), shared.add("bob")
+    marker = "BOBS-SECRET-" + os.urandom(6).hex()
+    work = bob.home / "work"
+    work.mkdir()
+    (work / "secret.txt").write_text(marker)
+    bobs = bob.submit(f"python -c \"print('{marker}', flush=True); import time; time.sleep(90)\"",
+                      "--working-dir", str(work))
+    logs_of(bob, bobs, marker)
+    bob_id = member_id(shared, "bob")
+    bob_user = pwd.getpwnam(f"rf-m-{bob_id}")
+    base_token = Path(shared.env["RAYFLEET_HOME"]) / "keys" / shared.spec.stem / "ray-token"
+    copies = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "member-tokens"
+    attack = tmp_path / "attack"
+    attack.mkdir()
+    (attack / "attack.py").write_text(ATTACK.read_text())
+    alices = alice.submit(f"python attack.py /tmp/rf-m-{bob_id} {bob_user.pw_dir} "
+                          f"{dashboard_port(shared, 'bob')} {marker} {base_token} "
+                          f"{copies}/{bob_id}.token", "--working-dir", str(attack))
+    report = json.loads(logs_of(alice, alices, "REPORT ").split("REPORT ", 1)[1].splitlines()[0])
+    assert int(report["tokens_found"][0]) >= 1  # at least her own token, tried on bob's cluster
+    assert report["marker_in"] == [], report["marker_in"]
+    assert not [p for p in report["read"] if p.startswith((f"/tmp/rf-m-{bob_id}",
+                                                           bob_user.pw_dir, str(copies)))]
+    assert report["answers"] and not [a for a in report["answers"] if a.startswith("2")], \
+        report["answers"]
+    # Each sees only their own cluster's jobs, through the same gateway with stock Ray.
+    assert alices in alice.ray("list").stdout and bobs not in alice.ray("list").stdout
+    assert bobs in bob.ray("list").stdout and alices not in bob.ray("list").stdout
+    assert bob.ray("stop", alices).returncode != 0
+    # The owner picks a member's cluster with the header; a member may not.
+    owner = {"Authorization": f"Bearer {shared.owner_token()}", "X-Rayfleet-Member": "bob"}
+    seen = requests.get(f"{bob.env['RAY_API_SERVER_ADDRESS']}/api/jobs/", headers=owner,
+                        verify=bob.env["REQUESTS_CA_BUNDLE"], timeout=30)
+    assert seen.status_code == 200 and bobs in seen.text and alices not in seen.text
+    her_token = Path(alice.env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    sneaky = requests.get(f"{alice.env['RAY_API_SERVER_ADDRESS']}/api/jobs/",
+                          headers={"Authorization": f"Bearer {her_token}",
+                                   "X-Rayfleet-Member": "bob"},
+                          verify=alice.env["REQUESTS_CA_BUNDLE"], timeout=30)
+    assert sneaky.status_code == 403 and bobs not in sneaky.text
+    for name, job in (("bob", bobs),):
+        shared.members[name].ray("stop", job)
+
+
+def test_an_idle_member_cluster_stops_and_keeps_its_files(shared: Shared) -> None:
+    """After the test above: idle past member_idle_minutes, each member's processes are gone
+    and their parent dir (token, temp dir) stays; removal then deletes everything."""
+    for name in ("alice", "bob"):
+        if name not in shared.members:
+            pytest.skip("needs the members of the test above (run the module)")
+    bob_id = member_id(shared, "bob")
+    user = f"rf-m-{bob_id}"
+    wait_until(lambda: not processes_of(user), "bob's idle cluster stops", timeout=90,
+               interval=1)
+    assert Path(f"/tmp/rf-m-{bob_id}/token").exists()
+    removed = shared.invoke("member-remove", "bob")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    wait_until(lambda: not Path(f"/tmp/rf-m-{bob_id}").exists(), "bob's files go", timeout=60,
+               interval=1)
+    wait_until(lambda: _no_user(user), "bob's user goes", timeout=30, interval=1)
+
+
+def _no_user(user: str) -> bool:
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        return True
+    return False
