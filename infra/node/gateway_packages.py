@@ -5,17 +5,25 @@ and its client skips the upload when the name already exists: a member who PUT a
 name a classmate's starter repo hashes to would run their code in the classmate's job. So every
 package name a member sends is mapped to a name of their own (`scoped`): their uploads, their
 existence checks and the `gcs://` URIs of their submits all name packages under their id, which
-no other member can write to or read. A PUT over an existing package is refused; a body streams
-through with a cap per upload and per member, never held whole. Ray and what Ray brings only.
+no other member can write to or read. A body streams through with a cap per upload and per
+member, never held whole, and its SHA-256 is recorded: a later PUT of the same name by the same
+member is answered 200 without an upload when its bytes are the same (Ray's client checks, then
+uploads, so two submits at once both upload), and 409 when they differ (a package is never
+replaced). Each member's uploads go one at a time under one lock of theirs, under which their
+total is read and raised: parallel uploads cannot all pass `max_member_upload_mb`, and the same
+bytes count once. Ray and what Ray brings only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import re
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from infra.node import gateway_limits as gl
 from infra.node import gateway_state as gs
 from infra.node import gateway_target as gt
 
@@ -101,12 +109,17 @@ class Capped:
 
     def __init__(self, stream: Any, limit: int) -> None:
         self.stream, self.limit, self.seen = stream, limit, 0
+        self.sha256 = hashlib.sha256()
+        self.over = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        async for chunk in self.stream.iter_chunked(1 << 16):
+        # A body that sends nothing for a while is cut (gateway_limits.UPLOAD_IDLE_S: 408).
+        async for chunk in gl.idle_chunks(self.stream):
             self.seen += len(chunk)
             if self.seen > self.limit:
+                self.over = True
                 raise TooLarge(self.seen)
+            self.sha256.update(chunk)
             yield chunk
 
 
@@ -114,31 +127,52 @@ async def handle(gateway: Gateway, request: Any, who: gs.Member, protocol: str, 
     """A member's working-dir package: under their own name at Ray, never replaced, capped."""
     from aiohttp import web
 
-    target = gt.Target(f"/api/packages/{protocol}/{scoped(who.id, name)}")
+    own = scoped(who.id, name)
+    target = gt.Target(f"/api/packages/{protocol}/{own}")
     if request.method != "PUT":
         return await gateway.forward(request, who, target)
     limit = int(gateway.config.max_upload_mb * 1024 * 1024)
     if (request.content_length or 0) > limit:
         return reply(413, f"the package is larger than sharing.max_upload_mb "
                            f"({gateway.config.max_upload_mb:g} MB)")
-    used = gateway.usage.uploaded(who.id)
     total = int(gateway.config.max_member_upload_mb * 1024 * 1024)
-    lock = gateway.locks.setdefault(f"package:{target.path}", asyncio.Lock())
-    async with lock:  # two PUTs of one new name: the second finds the first's
+    async with gateway.locks.setdefault(f"uploads:{who.id}", asyncio.Lock()):
         status, _ = await gateway.upstream_raw("GET", target.path)
-        if status == 200:
-            return reply(409, f"package {name} exists and is never replaced (its name is "
-                               "its content's hash: submit with it as it is)")
-        body = Capped(request.content, min(limit, total - used))
-        try:
-            async with gateway.session.request(
-                    "PUT", gateway.upstream_url(target), data=body.chunks(),
-                    headers=gateway.upstream_headers(request.headers)) as answer:
-                content = await answer.read()
-        except TooLarge:
-            what = ("sharing.max_upload_mb" if total - used >= limit
-                    else "sharing.max_member_upload_mb, your total")
-            return reply(413, f"the package is larger than {what} allows")
-        if answer.status == 200:
-            gateway.usage.add_upload(who.id, body.seen)
-    return web.Response(status=answer.status, body=gateway.scrub_bytes(content))
+        if status != 200:
+            used = gateway.usage.uploaded(who.id)
+            body = Capped(request.content, min(limit, total - used))
+            too_large = reply(413, "the package is larger than " + (
+                "sharing.max_upload_mb" if total - used >= limit
+                else "sharing.max_member_upload_mb, your total,") + " allows")
+            if (request.content_length or 0) > body.limit:
+                return too_large
+            try:
+                async with gateway.session.request(
+                        "PUT", gateway.upstream_url(target), data=body.chunks(),
+                        headers=gateway.upstream_headers(request.headers)) as answer:
+                    content = await answer.read()
+            except Exception:
+                if body.over:  # aiohttp may hand the body's TooLarge on as a connection error
+                    return too_large
+                raise
+            if answer.status == 200:
+                gateway.usage.add_package(who.id, own, body.sha256.hexdigest(), body.seen)
+            return web.Response(status=answer.status, body=gateway.scrub_bytes(content))
+        recorded = gateway.usage.package_digest(who.id, own)
+    # There already (the name is never reused, so outside the lock): the same bytes again.
+    return await _again(request, name, recorded, limit)
+
+
+async def _again(request: Any, name: str, recorded: str | None, limit: int) -> Any:
+    """A PUT of a package the member has: 200 when its bytes are those recorded (read through,
+    counted nowhere), else 409."""
+    body = Capped(request.content, limit)
+    try:
+        async for _ in body.chunks():
+            pass
+    except TooLarge:
+        return reply(413, "the package is larger than sharing.max_upload_mb allows")
+    if recorded is not None and hmac.compare_digest(recorded, body.sha256.hexdigest()):
+        return reply(200, f"package {name} is there already, with these bytes")
+    return reply(409, f"package {name} exists with other bytes and is never replaced (its "
+                      "name is its content's hash: submit with it as it is)")

@@ -17,7 +17,6 @@ import collections
 import datetime as dt
 import hashlib
 import hmac
-import itertools
 import json
 import os
 import time
@@ -25,15 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.node import gateway_usage as gu
 from infra.node.files import atomic_write
+
+# The usage's arithmetic, named here too: callers (the laptop's `members` among them) read it here.
+from infra.node.gateway_usage import FINISHED as FINISHED
+from infra.node.gateway_usage import job_hours as job_hours
+from infra.node.gateway_usage import presence as presence
+from infra.node.gateway_usage import split_cost as split_cost
 
 MEMBERS_FILE = "members.json"
 USAGE_FILE = "usage.json"
 AUDIT_FILE = "audit.log"
 #: Failed logins from one source address within WINDOW seconds before it is turned away for WINDOW.
 MAX_FAILURES, WINDOW = 10, 60.0
-#: Ray's final job states: a job in one never runs again.
-FINISHED = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def token_hash(token: str) -> str:
@@ -163,7 +167,7 @@ class FailedLogins:
 
 class Usage:
     """Per-member usage, accounted on the head: job-hours and the cost share (at each tick, the
-    cluster's $/h split evenly among the member jobs running then)."""
+    cluster's $/h split among the jobs present then by the resources they held)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -180,6 +184,11 @@ class Usage:
         #: Counts `note` calls: what the gateway shows of a job beside Ray's view (its stop
         #: reason) changes only there, so a rendering made at the same version is still true.
         self.version = 0
+        #: CPU-equivalents held by the live actors and placement groups of each Ray job id (hex),
+        #: as the gateway's last survey found them (gateway_leftovers.py); not kept on disk.
+        self.holdings: dict[str, float] = {}
+        #: When a reaper was last started for each Ray job id's leftovers (time.monotonic()).
+        self.reaping: dict[str, float] = {}
 
     def seen(self, member: str) -> None:
         entry = self.data["members"].setdefault(member, {})
@@ -192,16 +201,23 @@ class Usage:
              now: float | None = None) -> None:
         """Update every job the gateway recorded at its submit (its start and end: the job-hours)
         and account the last `seconds` of the cluster (until `now`, epoch seconds; the head's
-        clock, Ray's too) at `price_per_hour` (the cost share): at every moment, split evenly among
-        the jobs running then (`presence`), a member job's part to that job, and the part of every
-        job without a record of ours (the owner's through their tunnel, or started inside the
-        cluster: "unattributed") to the owner; with nothing running, it is idle cost. A job that
-        started and ended between two ticks pays for its time too. Member jobs, owner and idle
-        sum to the accrued. Who a job is comes only from our record: the metadata Ray shows can
-        be set by any code inside the cluster."""
+        clock, Ray's too) at `price_per_hour` (the cost share): at every moment, split among the
+        jobs present then by the resources each held (gateway_usage.py), a member job's part to
+        that job, and the part of every job without a record of ours (the owner's through their
+        tunnel, or started inside the cluster: "unattributed") to the owner; with nothing
+        present, it is idle cost. A job that started and ended between two ticks pays for its
+        time too; one Ray no longer lists is closed (`gone_records`), and one whose leftovers
+        live on (`holdings`, the last survey) counts as running. Member jobs, owner and idle sum
+        to the accrued. Who a job is comes only from our record: the metadata Ray shows can be
+        set by any code inside the cluster."""
         until = time.time() if now is None else now
-        shares, idle = split_cost(presence(jobs, until - seconds, until), until - seconds, until,
-                                  price_per_hour)
+        since = until - seconds
+        records = self.data["jobs"]
+        gone = gu.gone_records(records, {gu.key(j) for j in jobs}, since, until)
+        everything = [*jobs, *gone.values()]
+        lingering, weights = self._holding(everything)
+        shares, idle = split_cost(presence(everything, since, until, lingering), since, until,
+                                  price_per_hour, weights)
         cost = price_per_hour * seconds / 3600
         cluster = self.data["cluster"]
         if cost or cluster["hourly_usd"] != price_per_hour:
@@ -210,9 +226,9 @@ class Usage:
         cluster["accrued_usd"] += cost
         cluster["idle_usd"] += idle
         unattributed = self.data.setdefault("unattributed", {})
-        for job in jobs:
-            key = _key(job)
-            entry = self.data["jobs"].get(key)
+        for job in everything:
+            key = gu.key(job)
+            entry = records.get(key)
             times = {"status": job.get("status"), "start_time": job.get("start_time"),
                      "end_time": job.get("end_time")}
             if entry is None or not entry.get("member"):
@@ -223,10 +239,35 @@ class Usage:
                 continue
             before = dict(entry)
             entry.update(times)
+            if job.get("job_id"):
+                entry["ray_job_id"] = job["job_id"]
+            if key in gone:
+                entry["gone"] = now_iso()
+            if key in lingering:
+                entry["leftover_until"] = until * 1000
             if key in shares:
                 entry["cost"] = float(entry.get("cost", 0.0)) + shares[key]
             if entry != before:
                 self._dirty = True
+
+    def _holding(self, jobs: list[dict[str, Any]]) -> tuple[frozenset[str], dict[str, float]]:
+        """From the last survey (`holdings`: CPU-equivalents held by each Ray job id's live actors
+        and placement groups): the keys of jobs that ended but whose leftovers live on (added to
+        `jobs`, from their records, when Ray lists them no more), and every job's weight."""
+        listed = {gu.key(j) for j in jobs}
+        for name, entry in self.data["jobs"].items():
+            if name not in listed and entry.get("ray_job_id") in self.holdings:
+                jobs.append({"submission_id": name, "job_id": entry["ray_job_id"],
+                             "status": entry.get("status"), "start_time": entry.get("start_time"),
+                             "end_time": entry.get("end_time")})
+        lingering, weights = set(), {}
+        for job in jobs:
+            name, active = gu.key(job), job.get("status") in gu.ACTIVE
+            held = self.holdings.get(str(job.get("job_id") or ""))
+            weights[name] = (gu.entrypoint_units(job) if active else 0.0) + (held or 0.0)
+            if held is not None and not active:
+                lingering.add(name)
+        return frozenset(lingering), weights
 
     def maybe_active(self, member_id: str) -> int:
         """How many of the member's recorded jobs may still be pending or running: all but
@@ -262,6 +303,18 @@ class Usage:
         uploads[member_id] = int(uploads.get(member_id, 0)) + size
         self._dirty = True
 
+    def package_digest(self, member_id: str, name: str) -> str | None:
+        """The SHA-256 of what `member_id` uploaded as package `name` (None: no upload of theirs
+        through this gateway recorded it)."""
+        entry = self.data.get("packages", {}).get(member_id, {}).get(name)
+        return str(entry["sha256"]) if isinstance(entry, dict) and entry.get("sha256") else None
+
+    def add_package(self, member_id: str, name: str, digest: str, size: int) -> None:
+        """Record `member_id`'s upload of package `name` (its digest) and count its bytes."""
+        self.data.setdefault("packages", {}).setdefault(member_id, {})[name] = {
+            "sha256": digest, "bytes": size, "at": now_iso()}
+        self.add_upload(member_id, size)
+
     def reach_budget(self) -> bool:
         """Record the first moment the cluster's budget was reached (kept with the usage, so a
         restarted gateway knows it); True only that first time."""
@@ -278,7 +331,9 @@ class Usage:
                 if entry.get("stop_requested") and not entry.get("stop_confirmed")]
 
     def note(self, job_id: str, **fields: Any) -> None:
-        self.data["jobs"].setdefault(job_id, {"cost": 0.0}).update(fields)
+        # When it was first noted: a job Ray no longer lists is closed only once a list asked
+        # for after that could have shown it (gateway_usage.gone_records).
+        self.data["jobs"].setdefault(job_id, {"cost": 0.0, "noted_at": time.time()}).update(fields)
         self._dirty = True
         self.version += 1
 
@@ -290,57 +345,6 @@ class Usage:
         if self._dirty:
             atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=True), mode=0o600)
             self._dirty = False
-
-
-def presence(jobs: list[dict[str, Any]], since: float, until: float
-             ) -> dict[str, tuple[float, float]]:
-    """When each job ran within [since, until] (epoch seconds), from Ray's own record: a job
-    running now, from its start (Ray's `start_time`, ms) or `since`; a finished one, from its
-    start to its `end_time` when that falls inside. A running job without times ran throughout;
-    a pending one, and a finished one without times, not at all."""
-    found: dict[str, tuple[float, float]] = {}
-    for job in jobs:
-        start, end = job.get("start_time"), job.get("end_time")
-        begin = max(since, start / 1000) if isinstance(start, int | float) else since
-        if job.get("status") == "RUNNING":
-            stop = until
-        elif job.get("status") in FINISHED and isinstance(end, int | float) and start is not None:
-            stop = min(until, end / 1000)
-        else:
-            continue
-        if stop > begin:
-            found[_key(job)] = (begin, stop)
-    return found
-
-
-def split_cost(present: dict[str, tuple[float, float]], since: float, until: float,
-               price_per_hour: float) -> tuple[dict[str, float], float]:
-    """Each job's share of [since, until] at `price_per_hour` (every stretch of time split evenly
-    among the jobs present in it), and the idle part (no job present); together the whole."""
-    edges = sorted({since, until, *(t for span in present.values() for t in span)})
-    shares = dict.fromkeys(present, 0.0)
-    idle = 0.0
-    for left, right in itertools.pairwise(edges):
-        cost = price_per_hour * (right - left) / 3600
-        here = [key for key, (begin, stop) in present.items() if begin <= left and stop >= right]
-        if not here:
-            idle += cost
-        for key in here:
-            shares[key] += cost / len(here)
-    return shares, idle
-
-
-def _key(job: dict[str, Any]) -> str:
-    return str(job.get("submission_id") or job.get("job_id"))
-
-
-def job_hours(entry: dict[str, Any], now_ms: float | None = None) -> float:
-    """Hours a job has run (Ray's start and end times, in ms); 0 before it starts."""
-    start = entry.get("start_time")
-    if start is None:
-        return 0.0
-    end = entry.get("end_time") or now_ms or time.time() * 1000
-    return max(0.0, (float(end) - float(start)) / 3.6e6)
 
 
 class RequestRate:

@@ -41,15 +41,18 @@ class Gateway(Protocol):
 GRACE_S = 15.0
 #: Ray's job states in which a job's driver may still run.
 ACTIVE = ("PENDING", "RUNNING")
-#: The reaper's program: argv[1] the job's hex id, argv[2] its submission id, argv[3] "1" when
-#: its supervisor actor is to be killed first. Kills by name where an actor has one, else ends
-#: its worker process on its node (an unnamed detached actor has no handle anyone else can get).
+#: The reaper's program: argv[1] the Ray job ids (hex) whose actors and placement groups go,
+#: comma-separated, argv[2] a submission id, argv[3] "1" when that submission's supervisor actor
+#: is to be killed first. An actor is killed through the GCS by its id (named or not, pending or
+#: alive, never restarted); where that call fails (a Ray without it), by name where it has one,
+#: else its worker process is ended on its node.
 REAPER = r"""
 import os, signal, sys, ray
 from ray.util import state
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-job, submission, supervisor = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+jobs, submission = [j for j in sys.argv[1].split(",") if j], sys.argv[2]
+supervisor = sys.argv[3] == "1"
 ray.init(address="auto", log_to_driver=False)
 if supervisor:
     try:
@@ -57,15 +60,25 @@ if supervisor:
                                namespace="SUPERVISOR_ACTOR_RAY_NAMESPACE"), no_restart=True)
     except ValueError:
         pass
+def by_id(actor_id):
+    try:
+        from ray._private.grpc_utils import init_grpc_channel
+        from ray.core.generated import gcs_service_pb2 as pb, gcs_service_pb2_grpc as rpc
+        gcs = rpc.ActorInfoGcsServiceStub(init_grpc_channel(ray.get_runtime_context().gcs_address))
+        return gcs.KillActorViaGcs(pb.KillActorViaGcsRequest(
+            actor_id=bytes.fromhex(actor_id), force_kill=True, no_restart=True),
+            timeout=30).status.code == 0
+    except Exception:
+        return False
 @ray.remote(num_cpus=0)
 def end(pid):
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-if job:
+for job in jobs:
     for actor in state.list_actors(filters=[("job_id", "=", job)], limit=10000, detail=True):
-        if actor.state == "DEAD":
+        if actor.state == "DEAD" or by_id(actor.actor_id):
             continue
         if actor.name:
             try:
@@ -80,7 +93,7 @@ if job:
         if group.state != "REMOVED":
             remove_placement_group(PlacementGroup(
                 ray.PlacementGroupID(bytes.fromhex(group.placement_group_id))))
-print("reaped", job or submission)
+print("reaped", ",".join(jobs) or submission)
 """
 
 
@@ -136,14 +149,23 @@ async def leftovers(gateway: Gateway, job_hex: str) -> bool:
 
 async def reap(gateway: Gateway, job: dict[str, Any], supervisor: bool) -> None:
     """Start the reaper for `job` (not waited for: the next tick sees what it did)."""
-    submission = str(job.get("submission_id") or "")
+    await reap_ids(gateway, [str(job.get("job_id") or "")], str(job.get("submission_id") or ""),
+                   supervisor)
+
+
+async def reap_ids(gateway: Gateway, job_ids: list[str], submission: str = "",
+                   supervisor: bool = False) -> int:
+    """Start one reaper for the leftovers of every Ray job id in `job_ids` (and `submission`'s
+    supervisor with `supervisor`); not waited for. Returns the status of Ray's answer."""
+    job_ids = [j for j in job_ids if re.fullmatch(r"[0-9a-f]{1,64}", j)]  # Ray's ids are hex
     # A job's `python`: the Ray user's environment, the one Ray runs from (the gateway's own may
     # be in a home that user cannot read).
-    argv = ["python", "-c", REAPER, str(job.get("job_id") or ""), submission,
-            "1" if supervisor else "0"]
-    body = {"entrypoint": shlex.join(argv), "metadata": {"rayfleet_reaper": submission},
+    argv = ["python", "-c", REAPER, ",".join(job_ids), submission, "1" if supervisor else "0"]
+    body = {"entrypoint": shlex.join(argv),
+            "metadata": {"rayfleet_reaper": submission or ",".join(job_ids)[:200]},
             "entrypoint_num_cpus": 0}
-    await gateway.upstream_post_json("/api/jobs/", body)
+    status, _ = await gateway.upstream_post_json("/api/jobs/", body)
+    return status
 
 
 async def enforce_hours(gateway: Gateway, jobs: list[dict[str, Any]], limit: float | None) -> None:

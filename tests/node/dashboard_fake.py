@@ -54,8 +54,9 @@ def _filtered(rows: list[dict[str, Any]], query: Any) -> list[dict[str, Any]]:
     filters = zip(query.getall("filter_keys", []), query.getall("filter_predicates", []),
                   query.getall("filter_values", []), strict=False)
     for key, predicate, value in filters:
-        assert predicate == "=", predicate  # the only predicate the dashboard sends
-        rows = [r for r in rows if str(r.get(key)) == value]
+        # The dashboard's page sends `=`; the gateway's survey of leftovers `!=`.
+        assert predicate in ("=", "!="), predicate
+        rows = [r for r in rows if (str(r.get(key)) == value) == (predicate == "=")]
     return rows
 
 

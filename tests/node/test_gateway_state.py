@@ -127,7 +127,9 @@ def test_maybe_active_counts_a_members_jobs_until_ray_reports_them_finished(tmp_
                 {"submission_id": "d", "status": "PENDING", "metadata": {"rayfleet_member": "bo"}}],
                5, 0.0)
     assert usage.maybe_active("id-ann") == 2 and usage.maybe_active("id-bo") == 1
-    usage.tick([{"submission_id": "a", "status": "STOPPED", "metadata": {"rayfleet_member": "ann"}}],
+    # Ray's list is always whole: a job it no longer lists was deleted (gateway_usage.gone_records).
+    usage.tick([{"submission_id": "a", "status": "STOPPED", "metadata": {"rayfleet_member": "ann"}},
+                {"submission_id": "b", "status": "RUNNING", "metadata": {"rayfleet_member": "ann"}}],
                5, 0.0)
     assert usage.maybe_active("id-ann") == 1 and usage.maybe_active("id-cy") == 0
 
