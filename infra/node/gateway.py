@@ -37,6 +37,7 @@ from typing import Any
 
 from infra.node import gateway_browser as gb
 from infra.node import gateway_dashboard as gd
+from infra.node import gateway_leftovers as leftovers
 from infra.node import gateway_packages as gk
 from infra.node import gateway_prices as gp
 from infra.node import gateway_state as gs
@@ -386,6 +387,7 @@ class Gateway(JobRoutes, gd.DashboardViews):
             await stops.enforce_hours(self, jobs, self.config.max_job_hours)
             await stops.enforce_budget(self, jobs, self.config.budget_usd)
             await stops.follow(self, jobs)
+            await leftovers.enforce(self, jobs)
             await self.close_removed()
             self.failures.prune()
         self.usage.save()
