@@ -17,7 +17,7 @@ from infra.cli import common, metrics_history
 from infra.core import jobs, state, ui
 from infra.core.endpoint import Endpoint
 from infra.core.metrics import prometheus as metrics
-from infra.core.metrics import report
+from infra.core.metrics import report, report_runs
 from infra.core.metrics.prometheus import MetricsError
 from infra.core.state import State
 from infra.node.files import atomic_write
@@ -170,18 +170,23 @@ def live_history(impl: Provider[Any, Any], current: State) -> dict[str, Any]:
                                per_node, int(current.info.metrics_scrape_s or 10))
 
 
-def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
-                 members: dict[str, Any] | None = None) -> Path:
-    """Write the report page of a running cluster (live) or of a gone one (the kept copy).
-    `members` (a shared cluster): the gateway's record, for the owner lane and the members'
-    table (`member_report`)."""
+def term_data(impl: Provider[Any, Any], cluster: str, members: dict[str, Any] | None = None,
+              since: float | None = None) -> tuple[dict[str, Any], str]:
+    """The report's data over every run of `cluster` from `since` on (each run kept at its
+    teardown, the running one live), and where it comes from. `members` (a shared cluster): the
+    gateway's record, for the owner lane and the members' table (`member_report`)."""
     current = state.read(cluster)
     running = current is not None and not current.empty
-    kept = metrics.history_path(cluster).exists()
+    parts = report_runs.runs(cluster, since)
     if running and current is not None and current.info.metrics_since:
-        data = live_history(impl, current)
-        where = "live from the cluster's Prometheus"
-    elif not kept and members is not None:
+        parts = [p for p in parts if p.get("cluster_id") != current.cluster_id]
+        parts.append({**live_history(impl, current), "cluster_id": current.cluster_id})
+    if parts:
+        data = report_runs.merge(cluster, parts, since)
+        where = (f"{len(parts)} run(s) of {cluster!r}"
+                 + (", the last live from its Prometheus" if running else "")
+                 + f"; kept runs in {report_runs.runs_dir(cluster)}")
+    elif members is not None:
         # A shared cluster without Prometheus (or gone with no history kept) still has the
         # gateway's record, kept here too: the members' table and their jobs over the cluster's
         # whole life, with no charts.
@@ -190,19 +195,32 @@ def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
                else "the cluster is gone and no metrics history of it was kept")
         where = (f"no charts: {why} (`metrics: prometheus` in its spec adds them); members and "
                  "jobs from the gateway's record")
-    elif running and not kept:
+    elif running:
         raise MetricsError(f"cluster {cluster!r} runs no Prometheus (metrics: none in its spec, "
                            "or none could be installed); set `metrics: prometheus` and run "
                            "`invoke up`")
     else:
-        data = metrics.load_kept(cluster)
-        where = f"from the copy kept at teardown ({metrics.history_path(cluster)})"
+        data = metrics.load_kept(cluster)  # its one line: nothing kept, and what to do
+        where = "from the copy kept at teardown"
     if members is not None:
         records = members["records"]
-        # Who ran a job is the gateway's record, not the metadata a job can set itself.
-        data = {**data, "members": members["rows"],
+        # Who ran a job is the gateway's record, not the metadata a job can set itself; a job
+        # the gateway recorded that no kept history lists (a run without Prometheus) is added.
+        listed = {job["job"] for job in data.get("jobs", [])}
+        extra = _gateway_only(cluster, {k: v for k, v in records.items()
+                                        if k not in listed})["jobs"]
+        data = {**data, "members": members["rows"], "budget_of": members.get("budget_of", ""),
                 "jobs": [{**job, "member": str((records.get(job["job"]) or {}).get("member")
-                                               or "owner")} for job in data.get("jobs", [])]}
+                                               or "owner")}
+                         for job in [*data.get("jobs", []), *extra]
+                         if since is None or float(job.get("start") or 0.0) >= since]}
+    return data, where
+
+
+def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
+                 members: dict[str, Any] | None = None, since: float | None = None) -> Path:
+    """Write the report page over every run of `cluster` (see `term_data`)."""
+    data, where = term_data(impl, cluster, members, since)
     path = out or Path(f"{cluster}-report.html")
     atomic_write(path, report.build(data, where))
     return path
@@ -226,10 +244,14 @@ def member_report(selected: Any, impl: Provider[Any, Any]) -> dict[str, Any]:
     Prometheus window): a row per member, and the gateway's record of every job."""
     from infra.cli import sharing as commands_sharing
     from infra.core.sharing import owner as sharing
+    from infra.core.sharing import term_people
 
     current = state.read(selected.name)
     rows = commands_sharing.member_rows(selected, impl, current)
-    return {"rows": rows, "records": sharing.read_usage(selected, None).get("jobs", {})}
+    # One row per person for the term: a name removed and added again is one person.
+    return {"rows": term_people.people(rows, selected.sharing),
+            "budget_of": term_people.budget_of(selected.sharing),
+            "records": sharing.read_usage(selected, None).get("jobs", {})}
 
 
 # --- the verbs ---------------------------------------------------------------------------------
@@ -241,10 +263,16 @@ def top_command(provider: str | None, cluster: str | None, once: bool, as_json: 
         top(impl, current, endpoint, once, as_json)
 
 
-def report_command(provider: str | None, cluster: str | None, out: str | None) -> None:
+def report_command(provider: str | None, cluster: str | None, out: str | None,
+                   as_json: bool = False, since: str | None = None) -> None:
     selected, impl = common.select(provider, cluster)
+    start = report_runs.since_of(since)
     members = member_report(selected, impl) if selected.sharing is not None else None
-    path = write_report(impl, selected.name, Path(out) if out else None, members)
+    if as_json:
+        data, where = term_data(impl, selected.name, members, start)
+        ui.out(json.dumps(report.as_json(data, where), indent=2), markup=False, soft_wrap=True)
+        return
+    path = write_report(impl, selected.name, Path(out) if out else None, members, start)
     size = path.stat().st_size
     ui.out(f"report written to {path} ({size / 1024:.0f} KiB; opens offline in any browser)",
            markup=False, soft_wrap=True)

@@ -11,6 +11,7 @@ from typing import Any
 from infra.core import ui
 from infra.core.errors import RayfleetError
 from infra.core.metrics import prometheus as metrics
+from infra.core.metrics import report_runs
 from infra.core.state import State
 from infra.providers.base import Provider, ProviderStatus
 
@@ -34,8 +35,8 @@ def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
     since = current.info.metrics_since
     if not since:
         return
-    kept = metrics.history_path(current.cluster)
-    earlier = f"; an earlier copy is in {kept}" if kept.exists() else ""
+    kept = report_runs.runs_dir(current.cluster)
+    earlier = f"; earlier runs are kept in {kept}" if kept.exists() else ""
     try:
         status = impl.status(current)
     except RayfleetError:
@@ -50,7 +51,8 @@ def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
             with impl.connect(current) as endpoint:
                 data = metrics.history(endpoint, current.cluster, float(since), per_node,
                                        int(current.info.metrics_scrape_s or 10))
-            path = metrics.keep(current.cluster, data)
+            # Its own file, by cluster id: a later run never overwrites this one.
+            path = report_runs.keep_run(current.cluster, current.cluster_id, data)
     except (RayfleetError, OSError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         ui.warn(f"metrics history NOT kept ({reason}){earlier}")

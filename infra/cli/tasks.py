@@ -498,18 +498,20 @@ def top(c: Context, provider: str | None = None, cluster: str | None = None, onc
     commands_metrics.top_command(provider, cluster, once, json)
 
 
-@task(help={**CLUSTER_HELP, "out": "Where to write the page (default: <cluster>-report.html)."})
+@task(help={**CLUSTER_HELP, "out": "Where to write the page (default: <cluster>-report.html).",
+            "json": "Print every job, member and node-hour as JSON instead (ISO 8601 times).",
+            "since": "Only from this date on (e.g. 2026-09-01, UTC): a new term's report."})
 @_one_line_errors
 def report(c: Context, provider: str | None = None, cluster: str | None = None,
-           out: str | None = None) -> None:
+           out: str | None = None, json: bool = False, since: str | None = None) -> None:
     """One self-contained HTML page of the cluster's life: nodes, use, jobs, members, cost.
 
-    From its Prometheus while it runs, from the copy kept at teardown after; a shared cluster's
-    members' table and jobs from the gateway's record over the cluster's whole life.
+    Every run of the cluster's name (each kept at its teardown by cluster id), the running one live
+    from its Prometheus; a shared cluster's members' table and jobs from the gateway's record.
     """
     from infra.cli import metrics as commands_metrics
 
-    commands_metrics.report_command(provider, cluster, out)
+    commands_metrics.report_command(provider, cluster, out, json, since)
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,12 +33,22 @@ def _number(value: float) -> str:
     return f"{value:.3g}"
 
 
+def nice_step(top: float, whole: bool = False) -> float:
+    """A tick step of 1, 2 or 5 times a power of ten giving about four ticks up to `top`."""
+    raw = top / 4
+    power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    return max(step, 1.0) if whole else step
+
+
 class _Frame:
     """The axes of one chart: maps (time, value) onto the plot area."""
 
-    def __init__(self, start: float, end: float, top: float) -> None:
+    def __init__(self, start: float, end: float, top: float, whole: bool = False) -> None:
         self.start, self.end = start, max(end, start + 1)
-        self.top = top if top > 0 else 1.0
+        # Ticks at round values (whole numbers for counts): never 0.275 nodes.
+        self.tick = nice_step(top if top > 0 else 1.0, whole)
+        self.top = self.tick * max(1, math.ceil((top if top > 0 else 1.0) / self.tick - 1e-9))
 
     def x(self, t: float) -> float:
         return LEFT + (t - self.start) / (self.end - self.start) * (WIDTH - LEFT - RIGHT)
@@ -49,8 +60,8 @@ class _Frame:
         parts = [f'<line x1="{LEFT}" y1="{HEIGHT - BOTTOM}" x2="{WIDTH - RIGHT}" '
                  f'y2="{HEIGHT - BOTTOM}" stroke="#444"/>',
                  f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{HEIGHT - BOTTOM}" stroke="#444"/>']
-        for i in range(5):
-            value = self.top * i / 4
+        for i in range(round(self.top / self.tick) + 1):
+            value = self.tick * i
             y = self.y(value)
             parts.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" '
                          'stroke="#ddd"/>')
@@ -83,7 +94,7 @@ def line_chart(name: str, lines: Sequence[tuple[str, Points]], unit: str = "",
         return _empty(name, "no data in this period")
     times = [t for _, pts in lines for t, _ in pts]
     highest = max(v for _, pts in lines for _, v in pts)
-    frame = _Frame(min(times), max(times), top if top is not None else highest * 1.1)
+    frame = _Frame(min(times), max(times), top if top is not None else highest * 1.1, step)
     parts = [frame.axes(unit)]
     for i, (label, pts) in enumerate(lines):
         colour = COLOURS[i % len(COLOURS)]
