@@ -9,6 +9,8 @@ tick the gateway checks it:
   is killed, which SIGKILLs the driver's process group (Ray's own parent-death watch);
 - the job has ended: its actors still alive (detached ones outlive a job) are killed and its
   placement groups removed, once, by the reaper below.
+What a job that ended by itself left alive is gateway_leftovers.py's: charged to its member, and
+reaped by the same reaper once the member is past a limit.
 Ray offers no HTTP call that kills an actor or removes a placement group, so the reaper is a
 short Ray job of the gateway's own (it runs as Ray's user inside the cluster, like the job it
 cleans up after). What no stop reaches: processes a job detached from its own tree (a double
