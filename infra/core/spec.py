@@ -118,6 +118,10 @@ class Sharing(StrictModel):
     max_upload_mb: float = Field(100, gt=0, le=10 * 1024)
     #: What all of one member's uploads may add up to, in MB.
     max_member_upload_mb: float = Field(2048, gt=0, le=1024 * 1024)
+    #: Members' jobs may install packages (runtime_env `pip`, `uv`). A package installs by
+    #: running its own code on the node, outside the job and beyond its stop: off unless the
+    #: owner trusts every member with that.
+    members_may_pip: bool = False
     #: Where rayfleet cannot create a separate Unix user for Ray (slurm, local), members' jobs
     #: run as the owner's own account: the owner says so here, knowingly.
     members_run_as_owner: bool = False

@@ -33,6 +33,8 @@ class Config:
     #: One working-dir upload of a member, and all of a member's uploads together (MB).
     max_upload_mb: float = 100.0
     max_member_upload_mb: float = 2048.0
+    #: Members' submits may carry runtime_env `pip` and `uv` (gateway_submit.py).
+    members_may_pip: bool = False
     #: A member's next submit is refused once their jobs have run this many hours, or cost this
     #: many dollars (their share, gateway_state.Usage); None: no limit.
     member_budget_hours: float | None = None

@@ -3,7 +3,9 @@
 Who a job is comes from the gateway's own record, made at a member's submit under their random
 member id (gateway_state.Usage): Ray's job metadata is shown, never believed, since code inside
 the cluster can set it on the jobs it starts. A job of another member is answered as Ray answers
-a job that does not exist, so the stock CLI says so instead of blaming the member's token. The
+a job that does not exist, so the stock CLI says so instead of blaming the member's token; so is
+an answer of Ray's about another job than the one asked for (`verified`: Ray reads an id as a Ray
+job id first), and a job is acted on only by the id Ray's answer was checked for. The
 gateway's class (gateway.py) takes these routes in; split out to keep each file one concern.
 Ray and what Ray brings only.
 """
@@ -20,6 +22,9 @@ from infra.node import gateway_submit as gm
 from infra.node import gateway_target as gt
 
 _ACTIVE = ("PENDING", "RUNNING")
+#: What a member may do to a job of theirs: (path after its id, method).
+_MEMBER_ACTIONS = (("", "GET"), ("", "DELETE"), ("/logs", "GET"), ("/logs/tail", "GET"),
+                   ("/stop", "POST"))
 
 
 def reply(status: int, text: str) -> Any:
@@ -31,6 +36,13 @@ def reply(status: int, text: str) -> Any:
 
 def job_key(job: dict[str, Any]) -> str:
     return str(job.get("submission_id") or job.get("job_id"))
+
+
+def submission_of(job: dict[str, Any]) -> str | None:
+    """A job's submission id; None for a driver started inside the cluster, which is never a
+    member's (a record's id is a submission id, never a Ray job id: gateway_target)."""
+    submission = job.get("submission_id")
+    return submission if isinstance(submission, str) and submission else None
 
 
 class JobRoutes:
@@ -78,7 +90,8 @@ class JobRoutes:
         if not isinstance(body, dict):
             return reply(400, "the job submission is not a JSON object"), None
         try:
-            job, body = gm.prepare(body, who, self.usage.recorded)
+            job, body = gm.prepare(body, who, self.usage.recorded,
+                                   may_pip=self.config.members_may_pip)
         except gm.Refused as exc:
             return reply(400, str(exc)), None
         lock = self.locks.setdefault(who.id, asyncio.Lock())
@@ -127,8 +140,7 @@ class JobRoutes:
         status, jobs = await self.ray_jobs()
         if status != 200:
             return reply(502, f"the cluster's job API answered {status}; try again")
-        running = [j for j in jobs if self.usage.member_id_of(job_key(j)) == who.id
-                   and j.get("status") in _ACTIVE]
+        running = [j for j in jobs if self.owns(who, j) and j.get("status") in _ACTIVE]
         if len(running) >= cap:
             return reply(429, f"member {who.name} has {len(running)} pending or running jobs, "
                                f"the cluster's cap (sharing.max_running_jobs_per_member) is "
@@ -137,6 +149,13 @@ class JobRoutes:
 
     def mine(self, who: gs.Member, job_id: str) -> bool:
         return who.sees_all or self.usage.member_id_of(job_id) == who.id
+
+    def owns(self, who: gs.Member, job: dict[str, Any]) -> bool:
+        """`job` of Ray's list is `who`'s: by its submission id in the gateway's record (a
+        driver's Ray job id names no member's job, whatever a record's id looks like)."""
+        submission = submission_of(job)
+        return who.sees_all or (submission is not None and
+                                self.usage.member_id_of(submission) == who.id)
 
     async def list_jobs(self, request: Any, who: gs.Member) -> Any:
         from aiohttp import web
@@ -149,7 +168,7 @@ class JobRoutes:
         viewer = "*" if who.sees_all else who.id  # "*" is no member id
         text = self._rendered.get(viewer)
         if text is None:
-            visible = [self.with_reason(j) for j in jobs if self.mine(who, job_key(j))]
+            visible = [self.with_reason(j) for j in jobs if self.owns(who, j)]
             text = self._rendered[viewer] = self.scrub(json.dumps(visible))
         return web.Response(status=200, content_type="application/json", text=text)
 
@@ -164,22 +183,48 @@ class JobRoutes:
             # As Ray answers a job that does not exist: the stock CLI then says so, instead of
             # Ray's paragraph about an invalid token.
             return reply(404, f"Job {job_id} does not exist")
+        method = request.method
+        if (action, method) not in _MEMBER_ACTIONS:
+            return reply(403, f"{method} /api/jobs/{job_id}{action} is not open to members")
+        job, refused = await self.verified(who, job_id)
+        if job is None:
+            return refused
+        # Acted on by the id Ray answered for, the one just checked: never by what was asked.
+        key = submission_of(job) or job_id
+        if action == "":
+            if method == "GET":
+                return web.Response(status=200, content_type="application/json",
+                                    text=self.scrub(json.dumps(self.with_reason(job))))
+            return await self.forward(request, who, gt.Target(gt.job_path(key)))
+        if action == "/logs/tail":
+            return await self.tail(request, who, key)
+        if action == "/stop":
+            return await self.stop_verified(who, key)
+        return await self.forward(request, who, gt.Target(gt.job_path(key, action)))
+
+    async def verified(self, who: gs.Member, job_id: str) -> tuple[dict[str, Any] | None, Any]:
+        """Ray's answer about `job_id` when it is about the job asked for, with None; else None
+        and the answer to give. Ray reads an id first as a Ray job id (8 hex digits, a driver's)
+        and only then as a submission id (`find_job_by_ids`): a member's job is the one whose
+        submission id is the id their record holds, and any other answer is, to them, a job that
+        does not exist. Admins and the owner, who may act on every job, take Ray's reading."""
         status, job = await self.upstream_json("GET", gt.job_path(job_id))
         if status != 200 or not isinstance(job, dict):
-            return reply(status if status != 200 else 502, f"Job {job_id} does not exist")
-        method = request.method
-        if action == "" and method == "GET":
-            return web.Response(status=200, content_type="application/json",
-                                text=self.scrub(json.dumps(self.with_reason(job))))
-        if action == "/logs/tail" and method == "GET":
-            return await self.tail(request, who, job_id)
-        if action == "/stop" and method == "POST":
-            return await self.stop_action(who, job_id)
-        if (action, method) in (("", "DELETE"), ("/logs", "GET")):
-            return await self.forward(request, who, gt.Target(gt.job_path(job_id, action)))
-        return reply(403, f"{method} /api/jobs/{job_id}{action} is not open to members")
+            return None, reply(status if status != 200 else 502, f"Job {job_id} does not exist")
+        if not who.sees_all and submission_of(job) != job_id:
+            return None, reply(404, f"Job {job_id} does not exist")
+        return job, None
 
     async def stop_action(self, who: gs.Member, job_id: str) -> Any:
+        """The owner's stop (their other job requests go to Ray as they are): resolved as Ray
+        resolves `job_id`, then stopped and followed by the submission id Ray answered with, so
+        that the stop is recorded on, and followed for, the job it stopped."""
+        job, refused = await self.verified(who, job_id)
+        if job is None:
+            return refused
+        return await self.stop_verified(who, submission_of(job) or job_id)
+
+    async def stop_verified(self, who: gs.Member, job_id: str) -> Any:
         from aiohttp import web
 
         by = "the owner" if who.role == "owner" else f"{who.role} {who.name}"

@@ -16,8 +16,13 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-#: A job's submission id as members may name it: Ray's own ids (`raysubmit_<16 letters>`) fit.
+#: A job's id in a request's path: Ray's own submission ids (`raysubmit_<16 letters>`) and Ray job
+#: ids (`02000000`) fit. Which ids a member may give a job of theirs: `member_may_name`.
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: What Ray reads as a Ray job id (`JobID.from_hex`: hex of JobID's 4 bytes, either case). Ray's
+#: job API (`find_job_by_ids`) tries an id as that first, then as a submission id: a submission
+#: named `02000000` was answered with whichever job holds Ray job id 02000000.
+RAY_JOB_ID = re.compile(r"[0-9a-fA-F]{8}")
 #: Encoded characters that would change the path's structure once decoded.
 _ENCODED_STRUCTURE = re.compile(r"%(2f|5c|3f|23|25)", re.IGNORECASE)
 #: What stays unescaped when the authorized path is encoded for Ray (RFC 3986's pchar, no `;`).
@@ -72,6 +77,17 @@ def read(raw: str) -> Target:
 def job_id_or_none(text: str) -> str | None:
     """`text` when it is a submission id the gateway accepts, else None."""
     return text if JOB_ID.fullmatch(text) else None
+
+
+def member_may_name(text: str) -> str | None:
+    """Why a member may not give a job of theirs the submission id `text`, or None when they
+    may: one id means one job, in Ray's job API as in the gateway's records."""
+    if JOB_ID.fullmatch(text) is None:
+        return "1 to 64 letters, digits, '_' or '-'"
+    if RAY_JOB_ID.fullmatch(text):
+        return ("8 hex digits is how Ray names a Ray job id, and Ray reads such an id as one "
+                "(another job's); use another id, e.g. with a letter past 'f', or leave it out")
+    return None
 
 
 def job_path(job_id: str, action: str = "") -> str:

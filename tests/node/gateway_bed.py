@@ -39,6 +39,24 @@ class Upstream:
 
     seen: list[tuple[str, str, bytes]] = field(default_factory=list)
     packages: dict[str, bytes] = field(default_factory=dict)
+    #: Ray's job list (JOBS at the start; a test adds or changes jobs here).
+    jobs: list[dict[str, Any]] = field(default_factory=lambda: [dict(j) for j in JOBS])
+    #: What "Ray" acted on: method, action (`/stop`, `/logs`, "" for DELETE) and the submission
+    #: id of the job it resolved the request's id to.
+    acted: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def find_job_by_ids(jobs: list[dict[str, Any]], job_id: str) -> dict[str, Any] | None:
+    """The job Ray's job API answers for `job_id`, in Ray's order (ray/dashboard/modules/job/
+    utils.py `find_job_by_ids`): a driver started inside the cluster with that Ray job id, then
+    a submission whose driver holds that Ray job id, and only then a submission of that id."""
+    for found in (
+            [j for j in jobs if not j["submission_id"] and j["job_id"] == job_id],
+            [j for j in jobs if j["submission_id"] and j["job_id"] == job_id],
+            [j for j in jobs if j["submission_id"] == job_id]):
+        if found:
+            return found[0]
+    return None
 
 
 @dataclass
@@ -101,15 +119,25 @@ async def _upstream_app(upstream: Upstream) -> Any:
         upstream.seen.append((request.method, request.raw_path, body))
         path = request.path
         if path == "/api/jobs/" and request.method == "GET":
-            return web.json_response(JOBS)
+            return web.json_response(upstream.jobs)
         if path == "/api/jobs/" and request.method == "POST":
-            return web.json_response({"submission_id": json.loads(body)["submission_id"]})
+            submitted = json.loads(body)["submission_id"]  # Ray's answer: both names of the id
+            return web.json_response({"job_id": submitted, "submission_id": submitted})
+        if path == "/api/version":
+            return web.json_response({"version": "4", "ray_version": "2.60.0",
+                                      "ray_commit": "b7f4259e944bf6959f721b106adc366ddfa0c356"})
         if path.startswith("/api/jobs/"):
-            job = path.split("/")[3]
-            found = [j for j in JOBS if j["submission_id"] == job]
-            if not found:
-                return web.Response(status=404, text=f"Job {job} does not exist")
-            return web.json_response(found[0] if path.count("/") == 3 else {"ok": True})
+            job_id = path.split("/")[3]
+            job = find_job_by_ids(upstream.jobs, job_id)
+            if job is None:
+                return web.Response(status=404, text=f"Job {job_id} does not exist")
+            if path.count("/") == 3 and request.method == "GET":
+                return web.json_response(job)
+            if not job["submission_id"]:  # as Ray: its logs, stop and delete take submissions only
+                return web.Response(status=400, text="Can only act on submission type jobs")
+            upstream.acted.append((request.method, path[len(f"/api/jobs/{job_id}"):],
+                                   job["submission_id"]))
+            return web.json_response(job if path.count("/") == 3 else {"ok": True})
         if path.startswith("/api/packages/"):
             name = path.rsplit("/", 1)[1]
             if request.method == "PUT":

@@ -205,6 +205,7 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         members_see_dashboard=selected.sharing.members_see_dashboard,
         max_upload_mb=selected.sharing.max_upload_mb,
         max_member_upload_mb=selected.sharing.max_member_upload_mb,
+        members_may_pip=selected.sharing.members_may_pip,
         member_budget_hours=selected.sharing.member_budget_hours,
         member_budget_usd=selected.sharing.member_budget_usd,
         budget_usd=selected.sharing.budget_usd,
