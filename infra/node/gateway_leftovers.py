@@ -13,7 +13,7 @@ member's submission left is theirs even after Ray forgot the submission:
   reached `member_budget_hours`/`member_budget_usd`, or the member was removed or expired; and,
   for every job's leftovers, once the cluster's `budget_usd` was reached, so that autodown (which
   counts any live actor as busy) takes the cluster down. A reaper is started at most once every
-  RETRY_S per Ray job id while its leftovers live.
+  RETRY_S per Ray job id while its leftovers live, MAX_TRIES times.
 What a job's code starts as a driver of its own (`ray.init` in a subprocess) gets a Ray job id of
 its own, with no submission behind it: nothing ties it to the member, so only the cluster's
 budget reaches its leftovers. Ray and what Ray brings only.
@@ -33,8 +33,9 @@ _NOT = "filter_keys=state&filter_predicates=%21%3D&filter_values="
 #: Every actor not DEAD, every placement group not REMOVED (Ray's state API caps a list at 10000).
 ACTORS = ("/api/v0/actors", f"detail=1&limit=10000&{_NOT}DEAD")
 GROUPS = ("/api/v0/placement_groups", f"detail=1&limit=10000&{_NOT}REMOVED")
-#: Seconds before a reaper is started again for leftovers still alive.
-RETRY_S = 15.0
+#: Seconds before a reaper is started again for leftovers still alive, and how many times: a
+#: leftover no reaper removes must not start one forever (each keeps autodown busy a moment).
+RETRY_S, MAX_TRIES = 15.0, 5
 #: Ray's own actors (job supervisors and the like) live in these namespaces: never a leftover.
 INTERNAL_NAMESPACES = ("_ray_internal", "SUPERVISOR_ACTOR_RAY_NAMESPACE")
 
@@ -143,16 +144,17 @@ async def enforce(gateway: Gateway, jobs: list[dict[str, Any]]) -> None:
     gateway.usage.holdings = held
     due = doomed(gateway, jobs, held)
     now = time.monotonic()
-    retry = gateway.usage.reaping
-    for job_id in list(retry):
+    tried = gateway.usage.reaping
+    for job_id in list(tried):
         if job_id not in held:
-            del retry[job_id]  # gone: nothing left to reap
-    wanted = [j for j in due if now - retry.get(j, -RETRY_S) >= RETRY_S]
+            del tried[job_id]  # gone: nothing left to reap
+    wanted = [j for j in due if j not in tried
+              or (now - tried[j][0] >= RETRY_S and tried[j][1] < MAX_TRIES)]
     if not wanted:
         return
     status = await stops.reap_ids(gateway, wanted)
     for job_id in wanted:
-        retry[job_id] = now
+        tried[job_id] = (now, tried.get(job_id, (now, 0))[1] + 1)
         key, why = due[job_id]
         if key is not None:
             gateway.usage.note(key, leftovers_reaped=gs.now_iso(), leftovers_reason=why)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.node import gateway_removed as gr
 from infra.node import gateway_usage as gu
 from infra.node.files import atomic_write
 
@@ -81,6 +82,7 @@ class Members:
         self.path = path
         self._stamp: tuple[int, int] | None = None
         self._by_hash: dict[str, Member] = {}
+        self._gone = gr.Gone()
 
     def _refresh(self) -> None:
         try:
@@ -108,7 +110,17 @@ class Members:
         owner = data.get("owner")
         if isinstance(owner, dict) and owner.get("token_sha256"):
             self._by_hash[str(owner["token_sha256"])] = OWNER
+        self._gone.read(data.get("removed"), legacy_id)
         self._stamp = stamp
+
+    def gone(self) -> gr.Gone:
+        """The removed entries, as the file now says (gateway_removed.py)."""
+        self._refresh()
+        return self._gone
+
+    def person_ids(self, member: Member) -> tuple[str, ...]:
+        """`member`'s id and their earlier entries' (the same name, removed): one budget."""
+        return (member.id, *self.gone().earlier_ids(member.name, member.id))
 
     def ids(self) -> set[str]:
         """The ids of every member who may still act (the owner's too)."""
@@ -284,10 +296,10 @@ class Usage:
             return None
         return str(entry.get("member_id") or legacy_id(str(entry["member"])))
 
-    def spent(self, member_id: str) -> tuple[float, float]:
-        """The job-hours and dollars of every job the gateway recorded as `member_id`'s."""
+    def spent(self, *member_ids: str) -> tuple[float, float]:
+        """The job-hours and dollars of every job the gateway recorded as one of `member_ids`'."""
         own = [entry for key, entry in self.data["jobs"].items()
-               if self.member_id_of(key) == member_id]
+               if self.member_id_of(key) in member_ids]
         return (sum(job_hours(entry) for entry in own),
                 sum(float(entry.get("cost", 0.0)) for entry in own))
 
