@@ -162,7 +162,7 @@ class HeadAccess(abc.ABC):
     def ensure_daemon(self, module: str, config_path: str, config_text: str,
                       secrets: dict[str, bytes] | None = None, log: str = "",
                       user: str | None = None, copies: tuple[str, ...] = (),
-                      replace: bool = True, wait: bool = True) -> bool:
+                      replace: bool = True, wait: bool = True, restart: str = "on-failure") -> bool:
         """Run `python -m <module> --config <config_path>` (a module of the node package) on the
         head, supervised (infra/node/supervise.py: started again within seconds whenever it dies,
         until it exits 0), unless it runs with this config; one whose config differs is started
@@ -171,7 +171,9 @@ class HeadAccess(abc.ABC):
         (path -> content) go first as 0600 files; no secret is ever on a command line. `user`,
         `copies`: as `remote_head.install_daemon`. `wait` False: return before its supervisor has
         started, where that start is this command's own (a head on this machine, beside a Ray
-        that is starting); a remote head's start is one SSH command either way."""
+        that is starting); a remote head's start is one SSH command either way. `restart`: the
+        supervisor's restart policy (infra/node/supervise.py POLICIES; `always` also restarts a
+        daemon that exits 0: the sharing gateway)."""
 
     @abc.abstractmethod
     def stop_daemon(self, config_path: str, user: str | None = None) -> None:
@@ -314,7 +316,7 @@ class LocalHead(HeadAccess):
     def ensure_daemon(self, module: str, config_path: str, config_text: str,
                       secrets: dict[str, bytes] | None = None, log: str = "",
                       user: str | None = None, copies: tuple[str, ...] = (),
-                      replace: bool = True, wait: bool = True) -> bool:
+                      replace: bool = True, wait: bool = True, restart: str = "on-failure") -> bool:
         """The supervisor is `infra.node.supervise.ensure`, run from this checkout."""
         config = Path(self.head_path(config_path))
         pidfile = Path(remote_head.pidfile(str(config)))
@@ -327,7 +329,7 @@ class LocalHead(HeadAccess):
         atomic_write(config, config_text, mode=0o600)
         return supervise.ensure([sys.executable, "-m", module, "--config", str(config)], pidfile,
                                 Path(self.head_path(log or f"{config_path}.log")),
-                                cwd=str(paths.PROJECT_ROOT), wait=wait)
+                                cwd=str(paths.PROJECT_ROOT), wait=wait, restart=restart)
 
     def stop_daemon(self, config_path: str, user: str | None = None) -> None:
         """Its config stays: the next `ensure_daemon` compares against it."""
@@ -422,10 +424,11 @@ class SharedFsHead(HeadAccess):
     def ensure_daemon(self, module: str, config_path: str, config_text: str,
                       secrets: dict[str, bytes] | None = None, log: str = "",
                       user: str | None = None, copies: tuple[str, ...] = (),
-                      replace: bool = True, wait: bool = True) -> bool:
+                      replace: bool = True, wait: bool = True, restart: str = "on-failure") -> bool:
         """The secrets, then the config last: the job starts the daemon as soon as it is there
         (True: no config was there before). A daemon the job already started keeps its settings
-        until the next job, whatever `replace` says (said in one line when they changed)."""
+        until the next job, whatever `replace` says (said in one line when they changed). The
+        job's script gives each daemon its restart policy (templates/slurm.sbatch.j2)."""
         before = self.read(config_path)
         if before is not None and before.strip() != config_text.strip() and replace:
             ui.warn(f"{module.rsplit('.', 1)[-1]}: the head's job started it with the settings "

@@ -89,14 +89,14 @@ class SshHead(HeadAccess):
     def ensure_daemon(self, module: str, config_path: str, config_text: str,
                       secrets: dict[str, bytes] | None = None, log: str = "",
                       user: str | None = None, copies: tuple[str, ...] = (),
-                      replace: bool = True, wait: bool = True) -> bool:
+                      replace: bool = True, wait: bool = True, restart: str = "on-failure") -> bool:
         if not replace:
             _text, status = self.read_with_status(config_path, config_path, user)
             if status is not None and status.get("running"):
                 return False
         return remote_head.install_daemon(self.target, module, config_path, config_text, secrets,
                                           python=self.python, activate=self.activate, log=log,
-                                          user=user, copies=copies)
+                                          user=user, copies=copies, restart=restart)
 
     def stop_daemon(self, config_path: str, user: str | None = None) -> None:
         remote_head.stop_daemon(self.target, config_path, self.python, self.activate, user)

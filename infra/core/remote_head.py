@@ -221,10 +221,10 @@ def pidfile(config_path: str) -> str:
 def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_text: str,
                    secrets: dict[str, bytes] | None = None, python: str = "python3",
                    activate: str = "", log: str = "", user: str | None = None,
-                   copies: tuple[str, ...] = ()) -> bool:
+                   copies: tuple[str, ...] = (), restart: str = "on-failure") -> bool:
     """Run `python -m <module> --config <config_path>` (a module of the node package) on the
-    head, supervised: started again within seconds whenever it dies, until it exits 0; True when
-    this call started it.
+    head, supervised: started again within seconds whenever it dies, until it exits 0 (with
+    `restart` "always": whenever it ends unasked, exit 0 included); True when this call started it.
 
     The public "run this daemon supervised on the head". Puts the package's zip, `config_text`
     (0600) and `secrets` (`~/`-relative path -> content, 0600) on the head through SFTP, then, in
@@ -248,7 +248,7 @@ def install_daemon(target: ssh.SshTarget, module: str, config_path: str, config_
         files.update({path: (data, 0o644) for path, data in _installer().items()})
     remote_zip = put_files(target, files)
     daemon = f'"{python}" -m {module} --config {home_word(config_path)}'
-    args = (f"ensure --pidfile {home_word(pidfile(config_path))} "
+    args = (f"ensure --restart {shlex.quote(restart)} --pidfile {home_word(pidfile(config_path))} "
             f"--log {home_word(log or f'{config_path}.log')} "
             f"--replace-config {home_word(staged)} {home_word(config_path)} -- {daemon}")
     if user is None:

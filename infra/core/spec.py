@@ -118,6 +118,14 @@ class Sharing(StrictModel):
     max_upload_mb: float = Field(100, gt=0, le=10 * 1024)
     #: What all of one member's uploads may add up to, in MB.
     max_member_upload_mb: float = Field(2048, gt=0, le=1024 * 1024)
+    #: Connections one member may hold open to the gateway at once (each carries one request at a
+    #: time; a log tail holds one while it runs); past it the gateway answers 429.
+    max_member_connections: int = Field(16, ge=2, le=1000)
+    #: Working-dir uploads one member may stream through the gateway at once; past it 429.
+    max_member_uploads: int = Field(2, ge=1, le=100)
+    #: Log tails (`ray job logs --follow`, the dashboard's log view) one member may hold open at
+    #: once; past it 429.
+    max_member_tails: int = Field(4, ge=1, le=100)
     #: Members' jobs may install packages (runtime_env `pip`, `uv`). A package installs by
     #: running its own code on the node, outside the job and beyond its stop: off unless the
     #: owner trusts every member with that.

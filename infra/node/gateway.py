@@ -38,6 +38,7 @@ from typing import Any
 from infra.node import gateway_browser as gb
 from infra.node import gateway_dashboard as gd
 from infra.node import gateway_leftovers as leftovers
+from infra.node import gateway_limits as gl
 from infra.node import gateway_packages as gk
 from infra.node import gateway_prices as gp
 from infra.node import gateway_state as gs
@@ -57,8 +58,8 @@ _JOB = re.compile(r"/api/jobs/([^/]+)(/logs|/logs/tail|/stop)?/?")
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
         "transfer-encoding", "upgrade", "host", "content-length", "content-encoding",
         "authorization", "x-ray-authorization", "cookie", "set-cookie"}
-#: No call to Ray that the gateway makes or relays takes longer (a log stream excepted).
-UPSTREAM_TIMEOUT_S = 120.0
+#: No call to Ray that the gateway relays takes longer (gateway_limits: its own take less).
+UPSTREAM_TIMEOUT_S = gl.UPSTREAM_TIMEOUT_S
 
 
 class Gateway(JobRoutes, gd.DashboardViews):
@@ -74,7 +75,11 @@ class Gateway(JobRoutes, gd.DashboardViews):
         self._token_file = gs.SecretFile(config.token_path)
         self._secret_files = [gs.SecretFile(p) for p in config.secret_paths]
         self.locks: dict[str, asyncio.Lock] = {}
+        #: Members' calls to Ray, and the gateway's own (its tick), each in its own pool.
         self.session: Any = None
+        self.own_session: Any = None
+        self.caps = gl.Caps(config)  # per member: connections, uploads, log tails
+        self.doorman = gl.Doorman(self.caps)
         #: Open log streams per member id: a removed member's are closed (`close_removed`).
         self.tails: dict[str, set[Any]] = {}
         # Ray's job list as last answered, parsed once per distinct answer, and each viewer's
@@ -146,6 +151,10 @@ class Gateway(JobRoutes, gd.DashboardViews):
             self.audit.write(**seen, status=403)
             return reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
         seen.update(who=who.name, member_id=who.id, role=who.role)
+        refused = self.doorman.sign_in(request, who)  # one connection more than their cap
+        if refused is not None:
+            self.audit.write(**seen, status=429)
+            return refused
         if gs.expired(who):
             self.audit.write(**seen, status=403)
             return reply(403, f"member {who.name}'s access expired on {who.expires}; ask the "
@@ -179,7 +188,8 @@ class Gateway(JobRoutes, gd.DashboardViews):
             return await self.forward(request, who, target), None
         package = gk.PACKAGE_PATH.fullmatch(path)
         if package and method in ("GET", "PUT", "HEAD"):
-            return await gk.handle(self, request, who, package.group(1), package.group(2)), None
+            return await self.caps.run(gl.UPLOADS if method == "PUT" else None, who, lambda: gk.handle(
+                self, request, who, package.group(1), package.group(2))), None
         if path in ("/api/jobs", "/api/jobs/"):
             if method == "POST":
                 return await self.submit(request, who)
@@ -256,22 +266,18 @@ class Gateway(JobRoutes, gd.DashboardViews):
     async def upstream_raw(self, method: str, path: str, query: str = "") -> tuple[int, bytes]:
         """`path` is one the gateway built itself (ids checked and quoted), with its query after
         a `?` or in `query`."""
-        from aiohttp import ClientTimeout
-
         path, _, inline = path.partition("?")
         query = query or inline
-        async with self.session.request(method, self.upstream_url(gt.Target(path, query)),
-                                        headers=self.upstream_headers(),
-                                        timeout=ClientTimeout(total=UPSTREAM_TIMEOUT_S)) as answer:
+        session, timeout = gl.pick(self)  # in the tick: the gateway's own session
+        async with session.request(method, self.upstream_url(gt.Target(path, query)),
+                                   headers=self.upstream_headers(), timeout=timeout) as answer:
             return answer.status, await answer.read()
 
     async def upstream_post_json(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         """POST `body` as JSON to `path`, one the gateway built itself (the reaper's submit)."""
-        from aiohttp import ClientTimeout
-
-        async with self.session.post(self.upstream_url(gt.Target(path)), json=body,
-                                     headers=self.upstream_headers(),
-                                     timeout=ClientTimeout(total=UPSTREAM_TIMEOUT_S)) as answer:
+        session, timeout = gl.pick(self)
+        async with session.post(self.upstream_url(gt.Target(path)), json=body,
+                                headers=self.upstream_headers(), timeout=timeout) as answer:
             return answer.status, await answer.read()
 
     async def ray_jobs(self) -> tuple[int, list[dict[str, Any]]]:
@@ -307,31 +313,10 @@ class Gateway(JobRoutes, gd.DashboardViews):
         return web.Response(status=answer.status, body=content, headers=headers)
 
     async def tail(self, request: Any, who: gs.Member, job_id: str) -> Any:
-        """Ray's log stream (a WebSocket), relayed message by message; closed when `who` is
-        removed (`close_removed`)."""
-        from aiohttp import WSMsgType, web
-
-        client = web.WebSocketResponse()
-        await client.prepare(request)
-        open_tails = self.tails.setdefault(who.id, set())
-        open_tails.add(client)
-        try:
-            async with self.session.ws_connect(self.upstream_url(
-                    gt.Target(gt.job_path(job_id, "/logs/tail"))),
-                    headers=self.upstream_headers()) as ray:
-                async for message in ray:
-                    if client.closed:
-                        break
-                    if message.type == WSMsgType.TEXT:
-                        await client.send_str(self.scrub(message.data))
-                    elif message.type == WSMsgType.BINARY:
-                        await client.send_bytes(self.scrub_bytes(message.data))
-                    else:
-                        break
-        finally:
-            open_tails.discard(client)
-        await client.close()
-        return client
+        """Ray's log stream (a WebSocket), relayed within `who`'s cap and time (gateway_limits);
+        closed when `who` is removed (`close_removed`)."""
+        return await gl.relay_tail(self, request, who, self.upstream_url(
+            gt.Target(gt.job_path(job_id, "/logs/tail"))))
 
     async def close_removed(self) -> None:
         """Close the log streams of members no longer in the members file (or expired)."""
@@ -355,19 +340,26 @@ class Gateway(JobRoutes, gd.DashboardViews):
 
     async def watch(self) -> None:
         """Account usage, stop member jobs past max_job_hours and every job past the cluster's
-        budget, save; exit once Ray is gone."""
+        budget, save; every `poll_seconds` for as long as the gateway runs. A tick that fails
+        (whatever it raised) is said in one line and tried again at the next; while Ray does not
+        answer, members get 502 and the ticks go on (what Ray ran meanwhile is caught up at the
+        first tick it answers). The gateway never ends itself: its supervisor stops it."""
+        gl.OWN.set(True)  # this task's calls to Ray take the gateway's own session
         self._last_tick = time.monotonic()
-        down_since: float | None = None
+        away = False
         while True:
             await asyncio.sleep(self.config.poll_seconds)
-            now = time.monotonic()
-            if await self.account() != 200:
-                down_since = down_since or now
-                if now - down_since > self.config.upstream_grace_s:
-                    print(f"the dashboard at {self.config.upstream} is gone; exiting", flush=True)
-                    sys.exit(0)
+            try:
+                status = await self.account()
+            except Exception as exc:  # no failure may end the enforcement
+                print(self.scrub(f"gateway: a tick failed ({type(exc).__name__}: {exc!s:.200}); "
+                                 f"trying again in {self.config.poll_seconds:g} s"), flush=True)
                 continue
-            down_since = None
+            if (status != 200) != away:
+                away = status != 200
+                print(f"gateway: Ray's dashboard at {self.config.upstream} answered {status}"
+                      + ("; members get 502 until it answers, ticks go on" if away else
+                         " again; ticks catch up"), flush=True)
 
     async def account(self, enforce: bool = True) -> int:
         """One tick: Ray's job list into the usage (each member job's times, the cost since the
@@ -383,20 +375,22 @@ class Gateway(JobRoutes, gd.DashboardViews):
         self.usage.tick(jobs, now - self._last_tick, await self.hourly_price())
         self.ticked = True
         self._last_tick = now
-        if enforce:
+        if not enforce:
+            self.usage.save()
+            return status
+        try:  # saved whatever enforcement raises (the tick's caller says what)
             await stops.enforce_hours(self, jobs, self.config.max_job_hours)
             await stops.enforce_budget(self, jobs, self.config.budget_usd)
             await stops.follow(self, jobs)
             await leftovers.enforce(self, jobs)
             await self.close_removed()
             self.failures.prune()
-        self.usage.save()
+        finally:
+            self.usage.save()
         return status
 
     async def start(self) -> None:
-        from aiohttp import ClientSession, ClientTimeout
-
-        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
+        self.session, self.own_session = gl.sessions()
         self._watcher = asyncio.create_task(self.watch())
 
     async def shutdown(self) -> None:
@@ -406,11 +400,13 @@ class Gateway(JobRoutes, gd.DashboardViews):
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        gl.OWN.set(True)  # the last tick is the gateway's own too
         with contextlib.suppress(Exception):
             # Within the supervisor's grace before SIGKILL (supervise.stop: 5 s).
             await asyncio.wait_for(self.account(enforce=False), timeout=3)
         self.usage.save()
         await self.session.close()
+        await self.own_session.close()
 
     async def hourly_price(self) -> float:
         """The cluster's $/h now: its nodes at their types' prices (gateway_prices.py); the
@@ -449,17 +445,18 @@ def make_app(gateway: Gateway) -> Any:
         await gateway.shutdown()
 
     # Packages stream through (gateway_packages.py); anything read whole is a job's JSON.
-    app = web.Application(client_max_size=8 * 1024 * 1024)
+    app = web.Application(client_max_size=gl.MAX_BODY_BYTES,
+                          middlewares=[gl.middleware(gateway.doorman)])
     app.cleanup_ctx.append(lifetime)
     app.router.add_route("*", "/{tail:.*}", gateway.handle)
     return app
 
 
 def serve(config: Config) -> None:
-    from aiohttp import web
-
-    web.run_app(make_app(Gateway(config)), host=config.host, port=config.port,
-                ssl_context=tls_context(config.cert, config.key), access_log=None, print=None)
+    """Until SIGTERM (its supervisor's stop), with the limits of gateway_limits."""
+    gateway = Gateway(config)
+    asyncio.run(gl.serve_until_stopped(make_app(gateway), gateway.doorman, config.host,
+                                       config.port, tls_context(config.cert, config.key)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,8 +50,10 @@ class Config:
     #: The head's node type in `node_prices`.
     head_type: str = ""
     poll_seconds: float = 5.0
-    #: The gateway exits once its dashboard has not answered for this long (the head went away).
-    upstream_grace_s: float = 120.0
+    #: Per member at once: connections open, uploads streaming, log tails (gateway_limits.py).
+    max_member_connections: int = 16
+    max_member_uploads: int = 2
+    max_member_tails: int = 4
     #: Files whose content never appears in an answer to a member (the tracking password).
     secret_paths: list[str] = field(default_factory=list)
 

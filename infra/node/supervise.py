@@ -1,10 +1,16 @@
 """The one supervisor of every daemon on a cluster's head (the idle watcher, the MLflow tracking
 server, GCP's queued-slice joiner, and whatever else a head runs beside Ray).
 
-`python -m infra.node.supervise run --pidfile P -- ARGV...` runs ARGV as its child and starts it
-again, after a short pause, whenever it ends other than by exit 0 (a crash, `kill -9`, the OOM
-killer). Exit 0 means the daemon finished its work (the watcher removed the cluster): the
-supervisor then ends too. SIGTERM to the supervisor stops the child and the supervisor.
+`python -m infra.node.supervise run --pidfile P [--restart POLICY] -- ARGV...` runs ARGV as its
+child and starts it again, after a short pause, whenever it ends unasked. What counts as unasked
+is the daemon's restart policy:
+- `on-failure` (the default): any end but exit 0 (a crash, `kill -9`, the OOM killer). Exit 0
+  means the daemon finished its work (the watcher removed the cluster): the supervisor then ends
+  too.
+- `always`: any end at all, exit 0 included (the sharing gateway: it has no work to finish, and a
+  gateway that ended would lock every member out until the owner's next `up`).
+SIGTERM to the supervisor stops the child and the supervisor, whatever the policy: the one way
+to end a daemon under `always` (`stop`, teardown, the end of the head's job).
 
 The pid file P (JSON) names the supervisor and its current child, each by pid *and start time*
 (`rayproc.Identity`): a pid the kernel has since handed to another process never passes for the
@@ -44,6 +50,8 @@ FIRST_DELAY_S = 1.0
 MAX_DELAY_S = 20.0
 #: A child that lived this long counts as healthy: the next restart pauses FIRST_DELAY_S again.
 HEALTHY_AFTER_S = 60.0
+#: The restart policies (see the module's text); the first is the default.
+POLICIES = ("on-failure", "always")
 
 
 def read(pidfile: Path) -> dict[str, Any]:
@@ -96,13 +104,16 @@ def stop(pidfile: Path, grace: float = 5.0) -> bool:
 
 def ensure(argv: Sequence[str], pidfile: Path, log: Path, cwd: str | None = None,
            env: dict[str, str] | None = None, python: str = sys.executable,
-           wait: bool = True) -> bool:
+           wait: bool = True, restart: str = POLICIES[0]) -> bool:
     """Start `argv` supervised, detached from the caller, unless the pid file names a supervisor
     or daemon that still runs; True when it started one. The public "run this argv supervised"
     of this machine (a local head; on a remote head, `remote_head.install_daemon` runs this).
     `wait`: return once the supervisor has written its pid file (so a second `ensure` right after
     sees it), a few hundred ms of start-up; False for a caller that must not wait (`up`'s
-    tracking server, which starts beside Ray, bench/tracking_up.py)."""
+    tracking server, which starts beside Ray, bench/tracking_up.py). `restart`: the daemon's
+    restart policy (POLICIES)."""
+    if restart not in POLICIES:
+        raise ValueError(f"restart policy {restart!r}: use one of {', '.join(POLICIES)}")
     if running(pidfile):
         return False
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +127,7 @@ def ensure(argv: Sequence[str], pidfile: Path, log: Path, cwd: str | None = None
             p for p in (child_env.get("PYTHONPATH", ""), here) if p)
     with log.open("a") as out:
         subprocess.Popen([python, "-m", "infra.node.supervise", "run", "--pidfile", str(pidfile),
-                          "--", *argv], cwd=cwd, env=child_env, stdout=out,
+                          "--restart", restart, "--", *argv], cwd=cwd, env=child_env, stdout=out,
                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                          start_new_session=True)
     if wait:
@@ -127,8 +138,8 @@ def ensure(argv: Sequence[str], pidfile: Path, log: Path, cwd: str | None = None
 
 
 class _Supervisor:
-    def __init__(self, argv: Sequence[str], pidfile: Path) -> None:
-        self.argv, self.pidfile = list(argv), pidfile
+    def __init__(self, argv: Sequence[str], pidfile: Path, restart: str = POLICIES[0]) -> None:
+        self.argv, self.pidfile, self.restart = list(argv), pidfile, restart
         self.me = Identity.of(os.getpid())
         self.stopping = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
@@ -168,12 +179,14 @@ class _Supervisor:
             code = self.child.wait()
             if self.stopping.is_set():
                 return 0
-            if code == 0:
+            if code == 0 and self.restart != "always":
                 _log(f"{self.argv[-1]}: finished (exit 0); not restarting")
                 _write(self.pidfile, self.me, None, self.argv)
                 return 0
             delay = FIRST_DELAY_S if time.monotonic() - started > HEALTHY_AFTER_S else delay
-            _log(f"daemon exited {code}: starting it again in {delay:g}s ({' '.join(self.argv)})")
+            unasked = " unasked (restart: always)" if code == 0 else ""
+            _log(f"daemon exited {code}{unasked}: starting it again in {delay:g}s "
+                 f"({' '.join(self.argv)})")
             if self.stopping.wait(delay):
                 return 0
             delay = min(MAX_DELAY_S, delay * 2)
@@ -191,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("verb", choices=("run", "ensure", "stop", "status"))
     parser.add_argument("--pidfile", required=True, type=Path)
     parser.add_argument("--log", type=Path, help="ensure: the supervisor's and daemon's log")
+    parser.add_argument("--restart", choices=POLICIES, default=POLICIES[0],
+                        help="run, ensure: `always` also restarts a daemon that exits 0")
     parser.add_argument("--replace-config", nargs=2, metavar=("NEW", "CONFIG"),
                         help="ensure: move NEW over CONFIG, restarting the daemon when it differs")
     parser.epilog = "The daemon's argv follows `--`: ... -- python -m infra.node.autodown --config F"
@@ -203,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.verb}: give the daemon's command after `--`")
     pidfile = args.pidfile.expanduser()
     if args.verb == "run":
-        return _Supervisor(args.command, pidfile).run()
+        return _Supervisor(args.command, pidfile, args.restart).run()
     if args.verb == "stop":
         stop(pidfile)
         return 0
@@ -213,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.replace_config:
         new, config = (Path(p).expanduser() for p in args.replace_config)
         _replace_config(new, config, pidfile)
-    started = ensure(args.command, pidfile, (args.log or Path(f"{pidfile}.log")).expanduser())
+    started = ensure(args.command, pidfile, (args.log or Path(f"{pidfile}.log")).expanduser(),
+                     restart=args.restart)
     print("started" if started else "running")
     return 0
 

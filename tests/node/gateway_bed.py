@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from infra.core.sharing import certs as sharing_certs
+from infra.node import gateway_limits as gl
 from infra.node import gateway_state as gs
 from infra.node.gateway import Gateway, make_app, tls_context
 from infra.node.gateway_config import Config
@@ -44,6 +45,12 @@ class Upstream:
     #: What "Ray" acted on: method, action (`/stop`, `/logs`, "" for DELETE) and the submission
     #: id of the job it resolved the request's id to.
     acted: list[tuple[str, str, str]] = field(default_factory=list)
+    #: True: "Ray" is away (each connection dropped unanswered), as a head under load or restarting.
+    away: bool = False
+    #: Each request's method and path as it arrived, before its body was read (`seen` has it
+    #: once read): a trickled upload is here while it holds its connection.
+    arrived: list[tuple[str, str]] = field(default_factory=list)
+
 
 
 def find_job_by_ids(jobs: list[dict[str, Any]], job_id: str) -> dict[str, Any] | None:
@@ -104,6 +111,18 @@ def _unchunk(data: bytes) -> bytes:
     return out
 
 
+async def _tail(request: Any) -> Any:
+    """Ray's log stream of a job: its first line, then quiet until the client goes (a long job)."""
+    from aiohttp import web
+
+    stream = web.WebSocketResponse()
+    await stream.prepare(request)
+    await stream.send_str("first line\n")
+    async for _ in stream:
+        pass
+    return stream
+
+
 def _members(data: Path) -> None:
     entries = {name: {"role": "member", "id": IDS[name], "token_sha256": gs.token_hash(token)}
                for name, token in (("ann", ANN), ("bo", BO))}
@@ -115,9 +134,16 @@ async def _upstream_app(upstream: Upstream) -> Any:
     from aiohttp import web
 
     async def record(request: web.Request) -> web.StreamResponse:
+        upstream.arrived.append((request.method, request.path))
         body = await request.read()
         upstream.seen.append((request.method, request.raw_path, body))
         path = request.path
+        if upstream.away:
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response(status=503)  # never sent: the connection is gone
+        if path.endswith("/logs/tail") and request.method == "GET":
+            return await _tail(request)
         if path == "/api/jobs/" and request.method == "GET":
             return web.json_response(upstream.jobs)
         if path == "/api/jobs/" and request.method == "POST":
@@ -184,13 +210,12 @@ def gateway_bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **overrides: An
                         **{"poll_seconds": 3600, "max_upload_mb": 1, "max_member_upload_mb": 2,
                            **overrides})
         gateway = Gateway(config)
-        front = web.AppRunner(make_app(gateway))
-        await front.setup()
-        await web.TCPSite(front, "127.0.0.1", 0, ssl_context=tls_context(str(cert),
-                                                                         str(key))).start()
+        # Served as `serve` serves it: with the limits on connections (gateway_limits).
+        front = await gl.listen(make_app(gateway), gateway.doorman, "127.0.0.1", 0,
+                                tls_context(str(cert), str(key)))
         gateway.usage.note("raysubmit_ann1", member="ann", member_id=IDS["ann"])
         gateway.usage.note("raysubmit_bo1", member="bo", member_id=IDS["bo"])
-        ready.update(runners=(front, runner), port=front.addresses[0][1], gateway=gateway)
+        ready.update(runners=(front, runner), port=front.port, gateway=gateway)
 
     loop.run_until_complete(start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -202,6 +227,13 @@ def gateway_bed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **overrides: An
         async def stop() -> None:
             for runner in ready["runners"]:
                 await runner.cleanup()
+            # What a test left open (a connection past the gateway's shutdown timeout) ends here,
+            # not as "Task was destroyed but it is pending!" when the loop closes.
+            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+
 
         asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=20)
         loop.call_soon_threadsafe(loop.stop)

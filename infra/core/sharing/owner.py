@@ -205,6 +205,9 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         members_see_dashboard=selected.sharing.members_see_dashboard,
         max_upload_mb=selected.sharing.max_upload_mb,
         max_member_upload_mb=selected.sharing.max_member_upload_mb,
+        max_member_connections=selected.sharing.max_member_connections,
+        max_member_uploads=selected.sharing.max_member_uploads,
+        max_member_tails=selected.sharing.max_member_tails,
         members_may_pip=selected.sharing.members_may_pip,
         member_budget_hours=selected.sharing.member_budget_hours,
         member_budget_usd=selected.sharing.member_budget_usd,
@@ -281,9 +284,12 @@ def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path
     # What it reads of the SSH user's (home-relative paths): its copies, the SSH user's kept.
     copies = tuple(p for p in (config.token_path, *config.secret_paths)
                    if p and not p.startswith("/")) if user else ()
+    # `always`: a gateway that ends unasked, exit 0 included, is back within seconds (only its
+    # supervisor's stop ends it: teardown, `up` with a new config, the head's end).
     access.ensure_daemon("infra.node.gateway", where.config,
                          gateway_config.config_text(gateway_config.Config(**on_head)),
-                         secrets=files, log=where.log, user=user, copies=copies)
+                         secrets=files, log=where.log, user=user, copies=copies,
+                         restart="always")
 
 
 def stop_local(config_path: Path) -> None:
