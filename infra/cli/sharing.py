@@ -132,7 +132,7 @@ def member_remove(provider: str | None, cluster: str | None, name: str, stop_job
         check_member(selected, book["members"], name)
         removed = dict(book["members"][name])
         # Kept, marked, without its token's hash: `members` still shows them and their usage.
-        sharing_term.remove(book, name)
+        sharing_term.remove(book, name, stop_jobs=stop_jobs)
         sharing_term.write_book(selected.name, book)
         if not current.empty:
             sharing.push_registry(selected, impl.head_access(current))

@@ -41,6 +41,8 @@ from infra.node import gateway_leftovers as leftovers
 from infra.node import gateway_limits as gl
 from infra.node import gateway_packages as gk
 from infra.node import gateway_prices as gp
+from infra.node import gateway_removals as removals
+from infra.node import gateway_removed as gr
 from infra.node import gateway_state as gs
 from infra.node import gateway_stops as stops
 from infra.node import gateway_target as gt
@@ -147,6 +149,10 @@ class Gateway(JobRoutes, gd.DashboardViews):
             return reply(401, "no token: present your member token (RAY_AUTH_MODE=token and "
                                "RAY_AUTH_TOKEN_PATH, see docs/concepts/sharing.md)")
         if who is None:
+            gone = self.members.gone().by_digest(gs.token_hash(token)) if token else None
+            if gone is not None:  # a removed member's token: refused, named, no failed guess
+                self.audit.write(**seen, who=gone.name, member_id=gone.id, status=403)
+                return reply(403, gr.refusal(gone))
             self.failures.failed(source)
             self.audit.write(**seen, status=403)
             return reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
@@ -157,8 +163,8 @@ class Gateway(JobRoutes, gd.DashboardViews):
             return refused
         if gs.expired(who):
             self.audit.write(**seen, status=403)
-            return reply(403, f"member {who.name}'s access expired on {who.expires}; ask the "
-                               "cluster's owner to add you again")
+            return reply(403, f"member {who.name}'s access expired on "
+                              f"{gr.shown(who.expires)}; ask the cluster's owner to add you again")
         if who.role != "owner":
             wait = self.rate.take(who.id)
             if wait:
@@ -381,6 +387,7 @@ class Gateway(JobRoutes, gd.DashboardViews):
         try:  # saved whatever enforcement raises (the tick's caller says what)
             await stops.enforce_hours(self, jobs, self.config.max_job_hours)
             await stops.enforce_budget(self, jobs, self.config.budget_usd)
+            await removals.enforce(self, jobs)
             await stops.follow(self, jobs)
             await leftovers.enforce(self, jobs)
             await self.close_removed()

@@ -51,6 +51,7 @@ class JobRoutes:
     config: Any
     usage: gs.Usage
     audit: gs.Audit
+    members: gs.Members
     locks: dict[str, asyncio.Lock]
     ticked: bool
     _jobs_raw: bytes | None
@@ -117,7 +118,8 @@ class JobRoutes:
             return reply(429, f"the cluster has spent ${accrued:.2f} of its budget "
                               f"(sharing.budget_usd ${config.budget_usd:g}): no new jobs; ask "
                               "the cluster's owner")
-        hours, usd = self.usage.spent(who.id)
+        # Per person per term: their earlier entries (removed, then added again) count too.
+        hours, usd = self.usage.spent(*self.members.person_ids(who))
         if config.member_budget_hours is not None and hours >= config.member_budget_hours:
             return reply(429, f"member {who.name} has used {hours:.2f} job-hours of their budget "
                               f"(sharing.member_budget_hours {config.member_budget_hours:g}); "

@@ -34,6 +34,7 @@ from infra.core.errors import RayfleetError, SpecError, UsageError
 from infra.core.head import GatewayFiles, HeadAccess, LocalHead
 from infra.core.sharing import certs as sharing_certs
 from infra.core.sharing import term as sharing_term
+from infra.core.sharing import term_people
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
 from infra.node import gateway_config, gateway_state, net
@@ -398,6 +399,7 @@ def budget_status(selected: ClusterSpec, access: HeadAccess | None) -> dict[str,
     usage = read_usage(selected, access)
     jobs_seen = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
     rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage, jobs_seen, shared)
+    rows = term_people.people(rows, shared)  # a budget is per person per term, across a re-add
     return {"cluster": sharing_term.cluster_budget(shared, usage),
             "members_near": [{"name": r["name"], "used": r["budget_used"],
                               "job_hours": r["job_hours"], "cost_share_usd": r["cost_share_usd"]}

@@ -3,9 +3,11 @@ the roster, and budgets as `members` and `status` show them.
 
 The registry (`members.json`, infra/core/sharing/owner.py) keeps the members the gateway reads under
 `members`; a removed member moves to the section `removed` (a list, so one name may be removed
-more than once), without their token's hash: the gateway reads `members` only, so no removed
-member's token is ever accepted, and `members` can still show them with their usage. Any other
-section or field (the gateway's own, a later version's) is kept as it is.
+more than once), their token's hash renamed `revoked_sha256`: the gateway accepts tokens from
+`members` only, so no removed member's token is ever accepted; it reads `removed` only to name the
+person it refuses ("member bob was removed ... on DATE") and to stop their jobs after
+`--stop-jobs` (infra/node/gateway_removed.py), and `members` still shows them with their usage.
+Any other section or field (the gateway's own, a later version's) is kept as it is.
 
 Expiry: each entry keeps the member's own expiry (`member_expires`) and the effective one
 (`expires`, what the gateway checks): the earlier of theirs and the spec's `sharing.ends`.
@@ -81,12 +83,18 @@ def removed_entries(book: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
 
 
-def remove(book: dict[str, Any], name: str, when: str | None = None) -> None:
-    """Move `name` from `members` to `removed`, without its token's hash (the gateway reads
-    `members` only: the token is refused from the next request on)."""
+def remove(book: dict[str, Any], name: str, when: str | None = None,
+           stop_jobs: bool = False) -> None:
+    """Move `name` from `members` to `removed`, its token's hash as `revoked_sha256` (the gateway
+    accepts `members` only: the token is refused from the next request on, with their name);
+    `stop_jobs`: the gateway stops their jobs, recording why."""
     entry = dict(book["members"].pop(name))
-    entry.pop("token_sha256", None)
+    digest = entry.pop("token_sha256", None)
+    if digest:
+        entry["revoked_sha256"] = digest
     entry.update(name=name, removed=when or gateway_state.now_iso())
+    if stop_jobs:
+        entry["stop_jobs"] = True
     book[REMOVED] = [*removed_entries(book), entry]
 
 
