@@ -62,6 +62,27 @@ def node_zip_base64(subpackages: tuple[str, ...] | None = None) -> str:
     return base64.encodebytes(node_zip(subpackages)).decode().rstrip("\n")
 
 
+#: The longest piece of the zip in one environment string: Linux refuses to start a program with
+#: a string over 128 KiB (MAX_ARG_STRLEN), and srun hands the zip to worker steps in environment.
+PART_BYTES = 96 * 1024
+
+
+def node_zip_parts(subpackages: tuple[str, ...] | None = None) -> list[str]:
+    """`node_zip_base64` in pieces of whole lines, each under PART_BYTES: every line holds a
+    multiple of 4 characters, so the pieces joined decode to the zip."""
+    parts: list[str] = []
+    lines: list[str] = []
+    size = 0
+    for line in node_zip_base64(subpackages).splitlines():
+        if lines and size + len(line) + 1 > PART_BYTES:
+            parts.append("\n".join(lines))
+            lines, size = [], 0
+        lines.append(line)
+        size += len(line) + 1
+    parts.append("\n".join(lines))
+    return parts
+
+
 def put(sftp: Any, remote: str, data: bytes, mode: int) -> None:
     """Write a file on a head through SFTP: created with `mode` before any byte is in it, then
     renamed over `remote`, so a reader never sees half of it."""

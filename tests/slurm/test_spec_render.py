@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -140,10 +141,11 @@ def test_batch_script_matches_golden(tmp_path: Path, case: str) -> None:
     script = _render(tmp_path, case)
     # Every node runs its helper from the node package the script carries (our own modules,
     # tested where they live); its bytes and name change with every edit of them.
-    assert shipping.node_zip_base64(slurm_script.NODE_PACKAGES) in script
+    parts = shipping.node_zip_parts(slurm_script.NODE_PACKAGES)
+    assert all(part in script for part in parts)
     assert "-m infra.node.slurm.node_helper" in script
-    shipped = {shipping.node_zip_base64(slurm_script.NODE_PACKAGES): "<node package zip, base64>",
-               shipping.zip_name(slurm_script.NODE_PACKAGES): "<node package zip name>"}
+    shipped = {part: f"<node package zip, base64, piece {n}>" for n, part in enumerate(parts)}
+    shipped[shipping.zip_name(slurm_script.NODE_PACKAGES)] = "<node package zip name>"
     assert_golden(f"slurm/{case}.sbatch", script, shipped)
 
 
@@ -232,7 +234,7 @@ def test_autoscaling_config_passes_rays_checks_and_ships_what_the_head_imports(
     assert config["provider"]["worker_types"]["cpu"]["time_limit_s"] == 4 * 3600
     script = render_script(loaded)
     # Slurm's part of the node package, node provider included.
-    assert shipping.node_zip_base64(slurm_script.NODE_PACKAGES) in script
+    assert all(part in script for part in shipping.node_zip_parts(slurm_script.NODE_PACKAGES))
     assert "RAY_enable_autoscaler_v2=1" in script and "--autoscaling-config=" in script
     # The head writes the config as rendered here: nothing on the head changes it.
     assert text.strip() in script and "autoscaling.source" not in script
@@ -286,10 +288,13 @@ def test_head_side_modules_import_with_ray_and_the_shipped_files_only(
     script = tmp_path / "job.sbatch"
     script.write_text(render_script(_spec(tmp_path, case)))
     # The script's own lines write the zip (as on the head), nothing else of it runs.
-    block = re.search(r"^RF_NODE_ZIP=.*?^export -f rf_unpack rf_helper$", script.read_text(),
+    block = re.search(r"^RF_NODE_ZIP_0=.*?^export -f rf_unpack rf_helper$", script.read_text(),
                       re.M | re.S)
     assert block is not None
-    written = subprocess.run(["bash", "-c", block.group(0) + '\nrf_unpack "$RF_ZIP_DIR"'], env={
+    # From a file, as sbatch runs it: the block as one argument would pass MAX_ARG_STRLEN.
+    lines = tmp_path / "unpack.sh"
+    lines.write_text(block.group(0) + '\nrf_unpack "$RF_ZIP_DIR"\n')
+    written = subprocess.run(["bash", str(lines)], env={
         "PATH": "/usr/bin:/bin", "RF_ZIP_DIR": str(shipped)}, capture_output=True, text=True)
     assert written.returncode == 0, written.stderr
     (archive,) = shipped.glob("rayfleet-node-*.zip")
@@ -425,9 +430,15 @@ def test_without_mlflow_on_the_nodes_the_head_says_so_and_starts_no_server(
     assert not target.exists() and not (tmp_path / "store").exists()
 
 
-def test_the_node_zip_fits_in_one_environment_string() -> None:
-    """`srun` hands the zip to every worker step in RF_NODE_ZIP, and Linux refuses to start a
+def test_the_node_zip_fits_in_environment_strings() -> None:
+    """`srun` hands the zip to every worker step in RF_NODE_ZIP_<n>, and Linux refuses to start a
     program with an environment string over 128 KiB (MAX_ARG_STRLEN): past that, every
-    multi-node job would fail to start its workers. Keep infra/node/ lean, or ship it another way."""
-    entry = f"RF_NODE_ZIP={shipping.node_zip_base64(slurm_script.NODE_PACKAGES)}"
-    assert len(entry.encode()) < 32 * 4096, f"{len(entry)} bytes"
+    multi-node job would fail to start its workers. So the zip goes in pieces, each under it,
+    that decode to the zip once joined."""
+    parts = shipping.node_zip_parts(slurm_script.NODE_PACKAGES)
+    for n, part in enumerate(parts):
+        entry = f"RF_NODE_ZIP_{n}={part}"
+        assert len(entry.encode()) < 32 * 4096, f"piece {n}: {len(entry)} bytes"
+    joined = base64.b64decode("".join(parts).replace("\n", ""))
+    assert joined == shipping.node_zip(slurm_script.NODE_PACKAGES)
+    assert "\n".join(parts) == shipping.node_zip_base64(slurm_script.NODE_PACKAGES)
