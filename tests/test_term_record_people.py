@@ -41,3 +41,31 @@ def test_term_record_status_warns_of_a_person_near_budget_across_a_re_add(
     found = sharing.budget_status(selected, None)
     assert found is not None
     assert [(n["name"], round(n["used"], 2)) for n in found["members_near"]] == [("bob", 0.9)]
+
+
+def test_term_record_owners_status_shows_the_gateway_and_the_members(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from infra.cli import commands
+    from infra.cli import term as commands_term
+    from tests.classroom_owner import URL
+
+    spec = owner_cluster(tmp_path, monkeypatch, extra="  member_budget_hours: 1\n")
+    for name in ("alice", "bob"):
+        commands_sharing.member_add(None, str(spec), name, False, None, str(tmp_path / name))
+    commands_sharing.member_remove(None, str(spec), "bob", False)
+    _usage({"raysubmit_1": {**_hours_job(book()["members"]["alice"]["id"], 0.25),
+                            "member": "alice"}})
+    capsys.readouterr()
+    commands.status(None, str(spec), True)  # nothing runs here: the members all the same
+    found = json.loads(capsys.readouterr().out)["sharing"]
+    assert [(p["name"], p["status"], p["total_jobs"]) for p in found["members"]] == \
+        [("alice", "active", 1), ("bob", "removed", 0)]
+    selected, _ = common.select(None, str(spec))
+    shown = commands_term.status_sharing(selected, True)
+    assert shown is not None
+    commands_term.print_status_sharing(selected, shown)
+    out = capsys.readouterr().out
+    assert f"gateway: {URL}" in out
+    assert any(line.startswith("alice") and "active" in line and "25% of 1 h" in line
+               for line in out.splitlines())
+    assert any(line.startswith("bob") and "removed" in line for line in out.splitlines())

@@ -291,6 +291,9 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
     # The head's usage while it runs, else the copy kept here.
     budget = sharing.budget_status(
         selected, _head_or_none(impl, current) if provider_view.running else None)
+    from infra.cli import term as commands_term
+
+    shared = commands_term.status_sharing(selected, provider_view.running)  # gateway, members
     # Where a remote head's tracking data is safe: None for clusters without such a store.
     copy_note = tracking_remote.copy_note(current)
     if as_json:
@@ -304,7 +307,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
             "autodown": provider_view.autodown.__dict__ if provider_view.autodown else None,
             "ray_error": ray_error or None, **ray_view, **extras,
             "tracking_copy": copy_note, "tracking_copied_at": current.info.tracking_copied_at,
-            "job_reach": impl.job_reach or None, "sharing_budget": budget,
+            "job_reach": impl.job_reach or None, "sharing_budget": budget, "sharing": shared,
         }, indent=2), soft_wrap=True, markup=False)
         return 1 if ray_error else 0
     ui.out(f"{_title(selected)}: {provider_view.summary}", markup=False)
@@ -312,6 +315,8 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
         ui.out(f"cost: {costs.describe_cost(provider_view.cost)}", markup=False)
     if provider_view.autodown is not None:
         ui.out(autodown_view.describe(provider_view.autodown), markup=False)
+    if shared is not None:
+        commands_term.print_status_sharing(selected, shared)
     if budget is not None and selected.sharing is not None:
         sharing_term.print_budget_status(selected.sharing, budget)
     if impl.job_reach:
@@ -416,6 +421,11 @@ def quiet_connect(provider: str | None, cluster: str | None) -> Iterator[Endpoin
 def submit(provider: str | None, cluster: str | None, script: str, args: list[str],
            runtime_env_file: str | None, wait: bool, working_dir: str | None = None) -> int:
     command, env = jobs.prepare(script, args, runtime_env_file, working_dir)
+    if membership.joined(cluster):  # a member near their budget is told (stock Ray says nothing)
+        from infra.core.sharing import member_usage
+
+        if near := member_usage.near_note(str(cluster)):
+            ui.warn(near)
     with quiet_connect(provider, cluster) as endpoint:
         return jobs.submit(endpoint, command, env, wait, _again(provider, cluster))
 

@@ -472,6 +472,16 @@ def members(c: Context, json: bool = False, provider: str | None = None,
     commands_sharing.members(provider, cluster, json)
 
 
+@task(help={"cluster": "The cluster you joined (its name).",
+            "json": "Print a JSON object (instants ISO 8601), for scripts."})
+@_one_line_errors
+def usage(c: Context, json: bool = False, cluster: str | None = None) -> None:
+    """A member's own job-hours, cost share and budget left on a cluster they joined."""
+    from infra.cli import term as commands_term
+
+    commands_term.usage(cluster, json)
+
+
 @task(positional=["bundle"], help={
     "bundle": "The bundle file the cluster's owner sent you.",
     "address": "Reach the gateway here instead of at the bundle's address, e.g. "

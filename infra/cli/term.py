@@ -223,3 +223,50 @@ def member_bundles(provider: str | None, cluster: str | None, where: str | None)
     if missing:
         ui.warn(f"no bundle found in {folder} for {', '.join(missing)}: give --dir where their "
                 "folders are, or `member-remove` and `member-add` them for a new token")
+
+
+def usage(cluster: str | None, as_json: bool) -> None:
+    """A joined member's own usage and budget left, as their gateway records it."""
+    from infra.core.sharing import member_usage, membership
+
+    if not membership.joined(cluster):
+        raise UsageError("`usage` shows a member their own usage on a cluster they joined "
+                         "(`rayfleet usage --cluster NAME`); the owner sees everyone's with "
+                         "`invoke members`")
+    found = member_usage.fetch(str(cluster))
+    if as_json:
+        ui.out(json.dumps(found, indent=2), markup=False, soft_wrap=True)
+        return
+    for line in member_usage.lines(found):
+        ui.out(line, markup=False)
+    if found.get("note"):
+        ui.warn(str(found["note"]))
+
+
+def status_sharing(selected: Any, running: bool) -> dict[str, Any] | None:
+    """The owner's `status` of a shared cluster: the gateway's address and the members' state,
+    one row per person, from the registry and the usage copy `status` has just fetched."""
+    from infra.core.sharing import term_people
+
+    if selected.sharing is None:
+        return None
+    current = state.read(selected.name)
+    usage = sharing.read_usage(selected, None)
+    jobs_seen = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
+    rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage, jobs_seen,
+                                selected.sharing)
+    url = current.info.gateway_url if running and current is not None else None
+    return {"gateway_url": url, "members": term_people.people(rows, selected.sharing)}
+
+
+def print_status_sharing(selected: Any, found: dict[str, Any]) -> None:
+    from infra.core.sharing import term_people
+
+    ui.out(f"gateway: {found['gateway_url'] or 'not running; `invoke up` starts it'}",
+           markup=False)
+    if not found["members"]:
+        ui.out(f"members: none yet; `invoke member-add NAME{common.cluster_flag(selected)}`",
+               markup=False)
+        return
+    for line in term_people.table_lines(found["members"], selected.sharing):
+        ui.out(line, markup=False, soft_wrap=True)

@@ -46,6 +46,7 @@ from infra.node import gateway_removed as gr
 from infra.node import gateway_state as gs
 from infra.node import gateway_stops as stops
 from infra.node import gateway_target as gt
+from infra.node import gateway_usage_view as uv
 from infra.node.gateway_config import Config, read_config
 from infra.node.gateway_jobs import JobRoutes, reply
 
@@ -180,6 +181,8 @@ class Gateway(JobRoutes, gd.DashboardViews):
 
     async def route(self, request: Any, who: gs.Member,
                     target: gt.Target) -> tuple[Any, str | None]:
+        if target.path == uv.ROUTE:  # a member's own usage and budget (gateway_usage_view.py)
+            return uv.answer(self, request, who), None
         path, method = target.path, request.method
         if path == "/api/authenticate" and method == "POST":
             return self.authenticate(request), None
@@ -212,7 +215,8 @@ class Gateway(JobRoutes, gd.DashboardViews):
                 and (path in DASHBOARD_VIEWS or path.startswith("/static/"))):
             answer = await self.forward(request, who, target)
             if path in gb.ENTRY_PAGES and answer.status == 200:
-                answer.body = gb.with_banner(answer.body, who.name, who.sees_all)
+                answer.body = gb.with_banner(answer.body, who.name, who.sees_all,
+                                             uv.banner_line(self, who))
             return answer, None
         return gb.closed_view(method, path), None
 

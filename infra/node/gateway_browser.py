@@ -93,17 +93,20 @@ def wants_page(request: Any) -> bool:
 _BANNER = ('<div id="rayfleet-member" role="note" style="position:fixed;bottom:0;left:0;right:0;'
            'z-index:2000;padding:4px 12px;font:13px system-ui,sans-serif;background:#fff8e1;'
            'border-top:1px solid #e0c060;color:#333">Signed in as {name}, a member of this shared '
-           'cluster: Jobs, Actors and Logs show {scope}; Cluster shows every node, but only the '
+           'cluster. <span id="rayfleet-usage">{usage}</span>Jobs, Actors and Logs show {scope}; '
+           'Cluster shows every node, but only the '
            'workers of {scope}. Serve, Metrics and profiling are not open to members (they cannot be '
            'split by member). <form method="post" action="{logout}" style="display:inline">'
            '<button type="submit" id="rayfleet-sign-out">Sign out</button></form></div>')
 
 
-def with_banner(page: bytes, name: str, sees_all: bool) -> bytes:
+def with_banner(page: bytes, name: str, sees_all: bool, usage: str = "") -> bytes:
     """The dashboard's page with the member's note before `</body>` (outside the element the
-    dashboard renders into, so it stays on every tab)."""
+    dashboard renders into, so it stays on every tab); `usage`: their usage and budget's line
+    (gateway_usage_view.banner_line, the figures `rayfleet usage` prints)."""
     scope = "every member's jobs" if sees_all else "your own jobs"
-    note = _BANNER.format(name=html.escape(name), scope=scope, logout=LOGOUT_PATH).encode()
+    note = _BANNER.format(name=html.escape(name), scope=scope, logout=LOGOUT_PATH,
+                          usage=html.escape(usage)).encode()
     head, found, tail = page.rpartition(b"</body>")
     return head + note + found + tail if found else page + note
 

@@ -20,6 +20,7 @@ from infra.node import gateway_state as gs
 from infra.node import gateway_stops as stops
 from infra.node import gateway_submit as gm
 from infra.node import gateway_target as gt
+from infra.node import gateway_usage_view as uv
 
 _ACTIVE = ("PENDING", "RUNNING")
 #: What a member may do to a job of theirs: (path after its id, method).
@@ -103,7 +104,8 @@ class JobRoutes:
             answer = await self.forward(request, who, gt.Target("/api/jobs/"),
                                         body=json.dumps(body).encode())
             if answer.status == 200:  # under the lock: the next submit's cap check counts it
-                self.usage.note(job, member=who.name, member_id=who.id, submitted=gs.now_iso())
+                self.usage.note(job, member=who.name, member_id=who.id, submitted=gs.now_iso(),
+                                **uv.submit_note(self, who))  # near their budget: told
                 # At once, not at the next tick: who submitted what is the one record of it, and
                 # the owner's `member-remove --stop-jobs` reads it from the file.
                 self.usage.save()
@@ -175,7 +177,7 @@ class JobRoutes:
         return web.Response(status=200, content_type="application/json", text=text)
 
     def with_reason(self, job: dict[str, Any]) -> dict[str, Any]:
-        reason = self.usage.reason(job_key(job))
+        reason = self.usage.reason(job_key(job)) or uv.message(self.usage, job)
         return {**job, "message": reason} if reason else job
 
     async def job_action(self, request: Any, who: gs.Member, job_id: str, action: str) -> Any:
