@@ -25,6 +25,11 @@ export PATH=<ray-bin>:"$PATH"
 # its temp dir /tmp/ray) is never disturbed. Ray's own `ray start`, loaded without the command
 # groups a start never uses (infra/node/raycli.py).
 temp_dir=${1:?usage: start.sh TEMP_DIR}
+# Temporary files of every process Ray starts here (Python multiprocessing's pymp-* folders, a
+# job's tempfile) go inside this cluster's private parent folder, which `teardown` removes whole:
+# none of them is left behind in /tmp.
+export TMPDIR="${temp_dir%/*}/tmp"
+mkdir -p -m 700 "$TMPDIR"
 exec <python> -c 'import sys; rf_skip = [n for n in ("ray.serve.scripts", "ray.util.state.state_cli", "ray.dashboard.modules.job.cli") if n not in sys.modules]; sys.modules.update(dict.fromkeys(rf_skip)); from ray.scripts.scripts import main; [sys.modules.pop(n) for n in rf_skip if sys.modules.get(n, 0) is None]; sys.argv[0] = "ray"; sys.exit(main())' start --head \
   --dashboard-host=127.0.0.1 \
   --port=23000 \
