@@ -144,6 +144,15 @@ class Sharing(StrictModel):
     #: Dollars the whole cluster may cost (the gateway's estimate): `members` and `status` warn
     #: from 80 %; at 100 % the gateway stops every job and autodown (required) takes it down.
     budget_usd: float | None = Field(None, gt=0, le=10_000_000)
+    #: `shared`: members' jobs run on the one cluster, behind the gateway's filter. `cluster`:
+    #: each member gets a Ray cluster of their own, as a Unix user of its own, behind the same
+    #: gateway (infra/node/member_clusters.py; where the provider's table allows it).
+    isolation: Literal["shared", "cluster"] = "shared"
+    #: With `isolation: cluster`: member clusters running at once; one more member waits.
+    max_active_members: int = Field(8, ge=1, le=64)
+    #: With `isolation: cluster`: a member's cluster stops after this many idle minutes (no job,
+    #: actor or driver), its files kept; their next request starts it again.
+    member_idle_minutes: float = Field(20, gt=0, le=7 * 24 * 60)
 
     @field_validator("ends", mode="before")
     @classmethod
@@ -238,6 +247,16 @@ class ClusterSpec(StrictModel):
                              "ranges, or add `allowed_source_ranges_ack_wide: true` under "
                              "sharing: to open the gateway's port that widely on purpose")
         return value
+
+    @field_validator("sharing")
+    @classmethod
+    def _isolation_holds(cls, value: Sharing | None) -> Sharing | None:
+        # From the provider's table (capabilities.py), never from its name.
+        if value is None or value.isolation != "cluster" or cls.CAPABILITIES.member_clusters:
+            return value
+        provider = typing.get_args(cls.model_fields["provider"].annotation) or ("this",)
+        why = cls.CAPABILITIES.member_clusters_refusal.format(provider=provider[0])
+        raise ValueError(f"isolation: cluster: {why}; use `isolation: shared` or remove the key")
 
     @model_validator(mode="before")
     @classmethod

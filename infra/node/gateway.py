@@ -37,6 +37,7 @@ from typing import Any
 
 from infra.node import gateway_browser as gb
 from infra.node import gateway_dashboard as gd
+from infra.node import gateway_isolated as gi
 from infra.node import gateway_leftovers as leftovers
 from infra.node import gateway_limits as gl
 from infra.node import gateway_packages as gk
@@ -183,6 +184,10 @@ class Gateway(JobRoutes, gd.DashboardViews):
                     target: gt.Target) -> tuple[Any, str | None]:
         if target.path == uv.ROUTE:  # a member's own usage and budget (gateway_usage_view.py)
             return uv.answer(self, request, who), None
+        if self.config.isolation == "cluster":  # each member's own cluster (gateway_isolated.py)
+            routed = await gi.route(self, request, who, target)
+            if routed is not None:
+                return routed
         path, method = target.path, request.method
         if path == "/api/authenticate" and method == "POST":
             return self.authenticate(request), None
@@ -412,6 +417,7 @@ class Gateway(JobRoutes, gd.DashboardViews):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
         gl.OWN.set(True)  # the last tick is the gateway's own too
+        await gi.shutdown(self)  # member clusters' processes go with the gateway, files stay
         with contextlib.suppress(Exception):
             # Within the supervisor's grace before SIGKILL (supervise.stop: 5 s).
             await asyncio.wait_for(self.account(enforce=False), timeout=3)

@@ -56,6 +56,10 @@ class Config:
     max_member_tails: int = 4
     #: Files whose content never appears in an answer to a member (the tracking password).
     secret_paths: list[str] = field(default_factory=list)
+    #: `cluster`: each member reaches a Ray cluster of their own (gateway_isolated.py), run as
+    #: `member_clusters_config` (member_clusters.StarterConfig) says; `shared`: the one cluster.
+    isolation: str = "shared"
+    member_clusters_config: str = ""
 
 
 def config_text(config: Config) -> str:

@@ -40,7 +40,7 @@ def main() -> int:
     parent, home, port, marker, *extra = sys.argv[1:]
     report: dict[str, list[str]] = {"read": [], "marker_in": [], "answers": []}
     found: set[bytes] = set()
-    secret = marker.encode()
+    secret = marker[::-1].encode()  # given reversed: this job's own log holds its arguments
     # Every member's parent dir and home, and what is shared by all users.
     roots = [Path(parent), Path(home), *Path("/tmp").glob("rf-m-*"), Path("/dev/shm"),
              Path("/home")]

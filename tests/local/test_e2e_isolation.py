@@ -115,8 +115,9 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
     attack.mkdir()
     (attack / "attack.py").write_text(ATTACK.read_text())
     alices = alice.submit(f"python attack.py /tmp/rf-m-{bob_id} {bob_user.pw_dir} "
-                          f"{dashboard_port(shared, 'bob')} {marker} {base_token} "
+                          f"{dashboard_port(shared, 'bob')} {marker[::-1]} {base_token} "
                           f"{copies}/{bob_id}.token", "--working-dir", str(attack))
+    # The marker reversed on her command line: her own job's log holds that line.
     report = json.loads(logs_of(alice, alices, "REPORT ").split("REPORT ", 1)[1].splitlines()[0])
     assert int(report["tokens_found"][0]) >= 1  # at least her own token, tried on bob's cluster
     assert report["marker_in"] == [], report["marker_in"]

@@ -33,6 +33,7 @@ from infra.core.costs import NodePrices
 from infra.core.errors import RayfleetError, SpecError, UsageError
 from infra.core.head import GatewayFiles, HeadAccess, LocalHead
 from infra.core.sharing import certs as sharing_certs
+from infra.core.sharing import isolation
 from infra.core.sharing import term as sharing_term
 from infra.core.sharing import term_people
 from infra.core.spec import ClusterSpec
@@ -89,7 +90,10 @@ def check_spec(selected: ClusterSpec) -> None:
         why = type(selected).CAPABILITIES.sharing_refusal.format(provider=selected.provider)
         raise SpecError(f"{selected.source}: sharing: {why}; remove the block "
                         "(docs/concepts/sharing.md)")
-    if not (type(selected).CAPABILITIES.separate_ray_user or sharing.members_run_as_owner):
+    isolation.check(selected)
+    # With `isolation: cluster` members' jobs run as users of their own, not as the owner.
+    if not (type(selected).CAPABILITIES.separate_ray_user or sharing.members_run_as_owner
+            or isolation.isolated(selected)):
         raise SpecError(f"{selected.source}: sharing.members_run_as_owner: required on "
                         f"{selected.provider}: rayfleet cannot create a user for Ray there, so "
                         "members' jobs run as your own account and can read your files; add "
@@ -218,6 +222,7 @@ def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, add
         head_type=prices.head_type if prices else "",
         secret_paths=[access.head_path(access.tracking_password)]
         if selected.tracking == "mlflow" else [])
+    config = isolation.with_member_clusters(selected, access, config, folder(selected.name))
     return config, folder(selected.name) / gateway_config.CONFIG_FILE
 
 
@@ -423,4 +428,5 @@ def plan_note(selected: ClusterSpec, current: State | None) -> str | None:
         ("member budget (job-hours)", shared.member_budget_hours),
         ("member budget ($)", shared.member_budget_usd),
         ("cluster budget ($)", shared.budget_usd)) if value]
+    text += isolation.plan_note(selected)
     return text + (f"; the term: {', '.join(limits)}" if limits else "")

@@ -173,7 +173,9 @@ class Spec(ClusterSpec):
         # queue wait makes an accidental removal expensive in time. Worth setting for long time
         # limits: an idle cluster then gives its nodes back early (the head's job runs the
         # watcher, see autodown.py).
-        autodown_default_minutes=None)
+        autodown_default_minutes=None,
+        member_clusters_refusal="members' code runs under your own Slurm account there, so a "
+                                "member's job can read another's files; isolation cannot hold")
 
     provider: Literal["slurm"]
     submit: Submit = Field(default_factory=Submit)

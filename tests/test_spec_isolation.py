@@ -1,0 +1,78 @@
+"""`sharing.isolation` in the spec: where it cannot hold it is refused in one line saying why;
+`plan` gives its cost (issue 48)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.cli import loading
+from infra.core.errors import SpecError
+from infra.core.sharing import isolation, owner
+
+SLURM = {"provider": "slurm", "cpus_per_node": 2}
+LAMBDA = {"provider": "lambda", "head": {"choices": [{"instance_type": "gpu_1x_a10",
+                                                     "region": "us-east-1"}]},
+          "workers": {"count": 0}, "autodown": {"idle_minutes": 10}}
+GCP = {"provider": "gcp-tpu", "project": "my-class-project", "zone": "us-central2-b",
+       "tpu_workers": {"tpu": {"accelerator_type": "v4-8", "max_workers": 2,
+                               "provisioning": "spot"}}}
+
+
+def parse(data: dict[str, Any], **sharing: Any) -> Any:
+    ranges = {"allowed_source_ranges": ["198.51.100.0/24"]} if data["provider"] != "slurm" \
+        and data["provider"] != "local" else {}
+    return loading.parse_spec(Path("clusters/iso.yaml"),
+                              {**data, "sharing": {**ranges, **sharing}})
+
+
+def one_line(exc: pytest.ExceptionInfo[SpecError]) -> str:
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("clusters/iso.yaml: "), text
+    return text
+
+
+def test_slurm_is_refused_saying_members_run_under_the_owners_account() -> None:
+    with pytest.raises(SpecError) as exc:
+        parse(SLURM, isolation="cluster", members_run_as_owner=True)
+    assert "your own Slurm account" in one_line(exc) and "isolation: shared" in str(exc.value)
+
+
+@pytest.mark.parametrize(("data", "provider"), [(LAMBDA, "lambda"), (GCP, "gcp-tpu")])
+def test_providers_not_built_yet_are_refused_by_name(data: dict[str, Any], provider: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse(data, isolation="cluster")
+    assert f"not built for {provider} heads yet" in one_line(exc)
+    assert parse(data).sharing.isolation == "shared"  # today's behaviour stays the default
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("isolation", "walls", "'shared' or 'cluster'"),
+    ("max_active_members", 0, "greater than or equal to 1"),
+    ("member_idle_minutes", 0, "greater than 0")])
+def test_bad_values_name_the_field(key: str, value: Any, words: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse({"provider": "local"}, **{key: value})
+    assert f"sharing.{key}" in one_line(exc) and words in str(exc.value)
+
+
+def test_local_without_root_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    selected = parse({"provider": "local"}, isolation="cluster")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(SpecError) as exc:
+        owner.check_spec(selected)
+    assert "needs root to create member users" in one_line(exc)
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    owner.check_spec(selected)  # as root; and members_run_as_owner is not asked for
+
+
+def test_plan_gives_the_choice_and_its_cost() -> None:
+    selected = parse({"provider": "local"}, isolation="cluster", max_active_members=3)
+    note = owner.plan_note(selected, None) or ""
+    assert "isolation: cluster" in note and "one Ray head per active member" in note
+    assert "at most 3 at once" in note
+    assert f"{isolation.HEAD_MB_PER_MEMBER} MB each" in note
+    assert "isolation" not in (owner.plan_note(parse({"provider": "local"},
+                                                     members_run_as_owner=True), None) or "")
