@@ -120,6 +120,10 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
         # `up` keeps what it rendered even when the running cluster could not take all of it.
         ui.out("the rendered files are those of the last `invoke up`, but the running cluster "
                "does not have the changes above that need a new cluster")
+    elif paths.applied_dir(selected.name).exists() and spec_changes:
+        # The spec's fields above are settings `up` applies in place, not a rendered file.
+        ui.out("the rendered files are those of the last `invoke up`; `invoke up` applies the "
+               "spec changes above to the running cluster")
     elif paths.applied_dir(selected.name).exists():
         ui.out("no changes since the last `invoke up`")
     else:
@@ -178,6 +182,8 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
         applied_spec = drift.read_applied(selected.name)
         pending = [c for c in drift.changes(applied_spec, selected) if not c.applied] \
             if running_before else []
+        in_place = drift.applied_line(drift.changes(applied_spec, selected)) \
+            if running_before else None
         result = impl.plan(current)
         # After the plan's checks: a spec the target cannot run leaves no state behind.
         if auth.ensure_token(current, enabled=selected.auth == "token") is None:
@@ -207,6 +213,8 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
                 f"the running cluster keeps {json.dumps(change.before)}: it needs a new cluster "
                 f"(`invoke teardown{flag}`, then `invoke up{flag}`)")
     ui.out(f"cluster {selected.name!r} ({selected.provider}) is up")
+    if in_place:
+        ui.out(in_place, markup=False)
     ui.out(f"  Ray address:  {endpoint.address}", markup=False)
     ui.out(f'  Ray\'s tools:  eval "$(invoke env{flag})"   (ray status, ray job submit, '
            "ray.init())", markup=False)

@@ -91,3 +91,10 @@ def keep(selected: ClusterSpec, applied: dict[str, Any] | None, running_before: 
                 else:
                     now.pop(key, None)
     atomic_write(_path(selected.name), json.dumps(now, indent=2) + "\n")
+
+
+def applied_line(found: list[Change]) -> str | None:
+    """`up`'s one line for the changes it put into the running cluster, None without any."""
+    done = [f"{c.field} {json.dumps(c.before)} -> {json.dumps(c.after)}" for c in found
+            if c.applied]
+    return f"applied to the running cluster: {', '.join(done)}" if done else None
