@@ -2,11 +2,13 @@
 
 `python -m infra.node.gateway --config FILE` runs an aiohttp server on TLS 1.2+ in front of the
 head's dashboard (plain HTTP on the head's loopback). It takes Ray's own ways of presenting a token
-(`Authorization: Bearer`, `X-Ray-Authorization`, the dashboard's `ray-authentication-token`
-cookie), so the stock `ray job` CLI and `JobSubmissionClient` work unchanged; it strips whatever
-was presented and forwards with the cluster token. The cluster's Ray token is accepted from
-nobody: every node holds it, so any member's job can read it. The owner has a gateway token of
-their own (its hash in the members file), which never reaches a node.
+(`Authorization: Bearer`, `X-Ray-Authorization`), so the stock `ray job` CLI and
+`JobSubmissionClient` work unchanged, and a browser's session cookie (gateway_sessions.py: a
+session id, never a token); it strips whatever was presented and forwards with the cluster token.
+The cluster's Ray token is accepted from nobody: every node holds it, so any member's job can read
+it. The owner has a gateway token of their own (its hash in the members file), kept on the
+owner's machine, which `member-remove` and `rotate-token` replace (where jobs run as the owner's
+account, `local`, a job can read it: infra/core/sharing/owner.py says so at `plan` and `up`).
 
 Every request's target is read once (gateway_target.py): the rules check the decoded, normal path
 and exactly that path goes upstream. A member submits, lists, reads the logs of, stops and deletes
@@ -44,6 +46,7 @@ from infra.node import gateway_packages as gk
 from infra.node import gateway_prices as gp
 from infra.node import gateway_removals as removals
 from infra.node import gateway_removed as gr
+from infra.node import gateway_sessions as gsn
 from infra.node import gateway_state as gs
 from infra.node import gateway_stops as stops
 from infra.node import gateway_target as gt
@@ -75,6 +78,7 @@ class Gateway(JobRoutes, gd.DashboardViews):
         self.usage = gs.Usage(data / gs.USAGE_FILE)
         self.audit = gs.Audit(data / gs.AUDIT_FILE)
         self.failures = gs.FailedLogins()
+        self.sessions = gsn.Sessions()  # browsers signed in: in memory, a restart signs them out
         self.rate = gs.RequestRate()
         self._token_file = gs.SecretFile(config.token_path)
         self._secret_files = [gs.SecretFile(p) for p in config.secret_paths]
@@ -109,13 +113,9 @@ class Gateway(JobRoutes, gd.DashboardViews):
 
     # --- who is asking -------------------------------------------------------------------------
 
-    @staticmethod
-    def presented(request: Any) -> str | None:
-        for name in ("Authorization", "X-Ray-Authorization"):
-            value = request.headers.get(name, "")
-            if value:
-                return value[7:].strip() if value.lower().startswith("bearer ") else value.strip()
-        return request.cookies.get("ray-authentication-token") or None
+    def presented(self, request: Any) -> str | None:
+        """Ray's header forms, else a browser's session cookie ("": one that has ended)."""
+        return gsn.presented(request, self.sessions, self.members)
 
     def identify(self, token: str) -> gs.Member | None:
         """Only from the members file: a member's token, or the owner's own gateway token. The
@@ -131,19 +131,26 @@ class Gateway(JobRoutes, gd.DashboardViews):
             self.audit.write(**seen, path=request.raw_path[:300], status=400)
             return reply(400, f"{exc} (rayfleet's gateway)")
         seen["path"] = target.path
+        refused = gsn.foreign_origin(request)  # a browser's write from another page
+        if refused:
+            self.audit.write(**seen, status=403)
+            return reply(403, refused)
         if target.path == gb.LOGIN_PATH and request.method == "POST":
             return await self.login(request, seen)
+        if target.path == gb.LOGOUT_PATH and request.method == "POST":
+            return gsn.logout(self, request, seen)
         token = self.presented(request)
         who = None if token is None else self.identify(token)
         if who is None and target.path in gb.ENTRY_PAGES and gb.wants_page(request):
             # A browser without a valid token: our login page, not Ray's token dialog.
             self.audit.write(**seen, status=200, page="login")
-            return gb.login_page(self.config.cluster, "" if token is None else
-                                 "That token was not accepted (revoked, expired or mistyped).")
+            return gb.login_page(self.config.cluster, gsn.login_note(token))
         # Only requests without a valid token are turned away: behind a campus NAT one address is
-        # the whole class, and one stale script must not lock every member out.
-        wait = 0.0 if who is not None else self.failures.blocked(source)
+        # the whole class, and one stale script must not lock every member out. An ended
+        # session's cookie ("") guesses nothing: neither counted nor turned away.
+        wait = 0.0 if who is not None or not token else self.failures.blocked(source)
         if wait:
+            await gsn.pause()
             self.audit.write(**seen, status=429)
             return reply(429, f"too many failed logins from {source}; try again in {wait:.0f} s")
         if token is None:
@@ -155,7 +162,8 @@ class Gateway(JobRoutes, gd.DashboardViews):
             if gone is not None:  # a removed member's token: refused, named, no failed guess
                 self.audit.write(**seen, who=gone.name, member_id=gone.id, status=403)
                 return reply(403, gr.refusal(gone))
-            self.failures.failed(source)
+            if token:
+                self.failures.failed(source)
             self.audit.write(**seen, status=403)
             return reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
         seen.update(who=who.name, member_id=who.id, role=who.role)
@@ -226,36 +234,12 @@ class Gateway(JobRoutes, gd.DashboardViews):
         return gb.closed_view(method, path), None
 
     async def login(self, request: Any, seen: dict[str, Any]) -> Any:
-        """The login page's form: a good member token sets its cookie; a bad one counts as a
-        failed login from that address, like any other."""
-        source = seen["source"]
-        wait = self.failures.blocked(source)
-        if wait:
-            self.audit.write(**seen, status=429)
-            return gb.login_page(self.config.cluster, f"Too many failed sign-ins from {source}; "
-                                 f"try again in {wait:.0f} s.", status=429)
-        form = await request.post()
-        token = str(form.get("token") or "").strip()
-        who = self.identify(token) if token else None
-        if who is None or gs.expired(who):
-            self.failures.failed(source)
-            self.audit.write(**seen, status=403)
-            why = "has expired" if who is not None else "was not accepted"
-            return gb.login_page(self.config.cluster, f"That token {why}; check your bundle or "
-                                 "ask the cluster's owner.", status=403)
-        self.audit.write(**seen, who=who.name, member_id=who.id, role=who.role, status=303)
-        return gb.signed_in(token)
+        """The login form: a valid token signs in whatever failed before it (gateway_sessions)."""
+        return await gsn.login(self, request, seen)
 
     def authenticate(self, request: Any) -> Any:
-        """The dashboard's login: the cookie holds the token the browser presented (a member's
-        own, or the owner's gateway token), never the cluster token."""
-        from aiohttp import web
-
-        token = self.presented(request) or ""
-        answer = web.json_response({"status": "authenticated", "message": "Token is valid"})
-        answer.set_cookie("ray-authentication-token", token, max_age=30 * 24 * 3600, path="/",
-                          httponly=True, samesite="Strict", secure=True)
-        return answer
+        """The dashboard's login: a session cookie, never the token (gateway_sessions)."""
+        return gsn.authenticate(self, request)
 
     # --- talking to Ray ------------------------------------------------------------------------
 

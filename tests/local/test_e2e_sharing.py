@@ -360,11 +360,16 @@ def test_members_see_the_dashboard_but_no_unfiltered_view_and_change_nothing(sha
                                    headers={"Authorization": f"Bearer {token}"},
                                    verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=30)
         assert refused.status_code == 403, (method, path)
-    # The browser's login sets a cookie with the member's own token, never the cluster's.
+    # The browser's login sets a session cookie: neither the member's token nor the cluster's
+    # (tests/node/test_gate_stands_signin.py), and it acts as the member.
     login = requests.post(lou.env["RAY_API_SERVER_ADDRESS"] + "/api/authenticate",
                           headers={"Authorization": f"Bearer {token}"},
                           verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=30)
-    assert login.status_code == 200 and login.cookies["ray-authentication-token"] == token
+    session = login.cookies["ray-authentication-token"]
+    assert login.status_code == 200 and session and token.strip() not in session
+    assert requests.get(lou.env["RAY_API_SERVER_ADDRESS"] + "/api/jobs/",
+                        cookies={"ray-authentication-token": session},
+                        verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=30).status_code == 200
     owner = requests.get(lou.env["RAY_API_SERVER_ADDRESS"] + "/api/v0/tasks",
                          headers={"Authorization": f"Bearer {shared.owner_token()}"},
                          verify=lou.env["REQUESTS_CA_BUNDLE"], timeout=60)

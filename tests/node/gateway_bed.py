@@ -81,6 +81,12 @@ class Bed:
     def send(self, method: str, target: str, token: str | None = ANN, body: bytes = b"",
              headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         """One request, written byte for byte; the status and body of the answer."""
+        status, _, rest = self.exchange(method, target, token, body, headers)
+        return status, rest
+
+    def exchange(self, method: str, target: str, token: str | None = ANN, body: bytes = b"",
+                 headers: dict[str, str] | None = None) -> tuple[int, list[str], bytes]:
+        """As `send`, with the answer's header lines ("Name: value", as sent)."""
         lines = [f"{method} {target} HTTP/1.1", f"Host: 127.0.0.1:{self.port}",
                  "Connection: close", f"Content-Length: {len(body)}"]
         if token:
@@ -97,7 +103,7 @@ class Bed:
         status = int(head.split(b" ", 2)[1])
         if b"transfer-encoding: chunked" in head.lower():
             rest = _unchunk(rest)
-        return status, rest
+        return status, head.decode("latin-1").split("\r\n")[1:], rest
 
 
 def _unchunk(data: bytes) -> bytes:
