@@ -59,6 +59,7 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
     membership.refuse_owner_verb(cluster, "plan")
     selected, impl = common.select(provider, cluster)
     refuse_what_the_provider_lacks(selected)
+    sharing.warn_privilege(selected)  # what `up` will say of members' jobs, said first here
     current = state.read(selected.name)
     result = impl.plan(current)
     _write_rendered(selected.name, result)

@@ -133,21 +133,43 @@ def member_remove(provider: str | None, cluster: str | None, name: str, stop_job
         removed = dict(book["members"][name])
         # Kept, marked, without its token's hash: `members` still shows them and their usage.
         sharing_term.remove(book, name, stop_jobs=stop_jobs)
-        sharing_term.write_book(selected.name, book)
+        # The owner's gateway token renewed in the same write: a job running as the owner's
+        # account (local, slurm) may have copied it.
+        sharing.renew_owner_token(selected.name, book)
         if not current.empty:
             sharing.push_registry(selected, impl.head_access(current))
-    ui.out(f"member {name!r} removed: their next request is refused", markup=False)
+    ui.out(f"member {name!r} removed: their next request is refused; your own gateway token "
+           f"is renewed ({sharing.owner_token_path(selected.name)})", markup=False)
     if stop_jobs:
-        # Their jobs by the gateway's own record of who submitted what (Ray's metadata is not
-        # evidence: code inside the cluster can set it on jobs it starts).
-        theirs = sharing.member_job_ids(selected, impl, name, removed)
-        with impl.connect(common.running(selected)) as endpoint:
-            for job in jobs.job_client(endpoint).list_jobs():
-                job_id = str(job.submission_id or job.job_id)
-                if job_id in theirs and str(job.status.value) in ("PENDING", "RUNNING"):
-                    ui.out(f"job {job_id} {jobs.stop(endpoint, job_id)}", markup=False)
+        try:
+            stop_member_jobs(selected, impl, name, removed)
+        finally:
+            # Once more after their jobs stopped: one of them may have read the new one.
+            renew_owner_token(selected, impl)
     if rotate:
         rotate_token(provider, cluster, yes=True)
+
+
+def renew_owner_token(selected: Any, impl: Any) -> None:
+    """The owner's gateway token renewed, and the registry with its hash where the gateway reads
+    it: a copy of the old one (where jobs run as the owner's account, a job can read it) is
+    refused from the gateway's next request on."""
+    with state.locked(selected.name, selected.provider, "renew the owner's gateway token") \
+            as current:
+        sharing.renew_owner_token(selected.name)
+        if not current.empty:
+            sharing.push_registry(selected, impl.head_access(current))
+
+
+def stop_member_jobs(selected: Any, impl: Any, name: str, removed: dict[str, Any]) -> None:
+    """Their jobs by the gateway's own record of who submitted what (Ray's metadata is not
+    evidence: code inside the cluster can set it on jobs it starts)."""
+    theirs = sharing.member_job_ids(selected, impl, name, removed)
+    with impl.connect(common.running(selected)) as endpoint:
+        for job in jobs.job_client(endpoint).list_jobs():
+            job_id = str(job.submission_id or job.job_id)
+            if job_id in theirs and str(job.status.value) in ("PENDING", "RUNNING"):
+                ui.out(f"job {job_id} {jobs.stop(endpoint, job_id)}", markup=False)
 
 
 def rotate_token(provider: str | None, cluster: str | None, yes: bool) -> None:
@@ -167,11 +189,21 @@ def rotate_token(provider: str | None, cluster: str | None, yes: bool) -> None:
         ui.warn(f"rotate-token: restarting Ray on {selected.name!r} with a new token; running "
                 "jobs, actors and Serve apps end")
         auth.rotate(current)
-        impl.restart_ray(current)
+        try:
+            impl.restart_ray(current)
+        finally:
+            if selected.sharing is not None:
+                # On every provider, Ray restarted or not (after the restart: no job left that
+                # could read the new one); the old one, which a job may have copied where jobs
+                # run as the owner's account, is refused from the gateway's next request on.
+                sharing.renew_owner_token(selected.name)
+                sharing.push_registry(selected, impl.head_access(current))
         if selected.sharing is not None:
             sharing.ensure_gateway(selected, impl.head_access(current), current)
     ui.out(f"cluster {selected.name!r} has a new Ray token: the old one is refused everywhere; "
-           "members' tokens are unchanged", markup=False)
+           "members' tokens are unchanged" + ("; your own gateway token is renewed"
+                                               if selected.sharing is not None else ""),
+           markup=False)
 
 
 def check_member(selected: Any, members: dict[str, dict[str, Any]], name: str) -> None:

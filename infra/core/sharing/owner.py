@@ -36,6 +36,11 @@ from infra.core.sharing import certs as sharing_certs
 from infra.core.sharing import isolation
 from infra.core.sharing import term as sharing_term
 from infra.core.sharing import term_people
+from infra.core.sharing.owner_token import ensure_owner_token
+from infra.core.sharing.owner_token import jobs_run_as_owner as jobs_run_as_owner
+from infra.core.sharing.owner_token import owner_token_path as owner_token_path
+from infra.core.sharing.owner_token import renew_owner_token as renew_owner_token
+from infra.core.sharing.owner_token import warn_privilege as warn_privilege
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
 from infra.node import gateway_config, gateway_state, net
@@ -100,27 +105,12 @@ def check_spec(selected: ClusterSpec) -> None:
                         "`members_run_as_owner: true` under sharing: to accept that")
 
 
-def warn_privilege(selected: ClusterSpec) -> None:
-    if selected.sharing is not None and selected.sharing.members_run_as_owner:
-        ui.warn(f"{selected.source}: sharing.members_run_as_owner: members' jobs run as your own "
-                f"account on this {selected.provider} cluster and can read whatever you can")
-
-
 # --- the registry ------------------------------------------------------------------------------
 
 def read_registry(cluster: str) -> dict[str, dict[str, Any]]:
     """The entries the gateway reads (`members`); the file's other sections: sharing_term."""
     members: dict[str, dict[str, Any]] = sharing_term.read_book(cluster)["members"]
     return members
-
-
-def _registry_owner(cluster: str) -> dict[str, Any] | None:
-    try:
-        data = json.loads(registry_path(cluster).read_text())
-    except (OSError, ValueError):
-        return None
-    owner = data.get("owner") if isinstance(data, dict) else None
-    return owner if isinstance(owner, dict) else None
 
 
 def write_registry(cluster: str, members: dict[str, dict[str, Any]],
@@ -132,27 +122,6 @@ def write_registry(cluster: str, members: dict[str, dict[str, Any]],
     if owner is not None:
         data["owner"] = owner
     sharing_term.write_book(cluster, data)
-
-
-def owner_token_path(cluster: str) -> Path:
-    """The owner's own gateway token (0600): never the cluster's Ray token, which every node
-    holds (so any member's job can read it) and which the gateway accepts from nobody."""
-    return folder(cluster) / "owner-token"
-
-
-def ensure_owner_token(cluster: str) -> Path:
-    """The owner's gateway token, made once; its hash in the registry the gateway reads."""
-    path = owner_token_path(cluster)
-    token = path.read_text().strip() if path.exists() else ""
-    if not token:
-        token = secrets.token_hex(32)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(path, token, mode=0o600)
-    digest = gateway_state.token_hash(token)
-    owner = _registry_owner(cluster)
-    if owner is None or owner.get("token_sha256") != digest:
-        write_registry(cluster, read_registry(cluster), {"token_sha256": digest})
-    return path
 
 
 def apply_term(selected: ClusterSpec) -> bool:
