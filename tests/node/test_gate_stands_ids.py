@@ -92,3 +92,13 @@ def test_the_owners_stop_by_ray_job_id_stops_and_follows_the_job_ray_resolved(be
     status, text = bed.send("POST", "/api/jobs/0f000000/stop", token=OWNER)
     assert (status, text.strip()) == (404, b"Job 0f000000 does not exist")
     assert bed.upstream.acted == [("POST", "/stop", "raysubmit_bo1")]
+
+
+def test_a_job_read_before_any_tick_keeps_its_ray_job_id_for_its_leftovers(bed: Bed) -> None:
+    """A member who deletes their job before the gateway's first tick listed it: once Ray has
+    forgotten the submission, only the Ray job id the gateway kept finds what the job left."""
+    bed.gateway.usage.note("raysubmit_ann1", member="ann", member_id=IDS["ann"])
+    assert "ray_job_id" not in bed.gateway.usage.data["jobs"]["raysubmit_ann1"]
+    status, _ = bed.send("DELETE", "/api/jobs/raysubmit_ann1")
+    assert status == 200
+    assert bed.gateway.usage.data["jobs"]["raysubmit_ann1"]["ray_job_id"] == "01000000"
