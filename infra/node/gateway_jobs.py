@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from infra.node import gateway_state as gs
@@ -139,16 +140,22 @@ class JobRoutes:
         after a tick has recorded every member job, fewer possibly-active jobs there than the cap
         is proof enough, and a submit then costs Ray one call, as it does without the gateway."""
         cap = self.config.max_running_jobs_per_member
-        if self.ticked and self.usage.maybe_active(who.id) < cap:
+        # An ended job whose actors the last two ticks saw alive holds a slot, as if it ran on.
+        lingering = self.usage.lingering(who.id, (time.time() - 2 * self.config.poll_seconds)
+                                         * 1000)
+        if self.ticked and self.usage.maybe_active(who.id) + len(lingering) < cap:
             return None
         status, jobs = await self.ray_jobs()
         if status != 200:
             return reply(502, f"the cluster's job API answered {status}; try again")
         running = [j for j in jobs if self.owns(who, j) and j.get("status") in _ACTIVE]
-        if len(running) >= cap:
-            return reply(429, f"member {who.name} has {len(running)} pending or running jobs, "
-                               f"the cluster's cap (sharing.max_running_jobs_per_member) is "
-                               f"{cap}; wait for one to end or stop one")
+        if len(running) + len(lingering) >= cap:
+            left = f" (of them {len(lingering)} ended, their actors still alive)" \
+                if lingering else ""
+            return reply(429, f"member {who.name} has {len(running) + len(lingering)} pending or "
+                               f"running jobs{left}, the cluster's cap "
+                               f"(sharing.max_running_jobs_per_member) is {cap}; wait for one "
+                               "to end or stop one")
         return None
 
     def mine(self, who: gs.Member, job_id: str) -> bool:

@@ -288,6 +288,13 @@ class Usage:
         return sum(1 for key, entry in self.data["jobs"].items()
                    if self.member_id_of(key) == member_id and entry.get("status") not in FINISHED)
 
+    def lingering(self, member_id: str, since_ms: float) -> set[str]:
+        """The member's ended jobs whose actors or placement groups a tick at or after `since_ms`
+        (ms since the epoch) saw alive: they hold the cluster as a running job does."""
+        return {key for key, entry in self.data["jobs"].items()
+                if self.member_id_of(key) == member_id and entry.get("status") in FINISHED
+                and float(entry.get("leftover_until") or 0) >= since_ms}
+
     def member_id_of(self, job_id: str) -> str | None:
         """The id of the member who submitted `job_id` through the gateway, from its own record
         (None: no record of ours; the owner's own jobs through the gateway: OWNER_ID)."""

@@ -86,3 +86,19 @@ def test_past_the_clusters_budget_every_finished_jobs_leftovers_go(beds: Any) ->
         _tick(bed)
         assert bed.gateway.usage.data["cluster"]["budget_reached_at"]
         assert _reapers(bed) == [["01000000", "03000000"]]
+
+
+def test_an_ended_job_whose_actors_live_on_holds_a_slot_of_the_running_jobs_cap(
+        beds: Any) -> None:
+    """A job that ends by itself and leaves a detached actor must not free its slot: else a
+    member holds the cluster with any number of them, each under the cap at its submit."""
+    with beds(max_running_jobs_per_member=1) as bed:
+        _end(bed, "01000000")
+        _tick(bed)
+        _tick(bed)  # the tick after its end sees its actor alive
+        assert bed.gateway.usage.data["jobs"]["raysubmit_ann1"].get("leftover_until")
+        body = json.dumps({"entrypoint": "true"}).encode()
+        status, text = bed.send("POST", "/api/jobs/", body=body)
+        assert status == 429, text
+        assert b"1 ended, their actors still alive" in text
+        assert b"sharing.max_running_jobs_per_member" in text
