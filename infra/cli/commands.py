@@ -21,6 +21,7 @@ from infra.core.sharing import membership
 from infra.core.sharing import owner as sharing
 from infra.core.state import State
 from infra.node.files import atomic_write
+from infra.providers import features
 from infra.providers.base import Endpoint, Plan, Provider, UpOptions
 
 
@@ -76,7 +77,9 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
             "resources": [r.__dict__ for r in result.resources],
             "files": sorted(result.files),
             "notes": list(result.notes),
-            "cost_range": cost_range.__dict__ if cost_range else None,
+            # (node_prices: the gateway's, not a figure of the plan)
+            "cost_range": {k: v for k, v in cost_range.__dict__.items() if k != "node_prices"}
+            if cost_range else None,
             "autodown": selected.autodown.idle_minutes if selected.autodown else None,
             "diff": diff,
             "spec_changes": [dict(c.__dict__) for c in spec_changes],
@@ -139,9 +142,10 @@ def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
 def _unpriced_budgets(selected: spec.ClusterSpec, impl: Provider[Any, Any],
                       result: Plan[Any]) -> list[str]:
     """The dollar budgets of `sharing:` that the gateway cannot reach: it counts $0 for a cluster
-    whose nodes have no price (`node_prices` None)."""
+    whose nodes have no price (`CostRange.node_prices` None)."""
     shared = selected.sharing
-    if shared is None or impl.node_prices(result) is not None:
+    cost = impl.cost_range(result)
+    if shared is None or (cost is not None and cost.node_prices is not None):
         return []
     return [k for k in ("member_budget_usd", "budget_usd") if getattr(shared, k)]
 
@@ -204,7 +208,7 @@ def up(provider: str | None, cluster: str | None, keep_partial: bool) -> None:
             _forget_if_nothing_created(current)
             raise
         gateway_url = sharing.ensure_gateway(selected, impl.head_access(current), current,
-                                             impl.node_prices(result)) \
+                                             cost_range.node_prices if cost_range else None) \
             if selected.sharing else None
         keep_applied(selected.name)
         drift.keep(selected, applied_spec, running_before)
@@ -238,7 +242,7 @@ def _autodown_notices(selected: spec.ClusterSpec, impl: Provider[Any, Any], curr
 
 def _say_if_removed(selected: spec.ClusterSpec, impl: Provider[Any, Any], current: State) -> bool:
     try:
-        report = impl.autodown_report(current)
+        report = features.autodown_report(impl, current)
     except RayfleetError:
         return False
     if report is None or not report.removed_at:

@@ -14,6 +14,7 @@ from infra.core.endpoint import Endpoint
 from infra.core.errors import ClusterNotRunningError, UsageError
 from infra.core.tracking import client as tracking
 from infra.node import wait
+from infra.providers import features
 
 #: How long `invoke mlflow` waits for a tracking server that may still be starting.
 STARTUP_GRACE_S = 30.0
@@ -54,7 +55,7 @@ def copy_tracking(provider: str | None, cluster: str | None) -> None:
             raise ClusterNotRunningError(f"cluster {selected.name!r} has no state; start it with "
                                          "`invoke up`")
         with ui.step("copying the head's MLflow store to this machine"):
-            path = impl.copy_tracking(current)
+            path = features.copy_tracking(impl, current)
     ui.out(f"tracking data copied to {path} (runs, metrics, models, artifacts)", markup=False,
            soft_wrap=True)
 

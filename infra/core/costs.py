@@ -49,12 +49,15 @@ class CostRange:
     #: True when the provider bills node-hours, not money (Slurm): the range is shown in
     #: node-hours per hour, one per node.
     node_hours: bool = False
+    #: $/h of each node type, for the sharing gateway's cost share; None when a type has no
+    #: known price.
+    node_prices: NodePrices | None = None
 
 
 @dataclass(frozen=True)
 class NodePrices:
     """$/h of each node type of the cluster's Ray config, from a provider's price data
-    (`Provider.node_prices`), for the sharing gateway's cost share: on the head, the price at
+    (`CostRange.node_prices`), for the sharing gateway's cost share: on the head, the price at
     each moment is that of the nodes Ray knows then (infra/node/gateway_prices.py)."""
 
     #: The head's node type (a key of `by_type`).

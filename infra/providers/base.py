@@ -13,20 +13,21 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar, final
 
 from infra.core import ui
 from infra.core.autodown import view as autodown_view
 from infra.core.autodown.view import AutodownView
 from infra.core.capabilities import Capabilities
-from infra.core.costs import Cost, CostRange, NodePrices
+from infra.core.costs import Cost, CostRange
 from infra.core.endpoint import Endpoint
 from infra.core.errors import RayfleetError, UsageError
 from infra.core.head import HeadAccess
 from infra.core.spec import ClusterSpec
 from infra.core.state import Attrs, Resource, State
+from infra.providers import features
+from infra.providers.features import HeadServices
 
 
 @dataclass(frozen=True)
@@ -153,8 +154,11 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         `up` and `cost_range` need as data; keeps nothing of it on the provider.
         """
 
+    @final
     def up(self, state: State, plan: Plan[ExtraT], options: UpOptions | None = None) -> Endpoint:
-        """`create`, under the one rollback policy for a failed `up` (Ctrl+C included):
+        """`create`, then the head's services (tracking, metrics, the autodown watcher:
+        infra/providers/features.py, from the provider's `head_services`), under the one rollback
+        policy for a failed `up` (Ctrl+C included):
 
         - what existed before this run is never removed (`created` says what the run made);
         - with `--keep-partial` everything stays in state for `invoke teardown`;
@@ -165,7 +169,9 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         options = options or UpOptions()
         before = frozenset((r.kind, r.id) for r in state.resources())
         try:
-            return self.create(state, plan)
+            endpoint = self.create(state, plan)
+            features.start(self, state)
+            return endpoint
         except BaseException as exc:
             self._roll_back(state, before, options, exc)
             raise
@@ -266,97 +272,51 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
     status_timeout_s: ClassVar[float] = 20.0
 
     @property
+    @final
     def capabilities(self) -> Capabilities:
         """What this provider does: its spec class's table (infra/core/capabilities.py)."""
         return type(self.spec).CAPABILITIES
 
-    def copy_tracking(self, state: State) -> Path:
-        """Copy the tracking store from the head to `.rayfleet/tracking/<cluster>/` now, while the
-        cluster runs (`invoke mlflow --copy`), and return where it is. Only a provider whose store
-        lives on a machine that goes with the cluster has a copy to make; the others keep it
-        where this machine or a shared file system already holds it."""
-        where = state.info.tracking_store or state.info.tracking_head_store
-        raise UsageError(f"cluster {state.cluster!r} keeps its tracking data in {where or 'its store'}"
-                         ", which outlives the cluster: there is nothing to copy")
-
     def cost_range(self, plan: Plan[ExtraT] | None) -> CostRange | None:
-        """$/h at the spec's minimum and maximum size, for `plan` and `up`; read-only, no request.
+        """$/h at the spec's minimum and maximum size, for `plan` and `up`, and of each node
+        type (`node_prices`, for the sharing gateway's cost share); read-only, no request.
 
         From the spec and what `plan` found (e.g. Lambda's prices in `plan.extra`); None (the
         default) when the provider knows nothing about cost, or needs a plan and got none.
         """
         return None
 
-    def node_prices(self, plan: Plan[ExtraT] | None) -> NodePrices | None:
-        """$/h of each node type, for the sharing gateway's cost share; read-only, from the spec
-        and what `plan` found, like `cost_range`. None (the default): the cluster costs no money
-        through rayfleet (this machine, a Slurm site) or its prices are unknown."""
+    # --- small questions: the base starts, reads and decides the head's services ---------------
+
+    def head_services(self, state: State) -> HeadServices | None:
+        """The head's services as this provider has them (infra/providers/features.py): which
+        head, the tracking server's address and store, the autodown watcher and what removes the
+        cluster, or where the watcher's marker is read. None (the default): none at all.
+        Read-only; no request beyond reading what state records."""
         return None
 
-    # --- autodown: the report is decided here; providers answer two small questions ----------
-
-    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
-        """Hook: the head's marker as the provider can read it now: from a live head, or (`left`
-        False: nothing of the cluster is listed) what a removed head left behind. None when it
-        cannot say; quietly (status must not fail on it). Default: None, for a watcher that
-        writes this machine's copy itself (local)."""
+    def listed(self, state: State) -> bool | None:
+        """Whether the provider still lists anything of the cluster (None: it cannot say). Asked
+        only when the answer can change the autodown report."""
         return None
-
-    def autodown_left(self, state: State) -> bool | None:
-        """Hook: whether the provider still lists anything of the cluster (None: it cannot say).
-        Asked only when the answer can change the report."""
-        return None
-
-    def autodown_report(self, state: State, fetch: bool = False,
-                        left: bool | None = None) -> AutodownView | None:
-        """The idle watcher's countdown, or that the cluster removed itself; None when the spec
-        has no autodown and this machine holds no marker of the cluster.
-
-        `status` passes `fetch` (read the head's marker now) and `left` (what its own listing
-        showed); `up` and `teardown` call it bare and the provider is asked only when the
-        cached marker could mean the cluster is gone.
-        """
-        marker = autodown_view.cached(state.cluster, state.cluster_id)
-        if marker is None and self.spec.autodown is None:
-            return None
-        if fetch:
-            marker = self._fetched(state, left) or marker
-        if left is None and marker is not None and self._may_be_gone(marker):
-            left = self.autodown_left(state)
-            if left is False and not fetch:
-                marker = self._fetched(state, False) or marker
-        minutes = self.spec.autodown.idle_minutes if self.spec.autodown else 0.0
-        return autodown_view.decide(marker, minutes, left,
-                                     self.capabilities.autodown_last_word_may_be_lost)
-
-    def with_autodown(self, status: ProviderStatus, report: AutodownView | None,
-                      gone: str) -> ProviderStatus:
-        """`status` with the watcher's report; when the cluster removed itself, `status` says so
-        (`gone`: what the provider saw, e.g. "no job of the cluster is in the queue")."""
-        if report is None or not report.removed_at:
-            return dataclasses.replace(status, autodown=report)
-        return dataclasses.replace(
-            status, running=False, state="removed itself", autodown=report,
-            summary=f"{gone}: it {autodown_view.describe(report)}; `invoke teardown` verifies and "
-                    "clears its state")
-
-    def _fetched(self, state: State, left: bool | None) -> dict[str, Any] | None:
-        text = self.autodown_fetch(state, left)
-        return None if text is None else autodown_view.cache_marker(state.cluster, text,
-                                                                    state.cluster_id)
-
-    def _may_be_gone(self, marker: dict[str, Any]) -> bool:
-        if marker.get("phase") in ("removing", "removed"):
-            return True
-        # A head that leaves its last word behind (a record, this machine's own copy) can be
-        # asked any time; one that may not is presumed removed only after a countdown.
-        return not self.capabilities.autodown_last_word_may_be_lost or bool(marker.get("idle_since"))
 
     @abc.abstractmethod
     def teardown(self, state: State) -> None:
         """Remove every resource in `state`, verify with the provider that none is left, and
         remove each from `state` as it goes. Safe to run twice; touches nothing not ours."""
 
+
+def with_autodown(status: ProviderStatus, report: AutodownView | None,
+                  gone: str) -> ProviderStatus:
+    """`status` with the watcher's report (features.autodown_report); when the cluster removed
+    itself, `status` says so (`gone`: what the provider saw, e.g. "no job of the cluster is in
+    the queue")."""
+    if report is None or not report.removed_at:
+        return dataclasses.replace(status, autodown=report)
+    return dataclasses.replace(
+        status, running=False, state="removed itself", autodown=report,
+        summary=f"{gone}: it {autodown_view.describe(report)}; `invoke teardown` verifies and "
+                "clears its state")
 
 
 @dataclass(frozen=True)

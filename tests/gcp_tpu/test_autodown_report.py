@@ -1,5 +1,5 @@
 """What `up`, `status` and `teardown` make of a GCP cluster whose head may have removed itself
-(`Provider.autodown_report`), against the loopback fake: "removed itself" only when the APIs list
+(`features.autodown_report`), against the loopback fake: "removed itself" only when the APIs list
 nothing with the cluster's labels *and* the last marker this machine kept showed the watcher
 counting down; the time is when that idle period ran out. The real thing, end to end, is
 test_e2e_autodown.py."""
@@ -15,6 +15,7 @@ from infra.core.autodown import view as autodown_view
 from infra.core.state import State
 from infra.node import identity
 from infra.node.gcp_tpu.api import ApiOptions
+from infra.providers import features
 from infra.providers.gcp_tpu import config
 from infra.providers.gcp_tpu.provider import Provider
 from infra.providers.gcp_tpu.records import Cluster
@@ -46,12 +47,12 @@ def test_removed_itself_only_when_nothing_is_listed_and_it_was_counting_down(
     labels = {**config.sweep_labels(state.cluster_id, "gone"), "ray-node-type": "head",
               identity.TAG_NAME: "gone"}
     fake.add_instance(ZONE, "ray-gone-head", labels)
-    report = provider.autodown_report(state)
+    report = features.autodown_report(provider, state)
     assert report is not None and report.removed_at is None, report  # its head is still listed
 
     with fake.lock:
         fake.instances.clear()
-    report = provider.autodown_report(state)
+    report = features.autodown_report(provider, state)
     assert report is not None and report.removed_at and report.silent_since is None, report
     ended = dt.datetime.fromisoformat(IDLE_SINCE) + dt.timedelta(minutes=5)
     assert dt.datetime.fromisoformat(report.removed_at) == ended
@@ -66,6 +67,6 @@ def test_gone_while_busy_is_not_a_self_removal(tmp_path: Path, rf_home: Path, fa
                                               options: ApiOptions, key_file: Path) -> None:
     provider, state = _setup(tmp_path, rf_home, options, {
         "idle_since": None, "detail": "1 job(s) running", "checked_at": IDLE_SINCE})
-    report = provider.autodown_report(state)
+    report = features.autodown_report(provider, state)
     assert report is not None and report.removed_at is None, report
     assert provider.status(state).state != "removed itself"

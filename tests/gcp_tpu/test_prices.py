@@ -56,7 +56,7 @@ def test_node_prices_name_the_rendered_configs_types(tmp_path: Path) -> None:
     """The sharing gateway prices each node Ray's autoscaler reports by its type's name in the
     rendered cluster config: `head` and the spec's worker type names."""
     selected = _spec(tmp_path, HEAD_CPU_TPU)
-    found = providers.create(selected).node_prices(None)
+    found = providers.create(selected).cost_range(None).node_prices
     assert found is not None and found.head_type == "head"
     assert dict(found.by_type) == {"head": 0.1942, "cpu": 0.3885, "tpu": 4 * 3.22}
     assert abs(found.floor_usd - (0.1942 + 0.3885)) < 1e-9
@@ -65,7 +65,7 @@ def test_node_prices_name_the_rendered_configs_types(tmp_path: Path) -> None:
     assert set(rendered["available_node_types"]) == set(found.by_type)
     assert rendered["head_node_type"] == found.head_type
     unknown = _spec(tmp_path, {"head": {"machine_type": "m3-ultramem-32"}})
-    assert providers.create(unknown).node_prices(None) is None
+    assert providers.create(unknown).cost_range(None).node_prices is None
 
 
 def test_unknown_type_gives_no_price(tmp_path: Path) -> None:

@@ -324,7 +324,7 @@ def test_the_heads_autodown_config_covers_queued_slices(tmp_path: Path) -> None:
     """With queued slices, the watcher's action gets every zone their requests may be in and
     stops the joiner first (it would re-queue a spot slice while its request is being deleted);
     without them, neither."""
-    from infra.providers.gcp_tpu import autodown_setup
+    from infra.providers.gcp_tpu import services
 
     cluster = load(tmp_path, {"one": {"accelerator_type": "v4-8",
                                       "zones": ["us-central2-a", "us-central2-b"]}},
@@ -334,11 +334,11 @@ def test_the_heads_autodown_config_covers_queued_slices(tmp_path: Path) -> None:
     current.add("rf-x-one-0-1", Queued(zone="us-central2-c"))
     head = current.add("qcls", Cluster(project="test-project", zone="us-central2-b",
                                        head="ray-qcls-head", label_id=current.cluster_id))
-    args = autodown_setup.watcher_config(cluster, current, head).action_args
+    args = services.watcher_config(cluster, current, head).action_args
     assert args["queued_zones"] == ["us-central2-a", "us-central2-b", "us-central2-c"]
     assert args["stop_first"] == ["~/.rayfleet/queued.json.pid"]
     (tmp_path / "plain").mkdir()
     plain = load(tmp_path / "plain", {}, autodown={"idle_minutes": 5})
     fresh = state.State.new(tmp_path / "t.json", "qcls", "gcp-tpu")
-    args = autodown_setup.watcher_config(plain, fresh, head).action_args
+    args = services.watcher_config(plain, fresh, head).action_args
     assert "queued_zones" not in args and "stop_first" not in args

@@ -418,9 +418,9 @@ def test_cost_range_and_launch_read_the_plan_alone(fake: FakeLambda, make_spec: 
     # The plan's listing, while fresh, is what the first launch goes by.
     assert plan.extra.fresh(3600) is plan.extra.types and plan.extra.fresh(0) is None
     # The sharing gateway's prices: a fixed-size cluster runs no autoscaler, its price is fixed.
-    prices = fresh.node_prices(plan)
+    prices = cost.node_prices
     assert prices is not None and dict(prices.by_type) == {}
-    assert prices.floor_usd == pytest.approx(2.25) and fresh.node_prices(None) is None
+    assert prices.floor_usd == pytest.approx(2.25) and fresh.cost_range(None) is None
     scaling_path = make_spec("lts", worker_types={"gpu": {
         "choices": [{"instance_type": "gpu_1x_a10", "region": "us-east-1"}],
         "min_workers": 0, "max_workers": 2}})
@@ -428,7 +428,8 @@ def test_cost_range_and_launch_read_the_plan_alone(fake: FakeLambda, make_spec: 
     del data["workers"]  # worker_types instead: an autoscaling cluster
     scaling_path.write_text(yaml.safe_dump(data))
     scaling = load_spec(scaling_path)
-    prices = providers.create(scaling).node_prices(providers.create(scaling).plan(None))
+    scaled = providers.create(scaling).cost_range(providers.create(scaling).plan(None))
+    prices = scaled.node_prices if scaled else None
     assert prices is not None and prices.head_type == "head"
     assert dict(prices.by_type) == {"head": pytest.approx(0.75), "gpu": pytest.approx(0.75)}
 

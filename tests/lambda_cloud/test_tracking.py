@@ -164,15 +164,15 @@ def test_plan_says_where_the_store_lives(fake: FakeLambda, make_spec: SpecFactor
 def test_a_file_system_in_the_spec_holds_the_store(fake: FakeLambda, make_spec: SpecFactory,
                                                    rf_home: Path) -> None:
     from infra.node.lambda_cloud import api
-    from infra.providers.lambda_cloud import tracking_setup
+    from infra.providers.lambda_cloud import services
 
     fake.add_file_system("shared", "us-east-1")
     client = api.LambdaClient.from_env()
     durable = load_spec(make_spec("lt", tracking="mlflow", file_system="shared"))
     assert isinstance(durable, Spec)
     # Lambda's listing names the mount point (the fake: /lambda/nfs/<name>, as the OpenAPI file).
-    assert tracking_setup.store(durable, client) == tracking_remote.HeadStore(
+    assert services.store(durable, client) == tracking_remote.HeadStore(
         "/lambda/nfs/shared/rayfleet-tracking/lt", "Lambda file system 'shared'")
     on_head = load_spec(make_spec("lt", tracking="mlflow"))
     assert isinstance(on_head, Spec)
-    assert tracking_setup.store(on_head, client) == tracking_remote.HeadStore("rayfleet/tracking")
+    assert services.store(on_head, client) == tracking_remote.HeadStore("rayfleet/tracking")

@@ -9,6 +9,7 @@ from pathlib import Path
 from infra.cli import loading
 from infra.core.autodown import view as autodown_view
 from infra.core.state import State
+from infra.providers import features
 from infra.providers.slurm.provider import Provider
 from infra.providers.slurm.spec import Spec
 
@@ -31,10 +32,10 @@ def test_removing_is_removed_only_once_slurm_lists_no_job(rf_home: Path, tmp_pat
     loaded, state = _setup(tmp_path)
     _cache(state, cluster_id=state.cluster_id, phase="removing",
            removing_at="2026-01-01T10:00:30+00:00")
-    listed = Provider(loaded).autodown_report(state, left=True)
+    listed = features.autodown_report(Provider(loaded), state, left=True)
     assert listed is not None and listed.removed_at is None
     assert listed.detail == "removing the cluster now"
-    gone = Provider(loaded).autodown_report(state, left=False)
+    gone = features.autodown_report(Provider(loaded), state, left=False)
     assert gone is not None and gone.removed_at == "2026-01-01T10:00:30+00:00"
     assert autodown_view.describe(gone).startswith("removed itself after 0.5 idle minutes at ")
 
@@ -46,11 +47,11 @@ def test_another_clusters_marker_is_never_taken(rf_home: Path, tmp_path: Path) -
     # Nor when read from the head: another cluster's file at our path is not kept.
     assert autodown_view.cache_marker(state.cluster, json.dumps(
         {"cluster_id": "0badc0de", "phase": "removed"}), state.cluster_id) is None
-    report = Provider(loaded).autodown_report(state, left=False)
+    report = features.autodown_report(Provider(loaded), state, left=False)
     assert report is not None and report.removed_at is None  # "no report from the watcher yet"
     # Without autodown in the spec and no marker of ours: nothing to show, nothing to ask.
     plain, _ = _setup(tmp_path, "")
-    assert Provider(plain).autodown_report(state, left=False) is None
+    assert features.autodown_report(Provider(plain), state, left=False) is None
 
 
 def test_a_new_head_job_forgets_the_last_watcher(rf_home: Path, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from infra.core.state import State
 from infra.providers.base import PlannedResource
-from infra.providers.gcp_tpu import config, firewall, preflight, tracking_setup
+from infra.providers.gcp_tpu import config, firewall, preflight, services
 from infra.providers.gcp_tpu.records import Cluster, Firewall, Queued
 from infra.providers.gcp_tpu.spec import Spec
 
@@ -80,7 +80,7 @@ def rows(spec: Spec, state: State | None,
             "to the head only",
             bool(state and state.find(Firewall, firewall.gateway_name(spec.name)))))
     if spec.tracking == "mlflow":
-        notes.append(tracking_setup.plan_note(spec))
+        notes.append(services.plan_note(spec))
     notes.append(f"idle workers are removed after {spec.idle_timeout_minutes:g} minutes; "
                  f"at most {spec.max_total} workers ({1 + spec.max_total} nodes with the head)")
     if spec.zones is not None:

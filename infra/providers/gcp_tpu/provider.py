@@ -10,6 +10,7 @@ spec names source ranges, which get a firewall rule of their own (recorded, remo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import shutil
 from collections.abc import Iterator
@@ -17,25 +18,26 @@ from pathlib import Path
 from typing import Any
 
 from infra.core import auth, jobs, paths, privilege, remote_head, ssh, ui
-from infra.core.costs import NodePrices
 from infra.core.errors import ClusterNotRunningError, UsageError
 from infra.core.head import HeadAccess
-from infra.core.head_ssh import SshHead, ssh_head
+from infra.core.head_ssh import SshHead
 from infra.core.state import Attrs, Resource, State
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
+from infra.providers import features
 from infra.providers.base import (
     CostRange,
     Endpoint,
     Plan,
     ProviderStatus,
     Readiness,
+    with_autodown,
 )
 from infra.providers.base import Provider as BaseProvider
+from infra.providers.features import HeadServices, Watcher, autodown_report
 from infra.providers.gcp_tpu import (
-    autodown_setup,
     capacity,
     config,
     firewall,
@@ -43,8 +45,8 @@ from infra.providers.gcp_tpu import (
     planning,
     preflight,
     removal,
+    services,
     slices,
-    tracking_setup,
     users,
     view,
 )
@@ -295,8 +297,6 @@ class Provider(BaseProvider[Spec, Preflight]):
         # gets a new monitor; a running cluster keeps its own, or gets one if it had none.
         with ui.step("starting Ray's autoscaler (supervised) on the head"):
             self._head_monitor(self._head_target(recorded), ran_ray_up)
-        tracking_setup.start(spec, state, self._head_target(recorded), internal)
-        autodown_setup.install(spec, state, recorded, self._head_target(recorded))
         return remote_head.announced(direct or f"SSH tunnel to {spec.ssh_user}@{external}",
                                      f"{internal}:{GCS_PORT}", None)
 
@@ -319,7 +319,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         assert cluster is not None
         requests = slices.slice_requests(spec, state.cluster_id, state.owner, keypair.public_key)
         slices.queue_all(api, state, requests, api.options.poll_interval)
-        slices.install_joiner(self._head_target(cluster), spec, state, requests,
+        slices.install_joiner(self._daemon_head(cluster), spec, state, requests,
                               f"{cluster.attrs.head_internal_ip}:{GCS_PORT}")
 
     def _head_target(self, cluster: Resource[Cluster]) -> ssh.SshTarget:
@@ -354,30 +354,22 @@ class Provider(BaseProvider[Spec, Preflight]):
         if not clusters and not rules:
             return ProviderStatus(False, "not up")
         api, _ = self._api(self._project(clusters, rules), self._credentials(clusters))
-        status = view.status(self.spec, state, api, self._head_target)
+        status = view.status(self.spec, state, api, self._daemon_head)
         if not clusters:
             return status
         listed = [r for r in status.rows if r.get("kind") != "firewall rule"]
-        report = self.autodown_report(state, fetch=status.running, left=bool(listed))
+        report = autodown_report(self, state, fetch=status.running, left=bool(listed))
         where = f"{clusters[0].attrs.project}/{clusters[0].attrs.zone}"
-        return self.with_autodown(status, report, f"no VM or TPU of the cluster is left in {where}")
+        return with_autodown(status, report, f"no VM or TPU of the cluster is left in {where}")
 
-    # The head deletes its own VM: its last marker may never reach this machine.
-
-    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
-        clusters = state.resources(Cluster)
-        if left is False or not clusters:
-            return None  # a deleted head leaves nothing to read
-        return autodown_setup.marker(self._head_target(clusters[0]))
-
-    def autodown_left(self, state: State) -> bool | None:
+    def listed(self, state: State) -> bool | None:
         """Whether the APIs list any VM or TPU node with the recorded clusters' labels."""
         clusters = state.resources(Cluster)
         if not clusters:
             return None
         api = self._api(clusters[0].attrs.project, clusters[0].attrs.credentials_file
                         or self.spec.credentials_file)[0]
-        return any(autodown_setup.nodes_left(api, cluster) for cluster in clusters)
+        return any(services.nodes_left(api, cluster) for cluster in clusters)
 
 
     def readiness(self) -> list[Readiness]:
@@ -406,26 +398,41 @@ class Provider(BaseProvider[Spec, Preflight]):
                                          "up` again to restore access, or `invoke teardown`")
         return cluster
 
-    def copy_tracking(self, state: State) -> Path:
-        if not state.info.tracking_head_store:
-            return super().copy_tracking(state)
-        return tracking_setup.copy_now(state, self._head_target(self._reachable_head(state)))
-
     def head_access(self, state: State) -> HeadAccess:
-        cluster = self._reachable_head(state)
+        return self._head(state, self._reachable_head(state))
+
+    def _head(self, state: State | None, cluster: Resource[Cluster]) -> SshHead:
         target = self._head_target(cluster)
         # `ray start --head` without --ray-client-server-port opens Ray's default, 10001.
         return SshHead(target=target, where=str(target),
-                       env=auth.head_env(state, config.NODE_TOKEN_PATH),
+                       env=auth.head_env(state, config.NODE_TOKEN_PATH) if state else {},
                        dashboard_port=cluster.attrs.dashboard_port or self.spec.dashboard.port,
                        client_port=10001,
-                       python=autodown_setup.HEAD_PYTHON)
+                       python=services.HEAD_PYTHON)
+
+    def _daemon_head(self, cluster: Resource[Cluster]) -> SshHead:
+        """The head as its daemons run there (the watcher, the joiner, as the autoscaler's
+        user): the node env's Python, activated."""
+        return dataclasses.replace(self._head(None, cluster), python=users.PYTHON,
+                                   activate=users.ACTIVATE)
+
+    def head_services(self, state: State) -> HeadServices:
+        """The tracking server on the head's internal address (the nodes reach it there; no
+        firewall rule opens it), its store on the head; the watcher as the autoscaler's user,
+        removing the cluster with the VM's own service account, the head's VM last."""
+        cluster = self._reachable_head(state)
+        spec = self._in_zone(str(cluster.attrs.zone)) if cluster.attrs.zone else self.spec
+        config_ = services.watcher_config(spec, state, cluster) if spec.autodown else None
+        return HeadServices(head=self._head(state, cluster),
+                            listen_host=str(cluster.attrs.head_internal_ip or ""),
+                            watcher=Watcher(self._daemon_head(cluster), users.DAEMON_USER,
+                                            config_, keeps_marker=True,
+                                            name=str(cluster.attrs.head or "")))
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
         cluster = self._reachable_head(state)
-        target = self._head_target(cluster)
-        with tracking_remote.connect(state, ssh_head(target),
+        with tracking_remote.connect(state, self.head_access(state),
                                      cluster.attrs.dashboard_port or self.spec.dashboard.port,
                                      f"{(cluster.attrs.head_internal_ip or '')}:{GCS_PORT}",
                                      auth.token_file(state)) as endpoint:
@@ -440,14 +447,18 @@ class Provider(BaseProvider[Spec, Preflight]):
             api, key_file = self._api(self._project(clusters, rules, requests),
                                       self._credentials(clusters))
             head = next((c for c in clusters if c.attrs.head_ip), None)
-            tracking_setup.save(state, api, head, self._head_target(head) if head else None)
+            # Before any node goes: the head's store copied here, or one line why not.
+            features.save_tracking(
+                self, state, head is not None and bool(state.info.tracking_head_store)
+                and bool(services.nodes_left(api, head)),
+                "the head is already gone (autodown, or removed by hand)")
             if head is not None and (requests or self.spec.queued_slices):
                 # First the joiner, so it queues nothing new while its requests go.
-                slices.stop_joiner(self._head_target(head))
+                slices.stop_joiner(self._daemon_head(head))
             if requests or self.spec.queued_slices:
                 slices.teardown(api, self.spec, state)
             for cluster in clusters:
-                if autodown_setup.nodes_left(api, cluster):
+                if services.nodes_left(api, cluster):
                     self._ray_down(state, cluster, key_file)
                 else:  # e.g. the cluster removed itself: nothing for `ray down` to stop
                     launcher.remove_config_caches(self.spec.name, str(cluster.attrs.project))
@@ -469,13 +480,9 @@ class Provider(BaseProvider[Spec, Preflight]):
     # --- cost (issue 15) -------------------------------------------------------------------
 
     def cost_range(self, plan: Plan[Preflight] | None) -> CostRange | None:
-        """$/h at min and max size, estimated from the dated price table in prices.py."""
+        """$/h at min and max size and of each node type (None when one is not in the table),
+        estimated from the dated price table in prices.py."""
         from infra.providers.gcp_tpu import prices
 
-        return prices.cost_range(self.spec)
-
-    def node_prices(self, plan: Plan[Preflight] | None) -> NodePrices | None:
-        """Each node type at the estimated price of prices.py; None when one is not in the table."""
-        from infra.providers.gcp_tpu import prices
-
-        return prices.node_prices(self.spec)
+        return dataclasses.replace(prices.cost_range(self.spec),
+                                   node_prices=prices.node_prices(self.spec))

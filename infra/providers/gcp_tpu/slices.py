@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra.core import auth, paths, ui, versions
 from infra.core.errors import RayfleetError
-from infra.core.head_ssh import SshHead, ssh_head
+from infra.core.head import HeadAccess
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node.files import atomic_write
@@ -27,7 +27,6 @@ from infra.providers.gcp_tpu import config, users
 from infra.providers.gcp_tpu.records import Queued
 
 if TYPE_CHECKING:
-    from infra.core import ssh
     from infra.core.state import State
     from infra.providers.gcp_tpu.spec import Spec
 
@@ -88,7 +87,7 @@ def _finished(api: Gcp, operation: dict[str, Any], what: str) -> Any:
     return check
 
 
-def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
+def install_joiner(head: HeadAccess, spec: Spec, state: State,
                    requests: list[queued.SliceRequest], head_address: str) -> None:
     """Start (or keep) the head's joiner for this cluster's slices, as the autoscaler's user
     (users.DAEMON_USER): the joiner queues slices with the VM's service account, which only that
@@ -117,27 +116,23 @@ def install_joiner(target: ssh.SshTarget, spec: Spec, state: State,
     }
     with ui.step(f"starting the queued-slice joiner on the head ({len(requests)} slice type(s))"):
         # A joiner from an earlier `up` would keep its old config: restart it (its marker stays).
-        stop_joiner(target)
-        _head(target).ensure_daemon("infra.node.gcp_tpu.joiner", joiner.HEAD_CONFIG,
+        stop_joiner(head)
+        head.ensure_daemon("infra.node.gcp_tpu.joiner", joiner.HEAD_CONFIG,
                                     json.dumps(settings, indent=2) + "\n", log=joiner.HEAD_LOG,
                                     user=users.DAEMON_USER)
 
 
-def _head(target: ssh.SshTarget) -> SshHead:
-    """The head as the joiner runs there: the node env's Python, activated."""
-    return ssh_head(target, users.PYTHON, users.ACTIVATE)
-
-
-def stop_joiner(target: ssh.SshTarget) -> None:
+def stop_joiner(head: HeadAccess) -> None:
+    """`head`: the head as its daemons run there (the provider's `_daemon_head`)."""
     with contextlib.suppress(RayfleetError):
-        _head(target).stop_daemon(joiner.HEAD_CONFIG, users.DAEMON_USER)
+        head.stop_daemon(joiner.HEAD_CONFIG, users.DAEMON_USER)
 
 
-def read_marker(target: ssh.SshTarget | None, cluster: str) -> dict[str, Any]:
+def read_marker(head: HeadAccess | None, cluster: str) -> dict[str, Any]:
     """The head's marker (cached here for when the head cannot answer); {} when none."""
     cache = paths.home() / "gcp-tpu" / cluster / MARKER_FILE
-    if target is not None:
-        text = _head(target).read(joiner.HEAD_MARKER, users.DAEMON_USER)
+    if head is not None:
+        text = head.read(joiner.HEAD_MARKER, users.DAEMON_USER)
         if text:
             atomic_write(cache, text)
     try:

@@ -17,7 +17,7 @@ from infra.providers.gcp_tpu import config, slices
 from infra.providers.gcp_tpu.records import Cluster, Firewall, Queued
 
 if TYPE_CHECKING:
-    from infra.core import ssh
+    from infra.core.head import HeadAccess
     from infra.core.state import Resource, State
     from infra.providers.gcp_tpu.spec import Spec
 
@@ -31,7 +31,7 @@ def ips(instance: dict[str, Any]) -> tuple[str, str]:
 
 
 def status(spec: Spec, state: State, api: Gcp,
-           head_target: Callable[[Resource[Cluster]], ssh.SshTarget]) -> ProviderStatus:
+           daemon_head: Callable[[Resource[Cluster]], HeadAccess]) -> ProviderStatus:
     clusters, rules = state.resources(Cluster), state.resources(Firewall)
     first = (clusters or rules)[0]
     rows: list[dict[str, str]] = []
@@ -66,7 +66,7 @@ def status(spec: Spec, state: State, api: Gcp,
                          "status": str(n.get("state")), "ip": str(ip)})
     if spec.queued_slices or state.resources(Queued):
         head = next((c for c in clusters if c.attrs.head_ip), None)
-        marker = slices.read_marker(head_target(head) if head else None, spec.name)
+        marker = slices.read_marker(daemon_head(head) if head else None, spec.name)
         queued_rows, queued_warnings = slices.status_rows(api, spec, state, marker)
         rows += queued_rows
         warnings += queued_warnings

@@ -13,6 +13,7 @@ See NOTES.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,23 +22,25 @@ from infra.core import auth, paths, remote_head, ssh, ui
 from infra.core.costs import NodePrices
 from infra.core.errors import ClusterNotRunningError, RayfleetError
 from infra.core.head import HeadAccess
-from infra.core.head_ssh import SshHead, ssh_head
+from infra.core.head_ssh import SshHead
 from infra.core.state import Attrs, Resource, State
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node import identity
 from infra.node.files import atomic_write
 from infra.node.lambda_cloud import api
+from infra.providers import features
 from infra.providers.base import (
     CostRange,
     Endpoint,
     Plan,
     ProviderStatus,
     Readiness,
+    with_autodown,
 )
 from infra.providers.base import Provider as BaseProvider
+from infra.providers.features import HeadServices, Watcher, autodown_report
 from infra.providers.lambda_cloud import (
-    autodown_setup,
     autoscale,
     costs,
     firewall,
@@ -45,7 +48,7 @@ from infra.providers.lambda_cloud import (
     planning,
     provisioning,
     raycluster,
-    tracking_setup,
+    services,
     users,
 )
 from infra.providers.lambda_cloud.planning import Capacity, place
@@ -97,7 +100,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         if types:
             notes += planning.cost_notes(self.spec, types, hourly, len(slots))
         if self.spec.tracking == "mlflow":
-            notes.append(tracking_setup.plan_note(self.spec))
+            notes.append(services.plan_note(self.spec))
         if self.spec.autoscaling:
             files = {autoscale.RENDERED: self._render_autoscaler(state, None, types)}
         else:
@@ -156,8 +159,6 @@ class Provider(BaseProvider[Spec, Capacity]):
         else:
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
             self._start_monitor(head_target, replace=False)
-        tracking_setup.start(self.spec, state, self.client(), head_target, head)
-        autodown_setup.install(self.spec, state, head_target, head.id, self.client())
         return self._announced(head, auth.token_file(state))
 
     def _start_monitor(self, head_target: ssh.SshTarget, replace: bool) -> None:
@@ -190,8 +191,6 @@ class Provider(BaseProvider[Spec, Capacity]):
         minimum = sum(k.min_workers for k in (self.spec.worker_types or {}).values())
         with raycluster.dashboard_tunnel(target) as url:
             raycluster.wait_workers(url, minimum, self.spec.ray_timeout_s, token)
-        tracking_setup.start(self.spec, state, client, target, head)
-        autodown_setup.install(self.spec, state, target, head.id, client)
         return self._announced(head, token)
 
     def _announced(self, head: api.Instance, token: Path | None) -> Endpoint:
@@ -260,23 +259,19 @@ class Provider(BaseProvider[Spec, Capacity]):
         launched += [fleet.tag_time(i) for i in scaled + orphans]
         cost = costs.cost(hourly, accrued, billed_now, launched)
         status = ProviderStatus(running, summary, bill.rows, warnings, cost=cost)
-        report = self.autodown_report(state, fetch=running,
-                                      left=bool(billed_now) if in_state else None)
-        return self.with_autodown(status, report, "all instances of the cluster are terminated")
+        report = autodown_report(self, state, fetch=running,
+                                 left=bool(billed_now) if in_state else None)
+        return with_autodown(status, report, "all instances of the cluster are terminated")
 
     def cost_range(self, plan: Plan[Capacity] | None) -> CostRange | None:
-        """$/h at min and max size from the plan's listing; None without a plan or prices."""
+        """$/h at min and max size from the plan's listing, each node type at its first
+        choice's price; None without a plan or prices."""
         types = plan.extra.types if plan is not None else None
-        return None if types is None else planning.cost_range(self.spec, types)
-
-    def node_prices(self, plan: Plan[Capacity] | None) -> NodePrices | None:
-        """Each node type at its first choice's price (as `cost_range`); None without prices."""
-        types = plan.extra.types if plan is not None else None
-        cost = self.cost_range(plan)
-        if types is None or cost is None or cost.min_hourly_usd is None:
+        if types is None:
             return None
-        from infra.providers.lambda_cloud import autoscale
-
+        cost = planning.cost_range(self.spec, types)
+        if cost is None or cost.min_hourly_usd is None:
+            return cost
         by_type: dict[str, float] = {}
         if self.spec.autoscaling:
             wanted = {autoscale.HEAD_TYPE: self.spec.head.choices[0].instance_type,
@@ -284,17 +279,10 @@ class Provider(BaseProvider[Spec, Capacity]):
                          for name, kind in (self.spec.worker_types or {}).items()}}
             by_type = {name: types[kind].price_cents_per_hour / 100
                        for name, kind in wanted.items() if kind in types}
-        return NodePrices(autoscale.HEAD_TYPE, by_type, cost.min_hourly_usd)
+        return dataclasses.replace(cost, node_prices=NodePrices(autoscale.HEAD_TYPE, by_type,
+                                                                cost.min_hourly_usd))
 
-    # The head terminates its own instance: its last marker may never reach this machine.
-
-    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
-        head_ip = state.info.head_ip
-        if left is False or not head_ip:
-            return None  # a terminated head leaves nothing to read
-        return autodown_setup.marker(self.spec, self._target(str(head_ip)))
-
-    def autodown_left(self, state: State) -> bool | None:
+    def listed(self, state: State) -> bool | None:
         """Whether the API lists any instance of the state as not terminated."""
         if not state.resources(Instance):
             return None
@@ -325,24 +313,39 @@ class Provider(BaseProvider[Spec, Capacity]):
                                          "start it with `invoke up`")
         return str(head_ip)
 
-    def copy_tracking(self, state: State) -> Path:
-        if not state.info.tracking_head_store:
-            return super().copy_tracking(state)
-        return tracking_setup.copy_now(self.spec, state, self._target(self._head_ip(state)))
-
     def head_access(self, state: State) -> HeadAccess:
         target = self._target(self._head_ip(state))
         return SshHead(target=target, where=str(target),
                        env=auth.head_env(state, auth.NODE_TOKEN_PATH),
                        dashboard_port=raycluster.DASHBOARD_PORT,
-                       client_port=raycluster.CLIENT_PORT, python=autodown_setup.HEAD_PYTHON,
+                       client_port=raycluster.CLIENT_PORT, python=services.HEAD_PYTHON,
                        activate=raycluster.activate(self.spec))
+
+    def head_services(self, state: State) -> HeadServices:
+        """The tracking server on the head's private address (its public one where none is
+        listed), its store on the spec's file system or the head; the watcher as the
+        autoscaler's user, removing the cluster through the API with the key it holds."""
+        head = self.head_access(state)
+        record = next((r for r in state.resources(Instance)
+                       if fleet.slot_key(r.attrs.name, r.attrs) == "head"), None)
+        spec = self.spec
+        config = None
+        if spec.autodown is not None and record is not None:
+            config = services.watcher_config(
+                spec.name, state.cluster_id, spec.autodown.idle_minutes, record.id,
+                raycluster.DASHBOARD_PORT, auth.NODE_TOKEN_PATH if auth.token_file(state) else None,
+                None, self.client().limits.scale)
+        listen = (record.attrs.private_ip or record.attrs.ip) if record else None
+        return HeadServices(head=head, listen_host=str(listen or head.address),
+                            store=lambda: services.store(spec, self.client()),
+                            watcher=Watcher(head, services.WATCHER_USER, config,
+                                            services.watcher_secrets))
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:
         """Tunnels to the head: dashboard, tracking server, Serve (tracking_remote.connect)."""
         head_ip = self._head_ip(state)
-        with tracking_remote.connect(state, ssh_head(self._target(head_ip)),
+        with tracking_remote.connect(state, self.head_access(state),
                                      raycluster.DASHBOARD_PORT,
                                      f"{head_ip}:{raycluster.GCS_PORT}",
                                      auth.token_file(state)) as endpoint:
@@ -362,9 +365,13 @@ class Provider(BaseProvider[Spec, Capacity]):
         fleet.adopt_orphans(client, state, "teardown")
         heads = [r.id for r in state.resources(Instance)
                  if fleet.slot_key(r.attrs.name, r.attrs) == "head"]
-        head_ip = state.info.head_ip
-        tracking_setup.save(self.spec, state, client, heads,
-                            self._target(str(head_ip)) if head_ip else None)
+        # Before any instance goes: the head's store copied here, or one line why not. A head the
+        # API no longer lists as running is not asked.
+        listed = {i.id: i.status for i in client.instances()} if state.info.tracking_head_store \
+            else {}
+        features.save_tracking(self, state, bool(state.info.head_ip) and any(
+            listed.get(h) not in (None, *api.GONE) for h in heads),
+            "the head is already terminated (autodown, or removed by hand)")
         if self.spec.autoscaling and heads:
             fleet.terminate(client, state, heads)
         fleet.terminate_until_quiet(client, state, self.spec.autoscaling)

@@ -1,7 +1,7 @@
-"""This machine's side of Lambda autodown: the watcher's config, putting it on the head at `up`,
-reading its marker at `status` (infra/node/autodown.py is the watcher,
-infra/node/lambda_cloud/autodown.py its action; what the marker means is decided in
-infra/providers/base.py).
+"""Lambda's answers about its head's services (infra/providers/features.py starts, reads and
+stops them once for every provider): the watcher's config and what removes the cluster, where the
+tracking store lives. infra/node/autodown.py is the watcher, infra/node/lambda_cloud/autodown.py
+its action; see NOTES.md "MLflow tracking".
 
 The head already holds the API key for its autoscaler (autoscale.py, a 0600 file of the
 autoscaler's user); fixed-size clusters get the same file the same way (SFTP, 0600, handed to that
@@ -10,23 +10,17 @@ user). The watcher runs as that user too. Nothing secret is in the watcher's con
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
-from infra.core import auth, privilege, ui
-from infra.core.autodown import remote as autodown_remote
-from infra.core.errors import RayfleetError
-from infra.core.head_ssh import SshHead, ssh_head
+from infra.core import privilege
+from infra.core.tracking import remote as tracking_remote
 from infra.node import autodown
 from infra.node.lambda_cloud import api
-from infra.providers.lambda_cloud import raycluster
 
 # The API key on the head (0600): the same file the autoscaler's node provider reads.
 from infra.providers.lambda_cloud.autoscale import HEAD_API_KEY_FILE
 
 if TYPE_CHECKING:
-    from infra.core import ssh
-    from infra.core.state import State
     from infra.providers.lambda_cloud.spec import Spec
 
 #: The Python next to the `ray` the head runs: it has requests (Ray depends on it).
@@ -52,31 +46,28 @@ def watcher_config(cluster: str, cluster_id: str, idle_minutes: float, head_id: 
         token_path=token_path)
 
 
-def install(spec: Spec, state: State, target: ssh.SshTarget, head_id: str,
-            client: api.LambdaClient) -> None:
-    """Start (or keep) the head's watcher; stop it when the spec turned autodown off."""
-    if spec.autodown is None:
-        with contextlib.suppress(RayfleetError):
-            autodown_remote.stop(_head(spec, target), WATCHER_USER)
-        return
+def watcher_secrets() -> dict[str, bytes]:
+    """The API key the removal needs, for the watcher's user on the head; one line without it."""
     key = api.read_api_key()
     if not key:
         raise api.MissingApiKey("no Lambda API key to give the head for autodown")
-    token = auth.NODE_TOKEN_PATH if auth.token_file(state) else None
-    config = watcher_config(spec.name, state.cluster_id, spec.autodown.idle_minutes,
-                                   head_id, raycluster.DASHBOARD_PORT, token, None,
-                                   client.limits.scale)
-    with ui.step(f"starting the autodown watcher on the head ({spec.autodown.idle_minutes:g} "
-                 "idle minutes)"):
-        autodown_remote.install(_head(spec, target), config, {HEAD_API_KEY_FILE: key.encode()},
-                                user=WATCHER_USER)
+    return {HEAD_API_KEY_FILE: key.encode()}
 
 
-def marker(spec: Spec, target: ssh.SshTarget) -> str | None:
-    """The watcher's marker and whether it runs, read as the user it runs as (`status`)."""
-    return autodown_remote.head_marker(_head(spec, target), WATCHER_USER)
+def durable(spec: Spec) -> str:
+    """The storage that outlives the cluster, in words ("" when the store goes with the head)."""
+    return f"Lambda file system {spec.file_system!r}" if spec.file_system else ""
 
 
-def _head(spec: Spec, target: ssh.SshTarget) -> SshHead:
-    """The head as its daemons run there: Ray's Python, the node env activated."""
-    return ssh_head(target, HEAD_PYTHON, raycluster.activate(spec))
+def plan_note(spec: Spec) -> str:
+    return tracking_remote.plan_note(spec.name, "private", durable(spec))
+
+
+def store(spec: Spec, client: api.LambdaClient) -> tracking_remote.HeadStore:
+    """On the spec's file system (at the `mount_point` Lambda lists, NOTES.md), else on the head."""
+    if not spec.file_system:
+        return tracking_remote.HeadStore(tracking_remote.HEAD_STORE)
+    found = next((f for f in client.file_systems() if f.name == spec.file_system), None)
+    mount = found.mount_point if found and found.mount_point else f"/lambda/nfs/{spec.file_system}"
+    return tracking_remote.HeadStore(f"{mount.rstrip('/')}/rayfleet-tracking/{spec.name}",
+                                     durable(spec))

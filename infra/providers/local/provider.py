@@ -39,8 +39,10 @@ from infra.providers.base import (
     PlannedResource,
     ProviderStatus,
     Readiness,
+    with_autodown,
 )
 from infra.providers.base import Provider as BaseProvider
+from infra.providers.features import HeadServices, autodown_report
 from infra.providers.local.records import Head
 
 #: Where the cost of a local cluster comes from (it has none).
@@ -365,15 +367,20 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             ui.info(f"autodown: the cluster stops itself after "
                     f"{self.spec.autodown.idle_minutes:g} idle minutes (watcher log {log})")
 
-    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
-        """The marker the watcher writes here itself, with whether it (or its supervisor) runs."""
+    def head_services(self, state: State) -> HeadServices | None:
+        """The head's daemons start beside Ray (`create`); the watcher writes its marker here
+        itself, read with whether it (or its supervisor) runs."""
         heads = state.resources(Head)
         if not heads or self.spec.autodown is None:
             return None
-        text, status = _here().read_with_status(
-            str(autodown_view.marker_path(self.spec.name)),
-            str(Path(heads[0].id) / local_autodown.CONFIG_FILE))
-        return autodown_view.with_watcher_status(text, status)
+        config = str(Path(heads[0].id) / local_autodown.CONFIG_FILE)
+
+        def marker(left: bool | None) -> str | None:
+            text, status = _here().read_with_status(
+                str(autodown_view.marker_path(self.spec.name)), config)
+            return autodown_view.with_watcher_status(text, status)
+
+        return HeadServices(marker=marker)
 
     def _markers(self, state: State) -> list[str | re.Pattern[str]]:
         markers: list[str | re.Pattern[str]] = []
@@ -409,11 +416,11 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         if not heads:
             return ProviderStatus(False, "not running")
         pids = rayproc.cluster_processes(self._markers(state))
-        report = self.autodown_report(state, fetch=True, left=bool(pids))
+        report = autodown_report(self, state, fetch=True, left=bool(pids))
         if not pids and report is not None and report.removed_at:
-            return self.with_autodown(ProviderStatus(False, "", cost=Cost(0, 0.0, source=FREE)),
-                                      report, f"no process of local cluster {self.spec.name!r} "
-                                      "is left")
+            return with_autodown(ProviderStatus(False, "", cost=Cost(0, 0.0, source=FREE)),
+                                 report, f"no process of local cluster {self.spec.name!r} "
+                                 "is left")
         block = rayproc.PortBlock(heads[0].attrs.port_base)
         endpoint = self._endpoint(block, state)
         answering = jobs.dashboard_ready(endpoint.dashboard_url, endpoint.token_path)

@@ -8,17 +8,22 @@ which state never saw. Jobs named like ours without the id are mentioned, never 
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Callable
 from typing import Any
 
-from infra.core import paths, ui
+from infra.core import paths, remote_head, ui
+from infra.core.autodown import view as autodown_view
+from infra.core.errors import RayfleetError
 from infra.core.state import Resource, State
 from infra.node.files import atomic_write
 from infra.node.slurm import queue
+from infra.node.slurm.autodown import CONFIG_FILE, MARKER_FILE, RECORD_SUFFIX
 from infra.node.slurm.queue import JobRow, QueueUnavailable
 from infra.node.where import home_path
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.base import ProviderStatus
+from infra.providers.base import ProviderStatus, with_autodown
+from infra.providers.features import autodown_report
 from infra.providers.slurm import cluster, costs
 from infra.providers.slurm.records import Job
 from infra.providers.slurm.remote import Runner
@@ -162,7 +167,7 @@ def status(impl: BaseProvider[Spec, Any],
            runner_of: Callable[[], contextlib.AbstractContextManager[Runner]],
            state: State) -> ProviderStatus:
     """The head job and every worker job carrying the cluster id, from one squeue each, with the
-    autodown report (`impl.autodown_report`)."""
+    autodown report (infra/providers/features.py)."""
     spec = impl.spec
     recorded = state.resources(Job)
     if not recorded:
@@ -181,12 +186,12 @@ def status(impl: BaseProvider[Spec, Any],
                                     "reading the pending queue")
     # The head's marker: live while its job runs, the record it left once nothing is listed.
     listed = bool(rows or others)
-    report = impl.autodown_report(state, fetch=not listed or bool(rows and rows[0].state ==
+    report = autodown_report(impl, state, fetch=not listed or bool(rows and rows[0].state ==
                                                                   "RUNNING"), left=listed)
     if not rows:
         if report is not None and report.removed_at:
-            return impl.with_autodown(ProviderStatus(False, ""), report,
-                                      "no job of the cluster is in the queue")
+            return with_autodown(ProviderStatus(False, ""), report,
+                                 "no job of the cluster is in the queue")
         # Ended otherwise (time limit, scancel by hand): no countdown to show.
         return ProviderStatus(False, f"Slurm job {job_id} is no longer in the queue",
                               warnings=[f"job {job_id} ended; `invoke teardown` verifies "
@@ -221,3 +226,35 @@ def status(impl: BaseProvider[Spec, Any],
     node_hours = costs.cost([(r.state, r.nodes, r.elapsed) for r in [*rows, *workers]])
     return ProviderStatus(ready, summary, table, warnings, state=first.state, cost=node_hours,
                           autodown=report)
+
+
+# --- the watcher's marker: beside the head in its job (templates/slurm.sbatch.j2) ----------
+
+
+def live_marker(runner: Runner, job: Resource[Job]) -> str | None:
+    """The watcher's marker on the head's node, with whether the watcher (or its supervisor)
+    runs; quietly None when the node does not let us in."""
+    head_ip, temp = job.attrs.head_ip, job.attrs.temp_dir
+    if not head_ip or not temp:
+        return None
+    folder = shlex.quote(str(temp))
+    # The batch script records the Python that runs the head's daemons (python-path) and the
+    # node package they import (node-zip-path: the script's own copy, outside the head's dir).
+    status = (f'PYTHONPATH="$(cat {folder}/node-zip-path)" '
+              f'"$(cat {folder}/python-path)" -m infra.node.supervise status --pidfile '
+              f"{shlex.quote(f'{temp}/{CONFIG_FILE}.pid')}")
+    command = remote_head.with_status_command(f"cat {shlex.quote(f'{temp}/{MARKER_FILE}')}",
+                                              status)
+    try:
+        result = runner.node(str(head_ip)).run(command, timeout=20)
+    except RayfleetError:
+        return None
+    return autodown_view.with_watcher_status(*remote_head.split_status(result.stdout))
+
+
+def autodown_record(runner: Runner, spec: Spec, job: Resource[Job]) -> str | None:
+    """The removal record the head left in the work dir, if any."""
+    workdir = job.attrs.workdir or spec.submit.workdir
+    text = runner.run(f"cat {cluster.job_file(workdir, job.id, RECORD_SUFFIX)} 2>/dev/null",
+                      timeout=30).stdout
+    return text if text.strip() else None

@@ -38,7 +38,8 @@ from infra.providers.base import (
     Readiness,
 )
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.slurm import autodown_setup, cluster, install, ours, remote
+from infra.providers.features import HeadServices
+from infra.providers.slurm import cluster, install, ours, remote
 from infra.providers.slurm.records import Job
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.script import (
@@ -342,17 +343,22 @@ class Provider(BaseProvider[Spec, None]):
     def status(self, state: State) -> ProviderStatus:
         return ours.status(self, self._runner, state)
 
-    def autodown_fetch(self, state: State, left: bool | None) -> str | None:
-        """The live marker on the head's node, or (nothing listed) the record it left."""
+    def head_services(self, state: State) -> HeadServices | None:
+        """The head's job starts its own daemons; the watcher's marker is read live on the
+        head's node, or (nothing listed) from the record it left in the work dir."""
         job = self._job(state)
         if job is None:
             return None
-        with self._runner() as runner:
-            if left is False:
-                return autodown_setup.record(runner, self.spec, job)
-            return autodown_setup.live_marker(runner, job)
 
-    def autodown_left(self, state: State) -> bool | None:
+        def marker(left: bool | None) -> str | None:
+            with self._runner() as runner:
+                if left is False:
+                    return ours.autodown_record(runner, self.spec, job)
+                return ours.live_marker(runner, job)
+
+        return HeadServices(marker=marker)
+
+    def listed(self, state: State) -> bool | None:
         """Whether Slurm lists any job carrying the cluster id."""
         if self._job(state) is None:
             return False

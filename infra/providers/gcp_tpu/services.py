@@ -1,6 +1,8 @@
-"""This machine's side of GCP autodown: put the watcher on the head at `up`, read its marker at
-`status` (infra/node/autodown.py is the watcher, infra/node/gcp_tpu/autodown.py its action; what
-the marker means is decided in infra/providers/base.py).
+"""GCP's answers about its head's services (infra/providers/features.py starts, reads and stops
+them once for every provider): what removes the cluster (the watcher's action and its
+arguments), and what of the cluster the APIs still list. infra/node/autodown.py is the watcher,
+infra/node/gcp_tpu/autodown.py its action; the tracking store lives on the head (this provider
+has no durable storage in its spec yet; NOTES.md "MLflow tracking").
 
 The head needs no key from us: the removal action (autodown.py) uses the VM's own service account
 through the metadata server, the credentials Ray's autoscaler beside it already uses to create and
@@ -16,20 +18,14 @@ one it read: right after `up` starts the watcher, and at every `status`.
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
-from infra.core import auth, privilege, ui
-from infra.core.autodown import remote as autodown_remote
-from infra.core.autodown import view as autodown_view
-from infra.core.errors import RayfleetError
-from infra.core.head_ssh import SshHead, ssh_head
+from infra.core import auth, privilege
+from infra.core.tracking import remote as tracking_remote
 from infra.node import autodown
-from infra.node.wait import WaitTimeout, until
-from infra.providers.gcp_tpu import config, slices, users
+from infra.providers.gcp_tpu import config, slices
 
 if TYPE_CHECKING:
-    from infra.core import ssh
     from infra.core.state import Resource, State
     from infra.node.gcp_tpu.api import Gcp
     from infra.providers.gcp_tpu.records import Cluster
@@ -38,10 +34,12 @@ if TYPE_CHECKING:
 #: The head's node env's Python as the SSH user reaches it: for what runs as that user (the
 #: tracking server, the head's Prometheus), not the watcher (users.PYTHON, as its user).
 HEAD_PYTHON = "$HOME/rayfleet/env/bin/python"
-#: How long `up` waits for the watcher's first marker, to keep a copy of it.
-FIRST_MARKER_S = 30.0
 #: The watcher's action (infra/node/gcp_tpu/autodown.py).
 ACTION = "infra.node.gcp_tpu.autodown:stop_ray_then_remove"
+
+
+def plan_note(spec: Spec) -> str:
+    return tracking_remote.plan_note(spec.name, "internal")
 
 
 def watcher_config(spec: Spec, state: State, cluster: Resource[Cluster]) -> autodown.Config:
@@ -62,38 +60,6 @@ def watcher_config(spec: Spec, state: State, cluster: Resource[Cluster]) -> auto
                      "monitor_pidfile": f"~/{privilege.MONITOR_PID}",
                      **slices.autodown_args(spec, state)},
         token_path=config.NODE_TOKEN_PATH if auth.token_file(state) else None)
-
-
-def install(spec: Spec, state: State, cluster: Resource[Cluster], target: ssh.SshTarget) -> None:
-    """Start (or keep) the head's watcher and keep a copy of its first marker; stop the one an
-    earlier `up` started (this machine holds its marker) when the spec turned autodown off."""
-    if spec.autodown is None:
-        if autodown_view.read_marker(autodown_view.marker_path(spec.name)) is not None:
-            with contextlib.suppress(RayfleetError):
-                autodown_remote.stop(_head(target), users.DAEMON_USER)
-            autodown_view.forget(spec.name)
-        return
-    with ui.step(f"starting the autodown watcher on the head ({spec.autodown.idle_minutes:g} "
-                 "idle minutes)"):
-        autodown_remote.install(_head(target), watcher_config(spec, state, cluster),
-                                user=users.DAEMON_USER)
-        try:
-            until(lambda: autodown_view.cache_marker(spec.name, marker(target) or "",
-                                                     state.cluster_id),
-                  FIRST_MARKER_S, 1, "the watcher's first marker")
-        except WaitTimeout:
-            ui.warn(f"the autodown watcher on {cluster.attrs.head} has not reported yet; "
-                    f"see ~{users.DAEMON_USER}/{autodown.HEAD_LOG.removeprefix('~/')} there")
-
-
-def marker(target: ssh.SshTarget) -> str | None:
-    """The watcher's marker and whether it runs, read as the user it runs as (`status`)."""
-    return autodown_remote.head_marker(_head(target), users.DAEMON_USER)
-
-
-def _head(target: ssh.SshTarget) -> SshHead:
-    """The head as its daemons run there: the node env's Python, activated."""
-    return ssh_head(target, users.PYTHON, users.ACTIVATE)
 
 
 def nodes_left(api: Gcp, cluster: Resource[Cluster]) -> int:
