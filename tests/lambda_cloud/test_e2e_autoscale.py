@@ -195,7 +195,20 @@ def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(
 
 @pytest.mark.slow
 def test_metrics_report_of_the_running_cluster_renders(scaled: Scaled, tmp_path: Path) -> None:
-    """The head's Prometheus, through the cluster's tunnel: the live report opens in Chromium."""
+    """The head's Prometheus, through the cluster's tunnel: the live report opens in Chromium.
+    Alone, the cluster has run no job and its Prometheus may not have scraped the autoscaler yet:
+    a job of its own (on the head, it asks for nothing) and a wait for the head's count give every
+    chart something to draw."""
+    hello = tmp_path / "job" / "hello.py"
+    hello.parent.mkdir()
+    hello.write_text("print('hello from the head')\n")
+    ran = scaled.invoke("submit", str(hello))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    _wait_head_series(scaled.host(scaled.head()["ip"]),
+                      f'sum(autoscaler_active_nodes{{NodeType="{HEAD_TYPE}"}}) > 0',
+                      "the autoscaler's metric to count the head")
+    _wait_head_series(scaled.host(scaled.head()["ip"]), "sum(ray_node_cpu_count) > 0",
+                      "the head's agent's CPU count")
     out = tmp_path / "live.html"
     made = scaled.invoke("report", "--out", str(out))
     assert made.returncode == 0, made.stdout + made.stderr
@@ -307,16 +320,22 @@ def test_teardown_right_after_a_launch_with_the_autoscaler_killed(scaled: Scaled
 def _wait_autoscaler_counts(head: Any, workers: int) -> None:
     """Wait until the head's Prometheus, asked on the head, has the autoscaler counting
     `workers` worker nodes; else say what it scrapes."""
-    ask = ("cd /root && curl -sS --get localhost:9090/api/v1/query --data-urlencode "
-           f"'query=sum(autoscaler_active_nodes{{NodeType!=\"{HEAD_TYPE}\"}})'")
+    _wait_head_series(head, f'sum(autoscaler_active_nodes{{NodeType!="{HEAD_TYPE}"}}) == {workers}',
+                      f"the autoscaler's metric to count {workers} workers")
 
-    def counted() -> bool | None:
+
+def _wait_head_series(head: Any, promql: str, what: str) -> None:
+    """Wait until the head's Prometheus, asked on the head, answers `promql` (a filter: no
+    result until it holds); else say what it scrapes."""
+    ask = ("cd /root && curl -sS --get localhost:9090/api/v1/query --data-urlencode "
+           f"query={shlex.quote(promql)}")
+
+    def answered() -> bool | None:
         found = json.loads(head.run(ask).stdout or "{}").get("data", {}).get("result", [])
-        return True if found and float(found[0]["value"][1]) == workers else None
+        return True if found else None
 
     try:
-        wait_until(counted, f"the autoscaler's metric to count {workers} workers", timeout=60,
-                   interval=1.0)
+        wait_until(answered, what, timeout=60, interval=1.0)
     except AssertionError as exc:
         targets = head.run("cd /root && curl -sS localhost:9090/api/v1/targets").stdout
         raise AssertionError(f"{exc}; the head's Prometheus targets: {targets[:3000]}") from None
