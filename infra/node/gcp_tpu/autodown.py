@@ -4,7 +4,7 @@ Runs on the head with the credentials it already has for Ray's autoscaler (the V
 through the metadata server). Workers are chosen by exactly the labels teardown uses (`labels` in
 the args), never by name alone; the head deletes itself last, so a failure half-way leaves a head
 that can retry. Needs Google's client at run time (api.py imports it inside its calls): the GCP
-node installer puts it in the head's env. infra/providers/gcp_tpu/autodown_setup.py is the
+node installer puts it in the head's env. infra/providers/gcp_tpu/services.py is the
 laptop's side.
 """
 

@@ -1,7 +1,7 @@
 """Lambda's autodown action (infra/node/autodown.py): the head terminates its workers, then itself.
 
 Runs on the head with only requests and this package (the sweep reuses its listing helpers, not the
-other way round); infra/providers/lambda_cloud/autodown_setup.py is the laptop's side. The API key
+other way round); infra/providers/lambda_cloud/services.py is the laptop's side. The API key
 is the one the head already holds for autoscaling, read from its 0600 file (`api_key_file`), never
 from the config or a command line. Instances are chosen by the cluster id in their launch tags
 (immutable), so nothing of another cluster can be hit; the head goes last so that a failure

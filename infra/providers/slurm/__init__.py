@@ -12,8 +12,8 @@ the head, where only Ray and our small modules exist (no pydantic, rich, paramik
 
 Package layout: provider.py (the verbs), spec.py (the spec section), script.py (template
 variables), remote.py (local or SSH command runner), cluster.py (Slurm commands, parsed), ours.py
-(our jobs in the queue: status, cancel), install.py (environment.install), autodown_setup.py
-(this machine's side of autodown), costs.py (node-hours). What runs on the nodes lives in
+(our jobs in the queue: status, cancel, where the watcher's marker is read), install.py
+(environment.install), costs.py (node-hours). What runs on the nodes lives in
 infra/node/slurm/: `infra.node.slurm.node_helper` (the batch script's helper),
 `infra.node.slurm.node_provider` (Ray's autoscaler's side), `infra.node.slurm.queue` (our jobs
 in the queue, read on both sides) and `infra.node.slurm.autodown` (the head's removal action, run
