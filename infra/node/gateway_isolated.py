@@ -64,7 +64,11 @@ async def route(gateway: Any, request: Any, who: gs.Member,
     if target.path == "/api/authenticate" and request.method == "POST":
         return None  # the dashboard's login: the cookie holds the member's own token
     member = whose(gateway, request, who)
+    socket = request.headers.get("Upgrade", "").lower() == "websocket"
     if member is None:
+        if socket:  # the owner's `ray job submit` follows its job's log on the base cluster
+            return await relay_socket(gateway, request, gateway.config.upstream,
+                                      gateway.cluster_token or "", target), None
         return None
     if isinstance(member, str):
         return reply(403, member), None
@@ -81,7 +85,7 @@ async def route(gateway: Any, request: Any, who: gs.Member,
         return reply(503, f"your cluster could not start: {exc}"), None
     token = clusters.token(member.id) or ""
     url = f"http://127.0.0.1:{running.dashboard_port}"
-    if request.headers.get("Upgrade", "").lower() == "websocket":
+    if socket:
         return await relay_socket(gateway, request, url, token, target), None
     return await relay(gateway, request, url, token, target), None
 

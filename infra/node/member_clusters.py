@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import os
+import re
 import sys
 import time
 import zlib
@@ -64,10 +66,16 @@ class StarterConfig:
     sudo: list[str] = field(default_factory=list)
 
 
+def short_id(member_id: str) -> str:
+    """The part of a member id that names their user and dirs: a random id as it is, any other
+    (legacy ids carry the member's name) hashed, so no name reaches a path or a user name."""
+    if re.fullmatch(r"[0-9a-f]{1,16}", member_id):
+        return member_id
+    return hashlib.sha256(member_id.encode()).hexdigest()[:16]
+
+
 def member_user(member_id: str) -> str:
     """The Unix user of a member's cluster."""
-    from infra.node.member_starter import short_id
-
     return f"rf-m-{short_id(member_id)}"
 
 
@@ -109,16 +117,12 @@ class MemberClusters:
         self._watcher: asyncio.Task[None] | None = None
 
     def token(self, member_id: str) -> str | None:
-        from infra.node.member_starter import short_id
-
         try:
             return (Path(self.config.token_dir) / f"{short_id(member_id)}.token").read_text().strip()
         except OSError:
             return None
 
     def token_path(self, member_id: str) -> str:
-        from infra.node.member_starter import short_id
-
         return str(Path(self.config.token_dir) / f"{short_id(member_id)}.token")
 
     async def starter(self, verb: str, member_id: str, *args: str) -> dict[str, Any]:

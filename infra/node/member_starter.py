@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import pwd
@@ -32,7 +31,12 @@ import time
 from pathlib import Path
 
 from infra.node import raycli, rayproc
-from infra.node.member_clusters import StarterConfig, member_user, read_starter_config
+from infra.node.member_clusters import (
+    StarterConfig,
+    member_user,
+    read_starter_config,
+    short_id,
+)
 
 #: Where cgroups v1 keeps the memory and CPU controllers (this machine's containers: no v2).
 CGROUP_V1 = Path("/sys/fs/cgroup")
@@ -41,14 +45,6 @@ CGROUP_V2_FILE = CGROUP_V1 / "cgroup.controllers"
 
 class StarterError(Exception):
     """A start, stop or removal that cannot go on; its text is one line for the gateway's answer."""
-
-
-def short_id(member_id: str) -> str:
-    """The part of a member id that names their user and dirs: a random id as it is, any other
-    (legacy ids carry the member's name) hashed, so no name reaches a path or a user name."""
-    if re.fullmatch(r"[0-9a-f]{1,16}", member_id):
-        return member_id
-    return hashlib.sha256(member_id.encode()).hexdigest()[:16]
 
 
 def parent_dir(config: StarterConfig, member_id: str) -> Path:
@@ -164,7 +160,8 @@ def start(config: StarterConfig, member_id: str, port_base: int) -> dict[str, ob
         os.setgid(user.pw_gid)
         os.setuid(user.pw_uid)
 
-    check = subprocess.run([python, "-c", "import ray"], env=env, cwd=user.pw_dir,
+    # Only whether the user may enter its folders (milliseconds; `import ray` takes seconds).
+    check = subprocess.run([python, "-I", "-S", "-c", ""], env=env, cwd=user.pw_dir,
                            preexec_fn=become, capture_output=True, text=True, check=False)
     if check.returncode != 0:
         raise StarterError(f"{user.pw_name} cannot run {python} ({check.stderr.strip()[-120:]}); "

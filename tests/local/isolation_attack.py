@@ -38,7 +38,8 @@ def walk(root: Path, report: dict[str, list[str]], marker: bytes, found: set[byt
 
 def main() -> int:
     parent, home, port, marker, *extra = sys.argv[1:]
-    report: dict[str, list[str]] = {"read": [], "marker_in": [], "answers": []}
+    report: dict[str, list[str]] = {"read": [], "marker_in": [], "answers": [],
+                                    "signalled": []}
     found: set[bytes] = set()
     secret = marker[::-1].encode()  # given reversed: this job's own log holds its arguments
     # Every member's parent dir and home, and what is shared by all users.
@@ -53,6 +54,9 @@ def main() -> int:
         try:
             if os.stat(f"/proc/{pid}").st_uid != mine:
                 read(Path(f"/proc/{pid}/environ"), report, secret, found)
+                # Signal 0 delivers nothing: the kernel only says whether a signal would be.
+                os.kill(int(pid), 0)
+                report["signalled"].append(pid)
         except OSError:
             pass
     own = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", "/nonexistent"))

@@ -15,12 +15,14 @@ import os
 import pwd
 import re
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
+from bench import isolation
 from tests.local.test_e2e_sharing import Member, Shared, shared_cluster
 from tests.testbed import hosts
 from tests.waiting import wait_until
@@ -104,9 +106,13 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
     work = bob.home / "work"
     work.mkdir()
     (work / "secret.txt").write_text(marker)
+    # Alice's cluster starts meanwhile (her first request starts it): the module's time.
+    warming = threading.Thread(target=alice.ray, args=("list",))
+    warming.start()
     bobs = bob.submit(f"python -c \"print('{marker}', flush=True); import time; time.sleep(90)\"",
                       "--working-dir", str(work))
     logs_of(bob, bobs, marker)
+    warming.join()
     bob_id = member_id(shared, "bob")
     bob_user = pwd.getpwnam(f"rf-m-{bob_id}")
     base_token = Path(shared.env["RAYFLEET_HOME"]) / "keys" / shared.spec.stem / "ray-token"
@@ -123,6 +129,7 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
     assert report["marker_in"] == [], report["marker_in"]
     assert not [p for p in report["read"] if p.startswith((f"/tmp/rf-m-{bob_id}",
                                                            bob_user.pw_dir, str(copies)))]
+    assert report["signalled"] == [], report["signalled"]  # no other user's process, bob's too
     assert report["answers"] and not [a for a in report["answers"] if a.startswith("2")], \
         report["answers"]
     # Each sees only their own cluster's jobs, through the same gateway with stock Ray.
@@ -142,6 +149,30 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
     assert sneaky.status_code == 403 and bobs not in sneaky.text
     for name, job in (("bob", bobs),):
         shared.members[name].ray("stop", job)
+
+
+def test_bench_cold_member_first_result_against_shared(shared: Shared, tmp_path: Path) -> None:
+    """bench/isolation.py's measurement, on this module's cluster: a new member's first job
+    (their cluster starts inside the time) against the owner's on the base cluster."""
+    carol = shared.add("carol")
+
+    def submit(who: Member) -> Callable[[], str]:
+        def run() -> str:
+            done = who.ray("submit", "--", *isolation.JOB, timeout=180)
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout
+        return run
+
+    cold = isolation.first_result(submit(carol))
+    warm = isolation.first_result(submit(carol))
+    token = tmp_path / "owner-token"
+    token.write_text(shared.owner_token())
+    owner = Member("owner", carol.home, {**carol.env, "RAY_AUTH_TOKEN_PATH": str(token)}, [])
+    base = isolation.first_result(submit(owner))
+    assert carol.ray("list").stdout.count("raysubmit_") == 2  # the owner's went to the base one
+    rss, pss = isolation.member_memory(pwd.getpwnam(f"rf-m-{member_id(shared, 'carol')}").pw_uid)
+    assert rss > 50  # a Ray head of carol's own runs as her user
+    print("\n" + isolation.summary(cold, warm, base, rss, pss), flush=True)
 
 
 def test_an_idle_member_cluster_stops_and_keeps_its_files(shared: Shared) -> None:
