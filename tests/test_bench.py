@@ -47,6 +47,7 @@ ON_E2E: dict[str, tuple[str, str]] = {
     "gcp_autoscale": ("gcp_tpu/test_e2e_cluster.py", "demand"),
     "gcp_queued": ("gcp_tpu/test_e2e_queued.py", "hosts_up"),
     "slurm_autoscale": ("slurm/test_e2e_autoscale.py", "run_bare"),
+    "isolation": ("local/test_e2e_isolation.py", "first_result"),
 }
 
 
