@@ -14,13 +14,14 @@ import shlex
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from infra.core import privilege, ssh, ui
+from infra.core import privilege, ui
 from infra.core.errors import RayfleetError
 from infra.node import wait
 from infra.node.gcp_tpu.api import Gcp, GcpError
 from infra.providers.gcp_tpu.launcher import CAPACITY_REASON
 
 if TYPE_CHECKING:
+    from infra.core.head import HeadAccess
     from infra.providers.gcp_tpu.spec import Spec
 
 #: What the head's autoscaler logs when Google has no capacity (Compute and TPU wordings).
@@ -29,19 +30,18 @@ STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources|no more 
 MONITOR_LOGS = privilege.MONITOR_LOGS
 
 
-def stockout_line(target: ssh.SshTarget) -> str:
+def stockout_line(head: HeadAccess) -> str:
     """The last stockout the head's autoscaler logged, or "" (also when the head cannot say)."""
     try:
         grep = f"grep -hE '{STOCKOUT}' {MONITOR_LOGS} 2>/dev/null; true"
-        found = ssh.run(target, f"{privilege.AS_ROOT}sh -c {shlex.quote(grep)} | tail -n 1",
-                        timeout=30)
+        found = head.run(f"{privilege.AS_ROOT}sh -c {shlex.quote(grep)} | tail -n 1", timeout=30)
     except RayfleetError:
         return ""
     return " ".join(found.stdout.split())[:240]
 
 
 def wait_min_workers(api: Gcp, spec: Spec, zone: str, labels: dict[str, str],
-                     head: ssh.SshTarget) -> None:
+                     head: HeadAccess) -> None:
     """Wait for every type's min_workers in `zone`; GcpError (capacity) on a logged stockout."""
     wanted = {name: t.min_workers for name, t in [*spec.cpu_workers.items(),
                                                   *spec.tpu_workers.items()] if t.min_workers}

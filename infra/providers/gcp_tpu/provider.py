@@ -309,7 +309,7 @@ class Provider(BaseProvider[Spec, Preflight]):
         cluster = state.find(Cluster, spec.name)
         assert cluster is not None
         capacity.wait_min_workers(api, spec, zone, config.sweep_labels(label_id, spec.name),
-                                  self._head_target(cluster))
+                                  self._head(state, cluster))
 
     def _queue_slices(self, spec: Spec, api: Gcp, state: State, keypair: ssh.KeyPair) -> None:
         """Queue the spec's TPU slices (each recorded first) and start the head's joiner."""

@@ -25,6 +25,7 @@ from infra.node.lambda_cloud import api
 from infra.providers.lambda_cloud import raycluster, users
 
 if TYPE_CHECKING:
+    from infra.core.head_ssh import SshHead
     from infra.core.state import State
     from infra.providers.lambda_cloud.spec import Spec
 
@@ -166,7 +167,7 @@ def setup_files(*prefixes: str) -> dict[str, tuple[bytes, int]]:
     return {f"{prefix}/{path}": entry for prefix in prefixes for path, entry in tree.items()}
 
 
-def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instance,
+def bootstrap(spec: Spec, state: State, head_at: SshHead, head: api.Instance,
               config_text: str, api_key: str, private_key: Path, start: bool = True) -> None:
     """Copy the node package (one zip), secrets and config to the head, install its env, start
     Ray there.
@@ -193,32 +194,31 @@ def bootstrap(spec: Spec, state: State, target: ssh.SshTarget, head: api.Instanc
         # The head's own install, and the workers' in their kit.
         files.update(setup_files(raycluster.REMOTE_SETUP.removeprefix("~/"), KIT_SETUP))
     with ui.step(f"copying the node provider, token and keys to the head {head.ip}"):
-        remote_head.put_files(target, files)
+        remote_head.put_files(head_at.target, files)
     if not start:
         # The running autoscaler reads its own user's copy of the config (v2 re-reads it); one
         # runs, whatever ended the last (its supervisor killed too).
         mlflow = spec.tracking == "mlflow"
-        ssh.run(target, shell.all_of(
-                    privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow),
-                                          (HEAD_API_KEY_FILE,)),
-                    monitor_command(spec, raycluster.private_address(head), replace=False)),
-                timeout=120, check=True)
+        head_at.run(shell.all_of(
+            privilege.setup_users(users.ray_files(mlflow), scaler_files(mlflow),
+                                  (HEAD_API_KEY_FILE,)),
+            monitor_command(spec, raycluster.private_address(head), replace=False)),
+            timeout=120, check=True)
         return
     if spec.env != "none":
         with ui.step("installing the node environment on the head"):
-            ssh.run(target, install_command(spec, head=True), timeout=spec.ray_timeout_s,
-                    check=True)
+            head_at.run(install_command(spec, head=True), timeout=spec.ray_timeout_s, check=True)
     start_command = head_start_command(spec, head.id, raycluster.private_address(head))
     with ui.step("starting Ray and the autoscaler on the head"):
         try:
-            ssh.run(target, start_command, timeout=spec.ray_timeout_s, check=True)
+            head_at.run(start_command, timeout=spec.ray_timeout_s, check=True)
         except ssh.SshError as exc:
             # `ray start` gives its raylet a fixed 30 s to register; a busy machine can miss that.
             # Once more (it begins with `ray stop`), then the error stands.
             if "timed out during startup" not in str(exc):
                 raise
             ui.warn("Ray's start on the head timed out (a busy machine?); trying once more")
-            ssh.run(target, start_command, timeout=spec.ray_timeout_s, check=True)
+            head_at.run(start_command, timeout=spec.ray_timeout_s, check=True)
 
 
 def versions_line(root: Path) -> str:

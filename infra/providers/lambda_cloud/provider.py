@@ -135,7 +135,7 @@ class Provider(BaseProvider[Spec, Capacity]):
     def _start_ray(self, state: State, nodes: dict[str, api.Instance]) -> Endpoint:
         slots = self._slots(state)
         head = nodes[slots[0].key]
-        head_target = self._target(str(head.ip))
+        head_at = self._head_at(str(head.ip))
         text = self._render(state, nodes)
         path = raycluster.config_path(self.spec.name)
         atomic_write(path, text)
@@ -144,21 +144,21 @@ class Provider(BaseProvider[Spec, Capacity]):
         expected = {name: {str(i.ip), str(i.private_ip)} for name, i in nodes.items()}
         if self.spec.tracking == "mlflow":
             tracking.ensure_credentials(self.spec.name)  # Ray's file_mounts copy it to every node
-        if not self._all_alive(head_target, expected, auth.token_file(state)):
+        if not self._all_alive(head_at, expected, auth.token_file(state)):
             raycluster.ray_up(self.spec, path, auth.client_env(state))
             with ui.step("starting Ray's autoscaler (supervised) on the head"):
-                self._start_monitor(head_target, replace=True)
+                self._start_monitor(head_at.target, replace=True)
             workers = {s.name: str(nodes[s.key].ip) for s in slots[1:]}
             with ui.step("checking that the head can SSH to every worker"):
-                problems = raycluster.head_reaches_workers(head_target, self.spec.ssh_user, workers)
+                problems = raycluster.head_reaches_workers(head_at, self.spec.ssh_user, workers)
             if problems:
                 raise raycluster.RayClusterError("; ".join(problems))
-            with raycluster.dashboard_tunnel(head_target) as url:
+            with raycluster.dashboard_tunnel(head_at) as url:
                 raycluster.wait_all_alive(url, expected, self.spec.ray_timeout_s,
                                           auth.token_file(state))
         else:
             ui.info(f"cluster {self.spec.name!r} is already running with all {len(nodes)} node(s)")
-            self._start_monitor(head_target, replace=False)
+            self._start_monitor(head_at.target, replace=False)
         return self._announced(head, auth.token_file(state))
 
     def _start_monitor(self, head_target: ssh.SshTarget, replace: bool) -> None:
@@ -175,21 +175,21 @@ class Provider(BaseProvider[Spec, Capacity]):
         types = client.instance_types()
         text = self._render_autoscaler(state, head, types)
         atomic_write(paths.rendered_dir(self.spec.name) / autoscale.RENDERED, text)
-        target = self._target(str(head.ip))
+        head_at = self._head_at(str(head.ip))
         token = auth.token_file(state)
         state.set_info(head_ip=head.ip, address=f"{head.ip}:{raycluster.GCS_PORT}",
                        dashboard_url=f"http://127.0.0.1:{raycluster.DASHBOARD_PORT}", autoscaling=True)
-        running = self._all_alive(target, {"head": {str(head.ip), str(head.private_ip)}}, token)
+        running = self._all_alive(head_at, {"head": {str(head.ip), str(head.private_ip)}}, token)
         api_key = api.read_api_key()
         if not api_key:
             raise api.MissingApiKey("no Lambda API key to give the head's autoscaler")
-        autoscale.bootstrap(self.spec, state, target, head, text, api_key, self._key_path(),
+        autoscale.bootstrap(self.spec, state, head_at, head, text, api_key, self._key_path(),
                             start=not running)
         if running:
             ui.info(f"cluster {self.spec.name!r} is already running; its autoscaler config is "
                     "updated in place")
         minimum = sum(k.min_workers for k in (self.spec.worker_types or {}).values())
-        with raycluster.dashboard_tunnel(target) as url:
+        with raycluster.dashboard_tunnel(head_at) as url:
             raycluster.wait_workers(url, minimum, self.spec.ray_timeout_s, token)
         return self._announced(head, token)
 
@@ -198,7 +198,7 @@ class Provider(BaseProvider[Spec, Capacity]):
                                      f"{head.ip} (SSH tunnel)", f"{head.ip}:{raycluster.GCS_PORT}",
                                      token, tunneled=True)
 
-    def _all_alive(self, head: ssh.SshTarget, expected: dict[str, set[str]],
+    def _all_alive(self, head: HeadAccess, expected: dict[str, set[str]],
                    token_path: Path | None) -> bool:
         try:
             with raycluster.dashboard_tunnel(head) as url:
@@ -314,9 +314,12 @@ class Provider(BaseProvider[Spec, Capacity]):
         return str(head_ip)
 
     def head_access(self, state: State) -> HeadAccess:
-        target = self._target(self._head_ip(state))
-        return SshHead(target=target, where=str(target),
-                       env=auth.head_env(state, auth.NODE_TOKEN_PATH),
+        return self._head_at(self._head_ip(state), auth.head_env(state, auth.NODE_TOKEN_PATH))
+
+    def _head_at(self, ip: str, env: dict[str, str] | None = None) -> SshHead:
+        """The head at `ip` as its daemons run there: Ray's Python, the node env activated."""
+        target = self._target(ip)
+        return SshHead(target=target, where=str(target), env=env or {},
                        dashboard_port=raycluster.DASHBOARD_PORT,
                        client_port=raycluster.CLIENT_PORT, python=services.HEAD_PYTHON,
                        activate=raycluster.activate(self.spec))

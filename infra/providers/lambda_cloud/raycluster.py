@@ -26,6 +26,7 @@ from infra.node.where import ray_executable
 from infra.providers.lambda_cloud import users
 
 if TYPE_CHECKING:
+    from infra.core.head import HeadAccess
     from infra.node.lambda_cloud import api
     from infra.providers.lambda_cloud.spec import Spec
 
@@ -175,7 +176,7 @@ def ray_up(spec: Spec, path: Path, client_env: dict[str, str]) -> None:
         raise RayClusterError(f"`ray up` {reason}: {' | '.join(tail)[-300:]}; full log: {log}")
 
 
-def head_reaches_workers(head: ssh.SshTarget, user: str, workers: dict[str, str]) -> list[str]:
+def head_reaches_workers(head: HeadAccess, user: str, workers: dict[str, str]) -> list[str]:
     """From the head, log into each worker with the key Ray copied there; problems by worker."""
     options = ("-i ~/ray_bootstrap_key.pem -o BatchMode=yes -o StrictHostKeyChecking=no "
                "-o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 -o LogLevel=ERROR")
@@ -183,7 +184,7 @@ def head_reaches_workers(head: ssh.SshTarget, user: str, workers: dict[str, str]
     for name, ip in workers.items():
         command = f"ssh {options} {shlex.quote(f'{user}@{ip}')} true"
         try:
-            result = ssh.run(head, command, timeout=60)
+            result = head.run(command, timeout=60)
         except ssh.SshError as exc:
             problems.append(f"{name}: {exc}")
             continue
@@ -246,6 +247,6 @@ def wait_workers(dashboard_url: str, minimum: int, timeout: float, token_path: P
 
 
 @contextmanager
-def dashboard_tunnel(head: ssh.SshTarget) -> Iterator[str]:
-    with ssh.tunnel(head, DASHBOARD_PORT) as port:
+def dashboard_tunnel(head: HeadAccess) -> Iterator[str]:
+    with head.tunnel(DASHBOARD_PORT) as port:
         yield f"http://127.0.0.1:{port}"
