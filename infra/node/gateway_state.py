@@ -80,7 +80,7 @@ class Members:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._by_hash: dict[str, Member] = {}
         self._gone = gr.Gone()
 
@@ -90,7 +90,9 @@ class Members:
         except FileNotFoundError:
             self._stamp, self._by_hash = None, {}
             return
-        stamp = (info.st_mtime_ns, info.st_size)
+        # The inode too: every write replaces the file (atomic_write), and a same-size rewrite
+        # within a coarse timestamp step (1 s on some file systems) must not go unseen.
+        stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
         if stamp == self._stamp:
             return
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -195,3 +196,20 @@ def test_a_browsers_write_from_another_origin_is_refused(bed: Bed) -> None:
     status, _, _ = bed.exchange("POST", gb.LOGIN_PATH, token=None, body=f"token={ANN}".encode(),
                                 headers={**FORM, "Origin": "https://evil.example"})
     assert status == 403
+
+
+def test_a_members_file_replaced_within_one_timestamp_step_is_read_again(tmp_path: Path) -> None:
+    """A removal or a renewed token rewrites the file to the same size within a coarse timestamp
+    (1 s on some file systems): the gateway must still see the new file, not the old token."""
+    path = tmp_path / gs.MEMBERS_FILE
+
+    def write(token: str) -> None:
+        atomic_write(path, json.dumps({"members": {}, "owner": {
+            "token_sha256": gs.token_hash(token)}}), mode=0o600)
+        os.utime(path, ns=(10**18, 10**18))  # the same stamp for both writes
+
+    write("a" * 64)
+    members = gs.Members(path)
+    assert members.lookup("a" * 64) is not None
+    write("b" * 64)
+    assert members.lookup("a" * 64) is None and members.lookup("b" * 64) is not None
