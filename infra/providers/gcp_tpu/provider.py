@@ -36,7 +36,7 @@ from infra.providers.base import (
     with_autodown,
 )
 from infra.providers.base import Provider as BaseProvider
-from infra.providers.features import HeadServices, Watcher, autodown_report
+from infra.providers.features import HeadServices, autodown_report
 from infra.providers.gcp_tpu import (
     capacity,
     config,
@@ -417,17 +417,10 @@ class Provider(BaseProvider[Spec, Preflight]):
                                    activate=users.ACTIVATE)
 
     def head_services(self, state: State) -> HeadServices:
-        """The tracking server on the head's internal address (the nodes reach it there; no
-        firewall rule opens it), its store on the head; the watcher as the autoscaler's user,
-        removing the cluster with the VM's own service account, the head's VM last."""
         cluster = self._reachable_head(state)
         spec = self._in_zone(str(cluster.attrs.zone)) if cluster.attrs.zone else self.spec
-        config_ = services.watcher_config(spec, state, cluster) if spec.autodown else None
-        return HeadServices(head=self._head(state, cluster),
-                            listen_host=str(cluster.attrs.head_internal_ip or ""),
-                            watcher=Watcher(self._daemon_head(cluster), users.DAEMON_USER,
-                                            config_, keeps_marker=True,
-                                            name=str(cluster.attrs.head or "")))
+        return services.head_services(spec, state, cluster, self._head(state, cluster),
+                                      self._daemon_head(cluster))
 
     @contextlib.contextmanager
     def connect(self, state: State) -> Iterator[Endpoint]:

@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING
 from infra.core import auth, privilege
 from infra.core.tracking import remote as tracking_remote
 from infra.node import autodown
-from infra.providers.gcp_tpu import config, slices
+from infra.providers.features import HeadServices, Watcher
+from infra.providers.gcp_tpu import config, slices, users
 
 if TYPE_CHECKING:
+    from infra.core.head import HeadAccess
     from infra.core.state import Resource, State
     from infra.node.gcp_tpu.api import Gcp
     from infra.providers.gcp_tpu.records import Cluster
@@ -40,6 +42,17 @@ ACTION = "infra.node.gcp_tpu.autodown:stop_ray_then_remove"
 
 def plan_note(spec: Spec) -> str:
     return tracking_remote.plan_note(spec.name, "internal")
+
+
+def head_services(spec: Spec, state: State, cluster: Resource[Cluster], head: HeadAccess,
+                  daemon_head: HeadAccess) -> HeadServices:
+    """The tracking server on the head's internal address (the nodes reach it there; no firewall
+    rule opens it), its store on the head; the watcher as the autoscaler's user (`daemon_head`),
+    removing the cluster with the VM's own service account, the head's VM last."""
+    watcher = watcher_config(spec, state, cluster) if spec.autodown else None
+    return HeadServices(head=head, listen_host=str(cluster.attrs.head_internal_ip or ""),
+                        watcher=Watcher(daemon_head, users.DAEMON_USER, watcher,
+                                        keeps_marker=True, name=str(cluster.attrs.head or "")))
 
 
 def watcher_config(spec: Spec, state: State, cluster: Resource[Cluster]) -> autodown.Config:
