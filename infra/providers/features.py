@@ -19,20 +19,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from infra.core import ui
-from infra.core.autodown import remote as autodown_remote
 from infra.core.autodown import view as autodown_view
 from infra.core.autodown.view import AutodownView
 from infra.core.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.core.head import HeadAccess
-from infra.core.metrics import remote as metrics_remote
-from infra.core.tracking import remote as tracking_remote
-from infra.node import autodown
 from infra.node.wait import WaitTimeout, until
 
+# Each feature's own modules are imported where it is used: a cluster without it never loads them
+# (tests/test_up_path.py: a local `up` reaches `ray start` without them).
 if TYPE_CHECKING:
     from infra.core.capabilities import Capabilities
     from infra.core.spec import ClusterSpec
     from infra.core.state import State
+    from infra.core.tracking.remote import HeadStore
+    from infra.node.autodown import Config
 
 #: How long `up` waits for the first marker of a watcher whose head may delete itself.
 FIRST_MARKER_S = 30.0
@@ -63,7 +63,7 @@ class Watcher:
     #: The node user that runs it (the one holding what the removal needs).
     user: str
     #: None when the spec has no autodown: a watcher an earlier `up` started is stopped.
-    config: autodown.Config | None = None
+    config: Config | None = None
     #: Files the removal needs on the head (home-relative path -> content, 0600), read at `up`
     #: only (a missing credential then fails `up` in one line).
     secrets: Callable[[], Mapping[str, bytes]] = dict
@@ -83,9 +83,8 @@ class HeadServices:
     head: HeadAccess | None = None
     #: The address the tracking server listens on (the nodes reach it there).
     listen_host: str = ""
-    #: Where the tracking store lives (asked only when the spec tracks).
-    store: Callable[[], tracking_remote.HeadStore] = lambda: tracking_remote.HeadStore(
-        tracking_remote.HEAD_STORE)
+    #: Where the tracking store lives (asked only when the spec tracks); None: on the head.
+    store: Callable[[], HeadStore] | None = None
     watcher: Watcher | None = None
     #: Where the watcher's marker is read instead, given what the provider lists (False: nothing
     #: of the cluster is listed any more); None: from `watcher` on a live head.
@@ -99,9 +98,15 @@ def start(provider: Answers, state: State) -> None:
         return
     spec = provider.spec
     if spec.tracking == "mlflow":
-        tracking_remote.start(state, services.head, services.listen_host, services.store())
+        from infra.core.tracking import remote as tracking_remote
+
+        store = services.store() if services.store else tracking_remote.HeadStore(
+            tracking_remote.HEAD_STORE)
+        tracking_remote.start(state, services.head, services.listen_host, store)
     # After the tracking server: its start (seconds of imports) goes first.
     if spec.metrics == "prometheus":
+        from infra.core.metrics import remote as metrics_remote
+
         metrics_remote.start(state, services.head, spec.metrics_history)
     if services.watcher is not None:
         _watch(state, services.watcher)
@@ -109,6 +114,9 @@ def start(provider: Answers, state: State) -> None:
 
 def _watch(state: State, watcher: Watcher) -> None:
     """Start (or keep) the watcher; stop one an earlier `up` started when autodown is off."""
+    from infra.core.autodown import remote as autodown_remote
+    from infra.node import autodown
+
     cluster = state.cluster
     if watcher.config is None:
         if watcher.keeps_marker and autodown_view.read_marker(
@@ -140,6 +148,8 @@ def save_tracking(provider: Answers, state: State, head_alive: bool,
     not (`gone`: what became of a head that is not `head_alive`)."""
     if not state.info.tracking_head_store:
         return
+    from infra.core.tracking import remote as tracking_remote
+
     services = provider.head_services(state) if head_alive else None
     if services is None or services.head is None:
         tracking_remote.save_before_teardown(state, None, gone)
@@ -154,6 +164,8 @@ def copy_tracking(provider: Answers, state: State) -> Path:
     if state.info.tracking_head_store:
         services = provider.head_services(state)
         if services is not None and services.head is not None:
+            from infra.core.tracking import remote as tracking_remote
+
             return tracking_remote.copy_back(services.head, state)
     where = state.info.tracking_store or state.info.tracking_head_store
     raise UsageError(f"cluster {state.cluster!r} keeps its tracking data in {where or 'its store'}"
@@ -177,6 +189,8 @@ def head_marker(provider: Answers, state: State, left: bool | None) -> str | Non
         return services.marker(left)
     if left is False or services.watcher is None:
         return None  # a removed head leaves nothing to read
+    from infra.core.autodown import remote as autodown_remote
+
     return autodown_remote.head_marker(services.watcher.head, services.watcher.user)
 
 
