@@ -234,13 +234,19 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
     def status(self, state: State) -> ProviderStatus:
         """What the provider's own view says about the cluster; read-only."""
 
-    @abc.abstractmethod
     def connect(self, state: State) -> AbstractContextManager[Endpoint]:
         """Make the dashboard reachable from this machine for the duration of the block.
 
-        Remote providers open an SSH tunnel to a free local port; local returns its URL.
-        Raises ClusterNotRunningError when there is nothing to connect to.
+        Default: through the head (`head_access`), one SSH login's tunnels to the dashboard,
+        Serve and, where the cluster has them, the tracking server and Prometheus; local returns
+        its URL. Raises ClusterNotRunningError when there is nothing to connect to.
         """
+        from infra.core import auth
+        from infra.core.tracking import remote as tracking_remote
+
+        head = self.head_access(state)
+        return tracking_remote.connect(state, head, head.dashboard_port or 0,
+                                       str(state.info.address or ""), auth.token_file(state))
 
     def head_access(self, state: State) -> HeadAccess:
         """The cluster's head (infra/core/head.py: `LocalHead`, `SshHead` or `SharedFsHead`), through

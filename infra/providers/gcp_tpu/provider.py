@@ -9,11 +9,9 @@ spec names source ranges, which get a firewall rule of their own (recorded, remo
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,6 @@ from infra.core.head import HeadAccess
 from infra.core.head_ssh import SshHead
 from infra.core.state import Attrs, Resource, State
 from infra.core.tracking import client as tracking
-from infra.core.tracking import remote as tracking_remote
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
 from infra.providers import features
@@ -421,15 +418,6 @@ class Provider(BaseProvider[Spec, Preflight]):
         spec = self._in_zone(str(cluster.attrs.zone)) if cluster.attrs.zone else self.spec
         return services.head_services(spec, state, cluster, self._head(state, cluster),
                                       self._daemon_head(cluster))
-
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
-        cluster = self._reachable_head(state)
-        with tracking_remote.connect(state, self.head_access(state),
-                                     cluster.attrs.dashboard_port or self.spec.dashboard.port,
-                                     f"{(cluster.attrs.head_internal_ip or '')}:{GCS_PORT}",
-                                     auth.token_file(state)) as endpoint:
-            yield endpoint
 
     # --- teardown -----------------------------------------------------------------------------
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 from infra.core import auth, paths, remote_head, ssh, ui
@@ -343,16 +342,6 @@ class Provider(BaseProvider[Spec, Capacity]):
                             store=lambda: services.store(spec, self.client()),
                             watcher=Watcher(head, services.WATCHER_USER, config,
                                             services.watcher_secrets))
-
-    @contextlib.contextmanager
-    def connect(self, state: State) -> Iterator[Endpoint]:
-        """Tunnels to the head: dashboard, tracking server, Serve (tracking_remote.connect)."""
-        head_ip = self._head_ip(state)
-        with tracking_remote.connect(state, self.head_access(state),
-                                     raycluster.DASHBOARD_PORT,
-                                     f"{head_ip}:{raycluster.GCS_PORT}",
-                                     auth.token_file(state)) as endpoint:
-            yield endpoint
 
     # --- teardown -------------------------------------------------------------------------------
 
