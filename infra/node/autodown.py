@@ -26,16 +26,17 @@ import argparse
 import contextlib
 import datetime as dt
 import importlib
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from infra.node.autodown_marker import Marker
 from infra.node.files import atomic_write
+from infra.node.wire import VERSION, Wire, WireError
 
 #: On a remote head, relative to the login user's home (0700 folder, as the token's): the
 #: watcher's config (its pid file beside it), marker and log.
@@ -52,9 +53,11 @@ def now_iso() -> str:
 
 
 @dataclass
-class Config:
+class Config(Wire):
     """What the provider's `up` writes for the watcher (a 0600 JSON file; never a secret inside:
     the token and API keys are named by path)."""
+
+    KIND = "the autodown watcher's config"
 
     cluster: str
     cluster_id: str
@@ -71,11 +74,12 @@ class Config:
     token_path: str | None = None
     #: Seconds between checks; None picks one from idle_minutes (1-30 s).
     poll_s: float | None = None
+    version: int = VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> Config:
-        data = json.loads(path.read_text())
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        return cls.from_json(path.read_text())
 
     def interval(self) -> float:
         if self.poll_s:
@@ -83,9 +87,15 @@ class Config:
         return min(30.0, max(1.0, self.idle_minutes * 60 / 20))
 
 
+def config_text(config: Config) -> str:
+    """The config file's whole text (what `write_config` writes, what a head's copy is compared
+    with)."""
+    return config.to_json() + "\n"
+
+
 def write_config(path: Path, config: Config) -> None:
     """Write the watcher's config, 0600 (it names the token file)."""
-    atomic_write(path, json.dumps(config.__dict__, indent=2) + "\n", mode=0o600)
+    atomic_write(path, config_text(config), mode=0o600)
 
 
 def _headers(token_path: str | None) -> dict[str, str]:
@@ -155,31 +165,29 @@ class Watcher:
         self._idle_since: float | None = None
         self._idle_since_iso: str | None = None
         self._resume()
-        self.marker: dict[str, Any] = {
-            "cluster": config.cluster, "cluster_id": config.cluster_id,
-            "idle_minutes": config.idle_minutes, "started_at": now_iso(), "pid": os.getpid(),
-            "phase": "watching", "idle_since": self._idle_since_iso, "idle_s": 0.0, "detail": "",
-            "checked_at": None, "removed_at": None, "error": None,
-            "interval_s": config.interval(),
-        }
+        self.marker = Marker(
+            cluster=config.cluster, cluster_id=config.cluster_id,
+            idle_minutes=config.idle_minutes, started_at=now_iso(), pid=os.getpid(),
+            phase="watching", idle_since=self._idle_since_iso, idle_s=0.0, detail="",
+            interval_s=config.interval())
 
     def _resume(self) -> None:
         """Take the countdown over from this cluster's marker, when a watcher before this one
         (killed, crashed, restarted by its supervisor) was counting: a restart must not buy the
         cluster another idle period. The marker's wall-clock start maps onto this clock."""
         try:
-            old = json.loads(Path(self.config.marker).expanduser().read_text())
-            since = dt.datetime.fromisoformat(str(old["idle_since"])) if old.get("idle_since") else None
-        except (OSError, ValueError, KeyError, TypeError):
+            old = Marker.from_json(Path(self.config.marker).expanduser().read_text())
+            since = dt.datetime.fromisoformat(str(old.idle_since)) if old.idle_since else None
+        except (OSError, ValueError, TypeError, WireError):
             return
-        if since is None or old.get("cluster_id") != self.config.cluster_id:
+        if since is None or old.cluster_id != self.config.cluster_id:
             return
         ago = max(0.0, (dt.datetime.now(dt.timezone.utc) - since).total_seconds())
-        self._idle_since, self._idle_since_iso = self._clock() - ago, str(old["idle_since"])
+        self._idle_since, self._idle_since_iso = self._clock() - ago, str(old.idle_since)
         log(f"resuming the countdown: idle since {self._idle_since_iso}")
 
     def _write(self) -> None:
-        atomic_write(Path(self.config.marker).expanduser(), json.dumps(self.marker, indent=2) + "\n")
+        atomic_write(Path(self.config.marker).expanduser(), self.marker.to_json() + "\n")
 
     def step(self) -> bool:
         """Check once; True when the cluster has been idle for the whole period."""
@@ -195,24 +203,25 @@ class Watcher:
         elif self._idle_since is None:
             self._idle_since, self._idle_since_iso = now, now_iso()
         idle_s = 0.0 if self._idle_since is None else now - self._idle_since
-        self.marker.update(checked_at=now_iso(), detail=detail, idle_s=round(idle_s, 1),
-                           idle_since=self._idle_since_iso)
+        self.marker = replace(self.marker, checked_at=now_iso(), detail=detail,
+                              idle_s=round(idle_s, 1), idle_since=self._idle_since_iso)
         self._write()
         return self._idle_since is not None and idle_s >= self.config.idle_minutes * 60
 
     def remove(self) -> None:
         """Run the provider's removal action; the marker says what happened."""
-        self.marker.update(phase="removing", removing_at=now_iso())
+        self.marker = replace(self.marker, phase="removing", removing_at=now_iso())
         self._write()
         module, _, function = self.config.action.partition(":")
         action = getattr(importlib.import_module(module), function)
         try:
             action(self.config.action_args, log)
         except Exception as exc:
-            self.marker.update(phase="failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            self.marker = replace(self.marker, phase="failed",
+                                  error=f"{type(exc).__name__}: {exc}"[:300])
             self._write()
             raise
-        self.marker.update(phase="removed", removed_at=now_iso())
+        self.marker = replace(self.marker, phase="removed", removed_at=now_iso())
         self._write()
 
     def run(self) -> None:

@@ -16,11 +16,13 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infra.node.files import atomic_write
 from infra.node.serverproc import run_server
+from infra.node.wire import VERSION, Wire
 
 #: The supervisor's config on a local head, inside the cluster's own temp dir (so that the
 #: provider's process markers find the supervisor and Prometheus, its child).
@@ -33,8 +35,10 @@ FALLBACK_PROGRAMS = ("/usr/bin/prometheus",)
 
 
 @dataclass(frozen=True)
-class PrometheusConfig:
+class PrometheusConfig(Wire):
     """What the supervisor needs to run one Prometheus; paths only."""
+
+    KIND = "the Prometheus daemon's config"
 
     host: str
     port: int
@@ -46,10 +50,14 @@ class PrometheusConfig:
     retention_size_mb: int
     scrape_interval_s: int
     log_path: str
+    version: int = VERSION
+    #: Keys this code does not know: a head's daemon config also names the node package it came
+    #: with (infra/core/remote_head.py); kept, see infra/node/wire.py.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def write_config(path: Path, config: PrometheusConfig) -> None:
-    atomic_write(path, json.dumps(asdict(config), indent=2))
+    atomic_write(path, config.to_json())
 
 
 def find_program() -> str | None:
@@ -115,9 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a cluster's Prometheus.")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
-    data = json.loads(Path(args.config).read_text())
     # A head's daemon config also names the node package it came with (autodown_remote).
-    config = PrometheusConfig(**{f.name: data[f.name] for f in fields(PrometheusConfig)})
+    config = PrometheusConfig.from_json(Path(args.config).read_text())
     # Runs under infra/node/supervise.py, whose pid file (`<config>.pid`, JSON by identity) is
     # its own: writing a bare pid there made the supervisor unknown to `ensure` and `status`.
     return supervise(config, Path(args.config))

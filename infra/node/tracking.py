@@ -11,15 +11,16 @@ a local cluster, over SFTP to a cloud head, in the batch script on Slurm. The la
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infra.node.errors import RayfleetError
 from infra.node.files import atomic_write
 from infra.node.serverproc import run_server
+from infra.node.wire import VERSION, Wire
 
 #: The tracking password's copy on a remote node, from the SSH user's home (0600). Here, below
 #: both the laptop's tracking_remote (which puts it there) and privilege (which hands it to Ray's
@@ -45,8 +46,10 @@ def read_secret(path: Path) -> str:
 
 
 @dataclass(frozen=True)
-class ServerConfig:
+class ServerConfig(Wire):
     """What the supervisor needs to run one tracking server; no secrets, only their paths."""
+
+    KIND = "the tracking server's config"
 
     host: str
     port: int
@@ -56,10 +59,14 @@ class ServerConfig:
     secret_key_path: str
     #: Where the server's own output goes.
     log_path: str
+    version: int = VERSION
+    #: Keys this code does not know: a head's daemon config also names the node package it came
+    #: with (infra/core/remote_head.py); kept, see infra/node/wire.py.
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def write_config(path: Path, config: ServerConfig) -> None:
-    atomic_write(path, json.dumps(asdict(config), indent=2))
+    atomic_write(path, config.to_json())
 
 
 def node_env(url: str, password_file: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -134,9 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a cluster's MLflow tracking server.")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
-    data = json.loads(Path(args.config).read_text())
     # A head's daemon config also names the node package it came with (remote_head).
-    config = ServerConfig(**{f.name: data[f.name] for f in fields(ServerConfig)})
+    config = ServerConfig.from_json(Path(args.config).read_text())
     # Runs under infra/node/supervise.py, which keeps the pid file and starts it again if it dies.
     return supervise(config)
 

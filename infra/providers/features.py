@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from infra.core import ui
 from infra.core.autodown import view as autodown_view
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from infra.core.state import State
     from infra.core.tracking.remote import HeadStore
     from infra.node.autodown import Config
+    from infra.node.autodown_marker import Marker
 
 #: How long `up` waits for the first marker of a watcher whose head may delete itself.
 FIRST_MARKER_S = 30.0
@@ -218,15 +219,15 @@ def autodown_report(provider: Answers, state: State, fetch: bool = False,
 
 
 def _fetched(provider: Answers, state: State,
-             left: bool | None) -> dict[str, Any] | None:
+             left: bool | None) -> Marker | None:
     text = head_marker(provider, state, left)
     return None if text is None else autodown_view.cache_marker(state.cluster, text,
                                                                 state.cluster_id)
 
 
-def _may_be_gone(marker: dict[str, Any], lost: bool) -> bool:
-    if marker.get("phase") in ("removing", "removed"):
+def _may_be_gone(marker: Marker, lost: bool) -> bool:
+    if marker.phase in ("removing", "removed"):
         return True
     # A head that leaves its last word behind (a record, this machine's own copy) can be
     # asked any time; one that may not is presumed removed only after a countdown.
-    return not lost or bool(marker.get("idle_since"))
+    return not lost or bool(marker.idle_since)

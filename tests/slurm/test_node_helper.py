@@ -175,7 +175,7 @@ def test_metrics_config_names_the_heads_address_block_discovery_file_and_store(
         "host": "127.0.0.1", "port": rayproc.PortBlock(base).prometheus,
         "discovery_file": str(target.parent / "ray" / "prom_metrics_service_discovery.json"),
         "storage_dir": str(store / "tsdb"), "retention_days": 7, "retention_size_mb": 300,
-        "scrape_interval_s": 4, "log_path": str(store / "prometheus.log")}
+        "scrape_interval_s": 4, "log_path": str(store / "prometheus.log"), "version": 1}
     assert store.stat().st_mode & 0o777 == 0o700
     # The info file says which Prometheus the head runs, for `up` (RF_METRICS: the spec's).
     info = tmp_path / "job.json"
@@ -183,7 +183,7 @@ def test_metrics_config_names_the_heads_address_block_discovery_file_and_store(
            env={"RF_JOB_ID": "0", "RF_METRICS": "1"})
     assert json.loads(info.read_text())["prometheus"].endswith("prometheus")
     helper("prepare", str(info), str(base), str(PORT_STRIDE), "1", env={"RF_JOB_ID": "0"})
-    assert "prometheus" not in json.loads(info.read_text())
+    assert json.loads(info.read_text())["prometheus"] is None  # metrics off: none asked for
 
 
 def test_no_prometheus_on_the_head_is_one_line_and_no_config(
@@ -200,5 +200,5 @@ def test_no_prometheus_on_the_head_is_one_line_and_no_config(
     assert len(said) == 1 and "no `prometheus`" in said[0] and "without metrics" in said[0], said
     assert not target.exists() and not (tmp_path / "store").exists()
     node_helper._prometheus.cache_clear()
-    assert node_helper._info("starting")["prometheus"] == ""
+    assert node_helper._info("starting").prometheus == ""
     node_helper._prometheus.cache_clear()

@@ -7,8 +7,6 @@ module holds only what is the watcher's own: its config, marker and log paths on
 
 from __future__ import annotations
 
-import json
-
 from infra.core.autodown import view as autodown_view
 from infra.core.head import HeadAccess
 from infra.node import autodown
@@ -20,9 +18,8 @@ def install(head: HeadAccess, config: autodown.Config, secrets: dict[str, bytes]
     0600) on the head, then start the watcher there supervised unless it runs; as the node user
     `user` when given (the one that holds the cloud credential: infra/core/privilege.py), with its
     files in that user's home."""
-    text = json.dumps(config.__dict__, indent=2) + "\n"
-    head.ensure_daemon("infra.node.autodown", autodown.HEAD_CONFIG, text, secrets,
-                       log=autodown.HEAD_LOG, user=user)
+    head.ensure_daemon("infra.node.autodown", autodown.HEAD_CONFIG, autodown.config_text(config),
+                       secrets, log=autodown.HEAD_LOG, user=user)
 
 
 def stop(head: HeadAccess, user: str | None = None) -> None:

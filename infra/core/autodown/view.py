@@ -9,13 +9,15 @@ marker, whether anything of the cluster is left) in `infra.providers.base.Provid
 from __future__ import annotations
 
 import datetime as dt
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from infra.core import paths
+from infra.node.autodown_marker import Marker
 from infra.node.files import atomic_write
+from infra.node.wire import WireError
 
 #: Under RAYFLEET_HOME: the markers this machine holds, one per cluster.
 MARKER_DIR = "autodown"
@@ -47,25 +49,24 @@ def marker_path(cluster: str) -> Path:
     return paths.home() / MARKER_DIR / f"{cluster}.json"
 
 
-def read_marker(path: Path) -> dict[str, Any] | None:
+def read_marker(path: Path) -> Marker | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return _parsed(path.read_text())
+    except OSError:
         return None
-    return data if isinstance(data, dict) else None
 
 
-def cache_marker(cluster: str, text: str, cluster_id: str | None = None) -> dict[str, Any] | None:
+def cache_marker(cluster: str, text: str, cluster_id: str | None = None) -> Marker | None:
     """Keep what a provider read from its head's marker, for `status` after the head is gone; the
     marker kept, or None when `text` is no marker (or, with `cluster_id`, another cluster's: never
-    taken, even at our path)."""
-    data = _parsed(text)
-    if data is None:
+    taken, even at our path). Keys this version does not know are kept (infra/node/wire.py)."""
+    marker = _parsed(text)
+    if marker is None:
         return None
-    if cluster_id is not None and data.get("cluster_id") != cluster_id:
+    if cluster_id is not None and marker.cluster_id != cluster_id:
         return None
-    atomic_write(marker_path(cluster), json.dumps(data, indent=2) + "\n")
-    return data
+    atomic_write(marker_path(cluster), marker.to_json() + "\n")
+    return marker
 
 
 def with_watcher_status(text: str | None, status: dict[str, Any] | None) -> str | None:
@@ -75,23 +76,27 @@ def with_watcher_status(text: str | None, status: dict[str, Any] | None) -> str 
     marker = _parsed(text) if text is not None and status is not None else None
     if marker is None or status is None:
         return text
-    return json.dumps({**marker, "watcher_running": bool(status.get("running"))}, indent=2) + "\n"
+    return replace(marker, watcher_running=bool(status.get("running"))).to_json() + "\n"
 
 
-def _parsed(text: str) -> dict[str, Any] | None:
-    """A marker's JSON object, or None for anything else."""
+def _parsed(text: str) -> Marker | None:
+    """A marker, or None for anything else (no JSON object: a torn or foreign file)."""
     try:
-        data = json.loads(text)
-    except ValueError:
+        return Marker.from_json(text)
+    except (ValueError, WireError):
         return None
-    return data if isinstance(data, dict) else None
 
 
-def cached(cluster: str, cluster_id: str) -> dict[str, Any] | None:
+def as_marker(marker: Marker | Mapping[str, Any] | None) -> Marker | None:
+    """A marker however given: typed, or the JSON object of one (tests, older callers)."""
+    return Marker.from_dict(marker) if isinstance(marker, Mapping) else marker
+
+
+def cached(cluster: str, cluster_id: str) -> Marker | None:
     """The marker this machine holds for the cluster, if it is this cluster's (same id: a cluster
     of the same name from before has another)."""
     marker = read_marker(marker_path(cluster))
-    if marker is None or marker.get("cluster_id") not in (None, cluster_id):
+    if marker is None or marker.cluster_id not in (None, cluster_id):
         return None
     return marker
 
@@ -101,7 +106,7 @@ def forget(cluster: str) -> None:
     marker_path(cluster).unlink(missing_ok=True)
 
 
-def decide(marker: dict[str, Any] | None, idle_minutes: float, left: bool | None,
+def decide(marker: Marker | Mapping[str, Any] | None, idle_minutes: float, left: bool | None,
            last_word_may_be_lost: bool) -> AutodownView | None:
     """The one decision "busy / idle N of M / silent / removed itself", from this machine's copy
     of the marker and what the provider lists of the cluster (`left`; None: not asked).
@@ -111,6 +116,7 @@ def decide(marker: dict[str, Any] | None, idle_minutes: float, left: bool | None
     its own machine may be gone before this machine read its last marker), nothing left after a
     countdown counts as a self-removal at the end of that countdown (`gone_view`).
     """
+    marker = as_marker(marker)
     if marker is None and not idle_minutes:
         return None
     report = view(marker, idle_minutes)
@@ -127,55 +133,57 @@ def decide(marker: dict[str, Any] | None, idle_minutes: float, left: bool | None
 SILENT_AFTER_S = 120.0
 
 
-def view(marker: dict[str, Any] | None, idle_minutes: float,
+def view(given: Marker | Mapping[str, Any] | None, idle_minutes: float,
          now: dt.datetime | None = None) -> AutodownView:
     """An `AutodownView` from a watcher's marker (None: no marker seen yet; `now` for tests)."""
+    marker = as_marker(given)
     if marker is None:
         return AutodownView(idle_minutes, detail="no report from the watcher yet")
     # A head that ends its own job or VM may not live to write "removed": "removing" and its time
     # count once the provider no longer lists the cluster (the caller checks that).
-    removed = (marker.get("removed_at") or marker.get("removing_at")
-               if marker.get("phase") in ("removed", "removing") else None)
-    detail = str(marker.get("detail") or "")
-    if marker.get("phase") == "failed":
-        detail = f"removal FAILED: {marker.get('error')}"
-    elif marker.get("phase") == "removing":
+    removed = (marker.removed_at or marker.removing_at
+               if marker.phase in ("removed", "removing") else None)
+    detail = str(marker.detail or "")
+    if marker.phase == "failed":
+        detail = f"removal FAILED: {marker.error}"
+    elif marker.phase == "removing":
         detail = "removing the cluster now"
-    idle = marker.get("idle_s") if marker.get("idle_since") else None
-    running = marker.get("watcher_running")
-    return AutodownView(float(marker.get("idle_minutes") or idle_minutes),
+    idle = marker.idle_s if marker.idle_since else None
+    running = marker.watcher_running
+    return AutodownView(float(marker.idle_minutes or idle_minutes),
                         float(idle) if idle is not None else None, removed, detail,
                         _silent_since(marker, now),
                         running if isinstance(running, bool) and not removed else None)
 
 
-def _silent_since(marker: dict[str, Any], now: dt.datetime | None) -> str | None:
+def _silent_since(marker: Marker, now: dt.datetime | None) -> str | None:
     """The last check's time when a watching watcher has missed several checks since."""
-    checked = marker.get("checked_at")
-    if marker.get("phase") != "watching" or not checked:
+    checked = marker.checked_at
+    if marker.phase != "watching" or not checked:
         return None
     try:
         when = dt.datetime.fromisoformat(str(checked))
     except ValueError:
         return None
     # A few missed checks, and never less than two minutes: a busy head can be slow to answer.
-    allowed = max(SILENT_AFTER_S, 5 * float(marker.get("interval_s") or 30))
+    allowed = max(SILENT_AFTER_S, 5 * float(marker.interval_s or 30))
     now = now or dt.datetime.now(dt.timezone.utc)
     return str(checked) if (now - when).total_seconds() > allowed else None
 
 
 def gone_view(report: AutodownView | None,
-              marker: dict[str, Any] | None) -> AutodownView | None:
+              given: Marker | Mapping[str, Any] | None) -> AutodownView | None:
     """For a cluster whose machines are all gone (the caller checked with the provider): an
     `AutodownView` saying it removed itself, when the last marker this machine saw from its head
     was this cluster's watcher; else None (last seen busy: something else removed it). The time is
     the marker's own, or (a head deleting itself cannot report it) when the idle period it last
     reported ran out."""
+    marker = as_marker(given)
     if report is None or marker is None:
         return None
     if report.removed_at:
         return report
-    since = marker.get("idle_since")
+    since = marker.idle_since
     if not since:
         return None
     ended = dt.datetime.fromisoformat(str(since)) + dt.timedelta(minutes=report.idle_minutes)

@@ -12,9 +12,6 @@ Core layer: never imports a provider.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-
 from infra.core import ui
 from infra.core.head import HeadAccess
 from infra.core.metrics import prometheus as metrics
@@ -46,6 +43,6 @@ def start(state: State, head: HeadAccess, history: MetricsHistory) -> None:
         retention_size_mb=history.size_mb, scrape_interval_s=history.scrape_interval_s,
         log_path=f"{home}/rayfleet/prometheus.log")
     with ui.step(f"starting Prometheus on the head (127.0.0.1:{metrics.HEAD_PORT})"):
-        head.ensure_daemon("infra.node.metrics", HEAD_CONFIG, json.dumps(asdict(config)),
+        head.ensure_daemon("infra.node.metrics", HEAD_CONFIG, config.to_json(indent=None),
                            log=HEAD_LOG)
     metrics.note_started(state, history.scrape_interval_s)

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import shlex
 import shutil
 import tarfile
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra.core import remote_head, ui
@@ -96,7 +95,7 @@ def start(state: State, head: HeadAccess, bind_host: str, store: HeadStore) -> N
     state.set_info(tracking_head_store=store_dir, tracking_durable=store.durable or None,
                    tracking_bind=bind_host)
     with ui.step(f"starting the MLflow tracking server on the head ({bind_host}:{TRACKING_PORT})"):
-        head.ensure_daemon("infra.node.tracking", HEAD_CONFIG, json.dumps(asdict(config)), secrets,
+        head.ensure_daemon("infra.node.tracking", HEAD_CONFIG, config.to_json(indent=None), secrets,
                            log=HEAD_LOG)
     if store.durable:
         ui.info(f"tracking data lives on {store.durable} ({store_dir}) and survives teardown and "

@@ -14,12 +14,12 @@ no longer lists the cluster's jobs, and says "removed itself after N idle minute
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Callable
 from typing import Any
 
+from infra.node.autodown_marker import Marker
 from infra.node.files import atomic_write
 from infra.node.slurm import queue
 from infra.node.wait import until
@@ -47,8 +47,8 @@ def _ours(cluster_id: str) -> list[queue.JobRow]:
 def _record(marker: str, record: str) -> None:
     """Copy the watcher's marker to the shared work dir, atomically (the laptop may read it)."""
     with open(marker) as handle:
-        data = json.load(handle)
-    atomic_write(record, json.dumps(data, indent=2))
+        data = Marker.from_json(handle.read())
+    atomic_write(record, data.to_json())
 
 
 def remove(args: dict[str, Any], log: Callable[[str], None]) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shutil
 import sys
@@ -44,7 +43,9 @@ from infra.node.rayproc import (
     port_answers,
     terminate,
 )
+from infra.node.slurm.info import Info
 from infra.node.wait import WaitTimeout, until
+from infra.node.wire import WireError
 
 
 def _env(name: str) -> str:
@@ -81,48 +82,36 @@ def stop(markers: list[str], grace: float = 1.0) -> int:
     return 1 if left else 0
 
 
-def _info(phase: str, message: str = "", **extra: Any) -> dict[str, Any]:
+def _info(phase: str, message: str = "", **ready: Any) -> Info:
     base = int(_env("RF_BASE") or 0)
     block = PortBlock(base)
     head_ip = _env("RF_HEAD_IP")
-    return {
-        "phase": phase,
-        "message": message,
-        "job_id": _env("RF_JOB_ID"),
-        "head_node": _env("RF_HEAD_NODE"),
-        "head_ip": head_ip,
-        "port_base": base,
-        "gcs_port": block.gcs,
-        "dashboard_port": block.dashboard,
-        "client_port": base + PORT_NAMES.index("ray-client-server-port"),
-        "node_manager_port": base + PORT_NAMES.index("node-manager-port"),
-        "object_manager_port": base + PORT_NAMES.index("object-manager-port"),
-        "address": f"{head_ip}:{block.gcs}",
-        # On the head's loopback only: reached through a tunnel that ends on the head's node.
-        "dashboard_url": f"http://127.0.0.1:{block.dashboard}",
-        "temp_dir": _env("RF_HEAD_TEMP"),
-        "cluster_id": _env("RF_CLUSTER_ID"),
-        "started_at": float(_env("RF_STARTED_AT") or 0),
-        "updated_at": time.time(),
-        **_prometheus(),
-        **extra,
-    }
+    return Info(
+        phase=phase, message=message, job_id=_env("RF_JOB_ID"), head_node=_env("RF_HEAD_NODE"),
+        head_ip=head_ip, port_base=base, gcs_port=block.gcs, dashboard_port=block.dashboard,
+        client_port=base + PORT_NAMES.index("ray-client-server-port"),
+        node_manager_port=base + PORT_NAMES.index("node-manager-port"),
+        object_manager_port=base + PORT_NAMES.index("object-manager-port"),
+        address=f"{head_ip}:{block.gcs}", dashboard_url=f"http://127.0.0.1:{block.dashboard}",
+        temp_dir=_env("RF_HEAD_TEMP"), cluster_id=_env("RF_CLUSTER_ID"),
+        started_at=float(_env("RF_STARTED_AT") or 0), updated_at=time.time(),
+        prometheus=_prometheus(), **ready)
 
 
 @functools.cache
-def _prometheus() -> dict[str, str]:
+def _prometheus() -> str | None:
     """`metrics: prometheus` (RF_METRICS set): which `prometheus` the head's job will run, "" for
     none, so that `up` says in one line that the cluster runs without metrics. Looked up where
     the job runs, after the spec's environment (modules, activate) is set up: the login host's
     PATH says nothing about the compute nodes'."""
     if not _env("RF_METRICS"):
-        return {}
-    return {"prometheus": metrics.find_program() or ""}
+        return None
+    return metrics.find_program() or ""
 
 
-def write_info(path: str, info: dict[str, Any]) -> None:
+def write_info(path: str, info: Info) -> None:
     """Replace the info file atomically: the client polls it and must never read half of it."""
-    atomic_write(path, json.dumps(info))
+    atomic_write(path, info.to_json(indent=None))
 
 
 def watch(path: str, want: int, timeout: float) -> None:
@@ -195,8 +184,8 @@ def watch(path: str, want: int, timeout: float) -> None:
 def _phase(path: str) -> str:
     try:
         with open(path) as handle:
-            return str(json.load(handle).get("phase", ""))
-    except (OSError, ValueError):
+            return Info.from_json(handle.read()).phase
+    except (OSError, ValueError, WireError):
         return ""
 
 
@@ -288,22 +277,23 @@ def autodown_config(target: str, idle_minutes: float, cluster: str) -> int:
     """The idle watcher's config (infra/node/autodown.py `Config`), 0600 in the head's private dir:
     Ray's dashboard on the head's loopback, the marker beside it, Slurm's removal action, which
     copies the marker to the shared work dir (`record`) before it cancels anything."""
+    from infra.node import autodown  # here: the helper's other commands do not need it
+
     temp, block = _env("RF_HEAD_TEMP"), PortBlock(int(_env("RF_BASE")))
-    config = {
-        "cluster": cluster, "cluster_id": _env("RF_CLUSTER_ID"), "idle_minutes": idle_minutes,
-        "dashboard_url": f"http://127.0.0.1:{block.dashboard}",
-        "marker": os.path.join(temp, "autodown-marker.json"),
-        "action": "infra.node.slurm.autodown:remove",
-        "action_args": {
+    config = autodown.Config(
+        cluster=cluster, cluster_id=_env("RF_CLUSTER_ID"), idle_minutes=idle_minutes,
+        dashboard_url=f"http://127.0.0.1:{block.dashboard}",
+        marker=os.path.join(temp, "autodown-marker.json"),
+        action="infra.node.slurm.autodown:remove",
+        action_args={
             "cluster_id": _env("RF_CLUSTER_ID"), "head_job_id": _env("RF_JOB_ID"),
             "marker": os.path.join(temp, "autodown-marker.json"),
             "record": os.path.join(_env("SLURM_SUBMIT_DIR"),
                                    f"{_env('SLURM_JOB_NAME')}.autodown.json"),
         },
         # A path (the token itself never leaves its 0600 file); None without token auth.
-        "token_path": _env("RAY_AUTH_TOKEN_PATH") if _env("RAY_AUTH_MODE") == "token" else None,
-    }
-    atomic_write(target, json.dumps(config, indent=1), mode=0o600)
+        token_path=_env("RAY_AUTH_TOKEN_PATH") if _env("RAY_AUTH_MODE") == "token" else None)
+    autodown.write_config(Path(target), config)
     return 0
 
 
@@ -314,18 +304,19 @@ def tracking_config(target: str, store: str, password_path: str, secret_key_path
     the runs are nobody else's), the paths of its 0600 secrets (never their content)."""
     import importlib.util
 
+    from infra.node import tracking
+
     if importlib.util.find_spec("mlflow") is None:
         print("rayfleet: tracking: mlflow needs MLflow where Ray runs (pip install mlflow in the "
               "environment the spec's environment: sets up); no tracking server", file=sys.stderr)
         return 1
     os.makedirs(store, exist_ok=True)
     os.chmod(store, 0o700)
-    config = {
-        "host": _env("RF_HEAD_IP"), "port": PortBlock(int(_env("RF_BASE"))).tracking,
-        "store_dir": store, "password_path": password_path, "secret_key_path": secret_key_path,
-        "log_path": os.path.join(store, "mlflow.log"),
-    }
-    atomic_write(target, json.dumps(config, indent=1), mode=0o600)
+    config = tracking.ServerConfig(
+        host=_env("RF_HEAD_IP"), port=PortBlock(int(_env("RF_BASE"))).tracking,
+        store_dir=store, password_path=password_path, secret_key_path=secret_key_path,
+        log_path=os.path.join(store, "mlflow.log"))
+    atomic_write(target, config.to_json(indent=1), mode=0o600)
     return 0
 
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import re
 import shutil
 import subprocess
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -304,7 +302,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             password_path=str(password),
             secret_key_path=str(password.with_name(tracking.SECRET_KEY_FILE)),
             log_path=str(log))
-        _daemon("infra.node.tracking", config_path, json.dumps(asdict(config), indent=2), log,
+        _daemon("infra.node.tracking", config_path, config.to_json(), log,
                 wait=False)
 
     def _ensure_metrics(self, state: State, block: rayproc.PortBlock) -> None:
@@ -331,7 +329,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             retention_days=history.days, retention_size_mb=history.size_mb,
             scrape_interval_s=history.scrape_interval_s, log_path=str(log))
         if _daemon("infra.node.metrics", tmp / metrics.CONFIG_FILE,
-                   json.dumps(asdict(config), indent=2), log, wait=False):
+                   config.to_json(), log, wait=False):
             metrics.note_started(state, history.scrape_interval_s)
 
     def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint,
@@ -363,7 +361,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             token_path=str(endpoint.token_path) if endpoint.token_path else None)
         log = paths.home() / "logs" / self.spec.name / "autodown.log"
         if _daemon("infra.node.autodown", Path(tmp) / local_autodown.CONFIG_FILE,
-                   json.dumps(config.__dict__, indent=2) + "\n", log):
+                   autodown.config_text(config), log):
             ui.info(f"autodown: the cluster stops itself after "
                     f"{self.spec.autodown.idle_minutes:g} idle minutes (watcher log {log})")
 

@@ -7,17 +7,17 @@ formats are fixed with `-o`/`--oneliner` so that a site's SQUEUE_FORMAT cannot c
 from __future__ import annotations
 
 import difflib
-import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
 
 from infra.core.errors import SpecError
 from infra.node import shell
 from infra.node.slurm import queue
+from infra.node.slurm.info import Info
 from infra.node.slurm.queue import LIVE_STATES, JobRow, QueueUnavailable, patiently
 from infra.node.where import home_path
+from infra.node.wire import WireError
 from infra.providers.slurm.remote import Runner, SlurmError
 from infra.providers.slurm.spec import Spec, time_limit_seconds
 
@@ -53,7 +53,7 @@ class Poll:
 
     rows: list[JobRow] | None
     pending: list[str]
-    info: dict[str, Any] | None
+    info: Info | None
 
 
 def _gpus(gres: str) -> int:
@@ -208,22 +208,22 @@ def poll(runner: Runner, job_id: str, info_file: str, partition: str | None,
         f"cat {info_file} 2>/dev/null", timeout=30).stdout
     rows_text, _, rest = out.partition(_SPLIT)
     pending_text, _, info_text = rest.partition(_SPLIT)
-    info: dict[str, Any] | None = None
+    info: Info | None = None
     if info_text.strip():
         try:
-            info = json.loads(info_text)
-        except json.JSONDecodeError:
+            info = Info.from_json(info_text)
+        except ValueError:
             info = None  # caught between writes on a file system without atomic rename: retry
     rows = queue.parse(rows_text, f"job {job_id}")
     return Poll(rows or None, pending_text.split(), info)
 
 
-def read_info(runner: Runner, info_file: str) -> dict[str, Any] | None:
+def read_info(runner: Runner, info_file: str) -> Info | None:
     text = runner.run(f"cat {info_file} 2>/dev/null", timeout=30).stdout
     try:
-        return dict(json.loads(text)) if text.strip() else None
-    except json.JSONDecodeError:
-        return None
+        return Info.from_json(text) if text.strip() else None
+    except (ValueError, WireError):
+        return None  # teardown goes on with what state recorded of the job
 
 
 def _write_secret(folder: str, name: str, size: int) -> str:

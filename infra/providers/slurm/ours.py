@@ -82,7 +82,7 @@ def cancel(spec: Spec, runner: Runner, state: State, job: Resource[Job]) -> None
     for job_id in ids:
         info = cluster.read_info(runner, cluster.job_file(workdir, job.id, ".json"))
         attrs = Job.model_validate({**job.attrs.model_dump(exclude_unset=True),
-                                    **{k: v for k, v in (info or {}).items() if k in KEPT}})
+                                    **(info.facts(KEPT) if info else {})})
         _scancel(runner, job_id)
         _wait_gone(runner, [job_id], f"Slurm job {job_id} to leave the queue")
         _verify_stopped(runner, job_id, attrs)

@@ -28,6 +28,7 @@ from infra.core.state import Resource, State
 from infra.core.tracking import client as tracking
 from infra.node import identity, rayproc
 from infra.node.slurm import queue
+from infra.node.slurm.info import Info
 from infra.node.slurm.queue import QueueUnavailable, SlurmError
 from infra.providers.base import (
     CostRange,
@@ -183,7 +184,7 @@ class Provider(BaseProvider[Spec, None]):
             info = self._wait_ready(runner, state, job)
             return self._ready_endpoint(state, info)
 
-    def _ready_endpoint(self, state: State, info: dict[str, Any]) -> Endpoint:
+    def _ready_endpoint(self, state: State, info: Info) -> Endpoint:
         token = auth.token_file(state)
         with self.connect(state) as reachable:
             ui.wait_for(lambda _: True if jobs.dashboard_ready(reachable.dashboard_url, token)
@@ -195,27 +196,27 @@ class Provider(BaseProvider[Spec, None]):
                     "driver it cancels the cluster's jobs, the head's last (`invoke status` "
                     "shows the countdown)")
         ui.info(f"the dashboard listens on the head node's loopback only; `invoke dashboard` "
-                f"tunnels to it (SSH into {info['head_ip']}"
+                f"tunnels to it (SSH into {info.head_ip}"
                 + ("" if self.spec.submit.is_local else
                    f" through {remote.describe(self.spec.submit)}") + ")")
         if self.spec.tracking == "mlflow":
-            ui.info(f"MLflow tracking server: starting in the head's job on {info['head_ip']}, "
+            ui.info(f"MLflow tracking server: starting in the head's job on {info.head_ip}, "
                     f"store {self._tracking_store()} (kept after teardown); every node's jobs "
                     "find it; `invoke mlflow` opens its UI")
         self._note_metrics(state, info)
-        return remote_head.announced(info["dashboard_url"], info["address"], token)
+        return remote_head.announced(info.dashboard_url, info.address, token)
 
-    def _note_metrics(self, state: State, info: dict[str, Any]) -> None:
+    def _note_metrics(self, state: State, info: Info) -> None:
         """Say where the head's Prometheus runs, or in one line that the head has none."""
         if self.spec.metrics != "prometheus":
             return
-        if not info.get("prometheus"):
-            ui.warn(f"metrics: no `prometheus` on the head's node {info['head_node']} (install "
+        if not info.prometheus:
+            ui.warn(f"metrics: no `prometheus` on the head's node {info.head_node} (install "
                     "it with environment.install, or put it on the nodes' PATH); the cluster "
                     "runs without metrics")
             return
-        port = int(info["port_base"]) + rayproc.PortBlock(0).prometheus
-        ui.info(f"metrics: Prometheus starting in the head's job on {info['head_node']}'s "
+        port = int(info.port_base) + rayproc.PortBlock(0).prometheus
+        ui.info(f"metrics: Prometheus starting in the head's job on {info.head_node}'s "
                 f"loopback, port {port}, "
                 f"history in {self._metrics_store()} (kept after teardown); `invoke top`, "
                 "`invoke report`")
@@ -248,7 +249,7 @@ class Provider(BaseProvider[Spec, None]):
         submit = self.spec.submit
         return path if submit.is_local else f"{submit.user or getpass.getuser()}@{submit.host}:{path}"
 
-    def _resume(self, runner: Runner, state: State, job: Resource[Job]) -> dict[str, Any] | None:
+    def _resume(self, runner: Runner, state: State, job: Resource[Job]) -> Info | None:
         """Reuse the job in state if it is still queued or running; forget it otherwise."""
         job_id = job.attrs.job_id
         ids = [job_id] if job_id else cluster.patiently(
@@ -281,13 +282,13 @@ class Provider(BaseProvider[Spec, None]):
             step.detail(f"job {job_id}")
         return state.update(Job, job_name, job_id=job_id)
 
-    def _wait_ready(self, runner: Runner, state: State, job: Resource[Job]) -> dict[str, Any]:
+    def _wait_ready(self, runner: Runner, state: State, job: Resource[Job]) -> Info:
         job_id = str(job.attrs.job_id)
         info_file = cluster.job_file(str(job.attrs.workdir), job.id, ".json")
         seen: dict[str, Any] = {}
         last_state = ["PENDING"]
 
-        def check(step: ui.Step) -> dict[str, Any] | None:
+        def check(step: ui.Step) -> Info | None:
             try:
                 polled = cluster.poll(runner, job_id, info_file, self.spec.partition,
                                       position=last_state[0] == "PENDING")
@@ -295,15 +296,16 @@ class Provider(BaseProvider[Spec, None]):
                 # The job's fate is unknown, not "ended": wait on (queue_timeout_s bounds it).
                 step.detail(f"job {job_id}: {exc}; retrying")
                 return None
-            info = polled.info or {}
-            if info.get("head_ip") and not seen:
-                seen.update(info)  # head and ports known: record them for a teardown that verifies
-                state.update(Job, job.id, **{k: info[k] for k in _KEPT if k in info})
+            info = polled.info
+            message = info.message if info else ""
+            if info is not None and info.head_ip and not seen:
+                seen.update(info.to_dict())  # head and ports known: record them for a teardown
+                state.update(Job, job.id, **info.facts(_KEPT))  # that verifies
             if polled.rows is None or polled.rows[0].state not in queue.LIVE_STATES - {
                     "COMPLETING"}:
                 last = polled.rows[0].state if polled.rows else "left the queue"
                 raise SlurmError(f"Slurm job {job_id} ended ({last}) before Ray was ready: "
-                                 f"{info.get('message') or self._tail(runner, job)}", job_id)
+                                 f"{message or self._tail(runner, job)}", job_id)
             row = polled.rows[0]
             last_state[0] = row.state
             if row.state == "PENDING":
@@ -311,13 +313,13 @@ class Provider(BaseProvider[Spec, None]):
                 step.detail(f"job {job_id} PENDING{reason}"
                             f"{_ordinal_position(job_id, polled.pending)}")
                 return None
-            if info.get("phase") == "failed":
-                raise SlurmError(f"Slurm job {job_id}: {info.get('message')} "
+            if info is not None and info.phase == "failed":
+                raise SlurmError(f"Slurm job {job_id}: {info.message} "
                                  f"({self._tail(runner, job)})", job_id)
-            if info.get("phase") == "ready":
+            if info is not None and info.phase == "ready":
                 return info
             step.detail(f"job {job_id} {row.state} on {row.nodes}: "
-                        f"{info.get('message') or 'starting'}")
+                        f"{message or 'starting'}")
             return None
 
         info = ui.wait_for(
@@ -327,13 +329,13 @@ class Provider(BaseProvider[Spec, None]):
             # slurmctld CPU; the job's own readiness does not wait for it.
             interval=0.5,
             hint="raise queue_timeout_s or ready_timeout_s in the spec if that is normal here")
-        state.update(Job, job.id, **{k: info[k] for k in _KEPT if k in info})
-        if info.get("ray_version"):
-            for mismatch in versions.mismatches(info):
+        state.update(Job, job.id, **info.facts(_KEPT))
+        if info.ray_version:
+            for mismatch in versions.mismatches(info.facts(("ray_version", "python_version"))):
                 ui.warn(f"the nodes run {mismatch}; jobs may fail to (de)serialise. Set "
                         "environment.activate (and install: true) to pin them")
-        state.set_info(address=info["address"], dashboard_url=info["dashboard_url"],
-                       job_id=job_id, head_node=info["head_node"])
+        state.set_info(address=info.address, dashboard_url=info.dashboard_url,
+                       job_id=job_id, head_node=info.head_node)
         if self.spec.tracking == "mlflow":  # what teardown says it keeps
             state.set_info(tracking_store=self._tracking_store())
         return info

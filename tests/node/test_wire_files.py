@@ -1,0 +1,134 @@
+"""Typed files between the laptop and a head (infra/node/wire.py) load what rayfleet 84e0693 wrote.
+
+tests/state_files/wire/ holds one file of each kind as 84e0693's own writers wrote it (its modules,
+taken with `git show 84e0693:<path>`, run with fixed inputs; a head's daemon config with the
+`node_package` key infra/core/remote_head.py adds there). Their bytes are pinned in SHA256SUMS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.core.autodown import view as autodown_view
+from infra.node import autodown, autodown_marker, metrics, tracking, wire
+from infra.node.slurm.info import Info
+from infra.providers.slurm.ours import KEPT
+
+FILES = Path(__file__).parent.parent / "state_files" / "wire"
+PACKAGE = "rayfleet-node-3f2a9c1d.zip"
+
+#: file -> (its dataclass, fields read back by attribute with the values 84e0693 wrote).
+SAMPLES: dict[str, tuple[type[wire.Wire], dict[str, Any]]] = {
+    "autodown-config-84e0693.json": (autodown.Config, {
+        "cluster": "lam1", "cluster_id": "c-7f3e2a", "idle_minutes": 20.0,
+        "action": "infra.node.lambda_cloud.autodown:remove", "token_path": "~/.rayfleet/ray-token",
+        "poll_s": None, "extra": {"node_package": PACKAGE}}),
+    "slurm-autodown-config-84e0693.json": (autodown.Config, {
+        "cluster": "slu1", "marker": "/tmp/rf-4711/autodown-marker.json",
+        "dashboard_url": "http://127.0.0.1:41001", "poll_s": None, "extra": {}}),
+    "autodown-marker-84e0693.json": (autodown_marker.Marker, {
+        "cluster": "lam1", "cluster_id": "c-7f3e2a", "phase": "removed", "idle_minutes": 20.0,
+        "detail": "idle", "error": None, "interval_s": 30.0, "watcher_running": None}),
+    "slurm-info-84e0693.json": (Info, {
+        "phase": "ready", "job_id": "4711", "head_node": "node01", "head_ip": "10.0.0.7",
+        "port_base": 41000, "gcs_port": 41000, "dashboard_port": 41001,
+        "address": "10.0.0.7:41000", "dashboard_url": "http://127.0.0.1:41001",
+        "prometheus": "/usr/bin/prometheus", "ray_version": "2.60.0", "ready_at": 1764370031.5}),
+    "tracking-config-84e0693.json": (tracking.ServerConfig, {
+        "host": "10.0.0.5", "port": 5000, "store_dir": "/home/ubuntu/.rayfleet/mlflow",
+        "log_path": "/home/ubuntu/.rayfleet/mlflow.log", "extra": {"node_package": PACKAGE}}),
+    "metrics-config-84e0693.json": (metrics.PrometheusConfig, {
+        "port": 9090, "retention_days": 7, "retention_size_mb": 300, "scrape_interval_s": 10,
+        "storage_dir": "/home/ubuntu/.rayfleet/prometheus/tsdb"}),
+}
+
+
+def _raw(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FILES / name).read_text())
+    return data
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_a_file_84e0693_wrote_loads_as_version_0_with_its_values(name: str) -> None:
+    kind, expected = SAMPLES[name]
+    loaded = kind.from_json((FILES / name).read_text())
+    assert isinstance(loaded, kind)
+    assert loaded.version == 0  # written before files had versions
+    assert {field: getattr(loaded, field) for field in expected} == expected
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_a_round_trip_keeps_every_key_and_value(name: str) -> None:
+    kind, _ = SAMPLES[name]
+    raw = _raw(name)
+    loaded = kind.from_dict(raw)
+    written = loaded.to_dict()
+    assert {key: written[key] for key in raw} == raw  # the unknown `node_package` included
+    assert kind.from_json(loaded.to_json()) == loaded
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_a_newer_file_with_a_key_this_version_does_not_know_loads_and_keeps_it(name: str) -> None:
+    kind, expected = SAMPLES[name]
+    newer = {**_raw(name), "version": 7, "from_a_newer_rayfleet": {"kept": [1, 2]}}
+    loaded = kind.from_dict(newer)
+    assert loaded.version == 7
+    assert {f: getattr(loaded, f) for f in expected if f != "extra"} == {
+        f: v for f, v in expected.items() if f != "extra"}
+    assert loaded.to_dict()["from_a_newer_rayfleet"] == {"kept": [1, 2]}
+
+
+def test_a_file_without_a_field_its_kind_needs_is_one_line_naming_it() -> None:
+    raw = _raw("slurm-info-84e0693.json")
+    del raw["head_ip"]
+    with pytest.raises(wire.WireError) as caught:
+        Info.from_dict(raw)
+    message = str(caught.value)
+    assert "\n" not in message and "Slurm's info file" in message and "'head_ip'" in message
+    with pytest.raises(wire.WireError, match="expected a JSON object"):
+        autodown.Config.from_json("[1, 2]")
+
+
+def test_what_this_version_writes_says_its_version() -> None:
+    config = autodown.Config.from_json((FILES / "autodown-config-84e0693.json").read_text())
+    fresh = autodown.Config(cluster="c", cluster_id="i", idle_minutes=5, dashboard_url="u",
+                            marker="m", action="a:b")
+    assert json.loads(autodown.config_text(fresh))["version"] == wire.VERSION == 1
+    assert "extra" not in json.loads(autodown.config_text(config))
+
+
+def test_the_laptop_reads_84e0693s_marker_and_caches_a_newer_ones_unknown_keys(
+        rf_home: Path) -> None:
+    text = (FILES / "autodown-marker-84e0693.json").read_text()
+    report = autodown_view.decide(autodown_view.cache_marker("lam1", text, "c-7f3e2a"), 20.0,
+                                  left=False, last_word_may_be_lost=True)
+    assert report is not None and report.removed_at == _raw(
+        "autodown-marker-84e0693.json")["removed_at"]
+    newer = json.dumps({**json.loads(text), "version": 2, "reason_code": "idle"})
+    assert autodown_view.cache_marker("lam1", newer, "c-7f3e2a") is not None
+    cached = json.loads(autodown_view.marker_path("lam1").read_text())
+    assert cached["reason_code"] == "idle" and cached["version"] == 2
+    running = autodown_view.with_watcher_status(newer, {"running": True})
+    assert running is not None and json.loads(running)["reason_code"] == "idle"
+
+
+def test_slurms_info_file_gives_the_job_record_what_84e0693s_did() -> None:
+    raw = _raw("slurm-info-84e0693.json")
+    facts = Info.from_dict(raw).facts(KEPT)
+    assert facts == {k: raw[k] for k in KEPT if k in raw}
+    starting = {k: v for k, v in raw.items() if k not in (
+        "nodes", "ready_at", "timeline", "ray_version", "python_version", "prometheus")}
+    assert Info.from_dict(starting).facts(KEPT) == {k: starting[k] for k in KEPT if k in starting}
+
+
+def test_the_samples_are_as_captured() -> None:
+    """They prove compatibility only while nobody rewrites them: their bytes are pinned."""
+    pinned = dict(line.split()[::-1] for line in (FILES / "SHA256SUMS").read_text().splitlines())
+    assert pinned == {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+                      for path in sorted(FILES.glob("*.json"))}
+    assert set(pinned) == set(SAMPLES)
