@@ -109,9 +109,6 @@ class MemberClusters:
         self.config_path = config_path
         self.config = read_starter_config(Path(config_path))
         self.running: dict[str, Running] = {}
-        #: Every member whose cluster this gateway started: stopped ones keep their files until
-        #: the member is removed or expires (`idle_check`).
-        self.known: set[str] = set()
         self.starts: dict[str, asyncio.Task[Running]] = {}
         self._lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
@@ -189,7 +186,6 @@ class MemberClusters:
                     raise Full(f"all {self.config.max_active_members} member clusters of this "
                                "class run now (sharing.max_active_members); try again in a few "
                                "minutes")
-                self.known.add(member_id)
                 task = asyncio.create_task(self._start(member_id, self._free_block()))
                 self.starts[member_id] = task
                 task.add_done_callback(functools.partial(self._started, member_id))
@@ -218,9 +214,11 @@ class MemberClusters:
         from infra.node.autodown import busy_reasons
 
         now = time.monotonic()
-        for member_id in sorted(self.known - current_ids):
-            self.known.discard(member_id)
-            await self.remove(member_id)
+        # Every member cluster ever started has its token copy here, whichever gateway started
+        # it: one whose member is gone (removed, expired) is removed, files and user too.
+        kept = {p.stem for p in Path(self.config.token_dir).glob("*.token")}
+        for gone in sorted(kept - {short_id(m) for m in current_ids}):
+            await self.remove(gone)  # a short id names the same member (short_id(gone) == gone)
         for member_id, entry in list(self.running.items()):
             try:
                 busy = await asyncio.to_thread(busy_reasons, f"http://127.0.0.1:"
@@ -233,7 +231,13 @@ class MemberClusters:
                 await self.stop(member_id)
 
     async def watch(self, current_ids: Any) -> None:
-        """`current_ids()`: the ids of members who may still act (the gateway's members file)."""
+        """`current_ids()`: the ids of members who may still act (the gateway's members file).
+        First, clusters a previous gateway left running are stopped: this one knows none of
+        their ports, and a member's next request starts theirs again."""
+        for kept in sorted(p.stem for p in Path(self.config.token_dir).glob("*.token")):
+            if kept not in {short_id(m) for m in [*self.running, *self.starts]}:
+                with contextlib.suppress(Exception):
+                    await self.starter("stop", kept)
         while True:
             await asyncio.sleep(min(POLL_S, self.config.member_idle_minutes * 30))
             with contextlib.suppress(Exception):

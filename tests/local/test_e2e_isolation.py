@@ -179,8 +179,9 @@ def test_an_idle_member_cluster_stops_and_keeps_its_files(shared: Shared) -> Non
     """After the test above: idle past member_idle_minutes, each member's processes are gone
     and their parent dir (token, temp dir) stays; removal then deletes everything."""
     for name in ("alice", "bob"):
-        if name not in shared.members:
-            pytest.skip("needs the members of the test above (run the module)")
+        if name not in shared.members:  # picked alone: their clusters start here
+            member = shared.add(name)
+            logs_of(member, member.submit("python -c \"print('DONE')\""), "DONE")
     bob_id = member_id(shared, "bob")
     user = f"rf-m-{bob_id}"
     wait_until(lambda: not processes_of(user), "bob's idle cluster stops", timeout=90,
@@ -191,6 +192,9 @@ def test_an_idle_member_cluster_stops_and_keeps_its_files(shared: Shared) -> Non
     wait_until(lambda: not Path(f"/tmp/rf-m-{bob_id}").exists(), "bob's files go", timeout=60,
                interval=1)
     wait_until(lambda: _no_user(user), "bob's user goes", timeout=30, interval=1)
+    copies = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "member-tokens"
+    assert not (copies / f"{bob_id}.token").exists()
+    assert (copies / f"{member_id(shared, 'alice')}.token").exists()  # alice's files stay
 
 
 def _no_user(user: str) -> bool:
