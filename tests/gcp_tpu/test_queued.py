@@ -210,9 +210,11 @@ def test_the_joiner_requeues_lost_spot_slices_in_the_next_zone_and_reports_the_r
                                labels={"rayfleet-cluster": CLUSTER_ID})
     standard = queued.SliceRequest(**{**spot.__dict__, "name": "d", "provisioning": "standard",
                                       "zones": [SECOND_ZONE]})
-    config = {"cluster": "qcls", "cluster_id": CLUSTER_ID, "project": api.project,
-              "marker": str(tmp_path / "marker.json"), "max_attempts": 3,
-              "slices": [{**r.__dict__, "config": None} for r in (spot, standard)]}
+    config = joiner.Config(
+        cluster="qcls", cluster_id=CLUSTER_ID, project=api.project, head_address="10.0.0.2:6379",
+        ssh_user="ray", ssh_key="~/ray_bootstrap_key.pem", install_command="true",
+        marker=str(tmp_path / "marker.json"), max_attempts=3,
+        slices=[{**r.__dict__, "config": None} for r in (spot, standard)])
     for request, zone in ((spot, "us-central2-b"), (standard, SECOND_ZONE)):
         qr_id = queued.request_id(CLUSTER_ID, request.name, 0, 0)
         _wait(api, queued.create(api, zone, qr_id, queued.body(request, api.project, zone, qr_id)))

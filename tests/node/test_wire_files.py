@@ -16,6 +16,7 @@ import pytest
 
 from infra.core.autodown import view as autodown_view
 from infra.node import autodown, autodown_marker, metrics, tracking, wire
+from infra.node.gcp_tpu import joiner
 from infra.node.slurm.info import Info
 from infra.providers.slurm.ours import KEPT
 
@@ -39,6 +40,11 @@ SAMPLES: dict[str, tuple[type[wire.Wire], dict[str, Any]]] = {
         "port_base": 41000, "gcs_port": 41000, "dashboard_port": 41001,
         "address": "10.0.0.7:41000", "dashboard_url": "http://127.0.0.1:41001",
         "prometheus": "/usr/bin/prometheus", "ray_version": "2.60.0", "ready_at": 1764370031.5}),
+    "joiner-config-84e0693.json": (joiner.Config, {
+        "cluster": "tpu1", "project": "my-project", "head_address": "10.128.0.2:6379",
+        "ssh_user": "ubuntu", "ssh_key": "~/ray_bootstrap_key.pem", "poll_s": 5,
+        "token_path": "~/.rayfleet/ray-token", "tracking_user": "rayfleet", "max_attempts": None,
+        "credentials_file": None, "extra": {"node_package": PACKAGE}}),
     "tracking-config-84e0693.json": (tracking.ServerConfig, {
         "host": "10.0.0.5", "port": 5000, "store_dir": "/home/ubuntu/.rayfleet/mlflow",
         "log_path": "/home/ubuntu/.rayfleet/mlflow.log", "extra": {"node_package": PACKAGE}}),
@@ -124,6 +130,14 @@ def test_slurms_info_file_gives_the_job_record_what_84e0693s_did() -> None:
     starting = {k: v for k, v in raw.items() if k not in (
         "nodes", "ready_at", "timeline", "ray_version", "python_version", "prometheus")}
     assert Info.from_dict(starting).facts(KEPT) == {k: starting[k] for k in KEPT if k in starting}
+
+
+def test_the_joiners_config_gives_it_the_slices_84e0693_asked_for() -> None:
+    config = joiner.Config.from_json((FILES / "joiner-config-84e0693.json").read_text())
+    (name, request), = config.requests().items()
+    assert (name, request.accelerator_type, request.config, request.zones, request.count) == (
+        "train", "v4-8", ("v4", "2x2x1"), ["us-central2-b", "us-central2-a"], 2)
+    assert config.start_commands and "guard.sh" in config.start_commands[0]
 
 
 def test_the_samples_are_as_captured() -> None:

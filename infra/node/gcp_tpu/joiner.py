@@ -27,6 +27,7 @@ import os
 import subprocess
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from infra.node.gcp_tpu.api import (
     find_credentials,
 )
 from infra.node.wait import until
+from infra.node.wire import VERSION, Wire
 
 #: On the head, `~/`-relative (the 0700 folder that holds the token).
 HEAD_CONFIG = "~/.rayfleet/queued.json"
@@ -62,12 +64,54 @@ def _home(path: str) -> Path:
     return Path(path).expanduser()
 
 
-def _credentials(config: dict[str, Any]) -> Credentials:
+@dataclass(frozen=True)
+class Config(Wire):
+    """What `up` writes for the joiner (infra/providers/gcp_tpu/slices.py; a 0600 file on the
+    head, never a secret inside: the token and the tracking password are named by path)."""
+
+    KIND = "the queued-slice joiner's config"
+
+    cluster: str
+    cluster_id: str
+    project: str
+    #: The head's GCS, host:port: the hosts' Ray joins it.
+    head_address: str
+    #: Who the joiner reaches the hosts as, with which key (Ray's copy of the cluster's key).
+    ssh_user: str
+    ssh_key: str
+    #: The node installer's command line on a host.
+    install_command: str
+    #: queued.SliceRequest of each slice, as JSON (`requests`).
+    slices: list[dict[str, Any]]
+    token_path: str | None = None
+    #: Where the marker goes; None: HEAD_MARKER.
+    marker: str | None = None
+    #: Seconds between rounds; None: 15.
+    poll_s: float | None = None
+    #: The autoscaled TPU hosts' start commands; None: a plain `ray start` (older providers).
+    start_commands: list[str] | None = None
+    #: `tracking: mlflow`: the head's server, its user and the head's copy of its password.
+    tracking_url: str | None = None
+    tracking_user: str | None = None
+    tracking_password_path: str | None = None
+    #: A service account key file; None: the head VM's own account.
+    credentials_file: str | None = None
+    api_endpoint: str | None = None
+    #: Requests per spot slice before it is only reported; None: 10.
+    max_attempts: int | None = None
+    version: int = VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def requests(self) -> dict[str, queued.SliceRequest]:
+        return {str(s["name"]): queued.SliceRequest.from_json(s) for s in self.slices}
+
+
+def _credentials(config: Config) -> Credentials:
     """The head's own: a key file if the config names one, else google-auth's default, which on
     the head is its VM's service account through the metadata server (as Ray's autoscaler uses;
     asked directly, since the head is a Google VM by construction)."""
-    if config.get("credentials_file"):
-        return find_credentials(str(config["credentials_file"]), "the head's joiner")
+    if config.credentials_file:
+        return find_credentials(config.credentials_file, "the head's joiner")
     import google.auth
 
     found, _ = google.auth.default(scopes=SCOPES)
@@ -77,13 +121,13 @@ def _credentials(config: dict[str, Any]) -> Credentials:
 class Joiner:
     """One daemon's state: its config, the marker, and the joins under way."""
 
-    def __init__(self, config: dict[str, Any], api: Gcp | None = None) -> None:
+    def __init__(self, config: Config, api: Gcp | None = None) -> None:
         self.config = config
-        self.cluster_id = str(config["cluster_id"])
-        self.slices = {s["name"]: queued.SliceRequest.from_json(s) for s in config["slices"]}
-        self.api = api or Gcp(str(config["project"]), _credentials(config),
-                              ApiOptions(endpoint=config.get("api_endpoint") or None))
-        self.marker_path = _home(str(config.get("marker") or HEAD_MARKER))
+        self.cluster_id = str(config.cluster_id)
+        self.slices = config.requests()
+        self.api = api or Gcp(str(config.project), _credentials(config),
+                              ApiOptions(endpoint=config.api_endpoint or None))
+        self.marker_path = _home(str(config.marker or HEAD_MARKER))
         previous: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
             previous = json.loads(self.marker_path.read_text())
@@ -96,7 +140,7 @@ class Joiner:
 
     def write_marker(self, error: str | None = None) -> None:
         with self.lock:
-            data = {"cluster": self.config["cluster"], "cluster_id": self.cluster_id,
+            data = {"cluster": self.config.cluster, "cluster_id": self.cluster_id,
                     "pid": os.getpid(), "checked_at": now_iso(), "error": error,
                     "requests": self.requests}
             text = json.dumps(data, indent=2) + "\n"
@@ -156,7 +200,7 @@ class Joiner:
             record["replaced_by"] = ""  # reported, not replaced (only spot slices are re-queued)
             return
         attempt = int(record["attempt"]) + 1
-        if attempt >= int(self.config.get("max_attempts") or 10):
+        if attempt >= int(self.config.max_attempts or 10):
             record["replaced_by"] = ""
             record["error"] = f"gave up after {attempt} requests"
             return
@@ -222,10 +266,10 @@ class Joiner:
         known.parent.mkdir(parents=True, exist_ok=True)
         # A fresh TPU VM: accept its key on first contact, pinned per request (a later slice
         # on a reused address gets a file of its own).
-        return ["ssh", "-i", str(_home(str(self.config["ssh_key"]))), "-o", "BatchMode=yes",
+        return ["ssh", "-i", str(_home(self.config.ssh_key)), "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=accept-new", "-o", f"UserKnownHostsFile={known}",
                 "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
-                f"{self.config['ssh_user']}@{ip}"]
+                f"{self.config.ssh_user}@{ip}"]
 
     def _run(self, argv: list[str], what: str, stdin: Any = None, timeout: float = 600) -> None:
         done = subprocess.run(argv, stdin=stdin if stdin is not None else subprocess.DEVNULL,
@@ -264,22 +308,22 @@ class Joiner:
         # Ray's own tools in jobs and actors (the state API, e.g. Ray Train's placement group
         # cleaner) find the cluster by RAY_ADDRESS, not by a scan for "the" Ray on the machine.
         env: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0",
-                               "RAY_ADDRESS": str(self.config["head_address"])}
-        token = self.config.get("token_path")
+                               "RAY_ADDRESS": self.config.head_address}
+        token = self.config.token_path
         if token:
             # Through the session's stdin: the token is never on a command line or in a file
             # other than this 0600 one.
             self._send_secret(ssh, str(token), "ray-token", f"sending the Ray token to {ip}")
             env.update(RAY_AUTH_MODE="token",
                        RAY_AUTH_TOKEN_PATH=shell.home("~/.rayfleet/ray-token"))
-        tracking = self.config.get("tracking_url")
+        tracking = self.config.tracking_url
         if tracking:
             # `tracking: mlflow`: the login the same way as the token; the start script reads it
             # from the host's 0600 copy, so it is on no command line.
-            self._send_secret(ssh, str(self.config["tracking_password_path"]), "mlflow-password",
+            self._send_secret(ssh, str(self.config.tracking_password_path), "mlflow-password",
                               f"sending the tracking login to {ip}")
             env.update(MLFLOW_TRACKING_URI=str(tracking),
-                       MLFLOW_TRACKING_USERNAME=str(self.config["tracking_user"]),
+                       MLFLOW_TRACKING_USERNAME=str(self.config.tracking_user),
                        MLFLOW_TRACKING_PASSWORD=shell.Shell(
                            '"$(cat "$HOME/.rayfleet/mlflow-password")"'))
         resources: dict[str, float] = {"TPU": request.chips_per_host}
@@ -288,17 +332,17 @@ class Joiner:
         labels = f"rayfleet-queued={qr_id}"
         bashrc, activate = shell.home("~/.bashrc"), shell.home("~/rayfleet/env/rayfleet-activate.sh")
         prepare = [
-            str(self.config["install_command"]),
+            self.config.install_command,
             shell.subshell(shell.first_of(
                 shell.argv("grep", "-qsF", "rayfleet-activate.sh", bashrc),
                 f"{shell.argv('echo', f'. {activate}')} >> {bashrc}")),
             shell.argv(".", activate)]
-        start = self.config.get("start_commands")
+        start = self.config.start_commands
         if start:
             # The autoscaled TPU hosts' own start commands (users, guard, Ray as Ray's user: the
             # provider builds them), given what Ray's updater would: the head's address and the
             # host's resources and labels as Ray's override variables.
-            overrides = {"RAY_HEAD_IP": str(self.config["head_address"]).rsplit(":", 1)[0],
+            overrides = {"RAY_HEAD_IP": self.config.head_address.rsplit(":", 1)[0],
                          "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": request.cpus, **resources}),
                          "RAY_OVERRIDE_LABELS": json.dumps({"rayfleet-queued": qr_id})}
             script = shell.all_of(*prepare, shell.export(overrides), *[str(c) for c in start])
@@ -307,7 +351,7 @@ class Joiner:
                 *prepare,
                 shell.subshell(shell.first_of(f"{raycli.RAY} stop >/dev/null 2>&1", "true")),
                 shell.lines(["ulimit -n 65536", shell.export(env), shell.argv(
-                    shell.Shell(raycli.RAY), "start", f"--address={self.config['head_address']}",
+                    shell.Shell(raycli.RAY), "start", f"--address={self.config.head_address}",
                     "--object-manager-port=8076", f"--num-cpus={request.cpus}",
                     f"--resources={json.dumps(resources)}", f"--labels={labels}",
                     "--disable-usage-stats")]))
@@ -317,8 +361,8 @@ class Joiner:
             f"ray start {time.monotonic() - reached:.1f} s)")
 
     def run(self) -> None:
-        every = float(self.config.get("poll_s") or 15)
-        log(f"watching queued slices of {self.config['cluster']} in "
+        every = float(self.config.poll_s or 15)
+        log(f"watching queued slices of {self.config.cluster} in "
             f"{', '.join(self.zones())}, every {every:g} s")
         while True:
             error = None
@@ -338,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = args.config.expanduser()
     # Runs under infra/node/supervise.py, which keeps the pid file and starts it again if it dies.
-    Joiner(json.loads(path.read_text())).run()
+    Joiner(Config.from_json(path.read_text())).run()
     return 0
 
 

@@ -94,31 +94,29 @@ def install_joiner(head: HeadAccess, spec: Spec, state: State,
     user reaches (guard.sh), and sets hosts up with that user's copies of the cluster's key, the
     installer and the Ray token; its config, marker and log are in that user's home."""
     install = versions.install_args(spec.node_env.tpu_env, backend=spec.node_env.backend)
-    settings = {
-        "cluster": spec.name, "cluster_id": state.cluster_id, "project": spec.project,
-        "head_address": head_address, "ssh_user": spec.ssh_user,
+    mlflow = spec.tracking == "mlflow"
+    settings = joiner.Config(
+        cluster=spec.name, cluster_id=state.cluster_id, project=spec.project,
+        head_address=head_address, ssh_user=spec.ssh_user,
         # Ray copies the cluster's private key to the head for reaching workers.
-        "ssh_key": "~/ray_bootstrap_key.pem",
-        "token_path": auth.NODE_TOKEN_PATH if auth.token_file(state) else None,
-        "install_command": (f"bash ~/rayfleet/setup/install.sh {shlex.join(install)} "
-                            '--prefix "$HOME/rayfleet/env"'),
-        "marker": joiner.HEAD_MARKER, "poll_s": 5,
+        ssh_key="~/ray_bootstrap_key.pem",
+        token_path=auth.NODE_TOKEN_PATH if auth.token_file(state) else None,
+        install_command=(f"bash ~/rayfleet/setup/install.sh {shlex.join(install)} "
+                         '--prefix "$HOME/rayfleet/env"'),
+        marker=joiner.HEAD_MARKER, poll_s=5,
         # The autoscaled TPU hosts' start commands: Ray as Ray's user, the metadata server guarded.
-        "start_commands": users.worker_start(bool(auth.token_file(state)),
-                                             spec.tracking == "mlflow"),
+        start_commands=users.worker_start(bool(auth.token_file(state)), mlflow),
         # `tracking: mlflow`: where the head's server is, and the head's copy of its password.
-        **({"tracking_url": tracking_remote.node_url(head_address.rsplit(":", 1)[0]),
-            "tracking_user": tracking.USERNAME,
-            "tracking_password_path": tracking_remote.NODE_PASSWORD_PATH}
-           if spec.tracking == "mlflow" else {}),
-        "slices": [{**r.__dict__, "config": list(r.config) if r.config else None}
-                   for r in requests],
-    }
+        tracking_url=tracking_remote.node_url(head_address.rsplit(":", 1)[0]) if mlflow else None,
+        tracking_user=tracking.USERNAME if mlflow else None,
+        tracking_password_path=tracking_remote.NODE_PASSWORD_PATH if mlflow else None,
+        slices=[{**r.__dict__, "config": list(r.config) if r.config else None}
+                for r in requests])
     with ui.step(f"starting the queued-slice joiner on the head ({len(requests)} slice type(s))"):
         # A joiner from an earlier `up` would keep its old config: restart it (its marker stays).
         stop_joiner(head)
         head.ensure_daemon("infra.node.gcp_tpu.joiner", joiner.HEAD_CONFIG,
-                                    json.dumps(settings, indent=2) + "\n", log=joiner.HEAD_LOG,
+                                    settings.to_json() + "\n", log=joiner.HEAD_LOG,
                                     user=users.DAEMON_USER)
 
 
