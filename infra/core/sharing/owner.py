@@ -33,9 +33,8 @@ from infra.core.costs import NodePrices
 from infra.core.errors import RayfleetError, SpecError, UsageError
 from infra.core.head import GatewayFiles, HeadAccess, LocalHead
 from infra.core.sharing import certs as sharing_certs
-from infra.core.sharing import isolation
+from infra.core.sharing import isolation, term_people
 from infra.core.sharing import term as sharing_term
-from infra.core.sharing import term_people
 from infra.core.sharing.owner_token import ensure_owner_token
 from infra.core.sharing.owner_token import jobs_run_as_owner as jobs_run_as_owner
 from infra.core.sharing.owner_token import owner_token_path as owner_token_path
