@@ -115,6 +115,12 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
     warming.join()
     bob_id = member_id(shared, "bob")
     bob_user = pwd.getpwnam(f"rf-m-{bob_id}")
+    # Where the machine has a memory controller, every process of bob's cluster is in his cgroup.
+    memory = Path(f"/sys/fs/cgroup/memory/rf-m-{bob_id}")
+    if memory.parent.is_dir():
+        assert int((memory / "memory.limit_in_bytes").read_text()) < 2**50
+        inside = {int(x) for x in (memory / "cgroup.procs").read_text().split()}
+        assert set(processes_of(bob_user.pw_name)) <= inside
     base_token = Path(shared.env["RAYFLEET_HOME"]) / "keys" / shared.spec.stem / "ray-token"
     copies = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "member-tokens"
     attack = tmp_path / "attack"
