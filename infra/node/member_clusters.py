@@ -110,6 +110,8 @@ class MemberClusters:
         self.config = read_starter_config(Path(config_path))
         self.running: dict[str, Running] = {}
         self.starts: dict[str, asyncio.Task[Running]] = {}
+        #: The port block of each start under way: two starts at once must not pick the same.
+        self.reserved: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._watcher: asyncio.Task[None] | None = None
 
@@ -139,7 +141,7 @@ class MemberClusters:
     def _free_block(self) -> int:
         from infra.node import rayproc
 
-        used = {r.port_base for r in self.running.values()}
+        used = {r.port_base for r in self.running.values()} | set(self.reserved.values())
         span = (self.config.last_port - self.config.first_port) // self.config.block_step + 1
         first = zlib.crc32(self.config.cluster.encode()) % span
         for i in range(span):
@@ -186,7 +188,8 @@ class MemberClusters:
                     raise Full(f"all {self.config.max_active_members} member clusters of this "
                                "class run now (sharing.max_active_members); try again in a few "
                                "minutes")
-                task = asyncio.create_task(self._start(member_id, self._free_block()))
+                base = self.reserved[member_id] = self._free_block()
+                task = asyncio.create_task(self._start(member_id, base))
                 self.starts[member_id] = task
                 task.add_done_callback(functools.partial(self._started, member_id))
         try:
@@ -196,6 +199,7 @@ class MemberClusters:
 
     def _started(self, member_id: str, task: asyncio.Task[Running]) -> None:
         self.starts.pop(member_id, None)
+        self.reserved.pop(member_id, None)
         if not task.cancelled() and task.exception() is None:
             self.running[member_id] = task.result()
 
