@@ -152,8 +152,12 @@ def test_an_id_ray_reads_as_another_members_ray_job_id_reaches_nothing_of_theirs
             assert "submission_id" in said.stdout + said.stderr, said.stdout + said.stderr
         with contextlib.suppress(RuntimeError):  # the SDK's refusal
             _client(stu1).submit_job(entrypoint="python -c pass", submission_id=following)
-        for args in (("status", ray_id), ("logs", ray_id), ("stop", ray_id), ("delete", ray_id)):
-            said = stu1.ray(*args)
+        # At once: four stock CLIs take half the time on 2 cores, and none may reach stu2's job
+        # whichever comes first.
+        actions = [(verb, ray_id) for verb in ("status", "logs", "stop", "delete")]
+        with ThreadPoolExecutor(len(actions)) as pool:
+            said_all = list(pool.map(lambda args: stu1.ray(*args), actions))
+        for args, said in zip(actions, said_all, strict=True):
             assert mark not in said.stdout + said.stderr, args
             assert "VICTIM-LOG" not in said.stdout + said.stderr, args
         for path in (f"/api/jobs/{ray_id}", f"/api/jobs/{ray_id}/logs"):
@@ -188,10 +192,11 @@ def test_the_owner_token_a_job_reads_works_until_a_removal_rotates_it(shared: Sh
     assert shared.owner_token() != stolen
     assert _status_from(thief, "127.0.0.1", shared.owner_token()) == 200
     # What such a job can read, said in one line by `up` (the module's) and by `plan`.
-    assert "can read" in shared.up_stderr, shared.up_stderr
     planned = shared.invoke("plan")
-    assert planned.returncode == 0 and "can read" in planned.stdout + planned.stderr, \
-        planned.stdout + planned.stderr
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    for said in (shared.up_stderr, planned.stdout + planned.stderr):
+        assert any("members_run_as_owner" in line and "can read" in line
+                   for line in said.splitlines()), said
 
 
 def _zip_like(megabytes: float) -> bytes:
@@ -208,13 +213,14 @@ def _put(member: Member, name: str, body: bytes) -> int:
 def test_a_class_submits_one_folder_at_once_and_uploads_are_idempotent(shared: Shared) -> None:
     """Issue 47, under a class's load: members submit the same folder at the same moment with
     stock `ray job submit --working-dir` and every submit goes in (no 409 for a member's own
-    upload). 8 members, not 30: each stock CLI costs ~2 s of CPU here, and the 30-member rush is
-    tests/node/test_gate_stands_uploads.py's on the bed. Then what the stock client sends again:
-    a member's PUT of the same package bytes, repeated and concurrent, is answered 200 and
-    counts once against max_member_upload_mb."""
+    upload). Six members, not a class's 30: each stock CLI costs ~2 s of CPU, and this module runs
+    in CI's share of 2 cores; the 30-member rush (each member's folder uploaded twice at once) is
+    tests/node/test_gate_stands_uploads.py's, on the bed's fake upstream. Then what the stock
+    client sends again: a member's PUT of the same package bytes, repeated and concurrent, is
+    answered 200 and counts once against max_member_upload_mb."""
     from ray._private.runtime_env.packaging import create_package, get_uri_for_directory
 
-    members = _members(shared, *(f"rush{i}" for i in range(8)))
+    members = _members(shared, *(f"rush{i}" for i in range(6)))
     folder = shared.folder / "starter"
     folder.mkdir(exist_ok=True)
     (folder / "hw.py").write_text("print('HW-' + 'DONE')\n")
@@ -228,8 +234,6 @@ def test_a_class_submits_one_folder_at_once_and_uploads_are_idempotent(shared: S
     jobs = [re.search(r"raysubmit_\w+", said.stdout + said.stderr) for said in done]
     for member, said, job in zip(members, done, jobs, strict=True):
         assert said.returncode == 0 and job, (member.name, (said.stdout + said.stderr)[-600:])
-    assert jobs[0] is not None
-    _logs(members[0], jobs[0].group(0), "HW-DONE")  # the package reached Ray whole
     # The very package the stock client uploaded for rush0, PUT again by rush0: three at once.
     name = get_uri_for_directory(str(folder), include_gitignore=True).removeprefix("gcs://")
     package = shared.folder / name
@@ -241,6 +245,8 @@ def test_a_class_submits_one_folder_at_once_and_uploads_are_idempotent(shared: S
     big, big_name = _zip_like(0.9), f"_ray_pkg_{uuid.uuid4().hex}.zip"
     assert [_put(members[1], big_name, big) for _ in range(4)] == [200] * 4
     assert _put(members[1], f"_ray_pkg_{uuid.uuid4().hex}.zip", _zip_like(0.9)) == 200
+    assert jobs[0] is not None
+    _logs(members[0], jobs[0].group(0), "HW-DONE")  # the package reached Ray whole
 
 
 def test_parallel_uploads_of_different_packages_stay_within_the_members_total(
