@@ -9,11 +9,13 @@ head has /usr; a member's user must run it).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -55,7 +57,17 @@ def shared(tmp_path_factory: pytest.TempPathFactory, private_machine: None,
            real_daemon: None) -> Iterator[Shared]:
     with shared_cluster(tmp_path_factory, "iso", "isolation: cluster",
                         f"member_idle_minutes: {IDLE_MINUTES}", cpus=1) as cluster:
-        yield cluster
+        try:
+            yield cluster
+        finally:
+            ids = [member_id(cluster, name) for name in cluster.members]
+    # The teardown stopped their clusters and kept their files, as it promises; the machine's
+    # /tmp and cgroups are not the namespace's: this module's members go from them here.
+    for member in ids:
+        shutil.rmtree(f"/tmp/rf-m-{member}", ignore_errors=True)
+        for kind in ("memory", "cpu"):
+            with contextlib.suppress(OSError):
+                os.rmdir(f"/sys/fs/cgroup/{kind}/rf-m-{member}")
 
 
 def member_id(shared: Shared, name: str) -> str:
