@@ -10,6 +10,14 @@ from pathlib import Path
 from typing import Any
 
 
+def kept_run(home: Path, cluster: str) -> Path:
+    """The one run's history teardown kept for `cluster` under `home` (.rayfleet): each run is its
+    own file, named by its cluster id (infra/core/metrics/report_runs.py)."""
+    runs = sorted((home / "metrics" / cluster / "runs").glob("*.json.gz"))
+    assert len(runs) == 1, f"one run kept for {cluster}, found {runs}"
+    return runs[0]
+
+
 def check_workers_went_0_2_0(kept: Path, said: str, head_type: str) -> dict[str, Any]:
     """The kept copy at `kept` (teardown's output `said` names it): its nodes-by-type series,
     the head's type left out, start at 0 workers, reach 2, and are back at 0 after. Returns the

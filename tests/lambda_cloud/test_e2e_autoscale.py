@@ -33,7 +33,7 @@ import pytest
 from bench import lambda_autoscale
 from infra.providers.lambda_cloud.autoscale import HEAD_TYPE
 from tests.browser_metrics import check_report_page
-from tests.kept_history import check_workers_went_0_2_0
+from tests.kept_history import check_workers_went_0_2_0, kept_run
 from tests.lambda_cloud.autoscale_bed import (
     API_KEY,
     CAPACITY,
@@ -346,7 +346,6 @@ def _check_metrics_kept(scaled: Scaled, down: subprocess.CompletedProcess[str],
     """Teardown kept the head's metrics history here; its worker series went 0 -> 2 -> 0 with the
     demand, and the report drawn from it (the cluster gone) renders. Alone, this scenario's
     cluster never had that demand: teardown then says what became of the history, in one line."""
-    kept = scaled.home / "metrics" / CLUSTER / "history.json.gz"
     if not went_0_2_0:
         said = [line for line in (down.stdout + down.stderr).splitlines()
                 if "metrics history" in line]
@@ -354,7 +353,7 @@ def _check_metrics_kept(scaled: Scaled, down: subprocess.CompletedProcess[str],
         if "NOT kept" in said[0]:
             return
     else:
-        check_workers_went_0_2_0(kept, down.stdout, HEAD_TYPE)
+        check_workers_went_0_2_0(kept_run(scaled.home, CLUSTER), down.stdout, HEAD_TYPE)
     out = scaled.home / "kept.html"
     made = scaled.invoke("report", "--out", str(out))
     assert made.returncode == 0, made.stdout + made.stderr

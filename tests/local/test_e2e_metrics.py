@@ -32,6 +32,7 @@ from tests.browser_metrics import (
     terminal_screenshot,
 )
 from tests.conftest import run_invoke
+from tests.kept_history import kept_run
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -249,7 +250,7 @@ def test_teardown_keeps_the_history_and_the_report_draws_it(cluster: Cluster, bu
     wait_until(finished, "the busy job to finish", timeout=120, interval=3)
     gone = cluster.invoke("teardown")
     assert gone.returncode == 0, gone.stderr
-    kept = cluster.home / "metrics" / cluster.spec.stem / "history.json.gz"
+    kept = kept_run(cluster.home, cluster.spec.stem)
     assert f"metrics history kept in {kept}" in gone.stdout
     data = json.loads(gzip.decompress(kept.read_bytes()))
     assert [j["status"] for j in data["jobs"]] == ["SUCCEEDED"]

@@ -28,7 +28,7 @@ import pytest
 from infra.node import rayproc
 from infra.providers.slurm.script import HEAD_TYPE
 from tests.browser_metrics import check_report_page, docs_screenshot, terminal_screenshot
-from tests.kept_history import check_workers_went_0_2_0
+from tests.kept_history import check_workers_went_0_2_0, kept_run
 from tests.slurm.conftest import LoginCluster, login_spec, ok, ray_left_on_hosts
 from tests.testbed.hosts import Host
 from tests.testbed.slurm import SlurmCluster
@@ -265,7 +265,7 @@ def test_teardown_keeps_the_history_with_the_workers_0_2_0_and_the_report_draws_
         gauged: Gauged, scaled: Round) -> None:
     job = gauged.job
     down = ok(gauged.invoke("teardown"))
-    data = check_workers_went_0_2_0(gauged.home / "metrics" / NAME / "history.json.gz", down,
+    data = check_workers_went_0_2_0(kept_run(gauged.home, NAME), down,
                                     HEAD_TYPE)
     assert [j["status"] for j in data["jobs"]] == ["SUCCEEDED"], data["jobs"]
     # Resources of launching nodes: 2 CPUs while the two workers were on their way, none after.
