@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory, private_machine: None,
         try:
             yield cluster
         finally:
-            ids = [member_id(cluster, name) for name in cluster.members]
+            ids = [i for i in map(partial(member_id_or_none, cluster), cluster.members) if i]
     # The teardown stopped their clusters and kept their files, as it promises; the machine's
     # /tmp and cgroups are not the namespace's: this module's members go from them here.
     for member in ids:
@@ -71,9 +72,17 @@ def shared(tmp_path_factory: pytest.TempPathFactory, private_machine: None,
 
 
 def member_id(shared: Shared, name: str) -> str:
+    found = member_id_or_none(shared, name)
+    assert found, f"no member {name} in the registry"
+    return found
+
+
+def member_id_or_none(shared: Shared, name: str) -> str | None:
+    """None once removed."""
     book = json.loads((Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem
                        / "members.json").read_text())
-    return str(book["members"][name]["id"])
+    entry = book["members"].get(name)
+    return str(entry["id"]) if isinstance(entry, dict) and entry.get("id") else None
 
 
 def processes_of(user: str) -> list[int]:
