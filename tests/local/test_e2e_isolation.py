@@ -195,13 +195,13 @@ def test_bench_cold_member_first_result_against_shared(shared: Shared, tmp_path:
     # Now, within member_idle_minutes: an idle stop ends her cluster's job history (Ray keeps
     # none across a restart without an external GCS store); her files stay.
     assert carol.ray("list").stdout.count("raysubmit_") == 2
+    rss, pss = isolation.member_memory(pwd.getpwnam(f"rf-m-{member_id(shared, 'carol')}").pw_uid)
+    assert rss > 50  # a Ray head of carol's own runs as her user
     token = tmp_path / "owner-token"
     token.write_text(shared.owner_token())
     owner = Member("owner", carol.home, {**carol.env, "RAY_AUTH_TOKEN_PATH": str(token)}, [])
     base = isolation.first_result(submit(owner))
     assert "raysubmit_" in owner.ray("list").stdout  # the owner's went to the base one
-    rss, pss = isolation.member_memory(pwd.getpwnam(f"rf-m-{member_id(shared, 'carol')}").pw_uid)
-    assert rss > 50  # a Ray head of carol's own runs as her user
     print("\n" + isolation.summary(cold, warm, base, rss, pss), flush=True)
 
 
