@@ -164,7 +164,7 @@ def test_retry_gives_up_before_a_pause_past_its_patience() -> None:
 KNOWN_LOOPS = {
     ("infra/node/wait.py", "until"): "the one wait itself",
     ("infra/node/wait.py", "retry"): "the one retry itself",
-    ("infra/node/gateway.py", "watch"): "the gateway's periodic tick (asyncio), not a wait",
+    ("infra/node/wait.py", "until_async"): "the one wait itself, on an event loop",
     # Job scripts: they run on a cluster's nodes, where nothing of rayfleet is importable.
     ("tests/data/lambda_gpu_job.py", "<module>"): "a job script run where rayfleet is not",
     ("tests/data/privilege_probe.py", "tracking"): "a job script run where rayfleet is not",

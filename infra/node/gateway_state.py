@@ -201,8 +201,8 @@ class Usage:
         #: CPU-equivalents held by the live actors and placement groups of each Ray job id (hex),
         #: as the gateway's last survey found them (gateway_leftovers.py); not kept on disk.
         self.holdings: dict[str, float] = {}
-        #: When a reaper was last started for each Ray job id's leftovers (time.monotonic()).
-        self.reaping: dict[str, float] = {}
+        #: Ray job id -> (when its last reaper was started, time.monotonic(); how many were).
+        self.reaping: dict[str, tuple[float, int]] = {}
 
     def seen(self, member: str) -> None:
         entry = self.data["members"].setdefault(member, {})

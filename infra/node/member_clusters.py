@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.node.files import atomic_write
+from infra.node.wait import WaitTimeout, until_async
 
 #: How long a member's request waits for their cluster to start before a one-line 503.
 START_WAIT_S = 60.0
@@ -163,16 +164,20 @@ class MemberClusters:
         from aiohttp import ClientSession, ClientTimeout
 
         headers = {"Authorization": f"Bearer {self.token(member_id) or ''}"}
-        deadline = time.monotonic() + self.config.start_timeout_s
         async with ClientSession(timeout=ClientTimeout(total=5)) as session:
-            while time.monotonic() < deadline:
+
+            async def answers() -> bool:
                 with contextlib.suppress(Exception):
                     async with session.get(f"http://127.0.0.1:{port}/api/jobs/",
                                            headers=headers) as answer:
-                        if answer.status == 200:
-                            return
-                await asyncio.sleep(0.25)
-        raise RuntimeError("the member's dashboard did not answer")
+                        return answer.status == 200
+                return False
+
+            try:
+                await until_async(answers, self.config.start_timeout_s, 0.25,
+                                  "the member's dashboard")
+            except WaitTimeout:
+                raise RuntimeError("the member's dashboard did not answer") from None
 
     async def reach(self, member_id: str, wait_s: float = START_WAIT_S) -> Running:
         """The member's running cluster, started if need be. Raises Full or Starting (one line

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import pwd
@@ -27,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from infra.node import raycli, rayproc
@@ -37,6 +37,7 @@ from infra.node.member_clusters import (
     read_starter_config,
     short_id,
 )
+from infra.node.wait import WaitTimeout, until
 
 #: Where cgroups v1 keeps the memory and CPU controllers (this machine's containers: no v2).
 CGROUP_V1 = Path("/sys/fs/cgroup")
@@ -201,6 +202,17 @@ def stop(member_id: str, grace_s: float = 5.0) -> int:
     return len(procs)
 
 
+def _rmdir(group: Path) -> bool:
+    """Whether `group` is gone now (removed, or never there)."""
+    try:
+        group.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
 def remove(config: StarterConfig, member_id: str) -> None:
     """Everything of the member's gone: processes, user, home, parent dir, token copy, cgroups."""
     name = member_user(member_id)
@@ -208,14 +220,9 @@ def remove(config: StarterConfig, member_id: str) -> None:
     shutil.rmtree(parent_dir(config, member_id), ignore_errors=True)
     (Path(config.token_dir) / f"{short_id(member_id)}.token").unlink(missing_ok=True)
     for group in cgroup_dirs(name):
-        for _ in range(20):  # the kernel lets go of a cgroup once its last process is reaped
-            try:
-                group.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.1)
+        # The kernel lets go of a cgroup once its last process is reaped: a moment after stop.
+        with contextlib.suppress(WaitTimeout):
+            until(functools.partial(_rmdir, group), 2.0, 0.1, f"cgroup {group} to be empty")
     try:
         home = pwd.getpwnam(name).pw_dir
     except KeyError:

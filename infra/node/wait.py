@@ -15,7 +15,7 @@ from a slow-starting service), with pauses that may grow, within a number of cal
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from infra.node.errors import RayfleetError
@@ -53,6 +53,23 @@ def until(check: Callable[[], T | None], timeout: float, interval: float, what: 
                               + (f"; {hint}" if hint else ""))
         # Never sleep past the deadline: the last check comes at it, not an interval after.
         sleep(max(0.0, min(interval, deadline - clock())))
+
+
+async def until_async(check: Callable[[], Awaitable[T | None]], timeout: float, interval: float,
+                      what: str = "") -> T:
+    """`until` for code on an event loop (the gateway's): `check()` is awaited and the pauses are
+    asyncio's, so the loop serves others meanwhile; the same answers, the same WaitTimeout."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await check()
+        if _answered(found):
+            assert found is not None  # for the type checker: `_answered` excludes None
+            return found
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(max(0.0, min(interval, deadline - time.monotonic())))
 
 
 def retry(call: Callable[[], T], retry_on: tuple[type[BaseException], ...], attempts: int | None = None,
