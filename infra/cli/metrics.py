@@ -183,8 +183,11 @@ def term_data(impl: Provider[Any, Any], cluster: str, members: dict[str, Any] | 
         parts.append({**live_history(impl, current), "cluster_id": current.cluster_id})
     if parts:
         data = report_runs.merge(cluster, parts, since)
+        # A gone cluster's charts can only be the copies teardown kept: say so on the page.
         where = (f"{len(parts)} run(s) of {cluster!r}"
-                 + (", the last live from its Prometheus" if running else "")
+                 + (", the last live from its Prometheus" if running
+                    else "; the cluster is gone, its charts are from the copy kept at teardown "
+                         "of each run")
                  + f"; kept runs in {report_runs.runs_dir(cluster)}")
     elif members is not None:
         # A shared cluster without Prometheus (or gone with no history kept) still has the
