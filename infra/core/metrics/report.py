@@ -42,7 +42,11 @@ def _readable(name: str) -> str:
 
 def _node_count(series: dict[str, list[dict[str, Any]]]) -> dict[float, float]:
     by_type = _total(series.get("nodes_by_type", []))
-    return by_type if by_type else _total(series.get("nodes_up", []))
+    up = _total(series.get("nodes_up", []))
+    # Where both were sampled, never more than the nodes up: a run's Prometheus stopped at
+    # teardown writes no staleness marker, so a later run on the same store still answers the
+    # gone head's `autoscaler_active_nodes` series for 5 minutes (Prometheus's lookback).
+    return {t: min(v, up[t]) if t in up else v for t, v in by_type.items()} if by_type else up
 
 
 def _accrued(nodes: dict[float, float], rate: float) -> Points:
