@@ -169,8 +169,14 @@ def test_with_the_acknowledgement_every_up_warns_in_one_line(shared: Shared) -> 
 def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
     alice, bob = shared.add("alice"), shared.add("bob")
     assert "members_run_as_owner" in shared.up_output  # issue 29's warning, at this `up` too
-    # Alice claims to be bob: the gateway's word stands.
-    job = alice.submit(SLEEPER, "--metadata-json", json.dumps({"rayfleet_member": "bob"}))
+    # Alice claims to be bob: the gateway refuses the claim, naming the field, and records no
+    # job; her plain submission is then recorded as hers (the gateway's word stands).
+    claimed = alice.ray("submit", "--no-wait", "--metadata-json",
+                        json.dumps({"rayfleet_member": "bob"}), "--", *shlex.split(SLEEPER))
+    assert claimed.returncode != 0, claimed.stdout + claimed.stderr
+    assert "metadata.rayfleet_member" in claimed.stdout + claimed.stderr
+    assert not re.search(r"raysubmit_\w+", claimed.stdout + claimed.stderr)
+    job = alice.submit(SLEEPER)
     # The running-jobs cap (1), checked at once (the head stops the sleeper after MAX_JOB_HOURS):
     # alice's next submit is refused, naming it; bob's own goes in (below).
     capped = alice.ray("submit", "--no-wait", "--", "python", "-c", "print(1)")
@@ -314,8 +320,16 @@ def test_members_json_counts_jobs_per_member(shared: Shared) -> None:
     gone = {row["name"]: row for row in json.loads(shared.invoke("members", "--json").stdout)
             ["members"]}["ivy-gone"]
     assert gone["status"] == "removed" and gone["total_jobs"] == 0, gone
+    # The table (a row per person): ivy's row counts her 2 jobs and her hours, by column.
     table = shared.invoke("members")
-    assert table.returncode == 0 and "ivy" in table.stdout and "job hours" in table.stdout
+    assert table.returncode == 0, table.stdout + table.stderr
+    lines = table.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("name "))
+    jobs_at, hours_at, cost_at = (header.index(col) for col in ("jobs", "hours", "cost"))
+    ivys = [line for line in lines if line.split()[:1] == ["ivy"]]
+    assert len(ivys) == 1, table.stdout
+    assert ivys[0][jobs_at:hours_at].strip() == "2", table.stdout
+    assert ivys[0][hours_at:cost_at].strip().endswith(" h"), table.stdout
 
 
 def test_duplicate_and_unknown_member_refused_in_one_line(shared: Shared) -> None:
