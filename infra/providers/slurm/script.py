@@ -196,8 +196,7 @@ def _environment_context(spec: Spec) -> dict[str, Any]:
         "activate": env.activate,
         "env_vars": sorted(env.env_vars.items()),
         # Every node runs its helper from the node package (infra/node/slurm/node_helper.py).
-        "node_zip_parts": (parts := shipping.node_zip_parts(NODE_PACKAGES)),
-        "node_zip_vars": [f"RF_NODE_ZIP_{n}" for n in range(len(parts))],
+        "node_zip_parts": shipping.node_zip_parts(NODE_PACKAGES),
         "node_zip_name": shipping.zip_name(NODE_PACKAGES),
         "temp_root": spec.ray_temp_root.rstrip("/") or "",
     }
