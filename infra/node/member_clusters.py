@@ -249,8 +249,11 @@ class MemberClusters:
                     await self.starter("stop", kept)
         while True:
             await asyncio.sleep(min(POLL_S, self.config.member_idle_minutes * 30))
-            with contextlib.suppress(Exception):
+            try:
                 await self.idle_check(current_ids())
+            except Exception as exc:  # said, and tried again: never the end of idle stops
+                print(f"member clusters: an idle check failed ({type(exc).__name__}: "
+                      f"{exc!s:.200}); trying again in {POLL_S:g} s", flush=True)
 
     def start_watch(self, current_ids: Any) -> None:
         self._watcher = asyncio.create_task(self.watch(current_ids))
