@@ -76,3 +76,26 @@ def test_plan_gives_the_choice_and_its_cost() -> None:
     assert f"{isolation.HEAD_MB_PER_MEMBER} MB each" in note
     assert "isolation" not in (owner.plan_note(parse({"provider": "local"},
                                                      members_run_as_owner=True), None) or "")
+
+
+@pytest.mark.parametrize(("field", "value"), [("tracking", "mlflow"), ("metrics", "prometheus")])
+def test_a_head_service_members_would_not_get_is_refused_naming_field_and_fix(
+        field: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow and Prometheus are the base cluster's only: with `isolation: cluster` they are
+    refused at plan and up, root or not, in one line naming the field and the fix."""
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    selected = parse({"provider": "local", field: value}, isolation="cluster")
+    with pytest.raises(SpecError) as exc:
+        owner.check_spec(selected)
+    text = one_line(exc)
+    assert f"{field}: {value} is not per member" in text
+    assert f"`{field}: none`" in text and "isolation: shared" in text
+    owner.check_spec(parse({"provider": "local", field: "none"}, isolation="cluster"))
+    # The same service on a shared cluster stays as it was.
+    owner.check_spec(parse({"provider": "local", field: value}, members_run_as_owner=True))
+
+
+def test_the_default_metrics_of_an_isolated_local_cluster_is_none() -> None:
+    """Nothing to refuse by default: where member clusters exist (local) no Prometheus starts
+    unless the spec asks for it."""
+    assert parse({"provider": "local"}, isolation="cluster").metrics == "none"

@@ -34,6 +34,19 @@ _BACK_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", 
              "content-encoding"}
 
 
+#: Serve on a member's cluster would bind the head's Serve port (the owner's, another member's)
+#: and be reachable by no one: the gateway routes no Serve HTTP. Reading (the Serve tab) stays.
+SERVE_REFUSAL = ("Serve is not per member with sharing.isolation: cluster (a member cluster's "
+                 "Serve port is not reachable through the gateway); ask the owner to deploy it "
+                 "on the base cluster")
+
+
+def refused_serve(method: str, path: str) -> bool:
+    """A deploy or delete through Ray's Serve REST API on a member's cluster."""
+    return ((path == "/api/serve" or path.startswith("/api/serve/"))
+            and method.upper() not in ("GET", "HEAD"))
+
+
 def member_named(gateway: Any, name: str) -> gs.Member | None:
     """The member of that name in the gateway's members file (None: none, expired or removed)."""
     try:
@@ -72,6 +85,8 @@ async def route(gateway: Any, request: Any, who: gs.Member,
         return None
     if isinstance(member, str):
         return reply(403, member), None
+    if refused_serve(request.method, target.path):
+        return reply(403, SERVE_REFUSAL), None
     clusters = member_clusters(gateway)
     try:
         running = await clusters.reach(member.id)

@@ -24,6 +24,17 @@ from infra.node import member_clusters as mc
 #: its agents, the autoscaler monitor), idle, measured by bench/isolation.py on the local provider.
 HEAD_MB_PER_MEMBER = 700
 
+#: The head's services a member cluster does not get, refused with `isolation: cluster` (the
+#: field, the value refused, the fix, why): one server per member would cost as much again as
+#: the member's Ray head, and the shared one would either miss the member clusters or mix every
+#: member's data in one store. Serve is refused by the gateway (gateway_isolated.py): it is no
+#: spec field.
+SERVICES = (
+    ("tracking", "mlflow", "none", "member clusters start without the tracking server's address, "
+     "and one store would show every member's runs to each"),
+    ("metrics", "prometheus", "none", "it scrapes the base cluster only, never a member's; "
+     "a member's usage comes from the gateway, not from it"))
+
 
 def isolated(selected: ClusterSpec) -> bool:
     return selected.sharing is not None and selected.sharing.isolation == "cluster"
@@ -31,9 +42,15 @@ def isolated(selected: ClusterSpec) -> bool:
 
 def check(selected: ClusterSpec) -> None:
     """What `plan` and `up` refuse beyond the spec's own validation (which refuses providers
-    without member clusters): member users made on this machine need root."""
+    without member clusters): a head service members would not get (SERVICES), and member
+    users made on this machine without root."""
     if not isolated(selected):
         return
+    for field, value, fix, why in SERVICES:
+        if getattr(selected, field) == value:
+            raise SpecError(f"{selected.source}: {field}: {value} is not per member with "
+                            f"sharing.isolation: cluster ({why}); set `{field}: {fix}` or use "
+                            "`isolation: shared`")
     if type(selected).CAPABILITIES.member_clusters_need_local_root and os.geteuid() != 0:
         raise SpecError(f"{selected.source}: sharing.isolation: cluster needs root to create "
                         "member users on this machine; run `invoke up` as root or use "
