@@ -94,7 +94,8 @@ def test_rotate_token_renews_it_on_a_provider_that_cannot_restart_ray(
     needs no restart, so the owner's gateway token is renewed all the same."""
     spec = owner_cluster(tmp_path, monkeypatch)
     gateway, old = _running_gateway()
-    monkeypatch.setattr(LocalProvider, "restart_ray", BaseProvider.restart_ray)
+    monkeypatch.setattr(LocalProvider, "restarts_by_recreating",
+                        BaseProvider.restarts_by_recreating)
     with pytest.raises(UsageError, match="rotate-token: not available"):
         commands_sharing.rotate_token(None, str(spec), yes=True)
     _renewed(old, gateway)

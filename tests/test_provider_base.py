@@ -15,7 +15,7 @@ import pytest
 
 from infra.cli import loading
 from infra.core import spec, state
-from infra.core.errors import RayfleetError
+from infra.core.errors import RayfleetError, UsageError
 from infra.core.state import Attrs, Resource, State
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
@@ -155,3 +155,22 @@ def test_success_removes_nothing(loaded: spec.ClusterSpec, current: State) -> No
     toy = Toy(loaded)
     assert toy.up(current, toy.plan(current)).address == "127.0.0.1:2"
     assert toy.removed == [] and ids(current) == ["old", "a", "b"]
+
+
+def test_restart_ray_recreates_only_where_the_provider_says_so(
+        loaded: spec.ClusterSpec, current: State) -> None:
+    """rotate-token's restart is the base's: `teardown` then `up` where that restarts Ray alone
+    (`restarts_by_recreating`), else one line naming the way to a new token."""
+    toy = Toy(loaded)
+    with pytest.raises(UsageError, match=r"rotate-token: not available on the toy provider.*"
+                                         r"`invoke teardown` then `invoke up`"):
+        toy.restart_ray(current)
+    assert not toy.torn_down and ids(current) == ["old"]
+
+    class Recreating(Toy):
+        restarts_by_recreating = True
+
+    toy = Recreating(loaded)
+    assert toy.restart_ray(current).address == "127.0.0.1:2"
+    # Everything went (the old thing too), then the plan's things were made again.
+    assert toy.torn_down and ids(current) == ["a", "b"]

@@ -260,12 +260,20 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
 
         raise ProviderError(f"the {self.name} provider gives no access to its head")
 
+    #: True where `teardown` then `up` restarts Ray and nothing else (the cluster is Ray's
+    #: processes on this machine: no machine is lost or billed), so `restart_ray` does that;
+    #: elsewhere a new token takes a new cluster.
+    restarts_by_recreating: ClassVar[bool] = False
 
+    @final
     def restart_ray(self, state: State) -> Endpoint:
         """Ray started again on the cluster, every node reading the cluster's token file anew
         (`rotate-token` has just replaced it). Every running job, actor and Serve app ends."""
-        raise UsageError(f"rotate-token: not available on the {self.name} provider yet; "
-                         f"`invoke teardown` then `invoke up` give the cluster a new token")
+        if not self.restarts_by_recreating:
+            raise UsageError(f"rotate-token: not available on the {self.name} provider yet; "
+                             f"`invoke teardown` then `invoke up` give the cluster a new token")
+        self.teardown(state)
+        return self.up(state, self.plan(state))
 
     def readiness(self) -> list[Readiness]:
         """Whether this machine can use the provider with this spec: credentials found, APIs

@@ -124,6 +124,8 @@ def _usage_stats() -> str:
 
 class Provider(BaseProvider[Spec, rayproc.PortBlock]):
     name = "local"
+    # The head's processes stopped and started again read the token file at start.
+    restarts_by_recreating = True
 
     def _block(self, state: State | None) -> rayproc.PortBlock:
         head = state.resources(Head) if state else []
@@ -403,11 +405,6 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             if parent:  # clusters started before the private parent have none
                 shutil.rmtree(str(parent), ignore_errors=True)
             state.remove(Head, head.id)
-
-    def restart_ray(self, state: State) -> Endpoint:
-        """The head's processes stopped and started again: they read the token file at start."""
-        self._stop(state)
-        return self.up(state, self.plan(state))
 
     def status(self, state: State) -> ProviderStatus:
         heads = state.resources(Head)
