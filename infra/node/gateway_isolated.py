@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from infra.node import gateway_browser as gb
+from infra.node import gateway_limits as gl
 from infra.node import gateway_state as gs
 from infra.node import gateway_target as gt
 from infra.node import member_clusters as mc
+from infra.node import member_usage as mu
 from infra.node.gateway_jobs import reply
 
 MEMBER_HEADER = "X-Rayfleet-Member"
@@ -92,6 +94,8 @@ async def route(gateway: Any, request: Any, who: gs.Member,
         running = await clusters.reach(member.id)
     except mc.Full as exc:
         return reply(503, str(exc)), None
+    except mc.Refused as exc:
+        return reply(403, str(exc)), None
     except mc.Starting as exc:
         if gb.wants_page(request):
             return starting_page(), None
@@ -102,7 +106,39 @@ async def route(gateway: Any, request: Any, who: gs.Member,
     url = f"http://127.0.0.1:{running.dashboard_port}"
     if socket:
         return await relay_socket(gateway, request, url, token, target), None
+    refused = await capped(clusters, member, request, target, url)
+    if refused is not None:
+        return refused, None
+    if request.method == "PUT" and target.path.startswith("/api/packages/"):
+        return await gateway.caps.run(gl.UPLOADS, member, lambda: relay(
+            gateway, request, url, token, target)), None
     return await relay(gateway, request, url, token, target), None
+
+
+async def capped(clusters: mc.MemberClusters, member: gs.Member, request: Any,
+                 target: gt.Target, url: str) -> Any:
+    """The one-line refusal of a submit past `max_running_jobs_per_member` (counted on the
+    member's own cluster: every job there is theirs) or of an upload past the upload caps
+    (by its Content-Length, the member's total kept with their cluster's usage); else None."""
+    import asyncio
+
+    limits = clusters.usage.limits
+    if request.method == "POST" and target.path in ("/api/jobs", "/api/jobs/"):
+        token = clusters.token_path(member.id)
+        try:
+            jobs = await asyncio.to_thread(mu.list_jobs, url, token)
+        except Exception:  # counted on their cluster or not at all: then no submit either
+            return reply(502, "your cluster's job API did not answer; try again")
+        cap = limits.max_running_jobs_per_member
+        if mu.active(jobs) >= cap:
+            return reply(429, f"member {member.name} has {mu.active(jobs)} pending or running "
+                              f"jobs, the cluster's cap (sharing.max_running_jobs_per_member) "
+                              f"is {cap}; wait for one to end or stop one")
+    if request.method == "PUT" and target.path.startswith("/api/packages/"):
+        refused = clusters.usage.upload_refusal(member.id, request.content_length)
+        if refused:
+            return reply(413, refused)
+    return None
 
 
 def _headers(request: Any, token: str) -> dict[str, str]:
@@ -178,10 +214,24 @@ def member_clusters(gateway: Any) -> mc.MemberClusters:
     """The gateway's member clusters, made at its first member request, with their idle watch."""
     clusters: mc.MemberClusters | None = getattr(gateway, "member_clusters", None)
     if clusters is None:
-        clusters = mc.MemberClusters(gateway.config.member_clusters_config)
+        clusters = mc.MemberClusters(gateway.config.member_clusters_config, limits(gateway),
+                                     gateway.config.data_dir)
         clusters.start_watch(gateway.members.ids)
         gateway.member_clusters = clusters
     return clusters
+
+
+def limits(gateway: Any) -> mu.Limits:
+    """What the gateway's config says of members' usage, for their own clusters."""
+    config = gateway.config
+    price = config.node_prices.get(config.head_type, config.price_per_hour) \
+        if config.node_prices else config.price_per_hour
+    return mu.Limits(
+        head_price_per_hour=float(price), max_job_hours=config.max_job_hours,
+        member_budget_hours=config.member_budget_hours, member_budget_usd=config.member_budget_usd,
+        max_running_jobs_per_member=config.max_running_jobs_per_member,
+        max_upload_mb=config.max_upload_mb, max_member_upload_mb=config.max_member_upload_mb,
+        budget_reached=lambda: bool(gateway.usage.data["cluster"].get("budget_reached_at")))
 
 
 async def shutdown(gateway: Any) -> None:

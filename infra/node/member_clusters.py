@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from infra.node import member_usage as mu
 from infra.node.files import atomic_write
 from infra.node.wait import WaitTimeout, until_async
 
@@ -105,10 +106,19 @@ class Starting(Exception):
     """The cluster did not answer within START_WAIT_S; its start goes on."""
 
 
+class Refused(Exception):
+    """A budget is used up (member_usage.py); the text is the member's one line."""
+
+
 class MemberClusters:
-    def __init__(self, config_path: str) -> None:
+    def __init__(self, config_path: str, limits: mu.Limits | None = None,
+                 usage_dir: str = "") -> None:
         self.config_path = config_path
         self.config = read_starter_config(Path(config_path))
+        #: Each member cluster's state and usage, kept beside the gateway's own usage.
+        self.usage = mu.MemberUsage(
+            Path(usage_dir or Path(self.config.token_dir).parent) / mu.USAGE_FILE,
+            limits or mu.Limits(), mu.machine_share(self.config.cpus))
         self.running: dict[str, Running] = {}
         self.starts: dict[str, asyncio.Task[Running]] = {}
         #: The port block of each start under way: two starts at once must not pick the same.
@@ -183,6 +193,9 @@ class MemberClusters:
         """The member's running cluster, started if need be. Raises Full or Starting (one line
         for the member), RuntimeError when the start failed."""
         async with self._lock:
+            refused = self.usage.refusal(member_id)
+            if refused:  # a running one stops at the next idle check
+                raise Refused(refused)
             entry = self.running.get(member_id)
             if entry is not None:
                 entry.busy_at = max(entry.busy_at, time.monotonic() - 0.0)
@@ -207,15 +220,18 @@ class MemberClusters:
         self.reserved.pop(member_id, None)
         if not task.cancelled() and task.exception() is None:
             self.running[member_id] = task.result()
+            self.usage.started(member_id)
 
-    async def stop(self, member_id: str) -> None:
+    async def stop(self, member_id: str, reason: str = "idle") -> None:
         """Its processes gone, its files kept (idle, budget end)."""
         self.running.pop(member_id, None)
+        self.usage.stopped(member_id, reason)
         await self.starter("stop", member_id)
 
     async def remove(self, member_id: str) -> None:
         """Everything of theirs gone (removed, expired)."""
         self.running.pop(member_id, None)
+        self.usage.stopped(member_id, "removed")
         await self.starter("remove", member_id)
 
     async def idle_check(self, current_ids: set[str]) -> None:
@@ -229,6 +245,13 @@ class MemberClusters:
         for gone in sorted(kept - {short_id(m) for m in current_ids}):
             await self.remove(gone)  # a short id names the same member (short_id(gone) == gone)
         for member_id, entry in list(self.running.items()):
+            self.usage.accrue(member_id, time.time())
+            refused = self.usage.refusal(member_id)
+            if refused:
+                await self.stop(member_id, refused)
+                continue
+            with contextlib.suppress(Exception):  # not answering: the busy check below says
+                await self.enforce_hours(member_id, entry)
             try:
                 busy = await asyncio.to_thread(busy_reasons, f"http://127.0.0.1:"
                                                f"{entry.dashboard_port}", self.token_path(member_id))
@@ -239,6 +262,19 @@ class MemberClusters:
             elif now - entry.busy_at >= self.config.member_idle_minutes * 60:
                 await self.stop(member_id)
 
+    async def enforce_hours(self, member_id: str, entry: Running) -> None:
+        """Stop every job of the member's cluster past `max_job_hours`: all of its jobs are
+        theirs (their Unix user's), whatever a job's metadata or environment say."""
+        limit = self.usage.limits.max_job_hours
+        if limit is None:
+            return
+        url, token = f"http://127.0.0.1:{entry.dashboard_port}", self.token_path(member_id)
+        jobs = await asyncio.to_thread(mu.list_jobs, url, token)
+        for job_id in mu.overdue(jobs, limit):
+            await asyncio.to_thread(mu.stop_job, url, token, job_id)
+            print(f"member clusters: stopped job {job_id} of member {short_id(member_id)}: "
+                  f"past sharing.max_job_hours ({limit:g} h)", flush=True)
+
     async def watch(self, current_ids: Any) -> None:
         """`current_ids()`: the ids of members who may still act (the gateway's members file).
         First, clusters a previous gateway left running are stopped: this one knows none of
@@ -247,6 +283,7 @@ class MemberClusters:
             if kept not in {short_id(m) for m in [*self.running, *self.starts]}:
                 with contextlib.suppress(Exception):
                     await self.starter("stop", kept)
+        self.usage.close_stale({*self.running, *self.starts})
         while True:
             await asyncio.sleep(min(POLL_S, self.config.member_idle_minutes * 30))
             try:
@@ -265,7 +302,7 @@ class MemberClusters:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
         # Together: the supervisor's grace before SIGKILL is 5 s (supervise.stop).
-        await asyncio.gather(*(self.stop(m) for m in list(self.running)),
+        await asyncio.gather(*(self.stop(m, "the gateway stopped") for m in list(self.running)),
                              return_exceptions=True)
 
 
