@@ -34,14 +34,8 @@ from typing import Any
 from infra.node import raycli, shell
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu import queued
-from infra.node.gcp_tpu.api import (
-    SCOPES,
-    ApiOptions,
-    Credentials,
-    Gcp,
-    GcpError,
-    find_credentials,
-)
+from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
+from infra.node.gcp_tpu.credentials import SCOPES, Credentials, find_credentials
 from infra.node.wait import until
 from infra.node.wire import VERSION, Wire
 
@@ -292,11 +286,22 @@ class Joiner:
         """Set one TPU host up and start Ray there, joined to this head."""
         ssh = self._ssh(qr_id, ip)
         started = time.monotonic()
+        self._copy_installer(ssh, ip)
+        reached = time.monotonic()
+        env = self._host_env(ssh, ip)
+        script = self._start_script(qr_id, request, worker, env)
+        self._run([*ssh, shell.argv("bash", "-c", shell.quoted(script))],
+                  f"setting up {ip} and starting Ray", timeout=3600)
+        log(f"{qr_id}: host {ip} joined (SSH after {reached - started:.1f} s, installer and "
+            f"ray start {time.monotonic() - reached:.1f} s)")
+
+    def _copy_installer(self, ssh: list[str], ip: str) -> None:
+        """Once the host answers SSH: the node installer and the node users' scripts, as Ray's
+        file_mounts put them on the head (a head from before the users has no users/: its hosts
+        start Ray as before)."""
         until(lambda: subprocess.run([*ssh, "true"], stdin=subprocess.DEVNULL, capture_output=True,
                                      timeout=60, check=False).returncode == 0,
               SSH_TIMEOUT_S, 5, f"SSH to {ip}")
-        # The node installer and the node users' scripts, as Ray's file_mounts put them on the
-        # head (a head from before the users has no users/: its hosts start Ray as before).
         folders = [f for f in ("setup", "users") if _home(f"~/rayfleet/{f}").is_dir()]
         with subprocess.Popen(["tar", "-C", str(_home("~/rayfleet")), "-cf", "-", *folders],
                               stdout=subprocess.PIPE) as tar:
@@ -304,7 +309,9 @@ class Joiner:
             self._run([*ssh, shell.all_of(shell.argv("mkdir", "-p", home),
                                           shell.argv("tar", "-C", home, "-xf", "-"))],
                       f"copying the installer to {ip}", stdin=tar.stdout)
-        reached = time.monotonic()
+
+    def _host_env(self, ssh: list[str], ip: str) -> dict[str, str]:
+        """The environment of the host's Ray, its secrets sent to the host's 0600 copies first."""
         # Ray's own tools in jobs and actors (the state API, e.g. Ray Train's placement group
         # cleaner) find the cluster by RAY_ADDRESS, not by a scan for "the" Ray on the machine.
         env: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0",
@@ -326,6 +333,11 @@ class Joiner:
                        MLFLOW_TRACKING_USERNAME=str(self.config.tracking_user),
                        MLFLOW_TRACKING_PASSWORD=shell.Shell(
                            '"$(cat "$HOME/.rayfleet/mlflow-password")"'))
+        return env
+
+    def _start_script(self, qr_id: str, request: queued.SliceRequest, worker: int,
+                      env: dict[str, str]) -> str:
+        """The host's script: the installer, the environment's activation, then Ray's start."""
         resources: dict[str, float] = {"TPU": request.chips_per_host}
         if worker == 0:
             resources[f"TPU-{request.accelerator_type}-head"] = 1
@@ -345,20 +357,15 @@ class Joiner:
             overrides = {"RAY_HEAD_IP": self.config.head_address.rsplit(":", 1)[0],
                          "RAY_OVERRIDE_RESOURCES": json.dumps({"CPU": request.cpus, **resources}),
                          "RAY_OVERRIDE_LABELS": json.dumps({"rayfleet-queued": qr_id})}
-            script = shell.all_of(*prepare, shell.export(overrides), *[str(c) for c in start])
-        else:
-            script = shell.all_of(
-                *prepare,
-                shell.subshell(shell.first_of(f"{raycli.RAY} stop >/dev/null 2>&1", "true")),
-                shell.lines(["ulimit -n 65536", shell.export(env), shell.argv(
-                    shell.Shell(raycli.RAY), "start", f"--address={self.config.head_address}",
-                    "--object-manager-port=8076", f"--num-cpus={request.cpus}",
-                    f"--resources={json.dumps(resources)}", f"--labels={labels}",
-                    "--disable-usage-stats")]))
-        self._run([*ssh, shell.argv("bash", "-c", shell.quoted(script))],
-                  f"setting up {ip} and starting Ray", timeout=3600)
-        log(f"{qr_id}: host {ip} joined (SSH after {reached - started:.1f} s, installer and "
-            f"ray start {time.monotonic() - reached:.1f} s)")
+            return shell.all_of(*prepare, shell.export(overrides), *[str(c) for c in start])
+        return shell.all_of(
+            *prepare,
+            shell.subshell(shell.first_of(f"{raycli.RAY} stop >/dev/null 2>&1", "true")),
+            shell.lines(["ulimit -n 65536", shell.export(env), shell.argv(
+                shell.Shell(raycli.RAY), "start", f"--address={self.config.head_address}",
+                "--object-manager-port=8076", f"--num-cpus={request.cpus}",
+                f"--resources={json.dumps(resources)}", f"--labels={labels}",
+                "--disable-usage-stats")]))
 
     def run(self) -> None:
         every = float(self.config.poll_s or 15)
