@@ -2,19 +2,18 @@
 
 The common part lives here; each provider declares its own strict section as a subclass of
 `ClusterSpec` in its module. Any problem becomes one line naming the file, the field and the fix,
-with a did-you-mean for typos, and exit code 2 (see `SpecError`).
+with a did-you-mean for typos (worded by infra/core/spec_errors.py), and exit code 2 (see
+`SpecError`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import difflib
 import ipaddress
 import re
-import types
 import typing
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -29,6 +28,7 @@ from pydantic import (
 from infra.core import paths
 from infra.core.capabilities import Capabilities
 from infra.core.errors import SpecError, UsageError
+from infra.core.spec_errors import describe_error, did_you_mean, misspelt_required
 
 #: The provider of `invoke` without --provider/--cluster: a real Ray cluster on this machine, no account.
 DEFAULT_PROVIDER = "local"
@@ -308,78 +308,6 @@ class ClusterSpec(StrictModel):
         return value
 
 
-def _did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else ""
-
-
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The nested model class that a pydantic error location points into."""
-    current: Any = model
-    for part in loc:
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            field = current.model_fields.get(str(part))
-            if field is None:
-                return None
-            # Only Optional is unwrapped here; the next part (index or key) unwraps list/dict.
-            current = _unwrap(field.annotation, None)
-        else:
-            current = _unwrap(current, part)
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _unwrap(annotation: Any, part: Any) -> Any:
-    """Step through Optional/list/dict wrappers to the model they hold."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (Union, types.UnionType):
-        models = [a for a in args if a is not type(None)]
-        return _unwrap(models[0], part) if len(models) == 1 else annotation
-    if origin in (list, tuple) and isinstance(part, int):
-        return args[0]
-    if origin is dict and args and part is not None:
-        return args[1]
-    return annotation
-
-
-def _where(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(top level)"
-
-
-def describe_error(model: type[BaseModel], error: Any) -> str:
-    """One pydantic error as 'field: problem; fix'."""
-    loc = tuple(error["loc"])
-    kind = error["type"]
-    where = _where(loc)
-    if kind == "extra_forbidden":
-        parent = _model_at(model, loc[:-1])
-        valid = [f for f in (parent.model_fields if parent else {}) if f not in ("name", "source")]
-        hint = _did_you_mean(str(loc[-1]), valid)
-        listed = ", ".join(valid)
-        return f"{where}: unknown key; {hint + ' ' if hint else ''}valid keys here: {listed}"
-    if kind == "missing":
-        return f"{where}: required key is missing; add it"
-    message = str(error["msg"])
-    message = message.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    message = message[:1].lower() + message[1:]
-    if kind == "literal_error":
-        expected = typing.get_args(_field_annotation(model, loc)) or ()
-        hint = _did_you_mean(str(error.get("input")), [str(e) for e in expected])
-        message += f" ({hint})" if hint else ""
-    if kind != "value_error" and "input" in error and not isinstance(error["input"], dict):
-        message += f", got {error['input']!r}"
-    return f"{where}: {message}"
-
-
-def _field_annotation(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
-    parent = _model_at(model, loc[:-1])
-    field = parent.model_fields.get(str(loc[-1])) if parent else None
-    return field.annotation if field else None
-
-
 def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str],
                spec_class: typing.Callable[[str], type[ClusterSpec]]) -> ClusterSpec:
     """Validate already-loaded YAML `data` as the spec of the cluster named by the file; the
@@ -393,7 +321,7 @@ def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str],
             f"{where}: provider: required key is missing; add one of {', '.join(provider_names)}"
         )
     if provider not in provider_names:
-        hint = _did_you_mean(str(provider), provider_names)
+        hint = did_you_mean(str(provider), provider_names)
         raise SpecError(
             f"{where}: provider: unknown provider {provider!r}; "
             f"{hint + ' ' if hint else ''}choose one of {', '.join(provider_names)}"
@@ -409,24 +337,8 @@ def parse_spec(path: Path, data: Any, provider_names: typing.Sequence[str],
         first = errors[0]
         if tuple(first["loc"]) == ("name",):
             raise SpecError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
-        typo = _misspelt_required(errors)
+        typo = misspelt_required(errors)
         raise SpecError(f"{where}: {typo or describe_error(model, first)}") from None
-
-
-def _misspelt_required(errors: list[Any]) -> str | None:
-    """A required key reported missing next to an unknown key that looks like it (`idle_minute`
-    for idle_minutes, `regon` for region): name the typo, not only the missing key."""
-    unknown = [tuple(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
-    for error in errors:
-        if error["type"] != "missing":
-            continue
-        loc = tuple(error["loc"])
-        siblings = [str(u[-1]) for u in unknown if u[:-1] == loc[:-1]]
-        close = difflib.get_close_matches(str(loc[-1]), siblings, n=1, cutoff=0.6)
-        if close:
-            return (f"{_where((*loc[:-1], close[0]))}: unknown key; did you mean "
-                    f"{str(loc[-1])!r}? (a required key)")
-    return None
 
 
 def read_spec(path: Path) -> Any:
@@ -474,7 +386,7 @@ def selected_path(provider: str | None, cluster: str | None,
     With neither, the embedded default `local` is used, so a first `invoke up` needs no account.
     """
     if provider is not None and provider not in provider_names:
-        hint = _did_you_mean(provider, provider_names)
+        hint = did_you_mean(provider, provider_names)
         raise UsageError(
             f"--provider: unknown provider {provider!r}; "
             f"{hint + ' ' if hint else ''}choose one of {', '.join(provider_names)}"
