@@ -27,7 +27,7 @@ class Entry:
 
 
 _TABLE: dict[str, Entry] = {
-    "local": Entry("infra.providers.local.provider:Spec",
+    "local": Entry("infra.providers.local.spec:Spec",
                    "infra.providers.local.provider:Provider"),
     "gcp-tpu": Entry("infra.providers.gcp_tpu.spec:Spec",
                      "infra.providers.gcp_tpu.provider:Provider",

@@ -15,16 +15,11 @@ import subprocess
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar, Literal
-
-from pydantic import Field
 
 from infra.core import auth, drift, jobs, paths, remote_head, render, ui
 from infra.core.autodown import view as autodown_view
-from infra.core.capabilities import Capabilities
 from infra.core.errors import ClusterNotRunningError, ProviderError
 from infra.core.head import HeadAccess, LocalHead
-from infra.core.spec import ClusterSpec
 from infra.core.state import State
 from infra.core.tracking import client as tracking
 from infra.node import raycli, rayproc
@@ -41,7 +36,9 @@ from infra.providers.base import (
 )
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.features import HeadServices, autodown_report
+from infra.providers.local import daemons
 from infra.providers.local.records import Head
+from infra.providers.local.spec import Spec
 
 #: Where the cost of a local cluster comes from (it has none).
 FREE = "runs on this machine"
@@ -52,33 +49,6 @@ _FIRST_BASE, _BLOCKS = 20000, 90
 
 class LocalError(ProviderError):
     """The local Ray head could not be started or stopped."""
-
-
-class Spec(ClusterSpec):
-    CAPABILITIES: ClassVar[Capabilities] = Capabilities(
-        tracking=True, metrics=True,
-        # The head is this machine: `up` starts the sharing gateway beside it, on the loopback
-        # only, so the sharing CA signs for nothing else.
-        sharing_gateway=True, sharing_ca_ranges=("127.0.0.0/8",),
-        # A laptop's cluster runs no Prometheus unless its spec says `metrics: prometheus`.
-        metrics_default="none",
-        # `up` replaces the gateway whose config changed; the watcher keeps the one it started.
-        applied_by_up=frozenset({"sharing"}),
-        # `sharing.isolation: cluster`: member users and their heads on this machine (root).
-        member_clusters=True, member_clusters_need_local_root=True)
-
-    provider: Literal["local"]
-    #: CPUs Ray may schedule on; None lets Ray count the machine's cores.
-    num_cpus: int | None = Field(None, ge=1, le=4096)
-    num_gpus: int | None = Field(None, ge=0, le=64)
-    #: Object store size; Ray needs at least 75 MiB.
-    object_store_memory_mb: int | None = Field(None, ge=75)
-    #: First port of the cluster's block; None derives one from the name.
-    port_base: int | None = Field(None, ge=1024, le=65535 - rayproc.BLOCK_SIZE)
-    #: Custom Ray resources, e.g. {"special": 2}.
-    resources: dict[str, float] = Field(default_factory=dict)
-    #: How long `up` waits for the dashboard to accept jobs.
-    ready_timeout_s: int = Field(120, ge=5, le=3600)
 
 
 #: The longest socket path Ray puts under its temp dir, past the temp dir itself:
@@ -222,11 +192,12 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
                 # A daemon the running head was started with comes back if it died; one the spec
                 # added since needs a new head (Ray's own settings for it are in start.sh), as
                 # `up` then says: starting it alone would give half of it.
+                tmp = self._temp_dir(state)
                 if self.as_started("tracking"):
-                    self._ensure_tracking(state, block)
+                    daemons.ensure_tracking(self.spec, state, tmp, block)
                 if self.as_started("metrics"):
-                    self._ensure_metrics(state, block)
-                self._ensure_watcher(state, block, endpoint)
+                    daemons.ensure_metrics(self.spec, state, tmp, block)
+                daemons.ensure_watcher(self.spec, state, tmp, block, endpoint)
                 return endpoint
             ui.info(f"cluster {self.spec.name!r} is in state but not answering; restarting it")
             self._stop(state)
@@ -239,6 +210,25 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         # Recorded before the start: a crash from here on leaves processes teardown can find.
         state.add(tmp, Head(port_base=block.base, temp_parent=parent,
                             started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")))
+        self._start_head(plan.files["start.sh"], tmp, block)
+        ui.wait_for(
+            lambda _: True if jobs.dashboard_ready(endpoint.dashboard_url, token) else None,
+            f"dashboard at {endpoint.dashboard_url} to accept jobs",
+            timeout=self.spec.ready_timeout_s,
+            hint=f"see the logs under {tmp}",
+        )
+        state.set_info(address=endpoint.address, dashboard_url=endpoint.dashboard_url)
+        # Started once Ray answers and not waited for: its start (a few CPU-seconds of imports,
+        # below Ray's priority, see infra/node/tracking.py) would otherwise compete with Ray's and
+        # slow `up` (bench/tracking_up.py). Nodes know its URL already; MLflow's client retries
+        # while it comes up.
+        daemons.ensure_tracking(self.spec, state, tmp, block)
+        daemons.ensure_metrics(self.spec, state, tmp, block)
+        daemons.ensure_watcher(self.spec, state, tmp, block, endpoint, new_head=True)
+        return endpoint
+
+    def _start_head(self, script: str, tmp: str, block: rayproc.PortBlock) -> None:
+        """Run start.sh (`ray start --head` on the block, in `tmp`); its output goes to a log."""
         if self.spec.tracking == "mlflow":
             tracking.ensure_credentials(self.spec.name)  # start.sh reads the password file
         log = paths.home() / "logs" / self.spec.name / "ray-start.log"
@@ -247,7 +237,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             # The temp dir is start.sh's argument: `plan` renders it before the folder exists.
             # Started before the step's line is printed: that first output loads the terminal
             # library, which then runs beside `ray start` instead of before it (bench/local_up.py).
-            starting = subprocess.Popen(["bash", "-c", plan.files["start.sh"], "start.sh", tmp],
+            starting = subprocess.Popen(["bash", "-c", script, "start.sh", tmp],
                                         stdout=out, stderr=subprocess.STDOUT)
             try:
                 with ui.step(f"starting Ray head (ports {block.base}+, log {log})"):
@@ -261,21 +251,6 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         if returncode != 0:
             tail = log.read_text().strip().splitlines()[-3:]
             raise LocalError(f"`ray start` failed ({' | '.join(tail)}); full log: {log}")
-        ui.wait_for(
-            lambda _: True if jobs.dashboard_ready(endpoint.dashboard_url, token) else None,
-            f"dashboard at {endpoint.dashboard_url} to accept jobs",
-            timeout=self.spec.ready_timeout_s,
-            hint=f"see the logs under {tmp}",
-        )
-        state.set_info(address=endpoint.address, dashboard_url=endpoint.dashboard_url)
-        # Started once Ray answers and not waited for: its start (a few CPU-seconds of imports,
-        # below Ray's priority, see infra/node/tracking.py) would otherwise compete with Ray's and
-        # slow `up` (bench/tracking_up.py). Nodes know its URL already; MLflow's client retries
-        # while it comes up.
-        self._ensure_tracking(state, block)
-        self._ensure_metrics(state, block)
-        self._ensure_watcher(state, block, endpoint, new_head=True)
-        return endpoint
 
     def as_started(self, field: str) -> bool:
         """The running cluster has `field` as the spec has it now (per the spec its last `up` put
@@ -283,89 +258,6 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         applied = drift.read_applied(self.spec.name)
         now = drift.snapshot(self.spec)
         return applied is None or applied.get(field) == now.get(field)
-
-    def _ensure_tracking(self, state: State, block: rayproc.PortBlock) -> None:
-        """Start the MLflow tracking server (infra/node/tracking.py) unless it runs already.
-
-        Its supervisor's config lives in the cluster's temp dir, which makes it one of the
-        cluster's processes for teardown and autodown; the store lives in
-        `.rayfleet/tracking/<cluster>/` and outlives both.
-        """
-        if self.spec.tracking != "mlflow":
-            return
-        config_path = Path(self._temp_dir(state)) / tracking.CONFIG_FILE
-        store = tracking.local_store(self.spec.name)
-        if state.info.tracking_store != str(store):
-            state.set_info(tracking_store=str(store))
-        password = tracking.ensure_credentials(self.spec.name)
-        log = paths.home() / "logs" / self.spec.name / "mlflow.log"
-        config = tracking.ServerConfig(
-            host="127.0.0.1", port=block.tracking, store_dir=str(store),
-            password_path=str(password),
-            secret_key_path=str(password.with_name(tracking.SECRET_KEY_FILE)),
-            log_path=str(log))
-        _daemon("infra.node.tracking", config_path, config.to_json(), log,
-                wait=False)
-
-    def _ensure_metrics(self, state: State, block: rayproc.PortBlock) -> None:
-        """Start the cluster's Prometheus (infra/node/metrics.py) unless it runs already; never
-        waited for. Its config lives in the cluster's temp dir (a process of the cluster for
-        teardown and autodown), its bounded database in `.rayfleet/metrics/<cluster>/tsdb`."""
-        if self.spec.metrics != "prometheus":
-            return
-        # Here, not at the top: a cluster without metrics (the local default) does not load
-        # them on its way to `ray start` (bench/local_up.py).
-        from infra.core.metrics import prometheus as metrics
-
-        tmp = Path(self._temp_dir(state))
-        if not metrics.program_here():
-            ui.warn("metrics: no `prometheus` on this machine (apt-get install prometheus); the "
-                    "cluster runs without metrics")
-            return
-        history = self.spec.metrics_history
-        log = paths.home() / "logs" / self.spec.name / "prometheus.log"
-        config = metrics.PrometheusConfig(
-            host="127.0.0.1", port=block.prometheus,
-            discovery_file=str(tmp / metrics.DISCOVERY_FILE),
-            storage_dir=str(metrics.local_storage(self.spec.name)),
-            retention_days=history.days, retention_size_mb=history.size_mb,
-            scrape_interval_s=history.scrape_interval_s, log_path=str(log))
-        if _daemon("infra.node.metrics", tmp / metrics.CONFIG_FILE,
-                   config.to_json(), log, wait=False):
-            metrics.note_started(state, history.scrape_interval_s)
-
-    def _ensure_watcher(self, state: State, block: rayproc.PortBlock, endpoint: Endpoint,
-                        new_head: bool = False) -> None:
-        """Start the idle watcher (infra/node/autodown.py) beside the head unless one runs already.
-
-        It runs detached from this command, so the cluster removes itself with this terminal and
-        this machine's user gone; its config lives in the cluster's temp dir, which makes it one of
-        the cluster's processes for teardown.
-        """
-        marker = autodown_view.marker_path(self.spec.name)
-        if self.spec.autodown is None:
-            marker.unlink(missing_ok=True)
-            return
-        # Here, not at the top: a cluster without autodown (the local default) does not load
-        # the watcher's module on its way to `ray start`.
-        from infra.node import autodown
-
-        if new_head:
-            # A watcher that died on a head that lives on keeps its countdown (it resumes from
-            # the marker); a new head starts a new one.
-            marker.unlink(missing_ok=True)
-        tmp = self._temp_dir(state)
-        config = autodown.Config(
-            cluster=self.spec.name, cluster_id=state.cluster_id,
-            idle_minutes=self.spec.autodown.idle_minutes, dashboard_url=endpoint.dashboard_url,
-            marker=str(marker), action=local_autodown.ACTION,
-            action_args={"temp_dir": tmp, "port_base": block.base},
-            token_path=str(endpoint.token_path) if endpoint.token_path else None)
-        log = paths.home() / "logs" / self.spec.name / "autodown.log"
-        if _daemon("infra.node.autodown", Path(tmp) / local_autodown.CONFIG_FILE,
-                   autodown.config_text(config), log):
-            ui.info(f"autodown: the cluster stops itself after "
-                    f"{self.spec.autodown.idle_minutes:g} idle minutes (watcher log {log})")
 
     def head_services(self, state: State) -> HeadServices | None:
         """The head's daemons start beside Ray (`create`); the watcher writes its marker here
@@ -376,7 +268,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
         config = str(Path(heads[0].id) / local_autodown.CONFIG_FILE)
 
         def marker(left: bool | None) -> str | None:
-            text, status = _here().read_with_status(
+            text, status = daemons.here().read_with_status(
                 str(autodown_view.marker_path(self.spec.name)), config)
             return autodown_view.with_watcher_status(text, status)
 
@@ -470,18 +362,3 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
     def teardown(self, state: State) -> None:
         self._stop(state)
 
-
-def _here() -> LocalHead:
-    """The head as its daemons see it: this machine (their start, stop and status need none of
-    the Ray environment that `head_access` adds for `invoke ssh|exec`)."""
-    return LocalHead(where="this machine")
-
-
-def _daemon(module: str, config_path: Path, config_text: str, log: Path,
-            wait: bool = True) -> bool:
-    """Start a daemon of the cluster beside its head unless one runs (`LocalHead.ensure_daemon`:
-    supervised, one that dies is back within seconds); True when this call started it. One that
-    runs keeps the config it started with: a changed spec reaches it with a new head
-    (`teardown`, then `up`; `Capabilities.applied_by_up`)."""
-    return _here().ensure_daemon(module, str(config_path), config_text, log=str(log),
-                                 replace=False, wait=wait)
