@@ -10,7 +10,7 @@ Four small tools, all generic (no provider knowledge):
 - `tunnel(target, remote_port)`: an OpenSSH `ssh -N -L` subprocess forwarding a free local port,
   for as long as the `with` block lasts (`invoke dashboard`, `invoke submit`); `tunnels` forwards
   several ports through one such process (one login). Both, and the detached tunnel of
-  infra/core/tunnels.py, start it through `start_tunnel`.
+  infra/core/tunnels.py, start it through `start_tunnel` (infra/core/ssh_tunnel.py).
 
 Every function takes an `SshTarget`, which carries an optional ProxyCommand (`%h`/`%p` expanded as
 OpenSSH does), so users behind a bastion and the test bed (hosts reached through a network
@@ -26,47 +26,39 @@ the host, never silently accepted: paramiko and OpenSSH follow the same rules (`
 from __future__ import annotations
 
 import contextlib
-import functools
-import shlex
-import signal
-import subprocess
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from infra.core import paths
-from infra.core.errors import RayfleetError
-from infra.node import rayproc, wait
+from infra.core.ssh_target import (
+    HostKeyError,
+    HostKeyPolicy,
+    Result,
+    SshError,
+    SshTarget,
+    changed_key,
+    cluster_known_hosts,
+    known_hosts_path,
+    user_known_hosts,
+)
+from infra.core.ssh_tunnel import openssh_options, start_tunnel, tunnel, tunnels
+from infra.node import wait
 from infra.node.files import atomic_write, write_error
 
 if TYPE_CHECKING:
     import paramiko
 
+#: Names callers import from here; the types live in infra/core/ssh_target.py, the OpenSSH
+#: tunnels in infra/core/ssh_tunnel.py.
+__all__ = ["KEY_NAME", "HostKeyError", "HostKeyPolicy", "KeyPair", "Result", "SshError",
+           "SshTarget", "cluster_known_hosts", "connect", "ensure_keypair", "execute",
+           "expand_proxy", "known_hosts_path", "openssh_options", "probe", "run", "start_tunnel",
+           "tunnel", "tunnels", "user_known_hosts", "wait_until_ready"]
+
 KEY_NAME = "id_ed25519"
-
-
-class SshError(RayfleetError):
-    """An SSH login, command or tunnel failed; the message names the host and the reason."""
-
-
-class HostKeyError(SshError):
-    """A host's key differs from the pinned one, or a strictly checked host is unknown: never retried."""
-
-
-#: `accept-new`: unknown hosts are accepted once and pinned; `strict`: they must be known already.
-HostKeyPolicy = Literal["accept-new", "strict"]
-
-
-def cluster_known_hosts(cluster: str) -> Path:
-    """The known_hosts file that pins the host keys of one cluster's instances (removed by
-    `invoke teardown`)."""
-    return paths.keys_dir(cluster) / "known_hosts"
-
-
-def user_known_hosts() -> Path:
-    return Path("~/.ssh/known_hosts").expanduser()
 
 
 @dataclass(frozen=True)
@@ -78,41 +70,6 @@ class KeyPair:
     #: The public key line, `ssh-ed25519 AAAA... comment`: the only part that is uploaded.
     public_key: str
 
-
-@dataclass(frozen=True)
-class SshTarget:
-    """One host to log into."""
-
-    #: Address or name as this machine (or the proxy command) reaches it.
-    host: str
-    #: Login user (e.g. "ubuntu" on Lambda).
-    user: str
-    #: Private key file; the key is never read into anything but paramiko/OpenSSH.
-    key_path: Path
-    port: int = 22
-    #: OpenSSH-style ProxyCommand (`%h`, `%p`, `%r` expanded), e.g. `ssh -W %h:%p bastion`; None
-    #: for a direct TCP connection.
-    proxy_command: str | None = None
-    #: Where the host's key is pinned; None means the user's ~/.ssh/known_hosts.
-    known_hosts: Path | None = None
-    #: How a host missing from `known_hosts` is treated (see HostKeyPolicy).
-    host_key_policy: HostKeyPolicy = "accept-new"
-
-    def __str__(self) -> str:
-        return f"{self.user}@{self.host}" + (f":{self.port}" if self.port != 22 else "")
-
-
-@dataclass(frozen=True)
-class Result:
-    """What a remote command did."""
-
-    exit_code: int
-    stdout: str
-    stderr: str = field(repr=False)
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
 
 
 # --- keys -----------------------------------------------------------------------------------------
@@ -168,10 +125,6 @@ def expand_proxy(command: str, host: str, port: int, user: str = "") -> str:
     return "".join(out)
 
 
-def _known_hosts_path(target: SshTarget) -> Path:
-    return target.known_hosts or user_known_hosts()
-
-
 def _pin(path: Path, host_name: str, key: Any) -> None:
     """Add one host key to a known_hosts file, serialised against parallel probes (a lock file
     beside it) and written whole (the one atomic write: a full disk never truncates the file)."""
@@ -195,7 +148,7 @@ def _pin(path: Path, host_name: str, key: Any) -> None:
 def _host_key_policy(target: SshTarget) -> Any:
     import paramiko
 
-    path = _known_hosts_path(target)
+    path = known_hosts_path(target)
 
     class Policy(paramiko.MissingHostKeyPolicy):
         def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
@@ -209,17 +162,12 @@ def _host_key_policy(target: SshTarget) -> Any:
             known = paramiko.HostKeys(str(path)) if path.exists() else paramiko.HostKeys()
             pinned = known.lookup(hostname)
             if pinned and key.get_name() in pinned and pinned[key.get_name()] != key:
-                raise HostKeyError(_changed(target, hostname, path))
+                raise HostKeyError(changed_key(target, hostname, path))
             if not pinned or key.get_name() not in pinned:
                 _pin(path, hostname, key)
             client.get_host_keys().add(hostname, key.get_name(), key)
 
     return Policy()
-
-
-def _changed(target: SshTarget, hostname: str, path: Path) -> str:
-    return (f"ssh {target}: the host key of {hostname} CHANGED since it was pinned in {path}; "
-            "if the host was legitimately replaced, remove its line there, else do not connect")
 
 
 def connect(target: SshTarget, timeout: float = 10.0) -> paramiko.SSHClient:
@@ -232,7 +180,7 @@ def connect(target: SshTarget, timeout: float = 10.0) -> paramiko.SSHClient:
     # expected, and our caller reports the reason in one line.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     client = paramiko.SSHClient()
-    path = _known_hosts_path(target)
+    path = known_hosts_path(target)
     if path.exists():
         client.load_system_host_keys(str(path))  # read-only: we append pins ourselves
     client.set_missing_host_key_policy(_host_key_policy(target))
@@ -254,7 +202,7 @@ def connect(target: SshTarget, timeout: float = 10.0) -> paramiko.SSHClient:
         if isinstance(exc, HostKeyError):
             raise
         if isinstance(exc, paramiko.BadHostKeyException):
-            raise HostKeyError(_changed(target, exc.hostname, path)) from None
+            raise HostKeyError(changed_key(target, exc.hostname, path)) from None
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SshError(f"ssh {target}: {reason}") from None
     return client
@@ -339,131 +287,3 @@ def run(target: SshTarget, command: str, timeout: float = 120.0, check: bool = F
         tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
         raise SshError(f"ssh {target}: `{command[:60]}` exited {result.exit_code}: {tail[0]}")
     return result
-
-
-# --- OpenSSH (tunnels, and option lists for tools that shell out to ssh) --------------------------
-
-
-def openssh_options(target: SshTarget) -> list[str]:
-    """`-o`/`-i`/`-p` options that make the `ssh` client behave like `connect`."""
-    checking = "accept-new" if target.host_key_policy == "accept-new" else "yes"
-    options = [
-        "-i", str(target.key_path), "-p", str(target.port),
-        "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-        "-o", f"StrictHostKeyChecking={checking}",
-        "-o", f"UserKnownHostsFile={_known_hosts_path(target)}",
-        "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
-        "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
-    ]
-    if target.proxy_command:
-        options += ["-o", f"ProxyCommand={target.proxy_command}"]
-    return options
-
-
-def _die_with_parent() -> None:
-    # The tunnel must not outlive the rayfleet process, even one killed with SIGKILL.
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def tunnel(target: SshTarget, remote_port: int, remote_host: str = "127.0.0.1",
-           local_port: int | None = None, timeout: float = 30.0) -> Iterator[int]:
-    """Forward 127.0.0.1:<free port> to `remote_host:remote_port` as seen from `target`.
-
-    Yields the local port once the tunnel's own ssh listens there; the ssh process ends with the
-    block (and with this process). A port grabbed by someone else between choice and bind is
-    never handed out (it answers, but not for us): another is tried.
-    """
-    with tunnels(target, [(remote_host, remote_port)],
-                 [local_port] if local_port else None, timeout) as ports:
-        yield ports[0]
-
-
-@contextlib.contextmanager
-def tunnels(target: SshTarget, remotes: list[tuple[str, int]],
-            local_ports: list[int] | None = None, timeout: float = 30.0) -> Iterator[list[int]]:
-    """Like `tunnel`, for several (host, port) at once through ONE ssh process (one login): the
-    local ports, in the order of `remotes`."""
-    process, ports = start_tunnel(target, remotes, local_ports, timeout, fixed=bool(local_ports))
-    try:
-        yield ports
-    finally:
-        _stop(process)
-
-
-def start_tunnel(target: SshTarget, remotes: list[tuple[str, int]], local_ports: list[int] | None,
-                 timeout: float, *, fixed: bool = False,
-                 detached_log: Path | None = None) -> tuple[subprocess.Popen[bytes], list[int]]:
-    """rayfleet's one start of an `ssh -N -L` tunnel: (its ssh process, the local ports in the order
-    of `remotes`), once that process itself listens on every port.
-
-    `local_ports` are tried first (free ones otherwise). Unless `fixed`, a port someone else took
-    between choice and bind is replaced by another free one, twice at most. A host key that
-    changed is a HostKeyError naming the known_hosts file. Without `detached_log` the process
-    ends with this one (`tunnels`); with it, it lives on in a session of its own, writing its
-    errors there (`infra/core/tunnels.py`: a shell's `invoke env`)."""
-    attempts = 1 if fixed else 3
-    last_error = ""
-    for attempt in range(attempts):
-        ports = (list(local_ports) if local_ports and attempt == 0
-                 else [rayproc.free_port() for _ in remotes])
-        forwards = [arg for (host, remote), port in zip(remotes, ports, strict=True)
-                    for arg in ("-L", f"127.0.0.1:{port}:{host}:{remote}")]
-        command = ["ssh", "-N", *openssh_options(target), "-o", "ExitOnForwardFailure=yes",
-                   *forwards, f"{target.user}@{target.host}"]
-        process = _popen(command, detached_log)
-        with contextlib.suppress(_Ended):
-            wait.until(functools.partial(_answering, process, ports), timeout, 0.1, on_timeout=_Ended)
-        if process.poll() is None and rayproc.listens_on(process.pid, ports):
-            return process, ports
-        _stop(process)
-        stderr = (detached_log.read_text(errors="replace") if detached_log is not None
-                  else process.stderr.read().decode(errors="replace") if process.stderr else "")
-        if "IDENTIFICATION HAS CHANGED" in stderr or "Host key verification failed" in stderr:
-            raise HostKeyError(_changed(target, target.host, _known_hosts_path(target))
-                               if "CHANGED" in stderr else
-                               f"ssh {target}: host key verification failed against "
-                               f"{_known_hosts_path(target)}")
-        last_error = (stderr.strip().splitlines() or ["no answer on the local end"])[-1]
-        if "forward" not in last_error.lower() and "address already in use" not in last_error:
-            break
-    where = ", ".join(f"{host}:{remote}" for host, remote in remotes)
-    raise SshError(f"tunnel to {where} via {target} failed: {last_error}; "
-                   f"try `ssh {shlex.join(openssh_options(target))} {target.user}@{target.host}`")
-
-
-def _popen(command: list[str], detached_log: Path | None) -> subprocess.Popen[bytes]:
-    if detached_log is None:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
-    detached_log.parent.mkdir(parents=True, exist_ok=True)
-    # A file, not a pipe: the process outlives this one, and a write to a pipe nobody reads
-    # any more would end it.
-    with detached_log.open("w") as err:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, start_new_session=True)
-
-
-class _Ended(Exception):
-    """The tunnel's ssh exited, or its ports did not answer in time (the caller says which)."""
-
-
-def _answering(process: subprocess.Popen[bytes], ports: list[int]) -> bool | None:
-    """True once the ssh process itself listens on every port: another process that took one
-    between choice and bind answers there too, and ssh then exits (ExitOnForwardFailure)."""
-    if process.poll() is not None:
-        raise _Ended
-    return True if rayproc.listens_on(process.pid, ports) else None
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
