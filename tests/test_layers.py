@@ -1,6 +1,7 @@
 """The import graph of infra/ is layers (see ARCHITECTURE.md), lazy imports included:
 
-    infra/cli/tasks.py (the front door; tasks.py re-exports it) -> commands -> providers -> core -> node
+    infra/cli/tasks.py (the front door; tasks.py re-exports it) -> commands -> app -> providers
+    -> core -> node
 
 No module imports one above its layer, none of them import each other round, and a provider
 imports no other provider. Imports under `if TYPE_CHECKING:` count as any other: they do not run,
@@ -20,8 +21,8 @@ from tests.import_graph import cycles, graph
 FRONT = {"infra.cli.tasks", "infra.__main__"}
 
 #: Each layer is a folder of infra/ (the package's own `__init__` ships with the node code).
-FOLDERS = {"infra.cli": "commands", "infra.providers": "providers", "infra.core": "core",
-           "infra.node": "node"}
+FOLDERS = {"infra.cli": "commands", "infra.app": "app", "infra.providers": "providers",
+           "infra.core": "core", "infra.node": "node"}
 
 
 def _layer(module: str) -> str:
@@ -37,11 +38,13 @@ def _layer(module: str) -> str:
 
 #: Which layers each layer may import.
 ALLOWED = {
-    "front": {"front", "commands", "providers", "core", "node"},
+    "front": {"front", "commands", "app", "providers", "core", "node"},
     "node": {"node"},
     "core": {"core", "node"},
     "providers": {"providers", "core", "node"},
-    "commands": {"commands", "providers", "core", "node"},
+    "commands": {"commands", "app", "providers", "core", "node"},
+    # The use cases (plan, up, status, teardown, connect) under the CLI: they return data.
+    "app": {"app", "providers", "core", "node"},
 }
 
 EDGES = graph()
@@ -57,8 +60,9 @@ def test_the_graph_is_read() -> None:
 
 def test_every_module_is_in_a_layers_folder() -> None:
     outside = sorted(m for m in EDGES if _layer(m) == "outside")
-    assert outside == [], f"modules outside infra/cli, core, providers, node: {outside}"
+    assert outside == [], f"modules outside infra/cli, app, core, providers, node: {outside}"
     assert _layer("infra.cli.commands") == "commands" and _layer("infra.core.spec") == "core"
+    assert _layer("infra.app.lifecycle") == "app" and "infra.app.lifecycle" in EDGES
 
 
 def test_no_import_cycle() -> None:

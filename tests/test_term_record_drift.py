@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from infra.app import lifecycle, planning
 from infra.cli import commands, common
 from infra.core import drift, state
 from infra.core.endpoint import Endpoint
@@ -22,7 +23,7 @@ def _applied_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hours: str) -> 
     """The spec with member_budget_hours 20 in effect (as `up` kept it), then set to `hours`."""
     spec = owner_cluster(tmp_path, monkeypatch, extra="  member_budget_hours: 20\n")
     selected, impl = common.select(None, str(spec))
-    commands._write_rendered(selected.name, impl.plan(state.read(selected.name)))
+    planning.write_rendered(selected.name, impl.plan(state.read(selected.name)))
     commands.keep_applied(selected.name)
     drift.keep(selected, None, False)
     spec.write_text(spec.read_text().replace("member_budget_hours: 20", f"member_budget_hours: "
@@ -47,7 +48,7 @@ def test_term_record_up_says_what_it_applied_to_the_running_cluster(
     endpoint = Endpoint("http://127.0.0.1:26265", "127.0.0.1:26379")
     monkeypatch.setattr(Provider, "up", lambda self, current, result, options: endpoint)
     monkeypatch.setattr(Provider, "head_access", lambda self, current: None)
-    monkeypatch.setattr(commands, "_autodown_notices", lambda *a: None)  # not this test's
+    monkeypatch.setattr(lifecycle, "autodown_notices", lambda *a: None)  # not this test's
     gave: list[Any] = []
     monkeypatch.setattr(sharing, "ensure_gateway",
                         lambda selected, *a: gave.append(selected.sharing) or "https://gw")

@@ -1,15 +1,18 @@
-"""What the verbs share: the spec and provider a command acts on, the cluster's state when it must
-be running, the flag that names it again in a hint, and the one table printer."""
+"""What the verbs share: the spec and provider a command acts on, the flag that names it again in a
+hint and its state when it must be running (the library's, infra/app/clusters.py), the renderer of
+the library's progress, and the one table printer."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 from infra import providers
+from infra.app.clusters import cluster_flag as cluster_flag
+from infra.app.clusters import running as running
+from infra.app.progress import Step
 from infra.cli import loading
-from infra.core import paths, spec, state, ui
-from infra.core.errors import ClusterNotRunningError
-from infra.core.state import State
+from infra.core import spec, ui
 from infra.providers.base import Provider
 
 
@@ -18,23 +21,26 @@ def select(provider: str | None, cluster: str | None) -> tuple[spec.ClusterSpec,
     return selected, providers.create(selected)
 
 
-def cluster_flag(selected: spec.ClusterSpec) -> str:
-    default = paths.clusters_dir() / f"{selected.provider}.yaml"
-    if spec.spec_path(selected.name) == default and selected.provider == spec.DEFAULT_PROVIDER:
-        return ""
-    if spec.spec_path(selected.name) == default:
-        return f" --provider={selected.provider}"
-    return f" --cluster={selected.source}"
+class Shown:
+    """The library's progress on stderr, as rayfleet has always shown it: a line of progress, a
+    warning, a timed step with a spinner (a ✓ or ✗ line with its duration off a terminal)."""
 
+    def __init__(self) -> None:
+        self._open: list[AbstractContextManager[Any]] = []
 
-def running(selected: spec.ClusterSpec) -> State:
-    current = state.read(selected.name)
-    if current is None or current.empty:
-        raise ClusterNotRunningError(
-            f"cluster {selected.name!r} has no state; start it with "
-            f"`invoke up{cluster_flag(selected)}`"
-        )
-    return current
+    def __call__(self, step: Step) -> None:
+        if step.kind == "info":
+            ui.info(step.text)
+        elif step.kind == "warn":
+            ui.warn(step.text)
+        elif step.kind == "begin":
+            timed = ui.step(step.text)
+            timed.__enter__()
+            self._open.append(timed)
+        elif self._open:
+            failure = RuntimeError(step.text) if step.kind == "failed" else None
+            # A failed step's ✗ line: the library re-raises the error itself.
+            self._open.pop().__exit__(type(failure) if failure else None, failure, None)
 
 
 def table(title: str, rows: list[dict[str, str]]) -> None:

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.cli import common, metrics_history
+from infra.app import metrics_history
+from infra.cli import common
 from infra.core import jobs, state, ui
 from infra.core.endpoint import Endpoint
 from infra.core.metrics import prometheus as metrics

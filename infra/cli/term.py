@@ -244,19 +244,10 @@ def usage(cluster: str | None, as_json: bool) -> None:
 
 
 def status_sharing(selected: Any, running: bool) -> dict[str, Any] | None:
-    """The owner's `status` of a shared cluster: the gateway's address and the members' state,
-    one row per person, from the registry and the usage copy `status` has just fetched."""
-    from infra.core.sharing import term_people
+    """The owner's `status` of a shared cluster (the library's `reporting.sharing_view`)."""
+    from infra.app import reporting
 
-    if selected.sharing is None:
-        return None
-    current = state.read(selected.name)
-    usage = sharing.read_usage(selected, None)
-    jobs_seen = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
-    rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage, jobs_seen,
-                                selected.sharing)
-    url = current.info.gateway_url if running and current is not None else None
-    return {"gateway_url": url, "members": term_people.people(rows, selected.sharing)}
+    return reporting.sharing_view(selected, running)
 
 
 def print_status_sharing(selected: Any, found: dict[str, Any]) -> None:

@@ -5,7 +5,7 @@ through `HeadAccess.ensure_daemon`, the head daemons' one supervisor. It
 listens on the head's loopback, where the dashboard listens: the cluster's SSH tunnel reaches it
 (`tracking_remote.connect`), no firewall rule opens it. Its database lives in the head's own
 `~/rayfleet/metrics/`, bounded by the spec's `metrics_history`, and goes with the head; teardown
-first keeps a copy here (infra/cli/metrics_history.py), through the same tunnel.
+first keeps a copy here (infra/app/metrics_history.py), through the same tunnel.
 
 Core layer: never imports a provider.
 """

@@ -1,14 +1,15 @@
 """The history of a cluster's metrics that teardown keeps, and what its nodes cost per hour.
 
-Commands layer (it takes a provider): `commands.teardown` calls `keep_before_teardown` before any
-machine goes; `invoke top` and `invoke report` (infra/cli/metrics.py) read the same prices.
+The library's `teardown` (lifecycle.py) calls `keep_before_teardown` before any machine goes;
+`invoke top` and `invoke report` (infra/cli/metrics.py) read the same prices.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from infra.core import ui
+from infra.app.progress import Progress, Step, timed
 from infra.core.errors import RayfleetError
 from infra.core.metrics import prometheus as metrics
 from infra.core.metrics import report_runs
@@ -30,11 +31,13 @@ def rate_per_node(impl: Provider[Any, Any], current: State,
     return per_node, cost.accrued_usd, cost.source
 
 
-def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
-    """Copy the cluster's metrics history here before any machine goes, or say why not."""
+def keep_before_teardown(impl: Provider[Any, Any], current: State,
+                         progress: Progress) -> Path | None:
+    """Copy the cluster's metrics history here before any machine goes and return where, or say
+    why not (a warning through `progress`) and return None."""
     since = current.info.metrics_since
     if not since:
-        return
+        return None
     kept = report_runs.runs_dir(current.cluster)
     earlier = f"; earlier runs are kept in {kept}" if kept.exists() else ""
     try:
@@ -43,10 +46,11 @@ def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
         status = None
     if status is not None and not status.running:
         # A head that removed itself (autodown) took the history along: nothing to reach.
-        ui.warn(f"metrics history NOT kept: the cluster's head is not running{earlier}")
-        return
+        progress(Step(f"metrics history NOT kept: the cluster's head is not running{earlier}",
+                      "warn"))
+        return None
     try:
-        with ui.step("keeping the cluster's metrics history"):
+        with timed(progress, "keeping the cluster's metrics history"):
             per_node, _, _ = rate_per_node(impl, current, status)
             with impl.connect(current) as endpoint:
                 data = metrics.history(endpoint, current.cluster, float(since), per_node,
@@ -55,7 +59,6 @@ def keep_before_teardown(impl: Provider[Any, Any], current: State) -> None:
             path = report_runs.keep_run(current.cluster, current.cluster_id, data)
     except (RayfleetError, OSError) as exc:
         reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        ui.warn(f"metrics history NOT kept ({reason}){earlier}")
-        return
-    ui.out(f"metrics history kept in {path} (`invoke report` draws it)", markup=False,
-           soft_wrap=True)
+        progress(Step(f"metrics history NOT kept ({reason}){earlier}", "warn"))
+        return None
+    return path
