@@ -207,17 +207,7 @@ def status(impl: BaseProvider[Spec, Any],
         running = sum(1 for r in workers if r.state == "RUNNING")
         waiting = sum(1 for r in workers if r.state == "PENDING")
         summary += f"; autoscaled workers: {running} running, {waiting} pending"
-    table = []
-    for r in [*rows, *workers]:
-        tags = r.tags
-        role = tags.get(queue.ROLE, "head") if r.base_id != job_id else "head"
-        table.append({
-            "job": r.job_id, "role": role + (f" ({tags[queue.NODE_TYPE]})"
-                                             if tags.get(queue.NODE_TYPE) else ""),
-            "state": r.state, "partition": r.partition, "nodes": r.nodes,
-            "elapsed": r.elapsed, "limit": r.limit,
-            "reason": "" if r.reason == "None" else r.reason,
-            "queue position": _position(r, pending)})
+    table = _table([*rows, *workers], job_id, pending)
     warnings = []
     left = first.seconds_left
     if first.state == "RUNNING" and left is not None and left < _NEAR_END_S:
@@ -226,6 +216,23 @@ def status(impl: BaseProvider[Spec, Any],
     node_hours = costs.cost([(r.state, r.nodes, r.elapsed) for r in [*rows, *workers]])
     return ProviderStatus(ready, summary, table, warnings, state=first.state, cost=node_hours,
                           autodown=report)
+
+
+
+def _table(rows: list[JobRow], head_id: str, pending: list[str]) -> list[dict[str, str]]:
+    """`status`'s table: one row per job of the cluster, the head's first."""
+    table = []
+    for r in rows:
+        tags = r.tags
+        role = tags.get(queue.ROLE, "head") if r.base_id != head_id else "head"
+        table.append({
+            "job": r.job_id, "role": role + (f" ({tags[queue.NODE_TYPE]})"
+                                             if tags.get(queue.NODE_TYPE) else ""),
+            "state": r.state, "partition": r.partition, "nodes": r.nodes,
+            "elapsed": r.elapsed, "limit": r.limit,
+            "reason": "" if r.reason == "None" else r.reason,
+            "queue position": _position(r, pending)})
+    return table
 
 
 # --- the watcher's marker: beside the head in its job (templates/slurm.sbatch.j2) ----------

@@ -12,24 +12,19 @@ crash between submission and reading the job id leaves something `teardown` can 
 from __future__ import annotations
 
 import contextlib
-import getpass
-import secrets
 import shlex
-import time
 from collections.abc import Iterator
 from typing import Any
 
-from infra.core import auth, jobs, remote_head, ui, versions
-from infra.core.autodown import view as autodown_view
+from infra.core import auth, jobs, remote_head, ui
 from infra.core.errors import ClusterNotRunningError, RayfleetError
 from infra.core.head import HeadAccess, SharedFsHead
 from infra.core.metrics import prometheus as metrics
 from infra.core.state import Resource, State
 from infra.core.tracking import client as tracking
 from infra.node import identity, rayproc
-from infra.node.slurm import queue
 from infra.node.slurm.info import Info
-from infra.node.slurm.queue import QueueUnavailable, SlurmError
+from infra.node.slurm.queue import SlurmError
 from infra.providers.base import (
     CostRange,
     Endpoint,
@@ -40,7 +35,7 @@ from infra.providers.base import (
 )
 from infra.providers.base import Provider as BaseProvider
 from infra.providers.features import HeadServices
-from infra.providers.slurm import cluster, install, ours, remote
+from infra.providers.slurm import cluster, headjob, install, ours, remote
 from infra.providers.slurm.records import Job
 from infra.providers.slurm.remote import Runner
 from infra.providers.slurm.script import (
@@ -55,17 +50,9 @@ from infra.providers.slurm.spec import Spec
 
 __all__ = ["Provider", "SlurmError", "Spec"]
 
-SCRIPT = "ray.sbatch"
+SCRIPT = headjob.SCRIPT
 WORKER_SCRIPT = "worker.sbatch"
 AUTOSCALING = "autoscaling.yaml"
-_KEPT = ours.KEPT
-
-
-def _ordinal_position(job_id: str, pending: list[str]) -> str:
-    ids = [p.split("+")[0].split("_")[0] for p in pending]
-    if job_id not in ids:
-        return ""
-    return f", {ids.index(job_id) + 1} of {len(ids)} pending"
 
 
 class Provider(BaseProvider[Spec, None]):
@@ -103,12 +90,6 @@ class Provider(BaseProvider[Spec, None]):
                 for name, w in spec.worker_types.items())
         return (f"{text}; partition {spec.partition or '(default)'}, time limit "
                 f"{spec.time_limit}, submitted on {remote.describe(spec.submit)}")
-
-    def _tail(self, runner: Runner, job: Resource[Job], lines: int = 3) -> str:
-        workdir = job.attrs.workdir or self.spec.submit.workdir
-        out = cluster.read_output(runner, cluster.job_file(workdir, job.id, ".out"))
-        tail = [line for line in out.strip().splitlines() if line.strip()][-lines:]
-        return " | ".join(tail) if tail else "no output yet"
 
     # --- plan ----------------------------------------------------------------------------------
 
@@ -174,14 +155,15 @@ class Provider(BaseProvider[Spec, None]):
             info = None
             job = self._job(state)
             if job is not None:
-                info = self._resume(runner, state, job)
+                info = headjob.resume(self.spec, runner, state, job)
             if info is not None:
                 return self._ready_endpoint(state, info)
             if self.spec.environment.install:
                 install.install(runner, self.spec)
-            job = self._submit(runner, state, plan.files[SCRIPT], self._secrets(state))
+            job = headjob.submit(self.spec, runner, state, plan.files[SCRIPT],
+                                 headjob.node_secrets(self.spec, state))
             # Everything after sbatch, up to a dashboard that answers through the tunnel.
-            info = self._wait_ready(runner, state, job)
+            info = headjob.wait_ready(self.spec, runner, state, job)
             return self._ready_endpoint(state, info)
 
     def _ready_endpoint(self, state: State, info: Info) -> Endpoint:
@@ -226,119 +208,12 @@ class Provider(BaseProvider[Spec, None]):
         """Where the Prometheus history is, for messages: host and path."""
         return self._on_submit_host(metrics_store(self.spec.submit.workdir, self.spec.name))
 
-    def _secrets(self, state: State) -> tuple[str, dict[str, str]]:
-        """Where the nodes read the cluster's secrets (the submit dir's keys/<cluster id>/, a 0700
-        dir of 0600 files) and their content, which `sbatch` writes there through stdin in the
-        same round trip: never on a command line, never in the batch script. The Ray token (spec:
-        auth), the MLflow server's password and Flask secret (spec: tracking)."""
-        content: dict[str, str] = {}
-        path = auth.ensure_token(state, enabled=self.spec.auth == "token")
-        if path is not None:
-            content[auth.TOKEN_FILE] = path.read_text()
-        if self.spec.tracking == "mlflow":
-            password = tracking.ensure_credentials(self.spec.name)
-            for secret in (password, password.with_name(tracking.SECRET_KEY_FILE)):
-                content[secret.name] = secret.read_text()
-        return ours.token_dir(self.spec.submit.workdir, state.cluster_id), content
-
     def _tracking_store(self) -> str:
         """Where the tracking store is, for messages: host and path."""
         return self._on_submit_host(tracking_store(self.spec.submit.workdir, self.spec.name))
 
     def _on_submit_host(self, path: str) -> str:
-        submit = self.spec.submit
-        return path if submit.is_local else f"{submit.user or getpass.getuser()}@{submit.host}:{path}"
-
-    def _resume(self, runner: Runner, state: State, job: Resource[Job]) -> Info | None:
-        """Reuse the job in state if it is still queued or running; forget it otherwise."""
-        job_id = job.attrs.job_id
-        ids = [job_id] if job_id else cluster.patiently(
-            lambda: cluster.find_by_name(runner, job.id, ours.expected_id(self.spec, state,
-                                                                               job)),
-            "looking for the job by name")
-        rows = cluster.patiently(lambda: cluster.job_rows(runner, ids[0]),
-                                 f"reading job {ids[0]}") if ids else None
-        if rows and rows[0].state in ("PENDING", "CONFIGURING", "RUNNING"):
-            if not job_id:
-                job = state.update(Job, job.id, job_id=ids[0])
-            ui.info(f"Slurm job {ids[0]} of {self.spec.name!r} is {rows[0].state}; reusing it")
-            return self._wait_ready(runner, state, job)
-        ui.info(f"Slurm job {job_id or job.id} has ended; submitting a new one")
-        ours.cancel(self.spec, runner, state, job)
-        return None
-
-    def _submit(self, runner: Runner, state: State, script: str,
-                keys: tuple[str, dict[str, str]]) -> Resource[Job]:
-        job_name = f"{queue.job_prefix(self.spec.name, state.cluster_id)}h{secrets.token_hex(3)}"
-        # Recorded before sbatch: if we die before reading the id, teardown finds it by name.
-        state.add(job_name, Job(submitted_on=runner.where, workdir=self.spec.submit.workdir,
-                                submitted_at=time.time()))
-        autodown_view.forget(state.cluster)  # a new head, a new watcher: the last one's word is void
-        comment = queue.comment(state.cluster_id, state.owner, self.spec.name, "head")
-        with ui.step(f"submitting {SCRIPT} on {runner.where}") as step:
-            job_id = cluster.sbatch(runner, self.spec.submit.workdir, job_name, script, comment,
-                                    export={"RF_CLUSTER_ID": state.cluster_id,
-                                            "RF_OWNER": state.owner}, secrets=keys)
-            step.detail(f"job {job_id}")
-        return state.update(Job, job_name, job_id=job_id)
-
-    def _wait_ready(self, runner: Runner, state: State, job: Resource[Job]) -> Info:
-        job_id = str(job.attrs.job_id)
-        info_file = cluster.job_file(str(job.attrs.workdir), job.id, ".json")
-        seen: dict[str, Any] = {}
-        last_state = ["PENDING"]
-
-        def check(step: ui.Step) -> Info | None:
-            try:
-                polled = cluster.poll(runner, job_id, info_file, self.spec.partition,
-                                      position=last_state[0] == "PENDING")
-            except QueueUnavailable as exc:
-                # The job's fate is unknown, not "ended": wait on (queue_timeout_s bounds it).
-                step.detail(f"job {job_id}: {exc}; retrying")
-                return None
-            info = polled.info
-            message = info.message if info else ""
-            if info is not None and info.head_ip and not seen:
-                seen.update(info.to_dict())  # head and ports known: record them for a teardown
-                state.update(Job, job.id, **info.facts(_KEPT))  # that verifies
-            if polled.rows is None or polled.rows[0].state not in queue.LIVE_STATES - {
-                    "COMPLETING"}:
-                last = polled.rows[0].state if polled.rows else "left the queue"
-                raise SlurmError(f"Slurm job {job_id} ended ({last}) before Ray was ready: "
-                                 f"{message or self._tail(runner, job)}", job_id)
-            row = polled.rows[0]
-            last_state[0] = row.state
-            if row.state == "PENDING":
-                reason = f" ({row.reason})" if row.reason not in ("None", "") else ""
-                step.detail(f"job {job_id} PENDING{reason}"
-                            f"{_ordinal_position(job_id, polled.pending)}")
-                return None
-            if info is not None and info.phase == "failed":
-                raise SlurmError(f"Slurm job {job_id}: {info.message} "
-                                 f"({self._tail(runner, job)})", job_id)
-            if info is not None and info.phase == "ready":
-                return info
-            step.detail(f"job {job_id} {row.state} on {row.nodes}: "
-                        f"{message or 'starting'}")
-            return None
-
-        info = ui.wait_for(
-            check, f"Slurm job {job_id} to start and all Ray nodes to join",
-            timeout=self.spec.queue_timeout_s + self.spec.ready_timeout_s,
-            # Each poll is a round trip (squeue + the info file) that costs the login host and
-            # slurmctld CPU; the job's own readiness does not wait for it.
-            interval=0.5,
-            hint="raise queue_timeout_s or ready_timeout_s in the spec if that is normal here")
-        state.update(Job, job.id, **info.facts(_KEPT))
-        if info.ray_version:
-            for mismatch in versions.mismatches(info.facts(("ray_version", "python_version"))):
-                ui.warn(f"the nodes run {mismatch}; jobs may fail to (de)serialise. Set "
-                        "environment.activate (and install: true) to pin them")
-        state.set_info(address=info.address, dashboard_url=info.dashboard_url,
-                       job_id=job_id, head_node=info.head_node)
-        if self.spec.tracking == "mlflow":  # what teardown says it keeps
-            state.set_info(tracking_store=self._tracking_store())
-        return info
+        return headjob.on_submit_host(self.spec, path)
 
     # --- status and connect --------------------------------------------------------------------
 
