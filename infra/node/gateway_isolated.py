@@ -104,8 +104,9 @@ async def route(gateway: Any, request: Any, who: gs.Member,
         return reply(503, f"your cluster could not start: {exc}"), None
     token = clusters.token(member.id) or ""
     url = f"http://127.0.0.1:{running.dashboard_port}"
-    if socket:
-        return await relay_socket(gateway, request, url, token, target), None
+    if socket:  # a log tail: under the member's `max_member_tails`, as on a shared cluster
+        return await gateway.caps.run(gl.TAILS, member, lambda: relay_socket(
+            gateway, request, url, token, target)), None
     refused = await capped(clusters, member, request, target, url)
     if refused is not None:
         return refused, None

@@ -121,10 +121,12 @@ def build(data: dict[str, Any], where: str) -> str:
 
 def _member_cells(m: dict[str, Any]) -> list[str]:
     from infra.core.sharing import term as sharing_term
+    from infra.core.sharing import term_people
 
     used = m.get("budget_used")
-    history = ", ".join(f"{e['event']} {sharing_term.shown(e['at'])}"
-                        for e in m.get("history") or [])
+    history = ", ".join([f"{e['event']} {sharing_term.shown(e['at'])}"
+                         for e in m.get("history") or []]
+                        + ([term_people.cluster_words(m["cluster"])] if m.get("cluster") else []))
     return [m["name"], m.get("role") or "", str(m.get("status") or ""),
             str(m.get("total_jobs", 0)), f"{float(m.get('job_hours') or 0):.2f} h",
             f"${float(m.get('cost_share_usd') or 0):.2f}",

@@ -42,7 +42,7 @@ from infra.core.sharing.owner_token import renew_owner_token as renew_owner_toke
 from infra.core.sharing.owner_token import warn_privilege as warn_privilege
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
-from infra.node import gateway_config, gateway_state, net
+from infra.node import gateway_config, gateway_state, member_usage, net
 from infra.node.files import atomic_write
 
 #: What a bundle says it is; `join` refuses anything else.
@@ -293,10 +293,23 @@ def push_registry(selected: ClusterSpec, access: HeadAccess) -> None:
 
 
 def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, Any]:
-    """The gateway's usage file (a remote head's when it answers, else the last copy here)."""
-    local = folder(selected.name) / gateway_state.USAGE_FILE
+    """The gateway's usage file (a remote head's when it answers, else the last copy here); with
+    `isolation: cluster`, each member cluster's state and usage under `member_clusters`, by
+    member id (infra/node/member_usage.py)."""
+    data = _head_json(selected, access, gateway_state.USAGE_FILE)
+    if not isinstance(data, dict):
+        data = {"jobs": {}, "members": {}}
+    if isolation.isolated(selected):
+        found = _head_json(selected, access, member_usage.USAGE_FILE)
+        data["member_clusters"] = found if isinstance(found, dict) else {}
+    return data
+
+
+def _head_json(selected: ClusterSpec, access: HeadAccess | None, name: str) -> Any:
+    """A file of the gateway's data dir, as JSON (None: none, or not JSON)."""
+    local = folder(selected.name) / name
     if access is not None:
-        path = f"{head_files(access, selected.name).data}/{gateway_state.USAGE_FILE}"
+        path = f"{head_files(access, selected.name).data}/{name}"
         user = gateway_user(selected, access)
         text = access.read(path, user)
         if not text and user is not None:
@@ -306,10 +319,9 @@ def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, An
         if text and text != _text(local):  # on this machine the head's file is this one
             atomic_write(local, text, mode=0o600)
     try:
-        data = json.loads(local.read_text())
+        return json.loads(local.read_text())
     except (OSError, ValueError):
-        return {"jobs": {}, "members": {}}
-    return data if isinstance(data, dict) else {"jobs": {}, "members": {}}
+        return None
 
 
 def _text(path: Path) -> str | None:

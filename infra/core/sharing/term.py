@@ -326,6 +326,12 @@ def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, di
         cost = round(sum(float(v.get("cost", 0.0)) for v in own), 4)
         name = str(person["name"])
         latest = not any(p["name"] == name for p in people[index + 1:])
+        # `isolation: cluster`: the member's own cluster's node time and cost are theirs (and
+        # what their budget counts, as the gateway does); the gateway records no job of theirs.
+        cluster = (usage.get("member_clusters") or {}).get(str(person.get("id") or ""))
+        if isinstance(cluster, dict):
+            hours = round(hours + float(cluster.get("hours") or 0.0), 6)
+            cost = round(cost + float(cluster.get("usd") or 0.0), 4)
         used = member_budget(spec_sharing, hours, cost)
         rows.append({
             "name": name, "role": person.get("role"), "status": status_of(person),
@@ -336,6 +342,7 @@ def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, di
             "running_jobs": sum(1 for v in own if v.get("status") in ("PENDING", "RUNNING")),
             "total_jobs": len(own), "job_hours": hours, "cost_share_usd": cost,
             "budget_used": None if used is None else round(used, 4),
+            **({"cluster": cluster} if isinstance(cluster, dict) else {}),
         })
     return rows
 

@@ -61,6 +61,7 @@ def people(rows: list[dict[str, Any]], spec_sharing: Sharing | None) -> list[dic
             "job_hours": job_hours, "cost_share_usd": cost,
             "budget_used": None if used is None else round(used, 4),
             "history": history(entries),
+            **({"cluster": latest["cluster"]} if latest.get("cluster") else {}),
         })
     return found
 
@@ -82,7 +83,17 @@ def history_line(person: dict[str, Any]) -> str:
     said = [f"{e['event']} {sharing_term.shown(e['at'])}" for e in person["history"]]
     if person.get("last_seen"):
         said.append(f"last seen {sharing_term.shown(str(person['last_seen']))}")
+    if person.get("cluster"):
+        said.append(cluster_words(person["cluster"]))
     return ", ".join(said)
+
+
+def cluster_words(cluster: dict[str, Any]) -> str:
+    """A member's own cluster (`isolation: cluster`): running or stopped, since when, why."""
+    since = sharing_term.shown(str(cluster["since"])) if cluster.get("since") else "never run"
+    why = f" ({cluster['reason']})" if cluster.get("state") == "stopped" and \
+        cluster.get("reason") else ""
+    return f"own cluster {cluster.get('state') or 'stopped'} since {since}{why}"
 
 
 COLUMNS = (("name", 12), ("role", 6), ("status", 7), ("expires", 20), ("jobs", 5),
