@@ -56,7 +56,7 @@ def test_the_helper_leaves_the_jobs_pythonpath_to_ray(monkeypatch: pytest.Monkey
                           ("/job/lib", "/job/lib"), (zip_, None)]:
         monkeypatch.setenv("RF_PY", zip_)
         monkeypatch.setenv("PYTHONPATH", before)
-        node_helper._leave_path()
+        node_helper.leave_path()
         assert os.environ.get("PYTHONPATH") == after, before
 
 
@@ -199,6 +199,6 @@ def test_no_prometheus_on_the_head_is_one_line_and_no_config(
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "no `prometheus`" in said[0] and "without metrics" in said[0], said
     assert not target.exists() and not (tmp_path / "store").exists()
-    node_helper._prometheus.cache_clear()
-    assert node_helper._info("starting").prometheus == ""
-    node_helper._prometheus.cache_clear()
+    node_helper.prometheus_program.cache_clear()
+    assert node_helper.info_now("starting").prometheus == ""
+    node_helper.prometheus_program.cache_clear()

@@ -82,7 +82,9 @@ def stop(markers: list[str], grace: float = 1.0) -> int:
     return 1 if left else 0
 
 
-def _info(phase: str, message: str = "", **ready: Any) -> Info:
+def info_now(phase: str, message: str = "", **ready: Any) -> Info:
+    """The job's info file as it stands now, in `phase` (with `message`; `ready`: the fields a
+    ready head adds), from the job's RF_* environment."""
     base = int(_env("RF_BASE") or 0)
     block = PortBlock(base)
     head_ip = _env("RF_HEAD_IP")
@@ -95,11 +97,11 @@ def _info(phase: str, message: str = "", **ready: Any) -> Info:
         address=f"{head_ip}:{block.gcs}", dashboard_url=f"http://127.0.0.1:{block.dashboard}",
         temp_dir=_env("RF_HEAD_TEMP"), cluster_id=_env("RF_CLUSTER_ID"),
         started_at=float(_env("RF_STARTED_AT") or 0), updated_at=time.time(),
-        prometheus=_prometheus(), **ready)
+        prometheus=prometheus_program(), **ready)
 
 
 @functools.cache
-def _prometheus() -> str | None:
+def prometheus_program() -> str | None:
     """`metrics: prometheus` (RF_METRICS set): which `prometheus` the head's job will run, "" for
     none, so that `up` says in one line that the cluster runs without metrics. Looked up where
     the job runs, after the spec's environment (modules, activate) is set up: the login host's
@@ -157,7 +159,7 @@ def watch(path: str, want: int, timeout: float) -> None:
             if any(n.is_head_node for n in nodes):
                 timeline.setdefault("head_alive", time.time())
             if seen < want:
-                write_info(path, _info("starting", f"{seen}/{want} Ray nodes alive"))
+                write_info(path, info_now("starting", f"{seen}/{want} Ray nodes alive"))
         if seen < want:
             return False
         timeline["all_alive"] = time.time()
@@ -171,7 +173,7 @@ def watch(path: str, want: int, timeout: float) -> None:
               "object_manager_port": n.object_manager_port} for n in nodes),
             key=lambda n: (not n["head"], n["hostname"]),
         )
-        write_info(path, _info("ready", f"{seen}/{want} Ray nodes alive", nodes=listed,
+        write_info(path, info_now("ready", f"{seen}/{want} Ray nodes alive", nodes=listed,
                                ready_at=timeline["all_alive"], timeline=timeline,
                                ray_version=ray.__version__,
                                python_version=sys.version.split()[0]))
@@ -204,7 +206,7 @@ def await_ready(path: str, want: int, timeout: float, steps: list[str]) -> int:
         return None
 
     def fail(message: str) -> str:
-        write_info(path, _info("failed", message))
+        write_info(path, info_now("failed", message))
         print(f"rayfleet: {message}", file=sys.stderr)
         return "failed"
 
@@ -269,7 +271,7 @@ def prepare(path: str, first: int, stride: int, blocks: int) -> int:
     base = free_block(int(_env("RF_JOB_ID")), first, stride, blocks)
     os.environ["RF_BASE"] = str(base)
     total = _env("RF_TOTAL") or "?"
-    write_info(path, _info("starting", f"starting Ray on {total} node(s)"))
+    write_info(path, info_now("starting", f"starting Ray on {total} node(s)"))
     return base
 
 
@@ -343,7 +345,7 @@ def metrics_config(target: str, store: str, days: int, size_mb: int, interval_s:
     return 0
 
 
-def _leave_path() -> None:
+def leave_path() -> None:
     """Take the zip this module runs from (`rf_helper` put it first) off PYTHONPATH: the
     processes `ray start` spawns get the PYTHONPATH the job had."""
     entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
@@ -356,7 +358,7 @@ def _leave_path() -> None:
 
 
 def main(argv: list[str]) -> int:
-    _leave_path()
+    leave_path()
     command, args = argv[0], argv[1:]
     if command == "prepare":
         print(prepare(args[0], *(int(a) for a in args[1:4])))
