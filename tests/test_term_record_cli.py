@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from invoke import Program
 
-from infra.cli import tasks
+from infra.cli import door, tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ("commands", "sharing", "term", "metrics", "access", "serve", "listing", "sweep",
@@ -61,7 +61,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]
                 monkeypatch.setattr(module, name, record)
     monkeypatch.setattr(membership, "joined", lambda cluster: None)
     # `invoke TASK --help` re-runs as `python -m infra --help TASK`: recorded, not executed.
-    monkeypatch.setattr(tasks.os, "execve", lambda *a: (_ for _ in ()).throw(SystemExit(0)))
+    monkeypatch.setattr(door.os, "execve", lambda *a: (_ for _ in ()).throw(SystemExit(0)))
     return calls
 
 

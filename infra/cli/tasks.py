@@ -5,22 +5,29 @@ Tasks only parse options, call `infra.cli.commands` and turn errors into one lin
 Imports of infra happen inside the tasks so that listing tasks stays fast. The tasks live in the
 package so that the `rayfleet` console script (`program` below, Invoke's own `Program` over this
 module) runs them from any directory; the checkout's tasks.py re-exports them for `invoke`. A new
-task is a `@task` function in this module: both commands pick it up.
+task is a `@task` function in this module (a shared cluster's: in tasks_sharing.py, imported
+below): both commands pick it up.
 """
 
 from __future__ import annotations
 
-import gc
-import os
 import shlex
 import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import Any
 
-from invoke import Collection, Context, Exit, task
+from invoke import Collection, Context, task
 
+from infra.cli.door import CLUSTER_HELP, one_line_errors
 from infra.cli.help import RayfleetProgram
+from infra.cli.tasks_sharing import (  # noqa: F401 (the tasks of this program)
+    join,
+    member_add,
+    member_bundles,
+    member_remove,
+    member_update,
+    members,
+    rotate_token,
+    usage,
+)
 
 
 def _version() -> str:
@@ -32,50 +39,8 @@ def _version() -> str:
         return "unknown"
 
 
-CLUSTER_HELP = {
-    "provider": "Provider: local (default), gcp-tpu, lambda or slurm. Picks clusters/<provider>.yaml.",
-    "cluster": "A spec name in clusters/ or a path to a spec YAML (its provider: must agree "
-               "with --provider if both are given).",
-}
-
-
-def _one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn rayfleet's errors into one line on stderr and the error's exit code."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from infra.core.errors import RayfleetError
-
-        # Invoke's own program (`invoke` in a checkout) hands a flag that follows a task to its
-        # positional argument, so `invoke submit --help` would try to submit a script named
-        # "--help": the task's help instead, as the `rayfleet` command shows it (cli_help.py).
-        if any(value in ("-h", "--help") for value in (*args[1:], *kwargs.values())):
-            name = func.__name__.replace("_", "-")
-            # This checkout's infra, from whatever directory `invoke -r` ran in.
-            here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-            os.execve(sys.executable, [sys.executable, "-m", "infra", "--help", name],
-                      {**os.environ, "PYTHONPATH": path})
-
-        try:
-            code = func(*args, **kwargs)
-        except RayfleetError as exc:
-            raise Exit(f"error: {exc}", code=exc.exit_code) from None
-        except KeyboardInterrupt:
-            raise Exit("interrupted", code=130) from None
-        finally:
-            # The command is done: Python's exit would otherwise walk every object that Ray's and
-            # Serve's imports made (~150,000) in a last garbage collection, about a second on a
-            # busy machine after every command that talked to Ray (bench/serve_deploy.py).
-            gc.freeze()
-        if code:
-            raise Exit(code=code)
-
-    return wrapper
-
-
 @task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of tables."})
-@_one_line_errors
+@one_line_errors
 def plan(c: Context, provider: str | None = None, cluster: str | None = None,
          json: bool = False) -> None:
     """Render and validate what `up` would create, without creating anything; diff vs last up."""
@@ -89,7 +54,7 @@ def plan(c: Context, provider: str | None = None, cluster: str | None = None,
     "keep_partial": "If the cluster cannot be completed, keep what was created (it stays in "
                     "state, and keeps costing money until `invoke teardown`).",
 })
-@_one_line_errors
+@one_line_errors
 def up(c: Context, provider: str | None = None, cluster: str | None = None,
        keep_partial: bool = False) -> None:
     """Create the cluster (default: a local Ray head on this machine) and wait until it is ready."""
@@ -99,7 +64,7 @@ def up(c: Context, provider: str | None = None, cluster: str | None = None,
 
 
 @task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of tables."})
-@_one_line_errors
+@one_line_errors
 def status(c: Context, provider: str | None = None, cluster: str | None = None,
            json: bool = False) -> int:
     """Show the cluster's resources, Ray nodes, Ray resources and jobs (a joined member: their jobs)."""
@@ -115,7 +80,7 @@ def status(c: Context, provider: str | None = None, cluster: str | None = None,
 
 
 @task(help=CLUSTER_HELP)
-@_one_line_errors
+@one_line_errors
 def dashboard(c: Context, provider: str | None = None, cluster: str | None = None) -> None:
     """Print the dashboard URL; for remote clusters, keep a tunnel to it open until Ctrl+C."""
     from infra.cli import commands
@@ -140,7 +105,7 @@ def dashboard(c: Context, provider: str | None = None, cluster: str | None = Non
     "wait": "Follow the job's logs and exit with its status (default). --no-wait prints the "
             "job id and returns at once.",
 })
-@_one_line_errors
+@one_line_errors
 def submit(c: Context, script: str, runtime_env: str | None = None, wait: bool = True,
            provider: str | None = None, cluster: str | None = None,
            working_dir: str | None = None) -> int:
@@ -157,7 +122,7 @@ def submit(c: Context, script: str, runtime_env: str | None = None, wait: bool =
 @task(positional=["job"], help={**CLUSTER_HELP,
                                 "job": "Job id printed by `invoke submit` (default: the last job).",
             "follow": "Keep streaming until the job ends."})
-@_one_line_errors
+@one_line_errors
 def logs(c: Context, job: str | None = None, follow: bool = False, provider: str | None = None,
          cluster: str | None = None) -> int:
     """Print a job's logs."""
@@ -168,7 +133,7 @@ def logs(c: Context, job: str | None = None, follow: bool = False, provider: str
 
 @task(name="stop-job", positional=["job"], help={**CLUSTER_HELP,
                              "job": "Job id printed by `invoke submit` (default: the last job)."})
-@_one_line_errors
+@one_line_errors
 def stop_job(c: Context, job: str | None = None, provider: str | None = None,
              cluster: str | None = None) -> None:
     """Stop a running job and wait until Ray reports it stopped."""
@@ -178,7 +143,7 @@ def stop_job(c: Context, job: str | None = None, provider: str | None = None,
 
 
 @task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of a table."})
-@_one_line_errors
+@one_line_errors
 def doctor(c: Context, provider: str | None = None, cluster: str | None = None,
            json: bool = False) -> int:
     """Show Ray and Python versions on every node; warn (exit 1) where they differ from here."""
@@ -188,7 +153,7 @@ def doctor(c: Context, provider: str | None = None, cluster: str | None = None,
 
 
 @task(help=CLUSTER_HELP)
-@_one_line_errors
+@one_line_errors
 def teardown(c: Context, provider: str | None = None, cluster: str | None = None) -> None:
     """Remove every resource of the cluster, verify none is left, then forget its state."""
     from infra.cli import commands
@@ -201,7 +166,7 @@ def teardown(c: Context, provider: str | None = None, cluster: str | None = None
     "timeout": "Seconds to wait for each provider's answer (default 0: the provider's own, 20 s "
                "for most); a provider that does not answer gets a row saying so.",
 })
-@_one_line_errors
+@one_line_errors
 def list_(c: Context, json: bool = False, timeout: float = 0.0) -> int:
     """List every cluster of this checkout with its state, nodes, $/h, uptime, cost and autodown.
 
@@ -223,7 +188,7 @@ def list_(c: Context, json: bool = False, timeout: float = 0.0) -> int:
             "delete a colleague's.",
     "json": "Print machine-readable JSON instead of a table.",
 })
-@_one_line_errors
+@one_line_errors
 def sweep(c: Context, delete: bool = False, yes: bool = False, all_owners: bool = False,
           only: list[str] | None = None, json: bool = False) -> int:
     """Find (and with --delete remove) leaked resources: yours, with no state file here.
@@ -239,7 +204,7 @@ def sweep(c: Context, delete: bool = False, yes: bool = False, all_owners: bool 
 
 @task(help={**CLUSTER_HELP,
             "close": "End the tunnel a remote cluster's `invoke env` opened and print `unset ...`."})
-@_one_line_errors
+@one_line_errors
 def env(c: Context, provider: str | None = None, cluster: str | None = None,
         close: bool = False) -> None:
     """Print `export RAY_ADDRESS=... RAY_AUTH_MODE=token ...` for Ray's own tools: eval "$(invoke env)".
@@ -259,7 +224,7 @@ def env(c: Context, provider: str | None = None, cluster: str | None = None,
 
 
 @task(help=CLUSTER_HELP)
-@_one_line_errors
+@one_line_errors
 def ssh(c: Context, provider: str | None = None, cluster: str | None = None) -> int:
     """Open a shell on the cluster's head (local: a shell here with the cluster's Ray environment).
 
@@ -271,7 +236,7 @@ def ssh(c: Context, provider: str | None = None, cluster: str | None = None) -> 
 
 
 @task(name="exec", help=CLUSTER_HELP)
-@_one_line_errors
+@one_line_errors
 def exec_(c: Context, provider: str | None = None, cluster: str | None = None) -> int:
     """Run a command on the cluster's head and exit with its exit code: `invoke exec -- CMD`."""
     from infra.cli import access
@@ -286,7 +251,7 @@ def exec_(c: Context, provider: str | None = None, cluster: str | None = None) -
     "remote": "A path on the head, relative to the login user's home (local clusters: to the "
               "current directory).",
 })
-@_one_line_errors
+@one_line_errors
 def sync(c: Context, direction: str, local: str, remote: str, provider: str | None = None,
          cluster: str | None = None) -> int:
     """Copy files to (`sync up LOCAL REMOTE`) or from (`sync down LOCAL REMOTE`) the head with rsync."""
@@ -297,7 +262,7 @@ def sync(c: Context, direction: str, local: str, remote: str, provider: str | No
 
 @task(help={"json": "Print machine-readable JSON instead of a table.",
             "timeout": "Seconds to wait for each provider's checks (default 30)."})
-@_one_line_errors
+@one_line_errors
 def check(c: Context, json: bool = False, timeout: float = 30.0) -> int:
     """Show which providers this machine can use, and how to fix what is missing.
 
@@ -311,7 +276,7 @@ def check(c: Context, json: bool = False, timeout: float = 30.0) -> int:
 @task(help={**CLUSTER_HELP,
             "copy": "Copy the cluster's tracking data (runs, metrics, models, artifacts) from a "
                     "cloud head to .rayfleet/tracking/<cluster>/ now, and exit."})
-@_one_line_errors
+@one_line_errors
 def mlflow(c: Context, provider: str | None = None, cluster: str | None = None,
            copy: bool = False) -> None:
     """Print the MLflow UI's URL and how to log in; for remote clusters, keep a tunnel open."""
@@ -328,7 +293,7 @@ def mlflow(c: Context, provider: str | None = None, cluster: str | None = None,
     "target": "A Serve config YAML (e.g. examples/serve.yaml) or an import path module:app, "
               "inside the current directory (uploaded as the applications' working dir).",
 })
-@_one_line_errors
+@one_line_errors
 def serve_deploy(c: Context, target: str, provider: str | None = None,
                  cluster: str | None = None) -> None:
     """Deploy Ray Serve applications through Ray's Serve REST API; print their URLs.
@@ -342,7 +307,7 @@ def serve_deploy(c: Context, target: str, provider: str | None = None,
 
 
 @task(name="serve-status", help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of a table."})
-@_one_line_errors
+@one_line_errors
 def serve_status(c: Context, json: bool = False, provider: str | None = None,
                  cluster: str | None = None) -> None:
     """Show the cluster's Serve applications: status, URL, replicas."""
@@ -352,7 +317,7 @@ def serve_status(c: Context, json: bool = False, provider: str | None = None,
 
 
 @task(name="serve-delete", help={**CLUSTER_HELP, "name": "The application's name (see serve-status)."})
-@_one_line_errors
+@one_line_errors
 def serve_delete(c: Context, name: str, provider: str | None = None,
                  cluster: str | None = None) -> None:
     """Delete one Serve application (the others keep running) and wait until it is gone."""
@@ -362,7 +327,7 @@ def serve_delete(c: Context, name: str, provider: str | None = None,
 
 
 @task(name="serve-url", help={**CLUSTER_HELP, "name": "Only this application's URL."})
-@_one_line_errors
+@one_line_errors
 def serve_url(c: Context, name: str | None = None, provider: str | None = None,
               cluster: str | None = None) -> None:
     """Print the HTTP URL of each Serve application, reachable from this machine."""
@@ -371,132 +336,9 @@ def serve_url(c: Context, name: str | None = None, provider: str | None = None,
     commands_serve.serve_url(provider, cluster, name)
 
 
-@task(name="member-add", positional=["name"], help={
-    **CLUSTER_HELP,
-    "name": "The member's name (lowercase letters, digits, - or _), e.g. alice.",
-    "admin": "An admin member sees and acts on every member's jobs.",
-    "expires_days": "The member's access ends after this many days (fractions allowed; "
-                    "default 0: never; with --roster: for rows whose expires is empty).",
-    "out": "Where the member's folder goes (default ./<cluster>-<name>/: bundle, token, CA files, "
-           "env.sh); a path ending in .json writes the bundle alone there. With --roster: the "
-           "folder each member's folder goes in (default: here).",
-    "roster": "A CSV file with the columns name,role,expires (empty cells: member, no expiry): "
-              "adds everyone not a member yet; members already there keep their tokens; "
-              "removed members are skipped (--readd brings them back), expired ones named.",
-    "readd": "With --roster: add again the removed members it lists (each gets a new token).",
-})
-@_one_line_errors
-def member_add(c: Context, name: str | None = None, admin: bool = False,
-               expires_days: float = 0.0, out: str | None = None, roster: str | None = None,
-               readd: bool = False, provider: str | None = None,
-               cluster: str | None = None) -> None:
-    """Add a member (or a roster: --roster) to a shared cluster and write each one's folder.
-
-    The cluster's spec has a `sharing:` block; the folder holds the bundle, token, CA and env.sh.
-    """
-    if roster:
-        from infra.cli import term as commands_term
-
-        if name:
-            raise Exit(f"error: member-add {name} --roster {roster}: give a NAME or a roster, "
-                       "not both", code=2)
-        return commands_term.member_add_roster(provider, cluster, roster, out,
-                                               expires_days or None, admin, readd)
-    if not name:
-        raise Exit("error: member-add: give the member's NAME, or --roster FILE.csv", code=2)
-    from infra.cli import sharing as commands_sharing
-
-    commands_sharing.member_add(provider, cluster, name, admin, expires_days or None, out)
-
-
-@task(name="member-bundles", help={
-    **CLUSTER_HELP,
-    "dir": "The folder holding the members' folders or bundle files (default: here).",
-})
-@_one_line_errors
-def member_bundles(c: Context, dir: str | None = None, provider: str | None = None,
-                   cluster: str | None = None) -> None:
-    """Rewrite every member's folder found in --dir for the gateway's current address, same tokens."""
-    from infra.cli import term as commands_term
-
-    commands_term.member_bundles(provider, cluster, dir)
-
-
-@task(name="member-update", positional=["name"], help={
-    **CLUSTER_HELP, "name": "The member to change.",
-    "expires": "When their access ends: a date (the end of that day, UTC), an ISO datetime, or "
-               "never; sharing.ends still caps it.",
-    "role": "member, or admin (sees and acts on every member's jobs).",
-})
-@_one_line_errors
-def member_update(c: Context, name: str, expires: str | None = None, role: str | None = None,
-                  provider: str | None = None, cluster: str | None = None) -> None:
-    """Change a member's expiry or role, keeping their token (and so their folder)."""
-    from infra.cli import term as commands_term
-
-    commands_term.member_update(provider, cluster, name, expires, role)
-
-
-@task(name="member-remove", help={
-    **CLUSTER_HELP, "name": "The member to remove.",
-    "stop_jobs": "Also stop the member's pending and running jobs.",
-    "rotate": "Also give the cluster a new Ray token (rotate-token: Ray restarts).",
-})
-@_one_line_errors
-def member_remove(c: Context, name: str, stop_jobs: bool = False, rotate: bool = False,
-                  provider: str | None = None, cluster: str | None = None) -> None:
-    """Remove a member: their next request to the gateway is refused."""
-    from infra.cli import sharing as commands_sharing
-
-    commands_sharing.member_remove(provider, cluster, name, stop_jobs, rotate)
-
-
-@task(name="rotate-token", help={
-    **CLUSTER_HELP, "yes": "Go on although Ray restarts: every running job, actor and Serve app ends."})
-@_one_line_errors
-def rotate_token(c: Context, yes: bool = False, provider: str | None = None,
-                 cluster: str | None = None) -> None:
-    """Give the cluster a new Ray token (Ray restarts); the old one, which any job could read, is refused."""
-    from infra.cli import sharing as commands_sharing
-
-    commands_sharing.rotate_token(provider, cluster, yes)
-
-
-@task(help={**CLUSTER_HELP, "json": "Print machine-readable JSON instead of a table."})
-@_one_line_errors
-def members(c: Context, json: bool = False, provider: str | None = None,
-            cluster: str | None = None) -> None:
-    """List a shared cluster's members: role, added, expires, last seen, jobs, job-hours, cost share."""
-    from infra.cli import sharing as commands_sharing
-
-    commands_sharing.members(provider, cluster, json)
-
-
-@task(help={"cluster": "The cluster you joined (its name).",
-            "json": "Print a JSON object (instants ISO 8601), for scripts."})
-@_one_line_errors
-def usage(c: Context, json: bool = False, cluster: str | None = None) -> None:
-    """A member's own job-hours, cost share and budget left on a cluster they joined."""
-    from infra.cli import term as commands_term
-
-    commands_term.usage(cluster, json)
-
-
-@task(positional=["bundle"], help={
-    "bundle": "The bundle file the cluster's owner sent you.",
-    "address": "Reach the gateway here instead of at the bundle's address, e.g. "
-               "https://localhost:8443 through your own `ssh -L` to a Slurm head"})
-@_one_line_errors
-def join(c: Context, bundle: str, address: str = "") -> None:
-    """Join a shared cluster as a member: then submit, logs, stop-job, status, dashboard, env."""
-    from infra.cli import sharing as commands_sharing
-
-    commands_sharing.join(bundle, address or None)
-
-
 @task(help={**CLUSTER_HELP, "once": "Print one frame and exit (no live refresh).",
             "json": "Print one frame as a JSON object, for scripts (implies --once)."})
-@_one_line_errors
+@one_line_errors
 def top(c: Context, provider: str | None = None, cluster: str | None = None, once: bool = False,
         json: bool = False) -> None:
     """Live view of a cluster (needs `metrics: prometheus`; Ctrl+C quits).
@@ -511,7 +353,7 @@ def top(c: Context, provider: str | None = None, cluster: str | None = None, onc
 @task(help={**CLUSTER_HELP, "out": "Where to write the page (default: <cluster>-report.html).",
             "json": "Print every job, member and node-hour as JSON instead (ISO 8601 times).",
             "since": "Only from this date on (e.g. 2026-09-01, UTC): a new term's report."})
-@_one_line_errors
+@one_line_errors
 def report(c: Context, provider: str | None = None, cluster: str | None = None,
            out: str | None = None, json: bool = False, since: str | None = None) -> None:
     """One self-contained HTML page of the cluster's life: nodes, use, jobs, members, cost.
