@@ -28,7 +28,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from infra.node.errors import ProviderError, UsageError
+from infra.node.errors import UsageError
+from infra.node.lambda_cloud.errors import ERRORS as ERRORS
+from infra.node.lambda_cloud.errors import AccountInactive as AccountInactive
+from infra.node.lambda_cloud.errors import Duplicate as Duplicate
+from infra.node.lambda_cloud.errors import FileSystemInWrongRegion as FileSystemInWrongRegion
+from infra.node.lambda_cloud.errors import InsufficientCapacity as InsufficientCapacity
+from infra.node.lambda_cloud.errors import InvalidApiKey as InvalidApiKey
+from infra.node.lambda_cloud.errors import InvalidParameters as InvalidParameters
+from infra.node.lambda_cloud.errors import LambdaError as LambdaError
+from infra.node.lambda_cloud.errors import LaunchOutcomeUnknown as LaunchOutcomeUnknown
+from infra.node.lambda_cloud.errors import MissingApiKey as MissingApiKey
+from infra.node.lambda_cloud.errors import NotFound as NotFound
+from infra.node.lambda_cloud.errors import QuotaExceeded as QuotaExceeded
+from infra.node.lambda_cloud.errors import RulesetInUse as RulesetInUse
+from infra.node.lambda_cloud.errors import Unavailable as Unavailable
 from infra.node.lambda_cloud.pacing import (
     RETRY_STATUSES,
     Limits,
@@ -49,80 +63,6 @@ HISTORY = 10_000
 GONE = frozenset({"terminated", "preempted"})
 #: Statuses that end a wait for `active` with a failure.
 FAILED = frozenset({"unhealthy", "terminating", *GONE})
-
-
-class LambdaError(ProviderError):
-    """The Lambda API refused or failed a request. `code` is the API's `error.code`."""
-
-    def __init__(self, message: str, code: str = "", status: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-class InvalidApiKey(LambdaError):
-    """401 global/invalid-api-key."""
-
-
-class AccountInactive(LambdaError):
-    """403 global/account-inactive (or an invalid billing address)."""
-
-
-class NotFound(LambdaError):
-    """404 global/object-does-not-exist."""
-
-
-class InvalidParameters(LambdaError):
-    """400 global/invalid-parameters (includes a duplicate SSH key name)."""
-
-
-class InsufficientCapacity(LambdaError):
-    """400 instance-operations/launch/insufficient-capacity: try the next choice."""
-
-
-class QuotaExceeded(LambdaError):
-    """400 global/quota-exceeded: no choice will work until the quota is raised."""
-
-
-class FileSystemInWrongRegion(LambdaError):
-    """400 instance-operations/launch/file-system-in-wrong-region."""
-
-
-class Duplicate(LambdaError):
-    """400/409 global/duplicate."""
-
-
-class RulesetInUse(LambdaError):
-    """400 firewall-rulesets/firewall-ruleset-in-use: instances still use it (terminate first)."""
-
-
-class Unavailable(LambdaError):
-    """429/5xx/network errors that outlasted the retries."""
-
-
-class LaunchOutcomeUnknown(LambdaError):
-    """A launch request was sent but its answer was lost (timeout, 5xx, reset).
-
-    The instance may or may not exist: find it by name before launching again.
-    """
-
-
-class MissingApiKey(UsageError):
-    """No API key in LAMBDA_API_KEY or ~/.lambda_cloud/lambda_keys."""
-
-
-ERRORS: dict[str, type[LambdaError]] = {
-    "global/invalid-api-key": InvalidApiKey,
-    "global/account-inactive": AccountInactive,
-    "global/invalid-address": AccountInactive,
-    "global/object-does-not-exist": NotFound,
-    "global/invalid-parameters": InvalidParameters,
-    "global/quota-exceeded": QuotaExceeded,
-    "instance-operations/launch/insufficient-capacity": InsufficientCapacity,
-    "instance-operations/launch/file-system-in-wrong-region": FileSystemInWrongRegion,
-    "global/duplicate": Duplicate,
-    "firewall-rulesets/firewall-ruleset-in-use": RulesetInUse,
-}
 
 
 @dataclass(frozen=True)
@@ -218,7 +158,6 @@ def base_url(url: str | None = None) -> str:
         raise UsageError(f"LAMBDA_API_URL={url!r}: plain http would send the API key unencrypted; "
                          "use https (http is allowed for 127.0.0.1/localhost only)")
     return url.rstrip("/")
-
 
 
 class LambdaClient:
