@@ -94,12 +94,10 @@ def _fill(row: Row, status: ProviderStatus) -> None:
         row.autodown = autodown_view.describe(status.autodown)
 
 
-def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
-    """A row per state file, every provider asked at once; and warnings for those that failed."""
+def _start_checks(rows: list[Row]) -> list[tuple[Row, threading.Thread, dict[str, Any]]]:
+    """A row per state file (added to `rows`), and its provider's check started in a thread."""
     from infra.core.state import State
 
-    rows: list[Row] = []
-    warnings: list[str] = []
     checks: list[tuple[Row, threading.Thread, dict[str, Any]]] = []
     for path in sorted(paths.state_dir().glob("*.json")):
         try:
@@ -118,6 +116,40 @@ def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
         thread.start()
         rows.append(row)
         checks.append((row, thread, result))
+    return checks
+
+
+def _settle(row: Row, alive: bool, result: dict[str, Any], limit: float) -> str | None:
+    """Fill the row from its check's answer; why the provider could not be asked, if it could
+    not (None when it answered or the spec was unreadable, which `gather` warns of itself)."""
+    spec_ = result.get("spec")
+    if spec_ is not None:
+        row.autodown_minutes = spec_.autodown.idle_minutes if spec_.autodown else None
+        row.autodown = (f"{row.autodown_minutes:g} min" if spec_.autodown else "off")
+    if "spec_error" in result:
+        row.reachable, row.state = False, "spec unreadable"
+        row.error = f"{result['spec_error']}; `invoke list` needs the spec `up` used"
+        return None
+    if alive:
+        row.reachable, row.state = False, "UNREACHABLE"
+        row.error = f"no answer from {row.provider} within {limit:g}s"
+    elif "error" in result:
+        row.reachable, row.state, row.error = False, "UNREACHABLE", result["error"]
+    else:
+        status: ProviderStatus = result["status"]
+        setting = row.autodown
+        _fill(row, status)
+        if status.autodown is None or not status.autodown.removed_at:
+            row.autodown = setting if status.autodown is None else f"{setting}; {row.autodown}"
+        return None
+    return row.error or ""
+
+
+def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
+    """A row per state file, every provider asked at once; and warnings for those that failed."""
+    rows: list[Row] = []
+    warnings: list[str] = []
+    checks = _start_checks(rows)
     started = time.monotonic()
     failed: dict[str, str] = {}
 
@@ -131,29 +163,11 @@ def gather(timeout: float | None = None) -> tuple[list[Row], list[str]]:
 
     for row, thread, result in checks:
         wait.until(functools.partial(ended, thread, result), math.inf, 0.05)
-        limit = budget(result)
-        spec_ = result.get("spec")
-        if spec_ is not None:
-            row.autodown_minutes = spec_.autodown.idle_minutes if spec_.autodown else None
-            row.autodown = (f"{row.autodown_minutes:g} min" if spec_.autodown else "off")
+        reason = _settle(row, thread.is_alive(), result, budget(result))
         if "spec_error" in result:
-            row.reachable, row.state = False, "spec unreadable"
-            row.error = f"{result['spec_error']}; `invoke list` needs the spec `up` used"
             warnings.append(f"{row.cluster}: {row.error}")
-            continue
-        if thread.is_alive():
-            row.reachable, row.state = False, "UNREACHABLE"
-            row.error = f"no answer from {row.provider} within {limit:g}s"
-        elif "error" in result:
-            row.reachable, row.state, row.error = False, "UNREACHABLE", result["error"]
-        else:
-            status: ProviderStatus = result["status"]
-            setting = row.autodown
-            _fill(row, status)
-            if status.autodown is None or not status.autodown.removed_at:
-                row.autodown = setting if status.autodown is None else f"{setting}; {row.autodown}"
-            continue
-        failed.setdefault(row.provider, row.error or "")
+        elif reason is not None:
+            failed.setdefault(row.provider, reason)
     for provider, reason in failed.items():
         warnings.append(f"{provider}: could not ask for the current state ({reason}); its rows "
                         "show what state files know")
