@@ -261,6 +261,7 @@ class MemberClusters:
                 entry.busy_at = now
             elif now - entry.busy_at >= self.config.member_idle_minutes * 60:
                 await self.stop(member_id)
+        self.usage.save()  # what `members` and `status` read: accrued to this check
 
     async def enforce_hours(self, member_id: str, entry: Running) -> None:
         """Stop every job of the member's cluster past `max_job_hours`: all of its jobs are

@@ -86,6 +86,8 @@ class MemberUsage:
         entry["accrued_to"] = now
 
     def stopped(self, member_id: str, reason: str, now: float | None = None) -> None:
+        if member_id not in self.data:  # never started through this record: nothing to close
+            return
         now = time.time() if now is None else now
         self.accrue(member_id, now)
         entry = self._entry(member_id)
