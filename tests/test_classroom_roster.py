@@ -372,8 +372,8 @@ def test_the_gateway_config_carries_the_budgets(tmp_path: Path,
     current = state.read("class")
     assert current is not None
     impl = providers.create(selected)
-    config, path = sharing._gateway_config(selected, impl.head_access(current), current,
-                                           "127.0.0.1")
+    config, path = sharing.gateway_settings(selected, impl.head_access(current), current,
+                                            "127.0.0.1")
     assert (config.member_budget_hours, config.member_budget_usd, config.budget_usd) == \
         (10.0, 4.0, 20.0)
     gateway_config.write_config(path, config)

@@ -201,6 +201,6 @@ def test_a_hostname_goes_into_the_certificate_and_the_bundles_address(
     assert selected.sharing is not None and selected.sharing.hostname == "ray.class.example.edu"
     access = SshHead(target=SshTarget(host="192.0.2.10", user="ubuntu", key_path=tmp_path / "k"),
                      where="ubuntu@192.0.2.10", dashboard_port=8265)
-    config, _ = sharing._gateway_config(selected, access, None, "192.0.2.10")  # type: ignore[arg-type]
+    config, _ = sharing.gateway_settings(selected, access, None, "192.0.2.10")  # type: ignore[arg-type]
     assert sharing_certs.server_names(Path(config.cert)) == sorted(
         ["192.0.2.10", "ray.class.example.edu"])

@@ -64,7 +64,7 @@ def test_term_record_defect2_report_json_holds_every_job_and_node_hour_of_both_r
 def test_term_record_defect13_no_gone_node_carried_forward_readable_legend_whole_ticks(
         two_runs: Path) -> None:
     data = report_runs.merge("class", report_runs.runs("class"))
-    counts = report._node_count(data["series"])
+    counts = report.node_count(data["series"])
     between = [v for t, v in counts.items() if 1_800_003_600.0 < t < 1_800_100_000.0]
     assert between == [0.0]  # the first run's node ends with the first run
     assert max(counts.values()) == 1.0

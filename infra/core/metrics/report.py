@@ -40,7 +40,8 @@ def _readable(name: str) -> str:
     return f"node {name[:8]}" if re.fullmatch(r"[0-9a-f]{16,}", name) else name
 
 
-def _node_count(series: dict[str, list[dict[str, Any]]]) -> dict[float, float]:
+def node_count(series: dict[str, list[dict[str, Any]]]) -> dict[float, float]:
+    """Nodes in the cluster at each sampled time (seconds since the epoch)."""
     by_type = _total(series.get("nodes_by_type", []))
     up = _total(series.get("nodes_up", []))
     # Where both were sampled, never more than the nodes up: a run's Prometheus stopped at
@@ -81,7 +82,7 @@ def build(data: dict[str, Any], where: str) -> str:
         if points:
             utilization.append((resource, points))
     rate = data.get("hourly_usd_per_node")
-    counts = _node_count(series)
+    counts = node_count(series)
     if rate:
         cost_chart = report_html.line_chart("cost", [("$ accrued", _accrued(counts, rate))], " $")
         cost_note = f"estimate: ${rate:.2f}/h per node (the provider's price at the time)"
@@ -135,7 +136,7 @@ def _member_cells(m: dict[str, Any]) -> list[str]:
 
 def node_hours(data: dict[str, Any]) -> float:
     """Node-hours over the whole history (each count held until its next sample)."""
-    points = _accrued(_node_count(data["series"]), 1.0)
+    points = _accrued(node_count(data["series"]), 1.0)
     return round(points[-1][1], 6) if points else 0.0
 
 

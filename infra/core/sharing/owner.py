@@ -152,8 +152,8 @@ def bundle(cluster: str, url: str, member: str, token: str) -> dict[str, str]:
 
 # --- the gateway on the head -------------------------------------------------------------------
 
-def _gateway_config(selected: ClusterSpec, access: HeadAccess, state: State, address: str,
-                    prices: NodePrices | None = None) -> tuple[gateway_config.Config, Path]:
+def gateway_settings(selected: ClusterSpec, access: HeadAccess, state: State, address: str,
+                     prices: NodePrices | None = None) -> tuple[gateway_config.Config, Path]:
     """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
     assert selected.sharing is not None
     names = [address, *access.names]
@@ -205,7 +205,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     url = f"https://{hostname or address}:{selected.sharing.port}"
     members = read_registry(selected.name)
     warn_stale_bundles(members, url, state.info.gateway_url)
-    config, config_path = _gateway_config(selected, access, state, address, prices)
+    config, config_path = gateway_settings(selected, access, state, address, prices)
     if not members:
         write_registry(selected.name, {})
     ensure_owner_token(selected.name)
