@@ -155,3 +155,14 @@ def test_a_previous_gateways_running_record_is_closed_at_its_last_accrual(
     made.usage.close_stale(set())
     entry = made.usage.view(1000.0 + 10 * HOUR)[ALICE.id]
     assert entry["state"] == "stopped" and entry["hours"] == pytest.approx(1.0)
+
+
+def test_each_idle_check_saves_what_members_and_status_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = clusters(tmp_path)
+    monkeypatch.setattr(mu, "list_jobs", lambda url, token: [])
+    running(made, time.time() - HOUR / 2)
+    asyncio.run(made.idle_check({ALICE.id}))
+    assert ALICE.id in made.running  # busy just now: not idle
+    on_disk = mu.MemberUsage(made.usage.path, mu.Limits(), 1.0).data[ALICE.id]
+    assert on_disk["state"] == "running" and on_disk["hours"] == pytest.approx(0.5, abs=0.01)
