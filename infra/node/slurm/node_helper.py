@@ -163,24 +163,30 @@ def watch(path: str, want: int, timeout: float) -> None:
         if seen < want:
             return False
         timeline["all_alive"] = time.time()
-        start = float(_env("RF_STARTED_AT") or 0)
-        print("rayfleet: start-up " + ", ".join(
-            f"{name.replace('_', ' ')} +{at - start:.2f}s" for name, at in timeline.items()),
-            flush=True)
-        listed = sorted(
-            ({"ip": n.node_manager_address, "hostname": n.node_manager_hostname,
-              "head": bool(n.is_head_node), "node_manager_port": n.node_manager_port,
-              "object_manager_port": n.object_manager_port} for n in nodes),
-            key=lambda n: (not n["head"], n["hostname"]),
-        )
-        write_info(path, info_now("ready", f"{seen}/{want} Ray nodes alive", nodes=listed,
-                               ready_at=timeline["all_alive"], timeline=timeline,
-                               ray_version=ray.__version__,
-                               python_version=sys.version.split()[0]))
+        write_ready(path, nodes, f"{seen}/{want} Ray nodes alive", timeline, ray.__version__)
         return True
 
     with contextlib.suppress(WaitTimeout):  # `await` reports the timeout
         until(settled, max(0.0, deadline - time.monotonic()), 0.1, f"{want} Ray nodes alive")
+
+
+def write_ready(path: str, nodes: list[Any], detail: str, timeline: dict[str, float],
+                ray_version: str) -> None:
+    """The info file as ready: the alive nodes (`nodes`, the GCS's), head first, and where the
+    start-up time went, printed to the job's output too."""
+    start = float(_env("RF_STARTED_AT") or 0)
+    print("rayfleet: start-up " + ", ".join(
+        f"{name.replace('_', ' ')} +{at - start:.2f}s" for name, at in timeline.items()),
+        flush=True)
+    listed = sorted(
+        ({"ip": n.node_manager_address, "hostname": n.node_manager_hostname,
+          "head": bool(n.is_head_node), "node_manager_port": n.node_manager_port,
+          "object_manager_port": n.object_manager_port} for n in nodes),
+        key=lambda n: (not n["head"], n["hostname"]),
+    )
+    write_info(path, info_now("ready", detail, nodes=listed, ready_at=timeline["all_alive"],
+                              timeline=timeline, ray_version=ray_version,
+                              python_version=sys.version.split()[0]))
 
 
 def _phase(path: str) -> str:
