@@ -38,6 +38,7 @@ from infra.providers.gcp_tpu import (
     capacity,
     config,
     firewall,
+    heads,
     launcher,
     planning,
     preflight,
@@ -268,21 +269,7 @@ class Provider(BaseProvider[Spec, Preflight]):
             raise GcpError(f"gcp-tpu: `ray up` succeeded but no head VM labelled "
                            f"{config.CLUSTER_LABEL}={self._label_id(state)} is in {spec.zone}; see "
                            f"`invoke status` and run `invoke up` again")
-        external, internal = view.ips(head)
-        if not external:
-            raise GcpError(f"gcp-tpu: head {head['name']} has no external IP; rayfleet reaches "
-                           "it over SSH, so its network interface needs an access config")
-        state.update(Cluster, spec.name, head=head["name"], head_ip=external,
-                     head_internal_ip=internal)
-        ranges = spec.dashboard.allowed_source_ranges
-        direct = f"http://{external}:{spec.dashboard.port}" if ranges else ""
-        access = (f"{direct} from {', '.join(ranges)}, or an SSH tunnel" if ranges
-                  else "SSH tunnel only")
-        state.set_info(address=f"{internal}:{GCS_PORT}", head=head["name"], head_ip=external,
-                       dashboard_url=direct or f"http://127.0.0.1:{spec.dashboard.port} on the head",
-                       dashboard_access=access)
-        ui.info(f"head {head['name']}: external IP {external}, internal IP {internal}; "
-                f"dashboard: {access}")
+        external, internal, direct = heads.record(spec, state, head, GCS_PORT)
         ui.wait_for(lambda step: True if self._answers(state, step) else None,
                     f"Ray dashboard on {external} to answer through an SSH tunnel",
                     timeout=spec.ready_timeout_s, interval=2,
@@ -320,16 +307,7 @@ class Provider(BaseProvider[Spec, Preflight]):
                               f"{cluster.attrs.head_internal_ip}:{GCS_PORT}")
 
     def _head_target(self, cluster: Resource[Cluster]) -> ssh.SshTarget:
-        # Our own SSH pins the head's key in the cluster's known_hosts on first contact; Ray's
-        # own SSH (ray up/down, the head's updaters) keeps Ray's options (see NOTES.md).
-        if not cluster.attrs.head_ip:
-            raise ClusterNotRunningError(f"cluster {cluster.id!r} has no head recorded yet; "
-                                         "`invoke up` finishes it")
-        return ssh.SshTarget(host=cluster.attrs.head_ip, user=cluster.attrs.ssh_user or self.spec.ssh_user,
-                             key_path=paths.keys_dir(self.spec.name) / ssh.KEY_NAME,
-                             port=self._ssh_port,
-                             known_hosts=ssh.cluster_known_hosts(self.spec.name),
-                             host_key_policy="accept-new")
+        return heads.target(self.spec, cluster, self._ssh_port)
 
     def _answers(self, state: State, step: ui.Step | None = None) -> bool:
         try:
@@ -383,38 +361,17 @@ class Provider(BaseProvider[Spec, Preflight]):
         recorded = clusters[0].attrs.credentials_file if clusters else None
         return recorded or self.spec.credentials_file
 
-    def _reachable_head(self, state: State) -> Resource[Cluster]:
-        cluster = next((c for c in state.resources(Cluster) if c.attrs.head_ip), None)
-        if cluster is None:
-            raise ClusterNotRunningError(
-                f"gcp-tpu cluster {self.spec.name!r} has no head yet; start it with `invoke up "
-                "--provider=gcp-tpu` (or --cluster)")
-        key = paths.keys_dir(self.spec.name) / ssh.KEY_NAME
-        if not key.exists():
-            raise ClusterNotRunningError(f"the cluster's SSH key {key} is missing; run `invoke "
-                                         "up` again to restore access, or `invoke teardown`")
-        return cluster
-
     def head_access(self, state: State) -> HeadAccess:
-        return self._head(state, self._reachable_head(state))
+        return self._head(state, heads.reachable(self.spec, state))
 
     def _head(self, state: State | None, cluster: Resource[Cluster]) -> SshHead:
-        target = self._head_target(cluster)
-        # `ray start --head` without --ray-client-server-port opens Ray's default, 10001.
-        return SshHead(target=target, where=str(target),
-                       env=auth.head_env(state, config.NODE_TOKEN_PATH) if state else {},
-                       dashboard_port=cluster.attrs.dashboard_port or self.spec.dashboard.port,
-                       client_port=10001,
-                       python=services.HEAD_PYTHON)
+        return heads.head(self.spec, state, cluster, self._ssh_port)
 
     def _daemon_head(self, cluster: Resource[Cluster]) -> SshHead:
-        """The head as its daemons run there (the watcher, the joiner, as the autoscaler's
-        user): the node env's Python, activated."""
-        return dataclasses.replace(self._head(None, cluster), python=users.PYTHON,
-                                   activate=users.ACTIVATE)
+        return heads.daemon_head(self.spec, cluster, self._ssh_port)
 
     def head_services(self, state: State) -> HeadServices:
-        cluster = self._reachable_head(state)
+        cluster = heads.reachable(self.spec, state)
         spec = self._in_zone(str(cluster.attrs.zone)) if cluster.attrs.zone else self.spec
         return services.head_services(spec, state, cluster, self._head(state, cluster),
                                       self._daemon_head(cluster))
