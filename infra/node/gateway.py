@@ -40,19 +40,16 @@ from typing import Any
 from infra.node import gateway_browser as gb
 from infra.node import gateway_dashboard as gd
 from infra.node import gateway_isolated as gi
-from infra.node import gateway_leftovers as leftovers
 from infra.node import gateway_limits as gl
 from infra.node import gateway_packages as gk
-from infra.node import gateway_prices as gp
-from infra.node import gateway_removals as removals
 from infra.node import gateway_removed as gr
 from infra.node import gateway_sessions as gsn
 from infra.node import gateway_state as gs
-from infra.node import gateway_stops as stops
 from infra.node import gateway_target as gt
 from infra.node import gateway_usage_view as uv
 from infra.node.gateway_config import Config, read_config
 from infra.node.gateway_jobs import JobRoutes, reply
+from infra.node.gateway_tick import Ticks
 
 #: Read-only views of the dashboard a member may open as Ray answers them (cluster-wide, the same
 #: for every member); the dashboard's other calls are answered in gateway_dashboard.py.
@@ -69,7 +66,7 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
 UPSTREAM_TIMEOUT_S = gl.UPSTREAM_TIMEOUT_S
 
 
-class Gateway(JobRoutes, gd.DashboardViews):
+class Gateway(JobRoutes, gd.DashboardViews, Ticks):
     def __init__(self, config: Config) -> None:
         self.config = config
         data = Path(config.data_dir)
@@ -153,19 +150,8 @@ class Gateway(JobRoutes, gd.DashboardViews):
             await gsn.pause()
             self.audit.write(**seen, status=429)
             return reply(429, f"too many failed logins from {source}; try again in {wait:.0f} s")
-        if token is None:
-            self.audit.write(**seen, status=401)
-            return reply(401, "no token: present your member token (RAY_AUTH_MODE=token and "
-                               "RAY_AUTH_TOKEN_PATH, see docs/concepts/sharing.md)")
         if who is None:
-            gone = self.members.gone().by_digest(gs.token_hash(token)) if token else None
-            if gone is not None:  # a removed member's token: refused, named, no failed guess
-                self.audit.write(**seen, who=gone.name, member_id=gone.id, status=403)
-                return reply(403, gr.refusal(gone))
-            if token:
-                self.failures.failed(source)
-            self.audit.write(**seen, status=403)
-            return reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
+            return self.stranger(token, source, seen)
         seen.update(who=who.name, member_id=who.id, role=who.role)
         refused = self.doorman.sign_in(request, who)  # one connection more than their cap
         if refused is not None:
@@ -185,6 +171,22 @@ class Gateway(JobRoutes, gd.DashboardViews):
         answer, job = await self.route(request, who, target)
         self.audit.write(**seen, job=job, status=getattr(answer, "status", None))
         return answer
+
+    def stranger(self, token: str | None, source: str, seen: dict[str, Any]) -> Any:
+        """The answer to a request whose token names nobody: none at all, a removed member's
+        (named, no failed guess), or an unknown one (a failed guess from `source`)."""
+        if token is None:
+            self.audit.write(**seen, status=401)
+            return reply(401, "no token: present your member token (RAY_AUTH_MODE=token and "
+                              "RAY_AUTH_TOKEN_PATH, see docs/concepts/sharing.md)")
+        gone = self.members.gone().by_digest(gs.token_hash(token)) if token else None
+        if gone is not None:
+            self.audit.write(**seen, who=gone.name, member_id=gone.id, status=403)
+            return reply(403, gr.refusal(gone))
+        if token:
+            self.failures.failed(source)
+        self.audit.write(**seen, status=403)
+        return reply(403, "unknown or revoked token; ask the cluster's owner for a bundle")
 
     # --- what they may do ----------------------------------------------------------------------
 
@@ -335,59 +337,7 @@ class Gateway(JobRoutes, gd.DashboardViews):
             data = data.replace(secret.encode(), b"<secret>")
         return data
 
-    # --- on the head, every few seconds ---------------------------------------------------------
-
-    async def watch(self) -> None:
-        """Account usage, stop member jobs past max_job_hours and every job past the cluster's
-        budget, save; every `poll_seconds` for as long as the gateway runs. A tick that fails
-        (whatever it raised) is said in one line and tried again at the next; while Ray does not
-        answer, members get 502 and the ticks go on (what Ray ran meanwhile is caught up at the
-        first tick it answers). The gateway never ends itself: its supervisor stops it."""
-        gl.OWN.set(True)  # this task's calls to Ray take the gateway's own session
-        self._last_tick = time.monotonic()
-        away = False
-        while True:
-            await asyncio.sleep(self.config.poll_seconds)
-            try:
-                status = await self.account()
-            except Exception as exc:  # no failure may end the enforcement
-                print(self.scrub(f"gateway: a tick failed ({type(exc).__name__}: {exc!s:.200}); "
-                                 f"trying again in {self.config.poll_seconds:g} s"), flush=True)
-                continue
-            if (status != 200) != away:
-                away = status != 200
-                print(f"gateway: Ray's dashboard at {self.config.upstream} answered {status}"
-                      + ("; members get 502 until it answers, ticks go on" if away else
-                         " again; ticks catch up"), flush=True)
-
-    async def account(self, enforce: bool = True) -> int:
-        """One tick: Ray's job list into the usage (each member job's times, the cost since the
-        last tick), member jobs past max_job_hours stopped (`enforce`), saved. Returns the
-        status of Ray's answer; not 200: nothing accounted, the time counts at the next tick."""
-        try:
-            status, jobs = await self.ray_jobs()
-        except Exception:  # any failure to reach Ray counts as Ray being away
-            return 0
-        if status != 200:
-            return status
-        now = time.monotonic()
-        self.usage.tick(jobs, now - self._last_tick, await self.hourly_price())
-        self.ticked = True
-        self._last_tick = now
-        if not enforce:
-            self.usage.save()
-            return status
-        try:  # saved whatever enforcement raises (the tick's caller says what)
-            await stops.enforce_hours(self, jobs, self.config.max_job_hours)
-            await stops.enforce_budget(self, jobs, self.config.budget_usd)
-            await removals.enforce(self, jobs)
-            await stops.follow(self, jobs)
-            await leftovers.enforce(self, jobs)
-            await self.close_removed()
-            self.failures.prune()
-        finally:
-            self.usage.save()
-        return status
+    # --- started and stopped with the server (its tick: gateway_tick.py) ----------------------
 
     async def start(self) -> None:
         self.session, self.own_session = gl.sessions()
@@ -408,25 +358,6 @@ class Gateway(JobRoutes, gd.DashboardViews):
         self.usage.save()
         await self.session.close()
         await self.own_session.close()
-
-    async def hourly_price(self) -> float:
-        """The cluster's $/h now: its nodes at their types' prices (gateway_prices.py); the
-        fixed price when there are no type prices or Ray names no nodes."""
-        if not self.config.node_prices:
-            return self.config.price_per_hour
-        status = await self.answer_or_none(gp.STATUS_PATH)
-        # Ray's v2 autoscaler reports nothing there: then its GCS node table.
-        nodes = (await self.answer_or_none(gp.NODES_PATH)
-                 if gp.report_counts(status, time.time()) is None else None)
-        return gp.cluster_hourly(status, nodes, self.config.node_prices, self.config.head_type,
-                                 self.config.price_per_hour, time.time())
-
-    async def answer_or_none(self, path: str) -> Any:
-        try:
-            status, answer = await self.upstream_json("GET", path)
-        except Exception:  # Ray not answering: this tick without that source
-            return None
-        return answer if status == 200 else None
 
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:
