@@ -39,7 +39,8 @@ class StatusResult:
 def status(selected: spec.ClusterSpec, progress: Progress,
            impl: Provider[Any, Any] | None = None) -> StatusResult:
     """The cluster of `selected` as its provider and, while it runs, Ray see it; never raises for
-    a Ray that does not answer (`ray_error` says so)."""
+    a Ray that does not answer (`ray_error` says so). Its answer is all it has to say: `progress`
+    is taken as every use case's, and not called."""
     impl = impl or providers.create(selected)
     current = state.read(selected.name) or State.new(state.state_path(selected.name),
                                                      selected.name, selected.provider)

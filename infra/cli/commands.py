@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.app import clusters
 from infra.app.clusters import refuse_what_the_provider_lacks as refuse_what_the_provider_lacks
@@ -21,6 +21,9 @@ from infra.core.autodown import view as autodown_view
 from infra.core.errors import RayfleetError
 from infra.core.sharing import membership
 from infra.providers.base import Endpoint, Plan
+
+if TYPE_CHECKING:
+    from infra.app.reporting import StatusResult
 
 
 def plan(provider: str | None, cluster: str | None, as_json: bool) -> None:
@@ -177,7 +180,7 @@ def status(provider: str | None, cluster: str | None, as_json: bool) -> int:
     return 0
 
 
-def _status_as_dict(found: Any) -> dict[str, Any]:
+def _status_as_dict(found: StatusResult) -> dict[str, Any]:
     selected, current, view = found.spec, found.state, found.provider
     return {
         "cluster": selected.name, "provider": selected.provider,
@@ -194,7 +197,7 @@ def _status_as_dict(found: Any) -> dict[str, Any]:
     }
 
 
-def _print_status(found: Any) -> None:
+def _print_status(found: StatusResult) -> None:
     from infra.cli import term as commands_term
     from infra.core.sharing import term as sharing_term
 
