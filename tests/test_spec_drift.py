@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.app import planning
 from infra.cli import commands, loading
 from infra.core import drift
 from tests.classroom_owner import owner_cluster
@@ -60,7 +61,7 @@ def test_plan_does_not_call_a_change_up_left_pending_no_change(
     drift.keep(loading.resolve(None, str(spec)), None, running_before=False)
     spec.write_text(spec.read_text() + "metrics: prometheus\n")
     commands.plan(None, str(spec), False)
-    commands.keep_applied("class")  # what `up` does after it ran, whatever it could not apply
+    planning.keep_applied("class")  # what `up` does after it ran, whatever it could not apply
     capfd.readouterr()
     commands.plan(None, str(spec), False)
     out = capfd.readouterr().out
