@@ -42,12 +42,8 @@ def lambda_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLambda]:
     server = FakeLambda(API_KEY, scale=SCALE, boot_delay=0.1, terminate_delay=0.1,
                         capacity={("gpu_1x_a10", "us-east-1"): 4})
     server.add_foreign_instance("someone-elses")
-    server.start()
-    monkeypatch.setenv("LAMBDA_API_URL", server.url)
-    monkeypatch.setenv("LAMBDA_API_KEY", API_KEY)
-    monkeypatch.setenv("LAMBDA_RATE_SCALE", str(SCALE))
-    yield server
-    server.stop()
+    with server.serving(monkeypatch):
+        yield server
 
 
 def _lambda_cluster(fake: FakeLambda, specs: Path, home: Path) -> None:

@@ -223,8 +223,7 @@ def autoscale_bed(work: Path, *, scale: float, boot_delay: float, hosts: int = 4
     relays = []
     enforcer = None
     home = work / "rayfleet-home"
-    env = {"RAYFLEET_HOME": str(home), "LAMBDA_API_URL": fake.url, "LAMBDA_API_KEY": API_KEY,
-           "LAMBDA_RATE_SCALE": str(scale), "COLUMNS": "200"}
+    env = {"RAYFLEET_HOME": str(home), **fake.client_env(), "COLUMNS": "200"}
     spec = work / f"{CLUSTER}.yaml"
     try:
         wait_until(sock.exists, "the relay socket", timeout=10, interval=0.05)

@@ -32,12 +32,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLambda]:
                  "lt-head", "lt-worker-1"):
         server.add_foreign_instance(name)
     server.add_foreign_ruleset("rayfleet-lt-colleague", "us-east-1")
-    server.start()
-    monkeypatch.setenv("LAMBDA_API_URL", server.url)
-    monkeypatch.setenv("LAMBDA_API_KEY", API_KEY)
-    monkeypatch.setenv("LAMBDA_RATE_SCALE", str(SCALE))
-    yield server
-    server.stop()
+    with server.serving(monkeypatch):
+        yield server
 
 
 @pytest.fixture(scope="module")

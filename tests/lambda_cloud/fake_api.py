@@ -20,13 +20,16 @@ Only 127.0.0.1 is ever bound.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import pytest
 
 from tests.fakes.http import Fault
 from tests.lambda_cloud.fake_firewall import FirewallRulesets
@@ -82,6 +85,7 @@ class FakeLambda(FirewallRulesets, LambdaHttp):
                  ip_pool: list[str] | None = None, port: int = 0) -> None:
         super().__init__(reference(), port)
         self.api_key = api_key
+        self.scale = scale
         self.general = Bucket(1.0 * scale)
         self.launches = Bucket(12.0 * scale)
         self.boot_delay = boot_delay
@@ -118,6 +122,21 @@ class FakeLambda(FirewallRulesets, LambdaHttp):
     def __enter__(self) -> FakeLambda:
         self.start()
         return self
+
+    def client_env(self) -> dict[str, str]:
+        """The environment that points rayfleet's Lambda client at this fake: its URL, key and
+        rate-limit scale."""
+        return {"LAMBDA_API_URL": self.url, "LAMBDA_API_KEY": self.api_key,
+                "LAMBDA_RATE_SCALE": str(self.scale)}
+
+    @contextlib.contextmanager
+    def serving(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLambda]:
+        """This fake running, and this process's Lambda client pointed at it, while the block
+        runs."""
+        with self:
+            for name, value in self.client_env().items():
+                monkeypatch.setenv(name, value)
+            yield self
 
     # --- setup helpers --------------------------------------------------------------------------
 

@@ -37,10 +37,7 @@ def test_up_submit_status_teardown_on_the_testbed(
     by_ip = {host.ip: host for host in bed.hosts}
     # Terminating an instance powers the machine off: Ray on that host stops with it.
     fake.on_terminate = lambda inst: power_off(by_ip[str(inst.ip)])
-    with fake:
-        monkeypatch.setenv("LAMBDA_API_URL", fake.url)
-        monkeypatch.setenv("LAMBDA_API_KEY", API_KEY)
-        monkeypatch.setenv("LAMBDA_RATE_SCALE", str(SCALE))
+    with fake.serving(monkeypatch):
         spec = tmp_path / f"{CLUSTER}.yaml"
         spec.write_text(yaml.safe_dump({
             "provider": "lambda",
