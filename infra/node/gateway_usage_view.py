@@ -33,6 +33,10 @@ def view(gateway: Gateway, who: gs.Member) -> dict[str, Any]:
     config, usage = gateway.config, gateway.usage
     ids = gateway.members.person_ids(who) if who.role != "owner" else (who.id,)
     hours, usd = usage.spent(*ids)
+    own = getattr(gateway, "member_clusters", None)  # `isolation: cluster`: their own cluster's
+    if own is not None and who.role != "owner":  # node time is theirs (member_usage.py)
+        cluster_hours, cluster_usd = own.usage.spent(*ids)
+        hours, usd = hours + cluster_hours, usd + cluster_usd
     theirs = [e for k, e in usage.data["jobs"].items() if usage.member_id_of(k) in ids]
     limits = {"job_hours": config.member_budget_hours, "usd": config.member_budget_usd}
     spent = {"job_hours": hours, "usd": usd}

@@ -96,6 +96,13 @@ class MemberUsage:
         entry.pop("accrued_to", None)
         self.save()
 
+    def spent(self, *member_ids: str) -> tuple[float, float]:
+        """The hours and dollars of the clusters of `member_ids` (a person's entries), accrued
+        to the last check; what the member's own usage view adds to their jobs'."""
+        found = [self.data[m] for m in member_ids if m in self.data]
+        return (sum(float(e.get("hours") or 0.0) for e in found),
+                sum(float(e.get("usd") or 0.0) for e in found))
+
     def close_stale(self, running: set[str]) -> None:
         """Records still `running` of clusters this gateway does not run (a previous gateway's,
         stopped at this one's start): stopped as of their last accrual; the time between is not

@@ -166,3 +166,20 @@ def test_each_idle_check_saves_what_members_and_status_read(
     assert ALICE.id in made.running  # busy just now: not idle
     on_disk = mu.MemberUsage(made.usage.path, mu.Limits(), 1.0).data[ALICE.id]
     assert on_disk["state"] == "running" and on_disk["hours"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_members_own_usage_view_counts_their_clusters_node_time(tmp_path: Path) -> None:
+    """`rayfleet usage` and the dashboard's banner: the hours their budget is counted by."""
+    from infra.node import gateway_usage_view as uv
+
+    made = clusters(tmp_path)
+    made.usage.started(ALICE.id, 1000.0)
+    made.usage.stopped(ALICE.id, "idle", 1000.0 + 3 * HOUR)
+    gateway = SimpleNamespace(
+        config=SimpleNamespace(cluster="iso", member_budget_hours=4.0, member_budget_usd=None,
+                               max_running_jobs_per_member=2),
+        usage=gs.Usage(tmp_path / "usage.json"),
+        members=SimpleNamespace(person_ids=lambda who: (who.id,)), member_clusters=made)
+    found = uv.view(gateway, ALICE)
+    assert found["job_hours"] == pytest.approx(3.0) and found["used"] == pytest.approx(0.75)
+    assert "3.00 job-hours" in uv.banner_line(gateway, ALICE)
