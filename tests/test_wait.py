@@ -19,6 +19,21 @@ class Boom(Exception):
     pass
 
 
+class FakeClock:
+    """A clock that only moves when `sleep` is called: the pauses a wait took, in order."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.pauses: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
 def test_until_returns_the_first_answer_pausing_between_checks() -> None:
     answers: list[str | None] = [None, None, "ready"]
     pauses: list[float] = []
@@ -56,16 +71,10 @@ def test_until_names_what_never_came_by_default() -> None:
 
 
 def test_until_never_sleeps_past_its_deadline() -> None:
-    clock = [0.0]
-    pauses: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        pauses.append(seconds)
-        clock[0] += seconds
-
+    clock = FakeClock()
     with pytest.raises(wait.WaitTimeout):
-        wait.until(lambda: None, 2.5, 1.0, "x", clock=lambda: clock[0], sleep=sleep)
-    assert pauses == [1.0, 1.0, 0.5]
+        wait.until(lambda: None, 2.5, 1.0, "x", clock=clock, sleep=clock.sleep)
+    assert clock.pauses == [1.0, 1.0, 0.5]
 
 
 def test_an_error_in_the_check_ends_the_wait_at_once() -> None:
@@ -134,27 +143,22 @@ def test_wait_for_shows_the_step_and_times_out_in_one_line(capsys: pytest.Captur
 
 
 def test_retry_gives_up_before_a_pause_past_its_patience() -> None:
-    clock = [0.0]
-    pauses: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        pauses.append(seconds)
-        clock[0] += seconds
+    clock = FakeClock()
 
     def call() -> str:
         raise Boom("busy")
 
     with pytest.raises(Boom):
         wait.retry(call, (Boom,), patience=10, backoff=lambda n: float(2 ** n),
-                   sleep=sleep, clock=lambda: clock[0])
-    assert pauses == [1.0, 2.0, 4.0]  # the next (8 s) would end past 10 s
-    pauses.clear()
+                   sleep=clock.sleep, clock=clock)
+    assert clock.pauses == [1.0, 2.0, 4.0]  # the next (8 s) would end past 10 s
+    clock.pauses.clear()
     with pytest.raises(Boom):
-        wait.retry(call, (Boom,), attempts=2, sleep=sleep)
-    assert pauses == [1.0]
+        wait.retry(call, (Boom,), attempts=2, sleep=clock.sleep)
+    assert clock.pauses == [1.0]
     with pytest.raises(Boom):
-        wait.retry(call, (Boom,), passing=lambda _: False, sleep=sleep)
-    assert pauses == [1.0]
+        wait.retry(call, (Boom,), passing=lambda _: False, sleep=clock.sleep)
+    assert clock.pauses == [1.0]
 
 
 # --- no wait written by hand ------------------------------------------------------------------------
