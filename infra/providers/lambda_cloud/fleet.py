@@ -1,4 +1,5 @@
-"""Lambda instances of one cluster: naming, tags, SSH key, launch with fallbacks, waits, termination.
+"""Lambda instances of one cluster: naming, tags, SSH key, adoption, waits, termination (the launch
+with fallbacks: launching.py).
 
 Ownership is decided by the cluster id (infra/node/identity.py) and nothing else: an instance is ours
 when its id is in the state file or when it carries the launch tag `rayfleet-cluster=<our id>`
@@ -15,10 +16,9 @@ import datetime as dt
 import hashlib
 import math
 import re
-import secrets
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -259,124 +259,6 @@ def _forget_if_gone(client: api.LambdaClient, state: State, instance_id: str) ->
         state.remove(Instance, instance_id)
         return True
     return False
-
-
-# --- launching --------------------------------------------------------------------------------------
-
-
-@dataclass
-class Launcher:
-    """Launches the missing nodes one by one, moving down the choice lists on refusals."""
-
-    client: api.LambdaClient
-    spec: Spec
-    state: State
-    key_name: str
-    run: str
-    #: A capacity snapshot from `plan` that may be reused for the first launch (saves a request).
-    types: dict[str, api.InstanceType] | None = None
-    #: Human lines: which choice failed how, for the final error.
-    attempts: list[str] | None = None
-    #: Firewall ruleset ids to attach in a region (created on first use), or None for none.
-    rulesets: Callable[[str], list[str]] | None = None
-    #: More launch tags per slot (the autoscaling head carries Ray's node tags).
-    extra_tags: Callable[[Slot], dict[str, str]] | None = None
-    #: The capacity view the current slot was placed with (for prices).
-    _seen: dict[str, api.InstanceType] = field(default_factory=dict)
-
-    def launch(self, missing: list[Slot], region: str | None) -> None:
-        self.attempts = []
-        for slot in missing:
-            region = self._launch_slot(slot, region)
-
-    def _candidates(self, slot: Slot, region: str | None) -> list[Choice]:
-        types = self.types if self.types is not None else self.client.instance_types(prompt=True)
-        self.types = None  # later slots look again: capacity changes while we launch
-        self._seen = types
-
-        def has_capacity(choice: Choice) -> bool:
-            info = types.get(choice.instance_type)
-            if info is None:
-                self._note(f"{choice}: no such instance type")
-                return False
-            if choice.region not in info.regions_with_capacity:
-                self._note(f"{choice}: no capacity listed")
-                return False
-            return True
-
-        if slot.role == "head" and region is None:
-            found = []
-            for choice in self.spec.head.choices:
-                if not has_capacity(choice):
-                    continue
-                needed = self.spec.worker_choices(needed_now=True)
-                if needed and not any(c.region == choice.region and has_capacity(c) for c in needed):
-                    self._note(f"{choice}: no worker choice with capacity in {choice.region}")
-                    continue
-                found.append(choice)
-            return found
-        pool = self.spec.head.choices if slot.role == "head" else self.spec.worker_choices()
-        return [c for c in pool if c.region == region and has_capacity(c)]
-
-    def _note(self, line: str) -> None:
-        assert self.attempts is not None
-        if line not in self.attempts:
-            self.attempts.append(line)
-
-    def _launch_slot(self, slot: Slot, region: str | None) -> str:
-        self.attempts = []  # the error names this node's choices only
-        for choice in self._candidates(slot, region):
-            try:
-                self._launch_one(slot, choice)
-            except api.InsufficientCapacity:
-                self._note(f"{choice}: refused at launch (insufficient-capacity)")
-                continue
-            except api.FileSystemInWrongRegion:
-                self._note(f"{choice}: file system {self.spec.file_system} is in another region")
-                continue
-            return choice.region
-        where = f" in {region}" if region else ""
-        raise LambdaProvisionError(
-            f"no capacity for {slot.name}{where}: {'; '.join(self.attempts or ['no choices'])}; "
-            "add choices to the spec or try later", list(self.attempts or []))
-
-    def _launch_one(self, slot: Slot, choice: Choice) -> None:
-        price = 0
-        rulesets = self.rulesets(choice.region) if self.rulesets else []
-        for attempt in range(3):
-            token = secrets.token_hex(6)
-            tags = {**identity_tags(self.state, slot.key), TAG_LAUNCH: token,
-                    **(self.extra_tags(slot) if self.extra_tags else {})}
-            with ui.step(f"launching {slot.name}: {choice.instance_type} in {choice.region}"):
-                try:
-                    instance_id = self.client.launch(
-                        region=choice.region, instance_type=choice.instance_type,
-                        ssh_key_name=self.key_name, name=slot.name,
-                        file_system_names=[self.spec.file_system] if self.spec.file_system else None,
-                        tags=tags, firewall_rulesets=rulesets)
-                except api.LaunchOutcomeUnknown as exc:
-                    ui.warn(f"{exc}; looking for {slot.name} (launch tag {token}) before "
-                            "launching again")
-                    found = find_lost(self.client, token)
-                    if found is None:
-                        if attempt == 2:
-                            raise
-                        continue
-                    ui.info(f"{slot.name} exists after all ({found.id}); adopting it")
-                    instance_id = found.id
-                    price = found.price_cents_per_hour
-            record(self.state, instance_id, slot.name, choice, price or self._price(choice), self.run,
-                   role=slot.role, slot=slot.key)
-            return
-
-    def _price(self, choice: Choice) -> int:
-        info = self._seen.get(choice.instance_type)
-        return info.price_cents_per_hour if info else 0
-
-
-def find_lost(client: api.LambdaClient, token: str) -> api.Instance | None:
-    """The launch tagged `token`, once the list shows it, or None after the generous window."""
-    return client.find_tagged(TAG_LAUNCH, token)
 
 
 # --- waiting ----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from infra.core import ssh, ui
 from infra.core.state import State
 from infra.node.lambda_cloud import api
-from infra.providers.lambda_cloud import autoscale, firewall, fleet
+from infra.providers.lambda_cloud import autoscale, firewall, fleet, launching
 from infra.providers.lambda_cloud.planning import Capacity
 from infra.providers.lambda_cloud.records import Instance
 from infra.providers.lambda_cloud.spec import Spec
@@ -32,7 +32,7 @@ def provision(client: api.LambdaClient, spec: Spec, state: State, slots: list[fl
     missing = [s for s in slots if s.key not in live]
     if missing:
         types = capacity.fresh(client.limits.launch_interval) if capacity else None
-        launcher = fleet.Launcher(
+        launcher = launching.Launcher(
             client, spec, state, key_name, run, types,
             rulesets=lambda region: [firewall.ensure(client, state, region,
                                                      spec.ssh_source_ranges,
