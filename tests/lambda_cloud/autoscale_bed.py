@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
 import time
@@ -127,6 +128,20 @@ class Scaled:
 
     def host(self, ip: str) -> Any:
         return next(h for h in self.bed.hosts if h.ip == ip)
+
+    def head_files_holding_the_key(self) -> list[str]:
+        """The files on the head's own disk that hold the API key: its homes, Ray's logs and
+        session files, shared memory; and every process's command line and environment. The key
+        is fed to grep on stdin, so grep's own command line is clean. The host's /root and /home
+        are copy-on-write layers over this machine's: what the machine had there is skipped (it
+        is not the node's)."""
+        head = self.host(self.head()["ip"])
+        shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for top in ("/root", "/home")
+                          for d in sorted(os.listdir(top)) if (Path(top) / d).is_dir())
+        found = head.run(f"cd /root && grep -rlsF --binary-files=text -f /dev/stdin {shared} "
+                         "/root /home /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; "
+                         "true", input=API_KEY + "\n", timeout=300)
+        return sorted(line for line in found.stdout.split("\n") if line)
 
     def wait(self, what: str, check: Callable[[], Any], timeout: float = 240) -> Any:
         return wait_until(check, what, timeout=timeout, interval=0.5)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import secrets
 import shlex
@@ -269,18 +268,8 @@ def test_no_capacity_anywhere_waits_without_a_launch_loop(scaled: Scaled) -> Non
 @pytest.mark.slow
 def test_api_key_only_in_its_file(scaled: Scaled) -> None:
     head = scaled.host(scaled.head()["ip"])
-    # The head's own disk: its home (minus the machine's big toolchains it shares read-only),
-    # Ray's logs and session files, shared memory; and every process's command line and
-    # environment. The key is fed to grep on stdin, so grep's own command line is clean.
-    # The host's /root is a copy-on-write layer over this machine's: skip what the machine had.
-    # So is its /home: the machine's own users' homes there are not the node's.
-    shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for top in ("/root", "/home")
-                      for d in sorted(os.listdir(top)) if (Path(top) / d).is_dir())
     # Only the autoscaler's user's copy (issue 29): the SSH user's left once handed over.
-    found = head.run(f"cd /root && grep -rlsF --binary-files=text -f /dev/stdin {shared} "
-                     "/root /home /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; "
-                     "true", input=API_KEY + "\n", timeout=300)
-    files = sorted(line for line in found.stdout.split("\n") if line)
+    files = scaled.head_files_holding_the_key()
     assert files == ["/home/rayfleet-scaler/.rayfleet/lambda-api-key"], files
     monitor_logs = head.run("ls /home/rayfleet-scaler/rayfleet/logs/monitor*").stdout.split()
     assert monitor_logs, "the autoscaler wrote no log to scan"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -181,15 +180,8 @@ def test_jobs_on_head_and_workers_reach_no_credential_while_it_scales_0_2_0(scal
 @pytest.mark.slow
 def test_the_api_key_on_the_head_is_only_the_autoscalers(scaled: Scaled) -> None:
     # The SSH user's home (root's on the bed) included: the key went there over SFTP and left once
-    # handed over, for the autoscaler and for the idle watcher alike. The host's /root and /home
-    # are copy-on-write layers over this machine's: what the machine had there is not the node's.
-    head = scaled.host(scaled.head()["ip"])
-    shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for top in ("/root", "/home")
-                      for d in sorted(os.listdir(top)) if (Path(top) / d).is_dir())
-    found = head.run(f"cd /root && grep -rlsF --binary-files=text -f /dev/stdin {shared} /root "
-                     "/home /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; true",
-                     input=API_KEY + "\n", timeout=300)
-    files = sorted(line for line in found.stdout.split("\n") if line)
+    # handed over, for the autoscaler and for the idle watcher alike.
+    files = scaled.head_files_holding_the_key()
     assert files == [f"/home/{SCALER_USER}/.rayfleet/lambda-api-key"], files
 
 
