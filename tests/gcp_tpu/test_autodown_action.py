@@ -21,11 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from infra.node import autodown, identity, rayproc, supervise
+from infra.node import identity, rayproc, supervise
 from infra.providers.gcp_tpu import config
 from tests.conftest import ROOT
 from tests.gcp_tpu.conftest import PROJECT, ZONE, write_service_account_key
 from tests.gcp_tpu.fake_gcp import FakeGcp
+from tests.idle_watcher import run_idle_watcher
 from tests.waiting import wait_until
 
 
@@ -46,18 +47,12 @@ def test_idle_head_deletes_workers_then_its_own_vm(tmp_path: Path) -> None:
         # Same name, another id: not this cluster's (both labels must match).
         fake.add_instance(ZONE, "ray-idle-lookalike", labels(other, "idle", "worker"))
 
-        marker = tmp_path / "marker.json"
-        path = tmp_path / "autodown.json"
-        autodown.write_config(path, autodown.Config(
-            cluster="idle", cluster_id=ours, idle_minutes=0.01, marker=str(marker),
-            dashboard_url=f"http://127.0.0.1:{rayproc.free_port()}", poll_s=0.2,
-            action="infra.node.gcp_tpu.autodown:remove",
-            action_args={"project": PROJECT, "zone": ZONE,
-                         "labels": config.sweep_labels(ours, "idle"), "head_name": "ray-idle-head",
-                         "credentials_file": str(write_service_account_key(tmp_path / "k.json")),
-                         "api_endpoint": fake.url}))
-        done = subprocess.run([sys.executable, "-m", "infra.node.autodown", "--config", str(path)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+        done, _, marker = run_idle_watcher(
+            tmp_path, ours, "infra.node.gcp_tpu.autodown:remove",
+            {"project": PROJECT, "zone": ZONE, "labels": config.sweep_labels(ours, "idle"),
+             "head_name": "ray-idle-head",
+             "credentials_file": str(write_service_account_key(tmp_path / "k.json")),
+             "api_endpoint": fake.url}, idle_minutes=0.01)
         assert done.returncode == 0, done.stdout + done.stderr
         log = done.stdout
         assert log.index("deleting TPU node ray-idle-worker-tpu") < log.index(

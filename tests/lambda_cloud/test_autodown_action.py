@@ -10,14 +10,12 @@ what keeps a real cluster busy is proven with real Ray in tests/local/test_e2e_a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from infra.node import autodown, identity, rayproc
+from infra.node import identity
 from infra.node.lambda_cloud import api
-from tests.conftest import ROOT
+from tests.idle_watcher import run_idle_watcher
 from tests.lambda_cloud.conftest import API_KEY, SCALE
 from tests.lambda_cloud.fake_api import FakeLambda
 
@@ -47,20 +45,13 @@ def test_idle_head_terminates_workers_then_itself(fake: FakeLambda, tmp_path: Pa
     key_file = tmp_path / "lambda-api-key"
     key_file.write_text(API_KEY)
     key_file.chmod(0o600)
-    marker = tmp_path / "marker.json"
-    config = tmp_path / "autodown.json"
-    autodown.write_config(config, autodown.Config(
-        cluster="idle", cluster_id=ours, idle_minutes=0.02, marker=str(marker),
-        dashboard_url=f"http://127.0.0.1:{rayproc.free_port()}", poll_s=0.2,
-        action="infra.node.lambda_cloud.autodown:remove",
-        action_args={"api_key_file": str(key_file), "api_url": fake.url, "rate_scale": SCALE,
-                     "cluster_id": ours, "head_instance_id": head}))
-    assert API_KEY not in config.read_text()
-
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "infra.node.autodown", "--config", str(config)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done, config, marker = run_idle_watcher(
+        tmp_path, ours, "infra.node.lambda_cloud.autodown:remove",
+        {"api_key_file": str(key_file), "api_url": fake.url, "rate_scale": SCALE,
+         "cluster_id": ours, "head_instance_id": head}, idle_minutes=0.02)
     took = time.monotonic() - started
+    assert API_KEY not in config.read_text()
     print(f"watcher removed the cluster in {took:.1f}s (idle_minutes=0.02)")
     assert done.returncode == 0, done.stdout + done.stderr
     assert API_KEY not in done.stdout + done.stderr
