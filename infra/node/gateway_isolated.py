@@ -14,8 +14,6 @@ their own. Ray's standard library and aiohttp only (node rule).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from infra.node import gateway_browser as gb
@@ -51,16 +49,8 @@ def refused_serve(method: str, path: str) -> bool:
 
 def member_named(gateway: Any, name: str) -> gs.Member | None:
     """The member of that name in the gateway's members file (None: none, expired or removed)."""
-    try:
-        data = json.loads(Path(gateway.members.path).read_text())
-    except (OSError, ValueError):
-        return None
-    entry = (data.get("members") or {}).get(name)
-    if not isinstance(entry, dict) or entry.get("role", "member") not in ("member", "admin"):
-        return None
-    member = gs.Member(name, str(entry.get("role", "member")), entry.get("expires"),
-                       str(entry.get("id") or gs.legacy_id(name)))
-    return None if gs.expired(member) else member
+    named: gs.Member | None = gateway.members.named(name)
+    return named
 
 
 def whose(gateway: Any, request: Any, who: gs.Member) -> gs.Member | str | None:
@@ -232,7 +222,7 @@ def limits(gateway: Any) -> mu.Limits:
         member_budget_hours=config.member_budget_hours, member_budget_usd=config.member_budget_usd,
         max_running_jobs_per_member=config.max_running_jobs_per_member,
         max_upload_mb=config.max_upload_mb, max_member_upload_mb=config.max_member_upload_mb,
-        budget_reached=lambda: bool(gateway.usage.data["cluster"].get("budget_reached_at")))
+        budget_reached=lambda: bool(gateway.usage.cluster.budget_reached_at))
 
 
 async def shutdown(gateway: Any) -> None:

@@ -116,7 +116,7 @@ class JobRoutes:
         """The refusal when the cluster or `who` spent their budget (the gateway's own usage,
         which outlives restarts and heads), else None."""
         config = self.config
-        accrued = float(self.usage.data["cluster"].get("accrued_usd", 0.0))
+        accrued = self.usage.cluster.accrued_usd
         if config.budget_usd is not None and accrued >= config.budget_usd:
             return reply(429, f"the cluster has spent ${accrued:.2f} of its budget "
                               f"(sharing.budget_usd ${config.budget_usd:g}): no new jobs; ask "
@@ -202,7 +202,7 @@ class JobRoutes:
             return refused
         # Acted on by the id Ray answered for, the one just checked: never by what was asked.
         key = submission_of(job) or job_id
-        record = self.usage.data["jobs"].get(key)
+        record = self.usage.jobs.get(key)
         if record is not None and job.get("job_id") and record.get("ray_job_id") != job["job_id"]:
             # Before a DELETE makes Ray forget the driver: what the job leaves behind is found by
             # its Ray job id (gateway_leftovers.py), even when no tick listed it yet.

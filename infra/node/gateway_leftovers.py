@@ -117,11 +117,11 @@ def doomed(gateway: Gateway, jobs: list[dict[str, Any]], held: dict[str, float]
     """Ray job id -> (the usage's key of its job, or None; why) for every leftover that must go.
     Never a job Ray lists as pending or running: that is a job, stopped as one (gateway_stops)."""
     active = {str(j.get("job_id")) for j in jobs if j.get("status") in gu.ACTIVE}
-    records = {str(e["ray_job_id"]): (k, e) for k, e in gateway.usage.data["jobs"].items()
+    records = {str(e["ray_job_id"]): (k, e) for k, e in gateway.usage.jobs.items()
                if e.get("ray_job_id")}
     budget = gateway.config.budget_usd
-    over = bool(budget) and (gateway.usage.data["cluster"].get("budget_reached_at") or float(
-        gateway.usage.data["cluster"].get("accrued_usd", 0.0)) >= budget)
+    cluster = gateway.usage.cluster
+    over = bool(budget) and (cluster.budget_reached_at or cluster.accrued_usd >= budget)
     spent: dict[str, tuple[float, float]] = {}
     found: dict[str, tuple[str | None, str]] = {}
     for job_id in held:

@@ -15,7 +15,8 @@ import datetime as dt
 import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+
+from infra.node import gateway_files as gf
 
 
 def shown(instant: str | None) -> str:
@@ -57,15 +58,14 @@ class Gone:
         self.entries: list[Removed] = []
         self._by_hash: dict[str, Removed] = {}
 
-    def read(self, section: Any, legacy_id: Callable[[str], str]) -> None:
-        found = [e for e in section if isinstance(e, dict) and isinstance(e.get("name"), str)] \
-            if isinstance(section, list) else []
-        self.entries = [Removed(e["name"], str(e.get("id") or legacy_id(e["name"])),
-                                str(e.get("removed") or ""), bool(e.get("stop_jobs")))
-                        for e in found]
-        self._by_hash = {str(e["revoked_sha256"]): gone
-                         for e, gone in zip(found, self.entries, strict=True)
-                         if e.get("revoked_sha256")}
+    def read(self, section: list[gf.RemovedEntry], legacy_id: Callable[[str], str]) -> None:
+        found = [(e, e.name) for e in section if isinstance(e.name, str)]
+        self.entries = [Removed(name, str(e.id or legacy_id(name)), str(e.removed or ""),
+                                bool(e.stop_jobs))
+                        for e, name in found]
+        self._by_hash = {str(e.revoked_sha256): gone
+                         for (e, _), gone in zip(found, self.entries, strict=True)
+                         if e.revoked_sha256}
 
     def by_digest(self, digest: str) -> Removed | None:
         """The removed entry whose token has this SHA-256 (compared in constant time)."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.node import gateway_files as gf
 from infra.node import gateway_removed as gr
 from infra.node import gateway_usage as gu
 from infra.node.files import atomic_write
@@ -33,6 +34,7 @@ from infra.node.gateway_usage import FINISHED as FINISHED
 from infra.node.gateway_usage import job_hours as job_hours
 from infra.node.gateway_usage import presence as presence
 from infra.node.gateway_usage import split_cost as split_cost
+from infra.node.wire import WireError
 
 MEMBERS_FILE = "members.json"
 USAGE_FILE = "usage.json"
@@ -82,13 +84,14 @@ class Members:
         self.path = path
         self._stamp: tuple[int, int, int] | None = None
         self._by_hash: dict[str, Member] = {}
+        self._book = gf.MembersFile()
         self._gone = gr.Gone()
 
     def _refresh(self) -> None:
         try:
             info = self.path.stat()
         except FileNotFoundError:
-            self._stamp, self._by_hash = None, {}
+            self._stamp, self._by_hash, self._book = None, {}, gf.MembersFile()
             return
         # The inode too: every write replaces the file (atomic_write), and a same-size rewrite
         # within a coarse timestamp step (1 s on some file systems) must not go unseen.
@@ -96,24 +99,28 @@ class Members:
         if stamp == self._stamp:
             return
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+            book = gf.MembersFile.from_json(self.path.read_text())
+        except (OSError, ValueError, WireError):
             return  # half-written by hand: keep the last good view
-        self._by_hash = {
-            str(entry["token_sha256"]): Member(name, str(entry.get("role", "member")),
-                                               entry.get("expires"),
-                                               str(entry.get("id") or legacy_id(name)))
-            for name, entry in (data.get("members") or {}).items()
-            if isinstance(entry, dict) and entry.get("token_sha256")
-            and entry.get("role", "member") in ("member", "admin")
-        }
+        self._by_hash = {str(entry.token_sha256): member_of(name, entry)
+                         for name, entry in book.members.items()
+                         if entry.token_sha256 and entry.role in ("member", "admin")}
         # The owner's own gateway token (sharing.py): never the cluster's Ray token, which every
         # node holds and so every member's job can read.
-        owner = data.get("owner")
-        if isinstance(owner, dict) and owner.get("token_sha256"):
-            self._by_hash[str(owner["token_sha256"])] = OWNER
-        self._gone.read(data.get("removed"), legacy_id)
-        self._stamp = stamp
+        if book.owner is not None and book.owner.token_sha256:
+            self._by_hash[str(book.owner.token_sha256)] = OWNER
+        self._gone.read(book.removed, legacy_id)
+        self._book, self._stamp = book, stamp
+
+    def named(self, name: str) -> Member | None:
+        """The member of that name as the file now says, token or not (None: none, the owner's
+        role, or expired)."""
+        self._refresh()
+        entry = self._book.members.get(name)
+        if entry is None or entry.role not in ("member", "admin"):
+            return None
+        member = member_of(name, entry)
+        return None if expired(member) else member
 
     def gone(self) -> gr.Gone:
         """The removed entries, as the file now says (gateway_removed.py)."""
@@ -136,6 +143,10 @@ class Members:
             if hmac.compare_digest(digest, wanted):
                 return member
         return None
+
+
+def member_of(name: str, entry: gf.MemberEntry) -> Member:
+    return Member(name, str(entry.role), entry.expires, str(entry.id or legacy_id(name)))
 
 
 def expired(member: Member) -> bool:
@@ -186,14 +197,11 @@ class Usage:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.data: dict[str, Any] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            self.data = {}
-        self.data.setdefault("jobs", {})
-        self.data.setdefault("members", {})
-        cluster = self.data.setdefault("cluster", {})
-        for name in ("hourly_usd", "accrued_usd", "owner_usd", "idle_usd"):
-            cluster.setdefault(name, 0.0)
+            self.file = gf.UsageFile.from_json(path.read_text())
+        except (OSError, ValueError, WireError):
+            self.file = gf.UsageFile()
+        #: Each member job's record by submission id (gf.JOB_FIELDS); the cluster's money.
+        self.jobs, self.cluster = self.file.jobs, self.file.cluster
         self._dirty = False
         #: Counts `note` calls: what the gateway shows of a job beside Ray's view (its stop
         #: reason) changes only there, so a rendering made at the same version is still true.
@@ -205,11 +213,11 @@ class Usage:
         self.reaping: dict[str, tuple[float, int]] = {}
 
     def seen(self, member: str) -> None:
-        entry = self.data["members"].setdefault(member, {})
+        entry = self.file.members.setdefault(member, gf.Seen())
         stamp = now_iso()
-        if entry.get("last_seen", "")[:16] != stamp[:16]:  # written at most once a minute
+        if (entry.last_seen or "")[:16] != stamp[:16]:  # written at most once a minute
             self._dirty = True
-        entry["last_seen"] = stamp
+        entry.last_seen = stamp
 
     def tick(self, jobs: list[dict[str, Any]], seconds: float, price_per_hour: float,
              now: float | None = None) -> None:
@@ -226,27 +234,27 @@ class Usage:
         set by any code inside the cluster."""
         until = time.time() if now is None else now
         since = until - seconds
-        records = self.data["jobs"]
+        records = self.jobs
         gone = gu.gone_records(records, {gu.key(j) for j in jobs}, since, until)
         everything = [*jobs, *gone.values()]
         lingering, weights = self._holding(everything)
         shares, idle = split_cost(presence(everything, since, until, lingering), since, until,
                                   price_per_hour, weights)
         cost = price_per_hour * seconds / 3600
-        cluster = self.data["cluster"]
-        if cost or cluster["hourly_usd"] != price_per_hour:
+        cluster = self.cluster
+        if cost or cluster.hourly_usd != price_per_hour:
             self._dirty = True
-        cluster["hourly_usd"] = price_per_hour
-        cluster["accrued_usd"] += cost
-        cluster["idle_usd"] += idle
-        unattributed = self.data.setdefault("unattributed", {})
+        cluster.hourly_usd = price_per_hour
+        cluster.accrued_usd += cost
+        cluster.idle_usd += idle
+        unattributed = self.file.unattributed
         for job in everything:
             key = gu.key(job)
             entry = records.get(key)
             times = {"status": job.get("status"), "start_time": job.get("start_time"),
                      "end_time": job.get("end_time")}
             if entry is None or not entry.get("member"):
-                cluster["owner_usd"] += shares.get(key, 0.0)
+                cluster.owner_usd += shares.get(key, 0.0)
                 if unattributed.get(key) != times:
                     unattributed[key] = times
                     self._dirty = True
@@ -269,7 +277,7 @@ class Usage:
         and placement groups): the keys of jobs that ended but whose leftovers live on (added to
         `jobs`, from their records, when Ray lists them no more), and every job's weight."""
         listed = {gu.key(j) for j in jobs}
-        for name, entry in self.data["jobs"].items():
+        for name, entry in self.jobs.items():
             if name not in listed and entry.get("ray_job_id") in self.holdings:
                 jobs.append({"submission_id": name, "job_id": entry["ray_job_id"],
                              "status": entry.get("status"), "start_time": entry.get("start_time"),
@@ -287,84 +295,84 @@ class Usage:
         """How many of the member's recorded jobs may still be pending or running: all but
         those last seen in a final state. Once a tick has recorded every member job Ray lists,
         and every submit since was noted, this bounds the member's active jobs from above."""
-        return sum(1 for key, entry in self.data["jobs"].items()
+        return sum(1 for key, entry in self.jobs.items()
                    if self.member_id_of(key) == member_id and entry.get("status") not in FINISHED)
 
     def lingering(self, member_id: str, since_ms: float) -> set[str]:
         """The member's ended jobs whose actors or placement groups a tick at or after `since_ms`
         (ms since the epoch) saw alive: they hold the cluster as a running job does."""
-        return {key for key, entry in self.data["jobs"].items()
+        return {key for key, entry in self.jobs.items()
                 if self.member_id_of(key) == member_id and entry.get("status") in FINISHED
                 and float(entry.get("leftover_until") or 0) >= since_ms}
 
     def member_id_of(self, job_id: str) -> str | None:
         """The id of the member who submitted `job_id` through the gateway, from its own record
         (None: no record of ours; the owner's own jobs through the gateway: OWNER_ID)."""
-        entry = self.data["jobs"].get(job_id)
+        entry = self.jobs.get(job_id)
         if not entry or not entry.get("member"):
             return None
         return str(entry.get("member_id") or legacy_id(str(entry["member"])))
 
     def spent(self, *member_ids: str) -> tuple[float, float]:
         """The job-hours and dollars of every job the gateway recorded as one of `member_ids`'."""
-        own = [entry for key, entry in self.data["jobs"].items()
+        own = [entry for key, entry in self.jobs.items()
                if self.member_id_of(key) in member_ids]
         return (sum(job_hours(entry) for entry in own),
                 sum(float(entry.get("cost", 0.0)) for entry in own))
 
     def recorded(self, job_id: str) -> bool:
-        return job_id in self.data["jobs"]
+        return job_id in self.jobs
 
     def uploaded(self, member_id: str) -> int:
         """Bytes of working-dir packages `member_id` has uploaded through the gateway."""
-        return int(self.data.setdefault("uploads", {}).get(member_id, 0))
+        return int(self.file.uploads.get(member_id, 0))
 
     def add_upload(self, member_id: str, size: int) -> None:
-        uploads = self.data.setdefault("uploads", {})
+        uploads = self.file.uploads
         uploads[member_id] = int(uploads.get(member_id, 0)) + size
         self._dirty = True
 
     def package_digest(self, member_id: str, name: str) -> str | None:
         """The SHA-256 of what `member_id` uploaded as package `name` (None: no upload of theirs
         through this gateway recorded it)."""
-        entry = self.data.get("packages", {}).get(member_id, {}).get(name)
+        entry = self.file.packages.get(member_id, {}).get(name)
         return str(entry["sha256"]) if isinstance(entry, dict) and entry.get("sha256") else None
 
     def add_package(self, member_id: str, name: str, digest: str, size: int) -> None:
         """Record `member_id`'s upload of package `name` (its digest) and count its bytes."""
-        self.data.setdefault("packages", {}).setdefault(member_id, {})[name] = {
+        self.file.packages.setdefault(member_id, {})[name] = {
             "sha256": digest, "bytes": size, "at": now_iso()}
         self.add_upload(member_id, size)
 
     def reach_budget(self) -> bool:
         """Record the first moment the cluster's budget was reached (kept with the usage, so a
         restarted gateway knows it); True only that first time."""
-        cluster = self.data["cluster"]
-        if cluster.get("budget_reached_at"):
+        if self.cluster.budget_reached_at:
             return False
-        cluster["budget_reached_at"] = now_iso()
+        self.cluster.budget_reached_at = now_iso()
         self._dirty = True
         return True
 
     def pending_stops(self) -> list[tuple[str, dict[str, Any]]]:
         """Jobs a stop was asked for whose end (and reaping) is not yet confirmed."""
-        return [(key, entry) for key, entry in self.data["jobs"].items()
+        return [(key, entry) for key, entry in self.jobs.items()
                 if entry.get("stop_requested") and not entry.get("stop_confirmed")]
 
     def note(self, job_id: str, **fields: Any) -> None:
         # When it was first noted: a job Ray no longer lists is closed only once a list asked
         # for after that could have shown it (gateway_usage.gone_records).
-        self.data["jobs"].setdefault(job_id, {"cost": 0.0, "noted_at": time.time()}).update(fields)
+        self.jobs.setdefault(job_id, {"cost": 0.0, "noted_at": time.time()}).update(fields)
         self._dirty = True
         self.version += 1
 
     def reason(self, job_id: str) -> str | None:
-        entry = self.data["jobs"].get(job_id)
+        entry = self.jobs.get(job_id)
         return entry.get("stopped_reason") if entry else None
 
     def save(self) -> None:
         if self._dirty:
-            atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=True), mode=0o600)
+            atomic_write(self.path, json.dumps(self.file.to_dict(), indent=1, sort_keys=True),
+                         mode=0o600)
             self._dirty = False
 
 

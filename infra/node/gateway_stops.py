@@ -181,7 +181,7 @@ async def enforce_hours(gateway: Gateway, jobs: list[dict[str, Any]], limit: flo
             continue
         if time.time() - started / 1000 < limit * 3600:
             continue
-        if gateway.usage.data["jobs"][key].get("stop_requested"):
+        if gateway.usage.jobs[key].get("stop_requested"):
             continue  # asked already: `follow` makes sure of it
         await stop(gateway, key, by="gateway", reason=(
             f"stopped by the cluster: it ran past sharing.max_job_hours ({limit:g} h)"))
@@ -194,7 +194,7 @@ async def enforce_budget(gateway: Gateway, jobs: list[dict[str, Any]], budget: f
     autodown watcher takes it down as it does any idle cluster, keeping every record."""
     if not budget:
         return
-    accrued = float(gateway.usage.data["cluster"].get("accrued_usd", 0.0))
+    accrued = gateway.usage.cluster.accrued_usd
     if accrued < budget:
         return
     if gateway.usage.reach_budget():
@@ -207,7 +207,7 @@ async def enforce_budget(gateway: Gateway, jobs: list[dict[str, Any]], budget: f
         key = job.get("submission_id")
         if job.get("status") not in ACTIVE or not key:
             continue
-        if (gateway.usage.data["jobs"].get(key) or {}).get("stop_requested"):
+        if (gateway.usage.jobs.get(key) or {}).get("stop_requested"):
             continue  # asked already: `follow` makes sure of it
         await stop(gateway, key, by="gateway", reason=(
             f"stopped by the cluster: it spent its budget (sharing.budget_usd ${budget:g})"))

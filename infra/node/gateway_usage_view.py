@@ -37,7 +37,7 @@ def view(gateway: Gateway, who: gs.Member) -> dict[str, Any]:
     if own is not None and who.role != "owner":  # node time is theirs (member_usage.py)
         cluster_hours, cluster_usd = own.usage.spent(*ids)
         hours, usd = hours + cluster_hours, usd + cluster_usd
-    theirs = [e for k, e in usage.data["jobs"].items() if usage.member_id_of(k) in ids]
+    theirs = [e for k, e in usage.jobs.items() if usage.member_id_of(k) in ids]
     limits = {"job_hours": config.member_budget_hours, "usd": config.member_budget_usd}
     spent = {"job_hours": hours, "usd": usd}
     if who.role == "owner":  # the owner has no member budget
@@ -107,7 +107,7 @@ def submit_note(gateway: Gateway, who: gs.Member) -> dict[str, Any]:
 def message(usage: gs.Usage, job: dict[str, Any]) -> str | None:
     """The job's status message with the budget note its submit was given (Ray's message kept
     first: a failure's reason is never hidden), or None without one."""
-    record = usage.data["jobs"].get(str(job.get("submission_id") or job.get("job_id"))) or {}
+    record = usage.jobs.get(str(job.get("submission_id") or job.get("job_id"))) or {}
     said = record.get("budget_note")
     if not said:
         return None

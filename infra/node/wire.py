@@ -12,6 +12,11 @@ to the code that writes it, subclassing `Wire`: readers use attributes, never st
   autodown marker), and a newer reader must find there what its writer put in (as the state
   files do, infra/core/state.py).
 - A field the file must have and lacks is one `WireError` line naming the file kind and field.
+- A section inside a file (an entry of the gateway's members file) is a `Wire` dataclass too,
+  without a version of its own (its file has one).
+- A dataclass with an `absent` field (ABSENT) writes back an optional field the file did not have
+  only once it no longer holds its default: files that code elsewhere reads as dicts, where a
+  missing key and a null are not the same (`entry.get("id", fallback)`), keep their keys as read.
 
 Standard library only: this ships to heads in the node package.
 """
@@ -28,6 +33,8 @@ from infra.node.errors import RayfleetError
 VERSION = 1
 #: The field that holds unknown keys (not itself a key in the file).
 EXTRA = "extra"
+#: The field that names the optional fields a file did not have (not itself a key in the file).
+ABSENT = "absent"
 
 W = TypeVar("W", bound="Wire")
 
@@ -52,16 +59,20 @@ class Wire:
         if not isinstance(data, Mapping):
             raise WireError(f"{cls.KIND}: expected a JSON object, found {type(data).__name__}; "
                             "the file is damaged: write it again (`invoke up`)")
-        names = {f.name for f in dataclasses.fields(cls)} - {EXTRA}  # type: ignore[arg-type]
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        names = {f.name for f in fields} - {EXTRA, ABSENT}
         known = {k: v for k, v in data.items() if k in names}
-        known.setdefault("version", 0)
-        missing = [f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-                   if f.name not in known and f.name != EXTRA
+        if "version" in names:
+            known.setdefault("version", 0)
+        missing = [f.name for f in fields
+                   if f.name not in known and f.name not in (EXTRA, ABSENT)
                    and f.default is dataclasses.MISSING
                    and f.default_factory is dataclasses.MISSING]
         if missing:
             raise WireError(f"{cls.KIND}: field {missing[0]!r} is missing; the file is damaged or "
                             "was not written by rayfleet: write it again (`invoke up`)")
+        if ABSENT in {f.name for f in fields}:
+            known[ABSENT] = frozenset(names - set(data) - {"version"})
         return cls(**known, **{EXTRA: {k: v for k, v in data.items() if k not in names}})
 
     @classmethod
@@ -71,11 +82,21 @@ class Wire:
 
     def to_dict(self) -> dict[str, Any]:
         """The file's JSON object: every field, then the unknown keys it was read with."""
+        absent: frozenset[str] = getattr(self, ABSENT, frozenset())
         data = {f.name: getattr(self, f.name)
-                for f in dataclasses.fields(self) if f.name != EXTRA}  # type: ignore[arg-type]
+                for f in dataclasses.fields(self)  # type: ignore[arg-type]
+                if f.name not in (EXTRA, ABSENT)
+                and not (f.name in absent and getattr(self, f.name) == _default(f))}
         extra: dict[str, Any] = getattr(self, EXTRA)
         return {**data, **{k: v for k, v in extra.items() if k not in data}}
 
     def to_json(self, indent: int | None = 2) -> str:
         """The file's text as its writers always wrote it (`json.dumps`, no trailing newline)."""
         return json.dumps(self.to_dict(), indent=indent)
+
+
+def _default(field: Any) -> Any:
+    """A dataclass field's default value (a fresh one from its factory)."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default

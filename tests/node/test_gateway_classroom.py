@@ -42,7 +42,7 @@ def test_a_cluster_past_its_budget_takes_no_new_job(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     with gateway_bed(tmp_path, monkeypatch, budget_usd=10.0) as bed:
         assert bed.send("POST", "/api/jobs/", body=SUBMIT)[0] == 200
-        bed.gateway.usage.data["cluster"]["accrued_usd"] = 10.0
+        bed.gateway.usage.cluster.accrued_usd = 10.0
         for token in (BO, ANN):
             status, text = bed.send("POST", "/api/jobs/", token=token, body=SUBMIT)
             assert status == 429 and b"sharing.budget_usd $10" in text
@@ -53,24 +53,23 @@ def test_a_cluster_reaching_its_budget_stops_every_job_once_and_says_why(
     """At 100 % of `budget_usd` the gateway stops every submitted job that runs, records when and
     why, and asks once: the cluster is then idle, for autodown."""
     with gateway_bed(tmp_path, monkeypatch, budget_usd=10.0) as bed:
-        bed.gateway.usage.data["cluster"]["accrued_usd"] = 9.99
+        bed.gateway.usage.cluster.accrued_usd = 9.99
         assert bed.on_gateway(bed.gateway.account()) == 200
         assert [s for s in bed.upstream.seen if s[1].endswith("/stop")] == []
-        assert "budget_reached_at" not in bed.gateway.usage.data["cluster"]
+        assert bed.gateway.usage.cluster.budget_reached_at is None
 
-        bed.gateway.usage.data["cluster"]["accrued_usd"] = 10.0
+        bed.gateway.usage.cluster.accrued_usd = 10.0
         assert bed.on_gateway(bed.gateway.account()) == 200
         stops = sorted(s[1] for s in bed.upstream.seen if s[0] == "POST" and s[1].endswith("/stop"))
         # (03000000 is a driver started inside the cluster: Ray's job API cannot stop it.)
         assert stops == ["/api/jobs/raysubmit_ann1/stop", "/api/jobs/raysubmit_bo1/stop"]
-        assert bed.gateway.usage.data["cluster"]["budget_reached_at"]
+        assert bed.gateway.usage.cluster.budget_reached_at
         for job in ("raysubmit_ann1", "raysubmit_bo1"):
             reason = bed.gateway.usage.reason(job)
             assert reason and "spent its budget (sharing.budget_usd $10)" in reason, reason
         # Saved: a restarted gateway knows the budget was reached.
         saved = json.loads((Path(bed.gateway.config.data_dir) / gs.USAGE_FILE).read_text())
-        assert saved["cluster"]["budget_reached_at"] == bed.gateway.usage.data["cluster"][
-            "budget_reached_at"]
+        assert saved["cluster"]["budget_reached_at"] == bed.gateway.usage.cluster.budget_reached_at
         audit = (Path(bed.gateway.config.data_dir) / gs.AUDIT_FILE).read_text()
         assert '"method": "BUDGET"' in audit and "sharing.budget_usd $10" in audit
 

@@ -26,7 +26,7 @@ from typing import Any
 from infra.core import paths
 from infra.core.errors import RayfleetError, UsageError
 from infra.core.spec import Sharing
-from infra.node import gateway_state
+from infra.node import gateway_files, gateway_state
 from infra.node.files import atomic_write
 
 #: The section of members.json that the gateway does not read.
@@ -49,7 +49,9 @@ def registry_path(cluster: str) -> Path:
 
 
 def read_book(cluster: str) -> dict[str, Any]:
-    """The registry's whole file: `members` (a dict, possibly empty) and every other section."""
+    """The registry's whole file: `members` (a dict, possibly empty) and every other section,
+    read through its typed form (infra/node/gateway_files.py) and handed on as its JSON object:
+    the verbs move entries between sections as they are."""
     path = registry_path(cluster)
     try:
         data = json.loads(path.read_text())
@@ -61,16 +63,16 @@ def read_book(cluster: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RegistryError(f"{path} is not a registry (not a JSON object); restore it from a "
                             "backup or remove it")
-    if not isinstance(data.get("members"), dict):
-        data["members"] = {}
-    return data
+    return gateway_files.MembersFile.from_dict(data).to_dict()
 
 
 def write_book(cluster: str, book: dict[str, Any]) -> None:
+    """The registry as the gateway reads it (gateway_files.MembersFile, its version included)."""
     target = registry_path(cluster)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.parent.chmod(0o700)
-    atomic_write(target, json.dumps(book, indent=2, sort_keys=True), mode=0o600)
+    typed = gateway_files.MembersFile.from_dict(book)
+    atomic_write(target, json.dumps(typed.to_dict(), indent=2, sort_keys=True), mode=0o600)
 
 
 def is_member(entry: dict[str, Any]) -> bool:
