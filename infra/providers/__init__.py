@@ -2,8 +2,9 @@
 
 Each entry names its classes by import path ("module:Class") and is imported only when that
 provider is used, so `invoke --list` and the other providers' users pay nothing for it (Google's
-SDK, paramiko). A new provider is one row here and one package (see ARCHITECTURE.md). Spec loading
-(infra/cli/loading.py) sits above this table; the core (infra/*.py) never imports it.
+SDK, paramiko). A new provider is one row here and one package (see ARCHITECTURE.md), or a row
+`register` adds at run time. Spec loading (infra/cli/loading.py) sits above this table; the core
+(infra/core, infra/node) never imports it.
 """
 
 from __future__ import annotations
@@ -38,10 +39,28 @@ _TABLE: dict[str, Entry] = {
     "slurm": Entry("infra.providers.slurm.spec:Spec",
                    "infra.providers.slurm.provider:Provider"),
 }
+_BUILT_IN = frozenset(_TABLE)
 
 
 def names() -> list[str]:
     return list(_TABLE)
+
+
+def register(name: str, row: Entry) -> None:
+    """Add a provider that lives outside this table (a plugin of one's own, the tests' toy):
+    from here on specs may say `provider: <name>` and every verb reaches its classes. The core
+    asks this table, never a provider's name, so nothing else changes."""
+    if name in _TABLE and _TABLE[name] != row:
+        raise ValueError(f"provider {name!r} is registered already ({_TABLE[name].provider}); "
+                         "choose another name or unregister it first")
+    _TABLE[name] = row
+
+
+def unregister(name: str) -> None:
+    """Remove a provider `register` added (the built-in rows stay)."""
+    if name in _BUILT_IN:
+        raise ValueError(f"provider {name!r} is built in; it cannot be unregistered")
+    _TABLE.pop(name, None)
 
 
 def entry(name: str) -> Entry:
