@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -174,6 +175,31 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
                                    "X-Rayfleet-Member": "bob"},
                           verify=alice.env["REQUESTS_CA_BUNDLE"], timeout=30)
     assert sneaky.status_code == 403 and bobs not in sneaky.text
+    # Serve is not per member: a deploy to his own cluster is refused in one line.
+    mine = {"Authorization": f"Bearer {Path(bob.env['RAY_AUTH_TOKEN_PATH']).read_text().strip()}"}
+    deploy = requests.put(f"{bob.env['RAY_API_SERVER_ADDRESS']}/api/serve/applications/",
+                          headers=mine, json={"applications": []},
+                          verify=bob.env["REQUESTS_CA_BUNDLE"], timeout=30)
+    assert deploy.status_code == 403 and "sharing.isolation: cluster" in deploy.text
+    # `ray status` needs the GCS port, which the gateway does not pass; its text comes through
+    # the gateway from his own cluster's dashboard (what the Cluster tab shows).
+    def status_text() -> str | None:
+        answer = requests.get(f"{bob.env['RAY_API_SERVER_ADDRESS']}/api/cluster_status",
+                              params={"format": "1"}, headers=mine,
+                              verify=bob.env["REQUESTS_CA_BUNDLE"], timeout=30)
+        text = str((answer.json().get("data") or {}).get("clusterStatus") or "") \
+            if answer.status_code == 200 else ""
+        return text if "Node status" in text else None
+
+    assert "/1.0 CPU" in wait_until(status_text, "bob's cluster status through the gateway",
+                                       timeout=60, interval=2)
+    # `members` shows his cluster running, its node time counted (an idle check every 7.5 s).
+    def counted() -> bool:
+        found = own_cluster(shared, "bob") or {}
+        return found.get("state") == "running" and float(found.get("hours") or 0) > 0
+
+    wait_until(counted, "members shows bob's cluster running with its hours", timeout=90,
+               interval=3)
     for name, job in (("bob", bobs),):
         shared.members[name].ray("stop", job)
 
@@ -217,6 +243,9 @@ def test_an_idle_member_cluster_stops_and_keeps_its_files(shared: Shared) -> Non
     wait_until(lambda: not processes_of(user), "bob's idle cluster stops", timeout=90,
                interval=1)
     assert Path(f"/tmp/rf-m-{bob_id}/token").exists()
+    stopped = own_cluster(shared, "bob") or {}
+    assert stopped.get("state") == "stopped" and stopped.get("reason") == "idle", stopped
+    assert float(stopped["hours"]) > 0 and stopped.get("since")
     removed = shared.invoke("member-remove", "bob")
     assert removed.returncode == 0, removed.stdout + removed.stderr
     wait_until(lambda: not Path(f"/tmp/rf-m-{bob_id}").exists(), "bob's files go", timeout=60,
@@ -225,6 +254,15 @@ def test_an_idle_member_cluster_stops_and_keeps_its_files(shared: Shared) -> Non
     copies = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "member-tokens"
     assert not (copies / f"{bob_id}.token").exists()
     assert (copies / f"{member_id(shared, 'alice')}.token").exists()  # alice's files stay
+
+
+def own_cluster(shared: Shared, name: str) -> dict[str, Any] | None:
+    """`members --json`'s word on the member's own cluster (state, since, hours, cost)."""
+    listed = shared.invoke("members", "--json")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)["members"]}
+    found = rows[name].get("cluster")
+    return dict(found) if isinstance(found, dict) else None
 
 
 def _no_user(user: str) -> bool:
