@@ -9,6 +9,8 @@ dir's group policy, gets what they asked for) unless the caller passes `mode`, w
 exactly, whatever the umask. Secrets pass 0o600; any other explicit mode needs its reason beside the
 call. An OSError (disk full, permission denied, read-only
 file system) leaves nothing behind and becomes one `WriteError` line naming the path and the fix.
+
+The reading side of a file another process replaces that way: `SecretFile` (the gateway's tokens).
 """
 
 from __future__ import annotations
@@ -84,3 +86,29 @@ def atomic_write(path: Path | str, data: str | bytes, mode: int | None = None) -
     """Replace `path` with `data` (text is UTF-8), all or nothing; mode as in `atomic_file`."""
     with atomic_file(path, mode) as handle:
         handle.write(data.encode() if isinstance(data, str) else data)
+
+
+class SecretFile:
+    """A secret file's content, read again whenever the file changes (`rotate-token` replaces
+    the cluster's token file while the gateway runs)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = Path(path) if path else None
+        self._stamp: tuple[int, int] | None = None
+        self._value: str | None = None
+
+    def read(self) -> str | None:
+        if self.path is None:
+            return None
+        try:
+            info = self.path.stat()
+        except OSError:
+            return self._value
+        stamp = (info.st_mtime_ns, info.st_ino)
+        if stamp != self._stamp:
+            try:
+                self._value = self.path.read_text().strip() or None
+            except OSError:
+                return self._value
+            self._stamp = stamp
+        return self._value

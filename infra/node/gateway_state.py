@@ -27,6 +27,7 @@ from typing import Any
 from infra.node import gateway_files as gf
 from infra.node import gateway_removed as gr
 from infra.node import gateway_usage as gu
+from infra.node.files import SecretFile as SecretFile
 from infra.node.files import atomic_write
 
 # The usage's arithmetic, named here too: callers (the laptop's `members` among them) read it here.
@@ -34,7 +35,7 @@ from infra.node.gateway_usage import FINISHED as FINISHED
 from infra.node.gateway_usage import job_hours as job_hours
 from infra.node.gateway_usage import presence as presence
 from infra.node.gateway_usage import split_cost as split_cost
-from infra.node.wire import WireError
+from infra.node.wire import VERSION, WireError
 
 MEMBERS_FILE = "members.json"
 USAGE_FILE = "usage.json"
@@ -371,6 +372,8 @@ class Usage:
 
     def save(self) -> None:
         if self._dirty:
+            # This code's version (a newer one's number kept: its keys are kept too).
+            self.file.version = max(self.file.version, VERSION)
             atomic_write(self.path, json.dumps(self.file.to_dict(), indent=1, sort_keys=True),
                          mode=0o600)
             self._dirty = False
@@ -425,29 +428,3 @@ class Audit:
                 older.replace(self.path.with_name(f"{self.path.name}.{n + 1}"))
         self.path.replace(self.path.with_name(f"{self.path.name}.1"))
         self._file = self._open()
-
-
-class SecretFile:
-    """A secret file's content, read again whenever the file changes (`rotate-token` replaces
-    the cluster's token file while the gateway runs)."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = Path(path) if path else None
-        self._stamp: tuple[int, int] | None = None
-        self._value: str | None = None
-
-    def read(self) -> str | None:
-        if self.path is None:
-            return None
-        try:
-            info = self.path.stat()
-        except OSError:
-            return self._value
-        stamp = (info.st_mtime_ns, info.st_ino)
-        if stamp != self._stamp:
-            try:
-                self._value = self.path.read_text().strip() or None
-            except OSError:
-                return self._value
-            self._stamp = stamp
-        return self._value

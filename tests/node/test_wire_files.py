@@ -3,6 +3,11 @@
 tests/state_files/wire/ holds one file of each kind as 84e0693's own writers wrote it (its modules,
 taken with `git show 84e0693:<path>`, run with fixed inputs; a head's daemon config with the
 `node_package` key infra/core/remote_head.py adds there). Their bytes are pinned in SHA256SUMS.
+The gateway's members file: 84e0693's `owner.new_member` for alice, bob (30 days) and carol (admin,
+ids and tokens fixed: token `a1`*32 is alice's, `c3`*32 carol's, `b2`*32 bob's), `term.apply_ends`
+at 2026-12-20, `term.remove` of bob, the owner's token `d4`*32, `term.write_book`. Its usage file:
+84e0693's `gateway_state.Usage` given two member jobs, a job of the owner's, a tick, an upload, a
+stop note and the budget reached, then `save`.
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ from typing import Any
 import pytest
 
 from infra.core.autodown import view as autodown_view
+from infra.core.sharing import term as sharing_term
 from infra.node import autodown, autodown_marker, metrics, tracking, wire
+from infra.node import gateway_files as gf
+from infra.node import gateway_state as gs
 from infra.node.gcp_tpu import joiner
 from infra.node.slurm.info import Info
 from infra.providers.slurm.ours import KEPT
 
 FILES = Path(__file__).parent.parent / "state_files" / "wire"
 PACKAGE = "rayfleet-node-3f2a9c1d.zip"
+ALICE, BOB, CAROL = "0a1ce0000000000a", "0b0b0000000000bb", "0ca70000000000cc"
 
 #: file -> (its dataclass, fields read back by attribute with the values 84e0693 wrote).
 SAMPLES: dict[str, tuple[type[wire.Wire], dict[str, Any]]] = {
@@ -51,6 +60,13 @@ SAMPLES: dict[str, tuple[type[wire.Wire], dict[str, Any]]] = {
     "metrics-config-84e0693.json": (metrics.PrometheusConfig, {
         "port": 9090, "retention_days": 7, "retention_size_mb": 300, "scrape_interval_s": 10,
         "storage_dir": "/home/ubuntu/.rayfleet/prometheus/tsdb"}),
+    "gateway-members-84e0693.json": (gf.MembersFile, {
+        "owner": gf.OwnerEntry(token_sha256=gs.token_hash("d4" * 32)), "extra": {}}),
+    "gateway-usage-84e0693.json": (gf.UsageFile, {
+        "members": {"alice": gf.Seen(last_seen="2026-11-29T01:42:00+00:00")},
+        "cluster": gf.ClusterUsage(hourly_usd=2.4, accrued_usd=2.4, owner_usd=1.3333333333333333,
+                                   idle_usd=0.0, budget_reached_at="2026-11-29T01:42:00+00:00"),
+        "uploads": {ALICE: 4096}, "packages": {}, "extra": {}}),
 }
 
 
@@ -146,3 +162,60 @@ def test_the_samples_are_as_captured() -> None:
     assert pinned == {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
                       for path in sorted(FILES.glob("*.json"))}
     assert set(pinned) == set(SAMPLES)
+
+
+def test_the_gateway_admits_by_84e0693s_members_file(tmp_path: Path) -> None:
+    """Who the gateway lets in, from the registry 84e0693's `member-*` verbs wrote: the members
+    with their ids and roles, the owner's own token, a removed member named; nothing else."""
+    path = tmp_path / gs.MEMBERS_FILE
+    path.write_bytes((FILES / "gateway-members-84e0693.json").read_bytes())
+    members = gs.Members(path)
+    assert members.lookup("a1" * 32) == gs.Member("alice", "member",
+                                                   "2026-12-20T00:00:00+00:00", ALICE)
+    assert members.lookup("c3" * 32) == gs.Member("carol", "admin",
+                                                   "2026-12-20T00:00:00+00:00", CAROL)
+    assert members.lookup("d4" * 32) == gs.OWNER
+    assert members.lookup("b2" * 32) is None  # removed (84e0693 dropped the hash)
+    assert [(g.name, g.id, g.removed) for g in members.gone().entries] == [
+        ("bob", BOB, "2026-11-27T09:30:00+00:00")]
+    assert members.named("carol") == members.lookup("c3" * 32) and members.named("bob") is None
+    assert members.ids() == {ALICE, CAROL, gs.OWNER_ID}
+
+
+def test_the_gateway_goes_on_with_84e0693s_usage_file(tmp_path: Path) -> None:
+    """A gateway started on a usage file 84e0693 saved: what each member spent, the budget already
+    reached, the uploads; saved again, every key and value it had is still there."""
+    path = tmp_path / gs.USAGE_FILE
+    path.write_bytes((FILES / "gateway-usage-84e0693.json").read_bytes())
+    raw = _raw("gateway-usage-84e0693.json")
+    usage = gs.Usage(path)
+    hours, usd = usage.spent(ALICE)
+    assert (hours, usd) == (pytest.approx(2400 / 3600), raw["jobs"]["raysubmit_alice1"]["cost"])
+    assert usage.member_id_of("raysubmit_bob1") == BOB and usage.uploaded(ALICE) == 4096
+    assert usage.pending_stops() == [("raysubmit_bob1", raw["jobs"]["raysubmit_bob1"])]
+    assert usage.reach_budget() is False  # reached under 84e0693: not a second time
+    usage.add_upload(BOB, 10)
+    usage.save()
+    saved = json.loads(path.read_text())
+    assert {key: saved[key] for key in raw if key != "uploads"} == {
+        key: value for key, value in raw.items() if key != "uploads"}
+    assert saved["uploads"] == {**raw["uploads"], BOB: 10} and saved["version"] == wire.VERSION
+
+
+def test_the_owner_rewrites_84e0693s_registry_with_every_key_and_a_version(
+        rf_home: Path) -> None:
+    """The owner's verbs read the registry through its typed form and write it back: a key
+    written as null stays null, a missing one stays missing, and the file says its version."""
+    raw = _raw("gateway-members-84e0693.json")
+    target = sharing_term.registry_path("cls1")
+    target.parent.mkdir(parents=True)
+    target.write_bytes((FILES / "gateway-members-84e0693.json").read_bytes())
+    book = sharing_term.read_book("cls1")
+    assert book == {**raw, "version": 0}
+    sharing_term.write_book("cls1", book)
+    assert json.loads(target.read_text()) == {**raw, "version": wire.VERSION}
+    assert "token_sha256" not in book["removed"][0] and book["members"]["alice"][
+        "member_expires"] is None
+    sharing_term.write_book("new", {"members": {"dan": {"role": "member"}}})
+    assert json.loads(sharing_term.registry_path("new").read_text()) == {
+        "members": {"dan": {"role": "member"}}, "version": wire.VERSION}

@@ -16,6 +16,7 @@ Expiry: each entry keeps the member's own expiry (`member_expires`) and the effe
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import json
 import re
@@ -26,7 +27,7 @@ from typing import Any
 from infra.core import paths
 from infra.core.errors import RayfleetError, UsageError
 from infra.core.spec import Sharing
-from infra.node import gateway_files, gateway_state
+from infra.node import gateway_files, gateway_state, wire
 from infra.node.files import atomic_write
 
 #: The section of members.json that the gateway does not read.
@@ -67,11 +68,13 @@ def read_book(cluster: str) -> dict[str, Any]:
 
 
 def write_book(cluster: str, book: dict[str, Any]) -> None:
-    """The registry as the gateway reads it (gateway_files.MembersFile, its version included)."""
+    """The registry as the gateway reads it (gateway_files.MembersFile), saying this code's
+    version (a newer one's number kept: its keys are kept too)."""
     target = registry_path(cluster)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.parent.chmod(0o700)
     typed = gateway_files.MembersFile.from_dict(book)
+    typed = dataclasses.replace(typed, version=max(typed.version, wire.VERSION))
     atomic_write(target, json.dumps(typed.to_dict(), indent=2, sort_keys=True), mode=0o600)
 
 
