@@ -29,9 +29,10 @@ from infra.node.wire import VERSION, Wire
 #: The fields of a job's record in the usage file, as the gateway writes them (a record stays a
 #: dict: its notes are `Usage.note`'s keyword arguments): who submitted it (`member`,
 #: `member_id`), Ray's view of it at the last tick, its cost share, and what the gateway did.
-JOB_FIELDS = ("member", "member_id", "noted_at", "cost", "status", "start_time", "end_time",
-              "ray_job_id", "gone", "leftover_until", "stop_requested", "stop_confirmed",
-              "stop_forced", "stopped_reason", "budget_note")
+JOB_FIELDS = ("member", "member_id", "submitted", "noted_at", "cost", "status", "start_time",
+              "end_time", "ray_job_id", "gone", "leftover_until", "stopped_by", "stopped_reason",
+              "stop_requested", "stop_confirmed", "stop_forced", "leftovers_reaped",
+              "leftovers_reason", "budget_note")
 
 
 @dataclass(frozen=True)

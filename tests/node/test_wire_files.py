@@ -6,8 +6,9 @@ taken with `git show 84e0693:<path>`, run with fixed inputs; a head's daemon con
 The gateway's members file: 84e0693's `owner.new_member` for alice, bob (30 days) and carol (admin,
 ids and tokens fixed: token `a1`*32 is alice's, `c3`*32 carol's, `b2`*32 bob's), `term.apply_ends`
 at 2026-12-20, `term.remove` of bob, the owner's token `d4`*32, `term.write_book`. Its usage file:
-84e0693's `gateway_state.Usage` given two member jobs, a job of the owner's, a tick, an upload, a
-stop note and the budget reached, then `save`.
+84e0693's `gateway_state.Usage` (its `now_iso` fixed) given two member jobs noted as its
+gateway_jobs noted a submit, a job of the owner's, a tick, an upload, a stop noted as its
+gateway_stops did, and the budget reached, then `save`.
 """
 
 from __future__ import annotations
@@ -63,9 +64,9 @@ SAMPLES: dict[str, tuple[type[wire.Wire], dict[str, Any]]] = {
     "gateway-members-84e0693.json": (gf.MembersFile, {
         "owner": gf.OwnerEntry(token_sha256=gs.token_hash("d4" * 32)), "extra": {}}),
     "gateway-usage-84e0693.json": (gf.UsageFile, {
-        "members": {"alice": gf.Seen(last_seen="2026-11-29T01:42:00+00:00")},
+        "members": {"alice": gf.Seen(last_seen="2026-11-28T12:00:00+00:00")},
         "cluster": gf.ClusterUsage(hourly_usd=2.4, accrued_usd=2.4, owner_usd=1.3333333333333333,
-                                   idle_usd=0.0, budget_reached_at="2026-11-29T01:42:00+00:00"),
+                                   idle_usd=0.0, budget_reached_at="2026-11-28T12:00:00+00:00"),
         "uploads": {ALICE: 4096}, "packages": {}, "extra": {}}),
 }
 
@@ -192,6 +193,7 @@ def test_the_gateway_goes_on_with_84e0693s_usage_file(tmp_path: Path) -> None:
     hours, usd = usage.spent(ALICE)
     assert (hours, usd) == (pytest.approx(2400 / 3600), raw["jobs"]["raysubmit_alice1"]["cost"])
     assert usage.member_id_of("raysubmit_bob1") == BOB and usage.uploaded(ALICE) == 4096
+    assert {key for record in usage.jobs.values() for key in record} <= set(gf.JOB_FIELDS)
     assert usage.pending_stops() == [("raysubmit_bob1", raw["jobs"]["raysubmit_bob1"])]
     assert usage.reach_budget() is False  # reached under 84e0693: not a second time
     usage.add_upload(BOB, 10)
