@@ -42,7 +42,7 @@ from infra.core.sharing.owner_token import renew_owner_token as renew_owner_toke
 from infra.core.sharing.owner_token import warn_privilege as warn_privilege
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
-from infra.node import gateway_config, gateway_state, member_usage, net
+from infra.node import gateway_config, gateway_files, gateway_state, member_usage, net
 from infra.node.files import atomic_write
 
 #: What a bundle says it is; `join` refuses anything else.
@@ -296,9 +296,9 @@ def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, An
     """The gateway's usage file (a remote head's when it answers, else the last copy here); with
     `isolation: cluster`, each member cluster's state and usage under `member_clusters`, by
     member id (infra/node/member_usage.py)."""
-    data = _head_json(selected, access, gateway_state.USAGE_FILE)
-    if not isinstance(data, dict):
-        data = {"jobs": {}, "members": {}}
+    found = _head_json(selected, access, gateway_state.USAGE_FILE)
+    # Through its typed form (gateway_files.UsageFile): what 84e0693 wrote reads the same.
+    data = gateway_files.UsageFile.from_dict(found if isinstance(found, dict) else {}).to_dict()
     if isolation.isolated(selected):
         found = _head_json(selected, access, member_usage.USAGE_FILE)
         data["member_clusters"] = found if isinstance(found, dict) else {}
