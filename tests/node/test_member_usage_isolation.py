@@ -183,3 +183,22 @@ def test_a_members_own_usage_view_counts_their_clusters_node_time(tmp_path: Path
     found = uv.view(gateway, ALICE)
     assert found["job_hours"] == pytest.approx(3.0) and found["used"] == pytest.approx(0.75)
     assert "3.00 job-hours" in uv.banner_line(gateway, ALICE)
+
+
+def test_a_log_tail_past_max_member_tails_is_refused_before_reaching_the_cluster(
+        tmp_path: Path) -> None:
+    """`ray job logs -f` relayed to her own cluster holds one of her tails, as on a shared
+    cluster: past `max_member_tails`, 429 in one line and nothing relayed."""
+    from infra.node import gateway_limits as gl
+
+    made = clusters(tmp_path)
+    running(made, time.time())
+    caps = gl.Caps(SimpleNamespace(max_member_tails=1))
+    assert caps.take(gl.TAILS, ALICE.id)  # her one tail, open elsewhere
+    gateway = SimpleNamespace(member_clusters=made, caps=caps)
+    socket = SimpleNamespace(method="GET", headers={"Upgrade": "websocket"})
+    answered = asyncio.run(gi.route(gateway, socket, ALICE,
+                                    gt.read("/api/jobs/raysubmit_x/logs/tail")))
+    assert answered is not None
+    refused, _ = answered
+    assert refused.status == 429 and "sharing.max_member_tails" in refused.text
