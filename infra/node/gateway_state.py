@@ -7,6 +7,7 @@ gateway restart (and, on the owner's machine, a teardown):
   every request and re-reads it when it changed, so a removal holds from the next request on.
 - `usage.json`, written by the gateway: every member job it has seen, its hours and cost share,
   and when each member was last seen.
+Both are typed files (gateway_files.py): read and written through their dataclasses.
 - `audit.log`, JSON lines: who, what, when, which job, and the answer's status.
 Standard library only (node rule).
 """
