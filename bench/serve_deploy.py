@@ -47,6 +47,51 @@ def _shutdown(dashboard: str, headers: dict[str, str]) -> None:
         time.sleep(0.2)
 
 
+def measure(spec: Path, env: dict[str, str], reps: int, work: Path) -> list[float]:
+    """`reps` pairs on the running local cluster `spec` (its state under env's RAYFLEET_HOME),
+    Serve shut down after each deploy; each pair's ratio, printed with the median. `work`: a
+    folder for Ray's config file. CI calls this on tests/test_examples.py's cluster (an `up` of
+    its own would only repeat that module's)."""
+    import requests
+
+    state = json.loads((Path(env["RAYFLEET_HOME"]) / "state" / f"{spec.stem}.json").read_text())
+    dashboard = state["info"]["dashboard_url"]
+    token_path = state["info"]["auth_token_path"]
+    headers = {"Authorization": f"Bearer {Path(token_path).read_text().strip()}"}
+    invoke = [sys.executable, "-m", "invoke"]
+    ratios = []
+    for rep in range(reps):
+        started = time.monotonic()
+        done = subprocess.run([*invoke, "serve-deploy", "--cluster", str(spec),
+                               "bench.serve_echo:app"], cwd=ROOT, env=env, check=True,
+                              capture_output=True, text=True)
+        url = done.stdout.strip().splitlines()[-1]
+        _answered(url)
+        ours = time.monotonic() - started
+        deployed: dict[str, Any] = requests.get(f"{dashboard}/api/serve/applications/",
+                                                headers=headers, timeout=30).json()
+        config = {"http_options": {"host": "127.0.0.1", "port": int(url.split(":")[2].split("/")[0])},
+                  "applications": [deployed["applications"]["serve-echo"]["deployed_app_config"]]}
+        _shutdown(dashboard, headers)
+        config_file = work / "serve.yaml"
+        config_file.write_text(json.dumps(config))
+        # Ray's own CLI, authenticated the documented way (docs/train-track-serve.md).
+        ray_env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
+        serve_cli = str(Path(sys.executable).with_name("serve"))
+        started = time.monotonic()
+        subprocess.run([serve_cli, "deploy", str(config_file), "-a", dashboard], cwd=ROOT,
+                       env=ray_env, check=True, capture_output=True)
+        _answered(url)
+        theirs = time.monotonic() - started
+        _shutdown(dashboard, headers)
+        ratios.append(ours / theirs)
+        print(f"rep {rep + 1}: invoke serve-deploy {ours:.2f}s   ray serve deploy {theirs:.2f}s"
+              f"   ratio {ours / theirs:.3f}", flush=True)
+    print(f"median ratio invoke serve-deploy / serve deploy (to first answer): "
+          f"{statistics.median(ratios):.3f} (target <= 1.10, {reps} reps)")
+    return ratios
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
@@ -62,42 +107,7 @@ def main() -> None:
     subprocess.run([*invoke, "up", "--cluster", str(spec)], cwd=ROOT, env=env, check=True,
                    capture_output=True)
     try:
-        state = json.loads((work / "home" / "state" / f"{name}.json").read_text())
-        dashboard = state["info"]["dashboard_url"]
-        token_path = state["info"]["auth_token_path"]
-        headers = {"Authorization": f"Bearer {Path(token_path).read_text().strip()}"}
-        ratios = []
-        for rep in range(reps):
-            started = time.monotonic()
-            done = subprocess.run([*invoke, "serve-deploy", "--cluster", str(spec),
-                                   "bench.serve_echo:app"], cwd=ROOT, env=env, check=True,
-                                  capture_output=True, text=True)
-            url = done.stdout.strip().splitlines()[-1]
-            _answered(url)
-            ours = time.monotonic() - started
-            import requests
-
-            deployed: dict[str, Any] = requests.get(f"{dashboard}/api/serve/applications/",
-                                                    headers=headers, timeout=30).json()
-            config = {"http_options": {"host": "127.0.0.1", "port": int(url.split(":")[2].split("/")[0])},
-                      "applications": [deployed["applications"]["serve-echo"]["deployed_app_config"]]}
-            _shutdown(dashboard, headers)
-            config_file = work / "serve.yaml"
-            config_file.write_text(json.dumps(config))
-            # Ray's own CLI, authenticated the documented way (docs/train-track-serve.md).
-            ray_env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
-            serve_cli = str(Path(sys.executable).with_name("serve"))
-            started = time.monotonic()
-            subprocess.run([serve_cli, "deploy", str(config_file), "-a", dashboard], cwd=ROOT,
-                           env=ray_env, check=True, capture_output=True)
-            _answered(url)
-            theirs = time.monotonic() - started
-            _shutdown(dashboard, headers)
-            ratios.append(ours / theirs)
-            print(f"rep {rep + 1}: invoke serve-deploy {ours:.2f}s   ray serve deploy {theirs:.2f}s"
-                  f"   ratio {ours / theirs:.3f}", flush=True)
-        print(f"median ratio invoke serve-deploy / serve deploy (to first answer): "
-              f"{statistics.median(ratios):.3f} (target <= 1.10, {reps} reps)")
+        measure(spec, env, reps, work)
     finally:
         subprocess.run([*invoke, "teardown", "--cluster", str(spec)], cwd=ROOT, env=env,
                        check=False, capture_output=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from bench import doctor as doctor_bench
+from bench import serve_deploy as serve_bench
 from infra.core import doctor, versions
 from tests.conftest import ROOT, run_invoke
 from tests.waiting import wait_until
@@ -324,6 +327,24 @@ def test_bad_serve_input_is_one_line_and_loses_nothing(cluster: Cluster, tmp_pat
 def test_serve_delete_removes_the_app(cluster: Cluster) -> None:
     done = cluster.invoke("serve-delete", "--cluster", str(cluster.spec), "digits")
     assert done.returncode == 0, done.stdout + done.stderr
+    listed = cluster.invoke("serve-status", "--cluster", str(cluster.spec), "--json")
+    assert json.loads(listed.stdout) == []
+
+
+def test_bench_doctor_and_serve_deploy_measure_on_this_cluster(
+        cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/doctor.py's and bench/serve_deploy.py's measuring code, one run each, on this
+    module's cluster (tests/test_bench.py's ON_E2E: an `up` of their own would repeat this
+    module's); each prints its summary line, and Serve is left with no application."""
+    env = {**os.environ, **cluster.env, "RAY_USAGE_STATS_ENABLED": "0"}
+    [took] = doctor_bench.measure(cluster.spec, env, 1)
+    [ratio] = serve_bench.measure(cluster.spec, env, 1, tmp_path)
+    printed = capsys.readouterr().out
+    assert took > 0 and ratio > 0
+    assert "doctor run 1: " in printed and "(exit 0)" in printed, printed
+    assert re.search(r"median: [0-9.]+s over 1 runs", printed), printed
+    assert re.search(r"median ratio invoke serve-deploy / serve deploy \(to first answer\): "
+                     r"[0-9.]+", printed), printed
     listed = cluster.invoke("serve-status", "--cluster", str(cluster.spec), "--json")
     assert json.loads(listed.stdout) == []
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import requests
 
+from bench import slurm_up
 from infra.core import auth
 from tests.conftest import ROOT, held_url, run_invoke
 from tests.slurm.conftest import (
@@ -252,3 +253,20 @@ def test_more_nodes_than_the_partition_has_is_one_line(tmp_path: Path, rf_home: 
     line = one_line_error(invoke("up", "--cluster", str(spec)), 2)
     assert line.endswith("nodes: 3 nodes requested but partition 'debug' has 2; lower it or pick "
                          "a bigger partition"), line
+
+
+def test_bench_slurm_up_measures_both_arms_at_one_node_on_this_bed(
+        tmp_path: Path, rf_home: Path, slurm_cluster: SlurmCluster) -> None:
+    """bench/slurm_up.py's quick run (one node, each arm once) on this module's bed
+    (tests/test_bench.py's ON_E2E: a bed of its own would repeat this module's)."""
+    env = {**os.environ, "PATH": f"{ray_bin_dir()}:{os.environ.get('PATH', '')}",
+           "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(rf_home)}
+    ours = slurm_up.run_ours(slurm_cluster, tmp_path, 1, env)
+    recipe = slurm_up.run_recipe(slurm_cluster, 1)
+    print(f"bench/slurm_up.py, 1 node: rayfleet {ours['alive']:.1f}s to {ours['nodes']} alive "
+          f"(invoke up {ours['up']:.1f}s) | recipe {recipe['alive']:.1f}s "
+          f"({recipe['nodes']} alive then); ratio {ours['alive'] / recipe['alive']:.2f}")
+    assert ours["nodes"] == 1 and ours["alive"] > 0 and ours["up"] > 0
+    assert recipe["alive"] > 0
+    # rayfleet's arm was torn down (the recipe's job is cancelled and waited for by the bench).
+    assert not list((rf_home / "state").glob("bench1*.json"))
