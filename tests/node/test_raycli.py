@@ -11,8 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from infra.node import raycli
 from tests.conftest import STARTS_RAY
+from tests.node.fake_ray import fake_ray
 
 PROBE = """
 import json
@@ -75,8 +78,51 @@ def test_main_is_rays_entry_point() -> None:
     assert run.stdout.split() == ["ray.scripts.scripts", "main", "False"]
 
 
-def test_local_start_uses_this_python_only_beside_its_ray(tmp_path: Path) -> None:
-    beside = str(Path(sys.executable).parent / "ray")
-    assert raycli.argv_here(beside) == [sys.executable, "-c", raycli.RUN]
-    elsewhere = str(tmp_path / "bin" / "ray")
-    assert raycli.argv_here(elsewhere) == [elsewhere]
+def _ray_script(path: Path, first_line: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{first_line}\nimport sys\nfrom ray.scripts.scripts import main\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_local_start_runs_raycli_with_the_python_its_ray_script_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `ray` anywhere (a `pip --user` install has no python beside it): its first line's Python
+    runs raycli; a first line that names no Python leaves Ray's own script."""
+    elsewhere = _ray_script(tmp_path / "user" / "bin" / "ray", f"#!{sys.executable}")
+    assert raycli.argv_here(elsewhere) == [sys.executable, "-c", raycli.RUN]
+    by_env = _ray_script(tmp_path / "env" / "ray", f"#!/usr/bin/env {Path(sys.executable).name}")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    assert raycli.argv_here(by_env)[1:] == ["-c", raycli.RUN]
+    assert Path(raycli.argv_here(by_env)[0]).samefile(sys.executable)
+    launcher = tmp_path / "long" / "ray"
+    _ray_script(launcher, "#!/bin/sh")
+    launcher.write_text(f"#!/bin/sh\n'''exec' \"{sys.executable}\" \"$0\" \"$@\"\n' '''\n")
+    assert raycli.argv_here(str(launcher)) == [sys.executable, "-c", raycli.RUN]
+    no_python = _ray_script(tmp_path / "sh" / "ray", "#!/bin/bash")
+    assert raycli.argv_here(no_python) == [no_python]
+    gone = str(tmp_path / "nowhere" / "ray")
+    assert raycli.argv_here(gone) == [gone]
+
+
+def test_raycli_marks_the_groups_absent_only_for_the_ray_it_was_proven_with(tmp_path: Path) -> None:
+    """The proven version: the three groups are skipped, silently. Any other (a Ray the user
+    brings): Ray's CLI as its own script loads it, all three groups, and one line says why."""
+    proven = fake_ray(tmp_path / "proven", raycli.PROVEN)
+    other = fake_ray(tmp_path / "other", "2.9.3")
+    for root, groups, note in ((proven, "0", ""), (other, "3", "plain ray: Ray 2.9.3 here")):
+        run = subprocess.run([sys.executable, "-c", raycli.RUN, "start", "--head"],
+                             capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(root)})
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split()[:2] == ["ray", groups], run.stdout
+        assert run.stdout.split()[-2:] == ["start", "--head"], run.stdout
+        assert (note in run.stderr) if note else run.stderr == "", run.stderr
+        assert len(run.stderr.splitlines()) == (1 if note else 0)
+
+
+def test_raycli_is_proven_with_the_ray_installed_here() -> None:
+    """The tests above prove raycli with this Ray: a Ray upgrade moves PROVEN with it."""
+    import importlib.metadata
+
+    assert importlib.metadata.version("ray") == raycli.PROVEN
