@@ -94,13 +94,8 @@ def _number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
-                        cluster_id: str = ID_PLACEHOLDER, owner: str = "") -> str:
-    """The Ray cluster YAML for `spec`, with this key pair for Ray's (and our) SSH logins, and
-    labels carrying `cluster_id` and the `owner` mark. With token auth, the token travels as a
-    file mount from its local path (never its contents: Ray copies this file to the head and logs
-    it) and every `ray start` reads it from NODE_TOKEN_PATH."""
-    compute_network, tpu_network = _networks(spec)
+def _worker_types(spec: Spec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The spec's CPU and TPU worker types as the template lists them."""
     cpu_types = [
         {"name": name, "min_workers": t.min_workers, "max_workers": t.max_workers,
          "cpus": t.vcpus, "machine_type": t.machine_type, "disk_size_gb": t.disk_size_gb,
@@ -119,7 +114,34 @@ def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
             "cpus": t.cpus or shape.host_cpus, "runtime_version": t.runtime,
             "provisioning": t.provisioning, "scheduling": _scheduling_tpu(t.provisioning),
         })
+    return cpu_types, tpu_types
+
+
+def _node_commands(spec: Spec, dashboard_host: str) -> dict[str, Any]:
+    """What nodes run: the installers' arguments and the users' start commands (users.py)."""
     backend = spec.node_env.backend
+    token, mlflow = spec.auth == "token", spec.tracking == "mlflow"
+    return dict(
+        install_cpu=versions.install_args("cpu", backend=backend),
+        install_tpu=versions.install_args(spec.node_env.tpu_env, backend=backend),
+        google_client_requirement=(
+            f"google-api-python-client=={importlib.metadata.version('google-api-python-client')}"),
+        # Shell built in users.py from our own words and numbers: printed as is (render.Shell).
+        head_start_commands=[render.Shell(c) for c in users.head_start(
+            token, mlflow, spec.metrics == "prometheus", dashboard_host, spec.dashboard.port)],
+        worker_start_commands=[render.Shell(c) for c in users.worker_start(token, mlflow)],
+    )
+
+
+def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
+                        cluster_id: str = ID_PLACEHOLDER, owner: str = "") -> str:
+    """The Ray cluster YAML for `spec`, with this key pair for Ray's (and our) SSH logins, and
+    labels carrying `cluster_id` and the `owner` mark. With token auth, the token travels as a
+    file mount from its local path (never its contents: Ray copies this file to the head and logs
+    it) and every `ray start` reads it from NODE_TOKEN_PATH."""
+    compute_network, tpu_network = _networks(spec)
+    cpu_types, tpu_types = _worker_types(spec)
+    dashboard_host = "0.0.0.0" if spec.dashboard.allowed_source_ranges else "127.0.0.1"
     return render.render(
         TEMPLATE,
         cluster_name=spec.name,
@@ -143,26 +165,16 @@ def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
         cpu_types=cpu_types,
         tpu_types=tpu_types,
         setup_dir=str(paths.setup_dir()),
-        install_cpu=versions.install_args("cpu", backend=backend),
-        install_tpu=versions.install_args(spec.node_env.tpu_env, backend=backend),
-        google_client_requirement=(
-            f"google-api-python-client=={importlib.metadata.version('google-api-python-client')}"),
-        dashboard_host="0.0.0.0" if spec.dashboard.allowed_source_ranges else "127.0.0.1",
+        dashboard_host=dashboard_host,
         dashboard_port=spec.dashboard.port,
         # `tracking: mlflow`: the password travels like the token (a path here, 0600 on nodes).
         tracking_file=str(tracking.password_path(spec.name)) if spec.tracking == "mlflow" else "",
         node_tracking_path=tracking_remote.NODE_PASSWORD_PATH,
-        # `metrics: prometheus`: the head's dashboard reads its Prometheus (metrics_remote).
-        # `metrics: prometheus`: the head's installer adds Prometheus (users.py: its address).
+        # `metrics: prometheus`: the head's installer adds Prometheus, and the head's dashboard
+        # reads it (users.py: its address).
         metrics_env=metrics_remote.NODE_ENV if spec.metrics == "prometheus" else {},
         user_mounts=users.file_mounts(),
-        # Shell built in users.py from our own words and numbers: printed as is (render.Shell).
-        head_start_commands=[render.Shell(c) for c in users.head_start(
-            spec.auth == "token", spec.tracking == "mlflow", spec.metrics == "prometheus",
-            "0.0.0.0" if spec.dashboard.allowed_source_ranges else "127.0.0.1",
-            spec.dashboard.port)],
-        worker_start_commands=[render.Shell(c) for c in users.worker_start(
-            spec.auth == "token", spec.tracking == "mlflow")],
+        **_node_commands(spec, dashboard_host),
     )
 
 
