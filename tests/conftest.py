@@ -26,9 +26,15 @@ ROOT = Path(__file__).resolve().parent.parent
 STARTS_RAY = "from ray.scripts.scripts import main"
 
 
+#: What a cloud node's command line that runs Ray's CLI as Ray's user carries (setup/users/ray.sh).
+RAY_SCRIPT = "rayfleet/users/ray.sh"
+
+
 def starts_ray(command: str) -> bool:
-    """Whether a node's command line runs `ray start` (through raycli, however it is quoted)."""
-    return re.search(r"sys\.exit\(main\(\)\)\W* start ", command) is not None
+    """Whether a node's command line runs `ray start` (through raycli, however it is quoted, or
+    through the node's ray.sh)."""
+    return (re.search(r"sys\.exit\(main\(\)\)\W* start ", command) is not None
+            or re.search(r"/ray\.sh\b.* start --", command) is not None)
 
 # The multi-host test bed (sshd hosts in namespaces, real Slurm): fixtures for every test module.
 pytest_plugins = ["tests.testbed.fixtures"]

@@ -46,6 +46,7 @@ def test_users_get_their_files_and_no_root_group(tmp_path: Path) -> None:
     (home / ".rayfleet" / "lambda-api-key").chmod(0o600)
     (home / privilege.USERS_DIR).mkdir(parents=True)
     shutil.copy(paths.setup_dir() / "users" / "users.sh", home / privilege.USERS_SCRIPT)
+    shutil.copy(paths.setup_dir() / "users" / "ray.sh", home / privilege.RAY_SCRIPT)
     # The API key moves: once handed over, the autoscaler's user's copy is the only one.
     setup = privilege.setup_users([".rayfleet/ray-token", ".rayfleet/absent"],
                                   [".rayfleet/lambda-api-key", ".rayfleet/ray-token"],

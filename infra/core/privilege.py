@@ -38,6 +38,8 @@ _USERS_SH_NAMES = {RAY_USER: "ray", SCALER_USER: "scaler", GATEWAY_USER: "gatewa
 USERS_DIR = "rayfleet/users"
 #: setup/users/users.sh on a node, relative to the SSH user's home.
 USERS_SCRIPT = f"{USERS_DIR}/users.sh"
+#: setup/users/ray.sh on a node: Ray's CLI as Ray's user (raycli where proven, PASSED_ON kept).
+RAY_SCRIPT = f"{USERS_DIR}/ray.sh"
 #: setup/users/guard.sh on a node (addresses only root and the autoscaler's user may open).
 GUARD_SCRIPT = f"{USERS_DIR}/guard.sh"
 #: The installer's folder (setup/users/) as shipped: a file mount, or one SFTP upload per file.
@@ -63,7 +65,8 @@ AS_ROOT = '$([ "$(id -u)" = 0 ] || echo sudo -n) '
 
 #: Variables that Ray's launcher exports to the start commands it runs on a node, which Ray's
 #: `ray start` must still see after the switch to another user (sudo resets the environment; the
-#: Ray-documented knobs ride along so that a cluster tuned by them stays tuned).
+#: Ray-documented knobs ride along so that a cluster tuned by them stays tuned). RAY_SCRIPT keeps
+#: the same (tests/node/test_ray_script.py checks the two lists agree).
 PASSED_ON = ("RAY_HEAD_IP", "RAY_OVERRIDE_RESOURCES", "RAY_OVERRIDE_LABELS",
              "RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME", "RAY_enable_autoscaler_v2",
              "RAY_USAGE_STATS_ENABLED", "AUTOSCALER_UPDATE_INTERVAL_S",
@@ -126,12 +129,26 @@ def guard(*addresses: str) -> str:
     return AS_ROOT + shell.argv("bash", shell.home(f"~/{GUARD_SCRIPT}"), *addresses)
 
 
-def stop_ray(activate: str = "") -> str:
+def ray_script(*args: str, activate: str = "", source: str = "~") -> str:
+    """Shell that runs RAY_SCRIPT (under `source`, the SSH user's home unless a folder in it is
+    given) with `args`, words of our own, after `activate` (where `ray` is)."""
+    return activate + " ".join((shell.argv("bash", shell.home(f"{source}/{RAY_SCRIPT}")), *args))
+
+
+def stop_ray(activate: str = "", source: str = "~") -> str:
     """`ray stop` as Ray's user (only root or Ray's user can stop its processes), when that user
     runs anything: on a fresh node (every autoscaled worker) there is nothing to stop, and `ray
-    stop` imports Ray, seconds of CPU on the worker's way to joining (the scale-up bench)."""
-    stop = as_user(RAY_USER, f"{raycli.RAY} stop >/dev/null 2>&1; true", activate)
+    stop` imports Ray, seconds of CPU on the worker's way to joining (the scale-up bench); nor is
+    the node env activated for it then."""
+    stop = ray_script("stop", activate=activate, source=source)
     return f"if {shell.argv('pgrep', '-u', RAY_USER)} >/dev/null 2>&1; then {stop}; fi"
+
+
+def start_ray(ray_env: str, args: str, activate: str = "", source: str = "~") -> str:
+    """`ray start ARGS` as Ray's user, in its home, `ray_env` (`VAR=value ` words, `$HOME` = that
+    user's) first; `args` are words of our own, expanded by the SSH user's shell."""
+    env = (shell.argv("-e", ray_env.strip()),) if ray_env.strip() else ()
+    return ray_script(*env, "start", args, activate=activate, source=source)
 
 
 def start_monitor(gcs_address: str, config: str, node_zip: str, env: dict[str, str],
@@ -200,8 +217,7 @@ def ray_up_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port
                                           *scaler_files, USERS_DIR)),
         *before_ray,
         stop_ray(activate),
-        as_user(RAY_USER, f"{ray_env}{raycli.RAY} start --head --no-monitor {ray_start_args}",
-                activate),
+        start_ray(ray_env, f"--head --no-monitor {ray_start_args}", activate),
     ]
 
 

@@ -16,7 +16,7 @@ from infra.cli import loading
 from infra.core import paths
 from infra.core.errors import SpecError
 from infra.providers.gcp_tpu import config, tpu
-from tests.conftest import ROOT, STARTS_RAY, starts_ray
+from tests.conftest import RAY_SCRIPT, ROOT, starts_ray
 from tests.gcp_tpu.conftest import write_spec
 from tests.golden import assert_golden
 
@@ -301,8 +301,8 @@ def test_tracking_password_reaches_every_node_as_a_file_never_in_the_config(
     for command, url in ((head, "http://$rf_ip:5000"), (worker, "http://$RAY_HEAD_IP:5000")):
         assert f'MLFLOW_TRACKING_URI="{url}" MLFLOW_TRACKING_USERNAME="rayfleet" ' \
                'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")" ' in command, command
-        assert command.index("MLFLOW_TRACKING_PASSWORD") < command.index(STARTS_RAY)
-        assert "runuser -u rayfleet-ray" in command
+        assert command.index("MLFLOW_TRACKING_PASSWORD") < command.index(" start --")
+        assert RAY_SCRIPT in command  # Ray's user runs it (tests/node/test_ray_script.py)
     assert "ray:.rayfleet/ray-token ray:.rayfleet/mlflow-password" in " ".join(
         prepared["worker_start_ray_commands"])
     # Only the dashboard's port is ever opened by a firewall rule; tracking adds none.

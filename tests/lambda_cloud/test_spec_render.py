@@ -14,7 +14,7 @@ from infra.core import paths, privilege, render, versions
 from infra.core.errors import SpecError
 from infra.providers.lambda_cloud import raycluster
 from infra.providers.lambda_cloud.spec import Spec
-from tests.conftest import ROOT, STARTS_RAY, assert_spec_keeps_the_file, run_invoke
+from tests.conftest import RAY_SCRIPT, ROOT, assert_spec_keeps_the_file, run_invoke, starts_ray
 from tests.golden import assert_golden
 
 BASE: dict[str, Any] = {
@@ -135,11 +135,11 @@ def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
     assert "infra.node.supervise ensure" in monitor
     # A worker's users, `ray stop` and Ray in one command (one SSH session of Ray's updater).
     (worker,) = config["worker_start_ray_commands"]
-    worker_users, worker_ray = worker.split(" && ", 1)[0], worker[worker.rindex("runuser"):]
-    assert STARTS_RAY in worker_ray and STARTS_RAY not in worker_users
+    worker_users, worker_ray = worker.split(" && ", 1)[0], worker[worker.rindex(RAY_SCRIPT):]
+    assert starts_ray(worker_ray) and not starts_ray(worker_users)
     assert "--dashboard-host=127.0.0.1" in head_ray and "--no-monitor" in head_ray
-    assert all("RAY_USAGE_STATS_ENABLED=0" in c and "runuser -u rayfleet-ray" in c
-               for c in (head_ray, worker_ray))
+    # As Ray's user: the node's ray.sh switches to it (tests/node/test_ray_script.py).
+    assert all("RAY_USAGE_STATS_ENABLED=0" in c and RAY_SCRIPT in c for c in (head_ray, worker_ray))
     assert "runuser -u rayfleet-scaler" in monitor and "ray.autoscaler._private.monitor" in monitor
     assert "scaler:ray_bootstrap_key.pem" in head_users and "scaler:" not in worker_users
     assert "PRIVATE KEY" not in text

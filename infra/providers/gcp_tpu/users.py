@@ -18,7 +18,7 @@ from infra.core import privilege
 from infra.core.metrics import remote as metrics_remote
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
-from infra.node import raycli, shell
+from infra.node import shell
 
 #: What `plan` and `status` print about a job on a gcp-tpu cluster.
 JOB_REACH = privilege.job_reach(
@@ -100,11 +100,12 @@ def worker_start(token: bool, tracking_on: bool) -> list[str]:
         # home as Ray's own variables, which its `ray start` then reads before the server.
         shell.all_of(
             privilege.AS_ROOT + shell.argv("bash", shell.home(f"~/{TPU_ENV_SCRIPT}")) + " | "
-            + privilege.as_user(privilege.RAY_USER, f"cat > {shell.word(TPU_ENV_FILE)}"),
-            privilege.as_user(privilege.RAY_USER, shell.all_of(
-                shell.argv(".", f"./{TPU_ENV_FILE}"),
-                f"{env}RAY_USAGE_STATS_ENABLED=0 {raycli.RAY} start --address=$RAY_HEAD_IP:{GCS_PORT} "
-                "--object-manager-port=8076 --disable-usage-stats"))),
+            + privilege.ray_script("sh", shell.quoted(f"cat > {shell.word(TPU_ENV_FILE)}")),
+            privilege.start_ray(
+                shell.all_of(shell.argv(".", f"./{TPU_ENV_FILE}"),
+                             f"{env}RAY_USAGE_STATS_ENABLED=0"),
+                f"--address=$RAY_HEAD_IP:{GCS_PORT} --object-manager-port=8076 "
+                "--disable-usage-stats")),
     ]
 
 

@@ -183,6 +183,7 @@ def bootstrap(spec: Spec, state: State, head_at: SshHead, head: api.Instance,
         CONFIG_FILE: (config_text.encode(), 0o644),
         # Run at each node's setup: makes the two users (Ray's, the autoscaler's), hands over files.
         privilege.USERS_SCRIPT: (users.SCRIPT_SOURCE.read_bytes(), 0o755),
+        privilege.RAY_SCRIPT: (users.RAY_SCRIPT_SOURCE.read_bytes(), 0o755),
         **({TOKEN_FILE: (token, 0o600)} if token is not None else {})}
     password = None
     if spec.tracking == "mlflow":

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infra.core import paths, privilege
-from infra.node import raycli, shell
+from infra.node import shell
 
 #: What `plan` and `status` print about a job on a Lambda cluster.
 JOB_REACH = privilege.job_reach("the Lambda API key")
@@ -25,6 +25,8 @@ TOKEN_FILE = privilege.TOKEN_FILE
 ray_files = privilege.ray_files
 #: The installer (setup/users/users.sh) as shipped, and where it lands on a node.
 SCRIPT_SOURCE = Path(paths.setup_dir()) / "users" / "users.sh"
+#: Ray's CLI as Ray's user (setup/users/ray.sh), shipped beside it.
+RAY_SCRIPT_SOURCE = SCRIPT_SOURCE.with_name("ray.sh")
 
 
 def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: str,
@@ -45,9 +47,7 @@ def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[s
     return shell.all_of(
         privilege.setup_users(ray_files(tracking), scaler, moved),
         privilege.stop_ray(activate),
-        privilege.as_user(privilege.RAY_USER,
-                          f"{ray_env}{raycli.RAY} start --head --no-monitor {ray_start_args}",
-                          activate),
+        privilege.start_ray(ray_env, f"--head --no-monitor {ray_start_args}", activate),
         monitor,
     )
 
@@ -68,19 +68,20 @@ def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
     address = f"$RAY_HEAD_IP:{gcs_port}"
     # One command: Ray's updater opens an SSH session and a login shell per command, all on a
     # new worker's way to joining (issue 38's scale-up).
+    source = f"~/{WORKER_KIT}" if kit else "~"
     return [shell.all_of(
-        privilege.setup_users(ray_files(tracking), source=f"~/{WORKER_KIT}" if kit else "~"),
-        privilege.stop_ray(activate),
-        privilege.as_user(privilege.RAY_USER,
-                          f"{ray_env}RAY_USAGE_STATS_ENABLED=0 {raycli.RAY} start "
-                          f"--address={address} --disable-usage-stats{extra}", activate),
+        privilege.setup_users(ray_files(tracking), source=source),
+        privilege.stop_ray(activate, source),
+        privilege.start_ray(f"{ray_env}RAY_USAGE_STATS_ENABLED=0",
+                            f"--address={address} --disable-usage-stats{extra}", activate, source),
     )]
 
 
 def kit_files(token: bytes | None, password: bytes | None) -> dict[str, tuple[bytes, int]]:
     """`WORKER_KIT`'s files (home-relative path -> (content, mode)), as `up` puts them on the
     head: the installer, the token and the tracking password (0600) when the cluster has them."""
-    files = {f"{WORKER_KIT}/{privilege.USERS_SCRIPT}": (SCRIPT_SOURCE.read_bytes(), 0o755)}
+    files = {f"{WORKER_KIT}/{privilege.USERS_SCRIPT}": (SCRIPT_SOURCE.read_bytes(), 0o755),
+             f"{WORKER_KIT}/{privilege.RAY_SCRIPT}": (RAY_SCRIPT_SOURCE.read_bytes(), 0o755)}
     private = {TOKEN_FILE: token, privilege.PASSWORD_FILE: password}
     files.update({f"{WORKER_KIT}/{path}": (data, 0o600)
                   for path, data in private.items() if data is not None})
