@@ -12,8 +12,9 @@ would expand a `$(...)` even in quotes), `expand` (our own text inside double qu
 `$` are variables), `heredoc` (a quoted here-document's body), `sbatch` (one #SBATCH word),
 `comment` (one line of a comment), `shpath` (a path, `~/` kept as $HOME), `word` (our own
 plain word, `~` and all). In a YAML template no value may span lines: a newline there could end a
-block scalar and start a key. tests/test_template_quoting.py renders every template with hostile
-values and runs what comes out.
+block scalar and start a key; only `command` writes one, a folded block that it read back.
+tests/test_template_quoting.py renders every template with hostile values and runs what comes
+out.
 """
 
 from __future__ import annotations
@@ -40,6 +41,39 @@ class RenderError(RayfleetError):
 
 def _tojson(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+class _Block(str):
+    """A YAML block scalar that `command` built and checked: the one value allowed to span lines."""
+
+
+#: How long a line `command` leaves as it is (a person reads the rest folded).
+FOLD_AT = 100
+
+
+def _command(value: Any, indent: int = 4) -> str:
+    """A one-line shell command as a YAML list item's value: JSON when short, else a folded block
+    (`>-`, lines of whole words under FOLD_AT) that reads back as exactly the same string (checked
+    here; JSON when it would not)."""
+    import yaml
+
+    text = json.dumps(value, ensure_ascii=False)
+    line = str(value)
+    if len(text) + indent <= FOLD_AT or "\n" in line or "\r" in line:
+        return text
+    lines: list[str] = []
+    for word in line.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) + indent <= FOLD_AT:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    pad = " " * indent
+    block = ">-\n" + "\n".join(pad + part for part in lines)
+    try:
+        same = yaml.safe_load(f"k:\n{pad[2:]}- {block}\n") == {"k": [line]}
+    except yaml.YAMLError:
+        same = False
+    return _Block(block) if same else text
 
 
 def _shq(value: Any) -> Shell:
@@ -115,7 +149,8 @@ def _finalize(context: Any, value: Any) -> Any:
     if context.name is None:  # a template from a string (tests): no kind to go by
         return value
     if context.name.endswith(".yaml.j2"):
-        if isinstance(value, str) and ("\n" in value or "\r" in value):
+        if isinstance(value, str) and not isinstance(value, _Block) and (
+                "\n" in value or "\r" in value):
             raise RenderError(f"a value spans lines in a YAML template: {value[:60]!r}")
         return value
     if isinstance(value, Shell):
@@ -140,7 +175,7 @@ def environment() -> Any:
     )
     env.filters.update(tojson=_tojson, shq=_shq, shjoin=_shjoin, shpath=shell_path, varname=_varname,
                        integer=_integer, expand=_expand, heredoc=_heredoc, sbatch=_sbatch,
-                       comment=_comment, word=_word)
+                       comment=_comment, word=_word, command=_command)
     return env
 
 

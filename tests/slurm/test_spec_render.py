@@ -390,7 +390,8 @@ def test_every_node_finds_the_tracking_server_and_reads_its_password_from_the_fi
     assert ('rf_helper tracking-config "$RF_HEAD_TEMP/rayfleet-tracking.json" '
             '"$SLURM_SUBMIT_DIR/tracking/"tracking '
             '"$SLURM_SUBMIT_DIR/keys/$RF_CLUSTER_ID/mlflow-password" '
-            '"$SLURM_SUBMIT_DIR/keys/$RF_CLUSTER_ID/mlflow-flask-secret"') in head
+            '"$SLURM_SUBMIT_DIR/keys/$RF_CLUSTER_ID/mlflow-flask-secret"') in " ".join(
+                head.replace("\\\n", " ").split())  # as bash reads its continued lines
     assert 'kill -TERM "$RF_TRACKER"' in head
     assert node_tracking.CONFIG_FILE == "rayfleet-tracking.json"
     # Nothing of it without `tracking: mlflow`.

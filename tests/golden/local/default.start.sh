@@ -30,7 +30,19 @@ temp_dir=${1:?usage: start.sh TEMP_DIR}
 # none of them is left behind in /tmp.
 export TMPDIR="${temp_dir%/*}/tmp"
 mkdir -p -m 700 "$TMPDIR"
-exec <python> -c 'import sys; rf_skip = [n for n in ("ray.serve.scripts", "ray.util.state.state_cli", "ray.dashboard.modules.job.cli") if n not in sys.modules]; sys.modules.update(dict.fromkeys(rf_skip)); from ray.scripts.scripts import main; [sys.modules.pop(n) for n in rf_skip if sys.modules.get(n, 0) is None]; sys.argv[0] = "ray"; sys.exit(main())' start --head \
+exec <python>3 -c 'import sys
+import ray
+rf_skip = [n for n in ("ray.serve.scripts", "ray.util.state.state_cli", "ray.dashboard.modules.job.cli") if n not in sys.modules]
+if ray.__version__ != "2.60.0":
+    rf_skip = []
+    print("rayfleet: plain ray: Ray " + ray.__version__ + " here, raycli is proven with 2.60.0",
+          file=sys.stderr)
+sys.modules.update(dict.fromkeys(rf_skip))
+from ray.scripts.scripts import main
+[sys.modules.pop(n) for n in rf_skip if sys.modules.get(n, 0) is None]
+sys.argv[0] = "ray"
+sys.exit(main())
+' start --head \
   --dashboard-host=127.0.0.1 \
   --port=23000 \
   --dashboard-port=23001 \
