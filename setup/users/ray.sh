@@ -71,6 +71,7 @@ run_ray() {
     set -- "$ray" "$@"
     echo "rayfleet: plain ray: the first line of $ray names no Python to run raycli with" >&2
   fi
+  unset RAYCLI  # (not in the environment of every process Ray starts)
   eval "$words"' exec "$@"'
 }
 
