@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import inspect
 import re
 import sys
@@ -44,6 +45,9 @@ because the default of `autodown` differs). `name` is the file's stem, not a key
 """
 
 
+# Cached: `_doc` asks for every field of every model through its whole MRO, and each
+# `inspect.getsource` of a class re-tokenizes its module (seconds of CPU uncached).
+@functools.cache
 def _comments(cls: type) -> dict[str, str]:
     """`#:` comments above each annotated field in the class body (not inherited)."""
     try:
