@@ -226,6 +226,24 @@ def test_lists_follow_every_page(api: Gcp, fake: FakeGcp) -> None:
     assert len(api.accelerator_types("us-central1-a")) == 7
 
 
+def test_a_collection_is_made_once_and_each_request_is_new(api: Gcp, fake: FakeGcp) -> None:
+    """googleapiclient makes a collection anew (every method, every docstring) at each call of
+    its accessor, tens of ms of CPU: a poll loop on the head paid that per request."""
+    assert api.compute.instances() is api.compute.instances()
+    nodes = api.tpu.projects().locations().nodes()
+    assert nodes is api.tpu.projects().locations().nodes()
+    # A request is never shared: each call of a method is its own, and each one runs.
+    name = f"projects/{PROJECT}/locations/{ZONE}/nodes/t0"
+    assert nodes.get(name=name) is not nodes.get(name=name)
+    fake.add_tpu_node(ZONE, "t0", "v4-8", LABELS)
+    fake.add_instance(ZONE, "w0", LABELS)
+    assert api.tpu_node(name)["name"] == name and api.tpu_node(name)["name"] == name
+    assert len(api.instances(ZONE, LABELS)) == len(api.instances(ZONE, LABELS)) == 2
+    api.delete_instance(ZONE, "w0")
+    api.delete_instance(ZONE, "w0")
+    assert len(fake.calls("DELETE", "/instances/w0")) == 2
+
+
 def test_only_labelled_nodes_are_listed_even_if_the_server_ignores_the_filter(
         api: Gcp, fake: FakeGcp) -> None:
     fake.add_instance(ZONE, "ours", LABELS)

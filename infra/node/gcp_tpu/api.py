@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from infra.node.gcp_tpu.collection_cache import Collections
 from infra.node.gcp_tpu.credentials import Credentials, find_credentials
 from infra.node.gcp_tpu.errors import (
     GcpApiDisabledError,
@@ -111,8 +112,8 @@ class Gcp:
         client_options = None
         if self.options.endpoint:
             client_options = {"api_endpoint": self.options.endpoint.rstrip("/") + "/" + path}
-        return discovery.build(service, version, http=self._http(), static_discovery=True,
-                               cache_discovery=False, client_options=client_options)
+        return Collections(discovery.build(service, version, http=self._http(), static_discovery=True,
+                                           cache_discovery=False, client_options=client_options))
 
     @cached_property
     def compute(self) -> Any:
