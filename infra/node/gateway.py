@@ -342,6 +342,8 @@ class Gateway(JobRoutes, gd.DashboardViews, Ticks):
     async def start(self) -> None:
         self.session, self.own_session = gl.sessions()
         self._watcher = asyncio.create_task(self.watch())
+        if self.config.isolation == "cluster":  # a previous gateway's member clusters stop now,
+            gi.member_clusters(self)  # and their usage records close, not at a member's request
 
     async def shutdown(self) -> None:
         """Stopped (teardown, the supervisor): a last tick while Ray still answers, so that a job
