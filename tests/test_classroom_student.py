@@ -21,7 +21,8 @@ from infra.core.endpoint import Endpoint
 from infra.core.sharing import membership
 from infra.node import gateway_state
 from tests.classroom_owner import URL, book, owner_cluster
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT
+from tests.forked_cli import run_invoke
 
 
 def _sourced(env_sh: Path, cwd: Path) -> dict[str, str]:

@@ -13,7 +13,8 @@ import pytest
 
 from infra.core import costs, jobs
 from infra.core.costs import Cost
-from tests.conftest import ROOT, run_invoke, run_rayfleet
+from tests.conftest import ROOT
+from tests.forked_cli import run_invoke, run_rayfleet
 
 
 def test_help_shows_positionals_and_value_placeholders() -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from infra.node import rayproc
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT
+from tests.forked_cli import run_invoke
 
 SLURM = (ROOT / "clusters" / "slurm.yaml").read_text()
 

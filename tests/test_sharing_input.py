@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT
+from tests.forked_cli import run_invoke
 
 
 def _spec(folder: Path, body: str) -> Path:

@@ -8,7 +8,7 @@ import pytest
 
 from infra.cli import loading
 from infra.core.errors import SpecError, UsageError
-from tests.conftest import run_invoke
+from tests.forked_cli import run_invoke
 
 # (file name, YAML text, text the one-line error must contain)
 BAD_SPECS = [

@@ -9,7 +9,8 @@ import pytest
 
 from infra.cli import loading
 from infra.core.errors import SpecError
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT
+from tests.forked_cli import run_invoke
 
 
 @pytest.mark.parametrize(("example", "expected"), [

@@ -14,7 +14,8 @@ import pytest
 from infra.cli import loading
 from infra.core import state
 from infra.providers.gcp_tpu import config
-from tests.conftest import run_invoke
+from tests.conftest import run_invoke as run_invoke_fresh
+from tests.forked_cli import run_invoke
 from tests.gcp_tpu.conftest import FakeRay, Sshd, assert_nothing_created, write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp
 
@@ -85,14 +86,14 @@ def local_ray(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[tupl
     path of its Ray token."""
     path = tmp_path / f"t{uuid.uuid4().hex[:8]}.yaml"
     path.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")
-    result = run_invoke("up", "--cluster", str(path))
+    result = run_invoke_fresh("up", "--cluster", str(path))  # starts Ray: a fresh process
     try:
         assert result.returncode == 0, result.stderr
         head = state.read(path.stem)
         assert head is not None
         yield int(str(head.info.dashboard_url).rsplit(":", 1)[1]), head.info.auth_token_path
     finally:
-        run_invoke("teardown", "--cluster", str(path))
+        run_invoke_fresh("teardown", "--cluster", str(path))
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ from typing import Any
 
 import yaml
 
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT
+from tests.forked_cli import run_invoke
 from tests.lambda_cloud.conftest import API_KEY
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.lambda_cloud.sshd import LocalSshd

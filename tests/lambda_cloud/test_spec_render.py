@@ -14,7 +14,8 @@ from infra.core import paths, privilege, render, versions
 from infra.core.errors import SpecError
 from infra.providers.lambda_cloud import raycluster
 from infra.providers.lambda_cloud.spec import Spec
-from tests.conftest import RAY_SCRIPT, ROOT, assert_spec_keeps_the_file, run_invoke, starts_ray
+from tests.conftest import RAY_SCRIPT, ROOT, assert_spec_keeps_the_file, starts_ray
+from tests.forked_cli import run_invoke
 from tests.golden import assert_golden
 
 BASE: dict[str, Any] = {

@@ -14,7 +14,7 @@ import pytest
 from infra.core.state import State
 from infra.node import identity
 from infra.node.lambda_cloud import api
-from tests.conftest import run_invoke
+from tests.forked_cli import run_invoke
 from tests.lambda_cloud.conftest import API_KEY, SCALE
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.waiting import wait_until

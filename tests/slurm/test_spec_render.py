@@ -20,7 +20,8 @@ from infra.node.slurm import node_helper
 from infra.providers.slurm import script as slurm_script
 from infra.providers.slurm.script import autoscaling_config, render_script
 from infra.providers.slurm.spec import Spec
-from tests.conftest import ROOT, assert_spec_keeps_the_file, run_invoke
+from tests.conftest import ROOT, assert_spec_keeps_the_file
+from tests.forked_cli import run_invoke
 from tests.golden import assert_golden
 from tests.slurm import nodezip
 
