@@ -81,7 +81,9 @@ def _rsa_pem() -> str:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    # 1024 bits: google-auth checks no size, and every load of a 2048-bit key (each client the
+    # tests build) costs ~50 ms of CPU in cryptography's key check, ~7 ms at 1024.
+    key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption()).decode()
 
