@@ -158,7 +158,12 @@ def test_batch_script_is_valid_and_shellcheck_clean(tmp_path: Path, case: str) -
     assert syntax.returncode == 0, syntax.stderr
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    lint = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
+    # The node package's ~2,500 base64 lines are data in quoted heredocs, nothing shellcheck reads
+    # as shell, yet half its CPU per script: it lints the script with one line of them.
+    linted = tmp_path / "job-lint.sbatch"
+    linted.write_text(re.sub(r"(<<'RAYFLEET_ZIP_END'\n).*?(\nRAYFLEET_ZIP_END\n)", r"\1UEsDBA==\2",
+                             script.read_text(), flags=re.S))
+    lint = subprocess.run(["shellcheck", "-s", "bash", str(linted)], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
 
 
