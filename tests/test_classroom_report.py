@@ -11,6 +11,7 @@ import pytest
 
 from infra.cli import metrics as commands_metrics
 from infra.core.metrics import report
+from infra.node.gateway_files import JobRecord
 
 
 class _NoProvider:
@@ -39,7 +40,7 @@ def _report(tmp: Path, bo_jobs: int, bo_hours: float, bo_usd: float) -> Path:
                   "cost_share_usd": 31.5},
                  {"name": "bo", "role": "admin", "total_jobs": bo_jobs, "job_hours": bo_hours,
                   "cost_share_usd": bo_usd}],
-        "records": {"raysubmit_ann1": {"member": "ann"}}}
+        "records": {"raysubmit_ann1": JobRecord.from_dict({"member": "ann"})}}
     return commands_metrics.write_report(_NoProvider(), "class", tmp / "r.html",  # type: ignore[arg-type]
                                          members)
 
@@ -83,9 +84,9 @@ def _ann_report(tmp_path: Path, status: str, cost: float) -> str:
     members: dict[str, Any] = {
         "rows": [{"name": "ann", "role": "member", "total_jobs": 1, "job_hours": 0.5,
                   "cost_share_usd": cost}],
-        "records": {"raysubmit_ann1": {"member": "ann", "status": status,
-                                       "start_time": 1.7e12, "end_time": 1.7e12 + 1.8e6,
-                                       "entrypoint": "python a.py"}}}
+        "records": {"raysubmit_ann1": JobRecord.from_dict({
+            "member": "ann", "status": status, "start_time": 1.7e12, "end_time": 1.7e12 + 1.8e6,
+            "entrypoint": "python a.py"})}}
     out = commands_metrics.write_report(_NoProvider(), "class", tmp_path / "r.html",  # type: ignore[arg-type]
                                         members)
     page = out.read_text()

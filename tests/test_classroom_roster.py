@@ -240,8 +240,8 @@ def test_a_name_added_again_gets_a_new_token_and_each_entry_keeps_its_own_jobs(
     assert [e["event"] for e in rows[0]["history"]] == ["added", "removed", "re-added"]
     assert rows[0]["job_hours"] == pytest.approx(3.0) and rows[0]["cost_share_usd"] == 2.0
     # Each entry keeps its own jobs (the gateway's ids): the rows per entry tell them apart.
-    entries = sharing_term.rows_of(book(), {}, {k: dict(v) for k, v in json.loads(
-        (sharing.folder("class") / gateway_state.USAGE_FILE).read_text())["jobs"].items()}, None)
+    entries = sharing_term.rows_of(book(), {}, sharing.job_records(json.loads(
+        (sharing.folder("class") / gateway_state.USAGE_FILE).read_text())), None)
     assert [(r["status"], r["total_jobs"]) for r in entries] == [("removed", 1), ("active", 1)]
 
 
@@ -412,7 +412,7 @@ def test_entries_from_before_ids_split_one_names_jobs_by_when_they_started() -> 
             "new": {"member": "bob", "status": "RUNNING", "cost": 0.5,
                     "start_time": _ms("2026-02-02T00:00:00+00:00")},
             "queued": {"member": "bob", "status": "PENDING", "cost": 0.0}}
-    rows = sharing_term.rows_of(book_, {"members": {}}, jobs, None)
+    rows = sharing_term.rows_of(book_, {"members": {}}, sharing.job_records({"jobs": jobs}), None)
     assert [(r["status"], r["total_jobs"], r["cost_share_usd"]) for r in rows] == \
         [("removed", 1, 1.0), ("active", 2, 0.5)]
     assert rows[0]["job_hours"] == pytest.approx(2.0) and rows[0]["budget_used"] is None

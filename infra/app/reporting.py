@@ -107,8 +107,7 @@ def sharing_view(selected: Any, running: bool) -> dict[str, Any] | None:
         return None
     current = state.read(selected.name)
     usage = sharing.read_usage(selected, None)
-    jobs_seen = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
-    rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage, jobs_seen,
-                                selected.sharing)
+    rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage,
+                                sharing.job_records(usage), selected.sharing)
     url = current.info.gateway_url if running and current is not None else None
     return {"gateway_url": url, "members": term_people.people(rows, selected.sharing)}

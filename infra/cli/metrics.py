@@ -22,6 +22,7 @@ from infra.core.metrics import report, report_runs
 from infra.core.metrics.prometheus import MetricsError
 from infra.core.state import State
 from infra.node.files import atomic_write
+from infra.node.gateway_files import JobRecord
 from infra.node.gateway_state import now_iso
 from infra.providers.base import Provider
 
@@ -214,8 +215,7 @@ def term_data(impl: Provider[Any, Any], cluster: str, members: dict[str, Any] | 
         extra = _gateway_only(cluster, {k: v for k, v in records.items()
                                         if k not in listed})["jobs"]
         data = {**data, "members": members["rows"], "budget_of": members.get("budget_of", ""),
-                "jobs": [{**job, "member": str((records.get(job["job"]) or {}).get("member")
-                                               or "owner")}
+                "jobs": [{**job, "member": str(_member_of(records.get(job["job"])) or "owner")}
                          for job in [*data.get("jobs", []), *extra]
                          if since is None or float(job.get("start") or 0.0) >= since]}
     return data, where
@@ -230,14 +230,19 @@ def write_report(impl: Provider[Any, Any], cluster: str, out: Path | None,
     return path
 
 
-def _gateway_only(cluster: str, records: dict[str, Any]) -> dict[str, Any]:
+def _member_of(record: JobRecord | None) -> str | None:
+    return record.member if record is not None else None
+
+
+def _gateway_only(cluster: str, records: dict[str, JobRecord]) -> dict[str, Any]:
     """A report's data from the gateway's job records alone (times in Ray's milliseconds)."""
     now = time.time()
-    jobs: list[dict[str, Any]] = [{"job": job, "status": str(entry.get("status") or "?"),
-             "start": float(entry["start_time"]) / 1000,
-             "end": float(entry["end_time"]) / 1000 if entry.get("end_time") else now,
-             "entrypoint": str(entry.get("entrypoint") or "")}
-            for job, entry in records.items() if entry.get("start_time")]
+    # The gateway writes no entrypoint: one a record holds (`extra`) is shown, none is "".
+    jobs: list[dict[str, Any]] = [{"job": job, "status": str(entry.status or "?"),
+             "start": float(entry.start_time) / 1000,
+             "end": float(entry.end_time) / 1000 if entry.end_time else now,
+             "entrypoint": str(entry.extra.get("entrypoint") or "")}
+            for job, entry in records.items() if entry.start_time]
     since = min((float(j["start"]) for j in jobs), default=now - 3600)
     return {"cluster": cluster, "since": since, "until": now, "step": 60.0, "series": {},
             "jobs": sorted(jobs, key=lambda j: j["start"]), "taken_at": now_iso()}
@@ -255,7 +260,7 @@ def member_report(selected: Any, impl: Provider[Any, Any]) -> dict[str, Any]:
     # One row per person for the term: a name removed and added again is one person.
     return {"rows": term_people.people(rows, selected.sharing),
             "budget_of": term_people.budget_of(selected.sharing),
-            "records": sharing.read_usage(selected, None).get("jobs", {})}
+            "records": sharing.job_records(sharing.read_usage(selected, None))}
 
 
 # --- the verbs ---------------------------------------------------------------------------------

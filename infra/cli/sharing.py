@@ -226,7 +226,7 @@ def member_rows(selected: Any, impl: Any, current: Any) -> list[dict[str, Any]]:
     usage = sharing.read_usage(selected, access)
     # Who submitted what is the gateway's record (usage.json); Ray's own list wins for a recorded
     # job's status and times (a job submitted since the gateway's last tick counts already).
-    jobs_seen: dict[str, dict[str, Any]] = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
+    jobs_seen = sharing.job_records(usage)
     if access is not None:
         try:
             with impl.connect(current) as endpoint:

@@ -8,7 +8,7 @@ the usage file. Both outlive a head (the owner's machine keeps copies), so what 
   `MembersFile` too (term.py `read_book`): its verbs move entries between sections as they are.
 - `usage.json` (`UsageFile`), written by the gateway (gateway_state.Usage), read by the owner's
   `members`, `status` and `report`: each member job's record by submission id (its times, cost
-  share and stop notes: `JOB_FIELDS`), each member's last request, the cluster's money, and the
+  share and stop notes: `JobRecord`), each member's last request, the cluster's money, and the
   bytes each member uploaded.
 
 Entries and sections are `Wire` dataclasses without a version of their own; entries keep every key
@@ -24,15 +24,73 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.node.wire import VERSION, Wire
+from infra.node.wire import ABSENT, EXTRA, VERSION, Wire
 
-#: The fields of a job's record in the usage file, as the gateway writes them (a record stays a
-#: dict: its notes are `Usage.note`'s keyword arguments): who submitted it (`member`,
-#: `member_id`), Ray's view of it at the last tick, its cost share, and what the gateway did.
-JOB_FIELDS = ("member", "member_id", "submitted", "noted_at", "cost", "status", "start_time",
-              "end_time", "ray_job_id", "gone", "leftover_until", "stopped_by", "stopped_reason",
-              "stop_requested", "stop_confirmed", "stop_forced", "leftovers_reaped",
-              "leftovers_reason", "budget_note")
+
+@dataclass
+class JobRecord(Wire):
+    """A member job's record in the usage file (by its submission id), written by the gateway
+    (gateway_state.Usage): who submitted it (`member`, `member_id`), Ray's view of it at the last
+    tick (`status`, `start_time`, `end_time` in ms, `ray_job_id`), its cost share, and what the
+    gateway did (its stop, its leftovers' reaping, its budget note). Keys are kept as read
+    (`absent`): the owner's machine tells a record without `member_id` (written before members
+    had ids) from one with a null. A field set here is written, as a key set in a dict was."""
+
+    KIND = "a job record of the gateway's usage file"
+
+    member: str | None = None
+    member_id: str | None = None
+    #: When the gateway submitted it (ISO 8601).
+    submitted: str | None = None
+    #: When the gateway first noted it (epoch seconds): gateway_usage.gone_records.
+    noted_at: float | None = None
+    #: Its cost share in dollars.
+    cost: float = 0.0
+    status: str | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    ray_job_id: str | None = None
+    #: When a tick found Ray no longer listing it (ISO 8601).
+    gone: str | None = None
+    #: The last tick that saw its leftovers alive (ms since the epoch).
+    leftover_until: float | None = None
+    stopped_by: str | None = None
+    stopped_reason: str | None = None
+    #: Epoch seconds of the stop's steps (gateway_stops.py).
+    stop_requested: float | None = None
+    stop_confirmed: float | None = None
+    stop_forced: float | None = None
+    #: When its leftovers were reaped (ISO 8601), and why.
+    leftovers_reaped: str | None = None
+    leftovers_reason: str | None = None
+    budget_note: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    absent: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A field set is a key written (a null too), as `record[name] = value` on a dict was.
+        if name != ABSENT and name in self.__dict__.get(ABSENT, ()):
+            object.__setattr__(self, ABSENT, self.__dict__[ABSENT] - {name})
+        object.__setattr__(self, name, value)
+
+    @classmethod
+    def new(cls, **fields: Any) -> JobRecord:
+        """A record with only `fields` as keys (unknown ones kept in `extra`)."""
+        record = cls(absent=frozenset(JOB_FIELDS))
+        record.update(**fields)
+        return record
+
+    def update(self, **fields: Any) -> None:
+        """Set `fields` (JOB_FIELDS as attributes, any other key in `extra`)."""
+        for name, value in fields.items():
+            if name in JOB_FIELDS:
+                setattr(self, name, value)
+            else:
+                self.extra[name] = value
+
+
+#: The fields of a job's record in the usage file, as the gateway writes them (JobRecord).
+JOB_FIELDS = tuple(f.name for f in dataclasses.fields(JobRecord) if f.name not in (EXTRA, ABSENT))
 
 
 @dataclass(frozen=True)
@@ -154,8 +212,8 @@ class UsageFile(Wire):
 
     KIND = "the gateway's usage file"
 
-    #: A member job's record by its submission id (JOB_FIELDS).
-    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: A member job's record by its submission id.
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
     members: dict[str, Seen] = field(default_factory=dict)
     cluster: ClusterUsage = field(default_factory=ClusterUsage)
     #: Jobs without a record of ours, by key: Ray's status and times at the last tick.
@@ -177,7 +235,8 @@ class UsageFile(Wire):
 
         return dataclasses.replace(
             loaded,
-            jobs={k: dict(v) for k, v in section(raw.jobs).items() if isinstance(v, Mapping)},
+            jobs={k: JobRecord.from_dict(v) for k, v in section(raw.jobs).items()
+                  if isinstance(v, Mapping)},
             members={k: Seen.from_dict(v) for k, v in section(raw.members).items()
                      if isinstance(v, Mapping)},
             cluster=ClusterUsage.from_dict(section(raw.cluster)),
@@ -186,6 +245,7 @@ class UsageFile(Wire):
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
+        data["jobs"] = {key: record.to_dict() for key, record in self.jobs.items()}
         data["members"] = {name: seen.to_dict() for name, seen in self.members.items()}
         data["cluster"] = self.cluster.to_dict()
         return data

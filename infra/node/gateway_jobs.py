@@ -203,7 +203,7 @@ class JobRoutes:
         # Acted on by the id Ray answered for, the one just checked: never by what was asked.
         key = submission_of(job) or job_id
         record = self.usage.jobs.get(key)
-        if record is not None and job.get("job_id") and record.get("ray_job_id") != job["job_id"]:
+        if record is not None and job.get("job_id") and record.ray_job_id != job["job_id"]:
             # Before a DELETE makes Ray forget the driver: what the job leaves behind is found by
             # its Ray job id (gateway_leftovers.py), even when no tick listed it yet.
             self.usage.note(key, ray_job_id=job["job_id"])

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from infra.node import gateway_state as gs
 from infra.node import gateway_stops as stops
 from infra.node import gateway_usage as gu
+from infra.node.gateway_files import JobRecord
 
 _NOT = "filter_keys=state&filter_predicates=%21%3D&filter_values="
 #: Every actor not DEAD, every placement group not REMOVED (Ray's state API caps a list at 10000).
@@ -88,7 +89,7 @@ async def survey(gateway: Gateway) -> dict[str, float] | None:
     return held
 
 
-def member_limit(gateway: Gateway, key: str, entry: dict[str, Any],
+def member_limit(gateway: Gateway, key: str, entry: JobRecord,
                  spent: dict[str, tuple[float, float]]) -> str | None:
     """Why the leftovers of the member job `key` must go now (None: they may stay). `spent`
     caches each member's (hours, dollars) within a tick."""
@@ -98,7 +99,7 @@ def member_limit(gateway: Gateway, key: str, entry: dict[str, Any],
     config = gateway.config
     if member not in gateway.members.ids():
         return "its member was removed or expired"
-    start = entry.get("start_time")
+    start = entry.start_time
     if config.max_job_hours and isinstance(start, int | float) \
             and time.time() - start / 1000 >= config.max_job_hours * 3600:
         return f"its job started more than sharing.max_job_hours ({config.max_job_hours:g} h) ago"
@@ -117,8 +118,8 @@ def doomed(gateway: Gateway, jobs: list[dict[str, Any]], held: dict[str, float]
     """Ray job id -> (the usage's key of its job, or None; why) for every leftover that must go.
     Never a job Ray lists as pending or running: that is a job, stopped as one (gateway_stops)."""
     active = {str(j.get("job_id")) for j in jobs if j.get("status") in gu.ACTIVE}
-    records = {str(e["ray_job_id"]): (k, e) for k, e in gateway.usage.jobs.items()
-               if e.get("ray_job_id")}
+    records = {str(e.ray_job_id): (k, e) for k, e in gateway.usage.jobs.items()
+               if e.ray_job_id}
     budget = gateway.config.budget_usd
     cluster = gateway.usage.cluster
     over = bool(budget) and (cluster.budget_reached_at or cluster.accrued_usd >= budget)
@@ -127,8 +128,8 @@ def doomed(gateway: Gateway, jobs: list[dict[str, Any]], held: dict[str, float]
     for job_id in held:
         if job_id in active:
             continue
-        key, entry = records.get(job_id, (None, {}))
-        why = member_limit(gateway, key, entry, spent) if key else None
+        key, entry = records.get(job_id, (None, None))
+        why = member_limit(gateway, key, entry, spent) if key and entry else None
         if why is None and over:
             why = f"the cluster spent its budget (sharing.budget_usd ${budget:g})"
         if why is not None:

@@ -36,8 +36,8 @@ async def enforce(gateway: Gateway, jobs: list[dict[str, Any]]) -> None:
         if not key:
             continue
         removed = gone.by_id(gateway.usage.member_id_of(key))
-        record = gateway.usage.jobs.get(key) or {}
-        if removed is None or not removed.stop_jobs or record.get("stopped_reason"):
+        record = gateway.usage.jobs.get(key)
+        if removed is None or not removed.stop_jobs or (record and record.stopped_reason):
             continue
         if job.get("status") in stops.ACTIVE:
             await stops.stop(gateway, key, by="owner", reason=REASON)

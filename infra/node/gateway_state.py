@@ -202,7 +202,7 @@ class Usage:
             self.file = gf.UsageFile.from_json(path.read_text())
         except (OSError, ValueError, WireError):
             self.file = gf.UsageFile()
-        #: Each member job's record by submission id (gf.JOB_FIELDS); the cluster's money.
+        #: Each member job's record by submission id (gf.JobRecord); the cluster's money.
         self.jobs, self.cluster = self.file.jobs, self.file.cluster
         self._dirty = False
         #: Counts `note` calls: what the gateway shows of a job beside Ray's view (its stop
@@ -255,23 +255,23 @@ class Usage:
             entry = records.get(key)
             times = {"status": job.get("status"), "start_time": job.get("start_time"),
                      "end_time": job.get("end_time")}
-            if entry is None or not entry.get("member"):
+            if entry is None or not entry.member:
                 cluster.owner_usd += shares.get(key, 0.0)
                 if unattributed.get(key) != times:
                     unattributed[key] = times
                     self._dirty = True
                 continue
-            before = dict(entry)
-            entry.update(times)
+            before = entry.to_dict()
+            entry.update(**times)
             if job.get("job_id"):
-                entry["ray_job_id"] = job["job_id"]
+                entry.ray_job_id = job["job_id"]
             if key in gone:
-                entry["gone"] = now_iso()
+                entry.gone = now_iso()
             if key in lingering:
-                entry["leftover_until"] = until * 1000
+                entry.leftover_until = until * 1000
             if key in shares:
-                entry["cost"] = float(entry.get("cost", 0.0)) + shares[key]
-            if entry != before:
+                entry.cost = float(entry.cost) + shares[key]
+            if entry.to_dict() != before:
                 self._dirty = True
 
     def _holding(self, jobs: list[dict[str, Any]]) -> tuple[frozenset[str], dict[str, float]]:
@@ -280,10 +280,10 @@ class Usage:
         `jobs`, from their records, when Ray lists them no more), and every job's weight."""
         listed = {gu.key(j) for j in jobs}
         for name, entry in self.jobs.items():
-            if name not in listed and entry.get("ray_job_id") in self.holdings:
-                jobs.append({"submission_id": name, "job_id": entry["ray_job_id"],
-                             "status": entry.get("status"), "start_time": entry.get("start_time"),
-                             "end_time": entry.get("end_time")})
+            if name not in listed and entry.ray_job_id in self.holdings:
+                jobs.append({"submission_id": name, "job_id": entry.ray_job_id,
+                             "status": entry.status, "start_time": entry.start_time,
+                             "end_time": entry.end_time})
         lingering, weights = set(), {}
         for job in jobs:
             name, active = gu.key(job), job.get("status") in gu.ACTIVE
@@ -298,29 +298,29 @@ class Usage:
         those last seen in a final state. Once a tick has recorded every member job Ray lists,
         and every submit since was noted, this bounds the member's active jobs from above."""
         return sum(1 for key, entry in self.jobs.items()
-                   if self.member_id_of(key) == member_id and entry.get("status") not in FINISHED)
+                   if self.member_id_of(key) == member_id and entry.status not in FINISHED)
 
     def lingering(self, member_id: str, since_ms: float) -> set[str]:
         """The member's ended jobs whose actors or placement groups a tick at or after `since_ms`
         (ms since the epoch) saw alive: they hold the cluster as a running job does."""
         return {key for key, entry in self.jobs.items()
-                if self.member_id_of(key) == member_id and entry.get("status") in FINISHED
-                and float(entry.get("leftover_until") or 0) >= since_ms}
+                if self.member_id_of(key) == member_id and entry.status in FINISHED
+                and float(entry.leftover_until or 0) >= since_ms}
 
     def member_id_of(self, job_id: str) -> str | None:
         """The id of the member who submitted `job_id` through the gateway, from its own record
         (None: no record of ours; the owner's own jobs through the gateway: OWNER_ID)."""
         entry = self.jobs.get(job_id)
-        if not entry or not entry.get("member"):
+        if entry is None or not entry.member:
             return None
-        return str(entry.get("member_id") or legacy_id(str(entry["member"])))
+        return str(entry.member_id or legacy_id(str(entry.member)))
 
     def spent(self, *member_ids: str) -> tuple[float, float]:
         """The job-hours and dollars of every job the gateway recorded as one of `member_ids`'."""
         own = [entry for key, entry in self.jobs.items()
                if self.member_id_of(key) in member_ids]
         return (sum(job_hours(entry) for entry in own),
-                sum(float(entry.get("cost", 0.0)) for entry in own))
+                sum(float(entry.cost) for entry in own))
 
     def recorded(self, job_id: str) -> bool:
         return job_id in self.jobs
@@ -355,21 +355,24 @@ class Usage:
         self._dirty = True
         return True
 
-    def pending_stops(self) -> list[tuple[str, dict[str, Any]]]:
+    def pending_stops(self) -> list[tuple[str, gf.JobRecord]]:
         """Jobs a stop was asked for whose end (and reaping) is not yet confirmed."""
         return [(key, entry) for key, entry in self.jobs.items()
-                if entry.get("stop_requested") and not entry.get("stop_confirmed")]
+                if entry.stop_requested and not entry.stop_confirmed]
 
     def note(self, job_id: str, **fields: Any) -> None:
         # When it was first noted: a job Ray no longer lists is closed only once a list asked
         # for after that could have shown it (gateway_usage.gone_records).
-        self.jobs.setdefault(job_id, {"cost": 0.0, "noted_at": time.time()}).update(fields)
+        record = self.jobs.get(job_id)
+        if record is None:
+            record = self.jobs[job_id] = gf.JobRecord.new(cost=0.0, noted_at=time.time())
+        record.update(**fields)
         self._dirty = True
         self.version += 1
 
     def reason(self, job_id: str) -> str | None:
         entry = self.jobs.get(job_id)
-        return entry.get("stopped_reason") if entry else None
+        return entry.stopped_reason if entry is not None else None
 
     def save(self) -> None:
         if self._dirty:

@@ -119,8 +119,8 @@ async def follow(gateway: Gateway, jobs: list[dict[str, Any]]) -> None:
             gateway.usage.note(key, stop_confirmed=time.time())
             continue
         if job.get("status") in ACTIVE:
-            waited = time.time() - float(entry["stop_requested"])
-            if waited > GRACE_S and not entry.get("stop_forced"):
+            waited = time.time() - float(entry.stop_requested or 0)  # set: a pending stop
+            if waited > GRACE_S and not entry.stop_forced:
                 await gateway.upstream_raw("POST", gt.job_path(key, "/stop"))
                 await reap(gateway, job, supervisor=True)
                 gateway.usage.note(key, stop_forced=time.time())
@@ -181,7 +181,7 @@ async def enforce_hours(gateway: Gateway, jobs: list[dict[str, Any]], limit: flo
             continue
         if time.time() - started / 1000 < limit * 3600:
             continue
-        if gateway.usage.jobs[key].get("stop_requested"):
+        if gateway.usage.jobs[key].stop_requested:
             continue  # asked already: `follow` makes sure of it
         await stop(gateway, key, by="gateway", reason=(
             f"stopped by the cluster: it ran past sharing.max_job_hours ({limit:g} h)"))
@@ -207,7 +207,8 @@ async def enforce_budget(gateway: Gateway, jobs: list[dict[str, Any]], budget: f
         key = job.get("submission_id")
         if job.get("status") not in ACTIVE or not key:
             continue
-        if (gateway.usage.jobs.get(key) or {}).get("stop_requested"):
+        record = gateway.usage.jobs.get(key)
+        if record is not None and record.stop_requested:
             continue  # asked already: `follow` makes sure of it
         await stop(gateway, key, by="gateway", reason=(
             f"stopped by the cluster: it spent its budget (sharing.budget_usd ${budget:g})"))

@@ -23,6 +23,8 @@ import itertools
 import time
 from typing import Any
 
+from infra.node.gateway_files import JobRecord
+
 #: Ray's final job states (a job in one never runs again), and the gateway's own for a job Ray no
 #: longer lists (deleted): its hours and cost were closed when the gateway found it gone.
 FINISHED = ("SUCCEEDED", "FAILED", "STOPPED", "DELETED")
@@ -104,20 +106,20 @@ def split_cost(present: dict[str, tuple[float, float]], since: float, until: flo
     return shares, idle
 
 
-def job_hours(entry: dict[str, Any], now_ms: float | None = None) -> float:
+def job_hours(entry: JobRecord, now_ms: float | None = None) -> float:
     """Hours a job has run (Ray's start and end times, in ms), its leftovers' time after its end
     included (`leftover_until`: the last tick that saw them alive); 0 before it starts."""
-    start = entry.get("start_time")
+    start = entry.start_time
     if start is None:
         return 0.0
-    end = entry.get("end_time") or now_ms or time.time() * 1000
-    lingered = entry.get("leftover_until")
+    end = entry.end_time or now_ms or time.time() * 1000
+    lingered = entry.leftover_until
     if isinstance(lingered, int | float):
         end = max(float(end), float(lingered))
     return max(0.0, (float(end) - float(start)) / 3.6e6)
 
 
-def gone_records(records: dict[str, dict[str, Any]], listed: set[str], since: float,
+def gone_records(records: dict[str, JobRecord], listed: set[str], since: float,
                  until: float) -> dict[str, dict[str, Any]]:
     """The member jobs of `records` that Ray no longer lists (deleted), each with the times to
     close it with: its last known status, start and end, the end being `until` (the tick that
@@ -126,18 +128,18 @@ def gone_records(records: dict[str, dict[str, Any]], listed: set[str], since: fl
     before `since` (a submit noted after this tick's list was asked for is not in it yet)."""
     found: dict[str, dict[str, Any]] = {}
     for name, entry in records.items():
-        if name in listed or not entry.get("member") or entry.get("gone"):
+        if name in listed or not entry.member or entry.gone:
             continue
-        noted = entry.get("noted_at")
-        seen = entry.get("status") is not None  # only a tick sets it, from Ray's list
+        noted = entry.noted_at
+        seen = entry.status is not None  # only a tick sets it, from Ray's list
         if not seen and not (isinstance(noted, int | float) and noted < since):
             continue
-        start, end = entry.get("start_time"), entry.get("end_time")
+        start, end = entry.start_time, entry.end_time
         if start is None and isinstance(noted, int | float) and not seen:
             start = noted * 1000  # never listed: from its submit
         if start is not None and not isinstance(end, int | float):
             end = until * 1000
-        final = entry.get("status") if entry.get("status") in FINISHED else "DELETED"
+        final = entry.status if entry.status in FINISHED else "DELETED"
         found[name] = {"submission_id": name, "status": final, "start_time": start,
-                       "end_time": end, "job_id": entry.get("ray_job_id")}
+                       "end_time": end, "job_id": entry.ray_job_id}
     return found

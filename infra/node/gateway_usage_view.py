@@ -50,7 +50,7 @@ def view(gateway: Gateway, who: gs.Member) -> dict[str, Any]:
         "left": {k: (None if not limit else round(max(0.0, limit - spent[k]), 4))
                  for k, limit in limits.items()},
         "used": round(max(shares), 4) if shares else None,
-        "running_jobs": sum(1 for e in theirs if e.get("status") in _ACTIVE),
+        "running_jobs": sum(1 for e in theirs if e.status in _ACTIVE),
         "total_jobs": len(theirs),
         "max_running_jobs": config.max_running_jobs_per_member,
     }
@@ -107,8 +107,8 @@ def submit_note(gateway: Gateway, who: gs.Member) -> dict[str, Any]:
 def message(usage: gs.Usage, job: dict[str, Any]) -> str | None:
     """The job's status message with the budget note its submit was given (Ray's message kept
     first: a failure's reason is never hidden), or None without one."""
-    record = usage.jobs.get(str(job.get("submission_id") or job.get("job_id"))) or {}
-    said = record.get("budget_note")
+    record = usage.jobs.get(str(job.get("submission_id") or job.get("job_id")))
+    said = record.budget_note if record is not None else None
     if not said:
         return None
     return f"{job.get('message') or ''} ({said})".strip()

@@ -5,6 +5,7 @@ left behind to its member."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,18 +41,19 @@ def test_a_job_that_ran_and_was_deleted_between_two_ticks_is_charged_once(bed: B
     list could have shown it closes it with the time from its submit, once."""
     _submit(bed, "quick")
     _tick(bed)  # its list may have been asked for before the submit: not yet judged
-    assert bed.gateway.usage.jobs["quick"].get("status") is None
+    assert bed.gateway.usage.jobs["quick"].status is None
     _tick(bed)
-    entry = dict(bed.gateway.usage.jobs["quick"])
-    assert entry["status"] == "DELETED" and entry["cost"] > 0
+    entry = dataclasses.replace(bed.gateway.usage.jobs["quick"])
+    assert entry.status == "DELETED" and entry.cost > 0
     hours = gs.job_hours(entry)
-    assert hours > 0 and entry["end_time"] >= entry["start_time"]
+    assert entry.end_time is not None and entry.start_time is not None
+    assert hours > 0 and entry.end_time >= entry.start_time
     _tick(bed)
     _tick(bed)
     again = bed.gateway.usage.jobs["quick"]
-    assert again["cost"] == entry["cost"] and gs.job_hours(again) == hours
+    assert again.cost == entry.cost and gs.job_hours(again) == hours
     cluster = bed.gateway.usage.cluster
-    member_costs = sum(float(e.get("cost", 0.0)) for e in bed.gateway.usage.jobs.values())
+    member_costs = sum(float(e.cost) for e in bed.gateway.usage.jobs.values())
     # Within the rounding of epoch seconds (a microsecond is a microdollar here).
     assert member_costs + cluster.owner_usd + cluster.idle_usd == pytest.approx(
         cluster.accrued_usd, abs=1e-5)
@@ -61,16 +63,16 @@ def test_a_job_deleted_after_a_tick_saw_it_running_gets_an_end(bed: Bed) -> None
     """Seen RUNNING, then gone from Ray's list: its hours end at the tick that found it gone,
     instead of growing for ever."""
     jobs: list[dict[str, Any]] = bed.upstream.jobs
-    started_ms = (bed.gateway.usage.jobs["raysubmit_ann1"].get("noted_at") or 0) * 1000
+    started_ms = (bed.gateway.usage.jobs["raysubmit_ann1"].noted_at or 0) * 1000
     jobs[0] = {**jobs[0], "start_time": started_ms}
     _tick(bed)
     entry = bed.gateway.usage.jobs["raysubmit_ann1"]
-    assert entry["status"] == "RUNNING" and entry.get("end_time") is None
+    assert entry.status == "RUNNING" and entry.end_time is None
     del jobs[0]  # ann deleted it (it ended first: Ray deletes only finished jobs)
     _tick(bed)
     entry = bed.gateway.usage.jobs["raysubmit_ann1"]
-    assert entry["status"] == "DELETED" and isinstance(entry["end_time"], float)
-    later = entry["end_time"] + 3.6e6 * 24  # a day later, the same hours
+    assert entry.status == "DELETED" and isinstance(entry.end_time, float)
+    later = entry.end_time + 3.6e6 * 24  # a day later, the same hours
     assert gs.job_hours(entry, now_ms=later) == gs.job_hours(entry)
     assert bed.gateway.usage.maybe_active(IDS["ann"]) == 0
 
@@ -94,23 +96,23 @@ def test_the_price_is_split_by_the_resources_each_job_held(tmp_path: Path) -> No
              "entrypoint_num_cpus": 1},
             {"submission_id": "o", "job_id": "03000000", "status": "RUNNING", "start_time": 0}]
     usage.tick(jobs, 3600, 18.0, now=3600)
-    assert usage.jobs["a"]["cost"] == pytest.approx(16.0)
-    assert usage.jobs["b"]["cost"] == pytest.approx(1.0)
+    assert usage.jobs["a"].cost == pytest.approx(16.0)
+    assert usage.jobs["b"].cost == pytest.approx(1.0)
     assert usage.cluster.owner_usd == pytest.approx(1.0)
     # ann's job ended at 1 h and is deleted; its actor (2 CPUs) lives on beside bo's job.
     jobs = [{**jobs[1]}]
     usage.jobs["a"].update(status="SUCCEEDED", end_time=hour)
     usage.holdings = {"01000000": 2.0}
     usage.tick(jobs, 3600, 3.0, now=7200)
-    assert usage.jobs["a"]["cost"] == pytest.approx(16.0 + 2.0)
-    assert usage.jobs["b"]["cost"] == pytest.approx(1.0 + 1.0)
+    assert usage.jobs["a"].cost == pytest.approx(16.0 + 2.0)
+    assert usage.jobs["b"].cost == pytest.approx(1.0 + 1.0)
     assert gs.job_hours(usage.jobs["a"]) == pytest.approx(2.0)
     usage.holdings = {}  # reaped: ann's job is charged no more
     usage.tick(jobs, 3600, 3.0, now=10800)
-    assert usage.jobs["a"]["cost"] == pytest.approx(18.0)
+    assert usage.jobs["a"].cost == pytest.approx(18.0)
     assert gs.job_hours(usage.jobs["a"], now_ms=10 * hour) == pytest.approx(2.0)
     usage.save()
-    assert gs.Usage(tmp_path / gs.USAGE_FILE).jobs["a"]["cost"] == pytest.approx(18.0)
+    assert gs.Usage(tmp_path / gs.USAGE_FILE).jobs["a"].cost == pytest.approx(18.0)
 
 
 def test_a_usage_file_of_the_old_shape_loads_and_goes_on(tmp_path: Path) -> None:
@@ -125,6 +127,6 @@ def test_a_usage_file_of_the_old_shape_loads_and_goes_on(tmp_path: Path) -> None
     usage = gs.Usage(path)
     usage.tick([], 3600, 1.0, now=3 * 3600)
     entry = usage.jobs["old"]
-    assert entry["status"] == "DELETED" and entry["cost"] == pytest.approx(3.0)
+    assert entry.status == "DELETED" and entry.cost == pytest.approx(3.0)
     assert gs.job_hours(entry, now_ms=1e12) == pytest.approx(3.0)
     assert usage.uploaded("id-ann") == 5

@@ -87,7 +87,7 @@ def test_the_owners_stop_by_ray_job_id_stops_and_follows_the_job_ray_resolved(be
     stops = [p for m, p, _ in bed.upstream.seen if m == "POST" and p.endswith("/stop")]
     assert stops == ["/api/jobs/raysubmit_bo1/stop"]
     jobs = bed.gateway.usage.jobs
-    assert "02000000" not in jobs and jobs["raysubmit_bo1"]["stop_requested"]
+    assert "02000000" not in jobs and jobs["raysubmit_bo1"].stop_requested
     # An id Ray knows nothing of is answered as Ray answers it; nothing is stopped.
     status, text = bed.send("POST", "/api/jobs/0f000000/stop", token=OWNER)
     assert (status, text.strip()) == (404, b"Job 0f000000 does not exist")
@@ -98,7 +98,7 @@ def test_a_job_read_before_any_tick_keeps_its_ray_job_id_for_its_leftovers(bed: 
     """A member who deletes their job before the gateway's first tick listed it: once Ray has
     forgotten the submission, only the Ray job id the gateway kept finds what the job left."""
     bed.gateway.usage.note("raysubmit_ann1", member="ann", member_id=IDS["ann"])
-    assert "ray_job_id" not in bed.gateway.usage.jobs["raysubmit_ann1"]
+    assert "ray_job_id" not in bed.gateway.usage.jobs["raysubmit_ann1"].to_dict()
     status, _ = bed.send("DELETE", "/api/jobs/raysubmit_ann1")
     assert status == 200
-    assert bed.gateway.usage.jobs["raysubmit_ann1"]["ray_job_id"] == "01000000"
+    assert bed.gateway.usage.jobs["raysubmit_ann1"].ray_job_id == "01000000"

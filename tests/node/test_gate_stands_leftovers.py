@@ -54,15 +54,15 @@ def test_leftovers_go_once_their_job_started_max_job_hours_ago(beds: Any) -> Non
         _tick(bed)  # both ended within their hours: their actors may stay, charged
         assert _reapers(bed) == []
         _tick(bed)
-        assert bed.gateway.usage.jobs["raysubmit_ann1"]["leftover_until"] > \
-            bed.gateway.usage.jobs["raysubmit_ann1"]["end_time"]
+        assert bed.gateway.usage.jobs["raysubmit_ann1"].leftover_until > \
+            bed.gateway.usage.jobs["raysubmit_ann1"].end_time
         _end(bed, "01000000", started_s_ago=40)  # ann's started 40 s ago: past 36 s
         _tick(bed)
         assert _reapers(bed) == [["01000000"]]
         _tick(bed)  # still listed alive a moment later: not a second reaper at once
         assert _reapers(bed) == [["01000000"]]
         entry = bed.gateway.usage.jobs["raysubmit_ann1"]
-        assert "max_job_hours" in entry["leftovers_reason"]
+        assert "max_job_hours" in entry.leftovers_reason
 
 
 def test_a_removed_members_leftovers_go(beds: Any) -> None:
@@ -96,7 +96,7 @@ def test_an_ended_job_whose_actors_live_on_holds_a_slot_of_the_running_jobs_cap(
         _end(bed, "01000000")
         _tick(bed)
         _tick(bed)  # the tick after its end sees its actor alive
-        assert bed.gateway.usage.jobs["raysubmit_ann1"].get("leftover_until")
+        assert bed.gateway.usage.jobs["raysubmit_ann1"].leftover_until
         body = json.dumps({"entrypoint": "true"}).encode()
         status, text = bed.send("POST", "/api/jobs/", body=body)
         assert status == 429, text

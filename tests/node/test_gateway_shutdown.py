@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from infra.node import gateway_files as gf
 from infra.node import gateway_state as gs
 from infra.node.gateway import Gateway
 from infra.node.gateway_config import Config
@@ -54,4 +55,5 @@ def test_a_stopped_gateway_keeps_the_hours_of_a_job_that_ended_since_its_last_ti
     assert asked == ["/api/jobs/"]
     entry = json.loads((tmp_path / gs.USAGE_FILE).read_text())["jobs"]["raysubmit_pia1"]
     assert entry["member"] == "pia" and entry["status"] == "SUCCEEDED"
-    assert gs.job_hours(entry) == (FINISHED["end_time"] - FINISHED["start_time"]) / 3.6e6
+    assert gs.job_hours(gf.JobRecord.from_dict(entry)) == \
+        (FINISHED["end_time"] - FINISHED["start_time"]) / 3.6e6

@@ -49,7 +49,7 @@ def test_usage_survives_a_restart_and_splits_the_price(tmp_path: Path) -> None:
     usage.save()
     again = gs.Usage(path)
     # Split among every job running, the owner's (c) included: each pays a third.
-    assert again.jobs["a"]["cost"] == 1.0 and again.jobs["b"]["cost"] == 1.0
+    assert again.jobs["a"].cost == 1.0 and again.jobs["b"].cost == 1.0
     assert again.cluster.owner_usd == 1.0
     assert "c" not in again.jobs
     assert gs.job_hours(again.jobs["b"]) == 1.0
@@ -82,7 +82,7 @@ def test_cost_shares_of_overlapping_jobs_sum_to_the_accrued_cost(tmp_path: Path)
                600, 6.0)  # nothing runs: idle
     usage.save()
     again = gs.Usage(path)
-    ann, bo = again.jobs["a"]["cost"], again.jobs["b"]["cost"]
+    ann, bo = again.jobs["a"].cost, again.jobs["b"].cost
     cluster = again.cluster
     assert ann == pytest.approx(1 + 1 + 2 / 3) and bo == pytest.approx(1 + 2 / 3)
     assert cluster.owner_usd == pytest.approx(2 / 3) and cluster.idle_usd == pytest.approx(1.0)
@@ -111,11 +111,11 @@ def test_a_job_that_starts_and_ends_between_two_ticks_pays_for_its_time(tmp_path
             {**_job("old", "STOPPED", "bo"), "start_time": at(-30), "end_time": at(-10)}]
     usage.tick(jobs, 3600, 6.0, now=now)  # $0.10 a minute
     cluster = usage.cluster
-    assert usage.jobs["a"]["cost"] == pytest.approx(0.5 + 0.25)
+    assert usage.jobs["a"].cost == pytest.approx(0.5 + 0.25)
     assert cluster.owner_usd == pytest.approx(0.25 + 3.0)  # 5 min shared, then 30 alone
     assert cluster.idle_usd == pytest.approx(2.0)  # the first 20 minutes
-    assert usage.jobs["p"]["cost"] == usage.jobs["old"]["cost"] == 0.0
-    assert usage.jobs["a"]["cost"] + cluster.owner_usd + cluster.idle_usd == \
+    assert usage.jobs["p"].cost == usage.jobs["old"].cost == 0.0
+    assert usage.jobs["a"].cost + cluster.owner_usd + cluster.idle_usd == \
         pytest.approx(cluster.accrued_usd) == pytest.approx(6.0)
 
 
@@ -144,7 +144,7 @@ def test_metadata_a_job_sets_itself_attributes_it_to_nobody(tmp_path: Path) -> N
     usage.tick([_job("a", "RUNNING", "ann"), forged], 3600, 2.0)
     assert usage.member_id_of("03000000") is None and usage.member_id_of("a") == "id-ann"
     assert usage.maybe_active("id-ann") == 1
-    assert usage.jobs["a"]["cost"] == 1.0 and usage.cluster.owner_usd == 1.0
+    assert usage.jobs["a"].cost == 1.0 and usage.cluster.owner_usd == 1.0
     assert usage.file.unattributed["03000000"]["status"] == "RUNNING"
     # A member re-added under the same name is another member: the old one's records stay theirs.
     assert usage.member_id_of("a") != gs.legacy_id("ann")

@@ -74,7 +74,7 @@ def test_term_record_stop_jobs_stops_and_records_the_reason(bed: Bed) -> None:
     assert ("POST", "/stop", "raysubmit_bo1") in bed.upstream.acted
     assert not [a for a in bed.upstream.acted if a[2] == "raysubmit_ann1"]
     record = bed.gateway.usage.jobs["raysubmit_bo1"]
-    assert record["stopped_reason"] == gateway_removals.REASON
+    assert record.stopped_reason == gateway_removals.REASON
     assert any(line.get("reason") == gateway_removals.REASON and line.get("job") ==
                "raysubmit_bo1" for line in _audit(bed))
 
@@ -85,7 +85,7 @@ def test_term_record_a_job_the_owner_stopped_straight_through_ray_gets_the_reaso
     bo_job.update(status="STOPPED", end_time=time.time() * 1000 + 1000)
     bed.on_gateway(bed.gateway.account())
     assert not bed.upstream.acted  # nothing left to stop
-    assert bed.gateway.usage.jobs["raysubmit_bo1"]["stopped_reason"] == \
+    assert bed.gateway.usage.jobs["raysubmit_bo1"].stopped_reason == \
         gateway_removals.REASON
     assert [line for line in _audit(bed) if line.get("reason") == gateway_removals.REASON]
 
@@ -94,7 +94,7 @@ def test_term_record_removal_without_stop_jobs_leaves_their_jobs(bed: Bed) -> No
     _remove_bo(bed, stop_jobs=False, when=gs.now_iso())
     bed.on_gateway(bed.gateway.account())
     assert not bed.upstream.acted
-    assert not bed.gateway.usage.jobs["raysubmit_bo1"].get("stopped_reason")
+    assert not bed.gateway.usage.jobs["raysubmit_bo1"].stopped_reason
 
 
 def test_term_record_a_budget_carries_over_a_removal_and_re_add(bed: Bed) -> None:

@@ -305,6 +305,13 @@ def read_usage(selected: ClusterSpec, access: HeadAccess | None) -> dict[str, An
     return data
 
 
+def job_records(usage: dict[str, Any]) -> dict[str, gateway_files.JobRecord]:
+    """The job records of what `read_usage` returned, by submission id (each a copy of its own:
+    callers update them with Ray's view)."""
+    return {key: gateway_files.JobRecord.from_dict(record)
+            for key, record in usage.get("jobs", {}).items()}
+
+
 def _head_json(selected: ClusterSpec, access: HeadAccess | None, name: str) -> Any:
     """A file of the gateway's data dir, as JSON (None: none, or not JSON)."""
     local = folder(selected.name) / name
@@ -330,12 +337,14 @@ def _text(path: Path) -> str | None:
     return None
 
 
-def recorded_for(record: dict[str, Any], name: str, entry: dict[str, Any]) -> bool:
+def recorded_for(record: gateway_files.JobRecord, name: str, entry: dict[str, Any]) -> bool:
     """Whether a job record of the gateway's usage is member `name`'s (registry `entry`): by the
     member id made at `member-add`; records and entries from before ids match by name."""
-    if record.get("member") != name:
+    if record.member != name:
         return False
-    return record.get("member_id", gateway_state.legacy_id(name)) == \
+    # A record from before ids has no `member_id` key at all (a null is no legacy record).
+    recorded = gateway_state.legacy_id(name) if "member_id" in record.absent else record.member_id
+    return recorded == \
         entry.get("id", gateway_state.legacy_id(name))
 
 
@@ -349,7 +358,7 @@ def member_job_ids(selected: ClusterSpec, impl: Any, name: str,
     with contextlib.suppress(Exception):  # a head that is gone: the usage copy kept here
         access = impl.head_access(current) if current is not None and not current.empty else None
     usage = read_usage(selected, access)
-    return {key for key, record in usage.get("jobs", {}).items()
+    return {key for key, record in job_records(usage).items()
             if recorded_for(record, name, entry)}
 
 
@@ -361,11 +370,11 @@ def name_members(selected: ClusterSpec, impl: Any, current: State,
     access = None
     with contextlib.suppress(Exception):
         access = impl.head_access(current)
-    records = read_usage(selected, access).get("jobs", {})
+    records = job_records(read_usage(selected, access))
     for row in rows:
-        record = records.get(row["job"]) or {}
-        row["member"] = str(record.get("member") or "")
-        row["stopped"] = str(record.get("stopped_reason") or "")
+        record = records.get(row["job"]) or gateway_files.JobRecord()
+        row["member"] = str(record.member or "")
+        row["stopped"] = str(record.stopped_reason or "")
 
 
 def require_sharing(selected: ClusterSpec) -> None:
@@ -382,8 +391,8 @@ def budget_status(selected: ClusterSpec, access: HeadAccess | None) -> dict[str,
                               or shared.member_budget_usd):
         return None
     usage = read_usage(selected, access)
-    jobs_seen = {k: dict(v) for k, v in usage.get("jobs", {}).items()}
-    rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage, jobs_seen, shared)
+    rows = sharing_term.rows_of(sharing_term.read_book(selected.name), usage, job_records(usage),
+                                shared)
     rows = term_people.people(rows, shared)  # a budget is per person per term, across a re-add
     return {"cluster": sharing_term.cluster_budget(shared, usage),
             "members_near": [{"name": r["name"], "used": r["budget_used"],

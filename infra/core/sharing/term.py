@@ -316,7 +316,8 @@ def describe_cluster_budget(found: dict[str, Any]) -> str:
 
 # --- the rows of `members` ----------------------------------------------------------------------
 
-def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, dict[str, Any]],
+def rows_of(book: dict[str, Any], usage: dict[str, Any],
+            jobs_seen: dict[str, gateway_files.JobRecord],
             spec_sharing: Sharing | None) -> list[dict[str, Any]]:
     """The rows `members` shows, from the registry's whole file and the jobs seen."""
     people = [{**entry, "name": name} for name, entry in book["members"].items()
@@ -328,7 +329,7 @@ def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, di
     for index, person in enumerate(people):
         own = owned[index]
         hours = round(sum(gateway_state.job_hours(v) for v in own), 6)
-        cost = round(sum(float(v.get("cost", 0.0)) for v in own), 4)
+        cost = round(sum(float(v.cost) for v in own), 4)
         name = str(person["name"])
         latest = not any(p["name"] == name for p in people[index + 1:])
         # `isolation: cluster`: the member's own cluster's node time and cost are theirs (and
@@ -344,7 +345,7 @@ def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, di
             "removed": person.get("removed"),
             "last_seen": usage.get("members", {}).get(name, {}).get("last_seen") if latest
             else None,
-            "running_jobs": sum(1 for v in own if v.get("status") in ("PENDING", "RUNNING")),
+            "running_jobs": sum(1 for v in own if v.status in ("PENDING", "RUNNING")),
             "total_jobs": len(own), "job_hours": hours, "cost_share_usd": cost,
             "budget_used": None if used is None else round(used, 4),
             **({"cluster": cluster} if isinstance(cluster, dict) else {}),
@@ -353,20 +354,21 @@ def rows_of(book: dict[str, Any], usage: dict[str, Any], jobs_seen: dict[str, di
 
 
 def _jobs_by_person(people: list[dict[str, Any]],
-                    jobs_seen: dict[str, dict[str, Any]]) -> list[list[dict[str, Any]]]:
+                    jobs_seen: dict[str, gateway_files.JobRecord]
+                    ) -> list[list[gateway_files.JobRecord]]:
     """Each job the gateway recorded to the entry it was submitted under: by the member id the
     gateway wrote with it (a name added again is another entry, with another id). Entries and
     records from before ids carry none (`legacy-<name>`): among several such entries of one name,
     the last one added before the job started, and the newest for a job not started yet."""
-    owned: list[list[dict[str, Any]]] = [[] for _ in people]
+    owned: list[list[gateway_files.JobRecord]] = [[] for _ in people]
     for job in jobs_seen.values():
-        name = str(job.get("member") or "")
-        wanted = job.get("member_id") or gateway_state.legacy_id(name)
+        name = str(job.member or "")
+        wanted = job.member_id or gateway_state.legacy_id(name)
         mine = [i for i, p in enumerate(people) if p["name"] == name
                 and (p.get("id") or gateway_state.legacy_id(name)) == wanted]
         if not mine:
             continue
-        start = job.get("start_time")
+        start = job.start_time
         pick = mine[-1]
         if len(mine) > 1 and start is not None:
             started = dt.datetime.fromtimestamp(float(start) / 1000, dt.timezone.utc)
