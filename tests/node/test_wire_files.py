@@ -193,8 +193,9 @@ def test_the_gateway_goes_on_with_84e0693s_usage_file(tmp_path: Path) -> None:
     hours, usd = usage.spent(ALICE)
     assert (hours, usd) == (pytest.approx(2400 / 3600), raw["jobs"]["raysubmit_alice1"]["cost"])
     assert usage.member_id_of("raysubmit_bob1") == BOB and usage.uploaded(ALICE) == 4096
-    assert {key for record in usage.jobs.values() for key in record} <= set(gf.JOB_FIELDS)
-    assert usage.pending_stops() == [("raysubmit_bob1", raw["jobs"]["raysubmit_bob1"])]
+    assert {key for record in usage.jobs.values() for key in record.to_dict()} <= set(gf.JOB_FIELDS)
+    assert [(key, record.to_dict()) for key, record in usage.pending_stops()] == [
+        ("raysubmit_bob1", raw["jobs"]["raysubmit_bob1"])]
     assert usage.reach_budget() is False  # reached under 84e0693: not a second time
     usage.add_upload(BOB, 10)
     usage.save()
@@ -221,3 +222,19 @@ def test_the_owner_rewrites_84e0693s_registry_with_every_key_and_a_version(
     sharing_term.write_book("new", {"members": {"dan": {"role": "member"}}})
     assert json.loads(sharing_term.registry_path("new").read_text()) == {
         "members": {"dan": {"role": "member"}}, "version": wire.VERSION}
+
+
+def test_a_job_record_writes_the_keys_it_was_read_with_and_those_set_since() -> None:
+    """84e0693's records are dicts the owner reads by key: a key they lack stays missing (a
+    record without `member_id` is one from before ids), one set since is written, a null too,
+    and a key this version does not know is kept."""
+    raw = _raw("gateway-usage-84e0693.json")["jobs"]
+    for name, sample in raw.items():
+        assert gf.JobRecord.from_dict(sample).to_dict() == sample, name
+    record = gf.JobRecord.from_dict({"member": "ann", "cost": 1.5, "newer": {"x": 1}})
+    assert (record.member, record.cost, record.member_id) == ("ann", 1.5, None)
+    record.stop_confirmed = None
+    record.update(status="RUNNING", later="kept")
+    assert record.to_dict() == {"member": "ann", "cost": 1.5, "newer": {"x": 1},
+                                "stop_confirmed": None, "status": "RUNNING", "later": "kept"}
+    assert gf.JobRecord.new(cost=0.0).to_dict() == {"cost": 0.0}
