@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from infra.node import gateway_state as gs
 from infra.node import gateway_target as gt
+from infra.node.gateway_upstream import Upstream
 
 #: Ray's ids in hex, as the dashboard sends them: a job 4 bytes, an actor 16, a task 24, a node 28.
 _JOB_HEX = re.compile(r"[0-9a-f]{8}")
@@ -88,18 +89,12 @@ def keep_own(value: Any, viewer: Viewer) -> Any:
     return value
 
 
-class DashboardViews:
+class DashboardViews(Upstream):
     """Mixed into the gateway, after JobRoutes: what these answers read of it is declared here."""
 
     config: Any
 
     def mine(self, who: gs.Member, job_id: str) -> bool:
-        raise NotImplementedError
-
-    async def ray_jobs(self) -> tuple[int, list[dict[str, Any]]]:
-        raise NotImplementedError
-
-    async def upstream_raw(self, method: str, path: str, query: str = "") -> tuple[int, bytes]:
         raise NotImplementedError
 
     def scrub_bytes(self, data: bytes) -> bytes:

@@ -22,6 +22,7 @@ from infra.node import gateway_stops as stops
 from infra.node import gateway_submit as gm
 from infra.node import gateway_target as gt
 from infra.node import gateway_usage_view as uv
+from infra.node.gateway_upstream import Upstream
 
 _ACTIVE = ("PENDING", "RUNNING")
 #: What a member may do to a job of theirs: (path after its id, method).
@@ -47,7 +48,7 @@ def submission_of(job: dict[str, Any]) -> str | None:
     return submission if isinstance(submission, str) and submission else None
 
 
-class JobRoutes:
+class JobRoutes(Upstream):
     """Mixed into the gateway: what these routes read of it is declared here."""
 
     config: Any
@@ -62,18 +63,6 @@ class JobRoutes:
 
     async def forward(self, request: Any, who: gs.Member, target: gt.Target,
                       body: bytes | None = None) -> Any:
-        raise NotImplementedError
-
-    async def ray_jobs(self) -> tuple[int, list[dict[str, Any]]]:
-        raise NotImplementedError
-
-    async def upstream_json(self, method: str, path: str) -> tuple[int, Any]:
-        raise NotImplementedError
-
-    async def upstream_raw(self, method: str, path: str, query: str = "") -> tuple[int, bytes]:
-        raise NotImplementedError
-
-    async def upstream_post_json(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         raise NotImplementedError
 
     async def tail(self, request: Any, who: gs.Member, job_id: str) -> Any:

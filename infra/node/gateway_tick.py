@@ -18,9 +18,10 @@ from infra.node import gateway_prices as gp
 from infra.node import gateway_removals as removals
 from infra.node import gateway_state as gs
 from infra.node import gateway_stops as stops
+from infra.node.gateway_upstream import Upstream
 
 
-class Ticks:
+class Ticks(Upstream):
     """Mixed into the gateway: what the tick reads of it is declared here."""
 
     config: Any
@@ -30,18 +31,6 @@ class Ticks:
     failures: gs.FailedLogins
     ticked: bool
     _last_tick: float
-
-    async def ray_jobs(self) -> tuple[int, list[dict[str, Any]]]:
-        raise NotImplementedError
-
-    async def upstream_json(self, method: str, path: str) -> tuple[int, Any]:
-        raise NotImplementedError
-
-    async def upstream_raw(self, method: str, path: str, query: str = "") -> tuple[int, bytes]:
-        raise NotImplementedError
-
-    async def upstream_post_json(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
-        raise NotImplementedError
 
     async def close_removed(self) -> None:
         raise NotImplementedError
