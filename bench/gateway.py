@@ -10,7 +10,8 @@ One local cluster with `sharing:`; members are registered with the owner's own f
 - load: M members x K requests (`list_jobs`), all members at once, each with its own client;
   errors and p99 through the gateway, beside the same load straight to the job API.
 Usage: python bench/gateway.py [--reps 20] [--members 50] [--requests 40] [--quick]
-(--quick: 3 list calls, 1 submit pair, 5 members x 4 requests, for CI)
+(--quick: 3 list calls, 1 submit pair, 5 members x 4 requests; CI runs `measure` at these sizes
+on tests/local/test_e2e_classroom.py's cluster instead, docs/benchmarks.md)
 The last line says which targets were met, with the load average they were measured at.
 """
 
@@ -26,12 +27,15 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The issue's targets: list latency over the direct API, and submit-to-running as a ratio.
 LIST_TARGET_MS, SUBMIT_TARGET = 20.0, 1.10
+#: --quick's sizes (and CI's, on tests/local/test_e2e_classroom.py's cluster): reps, members, requests.
+QUICK = (3, 5, 4)
 sys.path.insert(0, str(ROOT))
 
 
@@ -84,18 +88,85 @@ def _load(clients: list[Any], requests: int) -> tuple[list[float], int]:
     return [t for times, _ in results for t in times], sum(e for _, e in results)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--members", type=int, default=50)
-    parser.add_argument("--requests", type=int, default=40)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    if args.quick:
-        args.reps, args.members, args.requests = 3, 5, 4
+@dataclass(frozen=True)
+class Target:
+    """A shared cluster that is up: its gateway, Ray's job API beside it, and the owner's keys."""
+    cluster: str
+    gateway_url: str
+    direct_url: str
+    #: The cluster's Ray token (the direct side's) and the gateway's CA file.
+    token: str
+    ca: str
+
+
+def measure(target: Target, reps: int, members: int, requests: int, quick: bool) -> int:
+    """The bench on a cluster that is up (this script's own, or an e2e module's: docs/benchmarks.md):
+    registers `members` members (with the owner's functions, in the RAYFLEET_HOME of the process),
+    prints the measured lines and the summary line; 0 unless a request through the gateway failed."""
     from ray.job_submission import JobSubmissionClient
 
     from infra.core.sharing import owner as sharing
+
+    tokens = {}
+    registry = sharing.read_registry(target.cluster)
+    for i in range(members):
+        entry, tokens[f"m{i}"] = sharing.new_member(False, None)
+        registry[f"m{i}"] = entry
+    sharing.write_registry(target.cluster, registry)
+
+    def member_client(name: str) -> Any:
+        return JobSubmissionClient(target.gateway_url, verify=target.ca,
+                                   headers={"Authorization": f"Bearer {tokens[name]}"})
+
+    def direct_client() -> Any:
+        return JobSubmissionClient(target.direct_url,
+                                   headers={"Authorization": f"Bearer {target.token}"})
+
+    via, straight = member_client("m0"), direct_client()
+    lists: dict[str, list[float]] = {"gateway": [], "direct": []}
+    for _ in range(reps):
+        lists["gateway"].append(_timed(via.list_jobs))
+        lists["direct"].append(_timed(straight.list_jobs))
+    submits: dict[str, list[float]] = {"gateway": [], "direct": []}
+    _to_running(straight)  # warm-up, not counted: the first job starts Ray's job machinery
+    # Submit-to-running varies by hundreds of ms with the machine's load: 10 pairs in a full
+    # run (at 2 s of sleep each) make a median one busy moment cannot move.
+    for i in range(max(1, reps // 2)):
+        order = [("gateway", via), ("direct", straight)]
+        for side, client in order if i % 2 == 0 else reversed(order):
+            submits[side].append(_to_running(client))
+    load_via, errors_via = _load([member_client(n) for n in tokens], requests)
+    load_direct, errors_direct = _load([direct_client() for _ in tokens], requests)
+    extra = (statistics.median(lists["gateway"]) - statistics.median(lists["direct"])) * 1000
+    print(f"list_jobs median ms: gateway {_ms(lists['gateway'])}, direct {_ms(lists['direct'])}; "
+          f"difference {extra:+.1f} ms (target <= +{LIST_TARGET_MS:g} ms)")
+    ratio = statistics.median(submits["gateway"]) / statistics.median(submits["direct"])
+    print(f"submit-to-running median s: gateway {statistics.median(submits['gateway']):.2f}, "
+          f"direct {statistics.median(submits['direct']):.2f}; ratio {ratio:.2f} "
+          f"(target <= {SUBMIT_TARGET:.2f})")
+    print(f"load {members} members x {requests} requests: gateway errors {errors_via}, "
+          f"p99 {_p99(load_via):.1f} ms; direct errors {errors_direct}, p99 {_p99(load_direct):.1f} ms")
+    verdicts = {"list": extra <= LIST_TARGET_MS, "submit": ratio <= SUBMIT_TARGET,
+                "load errors": errors_via == 0}
+    said = ", ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in verdicts.items())
+    load = os.getloadavg()
+    # Speed targets are judged by whoever reads this line (beside the load it was taken at); only
+    # errors fail the run: a loaded CI machine says little about speed.
+    print(f"targets: {said} "
+          f"(load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+          f"{', quick run' if quick else ''})", flush=True)
+    return 0 if errors_via == 0 else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--members", type=int, default=50)
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="the sizes CI's run uses")
+    args = parser.parse_args()
+    if args.quick:
+        args.reps, args.members, args.requests = QUICK
     from infra.node import rayproc
 
     folder = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
@@ -109,60 +180,14 @@ def main() -> int:
     _invoke(["up", "--cluster", str(spec)], env)
     try:
         exports = _invoke(["env", "--cluster", str(spec)], env)
-        direct_url = exports.split("RAY_API_SERVER_ADDRESS=")[1].split()[0]
-        token = (folder / "home" / "keys" / spec.stem / "ray-token").read_text().strip()
-        ca = str(folder / "home" / "keys" / spec.stem / "sharing-ca.pem")
-        tokens = {}
-        registry = sharing.read_registry(spec.stem)
-        for i in range(args.members):
-            entry, tokens[f"m{i}"] = sharing.new_member(False, None)
-            registry[f"m{i}"] = entry
-        sharing.write_registry(spec.stem, registry)
-        gateway_url = f"https://127.0.0.1:{port}"
-
-        def member_client(name: str) -> Any:
-            return JobSubmissionClient(gateway_url, verify=ca,
-                                       headers={"Authorization": f"Bearer {tokens[name]}"})
-
-        def direct_client() -> Any:
-            return JobSubmissionClient(direct_url, headers={"Authorization": f"Bearer {token}"})
-
-        via, straight = member_client("m0"), direct_client()
-        lists: dict[str, list[float]] = {"gateway": [], "direct": []}
-        for _ in range(args.reps):
-            lists["gateway"].append(_timed(via.list_jobs))
-            lists["direct"].append(_timed(straight.list_jobs))
-        submits: dict[str, list[float]] = {"gateway": [], "direct": []}
-        _to_running(straight)  # warm-up, not counted: the first job starts Ray's job machinery
-        # Submit-to-running varies by hundreds of ms with the machine's load: 10 pairs in a full
-        # run (at 2 s of sleep each) make a median one busy moment cannot move.
-        for i in range(max(1, args.reps // 2)):
-            order = [("gateway", via), ("direct", straight)]
-            for side, client in order if i % 2 == 0 else reversed(order):
-                submits[side].append(_to_running(client))
-        load_via, errors_via = _load([member_client(n) for n in tokens], args.requests)
-        load_direct, errors_direct = _load([direct_client() for _ in tokens], args.requests)
+        keys = folder / "home" / "keys" / spec.stem
+        target = Target(spec.stem, f"https://127.0.0.1:{port}",
+                        exports.split("RAY_API_SERVER_ADDRESS=")[1].split()[0],
+                        (keys / "ray-token").read_text().strip(), str(keys / "sharing-ca.pem"))
+        return measure(target, args.reps, args.members, args.requests, args.quick)
     finally:
         _invoke(["teardown", "--cluster", str(spec)], env)
-    extra = (statistics.median(lists["gateway"]) - statistics.median(lists["direct"])) * 1000
-    print(f"list_jobs median ms: gateway {_ms(lists['gateway'])}, direct {_ms(lists['direct'])}; "
-          f"difference {extra:+.1f} ms (target <= +{LIST_TARGET_MS:g} ms)")
-    ratio = statistics.median(submits["gateway"]) / statistics.median(submits["direct"])
-    print(f"submit-to-running median s: gateway {statistics.median(submits['gateway']):.2f}, "
-          f"direct {statistics.median(submits['direct']):.2f}; ratio {ratio:.2f} "
-          f"(target <= {SUBMIT_TARGET:.2f})")
-    print(f"load {args.members} members x {args.requests} requests: gateway errors {errors_via}, "
-          f"p99 {_p99(load_via):.1f} ms; direct errors {errors_direct}, p99 {_p99(load_direct):.1f} ms")
-    verdicts = {"list": extra <= LIST_TARGET_MS, "submit": ratio <= SUBMIT_TARGET,
-                "load errors": errors_via == 0}
-    said = ", ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in verdicts.items())
-    load = os.getloadavg()
-    # Speed targets are judged by whoever reads this line (beside the load it was taken at); only
-    # errors fail the run: a loaded CI machine says little about speed.
-    print(f"targets: {said} "
-          f"(load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-          f"{', quick run' if args.quick else ''})")
-    return 0 if errors_via == 0 else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

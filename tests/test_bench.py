@@ -30,7 +30,6 @@ BENCHES: dict[str, tuple[str | None, str]] = {
     "cli_startup": (None, rf"invoke plan +median +{NUMBER} ms +ratio to ray --help {NUMBER}"),
     "setup_install": (None, rf"re-run, median of 1: +{NUMBER} s"),
     "local_up": (None, rf"median ratio invoke up / raw ray start: {NUMBER}"),
-    "gateway": (None, r"targets: list (met|MISSED), submit (met|MISSED), load errors met \(load average"),
     "lambda_up": (None, rf"worst overhead over the floor: -?{NUMBER}%"),
     "lambda_transit": (None, rf"over Limits.transit \({NUMBER} ms\): {NUMBER} of {NUMBER}"),
 }
@@ -48,6 +47,7 @@ ON_E2E: dict[str, tuple[str, str]] = {
     "doctor": ("test_examples.py", "measure"),
     "serve_deploy": ("test_examples.py", "measure"),
     "slurm_up": ("slurm/test_e2e_cluster.py", "run_ours"),
+    "gateway": ("local/test_e2e_classroom.py", "measure"),
 }
 
 

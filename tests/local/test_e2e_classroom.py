@@ -2,7 +2,7 @@
 Chromium, through the gateway's login form, and opens the dashboard's Overview, Jobs and Cluster
 pages, their own job's page and the Actors, Serve, Logs and Metrics tabs: no token dialog, none of
 another member's jobs, no answer of the gateway that leaves an error on a page (one cluster for
-the module)."""
+the module). bench/gateway.py's measurement runs here too, on the same cluster (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import gateway as gateway_bench
 from infra.core.sharing import certs as sharing_certs
 from tests.browser_metrics import docs_screenshot
 from tests.browser_session import Page, browser, keep_screenshot
@@ -99,3 +100,23 @@ def test_a_member_signs_in_from_a_browser_and_sees_only_their_jobs_without_a_tok
         kept = Path(os.environ.get("RAYFLEET_SCREENSHOTS") or tmp_path)
         keep_screenshot(png, kept, f"{view}.png")
     docs_screenshot("sharing-member-dashboard.png", shots["jobs"])
+
+
+def test_bench_gateway_against_the_job_api_on_this_cluster(
+        shared: Shared, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/gateway.py's quick measurement on this module's cluster (after the browser test: its
+    members m0..m4 and their jobs come later, so the page above shows none of them)."""
+    monkeypatch.setenv("RAYFLEET_HOME", shared.env["RAYFLEET_HOME"])  # the owner's registry
+    exports = shared.invoke("env")
+    assert exports.returncode == 0, exports.stdout + exports.stderr
+    keys = Path(shared.env["RAYFLEET_HOME"]) / "keys" / shared.spec.stem
+    target = gateway_bench.Target(shared.spec.stem, f"https://127.0.0.1:{shared.port}",
+                                  exports.stdout.split("RAY_API_SERVER_ADDRESS=")[1].split()[0],
+                                  (keys / "ray-token").read_text().strip(),
+                                  str(keys / sharing_certs.CA_CERT))
+    assert gateway_bench.measure(target, *gateway_bench.QUICK, quick=True) == 0
+    printed = capsys.readouterr().out
+    print(printed)  # the numbers, for -s and for the log of a failing run
+    assert re.search(r"load 5 members x 4 requests: gateway errors 0, p99 [0-9.]+ ms", printed)
+    assert re.search(r"targets: list (met|MISSED), submit (met|MISSED), load errors met "
+                     r"\(load average", printed), printed
