@@ -19,7 +19,8 @@ def _head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[
 
 
 def _worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
-                  tracking: bool) -> list[str]:
+                  tracking: bool, kit: bool = False) -> list[str]:
+    # (`kit`: today's worker files in one mount; before issue 29 they were in the home.)
     return [f"{activate}ray stop",
             f"{activate}{ray_env}RAY_USAGE_STATS_ENABLED=0 ray start "
             f"--address=$RAY_HEAD_IP:{gcs_port} --disable-usage-stats{extra}"]
