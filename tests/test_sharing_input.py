@@ -205,3 +205,33 @@ def test_a_hostname_goes_into_the_certificate_and_the_bundles_address(
     config, _ = sharing.gateway_settings(selected, access, None, "192.0.2.10")  # type: ignore[arg-type]
     assert sharing_certs.server_names(Path(config.cert)) == sorted(
         ["192.0.2.10", "ray.class.example.edu"])
+
+
+def test_every_sharing_rule_of_the_spec_reaches_the_gateways_config_as_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's rules named like the spec's `sharing` fields are copied by name
+    (owner.SPEC_RULES): each is a field on both sides, and a value set in the spec arrives."""
+    import dataclasses
+
+    from infra.cli.loading import resolve
+    from infra.core.head_ssh import SshHead
+    from infra.core.sharing import owner as sharing
+    from infra.core.ssh import SshTarget
+    from infra.node import gateway_config
+
+    config_fields = {f.name for f in dataclasses.fields(gateway_config.Config)}
+    assert set(sharing.SPEC_RULES) <= config_fields
+    monkeypatch.setenv("RAYFLEET_HOME", str(tmp_path / "h"))
+    base = (ROOT / "clusters" / "lambda.yaml").read_text()
+    spec = _spec(tmp_path, base + "\nsharing:\n  allowed_source_ranges: [10.0.0.0/16]\n"
+                                  "  max_job_hours: 3.5\n  max_member_tails: 7\n"
+                                  "  members_may_pip: true\n  member_budget_usd: 12.5\n")
+    selected = resolve(None, str(spec))
+    access = SshHead(target=SshTarget(host="192.0.2.10", user="ubuntu", key_path=tmp_path / "k"),
+                     where="ubuntu@192.0.2.10", dashboard_port=8265)
+    config, _ = sharing.gateway_settings(selected, access, None, "192.0.2.10")  # type: ignore[arg-type]
+    assert selected.sharing is not None
+    for name in sharing.SPEC_RULES:
+        assert getattr(config, name) == getattr(selected.sharing, name), name
+    assert (config.max_job_hours, config.max_member_tails, config.members_may_pip,
+            config.member_budget_usd) == (3.5, 7, True, 12.5)

@@ -152,6 +152,13 @@ def bundle(cluster: str, url: str, member: str, token: str) -> dict[str, str]:
 
 # --- the gateway on the head -------------------------------------------------------------------
 
+#: The gateway's rules that are the spec's `sharing` fields of the same name, as written there.
+SPEC_RULES = ("max_running_jobs_per_member", "max_job_hours", "members_see_dashboard",
+              "max_upload_mb", "max_member_upload_mb", "max_member_connections",
+              "max_member_uploads", "max_member_tails", "members_may_pip", "member_budget_hours",
+              "member_budget_usd", "budget_usd")
+
+
 def gateway_settings(selected: ClusterSpec, access: HeadAccess, state: State, address: str,
                      prices: NodePrices | None = None) -> tuple[gateway_config.Config, Path]:
     """The gateway's config for this head, and where it goes (this machine: the sharing folder)."""
@@ -173,18 +180,7 @@ def gateway_settings(selected: ClusterSpec, access: HeadAccess, state: State, ad
         # Every path as the gateway on the head opens it.
         token_path=access.head_path(token) if token else token, cert=str(cert), key=str(key),
         data_dir=access.head_path(where.data),
-        max_running_jobs_per_member=selected.sharing.max_running_jobs_per_member,
-        max_job_hours=selected.sharing.max_job_hours,
-        members_see_dashboard=selected.sharing.members_see_dashboard,
-        max_upload_mb=selected.sharing.max_upload_mb,
-        max_member_upload_mb=selected.sharing.max_member_upload_mb,
-        max_member_connections=selected.sharing.max_member_connections,
-        max_member_uploads=selected.sharing.max_member_uploads,
-        max_member_tails=selected.sharing.max_member_tails,
-        members_may_pip=selected.sharing.members_may_pip,
-        member_budget_hours=selected.sharing.member_budget_hours,
-        member_budget_usd=selected.sharing.member_budget_usd,
-        budget_usd=selected.sharing.budget_usd,
+        **{name: getattr(selected.sharing, name) for name in SPEC_RULES},
         price_per_hour=prices.floor_usd if prices else 0.0,
         node_prices=dict(prices.by_type) if prices else {},
         head_type=prices.head_type if prices else "",
