@@ -36,6 +36,7 @@ from infra.providers.lambda_cloud.spec import Spec as LambdaSpec
 from infra.providers.lambda_cloud.users import WORKER_KIT
 from infra.providers.slurm import script
 from infra.providers.slurm.spec import Spec as SlurmSpec
+from tests.conftest import ROOT
 from tests.gcp_tpu.conftest import write_spec as write_gcp_spec
 
 #: Rendered only through `{% include %}` from the sbatch templates.
@@ -118,6 +119,9 @@ class Bed:
             (folder / "rayfleet" / "users").mkdir(parents=True)
             (folder / "rayfleet" / "users" / "users.sh").write_text(
                 f'echo "users.sh $*" >> "{root}/calls.log"\n')
+            # Ray's start and stop as the node runs them: the real script, which ends in the
+            # stubs (runuser, sudo, ray) on this PATH.
+            shutil.copy(ROOT / "setup" / "users" / "ray.sh", folder / "rayfleet" / "users")
         self.work = root / "work"
         self.work.mkdir()
         self.cluster_id = secrets.token_hex(4)
