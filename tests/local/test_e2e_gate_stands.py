@@ -114,7 +114,9 @@ def _logs(member: Member, job: str, wanted: str, timeout: float = 90) -> str:
     def printed() -> str | None:
         answer = member.get(f"/api/jobs/{job}/logs")
         text = str(answer.json().get("logs", "")) if answer.status_code == 200 else ""
-        return text if wanted in text else None
+        # A line counts once it has ended: the log is read while the job's output arrives.
+        return text if any(wanted in line for line in text.splitlines(keepends=True)
+                           if line.endswith("\n")) else None
 
     return wait_until(printed, f"{wanted!r} in job {job}'s logs", timeout=timeout, interval=0.5)
 
@@ -180,7 +182,11 @@ def test_the_owner_token_a_job_reads_works_until_a_removal_rotates_it(shared: Sh
         "python -c \"import glob, os; home = os.environ.get('RAYFLEET_HOME') or "
         "os.path.expanduser('~/.rayfleet'); found = glob.glob(os.path.join(home, 'sharing', '*', "
         "'owner-token')); print('OT=' + open(found[0]).read().strip()[::-1])\"")
-    stolen = re.search(r"OT=(\w+)", _logs(thief, job, "OT=")).group(1)[::-1]  # type: ignore[union-attr]
+    # The whole line, not its first bytes: the log is read while the job's output arrives.
+    printed = _logs(thief, job, "OT=")
+    found = re.search(r"OT=([0-9a-f]{64})\n", printed)
+    assert found, printed[-2000:]
+    stolen = found.group(1)[::-1]
     assert stolen == shared.owner_token()
     # 127.0.0.3: a refusal below counts against that address, never against the other tests'.
     assert _status_from(thief, "127.0.0.3", stolen) == 200  # the owner's, from anywhere
