@@ -131,7 +131,10 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
     # Alice's cluster starts meanwhile (her first request starts it): the module's time.
     warming = threading.Thread(target=alice.ray, args=("list",))
     warming.start()
-    bobs = bob.submit(f"python -c \"print('{marker}', flush=True); import time; time.sleep(90)\"",
+    # Both members' jobs run until this test stops them: an idle member cluster stops after the
+    # module's 15 s (and starts again empty at the next request), which a loaded machine's pauses
+    # between the steps below would otherwise reach.
+    bobs = bob.submit(f"python -c \"print('{marker}', flush=True); import time; time.sleep(900)\"",
                       "--working-dir", str(work))
     logs_of(bob, bobs, marker)
     warming.join()
@@ -150,7 +153,7 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
     (attack / "attack.py").write_text(ATTACK.read_text())
     alices = alice.submit(f"python attack.py /tmp/rf-m-{bob_id} {bob_user.pw_dir} "
                           f"{dashboard_port(shared, 'bob')} {marker[::-1]} {base_token} "
-                          f"{copies}/{bob_id}.token", "--working-dir", str(attack))
+                          f"{copies}/{bob_id}.token && sleep 900", "--working-dir", str(attack))
     # The marker reversed on her command line: her own job's log holds that line.
     report = json.loads(logs_of(alice, alices, "REPORT ").split("REPORT ", 1)[1].splitlines()[0])
     assert int(report["tokens_found"][0]) >= 1  # at least her own token, tried on bob's cluster
@@ -200,7 +203,7 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
 
     wait_until(counted, "members shows bob's cluster running with its hours", timeout=90,
                interval=3)
-    for name, job in (("bob", bobs),):
+    for name, job in (("bob", bobs), ("alice", alices)):
         shared.members[name].ray("stop", job)
 
 
@@ -240,8 +243,12 @@ def test_an_idle_member_cluster_stops_and_keeps_its_files(shared: Shared) -> Non
             logs_of(member, member.submit("python -c \"print('DONE')\""), "DONE")
     bob_id = member_id(shared, "bob")
     user = f"rf-m-{bob_id}"
-    wait_until(lambda: not processes_of(user), "bob's idle cluster stops", timeout=90,
-               interval=1)
+    try:
+        wait_until(lambda: not processes_of(user), "bob's idle cluster stops", timeout=90,
+                   interval=1)
+    except AssertionError as exc:  # what the gateway says of it, and what of his still runs
+        left = [Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in processes_of(user)]
+        raise AssertionError(f"{exc}; members: {own_cluster(shared, 'bob')}; left: {left}") from None
     assert Path(f"/tmp/rf-m-{bob_id}/token").exists()
     stopped = own_cluster(shared, "bob") or {}
     assert stopped.get("state") == "stopped" and stopped.get("reason") == "idle", stopped
