@@ -72,6 +72,40 @@ def test_up_status_teardown_return_data_and_report_progress(
     assert capfd.readouterr().out == ""  # results are data; the CLI prints them
 
 
+@pytest.mark.parametrize("alive", [True, False])
+def test_teardown_copies_a_heads_tracking_store_before_the_provider_removes_anything(
+        rf_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alive: bool) -> None:
+    """Written once for every provider whose store lives on a head: the library asks the
+    provider's `head_services` (and whether the head still runs), never the provider's
+    `teardown`, and copies the store before that removes anything."""
+    from infra.core.head_local import LocalHead
+    from infra.core.tracking import remote as tracking_remote
+    from infra.providers.features import HeadServices
+
+    selected = loading.resolve(None, str(_spec(tmp_path, "auth: none\n")))
+    current = state.State.new(state.state_path("lib"), "lib", "local")
+    current.set_info(tracking_head_store="/root/rayfleet/tracking")
+    head = LocalHead(where="this machine")
+    calls: list[str] = []
+    monkeypatch.setattr(LocalProvider, "head_services", lambda self, st: HeadServices(
+        head=head, alive=lambda: calls.append("alive?") or alive))
+    copied = tmp_path / "copy"
+    monkeypatch.setattr(tracking_remote, "copy_back",
+                        lambda h, st: calls.append("copy") or (h is head and copied))
+    monkeypatch.setattr(LocalProvider, "teardown", lambda self, st: calls.append("teardown"))
+    steps: list[Step] = []
+    gone = lifecycle.teardown(selected, steps.append)
+    assert calls == (["alive?", "copy", "teardown"] if alive else ["alive?", "teardown"])
+    assert gone.tracking_copied == (copied if alive else None)
+    warned = [s.text for s in steps if s.kind == "warn"]
+    if alive:
+        assert warned == [] and [s.kind for s in steps if "MLflow store" in s.text] == [
+            "begin", "done"]
+    else:
+        assert warned == ["tracking data NOT copied: the head is already gone (autodown, or "
+                          "removed by hand); it goes with the cluster"], warned
+
+
 def test_connect_refuses_a_cluster_without_state(rf_home: Path, tmp_path: Path) -> None:
     from infra.core.errors import ClusterNotRunningError
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from infra import providers
 from infra.app import clusters, planning
-from infra.app.progress import Progress, Step
+from infra.app.progress import Progress, Step, timed
 from infra.core import auth, costs, drift, paths, spec, ssh, state, tunnels
 from infra.core.autodown import view as autodown_view
 from infra.core.errors import RayfleetError
@@ -41,6 +41,8 @@ class TeardownResult:
     kept_store: str | None = None
     #: Where the metrics history was kept before the machines went (None if not kept).
     metrics_kept: Path | None = None
+    #: Where the head's tracking store was copied before the machines went (None if not).
+    tracking_copied: Path | None = None
 
 
 def up(selected: spec.ClusterSpec, progress: Progress, keep_partial: bool = False) -> UpResult:
@@ -124,7 +126,7 @@ def teardown(selected: spec.ClusterSpec, progress: Progress) -> TeardownResult:
         # credentials needed, and no lock file left behind.
         return TeardownResult(selected.name, removed=False)
     impl = providers.create(selected)
-    metrics_kept = None
+    metrics_kept = tracking_copied = None
     with state.locked(selected.name, selected.provider, "teardown") as current:
         had_state = current.path.exists()
         kept_store = current.info.tracking_store
@@ -137,6 +139,7 @@ def teardown(selected: spec.ClusterSpec, progress: Progress) -> TeardownResult:
             metrics_kept = metrics_history.keep_before_teardown(impl, current, progress)
             if selected.sharing is not None:
                 sharing.stop_gateway(selected, clusters.head_or_none(impl, current))
+            tracking_copied = keep_tracking_before_teardown(impl, current, progress)
             impl.teardown(current)
         current.delete()
     shutil.rmtree(paths.applied_dir(selected.name), ignore_errors=True)
@@ -146,4 +149,31 @@ def teardown(selected: spec.ClusterSpec, progress: Progress) -> TeardownResult:
     for leftover in (auth.token_path(selected.name), ssh.cluster_known_hosts(selected.name)):
         leftover.unlink(missing_ok=True)
     return TeardownResult(selected.name, removed=had_state,
-                          kept_store=kept_store if had_state else None, metrics_kept=metrics_kept)
+                          kept_store=kept_store if had_state else None, metrics_kept=metrics_kept,
+                          tracking_copied=tracking_copied)
+
+
+def keep_tracking_before_teardown(impl: Provider[Any, Any], current: State,
+                                  progress: Progress) -> Path | None:
+    """Before the provider's `teardown` removes anything, for every provider whose tracking store
+    lives on a head that goes with the cluster: the store copied here (where to), or a warning
+    through `progress` saying why not and what becomes of it."""
+    if not current.info.tracking_head_store:
+        return None
+    import tarfile
+
+    from infra.core.tracking import remote as tracking_remote
+
+    head, gone = features.tracking_head(impl, current)
+    if head is None:
+        progress(Step(f"tracking data NOT copied: {gone}; {tracking_remote.lost_or_kept(current)}",
+                      "warn"))
+        return None
+    try:
+        with timed(progress, "copying the head's MLflow store to this machine"):
+            return tracking_remote.copy_back(head, current)
+    except (RayfleetError, OSError, tarfile.TarError) as exc:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        progress(Step(f"tracking data NOT copied from the head ({reason}); "
+                      f"{tracking_remote.lost_or_kept(current)}", "warn"))
+        return None

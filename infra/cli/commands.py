@@ -349,6 +349,9 @@ def teardown(provider: str | None, cluster: str | None) -> None:
 
     membership.refuse_owner_verb(cluster, "teardown")
     done = lifecycle.teardown(loading.resolve(provider, cluster), common.Shown())
+    if done.tracking_copied is not None:
+        ui.out(f"tracking data copied to {done.tracking_copied} (runs, metrics, models, "
+               "artifacts)", markup=False, soft_wrap=True)
     if done.metrics_kept is not None:
         ui.out(f"metrics history kept in {done.metrics_kept} (`invoke report` draws it)",
                markup=False, soft_wrap=True)

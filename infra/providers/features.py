@@ -1,10 +1,11 @@
 """The head's services, written once for every provider: the MLflow tracking server, the head's
 Prometheus and the autodown watcher, started by the base `up` after the provider's `create`, the
-tracking store saved before `teardown` and copied by `invoke mlflow --copy`, the watcher's marker
-read and decided for `status`. Everything reaches the head through the provider's head object
-(infra/core/head.py). A provider answers small questions instead (`Provider.head_services`: which
-head, which address the tracking server listens on, where its store lives, what removes the
-cluster; `Provider.listed`: is anything of the cluster still listed).
+head the library's `teardown` saves the tracking store from (infra/app/lifecycle.py) and `invoke
+mlflow --copy` copies it from, the watcher's marker read and decided for `status`. Everything
+reaches the head through the provider's head object (infra/core/head.py). A provider answers small
+questions instead (`Provider.head_services`: which head, which address the tracking server listens
+on, where its store lives, whether the head still runs, what removes the cluster;
+`Provider.listed`: is anything of the cluster still listed).
 
 A provider whose head daemons start elsewhere (the local provider starts its own beside Ray, a
 Slurm head's batch job starts them) answers only where the watcher's marker can be read.
@@ -86,6 +87,9 @@ class HeadServices:
     listen_host: str = ""
     #: Where the tracking store lives (asked only when the spec tracks); None: on the head.
     store: Callable[[], HeadStore] | None = None
+    #: Whether the provider still lists the head as running (one listing), asked before
+    #: `teardown` copies the tracking store from it; None: a recorded head is taken to run.
+    alive: Callable[[], bool] | None = field(default=None, compare=False)
     watcher: Watcher | None = None
     #: Where the watcher's marker is read instead, given what the provider lists (False: nothing
     #: of the cluster is listed any more); None: from `watcher` on a live head.
@@ -143,19 +147,18 @@ def _watch(state: State, watcher: Watcher) -> None:
                     f"~{watcher.user}/{autodown.HEAD_LOG.removeprefix('~/')} there")
 
 
-def save_tracking(provider: Answers, state: State, head_alive: bool,
-                  gone: str) -> None:
-    """Before `teardown` removes anything: the head's tracking store copied here, or one line why
-    not (`gone`: what became of a head that is not `head_alive`)."""
-    if not state.info.tracking_head_store:
-        return
-    from infra.core.tracking import remote as tracking_remote
-
-    services = provider.head_services(state) if head_alive else None
+def tracking_head(provider: Answers, state: State) -> tuple[HeadAccess | None, str]:
+    """Before the provider's `teardown` removes anything: the head to copy the tracking store
+    from, or None and why not (no head recorded, or the provider lists it no more)."""
+    try:
+        services = provider.head_services(state)
+    except ClusterNotRunningError as exc:
+        return None, str(exc).partition("; ")[0]
     if services is None or services.head is None:
-        tracking_remote.save_before_teardown(state, None, gone)
-        return
-    tracking_remote.save_before_teardown(state, services.head)
+        return None, "no head"
+    if services.alive is not None and not services.alive():
+        return None, "the head is already gone (autodown, or removed by hand)"
+    return services.head, ""
 
 
 def copy_tracking(provider: Answers, state: State) -> Path:

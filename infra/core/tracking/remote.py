@@ -11,8 +11,9 @@
   and Serve replica inherits them; the rendered file and `ps` show only the file's path.
 - **The data**: the store lives on the head (or on durable storage the provider mounts there).
   `copy_back` takes a consistent snapshot on the head (infra/node/tracking_snapshot.py) and
-  unpacks it into `.rayfleet/tracking/<cluster>/`; `save_before_teardown` does so before any
-  instance goes, or says in one line why it could not. `copy_note` is what `status` says of it.
+  unpacks it into `.rayfleet/tracking/<cluster>/`; the library's `teardown` (infra/app/) does so
+  before any instance goes, or says in one line why it could not (`lost_or_kept`). `copy_note` is
+  what `status` says of it.
 - **From here**: `connect` opens the tunnels (dashboard, tracking, Serve) to the head
   (`HeadAccess.tunnels`, one login).
 
@@ -140,28 +141,8 @@ def copy_back(head: HeadAccess, state: State) -> Path:
     return final
 
 
-def save_before_teardown(state: State, head: HeadAccess | None, why_not: str = "") -> None:
-    """Before any instance goes: copy the head's store here, or say in one line why not.
-    `head` is None when the provider knows the head is gone (`why_not` says why)."""
-    if not state.info.tracking_head_store:
-        return
-    if head is None:
-        ui.warn(f"tracking data NOT copied: {why_not or 'no head'}; "
-                + _lost_or_kept(state))
-        return
-    try:
-        with ui.step("copying the head's MLflow store to this machine"):
-            path = copy_back(head, state)
-    except (RayfleetError, OSError, tarfile.TarError) as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        ui.warn(f"tracking data NOT copied from the head ({reason}); "
-                + _lost_or_kept(state))
-        return
-    ui.out(f"tracking data copied to {path} (runs, metrics, models, artifacts)", markup=False,
-           soft_wrap=True)
-
-
-def _lost_or_kept(state: State) -> str:
+def lost_or_kept(state: State) -> str:
+    """What becomes of the head's store when `teardown` could not copy it (for its one line)."""
     durable = state.info.tracking_durable
     if durable:
         return f"it stays on {durable} ({state.info.tracking_head_store})"

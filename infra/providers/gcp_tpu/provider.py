@@ -23,7 +23,6 @@ from infra.core.state import Attrs, Resource, State
 from infra.core.tracking import client as tracking
 from infra.node.files import atomic_write
 from infra.node.gcp_tpu.api import ApiOptions, Gcp, GcpError
-from infra.providers import features
 from infra.providers.base import (
     CostRange,
     Endpoint,
@@ -374,7 +373,12 @@ class Provider(BaseProvider[Spec, Preflight]):
         cluster = heads.reachable(self.spec, state)
         spec = self._in_zone(str(cluster.attrs.zone)) if cluster.attrs.zone else self.spec
         return services.head_services(spec, state, cluster, self._head(state, cluster),
-                                      self._daemon_head(cluster))
+                                      self._daemon_head(cluster),
+                                      alive=lambda: self._nodes_left(cluster) > 0)
+
+    def _nodes_left(self, cluster: Resource[Cluster]) -> int:
+        api, _ = self._api(self._project([cluster], []), self._credentials([cluster]))
+        return services.nodes_left(api, cluster)
 
     # --- teardown -----------------------------------------------------------------------------
 
@@ -385,11 +389,6 @@ class Provider(BaseProvider[Spec, Preflight]):
             api, key_file = self._api(self._project(clusters, rules, requests),
                                       self._credentials(clusters))
             head = next((c for c in clusters if c.attrs.head_ip), None)
-            # Before any node goes: the head's store copied here, or one line why not.
-            features.save_tracking(
-                self, state, head is not None and bool(state.info.tracking_head_store)
-                and bool(services.nodes_left(api, head)),
-                "the head is already gone (autodown, or removed by hand)")
             if head is not None and (requests or self.spec.queued_slices):
                 # First the joiner, so it queues nothing new while its requests go.
                 slices.stop_joiner(self._daemon_head(head))

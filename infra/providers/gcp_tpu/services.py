@@ -27,6 +27,8 @@ from infra.providers.features import HeadServices, Watcher
 from infra.providers.gcp_tpu import config, slices, users
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from infra.core.head import HeadAccess
     from infra.core.state import Resource, State
     from infra.node.gcp_tpu.api import Gcp
@@ -45,12 +47,14 @@ def plan_note(spec: Spec) -> str:
 
 
 def head_services(spec: Spec, state: State, cluster: Resource[Cluster], head: HeadAccess,
-                  daemon_head: HeadAccess) -> HeadServices:
+                  daemon_head: HeadAccess, alive: Callable[[], bool]) -> HeadServices:
     """The tracking server on the head's internal address (the nodes reach it there; no firewall
     rule opens it), its store on the head; the watcher as the autoscaler's user (`daemon_head`),
-    removing the cluster with the VM's own service account, the head's VM last."""
+    removing the cluster with the VM's own service account, the head's VM last. `alive`: whether
+    the APIs still list the cluster's nodes."""
     watcher = watcher_config(spec, state, cluster) if spec.autodown else None
     return HeadServices(head=head, listen_host=str(cluster.attrs.head_internal_ip or ""),
+                        alive=alive,
                         watcher=Watcher(daemon_head, users.DAEMON_USER, watcher,
                                         keeps_marker=True, name=str(cluster.attrs.head or "")))
 

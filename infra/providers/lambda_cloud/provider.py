@@ -28,7 +28,6 @@ from infra.core.tracking import remote as tracking_remote
 from infra.node import identity
 from infra.node.files import atomic_write
 from infra.node.lambda_cloud import api
-from infra.providers import features
 from infra.providers.base import (
     CostRange,
     Endpoint,
@@ -340,6 +339,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         listen = (record.attrs.private_ip or record.attrs.ip) if record else None
         return HeadServices(head=head, listen_host=str(listen or head.address),
                             store=lambda: services.store(spec, self.client()),
+                            alive=lambda: self._head_listed(state),
                             watcher=Watcher(head, services.WATCHER_USER, config,
                                             services.watcher_secrets))
 
@@ -355,15 +355,7 @@ class Provider(BaseProvider[Spec, Capacity]):
         died may still appear)."""
         client = self.client()
         fleet.adopt_orphans(client, state, "teardown")
-        heads = [r.id for r in state.resources(Instance)
-                 if fleet.slot_key(r.attrs.name, r.attrs) == "head"]
-        # Before any instance goes: the head's store copied here, or one line why not. A head the
-        # API no longer lists as running is not asked.
-        listed = {i.id: i.status for i in client.instances()} if state.info.tracking_head_store \
-            else {}
-        features.save_tracking(self, state, bool(state.info.head_ip) and any(
-            listed.get(h) not in (None, *api.GONE) for h in heads),
-            "the head is already terminated (autodown, or removed by hand)")
+        heads = self._heads(state)
         if self.spec.autoscaling and heads:
             fleet.terminate(client, state, heads)
         fleet.terminate_until_quiet(client, state, self.spec.autoscaling)
@@ -373,6 +365,15 @@ class Provider(BaseProvider[Spec, Capacity]):
             tracking_remote.remove_keys(state, paths.keys_dir(self.spec.name))
         self._forget_launcher_state(state)
         state.clear_info()
+
+    def _heads(self, state: State) -> list[str]:
+        return [r.id for r in state.resources(Instance)
+                if fleet.slot_key(r.attrs.name, r.attrs) == "head"]
+
+    def _head_listed(self, state: State) -> bool:
+        """Whether the API lists the head's instance as not terminated."""
+        heads = self._heads(state)
+        return any(i.id in heads and i.status not in api.GONE for i in self.client().instances())
 
     def _forget_launcher_state(self, state: State) -> None:
         """Ray's on-prem launcher keeps node state on this machine; a later cluster of the same
