@@ -6,34 +6,20 @@ Usage: python bench/cli_startup.py [--reps 10] [--quick]
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-
-def _time(command: list[str], env: dict[str, str]) -> float:
-    started = time.monotonic()
-    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)
-    return time.monotonic() - started
+from bench import common  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--quick", action="store_true",
-                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
-    args = parser.parse_args()
-    if args.quick:
-        args.reps = 1
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
-           "RAYFLEET_HOME": tempfile.mkdtemp(prefix="rf-bench-")}
+    args = common.options(__doc__, 10)
+    env = common.bench_env(Path(tempfile.mkdtemp(prefix="rf-bench-")))
     ray = str(Path(sys.executable).with_name("ray"))
     commands = {
         "ray --help": [ray, "--help"],
@@ -43,7 +29,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(args.reps):
         for name, command in commands.items():
-            times[name].append(_time(command, env))
+            times[name].append(common.timed(command, env))
     baseline = statistics.median(times["ray --help"])
     for name, values in times.items():
         median = statistics.median(values)

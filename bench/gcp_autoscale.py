@@ -78,12 +78,15 @@ class Demand:
     out: str
 
 
-def demand(offline: Offline, home: Path, spec: Path, env: dict[str, str]) -> Demand:
+def demand(offline: Offline, home: Path, spec: Path, env: dict[str, str],
+           hold: float = 0.0) -> Demand:
     """Submit one task needing `TPU: 4` to a cluster without a TPU node and time its scale-up
-    (tests/gcp_tpu/test_e2e_cluster.py measures its own cluster's scale-up with this too)."""
+    (tests/gcp_tpu/test_e2e_cluster.py measures its own cluster's scale-up with this too, its task
+    holding the chips `hold` seconds while the test preempts the node)."""
     started = time.time()
     job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec), "examples/tpu_example.py",
-                                        "--", "--wait-for-tpu", "300", "--placement-only"),
+                                        "--", "--wait-for-tpu", "300", "--placement-only",
+                                        "--hold", f"{hold:g}"),
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     joined = 0.0
@@ -152,14 +155,11 @@ def main() -> int:
             joined: dict[bool, list[float]] = {before: [] for before in kinds}
             try:
                 for before, (home, spec) in clusters.items():
-                    started = time.monotonic()
-                    up = subprocess.run(offline.argv("up", "--cluster", str(spec)),
-                                        env=_env(offline, home, before), capture_output=True,
-                                        text=True, timeout=600, check=False)
+                    took, up = _invoke(offline, "up", home, spec, before)
                     if up.returncode != 0:
                         raise SystemExit(up.stdout + up.stderr)
-                    print(f"invoke up (head VM + Ray + tunnel check): "
-                          f"{time.monotonic() - started:.1f} s, {_name(before)}")
+                    print(f"invoke up (head VM + Ray + tunnel check): {took:.1f} s, "
+                          f"{_name(before)}")
                 print(HEADER)
                 for n in range(1, args.rounds + 1):
                     # Alternate which goes first, so neither always follows the other's teardown.
@@ -172,12 +172,9 @@ def main() -> int:
                 print(f"floor for demand->create: {interval:g} s (one autoscaler update)")
             finally:
                 for before, (home, spec) in clusters.items():
-                    started = time.monotonic()
-                    down = subprocess.run(offline.argv("teardown", "--cluster", str(spec)),
-                                          env=_env(offline, home, before), capture_output=True,
-                                          text=True, timeout=600, check=False)
-                    print(f"invoke teardown: {time.monotonic() - started:.1f} s "
-                          f"(exit {down.returncode}), {_name(before)}")
+                    took, down = _invoke(offline, "teardown", home, spec, before)
+                    print(f"invoke teardown: {took:.1f} s (exit {down.returncode}), "
+                          f"{_name(before)}")
     if compare:
         pairs = list(zip(joined[False], joined[True], strict=True))
         ratios = [a / b for a, b in pairs]
@@ -187,6 +184,16 @@ def main() -> int:
               f"{statistics.median(ratios):.3f} (target <= 1.05); load average "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
+
+
+def _invoke(offline: Offline, verb: str, home: Path, spec: Path, before: bool
+            ) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """`invoke VERB --cluster SPEC` through the offline bed: its seconds and its result."""
+    started = time.monotonic()
+    done = subprocess.run(offline.argv(verb, "--cluster", str(spec)),
+                          env=_env(offline, home, before), capture_output=True, text=True,
+                          timeout=600, check=False)
+    return time.monotonic() - started, done
 
 
 def _name(before: bool) -> str:

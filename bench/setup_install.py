@@ -7,8 +7,6 @@ Usage: python bench/setup_install.py [--reruns 5] [--quick]
 
 from __future__ import annotations
 
-import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -20,23 +18,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.core.versions import node_pins  # noqa: E402  (after the path: run as a plain script)
+from bench import common  # noqa: E402  (after the path: run as a plain script)
+from infra.core.versions import node_pins  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reruns", type=int, default=5)
-    parser.add_argument("--quick", action="store_true",
-                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
-    args = parser.parse_args()
-    if args.quick:
-        args.reruns = 1
+    args = common.options(__doc__, 5, name="reruns")
     pins = node_pins()
     folder = Path(tempfile.mkdtemp(prefix="rf-bench-install-"))
     argv = ["bash", str(ROOT / "setup" / "install.sh"), "--env", "cpu",
             "--ray-version", pins["ray_version"], "--python-version", pins["python_version"],
             "--backend", "venv", "--python", sys.executable, "--prefix", str(folder / "env")]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = common.bench_env()
     try:
         started = time.monotonic()
         subprocess.run(argv, env=env, check=True, capture_output=True)

@@ -16,15 +16,11 @@ Usage: python bench/slurm_autoscale.py [--reps 3] [--quick]   (root; needs the t
 
 from __future__ import annotations
 
-import argparse
-import atexit
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.testbed import preflight  # noqa: E402
+from bench import common  # noqa: E402
 from tests.testbed.hosts import ray_bin_dir  # noqa: E402
 from tests.testbed.slurm import SlurmCluster  # noqa: E402
 
@@ -115,22 +111,9 @@ def run_bare(cluster: SlurmCluster, address: str, token: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3, help="runs of each")
-    parser.add_argument("--quick", action="store_true",
-                        help="smallest sizes, one repetition: CI runs it so the bench cannot rot")
-    args = parser.parse_args()
-    if args.quick:
-        args.reps = 1
-    reason = preflight.unavailable("slurm")
-    if reason:
-        raise SystemExit(f"cannot run the Slurm test bed here: {reason}")
-    work = Path(tempfile.mkdtemp(prefix="rf-slurm-autoscale-bench-"))
-    # The test bed is down by the time this runs (its `with` block has ended).
-    atexit.register(shutil.rmtree, work, True)
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(work / "home"),
-           "PATH": f"{ray_bin_dir()}:{os.environ['PATH']}"}
+    args = common.options(__doc__, 3, raw=True)
+    work, env = common.slurm_scratch("rf-slurm-autoscale-bench-")
+    env["PATH"] = f"{ray_bin_dir()}:{os.environ['PATH']}"
     ours: list[float] = []
     bare: list[float] = []
     with SlurmCluster(2, work / "slurm") as cluster:

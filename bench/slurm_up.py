@@ -17,22 +17,18 @@ Usage: python bench/slurm_up.py [--reps 2] [--quick]   (root; needs the test bed
 
 from __future__ import annotations
 
-import argparse
-import atexit
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.testbed import preflight  # noqa: E402
+from bench import common  # noqa: E402
 from tests.testbed.slurm import SlurmCluster  # noqa: E402
 
 RECIPE = """#!/bin/bash
@@ -132,21 +128,9 @@ def run_recipe(cluster: SlurmCluster, nodes: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=2, help="runs per size and method")
-    parser.add_argument("--quick", action="store_true", help="one run at 1 node of each method")
-    args = parser.parse_args()
+    args = common.options(__doc__, 2, raw=True, quick="one run at 1 node of each method")
     sizes = (1,) if args.quick else (1, 2)
-    if args.quick:
-        args.reps = 1
-    reason = preflight.unavailable("slurm")
-    if reason:
-        raise SystemExit(f"cannot run the Slurm test bed here: {reason}")
-    work = Path(tempfile.mkdtemp(prefix="rf-slurm-bench-"))
-    # The test bed is down by the time this runs (its `with` block has ended).
-    atexit.register(shutil.rmtree, work, True)
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(work / "home")}
+    work, env = common.slurm_scratch("rf-slurm-bench-")
     results: dict[tuple[str, int], list[float]] = {}
     with SlurmCluster(2, work / "slurm") as cluster:
         print(f"2-node Slurm test bed up in {cluster.timings['up']}s; machine: "
