@@ -23,12 +23,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import certifi
 import pytest
 import requests
 
 from infra.node import rayproc, supervise
+from tests import forked_cli
 from tests.conftest import ROOT, run_invoke, run_rayfleet
 from tests.waiting import wait_until
 
@@ -38,6 +40,10 @@ RAY = str(Path(sys.executable).with_name("ray"))
 #: 54 s: long enough for the other tests' sleepers, short enough to watch the head stop one.
 MAX_JOB_HOURS = 0.015
 SLEEPER = "python -c \"import time; print('RUN' + 'NING', flush=True); time.sleep(300)\""
+#: The owner's verbs that start or stop Ray and the head's daemons: a fresh process each. The
+#: others answer and return, forked from the CLI's zygote (tests/forked_cli.py: ~0.4 s of CPU of
+#: imports less per command).
+STARTS = frozenset({"up", "teardown", "rotate-token"})
 
 
 @dataclass
@@ -68,6 +74,30 @@ class Member:
         self.answers.append(answer.text)
         return answer
 
+    def logged(self, job: str, wanted: str, timeout: float = 120) -> str:
+        """The job's log once a whole line of it holds `wanted`, read as `ray job logs` reads it:
+        one HTTP call a poll (a `ray job` CLI a poll is 2-3 s of CPU on 2 cores); the tests that
+        are about the CLI read it once after."""
+        def printed() -> str | None:
+            answer = self.get(f"/api/jobs/{job}/logs")
+            text = str(answer.json().get("logs", "")) if answer.status_code == 200 else ""
+            # A line counts once it has ended: the log is read while the job's output arrives.
+            return text if any(wanted in line for line in text.splitlines(keepends=True)
+                               if line.endswith("\n")) else None
+
+        return wait_until(printed, f"{wanted!r} in {self.name}'s job {job}'s logs",
+                          timeout=timeout, interval=0.5)
+
+    def ended(self, job: str, timeout: float = 120) -> dict[str, Any]:
+        """Ray's record of the job once it ended (one HTTP call a poll)."""
+        def record() -> dict[str, Any] | None:
+            answer = self.get(f"/api/jobs/{job}")
+            found = answer.json() if answer.status_code == 200 else {}
+            return found if found.get("status") in ("SUCCEEDED", "FAILED", "STOPPED") else None
+
+        return wait_until(record, f"{self.name}'s job {job} to end", timeout=timeout,
+                          interval=0.5)
+
 
 @dataclass
 class Shared:
@@ -79,10 +109,14 @@ class Shared:
     #: `up`'s stderr alone: where issue 29's one-line warning goes.
     up_stderr: str
     members: dict[str, Member] = field(default_factory=dict)
+    #: Every command a fresh process (the isolation module's: its process changes namespace, and
+    #: a zygote started there would stay in it).
+    fresh: bool = False
 
     def invoke(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return run_invoke("-r", str(ROOT), args[0], "--cluster", str(self.spec), *args[1:],
-                          env=self.env, timeout=120, cwd=self.folder)
+        run = run_invoke if self.fresh or args[0] in STARTS else forked_cli.run_invoke
+        return run("-r", str(ROOT), args[0], "--cluster", str(self.spec), *args[1:],
+                   env=self.env, timeout=120, cwd=self.folder)
 
     def cluster_token(self) -> str:
         return (Path(self.env["RAYFLEET_HOME"]) / "keys" / self.spec.stem / "ray-token").read_text()
@@ -101,9 +135,10 @@ class Shared:
         home.mkdir()
         env = {"PATH": os.environ["PATH"], "HOME": str(home), "RAYFLEET_HOME": str(home / ".rf"),
                "RAY_USAGE_STATS_ENABLED": "0"}
-        joined = run_invoke("-r", str(ROOT), "join", str(bundle), env=env, cwd=home)
+        run = run_invoke if self.fresh else forked_cli.run_invoke
+        joined = run("-r", str(ROOT), "join", str(bundle), env=env, cwd=home)
         assert joined.returncode == 0, joined.stdout + joined.stderr
-        printed = run_invoke("-r", str(ROOT), "env", "--cluster", self.spec.stem, env=env, cwd=home)
+        printed = run("-r", str(ROOT), "env", "--cluster", self.spec.stem, env=env, cwd=home)
         assert printed.returncode == 0, printed.stderr
         line = printed.stdout.strip()
         assert line.startswith("export ")
@@ -112,6 +147,33 @@ class Shared:
         member = Member(name, home, {**env, **exported}, [joined.stdout, printed.stdout])
         self.members[name] = member
         return member
+
+    def enrol(self, *names: str) -> list[Member]:
+        """Members in homes of their own, added with one `rayfleet member-add --roster` (one
+        command for a whole class: `add`'s three `invoke`s per member cost ~3 s each on 2 cores),
+        each shell's variables from their folder's env.sh, as a member's `source` sets them."""
+        new = [name for name in names if name not in self.members]
+        if new:
+            roster = self.folder / f"roster-{new[0]}.csv"
+            roster.write_text("name,role,expires\n" + "".join(f"{name},,\n" for name in new))
+            out = self.folder / f"folders-{new[0]}"
+            run = run_rayfleet if self.fresh else forked_cli.run_rayfleet
+            added = run("member-add", "--cluster", str(self.spec), "--roster", str(roster),
+                        "--out", str(out), env=self.env, cwd=self.folder, timeout=120)
+            assert added.returncode == 0, added.stdout + added.stderr
+            for name in new:
+                home = self.folder / f"home-{name}"
+                home.mkdir()
+                base = {"PATH": os.environ["PATH"], "HOME": str(home),
+                        "RAY_USAGE_STATS_ENABLED": "0"}
+                sourced = subprocess.run(["bash", "-c", "source env.sh >/dev/null && env -0"],
+                                         cwd=out / f"{self.spec.stem}-{name}", env=base,
+                                         capture_output=True, text=True, timeout=30, check=True)
+                env = dict(item.split("=", 1) for item in sourced.stdout.split("\0") if "=" in item)
+                self.members[name] = Member(name, home, {**base, **{
+                    k: v for k, v in env.items() if k.startswith(("RAY_", "REQUESTS_", "SSL_"))}},
+                    [])
+        return [self.members[name] for name in names]
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +247,8 @@ def test_members_see_and_act_on_their_own_jobs_only(shared: Shared) -> None:
     assert listed.returncode == 0 and job in listed.stdout
     assert "'rayfleet_member': 'alice'" in listed.stdout
     assert job not in bob.ray("list").stdout
-    _wait_for(lambda: "RUNNING" in alice.ray("logs", job).stdout, 120, "alice reads her job's logs")
+    alice.logged(job, "RUNNING")
+    assert "RUNNING" in alice.ray("logs", job).stdout  # alice reads her job's logs with Ray's CLI
     for args in (("logs", job), ("stop", job), ("status", job)):
         # Answered as a job that does not exist: Ray's CLI says so, not "token invalid".
         refused = bob.ray(*args)
@@ -282,7 +345,7 @@ def test_cluster_token_reaches_no_member(shared: Shared) -> None:
     # A job that prints the token file Ray's nodes read: the gateway's answer holds no token.
     job = hank.submit("python -c \"import os; print('T=' + open(os.environ['RAY_AUTH_TOKEN_PATH'])"
                       ".read())\"")
-    _wait_for(lambda: "T=" in hank.ray("logs", job).stdout, 120, "the job's output")
+    hank.logged(job, "T=")
     assert "T=<secret>" in hank.ray("logs", job).stdout
     token = shared.cluster_token().strip()
     for member in shared.members.values():
@@ -473,7 +536,11 @@ def test_members_and_usage_survive_the_cluster_going_away_and_a_new_up(shared: S
         assert listed.returncode == 0, listed.stdout + listed.stderr
         return {row["name"]: row for row in json.loads(listed.stdout)["members"]}
 
-    _wait_for(lambda: rows()["pia"]["total_jobs"] == 1, 30, "the gateway counts pia's job")
+    usage = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem / "usage.json"
+    # The gateway's record of the job (what `members` counts), read from its file: an `invoke` a
+    # poll is 1-2 s of CPU.
+    _wait_for(lambda: (json.loads(usage.read_text()) if usage.exists() else {}).get("jobs", {})
+              .get(job, {}).get("status") == "SUCCEEDED", 30, "the gateway records pia's job")
     before = rows()
     # `up` again whatever the teardown did: the module's other tests share this cluster, and
     # must find it up even when a check below fails.
