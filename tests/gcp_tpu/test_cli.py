@@ -1,22 +1,20 @@
-"""`invoke ... --provider=gcp-tpu` as a user runs it (subprocesses), and a real job submitted
-through the provider's SSH tunnel to a real Ray head."""
+"""`invoke ... --provider=gcp-tpu` as a user runs it (subprocesses).
+
+A real job through the provider's SSH tunnel to a real Ray head is not repeated here (it started
+a local Ray of its own): test_e2e_cluster.py::test_ray_autoscales_tpu_nodes_against_offline_google
+submits its jobs through `invoke`'s tunnel to the head's token-checking Ray (refused without the
+token), and test_provider.py::test_connect_gives_each_cluster_its_own_local_port holds the
+endpoint tunneled."""
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from infra.cli import loading
-from infra.core import state
 from infra.providers.gcp_tpu import config
-from tests.conftest import run_invoke as run_invoke_fresh
 from tests.forked_cli import run_invoke
-from tests.gcp_tpu.conftest import FakeRay, Sshd, assert_nothing_created, write_spec
+from tests.gcp_tpu.conftest import assert_nothing_created, write_spec
 from tests.gcp_tpu.fake_gcp import FakeGcp
 
 
@@ -78,57 +76,6 @@ def test_teardown_and_status_without_state(tmp_path: Path) -> None:
     assert result.returncode == 0 and result.stdout.splitlines()[0] == "gcp-tpu: not up"
     result = run_invoke("dashboard", "--provider=gcp-tpu", env=env)
     assert result.returncode == 1 and "has no state" in result.stderr
-
-
-@pytest.fixture
-def local_ray(real_daemon: None, tmp_path: Path, rf_home: Path) -> Iterator[tuple[int, str]]:
-    """A real Ray head on this machine (the local provider); yields its dashboard port and the
-    path of its Ray token."""
-    path = tmp_path / f"t{uuid.uuid4().hex[:8]}.yaml"
-    path.write_text("provider: local\nnum_cpus: 1\nobject_store_memory_mb: 100\n")
-    result = run_invoke_fresh("up", "--cluster", str(path))  # starts Ray: a fresh process
-    try:
-        assert result.returncode == 0, result.stderr
-        head = state.read(path.stem)
-        assert head is not None
-        yield int(str(head.info.dashboard_url).rsplit(":", 1)[1]), head.info.auth_token_path
-    finally:
-        run_invoke_fresh("teardown", "--cluster", str(path))
-
-
-@pytest.mark.slow
-def test_a_job_runs_through_the_ssh_tunnel(tmp_path: Path, rf_home: Path, fake: FakeGcp,
-                                          options: object, sshd: Sshd, key_file: Path,
-                                          local_ray: tuple[int, str]) -> None:
-    from infra.core import jobs
-    from infra.providers.base import UpOptions
-    from infra.providers.gcp_tpu.provider import Provider
-
-    port, token = local_ray
-    loaded = loading.load_spec(write_spec(tmp_path, name="tunnel", dashboard={"port": port},
-                                           tpu_workers={}))
-    ray = FakeRay(fake, sshd)
-    provider = Provider(loaded, ray=ray, api_options=options,  # type: ignore[arg-type]
-                        ssh_port=sshd.port, head_monitor=ray.start_monitor)
-    with state.locked("tunnel", "gcp-tpu", "up") as current:
-        # The stand-in head is that local Ray: this cluster's token is its token.
-        current.set_info(auth_token_path=token)
-        provider.up(current, provider.plan(current), UpOptions())
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "hello.py").write_text("import ray\nray.init()\nprint('answer', 6 * 7)\n")
-    current = state.read("tunnel")
-    assert current is not None
-    with provider.connect(current) as endpoint:
-        assert endpoint.tunneled and f":{port}" not in endpoint.dashboard_url
-        assert endpoint.token_path is not None and str(endpoint.token_path) == token
-        code = jobs.submit(endpoint, "python hello.py",
-                           {"working_dir": str(work), "excludes": []}, wait=True)
-    assert code == 0
-    with state.locked("tunnel", "gcp-tpu", "teardown") as current:
-        provider.teardown(current)
-        current.delete()
-    assert fake.nodes_with({"rayfleet-name": "tunnel"}) == []
 
 
 def test_plan_of_the_shipped_example_renders_without_an_account_and_exits_1(
