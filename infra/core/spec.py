@@ -52,6 +52,31 @@ class Autodown(StrictModel):
     idle_minutes: float = Field(gt=0, le=7 * 24 * 60)
 
 
+class WorkerRange(StrictModel):
+    """A kind of worker the autoscaler keeps between `min_workers` and `max_workers`; each
+    provider's section redeclares the two with its own defaults and bounds."""
+
+    min_workers: int = 0
+    max_workers: int = 1
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> typing.Self:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) is above max_workers "
+                             f"({self.max_workers}); lower min_workers or raise max_workers")
+        return self
+
+
+def existing_file(value: str | None, fix: str) -> Path | None:
+    """The file a spec names (`~` expanded), or one line saying it is not there and `fix`."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ValueError(f"no such file {value!r}; {fix}")
+    return path
+
+
 def source_ranges(ranges: list[str], what: str, fix: str) -> list[str]:
     """`ranges` when each is a CIDR range with zero host bits and none is the whole internet
     (which would open `what` to anyone: `fix` says what to list instead)."""

@@ -343,7 +343,7 @@ def test_autoscaling_spec_rules(tmp_path: Path) -> None:
     for text, expected in [
         ("nodes: 2\nworker_types: {cpu: {cpus_per_node: 1}}\n", "head as a one-node job"),
         ("worker_types: {cpu: {cpus_per_node: 1, min_workers: 3, max_workers: 2}}\n",
-         "min_workers 3 exceeds max_workers 2"),
+         "min_workers (3) is above max_workers (2)"),
         ("worker_types: {CPU: {cpus_per_node: 1}}\n", "a worker type name is"),
         ("worker_types: {cpu: {cpus_per_node: 1, time_limit: soon}}\n", "is not a Slurm time"),
         ("gpu_workers: {cpus_per_node: 1}\nworker_types: {cpu: {cpus_per_node: 1}}\n",

@@ -8,13 +8,12 @@ host and runtime version from the accelerator type (see tpu.py).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from infra.core.capabilities import CLOUD_HEAD, Capabilities
-from infra.core.spec import ClusterSpec, StrictModel, source_ranges
+from infra.core.spec import ClusterSpec, StrictModel, WorkerRange, existing_file, source_ranges
 from infra.providers.gcp_tpu import tpu
 
 #: GCP label keys and values (keys also must start with a letter); node type names become labels.
@@ -53,16 +52,9 @@ class HeadSpec(StrictModel):
     image: str = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
 
 
-class WorkerCounts(StrictModel):
+class WorkerCounts(WorkerRange):
     min_workers: int = Field(0, ge=0, le=1000)
     max_workers: int = Field(2, ge=0, le=1000)
-
-    @model_validator(mode="after")
-    def _min_le_max(self) -> WorkerCounts:
-        if self.min_workers > self.max_workers:
-            raise ValueError(f"min_workers ({self.min_workers}) is above max_workers "
-                             f"({self.max_workers}); lower min_workers or raise max_workers")
-        return self
 
 
 class CpuWorkerSpec(WorkerCounts):
@@ -289,13 +281,9 @@ class Spec(ClusterSpec):
     @field_validator("credentials_file")
     @classmethod
     def _credentials_file(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        path = Path(value).expanduser()
-        if not path.is_file():
-            raise ValueError(f"{value}: no such file; point it at a service-account key (JSON) "
-                             "or remove it to use application-default credentials")
-        return str(path.resolve())
+        path = existing_file(value, "point it at a service-account key (JSON) or remove it to use "
+                             "application-default credentials")
+        return None if path is None else str(path.resolve())
 
     @field_validator("labels")
     @classmethod

@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from infra.core.capabilities import CLOUD_HEAD, Capabilities
-from infra.core.spec import ClusterSpec, StrictModel
+from infra.core.spec import ClusterSpec, StrictModel, WorkerRange, existing_file
 
 #: Regions where Lambda applies no firewall rule (firewall.UNFILTERED_REGIONS; kept here too so
 #: the spec module imports nothing of the provider's).
@@ -50,7 +50,7 @@ class Workers(StrictModel):
         return _distinct(value)
 
 
-class WorkerType(StrictModel):
+class WorkerType(WorkerRange):
     """One kind of worker the autoscaler may launch, between min_workers and max_workers."""
 
     #: Ordered fallbacks; only those in the head's region are used.
@@ -67,13 +67,6 @@ class WorkerType(StrictModel):
     @classmethod
     def _distinct(cls, value: list[Choice]) -> list[Choice]:
         return _distinct(value)
-
-    @model_validator(mode="after")
-    def _range(self) -> WorkerType:
-        if self.min_workers > self.max_workers:
-            raise ValueError(f"min_workers ({self.min_workers}) is above max_workers "
-                             f"({self.max_workers}); raise max_workers")
-        return self
 
 
 def _distinct(choices: list[Choice]) -> list[Choice]:
@@ -125,11 +118,7 @@ class Spec(ClusterSpec):
     @field_validator("ssh_private_key")
     @classmethod
     def _key_file(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        path = Path(value).expanduser()
-        if not path.is_file():
-            raise ValueError(f"no such file {value!r}; give the private key of ssh_key_name")
+        existing_file(value, "give the private key of ssh_key_name")
         return value
 
     @field_validator("ssh_source_ranges")

@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from infra.core.capabilities import Capabilities
-from infra.core.spec import ClusterSpec, StrictModel
+from infra.core.spec import ClusterSpec, StrictModel, WorkerRange
 from infra.node.slurm.queue import time_limit_seconds
 
 # A word Slurm accepts as a partition, account, QOS, module or GPU type: no spaces, no quotes.
@@ -90,7 +90,7 @@ class GpuWorkers(_NodeShape):
     resources: dict[str, float] = Field(default_factory=dict)
 
 
-class WorkerType(_NodeShape):
+class WorkerType(_NodeShape, WorkerRange):
     """Workers Ray's autoscaler may start on demand: one sbatch job per worker node."""
 
     #: Walltime of each worker job; never more than what the head's job has left.
@@ -104,13 +104,6 @@ class WorkerType(_NodeShape):
     @classmethod
     def _slurm_time(cls, value: str | None) -> str | None:
         return None if value is None else _check_time(value)
-
-    @model_validator(mode="after")
-    def _min_below_max(self) -> WorkerType:
-        if self.min_workers > self.max_workers:
-            raise ValueError(f"min_workers {self.min_workers} exceeds max_workers "
-                             f"{self.max_workers}; raise max_workers or lower min_workers")
-        return self
 
 
 def _check_time(value: str) -> str:
