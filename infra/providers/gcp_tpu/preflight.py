@@ -12,8 +12,10 @@ to fall back to when Google refuses the head for capacity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from infra.node.gcp_tpu.api import (
     Gcp,
@@ -24,6 +26,8 @@ from infra.node.gcp_tpu.api import (
 )
 from infra.providers.gcp_tpu import config, tpu_quota
 from infra.providers.gcp_tpu.spec import Spec
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -115,22 +119,24 @@ def _project(spec: Spec, api: Gcp, report: Report) -> None:
     report.passed.append(f"project {spec.project} reachable, Compute Engine API enabled")
 
 
-def _zone_and_network(spec: Spec, api: Gcp, report: Report) -> None:
+def _found(call: Callable[[], T], missing: str) -> T:
+    """What `call` reads from Google, or (a 404) one line saying what is missing and the fix."""
     try:
-        zone = api.get_zone(spec.zone)
+        return call()
     except GcpNotFoundError:
-        raise GcpNotFoundError(
-            f"gcp-tpu: zone {spec.zone!r} does not exist; set zone: in {spec.source} to one of "
-            f"`gcloud compute zones list`", status=404) from None
+        raise GcpNotFoundError(f"gcp-tpu: {missing}", status=404) from None
+
+
+def _zone_and_network(spec: Spec, api: Gcp, report: Report) -> None:
+    zone = _found(lambda: api.get_zone(spec.zone),
+                  f"zone {spec.zone!r} does not exist; set zone: in {spec.source} to one of "
+                  "`gcloud compute zones list`")
     if zone.get("status", "UP") != "UP":
         raise GcpError(f"gcp-tpu: zone {spec.zone} is {zone.get('status')}; pick another zone: "
                        f"in {spec.source}")
-    try:
-        api.get_network(spec.network)
-    except GcpNotFoundError:
-        raise GcpNotFoundError(
-            f"gcp-tpu: network {spec.network!r} not found in project {spec.project}; set "
-            f"network: in {spec.source} (`gcloud compute networks list`)", status=404) from None
+    _found(lambda: api.get_network(spec.network),
+           f"network {spec.network!r} not found in project {spec.project}; set network: in "
+           f"{spec.source} (`gcloud compute networks list`)")
     report.passed.append(f"zone {spec.zone} is UP, network {spec.network} exists")
 
 
@@ -140,12 +146,9 @@ def _machine_types(spec: Spec, api: Gcp, report: Report) -> None:
     for where, machine_type in wanted.items():
         if machine_type in report.guest_cpus:
             continue
-        try:
-            found = api.get_machine_type(spec.zone, machine_type)
-        except GcpNotFoundError:
-            raise GcpNotFoundError(
-                f"gcp-tpu: {where}: {machine_type!r} is not offered in {spec.zone}; pick one from "
-                f"`gcloud compute machine-types list --zones {spec.zone}`", status=404) from None
+        found = _found(partial(api.get_machine_type, spec.zone, machine_type),
+                       f"{where}: {machine_type!r} is not offered in {spec.zone}; pick one from "
+                       f"`gcloud compute machine-types list --zones {spec.zone}`")
         report.guest_cpus[machine_type] = int(found.get("guestCpus", 0))
     for name, t in spec.cpu_workers.items():
         actual = report.guest_cpus.get(t.machine_type)
@@ -156,12 +159,9 @@ def _machine_types(spec: Spec, api: Gcp, report: Report) -> None:
 
 
 def _tpus(spec: Spec, api: Gcp, report: Report) -> None:
-    try:
-        offered = api.accelerator_types(spec.zone)
-    except GcpNotFoundError:
-        raise GcpNotFoundError(
-            f"gcp-tpu: zone {spec.zone} offers no TPUs; set zone: in {spec.source} to a TPU zone "
-            f"(`gcloud compute tpus locations list`)", status=404) from None
+    offered = _found(lambda: api.accelerator_types(spec.zone),
+                     f"zone {spec.zone} offers no TPUs; set zone: in {spec.source} to a TPU zone "
+                     "(`gcloud compute tpus locations list`)")
     types = {str(a.get("type")) for a in offered}
     configs = {(str(c.get("type")), str(c.get("topology")))
                for a in offered for c in a.get("acceleratorConfigs", [])}

@@ -39,24 +39,17 @@ def port_layout() -> list[tuple[str, int]]:
 def _group_options(partition: str | None, account: str | None, qos: str | None, time_limit: str,
                    nodes: int, cpus: int, gpus: int, gpu_type: str | None, memory_mb: int | None,
                    constraint: str | None, exclusive: bool) -> list[str]:
-    options = []
-    if partition:
-        options.append(f"--partition={partition}")
-    if account:
-        options.append(f"--account={account}")
-    if qos:
-        options.append(f"--qos={qos}")
-    options += [f"--time={time_limit}", f"--nodes={nodes}", "--ntasks-per-node=1",
-                f"--cpus-per-task={cpus}"]
-    if gpus:
-        options.append(f"--gres=gpu:{gpu_type + ':' if gpu_type else ''}{gpus}")
-    if memory_mb:
-        options.append(f"--mem={memory_mb}M")
-    if constraint:
-        options.append(f"--constraint={constraint}")
-    if exclusive:
-        options.append("--exclusive")
-    return options
+    # Each option in sbatch's order, None where the spec leaves it to the site's default.
+    options = [f"--partition={partition}" if partition else None,
+               f"--account={account}" if account else None,
+               f"--qos={qos}" if qos else None,
+               f"--time={time_limit}", f"--nodes={nodes}", "--ntasks-per-node=1",
+               f"--cpus-per-task={cpus}",
+               f"--gres=gpu:{gpu_type + ':' if gpu_type else ''}{gpus}" if gpus else None,
+               f"--mem={memory_mb}M" if memory_mb else None,
+               f"--constraint={constraint}" if constraint else None,
+               "--exclusive" if exclusive else None]
+    return [option for option in options if option is not None]
 
 
 def sbatch_options(spec: Spec) -> list[str]:
