@@ -51,13 +51,8 @@ class PrometheusConfig(Wire):
     scrape_interval_s: int
     log_path: str
     version: int = VERSION
-    #: Keys this code does not know: a head's daemon config also names the node package it came
-    #: with (infra/core/remote_head.py); kept, see infra/node/wire.py.
     extra: dict[str, Any] = field(default_factory=dict)
 
-
-def write_config(path: Path, config: PrometheusConfig) -> None:
-    atomic_write(path, config.to_json())
 
 
 def find_program() -> str | None:

@@ -60,13 +60,8 @@ class ServerConfig(Wire):
     #: Where the server's own output goes.
     log_path: str
     version: int = VERSION
-    #: Keys this code does not know: a head's daemon config also names the node package it came
-    #: with (infra/core/remote_head.py); kept, see infra/node/wire.py.
     extra: dict[str, Any] = field(default_factory=dict)
 
-
-def write_config(path: Path, config: ServerConfig) -> None:
-    atomic_write(path, config.to_json())
 
 
 def node_env(url: str, password_file: str) -> tuple[dict[str, str], dict[str, str]]:

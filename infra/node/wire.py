@@ -26,9 +26,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from infra.node.errors import RayfleetError
+from infra.node.files import atomic_write
 
 VERSION = 1
 #: The field that holds unknown keys (not itself a key in the file).
@@ -93,6 +95,10 @@ class Wire:
     def to_json(self, indent: int | None = 2) -> str:
         """The file's text as its writers always wrote it (`json.dumps`, no trailing newline)."""
         return json.dumps(self.to_dict(), indent=indent)
+
+    def write(self, path: Path | str, mode: int | None = None) -> None:
+        """The file (`to_json`) replaced all or nothing (infra/node/files.py `atomic_write`)."""
+        atomic_write(path, self.to_json(), mode)
 
 
 def _default(field: Any) -> Any:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from infra.node import rayproc, supervise
-from infra.node.metrics import PrometheusConfig, write_config
+from infra.node.metrics import PrometheusConfig
 from tests.conftest import ROOT
 from tests.waiting import wait_until
 
@@ -17,10 +17,10 @@ def test_the_runner_leaves_the_supervisors_pid_file_alone(real_daemon: None,
                                                           tmp_path: Path) -> None:
     config = tmp_path / "rayfleet-metrics.json"
     port = rayproc.free_port()
-    write_config(config, PrometheusConfig(
+    PrometheusConfig(
         host="127.0.0.1", port=port, discovery_file=str(tmp_path / "discovery.json"),
         storage_dir=str(tmp_path / "tsdb"), retention_days=1, retention_size_mb=64,
-        scrape_interval_s=5, log_path=str(tmp_path / "prometheus.log")))
+        scrape_interval_s=5, log_path=str(tmp_path / "prometheus.log")).write(config)
     pidfile = Path(f"{config}.pid")
     argv = [sys.executable, "-m", "infra.node.metrics", "--config", str(config)]
     try:

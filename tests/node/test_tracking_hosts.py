@@ -46,7 +46,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, str]
                                    secret_key_path=str(root / "secret"),
                                    log_path=str(root / "mlflow.log"))
     config_path = root / tracking.CONFIG_FILE
-    tracking.write_config(config_path, config)
+    config.write(config_path)
     supervisor = subprocess.Popen([sys.executable, "-m", "infra.node.tracking", "--config",
                                    str(config_path)], cwd=Path(__file__).parents[2],
                                   stdin=subprocess.DEVNULL)

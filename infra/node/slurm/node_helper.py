@@ -45,7 +45,7 @@ from infra.node.rayproc import (
 )
 from infra.node.slurm.info import Info
 from infra.node.wait import WaitTimeout, until
-from infra.node.wire import WireError
+from infra.node.wire import Wire, WireError
 
 
 def _env(name: str) -> str:
@@ -318,14 +318,10 @@ def tracking_config(target: str, store: str, password_path: str, secret_key_path
         print("rayfleet: tracking: mlflow needs MLflow where Ray runs (pip install mlflow in the "
               "environment the spec's environment: sets up); no tracking server", file=sys.stderr)
         return 1
-    os.makedirs(store, exist_ok=True)
-    os.chmod(store, 0o700)
-    config = tracking.ServerConfig(
+    return _daemon_config(target, store, tracking.ServerConfig(
         host=_env("RF_HEAD_IP"), port=PortBlock(int(_env("RF_BASE"))).tracking,
         store_dir=store, password_path=password_path, secret_key_path=secret_key_path,
-        log_path=os.path.join(store, "mlflow.log"))
-    atomic_write(target, config.to_json(indent=1), mode=0o600)
-    return 0
+        log_path=os.path.join(store, "mlflow.log")))
 
 
 def metrics_config(target: str, store: str, days: int, size_mb: int, interval_s: int) -> int:
@@ -339,15 +335,20 @@ def metrics_config(target: str, store: str, days: int, size_mb: int, interval_s:
         print("rayfleet: metrics: no `prometheus` on the head's node (PATH, the env, "
               "/usr/bin); the cluster runs without metrics", file=sys.stderr)
         return 1
-    os.makedirs(store, exist_ok=True)
-    os.chmod(store, 0o700)
-    config = metrics.PrometheusConfig(
+    return _daemon_config(target, store, metrics.PrometheusConfig(
         host="127.0.0.1", port=PortBlock(int(_env("RF_BASE"))).prometheus,
         discovery_file=os.path.join(_env("RF_HEAD_TEMP"), "ray", metrics.DISCOVERY_FILE),
         storage_dir=os.path.join(store, "tsdb"), retention_days=days,
         retention_size_mb=size_mb, scrape_interval_s=interval_s,
-        log_path=os.path.join(store, "prometheus.log"))
-    metrics.write_config(Path(target), config)
+        log_path=os.path.join(store, "prometheus.log")))
+
+
+def _daemon_config(target: str, store: str, config: Wire) -> int:
+    """A head daemon's config (paths only, 0600) in the head's private dir, its store made on the
+    shared work dir, 0700: the data is nobody else's."""
+    os.makedirs(store, exist_ok=True)
+    os.chmod(store, 0o700)
+    config.write(target, mode=0o600)
     return 0
 
 
