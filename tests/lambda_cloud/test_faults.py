@@ -2,7 +2,9 @@
 
 Successful scenarios call the provider's `provision` (launch, wait active, SSH) in-process and
 then the real `teardown` command: `ray up` is exercised by the test-bed test, never against the
-loopback sshd. Failing `up`s run as `invoke up` subprocesses, as a user would run them.
+loopback sshd. Failing `up`s run as `invoke up` processes, as a user would run them, forked from
+the CLI zygote (tests/forked_cli.py: none of them starts Ray, and a fresh interpreter's imports
+cost ~0.4 s of CPU each); the one about a killed `up` is a fresh process.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from infra import providers
 from infra.cli import commands
 from infra.cli.loading import load_spec
 from infra.core import state
-from tests.conftest import ROOT, run_invoke
+from tests.conftest import ROOT
+from tests.forked_cli import run_invoke
 from tests.lambda_cloud.conftest import API_KEY, SpecFactory, assert_clean, ours, read_state
 from tests.lambda_cloud.fake_api import FakeLambda, Fault
 from tests.waiting import wait_until
