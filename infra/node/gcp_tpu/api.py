@@ -127,6 +127,13 @@ class Gcp:
     def service_usage(self) -> Any:
         return self._build("serviceusage", "v1beta1", "")
 
+    def _call_or_none(self, request: Any, what: str) -> dict[str, Any] | None:
+        """`_call`, or None where Google answers that the thing does not exist (a 404)."""
+        try:
+            return self._call(request, what)
+        except GcpNotFoundError:
+            return None
+
     def _call(self, request: Any, what: str) -> dict[str, Any]:
         import httplib2
         from google.auth import exceptions as auth_errors
@@ -245,11 +252,8 @@ class Gcp:
 
     def delete_instance(self, zone: str, name: str) -> dict[str, Any] | None:
         """Start deleting; the operation, or None if the instance is already gone."""
-        try:
-            return self._call(self.compute.instances().delete(
-                project=self.project, zone=zone, instance=name), f"deleting instance {name}")
-        except GcpNotFoundError:
-            return None
+        return self._call_or_none(self.compute.instances().delete(
+            project=self.project, zone=zone, instance=name), f"deleting instance {name}")
 
     def delete_tpu_node(self, name: str) -> dict[str, Any] | None:
         """Start deleting TPU node `name` (full resource name); None if already gone or going."""
@@ -265,17 +269,12 @@ class Gcp:
         that". Either is success here once a look shows it DELETING or gone (NOTES.md): the
         caller goes on waiting for it to vanish, as it does after its own delete."""
         try:
-            return self._call(delete, what)
-        except GcpNotFoundError:
-            return None
+            return self._call_or_none(delete, what)
         except GcpError as exc:
             if exc.status not in (400, 409):
                 raise
-            try:
-                found = self._call(get, what)
-            except GcpNotFoundError:
-                return None
-            if _state(found) != "DELETING":
+            found = self._call_or_none(get, what)
+            if found is not None and _state(found) != "DELETING":
                 raise
             return None
 
@@ -293,10 +292,8 @@ class Gcp:
 
     def queued_resource(self, name: str) -> dict[str, Any] | None:
         """Queued resource `name` (full resource name); None when it does not exist."""
-        try:
-            return self._call(self._queued_resources().get(name=name), f"queued TPU request {name}")
-        except GcpNotFoundError:
-            return None
+        return self._call_or_none(self._queued_resources().get(name=name),
+                                  f"queued TPU request {name}")
 
     def create_queued_resource(self, zone: str, qr_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """Queue a request (the operation Google returns); a request id makes a retry harmless."""
@@ -322,11 +319,9 @@ class Gcp:
     # --- firewall rule for the dashboard ----------------------------------------------------
 
     def get_firewall(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self._call(self.compute.firewalls().get(project=self.project, firewall=name),
-                              f"firewall rule {name}")
-        except GcpNotFoundError:
-            return None
+        return self._call_or_none(self.compute.firewalls().get(project=self.project,
+                                                               firewall=name),
+                                  f"firewall rule {name}")
 
     def insert_firewall(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call(self.compute.firewalls().insert(project=self.project, body=body,
@@ -339,11 +334,9 @@ class Gcp:
                           f"updating firewall rule {name}")
 
     def delete_firewall(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self._call(self.compute.firewalls().delete(project=self.project, firewall=name),
-                              f"deleting firewall rule {name}")
-        except GcpNotFoundError:
-            return None
+        return self._call_or_none(self.compute.firewalls().delete(project=self.project,
+                                                                  firewall=name),
+                                  f"deleting firewall rule {name}")
 
     # --- long-running operations ------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from infra.core.state import State
 from infra.providers.base import PlannedResource
 from infra.providers.gcp_tpu import config, firewall, preflight, services
 from infra.providers.gcp_tpu.records import Cluster, Firewall, Queued
-from infra.providers.gcp_tpu.spec import Spec
+from infra.providers.gcp_tpu.spec import QueuedSliceSpec, Spec, TpuWorkerSpec
 
 #: A pre-flight line that makes `invoke plan` exit 1 (and `up` refuse to start).
 FAILED = "pre-flight ✗ "
@@ -32,6 +32,13 @@ def zone_order(spec: Spec, report: preflight.Report | None) -> tuple[str, ...]:
     return tuple(report.zones) if report is not None and report.zones else (spec.zone,)
 
 
+def _slices(count: str, kind: TpuWorkerSpec | QueuedSliceSpec, per_host: str = "") -> str:
+    """A row's detail of TPU slices: how many, their type, chips and hosts, runtime, provisioning."""
+    shape = kind.slice
+    return (f"{count} × {shape.accelerator_type} ({shape.chips} chips, {shape.hosts} host(s)"
+            f"{per_host}), {kind.runtime}, {kind.provisioning}")
+
+
 def rows(spec: Spec, state: State | None,
          report: preflight.Report | None) -> tuple[list[PlannedResource], list[str]]:
     """What `up` would create in `spec`'s zone (existing ones marked), and the plan's notes."""
@@ -49,18 +56,15 @@ def rows(spec: Spec, state: State | None,
         shape = tpu_type.slice
         resources.append(PlannedResource(
             "TPU VMs: autoscaled TPU workers", name,
-            f"{tpu_type.min_workers}..{tpu_type.max_workers} × {shape.accelerator_type} "
-            f"({shape.chips} chips, {shape.hosts} host(s), TPU: {shape.chips_per_host} per "
-            f"host), {tpu_type.runtime}, {tpu_type.provisioning}"))
+            _slices(f"{tpu_type.min_workers}..{tpu_type.max_workers}", tpu_type,
+                    f", TPU: {shape.chips_per_host} per host")))
         if shape.multi_host:
             notes.append(f"tpu_workers.{name}: a multi-host slice ({shape.hosts} hosts) scales "
                          "as one unit; Ray's autoscaler handles pods only roughly")
     for name, queued_slice in spec.queued_slices.items():
-        shape = queued_slice.slice
         resources.append(PlannedResource(
             "TPU VMs: queued slices (joined by the head when ACTIVE)", name,
-            f"{queued_slice.count} × {shape.accelerator_type} ({shape.chips} chips, "
-            f"{shape.hosts} host(s)), {queued_slice.runtime}, {queued_slice.provisioning}, "
+            f"{_slices(str(queued_slice.count), queued_slice)}, "
             f"zones {', '.join(spec.slice_zones(name))}",
             bool(state and state.resources(Queued))))
     ranges = spec.dashboard.allowed_source_ranges
