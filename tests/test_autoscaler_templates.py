@@ -113,7 +113,11 @@ def test_a_lambda_worker_gets_everything_its_commands_run_in_one_file_mount(
     spec = _lambda_spec(tmp_path, case)
     config = yaml.safe_load(autoscale.render_config(spec, *_lambda_args(case)))
     assert config["file_mounts"] == {f"~/{users.WORKER_KIT}": f"~/{users.WORKER_KIT}"}
-    kit = {f"~/{path}" for path in users.kit_files(b"token", b"password")}
+    conf = autoscale.node_conf(spec, "i-1", "10.0.0.5")
+    kit = {f"~/{path}" for path in users.kit_files(b"token", b"password", conf)}
+    # node.sh's node.conf and the scripts it runs with `bash` (setup/users/node.sh).
+    assert {f"~/{users.WORKER_KIT}/rayfleet/users/{name}"
+            for name in ("node.conf", "users.sh", "ray.sh")} <= kit
     if spec.env != "none":
         kit |= {f"~/{path}" for path in autoscale.setup_files(autoscale.KIT_SETUP)}
     # What they run with `bash` (the environment's activate script, sourced, is made by setup).

@@ -115,13 +115,16 @@ class Bed:
         (self.home / "rayfleet" / "env" / "rayfleet-activate.sh").write_text("")
         # The users installer the head received (setup/users/users.sh), and the one in the kit an
         # autoscaled Lambda worker receives (users.WORKER_KIT): recorded, never run here.
-        for folder in (self.home, self.home / WORKER_KIT):
-            (folder / "rayfleet" / "users").mkdir(parents=True)
-            (folder / "rayfleet" / "users" / "users.sh").write_text(
-                f'echo "users.sh $*" >> "{root}/calls.log"\n')
-            # Ray's start and stop as the node runs them: the real script, which ends in the
-            # stubs (runuser, sudo, ray) on this PATH.
-            shutil.copy(ROOT / "setup" / "users" / "ray.sh", folder / "rayfleet" / "users")
+        self.users = [folder / "rayfleet" / "users" for folder in (self.home, self.home / WORKER_KIT)]
+        for users in self.users:
+            users.mkdir(parents=True)
+            for name in ("users.sh", "guard.sh", "gcp_tpu_env.sh"):
+                (users / name).write_text(f'echo "{name} $*" >> "{root}/calls.log"\n')
+            # Ray's start and stop as the node runs them: the real scripts (node.sh reads the
+            # cluster's node.conf beside it), which end in the stubs (runuser, sudo, ray).
+            for name in ("node.sh", "ray.sh"):
+                shutil.copy(ROOT / "setup" / "users" / name, users)
+        (self.home / ".rayfleet").mkdir()
         self.work = root / "work"
         self.work.mkdir()
         self.cluster_id = secrets.token_hex(4)
@@ -132,6 +135,11 @@ class Bed:
         for name in ("ray-token", "mlflow-password"):
             (keys / name).write_text("x")
             (keys / name).chmod(stat.S_IRUSR | stat.S_IWUSR)
+
+    def conf(self, text: str) -> None:
+        """node.conf beside each node.sh (the start lines of the YAML configs run those)."""
+        for users in self.users:
+            (users / "node.conf").write_text(text)
 
     def env(self) -> dict[str, str]:
         return {"PATH": f"{self.stubs}:/usr/bin:/bin", "HOME": str(self.home), "LANG": "C",
@@ -165,7 +173,14 @@ def _commands(config: dict[str, Any]) -> list[str]:
 
 def _check(template: str, text: str, baseline_keys: set[str] | None, bed: Bed, what: str) -> None:
     """Parse `text` and run its shell harmlessly; the marker file must not appear."""
-    if template.endswith(".yaml.j2"):
+    if template == "node.conf.j2":
+        # node.sh with this node.conf, as a head and as a worker start with it.
+        bed.conf(text)
+        for role in ("head", "worker"):
+            syntax = bed.run(["bash", "-n", str(bed.users[0] / "node.conf")])
+            assert syntax.returncode == 0, (what, syntax.stderr)
+            bed.run(["bash", str(bed.users[0] / "node.sh"), role])
+    elif template.endswith(".yaml.j2"):
         config = yaml.safe_load(text)
         assert isinstance(config, dict) and set(config) == baseline_keys, what
         commands = _commands(config)
@@ -226,6 +241,7 @@ def _renders(tmp_path: Path, bed: Bed) -> list[tuple[str, dict[str, Any]]]:
         assert isinstance(lam_spec, LambdaSpec)
         raycluster.render_config(lam_spec, "198.51.100.10", ["198.51.100.11"], Path("/k/id"),
                                  "0123abcd", "10.0.0.5")
+        raycluster.node_conf(lam_spec, "10.0.0.5")
         auto = specs / "auto.yaml"
         auto.write_text(yaml.safe_dump({
             "provider": "lambda", "tracking": "mlflow", "env": "gpu",
@@ -237,15 +253,17 @@ def _renders(tmp_path: Path, bed: Bed) -> list[tuple[str, dict[str, Any]]]:
         assert isinstance(auto_spec, LambdaSpec)
         autoscale.render_config(auto_spec, "0123abcd", "me", "us-east-1", "key", ["rs"], None, 1.0,
                                 "10.0.0.5")
+        autoscale.node_conf(auto_spec, "i-1", "10.0.0.5")
         gcp = write_gcp_spec(specs, name="gcp", tracking="mlflow",
                              dashboard={"port": 8300, "allowed_source_ranges": ["198.51.100.0/24"]})
         providers.create(loading.load_spec(gcp)).plan(None)
     finally:
         mp.undo()
-    # The local start script's `ray` (the real Python, raycli.argv_here) is real: never run it.
+    # The local start script's `ray` (the first on PATH after its Ray's folder) is real: the
+    # stubs' stands in (the real setup/users/ray.sh runs it).
     for template, context in calls:
         if template == "local.start.sh.j2":
-            context["ray_cli"] = [str(bed.stubs / "ray")]
+            context["ray_bin"] = str(bed.stubs)
             for secret in context["tracking_files"].values():  # `up` writes it before the start
                 Path(secret).parent.mkdir(parents=True, exist_ok=True)
                 Path(secret).write_text("x")
@@ -267,7 +285,11 @@ def test_every_template_withstands_hostile_values(tmp_path: Path, rf_home: Path,
     hostile = _hostile(bed.marker)
     refused: dict[str, list[Leaf]] = {}
     accepted = 0
-    for template, context in _renders(tmp_path, bed):
+    renders = _renders(tmp_path, bed)
+    # The start lines of the YAML configs run node.sh, which reads a node.conf.
+    default_conf = next(render.render(t, **c) for t, c in renders if t == "node.conf.j2")
+    for template, context in renders:
+        bed.conf(default_conf)
         valid = render.render(template, **context)
         keys = set(yaml.safe_load(valid)) if template.endswith(".yaml.j2") else None
         log = bed.root / "calls.log"

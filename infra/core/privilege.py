@@ -100,8 +100,12 @@ def setup_users(ray_files: Sequence[str], scaler_files: Sequence[str] = (),
     places in the user's home with their modes, and is itself `USERS_SCRIPT` under `source`).
     `moved`: files handed over that then leave `source` (a credential whose only copy on the
     node must be its user's)."""
-    args = [f"ray:{p}" for p in ray_files] + [f"scaler:{p}" for p in scaler_files]
-    return _users_sh(args, moved, source)
+    return _users_sh(user_files(ray_files, scaler_files), moved, source)
+
+
+def user_files(ray_files: Sequence[str], scaler_files: Sequence[str] = ()) -> list[str]:
+    """users.sh's `USER:PATH` arguments: Ray's user's files, then the autoscaler's user's."""
+    return [f"ray:{p}" for p in ray_files] + [f"scaler:{p}" for p in scaler_files]
 
 
 def _users_sh(args: Sequence[str], moved: Sequence[str], source: str = "~") -> str:
@@ -142,13 +146,6 @@ def stop_ray(activate: str = "", source: str = "~") -> str:
     the node env activated for it then."""
     stop = ray_script("stop", activate=activate, source=source)
     return f"if {shell.argv('pgrep', '-u', RAY_USER)} >/dev/null 2>&1; then {stop}; fi"
-
-
-def start_ray(ray_env: str, args: str, activate: str = "", source: str = "~") -> str:
-    """`ray start ARGS` as Ray's user, in its home, `ray_env` (`VAR=value ` words, `$HOME` = that
-    user's) first; `args` are words of our own, expanded by the SSH user's shell."""
-    env = (shell.argv("-e", ray_env.strip()),) if ray_env.strip() else ()
-    return ray_script(*env, "start", args, activate=activate, source=source)
 
 
 def start_monitor(gcs_address: str, config: str, node_zip: str, env: dict[str, str],
@@ -201,30 +198,10 @@ def start_monitor(gcs_address: str, config: str, node_zip: str, env: dict[str, s
 RAY_UP_SCALER_FILES = ("ray_bootstrap_config.yaml", "ray_bootstrap_key.pem")
 
 
-def ray_up_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port: int,
-                      token: bool, tracking: bool, scaler_files: Sequence[str] = (),
-                      before_ray: Sequence[str] = ()) -> list[str]:
-    """A head that `ray up` starts (Ray's own node provider on the head, v1 autoscaler): the
-    users, with the autoscaler's user given `ray up`'s config and key (and `scaler_files`, e.g.
-    the file mounts it syncs to new workers), then Ray as Ray's user without a monitor.
-    `before_ray` runs as the SSH user once the users exist. GCS listens on every address,
-    loopback included.
-
-    The monitor is not started here: its supervisor needs the node package, which reaches the
-    head only after `ray up` (remote_head.start_ray_up_monitor runs `ray_up_monitor` then)."""
-    return [
-        setup_users(ray_files(tracking), (*RAY_UP_SCALER_FILES, *ray_files(tracking),
-                                          *scaler_files, USERS_DIR)),
-        *before_ray,
-        stop_ray(activate),
-        start_ray(ray_env, f"--head --no-monitor {ray_start_args}", activate),
-    ]
-
-
 def ray_up_monitor(gcs_port: int, token: bool, node_zip: str, activate: str = "",
                    replace: bool = True) -> str:
     """Shell that runs Ray's v1 monitor, supervised, as the autoscaler's user on a head that
-    `ray up` started (ray_up_head_start), with `ray up`'s config and key, starting and stopping
+    `ray up` started (node_start.ray_up_head), with `ray up`'s config and key, starting and stopping
     the workers."""
     auth_env = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": shell.home(f"~/{TOKEN_FILE}")}
                 if token else {"RAY_AUTH_MODE": "disabled"})

@@ -285,7 +285,7 @@ def stop_daemon(target: ssh.SshTarget, config_path: str, python: str = "python3"
 def start_ray_up_monitor(target: ssh.SshTarget, gcs_port: int, token: bool, activate: str = "",
                          replace: bool = True) -> None:
     """Ray's v1 monitor, supervised, as the autoscaler's user on a head that `ray up` started
-    (privilege.ray_up_head_start): the node package goes up and to that user first (the
+    (node_start.ray_up_head): the node package goes up and to that user first (the
     supervisor is in it). `replace`: a new Ray runs there (`ray up` ran), so the monitor that
     runs is replaced; otherwise one starts only when none runs."""
     remote_zip = put_files(target)

@@ -13,10 +13,11 @@ import yaml
 
 from infra import providers
 from infra.cli import loading
-from infra.core import paths
+from infra.core import node_start, paths
 from infra.core.errors import SpecError
 from infra.providers.gcp_tpu import config, tpu
-from tests.conftest import RAY_SCRIPT, ROOT, starts_ray
+from tests import node_conf
+from tests.conftest import ROOT
 from tests.gcp_tpu.conftest import write_spec
 from tests.golden import assert_golden
 
@@ -191,6 +192,8 @@ def test_rendered_config_matches_golden(tmp_path: Path, rf_home: Path, case: str
 def test_example_configs_match_golden(rf_home: Path, example: str) -> None:
     result, _ = _plan(ROOT / "clusters" / example)
     assert_golden(f"gcp-tpu/example-{example}", result.files[config.FILE_NAME], _normalise())
+    if example == "gcp-tpu.yaml":  # how its nodes start Ray (node.sh reads it)
+        assert_golden("gcp-tpu/example-gcp-tpu.node.conf", result.files[node_start.CONF_NAME])
 
 
 def test_rendering_is_deterministic_and_keeps_secrets_out(tmp_path: Path, rf_home: Path) -> None:
@@ -210,8 +213,8 @@ def test_dashboard_binds_loopback_unless_ranges_are_given(tmp_path: Path, rf_hom
     closed, _ = _plan(write_spec(tmp_path, name="closed"))
     opened, _ = _plan(write_spec(tmp_path, name="opened",
                                  dashboard={"allowed_source_ranges": ["203.0.113.0/24"]}))
-    assert "--dashboard-host=127.0.0.1" in closed.files[config.FILE_NAME]
-    assert "--dashboard-host=0.0.0.0" in opened.files[config.FILE_NAME]
+    assert "--dashboard-host=127.0.0.1" in closed.files[node_start.CONF_NAME]
+    assert "--dashboard-host=0.0.0.0" in opened.files[node_start.CONF_NAME]
     assert not any(r.kind.startswith("firewall") for r in closed.resources)
     rule = next(r for r in opened.resources if r.kind.startswith("firewall"))
     assert rule.name == "rayfleet-opened-dashboard" and "203.0.113.0/24" in rule.detail
@@ -295,16 +298,17 @@ def test_tracking_password_reaches_every_node_as_a_file_never_in_the_config(
     assert secret not in text
     assert prepared["file_mounts"]["~/.rayfleet/mlflow-password"] == \
         str(tracking.password_path("tracked"))
-    head = next(c for c in prepared["head_start_ray_commands"] if starts_ray(c) and "start --head" in c)
-    worker = next(c for c in prepared["worker_start_ray_commands"] if starts_ray(c))
-    # As Ray's user, from that user's 0600 copy ($HOME is that user's inside the quoted command).
-    for command, url in ((head, "http://$rf_ip:5000"), (worker, "http://$RAY_HEAD_IP:5000")):
+    # The start lines name node.sh; node.conf says what it runs (tests/test_node_start.py).
+    assert prepared["head_start_ray_commands"] == [node_start.command("head")]
+    assert prepared["worker_start_ray_commands"] == [node_start.command("worker")]
+    conf = result.files[node_start.CONF_NAME]
+    # As Ray's user, from that user's 0600 copy ($HOME is that user's: its shell runs the words).
+    for role, url in (("head", "http://$rf_ip:5000"), ("worker", "http://$RAY_HEAD_IP:5000")):
+        words = node_conf.words(conf, role)
         assert f'MLFLOW_TRACKING_URI="{url}" MLFLOW_TRACKING_USERNAME="rayfleet" ' \
-               'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")" ' in command, command
-        assert command.index("MLFLOW_TRACKING_PASSWORD") < command.index(" start --")
-        assert RAY_SCRIPT in command  # Ray's user runs it (tests/node/test_ray_script.py)
-    assert "ray:.rayfleet/ray-token ray:.rayfleet/mlflow-password" in " ".join(
-        prepared["worker_start_ray_commands"])
+               'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")" ' in words, words
+    assert node_conf.array(conf, "worker_files") == ["ray:.rayfleet/ray-token",
+                                                     "ray:.rayfleet/mlflow-password"]
     # Only the dashboard's port is ever opened by a firewall rule; tracking adds none.
     assert not any(r.kind.startswith("firewall") for r in result.resources)
     untracked, _ = _plan(write_spec(tmp_path, name="untracked"))

@@ -10,11 +10,12 @@ import pytest
 import yaml
 
 from infra.cli.loading import load_spec
-from infra.core import paths, privilege, render, versions
+from infra.core import node_start, paths, privilege, render, versions
 from infra.core.errors import SpecError
 from infra.providers.lambda_cloud import raycluster
 from infra.providers.lambda_cloud.spec import Spec
-from tests.conftest import RAY_SCRIPT, ROOT, assert_spec_keeps_the_file, starts_ray
+from tests import node_conf
+from tests.conftest import ROOT, assert_spec_keeps_the_file
 from tests.forked_cli import run_invoke
 from tests.golden import assert_golden
 
@@ -127,23 +128,28 @@ def test_rendered_config_matches_golden(tmp_path: Path, case: str) -> None:
     config = yaml.safe_load(text)
     assert config["max_workers"] == config["min_workers"] == len(workers)
     assert config["auth"].get("ssh_proxy_command") == spec.ssh_proxy_command
-    # Users first, then `ray stop`, then Ray as its unprivileged user without a monitor (the
-    # autoscaler's user starts Ray's monitor after `ray up`, supervised, once the node package
-    # that holds the supervisor is on the head: remote_head.start_ray_up_monitor).
-    head_users, _, head_ray = config["head_start_ray_commands"]
+    # The start lines name node.sh; the node.conf beside it says what it runs: users first, then
+    # `ray stop`, then Ray as its unprivileged user without a monitor (the autoscaler's user
+    # starts Ray's monitor after `ray up`, supervised, once the node package that holds the
+    # supervisor is on the head: remote_head.start_ray_up_monitor).
+    assert config["head_start_ray_commands"] == [node_start.command("head")]
+    assert config["worker_start_ray_commands"] == [node_start.command("worker")]
+    assert config["file_mounts"][f"~/{privilege.USERS_DIR}"] == str(
+        paths.rendered_dir(spec.name) / node_start.STAGED)
     assert "ray.autoscaler" not in text
     monitor = privilege.ray_up_monitor(6379, spec.auth == "token", "rayfleet/node/x.zip")
     assert "infra.node.supervise ensure" in monitor
-    # A worker's users, `ray stop` and Ray in one command (one SSH session of Ray's updater).
-    (worker,) = config["worker_start_ray_commands"]
-    worker_users, worker_ray = worker.split(" && ", 1)[0], worker[worker.rindex(RAY_SCRIPT):]
-    assert starts_ray(worker_ray) and not starts_ray(worker_users)
-    assert "--dashboard-host=127.0.0.1" in head_ray and "--no-monitor" in head_ray
-    # As Ray's user: the node's ray.sh switches to it (tests/node/test_ray_script.py).
-    assert all("RAY_USAGE_STATS_ENABLED=0" in c and RAY_SCRIPT in c for c in (head_ray, worker_ray))
+    conf = raycluster.node_conf(spec, "10.0.0.5")
+    flags = {role: node_conf.array(conf, f"{role}_flags") for role in ("head", "worker")}
+    assert "--dashboard-host=127.0.0.1" in flags["head"] and "--no-monitor" in flags["head"]
+    assert f"--address={node_conf.HEAD_IP}:6379" in flags["worker"]
+    assert all("RAY_USAGE_STATS_ENABLED=0" in node_conf.words(conf, r) for r in ("head", "worker"))
     assert "runuser -u rayfleet-scaler" in monitor and "ray.autoscaler._private.monitor" in monitor
-    assert "scaler:ray_bootstrap_key.pem" in head_users and "scaler:" not in worker_users
+    assert "scaler:ray_bootstrap_key.pem" in node_conf.array(conf, "head_files")
+    assert not any(f.startswith("scaler:") for f in node_conf.array(conf, "worker_files"))
     assert "PRIVATE KEY" not in text
+    if case == "full":  # how its nodes start Ray (node.sh reads it)
+        assert_golden("lambda/full.node.conf", conf, _normalise())
     assert_golden(f"lambda/{case}.yaml", text, _normalise())
 
 
@@ -160,7 +166,7 @@ def test_plan_renders_a_running_clusters_autoscaler_config_as_up_did(rf_home: Pa
     head's address and region, not a placeholder) and plan reports no change."""
     from infra.core import state as state_mod
     from infra.node.lambda_cloud import api
-    from infra.providers.lambda_cloud import planning
+    from infra.providers.lambda_cloud import autoscale, planning
     from infra.providers.lambda_cloud.records import Firewall, Instance, SshKey
 
     spec = load_spec(ROOT / "clusters" / "lambda-autoscale.yaml")
@@ -176,12 +182,11 @@ def test_plan_renders_a_running_clusters_autoscaler_config_as_up_did(rf_home: Pa
                                   ip=head.ip, private_ip=head.private_ip, status="active"))
     at_up = planning.render_autoscaler(spec, current, head, None, 1.0)
     at_plan = planning.render_autoscaler(spec, current, None, None, 1.0)
-    assert "RAY_ADDRESS=10.0.0.5:" in at_up
     assert at_plan == at_up
+    # The nodes' start (node.conf, SFTP'd by `up`) joins them at the head's private address.
+    assert "RAY_ADDRESS=10.0.0.5:" in autoscale.node_conf(spec, head.id, head.private_ip)
     # Before any head exists: the placeholder, as before.
-    fresh = state_mod.State.new(state_mod.state_path("other"), "other", "lambda")
-    assert raycluster.HEAD_PRIVATE_IP_PLACEHOLDER in planning.render_autoscaler(
-        spec, fresh, None, None, 1.0)
+    assert raycluster.HEAD_PRIVATE_IP_PLACEHOLDER in autoscale.node_conf(spec, "i-1", None)
 
 
 def test_the_heads_autoscaler_loops_every_second(tmp_path: Path) -> None:

@@ -11,14 +11,15 @@ from pathlib import Path
 import yaml
 
 from infra.cli.loading import load_spec
-from infra.core import state
+from infra.core import node_start, state
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node import tracking_snapshot
 from infra.providers.lambda_cloud import autoscale, raycluster, users
 from infra.providers.lambda_cloud.records import Instance
 from infra.providers.lambda_cloud.spec import Spec
-from tests.conftest import run_invoke, starts_ray
+from tests import node_conf
+from tests.conftest import run_invoke
 from tests.lambda_cloud.conftest import SpecFactory, assert_clean, read_state
 from tests.lambda_cloud.fake_api import FakeLambda
 from tests.lambda_cloud.test_faults import provision
@@ -44,14 +45,14 @@ def test_every_ray_start_reads_the_password_from_the_nodes_file(rf_home: Path,
                                     "10.0.0.5")
     config = yaml.safe_load(text)
     assert config["file_mounts"]["~/.rayfleet/mlflow-password"] == str(tracking.password_path("tr"))
-    starts = [command for command in config["head_start_ray_commands"]
-              + config["worker_start_ray_commands"] if starts_ray(command)]
-    assert len(starts) == 2, starts
-    for command in starts:
-        assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in command, command
-        assert "MLFLOW_TRACKING_USERNAME=rayfleet " in command, command
-        assert 'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")" ' in command
-    assert secret not in text
+    # Each start line is node.sh; its node.conf holds the words Ray's user's shell runs first.
+    conf = raycluster.node_conf(spec, "10.0.0.5")
+    for role in ("head", "worker"):
+        words = node_conf.words(conf, role)
+        assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in words, words
+        assert "MLFLOW_TRACKING_USERNAME=rayfleet " in words, words
+        assert 'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")" ' in words
+    assert secret not in text + conf
     # An autoscaled worker gets the head's copy of the file (in the worker kit, its one file
     # mount besides the node env's installer) and the same words.
     autoscaler = autoscale.render_config(spec, "abc", "me", "us-east-1", "key", ["rs"], None, 1.0,
@@ -60,14 +61,19 @@ def test_every_ray_start_reads_the_password_from_the_nodes_file(rf_home: Path,
     kit = f"~/{users.WORKER_KIT}"
     assert data["file_mounts"][kit] == kit
     assert set(data["file_mounts"]) <= {kit, raycluster.REMOTE_SETUP}, data["file_mounts"]
-    files = users.kit_files(b"t0ken", secret.encode())
+    assert data["worker_start_ray_commands"] == [node_start.command("worker", kit)]
+    auto_conf = autoscale.node_conf(spec, "i-1", "10.0.0.5")
+    files = users.kit_files(b"t0ken", secret.encode(), auto_conf)
     assert files[f"{users.WORKER_KIT}/.rayfleet/mlflow-password"] == (secret.encode(), 0o600)
-    assert f'users.sh "$HOME"/{users.WORKER_KIT} ray:.rayfleet/ray-token ' \
-           "ray:.rayfleet/mlflow-password" in data["worker_start_ray_commands"][-1]
-    assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in data["worker_start_ray_commands"][-1]
+    assert files[f"{users.WORKER_KIT}/{node_start.CONF}"] == (auto_conf.encode(), 0o644)
+    assert node_conf.array(auto_conf, "worker_files") == ["ray:.rayfleet/ray-token",
+                                                          "ray:.rayfleet/mlflow-password"]
+    assert "MLFLOW_TRACKING_URI=http://10.0.0.5:5000 " in node_conf.words(auto_conf, "worker")
     head = autoscale.head_start_command(spec, "i-1", "10.0.0.5")
-    assert 'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")"' in head
-    assert secret not in autoscaler + head
+    assert head.startswith(node_start.command("head") + " && ")
+    assert 'MLFLOW_TRACKING_PASSWORD="$(cat "$HOME/.rayfleet/mlflow-password")"' in \
+        node_conf.words(auto_conf, "head")
+    assert secret not in autoscaler + head + auto_conf
     # Without tracking, nothing of it.
     plain = raycluster.render_config(_spec(tmp_path, tracking="none"), "203.0.113.5", [],
                                      tmp_path / "key", "abc", "10.0.0.5")

@@ -133,6 +133,16 @@ def _node_commands(spec: Spec, dashboard_host: str) -> dict[str, Any]:
     )
 
 
+def _dashboard_host(spec: Spec) -> str:
+    return "0.0.0.0" if spec.dashboard.allowed_source_ranges else "127.0.0.1"
+
+
+def node_conf(spec: Spec) -> str:
+    """The cluster's node.conf (users.node_conf): how its head, workers and TPU hosts start Ray."""
+    return users.node_conf(spec.name, spec.auth == "token", spec.tracking == "mlflow",
+                           spec.metrics == "prometheus", _dashboard_host(spec), spec.dashboard.port)
+
+
 def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
                         cluster_id: str = ID_PLACEHOLDER, owner: str = "") -> str:
     """The Ray cluster YAML for `spec`, with this key pair for Ray's (and our) SSH logins, and
@@ -141,7 +151,7 @@ def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
     it) and every `ray start` reads it from NODE_TOKEN_PATH."""
     compute_network, tpu_network = _networks(spec)
     cpu_types, tpu_types = _worker_types(spec)
-    dashboard_host = "0.0.0.0" if spec.dashboard.allowed_source_ranges else "127.0.0.1"
+    dashboard_host = _dashboard_host(spec)
     return render.render(
         TEMPLATE,
         cluster_name=spec.name,
@@ -173,7 +183,7 @@ def render_cluster_yaml(spec: Spec, public_key: str, private_key_path: str,
         # `metrics: prometheus`: the head's installer adds Prometheus, and the head's dashboard
         # reads it (users.py: its address).
         metrics_env=metrics_remote.NODE_ENV if spec.metrics == "prometheus" else {},
-        user_mounts=users.file_mounts(),
+        user_mounts=users.file_mounts(spec.name),
         **_node_commands(spec, dashboard_host),
     )
 

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from infra.core import auth, jobs, paths, privilege, remote_head, ssh, ui
+from infra.core import auth, jobs, node_start, paths, privilege, remote_head, ssh, ui
 from infra.core.errors import ClusterNotRunningError, UsageError
 from infra.core.head import HeadAccess
 from infra.core.head_ssh import SshHead
@@ -142,7 +142,9 @@ class Provider(BaseProvider[Spec, Preflight]):
         resources, notes = planning.rows(spec, state, report)
         failed, passed = planning.split_checks(checks)
         notes += passed
-        return Plan(resources=resources, files={config.FILE_NAME: text}, notes=notes,
+        # node.conf: how the nodes start Ray (the YAML's start lines name node.sh, which reads it).
+        files = {config.FILE_NAME: text, node_start.CONF_NAME: config.node_conf(spec)}
+        return Plan(resources=resources, files=files, notes=notes,
                     problems=failed, extra=Preflight(report, planning.zone_order(self.spec, report)))
 
     def _plan_preflight(self, state: State | None) -> tuple[preflight.Report | None, list[str]]:
@@ -232,6 +234,8 @@ class Provider(BaseProvider[Spec, Preflight]):
         """Render the Ray config for `spec`'s zone; write the rendered and the launch copy."""
         text = self._render(spec, keypair.public_key, keypair.private_path, state)
         atomic_write(paths.rendered_dir(spec.name) / config.FILE_NAME, text)
+        # The users folder of Ray's file mounts: the node users' scripts and the nodes' start.
+        node_start.stage(paths.rendered_dir(spec.name), config.node_conf(spec))
         config_path = data_dir(spec.name) / config.FILE_NAME
         atomic_write(config_path, text)
         return text, config_path

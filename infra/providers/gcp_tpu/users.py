@@ -14,7 +14,7 @@ its own variables (setup/users/gcp_tpu_env.sh), then Ray as Ray's user. NOTES.md
 
 from __future__ import annotations
 
-from infra.core import privilege
+from infra.core import node_start, paths, privilege
 from infra.core.metrics import remote as metrics_remote
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
@@ -48,10 +48,6 @@ PYTHON = "python"
 #: deletes the cluster, and the queued-slice joiner, which queues and joins slices): the
 #: autoscaler's user, the one that the metadata server answers besides root (guard.sh).
 DAEMON_USER = privilege.SCALER_USER
-#: Ray's file mounts keep modes; this keeps the SSH user's copies of the token and password
-#: private even if they came without (users.sh copies them with the mode they have).
-_PRIVATE = shell.group(shell.first_of(
-    shell.argv("chmod", "-R", "go-rwx", shell.home("~/.rayfleet")) + " 2>/dev/null", "true"))
 
 
 def _node_env(head_ip: str, token: bool, tracking_on: bool) -> str:
@@ -76,39 +72,42 @@ def _node_env(head_ip: str, token: bool, tracking_on: bool) -> str:
 
 def head_start(token: bool, tracking_on: bool, metrics: bool, dashboard_host: str,
                dashboard_port: int) -> list[str]:
-    """The head's start commands (run by `ray up` over SSH as the SSH user)."""
-    # The head's own address: Ray's updater sets RAY_HEAD_IP for workers only.
-    env = (shell.before(shell.Shell('rf_ip="$(hostname -I | awk \'{print $1}\')"'))
-           + _node_env("$rf_ip", token, tracking_on)
-           + (metrics_remote.node_env_words() if metrics else "") + "RAY_USAGE_STATS_ENABLED=0 ")
-    args = (f"--port={GCS_PORT} --object-manager-port=8076 --dashboard-host={dashboard_host} "
-            f"--dashboard-port={int(dashboard_port)} --disable-usage-stats")
-    return [_PRIVATE, *privilege.ray_up_head_start(
-        "", env, args, GCS_PORT, token, tracking_on,
-        # The monitor syncs the installer to each new worker, as Ray's file mounts name it.
-        scaler_files=(SETUP_DIR,), before_ray=(privilege.guard(*METADATA),))]
+    """The head's start command (run by `ray up` over SSH as the SSH user): node.sh with
+    node_conf's node.conf (the arguments are node_conf's; the bench's baseline takes them)."""
+    return [node_start.command("head")]
 
 
 def worker_start(token: bool, tracking_on: bool) -> list[str]:
-    """A worker's or TPU host's start commands (run by the head's autoscaler over SSH as the SSH
-    user; Ray's updater opens one session per command, so what the second needs is in it)."""
-    env = _node_env("$RAY_HEAD_IP", token, tracking_on)
-    return [
-        shell.all_of(_PRIVATE, privilege.setup_users(privilege.ray_files(tracking_on)),
-                     privilege.guard(*METADATA), privilege.stop_ray()),
-        # Ray's TPU attributes, read as root (the guard lets root through), into Ray's user's
-        # home as Ray's own variables, which its `ray start` then reads before the server.
-        shell.all_of(
-            privilege.AS_ROOT + shell.argv("bash", shell.home(f"~/{TPU_ENV_SCRIPT}")) + " | "
-            + privilege.ray_script("sh", shell.quoted(f"cat > {shell.word(TPU_ENV_FILE)}")),
-            privilege.start_ray(
-                shell.all_of(shell.argv(".", f"./{TPU_ENV_FILE}"),
-                             f"{env}RAY_USAGE_STATS_ENABLED=0"),
-                f"--address=$RAY_HEAD_IP:{GCS_PORT} --object-manager-port=8076 "
-                "--disable-usage-stats")),
-    ]
+    """A worker's or TPU host's start command (run by the head's autoscaler, or the slice
+    joiner, over SSH as the SSH user): node.sh with node_conf's node.conf."""
+    return [node_start.command("worker")]
 
 
-def file_mounts() -> dict[str, str]:
-    """The installers (users.sh, guard.sh, gcp_tpu_env.sh) as a file mount on every node."""
-    return {f"~/{privilege.USERS_DIR}": str(privilege.SCRIPTS_SOURCE)}
+def node_conf(cluster: str, token: bool, tracking_on: bool, metrics: bool, dashboard_host: str,
+              dashboard_port: int) -> str:
+    """How the cluster's nodes start Ray (infra/core/node_start.py): the users and guard, then
+    Ray as Ray's user; a worker or TPU host reads Ray's TPU attributes from the metadata server
+    as root first and hands them to Ray as its own variables (setup/users/gcp_tpu_env.sh)."""
+    # The head's own address: Ray's updater sets RAY_HEAD_IP for workers only.
+    head_env = (shell.before(shell.Shell('rf_ip="$(hostname -I | awk \'{print $1}\')"'))
+                + _node_env("$rf_ip", token, tracking_on)
+                + (metrics_remote.node_env_words() if metrics else "") + "RAY_USAGE_STATS_ENABLED=0")
+    head_args = (f"--port={GCS_PORT} --object-manager-port=8076 --dashboard-host={dashboard_host} "
+                 f"--dashboard-port={int(dashboard_port)} --disable-usage-stats")
+    worker = node_start.Role(
+        "Workers and TPU hosts: Ray's TPU attributes first (its own variables), then Ray.",
+        privilege.user_files(privilege.ray_files(tracking_on)),
+        f". ./{TPU_ENV_FILE} && {_node_env('$RAY_HEAD_IP', token, tracking_on)}"
+        "RAY_USAGE_STATS_ENABLED=0",
+        f"--address=$RAY_HEAD_IP:{GCS_PORT} --object-manager-port=8076 --disable-usage-stats")
+    # The monitor syncs the installer to each new worker, as Ray's file mounts name it.
+    head = node_start.ray_up_head(head_env, head_args, tracking_on, scaler_files=(SETUP_DIR,))
+    return node_start.conf(cluster, "infra/providers/gcp_tpu/users.py (node_conf)",
+                           {"head": head, "worker": worker}, private=".rayfleet",
+                           guard=METADATA, tpu_env=TPU_ENV_FILE)
+
+
+def file_mounts(cluster: str) -> dict[str, str]:
+    """The node users' scripts (users.sh, guard.sh, gcp_tpu_env.sh, node.sh, ray.sh) and the
+    cluster's node.conf, as `up` stages them, as a file mount on every node."""
+    return {f"~/{privilege.USERS_DIR}": str(paths.rendered_dir(cluster) / node_start.STAGED)}

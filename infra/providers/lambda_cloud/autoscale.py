@@ -17,7 +17,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra.core import auth, paths, privilege, remote_head, render, shipping, ssh, ui, versions
+from infra.core import auth, node_start, paths, privilege, remote_head, render, shipping, ssh, ui, versions
 from infra.core.tracking import client as tracking
 from infra.core.tracking import remote as tracking_remote
 from infra.node import shell
@@ -76,8 +76,7 @@ def render_config(spec: Spec, cluster_id: str, owner: str, region: str, key_name
     an external provider. Paths only; no secret."""
     worker_types = spec.worker_types or {}
     resources = worker_resources(spec, types)
-    extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
-        if spec.object_store_memory_mb else ""
+    extra = raycluster.object_store_flag(spec)
     # The installer of the node's users, the token, the tracking password (users.py) and the
     # node environments' installer, from the autoscaler's home to each worker in one mount.
     mounts = users.kit_mount()
@@ -114,11 +113,18 @@ def install_command(spec: Spec, head: bool = False) -> str:
 
 
 def head_start_command(spec: Spec, head_id: str, head_private_ip: str | None = None) -> str:
-    """Ray on the head as Ray's user without its own autoscaler, then Ray's v2 monitor as the
-    autoscaler's user, who alone holds the API key and the cluster's SSH key (users.py)."""
-    activate = raycluster.activate(spec)
-    extra = f" --object-store-memory={spec.object_store_memory_mb * 1024 * 1024}" \
-        if spec.object_store_memory_mb else ""
+    """Ray on the head as Ray's user without its own autoscaler (node.sh, with node_conf's
+    node.conf), then Ray's v2 monitor as the autoscaler's user, who alone holds the API key and
+    the cluster's SSH key (users.py)."""
+    tracking = spec.tracking == "mlflow"
+    env, args = _head_start_words(spec, head_id, head_private_ip)
+    # The API key's only copy on the head is then the autoscaler's user's.
+    return users.head_start(raycluster.activate(spec), env, args, scaler_files(tracking),
+                            monitor_command(spec, head_private_ip), tracking, (HEAD_API_KEY_FILE,))
+
+
+def _head_start_words(spec: Spec, head_id: str, head_private_ip: str | None) -> tuple[str, str]:
+    """The head's words before `ray start`, and its flags."""
     # v2 on the head: GCS serves the autoscaler state v2's monitor reads. Ray reports the head's
     # instance id (RAY_CLOUD_INSTANCE_ID), without which v2 does not scale.
     env = (f"RAY_enable_autoscaler_v2=1 RAY_CLOUD_INSTANCE_ID={shlex.quote(head_id)} "
@@ -126,11 +132,23 @@ def head_start_command(spec: Spec, head_id: str, head_private_ip: str | None = N
            f"{raycluster.node_env_prefix(spec, head_private_ip)}{raycluster.head_env(spec)}"
            "RAY_USAGE_STATS_ENABLED=0 ")
     args = (f"--port={raycluster.GCS_PORT} --dashboard-host=127.0.0.1 "
-            f"--dashboard-port={raycluster.DASHBOARD_PORT} --disable-usage-stats{extra}")
+            f"--dashboard-port={raycluster.DASHBOARD_PORT} --disable-usage-stats"
+            f"{raycluster.object_store_flag(spec)}")
+    return env, args
+
+
+def node_conf(spec: Spec, head_id: str, head_private_ip: str | None) -> str:
+    """The autoscaling cluster's node.conf (infra/core/node_start.py): the head's start (SFTP'd
+    beside node.sh) and each worker's (in the worker kit)."""
     tracking = spec.tracking == "mlflow"
-    # The API key's only copy on the head is then the autoscaler's user's.
-    return users.head_start(activate, env, args, scaler_files(tracking),
-                            monitor_command(spec, head_private_ip), tracking, (HEAD_API_KEY_FILE,))
+    env, args = _head_start_words(spec, head_id, head_private_ip)
+    roles = {"head": users.head_role(env, args, scaler_files(tracking), tracking,
+                                     (HEAD_API_KEY_FILE,)),
+             "worker": users.worker_role(raycluster.node_env_prefix(spec, head_private_ip),
+                                         raycluster.GCS_PORT, raycluster.object_store_flag(spec),
+                                         tracking)}
+    return node_start.conf(spec.name, "infra/providers/lambda_cloud/autoscale.py (node_conf)",
+                           roles, activate="" if spec.env == "none" else raycluster.ACTIVATE_SCRIPT)
 
 
 def monitor_command(spec: Spec, head_private_ip: str | None, replace: bool = True) -> str:
@@ -176,21 +194,22 @@ def bootstrap(spec: Spec, state: State, head_at: SshHead, head: api.Instance,
     every loop."""
     token_file = auth.token_file(state)
     token = token_file.read_bytes() if token_file is not None else None
+    conf = node_conf(spec, head.id, raycluster.private_address(head))
     files: dict[str, tuple[bytes, int]] = {
         VERSION_FILE: (versions_line(paths.PROJECT_ROOT).encode(), 0o644),
         HEAD_API_KEY_FILE: (api_key.encode(), 0o600),
         BOOTSTRAP_KEY: (private_key.read_bytes(), 0o600),
         CONFIG_FILE: (config_text.encode(), 0o644),
-        # Run at each node's setup: makes the two users (Ray's, the autoscaler's), hands over files.
-        privilege.USERS_SCRIPT: (users.SCRIPT_SOURCE.read_bytes(), 0o755),
-        privilege.RAY_SCRIPT: (users.RAY_SCRIPT_SOURCE.read_bytes(), 0o755),
+        # The head's start (node.sh, node.conf): makes the two users (Ray's, the autoscaler's),
+        # hands over files, starts Ray as Ray's user.
+        **node_start.files(conf),
         **({TOKEN_FILE: (token, 0o600)} if token is not None else {})}
     password = None
     if spec.tracking == "mlflow":
         # Before Ray starts: the head's `ray start` reads it, workers get it from their kit.
         password = tracking.ensure_credentials(spec.name).read_bytes()
         files[tracking_remote.NODE_PASSWORD_PATH] = (password, 0o600)
-    files.update(users.kit_files(token, password))
+    files.update(users.kit_files(token, password, conf))
     if spec.env != "none":
         # The head's own install, and the workers' in their kit.
         files.update(setup_files(raycluster.REMOTE_SETUP.removeprefix("~/"), KIT_SETUP))

@@ -17,7 +17,7 @@ import dataclasses
 import uuid
 from pathlib import Path
 
-from infra.core import auth, paths, remote_head, ssh, ui
+from infra.core import auth, node_start, paths, remote_head, ssh, ui
 from infra.core.costs import NodePrices
 from infra.core.errors import ClusterNotRunningError, RayfleetError
 from infra.core.head import HeadAccess
@@ -137,6 +137,8 @@ class Provider(BaseProvider[Spec, Capacity]):
         text = self._render(state, nodes)
         path = raycluster.config_path(self.spec.name)
         atomic_write(path, text)
+        # The users folder of Ray's file mounts: the node users' scripts and the nodes' start.
+        node_start.stage(path.parent, raycluster.node_conf(self.spec, raycluster.private_address(head)))
         state.set_info(head_ip=head.ip, address=f"{head.ip}:{raycluster.GCS_PORT}",
                        dashboard_url=f"http://127.0.0.1:{raycluster.DASHBOARD_PORT}")
         expected = {name: {str(i.ip), str(i.private_ip)} for name, i in nodes.items()}

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.core import auth, jobs, paths, privilege, render, ssh, ui, versions
+from infra.core import auth, jobs, node_start, paths, privilege, render, ssh, ui, versions
 from infra.core.errors import ProviderError
 from infra.core.metrics import remote as metrics_remote
 from infra.core.tracking import client as tracking
@@ -119,12 +119,9 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         if spec.metrics == "prometheus":
             # A second run on the head adds only Prometheus (the env is already there).
             head_setup = [render.Shell(setup[0] + " --metrics")]
-    # The shell pieces below are ours (render.Shell), built from quoted or numeric parts.
-    extra = render.Shell("")
-    if spec.object_store_memory_mb:
-        extra = render.Shell(f" --object-store-memory={int(spec.object_store_memory_mb) * 1024 * 1024}")
-    file_mounts[f"~/{privilege.USERS_DIR}"] = str(users.SCRIPT_SOURCE.parent)
-    node_env = node_env_prefix(spec, head_private_ip)
+    # The node users' scripts with this cluster's node.conf (node_conf), staged by `up`.
+    file_mounts[f"~/{privilege.USERS_DIR}"] = str(
+        paths.rendered_dir(spec.name) / node_start.STAGED)
     return render.render(
         "lambda.yaml.j2",
         cluster=ray_cluster_name(spec, cluster_id), head_ip=head_ip, worker_ips=worker_ips,
@@ -132,14 +129,36 @@ def render_config(spec: Spec, head_ip: str, worker_ips: list[str], key_path: Pat
         ssh_private_key=str(key_path), ssh_proxy_command=spec.ssh_proxy_command,
         file_mounts=file_mounts, setup_commands=setup,
         # Shell built here from our own words (users.py): printed as is.
-        head_start_commands=[render.Shell(c) for c in users.fixed_head_start(
-            activate(spec), f"{node_env}{head_env(spec)}RAY_USAGE_STATS_ENABLED=0 ",
-            f"--port={GCS_PORT} --dashboard-host=127.0.0.1 --dashboard-port={DASHBOARD_PORT} "
-            f"--disable-usage-stats{extra}", GCS_PORT, spec.auth == "token", spec.tracking == "mlflow")],
+        head_start_commands=[render.Shell(c) for c in users.fixed_head_start()],
         worker_start_commands=[render.Shell(c) for c in users.worker_start(
-            activate(spec), node_env, GCS_PORT, extra, spec.tracking == "mlflow")],
+            activate(spec), node_env_prefix(spec, head_private_ip), GCS_PORT,
+            object_store_flag(spec), spec.tracking == "mlflow")],
         head_setup_commands=head_setup,
     )
+
+
+def object_store_flag(spec: Spec) -> str:
+    """` --object-store-memory=N` for `ray start` when the spec sets it, else nothing."""
+    mb = spec.object_store_memory_mb
+    return f" --object-store-memory={int(mb) * 1024 * 1024}" if mb else ""
+
+
+#: The node env's activation on a node, for node.conf (empty with `env: none`).
+ACTIVATE_SCRIPT = shell.home(f"{ENV_PREFIX}/rayfleet-activate.sh")
+
+
+def node_conf(spec: Spec, head_private_ip: str | None = None) -> str:
+    """The fixed-size cluster's node.conf (infra/core/node_start.py): how its head and workers
+    start Ray, as Ray's user, in the cluster's address, token and tracking settings."""
+    node_env, extra, mlflow = node_env_prefix(spec, head_private_ip), object_store_flag(spec), \
+        spec.tracking == "mlflow"
+    roles = {"head": users.fixed_head_role(
+                 f"{node_env}{head_env(spec)}RAY_USAGE_STATS_ENABLED=0",
+                 f"--port={GCS_PORT} --dashboard-host=127.0.0.1 --dashboard-port={DASHBOARD_PORT} "
+                 f"--disable-usage-stats{extra}", mlflow),
+             "worker": users.worker_role(node_env, GCS_PORT, extra, mlflow)}
+    return node_start.conf(spec.name, "infra/providers/lambda_cloud/raycluster.py (node_conf)",
+                           roles, activate="" if spec.env == "none" else ACTIVATE_SCRIPT)
 
 
 def config_path(cluster: str) -> Path:

@@ -12,9 +12,7 @@ user with the token handed over the same way. NOTES.md says why.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from infra.core import paths, privilege
+from infra.core import node_start, privilege
 from infra.node import shell
 
 #: What `plan` and `status` print about a job on a Lambda cluster.
@@ -23,10 +21,6 @@ JOB_REACH = privilege.job_reach("the Lambda API key")
 TOKEN_FILE = privilege.TOKEN_FILE
 #: What Ray's user needs of the SSH user's files (the token, the tracking password).
 ray_files = privilege.ray_files
-#: The installer (setup/users/users.sh) as shipped, and where it lands on a node.
-SCRIPT_SOURCE = Path(paths.setup_dir()) / "users" / "users.sh"
-#: Ray's CLI as Ray's user (setup/users/ray.sh), shipped beside it.
-RAY_SCRIPT_SOURCE = SCRIPT_SOURCE.with_name("ray.sh")
 
 
 def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: str,
@@ -40,16 +34,21 @@ def scaler_files(key_file: str, bootstrap_key: str, config_file: str, node_dir: 
 
 def head_start(activate: str, ray_env: str, ray_start_args: str, scaler: tuple[str, ...],
                monitor: str, tracking: bool, moved: tuple[str, ...] = ()) -> str:
-    """Users and files, then Ray as Ray's user (no monitor of its own), then `monitor` (the
-    autoscaler as its user, supervised: privilege.start_monitor). `ray_env` are `VAR=value `
+    """The autoscaling head's start (node.sh, with `head_role`'s node.conf), then `monitor` (the
+    autoscaler as its user, supervised: privilege.start_monitor). The arguments are those of
+    `head_role`, which the start line no longer carries (the bench's baseline still takes them)."""
+    return shell.all_of(node_start.command("head"), monitor)
+
+
+def head_role(ray_env: str, ray_start_args: str, scaler: tuple[str, ...], tracking: bool,
+              moved: tuple[str, ...] = ()) -> node_start.Role:
+    """Users and files, then Ray as Ray's user (no monitor of its own). `ray_env` are `VAR=value `
     words for `ray start`; nothing secret is in any argument. `moved`: the scaler's files whose
     SSH user's copy goes once handed over (the API key)."""
-    return shell.all_of(
-        privilege.setup_users(ray_files(tracking), scaler, moved),
-        privilege.stop_ray(activate),
-        privilege.start_ray(ray_env, f"--head --no-monitor {ray_start_args}", activate),
-        monitor,
-    )
+    return node_start.Role(
+        "The head: Ray without its own autoscaler (Ray's v2 monitor runs apart).",
+        privilege.user_files(ray_files(tracking), scaler), ray_env,
+        f"--head --no-monitor {ray_start_args}", moved)
 
 
 #: A worker's files, in one folder of the autoscaler's home that reaches each worker as one file
@@ -62,26 +61,28 @@ WORKER_KIT = "rayfleet/worker"
 
 def worker_start(activate: str, ray_env: str, gcs_port: int, extra: str,
                  tracking: bool, kit: bool = False) -> list[str]:
-    """A worker's start commands (run by the autoscaler over SSH as the SSH user): its Ray user
-    with the token and password that the file mounts brought (`kit`: in `WORKER_KIT`, else at
-    their places in the SSH user's home), then Ray as that user."""
-    address = f"$RAY_HEAD_IP:{gcs_port}"
-    # One command: Ray's updater opens an SSH session and a login shell per command, all on a
-    # new worker's way to joining (issue 38's scale-up).
-    source = f"~/{WORKER_KIT}" if kit else "~"
-    return [shell.all_of(
-        privilege.setup_users(ray_files(tracking), source=source),
-        privilege.stop_ray(activate, source),
-        privilege.start_ray(f"{ray_env}RAY_USAGE_STATS_ENABLED=0",
-                            f"--address={address} --disable-usage-stats{extra}", activate, source),
-    )]
+    """A worker's start command (run by the autoscaler over SSH as the SSH user): node.sh with
+    `worker_role`'s node.conf that the file mounts brought (`kit`: in `WORKER_KIT`, else at its
+    place in the SSH user's home). One command: Ray's updater opens an SSH session and a login
+    shell per command, all on a new worker's way to joining (issue 38's scale-up)."""
+    return [node_start.command("worker", f"~/{WORKER_KIT}" if kit else "~")]
 
 
-def kit_files(token: bytes | None, password: bytes | None) -> dict[str, tuple[bytes, int]]:
+def worker_role(ray_env: str, gcs_port: int, extra: str, tracking: bool) -> node_start.Role:
+    """A worker's Ray user with the token and password that the file mounts brought, then Ray as
+    that user, joining the head by the address Ray's launcher substitutes."""
+    return node_start.Role(
+        "Each worker: Ray joins the head at the address Ray's launcher passes.",
+        privilege.user_files(ray_files(tracking)), f"{ray_env}RAY_USAGE_STATS_ENABLED=0",
+        f"--address=$RAY_HEAD_IP:{gcs_port} --disable-usage-stats{extra}")
+
+
+def kit_files(token: bytes | None, password: bytes | None,
+              conf: str) -> dict[str, tuple[bytes, int]]:
     """`WORKER_KIT`'s files (home-relative path -> (content, mode)), as `up` puts them on the
-    head: the installer, the token and the tracking password (0600) when the cluster has them."""
-    files = {f"{WORKER_KIT}/{privilege.USERS_SCRIPT}": (SCRIPT_SOURCE.read_bytes(), 0o755),
-             f"{WORKER_KIT}/{privilege.RAY_SCRIPT}": (RAY_SCRIPT_SOURCE.read_bytes(), 0o755)}
+    head: the start scripts with the cluster's node.conf, the token and the tracking password
+    (0600) when the cluster has them."""
+    files = node_start.files(conf, WORKER_KIT)
     private = {TOKEN_FILE: token, privilege.PASSWORD_FILE: password}
     files.update({f"{WORKER_KIT}/{path}": (data, 0o600)
                   for path, data in private.items() if data is not None})
@@ -98,11 +99,14 @@ def kit_mount() -> dict[str, str]:
 FIXED_SCALER_FILES = privilege.RAY_UP_SCALER_FILES
 
 
-def fixed_head_start(activate: str, ray_env: str, ray_start_args: str, gcs_port: int,
-                     token: bool, tracking: bool) -> list[str]:
-    """A fixed-size cluster's head (`ray up` of Ray's on-prem provider): Ray as Ray's user
-    without a monitor; after `ray up`, Ray's v1 monitor as the autoscaler's user with `ray up`'s
-    config and key, starting the workers over SSH (remote_head.start_ray_up_monitor, as GCP's
-    heads)."""
-    return privilege.ray_up_head_start(activate, ray_env, ray_start_args, gcs_port, token,
-                                       tracking)
+def fixed_head_start() -> list[str]:
+    """A fixed-size cluster's head (`ray up` of Ray's on-prem provider): node.sh with
+    `fixed_head_role`'s node.conf. After `ray up`, Ray's v1 monitor runs as the autoscaler's user
+    with `ray up`'s config and key, starting the workers over SSH
+    (remote_head.start_ray_up_monitor, as GCP's heads)."""
+    return [node_start.command("head")]
+
+
+def fixed_head_role(ray_env: str, ray_start_args: str, tracking: bool) -> node_start.Role:
+    """What `fixed_head_start`'s node.sh does: node_start.ray_up_head."""
+    return node_start.ray_up_head(ray_env, ray_start_args, tracking)
