@@ -12,7 +12,7 @@ import yaml
 
 from infra import providers
 from infra.cli import loading
-from infra.core import render
+from infra.core import paths, render
 from infra.core.render import RenderError
 from infra.node import where
 from tests.golden import assert_golden
@@ -33,7 +33,8 @@ def test_local_start_script_matches_golden(tmp_path: Path, rf_home: Path, case: 
                   {sys.executable: "<python>",
                    where.ray_executable(): "<ray>",
                    str(Path(where.ray_executable()).parent): "<ray-bin>",
-                   str(rf_home): "<rayfleet-home>"})
+                   str(rf_home): "<rayfleet-home>",
+                   str(paths.setup_dir()): "<setup>"})
     # What we render must be a valid shell script.
     check = subprocess.run(["bash", "-n", "-c", plan.files["start.sh"]], capture_output=True)
     assert check.returncode == 0, check.stderr

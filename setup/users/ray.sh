@@ -5,6 +5,8 @@
 #   bash ray.sh [-u USER] stop                       `ray stop` as USER, if USER runs anything
 #   bash ray.sh [-u USER] sh COMMAND                 a shell command as USER, in its home
 #
+# Cloud nodes reach it through node.sh (their start, as the cluster's node.conf says); local `up`
+# runs `ray.sh -u - start ...` (its start.sh), so raycli's program below is in one place.
 # Run as the node's SSH user (after the node env's activation put Ray on PATH), or as root.
 # USER is rayfleet-ray unless given; `-u -` runs as the caller (no switch). WORDS are rayfleet's
 # own shell words run by USER's shell before `ray` (`VAR=value ` words, `$HOME` = USER's home,
@@ -75,9 +77,10 @@ run_ray() {
   eval "$words"' exec "$@"'
 }
 
-# The part that runs as Ray's user, from its home.
+# The part that runs as Ray's user, from its home (the caller's own, `-u -`, stays where it is:
+# local `up` starts its head through this script).
 as_user() {
-  cd ~ || return 1
+  [ "$user" = - ] || cd ~ || return 1
   local words=$1
   shift
   case $1 in
@@ -116,4 +119,5 @@ sudo=()
 [ "$(id -u)" = 0 ] || sudo=(sudo -n)
 # Ray's user runs these functions (it may not read this file: it is in the SSH user's home).
 exec "${sudo[@]}" runuser -u "$user" -- env PATH="$PATH" "${passed[@]}" RAYCLI="$RAYCLI" \
-  bash -c "$(declare -f interpreter run_ray as_user); as_user \"\$@\"" ray.sh "$words" "$@"
+  bash -c "user=${user@Q}; $(declare -f interpreter run_ray as_user); as_user \"\$@\"" ray.sh \
+  "$words" "$@"

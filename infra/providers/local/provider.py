@@ -22,7 +22,7 @@ from infra.core.errors import ClusterNotRunningError, ProviderError
 from infra.core.head import HeadAccess, LocalHead
 from infra.core.state import State
 from infra.core.tracking import client as tracking
-from infra.node import raycli, rayproc
+from infra.node import rayproc
 from infra.node.local import autodown as local_autodown
 from infra.node.where import ray_executable
 from infra.providers.base import (
@@ -123,7 +123,7 @@ class Provider(BaseProvider[Spec, rayproc.PortBlock]):
             "local.start.sh.j2",
             cluster=self.spec.name,
             address=f"127.0.0.1:{block.gcs}",
-            ray_cli=raycli.argv_here(ray),
+            ray_script=str(paths.setup_dir() / "users" / "ray.sh"),
             ray_bin=str(Path(ray).parent),
             usage_stats=_usage_stats(),
             auth_env=auth.node_env(str(token)) if token else {"RAY_AUTH_MODE": "disabled"},

@@ -22,43 +22,35 @@ export PATH=<ray-bin>:"$PATH"
 
 # Every port comes from this cluster's own block and the temp dir ($1: `up` creates it inside a
 # fresh 0700 folder) is private, so a Ray that the user started by hand on the default ports (and
-# its temp dir /tmp/ray) is never disturbed. Ray's own `ray start`, loaded without the command
-# groups a start never uses (infra/node/raycli.py).
+# its temp dir /tmp/ray) is never disturbed.
 temp_dir=${1:?usage: start.sh TEMP_DIR}
 # Temporary files of every process Ray starts here (Python multiprocessing's pymp-* folders, a
 # job's tempfile) go inside this cluster's private parent folder, which `teardown` removes whole:
 # none of them is left behind in /tmp.
 export TMPDIR="${temp_dir%/*}/tmp"
 mkdir -p -m 700 "$TMPDIR"
-exec <python>3 -c 'import sys
-import ray
-rf_skip = [n for n in ("ray.serve.scripts", "ray.util.state.state_cli", "ray.dashboard.modules.job.cli") if n not in sys.modules]
-if ray.__version__ != "2.60.0":
-    rf_skip = []
-    print("rayfleet: plain ray: Ray " + ray.__version__ + " here, raycli is proven with 2.60.0",
-          file=sys.stderr)
-sys.modules.update(dict.fromkeys(rf_skip))
-from ray.scripts.scripts import main
-[sys.modules.pop(n) for n in rf_skip if sys.modules.get(n, 0) is None]
-sys.argv[0] = "ray"
-sys.exit(main())
-' start --head \
-  --dashboard-host=127.0.0.1 \
-  --port=23000 \
-  --dashboard-port=23001 \
-  --ray-client-server-port=23002 \
-  --node-manager-port=23003 \
-  --object-manager-port=23004 \
-  --dashboard-agent-listen-port=23005 \
-  --dashboard-agent-grpc-port=23006 \
-  --metrics-export-port=23007 \
-  --runtime-env-agent-port=23008 \
-  --min-worker-port=23016 \
-  --max-worker-port=23115 \
-  --temp-dir="$temp_dir" \
-  --num-cpus=4 \
-  --num-gpus=1 \
-  --object-store-memory=209715200 \
-  --resources='{"special": 2.0, "we ird": 0.5}' \
-  --disable-usage-stats \
+flags=(
+  --head
+  --dashboard-host=127.0.0.1
+  --port=23000
+  --dashboard-port=23001
+  --ray-client-server-port=23002
+  --node-manager-port=23003
+  --object-manager-port=23004
+  --dashboard-agent-listen-port=23005
+  --dashboard-agent-grpc-port=23006
+  --metrics-export-port=23007
+  --runtime-env-agent-port=23008
+  --min-worker-port=23016
+  --max-worker-port=23115
+  --temp-dir="$temp_dir"
+  --num-cpus=4
+  --num-gpus=1
+  --object-store-memory=209715200
+  --resources='{"special": 2.0, "we ird": 0.5}'
+  --disable-usage-stats
   --log-style=record
+)
+# Ray's own `ray start` as the cloud nodes run it, as this user (`-u -`): setup/users/ray.sh
+# loads Ray's CLI without the command groups a start never uses (infra/node/raycli.py).
+exec bash <setup>/users/ray.sh -u - start "${flags[@]}"
