@@ -10,7 +10,7 @@ from typing import Any
 
 from infra import providers
 from infra.app import clusters, planning
-from infra.app.progress import Progress, Step, timed
+from infra.app.progress import Progress, Step, timed, warn
 from infra.core import auth, costs, drift, paths, spec, ssh, state, tunnels
 from infra.core.autodown import view as autodown_view
 from infra.core.errors import RayfleetError
@@ -50,7 +50,7 @@ def up(selected: spec.ClusterSpec, progress: Progress, keep_partial: bool = Fals
     answers; on a failure what this run created is removed, unless `keep_partial`."""
     impl = providers.create(selected)
     clusters.refuse_what_the_provider_lacks(selected)
-    sharing.warn_privilege(selected)
+    warn(progress, sharing.privilege_warning(selected))
     if selected.metrics != "none" and not type(selected).CAPABILITIES.metrics:
         progress(Step(f"{selected.source}: metrics: {selected.metrics} is not available on the "
                       f"{selected.provider} provider yet; the cluster runs without metrics", "warn"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from infra import providers
 from infra.app import clusters
-from infra.app.progress import Progress
+from infra.app.progress import Progress, warn
 from infra.core import drift, paths, spec, state
 from infra.core.costs import CostRange
 from infra.core.sharing import owner as sharing
@@ -86,7 +86,8 @@ def plan(selected: spec.ClusterSpec, progress: Progress,
     `.rayfleet/rendered/<cluster>/` and compare them and the spec with the last `up`'s."""
     impl = impl or providers.create(selected)
     clusters.refuse_what_the_provider_lacks(selected)
-    sharing.warn_privilege(selected)  # what `up` will say of members' jobs, said first here
+    # What `up` will say of members' jobs, said first here.
+    warn(progress, sharing.privilege_warning(selected))
     current = state.read(selected.name)
     result = impl.plan(current)
     write_rendered(selected.name, result)

@@ -22,6 +22,12 @@ class Step:
 Progress = Callable[[Step], None]
 
 
+def warn(progress: Progress, text: str | None) -> None:
+    """`text` as a warning, when there is one."""
+    if text:
+        progress(Step(text, "warn"))
+
+
 def ignore(step: Step) -> None:
     """A progress callback for callers that want only the result."""
 

@@ -38,8 +38,8 @@ from infra.core.sharing import term as sharing_term
 from infra.core.sharing.owner_token import ensure_owner_token
 from infra.core.sharing.owner_token import jobs_run_as_owner as jobs_run_as_owner
 from infra.core.sharing.owner_token import owner_token_path as owner_token_path
+from infra.core.sharing.owner_token import privilege_warning as privilege_warning
 from infra.core.sharing.owner_token import renew_owner_token as renew_owner_token
-from infra.core.sharing.owner_token import warn_privilege as warn_privilege
 from infra.core.spec import ClusterSpec
 from infra.core.state import State
 from infra.node import gateway_config, gateway_files, gateway_state, member_usage, net

@@ -14,7 +14,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from infra.core import paths, ui
+from infra.core import paths
 from infra.core.sharing import isolation
 from infra.core.sharing import term as sharing_term
 from infra.core.spec import ClusterSpec
@@ -74,17 +74,17 @@ def jobs_run_as_owner(selected: ClusterSpec) -> bool:
             and not isolation.isolated(selected))
 
 
-def warn_privilege(selected: ClusterSpec) -> None:
-    """`plan` and `up`: one line on what a member's job can reach where it runs as the owner's
-    account. Exactly that: a job reads and changes what the account can on its node, which on
-    local (and slurm with a shared home) is rayfleet's folder too, the owner's gateway token in
-    it included (renewed by `member-remove` and `rotate-token`, readable again by a job then
-    running)."""
+def privilege_warning(selected: ClusterSpec) -> str | None:
+    """`plan` and `up` say it as a warning: one line on what a member's job can reach where it
+    runs as the owner's account (None where it does not). Exactly that: a job reads and changes
+    what the account can on its node, which on local (and slurm with a shared home) is
+    rayfleet's folder too, the owner's gateway token in it included (renewed by `member-remove`
+    and `rotate-token`, readable again by a job then running)."""
     if not jobs_run_as_owner(selected):
-        return
+        return None
     from rich.markup import escape
 
-    ui.warn(f"{selected.source}: sharing.members_run_as_owner: members' jobs run as your own "
+    return (f"{selected.source}: sharing.members_run_as_owner: members' jobs run as your own "
             f"account on this {selected.provider} cluster, so a job can read and change whatever "
             "that account can on its node: your files, SSH keys and cloud credentials there, and "
             f"wherever {escape(str(paths.home()))} is on that node (always on local, on slurm with "
