@@ -1,6 +1,7 @@
 """setup/users/ray.sh, every cloud node's `ray start` and `ray stop`: which Ray CLI it runs (raycli
 through the Python the `ray` script names, only where proven; else Ray's own `ray`, said in one
-line), the words it runs before Ray, and the variables it passes on to Ray's user."""
+line), the words it runs before Ray, and the variables it passes on to Ray's user; and
+setup/users/node.sh, the node's start, as the cluster's node.conf says."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from infra.core import privilege
+import pytest
+
+from infra.core import node_start, privilege
 from infra.node import raycli
 from tests.node.fake_ray import fake_ray
 
@@ -122,3 +126,99 @@ def test_the_script_switches_to_rays_user_with_path_and_the_passed_on_variables(
     assert argv[:4] == ["-u", privilege.RAY_USER, "--", "env"]
     assert f"PATH={fakes}:/usr/bin:/bin" in argv and "RAY_HEAD_IP=10.0.0.9" in argv
     assert not any(a.startswith("RAY_OVERRIDE_RESOURCES=") for a in argv)
+
+
+NODE_SCRIPT = SCRIPT.with_name("node.sh")
+
+
+def _node_bed(tmp_path: Path, running: bool = False) -> tuple[Path, dict[str, str]]:
+    """A home with setup/users/ (users.sh, guard.sh, gcp_tpu_env.sh recording their arguments),
+    stubs of sudo, runuser and pgrep (Ray's user runs something: `running`), and a `ray` that
+    records its pid, arguments and the RF_ variables it got."""
+    home, stubs, log = tmp_path / "home", tmp_path / "stubs", tmp_path / "calls.log"
+    users = home / privilege.USERS_DIR
+    users.mkdir(parents=True)
+    (home / ".rayfleet").mkdir()
+    for name in ("node.sh", "ray.sh"):
+        (users / name).write_text((SCRIPT.parent / name).read_text())
+    for name in ("users.sh", "guard.sh"):
+        (users / name).write_text(f'echo "{name} $*" >> "{log}"\n')
+    (users / "gcp_tpu_env.sh").write_text("echo export RF_TPU=v9\n")
+    stubs.mkdir()
+    scripts = {"sudo": 'while [ "${1#-}" != "$1" ]; do shift; done; exec "$@"',
+               "runuser": 'while [ "$1" != -- ]; do shift; done; shift; exec "$@"',
+               "pgrep": f"exit {0 if running else 1}",
+               "ray": f'echo "ray $$ $* | RF_WORD=${{RF_WORD:-}} RF_TPU=${{RF_TPU:-}}" >> "{log}"'}
+    for name, body in scripts.items():
+        (stubs / name).write_text(f"#!/bin/bash\n{body}\n")
+        (stubs / name).chmod(0o755)
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(home), "RAY_HEAD_IP": "10.0.0.9"}
+    return users, env
+
+
+def _conf(users: Path, **options: Any) -> None:
+    roles = {"head": node_start.Role("the head", ["ray:.rayfleet/ray-token", "scaler:key"],
+                                     'RF_WORD="$HOME/h" ', "--head --port=6379",
+                                     moved=["key"]),
+             "worker": node_start.Role("a worker", ["ray:.rayfleet/ray-token"],
+                                       ". ./.rayfleet/tpu-env && RF_WORD=w",
+                                       "--address=$RAY_HEAD_IP:6379 --disable-usage-stats")}
+    (users / "node.conf").write_text(node_start.conf("c", "a test", roles, **options))
+
+
+def test_node_sh_starts_each_role_as_its_node_conf_says_in_its_own_process(
+        tmp_path: Path) -> None:
+    users, env = _node_bed(tmp_path)
+    _conf(users, guard=["169.254.169.254"], tpu_env=".rayfleet/tpu-env")
+    home, log = users.parent.parent, tmp_path / "calls.log"
+    (home / "key").write_text("k")
+    for role in ("head", "worker"):
+        log.write_text("")
+        started = subprocess.Popen(["bash", str(users / "node.sh"), role], env=env, cwd="/",
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _, err = started.communicate(timeout=60)
+        assert started.returncode == 0, err
+        calls = log.read_text().splitlines()
+        # The users first (their files from the SSH user's home), then the guard, then Ray.
+        assert calls[0] == f"users.sh {home} " + (
+            "ray:.rayfleet/ray-token scaler:key" if role == "head" else "ray:.rayfleet/ray-token")
+        assert calls[1] == "guard.sh 169.254.169.254"
+        ray = calls[2].split()
+        # Ray runs in node.sh's own process: ray.sh is read into it, then exec'd through to Ray.
+        assert ray[1] == str(started.pid)
+        if role == "head":
+            assert ray[2:] == ["start", "--head", "--port=6379", "|", f"RF_WORD={home}/h",
+                               "RF_TPU="]
+            assert not (home / "key").exists()  # moved: the user's copy is the only one
+        else:
+            # Ray's TPU attributes, read as root into Ray's user's home, then Ray's own words.
+            assert ray[2:] == ["start", "--address=10.0.0.9:6379", "--disable-usage-stats", "|",
+                               "RF_WORD=w", "RF_TPU=v9"]
+        assert len(calls) == 3, calls  # no `ray stop`: Ray's user runs nothing
+
+
+def test_node_sh_stops_a_running_ray_first_and_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    users, env = _node_bed(tmp_path, running=True)
+    _conf(users, tpu_env=".rayfleet/tpu-env")
+    run = subprocess.run(["bash", str(users / "node.sh"), "worker"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["users.sh", "ray", "ray"]
+    assert calls[1].split()[2:] == ["stop", "|", "RF_WORD=", "RF_TPU="]
+    bad = subprocess.run(["bash", str(users / "node.sh"), "launch"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert (bad.returncode, bad.stderr) == (2, "node.sh: expected head or worker, got 'launch'\n")
+    (users / "node.conf").unlink()
+    none = subprocess.run(["bash", str(users / "node.sh"), "head"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert none.returncode == 2 and none.stderr.startswith("node.sh: no ") \
+        and "node.conf (rendered by up)" in none.stderr, none.stderr
+
+
+def test_a_start_line_is_a_few_words() -> None:
+    assert node_start.command("worker") == "bash ~/rayfleet/users/node.sh worker"
+    assert node_start.command("head", "~/rayfleet/worker") == \
+        "bash ~/rayfleet/worker/rayfleet/users/node.sh head"
+    with pytest.raises(ValueError, match="head or worker"):
+        node_start.command("head; rm -rf ~")
