@@ -79,7 +79,8 @@ def up(selected: spec.ClusterSpec, progress: Progress, keep_partial: bool = Fals
             _forget_if_nothing_created(current)
             raise
         gateway_url = sharing.ensure_gateway(selected, impl.head_access(current), current,
-                                             cost_range.node_prices if cost_range else None) \
+                                             cost_range.node_prices if cost_range else None,
+                                             progress) \
             if selected.sharing else None
         planning.keep_applied(selected.name)
         drift.keep(selected, applied_spec, running_before)

@@ -199,7 +199,8 @@ def rotate_token(provider: str | None, cluster: str | None, yes: bool) -> None:
                 sharing.renew_owner_token(selected.name)
                 sharing.push_registry(selected, impl.head_access(current))
         if selected.sharing is not None:
-            sharing.ensure_gateway(selected, impl.head_access(current), current)
+            sharing.ensure_gateway(selected, impl.head_access(current), current, None,
+                                   common.Shown())
     ui.out(f"cluster {selected.name!r} has a new Ray token: the old one is refused everywhere; "
            "members' tokens are unchanged" + ("; your own gateway token is renewed"
                                                if selected.sharing is not None else ""),

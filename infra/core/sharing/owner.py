@@ -28,10 +28,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from infra.core import paths, privilege, ui
+from infra.core import paths, privilege
 from infra.core.costs import NodePrices
 from infra.core.errors import RayfleetError, SpecError, UsageError
 from infra.core.head import GatewayFiles, HeadAccess, LocalHead
+from infra.core.progress import Progress, Step, timed, warn
 from infra.core.sharing import certs as sharing_certs
 from infra.core.sharing import isolation, term_people
 from infra.core.sharing import term as sharing_term
@@ -191,7 +192,7 @@ def gateway_settings(selected: ClusterSpec, access: HeadAccess, state: State, ad
 
 
 def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
-                   prices: NodePrices | None = None) -> str | None:
+                   prices: NodePrices | None, progress: Progress) -> str | None:
     """Start the cluster's gateway unless it runs with this config; its https:// address.
     `prices`: the provider's node prices, for the cost share (None: the cluster costs $0)."""
     if selected.sharing is None:
@@ -200,7 +201,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     hostname = selected.sharing.hostname
     url = f"https://{hostname or address}:{selected.sharing.port}"
     members = read_registry(selected.name)
-    warn_stale_bundles(members, url, state.info.gateway_url)
+    warn(progress, stale_bundles_warning(members, url, state.info.gateway_url))
     config, config_path = gateway_settings(selected, access, state, address, prices)
     if not members:
         write_registry(selected.name, {})
@@ -208,7 +209,7 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
     apply_term(selected)  # `sharing.ends` may have changed since the last `up`
     read_usage(selected, access)  # the running head's accounting first, then given back
     start_gateway(access, config, config_path, gateway_user(selected, access))
-    with ui.step(f"waiting for the sharing gateway on {url}"):
+    with timed(progress, f"waiting for the sharing gateway on {url}"):
         started = access.answers(config.port, timeout=60)
     if not started:
         raise SharingError(f"the sharing gateway did not start on the head within 60 s; see "
@@ -217,19 +218,21 @@ def ensure_gateway(selected: ClusterSpec, access: HeadAccess, state: State,
         state.set_info(gateway_url=url)
     # A loopback address is this machine's own: nobody points DNS at it.
     if hostname and not net.is_loopback(address):
-        ui.info(f"sharing.hostname: point DNS for {hostname} at {address} (an A record; the "
-                "head's address now): members' bundles name it and need no change")
+        progress(Step(f"sharing.hostname: point DNS for {hostname} at {address} (an A record; "
+                      "the head's address now): members' bundles name it and need no change"))
     return url
 
 
-def warn_stale_bundles(members: dict[str, dict[str, Any]], url: str, previous: str | None) -> None:
+def stale_bundles_warning(members: dict[str, dict[str, Any]], url: str,
+                          previous: str | None) -> str | None:
     """One line when members hold bundles naming another address (the head came back on a new
     one: Lambda gives a new instance a new IP); each entry records the address its bundle names."""
     stale = sorted(name for name, entry in members.items()
                    if (entry.get("address") or previous) not in (None, url))
-    if stale:
-        ui.warn(f"the gateway is now at {url}: members {', '.join(stale)} need a new bundle "
-                "(`invoke member-remove NAME` then `invoke member-add NAME`; their usage is kept)")
+    if not stale:
+        return None
+    return (f"the gateway is now at {url}: members {', '.join(stale)} need a new bundle "
+            "(`invoke member-remove NAME` then `invoke member-add NAME`; their usage is kept)")
 
 
 def start_gateway(access: HeadAccess, config: gateway_config.Config, config_path: Path,
