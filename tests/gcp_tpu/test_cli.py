@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from infra.core import node_start
 from infra.providers.gcp_tpu import config
 from tests.forked_cli import run_invoke
 from tests.gcp_tpu.conftest import assert_nothing_created, write_spec
@@ -86,7 +87,8 @@ def test_plan_of_the_shipped_example_renders_without_an_account_and_exits_1(
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: 1 pre-flight check failed")
     planned = json.loads(result.stdout)
-    assert planned["provider"] == "gcp-tpu" and planned["files"] == [config.FILE_NAME]
+    assert planned["provider"] == "gcp-tpu"
+    assert planned["files"] == sorted([config.FILE_NAME, node_start.CONF_NAME])
     assert any("no Google credentials found" in p for p in planned["problems"])
     assert [r["name"] for r in planned["resources"]][:2] == ["ray-gcp-tpu-head", "cpu"]
 
