@@ -100,6 +100,8 @@ def test_lambda_autoscaler_config(tmp_path: Path, rf_home: Path, case: str) -> N
     assert prepared["provider"]["type"] == "external"
     assert set(config["available_node_types"]) == {"head", *(spec.worker_types or {})}
     assert_golden(f"lambda/autoscaler-{case}.yaml", text, _versions())
+    if case == "full":  # how the head and the workers start Ray (node.sh reads it)
+        assert_golden("lambda/autoscaler-full.node.conf", autoscale.node_conf(spec, "i-1", "10.0.0.5"))
 
 
 @pytest.mark.parametrize("case", sorted(LAMBDA_CASES))
