@@ -20,7 +20,8 @@ Ray's CLI as Ray's own `ray` script does, and says so in one line on stderr (the
   is the one Ray was installed into, wherever that is (a venv, `pip --user`, the system).
 - `RAY`: shell words to use in place of `ray` in a node's command line (`{RAY} start ...`):
   `PYTHON`, the Python beside the `ray` on PATH (our node env, which has one).
-- `argv_here`: `RUN` as an argument list for a `ray` script's own Python (local `up`).
+- `argv_here`: `RUN` as an argument list for a `ray` script's own Python (a member cluster's head;
+  local `up` and cloud nodes run setup/users/ray.sh, which carries `RUN` and finds that Python).
 - `main`: Ray's CLI entry point in this process (Slurm's node helper runs `ray start` so).
 
 Standard library only: Slurm's nodes import this without Ray's dependencies on the path.
