@@ -54,10 +54,12 @@ class Autodown(StrictModel):
 
 class WorkerRange(StrictModel):
     """A kind of worker the autoscaler keeps between `min_workers` and `max_workers`; each
-    provider's section redeclares the two with its own defaults and bounds."""
+    provider's section declares the two with its own defaults and bounds."""
 
-    min_workers: int = 0
-    max_workers: int = 1
+    if typing.TYPE_CHECKING:
+        # Declared by each section, where they stand in its reference (docs/reference/spec.md).
+        min_workers: int
+        max_workers: int
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> typing.Self:
