@@ -199,7 +199,6 @@ def _status_as_dict(found: StatusResult) -> dict[str, Any]:
 
 def _print_status(found: StatusResult) -> None:
     from infra.cli import term as commands_term
-    from infra.core.sharing import term as sharing_term
 
     selected, view = found.spec, found.provider
     ui.out(f"{_title(selected)}: {view.summary}", markup=False)
@@ -210,7 +209,7 @@ def _print_status(found: StatusResult) -> None:
     if found.sharing is not None:
         commands_term.print_status_sharing(selected, found.sharing)
     if found.budget is not None and selected.sharing is not None:
-        sharing_term.print_budget_status(selected.sharing, found.budget)
+        commands_term.print_budget_status(selected.sharing, found.budget)
     if found.job_reach:
         ui.out(found.job_reach, markup=False)
     common.table("provider resources", view.rows)

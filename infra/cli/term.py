@@ -250,6 +250,19 @@ def status_sharing(selected: Any, running: bool) -> dict[str, Any] | None:
     return reporting.sharing_view(selected, running)
 
 
+def print_budget_status(spec_sharing: Any, found: dict[str, Any]) -> None:
+    """`status`'s lines: the cluster's budget, and a warning per member at or past 80 %."""
+    if found["cluster"] is not None:
+        line = sharing_term.describe_cluster_budget(found["cluster"])
+        if found["cluster"]["used"] >= sharing_term.WARN_AT:
+            ui.warn(line)
+        else:
+            ui.out(line, markup=False)
+    for near in found["members_near"]:
+        ui.warn(sharing_term.describe_member_budget(spec_sharing, near["name"], near["job_hours"],
+                                                    near["cost_share_usd"]))
+
+
 def print_status_sharing(selected: Any, found: dict[str, Any]) -> None:
     from infra.core.sharing import term_people
 

@@ -377,18 +377,3 @@ def _jobs_by_person(people: list[dict[str, Any]],
             pick = (before or mine[:1])[-1]
         owned[pick].append(job)
     return owned
-
-
-def print_budget_status(spec_sharing: Sharing, found: dict[str, Any]) -> None:
-    """`status`'s lines: the cluster's budget, and a warning per member at or past 80 %."""
-    from infra.core import ui
-
-    if found["cluster"] is not None:
-        line = describe_cluster_budget(found["cluster"])
-        if found["cluster"]["used"] >= WARN_AT:
-            ui.warn(line)
-        else:
-            ui.out(line, markup=False)
-    for near in found["members_near"]:
-        ui.warn(describe_member_budget(spec_sharing, near["name"], near["job_hours"],
-                                       near["cost_share_usd"]))
