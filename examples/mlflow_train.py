@@ -22,19 +22,8 @@ import socket
 import tempfile
 from typing import Any
 
-
-def digits(seed: int = 0) -> tuple[Any, Any, Any, Any]:
-    """scikit-learn's 8x8 digits (shipped with it: nothing is downloaded) as flat tensors in [0, 1]."""
-    import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    data = load_digits()
-    x = torch.tensor(data.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(data.target, dtype=torch.long)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed,
-                                                        stratify=y)
-    return x_train, y_train, x_test, y_test
+# Beside this script: the data, the model, one epoch of training.
+from digits import accuracy, mlp, ship_with_ray, tensors, train_epoch
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
@@ -50,31 +39,22 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     # MLFLOW_TRACKING_URI and the login come from the node's environment (rayfleet sets them).
     client = mlflow.MlflowClient()
     client.set_tag(run_id, f"host_rank{rank}", socket.gethostname())
-    x_train, y_train, x_test, y_test = digits(config["seed"])
+    x_train, y_train, x_test, y_test = tensors(config["seed"])
     loader = ray.train.torch.prepare_data_loader(
         DataLoader(TensorDataset(x_train, y_train), batch_size=config["batch_size"], shuffle=True))
-    model = ray.train.torch.prepare_model(torch.nn.Sequential(
-        torch.nn.Linear(64, config["hidden"]), torch.nn.ReLU(), torch.nn.Linear(config["hidden"], 10)))
+    model = ray.train.torch.prepare_model(mlp(config["hidden"]))
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    loss_fn = torch.nn.CrossEntropyLoss()
-    accuracy = 0.0
+    device = ray.train.torch.get_device()
+    score = 0.0
     for epoch in range(1, config["epochs"] + 1):
         if ray.train.get_context().get_world_size() > 1:
             loader.sampler.set_epoch(epoch)
-        total, seen = 0.0, 0
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(y)
-            seen += len(y)
-        client.log_metric(run_id, f"loss_rank{rank}", total / seen, step=epoch)
-        with torch.no_grad():
-            accuracy = float((model(x_test).argmax(dim=1) == y_test).float().mean())
+        loss = train_epoch(model, loader, optimizer, device)
+        client.log_metric(run_id, f"loss_rank{rank}", loss, step=epoch)
+        score = accuracy(model, x_test, y_test, device)
         if rank == 0:
-            client.log_metric(run_id, "test_accuracy", accuracy, step=epoch)
-        ray.train.report({"epoch": epoch, "loss": total / seen, "accuracy": accuracy})
+            client.log_metric(run_id, "test_accuracy", score, step=epoch)
+        ray.train.report({"epoch": epoch, "loss": loss, "accuracy": score})
     version = None
     if rank == 0:
         plain = getattr(model, "module", model)  # the model without its DDP wrapper
@@ -85,7 +65,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                                             input_example=x_test[:2].numpy(),
                                             registered_model_name=config["model_name"])
         version = info.registered_model_version
-    return {"accuracy": accuracy, "version": version}
+    return {"accuracy": score, "version": version}
 
 
 def main() -> None:
@@ -106,6 +86,7 @@ def main() -> None:
     from ray.train.torch import TorchTrainer
 
     ray.init()
+    ship_with_ray()
     mlflow.set_experiment(args.experiment)
     storage = tempfile.mkdtemp(prefix="rayfleet-train-")
     with mlflow.start_run() as run:

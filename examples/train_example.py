@@ -18,29 +18,8 @@ import shutil
 import tempfile
 from typing import Any
 
-
-def digits_tensors(seed: int = 0) -> tuple[Any, Any, Any, Any]:
-    """scikit-learn's digits as (x_train, y_train, x_test, y_test) tensors, images 1x8x8 in [0, 1]."""
-    import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    y = torch.tensor(digits.target, dtype=torch.long)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed,
-                                                        stratify=y)
-    return x_train, y_train, x_test, y_test
-
-
-def small_cnn() -> Any:
-    from torch import nn
-
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 32 x 4 x 4
-        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
-    )
+# Beside this script: the data, the model, one epoch of training.
+from digits import accuracy, ship_with_ray, small_cnn, tensors, train_epoch
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> list[dict[str, float]]:
@@ -52,32 +31,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> list[dict[str, float]]:
 
     torch.manual_seed(config["seed"])
     context = ray.train.get_context()
-    x_train, y_train, x_test, y_test = digits_tensors(config["seed"])
+    x_train, y_train, x_test, y_test = tensors(config["seed"], images=True)
     # prepare_data_loader adds a DistributedSampler: each worker sees 1/num_workers of the data.
     loader = ray.train.torch.prepare_data_loader(
         DataLoader(TensorDataset(x_train, y_train), batch_size=config["batch_size"], shuffle=True))
-    model = ray.train.torch.prepare_model(small_cnn())  # DDP wrapper, moved to the right device
+    model = ray.train.torch.prepare_model(small_cnn())  # DDP wrapper, on the right device
     device = ray.train.torch.get_device()
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    loss_fn = torch.nn.CrossEntropyLoss()
     history = []
     for epoch in range(1, config["epochs"] + 1):
         if context.get_world_size() > 1:
             loader.sampler.set_epoch(epoch)
-        model.train()
-        total, seen = 0.0, 0
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(y)
-            seen += len(y)
-        model.eval()
-        with torch.no_grad():
-            predicted = model(x_test.to(device)).argmax(dim=1).cpu()
-        metrics = {"epoch": epoch, "loss": total / seen,
-                   "accuracy": float((predicted == y_test).float().mean())}
+        metrics = {"epoch": epoch, "loss": train_epoch(model, loader, optimizer, device),
+                   "accuracy": accuracy(model, x_test, y_test, device)}
         history.append(metrics)
         # Shows up live in the job's log as "Reporting training result <epoch>: ...".
         ray.train.report(metrics)
@@ -105,6 +71,7 @@ def main() -> None:
     from ray.train.torch import TorchTrainer
 
     ray.init()
+    ship_with_ray()
     storage = args.storage or tempfile.mkdtemp(prefix="rayfleet-train-")
     trainer = TorchTrainer(
         train_loop_per_worker,

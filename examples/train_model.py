@@ -17,23 +17,20 @@ import json
 import socket
 
 import hydra
+
+# Beside this script: the data, the model, one epoch of training. (The launcher ships this
+# module with the jobs: a Ray job's import path does not hold this folder.)
+from digits import accuracy, mlp, tensors, train_epoch
 from omegaconf import DictConfig
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
     import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
     from torch.utils.data import DataLoader, TensorDataset
 
     torch.manual_seed(cfg.seed)
-    digits = load_digits()  # ships with scikit-learn: nothing is downloaded
-    x = torch.tensor(digits.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(digits.target, dtype=torch.long)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=cfg.seed,
-                                                        stratify=y)
-    model = torch.nn.Sequential(torch.nn.Linear(64, cfg.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(cfg.hidden, 10))
+    x_train, y_train, x_test, y_test = tensors(cfg.seed)
+    model = mlp(cfg.hidden)
     if cfg.optimizer.name == "adam":
         optimizer: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=cfg.optimizer.lr)
     elif cfg.optimizer.name == "sgd":
@@ -42,21 +39,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
     else:
         raise ValueError(f"optimizer.name={cfg.optimizer.name!r}: use adam or sgd")
     loader = DataLoader(TensorDataset(x_train, y_train), batch_size=cfg.batch_size, shuffle=True)
-    loss_fn = torch.nn.CrossEntropyLoss()
     loss = 0.0
     for epoch in range(1, cfg.epochs + 1):
-        total = 0.0
-        for xb, yb in loader:
-            optimizer.zero_grad()
-            batch_loss = loss_fn(model(xb), yb)
-            batch_loss.backward()
-            optimizer.step()
-            total += batch_loss.item() * len(yb)
-        loss = total / len(y_train)
+        loss = train_epoch(model, loader, optimizer)
         print(f"epoch {epoch}: loss {loss:.4f}")
-    with torch.no_grad():
-        accuracy = float((model(x_test).argmax(dim=1) == y_test).float().mean())
-    return {"loss": loss, "accuracy": accuracy}
+    return {"loss": loss, "accuracy": accuracy(model, x_test, y_test)}
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="train_model")

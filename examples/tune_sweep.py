@@ -20,29 +20,8 @@ import shutil
 import tempfile
 from typing import Any
 
-
-def digits_tensors(seed: int = 0) -> tuple[Any, Any, Any, Any]:
-    """scikit-learn's digits as (x_train, y_train, x_test, y_test) tensors, images 1x8x8 in [0, 1]."""
-    import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    x = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    y = torch.tensor(digits.target, dtype=torch.long)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed,
-                                                        stratify=y)
-    return x_train, y_train, x_test, y_test
-
-
-def small_cnn() -> Any:
-    from torch import nn
-
-    return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 32 x 4 x 4
-        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
-    )
+# Beside this script: the data, the model, one epoch of training.
+from digits import accuracy, ship_with_ray, small_cnn, tensors, train_epoch
 
 
 def train_digits(config: dict[str, Any]) -> None:
@@ -53,26 +32,14 @@ def train_digits(config: dict[str, Any]) -> None:
 
     torch.manual_seed(config["seed"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    x_train, y_train, x_test, y_test = digits_tensors(config["seed"])
+    x_train, y_train, x_test, y_test = tensors(config["seed"], images=True)
     loader = DataLoader(TensorDataset(x_train, y_train), batch_size=int(config["batch_size"]),
                         shuffle=True)
     model = small_cnn().to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    loss_fn = torch.nn.CrossEntropyLoss()
     for _ in range(config["epochs"]):
-        model.train()
-        total = 0.0
-        for x, y in loader:
-            optimizer.zero_grad()
-            loss = loss_fn(model(x.to(device)), y.to(device))
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(y)
-        model.eval()
-        with torch.no_grad():
-            predicted = model(x_test.to(device)).argmax(dim=1).cpu()
-        accuracy = float((predicted == y_test).float().mean())
-        tune.report({"loss": total / len(y_train), "accuracy": accuracy})
+        loss = train_epoch(model, loader, optimizer, device)
+        tune.report({"loss": loss, "accuracy": accuracy(model, x_test, y_test, device)})
 
 
 def main() -> None:
@@ -95,6 +62,7 @@ def main() -> None:
     from ray.tune.schedulers import ASHAScheduler
 
     ray.init()
+    ship_with_ray()
     storage = args.storage or tempfile.mkdtemp(prefix="rayfleet-tune-")
     scheduler = ASHAScheduler(max_t=args.epochs, grace_period=1, reduction_factor=2)
     tuner = tune.Tuner(

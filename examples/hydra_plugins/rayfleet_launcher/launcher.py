@@ -148,6 +148,7 @@ class RayfleetLauncher(Launcher):
             package.mkdir()
             (package / "__init__.py").write_text("")
             shutil.copy(Path(__file__).with_name("_remote.py"), package / "run.py")
+            self._ship_beside()
             for idx, _, spec in specs:
                 (package / f"job_{idx}.pkl").write_bytes(cloudpickle.dumps(spec))
             env = jobs.runtime_env(self.runtime_env, Path.cwd())
@@ -214,6 +215,22 @@ class RayfleetLauncher(Launcher):
                 time.sleep(1.0)
         return [returns[position] for position in range(len(specs))]
 
+    def _ship_beside(self) -> None:
+        """The app's own modules beside its script (examples/digits.py beside train_model.py) are
+        not on a Ray job's or worker's import path: Ray pickles their functions by value, like
+        the script's own."""
+        import ray.cloudpickle
+
+        assert self.task_function is not None
+        script = getattr(sys.modules.get(self.task_function.__module__), "__file__", None)
+        if not script:
+            return
+        folder = Path(script).resolve().parent
+        for name, module in list(sys.modules.items()):
+            found = getattr(module, "__file__", None)
+            if name != "__main__" and found and Path(found).resolve().parent == folder:
+                ray.cloudpickle.register_pickle_by_value(module)
+
     # ------------------------------------------------------------------ local: in-process Ray
 
     def _in_process(self, specs: list[tuple[int, list[str], dict[str, Any]]]) -> list[JobReturn]:
@@ -232,6 +249,7 @@ class RayfleetLauncher(Launcher):
         from hydra_plugins.rayfleet_launcher._remote import run_one
 
         started = not ray.is_initialized()
+        self._ship_beside()
         try:
             if started:
                 # address="local": a new Ray of our own, never another Ray found on this machine.
