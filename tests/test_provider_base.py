@@ -16,6 +16,7 @@ import pytest
 from infra.cli import loading
 from infra.core import spec, state
 from infra.core.errors import RayfleetError, UsageError
+from infra.core.progress import Step, ignore
 from infra.core.state import Attrs, Resource, State
 from infra.providers.base import Endpoint, Plan, PlannedResource, ProviderStatus, UpOptions
 from infra.providers.base import Provider as BaseProvider
@@ -96,41 +97,44 @@ def test_a_plan_is_frozen(loaded: spec.ClusterSpec) -> None:
     assert isinstance(plan.resources, tuple) and isinstance(plan.notes, tuple)
 
 
+def _warned(steps: list[Step]) -> str:
+    """The rollback's warnings, as the library reported them (the CLI prints them on stderr)."""
+    return "\n".join(s.text for s in steps if s.kind == "warn")
+
+
 def test_failed_up_removes_what_the_run_created_and_nothing_else(
-        loaded: spec.ClusterSpec, current: State, capsys: pytest.CaptureFixture[str]) -> None:
-    toy = Toy(loaded, failure=RayfleetError("no capacity"))
+        loaded: spec.ClusterSpec, current: State) -> None:
+    toy, steps = Toy(loaded, failure=RayfleetError("no capacity")), list[Step]()
     with pytest.raises(RayfleetError, match="no capacity"):
-        toy.up(current, toy.plan(current))
+        toy.up(current, toy.plan(current), UpOptions(progress=steps.append))
     assert toy.removed == ["a", "b"] and ids(current) == ["old"]
     assert ("the cluster could not be completed (no capacity); terminating what this run "
-            "created: thing-a, thing-b (--keep-partial keeps them)") in capsys.readouterr().err
+            "created: thing-a, thing-b (--keep-partial keeps them)") in _warned(steps)
 
 
-def test_ctrl_c_removes_too(loaded: spec.ClusterSpec, current: State,
-                            capsys: pytest.CaptureFixture[str]) -> None:
-    toy = Toy(loaded, failure=KeyboardInterrupt())
+def test_ctrl_c_removes_too(loaded: spec.ClusterSpec, current: State) -> None:
+    toy, steps = Toy(loaded, failure=KeyboardInterrupt()), list[Step]()
     with pytest.raises(KeyboardInterrupt):
-        toy.up(current, toy.plan(current))
+        toy.up(current, toy.plan(current), UpOptions(progress=steps.append))
     assert toy.removed == ["a", "b"] and ids(current) == ["old"]
-    assert "interrupted; removing what this run created: thing-a, thing-b" in capsys.readouterr().err
+    assert "interrupted; removing what this run created: thing-a, thing-b" in _warned(steps)
 
 
-def test_keep_partial_keeps_everything_in_state(loaded: spec.ClusterSpec, current: State,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    toy = Toy(loaded, failure=RayfleetError("boom"))
+def test_keep_partial_keeps_everything_in_state(loaded: spec.ClusterSpec, current: State) -> None:
+    toy, steps = Toy(loaded, failure=RayfleetError("boom")), list[Step]()
     with pytest.raises(RayfleetError, match="boom"):
-        toy.up(current, toy.plan(current), UpOptions(keep_partial=True))
+        toy.up(current, toy.plan(current), UpOptions(keep_partial=True, progress=steps.append))
     assert toy.removed == [] and ids(current) == ["old", "a", "b"]
-    assert "kept thing-a, thing-b (--keep-partial)" in capsys.readouterr().err
+    assert "kept thing-a, thing-b (--keep-partial)" in _warned(steps)
 
 
 def test_a_removal_that_fails_keeps_state_and_names_teardown(
-        loaded: spec.ClusterSpec, current: State, capsys: pytest.CaptureFixture[str]) -> None:
-    toy = Toy(loaded, failure=RayfleetError("boom"), remove_fails=True)
+        loaded: spec.ClusterSpec, current: State) -> None:
+    toy, steps = Toy(loaded, failure=RayfleetError("boom"), remove_fails=True), list[Step]()
     with pytest.raises(RayfleetError, match="boom"):  # the first failure, not the cleanup's
-        toy.up(current, toy.plan(current))
+        toy.up(current, toy.plan(current), UpOptions(progress=steps.append))
     assert ids(current) == ["old", "a", "b"]
-    err = capsys.readouterr().err
+    err = _warned(steps)
     assert "the API is down" in err and "`invoke teardown` removes it" in err
 
 
@@ -164,13 +168,13 @@ def test_restart_ray_recreates_only_where_the_provider_says_so(
     toy = Toy(loaded)
     with pytest.raises(UsageError, match=r"rotate-token: not available on the toy provider.*"
                                          r"`invoke teardown` then `invoke up`"):
-        toy.restart_ray(current)
+        toy.restart_ray(current, ignore)
     assert not toy.torn_down and ids(current) == ["old"]
 
     class Recreating(Toy):
         restarts_by_recreating = True
 
     toy = Recreating(loaded)
-    assert toy.restart_ray(current).address == "127.0.0.1:2"
+    assert toy.restart_ray(current, ignore).address == "127.0.0.1:2"
     # Everything went (the old thing too), then the plan's things were made again.
     assert toy.torn_down and ids(current) == ["a", "b"]

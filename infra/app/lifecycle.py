@@ -74,7 +74,7 @@ def up(selected: spec.ClusterSpec, progress: Progress, keep_partial: bool = Fals
             progress(Step(costs.describe_range(cost_range)))
         planning.write_rendered(selected.name, result)
         try:
-            endpoint = impl.up(current, result, UpOptions(keep_partial=keep_partial))
+            endpoint = impl.up(current, result, UpOptions(keep_partial, progress))
         except BaseException:
             _forget_if_nothing_created(current)
             raise

@@ -190,7 +190,7 @@ def rotate_token(provider: str | None, cluster: str | None, yes: bool) -> None:
                 "jobs, actors and Serve apps end")
         auth.rotate(current)
         try:
-            impl.restart_ray(current)
+            impl.restart_ray(current, common.Shown())
         finally:
             if selected.sharing is not None:
                 # On every provider, Ray restarted or not (after the restart: no job left that

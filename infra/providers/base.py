@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar, Generic, TypeVar, final
 
-from infra.core import ui
 from infra.core.autodown import view as autodown_view
 from infra.core.autodown.view import AutodownView
 from infra.core.capabilities import Capabilities
@@ -24,6 +23,7 @@ from infra.core.costs import Cost, CostRange
 from infra.core.endpoint import Endpoint
 from infra.core.errors import RayfleetError, UsageError
 from infra.core.head import HeadAccess
+from infra.core.progress import Progress, ignore, warn
 from infra.core.spec import ClusterSpec
 from infra.core.state import Attrs, Resource, State
 from infra.providers import features
@@ -124,6 +124,9 @@ class UpOptions:
 
     #: Keep what a failed `up` created (in state, for `invoke teardown`) instead of removing it.
     keep_partial: bool = False
+    #: Where the base's `up` reports its steps (the head's services, a rollback's warnings): the
+    #: library's callback (infra/core/progress.py); by default nowhere.
+    progress: Progress = ignore
 
 
 SpecT = TypeVar("SpecT", bound=ClusterSpec)
@@ -170,7 +173,7 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
         before = frozenset((r.kind, r.id) for r in state.resources())
         try:
             endpoint = self.create(state, plan)
-            features.start(self, state)
+            features.start(self, state, options.progress)
             return endpoint
         except BaseException as exc:
             self._roll_back(state, before, options, exc)
@@ -215,20 +218,20 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
             return
         names = ", ".join(_label(r) for r in created)
         if options.keep_partial:
-            ui.warn(f"kept {names} (--keep-partial): `invoke teardown` removes them")
+            warn(options.progress, f"kept {names} (--keep-partial): `invoke teardown` removes them")
             return
         if isinstance(exc, KeyboardInterrupt):
-            ui.warn(f"interrupted; removing what this run created: {names} "
-                    "(--keep-partial keeps them)")
+            warn(options.progress, f"interrupted; removing what this run created: {names} "
+                 "(--keep-partial keeps them)")
         else:
             why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            ui.warn(f"the cluster could not be completed ({why}); terminating what this run "
-                    f"created: {names} (--keep-partial keeps them)")
+            warn(options.progress, f"the cluster could not be completed ({why}); terminating what "
+                 f"this run created: {names} (--keep-partial keeps them)")
         try:
             self.remove_created(state, created)
         except (RayfleetError, KeyboardInterrupt) as cleanup:
-            ui.warn(f"could not remove all of {names} ({cleanup}); what is left is in state: "
-                    "`invoke teardown` removes it")
+            warn(options.progress, f"could not remove all of {names} ({cleanup}); what is left is "
+                 "in state: `invoke teardown` removes it")
 
     @abc.abstractmethod
     def status(self, state: State) -> ProviderStatus:
@@ -266,14 +269,14 @@ class Provider(abc.ABC, Generic[SpecT, ExtraT]):
     restarts_by_recreating: ClassVar[bool] = False
 
     @final
-    def restart_ray(self, state: State) -> Endpoint:
+    def restart_ray(self, state: State, progress: Progress) -> Endpoint:
         """Ray started again on the cluster, every node reading the cluster's token file anew
         (`rotate-token` has just replaced it). Every running job, actor and Serve app ends."""
         if not self.restarts_by_recreating:
             raise UsageError(f"rotate-token: not available on the {self.name} provider yet; "
                              f"`invoke teardown` then `invoke up` give the cluster a new token")
         self.teardown(state)
-        return self.up(state, self.plan(state))
+        return self.up(state, self.plan(state), UpOptions(progress=progress))
 
     def readiness(self) -> list[Readiness]:
         """Whether this machine can use the provider with this spec: credentials found, APIs

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from infra.core import ui
 from infra.core.autodown import view as autodown_view
 from infra.core.autodown.view import AutodownView
 from infra.core.errors import ClusterNotRunningError, RayfleetError, UsageError
 from infra.core.head import HeadAccess
+from infra.core.progress import Progress, timed, warn
 from infra.node.wait import WaitTimeout, until
 
 # Each feature's own modules are imported where it is used: a cluster without it never loads them
@@ -96,7 +96,7 @@ class HeadServices:
     marker: Callable[[bool | None], str | None] | None = field(default=None, compare=False)
 
 
-def start(provider: Answers, state: State) -> None:
+def start(provider: Answers, state: State, progress: Progress) -> None:
     """After `create`: the tracking server, then Prometheus, then the watcher, on the head."""
     services = provider.head_services(state)
     if services is None or services.head is None:
@@ -107,17 +107,17 @@ def start(provider: Answers, state: State) -> None:
 
         store = services.store() if services.store else tracking_remote.HeadStore(
             tracking_remote.HEAD_STORE)
-        tracking_remote.start(state, services.head, services.listen_host, store)
+        tracking_remote.start(state, services.head, services.listen_host, store, progress)
     # After the tracking server: its start (seconds of imports) goes first.
     if spec.metrics == "prometheus":
         from infra.core.metrics import remote as metrics_remote
 
-        metrics_remote.start(state, services.head, spec.metrics_history)
+        metrics_remote.start(state, services.head, spec.metrics_history, progress)
     if services.watcher is not None:
-        _watch(state, services.watcher)
+        _watch(state, services.watcher, progress)
 
 
-def _watch(state: State, watcher: Watcher) -> None:
+def _watch(state: State, watcher: Watcher, progress: Progress) -> None:
     """Start (or keep) the watcher; stop one an earlier `up` started when autodown is off."""
     from infra.core.autodown import remote as autodown_remote
     from infra.node import autodown
@@ -133,8 +133,8 @@ def _watch(state: State, watcher: Watcher) -> None:
             autodown_view.forget(cluster)
         return
     secrets = dict(watcher.secrets())
-    with ui.step(f"starting the autodown watcher on the head ({watcher.config.idle_minutes:g} "
-                 "idle minutes)"):
+    with timed(progress, f"starting the autodown watcher on the head "
+               f"({watcher.config.idle_minutes:g} idle minutes)"):
         autodown_remote.install(watcher.head, watcher.config, secrets or None, user=watcher.user)
         if not watcher.keeps_marker:
             return
@@ -143,8 +143,8 @@ def _watch(state: State, watcher: Watcher) -> None:
                 cluster, autodown_remote.head_marker(watcher.head, watcher.user) or "",
                 state.cluster_id), FIRST_MARKER_S, 1, "the watcher's first marker")
         except WaitTimeout:
-            ui.warn(f"the autodown watcher on {watcher.name} has not reported yet; see "
-                    f"~{watcher.user}/{autodown.HEAD_LOG.removeprefix('~/')} there")
+            warn(progress, f"the autodown watcher on {watcher.name} has not reported yet; see "
+                 f"~{watcher.user}/{autodown.HEAD_LOG.removeprefix('~/')} there")
 
 
 def tracking_head(provider: Answers, state: State) -> tuple[HeadAccess | None, str]:

@@ -12,9 +12,9 @@ Core layer: never imports a provider.
 
 from __future__ import annotations
 
-from infra.core import ui
 from infra.core.head import HeadAccess
 from infra.core.metrics import prometheus as metrics
+from infra.core.progress import Progress, timed
 from infra.core.spec import MetricsHistory
 from infra.core.state import State
 from infra.node.metrics import DISCOVERY_FILE, PrometheusConfig
@@ -33,7 +33,7 @@ def node_env_words() -> str:
     return "".join(f"{key}={value} " for key, value in NODE_ENV.items())
 
 
-def start(state: State, head: HeadAccess, history: MetricsHistory) -> None:
+def start(state: State, head: HeadAccess, history: MetricsHistory, progress: Progress) -> None:
     """Start (or keep) the head's Prometheus; not waited for (it needs nothing from `up`)."""
     home = head.run('printf %s "$HOME"', timeout=30, check=True).stdout.strip()
     config = PrometheusConfig(
@@ -42,7 +42,7 @@ def start(state: State, head: HeadAccess, history: MetricsHistory) -> None:
         storage_dir=f"{home}/rayfleet/metrics/tsdb", retention_days=history.days,
         retention_size_mb=history.size_mb, scrape_interval_s=history.scrape_interval_s,
         log_path=f"{home}/rayfleet/prometheus.log")
-    with ui.step(f"starting Prometheus on the head (127.0.0.1:{metrics.HEAD_PORT})"):
+    with timed(progress, f"starting Prometheus on the head (127.0.0.1:{metrics.HEAD_PORT})"):
         head.ensure_daemon("infra.node.metrics", HEAD_CONFIG, config.to_json(indent=None),
                            log=HEAD_LOG)
     metrics.note_started(state, history.scrape_interval_s)

@@ -33,11 +33,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.core import remote_head, ui
+from infra.core import remote_head
 from infra.core.endpoint import Endpoint
 from infra.core.errors import RayfleetError
 from infra.core.head import HeadAccess
 from infra.core.metrics import prometheus as metrics
+from infra.core.progress import Progress, Step, timed
 from infra.core.state import State
 from infra.core.tracking import client as tracking
 from infra.node import tracking as node_tracking
@@ -80,7 +81,8 @@ class HeadStore:
     durable: str = ""
 
 
-def start(state: State, head: HeadAccess, bind_host: str, store: HeadStore) -> None:
+def start(state: State, head: HeadAccess, bind_host: str, store: HeadStore,
+          progress: Progress) -> None:
     """Start (or keep) the tracking server on the head; record where its store lives."""
     password = tracking.ensure_credentials(state.cluster)
     secret = password.with_name(tracking.SECRET_KEY_FILE)
@@ -95,16 +97,17 @@ def start(state: State, head: HeadAccess, bind_host: str, store: HeadStore) -> N
                NODE_SECRET_KEY_PATH.removeprefix("~/"): secret.read_bytes()}
     state.set_info(tracking_head_store=store_dir, tracking_durable=store.durable or None,
                    tracking_bind=bind_host)
-    with ui.step(f"starting the MLflow tracking server on the head ({bind_host}:{TRACKING_PORT})"):
+    with timed(progress, f"starting the MLflow tracking server on the head "
+               f"({bind_host}:{TRACKING_PORT})"):
         head.ensure_daemon("infra.node.tracking", HEAD_CONFIG, config.to_json(indent=None), secrets,
                            log=HEAD_LOG)
     if store.durable:
-        ui.info(f"tracking data lives on {store.durable} ({store_dir}) and survives teardown and "
-                "autodown")
+        progress(Step(f"tracking data lives on {store.durable} ({store_dir}) and survives "
+                      "teardown and autodown"))
     else:
-        ui.info("tracking data lives on the head and goes with the cluster at autodown; "
-                f"`invoke teardown` first copies it to {tracking.local_store(state.cluster)}/ "
-                "(name durable storage in the spec to keep it)")
+        progress(Step("tracking data lives on the head and goes with the cluster at autodown; "
+                      f"`invoke teardown` first copies it to {tracking.local_store(state.cluster)}"
+                      "/ (name durable storage in the spec to keep it)"))
 
 
 def plan_note(cluster: str, address: str, durable: str = "") -> str:
