@@ -1,6 +1,8 @@
 """The Slurm provider on the 2-host test bed, as an HPC user runs it: Slurm commands over SSH on the
 login host, compute nodes reachable only through it, the dashboard and the MLflow tracking server
-through SSH tunnels.
+through SSH tunnels; on shared nodes and a shaky controller (issue 10), with pinned host keys for
+the compute nodes (issue 11). Each cluster here serves several of these concerns at once (one
+`up` of a Ray cluster costs the 2-core CI machine tens of CPU-seconds).
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +39,9 @@ from tests.slurm.conftest import (
     result_of,
     submit_script,
 )
-from tests.testbed.hosts import ray_bin_dir
+from tests.testbed.hosts import Host, ray_bin_dir
 from tests.testbed.slurm import SlurmCluster
+from tests.waiting import read_json, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -169,25 +175,88 @@ def _check_store_kept(slurm_cluster: SlurmCluster, spec: Path, tracked: dict[str
     assert rows == [(42.0,)]
 
 
+def next_job_id(slurm: SlurmCluster) -> int:
+    """The id Slurm gives the next job (this module submits one job at a time)."""
+    probe = slurm.sbatch("#!/bin/bash\ntrue\n", "--output=/dev/null")
+    slurm.wait_job(probe, timeout=60)
+    return int(probe) + 1
+
+
+@dataclass
+class Squat:
+    """Another user's things where the next job will run: a process holding the node-manager
+    port of the job's block on the second host, and directories where the old scheme put the
+    job's temp dirs (/tmp is shared by the test bed's hosts), with a "helper" in them."""
+
+    expected: int
+    base: int
+    worker: Host
+    planted: list[Path]
+
+
+@contextlib.contextmanager
+def _squatted(tmp_path: Path, slurm: SlurmCluster) -> Iterator[Squat]:
+    expected = next_job_id(slurm)
+    base = 20000 + (expected % 90) * 128  # the block the job id picks (spec defaults)
+    worker = slurm.nodes[1]
+    holder = worker.popen(["python3", "-c", (
+        "import socket, time; s = socket.socket(); "
+        "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+        f"s.bind(('0.0.0.0', {base + 3})); s.listen(); time.sleep(600)")],
+        log=tmp_path / "holder.log")
+    cluster_name = slurm.run("scontrol show config | awk '/^ClusterName/ {print $3}'",
+                             check=True).stdout.strip()
+    planted = [Path(f"/tmp/rf-{cluster_name[:10]}-{expected}.{k}") for k in (0, 1)]
+    for folder in planted:
+        folder.mkdir(mode=0o777)
+        (folder / "rf_helper.py").write_text("raise SystemExit('planted helper ran')\n")
+    try:
+        wait_until(lambda: worker.run(f"ss -ltn 'sport = :{base + 3}' | grep -q LISTEN")
+                   .returncode == 0, "the port holder to listen", timeout=30, interval=0.2)
+        yield Squat(expected, base, worker, planted)
+    finally:
+        holder.terminate()
+        holder.wait(timeout=10)
+        for folder in planted:
+            (folder / "rf_helper.py").unlink()
+            folder.rmdir()
+
+
+def _check_squat_avoided(squat: Squat, job: dict[str, Any]) -> None:
+    """The job got the predicted id and block, yet neither the held port nor a planted dir; its
+    temp dir is private: 0700, though Ray widens its own temp dir (<dir>/ray) to 0777."""
+    assert int(job["job_id"]) == squat.expected and job["port_base"] == squat.base
+    ports = {n["hostname"]: n["node_manager_port"] for n in job["nodes"]}
+    assert ports[squat.worker.hostname] != squat.base + 3, "the worker took the other user's port"
+    for folder in squat.planted:
+        assert [p.name for p in folder.iterdir()] == ["rf_helper.py"], "a planted dir was used"
+    assert not str(job["temp_dir"]).startswith(tuple(str(p) for p in squat.planted))
+    mode = squat.worker.run(f"stat -c %a {job['temp_dir']}", check=True).stdout.strip()
+    assert mode == "700", (job["temp_dir"], mode)
+
+
 def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
                                           slurm_cluster: SlurmCluster, torn_down: Register) -> None:
     spec = torn_down(login_spec(tmp_path, slurm_cluster, "duo", "nodes: 2\ntracking: mlflow\n"))
-    ok(invoke("up", "--cluster", str(spec)))
-    job = job_of(rf_home, "duo")
-    hostnames = sorted(h.hostname or "" for h in slurm_cluster.nodes)
-    assert sorted(n["hostname"] for n in job["nodes"]) == hostnames
-    assert slurm_cluster.job_state(job["job_id"]) == "RUNNING"
+    # Up on shared nodes: someone else holds a port of the job's block and planted its temp dirs.
+    with _squatted(tmp_path, slurm_cluster) as squat:
+        ok(invoke("up", "--cluster", str(spec)))
+        job = job_of(rf_home, "duo")
+        hostnames = sorted(h.hostname or "" for h in slurm_cluster.nodes)
+        assert sorted(n["hostname"] for n in job["nodes"]) == hostnames
+        assert slurm_cluster.job_state(job["job_id"]) == "RUNNING"
 
-    status = json.loads(ok(invoke("status", "--cluster", str(spec), "--json")))
-    assert status["running"] and status["resources"]["CPU"] == 2
-    assert [n["state"] for n in status["nodes"]] == ["ALIVE", "ALIVE"]
+        status = json.loads(ok(invoke("status", "--cluster", str(spec), "--json")))
+        assert status["running"] and status["resources"]["CPU"] == 2
+        assert [n["state"] for n in status["nodes"]] == ["ALIVE", "ALIVE"]
 
-    # Each task keeps its CPU for 1 s: the first node alone would need 16 s, far longer than the
-    # second node's worker takes to start on a busy machine. (200 short tasks all ran on the first
-    # node's worker once, while the second's was still starting.)
-    result = result_of(ok(invoke("submit", "--cluster", str(spec), "examples/cpu_example.py",
-                                 "--", "16", "--hold", "1")))
-    assert result["hosts"] == hostnames, "tasks must run on both hosts"
+        # Each task keeps its CPU for 1 s: the first node alone would need 16 s, far longer than
+        # the second node's worker takes to start on a busy machine. (200 short tasks all ran on
+        # the first node's worker once, while the second's was still starting.)
+        result = result_of(ok(invoke("submit", "--cluster", str(spec),
+                                     "examples/cpu_example.py", "--", "16", "--hold", "1")))
+        assert result["hosts"] == hostnames, "tasks must run on both hosts"
+        _check_squat_avoided(squat, job)
     tracked = _check_tracking(tmp_path, rf_home, spec, job)
     _check_serve(tmp_path, spec)
     _check_no_secret_shown(rf_home, spec, slurm_cluster)
@@ -221,12 +290,69 @@ def test_two_nodes_through_the_login_host(tmp_path: Path, rf_home: Path,
     assert not list(slurm_cluster.jobs_dir.glob(f"{job['name']}.*"))
 
 
-def test_heterogeneous_job_joins_both_groups_and_scancel_stops_ray_on_both_quickly(
+def _job_states(slurm: SlurmCluster, job_id: str) -> set[str]:
+    """The states squeue shows for a job's rows (a heterogeneous job has one per group)."""
+    return set(slurm.run(f"squeue -h -j {job_id} -o %T", timeout=30).stdout.split())
+
+
+def _up_across_a_controller_restart(spec: Path, rf_home: Path, slurm: SlurmCluster) -> None:
+    """`up` of `spec` while both nodes are busy, so that its job queues; slurmctld goes away
+    while it is queued and comes back: a failing squeue never cancels the queued job, and `up`
+    returns once the nodes are free and the job runs."""
+    blocker = slurm.sbatch("#!/bin/bash\nsleep 600\n", "--nodes=2", "--exclusive",
+                           "--output=/dev/null")
+    slurm.wait_job(blocker, {"RUNNING"})
+    env = {**os.environ, "PATH": f"{ray_bin_dir()}:{os.environ['PATH']}"}
+    up = subprocess.Popen([sys.executable, "-m", "invoke", "up", "--cluster", str(spec)], env=env,
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # `up`'s output as it comes: its failed polls ("...; retrying") are the state waited for.
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(up.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        def recorded_job() -> str | None:
+            assert up.poll() is None, "".join(lines)
+            jobs = (read_json(rf_home / "state" / f"{spec.stem}.json") or {}).get("resources")
+            return jobs[0]["attrs"].get("job_id") if jobs else None
+
+        job_id = wait_until(recorded_job, "up to record its job id", timeout=120, interval=0.2)
+
+        def pending() -> bool:
+            return _job_states(slurm, job_id) == {"PENDING"}
+
+        wait_until(pending, "the job to queue", timeout=60, interval=0.2)
+        slurm.testbed.client.run(f"kill -TERM $(cat {slurm.workdir / 'slurmctld.pid'})",
+                                 check=True)
+        wait_until(lambda: slurm.run("squeue -h", timeout=30).returncode != 0,
+                   "slurmctld to stop", timeout=30, interval=0.2)
+        # `up` saw a poll fail and said it keeps on (it says so once: the same words are not
+        # repeated). Then several more polls fail: it polls every 0.5 s, so 3 s after the first
+        # failure is at least four more.
+        wait_until(lambda: any("; retrying" in line for line in list(lines)),
+                   "up to report a failed poll", timeout=120, interval=0.2)
+        time.sleep(3)
+        assert up.poll() is None, "up gave up while squeue failed"
+        slurm.testbed.client.popen(["slurmctld", "-D", "-f", str(slurm.conf_path)],
+                                   log=slurm.workdir / "slurmctld-restarted.out", env=slurm.env)
+        wait_until(pending, "the job still queued after the restart", timeout=60, interval=0.2)
+        slurm.run(f"scancel {blocker}", check=True)
+        up.wait(timeout=300)
+        reader.join(timeout=30)
+        assert up.returncode == 0, "".join(lines)
+    finally:
+        if up.poll() is None:
+            up.terminate()
+            up.wait(timeout=30)
+        slurm.run(f"scancel {blocker}")
+        slurm.wait_job(blocker, timeout=60)
+
+
+def test_hetero_job_queued_across_a_controller_restart_joins_both_groups_and_scancel_ends_ray(
         tmp_path: Path, rf_home: Path, slurm_cluster: SlurmCluster, torn_down: Register) -> None:
     spec = torn_down(login_spec(
         tmp_path, slurm_cluster, "hetero",
         "gpu_workers: {nodes: 1, cpus_per_node: 1, resources: {gpu_node: 1}}\n"))
-    ok(invoke("up", "--cluster", str(spec)))
+    _up_across_a_controller_restart(spec, rf_home, slurm_cluster)
     job = job_of(rf_home, "hetero")
     rows = slurm_cluster.run(f"squeue -h -j {job['job_id']} -o '%i %T'", check=True).stdout.split()
     assert rows == [f"{job['job_id']}+0", "RUNNING", f"{job['job_id']}+1", "RUNNING"]
@@ -270,3 +396,43 @@ def test_bench_slurm_up_measures_both_arms_at_one_node_on_this_bed(
     assert recipe["alive"] > 0
     # rayfleet's arm was torn down (the recipe's job is cancelled and waited for by the bench).
     assert not list((rf_home / "state").glob("bench1*.json"))
+
+
+def test_an_unknown_compute_node_key_stops_up_in_one_line_and_cancels_the_job(
+        tmp_path: Path, rf_home: Path, slurm_cluster: SlurmCluster, torn_down: Register) -> None:
+    # The login host is known, the compute node the head lands on is not: the dashboard tunnel
+    # into it must refuse, `up` must fail in one line naming it and cancel exactly its job.
+    login, node = slurm_cluster.nodes
+    known = tmp_path / "known_hosts"
+    lines = slurm_cluster.testbed.known_hosts_path.read_text().splitlines()
+    known.write_text("".join(f"{line}\n" for line in lines if line.split()[0] == login.ip))
+    spec = torn_down(login_spec(tmp_path, slurm_cluster, "pinned",
+                                f"extra_sbatch_options: [--nodelist={node.hostname}]\n"))
+    spec.write_text(spec.read_text().replace(str(slurm_cluster.testbed.known_hosts_path),
+                                             str(known)))
+    line = one_line_error(invoke("up", "--cluster", str(spec)), 1)
+    assert node.ip in line and "known_hosts" in line, line
+    # Cancelled and forgotten (core removes a first up's state that holds nothing).
+    state_file = rf_home / "state" / "pinned.json"
+    assert not state_file.exists() or json.loads(state_file.read_text())["resources"] == []
+    assert "rf-pinned-" not in slurm_cluster.run("squeue -h -o '%j'", check=True).stdout
+    assert list(slurm_cluster.jobs_dir.glob("rf-pinned-*")) == [], "the job's files remain"
+    # No token left on the shared disk (the earlier tests of the session tore theirs down).
+    assert list(slurm_cluster.jobs_dir.glob("keys/*/ray-token")) == []
+
+
+def test_a_changed_login_host_key_stops_in_one_line(tmp_path: Path, rf_home: Path,
+                                                   slurm_cluster: SlurmCluster) -> None:
+    login, other = slurm_cluster.nodes
+    lines = slurm_cluster.testbed.known_hosts_path.read_text().splitlines()
+    # The login host's address with another host's key: what a replaced (or spoofed) host shows.
+    foreign = next(line for line in lines if line.split()[0] == other.ip).split(None, 1)[1]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{login.ip} {foreign}\n")
+    spec = login_spec(tmp_path, slurm_cluster, "spoofed", "")
+    spec.write_text(spec.read_text().replace(str(slurm_cluster.testbed.known_hosts_path),
+                                             str(known)))
+    for verb in ("plan", "up"):
+        line = one_line_error(invoke(verb, "--cluster", str(spec)), 1)
+        assert login.ip in line and "CHANGED" in line, line
+    assert slurm_cluster.run("squeue -h -o '%j'", check=True).stdout.count("rf-spoofed-") == 0
