@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,8 +24,11 @@ SMALL = "cpus_per_node: 1\nobject_store_memory_mb: 100\nready_timeout_s: 120\n"
 
 def _small(extra: str) -> str:
     """SMALL, with `metrics: none` unless `extra` names metrics: the cluster's Prometheus is
-    tested in test_e2e_metrics.py; elsewhere it would only take the 2-core bed's CPU."""
-    return SMALL + ("" if "metrics" in extra else "metrics: none\n") + extra
+    tested in test_e2e_autoscale.py; elsewhere it would only take the 2-core bed's CPU. A head's
+    `cpus_per_node` in `extra` stands instead of SMALL's."""
+    small = SMALL.replace("cpus_per_node: 1\n", "") if re.search(r"^cpus_per_node:", extra,
+                                                                  re.MULTILINE) else SMALL
+    return small + ("" if "metrics" in extra else "metrics: none\n") + extra
 
 
 def local_spec(tmp_path: Path, slurm: LocalSlurm, name: str, extra: str = "") -> Path:

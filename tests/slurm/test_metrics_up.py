@@ -1,5 +1,5 @@
 """What `up` of a Slurm cluster with `metrics: prometheus` says about the head's Prometheus, from
-what the head's job wrote in its info file (no Slurm needed; the e2e side is test_e2e_metrics.py).
+what the head's job wrote in its info file (no Slurm needed; the e2e side is test_e2e_autoscale.py).
 """
 
 from __future__ import annotations
