@@ -57,6 +57,17 @@ def assert_removed_and_cleared(spec: Path, rf_home: Path, slurm: SlurmCluster,
     assert ray_left_on_hosts(slurm, job) == {}
 
 
+def head_marker(slurm: SlurmCluster, job: dict[str, Any]) -> dict[str, Any]:
+    """The watcher's marker file on the head's node ({} while there is none): read there, a poll
+    costs no `invoke status` (1-2 CPU-s each)."""
+    head = next(h for h in slurm.nodes if h.hostname == job["head_node"])
+    text = head.run(f"cat {job['temp_dir']}/autodown-marker.json 2>/dev/null").stdout
+    try:
+        return dict(json.loads(text))
+    except ValueError:
+        return {}
+
+
 def _killed_watcher_comes_back_with_its_countdown(slurm: SlurmCluster,
                                                   job: dict[str, Any]) -> None:
     """`kill -9` of the counting watcher on the head's node: its supervisor starts it again
@@ -64,11 +75,7 @@ def _killed_watcher_comes_back_with_its_countdown(slurm: SlurmCluster,
     head = next(h for h in slurm.nodes if h.hostname == job["head_node"])
 
     def marker() -> dict[str, Any]:
-        text = head.run(f"cat {job['temp_dir']}/autodown-marker.json 2>/dev/null").stdout
-        try:
-            return dict(json.loads(text))
-        except ValueError:
-            return {}
+        return head_marker(slurm, job)
 
     before = wait_until(lambda: marker() if marker().get("idle_since") else None,
                         "the idle countdown on the head", timeout=30)
@@ -104,6 +111,9 @@ def test_an_idle_autoscaling_cluster_cancels_its_workers_and_its_head(
         found = re.search(r"autodown: idle \d+\.\d of 0\.6 min", plain.stdout)
         return plain.stdout if plain.returncode == 0 and found else None
 
+    # Counting on the head first (a cheap poll there), then in status's words.
+    wait_until(lambda: head_marker(slurm_cluster, job).get("idle_since"),
+               "the idle countdown on the head", timeout=30, interval=0.5)
     assert wait_until(countdown, "the watcher's countdown in status", timeout=30)
 
     wait_until(lambda: cluster_jobs(slurm_cluster, job["cluster_id"]) == [] or None,
@@ -122,14 +132,11 @@ def test_a_busy_fixed_cluster_is_kept_and_removes_itself_once_idle(
     ray_job = ok(invoke("submit", "--cluster", str(spec), "--no-wait",
                         "tests/data/sleeper.py")).strip().splitlines()[-1]
     # A whole idle period with a job running: the cluster stays, and status says why. The
-    # watcher's check after that period, seen in the marker `status` keeps a copy of.
-    def marker() -> dict[str, Any] | None:
-        status(spec)
-        return read_json(rf_home / "autodown" / f"{spec.stem}.json")
-
-    watcher_checked(marker, 0.2, interval=2)
+    # watcher's check after that period, seen in its marker on the head; `status` keeps a copy.
+    watcher_checked(lambda: head_marker(slurm_cluster, job), 0.2, interval=1)
     assert [j["state"] for j in cluster_jobs(slurm_cluster, job["cluster_id"])] == ["RUNNING"]
     busy = status(spec)["autodown"]
+    assert read_json(rf_home / "autodown" / f"{spec.stem}.json"), "status kept no copy"
     assert busy["idle_s"] is None and "job(s) pending or running" in busy["detail"], busy
     assert busy["removed_at"] is None
 
