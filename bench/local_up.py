@@ -10,15 +10,12 @@ Usage: python bench/local_up.py [--reps 5] [--quick]   (--quick: one repetition,
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -27,7 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infra.core import jobs  # noqa: E402
+from bench import common  # noqa: E402
+from infra.core import jobs, paths  # noqa: E402
 from infra.node import raycli, rayproc, where  # noqa: E402
 
 
@@ -48,55 +46,59 @@ def _byte_compiled() -> None:
     compileall.compile_file(ROOT / "tasks.py", quiet=1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="one repetition (CI keeps it running)")
-    args = parser.parse_args()
-    if args.quick:
-        args.reps = 1
-    _byte_compiled()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    work = Path(tempfile.mkdtemp(prefix="rf-bench-"))
-    env["RAYFLEET_HOME"] = str(work / "home")
-    name = f"bench{uuid.uuid4().hex[:6]}"
-    spec = work / f"{name}.yaml"
-    spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n")
-    ratios: list[float] = []
-    stock_ratios: list[float] = []
-    ray = where.ray_executable()
-    lean = " ".join(shlex.quote(word) for word in raycli.argv_here(ray))
-    for rep in range(args.reps):
-        started = time.monotonic()
-        subprocess.run([sys.executable, "-m", "invoke", "up", "--cluster", str(spec)], cwd=ROOT,
-                       env=env, check=True, capture_output=True)
-        ours = time.monotonic() - started
-        state = json.loads((work / "home" / "state" / f"{name}.json").read_text())
-        script = (work / "home" / "rendered" / name / "start.sh").read_text()
-        assert lean in script, "the start script no longer starts Ray through raycli"
-        # `teardown` deletes the cluster's token; the baseline's `ray start` reads a copy instead.
-        token = work / "ray-token"
-        shutil.copy2(state["info"]["auth_token_path"], token)
-        script = script.replace(state["info"]["auth_token_path"], str(token))
-        head = next(r for r in state["resources"] if r["attrs"].get("port_base"))
-        subprocess.run([sys.executable, "-m", "invoke", "teardown", "--cluster", str(spec)],
-                       cwd=ROOT, env=env, check=True, capture_output=True)
+def measure(spec: Path, env: dict[str, str], ours: float, label: str = "rep 1"
+            ) -> tuple[float, float]:
+    """After `invoke up` of the running local cluster `spec` took `ours` seconds: tear it down,
+    run its very start script by hand, then with Ray's own `ray` script; (ratio to the raw start,
+    ratio to the stock start), printed. CI calls this in tests/test_examples.py on the plain
+    cluster it starts beside its own (tracking_up's arm without tracking: an `up` of this
+    bench's own would repeat it)."""
+    home = Path(env["RAYFLEET_HOME"])
+    state = json.loads((home / "state" / f"{spec.stem}.json").read_text())
+    script = (home / "rendered" / spec.stem / "start.sh").read_text()
+    # `up` starts Ray through setup/users/ray.sh as the caller, which loads raycli's lean CLI.
+    through = f"bash {shlex.quote(str(paths.setup_dir() / 'users' / 'ray.sh'))} -u -"
+    assert through in script, "the start script no longer starts Ray through setup/users/ray.sh"
+    lean = " ".join(shlex.quote(word) for word in raycli.argv_here(where.ray_executable()))
+    # `teardown` deletes the cluster's token; the baseline's `ray start` reads a copy instead.
+    token = home.parent / f"{spec.stem}-ray-token"
+    shutil.copy2(state["info"]["auth_token_path"], token)
+    script = script.replace(state["info"]["auth_token_path"], str(token))
+    head = next(r for r in state["resources"] if r["attrs"].get("port_base"))
+    common.invoke(["teardown", "--cluster", str(spec)], env)
+    # The raw baseline: the same `ray start` (raycli's lean load, as ray.sh runs it) with the same
+    # flags and environment, then the same readiness check.
+    raw = _raw_start(script.replace(through, lean, 1), head, state["info"]["dashboard_url"], token,
+                     env)
+    # And as a user types it: Ray's own `ray` script in place of raycli's lean load of it.
+    stock = _raw_start(script.replace(through, shlex.quote(where.ray_executable()), 1), head,
+                       state["info"]["dashboard_url"], token, env)
+    token.unlink()
+    print(f"{label}: invoke up {ours:.2f}s   raw ray start {raw:.2f}s   ratio {ours / raw:.3f}"
+          f"   stock `ray start` {stock:.2f}s   ratio {ours / stock:.3f}", flush=True)
+    return ours / raw, ours / stock
 
-        # The raw baseline: the very same `ray start` command line, then the same readiness check.
-        raw = _raw_start(script, head, state["info"]["dashboard_url"], token, env)
-        # And as a user types it: Ray's own `ray` script in place of raycli's lean load of it.
-        stock = _raw_start(script.replace(lean, shlex.quote(ray), 1), head,
-                           state["info"]["dashboard_url"], token, env)
-        ratios.append(ours / raw)
-        stock_ratios.append(ours / stock)
-        print(f"rep {rep + 1}: invoke up {ours:.2f}s   raw ray start {raw:.2f}s   "
-              f"ratio {ours / raw:.3f}   stock `ray start` {stock:.2f}s   ratio "
-              f"{ours / stock:.3f}", flush=True)
-    shutil.rmtree(work, ignore_errors=True)
-    print(f"median ratio invoke up / raw ray start: {statistics.median(ratios):.3f} "
-          f"(the same command line; target <= 1.05, {args.reps} reps)")
+
+def summary(ratios: list[tuple[float, float]]) -> None:
+    print(f"median ratio invoke up / raw ray start: "
+          f"{statistics.median(raw for raw, _ in ratios):.3f} "
+          f"(the same command line; target <= 1.05, {len(ratios)} reps)")
     print(f"median ratio invoke up / stock `ray start` (Ray's `ray` script, same flags): "
-          f"{statistics.median(stock_ratios):.3f}")
+          f"{statistics.median(stock for _, stock in ratios):.3f}")
+
+
+def main() -> None:
+    args = common.options(__doc__, 5, quick="one repetition (CI keeps it running)")
+    _byte_compiled()
+    ratios: list[tuple[float, float]] = []
+    with common.workdir("rf-bench-") as (env, work):
+        spec = work / f"bench{uuid.uuid4().hex[:6]}.yaml"
+        spec.write_text(common.LOCAL_SPEC)
+        for rep in range(args.reps):
+            started = time.monotonic()
+            common.invoke(["up", "--cluster", str(spec)], env)
+            ratios.append(measure(spec, env, time.monotonic() - started, f"rep {rep + 1}"))
+    summary(ratios)
 
 
 def _raw_start(script: str, head: dict[str, Any], url: str, token: Path,

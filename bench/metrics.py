@@ -23,14 +23,13 @@ Usage: python bench/metrics.py [--reps 5] [--job-reps 9] [--quick]
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import shutil
 import signal
 import statistics
-import tempfile
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -38,11 +37,12 @@ from pathlib import Path
 
 import psutil
 
-# The pair machinery of the tracking bench (this script's folder is on sys.path when run).
-from tracking_up import PAUSE_S, _invoke, _spread
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-from infra.node import supervise
-from infra.node.metrics import CONFIG_FILE
+from bench import common  # noqa: E402
+from infra.node import supervise  # noqa: E402
+from infra.node.metrics import CONFIG_FILE  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -56,20 +56,20 @@ def _up(spec: Path, env: dict[str, str], keep: bool = False) -> Run:
     load = os.getloadavg()[0]
     cluster = ["--cluster", str(spec)]
     started = time.monotonic()
-    done = _invoke(["up", *cluster], env, check=False)
+    done = common.invoke(["up", *cluster], env, check=False)
     took = time.monotonic() - started
     if done.returncode or not keep:
-        _invoke(["teardown", *cluster], env, check=False)
+        common.invoke(["teardown", *cluster], env, check=False)
     if done.returncode:
         raise SystemExit(f"invoke up failed: {done.stderr.strip().splitlines()[-1:]}")
     if not keep:
-        time.sleep(PAUSE_S)
+        time.sleep(common.PAUSE_S)
     return Run(took, load)
 
 
 def _job(spec: Path, env: dict[str, str], iterations: int) -> Run:
     load = os.getloadavg()[0]
-    job = _invoke(["submit", "--cluster", str(spec), "bench/cpu_job.py", "--", "2",
+    job = common.invoke(["submit", "--cluster", str(spec), "bench/cpu_job.py", "--", "2",
                    str(iterations)], env)
     found = re.search(r"WORK ([0-9.]+)", job.stdout)
     if not found:
@@ -110,92 +110,116 @@ def _pair(label: str, off: Run, on: Run, first: str, what: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=5, help="counted pairs of `up`")
-    parser.add_argument("--job-reps", type=int, default=9, help="counted pairs of the job")
-    parser.add_argument("--quick", action="store_true", help="one pair each, no warm-up (for CI)")
-    args = parser.parse_args()
+    args = common.options(__doc__, 5, quick="one pair each, no warm-up (for CI)", more=lambda p: (
+        p.add_argument("--job-reps", type=int, default=9, help="counted pairs of the job")))
     reps, job_reps = (1, 1) if args.quick else (args.reps, args.job_reps)
     # Full mode: ~10 s a task on an idle core (~60 ns an iteration), so that every job spans at
     # least one scrape at the default 10 s interval.
     iterations = 2_000_000 if args.quick else 160_000_000
     if shutil.which("prometheus") is None:
         raise SystemExit("no prometheus on this machine: apt-get install prometheus")
-    work = Path(tempfile.mkdtemp(prefix="rf-bench-metrics-"))
-    home = work / "home"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(home)}
-    base = "provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n"
-    specs = {}
-    for metrics in ("none", "prometheus"):
-        specs[metrics] = work / f"bench{uuid.uuid4().hex[:6]}.yaml"
-        specs[metrics].write_text(base + f"metrics: {metrics}\n")
-    up_ratios: list[float] = []
-    job_ratios: list[float] = []
-    loads: list[float] = []
-    first = 0 if args.quick else -1
-    # Prometheus's own CPU while the scraped jobs ran: what it can take from them at most,
-    # whatever the rest of the machine does (the wall-clock ratio moves with other work).
-    prometheus_cpu = scraped_s = 0.0
+    with common.workdir("rf-bench-metrics-") as (env, work):
+        specs = {}
+        for metrics in ("none", "prometheus"):
+            specs[metrics] = work / f"bench{uuid.uuid4().hex[:6]}.yaml"
+            specs[metrics].write_text(common.LOCAL_SPEC + f"metrics: {metrics}\n")
+        _measure(args.quick, reps, job_reps, iterations, specs, env, work / "home")
+
+
+def _measure(quick: bool, reps: int, job_reps: int, iterations: int, specs: dict[str, Path],
+             env: dict[str, str], home: Path) -> None:
+    first = 0 if quick else -1
+    up_ratios, loads, kept = _up_pairs(first, reps, specs, env)
+    measured = specs["prometheus"]
+    if not kept:
+        common.invoke(["up", "--cluster", str(measured)], env)
     try:
-        for pair in range(first, reps):
-            order = ("none", "prometheus") if pair % 2 == 0 else ("prometheus", "none")
-            # The job pairs below want a fresh `prometheus` cluster: the last pair's is kept when
-            # it came second (nothing else then ran beside either timed `up`).
-            kept = pair == reps - 1 and order[-1] == "prometheus"
-            ups = {metrics: _up(specs[metrics], env, keep=kept and metrics == "prometheus")
-                   for metrics in order}
-            off, on = ups["none"], ups["prometheus"]
-            print(_pair("warm-up" if pair < 0 else f"up pair {pair + 1}", off, on,
-                        "with" if order[0] == "prometheus" else "without", "up"), flush=True)
-            if pair >= 0:
-                up_ratios.append(on.seconds / off.seconds)
-                loads += [off.load, on.load]
-        measured = specs["prometheus"]
-        if not kept:
-            _invoke(["up", "--cluster", str(measured)], env)
-        try:
-            program = _prometheus(home, measured)
-            if args.quick:
-                # What is left of the cluster's start-up (Ray's agents, Prometheus's own start)
-                # would land in the first job: one untimed job takes it.
-                _job(measured, env, iterations)
-            for pair in range(first, job_reps):
-                modes = (False, True) if pair % 2 == 0 else (True, False)
-                jobs: dict[bool, Run] = {}
-                for scraping in modes:
-                    if not scraping:
-                        program.send_signal(signal.SIGSTOP)
-                    before = _cpu_seconds(program)
-                    try:
-                        jobs[scraping] = _job(measured, env, iterations)
-                    finally:
-                        program.send_signal(signal.SIGCONT)
-                    if scraping and pair >= 0:
-                        prometheus_cpu += _cpu_seconds(program) - before
-                off, on = jobs[False], jobs[True]
-                print(_pair("warm-up" if pair < 0 else f"job pair {pair + 1}", off, on,
-                            "scraped" if modes[0] else "held", "job"), flush=True)
-                if pair >= 0:
-                    job_ratios.append(on.seconds / off.seconds)
-                    loads += [off.load, on.load]
-                    scraped_s += on.seconds
-            assert program.is_running(), "Prometheus died during the job pairs"
-        finally:
-            _invoke(["teardown", "--cluster", str(measured)], env, check=False)
-        print(f"up with metrics / without, per pair: {_spread(up_ratios)}")
-        print(f"CPU-bound job scraped / not (one cluster), per pair: {_spread(job_ratios)}")
-        cores = os.cpu_count() or 1
-        print(f"Prometheus's own CPU during the scraped jobs: {prometheus_cpu:.2f} CPU-s in "
-              f"{scraped_s:.1f} s of jobs on {cores} CPUs = "
-              f"{100 * prometheus_cpu / (scraped_s * cores):.2f}% of the machine")
-        print(f"load average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f}, median "
-              f"{statistics.median(loads):.1f} ({os.cpu_count()} CPUs)")
-        print(f"median ratio up with metrics / without: {statistics.median(up_ratios):.3f} "
-              f"(target <= 1.05, {reps} pairs)")
-        print(f"median ratio CPU-bound job with scraping / without: "
-              f"{statistics.median(job_ratios):.3f} (target <= 1.02, {job_reps} pairs)")
+        jobs = measure_jobs(measured, env, home, iterations, range(first, job_reps), warm=quick)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        common.invoke(["teardown", "--cluster", str(measured)], env, check=False)
+    print(f"up with metrics / without, per pair: {common.spread(up_ratios)}")
+    loads += jobs.loads
+    print(f"load average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f}, median "
+          f"{statistics.median(loads):.1f} ({os.cpu_count()} CPUs)")
+    print(f"median ratio up with metrics / without: {statistics.median(up_ratios):.3f} "
+          f"(target <= 1.05, {reps} pairs)")
+    jobs.summary(job_reps)
+
+
+def _up_pairs(first: int, reps: int, specs: dict[str, Path], env: dict[str, str]
+              ) -> tuple[list[float], list[float], bool]:
+    """The `up` pairs (ABBA): their ratios, the loads, and whether the last `prometheus` cluster
+    was kept up for the job pairs (when it came second: nothing else then ran beside either
+    timed `up`)."""
+    ratios: list[float] = []
+    loads: list[float] = []
+    kept = False
+    for pair in range(first, reps):
+        order = ("none", "prometheus") if pair % 2 == 0 else ("prometheus", "none")
+        kept = pair == reps - 1 and order[-1] == "prometheus"
+        ups = {metrics: _up(specs[metrics], env, keep=kept and metrics == "prometheus")
+               for metrics in order}
+        off, on = ups["none"], ups["prometheus"]
+        print(_pair("warm-up" if pair < 0 else f"up pair {pair + 1}", off, on,
+                    "with" if order[0] == "prometheus" else "without", "up"), flush=True)
+        if pair >= 0:
+            ratios.append(on.seconds / off.seconds)
+            loads += [off.load, on.load]
+    return ratios, loads, kept
+
+
+@dataclass
+class Jobs:
+    """The job pairs' ratios, loads, and Prometheus's own CPU while the scraped jobs ran: what it
+    can take from them at most, whatever the rest of the machine does (the wall-clock ratio moves
+    with other work)."""
+    ratios: list[float]
+    loads: list[float]
+    prometheus_cpu: float = 0.0
+    scraped_s: float = 0.0
+
+    def summary(self, pairs: int) -> None:
+        cores = os.cpu_count() or 1
+        print(f"CPU-bound job scraped / not (one cluster), per pair: {common.spread(self.ratios)}")
+        print(f"Prometheus's own CPU during the scraped jobs: {self.prometheus_cpu:.2f} CPU-s in "
+              f"{self.scraped_s:.1f} s of jobs on {cores} CPUs = "
+              f"{100 * self.prometheus_cpu / (self.scraped_s * cores):.2f}% of the machine")
+        print(f"median ratio CPU-bound job with scraping / without: "
+              f"{statistics.median(self.ratios):.3f} (target <= 1.02, {pairs} pairs)")
+
+
+def measure_jobs(spec: Path, env: dict[str, str], home: Path, iterations: int,
+                 pairs: range, warm: bool) -> Jobs:
+    """Job pairs on the running cluster `spec` (`metrics: prometheus`), its Prometheus held still
+    (SIGSTOP) for one of each pair; negative pair numbers are warm-ups, not counted. `warm`: one
+    untimed job first, which takes what is left of the cluster's start-up (Ray's agents,
+    Prometheus's own start) that would land in the first timed job."""
+    program = _prometheus(home, spec)
+    if warm:
+        _job(spec, env, iterations)
+    jobs = Jobs([], [])
+    for pair in pairs:
+        modes = (False, True) if pair % 2 == 0 else (True, False)
+        runs: dict[bool, Run] = {}
+        for scraping in modes:
+            if not scraping:
+                program.send_signal(signal.SIGSTOP)
+            before = _cpu_seconds(program)
+            try:
+                runs[scraping] = _job(spec, env, iterations)
+            finally:
+                program.send_signal(signal.SIGCONT)
+            if scraping and pair >= 0:
+                jobs.prometheus_cpu += _cpu_seconds(program) - before
+        off, on = runs[False], runs[True]
+        print(_pair("warm-up" if pair < 0 else f"job pair {pair + 1}", off, on,
+                    "scraped" if modes[0] else "held", "job"), flush=True)
+        if pair >= 0:
+            jobs.ratios.append(on.seconds / off.seconds)
+            jobs.loads += [off.load, on.load]
+            jobs.scraped_s += on.seconds
+    assert program.is_running(), "Prometheus died during the job pairs"
+    return jobs
 
 
 if __name__ == "__main__":

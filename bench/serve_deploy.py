@@ -8,20 +8,18 @@ Usage: python bench/serve_deploy.py [--reps 3] [--quick]
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import common  # noqa: E402
 
 
 def _answered(url: str, timeout: float = 300) -> None:
@@ -93,25 +91,9 @@ def measure(spec: Path, env: dict[str, str], reps: int, work: Path) -> list[floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="one pair (for CI)")
-    args = parser.parse_args()
-    reps = 1 if args.quick else args.reps
-    work = Path(tempfile.mkdtemp(prefix="rf-bench-serve-"))
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(work / "home")}
-    name = f"bench{uuid.uuid4().hex[:6]}"
-    spec = work / f"{name}.yaml"
-    spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n")
-    invoke = [sys.executable, "-m", "invoke"]
-    subprocess.run([*invoke, "up", "--cluster", str(spec)], cwd=ROOT, env=env, check=True,
-                   capture_output=True)
-    try:
-        measure(spec, env, reps, work)
-    finally:
-        subprocess.run([*invoke, "teardown", "--cluster", str(spec)], cwd=ROOT, env=env,
-                       check=False, capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+    args = common.options(__doc__, 3, quick="one pair (for CI)")
+    with common.local_cluster("rf-bench-serve-") as (spec, env, work):
+        measure(spec, env, args.reps, work)
 
 
 if __name__ == "__main__":

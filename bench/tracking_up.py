@@ -16,23 +16,19 @@ Usage: python bench/tracking_up.py [--reps 5] [--quick]   (--quick: one pair, no
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Seconds between one cluster's teardown and the next `up`: what teardown's SIGKILLs leave (exit
-#: of killed processes, freed memory) is done by then.
-PAUSE_S = 2.0
+sys.path.insert(0, str(ROOT))
+
+from bench import common  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -44,94 +40,87 @@ class Run:
     load: float
 
 
-def _invoke(args: list[str], env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, env=env, check=False,
-                          capture_output=True, text=True)
-    if check and done.returncode:
-        raise SystemExit(f"invoke {args[0]} failed: {done.stderr.strip().splitlines()[-1:]}")
-    return done
-
-
-def _run(spec: Path, env: dict[str, str], home: Path, tracking: bool) -> Run:
-    import requests
-
+def run_arm(spec: Path, env: dict[str, str], home: Path, tracking: bool,
+            keep: bool = False) -> Run:
+    """One arm: `invoke up` of `spec` timed, then its first job, then (with `tracking`) the wait for
+    the server's first answer; torn down after unless `keep`. CI runs both arms in
+    tests/test_examples.py, whose own cluster is the tracked one (ON_E2E in tests/test_bench.py)."""
     load = os.getloadavg()[0]
     cluster = ["--cluster", str(spec)]
     started = time.monotonic()
-    done = _invoke(["up", *cluster], env, check=False)
+    done = common.invoke(["up", *cluster], env, check=False)
     if done.returncode:
-        _invoke(["teardown", *cluster], env, check=False)
+        common.invoke(["teardown", *cluster], env, check=False)
         raise SystemExit(f"invoke up failed: {done.stderr.strip().splitlines()[-1:]}")
     took = time.monotonic() - started
     try:
         job_started = time.monotonic()
-        _invoke(["submit", *cluster, "examples/cpu_example.py", "--", "2"], env)
+        common.invoke(["submit", *cluster, "examples/cpu_example.py", "--", "2"], env)
         first_job = time.monotonic() - job_started
-        answered = None
-        if tracking:
-            state = json.loads((home / "state" / f"{spec.stem}.json").read_text())
-            port = int(state["resources"][0]["attrs"]["port_base"]) + 9  # PortBlock.tracking
-            while time.monotonic() - started < 300:
-                try:
-                    if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                        answered = time.monotonic() - started
-                        break
-                except requests.RequestException:
-                    pass
-                time.sleep(0.1)
+        answered = _answered(home, spec, started) if tracking else None
     finally:
-        _invoke(["teardown", *cluster], env)
-        time.sleep(PAUSE_S)
+        if not keep:
+            common.invoke(["teardown", *cluster], env)
+            time.sleep(common.PAUSE_S)
     return Run(took, first_job, answered, load)
 
 
-def _spread(values: list[float]) -> str:
-    return f"median {statistics.median(values):.3f}, range {min(values):.3f}-{max(values):.3f}"
+def _answered(home: Path, spec: Path, started: float) -> float | None:
+    """Seconds from `started` to the tracking server's first answer (None: none within 300 s)."""
+    import requests
+
+    state = json.loads((home / "state" / f"{spec.stem}.json").read_text())
+    port = int(state["resources"][0]["attrs"]["port_base"]) + 9  # PortBlock.tracking
+    while time.monotonic() - started < 300:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    return None
+
+
+def pair_line(label: str, off: Run, on: Run, tracked_first: bool) -> str:
+    server = (f"server answered after {on.answered:.1f}s" if on.answered
+              else "server did not answer")
+    return (f"{label} ({'with' if tracked_first else 'without'} first, load "
+            f"{off.load:.1f}/{on.load:.1f}): up {off.up:.2f}s / with tracking {on.up:.2f}s = "
+            f"{on.up / off.up:.3f}   first job {off.first_job:.2f}s / {on.first_job:.2f}s = "
+            f"{on.first_job / off.first_job:.3f}   ({server})")
+
+
+def summary(pairs: list[tuple[Run, Run]]) -> None:
+    """The counted (without, with) pairs' ratios: their spread and median."""
+    loads = [run.load for pair in pairs for run in pair]
+    print(f"up with tracking / without, per pair: {common.spread([on.up / off.up for off, on in pairs])}")
+    print(f"first job after up, with tracking / without, per pair: "
+          f"{common.spread([on.first_job / off.first_job for off, on in pairs])}")
+    print(f"load average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f}")
+    print(f"median ratio up with tracking / without: "
+          f"{statistics.median(on.up / off.up for off, on in pairs):.3f} "
+          f"(target <= 1.05, {len(pairs)} pairs)")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=5, help="counted pairs")
-    parser.add_argument("--quick", action="store_true", help="one pair, no warm-up (for CI)")
-    args = parser.parse_args()
-    reps = 1 if args.quick else args.reps
-    work = Path(tempfile.mkdtemp(prefix="rf-bench-tracking-"))
-    home = work / "home"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAYFLEET_HOME": str(home)}
-    base = "provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n"
-    plain = work / f"bench{uuid.uuid4().hex[:6]}.yaml"
-    plain.write_text(base)
-    tracked = work / f"bench{uuid.uuid4().hex[:6]}.yaml"
-    tracked.write_text(base + "tracking: mlflow\n")
-    up_ratios: list[float] = []
-    job_ratios: list[float] = []
-    loads: list[float] = []
-    try:
-        for pair in range(0 if args.quick else -1, reps):
+    args = common.options(__doc__, 5, quick="one pair, no warm-up (for CI)")
+    with common.workdir("rf-bench-tracking-") as (env, work):
+        home = work / "home"
+        plain = work / f"bench{uuid.uuid4().hex[:6]}.yaml"
+        plain.write_text(common.LOCAL_SPEC)
+        tracked = work / f"bench{uuid.uuid4().hex[:6]}.yaml"
+        tracked.write_text(common.LOCAL_SPEC + "tracking: mlflow\n")
+        pairs: list[tuple[Run, Run]] = []
+        for pair in range(0 if args.quick else -1, args.reps):
             # ABBA: the arm that goes first alternates, starting with "without".
             order = (False, True) if pair % 2 == 0 else (True, False)
-            runs = {tracking: _run(tracked if tracking else plain, env, home, tracking)
+            runs = {tracking: run_arm(tracked if tracking else plain, env, home, tracking)
                     for tracking in order}
-            off, on = runs[False], runs[True]
             label = "warm-up" if pair < 0 else f"pair {pair + 1}"
-            first = "with" if order[0] else "without"
-            server = (f"server answered after {on.answered:.1f}s" if on.answered
-                      else "server did not answer")
-            print(f"{label} ({first} first, load {off.load:.1f}/{on.load:.1f}): "
-                  f"up {off.up:.2f}s / with tracking {on.up:.2f}s = {on.up / off.up:.3f}   "
-                  f"first job {off.first_job:.2f}s / {on.first_job:.2f}s = "
-                  f"{on.first_job / off.first_job:.3f}   ({server})", flush=True)
+            print(pair_line(label, runs[False], runs[True], order[0]), flush=True)
             if pair >= 0:
-                up_ratios.append(on.up / off.up)
-                job_ratios.append(on.first_job / off.first_job)
-                loads += [off.load, on.load]
-        print(f"up with tracking / without, per pair: {_spread(up_ratios)}")
-        print(f"first job after up, with tracking / without, per pair: {_spread(job_ratios)}")
-        print(f"load average (1 min) at the runs: {min(loads):.1f}-{max(loads):.1f}")
-        print(f"median ratio up with tracking / without: {statistics.median(up_ratios):.3f} "
-              f"(target <= 1.05, {reps} pairs)")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+                pairs.append((runs[False], runs[True]))
+        summary(pairs)
 
 
 if __name__ == "__main__":

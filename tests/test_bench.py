@@ -25,11 +25,8 @@ NUMBER = r"[0-9]+(\.[0-9]+)?"
 
 # bench script -> (what the machine needs: None, "testbed" or "slurm"; its summary line, a regex).
 BENCHES: dict[str, tuple[str | None, str]] = {
-    "tracking_up": (None, rf"median ratio up with tracking / without: {NUMBER}"),
-    "metrics": (None, rf"median ratio CPU-bound job with scraping / without: {NUMBER}"),
     "cli_startup": (None, rf"invoke plan +median +{NUMBER} ms +ratio to ray --help {NUMBER}"),
     "setup_install": (None, rf"re-run, median of 1: +{NUMBER} s"),
-    "local_up": (None, rf"median ratio invoke up / raw ray start: {NUMBER}"),
     "lambda_up": (None, rf"worst overhead over the floor: -?{NUMBER}%"),
     "lambda_transit": (None, rf"over Limits.transit \({NUMBER} ms\): {NUMBER} of {NUMBER}"),
 }
@@ -46,6 +43,9 @@ ON_E2E: dict[str, tuple[str, str]] = {
     "isolation": ("local/test_e2e_isolation.py", "first_result"),
     "doctor": ("test_examples.py", "measure"),
     "serve_deploy": ("test_examples.py", "measure"),
+    "tracking_up": ("test_examples.py", "run_arm"),
+    "local_up": ("test_examples.py", "measure"),
+    "metrics": ("local/test_e2e_metrics.py", "measure_jobs"),
     "slurm_up": ("slurm/test_e2e_cluster.py", "run_ours"),
     "gateway": ("local/test_e2e_classroom.py", "measure"),
 }

@@ -1,6 +1,8 @@
 """The reference workloads in examples/, run as a user runs them: `invoke submit` on a real local
 rayfleet cluster (one for the whole module, 2 CPUs, with its MLflow tracking server), plus `invoke
-doctor`, the Hydra launcher and the "Train, track, serve" loop (real MLflow, real Ray Serve).
+doctor`, the Hydra launcher and the "Train, track, serve" loop (real MLflow, real Ray Serve). The
+benches whose scenario is this cluster measure on it (ON_E2E in tests/test_bench.py): the module's
+`up` is bench/tracking_up.py's arm with tracking, `invoke doctor` runs through bench/doctor.py.
 
 Sizes are the examples' small defaults (or smaller). Each test reads the `RESULT {...}` line the
 example prints last and Ray's verdict on the job (`invoke submit` exits 0 only for SUCCEEDED).
@@ -22,7 +24,9 @@ from typing import Any
 import pytest
 
 from bench import doctor as doctor_bench
+from bench import local_up as local_bench
 from bench import serve_deploy as serve_bench
+from bench import tracking_up as tracking_bench
 from infra.core import doctor, versions
 from tests.conftest import ROOT, run_invoke
 from tests.waiting import wait_until
@@ -37,6 +41,13 @@ for _module in ("torch", "sklearn", "hydra", "pandas"):
 class Cluster:
     spec: Path
     env: dict[str, str]
+    #: bench/tracking_up.py's arm with tracking: this cluster's `up`, first job, server's answer.
+    tracked: tracking_bench.Run | None = None
+
+    @property
+    def bench_env(self) -> dict[str, str]:
+        """The environment the benches run `invoke` in for this cluster."""
+        return {**os.environ, **self.env, "RAY_USAGE_STATS_ENABLED": "0"}
 
     def invoke(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return run_invoke(*args, env=self.env, timeout=timeout)
@@ -65,9 +76,11 @@ def cluster(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
     spec = folder / f"ex-{uuid.uuid4().hex[:8]}.yaml"
     spec.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\ntracking: mlflow\n")
     made = Cluster(spec, {"RAYFLEET_HOME": str(folder / "home")})
-    up = made.invoke("up", "--cluster", str(spec))
+    # `up`, then a first job (examples/cpu_example.py) and the tracking server's first answer,
+    # timed: a failed `up` ends in one line, its cluster torn down.
+    made.tracked = tracking_bench.run_arm(spec, made.bench_env, folder / "home", tracking=True,
+                                          keep=True)
     try:
-        assert up.returncode == 0, up.stdout + up.stderr
         yield made
     finally:
         down = made.invoke("teardown", "--cluster", str(spec))
@@ -81,8 +94,15 @@ def cluster(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
 # ----------------------------------------------------------------------------- invoke doctor
 
 
-def test_doctor_reports_each_node_matching_this_machine(cluster: Cluster) -> None:
-    done = cluster.invoke("doctor", "--cluster", str(cluster.spec), "--json")
+def test_doctor_reports_each_node_matching_this_machine(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """`invoke doctor --json`, run and timed by bench/doctor.py's measuring code (its summary
+    printed: an `up` of that bench's own would repeat this module's)."""
+    [run] = doctor_bench.measure(cluster.spec, cluster.bench_env, 1, "--json")
+    printed = capsys.readouterr().out
+    assert run.seconds > 0 and "doctor run 1: " in printed and "(exit 0)" in printed, printed
+    assert re.search(r"median: [0-9.]+s over 1 runs", printed), printed
+    done = run.done
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["ok"] is True
@@ -114,7 +134,7 @@ def test_doctor_flags_mismatched_and_silent_nodes() -> None:
 
 
 def test_forest_trains_sequentially_and_in_parallel_with_the_cpu_runtime_env(cluster: Cluster) -> None:
-    _, result = cluster.submit("examples/forest.py", "--models", "3", "--samples", "1500",
+    _, result = cluster.submit("examples/forest.py", "--models", "3", "--samples", "500", "--step", "5",
                                runtime_env="setup/runtime/cpu.yaml")
     assert result["models"] == 3
     # Same seeds, same data: the parallel run must reproduce the sequential one exactly.
@@ -132,10 +152,11 @@ def test_tpu_example_says_there_is_no_tpu_and_exits_0(cluster: Cluster) -> None:
 
 
 def test_tune_sweep_finds_a_best_config_with_asha(cluster: Cluster) -> None:
-    _, result = cluster.submit("examples/tune_sweep.py", "--num-samples", "4", "--epochs", "2",
+    # Two trials: one at a time on each of the cluster's two CPUs.
+    _, result = cluster.submit("examples/tune_sweep.py", "--num-samples", "2", "--epochs", "2",
                                "--cpus-per-trial", "1")
     trials = result["trials"]
-    assert len(trials) == 4 and result["errors"] == 0
+    assert len(trials) == 2 and result["errors"] == 0
     assert all(1 <= t["epochs"] <= 2 for t in trials)
     assert result["best_accuracy"] == max(t["accuracy"] for t in trials)
     best = result["best_config"]
@@ -331,22 +352,43 @@ def test_serve_delete_removes_the_app(cluster: Cluster) -> None:
     assert json.loads(listed.stdout) == []
 
 
-def test_bench_doctor_and_serve_deploy_measure_on_this_cluster(
+def test_bench_serve_deploy_measures_on_this_cluster(
         cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """bench/doctor.py's and bench/serve_deploy.py's measuring code, one run each, on this
-    module's cluster (tests/test_bench.py's ON_E2E: an `up` of their own would repeat this
-    module's); each prints its summary line, and Serve is left with no application."""
-    env = {**os.environ, **cluster.env, "RAY_USAGE_STATS_ENABLED": "0"}
-    [took] = doctor_bench.measure(cluster.spec, env, 1)
-    [ratio] = serve_bench.measure(cluster.spec, env, 1, tmp_path)
+    """bench/serve_deploy.py's measuring code, one run, on this module's cluster (tests/test_bench.py's
+    ON_E2E: an `up` of its own would repeat this module's); it prints its summary line, and Serve
+    is left with no application."""
+    [ratio] = serve_bench.measure(cluster.spec, cluster.bench_env, 1, tmp_path)
     printed = capsys.readouterr().out
-    assert took > 0 and ratio > 0
-    assert "doctor run 1: " in printed and "(exit 0)" in printed, printed
-    assert re.search(r"median: [0-9.]+s over 1 runs", printed), printed
+    assert ratio > 0
     assert re.search(r"median ratio invoke serve-deploy / serve deploy \(to first answer\): "
                      r"[0-9.]+", printed), printed
     listed = cluster.invoke("serve-status", "--cluster", str(cluster.spec), "--json")
     assert json.loads(listed.stdout) == []
+
+
+def test_bench_tracking_up_and_local_up_measure_beside_this_cluster(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/tracking_up.py's pair and bench/local_up.py's raw starts (ON_E2E in
+    tests/test_bench.py): the arm with tracking is this module's own `up` (the fixture), the arm
+    without is a plain cluster started beside it, whose start script local_up.py then runs by
+    hand (after its teardown) to time a raw `ray start` against that `up`."""
+    assert cluster.tracked is not None
+    home = Path(cluster.env["RAYFLEET_HOME"])
+    plain = cluster.spec.with_name(f"plain-{uuid.uuid4().hex[:6]}.yaml")
+    plain.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n")
+    off = tracking_bench.run_arm(plain, cluster.bench_env, home, tracking=False, keep=True)
+    ratios = local_bench.measure(plain, cluster.bench_env, off.up)
+    print(tracking_bench.pair_line("pair 1", off, cluster.tracked, tracked_first=True))
+    tracking_bench.summary([(off, cluster.tracked)])
+    local_bench.summary([ratios])
+    printed = capsys.readouterr().out
+    print(printed)  # the numbers, for -s and for the log of a failing run
+    assert cluster.tracked.answered is not None, printed  # the server answered after `up`
+    assert off.answered is None and off.up > 0 and off.first_job > 0
+    assert re.search(r"median ratio up with tracking / without: [0-9.]+ \(target", printed)
+    assert re.search(r"median ratio invoke up / raw ray start: [0-9.]+ \(the same", printed)
+    assert "server answered after" in printed
+    assert not (home / "state" / f"{plain.stem}.json").exists()  # local_up tore it down
 
 
 def test_a_dead_tracking_server_is_one_line_and_up_brings_it_back_with_its_runs(

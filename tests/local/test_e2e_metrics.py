@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from bench import metrics as metrics_bench
 from infra.node import rayproc
 from tests.browser_metrics import (
     check_report_page,
@@ -163,6 +165,22 @@ def _non_loopback_address() -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect(("192.0.2.1", 9))  # no packet is sent: it only picks the route's address
         return str(probe.getsockname()[0])
+
+
+def test_bench_metrics_job_pair_on_this_cluster(cluster: Cluster,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/metrics.py's job pair (tests/test_bench.py's ON_E2E): a small CPU-bound job with
+    this cluster's Prometheus scraping and with it held still (SIGSTOP); its summary printed, and
+    Prometheus running again after. (Before the busy job: that one would hold both CPUs.)"""
+    jobs = metrics_bench.measure_jobs(cluster.spec, {**os.environ, **cluster.env}, cluster.home,
+                                      2_000_000, range(0, 1), warm=False)
+    jobs.summary(1)
+    printed = capsys.readouterr().out
+    print(printed)  # the numbers, for -s and for the log of a failing run
+    assert len(jobs.ratios) == 1 and jobs.ratios[0] > 0 and jobs.scraped_s > 0
+    assert re.search(r"median ratio CPU-bound job with scraping / without: [0-9.]+ \(target",
+                     printed), printed
+    assert _prometheus_cmdline(cluster), "Prometheus no longer runs after the bench"
 
 
 def _prometheus_cmdline(cluster: Cluster) -> list[str]:
