@@ -1,5 +1,6 @@
 """A member who attacks a shared local cluster: with stock Ray only, from their own home, against
-the real gateway over TLS (one cluster for the module; each test stands alone).
+the real gateway over TLS (one cluster for the module; each test stands alone; the token's
+rotation, which restarts Ray, last).
 
 What a member's job can do inside the cluster is docs/concepts/sharing.md's to say; what is
 checked here is what the gateway and the cluster's stops guarantee from outside."""
@@ -18,15 +19,34 @@ import psutil
 import pytest
 import requests
 
+from infra.node import autodown
 from tests.conftest import ROOT
 from tests.local.test_e2e_sharing import Member, Shared, shared_cluster
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-#: 14.4 s: the hostile job is past it soon after it starts.
+#: 14.4 s: the hostile job is past it soon after it starts; the leaving job's 2 seconds are well
+#: within it, its actor's life is not.
 MAX_JOB_HOURS = 0.004
 HOSTILE = str(ROOT / "tests" / "data" / "hostile_job.py")
+#: Starts an unnamed detached actor (no name to kill it by) that burns a CPU, then ends.
+LEAVER = """
+import ray, time
+ray.init()
+@ray.remote(num_cpus=1)
+class Burner:
+    def ping(self):
+        return 1
+    def burn(self):
+        while True:
+            pass
+burner = Burner.options(lifetime="detached").remote()
+ray.get(burner.ping.remote())
+burner.burn.remote()
+print("JOBID", ray.get_runtime_context().get_job_id(), flush=True)
+time.sleep(1)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +61,25 @@ def _member(shared: Shared, name: str) -> Member:
 
 
 def _logs(member: Member, job: str, wanted: str) -> str:
-    said: list[str] = []
+    return member.logged(job, wanted)
 
-    def printed() -> bool:
-        said.append(member.ray("logs", job).stdout)
-        return wanted in said[-1]
 
-    wait_until(printed, f"{wanted!r} in job {job}'s logs", timeout=120, interval=0.5)
-    return said[-1]
+#: The owner's direct address of each module cluster (by spec), asked of `invoke env` once: an
+#: `invoke` a poll is 1-2 s of CPU. `up` keeps a local cluster's dashboard port.
+_ADDRESSES: dict[str, str] = {}
+
+
+def _owner_address(shared: Shared) -> str:
+    if str(shared.spec) not in _ADDRESSES:
+        printed = shared.invoke("env")
+        assert printed.returncode == 0, printed.stdout + printed.stderr
+        _ADDRESSES[str(shared.spec)] = printed.stdout.split("RAY_API_SERVER_ADDRESS=")[1].split()[0]
+    return _ADDRESSES[str(shared.spec)]
 
 
 def _owner_ray(shared: Shared, path: str) -> requests.Response:
     """Ray's dashboard itself, as the owner reaches it (here: directly; elsewhere their tunnel)."""
-    address = shared.invoke("env").stdout.split("RAY_API_SERVER_ADDRESS=")[1].split()[0]
-    return requests.get(address + path, timeout=30,
+    return requests.get(_owner_address(shared) + path, timeout=30,
                         headers={"Authorization": f"Bearer {shared.cluster_token().strip()}"})
 
 
@@ -125,6 +150,43 @@ def test_a_name_added_again_is_another_member_who_sees_none_of_the_old_jobs(
     assert again.get(f"/api/jobs/{job}").status_code == 404
     assert again.get(f"/api/jobs/{job}/logs").status_code == 404
     assert again.ray("stop", job).returncode != 0
+
+
+def test_a_self_ending_jobs_detached_actor_is_charged_and_reaped_past_the_members_limit(
+        shared: Shared) -> None:
+    """What a member's job leaves behind: a job that ends by itself after starting a detached
+    actor that burns a CPU. The actor is charged to the member while it lives and reaped within
+    30 s of the member's limit (`max_job_hours`, measured from the job's start); then autodown's
+    own check finds the cluster idle (gateway_leftovers.py)."""
+    lea = _member(shared, "lea")
+    job = lea.submit(f"{sys.executable} -c '{LEAVER}'")
+    record = wait_until(lambda: (lambda r: r if r.get("status") == "SUCCEEDED" else None)(
+        lea.get(f"/api/jobs/{job}").json()), f"job {job} to end by itself", timeout=120)
+    job_hex, started = record["job_id"], record["start_time"] / 1000
+    assert record["end_time"] / 1000 - started < MAX_JOB_HOURS * 3600  # it ended in time
+
+    def actors() -> list[dict[str, object]]:
+        return _owner_ray(shared, "/api/v0/actors?filter_keys=job_id&filter_predicates=%3D"
+                                  f"&filter_values={job_hex}").json()["data"]["result"]["result"]
+
+    assert [a["state"] for a in actors()] == ["ALIVE"]  # left behind, past its job's end
+    limit = started + MAX_JOB_HOURS * 3600
+    wait_until(lambda: all(a["state"] == "DEAD" for a in actors()),
+               "the detached actor reaped", timeout=limit + 60 - time.time(), interval=1)
+    assert time.time() < limit + 30, f"reaped {time.time() - limit:.0f} s after the limit"
+
+    folder = Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem
+    entry = json.loads((folder / "usage.json").read_text())["jobs"][job]
+    # Charged as if the job ran while its actor lived: hours past its own end.
+    assert entry["leftover_until"] > entry["end_time"] + 5000
+    assert "max_job_hours" in entry["leftovers_reason"]
+    audit = [json.loads(line) for line in (folder / "audit.log").read_text().splitlines()]
+    assert any(line.get("method") == "REAP" and line.get("job") == job for line in audit)
+
+    # Autodown's own check: with the actor DEAD (and the reaper's job over), nothing is busy.
+    token = Path(shared.env["RAYFLEET_HOME"]) / "keys" / shared.spec.stem / "ray-token"
+    wait_until(lambda: autodown.busy_reasons(_owner_address(shared), str(token)) == [],
+               "autodown's check to find the cluster idle", timeout=60)
 
 
 def test_rotate_token_refuses_the_old_token_everywhere_and_members_keep_working(
