@@ -22,6 +22,8 @@ from tests.testbed import Testbed
 
 PROJECT = "test-project"
 ZONE = "us-central2-b"
+#: The zone a spec's `zones:` moves on to when ZONE has no capacity.
+NEXT_ZONE = "us-central2-a"
 CLUSTER = "gcpe2e"
 #: Ray's documented knobs, in every test-bed host's environment (so in the head's autoscaler).
 RAY_FAST = {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "AUTOSCALER_HEARTBEAT_TIMEOUT_S": "10",
@@ -81,6 +83,13 @@ def spec_file(folder: Path, key: Path, name: str = CLUSTER, **changes: Any) -> P
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
+
+
+def add_next_zone(fake: FakeGcp) -> None:
+    """NEXT_ZONE at the fake: ZONE's region, TPU types and runtime versions."""
+    fake.zones[NEXT_ZONE] = fake.zones[ZONE]
+    fake.accelerator_types[NEXT_ZONE] = list(fake.accelerator_types[ZONE])
+    fake.runtime_versions[NEXT_ZONE] = list(fake.runtime_versions[ZONE])
 
 
 @contextlib.contextmanager
