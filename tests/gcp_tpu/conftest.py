@@ -24,7 +24,8 @@ from infra.node import rayproc
 from infra.node.gcp_tpu.api import ApiOptions
 from tests.gcp_tpu import fake_gcp
 from tests.gcp_tpu.fake_gcp import FakeGcp
-from tests.gcp_tpu.offline_bed import Offline, offline_bed
+from tests.gcp_tpu.offline_bed import Offline, add_next_zone, offline_bed
+from tests.gcp_tpu.tracked import TrackedCluster, bring_up, tear_down
 from tests.testbed.preflight import require
 from tests.waiting import wait_until
 
@@ -56,11 +57,27 @@ def _google_contract() -> Iterator[None]:
 @pytest.fixture(scope="package")
 def offline(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
     """The offline Google on the test bed (tests/gcp_tpu/offline_bed.py), one for every test of this
-    folder that needs it (end to end, autodown, sweep): starting it costs a test bed of three
-    hosts. Each test uses its own cluster name and leaves nothing of it behind."""
+    folder that needs it (end to end, autodown, sweep): starting it costs a test bed of four
+    hosts (autodown's cluster moves zones: a head and a worker VM of the refused zone are still
+    powering off while the next zone's head, VM and TPU node take theirs). Each test uses its own
+    cluster name and leaves nothing of it behind."""
     require("testbed")
-    with offline_bed(tmp_path_factory.mktemp("gcp-offline-")) as bed:
+    with offline_bed(tmp_path_factory.mktemp("gcp-offline-"), hosts=4) as bed:
+        add_next_zone(bed.fake)
         yield bed
+
+
+@pytest.fixture(scope="package")
+def tracked_cluster(offline: Offline,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrackedCluster]:
+    """The MLflow-tracked cluster test_e2e_cluster.py and test_e2e_privilege.py share
+    (tests/gcp_tpu/tracked.py): up at its first use; torn down, and checked to leave nothing, when
+    test_e2e_privilege.py ends, else here."""
+    cluster = bring_up(offline, tmp_path_factory.mktemp("gcp-tracked-"))
+    try:
+        yield cluster
+    finally:
+        tear_down(cluster)
 
 
 @pytest.fixture

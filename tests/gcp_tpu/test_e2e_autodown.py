@@ -2,7 +2,9 @@
 beside the head; a running job keeps the cluster past its idle period; once idle, the head stops
 Ray's autoscaler (with its supervisor), deletes its workers (a CPU VM, a TPU node) and then its
 own VM through the fake APIs with the VM's own service account (metadata server), and the
-laptop's next `status` and `teardown` say it removed itself.
+laptop's next `status` and `teardown` say it removed itself. Its first zone has no TPU capacity: the
+head's autoscaler logs the refused min_workers TPU node, so `up` removes that zone's head and VM
+and starts over in the next zone of `zones:` (where it waits for every min_workers).
 
 Real `ray up`, real Ray and autoscaler on test-bed hosts, `invoke` as a user runs it; the test bed
 is the one test_e2e_cluster.py uses (the package fixture `offline`). `idle_minutes: 0.3` keeps the
@@ -23,7 +25,7 @@ import pytest
 from infra.core.privilege import MONITOR_PID, SCALER_USER
 from infra.core.shipping import NODE_DIR
 from tests.gcp_tpu.offline import write_service_account_key
-from tests.gcp_tpu.offline_bed import PROJECT, Offline, spec_file
+from tests.gcp_tpu.offline_bed import NEXT_ZONE, PROJECT, ZONE, Offline, spec_file
 from tests.testbed.hosts import LIVE_PROCESSES
 from tests.waiting import read_json, wait_until, watcher_checked
 
@@ -59,8 +61,10 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
     key = write_service_account_key(tmp_path / "sa-key.json", google.identity,
                                     f"student@{PROJECT}.iam.gserviceaccount.com")
     # A CPU VM and a TPU node that Ray's autoscaler keeps (min_workers): the head must stop it
-    # from launching replacements while it deletes them, or those would leak.
-    spec = spec_file(tmp_path, key, name=NAME, autodown={"idle_minutes": 5},
+    # from launching replacements while it deletes them, or those would leak. The first zone has
+    # no TPU capacity: `up` moves the cluster to the next (min_workers refused for capacity).
+    spec = spec_file(tmp_path, key, name=NAME, autodown={"idle_minutes": 5}, zone=None,
+                     zones=[ZONE, NEXT_ZONE],
                      cpu_workers={"cpu": {"machine_type": "n2-standard-8", "cpus": 1,
                                           "min_workers": 1, "max_workers": 1,
                                           "provisioning": "spot"}},
@@ -68,6 +72,7 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
                                           "max_workers": 1, "cpus": 1, "provisioning": "spot"}})
     started = time.monotonic()
     timings: dict[str, float] = {}
+    fake.tpu_stockout_zones.add(ZONE)
     try:
         # 1. A job keeps the cluster past its idle period (while the workers come up).
         job_id, busy_at = _up_then_a_job_then_up_with_a_short_idle_period(offline, home, spec)
@@ -90,6 +95,7 @@ def test_busy_cluster_is_kept_idle_one_deletes_its_workers_and_itself(
         plain = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
         assert f"removed itself after {IDLE_MINUTES:g} idle minutes at " in plain.stdout, plain.stdout
     finally:
+        fake.tpu_stockout_zones.discard(ZONE)
         down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
         print(f"\n[gcp autodown] phases (s): {timings}, total {time.monotonic() - started:.1f}",
               flush=True)
@@ -107,10 +113,11 @@ def _up_then_a_job_then_up_with_a_short_idle_period(
     The job is submitted before the second `up`: a replaced watcher takes the countdown over from
     its marker (a restart buys no idle period), so a job sent only after the 0.3-minute watcher
     took over raced the idle time the first one had counted since the first `up`."""
-    up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
+    up = offline.invoke(home, "up", "--cluster", str(spec), timeout=900)
     assert up.returncode == 0, up.stdout + up.stderr
     assert "starting the autodown watcher on the head (5 idle minutes)" in up.stderr, up.stderr
     assert "not enforced" not in up.stderr
+    _min_workers_refused_for_capacity_moved_to_the_next_zone(offline, home, up.stderr)
     job = offline.invoke(home, "submit", "--cluster", str(spec), "--no-wait",
                          "tests/data/sleeper.py", timeout=120)
     assert job.returncode == 0, job.stdout + job.stderr
@@ -126,6 +133,27 @@ def _up_then_a_job_then_up_with_a_short_idle_period(
     # The cost range (issue 15): head + its two workers, at min and max size alike.
     assert "cost: $" in up.stderr and "(3 nodes), fixed size" in up.stderr, up.stderr
     return job_id, busy_at
+
+
+def _min_workers_refused_for_capacity_moved_to_the_next_zone(offline: Offline, home: Path,
+                                                            said: str) -> None:
+    """The head's autoscaler logged the TPU create's refusal in the first zone, so `up` removed
+    that zone's head (and the worker VM it had made) and started over in the next zone, where
+    it waited for every type's min_workers."""
+    fake = offline.fake
+    assert f"zone {ZONE} has no capacity for the head or its min_workers" in said, said
+    with fake.lock:
+        ours = sorted((key[0], i["labels"].get("ray-node-type"), i["status"])
+                      for key, i in fake.instances.items()
+                      if i["labels"].get("rayfleet-name") == NAME and "tpu_cores" not in i["labels"])
+        nodes = [(n["name"].split("/")[3], n["state"]) for n in fake.tpu_nodes.values()
+                 if n["labels"].get("rayfleet-name") == NAME]
+    # Nothing left in the refused zone.
+    assert ours == [(NEXT_ZONE, "head", "RUNNING"), (NEXT_ZONE, "worker", "RUNNING")], ours
+    assert nodes == [(NEXT_ZONE, "READY")], nodes
+    state = json.loads((home / "state" / f"{NAME}.json").read_text())
+    assert [r["attrs"]["zone"] for r in state["resources"]
+            if r["kind"] == "gcp-ray-cluster"] == [NEXT_ZONE]
 
 
 def _head(offline: Offline, home: Path) -> Head:
@@ -171,17 +199,24 @@ def _a_running_job_keeps_the_cluster(offline: Offline, home: Path, spec: Path, h
         "the autoscaler's worker VM and TPU node",
         timeout=240, interval=0.5)
     # The watcher looked once a whole idle period had passed since the submit, the job
-    # running all along (`status` fetches its marker from the head and keeps a copy).
+    # running all along: its marker read on the head (each `invoke status` a poll cost 1-2 CPU-s).
     def marker() -> dict[str, Any] | None:
-        offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
-        return read_json(home / "autodown" / f"{spec.stem}.json")
+        text = head.host.run(f"cat {WATCHER_HOME}/.rayfleet/autodown-marker.json").stdout
+        try:
+            found = json.loads(text or "null")
+        except json.JSONDecodeError:  # caught mid-write
+            return None
+        return found if isinstance(found, dict) else None
 
-    watcher_checked(marker, IDLE_MINUTES, since=busy_at, interval=2)
+    checked = watcher_checked(marker, IDLE_MINUTES, since=busy_at, interval=1)
     assert any(i["name"] == head.vm["name"] for i in _ours(offline, head.cluster_id)), \
         "a head running a job must not remove itself"
     status = offline.invoke(home, "status", "--cluster", str(spec), timeout=120)
     assert status.returncode == 0, status.stdout + status.stderr
     assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
+    # `status` fetched that marker from the head and keeps a copy (at least as recent).
+    copy = read_json(home / "autodown" / f"{spec.stem}.json")
+    assert copy and copy.get("checked_at", "") >= checked["checked_at"], (copy, checked)
 
 
 def _idle_the_head_deletes_its_workers_then_itself(offline: Offline, home: Path, spec: Path,
@@ -196,8 +231,9 @@ def _idle_the_head_deletes_its_workers_then_itself(offline: Offline, home: Path,
     assert "autodown: idle " in status.stdout and " of 0.3 min" in status.stdout, status.stdout
     wait_until(lambda: not _ours(offline, head.cluster_id), "nothing of the cluster left at the fake",
              timeout=300, interval=1)
+    # (The refused zone's head and VM were deleted by `up`, from the laptop.)
     deletes = [(path.rsplit("/", 1)[-1], caller) for host, method, path, caller in offline.google.log
-               if method == "DELETE" and NAME in path]
+               if method == "DELETE" and NAME in path and f"/{NEXT_ZONE}/" in path]
     assert [name for name, _ in deletes if "head" in name] == [head.vm["name"]], deletes
     assert deletes[-1][0] == head.vm["name"] and len(deletes) == 3, deletes  # the head last
     assert any(name.endswith("-tpu") for name, _ in deletes), deletes

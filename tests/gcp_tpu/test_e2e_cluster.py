@@ -9,11 +9,11 @@ deletes it when idle. Every VM and TPU host is a test-bed host with real sshd an
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 from bench import gcp_autoscale
+from infra.core.privilege import SCALER_USER
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import CLUSTER, PROJECT, Offline, spec_file
-from tests.testbed.hosts import LIVE_PROCESSES
+from tests.gcp_tpu.tracked import TrackedCluster
 from tests.waiting import wait_until
 
 
@@ -40,22 +41,6 @@ def result_of(output: str) -> dict[str, Any]:
     assert "RESULT " in output, output
     found: dict[str, Any] = json.loads(output.split("RESULT ", 1)[1].splitlines()[0])
     return found
-
-
-def ray_config_caches() -> list[str]:
-    """Ray's /tmp/ray-config-<hash> files that belong to this test's cluster."""
-    mine = []
-    for path in glob.glob("/tmp/ray-config-*"):
-        try:
-            with open(path) as handle:
-                cached = json.load(handle)
-        except (OSError, ValueError):
-            continue
-        config = cached.get("config", cached)
-        if config.get("cluster_name") == CLUSTER and config.get("provider", {}).get(
-                "project_id") == PROJECT:
-            mine.append(path)
-    return mine
 
 
 def test_revoked_key_is_one_line_and_creates_nothing(offline: Offline, tmp_path: Path) -> None:
@@ -113,15 +98,14 @@ def test_ctrl_c_during_up_removes_what_this_run_created(offline: Offline, tmp_pa
 
 
 @pytest.mark.slow
-def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_path: Path) -> None:
-    """A cluster's life in phases (each helper below checks its phase), timed."""
-    google = offline.google
-    home = tmp_path / "rayfleet-home"
-    key = write_service_account_key(tmp_path / "sa-key.json", google.identity,
-                                    f"student@{PROJECT}.iam.gserviceaccount.com")
-    # With the cluster's MLflow tracking server on the head (infra/core/tracking/remote.py).
-    spec = spec_file(tmp_path, key, tracking="mlflow")
+def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline,
+                                                         tracked_cluster: TrackedCluster) -> None:
+    """A cluster's life in phases (each helper below checks its phase), timed. The cluster is
+    the package's `tracked_cluster` (test_e2e_privilege.py's scenarios run on it too); its
+    teardown, and that nothing of it is left, are tests/gcp_tpu/tracked.py's `tear_down`."""
+    home, spec = tracked_cluster.home, tracked_cluster.spec
     timings = offline.timings
+    timings["up"] = tracked_cluster.timings["up"]
     lap = time.monotonic()
 
     def phase(name: str) -> None:
@@ -133,42 +117,39 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline, tmp_p
 
     try:
         # 1. up: the head VM with our labels, Ray answering through the dashboard tunnel, no TPU.
-        cluster_id, head_host = _up_labels_the_head_and_creates_no_tpu(offline, home, spec)
+        cluster_id, head_host = _up_labels_the_head_and_creates_no_tpu(offline, home,
+                                                                       tracked_cluster.up)
         token_file = _the_dashboard_tunnel_needs_the_token(offline, home, spec)
+        phase("up checked, tunnel")
+        # 2. A job that needs TPU: 4 makes the autoscaler create a spot TPU node; Google preempts
+        #    it mid-task: a new node takes over and the job still succeeds there.
+        scaled = _demand_creates_a_tpu_node_preempted_mid_job(offline, home, spec, cluster_id,
+                                                              phase)
+        # Checked once the jobs ran (more logs to search), and by then the tracking server that
+        # `up` does not wait for is up (waiting for it right after `up` cost ~30 s of a run).
         _the_token_and_the_password_are_nowhere_else(home, head_host, token_file)
-        phase("up (head VM, Ray, tunnel)")
-        # 2. A job that needs TPU: 4 makes the autoscaler create a TPU node, which runs it.
-        scaled = _demand_creates_a_tpu_node_that_runs_the_job(offline, home, spec, cluster_id)
-        phase("demand -> TPU node created, joined, job done")
-        # 3. Idle: the autoscaler deletes the TPU node; status shows only the head.
+        # 3. Idle: the autoscaler deletes the replacement (the preempted node is 404 by then).
         idle = gcp_autoscale.idle_deleted(offline, scaled)
         assert not tpu_nodes(offline.fake)
-        phase("idle -> TPU node deleted")
-        print(f"[gcp e2e] bench/gcp_autoscale.py's round on this cluster:\n{gcp_autoscale.HEADER}"
-              f"\n{gcp_autoscale.row(1, 'e2e', scaled, idle)}", flush=True)
+        # It was Ray's monitor, as the autoscaler's user (issue 29), that terminated it.
+        log = head_host.run(f"cat /home/{SCALER_USER}/rayfleet/logs/monitor.*").stdout
+        assert "terminat" in log.lower(), log[-2000:]
+        phase("idle -> replacement deleted")
+        print(f"[gcp e2e] bench/gcp_autoscale.py's round on this cluster (job done includes the "
+              f"preemption):\n{gcp_autoscale.HEADER}\n{gcp_autoscale.row(1, 'e2e', scaled, idle)}",
+              flush=True)
         _status_shows_the_head_alone(offline, home, spec, head_host)
-        # 4. A spot TPU node preempted mid-job: a new node takes over, the job still succeeds,
-        #    and the autoscaler keeps working (it scales the new node down again).
-        _a_preempted_node_is_replaced_and_scaled_down(offline, home, spec, phase)
     except BaseException:
         _print_post_mortem(offline)
         raise
     finally:
-        # 5. teardown: nothing of ours left at the fake, in /tmp, or running.
-        down = offline.invoke(home, "teardown", "--provider", "gcp-tpu", "--cluster", str(spec),
-                              timeout=600)
-        phase("teardown")
         print(f"[gcp e2e] phases (s): {timings}", flush=True)
-    assert down.returncode == 0, down.stdout + down.stderr
-    _teardown_left_nothing(offline, home, down.stdout, cluster_id)
 
 
 def _up_labels_the_head_and_creates_no_tpu(offline: Offline, home: Path,
-                                           spec: Path) -> tuple[str, Any]:
+                                           up: subprocess.CompletedProcess[str]) -> tuple[str, Any]:
     """The cluster's id and the head's test-bed host."""
     bed, fake, google = offline.bed, offline.fake, offline.google
-    up = offline.invoke(home, "up", "--provider", "gcp-tpu", "--cluster", str(spec),
-                        timeout=600)
     assert up.returncode == 0, up.stdout + up.stderr
     assert "tracking data lives on the head and goes with the cluster at autodown" in up.stderr
     heads = [i for i in fake.instances.values()
@@ -241,23 +222,66 @@ def _the_token_and_the_password_are_nowhere_else(home: Path, head_host: Any,
                 and token in p.read_text(errors="replace")]
 
 
-def _demand_creates_a_tpu_node_that_runs_the_job(offline: Offline, home: Path, spec: Path,
-                                                 cluster_id: str) -> gcp_autoscale.Demand:
+def _demand_creates_a_tpu_node_preempted_mid_job(offline: Offline, home: Path, spec: Path,
+                                                 cluster_id: str, phase: Callable[[str], None]
+                                                 ) -> gcp_autoscale.Demand:
     """The scale-up, timed by bench/gcp_autoscale.py's own round (so CI runs that bench's
-    measurement on this cluster instead of on one of its own)."""
-    fake = offline.fake
-    scaled = gcp_autoscale.demand(offline, home, spec, offline.env(home))
-    nodes = tpu_nodes(fake)
-    assert len(nodes) == 1 and nodes[0]["state"] == "READY", nodes
-    node_name = nodes[0]["name"].rsplit("/", 1)[-1]
-    assert nodes[0]["labels"]["rayfleet-cluster"] == cluster_id
-    assert nodes[0]["acceleratorType"] == "v4-8" and nodes[0]["schedulingConfig"] == {
-        "spot": True}
-    tpu_host = offline.google.machines.host_of(node_name)[0]
+    measurement on this cluster instead of on one of its own), its task holding the chips while
+    Google preempts the node: one scale-up and one idle period serve both scenarios (they were
+    two rounds of node boots).
+
+    The hold only has to outlast, on the first node, the time from the task's start to the
+    preemption's kill: the poll below (1 s apart, one `ps` in the host per round) sees the task,
+    then `preempt` kills the host's processes from a thread (one more command in the host). That
+    is a few seconds even at load; 12 s leaves twice that. The replacement holds as long again."""
+    fake, google = offline.fake, offline.google
+    done: dict[str, Any] = {}
+
+    def submit() -> None:
+        try:
+            done["scaled"] = gcp_autoscale.demand(offline, home, spec, offline.env(home), hold=12)
+        except BaseException as exc:  # handed to the test's thread
+            done["error"] = exc
+
+    job = threading.Thread(target=submit, daemon=True)
+    job.start()
+
+    def holding() -> dict[str, Any] | None:
+        if not job.is_alive():  # the job ended before any node held its task
+            raise done.get("error") or AssertionError(f"the job ended unpreempted: {done}")
+        return next((n for n in tpu_nodes(fake, "READY") if any(
+            "placement_on_local_chips" in h.run("ps -eo args").stdout
+            for h in google.machines.host_of(n["name"].rsplit("/", 1)[-1]))), None)
+
+    first = wait_until(holding, "a TPU node holding the job's task", timeout=240, interval=1)
+    # The node the demand made: ours, the spec's type, spot.
+    assert first["labels"]["rayfleet-cluster"] == cluster_id, first["labels"]
+    assert first["acceleratorType"] == "v4-8" and first["schedulingConfig"] == {"spot": True}
+    first_name = first["name"].rsplit("/", 1)[-1]
+    phase("demand -> TPU node created, running the task")
+    preempted_at = time.time()
+    fake.preempt(first_name)
+    # Google removes the preempted node (404 from then on) once the autoscaler has asked for its
+    # replacement: Ray's provider must not wedge on it (ray-project/ray#29698) while the
+    # replacement runs the job and is scaled down.
+    wait_until(lambda: [name for t, what, name in list(fake.events)
+                        if what == "create" and t >= preempted_at and name != first_name] or None,
+               "the replacement TPU node's create", timeout=240, interval=0.5)
+    fake.preempt(first_name, delete=True)
+    job.join(timeout=400)
+    if "error" in done:
+        raise done["error"]
+    assert not job.is_alive() and "scaled" in done, done
+    scaled: gcp_autoscale.Demand = done["scaled"]
+    (replacement,) = [n for n in tpu_nodes(fake) if n["name"].rsplit("/", 1)[-1] != first_name]
+    assert replacement["state"] == "READY", tpu_nodes(fake)
+    assert replacement["labels"]["rayfleet-cluster"] == cluster_id, replacement["labels"]
+    second_host = google.machines.host_of(replacement["name"].rsplit("/", 1)[-1])[0]
     result = result_of(scaled.out)
-    assert [r["host"] for r in result["results"]] == [tpu_host.hostname], result
+    assert [r["host"] for r in result["results"]] == [second_host.hostname], result
     assert len(result["results"][0]["tpu_ids"]) == 4, result
     assert 0 < scaled.create <= scaled.joined <= scaled.job, scaled
+    phase("preempted -> replacement node ran the job")
     return scaled
 
 
@@ -277,48 +301,6 @@ def _status_shows_the_head_alone(offline: Offline, home: Path, spec: Path,
         n.get("ip") == head_host.ip for n in report["nodes"] if n.get("state") == "ALIVE"), report
 
 
-def _a_preempted_node_is_replaced_and_scaled_down(offline: Offline, home: Path, spec: Path,
-                                                  phase: Callable[[str], None]) -> None:
-    fake, google = offline.fake, offline.google
-    # The hold only has to outlast, on the first node, the time from the task's start to the
-    # preemption's kill: the poll below (1 s apart, one `ps` in the host per round) sees the task,
-    # then `preempt` kills the host's processes from a thread (one more command in the host).
-    # That is a few seconds even at load; 12 s leaves twice that. The replacement node holds as
-    # long again, for nothing, so a longer hold (it was 25 s) only costs CI time.
-    job = subprocess.Popen(offline.argv("submit", "--cluster", str(spec),
-                                        "examples/tpu_example.py", "--", "--wait-for-tpu",
-                                        "300", "--placement-only", "--hold", "12"),
-                           env=offline.env(home), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        first = wait_until(lambda: next(
-            (n for n in tpu_nodes(fake, "READY") if any(
-                "placement_on_local_chips" in h.run("ps -eo args").stdout
-                for h in google.machines.host_of(n["name"].rsplit("/", 1)[-1]))), None),
-            "a TPU node holding the job's task",
-            timeout=240, interval=1)
-        first_name = first["name"].rsplit("/", 1)[-1]
-        phase("demand -> TPU node running the task")
-        fake.preempt(first_name)
-        out, err = job.communicate(timeout=360)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    assert job.returncode == 0, out + err
-    replacement = [n for n in tpu_nodes(fake) if n["name"].rsplit("/", 1)[-1] != first_name]
-    assert [n["state"] for n in replacement] == ["READY"], tpu_nodes(fake)
-    second_host = google.machines.host_of(replacement[0]["name"].rsplit("/", 1)[-1])[0]
-    assert [r["host"] for r in result_of(out)["results"]] == [second_host.hostname], out
-    phase("preempted -> replacement node ran the job")
-    # Google then removes the preempted node (404 from now on): Ray's provider must not wedge
-    # on it (ray-project/ray#29698); the autoscaler still scales the replacement down.
-    fake.preempt(first_name, delete=True)
-    wait_until(lambda: not tpu_nodes(fake), "the idle replacement node to be deleted",
-             timeout=180, interval=0.5)
-    phase("idle -> replacement deleted")
-
-
 def _print_post_mortem(offline: Offline) -> None:
     """What the head's Ray logged last (the test bed goes with the run)."""
     for host in offline.bed.hosts:
@@ -330,21 +312,3 @@ def _print_post_mortem(offline: Offline) -> None:
         sshd_log = host.log_path.read_text(errors="replace").splitlines()
         print("\n".join(line for line in sshd_log[-400:] if "logout" not in line
                         and "session" not in line.lower())[-3000:], flush=True)
-
-
-def _teardown_left_nothing(offline: Offline, home: Path, said: str, cluster_id: str) -> None:
-    bed, fake, google = offline.bed, offline.fake, offline.google
-    # The tracking store was copied here before anything was deleted.
-    assert f"tracking data copied to {home / 'tracking' / CLUSTER}" in said, said
-    assert (home / "tracking" / CLUSTER / "mlflow.db").stat().st_size > 0
-    assert fake.nodes_with({"rayfleet-cluster": cluster_id}) == []
-    assert fake.nodes_with({"ray-cluster-name": CLUSTER}) == []
-    assert not [n for n in fake.firewalls if CLUSTER in n]
-    assert ray_config_caches() == []
-    google.machines.wait_idle()
-    for host in bed.hosts:
-        left = host.run(f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[r]ay::|[m]onitor.py' "
-                        "|| true").stdout.strip()
-        assert left == "", f"Ray still running on {host.name}: {left}"
-    client_left = bed.client.run("ps -eo args | grep -E '[r]ay |[s]sh |[i]nvoke' || true")
-    assert client_left.stdout.strip() == "", client_left.stdout

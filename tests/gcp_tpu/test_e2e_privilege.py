@@ -1,13 +1,14 @@
 """What a job can reach on a gcp-tpu cluster (issue 29), end to end on the offline Google.
 
-One cluster, one `up` (the module's fixture), two scenarios that each run alone: the head's setup
+One cluster, one `up` (the package's MLflow-tracked cluster, which test_e2e_cluster.py's
+lifecycle runs on too: tests/gcp_tpu/tracked.py), two scenarios that each run alone: the head's setup
 makes its two users (Ray's, the autoscaler's) in the host's own /etc and /home, Ray runs as the
 first and Ray's monitor, with Ray's unpatched
 GCP provider, as the second, as do the idle watcher and its supervisor; the node's firewall lets
 only root and the autoscaler's user reach the metadata server. A job on the head and its task on
 an autoscaled TPU host ask the metadata server for the VM's token (with Google's header) and are
 refused, cannot sudo and find no SSH key, while the separated autoscaler creates that TPU node
-for them (its attributes handed to Ray) and deletes it once idle.
+for them (its attributes handed to Ray; that it deletes an idle one is test_e2e_cluster.py's).
 
 The bed (test-bed hosts as VMs and TPU hosts, the fake Google in the client namespace) is the
 package's `offline` fixture, shared with test_e2e_cluster.py and the others.
@@ -25,12 +26,11 @@ from typing import Any
 
 import pytest
 
-from tests.gcp_tpu.offline import write_service_account_key
-from tests.gcp_tpu.offline_bed import PROJECT, Offline, spec_file
+from tests.gcp_tpu.offline_bed import CLUSTER, Offline
+from tests.gcp_tpu.tracked import TrackedCluster, tear_down
 from tests.testbed.hosts import Host
-from tests.waiting import wait_until
 
-NAME = "gcppriv"
+NAME = CLUSTER  # the package's tracked cluster (tests/gcp_tpu/tracked.py)
 PROBE = Path(__file__).resolve().parents[1] / "data" / "gcp_privilege_probe.py"
 RAY_USER, SCALER_USER = "rayfleet-ray", "rayfleet-scaler"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
@@ -54,30 +54,24 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(offline: Offline, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    work = tmp_path_factory.mktemp("gcp-privilege")
-    key = write_service_account_key(work / "sa-key.json", offline.google.identity,
-                                    f"student@{PROJECT}.iam.gserviceaccount.com")
-    # No CPU worker type: the job's TPU task is the only demand; the watcher stays at its default.
-    spec = spec_file(work, key, name=NAME, cpu_workers=None)
-    home = work / "rayfleet-home"
-    started = time.monotonic()
-    up = offline.invoke(home, "up", "--cluster", str(spec), timeout=600)
+def cluster(tracked_cluster: TrackedCluster) -> Iterator[Cluster]:
+    """The package's MLflow-tracked cluster (test_e2e_cluster.py's lifecycle ran on it before,
+    when the whole package runs): its spec is this module's but for tracking and a CPU worker
+    type no job here asks for. Its teardown, checked to leave nothing, ends this module."""
+    offline = tracked_cluster.offline
     try:
+        up = tracked_cluster.up
         assert up.returncode == 0, up.stdout + up.stderr
         with offline.fake.lock:
             head = next(i for i in offline.fake.instances.values()
                         if i["labels"].get("rayfleet-name") == NAME
                         and i["labels"].get("ray-node-type") == "head")
         ip = head["networkInterfaces"][0]["networkIP"]
-        found = Cluster(offline, home, spec, next(h for h in offline.bed.hosts if h.ip == ip))
-        found.timings["up"] = round(time.monotonic() - started, 1)
-        yield found
+        yield Cluster(offline, tracked_cluster.home, tracked_cluster.spec,
+                      next(h for h in offline.bed.hosts if h.ip == ip),
+                      dict(tracked_cluster.timings))
     finally:
-        down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
-        assert down.returncode == 0, down.stdout + down.stderr
-        assert offline.fake.nodes_with({"rayfleet-name": NAME}) == []
-        offline.google.machines.wait_idle()
+        tear_down(tracked_cluster)
 
 
 def _owners(host: Host, pattern: str) -> set[str]:
@@ -178,12 +172,7 @@ def test_jobs_get_no_token_while_the_separated_autoscaler_scales_a_tpu_node(
                 if ip == tpu_host.ip]
     assert any("/attributes/accelerator-type" in p for p in from_tpu), from_tpu
     assert not [p for p in from_tpu if "/token" in p or "project-id" in p], from_tpu
-
-    # Idle: the separated autoscaler deletes the TPU node.
-    idle = time.monotonic()
-    wait_until(lambda: not cluster.tpu_nodes(), "the idle TPU node to be deleted", timeout=180,
-               interval=0.5)
-    cluster.timings["idle -> TPU node deleted"] = round(time.monotonic() - idle, 1)
-    log = cluster.head.run(f"cat /home/{SCALER_USER}/rayfleet/logs/monitor.*").stdout
-    assert "terminat" in log.lower(), log[-2000:]
+    # That the same separated autoscaler deletes the node once idle (its monitor's log, as its
+    # user, says so) is test_e2e_cluster.py::test_ray_autoscales_tpu_nodes_against_offline_google's
+    # to prove: waiting for it here too cost an idle period; the teardown deletes this node.
     print(f"\n[gcp privilege] phases (s): {cluster.timings}", flush=True)

@@ -2,18 +2,22 @@
 
 One cluster for every scenario (module fixture, four test-bed hosts: the head, a v4-8 slice and a
 2-host v4-16 slice): `invoke up` queues a request per slice and returns once the head answers; the
-fake moves the requests WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE after a delay; the head's
-joiner (a real daemon on the head, started by `up`) sets the slices' hosts up over SSH and starts
-Ray there. Each scenario can run alone (the `cluster` fixture brings the cluster up again after the
-teardown scenario; the capacity scenario needs only the bed): a job submitted before ACTIVE waits and
+fake keeps each slice's request WAITING_FOR_RESOURCES until its scenario lets it go, then moves it
+PROVISIONING -> ACTIVE; the head's joiner (a real daemon on the head, started by `up`) sets the
+slices' hosts up over SSH and starts Ray there. Each scenario can run alone (the `cluster` fixture
+brings the cluster up again after the teardown scenario): a job submitted before ACTIVE waits and
 runs on the queued slice; the 2-host slice joins with the slice-head resource on host 0; a spot slice
 the fake SUSPENDs is reported and queued again in the next zone; teardown with requests still
 WAITING deletes them all. No patching: `invoke` runs as a user would, in the client namespace.
+(min_workers refused for capacity in the first zone: test_e2e_autodown.py's cluster moves zones.)
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +30,15 @@ from bench import gcp_queued
 from infra.core.privilege import SCALER_USER
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline import write_service_account_key
-from tests.gcp_tpu.offline_bed import PROJECT, ZONE, Offline, offline_bed, spec_file
+from tests.gcp_tpu.offline_bed import (
+    NEXT_ZONE,
+    PROJECT,
+    ZONE,
+    Offline,
+    add_next_zone,
+    offline_bed,
+    spec_file,
+)
 from tests.testbed.hosts import LIVE_PROCESSES, Host
 from tests.testbed.preflight import require
 from tests.waiting import wait_until
@@ -34,9 +46,10 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 NAME = "gcpqueued"
-NEXT_ZONE = "us-central2-a"
-#: How long the fake keeps a request WAITING (long enough to submit a job before ACTIVE).
-WAIT_S, PROVISION_S = 30.0, 5.0
+#: How long the fake keeps a request PROVISIONING. Nothing waits a fixed time in WAITING: each
+#: slice is held there (`queue_held`) until its scenario lets it go, so a job is submitted before
+#: ACTIVE however long `up` and the scenarios before took (a 30 s wait was most of one scenario).
+PROVISION_S = 2.0
 
 
 @dataclass
@@ -103,22 +116,22 @@ def bed(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     require("testbed")
     with offline_bed(tmp_path_factory.mktemp("gcp-queued-"), hosts=4) as offline:
         fake = offline.fake
-        fake.zones[NEXT_ZONE] = "us-central2"
-        fake.accelerator_types[NEXT_ZONE] = list(fake.accelerator_types[ZONE])
-        fake.runtime_versions[NEXT_ZONE] = list(fake.runtime_versions[ZONE])
-        fake.queue_wait_s, fake.queue_provision_s = WAIT_S, PROVISION_S
+        add_next_zone(fake)
+        fake.queue_provision_s = PROVISION_S
         fake.queue_held_zones.add(NEXT_ZONE)  # no capacity there: requests keep waiting
         yield offline
 
 
 def _up(offline: Offline) -> Cluster:
-    """`invoke up` of the module's cluster, its 2-host slice held until its scenario lets it go."""
-    offline.fake.queue_held.add("-pod-")
+    """`invoke up` of the module's cluster, its slices held until their scenarios let them go."""
+    offline.fake.queue_held.update({"-pod-", "-single-"})
     home = offline.work / "rayfleet-home"
     key = write_service_account_key(offline.work / "sa-key.json", offline.google.identity,
                                     f"student@{PROJECT}.iam.gserviceaccount.com")
+    # No Prometheus on the head (`metrics: none`): nothing here reads it, and test_e2e_cluster.py's
+    # head runs the default one.
     spec = spec_file(offline.work, key, name=NAME, zone=None, zones=[ZONE, NEXT_ZONE],
-                     tpu_workers={}, queued_slices={
+                     tpu_workers={}, metrics="none", queued_slices={
                          "single": {"accelerator_type": "v4-8", "provisioning": "spot",
                                     "cpus": 1},
                          "pod": {"accelerator_type": "v4-16", "zones": [ZONE], "cpus": 1},
@@ -194,13 +207,27 @@ def test_a_second_up_queues_nothing_new_and_restarts_the_joiner(cluster: Cluster
 def test_a_job_submitted_before_active_waits_and_runs_on_the_queued_slice(cluster: Cluster) -> None:
     assert cluster.fake.queued_states()[cluster.qr("single")][1] != "ACTIVE"
     started = time.monotonic()
-    submit = cluster.invoke("submit", "examples/tpu_example.py", "--", "--wait-for-tpu", "420",
-                            "--placement-only", timeout=600)
+    submit = subprocess.Popen(cluster.offline.argv(
+        "submit", "--cluster", str(cluster.spec), "examples/tpu_example.py", "--",
+        "--wait-for-tpu", "420", "--placement-only"), env=cluster.offline.env(cluster.home),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        # The job's driver on the head waits for a TPU host: only now may the slice come.
+        wait_until(lambda: submit.poll() is not None or cluster.head().run(
+            "grep -l 'waiting up to 420 s' /tmp/ray/session_latest/logs/job-driver-*.log "
+            "2>/dev/null").stdout.strip(), "the job's driver to wait for a TPU host",
+            timeout=300, interval=1)
+        cluster.fake.queue_held.discard("-single-")
+        out, err = submit.communicate(timeout=600)
+    finally:
+        if submit.poll() is None:
+            os.killpg(submit.pid, signal.SIGKILL)
+            submit.wait()
     cluster.timings["job waited for the queued slice"] = round(time.monotonic() - started, 1)
-    assert submit.returncode == 0, submit.stdout + submit.stderr
-    assert "waiting up to 420 s" in submit.stdout, submit.stdout  # it was submitted before ACTIVE
+    assert submit.returncode == 0, out + err
+    assert "waiting up to 420 s" in out, out  # it was submitted before ACTIVE
     (host,) = cluster.hosts_of(cluster.qr("single"))
-    result = result_of(submit.stdout)
+    result = result_of(out)
     assert [r["host"] for r in result["results"]] == [host.hostname], result
     assert len(result["results"][0]["tpu_ids"]) == 4, result
     # The token reached the host as a 0600 file, and is on no command line there.
@@ -252,8 +279,9 @@ def test_a_two_host_slice_joins_with_the_slice_head_resource_on_host_0(cluster: 
 def test_a_suspended_spot_slice_is_reported_and_queued_again_in_the_next_zone(
         cluster: Cluster) -> None:
     lost, again = cluster.qr("single"), cluster.qr("single", attempt=1)
+    cluster.fake.queue_held.discard("-single-")  # (the job's scenario let it go if it ran)
     wait_until(lambda: cluster.fake.queued_states()[lost][1] == "ACTIVE",
-               "the spot slice to be ACTIVE", timeout=WAIT_S + 120, interval=0.5)
+               "the spot slice to be ACTIVE", timeout=120, interval=0.5)
     started = time.monotonic()
     cluster.fake.suspend(lost)
     wait_until(lambda: cluster.fake.queued_states().get(again) == (NEXT_ZONE,
@@ -296,44 +324,3 @@ def test_teardown_with_requests_still_waiting_deletes_them_all(cluster: Cluster)
     for host in cluster.offline.bed.hosts:
         left = host.run(f"{LIVE_PROCESSES} | grep -E '[r]aylet|[g]cs_server|[j]oiner' || true")
         assert left.stdout.strip() == "", f"still running on {host.name}: {left.stdout}"
-
-
-def test_min_workers_refused_for_capacity_move_up_to_the_next_zone(bed: Offline) -> None:
-    """A cluster of its own on the module's test bed (after the others, or alone: it needs none of
-    theirs): its TPU min_workers find no capacity in the first zone (the head's autoscaler logs the
-    TPU create's error), so `up` removes that zone's head and starts over in the next zone, where
-    the autoscaler creates the TPU node."""
-    offline, fake = bed, bed.fake
-    fake.tpu_stockout_zones.add(ZONE)
-    home = offline.work / "rayfleet-home-min"
-    key = write_service_account_key(offline.work / "sa-key-min.json",
-                                    offline.google.identity,
-                                    f"student@{PROJECT}.iam.gserviceaccount.com")
-    spec = spec_file(offline.work, key, name="gcpmin", zone=None, zones=[ZONE, NEXT_ZONE],
-                     cpu_workers={}, tpu_workers={"tpu": {
-                         "accelerator_type": "v4-8", "min_workers": 1, "max_workers": 1,
-                         "cpus": 1, "provisioning": "spot"}})
-    started = time.monotonic()
-    try:
-        up = offline.invoke(home, "up", "--cluster", str(spec), timeout=900)
-        offline.timings["min_workers: stockout -> next zone -> up"] = round(
-            time.monotonic() - started, 1)
-        assert up.returncode == 0, up.stdout + up.stderr
-        assert f"zone {ZONE} has no capacity for the head or its min_workers" in up.stderr, \
-            up.stderr
-        with fake.lock:
-            ours = [(key[0], i["labels"].get("ray-node-type")) for key, i in fake.instances.items()
-                    if i["labels"].get("rayfleet-name") == "gcpmin"
-                    and "tpu_cores" not in i["labels"]]
-            nodes = [(n["name"].split("/")[3], n["state"]) for n in fake.tpu_nodes.values()
-                     if n["labels"].get("rayfleet-name") == "gcpmin"]
-        assert ours == [(NEXT_ZONE, "head")], ours  # nothing left in the refused zone
-        assert nodes == [(NEXT_ZONE, "READY")], nodes
-        state = json.loads((home / "state" / "gcpmin.json").read_text())
-        assert [r["attrs"]["zone"] for r in state["resources"]
-                if r["kind"] == "gcp-ray-cluster"] == [NEXT_ZONE]
-    finally:
-        down = offline.invoke(home, "teardown", "--cluster", str(spec), timeout=600)
-        fake.tpu_stockout_zones.discard(ZONE)
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert fake.nodes_with({"rayfleet-name": "gcpmin"}) == []
