@@ -135,13 +135,16 @@ def test_submit_shows_the_job_not_rays_noise_and_logs_stop_job_take_the_last_job
     assert "Ignoring upload" in kept, "Ray's lines are kept in the log file"
 
 
-    # `logs` without a job id: the job just submitted.
-    def started() -> subprocess.CompletedProcess[str] | None:
-        shown = local.rayfleet("logs")
-        assert shown.returncode == 0 and job_id in shown.stderr, shown.stderr
-        return shown if "JOB-START" in shown.stdout else None
+    # `logs` without a job id: the job just submitted, once its start is in its log (waited for
+    # over Ray's HTTP API: a `rayfleet` a poll is 1-2 s of CPU).
+    from ray.job_submission import JobSubmissionClient
 
-    shown = wait_until(started, "the job's start in `invoke logs`", timeout=120, interval=1)
+    url, headers = dashboard_client(local.home, local.spec.stem)
+    client = JobSubmissionClient(url, headers=headers)
+    wait_until(lambda: "JOB-START" in client.get_job_logs(job_id), "the job's start in its log",
+               timeout=120, interval=0.5)
+    shown = local.rayfleet("logs")
+    assert shown.returncode == 0 and job_id in shown.stderr, shown.stderr
     assert "JOB-START" in shown.stdout and "\x1b[" not in shown.stdout
     stopped = local.rayfleet("stop-job")
     assert stopped.returncode == 0, stopped.stderr

@@ -261,11 +261,16 @@ def test_killed_prometheus_is_said_in_one_line_and_up_brings_it_back(cluster: Cl
 
 
 def test_teardown_keeps_the_history_and_the_report_draws_it(cluster: Cluster, busy: dict) -> None:
-    def finished() -> bool:
-        shown = cluster.invoke("top", "--once", "--json", timeout=120)
-        return shown.returncode == 0 and not json.loads(shown.stdout)["jobs"]
+    def ended() -> bool:
+        """Every job over, as Ray's job API says (an `invoke top` a poll is 1-2 s of CPU)."""
+        answer = requests.get(f"{cluster.state['info']['dashboard_url']}/api/jobs/",
+                              headers=cluster.headers(), timeout=10)
+        return answer.status_code == 200 and all(
+            j["status"] in ("SUCCEEDED", "FAILED", "STOPPED") for j in answer.json())
 
-    wait_until(finished, "the busy job to finish", timeout=120, interval=3)
+    wait_until(ended, "the busy job to finish", timeout=120, interval=1)
+    shown = cluster.invoke("top", "--once", "--json", timeout=120)
+    assert shown.returncode == 0 and not json.loads(shown.stdout)["jobs"], shown.stdout[-500:]
     gone = cluster.invoke("teardown")
     assert gone.returncode == 0, gone.stderr
     kept = kept_run(cluster.home, cluster.spec.stem)
