@@ -1,14 +1,22 @@
 """Autoscaling Lambda clusters end to end on the test bed (issue 13): Ray's own autoscaler (v2) on
 the head runs our node provider against the fake Lambda API, whose instances are test-bed hosts.
 
-One cluster is shared by the scenarios of this module, each of which can run alone: the module's
-`up` is the first scenario's subject, and every scenario starts from the cluster up with the head
-alone and the fake's capacity and boot time as the bed sets them (the `scaled` fixture brings it
-there, `up` again after the teardown scenario). Scenarios: up with only the head -> a job needing
-2 workers' GPUs scales 0 -> 2 -> idle -> 0 -> first choice without capacity takes the second -> no
-capacity at all: the job waits, nothing is launched in a loop -> the API key is only in its 0600
-file -> the autoscaler is stopped (with its supervisor) right after it launched a worker `up`
-never saw, and `teardown` still removes every instance of ours.
+One cluster (with tracking and autodown) is shared by the scenarios of this module, each of which
+can run alone: the module's `up` is the first scenario's subject, and every scenario starts from
+the cluster up with the head alone and the fake's capacity and boot time as the bed sets them (the
+`scaled` fixture brings it there, `up` again after the teardown scenario). Scenarios: up with only
+the head -> `up` makes the head's two users (Ray's, the autoscaler's; issue 29) in the host's own
+/etc and /home, Ray runs as the first, Ray's monitor and the idle watcher as the second -> the
+monitor killed with -9 is back within seconds -> a job needing 2 workers' GPUs scales 0 -> 2, and
+while it holds them a probe job on the head and on each of the two workers tries every way to the
+API key, root, the autoscaler's home and the other machines, and finds none -> idle -> 0 -> first
+choice without capacity takes the second -> no capacity at all: the job waits, nothing is launched
+in a loop -> the API key is only in its 0600 file -> `status` sees the watcher run as the
+autoscaler's user -> the autoscaler is stopped (with its supervisor) right after it launched a
+worker `up` never saw, and `teardown` still removes every instance of ours.
+
+A gpu worker offers Ray two GPUs (the spec's `resources`), so that the probe's two one-GPU bundles
+fit beside the scaling job's on the same two workers: one scale-up serves both.
 
 The world (test bed, fake, relays to the API for the head, spec) is autoscale_bed.py's.
 """
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import secrets
 import shlex
@@ -28,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bench import lambda_autoscale
 from infra.providers.lambda_cloud.autoscale import HEAD_TYPE
@@ -48,6 +58,13 @@ from tests.waiting import wait_until
 SCALE = 0.05
 BOOT_S = 1.0
 JOB = Path(__file__).resolve().parents[1] / "data" / "lambda_gpu_job.py"
+PROBE = Path(__file__).resolve().parents[1] / "data" / "privilege_probe.py"
+RAY_USER, SCALER_USER = "rayfleet-ray", "rayfleet-scaler"
+#: Long enough that the watcher never removes this cluster between its scenarios (on a loaded
+#: machine the key scan alone may take minutes); its removal is test_e2e_autodown.py's.
+IDLE_MINUTES = 10.0
+#: The supervisor's first pause (1 s) and the monitor's start (Ray's imports) on a busy machine.
+RESTART_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +73,20 @@ def bed(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     # With the cluster's MLflow tracking server: autoscaled workers must find it too.
     with autoscale_bed(tmp_path_factory.mktemp("lambda-autoscale"), scale=SCALE,
                        boot_delay=BOOT_S, tracking=True) as cluster:
+        spec = yaml.safe_load(cluster.spec.read_text())
+        spec["autodown"] = {"idle_minutes": IDLE_MINUTES}
+        # Two GPUs a worker: the probe's bundles beside the scaling job's (the module's doc).
+        spec["worker_types"]["gpu"]["resources"] = {"CPU": 1, "GPU": 2}
+        cluster.spec.write_text(yaml.safe_dump(spec))
         yield cluster
+
+
+@dataclass
+class Probed:
+    """The privilege probe's `invoke submit` (driver on the head, a task on each of two
+    autoscaled workers), and the launches of the scale-up that brought it its workers."""
+    submit: subprocess.CompletedProcess[str]
+    launches: int
 
 
 @dataclass
@@ -68,6 +98,8 @@ class FirstUp:
     workers: list[dict[str, Any]]
     #: Set once the cluster scaled 0 -> 2 -> 0 (the kept history then shows it).
     went_0_2_0: bool = False
+    #: The privilege probe's run on the two workers of a scale-up, once one ran it.
+    probe: Probed | None = None
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +160,79 @@ def test_up_starts_only_the_head(scaled: Scaled, first_up: FirstUp) -> None:
     assert served.returncode == 0 and "Active:" in served.stdout, served.stdout + served.stderr
     plan = scaled.invoke("plan")
     assert "$0.20/h at minimum size, $1.70/h at maximum size" in plan.stdout, plan.stdout
+    assert f"jobs run as {RAY_USER} (no sudo)" in plan.stdout, plan.stdout
+
+
+def _owners(host: Any, pattern: str) -> set[str]:
+    """Users that run processes whose command line matches `pattern` (pgrep -f)."""
+    out = host.run(f"pgrep -f {pattern!r} | xargs -r ps -o user:20= -p").stdout
+    return set(out.split())
+
+
+@pytest.mark.slow
+def test_up_runs_ray_and_the_autoscaler_as_two_users_of_the_node(scaled: Scaled) -> None:
+    head = scaled.host(scaled.head()["ip"])
+    assert _owners(head, "[r]aylet/raylet") == {RAY_USER}
+    assert _owners(head, "[g]cs_server") == {RAY_USER}
+    assert _owners(head, "[r]ay.autoscaler.v2.monitor") == {SCALER_USER}
+    groups = head.run(f"id -Gn {RAY_USER}", check=True).stdout.split()
+    assert groups == [RAY_USER], groups
+    modes = head.run(f"stat -c '%U %a %n' /home/{RAY_USER} /home/{SCALER_USER} "
+                     f"/home/{SCALER_USER}/.rayfleet/lambda-api-key "
+                     f"/home/{SCALER_USER}/ray_bootstrap_key.pem", check=True).stdout.split("\n")
+    assert [m.split()[:2] for m in modes if m] == [
+        [RAY_USER, "700"], [SCALER_USER, "700"], [SCALER_USER, "600"], [SCALER_USER, "600"]]
+    # The users are the node's own: this machine and the other hosts never saw them.
+    here = subprocess.run(["getent", "passwd", RAY_USER, SCALER_USER], capture_output=True)
+    assert here.returncode != 0 and not Path(f"/home/{RAY_USER}").exists()
+    other = next(h for h in scaled.bed.hosts if h is not head)
+    assert other.run(f"getent passwd {SCALER_USER}").returncode != 0
+    # (`plan` saying that jobs run as Ray's user is test_up_starts_only_the_head's.)
+    # The idle watcher and its supervisor run as the autoscaler's user, reading the API key from
+    # that user's 0700 home (its config names the file), which a job, as Ray's user, cannot read.
+    assert _owners(head, "[i]nfra.node.autodown") == {SCALER_USER}
+    watcher = json.loads(head.run(f"cat /home/{SCALER_USER}/.rayfleet/autodown.json",
+                                  check=True).stdout)
+    assert watcher["action_args"]["api_key_file"] == "~/.rayfleet/lambda-api-key", watcher
+    as_job = head.run(f"runuser -u {RAY_USER} -- cat /home/{SCALER_USER}/.rayfleet/lambda-api-key")
+    assert as_job.returncode != 0 and API_KEY not in as_job.stdout, as_job.stderr
+    # A head an older rayfleet set up runs its watcher as the SSH user (root here), supervised
+    # under the SSH user's pid file: the next `up` stops that one and keeps the scaler's.
+    old = head.run("cd /root && PYTHONPATH=$(ls rayfleet/node/*.zip | head -n 1) python3 -m "
+                   "infra.node.supervise ensure --pidfile /root/.rayfleet/autodown.json.pid "
+                   "--log /root/.rayfleet/autodown.log -- sleep 3600", timeout=60)
+    assert old.returncode == 0 and "started" in old.stdout, old.stdout + old.stderr
+    again = scaled.invoke("up")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert head.run("pgrep -f '[s]leep 3600'").returncode != 0, "the SSH user's watcher runs on"
+    assert head.run("ls -A /root/.rayfleet | grep autodown.json").stdout == ""
+    assert _owners(head, "[i]nfra.node.autodown") == {SCALER_USER}
+
+
+@pytest.mark.slow
+def test_a_killed_autoscaler_is_back_within_seconds(scaled: Scaled) -> None:
+    """Ray's monitor runs under the head's one supervisor (a dead autoscaler leaves workers
+    running, or jobs pending forever): one killed with -9, as a crash or the OOM killer ends it,
+    runs again within seconds, alone and as the autoscaler's user (in file order, the scaling
+    scenario after it is served by the restarted one)."""
+    head = scaled.host(scaled.head()["ip"])
+    before = scaled.autoscaler_pids()
+    assert len(before) == 1, before  # one monitor per head, however many `up`s
+    head.run(f"kill -9 {before[0]}", check=True)
+    started = time.monotonic()
+    scaled.wait("the supervisor to start the autoscaler again",
+                lambda: scaled.autoscaler_pids() not in ([], before), timeout=RESTART_S)
+    print(f"\n[lambda privilege] autoscaler back after kill -9: {time.monotonic() - started:.1f}s")
+    assert len(scaled.autoscaler_pids()) == 1, scaled.autoscaler_pids()
+    assert _owners(head, "[r]ay.autoscaler.v2.monitor") == {SCALER_USER}
+
+
+def _submit_probe(scaled: Scaled) -> subprocess.CompletedProcess[str]:
+    """The privilege probe (tests/data/privilege_probe.py) on the head and two workers, waited
+    for. The hosts' /home is a copy-on-write layer over this machine's: its users' homes are not
+    the node's (the machine's /root is the host's too, but 0700 to everyone but root)."""
+    shared = [f"/home/{d}" for d in sorted(os.listdir("/home"))]
+    return scaled.invoke("submit", str(PROBE), "--", "2", *shared, timeout=900)
 
 
 @pytest.mark.slow
@@ -174,6 +279,9 @@ def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(
     # The head's Prometheus scrapes the autoscaler itself (what the kept history's nodes-by-type
     # series are made of), not only the nodes' agents.
     _wait_autoscaler_counts(scaled.host(head_ip), 2)
+    # The probe's two bundles take each worker's second GPU: it needs no launch of its own
+    # (test_jobs_on_head_and_workers_reach_no_credential_while_it_scales_0_2_0 checks it).
+    first_up.probe = Probed(_submit_probe(scaled), scaled.launches() - before)
     # Released, the job ends well (`logs --follow` exits with the job's status).
     scaled.host(head_ip).run(f"touch {release}", check=True)
     released = time.monotonic()
@@ -190,6 +298,61 @@ def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(
     assert [n["state"] for n in report["nodes"] if n["state"] == "ALIVE"] == ["ALIVE"]
     scaled.fake.wait_powered_off()
     first_up.went_0_2_0 = True
+
+
+@pytest.mark.slow
+def test_jobs_on_head_and_workers_reach_no_credential_while_it_scales_0_2_0(
+        scaled: Scaled, first_up: FirstUp) -> None:
+    """The probe ran beside the scaling scenario's job on its two workers; alone, it scales the
+    cluster 0 -> 2 itself. Either way the separated autoscaler launched exactly its two workers."""
+    probed = first_up.probe
+    if probed is None:
+        before = scaled.launches()
+        submit = _submit_probe(scaled)
+        probed = first_up.probe = Probed(submit, scaled.launches() - before)
+    submit = probed.submit
+    assert submit.returncode == 0, submit.stdout + submit.stderr
+    assert probed.launches == 2, "the separated autoscaler launched the two workers"
+    reports = json.loads(submit.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    head_ip = scaled.head()["ip"]
+    # Two tasks on two distinct workers (the workers' Ray, hence the tasks, run as Ray's user
+    # there too), and the driver on the head.
+    hosts = [r["host"] for r in reports]
+    assert len(set(hosts)) == 3 and hosts[-1] == scaled.host(head_ip).hostname, hosts
+    token = (scaled.home / "keys" / CLUSTER / "ray-token").read_text().strip()
+    for report in reports:
+        _check_probe_report(report, token, submit.stdout)
+    assert scaled.host(head_ip).run(
+        f"test -e /home/{SCALER_USER}/written-by-a-job").returncode != 0
+    # Idle, the separated autoscaler scales back to zero, and says so in its own log.
+    scaled.wait("both workers terminated", lambda: not scaled.workers(), timeout=180)
+    log = scaled.host(head_ip).run(f"cat /home/{SCALER_USER}/rayfleet/logs/monitor.log").stdout
+    assert "terminat" in log.lower(), log[-2000:]
+    scaled.fake.wait_powered_off()
+
+
+def _check_probe_report(report: dict[str, Any], token: str, said: str) -> None:
+    """One node's probe report: it found no way to the API key, root, the autoscaler's home or
+    the other machines, and the tracking server answered it."""
+    where = report["host"]
+    assert report["user"] == RAY_USER and report["uid"] != 0, where
+    assert not set(report["groups"]) & {"sudo", "adm", "docker", "root", "wheel"}, where
+    scan = report["scan"]
+    assert scan["complete"] and scan["files_read"] > 100, (where, scan)
+    assert API_KEY not in scan["keys"], (where, scan["keys"][API_KEY])
+    assert scan["private_keys"] == [], (where, scan["private_keys"])
+    # Every key it found, and none, is refused by the API.
+    assert report["api"] and set(report["api"].values()) == {401}, (where, report["api"])
+    # sudo is there (.ci/run installs it, as cloud images have it) and refuses: exit 1, not
+    # "command not found".
+    assert report["sudo"] == 1, (where, report["sudo"])
+    assert report["write_scaler_home"] in ("PermissionError", "FileNotFoundError"), where
+    assert report["ssh"] and all(code != 0 for code in report["ssh"].values()), \
+        (where, report["ssh"])
+    assert API_KEY not in report["ps"] and token not in report["ps"], where
+    assert RAY_USER in report["ps"], where  # it did see the processes
+    # The server still serves (a failure's reason is in the job's log, in submit's output).
+    assert report["tracking"] == 200, (where, report["tracking"], said[-3000:])
 
 
 @pytest.mark.slow
@@ -276,6 +439,20 @@ def test_api_key_only_in_its_file(scaled: Scaled) -> None:
     for path in scaled.home.rglob("*"):
         if path.is_file():
             assert API_KEY.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.slow
+def test_status_sees_the_watcher_run_as_the_autoscalers_user(scaled: Scaled) -> None:
+    """The watcher runs as the autoscaler's user; that it then removes the whole cluster through
+    the API, from that user's key, is test_e2e_autodown.py's scenario on the same separated head
+    (this module's cluster would only repeat it: its idle period is long enough never to end it).
+    A teardown of this cluster is test_teardown_right_after_a_launch_with_the_autoscaler_killed's."""
+    status = scaled.invoke("status")
+    assert status.returncode == 0, status.stderr
+    assert f"jobs run as {RAY_USER} (no sudo)" in status.stdout, status.stdout
+    # `status` asks the head as the watcher's user: it sees the watcher run.
+    assert "autodown: " in status.stdout and "watcher not running" not in status.stdout, \
+        status.stdout
 
 
 @pytest.mark.slow
