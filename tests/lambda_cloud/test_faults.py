@@ -287,7 +287,9 @@ def test_orphans_are_flagged_then_terminated_and_similar_names_untouched(
     status = _invoke("status", "--cluster", str(path), "--json")
     assert status.returncode == 0, status.stderr
     report = json.loads(status.stdout)
-    worker2 = f"lt-{read_state(rf_home)['cluster_id']}-worker-2"
+    data = read_state(rf_home)
+    assert data is not None
+    worker2 = f"lt-{data['cluster_id']}-worker-2"
     assert any(f"orphan {worker2}" in w for w in report["warnings"]), report["warnings"]
     assert [r["instance"] for r in _rows(report) if "ORPHAN" in r["state"]] == [worker2]
     # The colleague's cluster of the same name is mentioned, never claimed.
