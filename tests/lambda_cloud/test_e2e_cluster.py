@@ -4,10 +4,13 @@ real Ray, a real MLflow tracking server on the head)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -47,18 +50,35 @@ def test_up_submit_status_teardown_on_the_testbed(
             "ssh_user": "root", "ssh_proxy_command": bed.proxy_command,
             "env": "none", "object_store_memory_mb": 100, "boot_timeout_s": 60, "ray_timeout_s": 300,
             "tracking": "mlflow",
+            # No Prometheus: nothing here reads metrics (test_e2e_autoscale.py's cluster does).
+            "metrics": "none",
         }))
         # The instances "boot" with the cluster's key authorized, as Lambda's would.
         bed.authorize_key(ssh.ensure_keypair(CLUSTER).public_key)
 
-        _up_says_where_tracking_goes(spec, rf_home, bed)
-        worker_run = _submit_logs_a_run_per_node_and_status_counts_them(spec, bed)
-        _mlflow_copy_copies_the_store_while_it_runs(spec, rf_home)
-        secret = _mlflow_tunnel_needs_the_login(spec, rf_home, bed, worker_run)
-        _serve_answers_through_the_detached_tunnel(spec, bed)
+        with _timed("up"):
+            _up_says_where_tracking_goes(spec, rf_home, bed)
+        with _timed("submit, status"):
+            worker_run = _submit_logs_a_run_per_node_and_status_counts_them(spec, bed)
+        with _timed("mlflow --copy"):
+            _mlflow_copy_copies_the_store_while_it_runs(spec, rf_home)
+        with _timed("mlflow tunnel"):
+            secret = _mlflow_tunnel_needs_the_login(spec, rf_home, bed, worker_run)
+        with _timed("serve"):
+            _serve_answers_through_the_detached_tunnel(spec, bed)
         _the_password_is_nowhere(bed, rf_home, secret)
-        _dashboard_needs_the_token(spec, rf_home, secret)
-        _teardown_copies_tracking_before_it_terminates(spec, rf_home, fake, bed, worker_run)
+        with _timed("dashboard"):
+            _dashboard_needs_the_token(spec, rf_home, secret)
+        with _timed("teardown"):
+            _teardown_copies_tracking_before_it_terminates(spec, rf_home, fake, bed, worker_run)
+
+
+@contextlib.contextmanager
+def _timed(step: str) -> Iterator[None]:
+    """Print how long a step of the cluster's life took (where this module's time goes)."""
+    started = time.monotonic()
+    yield
+    print(f"\n[lambda cluster] {step}: {time.monotonic() - started:.1f}s", flush=True)
 
 
 def _up_says_where_tracking_goes(spec: Path, rf_home: Path, bed: Testbed) -> None:
@@ -185,9 +205,9 @@ def _teardown_copies_tracking_before_it_terminates(spec: Path, rf_home: Path, fa
     copied_before_terminate: list[bool] = []
     terminate = fake._terminate
 
-    def spy(body: object, now: float) -> object:
+    def spy(body: Any, now: float) -> dict[str, Any]:
         copied_before_terminate.append((store / "mlflow.db").exists())
-        return terminate(body, now)  # type: ignore[arg-type]
+        return terminate(body, now)
 
     fake._terminate = spy  # type: ignore[method-assign]
     down = run_invoke("teardown", "--cluster", str(spec), timeout=300)
