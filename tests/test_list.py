@@ -21,6 +21,7 @@ import yaml
 from infra.core.state import State
 from infra.node import rayproc
 from infra.node.lambda_cloud import api
+from infra.node.slurm import autodown as slurm_autodown
 from infra.providers.gcp_tpu.records import Cluster
 from infra.providers.lambda_cloud.records import Instance
 from tests.conftest import run_invoke
@@ -104,10 +105,14 @@ def test_list_four_providers_one_down(rf_home: Path, tmp_path: Path, lambda_fake
             assert up.returncode == 0, up.stderr
         print(f"both clusters up in {time.monotonic() - began:.1f}s")
         # `up` does not wait for the Slurm head's idle watcher to report (a busy machine can take
-        # a while): the autodown column below is the watcher's first report, so wait for it.
-        wait_until(lambda: "no report from the watcher yet" not in run_invoke(
-            "status", "--cluster", "hpc").stdout, "the Slurm head's watcher to report",
-            timeout=120, interval=1)
+        # a while): the autodown column below is the watcher's first report, so wait for it. Its
+        # marker file, beside the head in the job (on this machine: the bed's one node), is what
+        # `status` reads; watched here, not through an `invoke status` process every second.
+        head = next(r["attrs"] for r in json.loads((rf_home / "state" / "hpc.json").read_text())
+                    ["resources"] if r["attrs"].get("temp_dir"))
+        marker = Path(head["temp_dir"]) / slurm_autodown.MARKER_FILE
+        wait_until(lambda: marker.is_file() and marker.stat().st_size > 0,
+                   "the Slurm head's watcher to report", timeout=120, interval=0.5)
 
         started = time.monotonic()
         listed = run_invoke("list", "--json", "--timeout", str(TIMEOUT))
