@@ -103,7 +103,9 @@ def run_bare(cluster: SlurmCluster, address: str, token: Path) -> float:
     started = time.time()
     job_id = cluster.sbatch(BARE.format(address=address, token=token))
     marker = cluster.jobs_dir / f"bare-{job_id}.started"
-    wait("the bare worker's `ray start`", marker.exists, timeout=300)
+    # Waited for with its time in it: the shell creates the file before `date` has written.
+    wait("the bare worker's `ray start`", lambda: marker.exists() and marker.read_text().strip(),
+         timeout=300)
     seconds = float(marker.read_text()) - started
     cluster.run(f"scancel {job_id}", check=True)
     cluster.wait_job(job_id, timeout=60)
