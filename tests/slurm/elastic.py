@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shlex
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -230,12 +231,14 @@ def scale_0_2_0(cluster: Elastic) -> Round:
                   env={"PATH": f"{ray_bin_dir()}:{os.environ.get('PATH', '')}",
                        "RAYFLEET_HOME": str(cluster.home)}))
     cluster.ran.append("SUCCEEDED")
+    started = time.monotonic()
 
     def three() -> list[dict[str, Any]] | None:
         found = node_targets(cluster)
         return found if found is not None and len(found) == 3 else None
 
     nodes = cluster.wait(three, "3 Ray nodes' targets up in Prometheus", timeout=240)
+    print(f"\n[elastic] 2 workers scraped {time.monotonic() - started:.1f}s after the demand")
     # slurmctld keeps each batch job's environment while the job is known (StateSaveLocation).
     environments = {worker["id"]: kept.read_text(errors="replace")
                     for worker in cluster.workers()
@@ -252,9 +255,11 @@ def scale_0_2_0(cluster: Elastic) -> Round:
     frame = wait_until(reserved, "top to show 1 CPU reserved on the head, 2 on the workers",
                        timeout=120, interval=1)
     alive = cluster.alive_nodes()
+    print(f"[elastic] top showed the bundles {time.monotonic() - started:.1f}s after the demand")
     # Prometheus follows Ray's file as the workers go.
     wait_until(lambda: (found := node_targets(cluster)) is not None and len(found) == 1,
                "the workers' targets gone from Prometheus", timeout=240, interval=1)
+    print(f"[elastic] workers' targets gone {time.monotonic() - started:.1f}s after the demand")
     after = cluster.top()
     return Round(nodes=nodes, frame=frame, alive=alive, after=after,
                  after_alive=cluster.alive_nodes(), environments=environments)
