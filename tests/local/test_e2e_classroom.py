@@ -189,16 +189,9 @@ def _status_from(member: Member, source: str, token: str, path: str = "/api/jobs
 
 
 def _logs(member: Member, job: str, wanted: str, timeout: float = 90) -> str:
-    """The job's log once it holds `wanted`, read as `ray job logs` reads it (one HTTP call
-    a poll: a CLI a poll is ~2 s of CPU on 2 cores)."""
-    def printed() -> str | None:
-        answer = member.get(f"/api/jobs/{job}/logs")
-        text = str(answer.json().get("logs", "")) if answer.status_code == 200 else ""
-        # A line counts once it has ended: the log is read while the job's output arrives.
-        return text if any(wanted in line for line in text.splitlines(keepends=True)
-                           if line.endswith("\n")) else None
-
-    return wait_until(printed, f"{wanted!r} in job {job}'s logs", timeout=timeout, interval=0.5)
+    """The job's log once a line of the job's own holds `wanted` (Member.logged: one HTTP call a
+    poll, as `ray job logs` reads it; Ray's line repeating the entrypoint does not count)."""
+    return member.logged(job, wanted, timeout=timeout)
 
 
 def _stop(member: Member, job: str) -> None:

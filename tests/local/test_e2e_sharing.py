@@ -81,9 +81,11 @@ class Member:
         def printed() -> str | None:
             answer = self.get(f"/api/jobs/{job}/logs")
             text = str(answer.json().get("logs", "")) if answer.status_code == 200 else ""
-            # A line counts once it has ended: the log is read while the job's output arrives.
+            # A line counts once it has ended: the log is read while the job's output arrives;
+            # Ray's own first line repeats the entrypoint, which may hold `wanted` too.
             return text if any(wanted in line for line in text.splitlines(keepends=True)
-                               if line.endswith("\n")) else None
+                               if line.endswith("\n")
+                               and not line.startswith("Running entrypoint for job")) else None
 
         return wait_until(printed, f"{wanted!r} in {self.name}'s job {job}'s logs",
                           timeout=timeout, interval=0.5)
