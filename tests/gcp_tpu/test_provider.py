@@ -20,7 +20,7 @@ import yaml
 
 from infra import providers
 from infra.cli import loading
-from infra.core import paths, state
+from infra.core import node_start, paths, state
 from infra.core.errors import ClusterNotRunningError
 from infra.node import where
 from infra.node.gcp_tpu.api import ApiOptions, GcpCredentialsError, GcpError, GcpQuotaError
@@ -181,7 +181,9 @@ def test_dashboard_firewall_rule_lifecycle(tmp_path: Path, rf_home: Path, fake: 
     assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": [str(dashboard.port)]}]
     assert lab.state().find(Firewall, "rayfleet-lab-dashboard").attrs.ranges == ranges
     assert endpoint.dashboard_url == f"http://127.0.0.1:{dashboard.port}"
-    assert "--dashboard-host=0.0.0.0" in lab.ray.calls[0]["config"]
+    # The head's Ray flags are in node.conf, staged beside the config sent to `ray up`.
+    staged = paths.rendered_dir("lab") / node_start.STAGED / node_start.CONF_NAME
+    assert "--dashboard-host=0.0.0.0" in staged.read_text()
     # Changed ranges: the same rule is updated, not a second one made.
     lab2 = Lab(tmp_path, fake, options, sshd, dashboard, dashboard={
         "port": dashboard.port, "allowed_source_ranges": ["203.0.113.0/24", "198.51.100.0/24"]})
