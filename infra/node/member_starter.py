@@ -189,8 +189,12 @@ def stop(member_id: str, grace_s: float = 5.0) -> int:
         uid = pwd.getpwnam(member_user(member_id)).pw_uid
     except KeyError:
         return 0
+    # Only this machine's processes: a member cluster runs in the starter's network namespace,
+    # and a process elsewhere with the same uid is another machine's user (the test bed's hosts
+    # share this kernel's process table; CI ended a Lambda bed head's Ray this way).
+    here = os.readlink("/proc/self/ns/net")
     procs = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and
-             p.info["uids"].real == uid]
+             p.info["uids"].real == uid and _net_of(p.pid) == here]
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)
@@ -200,6 +204,13 @@ def stop(member_id: str, grace_s: float = 5.0) -> int:
             proc.kill()
     psutil.wait_procs(alive, timeout=grace_s)
     return len(procs)
+
+
+def _net_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
 
 
 def _rmdir(group: Path) -> bool:
