@@ -79,7 +79,9 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     assert reported["resources"]["CPU"] == 2.0
     assert [j["status"] for j in reported["jobs"]] == ["SUCCEEDED"]
 
-    pids = cluster_pids(cluster.stem)
+    # Each process with its command line as it was: a failure below names what went away (a CI
+    # run lost one pid, the lowest of all, with nothing left to tell which process it had been).
+    before = {pid: rayproc.cmdline(pid)[:160] for pid in cluster_pids(cluster.stem)}
     # A changed spec of the running cluster: `plan` names the field, `up` says it needs a new one.
     cluster.write_text(cluster.read_text().replace("num_cpus: 2", "num_cpus: 3"))
     planned = run_invoke("plan", "--cluster", str(cluster))
@@ -89,7 +91,9 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     assert again.returncode == 0 and "already running" in again.stderr
     assert "num_cpus changed to 3, but the running cluster keeps 2: it needs a new cluster" in \
         again.stderr, again.stderr
-    assert set(pids) <= set(cluster_pids(cluster.stem)), "a second up must not restart the cluster"
+    after = set(cluster_pids(cluster.stem))
+    gone = {pid: line for pid, line in before.items() if pid not in after}
+    assert not gone, f"a second up must not restart the cluster; gone: {gone}"
 
     port_base = read_state(rf_home, cluster.stem)["resources"][0]["attrs"]["port_base"]
     down = run_invoke("teardown", "--cluster", str(cluster))
