@@ -146,14 +146,18 @@ def test_a_launch_slow_to_reach_the_server_still_keeps_the_launch_limit(
 
 @pytest.mark.parametrize("head_age_s", [0.0, 5.0])
 def test_first_launch_keeps_the_interval_after_the_heads_launch(
-        fake: FakeLambda, tmp_path: Path, head_age_s: float) -> None:
+        fake: FakeLambda, tmp_path: Path, head_age_s: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """The head, launched by `up` from the user's machine, counts for Lambda's launch limit: a
     head launched just now delays the first worker by the interval; one launched longer ago than
     that does not (the autoscaler's provider starts long after the head booted)."""
     fake.general.interval, fake.launches.interval = 0.25, 3.0  # Lambda's limits at 1/4
     fake.capacity[("gpu_1x_a10", "us-east-1")] = 2
     fake.ssh_keys["k1"] = {"id": "k1", "name": "rayfleet-lt-key", "public_key": "ssh-ed25519 AAAA x"}
-    laptop = api.LambdaClient(API_KEY, fake.url, api.Limits.scaled(0.25))
+    with monkeypatch.context() as laptop_machine:
+        # The user's machine is not the head: its pacer is its own (pace_state.py), so that
+        # only the launch tag tells the provider about the head's launch.
+        laptop_machine.setenv("LAMBDA_PACING_DIR", str(tmp_path / "laptop-pacing"))
+        laptop = api.LambdaClient(API_KEY, fake.url, api.Limits.scaled(0.25))
     # The head launched `head_age_s` ago, on both clocks that judge it, instead of a sleep that
     # raced the interval: its launch tag (what the provider reads) and the fake's launch limit.
     laptop.launch(region="us-east-1", instance_type="gpu_1x_a10", ssh_key_name="rayfleet-lt-key",

@@ -1,7 +1,8 @@
 """A small client for the Lambda Cloud public REST API (https://cloud.lambda.ai/api/v1), on `requests`.
 
 What it guarantees, so callers need not think about it:
-- Pacing (pacing.py): one request at a time, shared by all threads of the process, each sent at
+- Pacing (pacing.py): one request at a time, shared by all threads of every process of this
+  machine's user that uses the same key (pace_state.py: one pacer per account), each sent at
   least `Limits.request_interval` (1 s; routine ones at this process's share of the budget,
   `Limits.routine_interval`), a launch at least `Limits.launch_interval` (12 s), after
   the latest moment the previous one (launch) can have reached Lambda: its answer, or
@@ -43,6 +44,7 @@ from infra.node.lambda_cloud.errors import NotFound as NotFound
 from infra.node.lambda_cloud.errors import QuotaExceeded as QuotaExceeded
 from infra.node.lambda_cloud.errors import RulesetInUse as RulesetInUse
 from infra.node.lambda_cloud.errors import Unavailable as Unavailable
+from infra.node.lambda_cloud.pace_state import account_store
 from infra.node.lambda_cloud.pacing import (
     RETRY_STATUSES,
     Limits,
@@ -172,7 +174,9 @@ class LambdaClient:
         self.limits = limits or Limits()
         self.timeout = timeout
         self.retries = retries
-        self._pacer = Pacer(self.limits)
+        #: Account-wide on this machine: every client of this key and endpoint, in any of this
+        #: user's processes, paces with this one (pace_state.py, issue 48).
+        self._pacer = Pacer(self.limits, account_store(self.url, api_key))
         headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json",
                    "User-Agent": "rayfleet"}
         #: Every call but launch: urllib3 retries 409/429/5xx and network errors.

@@ -18,13 +18,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from urllib3 import connection, connectionpool, poolmanager
 from urllib3.util.retry import Retry
 
 from infra.node.errors import UsageError
+from infra.node.lambda_cloud.pace_state import Memory, Shared, Store, alive
 
 #: Answers worth the same request again: rate limit, Lambda's 409 on rulesets ("conflict", sent
 #: with the internal-error body), and server or gateway failures.
@@ -96,11 +97,11 @@ class Limits:
         return cls.scaled(scale, share)
 
 
-@dataclass
 class Pacer:
-    """The turn to send, shared by threads: a request holds it from `wait` until it has surely
-    reached the server (`done` on its answer, or `Limits.transit` after `written`), and the next
-    one is sent one interval (a launch: one launch interval) after that moment.
+    """The turn to send, shared by threads and, through `store` (pace_state.py), by every process
+    of this machine that uses the same key (issue 48): a request holds it from `wait` until it has
+    surely reached the server (`done` on its answer, or `Limits.transit` after `written`), and the
+    next one is sent one interval (a launch: one launch interval) after that moment.
 
     Spacing the moments requests leave is not enough: the server judges the moments they arrive,
     and on a loaded machine a request took 80 ms from its slot to the fake, so another thread's
@@ -108,109 +109,163 @@ class Pacer:
     request was written (scheduling, building it, the connection) and in the fake's own threads;
     what remains after the last byte is the network's, bounded by `transit`. A launch waiting out
     its longer interval holds nobody back, and nobody holds it back: a plain request that would
-    push it past its due time waits behind it."""
+    push it past its due time waits behind it, whichever process sends it.
 
-    limits: Limits
-    lock: threading.Condition = field(default_factory=threading.Condition)
-    #: When the next routine request may go (this process's share of the budget), the next
-    #: prompt one (Lambda's own request limit: a launch and the capacity read before it), and the
-    #: next launch.
-    next_any: float = 0.0
-    next_prompt: float = 0.0
-    next_launch: float = 0.0
-    #: The thread whose request has the turn (between `wait` and its arrival), if any.
-    owner: int | None = None
-    #: Whether the owner's request is a launch, and when its last byte was written (None: not yet).
-    owner_launch: bool = False
-    written_at: float | None = None
-    #: Launches waiting for their turn: a plain request that would delay one waits behind it.
-    launches_waiting: int = 0
+    Threads of this pacer wake each other; another process's moves are seen by looking again
+    every `POLL` seconds while it holds the turn (its request's arrival is then known to within
+    that). A turn whose process is gone, or held longer than `HOLD`, is taken back."""
 
-    def _arrived(self, at: float) -> None:
+    #: How often a request looks again while another process's request holds the turn.
+    POLL = 0.02
+    #: The longest a request may hold the turn (a stopped process's): beyond any request's
+    #: connect and read timeouts.
+    HOLD = 120.0
+
+    def __init__(self, limits: Limits, store: Store | None = None) -> None:
+        self.limits = limits
+        self.store: Store = store or Memory()
+        self.lock = threading.Condition()
+        #: When this process's next routine request may go (its share of the budget); the shared
+        #: state's `next_prompt` spaces the account's requests.
+        self.next_any = 0.0
+        #: This pacer's launches waiting for their turn.
+        self.launches_waiting = 0
+
+    def _me(self) -> str:
+        """The current thread's name in the shared state: process, thread, this pacer."""
+        return f"{os.getpid()}:{threading.get_ident()}:{id(self):x}"
+
+    def _mine(self, owner: str | None) -> bool:
+        """Whether `owner` is a thread of this pacer (whose `written`/`done` wake the others)."""
+        return owner is not None and owner.startswith(f"{os.getpid()}:") \
+            and owner.endswith(f":{id(self):x}")
+
+    def _arrived(self, shared: Shared, at: float) -> None:
         """The owner's request has reached the server by `at`: the next ones count from there."""
         factor = 1 + self.limits.margin
-        self.next_any = max(self.next_any, at + self.limits.routine_interval * factor)
-        self.next_prompt = max(self.next_prompt, at + self.limits.request_interval * factor)
-        if self.owner_launch:
-            self.next_launch = max(self.next_launch, at + self.limits.launch_interval * factor)
-        self.owner, self.written_at = None, None
+        if self._mine(shared.owner):
+            self.next_any = max(self.next_any, at + self.limits.routine_interval * factor)
+        shared.next_prompt = max(shared.next_prompt, at + self.limits.request_interval * factor)
+        if shared.owner_launch:
+            shared.next_launch = max(shared.next_launch, at + self.limits.launch_interval * factor)
+        shared.owner, shared.written_at = None, None
         self.lock.notify_all()
 
-    def _delays_a_launch(self, now: float, start: float) -> bool:
+    def _take_back(self, shared: Shared, now: float) -> None:
+        """Free the turn another request holds once it has surely arrived: `transit` after it
+        was written, or (its process gone) `transit` after the last moment it can have been
+        written, or after `HOLD`. Forget the waiting launches of processes that are gone."""
+        owner, written, transit = shared.owner, shared.written_at, self.limits.transit
+        if owner is not None and owner != self._me():
+            gone = not alive(int(owner.split(":", 1)[0]))
+            if written is not None and (gone or now >= written + transit):
+                self._arrived(shared, written + transit)
+            elif gone:
+                self._arrived(shared, now + transit)
+            elif now - shared.taken_at > self.HOLD:
+                self._arrived(shared, now)
+        mine = f"{os.getpid()}:{id(self):x}"
+        for key in [k for k in shared.launchers if k != mine]:
+            if not alive(int(key.split(":", 1)[0])):
+                del shared.launchers[key]
+        if self.launches_waiting:
+            shared.launchers[mine] = self.launches_waiting
+        else:
+            shared.launchers.pop(mine, None)
+
+    def _delays_a_launch(self, shared: Shared, now: float, start: float) -> bool:
         """A plain request sent now (at the earliest at `start`) would push the next launch a
         thread waits for past its due time: launches go at Lambda's limit, listings fit in
         between."""
-        if not self.launches_waiting:
+        if not any(shared.launchers.values()):
             return False
-        due = max(self.next_launch, self.next_prompt)
+        due = max(shared.next_launch, shared.next_prompt)
         arrived_by = max(now, start) + self.limits.transit
         return arrived_by + self.limits.request_interval * (1 + self.limits.margin) > due
+
+    def _wait_for(self, shared: Shared, now: float, launch: bool,
+                  prompt: bool) -> tuple[bool, float | None]:
+        """(whether this thread may send now; else how long to wait, None: until woken)."""
+        start = max(shared.next_prompt, shared.next_launch) if launch \
+            else shared.next_prompt if prompt else max(self.next_any, shared.next_prompt)
+        if shared.owner not in (None, self._me()):
+            # `written` or `done` wakes us (another process's: looked at again), else the
+            # owner's transit bound does.
+            bound = None if shared.written_at is None \
+                else shared.written_at + self.limits.transit - now
+            if self._mine(shared.owner):
+                return False, bound
+            return False, self.POLL if bound is None else min(bound, self.POLL)
+        if now < start:
+            return False, start - now
+        if not launch and self._delays_a_launch(shared, now, start):
+            # Until the launch has taken its turn (then `written` wakes us, or we look again).
+            return False, max(max(shared.next_launch, shared.next_prompt) - now, 0.005)
+        return True, 0.0
 
     def wait(self, launch: bool, prompt: bool = False) -> None:
         """Until this thread may send; its request then holds the turn until it has arrived.
         `prompt`: a request on a launch's way (the capacity read before it), spaced by Lambda's
         own limit rather than this process's share; a launch always is."""
-        me = threading.get_ident()
         with self.lock:
             self.launches_waiting += launch
+            taken = False
             try:
                 while True:
-                    now = time.monotonic()
-                    if self.owner not in (None, me) and self.written_at is not None \
-                            and now >= self.written_at + self.limits.transit:
-                        self._arrived(self.written_at + self.limits.transit)
-                    start = max(self.next_prompt, self.next_launch) if launch \
-                        else self.next_prompt if prompt else self.next_any
-                    timeout: float | None
-                    if self.owner not in (None, me):
-                        # `written` or `done` wakes us, else the owner's transit bound does.
-                        timeout = None if self.written_at is None \
-                            else self.written_at + self.limits.transit - now
-                    elif now < start:
-                        timeout = start - now
-                    elif not launch and self._delays_a_launch(now, start):
-                        # Until the launch has taken its turn (then `written` wakes us).
-                        timeout = max(max(self.next_launch, self.next_prompt) - now, 0.005)
-                    else:
-                        break
+                    with self.store.open() as shared:
+                        now = time.monotonic()
+                        self._take_back(shared, now)
+                        go, timeout = self._wait_for(shared, now, launch, prompt)
+                        if go:
+                            self.launches_waiting -= launch
+                            taken = True
+                            self._take_back(shared, now)  # our launch no longer waits
+                            shared.owner, shared.owner_launch = self._me(), launch
+                            shared.taken_at, shared.written_at = now, None
+                            return
                     self.lock.wait(timeout)  # may wake early: looped
             finally:
-                self.launches_waiting -= launch
-            self.owner, self.owner_launch, self.written_at = me, launch, None
+                if not taken:
+                    self.launches_waiting -= launch
+                    if launch:
+                        with contextlib.suppress(OSError), self.store.open() as shared:
+                            self._take_back(shared, time.monotonic())
 
     def written(self) -> None:
         """This thread's request has been written whole: it reaches the server within `transit`."""
-        with self.lock:
-            if self.owner == threading.get_ident() and self.written_at is None:
-                self.written_at = time.monotonic()
+        with self.lock, self.store.open() as shared:
+            if shared.owner == self._me() and shared.written_at is None:
+                shared.written_at = time.monotonic()
                 self.lock.notify_all()
 
     def done(self) -> None:
         """This thread's request was answered (or failed): it has arrived, if at all, by now or by
         `transit` after it was written, whichever was first. A second `done` (an interrupted retry
         backoff), or one after another thread took the turn, changes nothing."""
-        with self.lock:
-            if self.owner != threading.get_ident():
+        with self.lock, self.store.open() as shared:
+            if shared.owner != self._me():
                 return
             now = time.monotonic()
-            written = self.written_at
-            self._arrived(now if written is None else min(now, written + self.limits.transit))
+            written = shared.written_at
+            self._arrived(shared, now if written is None else min(now, written + self.limits.transit))
 
     def push_back(self, seconds: float) -> None:
-        """After a 429, keep every thread quiet for a while, not just the one that was told."""
-        with self.lock:
+        """After a 429, keep every thread of every process on this account quiet for a while, not
+        just the one that was told."""
+        with self.lock, self.store.open() as shared:
             until = time.monotonic() + seconds
-            self.next_any, self.next_prompt = max(self.next_any, until), max(self.next_prompt, until)
+            self.next_any = max(self.next_any, until)
+            shared.next_prompt = max(shared.next_prompt, until)
 
     def defer_launches(self, seconds: float) -> None:
-        """No launch before `seconds` from now (another process just launched)."""
-        with self.lock:
-            self.next_launch = max(self.next_launch, time.monotonic() + seconds)
+        """No launch on this account before `seconds` from now (another process just launched)."""
+        with self.lock, self.store.open() as shared:
+            shared.next_launch = max(shared.next_launch, time.monotonic() + seconds)
 
     def launch_wait(self) -> float:
         """Seconds from now until a launch may go by the launch interval (0: now)."""
-        with self.lock:
-            return max(0.0, self.next_launch - time.monotonic())
+        with self.lock, self.store.open() as shared:
+            return max(0.0, shared.next_launch - time.monotonic())
 
 
 class PacedRetry(Retry):

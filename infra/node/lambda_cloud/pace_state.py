@@ -1,0 +1,162 @@
+"""The pacer's account-wide part (pacing.Pacer): when the next request and the next launch may
+go, which request holds the turn, and the launches waiting, shared by every process of this
+machine's user that uses the same API key at the same endpoint (issue 48: several autoscalers on
+one head pace together, one pacer for the account, not one per process).
+
+It lives in a small JSON file under a directory only its user can write (`pacing_dir`), named by a
+hash of the endpoint and the key, never the key; `filelock` serializes its readers and writers.
+Times are this machine's `time.monotonic()` (CLOCK_MONOTONIC, the same for every process of one
+kernel); the file also records the kernel's boot id, so that the times of a previous boot are
+ignored instead of read as a far future. A holder that crashed leaves no lock behind (the kernel
+drops a dead process's `flock`), and the turn it held is taken back by the pacer (`alive`).
+Without a usable directory the state lives in this process only (`Memory`), as it did before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+#: Overrides where the state files live (default `DEFAULT_DIR` in the user's home).
+DIR_VARIABLE = "LAMBDA_PACING_DIR"
+DEFAULT_DIR = Path("~/.rayfleet/lambda-pacing")
+#: Deadlines further ahead than this are corrupt or from a changed clock: ignored.
+HORIZON = 3600.0
+
+
+@dataclass
+class Shared:
+    """What every process pacing one account must agree on (monotonic seconds)."""
+
+    #: When the next request of any kind may go (Lambda's request interval after the latest
+    #: arrival, or a 429's deferral), and the next launch.
+    next_prompt: float = 0.0
+    next_launch: float = 0.0
+    #: The request holding the turn ("pid:thread:pacer"), whether it is a launch, when it took
+    #: the turn and when its last byte was written (None: not yet).
+    owner: str | None = None
+    owner_launch: bool = False
+    taken_at: float = 0.0
+    written_at: float | None = None
+    #: Launches waiting for their turn, by process id (a plain request that would delay one
+    #: waits behind it, whichever process sends it).
+    launchers: dict[str, int] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    def open(self) -> contextlib.AbstractContextManager[Shared]: ...
+
+
+class Memory:
+    """The state of one process (callers hold the pacer's thread lock)."""
+
+    def __init__(self) -> None:
+        self.shared = Shared()
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[Shared]:
+        yield self.shared
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return os.uname().nodename
+
+
+def _load(text: str, boot: str) -> Shared:
+    """The state in `text`; a fresh one if it is unreadable (a writer died mid-write) or from
+    another boot. Deadlines beyond `HORIZON` are dropped."""
+    try:
+        data: dict[str, Any] = json.loads(text) if text else {}
+        if data.pop("boot", None) != boot:
+            return Shared()
+        names = {f.name for f in dataclasses.fields(Shared)}
+        shared = Shared(**{k: v for k, v in data.items() if k in names})
+    except (ValueError, TypeError):
+        return Shared()
+    limit = time.monotonic() + HORIZON
+    shared.next_prompt = min(float(shared.next_prompt), limit)
+    shared.next_launch = min(float(shared.next_launch), limit)
+    return shared
+
+
+class StateFile:
+    """One account's state in a file, read and written whole under its lock."""
+
+    def __init__(self, path: Path) -> None:
+        from filelock import FileLock
+
+        self.path = path
+        self.boot = _boot_id()
+        self._lock = FileLock(str(path.with_suffix(".lock")), mode=0o600)
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[Shared]:
+        with self._lock:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "r+") as file:
+                text = file.read()
+                shared = _load(text, self.boot)
+                yield shared
+                new = json.dumps({"boot": self.boot, **dataclasses.asdict(shared)})
+                if new != text:
+                    file.seek(0)
+                    file.truncate()
+                    file.write(new)
+
+
+def pacing_dir() -> Path:
+    """The directory of the state files: `LAMBDA_PACING_DIR`, else ~/.rayfleet/lambda-pacing;
+    made 0700 if missing. Refused if another user owns it or others may write it: whoever writes
+    the state can stall every request of this account."""
+    raw = os.environ.get(DIR_VARIABLE, "").strip()
+    path = Path(raw or DEFAULT_DIR).expanduser()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(f"{path} ({DIR_VARIABLE}): must be yours and writable by you alone "
+                              f"(mode {stat.S_IMODE(info.st_mode):o}); chmod 700 it")
+    return path
+
+
+def account_name(url: str, api_key: str) -> str:
+    """The state's file name for this endpoint and key: a hash, from which the key cannot be
+    read back (the key is a long random secret)."""
+    digest = hashlib.sha256(f"rayfleet-lambda-pacing\0{url}\0{api_key}".encode()).hexdigest()
+    return digest[:32]
+
+
+def account_store(url: str, api_key: str) -> Store:
+    """The account's shared state on this machine, or this process's own if there is no usable
+    directory for it (logged: requests may then meet 429s, which are waited out)."""
+    try:
+        directory = pacing_dir()
+        return StateFile(directory / f"{account_name(url, api_key)}.json")
+    except (OSError, ImportError) as exc:
+        logger.warning("Lambda pacing: this process paces alone (%s)", exc)
+        return Memory()
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's counts: signalling it is merely refused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
