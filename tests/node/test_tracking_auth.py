@@ -7,13 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mlflow.server.auth import config as mlflow_auth_config
 
 from infra.node import tracking
 
 
 def test_mlflow_reads_our_auth_config_with_a_bounded_login_cache(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Imported here, not at the top: MLflow's server package takes ~5 CPU-s to import, and every
+    # xdist worker imports every test module at collection, so a top-level import cost it 3 times.
+    from mlflow.server.auth import config as mlflow_auth_config
+
     monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(tracking.auth_ini(tmp_path)))
     read = mlflow_auth_config.read_auth_config()
     assert read.default_permission == "NO_PERMISSIONS"
