@@ -101,13 +101,13 @@ def test_processes_of_one_key_never_break_the_request_or_launch_limit(pacing: Pa
     alone sent its first requests at the same moment as the other's."""
     scale = 0.02
     with account_fake(FakeLambda(KEY, scale=scale, boot_delay=60)) as fake:
-        run_together(fake.url, [KEY, KEY], scale, launches=3, listings=8)
+        run_together(fake.url, [KEY, KEY], scale, launches=2, listings=6)
         with fake.lock:
             log = list(fake.log)
         assert [(m, p) for _, m, p, s in log if s == 429] == [], fake.timeline()
         accepted = sorted(t for t, _, _, s in log if s == 200)
         launches = sorted(t for t, m, p, s in log if p == "/instance-operations/launch" and s == 200)
-        assert len(launches) == 6 and len(launched_at(fake, "p0")) == len(launched_at(fake, "p1")) == 3
+        assert len(launches) == 4 and len(launched_at(fake, "p0")) == len(launched_at(fake, "p1")) == 2
         assert min(b - a for a, b in itertools.pairwise(accepted)) >= fake.general.interval * 0.999
         assert min(b - a for a, b in itertools.pairwise(launches)) >= fake.launches.interval * 0.999
     # The state is one file per account, named by a hash: the key is in no name and no content.
@@ -118,18 +118,16 @@ def test_processes_of_one_key_never_break_the_request_or_launch_limit(pacing: Pa
 
 
 def test_processes_of_different_keys_do_not_wait_on_each_other(pacing: Path) -> None:
-    """Two accounts at one endpoint, two launches each at 1/5 of Lambda's limits (2.4 s between
-    launches): each account keeps its own launch interval, and the two first launches go together
-    (one pacer for both would have put them 2.4 s apart)."""
+    """Two accounts at one endpoint, a launch each at 1/5 of Lambda's limits (2.4 s between
+    launches): the two launches go together (one pacer for both would have put them 2.4 s
+    apart)."""
     scale = 0.2
     with account_fake(TwoAccounts(KEY, scale=scale, boot_delay=60)) as fake:
         fake.general.interval = fake.launches.interval = 0  # two accounts: each judged alone
-        run_together(fake.url, [KEY, OTHER_KEY], scale, launches=2, listings=0)
+        run_together(fake.url, [KEY, OTHER_KEY], scale, launches=1, listings=0)
         first, second = launched_at(fake, "p0"), launched_at(fake, "p1")
-        interval = 12.0 * scale
-        assert len(first) == len(second) == 2
-        assert first[1] - first[0] >= interval and second[1] - second[0] >= interval
-        assert abs(first[0] - second[0]) < interval / 2, (first, second)
+        assert len(first) == len(second) == 1
+        assert abs(first[0] - second[0]) < 12.0 * scale / 2, (first, second)
     assert len(list(pacing.glob("*.json"))) == 2
 
 
