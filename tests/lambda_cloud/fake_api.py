@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import tempfile
 import threading
 import time
 import uuid
@@ -112,6 +113,9 @@ class FakeLambda(FirewallRulesets, LambdaHttp):
         #: handed out again.
         self.on_terminate: Callable[[FakeInstance], None] | None = None
         self.firewall_rulesets: dict[str, dict[str, Any]] = {}
+        #: The clients' account-wide pacing state (LAMBDA_PACING_DIR): this fake's account, not
+        #: the machine's ~/.rayfleet (which a head's key scan must find untouched by the tests).
+        self.pacing_dir = tempfile.TemporaryDirectory(prefix="rayfleet-fake-lambda-pacing-")
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -124,10 +128,10 @@ class FakeLambda(FirewallRulesets, LambdaHttp):
         return self
 
     def client_env(self) -> dict[str, str]:
-        """The environment that points rayfleet's Lambda client at this fake: its URL, key and
-        rate-limit scale."""
+        """The environment that points rayfleet's Lambda client at this fake: its URL, key,
+        rate-limit scale and pacing state."""
         return {"LAMBDA_API_URL": self.url, "LAMBDA_API_KEY": self.api_key,
-                "LAMBDA_RATE_SCALE": str(self.scale)}
+                "LAMBDA_RATE_SCALE": str(self.scale), "LAMBDA_PACING_DIR": self.pacing_dir.name}
 
     @contextlib.contextmanager
     def serving(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLambda]:
