@@ -63,7 +63,7 @@ wait
 """
 
 
-def spec_text(cluster: SlurmCluster, nodes: int) -> str:
+def spec_text(cluster: SlurmCluster, nodes: int, extra: str = "") -> str:
     login = cluster.login_host
     return f"""provider: slurm
 submit:
@@ -77,12 +77,14 @@ nodes: {nodes}
 cpus_per_node: 1
 object_store_memory_mb: 100
 ready_timeout_s: 120
-"""
+{extra}"""
 
 
-def run_ours(cluster: SlurmCluster, work: Path, nodes: int, env: dict[str, str]) -> dict[str, float]:
+def run_ours(cluster: SlurmCluster, work: Path, nodes: int, env: dict[str, str],
+             extra: str = "") -> dict[str, float]:
+    """`extra`: spec lines added to the bench's (a test turns off what it does not time)."""
     spec = work / f"bench{nodes}.yaml"
-    spec.write_text(spec_text(cluster, nodes))
+    spec.write_text(spec_text(cluster, nodes, extra))
     started = time.time()
     up = subprocess.run([sys.executable, "-m", "invoke", "up", "--cluster", str(spec)], cwd=ROOT,
                         env=env, capture_output=True, text=True, check=False)
