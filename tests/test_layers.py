@@ -10,6 +10,7 @@ but a circle of types is a circle of layers all the same.
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -47,26 +48,30 @@ ALLOWED = {
     "app": {"app", "providers", "core", "node"},
 }
 
-EDGES = graph()
+@cache
+def edges() -> dict[str, set[str]]:
+    """infra/'s import graph, read when a test first needs it: at module level every xdist
+    worker read it while collecting (all of infra/ parsed, ~0.5 CPU-s each)."""
+    return graph()
 
 
 def test_the_graph_is_read() -> None:
     # The check below would pass on an empty graph: make sure it sees the imports it must.
-    assert "infra.providers" in EDGES["infra.cli.loading"]
-    assert "infra.node.autodown" in EDGES["infra.core.autodown.remote"]
-    assert "infra.node.files" in EDGES["infra.node.autodown"]  # a lazy or top-level import
-    assert len(EDGES) > 60
+    assert "infra.providers" in edges()["infra.cli.loading"]
+    assert "infra.node.autodown" in edges()["infra.core.autodown.remote"]
+    assert "infra.node.files" in edges()["infra.node.autodown"]  # a lazy or top-level import
+    assert len(edges()) > 60
 
 
 def test_every_module_is_in_a_layers_folder() -> None:
-    outside = sorted(m for m in EDGES if _layer(m) == "outside")
+    outside = sorted(m for m in edges() if _layer(m) == "outside")
     assert outside == [], f"modules outside infra/cli, app, core, providers, node: {outside}"
     assert _layer("infra.cli.commands") == "commands" and _layer("infra.core.spec") == "core"
-    assert _layer("infra.app.lifecycle") == "app" and "infra.app.lifecycle" in EDGES
+    assert _layer("infra.app.lifecycle") == "app" and "infra.app.lifecycle" in edges()
 
 
 def test_no_import_cycle() -> None:
-    assert cycles(EDGES) == []
+    assert cycles(edges()) == []
 
 
 def test_imports_for_the_type_checker_count(tmp_path: Path) -> None:
@@ -87,16 +92,16 @@ def test_the_cycle_check_finds_a_cycle() -> None:
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
 def test_layers_import_only_downward(layer: str) -> None:
-    wrong = sorted(f"{source} -> {target}" for source, targets in EDGES.items()
+    wrong = sorted(f"{source} -> {target}" for source, targets in edges().items()
                    if _layer(source) == layer for target in targets
                    if _layer(target) not in ALLOWED[layer])
     assert wrong == [], f"{layer} imports above itself: {wrong}"
 
 
 def test_core_imports_no_provider_module() -> None:
-    core = [m for m in EDGES if _layer(m) == "core"]
+    core = [m for m in edges() if _layer(m) == "core"]
     assert "infra.core.spec" in core and "infra.core.jobs" in core and "infra.core.autodown.view" in core
-    wrong = sorted(f"{m} -> {t}" for m in core for t in EDGES[m] if t.startswith("infra.providers"))
+    wrong = sorted(f"{m} -> {t}" for m in core for t in edges()[m] if t.startswith("infra.providers"))
     assert wrong == []
 
 
@@ -107,6 +112,6 @@ def test_providers_import_no_other_provider() -> None:
         return parts[2] if len(parts) > 2 and parts[1] == "providers" \
             and parts[2] not in ("base", "features") else None
 
-    wrong = sorted(f"{m} -> {t}" for m, targets in EDGES.items() if package(m) for t in targets
+    wrong = sorted(f"{m} -> {t}" for m, targets in edges().items() if package(m) for t in targets
                    if package(t) and package(t) != package(m))
     assert wrong == []
