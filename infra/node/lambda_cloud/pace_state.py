@@ -4,8 +4,8 @@ machine's user that uses the same API key at the same endpoint (issue 48: severa
 one head pace together, one pacer for the account, not one per process).
 
 It lives in a small JSON file under a directory only its user can write (`pacing_dir`), named by a
-hash of the endpoint and the key, never the key; `filelock` serializes its readers and writers.
-Times are this machine's `time.monotonic()` (CLOCK_MONOTONIC, the same for every process of one
+hash of the endpoint and the key, never the key; the kernel's `flock` on it serializes its readers
+and writers. Times are this machine's `time.monotonic()` (CLOCK_MONOTONIC, the same for every process of one
 kernel); the file also records the kernel's boot id, so that the times of a previous boot are
 ignored instead of read as a far future. A holder that crashed leaves no lock behind (the kernel
 drops a dead process's `flock`), and the turn it held is taken back by the pacer (`alive`).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -95,28 +96,44 @@ def _load(text: str, boot: str) -> Shared:
 
 
 class StateFile:
-    """One account's state in a file, read and written whole under its lock."""
+    """One account's state in a file, read and written whole under the kernel's `flock` on it
+    (what `filelock` takes too, without its 0.5 ms of bookkeeping per turn: a request takes three
+    turns, 0.1 ms here)."""
 
     def __init__(self, path: Path) -> None:
-        from filelock import FileLock
-
         self.path = path
         self.boot = _boot_id()
-        self._lock = FileLock(str(path.with_suffix(".lock")), mode=0o600)
+        self._fd = -1
+        self._pid = 0
+
+    def _descriptor(self) -> int:
+        """The file, opened once per process: a forked child shares its parent's open file, and
+        with it the parent's lock, so it opens its own."""
+        if self._pid != os.getpid():
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._pid = os.getpid()
+        return self._fd
+
+    def __del__(self) -> None:
+        if self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
 
     @contextlib.contextmanager
     def open(self) -> Iterator[Shared]:
-        with self._lock:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "r+") as file:
-                text = file.read()
-                shared = _load(text, self.boot)
-                yield shared
-                new = json.dumps({"boot": self.boot, **dataclasses.asdict(shared)})
-                if new != text:
-                    file.seek(0)
-                    file.truncate()
-                    file.write(new)
+        fd = self._descriptor()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            text = os.pread(fd, 1 << 16, 0).decode(errors="replace")
+            shared = _load(text, self.boot)
+            yield shared
+            new = json.dumps({"boot": self.boot, **dataclasses.asdict(shared)})
+            if new != text:
+                data = new.encode()
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def pacing_dir() -> Path:
@@ -146,7 +163,7 @@ def account_store(url: str, api_key: str) -> Store:
     try:
         directory = pacing_dir()
         return StateFile(directory / f"{account_name(url, api_key)}.json")
-    except (OSError, ImportError) as exc:
+    except OSError as exc:
         logger.warning("Lambda pacing: this process paces alone (%s)", exc)
         return Memory()
 
