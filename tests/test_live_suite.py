@@ -42,9 +42,11 @@ def live(*args: str, ci: bool | None = None, timeout: float = 120) -> subprocess
         env["CI"] = "true"
     # -n 0: the live suite's steps build on each other; it never runs spread over workers.
     # Hydra's pytest plugin (installed with the examples' extras; the live suite uses nothing of
-    # it) imports Hydra: half of each of these runs' CPU.
+    # it) imports Hydra: half of each of these runs' CPU. The same for anyio's, platformdirs' and
+    # xdist's looponfail plugins (installed with Ray and pytest-xdist): ~40% of a refusal's CPU.
     return subprocess.run([sys.executable, "-m", "pytest", "tests/live", "-q", "-n", "0",
-                           "-p", "no:cacheprovider", "-p", "no:hydra_pytest", *args], cwd=ROOT,
+                           "-p", "no:cacheprovider", "-p", "no:hydra_pytest", "-p", "no:anyio",
+                           "-p", "no:platformdirs", "-p", "no:xdist.looponfail", *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
