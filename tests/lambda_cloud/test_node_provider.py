@@ -188,7 +188,11 @@ def test_a_launch_and_its_capacity_read_go_at_lambdas_limit_listings_at_the_shar
     fake.general.interval, fake.launches.interval = 1.0, 12.0
     provider = make(fake, tmp_path, rate_scale=1.0)  # the head's share: 0.5 (its config's default)
     provider.create_node(NODE_CONFIG, TAGS, 1)
-    provider.non_terminated_nodes({})  # a worker boots: listed as often as the share allows
+    # A worker boots: listed as often as the share allows, by Ray's loop (a call a second here:
+    # a listing whose turn is not near is left to a later call, never waited for).
+    wait_until(lambda: provider.non_terminated_nodes({}) and
+               len(fake.requests("GET", "/instances")) == 2, "the booting worker's listing",
+               timeout=10, interval=0.1)
     listed, relisted = (t for t, _ in fake.requests("GET", "/instances"))
     (read,) = (t for t, _ in fake.requests("GET", "/instance-types"))
     (launched,) = launches(fake)
@@ -359,3 +363,20 @@ def test_a_launch_refused_for_good_is_not_retried_every_loop(fake: FakeLambda, t
     with pytest.raises(NoCapacity, match="next try in"):
         provider.create_node(NODE_CONFIG, TAGS, 1)
     assert len(fake.requests("POST", LAUNCH)) == 1
+
+
+def test_rays_loop_never_waits_on_the_pacer_for_a_listing(fake: FakeLambda, tmp_path: Path) -> None:
+    """Ray's loop asks for the nodes every second; a listing due while another routine request
+    (the idle capacity read) has just taken this process's turn is left to a later loop instead
+    of holding Ray's loop, and the demand it would see, for up to an interval (issue 50)."""
+    provider = make(fake, tmp_path, rate_scale=0.5, list_interval_s=0.0)  # routine: 1 s apart
+    assert provider.non_terminated_nodes({}) == []  # the first listing goes at once
+    listed = len(fake.requests("GET", "/instances"))
+    provider.client.instance_types()
+    started = time.monotonic()
+    assert provider.non_terminated_nodes({}) == []
+    assert time.monotonic() - started < 0.5
+    assert len(fake.requests("GET", "/instances")) == listed
+    wait_until(lambda: provider.non_terminated_nodes({}) == [] and
+               len(fake.requests("GET", "/instances")) > listed, "a later loop's listing",
+               timeout=10, interval=0.1)

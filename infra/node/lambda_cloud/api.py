@@ -217,6 +217,10 @@ class LambdaClient:
         """Seconds until this client's next launch may go by Lambda's launch interval."""
         return self._pacer.launch_wait()
 
+    def routine_wait(self) -> float:
+        """Seconds until a routine request (a listing) could go; inf while a request is out."""
+        return self._pacer.routine_wait()
+
     @classmethod
     def from_env(cls, share: float = 1.0) -> LambdaClient:
         key = read_api_key()

@@ -267,6 +267,16 @@ class Pacer:
         with self.lock, self.store.open() as shared:
             return max(0.0, shared.next_launch - time.monotonic())
 
+    def routine_wait(self) -> float:
+        """Seconds from now until a routine request could go (inf while another request holds
+        the turn: a launch's answer takes seconds), for a caller that would rather not wait."""
+        with self.lock, self.store.open() as shared:
+            now = time.monotonic()
+            self._take_back(shared, now)
+            if shared.owner is not None:
+                return float("inf")
+            return max(0.0, self.next_any - now, shared.next_prompt - now)
+
 
 class PacedRetry(Retry):
     """urllib3's Retry, paced like every other request: it waits Retry-After when the answer has
