@@ -34,6 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -192,6 +193,7 @@ def scale_up(cluster: Scaled, workers: int, boot: float, *job_args: str) -> Scal
               f"+{launched + boot:.1f}s, joined Ray at +{seen.get(str(inst.ip), -1):.1f}s")
     launches(cluster, submitted)
     phases(cluster, submitted_wall)
+    worker_steps(cluster, instances, submitted_wall)
     # Lambda's launch limit, as the fake enforces it (12 s, or less on a bed scaled down).
     limit = cluster.fake.launches.interval
     floor = limit * (workers - 1) + boot
@@ -230,7 +232,7 @@ MONITOR_LOGS = (f"/home/{privilege.SCALER_USER}/{privilege.SCALER_LOGS}",
                 "/tmp/ray/session_latest/logs")
 #: The monitor's lines that mark a phase of a scale-up: the demand seen, the launch, and the
 #: updater's steps over SSH (Ray's LogTimer lines carry their own duration).
-PHASE = re.compile(r"Update instance|Launched|LogTimer")
+PHASE = re.compile(r"New instance|Update instance|Launched|LogTimer")
 
 
 def log_time(line: str) -> float | None:
@@ -255,6 +257,45 @@ def phases(cluster: Scaled, submitted: float) -> None:
         if at >= submitted - 1:
             message = line.split(" -- ", 1)[-1] if " -- " in line else line[24:]
             print(f"    +{at - submitted:6.1f}  {message[:150]}")
+    # Ray's GCS on the head: the job's supervisor actor registered, its driver added, its
+    # placement group registered (the demand the autoscaler then sees): the first of each.
+    gcs = head.run("grep -h -E 'Registering actor|Registering job|Registering placement group' "
+                   "/tmp/ray/session_latest/logs/gcs_server.out; true", timeout=60).stdout
+    print("  the head's GCS (seconds after the submission):")
+    seen: set[str] = set()
+    for line in gcs.splitlines():
+        at = log_time(line.lstrip("["))
+        kind = next((k for k in GCS_MARKS if k in line), "")
+        if at is not None and at >= submitted - 1 and kind not in seen:
+            seen.add(kind)
+            print(f"    +{at - submitted:6.1f}  {line.split(': ', 1)[-1][:110]}")
+
+
+GCS_MARKS = ("Registering actor", "Registering job", "Registering placement group")
+
+
+#: On a worker, as root: when its node start made Ray's user's files (the newest in its home),
+#: when `ray start` made the session dir (its birth), and the raylet's first and "started" lines.
+WORKER_STEPS = (
+    f"echo \"users $(find ~{privilege.RAY_USER} -printf '%C@\\n' 2>/dev/null | sort -n | tail -n 1)\"; "
+    "d=$(readlink -f /tmp/ray/session_latest); echo \"session $(stat -c %.3W \"$d\")\"; "
+    "echo \"raylet $(head -n 1 \"$d/logs/raylet.out\" | cut -c2-24)\"; "
+    "echo \"registered $(grep -m 1 'Raylet of id' \"$d/logs/raylet.out\" | cut -c2-24)\"")
+
+
+def worker_steps(cluster: Scaled, instances: list[Any], submitted_wall: float) -> None:
+    """Each worker's own clock marks of its start (seconds after the submission): Ray's user's
+    files handed over (node.sh's users.sh), `ray start`'s session dir, the raylet's first line,
+    the raylet started (registered with the head)."""
+    for inst in sorted(instances, key=lambda i: i.launched):
+        text = cluster.host(str(inst.ip)).run(WORKER_STEPS, timeout=60).stdout
+        marks = []
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            value = value.strip()
+            at = log_time(value) if "-" in value else (float(value) if value else None)
+            marks.append(f"{name} +{at - submitted_wall:.1f}s" if at else f"{name} ?")
+        print(f"  {inst.name} on its host: {', '.join(marks)}")
 
 
 if __name__ == "__main__":
