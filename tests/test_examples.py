@@ -182,34 +182,43 @@ def _hydra(args: list[str], env: dict[str, str], cwd: Path = ROOT,
                           timeout=timeout, check=False)
 
 
+def _ray_jobs(cluster: Cluster) -> dict[str, str]:
+    """Each job's status as Ray's job API reports it, by submission id (the cluster's dashboard
+    and token found through its state): one HTTP request, not an `invoke status` process."""
+    import requests
+
+    state = json.loads((Path(cluster.env["RAYFLEET_HOME"]) / "state" /
+                        f"{cluster.spec.stem}.json").read_text())
+    token = Path(state["info"]["auth_token_path"]).read_text().strip()
+    jobs = requests.get(f"{state['info']['dashboard_url']}/api/jobs/", timeout=30,
+                        headers={"Authorization": f"Bearer {token}"})
+    assert jobs.status_code == 200, jobs.text
+    return {job["submission_id"]: job["status"] for job in jobs.json() if job["submission_id"]}
+
+
 def test_hydra_sweep_runs_each_job_on_the_rayfleet_cluster(cluster: Cluster, tmp_path: Path) -> None:
-    done = _hydra(["hydra/launcher=ray", "optimizer.lr=1e-4,1e-3",
+    """One sweep of two jobs on the cluster: adam completes; rmsprop (no such optimizer here)
+    fails there, and the sweep reports it and exits 1. (A sweep whose jobs all complete exits 0:
+    test_hydra_sweep_runs_in_process_with_one_flag, through the same launcher.)"""
+    done = _hydra(["hydra/launcher=ray", "optimizer.name=adam,rmsprop",
                    f"hydra.launcher.cluster={cluster.spec}", f"hydra.sweep.dir={tmp_path}/sweep"],
                   cluster.env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert "dashboard_sdk" not in done.stdout + done.stderr
     result = result_of(done.stdout)
     assert result["where"] == f"rayfleet cluster {cluster.spec}"
     runs = result["runs"]
-    assert [r["overrides"] for r in runs] == [["optimizer.lr=0.0001"], ["optimizer.lr=0.001"]]
-    assert all(r["status"] == "COMPLETED" and 0.0 <= r["return"] <= 1.0 for r in runs)
-    # The jobs are on the cluster, as Ray reports them (found through the cluster's state).
-    status = json.loads(cluster.invoke("status", "--cluster", str(cluster.spec), "--json").stdout)
-    by_id = {job["job"]: job["status"] for job in status["jobs"]}
-    assert [by_id[r["job"]] for r in runs] == ["SUCCEEDED", "SUCCEEDED"]
-    # Each run's own output came back with it.
-    assert "[#1] adam lr=0.001: accuracy" in done.stdout
-
-
-def test_hydra_reports_a_job_that_fails_on_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
-    done = _hydra(["hydra/launcher=ray", "optimizer.name=rmsprop",
-                   f"hydra.launcher.cluster={cluster.spec}", f"hydra.sweep.dir={tmp_path}/sweep"],
-                  cluster.env)
-    assert done.returncode == 1
-    [run] = result_of(done.stdout)["runs"]
-    assert run["status"] == "FAILED"
-    assert run["return"] == "ValueError: optimizer.name='rmsprop': use adam or sgd"
+    assert [r["overrides"] for r in runs] == [["optimizer.name=adam"], ["optimizer.name=rmsprop"]]
+    completed, failed = runs
+    assert completed["status"] == "COMPLETED" and 0.0 <= completed["return"] <= 1.0
+    assert failed["status"] == "FAILED"
+    assert failed["return"] == "ValueError: optimizer.name='rmsprop': use adam or sgd"
     assert "optimizer.name='rmsprop': use adam or sgd" in done.stderr
+    # The jobs are on the cluster, as Ray reports them.
+    by_id = _ray_jobs(cluster)
+    assert [by_id[r["job"]] for r in runs] == ["SUCCEEDED", "FAILED"]
+    # Each run's own output came back with it.
+    assert "[#0] adam lr=0.001: accuracy" in done.stdout
 
 
 def test_hydra_sweep_runs_in_process_with_one_flag(tmp_path: Path) -> None:
@@ -230,8 +239,10 @@ def test_hydra_sweep_runs_in_process_with_one_flag(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- train, track, serve
 
 
-def _tracking(cluster: Cluster) -> tuple[str, Any]:
-    """The tracking server's URL (from `invoke status --json`) and an authenticated session."""
+@pytest.fixture(scope="module")
+def server(cluster: Cluster) -> tuple[str, Any]:
+    """The tracking server's URL (from `invoke status --json`, read once for the module: an
+    `invoke` process a test is 1-2 CPU-s) and a session logged in to it."""
     import requests
 
     done = cluster.invoke("status", "--cluster", str(cluster.spec), "--json")
@@ -256,17 +267,17 @@ def _wait_answering(url: str, timeout: float = 120) -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(cluster: Cluster) -> dict[str, Any]:
+def trained(cluster: Cluster, server: tuple[str, Any]) -> dict[str, Any]:
     """examples/mlflow_train.py once: Ray Train, 2 workers, logging to the cluster's MLflow."""
-    url, _ = _tracking(cluster)
+    url, _ = server
     _wait_answering(url)  # `up` does not wait for it
     _, result = cluster.submit("examples/mlflow_train.py", "--epochs", "3", timeout=600)
     return result
 
 
 def test_metrics_from_ray_train_workers_and_the_model_version_are_on_the_server(
-        cluster: Cluster, trained: dict[str, Any]) -> None:
-    url, session = _tracking(cluster)
+        server: tuple[str, Any], trained: dict[str, Any]) -> None:
+    url, session = server
     run = session.get(f"{url}/api/2.0/mlflow/runs/get", params={"run_id": trained["run_id"]}).json()
     params = {p["key"]: p["value"] for p in run["run"]["data"]["params"]}
     assert params["num_workers"] == "2" and params["epochs"] == "3"
@@ -284,12 +295,12 @@ def test_metrics_from_ray_train_workers_and_the_model_version_are_on_the_server(
 
 
 def test_tracking_server_refuses_requests_without_the_login(
-        cluster: Cluster, trained: dict[str, Any]) -> None:
+        cluster: Cluster, server: tuple[str, Any], trained: dict[str, Any]) -> None:
     """`trained`: a job that logged to the server, whose runtime env the dashboard shows (and
     the server up: `up` does not wait for it), also when this test runs first or alone."""
     import requests
 
-    url, session = _tracking(cluster)
+    url, session = server
     search = f"{url}/api/2.0/mlflow/experiments/search?max_results=5"
     assert requests.get(search, timeout=10).status_code == 401
     assert requests.get(search, auth=("rayfleet", "wrong"), timeout=10).status_code == 401
@@ -371,13 +382,14 @@ def test_bench_tracking_up_and_local_up_measure_beside_this_cluster(
     """bench/tracking_up.py's pair and bench/local_up.py's raw starts (ON_E2E in
     tests/test_bench.py): the arm with tracking is this module's own `up` (the fixture), the arm
     without is a plain cluster started beside it, whose start script local_up.py then runs by
-    hand (after its teardown) to time a raw `ray start` against that `up`."""
+    hand (after its teardown) to time a raw `ray start` against that `up` (not also Ray's own
+    `ray` script: a third Ray head for a ratio nothing asserts)."""
     assert cluster.tracked is not None
     home = Path(cluster.env["RAYFLEET_HOME"])
     plain = cluster.spec.with_name(f"plain-{uuid.uuid4().hex[:6]}.yaml")
     plain.write_text("provider: local\nnum_cpus: 2\nobject_store_memory_mb: 200\n")
     off = tracking_bench.run_arm(plain, cluster.bench_env, home, tracking=False, keep=True)
-    ratios = local_bench.measure(plain, cluster.bench_env, off.up)
+    ratios = local_bench.measure(plain, cluster.bench_env, off.up, stock=False)
     print(tracking_bench.pair_line("pair 1", off, cluster.tracked, tracked_first=True))
     tracking_bench.summary([(off, cluster.tracked)])
     local_bench.summary([ratios])
@@ -392,16 +404,18 @@ def test_bench_tracking_up_and_local_up_measure_beside_this_cluster(
 
 
 def test_a_dead_tracking_server_is_one_line_and_up_brings_it_back_with_its_runs(
-        cluster: Cluster, trained: dict[str, Any]) -> None:
+        cluster: Cluster, server: tuple[str, Any], trained: dict[str, Any]) -> None:
+    import requests
+
     from infra.core.tracking import client as tracking
     from infra.node import rayproc
 
-    url, session = _tracking(cluster)
+    url, logged_in = server
     state = json.loads((Path(cluster.env["RAYFLEET_HOME"]) / "state" /
                         f"{cluster.spec.stem}.json").read_text())
     config = Path(state["resources"][0]["id"]) / tracking.CONFIG_FILE
-    server = rayproc.cluster_processes([str(config)])
-    assert server and not rayproc.terminate(server)
+    processes = rayproc.cluster_processes([str(config)])
+    assert processes and not rayproc.terminate(processes)
     done = cluster.invoke("mlflow", "--cluster", str(cluster.spec))
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "not answering" in done.stderr and "invoke up" in done.stderr
@@ -410,5 +424,7 @@ def test_a_dead_tracking_server_is_one_line_and_up_brings_it_back_with_its_runs(
     again = cluster.invoke("up", "--cluster", str(cluster.spec))
     assert again.returncode == 0, again.stdout + again.stderr
     _wait_answering(url)
-    run = session.get(f"{url}/api/2.0/mlflow/runs/get", params={"run_id": trained["run_id"]})
+    # A new connection (the module's session may hold one to the server that was ended).
+    run = requests.get(f"{url}/api/2.0/mlflow/runs/get", params={"run_id": trained["run_id"]},
+                       auth=logged_in.auth, timeout=30)
     assert run.status_code == 200 and run.json()["run"]["info"]["status"] == "FINISHED"
