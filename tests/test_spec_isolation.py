@@ -40,12 +40,18 @@ def test_slurm_is_refused_saying_members_run_under_the_owners_account() -> None:
     assert "your own Slurm account" in one_line(exc) and "isolation: shared" in str(exc.value)
 
 
-@pytest.mark.parametrize(("data", "provider"), [(LAMBDA, "lambda"), (GCP, "gcp-tpu")])
-def test_providers_not_built_yet_are_refused_by_name(data: dict[str, Any], provider: str) -> None:
-    with pytest.raises(SpecError) as exc:
-        parse(data, isolation="cluster")
-    assert f"not built for {provider} heads yet" in one_line(exc)
+@pytest.mark.parametrize("data", [LAMBDA, GCP], ids=["lambda", "gcp-tpu"])
+def test_cloud_heads_take_member_clusters_without_root_here(
+        data: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Member users are made on the head (its starter, root there), not on this machine; the
+    head's services members would not get are still refused in one line."""
     assert parse(data).sharing.isolation == "shared"  # today's behaviour stays the default
+    selected = parse({**data, "metrics": "none"}, isolation="cluster")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    owner.check_spec(selected)
+    with pytest.raises(SpecError) as exc:
+        owner.check_spec(parse({**data, "metrics": "prometheus"}, isolation="cluster"))
+    assert "metrics: prometheus is not per member" in one_line(exc)
 
 
 @pytest.mark.parametrize(("key", "value", "words"), [

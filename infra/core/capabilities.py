@@ -70,7 +70,6 @@ CLOUD_HEAD = Capabilities(ssh=True, tracking=True, metrics=True, sharing_gateway
                           # The watcher, the tracking server and the gateway: each a supervised
                           # daemon that `up` restarts when its config differs.
                           applied_by_up=frozenset({"autodown", "sharing"}),
-                          # Member clusters reach a cloud head through the head interface: not
-                          # built in this pass (issue 48 covers local first).
-                          member_clusters_refusal="each member's own cluster is not built for "
-                                                  "{provider} heads yet (local only)")
+                          # Through the head interface: the starter installed as root's command
+                          # there, the gateway's user running it with `sudo -n` (isolation.py).
+                          member_clusters=True)

@@ -23,7 +23,7 @@ import re
 import sys
 import time
 import zlib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +46,19 @@ class StarterConfig:
     #: Where the 0700 parent dirs go (`<tmp_root>/rf-m-<id>`): short, as Ray's socket paths
     #: under the temp dir must stay under 108 bytes.
     tmp_root: str
-    #: The gateway's own copies of member tokens (0600, the gateway's user).
+    #: The gateway's own copies of member tokens (0600, the gateway's user), in a dir root owns
+    #: and only the gateway's group may read (the starter makes it so).
     token_dir: str
     gateway_uid: int
     gateway_gid: int
     #: The folder of the Python (with Ray) that member users run; they must be able to enter it.
+    #: Empty: the folder of the Python the starter runs with (a head's installed starter).
     python_bin: str
     #: Member port blocks: `first_port`, every `block_step`, up to `last_port`.
     first_port: int = 32000 - 128 * 16
     last_port: int = 32000 - 128
     block_step: int = 128
+    #: 0 (here and in the two limits below): the head machine's, read there (on_this_machine).
     num_cpus: int = 1
     #: The cgroup limits of each member's processes on the head machine.
     cpus: float = 1.0
@@ -66,6 +69,28 @@ class StarterConfig:
     member_idle_minutes: float = 20.0
     #: The starter's command prefix; empty when the gateway runs as root.
     sudo: list[str] = field(default_factory=list)
+    #: The gateway's Unix user by name (a cloud head's, unknown where `up` writes this): when
+    #: set, the starter takes its uid and gid from the head's user table, not the two above.
+    gateway_user: str = ""
+    #: The starter's whole command line before its verb, where it is installed on the head as a
+    #: root-owned command with its own copy of this config (setup/users/users.sh `starter:`,
+    #: the one sudoers rule): then neither `sudo` nor this file's path are used to call it.
+    command: list[str] = field(default_factory=list)
+
+
+def on_this_machine(config: StarterConfig) -> StarterConfig:
+    """`config` with what `up` left to the head (0: not known where it was written) taken from
+    this machine: every CPU for each member (as the local provider without `num_cpus`), and 80%
+    of the memory shared among `max_active_members`."""
+    if config.num_cpus > 0 and config.memory_mb > 0:
+        return config
+    cpus = config.num_cpus or os.cpu_count() or 1
+    try:
+        total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):
+        total_mb = 8192
+    memory = config.memory_mb or max(1024, int(total_mb * 0.8) // config.max_active_members)
+    return replace(config, num_cpus=cpus, cpus=config.cpus or float(cpus), memory_mb=memory)
 
 
 def short_id(member_id: str) -> str:
@@ -87,7 +112,8 @@ def write_starter_config(path: Path, config: StarterConfig) -> None:
 
 def read_starter_config(path: Path) -> StarterConfig:
     data = json.loads(path.read_text())
-    return StarterConfig(**{f.name: data[f.name] for f in fields(StarterConfig) if f.name in data})
+    return on_this_machine(
+        StarterConfig(**{f.name: data[f.name] for f in fields(StarterConfig) if f.name in data}))
 
 
 @dataclass
@@ -137,11 +163,15 @@ class MemberClusters:
 
     async def starter(self, verb: str, member_id: str, *args: str) -> dict[str, Any]:
         """One call of the privileged starter; its JSON answer (an `error` key: it failed)."""
-        argv = [*self.config.sudo, sys.executable, "-m", "infra.node.member_starter", "--config",
-                self.config_path, verb, member_id, *args]
+        installed = self.config.command
+        argv = [*(installed or [*self.config.sudo, sys.executable, "-m",
+                                "infra.node.member_starter", "--config", self.config_path]),
+                verb, member_id, *args]
+        # This checkout's root holds `infra` (a head's node package is a zip: the installed
+        # starter has its own root-owned copy).
         process = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            cwd=str(Path(__file__).resolve().parents[2]))
+            cwd="/" if installed else str(Path(__file__).resolve().parents[2]))
         out, _ = await process.communicate()
         try:
             answer: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])

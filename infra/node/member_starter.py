@@ -99,11 +99,35 @@ def ensure_token(config: StarterConfig, member_id: str, user: pwd.struct_passwd)
     else:
         token = secrets.token_hex(32)
         write_private(path, token, user.pw_uid, user.pw_gid)
-    copies = Path(config.token_dir)
-    copies.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_private(copies / f"{short_id(member_id)}.token", token, config.gateway_uid,
-                  config.gateway_gid)
+    uid, gid = gateway_ids(config)
+    copies = token_dir(config, gid)
+    write_private(copies / f"{short_id(member_id)}.token", token, uid, gid)
     return path
+
+
+def gateway_ids(config: StarterConfig) -> tuple[int, int]:
+    """The gateway's uid and gid: by its user's name where the config gives one."""
+    if not config.gateway_user:
+        return config.gateway_uid, config.gateway_gid
+    try:
+        found = pwd.getpwnam(config.gateway_user)
+    except KeyError:
+        raise StarterError(f"no user {config.gateway_user} on this head (the gateway's); "
+                           "run `invoke up` again") from None
+    return found.pw_uid, found.pw_gid
+
+
+def token_dir(config: StarterConfig, gid: int) -> Path:
+    """The gateway's token copies' dir: root's, readable by the gateway's group only (0750),
+    never a link: the gateway cannot swap it for one that turns root's writes elsewhere."""
+    copies = Path(config.token_dir)
+    copies.mkdir(mode=0o750, parents=True, exist_ok=True)
+    info = os.lstat(copies)
+    if not os.path.isdir(copies) or os.path.islink(copies) or info.st_uid != 0:
+        raise StarterError(f"{copies} is not root's own dir; remove it")
+    os.chown(copies, 0, gid)
+    os.chmod(copies, 0o750)
+    return copies
 
 
 def cgroup_dirs(name: str) -> list[Path]:
@@ -146,9 +170,10 @@ def start(config: StarterConfig, member_id: str, port_base: int) -> dict[str, ob
     token = ensure_token(config, member_id, user)
     block = rayproc.PortBlock(port_base)
     groups = make_cgroups(config, user.pw_name)
-    python = str(Path(config.python_bin) / "python")
+    python_bin = config.python_bin or str(Path(sys.executable).parent)
+    python = str(Path(python_bin) / "python")
     env = {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name,
-           "PATH": f"{config.python_bin}:/usr/local/bin:/usr/bin:/bin",
+           "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
            "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": f"127.0.0.1:{block.gcs}",
            "AUTOSCALER_METRIC_PORT": str(block.autoscaler_metrics),
@@ -167,7 +192,7 @@ def start(config: StarterConfig, member_id: str, port_base: int) -> dict[str, ob
     if check.returncode != 0:
         raise StarterError(f"{user.pw_name} cannot run {python} ({check.stderr.strip()[-120:]}); "
                            "install Ray's Python where other users may enter (not a 0700 home)")
-    argv = [*raycli.argv_here(str(Path(config.python_bin) / "ray")), "start", "--head",
+    argv = [*raycli.argv_here(str(Path(python_bin) / "ray")), "start", "--head",
             "--dashboard-host=127.0.0.1", *block.flags(), f"--temp-dir={parent}/t",
             f"--num-cpus={config.num_cpus}", f"--object-store-memory={config.object_store_mb << 20}",
             "--disable-usage-stats", "--log-style=record"]

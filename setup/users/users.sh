@@ -2,7 +2,7 @@
 # rayfleet node users: the system users a cloud node runs Ray, its autoscaler and the sharing
 # gateway as.
 #
-#   sudo bash users.sh SOURCE_HOME [ray:PATH | scaler:PATH | gateway:PATH]...
+#   sudo bash users.sh SOURCE_HOME [ray:PATH | scaler:PATH | gateway:PATH | starter:DIR]...
 #
 # Run as root (the SSH user's sudo, or root itself) before Ray starts on a node; idempotent, so
 # Ray's launcher may re-run it. It makes sure that
@@ -35,7 +35,7 @@ readonly ROOT_GROUPS="sudo admin wheel adm docker lxd disk root shadow"
 die() { printf 'users.sh: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "run as root (sudo bash users.sh ...): it creates system users"
-[ $# -ge 1 ] || die "usage: users.sh SOURCE_HOME [ray:PATH | scaler:PATH | gateway:PATH]..."
+[ $# -ge 1 ] || die "usage: users.sh SOURCE_HOME [ray:PATH | scaler:PATH | gateway:PATH | starter:DIR]..."
 SOURCE_HOME=$1
 shift
 [ -d "$SOURCE_HOME" ] || die "SOURCE_HOME $SOURCE_HOME is not a directory"
@@ -103,11 +103,49 @@ give() {
         bash -c "$(declare -f unpack); cd ~ && unpack \"\$@\"" give "$path" "$private"
 }
 
+# `sharing.isolation: cluster`: the member starter (infra/node/member_starter.py), installed as
+# root's own command, which the gateway's user may run through `sudo -n` and nothing else may:
+# DIR (relative to SOURCE_HOME) holds its config (member-starter.json, which root alone then
+# reads), the node package (node.zip, root's copy: the gateway's own could be changed by the
+# gateway) and `python`, the folder of the head's Python with Ray (the SSH user's env, which
+# neither the gateway nor Ray's user can write). DIR goes afterwards. The one sudoers rule names
+# that one command, whose every argument the starter checks against root's config. All three live
+# in /etc/rayfleet, root's (a test bed's hosts have an /etc of their own, not a /usr).
+readonly STARTER=/etc/rayfleet/member-starter
+readonly STARTER_LIB=/etc/rayfleet
+install_starter() {
+  local dir=$SOURCE_HOME/$1 py rule
+  for name in member-starter.json node.zip python; do
+    [ -f "$dir/$name" ] || die "starter:$1: no $name there"
+  done
+  py=$(head -n 1 "$dir/python")/python
+  case $py in
+    /*[!A-Za-z0-9/._+-]* | [!/]*) die "starter:$1: python $py is not an absolute plain path" ;;
+  esac
+  [ -x "$py" ] || die "starter:$1: $py is not executable"
+  install -d -o root -g root -m 0755 "$STARTER_LIB"
+  install -o root -g root -m 0600 "$dir/member-starter.json" /etc/rayfleet/member-starter.json
+  install -o root -g root -m 0644 "$dir/node.zip" "$STARTER_LIB/member-starter.zip"
+  # -I: no PYTHONPATH, user site or current folder; env -i: nothing of the caller's environment.
+  printf '%s\n' '#!/bin/sh' \
+    "exec env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin $py -I -c 'import sys; sys.path.insert(0, \"$STARTER_LIB/member-starter.zip\"); from infra.node.member_starter import main; sys.exit(main())' --config /etc/rayfleet/member-starter.json \"\$@\"" \
+    > "$STARTER.new"
+  chown root:root "$STARTER.new"
+  chmod 0755 "$STARTER.new"
+  mv -f "$STARTER.new" "$STARTER"
+  rule=$(mktemp)
+  printf '%s ALL=(root) NOPASSWD: %s\n' "$GATEWAY_USER" "$STARTER" > "$rule"
+  visudo -cqf "$rule" || die "the member starter's sudoers rule does not parse"
+  install -o root -g root -m 0440 "$rule" /etc/sudoers.d/rayfleet-member-starter
+  rm -f "$rule"
+  rm -rf "$dir"
+}
+
 make_user "$RAY_USER"
 for arg in "$@"; do
   case $arg in
     scaler:*) make_user "$SCALER_USER" ;;
-    gateway:*) make_gateway_user ;;
+    gateway:* | starter:*) make_gateway_user ;;
   esac
 done
 for arg in "$@"; do
@@ -115,7 +153,8 @@ for arg in "$@"; do
     ray:*) give "$RAY_USER" "${arg#ray:}" ;;
     scaler:*) give "$SCALER_USER" "${arg#scaler:}" ;;
     gateway:*) give "$GATEWAY_USER" "${arg#gateway:}" ;;
-    *) die "argument $arg: expected ray:PATH, scaler:PATH or gateway:PATH" ;;
+    starter:*) install_starter "${arg#starter:}" ;;
+    *) die "argument $arg: expected ray:PATH, scaler:PATH, gateway:PATH or starter:DIR" ;;
   esac
 done
 # A node environment that setup installed under the SSH user's home must be usable by Ray's user:
