@@ -7,13 +7,16 @@ the cluster up with the head alone and the fake's capacity and boot time as the 
 `scaled` fixture brings it there, `up` again after the teardown scenario). Scenarios: up with only
 the head -> `up` makes the head's two users (Ray's, the autoscaler's; issue 29) in the host's own
 /etc and /home, Ray runs as the first, Ray's monitor and the idle watcher as the second -> the
-monitor killed with -9 is back within seconds -> a job needing 2 workers' GPUs scales 0 -> 2, and
-while it holds them a probe job on the head and on each of the two workers tries every way to the
-API key, root, the autoscaler's home and the other machines, and finds none -> idle -> 0 -> first
-choice without capacity takes the second -> no capacity at all: the job waits, nothing is launched
-in a loop -> the API key is only in its 0600 file -> `status` sees the watcher run as the
-autoscaler's user -> the autoscaler is stopped (with its supervisor) right after it launched a
-worker `up` never saw, and `teardown` still removes every instance of ours.
+monitor killed with -9 is back within seconds -> a job needing 2 workers' GPUs scales 0 -> 2 (the
+first choice has room for one: the second choice takes the other), and while it holds them a probe
+job on the head and on each of the two workers tries every way to the API key, root, the
+autoscaler's home and the other machines, and finds none -> idle -> 0 -> no capacity at all: the
+job waits, nothing is launched in a loop -> the API key is only in its 0600 file -> `status`
+sees the watcher run as the autoscaler's user -> the autoscaler is stopped (with its supervisor)
+right after it launched a worker `up` never saw, and `teardown` still removes every instance of
+ours -> autodown (issue 15): a new `up` with a short idle period; a running job keeps the cluster,
+idleness makes the head terminate every instance of it through the API, and `status` and
+`teardown` say so.
 
 A gpu worker offers Ray two GPUs (the spec's `resources`), so that the probe's two one-GPU bundles
 fit beside the scaling job's on the same two workers: one scale-up serves both.
@@ -40,6 +43,7 @@ import pytest
 import yaml
 
 from bench import lambda_autoscale
+from infra.node.autodown import HEAD_MARKER
 from infra.providers.lambda_cloud.autoscale import HEAD_TYPE
 from tests.browser_metrics import check_report_page
 from tests.kept_history import check_workers_went_0_2_0, kept_run
@@ -52,7 +56,7 @@ from tests.lambda_cloud.autoscale_bed import (
     stop_autoscaler,
 )
 from tests.testbed.preflight import require
-from tests.waiting import wait_until
+from tests.waiting import read_json, wait_until, watcher_checked
 
 #: Launch interval 0.6 s; the head's provider sends a request every 0.1 s at most.
 SCALE = 0.05
@@ -61,7 +65,8 @@ JOB = Path(__file__).resolve().parents[1] / "data" / "lambda_gpu_job.py"
 PROBE = Path(__file__).resolve().parents[1] / "data" / "privilege_probe.py"
 RAY_USER, SCALER_USER = "rayfleet-ray", "rayfleet-scaler"
 #: Long enough that the watcher never removes this cluster between its scenarios (on a loaded
-#: machine the key scan alone may take minutes); its removal is test_e2e_autodown.py's.
+#: machine the key scan alone may take minutes); its removal is the last scenario's, whose `up`
+#: makes a cluster of AUTODOWN_IDLE_MINUTES.
 IDLE_MINUTES = 10.0
 #: The supervisor's first pause (1 s) and the monitor's start (Ray's imports) on a busy machine.
 RESTART_S = 30.0
@@ -100,6 +105,8 @@ class FirstUp:
     went_0_2_0: bool = False
     #: The privilege probe's run on the two workers of a scale-up, once one ran it.
     probe: Probed | None = None
+    #: The instance types of the 0 -> 2 scale-up, its first choice able to take one worker only.
+    scaled_types: list[str] | None = None
 
 
 @pytest.fixture(scope="module")
@@ -230,8 +237,12 @@ def test_a_killed_autoscaler_is_back_within_seconds(scaled: Scaled) -> None:
 def _submit_probe(scaled: Scaled) -> subprocess.CompletedProcess[str]:
     """The privilege probe (tests/data/privilege_probe.py) on the head and two workers, waited
     for. The hosts' /home is a copy-on-write layer over this machine's: its users' homes are not
-    the node's (the machine's /root is the host's too, but 0700 to everyone but root)."""
+    the node's (the machine's /root is the host's too, but 0700 to everyone but root). The hosts
+    see this machine's /opt and package caches (/var/cache) as they see its /usr, which the probe
+    leaves alone too: this machine's toolchains and downloads, not where a node keeps a secret
+    (each node read them all, hundreds of MB, three at once on the machine's cores)."""
     shared = [f"/home/{d}" for d in sorted(os.listdir("/home"))]
+    shared += [f"/opt/{d}" for d in sorted(os.listdir("/opt"))] + ["/var/cache"]
     return scaled.invoke("submit", str(PROBE), "--", "2", *shared, timeout=900)
 
 
@@ -244,6 +255,9 @@ def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(
     # below sees them while the job still needs them: idle for only 6 s after a job, they may
     # be gone by the time `status` runs on a busy machine.
     release = f"/tmp/rayfleet-release-{secrets.token_hex(6)}"
+    # The first choice has room for one worker: the second choice takes the other (what
+    # test_first_choice_without_capacity_takes_the_second asserts of this scale-up).
+    scaled.fake.capacity[("gpu_1x_a10", "us-west-1")] = 1
     # Submitted and timed until both workers joined by bench/lambda_autoscale.py's own measure
     # (CI runs that bench's measurement here, not on a bed of its own).
     timed = lambda_autoscale.scale_up(scaled, 2, BOOT_S, release)
@@ -261,7 +275,7 @@ def test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero(
     print(f"\n[lambda autoscale] 0 -> 2 workers and the job: {time.monotonic() - started:.1f}s")
     workers = scaled.workers()
     assert len(workers) == 2 and scaled.launches() - before == 2, workers
-    assert {w["type"] for w in workers} == {"gpu_1x_a10"}  # the first choice had capacity
+    first_up.scaled_types = sorted(w["type"] for w in workers)
     hosts = sorted(scaled.host(w["ip"]).hostname for w in workers)
     assert sorted(_result(logged)["hosts"]) == hosts
     # Each autoscaled worker's tasks found the head's tracking server and its login.
@@ -356,16 +370,18 @@ def _check_probe_report(report: dict[str, Any], token: str, said: str) -> None:
 
 
 @pytest.mark.slow
-def test_metrics_report_of_the_running_cluster_renders(scaled: Scaled, tmp_path: Path) -> None:
+def test_metrics_report_of_the_running_cluster_renders(scaled: Scaled, first_up: FirstUp,
+                                                       tmp_path: Path) -> None:
     """The head's Prometheus, through the cluster's tunnel: the live report opens in Chromium.
-    Alone, the cluster has run no job and its Prometheus may not have scraped the autoscaler yet:
-    a job of its own (on the head, it asks for nothing) and a wait for the head's count give every
-    chart something to draw."""
-    hello = tmp_path / "job" / "hello.py"
-    hello.parent.mkdir()
-    hello.write_text("print('hello from the head')\n")
-    ran = scaled.invoke("submit", str(hello))
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+    Alone, the cluster has run no job (after the scaling scenario it ran two) and its Prometheus
+    may not have scraped the autoscaler yet: a job of its own (on the head, it asks for nothing)
+    and a wait for the head's count give every chart something to draw."""
+    if not first_up.went_0_2_0:
+        hello = tmp_path / "job" / "hello.py"
+        hello.parent.mkdir()
+        hello.write_text("print('hello from the head')\n")
+        ran = scaled.invoke("submit", str(hello))
+        assert ran.returncode == 0, ran.stdout + ran.stderr
     _wait_head_series(scaled.host(scaled.head()["ip"]),
                       f'sum(autoscaler_active_nodes{{NodeType="{HEAD_TYPE}"}}) > 0',
                       "the autoscaler's metric to count the head")
@@ -378,7 +394,12 @@ def test_metrics_report_of_the_running_cluster_renders(scaled: Scaled, tmp_path:
 
 
 @pytest.mark.slow
-def test_first_choice_without_capacity_takes_the_second(scaled: Scaled) -> None:
+def test_first_choice_without_capacity_takes_the_second(scaled: Scaled, first_up: FirstUp) -> None:
+    """The scaling scenario's first choice had room for one of its two workers: the first took
+    it, the second took the second choice. Alone: one worker, the first choice without any."""
+    if first_up.scaled_types is not None:
+        assert first_up.scaled_types == ["gpu_1x_a10", "gpu_1x_a100_sxm4"], first_up.scaled_types
+        return
     scaled.fake.capacity[("gpu_1x_a10", "us-west-1")] = 0
     submit = scaled.invoke("submit", str(JOB), "--", "1")
     assert submit.returncode == 0, submit.stdout + submit.stderr
@@ -444,8 +465,8 @@ def test_api_key_only_in_its_file(scaled: Scaled) -> None:
 @pytest.mark.slow
 def test_status_sees_the_watcher_run_as_the_autoscalers_user(scaled: Scaled) -> None:
     """The watcher runs as the autoscaler's user; that it then removes the whole cluster through
-    the API, from that user's key, is test_e2e_autodown.py's scenario on the same separated head
-    (this module's cluster would only repeat it: its idle period is long enough never to end it).
+    the API, from that user's key, is test_busy_head_stays_idle_head_removes_the_whole_cluster's
+    (the last scenario: this cluster's idle period is long enough never to end it).
     A teardown of this cluster is test_teardown_right_after_a_launch_with_the_autoscaler_killed's."""
     status = scaled.invoke("status")
     assert status.returncode == 0, status.stderr
@@ -525,3 +546,107 @@ def _check_metrics_kept(scaled: Scaled, down: subprocess.CompletedProcess[str],
     assert made.returncode == 0, made.stdout + made.stderr
     check_report_page(out)
     assert "from the copy kept at teardown" in out.read_text()
+
+
+#: The autodown scenario's idle period (12 s): its own cluster removes itself within the test.
+AUTODOWN_IDLE_MINUTES = 0.2
+#: The watcher's marker on the head (it runs as the autoscaler's user), read as root there: a
+#: cheap poll where each `invoke status` (which fetches it) costs a CLI process and an SSH session.
+MARKER_ON_HEAD = HEAD_MARKER.replace("~", f"~{SCALER_USER}", 1)
+
+
+def _head_marker(head: Any) -> dict[str, Any] | None:
+    """The watcher's marker as the head holds it, or None while there is none."""
+    try:
+        found = json.loads(head.run(f"cat {MARKER_ON_HEAD}").stdout or "null")
+    except json.JSONDecodeError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+@pytest.mark.slow
+def test_busy_head_stays_idle_head_removes_the_whole_cluster(
+        bed: Scaled, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autodown (issue 15): the watcher `up` starts beside the head asks Ray there; a running job
+    keeps the cluster, idleness makes the head terminate every instance of the cluster through the
+    API (from the autoscaler's user's key), itself included, and the laptop's next `status` and
+    `teardown` say that it removed itself. Last in the module: the teardown scenario removed the
+    module's cluster, and this `up` starts one with a short idle period (without Prometheus or
+    tracking: nothing here reads them)."""
+    if (bed.home / "state" / f"{CLUSTER}.json").exists():  # an earlier scenario left it up
+        left = bed.invoke("teardown")
+        assert left.returncode == 0, left.stdout + left.stderr
+    bed.fake.capacity.update(CAPACITY)
+    bed.fake.boot_delay = BOOT_S
+    # A teardown took the cluster's key pair along: the instances "boot" with the new one
+    # authorized, as Lambda's would (autoscale_bed did so for the first).
+    from infra.core import ssh
+
+    monkeypatch.setenv("RAYFLEET_HOME", str(bed.home))
+    bed.bed.authorize_key(ssh.ensure_keypair(CLUSTER).public_key)
+    module_spec = bed.spec.read_text()
+    spec = yaml.safe_load(module_spec)
+    spec["autodown"] = {"idle_minutes": AUTODOWN_IDLE_MINUTES}
+    spec.pop("metrics_history", None)
+    spec.pop("tracking", None)
+    spec["metrics"] = "none"
+    bed.spec.write_text(yaml.safe_dump(spec))
+    try:
+        _busy_then_idle_until_removed(bed)
+    finally:
+        bed.spec.write_text(module_spec)
+
+
+def _busy_then_idle_until_removed(scaled: Scaled) -> None:
+    up = scaled.invoke("up")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "starting the autodown watcher on the head" in up.stderr
+    head = scaled.head()
+
+    job = scaled.invoke("submit", "--no-wait", "tests/data/sleeper.py")
+    assert job.returncode == 0, job.stdout + job.stderr
+    job_id = job.stdout.strip().splitlines()[-1]
+    # The watcher looked once a whole idle period had passed, with the job running (read on the
+    # head); `status` fetches its marker from the head and keeps a copy here.
+    host = scaled.host(head["ip"])
+    checked = watcher_checked(lambda: _head_marker(host), AUTODOWN_IDLE_MINUTES, interval=1)
+    assert scaled.head()["id"] == head["id"], "a head running a job must not remove itself"
+    status = scaled.invoke("status")
+    assert status.returncode == 0, status.stderr
+    assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
+    copy = read_json(scaled.home / "autodown" / f"{scaled.spec.stem}.json")
+    assert copy and copy["checked_at"] >= checked["checked_at"], (copy, checked)
+    stopped = scaled.invoke("stop-job", job_id)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    # `stop-job` returns once Ray reports the job STOPPED; its supervisor actor ends a moment
+    # later, and until then the watcher rightly counts the head busy (a CI run on a loaded
+    # machine caught "1 actor(s) alive"). So: the watcher's first check without it (on the
+    # head), then `status`, which also caches the idle countdown on this machine.
+    scaled.wait("the watcher to see the head idle",
+                lambda: (_head_marker(host) or {}).get("idle_since"), timeout=60)
+    status = scaled.invoke("status")
+    assert "autodown: idle " in status.stdout, status.stdout
+
+    started = time.monotonic()
+    def ours() -> list[dict[str, Any]]:
+        return [i for i in scaled.fake.inventory() if not i["foreign"]]
+
+    scaled.wait("every instance of the cluster terminated by its own head",
+                lambda: all(i["status"] == "terminated" for i in ours()) or None, timeout=180)
+    print(f"\n[lambda autodown] cluster gone {time.monotonic() - started:.1f}s after the job "
+          f"stopped (idle_minutes={AUTODOWN_IDLE_MINUTES})")
+    assert {i["name"] for i in ours()} >= {head["name"]}
+    assert all(i["status"] == "active" for i in scaled.fake.inventory() if i["foreign"])
+
+    status = scaled.invoke("status", "--json")
+    assert status.returncode == 0, status.stderr
+    reported = json.loads(status.stdout)
+    assert reported["state"] == "removed itself" and reported["autodown"]["removed_at"]
+    assert reported["cost"]["nodes"] == 0
+    plain = scaled.invoke("status")
+    assert f"removed itself after {AUTODOWN_IDLE_MINUTES:g} idle minutes at " in plain.stdout
+
+    down = scaled.invoke("teardown")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"removed itself after {AUTODOWN_IDLE_MINUTES:g} idle minutes at " in down.stderr
+    assert not (scaled.home / "state" / f"{CLUSTER}.json").exists()
