@@ -200,7 +200,7 @@ def scale_up(cluster: Scaled, workers: int, boot: float, *job_args: str) -> Scal
     print(f"submission -> {workers} workers joined: {joined:.1f}s; floor {floor:.0f}s "
           f"({limit:g} s x {workers - 1} + boot {boot:g}s); "
           f"{100 * (joined - floor) / floor:+.1f}% over the floor; "
-          f"launch calls {cluster.launches() - before}")
+          f"launch calls {cluster.launches() - before}; load {load()}")
     return ScaleUp(submit.stdout.strip().splitlines()[-1], joined)
 
 
