@@ -88,12 +88,16 @@ def test_rayfleet_lists_every_task_from_any_directory(tmp_path: Path) -> None:
 
 
 def test_rayfleet_task_help_and_spec_errors_from_any_directory(tmp_path: Path) -> None:
-    helped = _rayfleet("submit", "--help", cwd=tmp_path)
+    # The command's answers, from a fork of a process that imported the CLI (tests/forked_cli.py),
+    # run in another directory; the installed script itself starts above (and test_forked_cli.py).
+    from tests.forked_cli import run_rayfleet
+
+    helped = run_rayfleet("submit", "--help", cwd=tmp_path)
     assert helped.returncode == 0, helped.stderr
     assert "Usage: rayfleet [--core-opts] submit" in helped.stdout and "--working-dir" in helped.stdout
-    missing = _rayfleet("plan", "--cluster", "no-such-spec.yaml", cwd=tmp_path)
+    missing = run_rayfleet("plan", "--cluster", "no-such-spec.yaml", cwd=tmp_path)
     assert missing.returncode != 0 and missing.stderr.startswith("error:")
     assert "Traceback" not in missing.stderr
     # A spec by name comes from the checkout's clusters/, whatever the current directory.
-    planned = _rayfleet("plan", "--cluster", "local", "--json", cwd=tmp_path)
+    planned = run_rayfleet("plan", "--cluster", "local", "--json", cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr
