@@ -169,3 +169,25 @@ def test_a_crashed_holder_of_the_turn_holds_nobody_back(pacing: Path) -> None:
     waiter.join(timeout=10)
     assert not waiter.is_alive(), "the dead holder's turn was never taken back"
     assert time.monotonic() - started < 5
+
+
+def test_a_stale_state_file_goes_and_its_holder_paces_on_with_the_account(pacing: Path) -> None:
+    """A state file nobody wrote for a day (a key no longer used) is removed when a client is
+    made; a process still holding it opens the account's new file, so it keeps pacing with the
+    account's other processes."""
+    url = "http://127.0.0.1:9/api/v1"
+    limits = api.Limits.scaled(0.01)
+    holder = Pacer(limits, account_store(url, KEY))
+    holder.wait(launch=False)
+    holder.done()
+    (stale,) = pacing.glob("*.json")
+    day_ago = time.time() - 2 * 86400
+    os.utime(stale, (day_ago, day_ago))
+    account_store(url, OTHER_KEY)  # another client: the stale file goes
+    assert not stale.exists()
+    other = Pacer(limits, account_store(url, KEY))
+    started = time.monotonic()
+    holder.push_back(1.0)
+    other.wait(launch=False)
+    other.done()
+    assert time.monotonic() - started >= 1.0

@@ -35,6 +35,8 @@ DIR_VARIABLE = "LAMBDA_PACING_DIR"
 DEFAULT_DIR = Path("~/.rayfleet/lambda-pacing")
 #: Deadlines further ahead than this are corrupt or from a changed clock: ignored.
 HORIZON = 3600.0
+#: A state file nobody wrote for this long (seconds) is removed (`prune`).
+STALE = 86400.0
 
 
 @dataclass
@@ -123,6 +125,11 @@ class StateFile:
     def open(self) -> Iterator[Shared]:
         fd = self._descriptor()
         fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink == 0:  # removed as stale meanwhile (`prune`): the account's anew
+            os.close(fd)
+            self._pid = 0
+            fd = self._descriptor()
+            fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             text = os.pread(fd, 1 << 16, 0).decode(errors="replace")
             shared = _load(text, self.boot)
@@ -157,12 +164,31 @@ def account_name(url: str, api_key: str) -> str:
     return digest[:32]
 
 
+def prune(directory: Path, keep: Path) -> None:
+    """Remove the state files nobody wrote for `STALE` seconds (keys no longer used, a test's
+    fake), each under its lock: a process that still holds one opens the account's anew."""
+    cutoff = time.time() - STALE
+    for path in directory.glob("*.json"):
+        with contextlib.suppress(OSError):
+            if path == keep or path.stat().st_mtime >= cutoff:
+                continue
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.fstat(fd).st_mtime < cutoff:
+                    path.unlink()
+            finally:
+                os.close(fd)
+
+
 def account_store(url: str, api_key: str) -> Store:
     """The account's shared state on this machine, or this process's own if there is no usable
     directory for it (logged: requests may then meet 429s, which are waited out)."""
     try:
         directory = pacing_dir()
-        return StateFile(directory / f"{account_name(url, api_key)}.json")
+        path = directory / f"{account_name(url, api_key)}.json"
+        prune(directory, path)
+        return StateFile(path)
     except OSError as exc:
         logger.warning("Lambda pacing: this process paces alone (%s)", exc)
         return Memory()
