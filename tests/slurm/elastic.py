@@ -58,9 +58,11 @@ print(sum(1 for row in rows if row.get("state") == "ALIVE"))
 
 
 #: The round's job: N one-CPU tasks on N nodes (STRICT_SPREAD), each logging an MLflow run (its
-#: host as a param) and then holding its CPU for HOLD seconds. Nothing about MLflow in the code:
-#: the nodes' environment names the head's server and holds the login.
+#: host as a param) and then holding its CPU until the file RELEASE exists (the test creates it
+#: on the shared work dir once it saw the nodes busy), at most MOST seconds. Nothing about MLflow
+#: in the code: the nodes' environment names the head's server and holds the login.
 TRACKED_ROUND = """\
+import os
 import socket
 import sys
 import time
@@ -72,20 +74,22 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 
 @ray.remote(num_cpus=1)
-def log_and_hold(hold):
+def log_and_hold(release, most):
     with mlflow.start_run() as run:
         mlflow.log_param("host", socket.gethostname())
         mlflow.log_metric("on_node", 1.0)
-    time.sleep(hold)
+    deadline = time.monotonic() + most
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return run.info.run_id
 
 
-count, hold = int(sys.argv[1]), float(sys.argv[2])
+count, release, most = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 ray.init()
 group = placement_group([{"CPU": 1}] * count, strategy="STRICT_SPREAD")
 ray.get(group.ready())
 print("RUNS", ray.get([log_and_hold.options(
-    scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote(hold)
+    scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote(release, most)
     for i in range(count)]))
 """
 
@@ -221,13 +225,16 @@ def node_targets(cluster: Elastic) -> list[dict[str, Any]] | None:
 
 
 def scale_0_2_0(cluster: Elastic) -> Round:
-    """Three nodes wanted (one CPU each, STRICT_SPREAD, each logging an MLflow run, held 40 s),
-    the head alone: two workers from zero, which the autoscaler cancels once done and idle."""
+    """Three nodes wanted (one CPU each, STRICT_SPREAD, each logging an MLflow run, held until
+    `top` showed them busy), the head alone: two workers from zero, which the autoscaler cancels
+    once done and idle."""
     folder = cluster.home.parent / "round"
     folder.mkdir(exist_ok=True)
     (folder / "tracked_round.py").write_text(TRACKED_ROUND)
+    # Released once seen (a fixed hold would have to cover the slowest `top` under CI's load).
+    release = cluster.slurm.jobs_dir / f"release-{cluster.job['cluster_id']}"
     ok(run_invoke("-r", str(ROOT), "submit", "--cluster", str(cluster.spec), "--no-wait",
-                  "tracked_round.py", "--", "3", "40", cwd=folder,
+                  "tracked_round.py", "--", "3", str(release), "180", cwd=folder,
                   env={"PATH": f"{ray_bin_dir()}:{os.environ.get('PATH', '')}",
                        "RAYFLEET_HOME": str(cluster.home)}))
     cluster.ran.append("SUCCEEDED")
@@ -255,11 +262,13 @@ def scale_0_2_0(cluster: Elastic) -> Round:
     frame = wait_until(reserved, "top to show 1 CPU reserved on the head, 2 on the workers",
                        timeout=120, interval=1)
     alive = cluster.alive_nodes()
+    release.touch()
     print(f"[elastic] top showed the bundles {time.monotonic() - started:.1f}s after the demand")
     # Prometheus follows Ray's file as the workers go.
     wait_until(lambda: (found := node_targets(cluster)) is not None and len(found) == 1,
                "the workers' targets gone from Prometheus", timeout=240, interval=1)
     print(f"[elastic] workers' targets gone {time.monotonic() - started:.1f}s after the demand")
     after = cluster.top()
+    release.unlink()
     return Round(nodes=nodes, frame=frame, alive=alive, after=after,
                  after_alive=cluster.alive_nodes(), environments=environments)
