@@ -107,6 +107,8 @@ class StateFile:
         self.boot = _boot_id()
         self._fd = -1
         self._pid = 0
+        #: Where this process paces once the file cannot be opened any more (its directory went).
+        self._alone: Memory | None = None
 
     def _descriptor(self) -> int:
         """The file, opened once per process: a forked child shares its parent's open file, and
@@ -121,15 +123,32 @@ class StateFile:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
 
-    @contextlib.contextmanager
-    def open(self) -> Iterator[Shared]:
-        fd = self._descriptor()
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        if os.fstat(fd).st_nlink == 0:  # removed as stale meanwhile (`prune`): the account's anew
-            os.close(fd)
-            self._pid = 0
+    def _locked(self) -> int | None:
+        """The file's descriptor, locked; None once it cannot be opened (its directory removed):
+        requests must not fail for it, so this process then paces alone (logged once)."""
+        try:
             fd = self._descriptor()
             fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_nlink == 0:  # removed as stale (`prune`): the account's anew
+                os.close(fd)
+                self._pid = 0
+                fd = self._descriptor()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            return fd
+        except OSError as exc:
+            if self._alone is None:
+                logger.warning("Lambda pacing: this process paces alone from now on (%s)", exc)
+                self._alone = Memory()
+            return None
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[Shared]:
+        fd = self._locked()
+        if fd is None:
+            assert self._alone is not None
+            with self._alone.open() as alone:
+                yield alone
+            return
         try:
             text = os.pread(fd, 1 << 16, 0).decode(errors="replace")
             shared = _load(text, self.boot)
