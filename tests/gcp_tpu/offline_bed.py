@@ -77,6 +77,10 @@ def spec_file(folder: Path, key: Path, name: str = CLUSTER, **changes: Any) -> P
         # The test bed has the CPU env's packages and no network; JAX on chips is not tested.
         "node_env": {"backend": "venv", "tpu_env": "cpu"},
         "ready_timeout_s": 120,
+        # No Prometheus on the head: no test here reads a GCP head's metrics (the head's
+        # Prometheus is core's, infra/core/metrics/remote.py, which the Lambda bed's autoscale
+        # module reads), and it scraped Ray for every cluster's whole life.
+        "metrics": "none",
         **changes,
     }
     spec = {k: v for k, v in spec.items() if v is not None}  # None removes a key (zone -> zones)

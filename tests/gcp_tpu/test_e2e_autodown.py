@@ -170,9 +170,14 @@ def _the_watcher_and_the_monitor_run_as_the_scalers_user(head_host: Any) -> None
     assert set(files) <= {"autodown.json", "autodown.json.pid", "autodown-marker.json",
                           "autodown.log", "ray-token"}, files
     assert "autodown.json" in files, files
-    # The SSH user's home keeps none of them (beside the head's Prometheus, `metrics:
-    # prometheus` by default, with its config and its supervisor's pid file; no credential).
-    files = head_host.run("ls ~/.rayfleet").stdout.split()
+    # The SSH user's home keeps none of them (beside a head's Prometheus, with `metrics:
+    # prometheus`, its config and its supervisor's pid file; no credential).
+    # (The bed's hosts see this machine's /root through a copy-on-write overlay: what this
+    # machine's own ~/.rayfleet holds, e.g. a Lambda client's `lambda-pacing` of another run,
+    # shows there too and is not the head's.)
+    machine = Path("/root/.rayfleet")
+    own = {p.name for p in machine.iterdir()} if machine.is_dir() else set()
+    files = [f for f in head_host.run("ls ~/.rayfleet").stdout.split() if f not in own]
     assert set(files) <= {"metrics.json", "metrics.json.pid", "metrics.yml", "metrics.log",
                           "ray-token"}, files
     watcher = head_host.run("ps -eo user:20,args | grep '[i]nfra.node.autodown'").stdout
