@@ -64,13 +64,14 @@ def test_ssh_exec_sync_through_the_pinned_head(spec: Path, rf_home: Path, tmp_pa
                             check=False)
     assert pinned.returncode == 0, "the head's key is pinned in the cluster's known_hosts"
 
-    code, out, err = _invoke("exec", spec, "--", "echo $SSH_CONNECTION | wc -w; exit 9")
-    assert (code, out.strip()) == (9, "4"), err
-    # Ray's own tools on the head find its GCS and its copy of the token.
-    code, out, err = _invoke("exec", spec, "--", 'echo "$RAY_ADDRESS $RAY_AUTH_MODE '
-                             '$RAY_AUTH_TOKEN_PATH"')
-    assert out.split() == [f"{HEAD_IP}:6379", "token",
-                           str(Path("~root/.rayfleet/ray-token").expanduser())], err
+    # Over SSH, with the command's exit status; Ray's own tools on the head find its GCS and its
+    # copy of the token.
+    code, out, err = _invoke("exec", spec, "--", "echo $SSH_CONNECTION | wc -w; echo "
+                             '"$RAY_ADDRESS $RAY_AUTH_MODE $RAY_AUTH_TOKEN_PATH"; exit 9')
+    connection, ray_env = out.strip().split("\n")
+    assert (code, connection.strip()) == (9, "4"), err
+    assert ray_env.split() == [f"{HEAD_IP}:6379", "token",
+                               str(Path("~root/.rayfleet/ray-token").expanduser())], err
 
     source = tmp_path / "data"
     source.mkdir()
