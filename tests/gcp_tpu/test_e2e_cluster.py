@@ -26,7 +26,7 @@ from infra.core.privilege import SCALER_USER
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline import write_service_account_key
 from tests.gcp_tpu.offline_bed import CLUSTER, PROJECT, Offline, spec_file
-from tests.gcp_tpu.tracked import TrackedCluster
+from tests.gcp_tpu.tracked import ProbeRun, TrackedCluster, probe
 from tests.waiting import wait_until
 
 
@@ -123,8 +123,8 @@ def test_ray_autoscales_tpu_nodes_against_offline_google(offline: Offline,
         phase("up checked, tunnel")
         # 2. A job that needs TPU: 4 makes the autoscaler create a spot TPU node; Google preempts
         #    it mid-task: a new node takes over and the job still succeeds there.
-        scaled = _demand_creates_a_tpu_node_preempted_mid_job(offline, home, spec, cluster_id,
-                                                              phase)
+        scaled = _demand_creates_a_tpu_node_preempted_mid_job(offline, tracked_cluster,
+                                                              cluster_id, phase)
         # Checked once the jobs ran (more logs to search), and by then the tracking server that
         # `up` does not wait for is up (waiting for it right after `up` cost ~30 s of a run).
         _the_token_and_the_password_are_nowhere_else(home, head_host, token_file)
@@ -222,7 +222,7 @@ def _the_token_and_the_password_are_nowhere_else(home: Path, head_host: Any,
                 and token in p.read_text(errors="replace")]
 
 
-def _demand_creates_a_tpu_node_preempted_mid_job(offline: Offline, home: Path, spec: Path,
+def _demand_creates_a_tpu_node_preempted_mid_job(offline: Offline, tracked: TrackedCluster,
                                                  cluster_id: str, phase: Callable[[str], None]
                                                  ) -> gcp_autoscale.Demand:
     """The scale-up, timed by bench/gcp_autoscale.py's own round (so CI runs that bench's
@@ -233,8 +233,17 @@ def _demand_creates_a_tpu_node_preempted_mid_job(offline: Offline, home: Path, s
     The hold only has to outlast, on the first node, the time from the task's start to the
     preemption's kill: the poll below (1 s apart, one `ps` in the host per round) sees the task,
     then `preempt` kills the host's processes from a thread (one more command in the host). That
-    is a few seconds even at load; 12 s leaves twice that. The replacement holds as long again."""
+    is a few seconds even at load; 12 s leaves twice that. The replacement holds as long again.
+
+    test_e2e_privilege.py's probe job runs on the replacement too (tests/gcp_tpu/tracked.py's
+    `probe`, recorded in `tracked.probe`): submitted once the replacement is asked for, its task
+    queues for the node's chips beside this one's (the spec allows one TPU node), so it needs no
+    node of its own. The idle period below then starts when the later of the two tasks ends:
+    bench's idle->deleted, counted from this job's task, may include the probe's few seconds."""
     fake, google = offline.fake, offline.google
+    home, spec = tracked.home, tracked.spec
+    # Only the metadata requests from now on can be this round's TPU hosts' (the probe's check).
+    seen_before = len(google.identity.metadata_requests)
     done: dict[str, Any] = {}
 
     def submit() -> None:
@@ -268,6 +277,16 @@ def _demand_creates_a_tpu_node_preempted_mid_job(offline: Offline, home: Path, s
                         if what == "create" and t >= preempted_at and name != first_name] or None,
                "the replacement TPU node's create", timeout=240, interval=0.5)
     fake.preempt(first_name, delete=True)
+    probed: dict[str, Any] = {}
+
+    def run_probe() -> None:
+        try:
+            probed["run"] = probe(tracked, seen_before)
+        except BaseException as exc:  # handed to the test's thread
+            probed["error"] = exc
+
+    prober = threading.Thread(target=run_probe, daemon=True)
+    prober.start()
     job.join(timeout=400)
     if "error" in done:
         raise done["error"]
@@ -281,7 +300,13 @@ def _demand_creates_a_tpu_node_preempted_mid_job(offline: Offline, home: Path, s
     assert [r["host"] for r in result["results"]] == [second_host.hostname], result
     assert len(result["results"][0]["tpu_ids"]) == 4, result
     assert 0 < scaled.create <= scaled.joined <= scaled.job, scaled
-    phase("preempted -> replacement node ran the job")
+    prober.join(timeout=660)
+    if "error" in probed:
+        raise probed["error"]
+    assert not prober.is_alive() and "run" in probed, probed
+    ran: ProbeRun = probed["run"]
+    tracked.probe = ran  # test_e2e_privilege.py's to check
+    phase("preempted -> replacement node ran the job (and the privilege probe)")
     return scaled
 
 

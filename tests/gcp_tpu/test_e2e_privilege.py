@@ -9,6 +9,8 @@ only root and the autoscaler's user reach the metadata server. A job on the head
 an autoscaled TPU host ask the metadata server for the VM's token (with Google's header) and are
 refused, cannot sudo and find no SSH key, while the separated autoscaler creates that TPU node
 for them (its attributes handed to Ray; that it deletes an idle one is test_e2e_cluster.py's).
+That probe job runs on test_e2e_cluster.py's scale-up's node when that test ran first (the package
+runs it first: tests/gcp_tpu/tracked.py's `probe`), else here with a scale-up of its own.
 
 The bed (test-bed hosts as VMs and TPU hosts, the fake Google in the client namespace) is the
 package's `offline` fixture, shared with test_e2e_cluster.py and the others.
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +28,10 @@ from typing import Any
 import pytest
 
 from tests.gcp_tpu.offline_bed import CLUSTER, Offline
-from tests.gcp_tpu.tracked import TrackedCluster, tear_down
+from tests.gcp_tpu.tracked import TrackedCluster, probe, tear_down
 from tests.testbed.hosts import Host
 
 NAME = CLUSTER  # the package's tracked cluster (tests/gcp_tpu/tracked.py)
-PROBE = Path(__file__).resolve().parents[1] / "data" / "gcp_privilege_probe.py"
 RAY_USER, SCALER_USER = "rayfleet-ray", "rayfleet-scaler"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
 
@@ -132,22 +132,21 @@ def test_ray_and_its_autoscaler_run_as_two_users_and_only_one_reaches_the_token(
 
 @pytest.mark.slow
 def test_jobs_get_no_token_while_the_separated_autoscaler_scales_a_tpu_node(
-        cluster: Cluster) -> None:
+        cluster: Cluster, tracked_cluster: TrackedCluster) -> None:
     google = cluster.offline.google
-    assert cluster.tpu_nodes() == []
-    # The offline Google serves the whole package's tests, and the bed hands a powered-off host's
-    # address to the next machine: an earlier module's head (whose autoscaler asks for the token,
-    # as it should) may have had the address this test's TPU host gets. Only what was asked from
-    # now on is this TPU host's.
-    seen_before = len(google.identity.metadata_requests)
-    started = time.monotonic()
-    submit = cluster.invoke("submit", str(PROBE), timeout=600)
+    run = tracked_cluster.probe  # run on test_e2e_cluster.py's scale-up's node, when it ran
+    if run is None:
+        assert cluster.tpu_nodes() == []
+        # The offline Google serves the whole package's tests, and the bed hands a powered-off
+        # host's address to the next machine: an earlier module's head (whose autoscaler asks for
+        # the token, as it should) may have had the address this test's TPU host gets. Only what
+        # was asked from now on is this TPU host's.
+        run = probe(tracked_cluster, len(google.identity.metadata_requests))
+    submit, seen_before = run.submit, run.seen_before
     assert submit.returncode == 0, submit.stdout + submit.stderr
-    cluster.timings["job: TPU node created, joined, probed"] = round(time.monotonic() - started, 1)
-    nodes = cluster.tpu_nodes()
-    assert len(nodes) == 1, nodes
-    node_name = nodes[0]["name"].rsplit("/", 1)[-1]
-    tpu_host = google.machines.host_of(node_name)[0]
+    cluster.timings["job: TPU node created, joined, probed"] = run.seconds
+    assert len(run.nodes) == 1 and run.tpu_host is not None, run.nodes
+    node_name, tpu_host = run.nodes[0], run.tpu_host
     reports = json.loads(submit.stdout.split("RESULT ", 1)[1].splitlines()[0])
     assert [r["host"] for r in reports] == [tpu_host.hostname, cluster.head.hostname], reports
     for report in reports:

@@ -1,10 +1,11 @@
 """Queued TPU slices joined to a running cluster, against the offline Google (issue 16).
 
-One cluster for every scenario (module fixture, four test-bed hosts: the head, a v4-8 slice and a
-2-host v4-16 slice): `invoke up` queues a request per slice and returns once the head answers; the
-fake keeps each slice's request WAITING_FOR_RESOURCES until its scenario lets it go, then moves it
-PROVISIONING -> ACTIVE; the head's joiner (a real daemon on the head, started by `up`) sets the
-slices' hosts up over SSH and starts Ray there. Each scenario can run alone (the `cluster` fixture
+One cluster for every scenario (module fixture, on the package's bed of four test-bed hosts, the
+`offline` fixture: the head, a v4-8 slice and a 2-host v4-16 slice): `invoke up` queues a request
+per slice and returns once the head answers; the fake keeps each slice's request
+WAITING_FOR_RESOURCES until its scenario lets it go, then moves it PROVISIONING -> ACTIVE; the
+head's joiner (a real daemon on the head, started by `up`) sets the slices' hosts up over SSH and
+starts Ray there. Each scenario can run alone (the `cluster` fixture
 brings the cluster up again after the teardown scenario): a job submitted before ACTIVE waits and
 runs on the queued slice; the 2-host slice joins with the slice-head resource on host 0; a spot slice
 the fake SUSPENDs is reported and queued again in the next zone; teardown with requests still
@@ -30,17 +31,10 @@ from bench import gcp_queued
 from infra.core.privilege import SCALER_USER
 from tests.gcp_tpu.fake_gcp import FakeGcp
 from tests.gcp_tpu.offline import write_service_account_key
-from tests.gcp_tpu.offline_bed import (
-    NEXT_ZONE,
-    PROJECT,
-    ZONE,
-    Offline,
-    add_next_zone,
-    offline_bed,
-    spec_file,
-)
+from tests.gcp_tpu.offline_bed import NEXT_ZONE, PROJECT, ZONE, Offline, spec_file
+from tests.gcp_tpu.tracked import LIVE as tracked_clusters
+from tests.gcp_tpu.tracked import tear_down
 from tests.testbed.hosts import LIVE_PROCESSES, Host
-from tests.testbed.preflight import require
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -111,26 +105,32 @@ def result_of(output: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def bed(real_daemon: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Offline]:
-    """The offline Google on four hosts, its queue as this module's scenarios want it."""
-    require("testbed")
-    with offline_bed(tmp_path_factory.mktemp("gcp-queued-"), hosts=4) as offline:
-        fake = offline.fake
-        add_next_zone(fake)
-        fake.queue_provision_s = PROVISION_S
-        fake.queue_held_zones.add(NEXT_ZONE)  # no capacity there: requests keep waiting
+def bed(offline: Offline) -> Iterator[Offline]:
+    """The package's offline Google (a bed of its own cost one more test bed and Google per run),
+    its queue as this module's scenarios want it while they run, as it was after. The cluster
+    takes all four hosts: the package's tracked cluster, when still up (test_e2e_cluster.py picked
+    without test_e2e_privilege.py, whose end tears it down), goes first."""
+    for tracked in tracked_clusters:
+        tear_down(tracked)
+    fake = offline.fake
+    fake.queue_provision_s = PROVISION_S
+    fake.queue_held_zones.add(NEXT_ZONE)  # no capacity there: requests keep waiting
+    try:
         yield offline
+    finally:
+        fake.queue_provision_s = 0.0
+        fake.queue_held_zones.discard(NEXT_ZONE)
+        fake.queue_held.clear()
 
 
-def _up(offline: Offline) -> Cluster:
+def _up(offline: Offline, work: Path) -> Cluster:
     """`invoke up` of the module's cluster, its slices held until their scenarios let them go."""
     offline.fake.queue_held.update({"-pod-", "-single-"})
-    home = offline.work / "rayfleet-home"
-    key = write_service_account_key(offline.work / "sa-key.json", offline.google.identity,
+    home = work / "rayfleet-home"
+    key = write_service_account_key(work / "sa-key.json", offline.google.identity,
                                     f"student@{PROJECT}.iam.gserviceaccount.com")
-    # No Prometheus on the head (`metrics: none`): nothing here reads it, and test_e2e_cluster.py's
-    # head runs the default one.
-    spec = spec_file(offline.work, key, name=NAME, zone=None, zones=[ZONE, NEXT_ZONE],
+    # No Prometheus on the head (`metrics: none`, spec_file's default): nothing here reads it.
+    spec = spec_file(work, key, name=NAME, zone=None, zones=[ZONE, NEXT_ZONE],
                      tpu_workers={}, metrics="none", queued_slices={
                          "single": {"accelerator_type": "v4-8", "provisioning": "spot",
                                     "cpus": 1},
@@ -146,9 +146,10 @@ def _up(offline: Offline) -> Cluster:
 
 
 @pytest.fixture(scope="module")
-def module_cluster(bed: Offline) -> Iterator[list[Cluster]]:
+def module_cluster(bed: Offline, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[list[Cluster]]:
     """The module's cluster, in a list the `cluster` fixture replaces it in after a teardown."""
-    made = [_up(bed)]
+    made = [_up(bed, tmp_path_factory.mktemp("gcp-queued-"))]
     try:
         yield made
     finally:
@@ -161,7 +162,7 @@ def module_cluster(bed: Offline) -> Iterator[list[Cluster]]:
 def cluster(module_cluster: list[Cluster]) -> Cluster:
     """The module's cluster, up (again, after the teardown scenario)."""
     if not (module_cluster[0].home / "state" / f"{NAME}.json").exists():
-        module_cluster[0] = _up(module_cluster[0].offline)
+        module_cluster[0] = _up(module_cluster[0].offline, module_cluster[0].home.parent)
     return module_cluster[0]
 
 
