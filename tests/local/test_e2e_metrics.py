@@ -99,24 +99,49 @@ def cluster(module_cluster: Cluster) -> Cluster:
 
 @pytest.fixture
 def busy(cluster: Cluster) -> dict:
-    """`top`'s frame while a job keeps both CPUs of the cluster busy for 45 s
-    (tests/data/burn_cpus.py), submitted once per cluster and shared by the tests that need it."""
+    """`top`'s frame while a job keeps both CPUs of the cluster busy for 30 s
+    (tests/data/burn_cpus.py), submitted once per cluster and shared by the tests that need it.
+    30 s: Ray's agent reports every 5 s and Prometheus scrapes every 2 s, so the busy CPUs are
+    seen within about 10 s of the burn's start, and `top` then takes a few; every second more
+    burns two CPUs of CI's two, and the teardown test waits for the job's end."""
     if cluster.busy is None:
         # Scraped from the start: a job that ran before Prometheus saw the node is no history.
         _all_scraped(cluster)
-        submitted = cluster.invoke("submit", "--no-wait", "tests/data/burn_cpus.py", "--", "2", "45")
+        submitted = cluster.invoke("submit", "--no-wait", "tests/data/burn_cpus.py", "--", "2", "30")
         assert submitted.returncode == 0, submitted.stderr
 
         def seen() -> dict | None:
+            # Asked of Prometheus over HTTP until it holds what `top` would show (an `invoke top`
+            # a poll is 1-2 s of CPU); then `top` itself, whose frame is what is checked.
+            if not _busy_in_prometheus(cluster):
+                return None
             shown = cluster.invoke("top", "--once", "--json", timeout=120)
             assert shown.returncode == 0, shown.stderr
             frame = json.loads(shown.stdout)
             head = frame["nodes"][0]
-            return frame if head["cpu_used"] >= 1.5 and head["cpu_reserved"] >= 2 and frame["jobs"] \
+            # The job RUNNING too: `cpu_used` is the machine's, and a reservation the scrape
+            # still holds from an earlier job's tasks once met the rest while it was PENDING.
+            running = bool(frame["jobs"]) and frame["jobs"][0]["status"] == "RUNNING"
+            return frame if head["cpu_used"] >= 1.5 and head["cpu_reserved"] >= 2 and running \
                 else None
 
-        cluster.busy = wait_until(seen, "2 busy CPUs in `top --once --json`", timeout=150, interval=3)
+        cluster.busy = wait_until(seen, "2 busy CPUs in `top --once --json`", timeout=150, interval=1)
     return cluster.busy
+
+
+def _busy_in_prometheus(cluster: Cluster) -> bool:
+    """Both CPUs used and reserved, in the series `top` reads (infra/cli/metrics.py)."""
+    def value(promql: str) -> float:
+        try:
+            answer = requests.get(f"{cluster.prometheus}/api/v1/query", params={"query": promql},
+                                  timeout=5)
+            rows = answer.json()["data"]["result"] if answer.status_code == 200 else []
+        except requests.RequestException:
+            return 0.0
+        return sum(float(row["value"][1]) for row in rows)
+
+    return (value("sum(ray_node_cpu_utilization * ray_node_cpu_count / 100)") >= 1.5
+            and value('sum(ray_resources{State="USED",Name="CPU"})') >= 2)
 
 
 def _targets(cluster: Cluster) -> list[dict]:
@@ -256,8 +281,20 @@ def test_killed_prometheus_is_said_in_one_line_and_up_brings_it_back(cluster: Cl
         assert len(lines) == 1 and "Prometheus" in lines[0] and "invoke up" in lines[0], lines
     again = cluster.invoke("up")
     assert again.returncode == 0, again.stderr
-    wait_until(lambda: cluster.invoke("top", "--once", "--json").returncode == 0,
-               "`top` to answer after `up`", timeout=120, interval=2)
+    # Prometheus answering a query over HTTP (an `invoke top` a poll is 1-2 s of CPU), then
+    # `top` itself, once.
+    wait_until(lambda: _prometheus_answers(cluster), "Prometheus to answer after `up`",
+               timeout=120, interval=0.5)
+    shown = cluster.invoke("top", "--once", "--json")
+    assert shown.returncode == 0, shown.stderr
+
+
+def _prometheus_answers(cluster: Cluster) -> bool:
+    try:
+        return requests.get(f"{cluster.prometheus}/api/v1/query", params={"query": "1"},
+                            timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def test_teardown_keeps_the_history_and_the_report_draws_it(cluster: Cluster, busy: dict) -> None:
