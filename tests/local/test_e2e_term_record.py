@@ -2,7 +2,11 @@
 members each run a job, it is torn down, goes up again, runs two more jobs, and is torn down.
 `report --json` then holds every job of both runs, each member's job count as `members` gives
 it, and node-hours that are the sum of the two runs' own (no node of the first run carried
-through the time between them). Members use Ray's stock job CLI through the gateway."""
+through the time between them). Members use Ray's stock job CLI through the gateway.
+
+Between the runs, what a class cluster's owner sees after autodown or `teardown` then `up`
+overnight: the gateway's port closed at the teardown, the new `up`'s one-line warning
+(`members_run_as_owner`) and no new bundles needed, and the same registry and usage after."""
 
 from __future__ import annotations
 
@@ -16,14 +20,16 @@ import pytest
 from infra.core.metrics import report, report_runs
 from infra.node import rayproc
 from tests.conftest import ROOT, run_invoke
-from tests.local.test_e2e_sharing import Member, Shared
+from tests.local.test_e2e_sharing import Member, Shared, warns_once
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 
-def _up(cluster: Shared) -> None:
+def _up(cluster: Shared) -> subprocess.CompletedProcess[str]:
     done = cluster.invoke("up")
     assert done.returncode == 0, done.stdout + done.stderr
+    return done
 
 
 def _run_jobs(members: list[Member]) -> list[str]:
@@ -41,6 +47,16 @@ def _torn_down(cluster: Shared) -> str:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "metrics history kept" in done.stdout + done.stderr, done.stdout + done.stderr
     return done.stdout
+
+
+def _rows(cluster: Shared, jobs: list[str]) -> dict[str, dict]:
+    """`members --json`'s rows by name, once the gateway recorded `jobs` as ended (read from its
+    file: an `invoke` a poll is 1-2 s of CPU)."""
+    usage = Path(cluster.env["RAYFLEET_HOME"]) / "sharing" / cluster.spec.stem / "usage.json"
+    wait_until(lambda: all((json.loads(usage.read_text()) if usage.exists() else {})
+                           .get("jobs", {}).get(job, {}).get("status") == "SUCCEEDED"
+                           for job in jobs), "the gateway records the jobs", timeout=30)
+    return {row["name"]: row for row in _json(cluster, "members")["members"]}
 
 
 def _json(cluster: Shared, *verb: str) -> dict:
@@ -63,9 +79,18 @@ def test_term_record_two_runs_make_one_record(
     try:
         members = cluster.enrol("alice", "bob")
         jobs = _run_jobs(members)
+        before = _rows(cluster, jobs)
         _torn_down(cluster)
-        _up(cluster)
-        jobs += _run_jobs(members)  # the same bundles: members outlive a teardown
+        assert not rayproc.port_answers("127.0.0.1", port), "teardown left the gateway listening"
+        again = _up(cluster)
+        warns_once(again.stderr)
+        assert "need a new bundle" not in again.stdout + again.stderr, again.stdout + again.stderr
+        after = _rows(cluster, jobs)
+        assert set(after) == set(before) == {"alice", "bob"}
+        for name in ("alice", "bob"):
+            assert after[name]["total_jobs"] == before[name]["total_jobs"] == 1, (before, after)
+            assert after[name]["job_hours"] >= before[name]["job_hours"], (before, after)
+        jobs += _run_jobs(members)  # the same bundles at the same address: members outlive it
     finally:
         _torn_down(cluster)
     found = _json(cluster, "report")
