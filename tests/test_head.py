@@ -1,7 +1,7 @@
 """The head interface (infra/core/head.py) itself: `LocalHead` for real on temporary folders and
 processes; `SharedFsHead` around it (what a Slurm head on this machine is); `SshHead`'s command
 lines. The SSH implementation's files, daemons and tunnels are exercised on the test bed by the
-e2e tests (tests/lambda_cloud/test_e2e_sharing.py, test_access.py, ...)."""
+e2e tests (tests/lambda_cloud/test_e2e_sharing_isolation.py, test_access.py, ...)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`sharing:` on gcp-tpu: a firewall rule of its own opens the gateway's port, to the head only,
 from exactly `sharing.allowed_source_ranges`, beside (and independent of) the dashboard's; the
 fake Compute API is held to Google's discovery document. (No GCP end-to-end run of the gateway:
-the remote gateway's code is shared with Lambda's, which tests/lambda_cloud/test_e2e_sharing.py
+the remote gateway's code is shared with Lambda's, which tests/lambda_cloud/test_e2e_sharing_isolation.py
 runs.)"""
 
 from __future__ import annotations
