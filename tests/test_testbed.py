@@ -1,13 +1,15 @@
-"""The test bed itself: real SSH hosts in namespaces, a Ray cluster across them, real Slurm.
+"""The test bed itself: real SSH hosts in namespaces, real Slurm.
 
 Each test checks one promise the provider tests build on; each would fail if that promise broke.
+A Ray cluster across two hosts running tasks on both is the provider e2e tests' own check
+(tests/slurm/test_e2e_cluster.py's two-node test, tests/lambda_cloud/test_e2e_cluster.py's spread
+job), not repeated here with a Ray of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import os
 import signal
 import socket
@@ -15,7 +17,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,8 +33,6 @@ from tests.waiting import wait_until
 # Also loaded by tests/conftest.py for the whole suite; named here so this file runs on its own too.
 pytest_plugins = ["tests.testbed.fixtures"]
 pytestmark = pytest.mark.slow
-
-RAY_SMALL = "--num-cpus 1 --object-store-memory 100000000 --disable-usage-stats"
 
 
 def test_ssh_into_each_host_by_ip_with_the_generated_key(testbed: Testbed) -> None:
@@ -89,41 +88,6 @@ def test_hosts_have_private_processes_home_and_ray_dir(testbed: Testbed) -> None
         assert not Path("/root/only-h1").exists(), "writes to a host's home must stay in its overlay"
     finally:
         h1.run("pkill -f 'sleep 4242.5'; rm -f /tmp/ray/mine ~/only-h1")
-
-
-def test_ray_cluster_across_two_hosts_runs_tasks_on_both(testbed: Testbed) -> None:
-    require("ray")
-    h1, h2 = testbed.hosts[:2]
-    driver = textwrap.dedent("""
-        import json, socket, time
-        import ray
-        ray.init(address="auto", logging_level="ERROR")
-        deadline = time.time() + 60
-        while sum(n["Alive"] for n in ray.nodes()) < 2:
-            assert time.time() < deadline, ray.nodes()
-            time.sleep(0.5)
-
-        @ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
-        def where():
-            time.sleep(1)
-            return socket.gethostname()
-
-        print(json.dumps(sorted(set(ray.get([where.remote() for _ in range(4)])))))
-    """)
-    t0 = time.monotonic()
-    try:
-        h1.run(f"ray start --head --node-ip-address {h1.ip} --port 6379 --include-dashboard=false "
-               f"{RAY_SMALL}", check=True, timeout=120)
-        h2.run(f"ray start --address {h1.ip}:6379 --node-ip-address {h2.ip} {RAY_SMALL}",
-               check=True, timeout=120)
-        out = h1.run("python3 -", input=driver, check=True, timeout=180).stdout
-        assert json.loads(out.strip().splitlines()[-1]) == sorted([h1.hostname, h2.hostname])
-        print(f"\n[testbed timings] 2-node Ray start + tasks: {time.monotonic() - t0:.1f} s")
-    finally:
-        # Only ever inside a host: there it sees just that host's PID namespace.
-        for host in (h2, h1):
-            host.run("ray stop --force", timeout=60)
-    assert "raylet" not in h1.run("ps -eo args").stdout
 
 
 def _leftovers(bed: Testbed, pids: list[int]) -> list[str]:
