@@ -30,20 +30,21 @@ pytestmark = pytest.mark.slow
 #: within it, its actor's life is not.
 MAX_JOB_HOURS = 0.004
 HOSTILE = str(ROOT / "tests" / "data" / "hostile_job.py")
-#: Starts an unnamed detached actor (no name to kill it by) that burns a CPU, then ends.
+#: Starts an unnamed detached actor (no name to kill it by) that holds a CPU of the cluster's,
+#: then ends. Held, not spun: the reservation is what is charged and reaped (a spinning loop
+#: would take one of CI's two cores for the actor's whole life, and prove nothing more).
 LEAVER = """
 import ray, time
 ray.init()
 @ray.remote(num_cpus=1)
-class Burner:
+class Holder:
     def ping(self):
         return 1
-    def burn(self):
-        while True:
-            pass
-burner = Burner.options(lifetime="detached").remote()
-ray.get(burner.ping.remote())
-burner.burn.remote()
+    def hold(self):
+        time.sleep(3600)
+holder = Holder.options(lifetime="detached").remote()
+ray.get(holder.ping.remote())
+holder.hold.remote()
 print("JOBID", ray.get_runtime_context().get_job_id(), flush=True)
 time.sleep(1)
 """
@@ -155,7 +156,7 @@ def test_a_name_added_again_is_another_member_who_sees_none_of_the_old_jobs(
 def test_a_self_ending_jobs_detached_actor_is_charged_and_reaped_past_the_members_limit(
         shared: Shared) -> None:
     """What a member's job leaves behind: a job that ends by itself after starting a detached
-    actor that burns a CPU. The actor is charged to the member while it lives and reaped within
+    actor that holds a CPU. The actor is charged to the member while it lives and reaped within
     30 s of the member's limit (`max_job_hours`, measured from the job's start); then autodown's
     own check finds the cluster idle (gateway_leftovers.py)."""
     lea = _member(shared, "lea")
