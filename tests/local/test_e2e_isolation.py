@@ -27,9 +27,10 @@ import pytest
 import requests
 
 from bench import isolation
+from infra.node import member_usage
 from tests.local.test_e2e_sharing import Member, Shared, shared_cluster
 from tests.testbed import hosts
-from tests.waiting import wait_until
+from tests.waiting import read_json, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -202,12 +203,8 @@ def test_two_members_each_reach_only_their_own_cluster(shared: Shared, tmp_path:
     assert "/1.0 CPU" in wait_until(status_text, "bob's cluster status through the gateway",
                                        timeout=60, interval=2)
     # `members` shows his cluster running, its node time counted (an idle check every 7.5 s).
-    def counted() -> bool:
-        found = own_cluster(shared, "bob") or {}
-        return found.get("state") == "running" and float(found.get("hours") or 0) > 0
-
-    wait_until(counted, "members shows bob's cluster running with its hours", timeout=90,
-               interval=3)
+    shown = own_cluster_once_running(shared, "bob")
+    assert shown.get("state") == "running" and float(shown.get("hours") or 0) > 0, shown
     bob.ray("stop", bobs), alice.ray("stop", alices)
 
 
@@ -274,6 +271,21 @@ def own_cluster(shared: Shared, name: str) -> dict[str, Any] | None:
     rows = {row["name"]: row for row in json.loads(listed.stdout)["members"]}
     found = rows[name].get("cluster")
     return dict(found) if isinstance(found, dict) else None
+
+
+def own_cluster_once_running(shared: Shared, name: str) -> dict[str, Any]:
+    """`own_cluster`, once the gateway's file that `members` reads has the member's cluster
+    running with its hours (waited for in the file: a fresh `invoke` a poll is ~2 CPU-s)."""
+    usage = (Path(shared.env["RAYFLEET_HOME"]) / "sharing" / shared.spec.stem
+             / member_usage.USAGE_FILE)
+
+    def recorded() -> bool:
+        found = (read_json(usage) or {}).get(member_id(shared, name)) or {}
+        return found.get("state") == "running" and float(found.get("hours") or 0) > 0
+
+    wait_until(recorded, f"the gateway records {name}'s cluster running with its hours",
+               timeout=90, interval=1)
+    return own_cluster(shared, name) or {}
 
 
 def _no_user(user: str) -> bool:
