@@ -136,10 +136,14 @@ class Scaled:
         are copy-on-write layers over this machine's: what the machine had there is skipped (it
         is not the node's)."""
         head = self.host(self.head()["ip"])
-        shared = " ".join(f"--exclude-dir={shlex.quote(d)}" for top in ("/root", "/home")
-                          for d in sorted(os.listdir(top)) if (Path(top) / d).is_dir())
-        found = head.run(f"cd /root && grep -rlsF --binary-files=text -f /dev/stdin {shared} "
-                         "/root /home /tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; "
+        # Only the top level is this machine's: a folder of the same name deeper down (the
+        # scaler's ~/.rayfleet beside this machine's /root/.rayfleet) is the node's own.
+        listed = head.run("for top in /root /home; do ls -A \"$top\" | sed \"s|^|$top/|\"; done",
+                          timeout=60).stdout.split()
+        roots = [path for path in listed if not Path(path).is_dir()]
+        found = head.run("cd /root && grep -rlsF --binary-files=text -f /dev/stdin "
+                         f"{' '.join(shlex.quote(r) for r in roots)} "
+                         "/tmp/ray /dev/shm /proc/[0-9]*/cmdline /proc/[0-9]*/environ; "
                          "true", input=API_KEY + "\n", timeout=300)
         return sorted(line for line in found.stdout.split("\n") if line)
 
