@@ -22,7 +22,8 @@ LIVE_FAKES = [p.strip() for p in os.environ.get("RAYFLEET_LIVE_FAKES", "lambda")
 #: Which of the live suite's scenarios run against the fakes (a `-k` expression; `all`: every one).
 #: By default the sweep alone, on the whole harness (the fake's bed, both clusters planned against
 #: the cap, the clean-up and its leftovers check): the fixed cluster's up, submit, dashboard,
-#: autodown and teardown are what tests/lambda_cloud/test_e2e_cluster.py and test_e2e_autodown.py
+#: autodown and teardown are what tests/lambda_cloud/test_e2e_cluster.py and test_e2e_autoscale.py's
+#: test_busy_head_stays_idle_head_removes_the_whole_cluster
 #: prove on the same fake, the autoscaling one's up with the head alone, 0 -> 1 -> 0 and teardown
 #: what tests/lambda_cloud/test_e2e_autoscale.py proves there (test_up_starts_only_the_head,
 #: test_job_needing_two_gpus_scales_from_zero_then_idle_back_to_zero); running them twice cost CI
