@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from infra.node import rayproc
+from tests import forked_cli
 from tests.conftest import run_invoke
 from tests.local.temp_dirs import temp_dir_pattern
 from tests.waiting import read_json, wait_until, watcher_checked
@@ -65,16 +66,17 @@ def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Pat
     temp_dir = _state(rf_home, spec.stem)["resources"][0]["id"]
     assert _processes(temp_dir)
 
-    job = run_invoke("submit", "--cluster", str(spec), "--no-wait", "tests/data/sleeper.py")
+    job = forked_cli.run_invoke("submit", "--cluster", str(spec), "--no-wait",
+                                "tests/data/sleeper.py")
     assert job.returncode == 0, job.stderr
     job_id = job.stdout.strip().splitlines()[-1]
     _watcher_down_is_reported_and_up_restarts_it(spec, rf_home, temp_dir)
     # The watcher looked once a whole idle period had passed, with a job running all along.
     watcher_checked(lambda: read_json(rf_home / "autodown" / f"{spec.stem}.json"), IDLE_MINUTES)
     assert _processes(temp_dir), "a cluster running a job must not remove itself"
-    status = run_invoke("status", "--cluster", str(spec))
+    status = forked_cli.run_invoke("status", "--cluster", str(spec))
     assert "autodown: busy (1 job(s) pending or running" in status.stdout, status.stdout
-    assert run_invoke("stop-job", "--cluster", str(spec), job_id).returncode == 0
+    assert forked_cli.run_invoke("stop-job", "--cluster", str(spec), job_id).returncode == 0
 
     # A driver connected from this machine (ray.init) is work too, though it runs no task.
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": info["auth_token_path"]}
@@ -92,22 +94,22 @@ def test_busy_cluster_stays_idle_cluster_removes_itself(spec: Path, rf_home: Pat
         driver.terminate()
         driver.wait(timeout=30)
 
-    status = run_invoke("status", "--cluster", str(spec))
+    status = forked_cli.run_invoke("status", "--cluster", str(spec))
     assert status.returncode == 0, status.stderr
     _killed_watcher_comes_back_with_its_countdown(rf_home, spec.stem)
     took = _wait(lambda: not _processes(temp_dir), 120, "the idle cluster to stop itself")
     print(f"cluster gone {took:.1f}s after its last driver left (idle_minutes={IDLE_MINUTES})")
     assert took >= IDLE_MINUTES * 60 - 5, "removed before the idle period was over"
 
-    status = run_invoke("status", "--cluster", str(spec), "--json")
+    status = forked_cli.run_invoke("status", "--cluster", str(spec), "--json")
     assert status.returncode == 0, status.stderr
     reported = json.loads(status.stdout)
     assert reported["running"] is False and reported["state"] == "removed itself"
     assert reported["autodown"]["removed_at"]
-    plain = run_invoke("status", "--cluster", str(spec))
+    plain = forked_cli.run_invoke("status", "--cluster", str(spec))
     assert f"removed itself after {IDLE_MINUTES:g} idle minutes at " in plain.stdout
 
-    listed = run_invoke("list", "--json")
+    listed = forked_cli.run_invoke("list", "--json")
     assert listed.returncode == 0, listed.stderr
     rows = {r["cluster"]: r for r in json.loads(listed.stdout)["clusters"]}
     assert rows[spec.stem]["state"] == "removed itself"
@@ -152,14 +154,15 @@ def _watcher_down_is_reported_and_up_restarts_it(spec: Path, rf_home: Path, temp
     os.kill(found["supervisor"].pid, 9)
     os.kill(found["child"].pid, 9)
     _wait(lambda: not supervise.running(pidfile), 10, "the watcher and its supervisor to die")
-    status = run_invoke("status", "--cluster", str(spec))
+    status = forked_cli.run_invoke("status", "--cluster", str(spec))
     assert "autodown: watcher not running" in status.stdout, status.stdout
     again = run_invoke("up", "--cluster", str(spec))
     assert again.returncode == 0, again.stderr
     assert supervise.status(pidfile)["running"]
     _wait(lambda: _marker(rf_home, spec.stem).get("pid") == supervise.read(pidfile)["child"].pid,
           30, "the new watcher's first check")
-    assert "watcher not running" not in run_invoke("status", "--cluster", str(spec)).stdout
+    shown = forked_cli.run_invoke("status", "--cluster", str(spec))
+    assert "watcher not running" not in shown.stdout
 
 
 def test_autodown_settings_in_plan_up_and_bad_values(tmp_path: Path, rf_home: Path) -> None:
@@ -170,14 +173,14 @@ def test_autodown_settings_in_plan_up_and_bad_values(tmp_path: Path, rf_home: Pa
             "us-east-1}\nworkers:\n  count: 0\nenv: none\n")
     default = tmp_path / "lamdef.yaml"
     default.write_text(base)
-    plan = run_invoke("plan", "--cluster", str(default), env=home)
+    plan = forked_cli.run_invoke("plan", "--cluster", str(default), env=home)
     assert plan.returncode == 1 and "no Lambda API key" in plan.stderr, plan.stderr
     assert "autodown: the whole cluster removes itself after 60 idle minutes" in plan.stdout
 
     off = tmp_path / "lamoff.yaml"
     off.write_text(base + "autodown: null\n")
-    assert "autodown: off (autodown: null)" in run_invoke("plan", "--cluster", str(off),
-                                                          env=home).stdout
+    assert "autodown: off (autodown: null)" in forked_cli.run_invoke(
+        "plan", "--cluster", str(off), env=home).stdout
     up = run_invoke("up", "--cluster", str(off), env=home)
     assert up.returncode != 0  # no API key
     assert "autodown: null — this cluster never removes itself" in up.stderr

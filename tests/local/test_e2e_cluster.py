@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from infra.node import rayproc
+from tests import forked_cli
 from tests.conftest import ROOT, run_invoke
 from tests.local.cluster_info import cluster_pids, dashboard_client, read_state
 from tests.waiting import wait_until
@@ -63,7 +64,8 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     assert [n.state for n in nodes] == ["ALIVE"]
     assert nodes[0].resources_total["CPU"] == 2.0
 
-    submit = run_invoke("submit", "--cluster", str(cluster), "examples/cpu_example.py", "--", "4")
+    submit = forked_cli.run_invoke("submit", "--cluster", str(cluster), "examples/cpu_example.py",
+                                   "--", "4")
     assert submit.returncode == 0, submit.stderr
     result = json.loads(submit.stdout.split("RESULT ", 1)[1].splitlines()[0])
     assert result["tasks"] == 4 and result["nodes"] == [nodes[0].node_id[:12]]
@@ -71,7 +73,7 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     assert [(j.entrypoint, j.status.value) for j in jobs] == [
         ("python examples/cpu_example.py 4", "SUCCEEDED")]
 
-    status = run_invoke("status", "--cluster", str(cluster), "--json")
+    status = forked_cli.run_invoke("status", "--cluster", str(cluster), "--json")
     assert status.returncode == 0, status.stderr
     reported = json.loads(status.stdout)
     assert reported["running"] is True
@@ -84,7 +86,7 @@ def test_smoke_up_submit_status_teardown(cluster: Path, rf_home: Path) -> None:
     before = {pid: rayproc.cmdline(pid)[:160] for pid in cluster_pids(cluster.stem)}
     # A changed spec of the running cluster: `plan` names the field, `up` says it needs a new one.
     cluster.write_text(cluster.read_text().replace("num_cpus: 2", "num_cpus: 3"))
-    planned = run_invoke("plan", "--cluster", str(cluster))
+    planned = forked_cli.run_invoke("plan", "--cluster", str(cluster))
     assert "num_cpus: 2 -> 3 (needs a new cluster: `invoke teardown`, then `invoke up`)" in \
         planned.stdout, planned.stdout
     again = run_invoke("up", "--cluster", str(cluster))
@@ -158,22 +160,23 @@ def test_kill_9_during_up_leaves_state_teardown_can_finish(cluster: Path, rf_hom
 
 
 def test_plan_creates_nothing_and_diffs_against_last_up(cluster: Path, rf_home: Path) -> None:
-    first = run_invoke("plan", "--cluster", str(cluster), "--json")
+    first = forked_cli.run_invoke("plan", "--cluster", str(cluster), "--json")
     assert first.returncode == 0, first.stderr
     planned = json.loads(first.stdout)
     assert [r["exists"] for r in planned["resources"]] == [False]
     # Before the first `up` there is nothing to diff against: no "changes since" at all.
     assert planned["diff"] == "" and planned["problems"] == []
-    text = run_invoke("plan", "--cluster", str(cluster))
+    text = forked_cli.run_invoke("plan", "--cluster", str(cluster))
     assert "changes since" not in text.stdout and "nothing applied yet" in text.stdout
     assert cluster_pids(cluster.stem) == [] and not (rf_home / "state" / f"{cluster.stem}.json").exists()
 
     assert run_invoke("up", "--cluster", str(cluster)).returncode == 0
-    unchanged = json.loads(run_invoke("plan", "--cluster", str(cluster), "--json").stdout)
+    unchanged = json.loads(forked_cli.run_invoke("plan", "--cluster", str(cluster),
+                                                 "--json").stdout)
     assert unchanged["diff"] == "" and [r["exists"] for r in unchanged["resources"]] == [True]
 
     cluster.write_text(cluster.read_text().replace("num_cpus: 2", "num_cpus: 1"))
-    changed = run_invoke("plan", "--cluster", str(cluster))
+    changed = forked_cli.run_invoke("plan", "--cluster", str(cluster))
     assert changed.returncode == 0
     assert "-  --num-cpus=2" in changed.stdout and "+  --num-cpus=1" in changed.stdout
     cluster.write_text(cluster.read_text().replace("num_cpus: 1", "num_cpus: 2"))
@@ -181,7 +184,7 @@ def test_plan_creates_nothing_and_diffs_against_last_up(cluster: Path, rf_home: 
     # Then Ray dies while the provider still believes in the cluster (on this test's cluster: an
     # `up` of its own is ~9 CPU-s): one line, the provider view still shown, exit 1.
     rayproc.terminate(cluster_pids(cluster.stem), grace=0.5)
-    status = run_invoke("status", "--cluster", str(cluster))
+    status = forked_cli.run_invoke("status", "--cluster", str(cluster))
     assert status.returncode == 1
     assert "Traceback" not in status.stderr
     errors = [line for line in status.stderr.splitlines() if line.startswith("error:")]
@@ -191,7 +194,7 @@ def test_plan_creates_nothing_and_diffs_against_last_up(cluster: Path, rf_home: 
 
 def test_commands_on_a_cluster_that_is_not_up(cluster: Path) -> None:
     for args in (["status"], ["dashboard"], ["submit", "examples/cpu_example.py"]):
-        result = run_invoke(*args, "--cluster", str(cluster))
+        result = forked_cli.run_invoke(*args, "--cluster", str(cluster))
         if args == ["status"]:
             assert result.returncode == 0 and "not running" in result.stdout
         else:
