@@ -217,8 +217,9 @@ def _jobs_ran(shared: Shared) -> Ran:
         entry = (f"python attack.py /tmp/rf-m-{bob_id} /home/rf-m-{bob_id} {bob_dashboard} "
                  f"{ran.marker[::-1]} {files} && python probe.py {her_gcs} {bob_gcs} "
                  f"/tmp/rf-m-{bob_id}/token {files}")
+        # One shell line (Ray quotes each word of an entrypoint given as several).
         submitted = alice.ray("submit", "--no-wait", "--working-dir", str(attack), "--",
-                              *shlex.split(entry))
+                              "sh", "-c", entry)
         found = re.search(r"raysubmit_\w+", submitted.stdout + submitted.stderr)
         assert submitted.returncode == 0 and found, submitted.stdout + submitted.stderr
         ran.job = found.group(0)
