@@ -44,8 +44,31 @@ CGROUP_V1 = Path("/sys/fs/cgroup")
 CGROUP_V2_FILE = CGROUP_V1 / "cgroup.controllers"
 
 
+#: How long a user's creation or removal waits for the account files' lock: useradd and userdel
+#: give up at once (exit 1 or 10, "cannot lock") while any other process changes an account, such
+#: as two members' starts or removals at once. CI left a removed member's user behind this way.
+ACCOUNT_LOCK_WAIT_S = 15.0
+
+
 class StarterError(Exception):
     """A start, stop or removal that cannot go on; its text is one line for the gateway's answer."""
+
+
+def account_change(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`useradd`/`userdel` `argv`, again while another process holds the account files' lock;
+    its last answer."""
+    answers: list[subprocess.CompletedProcess[str]] = []
+
+    def attempt() -> subprocess.CompletedProcess[str] | None:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                              env={**os.environ, "LC_ALL": "C"})
+        answers.append(done)
+        locked = done.returncode in (1, 10) and "lock" in done.stderr
+        return None if locked else done
+
+    with contextlib.suppress(WaitTimeout):
+        return until(attempt, ACCOUNT_LOCK_WAIT_S, 0.2, "the account files' lock")
+    return answers[-1]
 
 
 def parent_dir(config: StarterConfig, member_id: str) -> Path:
@@ -57,9 +80,8 @@ def ensure_user(name: str) -> pwd.struct_passwd:
         return pwd.getpwnam(name)
     except KeyError:
         pass
-    done = subprocess.run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{name}",
-                           "--user-group", "--shell", "/usr/sbin/nologin", name],
-                          capture_output=True, text=True, check=False)
+    done = account_change(["useradd", "--system", "--create-home", "--home-dir", f"/home/{name}",
+                           "--user-group", "--shell", "/usr/sbin/nologin", name])
     if done.returncode not in (0, 9):  # 9: made meanwhile by another start
         raise StarterError(f"useradd {name} failed: {done.stderr.strip()[-200:]}")
     user = pwd.getpwnam(name)
@@ -263,8 +285,13 @@ def remove(config: StarterConfig, member_id: str) -> None:
         home = pwd.getpwnam(name).pw_dir
     except KeyError:
         return
-    subprocess.run(["userdel", name], capture_output=True, check=False)
+    done = account_change(["userdel", name])
+    if done.returncode == 8:  # a process of the user's was born after the stop: end it too
+        stop(member_id)
+        done = account_change(["userdel", name])
     shutil.rmtree(home, ignore_errors=True)
+    if done.returncode not in (0, 6):  # 6: no such user, removed meanwhile
+        raise StarterError(f"userdel {name} failed: {done.stderr.strip()[-200:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
