@@ -285,10 +285,10 @@ def remove(config: StarterConfig, member_id: str) -> None:
         home = pwd.getpwnam(name).pw_dir
     except KeyError:
         return
-    done = account_change(["userdel", name])
-    if done.returncode == 8:  # a process of the user's was born after the stop: end it too
-        stop(member_id)
-        done = account_change(["userdel", name])
+    # --force: userdel refuses a uid that any process in /proc has, and the test bed's hosts (their
+    # own PID namespaces, nested in this one) run their own users under the same uids; stop above
+    # ended every process of this user on this machine (its network namespace).
+    done = account_change(["userdel", "--force", name])
     shutil.rmtree(home, ignore_errors=True)
     if done.returncode not in (0, 6):  # 6: no such user, removed meanwhile
         raise StarterError(f"userdel {name} failed: {done.stderr.strip()[-200:]}")
