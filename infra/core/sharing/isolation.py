@@ -77,18 +77,6 @@ def plan_note(selected: ClusterSpec) -> str:
             "no packing across members")
 
 
-def member_limits(selected: ClusterSpec) -> tuple[int, int]:
-    """(CPUs, memory MB) of one member's cluster on the head machine: the spec's CPUs (else the
-    machine's), and the machine's memory shared among `max_active_members`."""
-    assert selected.sharing is not None
-    cpus = int(getattr(selected, "num_cpus", None) or os.cpu_count() or 1)
-    try:
-        total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
-    except (ValueError, OSError):
-        total_mb = 8192
-    return cpus, max(1024, int(total_mb * 0.8) // selected.sharing.max_active_members)
-
-
 def with_member_clusters(selected: ClusterSpec, access: HeadAccess,
                          config: gateway_config.Config, folder: Path) -> gateway_config.Config:
     """The gateway's config, naming the starter's config it reads, for `isolation: cluster`
@@ -105,14 +93,15 @@ def with_member_clusters(selected: ClusterSpec, access: HeadAccess,
 
 def write_here(selected: ClusterSpec, folder: Path) -> str:
     assert selected.sharing is not None
-    cpus, memory_mb = member_limits(selected)
-    starter = mc.StarterConfig(
+    # The head is this machine: its CPUs (unless the spec sets them) and memory, read here.
+    starter = mc.on_this_machine(mc.StarterConfig(
         cluster=selected.name, tmp_root="/tmp", token_dir=str(folder / "member-tokens"),
         gateway_uid=os.getuid(), gateway_gid=os.getgid(),
-        python_bin=str(Path(sys.executable).parent), num_cpus=cpus, cpus=float(cpus),
-        memory_mb=memory_mb, max_active_members=selected.sharing.max_active_members,
+        python_bin=str(Path(sys.executable).parent),
+        num_cpus=int(getattr(selected, "num_cpus", None) or 0), cpus=0.0, memory_mb=0,
+        max_active_members=selected.sharing.max_active_members,
         member_idle_minutes=selected.sharing.member_idle_minutes,
-        sudo=[] if os.geteuid() == 0 else ["sudo", "-n"])
+        sudo=[] if os.geteuid() == 0 else ["sudo", "-n"]))
     path = folder / mc.CONFIG_FILE
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     mc.write_starter_config(path, starter)
